@@ -1,0 +1,49 @@
+"""`ringtrain` command line: a thin dispatcher to the module that owns each command.
+
+Each command module exposes ``main(argv: list[str]) -> int`` and parses its own flags, so the
+trainer image starts a worker without importing the operator (kopf, kubernetes) and vice versa.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+#: command words → (module, one-line help)
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("worker",): ("trainer.worker", "train as one replica (single worker when TF_CONFIG is unset)"),
+    ("run",): ("ringtrain_operator.local", "run a TrainingJob manifest as local processes"),
+    ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
+    ("operator",): ("ringtrain_operator.main", "run the Kubernetes operator (kopf)"),
+    ("bench", "step"): ("trainer.bench_step", "training samples/s, side by side with PyTorch"),
+    ("bench", "allreduce"): ("trainer.ring.bench", "ring allreduce bandwidth vs gloo / MPI"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: ringtrain <command> [options]", "", "commands:"]
+    for words, (_, text) in COMMANDS.items():
+        lines.append(f"  {' '.join(words):<18} {text}")
+    lines.append("")
+    lines.append("Run `ringtrain <command> --help` for a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for n in (2, 1):
+        key = tuple(argv[:n])
+        if key in COMMANDS:
+            module = importlib.import_module(COMMANDS[key][0])
+            return int(module.main(argv[n:]) or 0)
+    if argv and argv[0] in ("-V", "--version"):
+        from trainer import __version__
+
+        print(f"ringtrain {__version__}")
+        return 0
+    print(usage(), file=sys.stdout if not argv or argv[0] in ("-h", "--help") else sys.stderr)
+    return 0 if not argv or argv[0] in ("-h", "--help") else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

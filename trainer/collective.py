@@ -1,0 +1,48 @@
+"""The collective interface the training loop talks to, and its one-process implementation.
+
+The step loop never knows whether it runs alone, on a gRPC ring or under MPI: it calls these
+methods on float32 numpy buffers, in place. ``trainer.ring`` provides the gRPC ring,
+``trainer.mpi`` the Open MPI backend (the seeds' Horovod path).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+
+class Collective(ABC):
+    """Synchronous collectives over the ring members, all in place on contiguous float32 arrays.
+
+    Calls must be made in the same order on every rank (as with NCCL/gloo). ``step`` tags the
+    call so a peer that is a step ahead or behind is refused rather than mixed in.
+    """
+
+    rank: int = 0
+    size: int = 1
+
+    @abstractmethod
+    def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:
+        """Replace ``buf`` with the element-wise mean of every rank's ``buf``."""
+
+    @abstractmethod
+    def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
+        """Replace ``buf`` on every rank with ``root``'s ``buf``."""
+
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+        self.broadcast_(np.zeros(1, np.float32))
+
+    def close(self) -> None:
+        """Release sockets and threads; idempotent."""
+
+
+class LocalCollective(Collective):
+    """One process: every collective is the identity (Horovod registers no hooks for size 1)."""
+
+    def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:
+        pass
+
+    def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
+        pass

@@ -1,0 +1,63 @@
+"""The trainer's exceptions and the one table that maps them to process exit codes.
+
+The operator's ``ExitCode`` restart policy reads these codes: 1–127 are permanent (the user must
+fix something), 128+ are retryable (the gang is recreated and resumes from the last checkpoint).
+"""
+
+from __future__ import annotations
+
+#: Training finished.
+EXIT_OK = 0
+#: Bad input the user must fix: spec, TF_CONFIG, flags, data set, model too large for the IPU.
+EXIT_PERMANENT = 2
+#: A peer vanished or timed out; recreating the gang and resuming will likely succeed.
+EXIT_RETRYABLE = 138
+#: SIGTERM/SIGINT (128 + 15): stopped from outside, also retryable by the ExitCode policy.
+EXIT_TERMINATED = 143
+
+
+class RingtrainError(Exception):
+    """Base of every error the trainer raises on purpose."""
+
+    exit_code = EXIT_PERMANENT
+
+
+class InvalidSpec(RingtrainError):
+    """A configuration (flags, TF_CONFIG, job spec) that cannot work."""
+
+
+class DataError(RingtrainError):
+    """A data set file is missing or corrupt; the message names the file."""
+
+
+class CheckpointError(RingtrainError):
+    """A checkpoint is missing or corrupt; the message names it."""
+
+
+class IPUCompileError(RingtrainError):
+    """The program does not fit the emulated IPU; the message gives bytes needed and available."""
+
+
+class RingError(RingtrainError):
+    """A collective failed; the message carries rank, step and peer."""
+
+    exit_code = EXIT_RETRYABLE
+
+
+class PeerTimeout(RingError):
+    """A peer did not answer within the deadline (at start-up or mid-step)."""
+
+
+class Unauthenticated(RingError):
+    """A peer presented no token or the wrong one."""
+
+    exit_code = EXIT_PERMANENT
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The process exit code for an exception that ended training."""
+    if isinstance(exc, RingtrainError):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_TERMINATED
+    return 1

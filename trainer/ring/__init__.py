@@ -1,0 +1,1 @@
+"""Ring allreduce over gRPC (see ``trainer.collective.Collective``)."""
