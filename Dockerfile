@@ -1,0 +1,58 @@
+# ringtrain: one image for the operator and the trainer (`ringtrain operator`, `ringtrain worker`).
+#
+#   docker build -t ringtrain:0.1.0 .
+#
+# Behind a TLS-intercepting proxy, hand pip the proxy's CA bundle as a build secret; it is used
+# only while pip runs and never stored in a layer (Docker/BuildKit and buildah alike):
+#
+#   docker build --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt -t ringtrain:0.1.0 .
+#   buildah bud  --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt -t ringtrain:0.1.0 .
+#
+# Only plain Dockerfile syntax plus `RUN --mount=type=secret` is used, so buildah (which reads
+# the same file) needs nothing special. BASE_IMAGE lets a daemonless build substitute a locally
+# made bookworm base that provides `python3` with the venv module.
+
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+# ---- build: a virtualenv with the pinned dependencies and the project, nothing else ----------
+FROM ${BASE_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_NO_INPUT=1
+RUN python3 -m venv /opt/ringtrain
+# Dependencies first, in their own layer: the lock changes far less often than the code.
+COPY requirements/runtime.txt /tmp/runtime.txt
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    /opt/ringtrain/bin/pip install --no-deps --prefer-binary -r /tmp/runtime.txt
+COPY pyproject.toml README.md /src/
+COPY trainer /src/trainer
+COPY operator /src/operator
+# --no-build-isolation: build with the pinned setuptools above instead of fetching a fresh one.
+RUN /opt/ringtrain/bin/pip install --no-deps --no-build-isolation /src \
+    && /opt/ringtrain/bin/ringtrain --version
+
+# ---- runtime ------------------------------------------------------------------------------------
+FROM ${BASE_IMAGE}
+ARG FASHION_MNIST_VERSION=0.0~git20200523.55506a9-1
+# The data set comes from Debian (same files as `hack/setup` installs on a host), so workers need
+# no download at start-up: /usr/share/datasets/fashion-mnist is the trainer's default --data-dir.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+       "dataset-fashion-mnist=${FASHION_MNIST_VERSION}" \
+    && rm -rf /var/lib/apt/lists/*
+# A fixed, non-root UID: the chart and the operator's worker pods set runAsUser 10001 and
+# runAsNonRoot, which Kubernetes can only verify against a numeric USER.
+RUN groupadd --system --gid 10001 ringtrain \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /home/ringtrain --create-home \
+       --shell /usr/sbin/nologin ringtrain
+COPY --from=build /opt/ringtrain /opt/ringtrain
+ENV PATH=/opt/ringtrain/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# ring, worker metrics, operator metrics/health (docs/contracts.md)
+EXPOSE 2222 9400 8080
+USER 10001:10001
+WORKDIR /home/ringtrain
+ENTRYPOINT ["ringtrain"]
+CMD ["--help"]
