@@ -1,0 +1,88 @@
+"""The operator's few Kubernetes API calls, on plain dicts, with the idempotence it relies on.
+
+Create treats 409 AlreadyExists as success and delete treats 404 as success: the reconciler can
+then repeat any step after a crash (kill -9) without duplicating or failing. Everything else
+raises ``kubernetes.client.ApiException`` for the caller to retry.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from kubernetes import client, config
+from kubernetes.client import ApiException
+
+from .manifests import LABEL_JOB
+from .spec import GROUP, PLURAL, VERSION
+
+
+def load_config(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (``$KUBECONFIG``)."""
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config()
+            return client.ApiClient()
+        except config.ConfigException:
+            pass
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+class Kube:
+    """Thin wrapper over CoreV1Api and CustomObjectsApi that speaks dicts, not models."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    def get_job(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list_pods(self, namespace: str, job_name: str) -> list[dict]:
+        resp = self.core.list_namespaced_pod(
+            namespace, label_selector=f"{LABEL_JOB}={job_name}", _preload_content=False)
+        return json.loads(resp.data)["items"]
+
+    def create(self, obj: Mapping[str, Any]) -> bool:
+        """Create a namespaced core object; False if it already existed."""
+        ns = obj["metadata"]["namespace"]
+        create = {"Pod": self.core.create_namespaced_pod,
+                  "Service": self.core.create_namespaced_service,
+                  "Secret": self.core.create_namespaced_secret}[obj["kind"]]
+        try:
+            create(ns, obj, _preload_content=False)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        try:
+            self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """JSON merge patch of the status subresource (None removes a key)."""
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": patch})
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name,
+                body=client.V1DeleteOptions(propagation_policy="Background"))
+        except ApiException as e:
+            if e.status != 404:
+                raise

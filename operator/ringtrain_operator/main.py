@@ -1,0 +1,78 @@
+"""``ringtrain operator``: run the kopf operator, plus /healthz and /metrics on one port.
+
+The health endpoint is served from the operator's own event loop, so it fails exactly when the
+loop that runs the handlers is stuck; the metrics come from the operator's own registry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+import kopf
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import __version__, handlers
+from .kube import Kube, load_config
+from .metrics import OperatorMetrics
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ringtrain operator", description=__doc__)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", default=[],
+                       help="watch this namespace (repeatable); default: all namespaces")
+    scope.add_argument("--all-namespaces", "-A", action="store_true",
+                       help="watch the whole cluster (the default)")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
+    p.add_argument("--listen", default="0.0.0.0:8080", metavar="HOST:PORT",
+                   help="address of /healthz and /metrics (default %(default)s)")
+    p.add_argument("--verbose", "-v", action="store_true")
+    return p.parse_args(argv)
+
+
+def health_app(metrics: OperatorMetrics) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def metrics_view(_: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_view)
+    return app
+
+
+async def serve(args: argparse.Namespace, memo: kopf.Memo) -> None:
+    host, _, port = args.listen.rpartition(":")
+    runner = web.AppRunner(health_app(memo.metrics))
+    await runner.setup()
+    await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+    try:
+        await kopf.operator(
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            memo=memo,
+        )
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api = load_config(args.kubeconfig)
+    memo = handlers.new_memo(Kube(api), OperatorMetrics())
+    if args.kubeconfig:  # kopf logs in by itself; point it at the same file
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    logging.getLogger(__name__).info("ringtrain operator %s starting", __version__)
+    asyncio.run(serve(args, memo))
+    return 0

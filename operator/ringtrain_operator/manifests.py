@@ -1,0 +1,239 @@
+"""Spec → Kubernetes objects: the headless Service, the ring Secret and one Pod per replica.
+
+Pure functions of a :class:`~ringtrain_operator.spec.Job`: the operator creates what they return,
+``ringtrain render`` prints it, and ``ringtrain run`` starts each Pod's main container as a local
+process with loopback addresses (hence the injectable ``endpoint``). A Pod's command, args and env
+are therefore complete: nothing is filled in later by the operator or read from the API.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import secrets
+from typing import Any, Callable, Mapping
+
+from trainer import cluster
+
+from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
+
+RING_PORT = 2222
+METRICS_PORT = 9400
+#: The container that runs the trainer (or the user's command) and gets TF_CONFIG.
+MAIN_CONTAINER = "ringtrain"
+TERMINATION_LOG = "/dev/termination-log"
+TOKEN_KEY = "token"
+TOKEN_DIR = "/var/run/ringtrain/ring-token"
+TOKEN_FILE = f"{TOKEN_DIR}/{TOKEN_KEY}"
+RUN_AS_USER = 10001
+
+LABEL_JOB = "ringtrain.io/job-name"
+LABEL_ROLE = "ringtrain.io/replica-type"
+LABEL_INDEX = "ringtrain.io/replica-index"
+
+#: The Pod restartPolicy for each replica restartPolicy: ExitCode is decided by the operator.
+POD_RESTART_POLICY = {"Never": "Never", "ExitCode": "Never", "OnFailure": "OnFailure",
+                      "Always": "Always"}
+
+Endpoint = Callable[[Job, str, int], str]
+
+
+def dns_endpoint(job: Job, role: str, index: int) -> str:
+    """The stable in-cluster address of a replica: its host name under the headless Service."""
+    return f"{job.pod_name(role, index)}.{job.service_name}.{job.namespace}.svc:{RING_PORT}"
+
+
+def secret_name(job: Job) -> str:
+    return f"{job.name}-ring-token"
+
+
+def labels(job: Job, role: str | None = None, index: int | None = None) -> dict[str, str]:
+    out = {LABEL_JOB: job.name}
+    if role is not None:
+        out[LABEL_ROLE] = role
+    if index is not None:
+        out[LABEL_INDEX] = str(index)
+    return out
+
+
+def tf_config(job: Job, role: str, index: int, endpoint: Endpoint = dns_endpoint) -> str:
+    """TF_CONFIG of one replica, serialised by the trainer's own ``cluster.build``."""
+    addresses = {r.role: [endpoint(job, r.role, i) for i in range(r.replicas)]
+                 for r in job.replicas}
+    return cluster.build(addresses, role, index)
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def trainer_args(t: TrainerSpec) -> list[str]:
+    """``ringtrain worker`` flags for spec.trainer (docs/contracts.md)."""
+    args = ["--data-dir", t.data_dir, "--dataset", t.dataset, "--model", t.model]
+    if t.steps is not None:
+        args += ["--steps", str(t.steps)]
+    elif t.epochs is not None:
+        args += ["--epochs", str(t.epochs)]
+    args += [
+        "--batch-size", str(t.batch_size),
+        "--optimizer", t.optimizer,
+        "--lr", _num(t.learning_rate),
+        "--lr-decay", _num(t.lr_decay),
+        "--lr-decay-epochs", str(t.lr_decay_epochs),
+        "--seed", str(t.seed),
+        "--ipus-per-worker", str(t.ipus_per_worker),
+        "--ipu-memory-mb", str(t.ipu_memory_mb),
+    ]
+    if not t.variables_on_host:
+        args.append("--no-variables-on-host")
+    args += [
+        "--bucket-mb", _num(t.bucket_mb),
+        "--checkpoint-dir", t.checkpoint.path,
+        "--checkpoint-every", str(t.checkpoint.every_steps),
+        "--eval-every", str(t.eval_every),
+        "--metrics-port", str(METRICS_PORT),
+        "--json",
+        "--termination-log", TERMINATION_LOG,
+    ]
+    return args
+
+
+def owner_references(job: Job) -> list[dict]:
+    """Ties children to the TrainingJob so the garbage collector removes them with it."""
+    if not job.uid:  # rendering a file that was never created: nothing to own yet
+        return []
+    return [{"apiVersion": API_VERSION, "kind": KIND, "name": job.name, "uid": job.uid,
+             "controller": True, "blockOwnerDeletion": True}]
+
+
+def _metadata(job: Job, name: str, extra_labels: Mapping[str, str]) -> dict:
+    meta: dict[str, Any] = {"name": name, "namespace": job.namespace, "labels": dict(extra_labels)}
+    if refs := owner_references(job):
+        meta["ownerReferences"] = refs
+    return meta
+
+
+def service(job: Job) -> dict:
+    """Headless, publishing not-ready addresses: every pod's DNS name exists before readiness."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, job.service_name, labels(job)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": labels(job),
+            "ports": [{"name": "ring", "port": RING_PORT, "targetPort": RING_PORT,
+                       "protocol": "TCP"}],
+        },
+    }
+
+
+def secret(job: Job, token: str | None = None) -> dict:
+    """The job's ring token; random unless given. Created once: the first one stored wins."""
+    token = token if token is not None else secrets.token_urlsafe(32)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(job, secret_name(job), labels(job)),
+        "type": "Opaque",
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def _merge_named(existing: list[dict], ours: list[dict], key: str = "name") -> list[dict]:
+    """Ours replace entries of the same name; the template's others are kept, in order."""
+    names = {o[key] for o in ours}
+    return [e for e in existing if e.get(key) not in names] + ours
+
+
+def _secure_container(c: dict) -> None:
+    sc = c.setdefault("securityContext", {})
+    sc.setdefault("allowPrivilegeEscalation", False)
+    sc.setdefault("readOnlyRootFilesystem", True)
+    sc.setdefault("capabilities", {"drop": ["ALL"]})
+
+
+def _main_container(containers: list[dict]) -> dict:
+    for c in containers:
+        if c.get("name") == MAIN_CONTAINER:
+            return c
+    if containers:
+        return containers[0]
+    containers.append({"name": MAIN_CONTAINER})
+    return containers[0]
+
+
+def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_endpoint) -> dict:
+    """One replica's Pod: the template with ringtrain's settings layered on top.
+
+    The template's own security settings win over the secure defaults (a template may tighten
+    or, for an image that needs it, relax them); TF_CONFIG, the token, ports and, with
+    spec.trainer, the command are always ringtrain's.
+    """
+    template = copy.deepcopy(dict(replica.template))
+    tmeta = template.get("metadata") or {}
+    spec: dict[str, Any] = template.get("spec") or {}
+    role = replica.role
+    name = job.pod_name(role, index)
+
+    meta = _metadata(job, name, {**(tmeta.get("labels") or {}), **labels(job, role, index)})
+    annotations = dict(tmeta.get("annotations") or {})
+    if job.trainer:
+        annotations.update({"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+                            "prometheus.io/path": "/metrics"})
+    if annotations:
+        meta["annotations"] = annotations
+
+    spec["hostname"] = name
+    spec["subdomain"] = job.service_name
+    spec["restartPolicy"] = POD_RESTART_POLICY[replica.restart_policy]
+    spec.setdefault("automountServiceAccountToken", False)  # pods need no API access
+    spec.setdefault("enableServiceLinks", False)
+    psc = spec.setdefault("securityContext", {})
+    psc.setdefault("runAsNonRoot", True)
+    psc.setdefault("runAsUser", RUN_AS_USER)
+    psc.setdefault("runAsGroup", RUN_AS_USER)
+    psc.setdefault("fsGroup", RUN_AS_USER)
+    psc.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+
+    volumes = [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "ring-token", "secret": {"secretName": secret_name(job), "defaultMode": 0o440}},
+    ]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"},
+              {"name": "ring-token", "mountPath": TOKEN_DIR, "readOnly": True}]
+    env = [{"name": "TF_CONFIG", "value": tf_config(job, role, index, endpoint)},
+           {"name": "RINGTRAIN_TOKEN_FILE", "value": TOKEN_FILE}]
+    ports = [{"name": "ring", "containerPort": RING_PORT, "protocol": "TCP"}]
+
+    containers = spec.setdefault("containers", [])
+    main = _main_container(containers)
+    if job.trainer:
+        ck = job.trainer.checkpoint
+        volumes.append({"name": "checkpoints", **dict(ck.volume or {"emptyDir": {}})})
+        mounts.append({"name": "checkpoints", "mountPath": ck.path})
+        env += [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+        ports.append({"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"})
+        main.setdefault("image", job.trainer.image)
+        main["command"] = ["ringtrain", "worker"]
+        main["args"] = trainer_args(job.trainer)
+    main["env"] = _merge_named(main.get("env") or [], env)
+    main["ports"] = _merge_named(main.get("ports") or [], ports)
+    main["volumeMounts"] = _merge_named(main.get("volumeMounts") or [], mounts)
+    main["terminationMessagePath"] = TERMINATION_LOG
+    main["terminationMessagePolicy"] = "File"
+    spec["volumes"] = _merge_named(spec.get("volumes") or [], volumes)
+    for c in containers + spec.get("initContainers", []):
+        _secure_container(c)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def pods(job: Job, endpoint: Endpoint = dns_endpoint) -> list[dict]:
+    return [pod(job, r, i, endpoint) for r, i in job.members()]
+
+
+def desired_objects(job: Job, *, endpoint: Endpoint = dns_endpoint,
+                    token: str | None = None) -> list[dict]:
+    """Everything the operator creates for a job: Service, Secret, then Pods in TF_CONFIG order."""
+    return [service(job), secret(job, token), *pods(job, endpoint)]

@@ -1,0 +1,303 @@
+"""TrainingJob spec: the CRD's schema applied locally, then the checks a schema cannot express.
+
+The API server defaults and validates with the CRD's openAPIV3Schema; the operator, ``ringtrain
+run`` and ``ringtrain render`` must see *exactly* the same defaults, so they read the same file
+(``crd/trainingjobs.yaml``) instead of repeating its defaults in Python. What comes out is a tree
+of frozen dataclasses that the manifest and status functions consume.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Mapping
+
+import jsonschema
+import yaml
+
+from trainer.errors import InvalidSpec
+
+GROUP = "ringtrain.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+
+#: spec.replicaSpecs keys → TF_CONFIG role names, in TF_CONFIG order.
+ROLE_KEYS = {"Chief": "chief", "Worker": "worker", "PS": "ps", "Evaluator": "evaluator"}
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+#: Longest pod name suffix: "-evaluator-" plus up to four index digits.
+_LONGEST_SUFFIX = len("-evaluator-") + 4
+
+__all__ = ["InvalidSpec", "Job", "ReplicaSpec", "TrainerSpec", "RunPolicy", "load", "crd"]
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One role of the gang. ``template`` is the user's Pod template, defaulted but not merged."""
+
+    key: str  # "Worker", as in spec.replicaSpecs
+    role: str  # "worker", as in TF_CONFIG
+    replicas: int
+    restart_policy: str
+    template: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    every_steps: int
+    path: str
+    volume: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """spec.trainer: every field maps to one ``ringtrain worker`` flag (docs/contracts.md)."""
+
+    image: str
+    model: str
+    dataset: str
+    data_dir: str
+    batch_size: int
+    steps: int | None
+    epochs: int | None
+    optimizer: str
+    learning_rate: float
+    lr_decay: float
+    lr_decay_epochs: int
+    seed: int
+    ipus_per_worker: int
+    ipu_memory_mb: int
+    variables_on_host: bool
+    bucket_mb: float
+    eval_every: int
+    checkpoint: CheckpointSpec
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    backoff_limit: int
+    active_deadline_s: int | None
+    ttl_after_finished_s: int | None
+    clean_pod_policy: str
+    suspend: bool
+    success_policy: str
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated, defaulted TrainingJob."""
+
+    name: str
+    namespace: str
+    uid: str | None
+    generation: int
+    replicas: tuple[ReplicaSpec, ...]  # TF_CONFIG order, roles with replicas > 0 only
+    trainer: TrainerSpec | None
+    run_policy: RunPolicy
+
+    def replica(self, role: str) -> ReplicaSpec | None:
+        return next((r for r in self.replicas if r.role == role), None)
+
+    @property
+    def service_name(self) -> str:
+        return self.name
+
+    @property
+    def chief(self) -> tuple[str, int]:
+        """The replica that decides success and reports progress: the chief, else worker 0."""
+        return ("chief", 0) if self.replica("chief") else ("worker", 0)
+
+    def pod_name(self, role: str, index: int) -> str:
+        return f"{self.name}-{role}-{index}"
+
+    def members(self) -> list[tuple[ReplicaSpec, int]]:
+        """Every (replica spec, index) of the gang, in TF_CONFIG order."""
+        return [(r, i) for r in self.replicas for i in range(r.replicas)]
+
+
+@lru_cache(maxsize=1)
+def crd() -> dict:
+    """The CRD manifest shipped in this package."""
+    text = resources.files(__package__).joinpath("crd/trainingjobs.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _schema() -> dict:
+    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
+    """Fill in the schema's ``default`` values the way the API server does.
+
+    A default is applied only where the parent object exists, and a defaulted object is itself
+    defaulted (so ``runPolicy: {}`` gains its fields). Returns a new value; the input is untouched.
+    """
+    value = copy.deepcopy(value)
+    _default_in_place(schema, value)
+    return value
+
+
+def _default_in_place(schema: Mapping[str, Any], value: Any) -> None:
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                _default_in_place(sub, value[name])
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            _default_in_place(schema["items"], item)
+
+
+def _strict(schema: Mapping[str, Any]) -> dict:
+    """The schema with unknown fields rejected, where the server would silently prune them.
+
+    Locally (``ringtrain run``) a typo such as ``batchsize`` should fail loudly, not vanish.
+    """
+    out = dict(schema)
+    if "properties" in out:
+        out["properties"] = {k: _strict(v) for k, v in out["properties"].items()}
+        if not out.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    if "items" in out:
+        out["items"] = _strict(out["items"])
+    return out
+
+
+@lru_cache(maxsize=1)
+def _validator() -> jsonschema.Draft4Validator:
+    return jsonschema.Draft4Validator(_strict(_schema()))
+
+
+def _path(error: jsonschema.ValidationError) -> str:
+    parts = [str(p) if not isinstance(p, int) else f"[{p}]" for p in error.absolute_path]
+    return ".".join(parts).replace(".[", "[") or "(root)"
+
+
+def validate(obj: Mapping[str, Any]) -> None:
+    """Check a defaulted TrainingJob against the CRD schema; the message names every bad field."""
+    errors = sorted(_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        raise InvalidSpec("; ".join(f"{_path(e)}: {e.message}" for e in errors))
+
+
+def load(obj: Mapping[str, Any]) -> Job:
+    """Default, validate and convert a TrainingJob object (as from the API or a YAML file)."""
+    if not isinstance(obj, Mapping):
+        raise InvalidSpec("a TrainingJob must be a mapping, got " + type(obj).__name__)
+    if obj.get("apiVersion") != API_VERSION or obj.get("kind") != KIND:
+        raise InvalidSpec(
+            f"apiVersion/kind: expected {API_VERSION}/{KIND}, "
+            f"got {obj.get('apiVersion')}/{obj.get('kind')}"
+        )
+    doc = apply_defaults(_schema(), {k: v for k, v in obj.items() if k != "status"})
+    validate(doc)
+    meta = doc.get("metadata") or {}
+    name = meta.get("name")
+    if not isinstance(name, str) or not _DNS1035.match(name):
+        raise InvalidSpec(
+            f"metadata.name: {name!r} must be a DNS-1035 label (lower-case letters, digits, '-', "
+            "starting with a letter): it names the job's Service"
+        )
+    if len(name) + _LONGEST_SUFFIX > 63:
+        raise InvalidSpec(
+            f"metadata.name: {name!r} is too long; pod host names '<name>-<role>-<index>' must fit "
+            f"in 63 characters, so the name may have at most {63 - _LONGEST_SUFFIX}"
+        )
+    spec = doc["spec"]
+    replicas = tuple(
+        ReplicaSpec(
+            key=key,
+            role=role,
+            replicas=rs["replicas"],
+            restart_policy=rs["restartPolicy"],
+            template=rs["template"],
+        )
+        for key, role in ROLE_KEYS.items()
+        if (rs := spec["replicaSpecs"].get(key)) is not None and rs["replicas"] > 0
+    )
+    trainer = _trainer(spec["trainer"]) if "trainer" in spec else None
+    _check_semantics(replicas, trainer)
+    rp = spec["runPolicy"]
+    return Job(
+        name=name,
+        namespace=meta.get("namespace") or "default",
+        uid=meta.get("uid"),
+        generation=int(meta.get("generation") or 1),
+        replicas=replicas,
+        trainer=trainer,
+        run_policy=RunPolicy(
+            backoff_limit=rp["backoffLimit"],
+            active_deadline_s=rp.get("activeDeadlineSeconds"),
+            ttl_after_finished_s=rp.get("ttlSecondsAfterFinished"),
+            clean_pod_policy=rp["cleanPodPolicy"],
+            suspend=rp["suspend"],
+            success_policy=rp["successPolicy"],
+        ),
+    )
+
+
+def _trainer(t: Mapping[str, Any]) -> TrainerSpec:
+    if "steps" in t and "epochs" in t:
+        raise InvalidSpec("spec.trainer: set steps or epochs, not both")
+    if t["batchSize"] % t["ipusPerWorker"]:
+        raise InvalidSpec(
+            f"spec.trainer.batchSize: {t['batchSize']} is not divisible by "
+            f"spec.trainer.ipusPerWorker={t['ipusPerWorker']} (each IPU gets an equal share)"
+        )
+    ck = t["checkpoint"]
+    return TrainerSpec(
+        image=t["image"],
+        model=t["model"],
+        dataset=t["dataset"],
+        data_dir=t["dataDir"],
+        batch_size=t["batchSize"],
+        steps=t.get("steps"),
+        epochs=t.get("epochs"),
+        optimizer=t["optimizer"],
+        learning_rate=float(t["learningRate"]),
+        lr_decay=float(t["lrDecay"]),
+        lr_decay_epochs=t["lrDecayEpochs"],
+        seed=t["seed"],
+        ipus_per_worker=t["ipusPerWorker"],
+        ipu_memory_mb=t["ipuMemoryMB"],
+        variables_on_host=t["variablesOnHost"],
+        bucket_mb=float(t["bucketMB"]),
+        eval_every=t["evalEvery"],
+        checkpoint=CheckpointSpec(
+            every_steps=ck["everySteps"], path=ck["path"], volume=ck.get("volume")
+        ),
+    )
+
+
+def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | None) -> None:
+    """What the schema cannot say: relations between fields."""
+    if not any(r.role == "worker" for r in replicas):
+        raise InvalidSpec("spec.replicaSpecs.Worker.replicas: at least one worker is required")
+    for r in replicas:
+        field = f"spec.replicaSpecs.{r.key}"
+        if r.role == "chief" and r.replicas > 1:
+            raise InvalidSpec(f"{field}.replicas: at most one chief, got {r.replicas}")
+        tspec = r.template.get("spec", {})
+        if not isinstance(tspec, Mapping):
+            raise InvalidSpec(f"{field}.template.spec must be an object")
+        containers = tspec.get("containers", [])
+        if not isinstance(containers, list) or not all(
+            isinstance(c, Mapping) and c.get("name") for c in containers
+        ):
+            raise InvalidSpec(
+                f"{field}.template.spec.containers must be a list of named containers")
+        if trainer is None and not containers:
+            raise InvalidSpec(
+                f"{field}.template.spec.containers: required when spec.trainer is not set "
+                "(there is no command to run)"
+            )
+        if trainer is None and not all(c.get("image") for c in containers):
+            raise InvalidSpec(
+                f"{field}.template.spec.containers[].image: required when spec.trainer is not set"
+            )

@@ -1,0 +1,230 @@
+"""`ringtrain run`: a TrainingJob as local processes.
+
+Planning is tested as a pure translation of the operator's Pods; running is tested with real
+processes — the real trainer for the happy path, and small Python commands in a user's own pod
+template (a job without spec.trainer) for failures and signals, where the outcome must not
+depend on training speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ringtrain_operator import local, manifests
+from ringtrain_operator import spec as jobspec
+from trainer import cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = [sys.executable, "-m", "trainer.cli", "run"]
+
+
+def tiny_job(name: str = "tiny", **trainer) -> dict:
+    return {"apiVersion": jobspec.API_VERSION, "kind": jobspec.KIND, "metadata": {"name": name},
+            "spec": {"replicaSpecs": {"Worker": {"replicas": 2}},
+                     "trainer": {"dataset": "mnist-5k", "steps": 6, "batchSize": 16,
+                                 "evalEvery": 3, **trainer}}}
+
+
+def command_job(name: str, worker_code: str, replicas: int = 2, **run_policy) -> dict:
+    """A job whose workers run ``python -c worker_code`` from the pod template (no spec.trainer)."""
+    container = {"name": "main", "image": "python:3.11-slim-bookworm",
+                 "command": [sys.executable, "-c", worker_code]}
+    return {"apiVersion": jobspec.API_VERSION, "kind": jobspec.KIND, "metadata": {"name": name},
+            "spec": {"replicaSpecs": {"Worker": {"replicas": replicas,
+                                                 "template": {"spec": {"containers": [container]}}}},
+                     "runPolicy": run_policy}}
+
+
+def write(tmp_path: Path, obj: dict) -> Path:
+    path = tmp_path / f"{obj['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    return path
+
+
+# ---- planning ------------------------------------------------------------------------------------
+
+def test_plan_of_the_shipped_example_gives_each_worker_a_loopback_ring(tmp_path):
+    obj = local.read_job(str(ROOT / "examples" / "fashion-mnist-2workers.yaml"))
+    job, replicas = local.plan(obj, tmp_path)
+    assert [r.name for r in replicas] == ["fashion-mnist-worker-0", "fashion-mnist-worker-1"]
+    specs = [cluster.parse(r.env["TF_CONFIG"]) for r in replicas]
+    ring = specs[0].ring
+    assert all(s.ring == ring for s in specs), "every replica must see the same cluster"
+    assert len(set(ring)) == 2 and all(a.startswith("127.0.0.1:") for a in ring)
+    assert [s.rank for s in specs] == [0, 1]
+    for r in replicas:
+        assert r.argv[:4] == (sys.executable, "-m", "trainer.cli", "worker")
+        args = list(r.argv)
+        # In-pod paths are redirected into the run directory.
+        assert args[args.index("--checkpoint-dir") + 1] == str(tmp_path / "checkpoints")
+        assert args[args.index("--termination-log") + 1].startswith(str(tmp_path / "pods"))
+        assert args[args.index("--metrics-port") + 1] == str(r.metrics_port)
+        token_file = r.env["RINGTRAIN_TOKEN_FILE"]
+        assert token_file.startswith(str(tmp_path)) and token_file in r.files
+    assert len({r.metrics_port for r in replicas}) == 2
+    tokens = {r.files[r.env["RINGTRAIN_TOKEN_FILE"]] for r in replicas}
+    assert len(tokens) == 1 and len(tokens.pop()) >= 32, "one shared, random ring token"
+
+
+def test_plan_uses_the_operators_pods_so_render_and_run_agree(tmp_path):
+    obj = tiny_job()
+    job, replicas = local.plan(obj, tmp_path)
+    pods = [o for o in manifests.desired_objects(job) if o["kind"] == "Pod"]
+    for pod, r in zip(pods, replicas, strict=True):
+        c = pod["spec"]["containers"][0]
+        # Same flags as on the cluster, except the values that name in-pod paths and ports.
+        cluster_flags = [a for a in c["args"] if a.startswith("--")]
+        local_flags = [a for a in r.argv if a.startswith("--")]
+        assert cluster_flags == local_flags
+        assert {e["name"] for e in c["env"]} == set(r.env)
+
+
+def test_invalid_job_exits_2_naming_the_field(tmp_path, capsys):
+    obj = tiny_job()
+    obj["spec"]["trainer"]["batchsize"] = 32  # typo
+    code = local.main([str(write(tmp_path, obj)), "--run-dir", str(tmp_path / "run")])
+    assert code == local.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "spec.trainer" in err and "batchsize" in err
+
+
+def test_file_without_exactly_one_trainingjob_is_rejected(tmp_path):
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([tiny_job("a"), tiny_job("b")]))
+    with pytest.raises(jobspec.InvalidSpec, match="exactly one TrainingJob"):
+        local.read_job(str(path))
+
+
+@pytest.mark.parametrize("policy,exits,expected", [
+    ("ChiefOrWorker0", {}, None),
+    ("ChiefOrWorker0", {("worker", 0): 0}, "Succeeded"),
+    ("ChiefOrWorker0", {("worker", 1): 0}, None),
+    ("ChiefOrWorker0", {("worker", 1): 138}, "Failed"),
+    ("AllWorkers", {("worker", 0): 0}, None),
+    ("AllWorkers", {("worker", 0): 0, ("worker", 1): 0}, "Succeeded"),
+    ("AllWorkers", {("worker", 0): 0, ("worker", 1): 2}, "Failed"),
+])
+def test_outcome_follows_the_success_policy(policy, exits, expected):
+    job = jobspec.load({**tiny_job(), "spec": {**tiny_job()["spec"],
+                                                "runPolicy": {"successPolicy": policy}}})
+    assert local.outcome(job, exits) == expected
+
+
+def test_progress_line_shows_step_loss_rate_eta_and_health():
+    line = local.format_progress({
+        "step": 120, "total_steps": 500, "epoch": 0.25, "loss": 0.41234, "samples_per_s": 8412.3,
+        "eta_s": 45, "test_accuracy": None, "workers": {"worker-0": "ok", "worker-1": "exit 138"}})
+    assert line == ("step 120/500 (24%)  epoch 0.25  loss 0.4123  8,412 samples/s  ETA 0:45  "
+                    "[worker-0 ok worker-1 exit 138]")
+
+
+# ---- running real processes ----------------------------------------------------------------------
+
+def run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(RUN + args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def json_lines(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines()]  # every line must be JSON
+
+
+def test_two_worker_training_run_succeeds_with_json_progress_and_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run([str(write(tmp_path, tiny_job())), "--json", "--run-dir", str(run_dir),
+               "--progress-interval", "0"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = json_lines(out.stdout)
+    assert events[0]["event"] == "start" and set(events[0]["replicas"]) == {"worker-0", "worker-1"}
+    progress = [e for e in events if e["event"] == "progress"]
+    assert progress and all("step" in e for e in progress)
+    assert max(e["step"] or 0 for e in progress) == 6
+    final = events[-1]
+    assert final["event"] == "final" and final["phase"] == "Succeeded"
+    assert final["steps"] == 6 and 0.0 <= final["test_accuracy"] <= 1.0
+    assert final["exit_codes"] == {"worker-0": 0, "worker-1": 0}
+    assert Path(final["checkpoint"]).exists()
+    assert Path(final["checkpoint"]).is_relative_to(run_dir / "checkpoints")
+    # Replica logs are on stderr, prefixed with role and index.
+    assert "worker-0  |" in out.stderr
+    # The ring token was private to the user.
+    (token,) = (run_dir / "pods").glob("*-worker-0/secrets/ring-token/token")
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+
+
+def test_human_output_ends_with_a_summary(tmp_path):
+    out = run([str(write(tmp_path, tiny_job(steps=2, evalEvery=0))), "--run-dir",
+               str(tmp_path / "run")], cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = out.stdout.split("TrainingJob tiny: Succeeded", 1)[1]
+    for label in ("steps", "test accuracy", "time", "checkpoint", "exit codes"):
+        assert label in summary
+
+
+FAIL_WORKER_1 = """
+import json, os, signal, sys
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+if task["index"] == 1:
+    print("worker 1 gives up", flush=True)
+    sys.exit(3)
+signal.pause()   # worker 0 would wait for its peer forever: the runner must stop it
+"""
+
+
+def test_a_failed_worker_fails_the_job_and_stops_the_others(tmp_path):
+    out = run([str(write(tmp_path, command_job("broken", FAIL_WORKER_1))), "--json",
+               "--run-dir", str(tmp_path / "run"), "--grace-period", "5"], cwd=tmp_path, timeout=60)
+    assert out.returncode == local.EXIT_FAILED, out.stderr
+    final = json_lines(out.stdout)[-1]
+    assert final["phase"] == "Failed"
+    assert final["reason"] == "worker-1 exited with 3 (permanent)"
+    assert final["exit_codes"] == {"worker-0": 128 + signal.SIGTERM, "worker-1": 3}
+    assert "worker-1  | worker 1 gives up" in out.stderr
+
+
+def test_active_deadline_fails_the_job(tmp_path):
+    job = command_job("slow", "import signal; signal.pause()", replicas=1,
+                      activeDeadlineSeconds=1)
+    out = run([str(write(tmp_path, job)), "--json", "--run-dir", str(tmp_path / "run")],
+              cwd=tmp_path, timeout=60)
+    assert out.returncode == local.EXIT_FAILED
+    final = json_lines(out.stdout)[-1]
+    assert (final["phase"], final["reason"]) == ("Failed", "DeadlineExceeded")
+
+
+READY_THEN_WAIT = """
+import os, signal
+print("ready pid=%d" % os.getpid(), flush=True)
+signal.pause()
+"""
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, local.EXIT_INTERRUPTED),
+                                      (signal.SIGTERM, 128 + signal.SIGTERM)])
+def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, code):
+    path = write(tmp_path, command_job("stopme", READY_THEN_WAIT))
+    p = subprocess.Popen(RUN + [str(path), "--json", "--run-dir", str(tmp_path / "run")],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = []
+    for line in p.stderr:  # wait until both replicas say they are up
+        if "ready pid=" in line:
+            pids.append(int(line.rsplit("=", 1)[1]))
+            if len(pids) == 2:
+                break
+    p.send_signal(sig)
+    stdout, _ = p.communicate(timeout=30)
+    assert p.returncode == code
+    final = json_lines(stdout)[-1]
+    assert final["phase"] == "Failed" and final["reason"] == f"Stopped by {signal.Signals(sig).name}"
+    assert set(final["exit_codes"].values()) == {128 + signal.SIGTERM}
+    for pid in pids:  # no orphans left behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

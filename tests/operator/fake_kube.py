@@ -1,0 +1,56 @@
+"""An in-memory stand-in for :class:`ringtrain_operator.kube.Kube`, for fast reconcile tests.
+
+It keeps the semantics the reconciler relies on (409 on create of an existing name, 404 on
+delete of a missing one, merge-patch of status); the e2e tests run the same code on a real API.
+"""
+
+from __future__ import annotations
+
+import copy
+
+
+class FakeKube:
+    def __init__(self, job: dict) -> None:
+        self.job: dict | None = copy.deepcopy(job)
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    def get_job(self, namespace: str, name: str) -> dict | None:
+        return copy.deepcopy(self.job)
+
+    def list_pods(self, namespace: str, job_name: str) -> list[dict]:
+        return [copy.deepcopy(o) for (kind, _), o in sorted(self.objects.items()) if kind == "Pod"]
+
+    def create(self, obj: dict) -> bool:
+        key = (obj["kind"], obj["metadata"]["name"])
+        self.calls.append(("create", f"{key[0]}/{key[1]}"))
+        if key in self.objects:
+            return False
+        self.objects[key] = copy.deepcopy(obj)
+        return True
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        self.calls.append(("delete", f"Pod/{name}"))
+        return self.objects.pop(("Pod", name), None) is not None
+
+    def patch_status(self, namespace: str, name: str, patch: dict) -> None:
+        self.calls.append(("patch", "status"))
+        st = self.job.setdefault("status", {})
+        for k, v in patch.items():
+            if v is None:
+                st.pop(k, None)
+            else:
+                st[k] = copy.deepcopy(v)
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self.calls.append(("delete", "TrainingJob"))
+        self.job = None
+
+    def set_pod_phase(self, name: str, phase: str, exit_code: int | None = None) -> None:
+        pod = self.objects[("Pod", name)]
+        cs = {"name": "ringtrain", "restartCount": 0, "state": {"running": {}}}
+        if exit_code is not None:
+            cs["state"] = {"terminated": {"exitCode": exit_code}}
+        pod["status"] = {"phase": phase, "podIP": "10.1.0.9", "containerStatuses": [cs],
+                         "conditions": [{"type": "Ready",
+                                         "status": "True" if phase == "Running" else "False"}]}

@@ -1,0 +1,234 @@
+"""Spec → objects: TF_CONFIG byte for byte, pods, service, secret, and schema validity."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import kubernetes_validate
+import pytest
+
+from operator_jobs import job, job_obj
+from ringtrain_operator import manifests, spec
+from trainer import cluster
+
+W = "mnist-worker-{}.mnist.team-a.svc:2222"
+
+
+@pytest.mark.parametrize("kw, role, index, expected", [
+    ({"workers": 1}, "worker", 0,
+     '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222"]},'
+     '"task":{"type":"worker","index":0},"environment":"cloud"}'),
+    ({"workers": 2}, "worker", 1,
+     '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222",'
+     '"mnist-worker-1.mnist.team-a.svc:2222"]},"task":{"type":"worker","index":1},'
+     '"environment":"cloud"}'),
+    ({"workers": 2, "chief": 1}, "chief", 0,
+     '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
+     '"worker":["mnist-worker-0.mnist.team-a.svc:2222","mnist-worker-1.mnist.team-a.svc:2222"]},'
+     '"task":{"type":"chief","index":0},"environment":"cloud"}'),
+    ({"workers": 1, "chief": 1, "ps": 2, "evaluator": 1}, "ps", 1,
+     '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
+     '"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
+     '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"],'
+     '"evaluator":["mnist-evaluator-0.mnist.team-a.svc:2222"]},'
+     '"task":{"type":"ps","index":1},"environment":"cloud"}'),
+    ({"workers": 1, "chief": 0, "evaluator": 1}, "evaluator", 0,
+     '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
+     '"evaluator":["mnist-evaluator-0.mnist.team-a.svc:2222"]},'
+     '"task":{"type":"evaluator","index":0},"environment":"cloud"}'),
+])
+def test_tf_config_byte_for_byte(kw, role, index, expected):
+    j = job(**kw)
+    assert manifests.tf_config(j, role, index) == expected
+    env = {e["name"]: e["value"] for e in manifests.pod(j, j.replica(role), index)
+           ["spec"]["containers"][0]["env"]}
+    assert env["TF_CONFIG"] == expected
+
+
+def test_tf_config_gives_the_trainer_ranks_chief_first():
+    j = job(workers=2, chief=1)
+    ranks = {(r.role, i): cluster.parse(manifests.tf_config(j, r.role, i)).rank
+             for r, i in j.members()}
+    assert ranks == {("chief", 0): 0, ("worker", 0): 1, ("worker", 1): 2}
+
+
+def test_endpoint_is_injectable_for_local_processes():
+    j = job(workers=2)
+    ports = {("worker", 0): 41000, ("worker", 1): 41001}
+    tf = manifests.tf_config(j, "worker", 1, lambda _j, r, i: f"127.0.0.1:{ports[(r, i)]}")
+    assert cluster.parse(tf).cluster == {"worker": ("127.0.0.1:41000", "127.0.0.1:41001")}
+
+
+def test_desired_objects_are_service_secret_then_pods():
+    objs = manifests.desired_objects(job(workers=2, chief=1), token="s3cret")
+    assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
+        ("Service", "mnist"), ("Secret", "mnist-ring-token"), ("Pod", "mnist-chief-0"),
+        ("Pod", "mnist-worker-0"), ("Pod", "mnist-worker-1")]
+    svc, sec = objs[0], objs[1]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {"ringtrain.io/job-name": "mnist"}
+    assert base64.b64decode(sec["data"]["token"]) == b"s3cret"
+    for o in objs:
+        assert o["metadata"]["ownerReferences"] == [{
+            "apiVersion": "ringtrain.io/v1alpha1", "kind": "TrainingJob", "name": "mnist",
+            "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
+
+
+def test_tokens_are_random_per_call_and_never_in_pods():
+    j = job()
+    a, b = manifests.secret(j)["data"]["token"], manifests.secret(j)["data"]["token"]
+    assert a != b and len(base64.b64decode(a)) >= 32
+    objs = manifests.desired_objects(j, token="s3cret")
+    assert "s3cret" not in json.dumps(objs[2:]) and "czNjcmV0" not in json.dumps(objs[2:])
+
+
+def test_trainer_pod_runs_ringtrain_worker_with_every_flag():
+    obj = job_obj(trainer={"dataset": "mnist-5k", "steps": 20, "batchSize": 32,
+                           "ipusPerWorker": 2, "variablesOnHost": False, "bucketMB": 0.5,
+                           "optimizer": "sgd", "learningRate": 0.05, "evalEvery": 10,
+                           "checkpoint": {"everySteps": 5, "path": "/ckpt"}})
+    j = spec.load(obj)
+    p = manifests.pod(j, j.replica("worker"), 1)
+    (c,) = p["spec"]["containers"]
+    assert c["name"] == "ringtrain" and c["image"] == "ringtrain:0.1.0"
+    assert c["command"] == ["ringtrain", "worker"]
+    assert c["args"] == [
+        "--data-dir", "/usr/share/datasets/fashion-mnist", "--dataset", "mnist-5k",
+        "--model", "cnn", "--steps", "20", "--batch-size", "32", "--optimizer", "sgd",
+        "--lr", "0.05", "--lr-decay", "1", "--lr-decay-epochs", "1", "--seed", "0",
+        "--ipus-per-worker", "2", "--ipu-memory-mb", "900", "--no-variables-on-host",
+        "--bucket-mb", "0.5", "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
+        "--eval-every", "10", "--metrics-port", "9400", "--json",
+        "--termination-log", "/dev/termination-log"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["RINGTRAIN_TOKEN_FILE"] == "/var/run/ringtrain/ring-token/token"
+    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
+    assert {"name": "ring", "containerPort": 2222, "protocol": "TCP"} in c["ports"]
+    assert c["terminationMessagePath"] == "/dev/termination-log"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["ring-token"]["readOnly"] is True
+    assert mounts["checkpoints"]["mountPath"] == "/ckpt" and mounts["tmp"]["mountPath"] == "/tmp"
+    vols = {v["name"]: v for v in p["spec"]["volumes"]}
+    assert vols["ring-token"]["secret"]["secretName"] == "mnist-ring-token"
+    assert vols["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
+    assert p["metadata"]["annotations"]["prometheus.io/port"] == "9400"
+
+
+def test_pod_identity_and_secure_defaults():
+    j = job(workers=2)
+    p = manifests.pod(j, j.replica("worker"), 1)
+    meta, s = p["metadata"], p["spec"]
+    assert meta["name"] == "mnist-worker-1" and meta["namespace"] == "team-a"
+    assert meta["labels"] == {"ringtrain.io/job-name": "mnist",
+                              "ringtrain.io/replica-type": "worker",
+                              "ringtrain.io/replica-index": "1"}
+    assert (s["hostname"], s["subdomain"], s["restartPolicy"]) == ("mnist-worker-1", "mnist",
+                                                                    "Never")
+    assert s["automountServiceAccountToken"] is False
+    assert s["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001,
+                                    "runAsGroup": 10001, "fsGroup": 10001,
+                                    "seccompProfile": {"type": "RuntimeDefault"}}
+    assert s["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]}}
+
+
+@pytest.mark.parametrize("policy, pod_policy", [("Never", "Never"), ("ExitCode", "Never"),
+                                                 ("OnFailure", "OnFailure"),
+                                                 ("Always", "Always")])
+def test_pod_restart_policy(policy, pod_policy):
+    j = job(policy=policy)
+    assert manifests.pod(j, j.replica("worker"), 0)["spec"]["restartPolicy"] == pod_policy
+
+
+def test_template_values_win_and_stock_commands_run_unchanged():
+    obj = job_obj(workers=1)
+    del obj["spec"]["trainer"]
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {
+        "metadata": {"labels": {"team": "a", "ringtrain.io/job-name": "spoof"},
+                     "annotations": {"note": "x"}},
+        "spec": {"securityContext": {"runAsUser": 2000},
+                 "containers": [{"name": "tf", "image": "tensorflow/tensorflow:2.16.1",
+                                 "command": ["python", "train.py"],
+                                 "env": [{"name": "A", "value": "1"},
+                                         {"name": "TF_CONFIG", "value": "stale"}],
+                                 "securityContext": {"readOnlyRootFilesystem": False}}]},
+    }
+    j = spec.load(obj)
+    p = manifests.pod(j, j.replica("worker"), 0)
+    (c,) = p["spec"]["containers"]
+    assert c["command"] == ["python", "train.py"] and "args" not in c
+    assert c["image"] == "tensorflow/tensorflow:2.16.1"
+    env = [(e["name"], e["value"]) for e in c["env"]]
+    assert env[0] == ("A", "1") and [n for n, _ in env].count("TF_CONFIG") == 1
+    assert dict(env)["TF_CONFIG"] == manifests.tf_config(j, "worker", 0)
+    assert p["metadata"]["labels"]["team"] == "a"
+    assert p["metadata"]["labels"]["ringtrain.io/job-name"] == "mnist"
+    assert p["metadata"]["annotations"] == {"note": "x"}  # no prometheus: no trainer metrics
+    assert p["spec"]["securityContext"]["runAsUser"] == 2000
+    assert c["securityContext"]["readOnlyRootFilesystem"] is False
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "checkpoints" not in {v["name"] for v in p["spec"]["volumes"]}
+    assert obj["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"][1] \
+        == {"name": "TF_CONFIG", "value": "stale"}  # the template itself is not modified
+
+
+def test_checkpoint_volume_and_image_override():
+    obj = job_obj(trainer={"checkpoint": {"volume": {"persistentVolumeClaim": {
+        "claimName": "ckpt"}}}})
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {"spec": {"containers": [
+        {"name": "ringtrain", "image": "registry.example/ringtrain:dev",
+         "resources": {"limits": {"memory": "2Gi"}}}]}}
+    j = spec.load(obj)
+    p = manifests.pod(j, j.replica("worker"), 0)
+    (c,) = p["spec"]["containers"]
+    assert c["image"] == "registry.example/ringtrain:dev"
+    assert c["resources"] == {"limits": {"memory": "2Gi"}}
+    vols = {v["name"]: v for v in p["spec"]["volumes"]}
+    assert vols["checkpoints"] == {"name": "checkpoints",
+                                   "persistentVolumeClaim": {"claimName": "ckpt"}}
+
+
+@pytest.mark.parametrize("version", ["1.25.0", "1.37.0"])
+@pytest.mark.parametrize("kw", [{"workers": 2}, {"workers": 2, "chief": 1, "ps": 1,
+                                                 "evaluator": 1}])
+def test_every_object_validates_against_the_kubernetes_schema(kw, version):
+    for obj in manifests.desired_objects(job(**kw)):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_crd_validates_against_the_kubernetes_schema():
+    kubernetes_validate.validate(spec.crd(), "1.25.0", strict=True)
+
+
+def test_the_trainer_parses_the_pod_command_into_the_spec(tmp_path):
+    """The contract between operator and trainer, checked with the trainer's own parser."""
+    from trainer.config import TrainerConfig
+
+    obj = job_obj(workers=2, chief=1, trainer={
+        "dataset": "mnist-5k", "steps": 20, "batchSize": 32, "ipusPerWorker": 2,
+        "variablesOnHost": False, "bucketMB": 0.5, "learningRate": 0.01, "lrDecay": 0.5,
+        "evalEvery": 10, "checkpoint": {"everySteps": 5, "path": "/ckpt"}})
+    j = spec.load(obj)
+    (c,) = manifests.pod(j, j.replica("worker"), 1)["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    env["RINGTRAIN_TOKEN_FILE"] = str(token)
+    assert c["command"] == ["ringtrain", "worker"]
+    cfg = TrainerConfig.from_args(c["args"], env)
+    t = j.trainer
+    assert (cfg.dataset, cfg.steps, cfg.epochs, cfg.batch_size) == ("mnist-5k", 20, None, 32)
+    assert (cfg.ipus_per_worker, cfg.variables_on_host, cfg.bucket_mb) == (2, False, 0.5)
+    assert (cfg.lr, cfg.lr_decay, cfg.optimizer, cfg.eval_every) == (0.01, 0.5, t.optimizer, 10)
+    assert (cfg.checkpoint_dir, cfg.checkpoint_every) == ("/ckpt", 5)
+    assert (cfg.metrics_port, cfg.json, cfg.termination_log) == (9400, True,
+                                                                  "/dev/termination-log")
+    assert (cfg.cluster.rank, cfg.cluster.world_size) == (2, 3)
+    assert cfg.token == b"s3cret"
+
+
+def test_a_zero_learning_rate_is_refused_like_the_trainer_does():
+    with pytest.raises(spec.InvalidSpec, match="spec.trainer.learningRate"):
+        spec.load(job_obj(trainer={"learningRate": 0}))

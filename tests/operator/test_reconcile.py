@@ -1,0 +1,122 @@
+"""reconcile(): observe, fold, write status first, act; idempotent across operator restarts."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime, timezone
+
+from fake_kube import FakeKube
+from operator_jobs import job_obj
+from prometheus_client import CollectorRegistry
+from ringtrain_operator import status as st
+from ringtrain_operator.metrics import OperatorMetrics
+from ringtrain_operator.reconcile import reconcile, status_patch
+
+T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def no_fetch(ip):
+    raise AssertionError("no live status expected")
+
+
+def pods(kube):
+    return sorted(name for kind, name in kube.objects if kind == "Pod")
+
+
+def test_first_reconcile_creates_service_secret_pods_and_status():
+    kube = FakeKube(job_obj(workers=2))
+    d = reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
+    assert sorted(kube.objects) == [("Pod", "mnist-worker-0"), ("Pod", "mnist-worker-1"),
+                                    ("Secret", "mnist-ring-token"), ("Service", "mnist")]
+    assert kube.calls[0] == ("patch", "status")  # status is written before any action
+    assert kube.job["status"]["state"] == st.CREATED
+    assert [e.reason for e in d.events] == [st.REASON_CREATED, "PodCreated", "PodCreated"]
+
+
+def test_a_restarted_operator_creates_nothing_twice_and_keeps_the_first_token():
+    kube = FakeKube(job_obj(workers=2))
+    reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
+    token = kube.objects[("Secret", "mnist-ring-token")]["data"]["token"]
+    del kube.objects[("Pod", "mnist-worker-1")]
+    kube.job["status"] = {}  # as if the status write had been lost too
+    kube.calls.clear()
+    d = reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
+    assert pods(kube) == ["mnist-worker-0", "mnist-worker-1"]
+    assert kube.objects[("Secret", "mnist-ring-token")]["data"]["token"] == token
+    assert [e.message for e in d.events if e.reason == "PodCreated"] == [
+        "created pod mnist-worker-1"]
+    assert len(base64.b64decode(token)) >= 32
+
+
+def test_progress_is_read_from_the_running_chief_only():
+    kube = FakeKube(job_obj(workers=2))
+    reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
+    kube.set_pod_phase("mnist-worker-0", "Running")
+    kube.set_pod_phase("mnist-worker-1", "Running")
+    asked = []
+
+    def fetch(ip):
+        asked.append(ip)
+        return {"step": 7, "loss": 1.5, "samples_per_s": 900.0, "phase": "training"}
+
+    reconcile(kube, "team-a", "mnist", now=T0, fetch=fetch)
+    assert asked == ["10.1.0.9"]
+    assert kube.job["status"]["progress"] == {"step": 7, "loss": 1.5, "samplesPerSecond": 900.0}
+    assert kube.job["status"]["state"] == st.RUNNING
+
+
+def test_gang_restart_then_success_then_ttl_deletes_the_job():
+    obj = job_obj(workers=2, run_policy={"ttlSecondsAfterFinished": 0})
+    kube = FakeKube(obj)
+    registry = CollectorRegistry()
+    metrics = OperatorMetrics(registry)
+    run = lambda: reconcile(kube, "team-a", "mnist", now=T0, fetch=lambda ip: None,  # noqa: E731
+                            metrics=metrics)
+    run()
+    kube.set_pod_phase("mnist-worker-0", "Running")
+    kube.set_pod_phase("mnist-worker-1", "Failed", exit_code=138)
+    d = run()
+    assert kube.job["status"]["state"] == st.RESTARTING and pods(kube) == []
+    assert {e.message for e in d.events if e.reason == "PodDeleted"} == {
+        "deleted pod mnist-worker-0", "deleted pod mnist-worker-1"}
+    run()
+    assert pods(kube) == ["mnist-worker-0", "mnist-worker-1"]
+    kube.set_pod_phase("mnist-worker-0", "Succeeded", exit_code=0)
+    kube.set_pod_phase("mnist-worker-1", "Running")
+    d = run()
+    assert d.delete_job and kube.job is None
+    assert pods(kube) == ["mnist-worker-0"]  # cleanPodPolicy Running removed the running one
+    value = registry.get_sample_value
+    assert value("ringtrain_operator_jobs_created_total", {"namespace": "team-a"}) == 1
+    assert value("ringtrain_operator_jobs_restarted_total", {"namespace": "team-a"}) == 1
+    assert value("ringtrain_operator_jobs_succeeded_total", {"namespace": "team-a"}) == 1
+    assert value("ringtrain_operator_jobs", {"state": "Succeeded"}) == 1
+    assert value("ringtrain_operator_jobs", {"state": "Running"}) == 0
+    assert value("ringtrain_operator_reconcile_duration_seconds_count") == 4
+    assert value("ringtrain_operator_info", {"version": "0.1.0"}) == 1
+    assert reconcile(kube, "team-a", "mnist", now=T0) is None
+
+
+def test_invalid_spec_is_recorded_as_failed_without_raising():
+    obj = job_obj(workers=2)
+    obj["spec"]["trainer"].update(batchSize=10, ipusPerWorker=4)
+    kube = FakeKube(obj)
+    d = reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
+    assert kube.job["status"]["state"] == st.FAILED
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", st.REASON_INVALID)]
+    assert "spec.trainer.batchSize" in kube.job["status"]["conditions"][0]["message"]
+    assert pods(kube) == []
+
+
+def test_steady_state_writes_nothing():
+    kube = FakeKube(job_obj(workers=1))
+    reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
+    kube.set_pod_phase("mnist-worker-0", "Pending")
+    reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
+    kube.calls.clear()
+    d = reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
+    assert kube.calls == [] and d.events == ()
+
+
+def test_status_patch_sets_changed_keys_and_removes_missing_ones():
+    assert status_patch({"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5}) == {"b": 5, "c": None}

@@ -1,0 +1,122 @@
+"""spec.load: the CRD's defaults and schema applied locally, and the semantic checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from operator_jobs import job, job_obj
+from ringtrain_operator import spec
+from trainer.errors import InvalidSpec
+
+
+def test_defaults_come_from_the_crd():
+    obj = job_obj(trainer={})
+    del obj["spec"]["replicaSpecs"]["Worker"]["restartPolicy"]
+    j = spec.load(obj)
+    (worker,) = j.replicas
+    assert (worker.role, worker.replicas, worker.restart_policy) == ("worker", 2, "ExitCode")
+    assert worker.template == {}
+    t = j.trainer
+    assert (t.image, t.model, t.dataset, t.batch_size, t.optimizer, t.learning_rate) == (
+        "ringtrain:0.1.0", "cnn", "fashion-mnist", 64, "adam", 0.001)
+    assert (t.steps, t.epochs, t.ipus_per_worker, t.ipu_memory_mb, t.variables_on_host) == (
+        None, None, 1, 900, True)
+    assert (t.bucket_mb, t.checkpoint.path, t.checkpoint.every_steps) == (25.0, "/checkpoints", 0)
+    assert j.run_policy == spec.RunPolicy(backoff_limit=6, active_deadline_s=None,
+                                          ttl_after_finished_s=None, clean_pod_policy="Running",
+                                          suspend=False, success_policy="ChiefOrWorker0")
+
+
+def test_load_does_not_modify_its_input():
+    obj = job_obj()
+    before = repr(obj)
+    spec.load(obj)
+    assert repr(obj) == before
+
+
+def test_roles_in_tf_config_order_and_zero_replicas_dropped():
+    j = job(workers=2, chief=1, ps=0, evaluator=1)
+    assert [(r.role, r.replicas) for r in j.replicas] == [("chief", 1), ("worker", 2),
+                                                          ("evaluator", 1)]
+    assert j.chief == ("chief", 0)
+    assert job(workers=1).chief == ("worker", 0)
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda o: o["spec"]["trainer"].update(batchSize=63, ipusPerWorker=2),
+     "spec.trainer.batchSize: 63 is not divisible by spec.trainer.ipusPerWorker=2"),
+    (lambda o: o["spec"]["trainer"].update(epochs=2),
+     "spec.trainer: set steps or epochs, not both"),
+    (lambda o: o["spec"]["replicaSpecs"].update(Chief={"replicas": 2}),
+     "spec.replicaSpecs.Chief.replicas: 2 is greater than the maximum of 1"),
+    (lambda o: o["spec"]["replicaSpecs"].pop("Worker"),
+     "spec.replicaSpecs: 'Worker' is a required property"),
+    (lambda o: o["spec"]["replicaSpecs"]["Worker"].update(replicas=0),
+     "spec.replicaSpecs.Worker.replicas: 0 is less than the minimum of 1"),
+    (lambda o: o["spec"]["replicaSpecs"]["Worker"].update(restartPolicy="Sometimes"),
+     "spec.replicaSpecs.Worker.restartPolicy: 'Sometimes' is not one of"),
+    (lambda o: o["spec"]["trainer"].update(batchsize=32),
+     "spec.trainer: Additional properties are not allowed ('batchsize' was unexpected)"),
+    (lambda o: o["spec"].update(runPolicy={"cleanPodPolicy": "Some"}),
+     "spec.runPolicy.cleanPodPolicy: 'Some' is not one of"),
+    (lambda o: o["spec"]["trainer"].update(learningRate="fast"),
+     "spec.trainer.learningRate: 'fast' is not of type 'number'"),
+    (lambda o: o["metadata"].update(name="MNIST_job"),
+     "metadata.name: 'MNIST_job' must be a DNS-1035 label"),
+    (lambda o: o["metadata"].update(name="a" * 50), "metadata.name: 'aaaa"),
+    (lambda o: o.update(kind="TFJob"), "apiVersion/kind: expected ringtrain.io/v1alpha1/"),
+    (lambda o: o["spec"].pop("trainer"),
+     "spec.replicaSpecs.Worker.template.spec.containers: required when spec.trainer is not set"),
+    (lambda o: (o["spec"].pop("trainer"), o["spec"]["replicaSpecs"]["Worker"].update(
+        template={"spec": {"containers": [{"name": "tf"}]}})),
+     "spec.replicaSpecs.Worker.template.spec.containers[].image: required"),
+])
+def test_invalid_specs_name_the_field(mutate, field):
+    obj = job_obj()
+    mutate(obj)
+    with pytest.raises(InvalidSpec) as e:
+        spec.load(obj)
+    assert field in str(e.value)
+
+
+def test_every_schema_error_is_reported_at_once():
+    obj = job_obj()
+    obj["spec"]["trainer"].update(model="resnet", optimizer="lamb")
+    with pytest.raises(InvalidSpec) as e:
+        spec.load(obj)
+    assert "spec.trainer.model" in str(e.value) and "spec.trainer.optimizer" in str(e.value)
+
+
+def test_crd_is_structural_with_the_advertised_api():
+    crd = spec.crd()
+    assert crd["metadata"]["name"] == "trainingjobs.ringtrain.io"
+    assert crd["spec"]["names"]["shortNames"] == ["tj"]
+    (version,) = crd["spec"]["versions"]
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "State", "Workers", "Step", "Accuracy", "Loss", "Restarts", "Age"]
+    text = str(crd)
+    assert "x-kubernetes-validations" not in text  # no CEL: Kubernetes 1.20 must accept it
+
+    def walk(schema, path):  # structural: every node has a type (or preserves unknown fields)
+        assert "type" in schema or schema.get("x-kubernetes-preserve-unknown-fields"), path
+        for k, sub in schema.get("properties", {}).items():
+            walk(sub, f"{path}.{k}")
+        if "items" in schema:
+            walk(schema["items"], f"{path}[]")
+
+    walk(version["schema"]["openAPIV3Schema"], "")
+
+
+def test_schema_defaults_are_valid_against_the_schema():
+    """The API server rejects a CRD whose defaults fail its own validation."""
+    schema = spec.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    import jsonschema
+
+    def walk(node, path):
+        if "default" in node:
+            jsonschema.Draft4Validator(node).validate(node["default"])
+        for k, sub in node.get("properties", {}).items():
+            walk(sub, f"{path}.{k}")
+
+    walk(schema, "")

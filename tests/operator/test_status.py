@@ -1,0 +1,330 @@
+"""The lifecycle fold, path by path: each test feeds observed pods and checks status and actions."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from operator_jobs import job
+from ringtrain_operator import status as st
+from ringtrain_operator.status import ObservedPod, derive_status
+
+T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def pod(name: str, phase: str = "Running", *, ready: bool = True, restarts: int = 0,
+        exit_code: int | None = None, deleting: bool = False, message: str | None = None,
+        live: dict | None = None) -> ObservedPod:
+    _, role, index = name.rsplit("-", 2)
+    return ObservedPod(name=name, role=role, index=int(index), phase=phase, ready=ready,
+                       restarts=restarts, exit_code=exit_code, deleting=deleting,
+                       termination_message=message, pod_ip="10.1.0.5", live_status=live)
+
+
+def running(j, **overrides) -> list[ObservedPod]:
+    return [overrides.get(j.pod_name(r.role, i)) or pod(j.pod_name(r.role, i))
+            for r, i in j.members()]
+
+
+def cond(status: dict, ctype: str) -> dict | None:
+    return next((c for c in status.get("conditions", []) if c["type"] == ctype), None)
+
+
+def reasons(d: st.Decision) -> list[str]:
+    return [e.reason for e in d.events]
+
+
+def step(j, pods, previous, at=T0):
+    return derive_status(j, pods, at, previous)
+
+
+def test_new_job_creates_every_pod_and_the_created_condition():
+    j = job(workers=2, chief=1)
+    d = step(j, [], None)
+    assert d.create == ("mnist-chief-0", "mnist-worker-0", "mnist-worker-1")
+    assert d.delete == ()
+    assert d.status["state"] == st.CREATED
+    assert cond(d.status, st.CREATED)["status"] == "True"
+    assert d.status["startTime"] == "2024-05-01T12:00:00Z"
+    assert d.status["workers"] == "0/3"
+    assert reasons(d) == [st.REASON_CREATED]
+
+
+def test_created_becomes_running_once_all_pods_run_and_then_stays_quiet():
+    j = job()
+    d1 = step(j, [], None)
+    d2 = step(j, [pod("mnist-worker-0", "Pending", ready=False), pod("mnist-worker-1")], d1.status)
+    assert d2.status["state"] == st.CREATED and d2.create == () and d2.events == ()
+    d3 = step(j, running(j), d2.status, T0 + timedelta(seconds=5))
+    assert d3.status["state"] == st.RUNNING
+    assert reasons(d3) == [st.REASON_RUNNING]
+    assert d3.status["workers"] == "2/2"
+    assert d3.status["replicaStatuses"]["Worker"] == {"active": 2, "succeeded": 0, "failed": 0,
+                                                     "restarts": 0}
+    d4 = step(j, running(j), d3.status, T0 + timedelta(seconds=10))
+    assert d4.events == () and d4.status == d3.status  # steady state: no patch, no event
+
+
+def test_missing_pod_is_recreated_without_duplicates():
+    j = job(workers=3)
+    d = step(j, [pod("mnist-worker-0"), pod("mnist-worker-2")], {"state": st.RUNNING})
+    assert d.create == ("mnist-worker-1",)
+
+
+def test_chief_success_succeeds_the_job_and_cleans_running_pods():
+    j = job(workers=2, chief=1, ps=1)
+    prev = step(j, running(j), step(j, [], None).status).status
+    pods = running(j, **{"mnist-chief-0": pod("mnist-chief-0", "Succeeded", exit_code=0)})
+    d = step(j, pods, prev, T0 + timedelta(minutes=3))
+    assert d.status["state"] == st.SUCCEEDED
+    assert d.status["completionTime"] == "2024-05-01T12:03:00Z"
+    assert cond(d.status, st.SUCCEEDED)["status"] == "True"
+    assert cond(d.status, st.RUNNING)["status"] == "False"
+    assert set(d.delete) == {"mnist-worker-0", "mnist-worker-1", "mnist-ps-0"}  # Running policy
+    assert reasons(d) == [st.REASON_SUCCEEDED]
+
+
+def test_worker0_decides_success_without_a_chief_but_not_worker1():
+    j = job(workers=2)
+    prev = step(j, running(j), None).status
+    d = step(j, running(j, **{"mnist-worker-1": pod("mnist-worker-1", "Succeeded")}), prev)
+    assert d.status["state"] != st.SUCCEEDED
+    d = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", "Succeeded")}), prev)
+    assert d.status["state"] == st.SUCCEEDED
+
+
+def test_all_workers_success_policy_waits_for_every_worker():
+    j = job(workers=2, run_policy={"successPolicy": "AllWorkers"})
+    prev = step(j, running(j), None).status
+    one = running(j, **{"mnist-worker-0": pod("mnist-worker-0", "Succeeded")})
+    assert step(j, one, prev).status["state"] != st.SUCCEEDED
+    both = [pod("mnist-worker-0", "Succeeded"), pod("mnist-worker-1", "Succeeded")]
+    assert step(j, both, prev).status["state"] == st.SUCCEEDED
+
+
+@pytest.mark.parametrize("code", [1, 2, 127])
+def test_exit_code_policy_fails_permanently_on_1_to_127(code):
+    j = job(workers=2)
+    prev = step(j, running(j), None).status
+    d = step(j, running(j, **{"mnist-worker-1": pod("mnist-worker-1", "Failed",
+                                                    exit_code=code)}), prev)
+    assert d.status["state"] == st.FAILED
+    assert cond(d.status, st.FAILED)["reason"] == st.REASON_FAILED
+    assert f"exit code {code}" in cond(d.status, st.FAILED)["message"]
+    assert d.delete == ("mnist-worker-0",)  # cleanPodPolicy Running: the failed pod stays
+    assert d.create == ()
+
+
+@pytest.mark.parametrize("code", [128, 137, 138, 143, None])
+def test_exit_code_policy_restarts_the_whole_gang_on_retryable_codes(code):
+    j = job(workers=3)
+    prev = step(j, running(j), None).status
+    d = step(j, running(j, **{"mnist-worker-2": pod("mnist-worker-2", "Failed",
+                                                    exit_code=code)}), prev)
+    assert d.status["state"] == st.RESTARTING
+    assert set(d.delete) == {"mnist-worker-0", "mnist-worker-1", "mnist-worker-2"}
+    assert d.create == ()
+    assert d.status["restarts"] == 1 and d.status["gangRestarts"] == 1
+    assert reasons(d) == [st.REASON_RESTARTING]
+    assert cond(d.status, st.RESTARTING)["status"] == "True"
+
+
+def test_gang_restart_waits_for_the_old_gang_then_recreates_it_and_counts_once():
+    j = job(workers=2)
+    prev = step(j, running(j), None).status
+    failed = running(j, **{"mnist-worker-1": pod("mnist-worker-1", "Failed", exit_code=138)})
+    d1 = step(j, failed, prev)
+    # Deletion in progress: nothing created, nothing counted again, the undeleted one is deleted.
+    terminating = [pod("mnist-worker-0", deleting=True), pod("mnist-worker-1", "Failed",
+                                                             exit_code=138)]
+    d2 = step(j, terminating, d1.status)
+    assert d2.create == () and d2.delete == ("mnist-worker-1",) and d2.events == ()
+    assert d2.status["restarts"] == 1
+    d3 = step(j, [], d2.status)
+    assert d3.create == ("mnist-worker-0", "mnist-worker-1")
+    assert d3.status["restarts"] == 1
+    d4 = step(j, running(j), d3.status)
+    assert d4.status["state"] == st.RUNNING
+    assert cond(d4.status, st.RESTARTING)["status"] == "False"
+
+
+def test_backoff_limit_counts_gang_restarts():
+    j = job(workers=2, run_policy={"backoffLimit": 1})
+    status = step(j, running(j), None).status
+    failed = running(j, **{"mnist-worker-0": pod("mnist-worker-0", "Failed", exit_code=138)})
+    d1 = step(j, failed, status)
+    assert d1.status["state"] == st.RESTARTING
+    d2 = step(j, failed, step(j, running(j), step(j, [], d1.status).status).status)
+    assert d2.status["state"] == st.FAILED
+    assert cond(d2.status, st.FAILED)["reason"] == st.REASON_BACKOFF
+    assert set(d2.delete) == {"mnist-worker-1"}
+
+
+def test_backoff_limit_zero_fails_on_the_first_retryable_exit():
+    j = job(workers=2, run_policy={"backoffLimit": 0})
+    d = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", "Failed", exit_code=143)}),
+             step(j, running(j), None).status)
+    assert cond(d.status, st.FAILED)["reason"] == st.REASON_BACKOFF
+
+
+def test_backoff_limit_counts_container_restarts_under_on_failure():
+    j = job(workers=2, policy="OnFailure", run_policy={"backoffLimit": 2})
+    prev = step(j, running(j), None).status
+    d = step(j, running(j, **{"mnist-worker-1": pod("mnist-worker-1", restarts=2)}), prev)
+    assert d.status["state"] == st.RUNNING and d.status["restarts"] == 2
+    d = step(j, running(j, **{"mnist-worker-1": pod("mnist-worker-1", restarts=3)}), prev)
+    assert d.status["state"] == st.FAILED
+    assert cond(d.status, st.FAILED)["reason"] == st.REASON_BACKOFF
+    assert set(d.delete) == {"mnist-worker-0", "mnist-worker-1"}
+
+
+def test_container_restarts_of_deleted_pods_still_count_after_a_gang_restart():
+    j = job(workers=2, policy="OnFailure", run_policy={"backoffLimit": 3})
+    prev = step(j, running(j), None).status
+    evicted = running(j, **{"mnist-worker-0": pod("mnist-worker-0", restarts=2),
+                            "mnist-worker-1": pod("mnist-worker-1", "Failed")})
+    d1 = step(j, evicted, prev)
+    assert d1.status["state"] == st.RESTARTING and d1.status["restarts"] == 3
+    d2 = step(j, [], d1.status)
+    assert d2.status["restarts"] == 3
+    d3 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", restarts=1)}), d2.status)
+    assert cond(d3.status, st.FAILED)["reason"] == st.REASON_BACKOFF
+
+
+def test_never_policy_fails_on_any_failure_even_a_retryable_code():
+    j = job(workers=2, policy="Never")
+    d = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", "Failed", exit_code=138)}),
+             step(j, running(j), None).status)
+    assert d.status["state"] == st.FAILED
+    assert cond(d.status, st.FAILED)["reason"] == st.REASON_FAILED
+
+
+def test_active_deadline_fails_the_job_and_applies_clean_pod_policy_all():
+    j = job(workers=2, run_policy={"activeDeadlineSeconds": 60, "cleanPodPolicy": "All"})
+    d0 = step(j, [], None)
+    d1 = step(j, running(j), d0.status, T0 + timedelta(seconds=30))
+    assert d1.status["state"] == st.RUNNING
+    assert d1.requeue_after_s == pytest.approx(30)
+    d2 = step(j, running(j), d1.status, T0 + timedelta(seconds=60))
+    assert d2.status["state"] == st.FAILED
+    assert cond(d2.status, st.FAILED)["reason"] == st.REASON_DEADLINE
+    assert set(d2.delete) == {"mnist-worker-0", "mnist-worker-1"}
+    assert reasons(d2) == [st.REASON_DEADLINE]
+
+
+def test_clean_pod_policy_none_keeps_every_pod():
+    j = job(workers=2, run_policy={"activeDeadlineSeconds": 1, "cleanPodPolicy": "None"})
+    d = step(j, running(j), step(j, [], None).status, T0 + timedelta(seconds=2))
+    assert d.status["state"] == st.FAILED and d.delete == ()
+
+
+def test_clean_pod_policy_is_reapplied_after_the_job_finished():
+    j = job(workers=2)
+    done = step(j, [pod("mnist-worker-0", "Succeeded"), pod("mnist-worker-1")],
+                step(j, running(j), None).status)
+    # The operator died before deleting; a later reconcile still cleans up, without new events.
+    d = step(j, [pod("mnist-worker-0", "Succeeded"), pod("mnist-worker-1")], done.status)
+    assert d.delete == ("mnist-worker-1",) and d.events == () and d.create == ()
+    assert d.status["completionTime"] == done.status["completionTime"]
+
+
+def test_ttl_deletes_the_job_after_completion_and_requeues_until_then():
+    j = job(workers=1, run_policy={"ttlSecondsAfterFinished": 100})
+    done = step(j, [pod("mnist-worker-0", "Succeeded")], step(j, [], None).status)
+    assert done.requeue_after_s == pytest.approx(100) and not done.delete_job
+    later = step(j, [pod("mnist-worker-0", "Succeeded")], done.status, T0 + timedelta(seconds=40))
+    assert later.requeue_after_s == pytest.approx(60) and not later.delete_job
+    gone = step(j, [], done.status, T0 + timedelta(seconds=100))
+    assert gone.delete_job
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them_with_a_new_start_time():
+    running_job = job(workers=2)
+    prev = step(running_job, running(running_job), step(running_job, [], None).status).status
+    suspended_job = job(workers=2, run_policy={"suspend": True})
+    d1 = step(suspended_job, running(suspended_job), prev, T0 + timedelta(minutes=1))
+    assert d1.status["state"] == st.SUSPENDED
+    assert set(d1.delete) == {"mnist-worker-0", "mnist-worker-1"}
+    assert cond(d1.status, st.SUSPENDED)["status"] == "True"
+    assert cond(d1.status, st.RUNNING)["status"] == "False"
+    assert reasons(d1) == [st.REASON_SUSPENDED]
+    d2 = step(suspended_job, [], d1.status, T0 + timedelta(minutes=2))
+    assert d2.events == () and d2.create == ()
+    d3 = step(running_job, [], d2.status, T0 + timedelta(minutes=10))
+    assert d3.create == ("mnist-worker-0", "mnist-worker-1")
+    assert d3.status["startTime"] == "2024-05-01T12:10:00Z"
+    assert cond(d3.status, st.SUSPENDED)["status"] == "False"
+    assert reasons(d3) == [st.REASON_RESUMED]
+
+
+def test_suspended_time_does_not_count_against_the_deadline():
+    rp = {"activeDeadlineSeconds": 120}
+    prev = step(job(run_policy=rp), [], None).status
+    susp = step(job(run_policy={**rp, "suspend": True}), [], prev, T0 + timedelta(seconds=60))
+    resumed = step(job(run_policy=rp), [], susp.status, T0 + timedelta(seconds=600))
+    j = job(run_policy=rp)
+    d = step(j, running(j), resumed.status, T0 + timedelta(seconds=660))
+    assert d.status["state"] == st.RUNNING
+
+
+def test_replicas_scaled_down_delete_the_extra_pods():
+    j = job(workers=1)
+    d = step(j, [pod("mnist-worker-0"), pod("mnist-worker-1")], {"state": st.RUNNING})
+    assert d.delete == ("mnist-worker-1",)
+
+
+def test_progress_comes_from_the_live_status_then_the_termination_message():
+    j = job(workers=2, chief=1)
+    live = {"step": 120, "epoch": 0, "loss": 0.4123456789, "samples_per_s": 5100.5,
+            "test_accuracy": None, "phase": "training"}
+    d1 = step(j, running(j, **{"mnist-chief-0": pod("mnist-chief-0", live=live)}), None)
+    assert d1.status["progress"] == {"step": 120, "epoch": 0, "loss": 0.412346,
+                                     "samplesPerSecond": 5100.5}
+    final = json.dumps({"event": "final", "steps": 400, "loss": 0.2, "test_accuracy": 0.91,
+                        "samples_per_s": 5000.0, "checkpoint": "/checkpoints/ckpt-400"})
+    d2 = step(j, running(j, **{"mnist-chief-0": pod("mnist-chief-0", "Succeeded", message=final)}),
+              d1.status)
+    assert d2.status["progress"] == {"step": 400, "epoch": 0, "loss": 0.2, "testAccuracy": 0.91,
+                                     "samplesPerSecond": 5000.0,
+                                     "checkpoint": "/checkpoints/ckpt-400"}
+    assert d2.status["state"] == st.SUCCEEDED
+
+
+def test_progress_ignores_non_json_and_non_finite_values():
+    j = job(workers=1)
+    d = step(j, [pod("mnist-worker-0", live={"step": 3, "loss": float("nan")},
+                     message="Traceback (most recent call last)")], None)
+    assert d.status["progress"] == {"step": 3}
+
+
+def test_invalid_spec_fails_once_with_reason_and_removes_pods():
+    d1 = st.derive_invalid([pod("mnist-worker-0")], T0, None, "spec.x: bad", generation=2)
+    assert d1.status["state"] == st.FAILED and d1.status["observedGeneration"] == 2
+    assert cond(d1.status, st.FAILED)["reason"] == st.REASON_INVALID
+    assert d1.delete == ("mnist-worker-0",)
+    assert [(e.type, e.reason, e.message) for e in d1.events] == [
+        ("Warning", st.REASON_INVALID, "spec.x: bad")]
+    d2 = st.derive_invalid([], T0, d1.status, "spec.x: bad", generation=2)
+    assert d2.events == () and d2.status == d1.status
+
+
+def test_observed_pod_reads_a_real_pod_object():
+    obj = {
+        "metadata": {"name": "mnist-worker-1", "labels": {
+            "ringtrain.io/job-name": "mnist", "ringtrain.io/replica-type": "worker",
+            "ringtrain.io/replica-index": "1"}},
+        "status": {"phase": "Failed", "podIP": "10.1.0.7",
+                   "conditions": [{"type": "Ready", "status": "False"}],
+                   "containerStatuses": [
+                       {"name": "sidecar", "restartCount": 1, "state": {"running": {}}},
+                       {"name": "ringtrain", "restartCount": 0, "state": {"terminated": {
+                           "exitCode": 137, "reason": "OOMKilled", "message": "{}"}}}]},
+    }
+    p = ObservedPod.from_pod(obj)
+    assert (p.name, p.role, p.index, p.phase, p.ready, p.restarts) == (
+        "mnist-worker-1", "worker", 1, "Failed", False, 1)
+    assert (p.exit_code, p.exit_reason, p.termination_message, p.pod_ip) == (
+        137, "OOMKilled", "{}", "10.1.0.7")
+    assert ObservedPod.from_pod({"metadata": {"name": "x", "labels": {}}}) is None

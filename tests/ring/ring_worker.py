@@ -1,0 +1,105 @@
+"""One ring member for the multi-process tests: a real process on loopback running a scenario.
+
+Run as ``python ring_worker.py SCENARIO --rank R --addresses A,B,... [--transport T]`` with the
+token in RINGTRAIN_TOKEN. Prints one JSON line per event; exits with the trainer's exit code of
+any error so tests can check the retryable code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from trainer.cluster import ClusterSpec
+from trainer.errors import RingtrainError, exit_code_for
+from trainer.ring import connect
+
+
+def pattern(n: int, rank: int) -> np.ndarray:
+    """Rank-specific values whose sums are exact in float32, so the mean has one right answer."""
+    return (((np.arange(n, dtype=np.int64) * 7 + rank * 13) % 101) - 50).astype(np.float32)
+
+
+def expected_mean(n: int, world: int) -> np.ndarray:
+    return sum(pattern(n, r).astype(np.float64) for r in range(world)) / world
+
+
+def emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def check_allreduce(coll, sizes: list[int], world: int, rank: int, step: int) -> None:
+    for tag, n in enumerate(sizes):
+        buf = pattern(n, rank)
+        coll.allreduce_mean_(buf, step=step, tag=tag)
+        want = expected_mean(n, world)
+        if not np.allclose(buf, want, rtol=1e-6, atol=1e-6):
+            bad = int(np.argmax(np.abs(buf - want)))
+            raise AssertionError(f"rank {rank} size {n}: element {bad} is {buf[bad]}, "
+                                 f"want {want[bad]}")
+
+
+def check_broadcast(coll, n: int, world: int, rank: int) -> None:
+    for root in range(world):
+        buf = pattern(n, rank)
+        coll.broadcast_(buf, root=root)
+        if not np.array_equal(buf, pattern(n, root)):
+            raise AssertionError(f"rank {rank}: broadcast from {root} of {n} differs")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario", choices=["allreduce", "pause", "loop"])
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--addresses", required=True)
+    p.add_argument("--transport", default="tcp")
+    p.add_argument("--sizes", default="0,1,2,3,5,1000,262147")
+    p.add_argument("--chunk-bytes", type=int, default=4096)
+    p.add_argument("--step-timeout-s", type=float, default=20.0)
+    p.add_argument("--connect-timeout-s", type=float, default=20.0)
+    a = p.parse_args(argv)
+    import os
+
+    addresses = a.addresses.split(",")
+    spec = ClusterSpec(cluster={"worker": tuple(addresses)}, task_index=a.rank)
+    world, rank = len(addresses), a.rank
+    sizes = [int(s) for s in a.sizes.split(",")]
+    coll = None
+    try:
+        coll = connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(), transport=a.transport,
+                       chunk_bytes=a.chunk_bytes, step_timeout_s=a.step_timeout_s,
+                       connect_timeout_s=a.connect_timeout_s)
+        if a.scenario == "allreduce":
+            check_allreduce(coll, sizes, world, rank, step=1)
+            check_broadcast(coll, sizes[-1], world, rank)
+            coll.barrier()
+            check_allreduce(coll, sizes[::-1], world, rank, step=2)
+        elif a.scenario == "pause":
+            check_allreduce(coll, sizes, world, rank, step=1)
+            emit(event="ready", rank=rank)
+            if rank == 1:
+                sys.stdin.readline()
+            check_allreduce(coll, sizes, world, rank, step=2)
+        else:
+            step = 0
+            while True:
+                check_allreduce(coll, sizes, world, rank, step=step)
+                if step == 0:
+                    emit(event="started", rank=rank)
+                step += 1
+        emit(event="done", rank=rank, refused=getattr(coll.transport, "refused", None))
+        return 0
+    except RingtrainError as e:
+        emit(event="error", rank=rank, type=type(e).__name__, message=str(e),
+             exit_code=exit_code_for(e))
+        return exit_code_for(e)
+    finally:
+        if coll is not None:
+            coll.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

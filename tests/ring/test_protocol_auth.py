@@ -1,0 +1,80 @@
+"""The collective header and the TCP handshake, over real socket pairs."""
+
+import socket
+import threading
+
+import pytest
+
+from trainer.errors import Unauthenticated
+from trainer.ring import auth
+from trainer.ring.protocol import HEADER_BYTES, Kind, Mismatch, OpHeader
+
+
+def test_header_round_trips_and_rejects_garbage():
+    h = OpHeader(Kind.BROADCAST, seq=7, step=-1, tag=3, nelem=1 << 40, root=2)
+    assert len(h.pack()) == HEADER_BYTES
+    assert OpHeader.unpack(h.pack()) == h
+    assert OpHeader.unpack(b"x" * HEADER_BYTES) is None
+    assert OpHeader.unpack(h.pack()[:-1]) is None
+
+
+def test_header_mismatch_names_what_differs():
+    h = OpHeader(Kind.ALLREDUCE, seq=4, step=10, tag=1, nelem=100)
+    assert h.mismatch(h) is None
+    assert OpHeader(Kind.ALLREDUCE, 5, 10, 1, 100).mismatch(h) is Mismatch.SEQUENCE
+    assert OpHeader(Kind.BROADCAST, 4, 10, 1, 100).mismatch(h) is Mismatch.SEQUENCE
+    assert OpHeader(Kind.ALLREDUCE, 4, 11, 1, 100).mismatch(h) is Mismatch.STEP
+    assert OpHeader(Kind.ALLREDUCE, 4, 10, 2, 100).mismatch(h) is Mismatch.STEP
+    assert OpHeader(Kind.ALLREDUCE, 4, 10, 1, 99).mismatch(h) is Mismatch.SIZE
+
+
+def handshake(server_token: bytes, client_token: bytes, rank: int = 1, world: int = 2):
+    """Run both ends of the handshake on a socketpair; returns (server verdict, client error)."""
+    s, c = socket.socketpair()
+    s.settimeout(5)
+    c.settimeout(5)
+    verdict = []
+    t = threading.Thread(target=lambda: verdict.append(
+        auth.server_handshake(s, server_token, world=2, accept_rank=lambda r: auth.OK)))
+    t.start()
+    err = None
+    try:
+        auth.client_handshake(c, client_token, rank, world, "peer")
+    except Unauthenticated as e:
+        err = e
+    t.join()
+    s.close()
+    c.close()
+    return verdict[0][0], err
+
+
+def test_handshake_accepts_the_same_token():
+    assert handshake(b"secret", b"secret") == (auth.OK, None)
+
+
+def test_handshake_refuses_a_wrong_token_on_both_sides():
+    verdict, err = handshake(b"secret", b"guess")
+    assert verdict == auth.REFUSED_TOKEN
+    assert "wrong token" in str(err)
+
+
+def test_handshake_refuses_another_ring_size():
+    verdict, err = handshake(b"secret", b"secret", world=3)
+    assert verdict == auth.REFUSED_WORLD
+    assert "different ring size" in str(err)
+
+
+def test_token_comparison_never_matches_a_missing_token():
+    assert auth.token_ok(b"a", b"a")
+    assert not auth.token_ok(None, b"a")
+    assert not auth.token_ok(b"b", b"a")
+
+
+def test_client_refuses_a_server_that_does_not_speak_the_protocol():
+    s, c = socket.socketpair()
+    s.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    c.settimeout(5)
+    with pytest.raises(Unauthenticated, match="same ring transport"):
+        auth.client_handshake(c, b"t", 0, 2, "peer")
+    s.close()
+    c.close()

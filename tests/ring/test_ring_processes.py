@@ -1,0 +1,153 @@
+"""Real ring members in separate processes on loopback, over both transports."""
+
+import signal
+import socket
+import time
+
+import grpc
+import numpy as np
+import pytest
+import ring_procs
+
+from trainer.cluster import ClusterSpec
+from trainer.collective import LocalCollective
+from trainer.errors import EXIT_RETRYABLE, PeerTimeout
+from trainer.ring import auth, connect
+from trainer.ring.grpc_transport import call_metadata
+from trainer.ring.protocol import Kind, OpHeader
+from trainer.ring.tcp import split_address
+
+TRANSPORTS = ["tcp", "grpc"]
+#: sizes the "pause" scenario reduces per step (ring_worker's default list)
+STEP_SIZES = [0, 1, 2, 3, 5, 1000, 262147]
+
+
+def test_one_worker_needs_no_ring():
+    coll = connect(ClusterSpec.single(), b"")
+    buf = np.arange(5, dtype=np.float32)
+    coll.allreduce_mean_(buf)
+    assert isinstance(coll, LocalCollective) and buf.tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_allreduce_mean_and_broadcast_of_odd_sizes(world, transport):
+    ring = ring_procs.start(world, "allreduce", transport)
+    try:
+        results = ring.finish()
+    finally:
+        ring.kill()
+    for rank, (code, events) in enumerate(results):
+        assert code == 0, f"rank {rank}: {events}"
+        assert events[-1]["event"] == "done"
+
+
+@pytest.mark.timeout(60)
+def test_a_stranger_on_the_tcp_port_is_refused_while_the_ring_keeps_working():
+    ring = ring_procs.start(2, "pause", "tcp")
+    try:
+        assert [ring.event(r)["event"] for r in (0, 1)] == ["ready", "ready"]
+        host, port = split_address(ring.addresses[0])
+        # 1: garbage instead of a handshake: one refusal byte, then closed
+        with socket.create_connection((host, port), timeout=10) as s:
+            assert s.recv(21).startswith(b"RTRH")
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n".ljust(56, b"-"))
+            answer = b"".join(iter(lambda: s.recv(64), b""))
+            assert answer == bytes([auth.REFUSED_TOKEN])
+        # 2: a proper handshake with the wrong token, claiming to be the left neighbour
+        with socket.create_connection((host, port), timeout=10) as s:
+            with pytest.raises(auth.Unauthenticated, match="wrong token"):
+                auth.client_handshake(s, b"not-the-token", 1, 2, "rank 0")
+        # 3: the right token, but the left neighbour is already connected
+        with socket.create_connection((host, port), timeout=10) as s:
+            with pytest.raises(ConnectionError, match="already connected"):
+                auth.client_handshake(s, ring.token, 1, 2, "rank 0")
+        ring.procs[1].stdin.write("go\n")
+        ring.procs[1].stdin.flush()
+        results = ring.finish()
+    finally:
+        ring.kill()
+    assert [code for code, _ in results] == [0, 0], results
+    assert results[0][1][-1] == {"event": "done", "rank": 0, "refused": 3}
+
+
+@pytest.mark.timeout(60)
+def test_grpc_calls_without_token_or_with_wrong_step_or_size_are_refused_state_untouched():
+    ring = ring_procs.start(2, "pause", "grpc")
+    try:
+        assert [ring.event(r)["event"] for r in (0, 1)] == ["ready", "ready"]
+        # rank 0 is now in its next allreduce (number len(STEP_SIZES), step 2, tag 0) waiting
+        # for rank 1, which waits for our "go": every forged call lands in that window.
+        seq, n0 = len(STEP_SIZES), STEP_SIZES[0]
+        good = OpHeader(Kind.ALLREDUCE, seq, 2, 0, n0)
+        with grpc.insecure_channel(ring.addresses[0]) as ch:
+            push = ch.stream_unary("/ringtrain.Ring/Push")
+            hello = ch.unary_unary("/ringtrain.Ring/Hello")
+
+            def refused(metadata, messages=(b"\0" * 4,)):
+                with pytest.raises(grpc.RpcError) as e:
+                    push(iter(messages), metadata=metadata, timeout=15)
+                return e.value.code()
+
+            tok = ring.token
+            assert refused(call_metadata(b"wrong", 1, 2, good)) == grpc.StatusCode.UNAUTHENTICATED
+            assert refused(call_metadata(tok, 1, 2, good)[1:]) == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as e:
+                hello(b"", metadata=call_metadata(b"wrong", 1, 2), timeout=15)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert refused(call_metadata(tok, 0, 2, good)) == grpc.StatusCode.PERMISSION_DENIED
+            wrong_step = OpHeader(Kind.ALLREDUCE, seq, 3, 0, n0)
+            assert refused(call_metadata(tok, 1, 2, wrong_step)) == \
+                grpc.StatusCode.FAILED_PRECONDITION
+            stale = OpHeader(Kind.ALLREDUCE, 0, 1, 0, n0)
+            assert refused(call_metadata(tok, 1, 2, stale)) == grpc.StatusCode.FAILED_PRECONDITION
+            wrong_size = OpHeader(Kind.ALLREDUCE, seq, 2, 0, n0 + 1)
+            assert refused(call_metadata(tok, 1, 2, wrong_size)) == \
+                grpc.StatusCode.INVALID_ARGUMENT
+        ring.procs[1].stdin.write("go\n")
+        ring.procs[1].stdin.flush()
+        results = ring.finish()
+    finally:
+        ring.kill()
+    assert [code for code, _ in results] == [0, 0], results
+    assert results[0][1][-1] == {"event": "done", "rank": 0, "refused": 7}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_peer_killed_mid_allreduce_fails_the_others_with_the_retryable_code(transport):
+    step_timeout_s = 5.0
+    ring = ring_procs.start(3, "loop", transport, "--sizes", "3000000", "--chunk-bytes",
+                            "65536", "--step-timeout-s", str(step_timeout_s))
+    try:
+        assert [ring.event(r)["event"] for r in range(3)] == ["started"] * 3
+        killed_at = time.monotonic()
+        ring.procs[2].send_signal(signal.SIGKILL)
+        results = ring.finish(timeout_s=step_timeout_s * 3)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        ring.kill()
+    assert results[2][0] == -signal.SIGKILL
+    for rank in (0, 1):
+        code, events = results[rank]
+        assert code == EXIT_RETRYABLE, events
+        err = events[-1]
+        assert err["event"] == "error" and err["type"] in ("RingError", "PeerTimeout")
+        assert err["message"].startswith(f"rank {rank} step ") and " peer 127.0.0.1:" in err[
+            "message"]
+    assert elapsed < step_timeout_s * 2 + 5
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_peer_that_never_comes_up_times_out_at_connect(transport):
+    from trainer.ring.bench import free_ports
+
+    addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
+    t0 = time.monotonic()
+    with pytest.raises(PeerTimeout, match=f"rank 0 step -1 peer {addrs[1]}") as e:
+        connect(ClusterSpec(cluster={"worker": addrs}, task_index=0), b"t",
+                connect_timeout_s=1.0, transport=transport)
+    assert e.value.exit_code == EXIT_RETRYABLE
+    assert time.monotonic() - t0 < 5

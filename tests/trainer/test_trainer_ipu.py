@@ -1,0 +1,102 @@
+import numpy as np
+import pytest
+
+from trainer import model as M
+from trainer import optim as O
+from trainer.errors import InvalidSpec, IPUCompileError
+from trainer.ipu import IPU, MB, IPUConfig
+
+
+def make_ipu(name="cnn", **cfg):
+    spec = M.build(name)
+    params = spec.init(0)
+    return IPU(spec, IPUConfig(**cfg), params, np.zeros_like(params))
+
+
+def batch(rng, n):
+    return rng.random((n, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, n)
+
+
+def test_compile_fails_early_with_bytes_needed_and_available():
+    ipu = make_ipu(memory_bytes=5 * MB)
+    with pytest.raises(IPUCompileError, match=r"\d+ bytes needed .*5,242,880 available") as e:
+        ipu.compile(64)
+    assert "--ipu-memory-mb" in str(e.value) and ipu.stats.compiles == 0
+    assert ipu.compile(4).plan.total <= 5 * MB  # a smaller batch fits
+
+
+def test_variables_on_host_keep_optimizer_state_off_the_ipu():
+    n = M.build("cnn").num_params
+
+    def total(opt, on_host):
+        return make_ipu(variables_on_host=on_host,
+                        optimizer_state_bytes=O.state_bytes_for(opt, n)).compile(64).plan.total
+
+    assert total("sgd", True) == total("adam", True) == total("momentum", True)
+    assert total("adam", False) == total("sgd", False) + 2 * n * 4
+    assert total("adam", False) > total("adam", True)
+
+
+def test_compile_once_run_many_and_count_recompiles(rng):
+    ipu = make_ipu()
+    exe = ipu.compile(32)
+    assert ipu.compile(32) is exe
+    x, y = batch(rng, 32)
+    for _ in range(3):
+        ipu.train_step(exe, x, y)
+    assert (ipu.stats.compiles, ipu.stats.recompiles) == (1, 0)
+    ipu.compile(16)
+    ipu.compile(16, train=False)
+    assert (ipu.stats.compiles, ipu.stats.recompiles) == (3, 2)
+
+
+@pytest.mark.parametrize("on_host", [True, False])
+def test_host_streams_are_counted(rng, on_host):
+    ipu = make_ipu(variables_on_host=on_host)
+    n = ipu.spec.num_params
+    exe = ipu.compile(8)
+    x, y = batch(rng, 8)
+    ipu.train_step(exe, x, y)
+    ipu.train_step(exe, x, y)
+    s = ipu.stats
+    assert s.weights_in_bytes == (2 * n * 4 if on_host else 0)
+    assert s.grads_out_bytes == 2 * n * 4
+    assert s.data_in_bytes == 2 * (8 * 784 * 4 + 8 * 8)
+    assert s.flops == 2 * 8 * ipu.spec.flops_per_example() and s.compute_s > 0
+
+
+def test_gradients_stream_out_last_layer_first_as_contiguous_slices(rng):
+    ipu = make_ipu("cnn2")
+    seen = []
+    ipu.train_step(ipu.compile(4), *batch(rng, 4), on_grad=lambda a, b: seen.append((a, b)))
+    assert [ipu.spec.layer_ranges.index(r) for r in seen] == [3, 2, 1, 0]
+    assert seen[0][0] == 0 and seen[-1][1] == ipu.spec.num_params
+    assert all(a[1] == b[0] for a, b in zip(seen, seen[1:]))
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_replicas_compute_the_gradient_of_the_whole_batch(rng, replicas):
+    x, y = batch(rng, 16)
+    one, many = make_ipu(), make_ipu(replicas=replicas)
+    l1 = one.train_step(one.compile(16), x, y)
+    seen = []
+    lr = many.train_step(many.compile(16), x, y, on_grad=lambda a, b: seen.append(
+        many.host_grads[a:b].copy()))
+    assert lr == pytest.approx(l1, rel=1e-5)
+    np.testing.assert_allclose(many.host_grads, one.host_grads, rtol=1e-4, atol=1e-7)
+    # what the consumer saw at each callback was already the averaged gradient
+    np.testing.assert_allclose(np.concatenate(seen), one.host_grads, rtol=1e-4, atol=1e-7)
+    # each replica is an IPU of its own, planned for its slice of the batch
+    assert many.compile(16).plan.activations * replicas == one.compile(16).plan.activations
+
+
+def test_replicas_must_divide_the_batch():
+    with pytest.raises(InvalidSpec, match="--batch-size 64 does not divide evenly across "
+                                          "--ipus-per-worker 3"):
+        make_ipu(replicas=3).compile(64)
+
+
+def test_evaluate_counts_correct_predictions(mnist5k):
+    ipu = make_ipu()
+    acc = ipu.evaluate(mnist5k.test.images[:700], mnist5k.test.labels[:700], batch=500)
+    assert 0.0 <= acc <= 0.3  # untrained: about chance, and the padded last batch is ignored

@@ -1,0 +1,111 @@
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from trainer import model as M
+from trainer.errors import InvalidSpec
+
+
+def loss_fn(prog, views):
+    return prog.loss_and_dlogits(prog.forward(views))
+
+
+@pytest.mark.parametrize("name", ["cnn", "cnn2"])
+def test_gradients_match_finite_differences(name, rng):
+    """Central differences in float64 on every parameter tensor (a sample of entries each)."""
+    spec = M.build(name)
+    flat = spec.init(3, np.float64) + rng.normal(0, 0.02, spec.num_params)  # nonzero biases
+    grad = np.zeros_like(flat)
+    views, gviews = spec.views(flat), spec.views(grad)
+    prog = M.Program(spec, 3, True, np.float64)
+    prog.x[:] = rng.random(prog.x.shape)
+    prog.labels[:] = [1, 7, 3]
+    loss_fn(prog, views)
+    prog.backward(views, gviews)
+    for slot in spec.slots:
+        picks = rng.choice(np.arange(slot.start, slot.stop), min(12, slot.stop - slot.start),
+                           replace=False)
+        for i in picks:
+            old, eps = flat[i], 1e-6
+            flat[i] = old + eps
+            up = loss_fn(prog, views)
+            flat[i] = old - eps
+            down = loss_fn(prog, views)
+            flat[i] = old
+            fd = (up - down) / (2 * eps)
+            assert abs(fd - grad[i]) <= 1e-6 + 1e-4 * abs(fd), (slot.spec, i, fd, grad[i])
+
+
+def test_float32_program_matches_float64(rng):
+    spec = M.build("cnn")
+    p64 = spec.init(0, np.float64)
+    g64, g32 = np.zeros_like(p64), np.zeros(spec.num_params, np.float32)
+    a, b = M.Program(spec, 8, True, np.float64), M.Program(spec, 8, True, np.float32)
+    a.x[:] = b.x[:] = rng.random(a.x.shape)
+    a.labels[:] = b.labels[:] = rng.integers(0, 10, 8)
+    la = loss_fn(a, spec.views(p64))
+    lb = loss_fn(b, spec.views(p64.astype(np.float32)))
+    a.backward(spec.views(p64), spec.views(g64))
+    b.backward(spec.views(p64.astype(np.float32)), spec.views(g32))
+    assert lb == pytest.approx(la, rel=1e-5)
+    np.testing.assert_allclose(g32, g64, rtol=1e-3, atol=1e-6)
+
+
+def test_parameters_are_views_in_reverse_layer_order():
+    spec = M.build("cnn")
+    order = [(s.spec.layer, s.spec.name) for s in spec.slots]
+    assert order == [(2, "bias"), (2, "kernel"), (1, "bias"), (1, "kernel"), (0, "bias"),
+                     (0, "kernel")]
+    assert spec.num_params == 32 * 9 + 32 + 13 * 13 * 32 * 64 + 64 + 64 * 10 + 10
+    flat = np.zeros(spec.num_params, np.float32)
+    views = spec.views(flat)
+    views[0]["kernel"][...] = 1
+    assert flat[-32 * 9:].sum() == 32 * 9 and flat[:-32 * 9].sum() == 0
+    assert views[2]["bias"].base is flat or np.shares_memory(views[2]["bias"], flat)
+    starts = [spec.layer_ranges[i] for i in (2, 1, 0)]
+    assert starts[0][0] == 0 and all(a[1] == b[0] for a, b in zip(starts, starts[1:]))
+
+
+def test_glorot_uniform_init_like_keras():
+    spec = M.build("cnn")
+    flat = spec.init(0)
+    v = spec.views(flat)
+    for layer, fan_in, fan_out in ((0, 9, 9 * 32), (1, 5408, 64), (2, 64, 10)):
+        k = v[layer]["kernel"]
+        limit = math.sqrt(6 / (fan_in + fan_out))
+        assert np.abs(k).max() <= limit and np.abs(k).max() > 0.9 * limit
+        assert k.std() == pytest.approx(limit / math.sqrt(3), rel=0.1)
+        assert not v[layer]["bias"].any()
+    np.testing.assert_array_equal(flat, spec.init(0))
+    assert not np.array_equal(flat, spec.init(1))
+
+
+def test_steps_allocate_nothing_proportional_to_the_model(rng):
+    """Peak traced allocation per step stays tiny and does not grow with the number of steps."""
+    spec = M.build("cnn")
+    flat, grad = spec.init(0), np.zeros(spec.num_params, np.float32)
+    views, gviews = spec.views(flat), spec.views(grad)
+    prog = M.Program(spec, 64, True)
+    prog.x[:] = rng.random(prog.x.shape)
+
+    def steps(n):
+        for _ in range(n):
+            loss_fn(prog, views)
+            prog.backward(views, gviews)
+
+    steps(2)
+    peaks = []
+    for n in (3, 30):
+        tracemalloc.start()
+        steps(n)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] <= peaks[0] + 4096
+    assert peaks[1] < 64 * 1024, peaks  # activations alone are ~10 MB
+
+
+def test_unknown_model_is_invalid_spec():
+    with pytest.raises(InvalidSpec, match="--model: unknown model 'vgg'"):
+        M.build("vgg")

@@ -1,0 +1,147 @@
+import io
+import threading
+
+import numpy as np
+import pytest
+
+from trainer import model as M
+from trainer import optim as O
+from trainer.collective import LocalCollective
+from trainer.config import TrainerConfig
+from trainer.errors import PeerTimeout
+from trainer.reducer import Reducer, assign_buckets
+from trainer.worker import Trainer
+
+
+
+MiB = 1 << 20
+
+
+def test_bucket_assignment_is_ddp_like():
+    sizes = [10, 640, 64, 346112, 32, 288]  # the cnn in arrival order
+    one = assign_buckets(sizes, 25 * MiB)
+    # the 1 MiB first bucket closes as soon as it passes the cap; the rest fit in one
+    assert [b.params for b in one] == [(0, 1, 2, 3), (4, 5)]
+    small = assign_buckets(sizes, 4 * 64, first_bucket_bytes=16)
+    assert [b.params for b in small] == [(0,), (1,), (2,), (3,), (4, 5)]  # 128 B < cap: joins
+    mid = assign_buckets([100, 100, 100, 100, 100], 800, first_bucket_bytes=400)
+    assert [b.params for b in mid] == [(0,), (1, 2), (3, 4)]
+    for bs in (one, small, mid):
+        assert bs[0].start == 0 and all(a.stop == b.start for a, b in zip(bs, bs[1:]))
+        assert [b.index for b in bs] == list(range(len(bs)))
+    assert assign_buckets(sizes, 25 * MiB) == one  # pure
+
+
+def test_single_worker_applies_each_layer_inline_without_a_thread(rng):
+    p = rng.normal(size=30).astype(np.float32)
+    g = rng.normal(size=30).astype(np.float32)
+    want = p - 0.1 * g
+    r = Reducer([10, 20], g, LocalCollective(), O.build("sgd", p, O.StepDecay(0.1)))
+    assert r._thread is None
+    r.begin_step(0)
+    r.on_grad(0, 10)
+    np.testing.assert_allclose(p[:10], want[:10])
+    assert not np.allclose(p[10:], want[10:])  # the second layer is not ready yet
+    r.on_grad(10, 30)
+    np.testing.assert_allclose(p, want)
+    assert r.finish().allreduce_s == 0
+
+
+def run_ranks(world, fn):
+    """Run fn(rank, collective) on `world` threads; re-raise the first failure."""
+    from conftest import ThreadGroup
+
+    cols = ThreadGroup(world).collectives()
+    out, errors = [None] * world, []
+
+    def body(rank):
+        try:
+            out[rank] = fn(rank, cols[rank])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            cols[rank].group.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out, cols
+
+
+def test_buckets_are_reduced_in_order_and_overlap_is_measured(rng):
+    sizes = [100, 200, 300, 400]
+    grads = [rng.normal(size=1000).astype(np.float32) for _ in range(2)]
+    mean = (grads[0] + grads[1]) / 2
+
+    def rank_fn(rank, col):
+        p = np.zeros(1000, np.float32)
+        g = grads[rank].copy()
+        r = Reducer(sizes, g, col, O.build("sgd", p, O.StepDecay(1.0)), bucket_bytes=1200,
+                    first_bucket_bytes=400)
+        r.begin_step(5)
+        for a, b in ((0, 100), (100, 300), (300, 600), (600, 1000)):
+            r.on_grad(a, b)
+        stats = r.finish()
+        r.close()
+        return p, stats
+
+    (res, cols) = run_ranks(2, rank_fn)
+    for p, stats in res:
+        np.testing.assert_allclose(p, -mean, rtol=1e-6)
+        assert stats.allreduce_s > 0 and 0 <= stats.overlap_fraction <= 1
+    assert cols[0].calls == cols[1].calls == [("allreduce", 5, 0, 100), ("allreduce", 5, 1, 500),
+                                              ("allreduce", 5, 2, 400)]
+
+
+def test_a_failed_collective_surfaces_in_finish_instead_of_hanging(rng):
+    def rank_fn(rank, col):
+        if rank == 1:
+            return None  # this peer never shows up
+        col.group.timeout_s = 0.2
+        p, g = np.zeros(10, np.float32), np.ones(10, np.float32)
+        r = Reducer([10], g, col, O.build("sgd", p, O.StepDecay()))
+        r.begin_step(0)
+        r.on_grad(0, 10)
+        try:
+            with pytest.raises(PeerTimeout, match="rank 0"):
+                r.finish()
+        finally:
+            r.close()
+        return True
+
+    res, _ = run_ranks(2, rank_fn)
+    assert res[0] is True
+
+
+def config(**kw):
+    base = dict(dataset="mnist-5k", steps=6, batch_size=16, optimizer="adam", lr=0.01, seed=3)
+    base.update(kw)
+    return TrainerConfig(**base)
+
+
+@pytest.mark.parametrize("world, opt, bucket_mb", [(2, "sgd", 25.0), (4, "adam", 0.001)])
+def test_n_workers_with_batch_b_equal_one_worker_with_batch_nb(mnist5k, world, opt, bucket_mb):
+    b = 8
+    single = Trainer(config(batch_size=world * b, optimizer=opt), LocalCollective(), mnist5k,
+                     out=io.StringIO())
+    single.run()
+
+    def rank_fn(rank, col):
+        t = Trainer(config(batch_size=b, optimizer=opt, bucket_mb=bucket_mb), col, mnist5k,
+                    out=io.StringIO())
+        try:
+            final = t.run()
+        finally:
+            t.close()
+        return t.params.copy(), final
+
+    res, cols = run_ranks(world, rank_fn)
+    for params, final in res:
+        np.testing.assert_allclose(params, single.params, rtol=1e-4, atol=1e-6)
+        assert final["steps"] == 6
+    n_buckets = len({c[2] for c in cols[0].calls if c[0] == "allreduce"})
+    assert n_buckets == (2 if bucket_mb == 25.0 else 3)
+    assert res[0][1]["test_accuracy"] is not None and res[1][1]["test_accuracy"] is None

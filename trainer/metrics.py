@@ -1,0 +1,131 @@
+"""The trainer's Prometheus metrics and the small HTTP server that exposes them.
+
+Pipeline position: the step loop calls :meth:`TrainerMetrics.observe_step` once per step and
+:meth:`TrainerMetrics.observe_eval` after an evaluation; Prometheus scrapes ``/metrics`` and the
+operator reads ``/status`` (JSON) to show progress without giving pods API permissions.
+Names follow Prometheus conventions (``ringtrain_`` prefix, base units, ``_total`` counters);
+the registry is injectable so tests read values with ``get_sample_value``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import generate_latest
+
+from trainer.ipu import IPUStats, MemoryPlan
+from trainer.reducer import StepCommStats
+
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class TrainerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = r = registry if registry is not None else CollectorRegistry()
+        self.step_duration = Histogram("ringtrain_step_duration_seconds",
+                                       "Wall time of one training step", buckets=STEP_BUCKETS,
+                                       registry=r)
+        self.steps = Counter("ringtrain_steps", "Optimizer steps completed", registry=r)
+        self.samples_per_s = Gauge("ringtrain_samples_per_second",
+                                   "Training throughput of this worker", registry=r)
+        self.loss = Gauge("ringtrain_loss", "Training loss of the last step", registry=r)
+        self.test_accuracy = Gauge("ringtrain_test_accuracy_ratio",
+                                   "Accuracy on the test split at the last evaluation", registry=r)
+        stream = Counter("ringtrain_ipu_stream_bytes", "Bytes streamed between host and IPU",
+                         ["direction"], registry=r)
+        self._stream = {d: stream.labels(direction=d) for d in ("weights_in", "grads_out", "data_in")}
+        self.ipu_memory = Gauge("ringtrain_ipu_memory_bytes",
+                                "IPU memory planned by the training program", registry=r)
+        self.ipu_capacity = Gauge("ringtrain_ipu_memory_capacity_bytes",
+                                  "Emulated IPU memory size", registry=r)
+        self.ipu_compute = Counter("ringtrain_ipu_compute_seconds",
+                                   "Seconds the IPU spent computing", registry=r)
+        self.ipu_flops = Counter("ringtrain_ipu_flops", "Floating point operations executed",
+                                 registry=r)
+        self.recompiles = Counter("ringtrain_ipu_recompiles", "Program recompilations (shape "
+                                  "changes)", registry=r)
+        self.allreduce = Counter("ringtrain_allreduce_seconds",
+                                 "Seconds spent in gradient allreduce", registry=r)
+        self.overlap = Gauge("ringtrain_allreduce_overlap_ratio",
+                             "Fraction of the last step's allreduce hidden behind backward",
+                             registry=r)
+        self._last = IPUStats()
+        self._status = {"step": 0, "epoch": 0, "loss": None, "samples_per_s": None,
+                        "test_accuracy": None, "phase": "Starting"}
+        self._lock = threading.Lock()
+
+    def set_plan(self, plan: MemoryPlan) -> None:
+        self.ipu_memory.set(plan.total)
+        self.ipu_capacity.set(plan.capacity)
+
+    def observe_step(self, step: int, epoch: int, seconds: float, loss: float,
+                     samples_per_s: float, ipu: IPUStats, comm: StepCommStats) -> None:
+        self.step_duration.observe(seconds)
+        self.steps.inc()
+        self.loss.set(loss)
+        self.samples_per_s.set(samples_per_s)
+        last = self._last
+        self._stream["weights_in"].inc(ipu.weights_in_bytes - last.weights_in_bytes)
+        self._stream["grads_out"].inc(ipu.grads_out_bytes - last.grads_out_bytes)
+        self._stream["data_in"].inc(ipu.data_in_bytes - last.data_in_bytes)
+        self.ipu_compute.inc(max(0.0, ipu.compute_s - last.compute_s))
+        self.ipu_flops.inc(ipu.flops - last.flops)
+        self.recompiles.inc(ipu.recompiles - last.recompiles)
+        self._last = IPUStats(**vars(ipu))
+        if comm.allreduce_s > 0:
+            self.allreduce.inc(comm.allreduce_s)
+            self.overlap.set(comm.overlap_fraction)
+        self.update_status(step=step, epoch=epoch, loss=loss, samples_per_s=samples_per_s,
+                           phase="Training")
+
+    def observe_eval(self, accuracy: float) -> None:
+        self.test_accuracy.set(accuracy)
+        self.update_status(test_accuracy=accuracy)
+
+    def update_status(self, **fields) -> None:
+        with self._lock:
+            self._status.update(fields)
+
+    def status(self) -> dict:
+        with self._lock:
+            return dict(self._status)
+
+
+class MetricsServer:
+    """``/metrics`` (Prometheus text) and ``/status`` (JSON) on ``port`` (0: any free port)."""
+
+    def __init__(self, metrics: TrainerMetrics, port: int, host: str = "0.0.0.0"):
+        m = metrics
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's naming)
+                if self.path.split("?")[0] == "/metrics":
+                    body, ctype = generate_latest(m.registry), CONTENT_TYPE_LATEST
+                elif self.path.split("?")[0] == "/status":
+                    body, ctype = json.dumps(m.status()).encode(), "application/json"
+                else:
+                    self.send_error(404, "try /metrics or /status")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="ringtrain-metrics",
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join()

@@ -1,0 +1,349 @@
+"""The seeds' CNNs with explicit forward and backward passes in numpy (im2col + BLAS).
+
+Pipeline position: :class:`ModelSpec` describes the layers and the *parameter layout*; the
+emulated IPU (``trainer.ipu``) compiles a :class:`Program` — every activation and workspace
+buffer for one batch size, allocated once — and runs it every step.
+
+Parameter layout: all parameters live in one flat buffer in **reverse layer order** (last layer
+first, bias before kernel), as PyTorch DDP orders its buckets. Backward produces gradients in
+that order, so every group of finished gradients is a contiguous slice of the flat gradient
+buffer that the reducer can hand to the allreduce without copying.
+
+Speed: a conv layer is always followed by a 2x2 max-pool, so :class:`ConvPool` builds its
+im2col matrix in *pool-window-major* order (the four positions of each pooling window are four
+contiguous blocks). Pooling is then three contiguous ``np.maximum`` calls, and bias + ReLU run
+after pooling on a quarter of the data (max commutes with a per-channel bias and with ReLU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from trainer.errors import InvalidSpec
+
+MODELS = ("cnn", "cnn2")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One trainable tensor: its layer, shape, and Keras' fan-in/fan-out for Glorot init."""
+
+    layer: int
+    name: str
+    shape: tuple[int, ...]
+    fan_in: int
+    fan_out: int
+    glorot: bool
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a parameter sits in the flat buffer."""
+
+    spec: ParamSpec
+    start: int
+    stop: int
+
+
+class ConvPool:
+    """Conv2D(k x k, 'valid', no stride) → MaxPool 2x2 (floor) → + bias → ReLU, NHWC."""
+
+    kind = "conv"
+
+    def __init__(self, in_shape: tuple[int, int, int], filters: int, kernel: int = 3):
+        h, w, c = in_shape
+        self.in_shape, self.cin, self.cout, self.k = in_shape, c, filters, kernel
+        self.ho, self.wo = h - kernel + 1, w - kernel + 1
+        self.hp, self.wp = self.ho // 2, self.wo // 2
+        if self.hp < 1 or self.wp < 1:
+            raise InvalidSpec(f"input {in_shape} too small for a {kernel}x{kernel} conv + 2x2 pool")
+        self.out_shape = (self.hp, self.wp, filters)
+        self.kk = kernel * kernel * c
+
+    def params(self, layer: int) -> list[ParamSpec]:
+        k, c, f = self.k, self.cin, self.cout
+        return [
+            ParamSpec(layer, "kernel", (k, k, c, f), k * k * c, k * k * f, True),
+            ParamSpec(layer, "bias", (f,), 0, 0, False),
+        ]
+
+    def buffers(self, b: int, train: bool, need_dx: bool) -> dict[str, tuple[tuple[int, ...], str]]:
+        rows = 4 * b * self.hp * self.wp
+        pooled = (b, self.hp, self.wp, self.cout)
+        bufs = {
+            "cols": ((rows, self.kk), "f"),
+            "conv": ((rows, self.cout), "f"),
+            "pooled": (pooled, "f"),
+            "out": (pooled, "f"),
+        }
+        if train:
+            bufs.update({"dpre": (pooled, "f"), "mask": (pooled, "?"), "dconv": ((rows, self.cout), "f")})
+            if need_dx:
+                bufs.update({"dcols": ((rows, self.kk), "f"), "dx": ((b,) + self.in_shape, "f")})
+        return bufs
+
+    def flops(self, b: int, train: bool, need_dx: bool) -> int:
+        mm = 2 * 4 * b * self.hp * self.wp * self.kk * self.cout
+        return mm * (1 + (1 + need_dx if train else 0))
+
+    def bind(self, ws: dict, b: int) -> None:
+        """Precompute the strided views used every step (once per compile)."""
+        ws["conv4"] = ws["conv"].reshape(4, b, self.hp, self.wp, self.cout)
+        if "dconv" in ws:
+            ws["dconv4"] = ws["dconv"].reshape(4, b, self.hp, self.wp, self.cout)
+        ws["cols8"] = ws["cols"].reshape(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin)
+        if "dx" in ws:
+            ws["dcols8"] = ws["dcols"].reshape(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin)
+
+    def _windows(self, x: np.ndarray, b: int) -> np.ndarray:
+        """(di, dj, b, i, j, ki, kj, c) view: input pixel (2i+di+ki, 2j+dj+kj) of image b."""
+        sb, sh, sw, sc = x.strides
+        return as_strided(
+            x,
+            shape=(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin),
+            strides=(sh, sw, sb, 2 * sh, 2 * sw, sh, sw, sc),
+            writeable=False,
+        )
+
+    def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        b = x.shape[0]
+        np.copyto(ws["cols8"], self._windows(x, b))
+        np.matmul(ws["cols"], kernel.reshape(self.kk, self.cout), out=ws["conv"])
+        c4, pooled, out = ws["conv4"], ws["pooled"], ws["out"]
+        np.maximum(c4[0], c4[1], out=pooled)
+        np.maximum(pooled, c4[2], out=pooled)
+        np.maximum(pooled, c4[3], out=pooled)
+        np.add(pooled, bias, out=out)
+        np.maximum(out, 0, out=out)
+        return out
+
+    def backward(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
+                 dbias: np.ndarray) -> np.ndarray | None:
+        mask, dpre = ws["mask"], ws["dpre"]
+        np.greater(ws["out"], 0, out=mask)
+        np.multiply(dout.reshape(dpre.shape), mask, out=dpre)
+        np.add.reduce(dpre.reshape(-1, self.cout), axis=0, out=dbias)
+        # Route each window's gradient to its first maximal position (TensorFlow's tie rule):
+        # dpre holds what is still unclaimed.
+        c4, d4, pooled = ws["conv4"], ws["dconv4"], ws["pooled"]
+        for k in range(3):
+            np.equal(c4[k], pooled, out=mask)
+            np.multiply(dpre, mask, out=d4[k])
+            np.subtract(dpre, d4[k], out=dpre)
+        np.copyto(d4[3], dpre)
+        np.matmul(ws["cols"].T, ws["dconv"], out=dkernel.reshape(self.kk, self.cout))
+        if "dx" not in ws:
+            return None
+        np.matmul(ws["dconv"], kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])
+        dx, dc = ws["dx"], ws["dcols8"]
+        dx.fill(0)
+        h2, w2 = 2 * self.hp, 2 * self.wp
+        for di in range(2):
+            for dj in range(2):
+                for ki in range(self.k):
+                    for kj in range(self.k):
+                        r, c = di + ki, dj + kj
+                        view = dx[:, r:r + h2:2, c:c + w2:2, :]
+                        np.add(view, dc[di, dj, :, :, :, ki, kj, :], out=view)
+        return dx
+
+
+class Dense:
+    """x @ W + b, optionally followed by ReLU."""
+
+    kind = "dense"
+
+    def __init__(self, n_in: int, n_out: int, relu: bool):
+        self.n_in, self.n_out, self.relu = n_in, n_out, relu
+        self.out_shape = (n_out,)
+
+    def params(self, layer: int) -> list[ParamSpec]:
+        return [
+            ParamSpec(layer, "kernel", (self.n_in, self.n_out), self.n_in, self.n_out, True),
+            ParamSpec(layer, "bias", (self.n_out,), 0, 0, False),
+        ]
+
+    def buffers(self, b: int, train: bool, need_dx: bool) -> dict[str, tuple[tuple[int, ...], str]]:
+        bufs = {"out": ((b, self.n_out), "f")}
+        if train:
+            bufs["dz"] = ((b, self.n_out), "f")
+            if self.relu:
+                bufs["mask"] = ((b, self.n_out), "?")
+            if need_dx:
+                bufs["dx"] = ((b, self.n_in), "f")
+        return bufs
+
+    def flops(self, b: int, train: bool, need_dx: bool) -> int:
+        mm = 2 * b * self.n_in * self.n_out
+        return mm * (1 + (1 + need_dx if train else 0))
+
+    def bind(self, ws: dict, b: int) -> None:
+        pass
+
+    def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        x2 = x.reshape(x.shape[0], self.n_in)
+        ws["x"] = x2
+        out = ws["out"]
+        np.matmul(x2, kernel, out=out)
+        np.add(out, bias, out=out)
+        if self.relu:
+            np.maximum(out, 0, out=out)
+        return out
+
+    def backward(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
+                 dbias: np.ndarray) -> np.ndarray | None:
+        dz = ws["dz"]
+        if self.relu:
+            np.greater(ws["out"], 0, out=ws["mask"])
+            np.multiply(dout, ws["mask"], out=dz)
+        else:
+            np.copyto(dz, dout)
+        np.matmul(ws["x"].T, dz, out=dkernel)
+        np.add.reduce(dz, axis=0, out=dbias)
+        if "dx" not in ws:
+            return None
+        np.matmul(dz, kernel.T, out=ws["dx"])
+        return ws["dx"]
+
+
+class ModelSpec:
+    """Layers plus the flat parameter layout (reverse layer order, bias before kernel)."""
+
+    def __init__(self, name: str, layers: list, input_shape=(28, 28, 1), num_classes: int = 10):
+        self.name, self.layers = name, layers
+        self.input_shape, self.num_classes = input_shape, num_classes
+        slots: list[Slot] = []
+        offset = 0
+        for li in reversed(range(len(layers))):
+            for p in reversed(layers[li].params(li)):
+                slots.append(Slot(p, offset, offset + p.size))
+                offset += p.size
+        self.slots = slots
+        self.num_params = offset
+        #: per layer: (start, stop) of its contiguous slice of the flat buffer
+        self.layer_ranges = []
+        for li in range(len(layers)):
+            mine = [s for s in slots if s.spec.layer == li]
+            self.layer_ranges.append((min(s.start for s in mine), max(s.stop for s in mine)))
+
+    def views(self, flat: np.ndarray) -> list[dict[str, np.ndarray]]:
+        """Per layer, name → view into ``flat`` shaped like the parameter."""
+        out: list[dict[str, np.ndarray]] = [{} for _ in self.layers]
+        for s in self.slots:
+            out[s.spec.layer][s.spec.name] = flat[s.start:s.stop].reshape(s.spec.shape)
+        return out
+
+    def init(self, seed: int, dtype=np.float32) -> np.ndarray:
+        """Keras defaults: Glorot-uniform kernels, zero biases, drawn in forward layer order."""
+        flat = np.zeros(self.num_params, dtype)
+        rng = np.random.Generator(np.random.PCG64(seed))
+        for s in sorted(self.slots, key=lambda s: (s.spec.layer, s.spec.name != "kernel")):
+            if s.spec.glorot:
+                limit = math.sqrt(6.0 / (s.spec.fan_in + s.spec.fan_out))
+                flat[s.start:s.stop] = rng.uniform(-limit, limit, s.spec.size)
+        return flat
+
+    def flops_per_example(self, train: bool = True) -> int:
+        return sum(l.flops(1, train, i > 0) for i, l in enumerate(self.layers))
+
+
+def build(name: str) -> ModelSpec:
+    """``cnn``: the seeds' CNN; ``cnn2``: the TensorFlow tutorial's two-conv variant."""
+    if name == "cnn":
+        c1 = ConvPool((28, 28, 1), 32)
+        flat = math.prod(c1.out_shape)
+        return ModelSpec(name, [c1, Dense(flat, 64, True), Dense(64, 10, False)])
+    if name == "cnn2":
+        c1 = ConvPool((28, 28, 1), 32)
+        c2 = ConvPool(c1.out_shape, 64)
+        flat = math.prod(c2.out_shape)
+        return ModelSpec(name, [c1, c2, Dense(flat, 64, True), Dense(64, 10, False)])
+    raise InvalidSpec(f"--model: unknown model {name!r} (known: {', '.join(MODELS)})")
+
+
+class Program:
+    """One compiled (model, batch size, train/eval) program: every buffer allocated up front.
+
+    ``run_forward`` / ``run_backward`` allocate nothing; ``run_backward`` calls
+    ``on_layer(layer)`` right after each layer's parameter gradients are written (last layer
+    first), which is how the IPU streams gradients out while backward continues.
+    """
+
+    def __init__(self, spec: ModelSpec, batch: int, train: bool, dtype=np.float32):
+        self.spec, self.batch, self.train, self.dtype = spec, batch, train, np.dtype(dtype)
+        self.ws: list[dict] = []
+        for i, layer in enumerate(spec.layers):
+            bufs = layer.buffers(batch, train, need_dx=i > 0)
+            ws = {k: np.zeros(shape, self.dtype if t == "f" else np.bool_) for k, (shape, t) in bufs.items()}
+            layer.bind(ws, batch)
+            self.ws.append(ws)
+        self.x = np.zeros((batch,) + spec.input_shape, self.dtype)
+        self.labels = np.zeros(batch, np.int64)
+        k = spec.num_classes
+        self.probs = np.zeros((batch, k), self.dtype)
+        self.dlogits = np.zeros((batch, k), self.dtype)
+        self.rowtmp = np.zeros((batch, 1), self.dtype)
+        self.picked = np.zeros(batch, self.dtype)
+        self.arange = np.arange(batch)
+
+    @staticmethod
+    def buffer_bytes(spec: ModelSpec, batch: int, train: bool, itemsize: int = 4) -> dict[str, int]:
+        """Bytes of activations and workspace this program allocates (the IPU's memory plan)."""
+        acts = work = 0
+        for i, layer in enumerate(spec.layers):
+            for key, (shape, t) in layer.buffers(batch, train, need_dx=i > 0).items():
+                n = math.prod(shape) * (itemsize if t == "f" else 1)
+                if key in ("out", "pooled", "conv"):
+                    acts += n
+                else:
+                    work += n
+        k = spec.num_classes
+        data = batch * math.prod(spec.input_shape) * itemsize + batch * 8
+        work += (2 * batch * k + 2 * batch) * itemsize
+        return {"activations": acts, "workspace": work, "data": data}
+
+    def forward(self, params: list[dict[str, np.ndarray]]) -> np.ndarray:
+        h = self.x
+        for layer, ws, p in zip(self.spec.layers, self.ws, params):
+            h = layer.forward(ws, h, p["kernel"], p["bias"])
+        return h
+
+    def loss_and_dlogits(self, logits: np.ndarray) -> float:
+        """Softmax cross-entropy from logits, mean over the local batch; writes dloss/dlogits."""
+        p, tmp, picked = self.probs, self.rowtmp, self.picked
+        np.max(logits, axis=1, keepdims=True, out=tmp)
+        np.subtract(logits, tmp, out=p)
+        np.copyto(picked, p[self.arange, self.labels])
+        np.exp(p, out=p)
+        np.sum(p, axis=1, keepdims=True, out=tmp)
+        np.divide(p, tmp, out=p)
+        np.log(tmp, out=tmp)
+        loss = (float(tmp.sum()) - float(picked.sum())) / self.batch
+        d = self.dlogits
+        np.copyto(d, p)
+        d[self.arange, self.labels] -= 1
+        np.multiply(d, self.dtype.type(1.0 / self.batch), out=d)
+        return loss
+
+    def backward_layers(self, params: list[dict[str, np.ndarray]],
+                        grads: list[dict[str, np.ndarray]]):
+        """Generator: backward one layer at a time (last first), yielding its index once its
+        parameter gradients are written, so replicas can run in lock step layer by layer."""
+        g = self.dlogits
+        for i in reversed(range(len(self.spec.layers))):
+            layer, ws = self.spec.layers[i], self.ws[i]
+            g = layer.backward(ws, g, params[i]["kernel"], grads[i]["kernel"], grads[i]["bias"])
+            yield i
+
+    def backward(self, params, grads, on_layer=None) -> None:
+        for i in self.backward_layers(params, grads):
+            if on_layer is not None:
+                on_layer(i)

@@ -1,0 +1,67 @@
+"""The Open MPI backend (the seeds' Horovod / ``IPUHorovodStrategy`` path) behind ``Collective``.
+
+Under ``mpirun -np N ringtrain worker --collective mpi`` the ranks come from MPI, not TF_CONFIG,
+and the data moves with Open MPI's own transports (shared memory on one host, TCP between
+hosts). The training semantics stay those of the gRPC ring: mean allreduce in place, broadcast
+from rank 0. mpi4py is an optional extra (``pip install ringtrain[mpi]``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainer.cluster import ClusterSpec
+from trainer.collective import Collective
+from trainer.errors import InvalidSpec
+
+_FLOAT = np.dtype(np.float32)
+
+
+class MpiCollective(Collective):
+    """Collectives on an mpi4py communicator, in place with ``MPI.IN_PLACE`` (no copies)."""
+
+    def __init__(self, comm) -> None:
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        self._comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._closed = False
+
+    @staticmethod
+    def _check(buf: np.ndarray, what: str) -> None:
+        if not isinstance(buf, np.ndarray) or buf.dtype != _FLOAT or not buf.flags.c_contiguous:
+            raise TypeError(f"{what}: needs a C-contiguous float32 numpy array")
+
+    def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:
+        self._check(buf, "allreduce_mean_")
+        if self.size == 1 or buf.size == 0:
+            return
+        self._comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+        np.divide(buf, self.size, out=buf)
+
+    def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
+        self._check(buf, "broadcast_")
+        if self.size > 1 and buf.size:
+            self._comm.Bcast(buf, root=root)
+
+    def barrier(self) -> None:
+        self._comm.Barrier()
+
+    def close(self) -> None:
+        """MPI itself is finalised by mpi4py at interpreter exit; nothing to release here."""
+        self._closed = True
+
+
+def connect(spec: ClusterSpec | None = None) -> Collective:
+    """The world communicator of the ``mpirun`` that started this process.
+
+    ``spec`` is accepted so callers can pass their TF_CONFIG uniformly, and ignored: under
+    ``mpirun`` the ranks and the world size come from MPI.
+    """
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise InvalidSpec(f"--collective mpi needs mpi4py and Open MPI ({e}); install "
+                          "ringtrain[mpi] and Debian's openmpi-bin libopenmpi-dev") from None
+    return MpiCollective(MPI.COMM_WORLD)

@@ -1,0 +1,181 @@
+"""Gradient reducer: fuse per-layer gradients into buckets, allreduce them while backward runs.
+
+Pipeline position: between the emulated IPU (which calls :meth:`Reducer.on_grad` as each
+layer's gradient streams out, last layer first) and the optimizer. Like PyTorch DDP, bucket
+assignment is a pure function of parameter sizes in arrival order and a byte cap, with a small
+first bucket so communication starts early. Because parameters are laid out in reverse layer
+order, every bucket is a contiguous slice of the flat gradient buffer: the collective reduces
+it in place, without packing.
+
+A single communication thread issues every collective, in the same order on every rank (the
+contract of ``trainer.collective``), and applies the optimizer to each bucket as soon as its
+mean is known. With one worker there is nothing to reduce: the optimizer is applied to each
+layer inline, as Horovod registers no hooks for size 1.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from trainer.collective import Collective
+from trainer.optim import Optimizer
+
+#: DDP's defaults: 25 MiB buckets, a 1 MiB first bucket.
+DEFAULT_BUCKET_BYTES = 25 * (1 << 20)
+FIRST_BUCKET_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Bucket:
+    index: int
+    start: int
+    stop: int
+    params: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def assign_buckets(sizes: Sequence[int], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                   first_bucket_bytes: int = FIRST_BUCKET_BYTES, itemsize: int = 4) -> list[Bucket]:
+    """Group consecutive parameters (sizes in elements, in arrival order) into buckets.
+
+    DDP's rule: add parameters to the open bucket until its bytes reach the cap, then close it;
+    the first bucket's cap is ``min(first_bucket_bytes, bucket_bytes)``.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    buckets: list[Bucket] = []
+    start = offset = 0
+    members: list[int] = []
+    for i, n in enumerate(sizes):
+        members.append(i)
+        offset += n
+        cap = min(first_bucket_bytes, bucket_bytes) if not buckets else bucket_bytes
+        if (offset - start) * itemsize >= cap:
+            buckets.append(Bucket(len(buckets), start, offset, tuple(members)))
+            start, members = offset, []
+    if members:
+        buckets.append(Bucket(len(buckets), start, offset, tuple(members)))
+    return buckets
+
+
+@dataclass(frozen=True)
+class StepCommStats:
+    """Communication of one step: allreduce time, the part hidden behind backward, the wait."""
+
+    allreduce_s: float = 0.0
+    hidden_s: float = 0.0
+    exposed_wait_s: float = 0.0
+    bytes: int = 0
+
+    @property
+    def overlap_fraction(self) -> float:
+        return self.hidden_s / self.allreduce_s if self.allreduce_s > 0 else 0.0
+
+
+class Reducer:
+    """Turns streamed layer gradients into reduced, applied updates for one step at a time.
+
+    Use: ``begin_step(step)``; the IPU calls ``on_grad(start, stop)``; ``finish()`` waits until
+    every bucket is reduced and applied and returns that step's :class:`StepCommStats`.
+    """
+
+    def __init__(self, sizes: Sequence[int], grads: np.ndarray, collective: Collective,
+                 optimizer: Optimizer, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 first_bucket_bytes: int = FIRST_BUCKET_BYTES):
+        self.grads, self.collective, self.optimizer = grads, collective, optimizer
+        self.buckets = assign_buckets(sizes, bucket_bytes, first_bucket_bytes,
+                                      grads.dtype.itemsize)
+        if self.buckets and self.buckets[-1].stop != grads.size:
+            raise ValueError(f"parameter sizes sum to {self.buckets[-1].stop}, "
+                             f"gradient buffer has {grads.size}")
+        self.local = collective.size == 1
+        self._remaining = [b.size for b in self.buckets]
+        self._next = 0
+        self._step = 0
+        self._intervals: list[tuple[float, float]] = []
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        if not self.local:
+            self._thread = threading.Thread(target=self._comm_loop, name="ringtrain-comm",
+                                            daemon=True)
+            self._thread.start()
+
+    def begin_step(self, step: int) -> None:
+        self._step = step
+        self._next = 0
+        for i, b in enumerate(self.buckets):
+            self._remaining[i] = b.size
+        self._intervals.clear()
+
+    def on_grad(self, start: int, stop: int) -> None:
+        """Called by the IPU (compute thread) when gradients [start, stop) are final."""
+        if self.local:
+            self.optimizer.apply(self.grads, start, stop)
+            return
+        for i in range(self._next, len(self.buckets)):
+            b = self.buckets[i]
+            lo, hi = max(start, b.start), min(stop, b.stop)
+            if lo < hi:
+                self._remaining[i] -= hi - lo
+        # Buckets are launched strictly in order, the same order on every rank.
+        while self._next < len(self.buckets) and self._remaining[self._next] == 0:
+            self._work.put((self.buckets[self._next], self._step))
+            self._next += 1
+
+    def finish(self) -> StepCommStats:
+        """Wait for every bucket of this step; raises what the communication thread raised."""
+        if self.local:
+            return StepCommStats()
+        compute_end = time.perf_counter()
+        if self._next != len(self.buckets):
+            raise RuntimeError(
+                f"step {self._step}: finish() before every gradient arrived "
+                f"({self._next} of {len(self.buckets)} buckets launched)"
+            )
+        error = None
+        for _ in self.buckets:
+            item = self._done.get()
+            if isinstance(item, BaseException) and error is None:
+                error = item
+        if error is not None:
+            raise error
+        wait = time.perf_counter() - compute_end
+        total = sum(b - a for a, b in self._intervals)
+        hidden = sum(max(0.0, min(b, compute_end) - a) for a, b in self._intervals)
+        return StepCommStats(total, hidden, wait, self.grads.nbytes)
+
+    def _comm_loop(self) -> None:
+        failed: BaseException | None = None
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            bucket, step = item
+            if failed is not None:  # a broken ring: report, never touch it again
+                self._done.put(failed)
+                continue
+            try:
+                view = self.grads[bucket.start:bucket.stop]
+                t0 = time.perf_counter()
+                self.collective.allreduce_mean_(view, step=step, tag=bucket.index)
+                self._intervals.append((t0, time.perf_counter()))
+                self.optimizer.apply(self.grads, bucket.start, bucket.stop)
+                self._done.put(bucket.index)
+            except BaseException as e:  # handed to the step loop, which maps it to an exit code
+                failed = e
+                self._done.put(e)
+
+    def close(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._work.put(None)
+            self._thread.join()

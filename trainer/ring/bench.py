@@ -1,0 +1,210 @@
+"""`ringtrain bench allreduce`: the ring's bandwidth next to gloo and Open MPI, in one run.
+
+Starts N local processes per implementation (the ring over each requested transport,
+torch.distributed's gloo, mpi4py under ``mpirun``), times ``--iters`` allreduces per size after a
+barrier each, and reports the median with nccl-tests' definitions: algbw = S/t and
+busbw = 2(N-1)/N · S/t. Every implementation runs behind the same ``Collective`` interface and
+computes the *mean* in place (gloo and MPI sum, then divide), so all do the same work.
+On a 2-core machine N > 2 processes share the cores: such figures measure the transport, not
+scaling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from trainer.collective import Collective
+
+MIB = 1 << 20
+
+
+class GlooCollective(Collective):
+    """torch.distributed's gloo backend as a Collective (benchmark baseline only)."""
+
+    def __init__(self, rank: int, size: int, port: int) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.rank, self.size = rank, size
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=size)
+
+    def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:
+        import torch
+
+        self._dist.all_reduce(torch.from_numpy(buf))
+        np.divide(buf, self.size, out=buf)
+
+    def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
+        import torch
+
+        self._dist.broadcast(torch.from_numpy(buf), src=root)
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+    def close(self) -> None:
+        self._dist.destroy_process_group()
+
+
+def free_ports(n: int) -> list[int]:
+    """Ports the kernel just handed out as free (bound then released together)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _child_collective(impl: str, rank: int, workers: int, ports: list[int]) -> Collective:
+    if impl == "gloo":
+        return GlooCollective(rank, workers, ports[0])
+    if impl == "mpi":
+        from trainer.mpi import connect as mpi_connect
+
+        return mpi_connect()
+    from trainer.cluster import ClusterSpec
+    from trainer.ring import connect
+
+    spec = ClusterSpec(cluster={"worker": tuple(f"127.0.0.1:{p}" for p in ports)},
+                       task_index=rank)
+    return connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(), transport=impl.split("-")[1],
+                   connect_timeout_s=60)
+
+
+def child(impl: str, rank: int, workers: int, ports: list[int], sizes_mib: list[float],
+          iters: int, warmup: int) -> None:
+    """One benchmark process: prints (rank 0 only) one JSON line of times per size."""
+    coll = _child_collective(impl, rank, workers, ports)
+    rank = coll.rank
+    try:
+        for size in sizes_mib:
+            buf = np.ones(max(1, int(size * MIB) // 4), np.float32)
+            times = []
+            for i in range(warmup + iters):
+                coll.barrier()
+                t0 = time.perf_counter()
+                coll.allreduce_mean_(buf, step=i)
+                dt = time.perf_counter() - t0
+                if i >= warmup:
+                    times.append(dt)
+            if not np.allclose(buf[:1], 1.0):
+                raise AssertionError(f"{impl}: mean of ones is {buf[0]}")
+            if rank == 0:
+                print(json.dumps({"size_mib": size, "times_s": times}), flush=True)
+    finally:
+        coll.close()
+
+
+def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup: int,
+             timeout_s: float) -> list[dict]:
+    """Start the processes of one implementation and collect rank 0's timings."""
+    ports = free_ports(workers)
+    env = dict(os.environ, RINGTRAIN_TOKEN=secrets.token_hex(16))
+    args = ["--child", impl, "--workers", str(workers), "--ports", ",".join(map(str, ports)),
+            "--size-mib", *map(str, sizes_mib), "--iters", str(iters), "--warmup", str(warmup)]
+    me = [sys.executable, "-m", "trainer.ring.bench"]
+    if impl == "mpi":
+        cmds = [["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(workers),
+                 *me, *args, "--rank", "-1"]]
+    else:
+        cmds = [[*me, *args, "--rank", str(r)] for r in range(workers)]
+    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, text=True) for c in cmds]
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout_s)
+            if p.returncode != 0:
+                raise RuntimeError(f"bench {impl}: {' '.join(p.args[:4])}… exited "
+                                   f"{p.returncode}")
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    rows = []
+    for line in "".join(outs).splitlines():
+        doc = json.loads(line)
+        med = statistics.median(doc["times_s"])
+        size_bytes = doc["size_mib"] * MIB
+        algbw = size_bytes / med / 1e9
+        rows.append({"bench": "allreduce", "impl": impl, "workers": workers,
+                     "size_mib": doc["size_mib"], "iters": len(doc["times_s"]),
+                     "median_s": med, "min_s": min(doc["times_s"]), "algbw_gbps": algbw,
+                     "busbw_gbps": algbw * 2 * (workers - 1) / workers})
+    return rows
+
+
+def ratios(rows: list[dict], baselines: list[str]) -> list[dict]:
+    """busbw ratio and latency ratio of each ring row against each baseline at the same size."""
+    out = []
+    for r in rows:
+        if not r["impl"].startswith("ring-"):
+            continue
+        for b in rows:
+            if b["impl"] in baselines and b["size_mib"] == r["size_mib"]:
+                out.append({"bench": "allreduce-ratio", "impl": r["impl"], "baseline": b["impl"],
+                            "workers": r["workers"], "size_mib": r["size_mib"],
+                            "busbw_ratio": r["busbw_gbps"] / b["busbw_gbps"],
+                            "time_ratio": r["median_s"] / b["median_s"]})
+    return out
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ringtrain bench allreduce", description=__doc__)
+    p.add_argument("--workers", type=int, default=2, help="local processes (default 2)")
+    p.add_argument("--size-mib", type=float, nargs="+", default=[64.0],
+                   help="buffer sizes in MiB (default 64)")
+    p.add_argument("--iters", type=int, default=11, help="timed iterations (median reported)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--transport", action="append", choices=["tcp", "grpc"],
+                   help="ring transport(s) to measure (repeatable; default tcp)")
+    p.add_argument("--baseline", action="append", choices=["gloo", "mpi"], default=[],
+                   help="also measure torch.distributed gloo / mpi4py (repeatable)")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    p.add_argument("--timeout-s", type=float, default=600)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ports", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        child(a.child, a.rank, a.workers, [int(x) for x in a.ports.split(",")], a.size_mib,
+              a.iters, a.warmup)
+        return 0
+    if a.workers < 2:
+        p.error("--workers must be at least 2 (one process has nothing to reduce)")
+    impls = [f"ring-{t}" for t in (a.transport or ["tcp"])] + a.baseline
+    rows = []
+    for impl in impls:
+        rows += run_impl(impl, a.workers, a.size_mib, a.iters, a.warmup, a.timeout_s)
+    rows += ratios(rows, a.baseline)
+    for row in rows:
+        if a.json:
+            print(json.dumps(row))
+        elif row["bench"] == "allreduce":
+            print(f"{row['impl']:>9} N={row['workers']} {row['size_mib']:>8g} MiB  "
+                  f"median {row['median_s'] * 1e3:9.3f} ms  algbw {row['algbw_gbps']:6.2f} GB/s"
+                  f"  busbw {row['busbw_gbps']:6.2f} GB/s")
+        else:
+            print(f"{row['impl']:>9} vs {row['baseline']:<5} N={row['workers']} "
+                  f"{row['size_mib']:>8g} MiB  busbw x{row['busbw_ratio']:.2f}  "
+                  f"time x{row['time_ratio']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,239 @@
+"""The ring collective: runs ``schedule`` over a ``Transport`` with a send thread and a receive
+thread, chunk by chunk.
+
+The calling (communication) thread receives: it waits for each chunk of the phase's receive
+segment, reduces or copies it in place, and hands the same element range to the send thread,
+because what was just received is exactly what the next phase sends. The send thread streams
+those ranges to the right neighbour meanwhile, so sending, receiving and adding overlap at chunk
+granularity and the wire never waits for a whole segment. Socket calls and numpy's add release
+the GIL, which is what makes two Python threads worth having.
+
+Any failure breaks the ring for good: the transport is closed (so neighbours see it at once
+instead of waiting for their timeout) and this and every later call raise ``RingError`` or
+``PeerTimeout`` naming rank, step and peer; the worker exits with the retryable code and the
+operator restarts the gang.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+
+from trainer.collective import Collective
+from trainer.errors import PeerTimeout, RingError
+from trainer.ring import schedule
+from trainer.ring.protocol import Kind, OpHeader
+from trainer.ring.transport import LinkError, LinkTimeout, Transport
+
+_FLOAT = np.dtype(np.float32)
+
+
+def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str, what: str) -> RingError:
+    """A RingError (PeerTimeout for timeouts) whose message and attributes carry rank, step and
+    peer, the three things an operator needs to find the broken link."""
+    cls = PeerTimeout if isinstance(exc, LinkTimeout) else RingError
+    err = cls(f"rank {rank} step {step} peer {peer}: {what}: {exc}")
+    err.rank, err.step, err.peer = rank, step, peer
+    return err
+
+
+class _Sender:
+    """The send thread: executes an ordered queue of headers, byte ranges and completion
+    events. After a failure it keeps draining (setting events) so the receiver never waits on
+    it, and it aborts the transport so that the receiver's blocking call returns at once."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: LinkError | None = None
+        self._thread = threading.Thread(target=self._run, name="ring-sender", daemon=True)
+        self._thread.start()
+
+    def put(self, item: OpHeader | memoryview | threading.Event | None) -> None:
+        self._queue.put(item)
+
+    def _run(self) -> None:
+        t = self._transport
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                if self.error is None:
+                    try:
+                        t.end_send()
+                    except LinkError as e:
+                        self._fail(e)
+                item.set()
+                continue
+            if self.error is not None:
+                continue
+            try:
+                if isinstance(item, OpHeader):
+                    t.begin_send(item)
+                else:
+                    t.send(item)
+            except LinkError as e:
+                self._fail(e)
+
+    def _fail(self, e: LinkError) -> None:
+        self.error = e
+        self._transport.abort()
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+
+class RingCollective(Collective):
+    """Mean allreduce and broadcast over a ring of ``size`` processes ordered by rank."""
+
+    def __init__(self, transport: Transport, rank: int, addresses: tuple[str, ...], *,
+                 chunk_bytes: int = schedule.DEFAULT_CHUNK_BYTES,
+                 step_timeout_s: float = 30.0) -> None:
+        if chunk_bytes < _FLOAT.itemsize:
+            raise ValueError(f"chunk_bytes must be >= {_FLOAT.itemsize}, got {chunk_bytes}")
+        self.rank, self.size = rank, len(addresses)
+        self.transport = transport
+        self._addresses = addresses
+        self._chunk = chunk_bytes // _FLOAT.itemsize
+        self._step_timeout_s = step_timeout_s
+        self._seq = 0
+        self._broken: RingError | None = None
+        self._sender = _Sender(transport)
+        self._closed = False
+
+    @property
+    def left_peer(self) -> str:
+        return self._addresses[schedule.left(self.rank, self.size)]
+
+    @property
+    def right_peer(self) -> str:
+        return self._addresses[schedule.right(self.rank, self.size)]
+
+    # -- public collectives -------------------------------------------------------------------
+
+    def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:
+        flat = self._flat(buf, "allreduce_mean_")
+        header = self._next(Kind.ALLREDUCE, step, tag, flat.size)
+        self._guarded(header, lambda finish: self._allreduce(flat, header, finish))
+
+    def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
+        if not 0 <= root < self.size:
+            raise ValueError(f"broadcast_: root {root} outside ring of size {self.size}")
+        flat = self._flat(buf, "broadcast_")
+        header = self._next(Kind.BROADCAST, -1, 0, flat.size, root)
+        self._guarded(header, lambda finish: self._broadcast(flat, header, finish))
+
+    def barrier(self) -> None:
+        """An allreduce of one element per rank: nobody can finish it before everyone started."""
+        self.allreduce_mean_(np.zeros(self.size, np.float32), step=-1, tag=-1)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._sender.stop()
+        self.transport.close()
+
+    # -- machinery ----------------------------------------------------------------------------
+
+    def _flat(self, buf: np.ndarray, what: str) -> np.ndarray:
+        if not isinstance(buf, np.ndarray) or buf.dtype != _FLOAT:
+            raise TypeError(f"{what}: needs a float32 numpy array, got "
+                            f"{getattr(buf, 'dtype', type(buf).__name__)}")
+        if not buf.flags.c_contiguous or not buf.flags.writeable:
+            raise ValueError(f"{what}: buffer must be C-contiguous and writeable (in place)")
+        return buf.reshape(-1)
+
+    def _next(self, kind: Kind, step: int, tag: int, nelem: int, root: int = 0) -> OpHeader:
+        if self._closed:
+            raise RingError(f"rank {self.rank}: collective used after close()")
+        if self._broken is not None:
+            raise self._broken
+        header = OpHeader(kind, self._seq, step, tag, nelem, root)
+        self._seq += 1
+        return header
+
+    def _guarded(self, header: OpHeader, body) -> None:
+        """Run one collective's receive side; ``body`` queues the send thread's end marker
+        before its final wait, because a gRPC peer only ends its stream when we end ours."""
+        if self.size == 1:
+            return
+        done = threading.Event()
+        queued = []
+
+        def finish_sends() -> None:
+            if not queued:
+                queued.append(True)
+                self._sender.put(done)
+
+        try:
+            body(finish_sends)
+        except LinkError as e:
+            if self._sender.error is not None:  # the send side failed first and aborted us
+                self._break(self._sender.error, header, self.right_peer, "sending")
+            self._break(e, header, self.left_peer, "receiving")
+        finally:
+            finish_sends()
+        if not done.wait(self._step_timeout_s + 5):
+            self._break(LinkTimeout("send thread stuck"), header, self.right_peer, "sending")
+        if self._sender.error is not None:
+            self._break(self._sender.error, header, self.right_peer, "sending")
+
+    def _break(self, exc: LinkError, header: OpHeader, peer: str, what: str) -> None:
+        if self._broken is None:
+            err = ring_error(exc, rank=self.rank, step=header.step, peer=peer,
+                             what=f"{what} {header.describe()}")
+            self._broken = err
+            self.transport.abort()
+        raise self._broken
+
+    def _send(self, mv: memoryview, a: int, b: int) -> None:
+        self._sender.put(mv[a * _FLOAT.itemsize:b * _FLOAT.itemsize])
+
+    def _allreduce(self, flat: np.ndarray, header: OpHeader, finish_sends) -> None:
+        bounds = schedule.segment_bounds(flat.size, self.size)
+        phases = schedule.allreduce_phases(self.rank, self.size)
+        mv = memoryview(flat).cast("B")
+        t = self.transport
+        self._sender.put(header)
+        for a, b in schedule.chunks(*bounds[phases[0].send], self._chunk):
+            self._send(mv, a, b)
+        t.begin_recv(header)
+        last_reduce = self.size - 2
+        for p, phase in enumerate(phases):
+            forward = p + 1 < len(phases)
+            for a, b in schedule.chunks(*bounds[phase.recv], self._chunk):
+                seg = flat[a:b]
+                if phase.reduce:
+                    t.recv_add(seg)
+                    if p == last_reduce:
+                        np.divide(seg, self.size, out=seg)
+                else:
+                    t.recv_copy(seg)
+                if forward:
+                    self._send(mv, a, b)
+        finish_sends()
+        t.end_recv()
+
+    def _broadcast(self, flat: np.ndarray, header: OpHeader, finish_sends) -> None:
+        mv = memoryview(flat).cast("B")
+        sends = schedule.right(self.rank, self.size) != header.root
+        pieces = schedule.chunks(0, flat.size, self._chunk)
+        if sends:
+            self._sender.put(header)
+        if self.rank == header.root:
+            for a, b in pieces:
+                self._send(mv, a, b)
+            return
+        t = self.transport
+        t.begin_recv(header)
+        for a, b in pieces:
+            t.recv_copy(flat[a:b])
+            if sends:
+                self._send(mv, a, b)
+        finish_sends()
+        t.end_recv()

@@ -1,0 +1,316 @@
+"""The all-gRPC transport: one client stream per collective to the right neighbour.
+
+Each rank serves ``ringtrain.Ring`` on its TF_CONFIG port with two raw-bytes methods (no
+protobuf: messages are the tensor bytes themselves):
+
+- ``Hello`` (unary) at start-up: the ring's rendezvous; proves the token and the caller's rank.
+- ``Push`` (client streaming): one call per collective, its header in the metadata, one
+  message per chunk. The handler refuses before reading a single message: no or wrong token →
+  UNAUTHENTICATED; a caller that is not the left neighbour → PERMISSION_DENIED; another
+  collective position or step/bucket → FAILED_PRECONDITION; another size → INVALID_ARGUMENT.
+  Accepted chunks go to the receiver through a queue and are reduced straight out of gRPC's
+  ``bytes`` (``np.frombuffer``), so the only copies are the ones grpcio itself makes.
+
+Slower than ``tcp`` (grpcio copies every message), but it needs nothing but gRPC and serves as
+the reference path.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import numpy as np
+
+from trainer.errors import InvalidSpec, PeerTimeout, Unauthenticated
+from trainer.ring import auth
+from trainer.ring.protocol import Mismatch, OpHeader
+from trainer.ring.tcp import split_address
+from trainer.ring.transport import LinkError, LinkTimeout, Transport
+
+SERVICE = "ringtrain.Ring"
+_HELLO = f"/{SERVICE}/Hello"
+_PUSH = f"/{SERVICE}/Push"
+_RANK_KEY, _WORLD_KEY, _OP_KEY = "ringtrain-rank", "ringtrain-world", "ringtrain-op-bin"
+_END = object()
+
+#: Unlimited message sizes and large HTTP/2 windows: chunks are ~1 MiB.
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
+    ("grpc.http2.bdp_probe", 1),
+    ("grpc.so_reuseport", 0),
+]
+
+_MISMATCH_STATUS = {
+    Mismatch.MALFORMED: grpc.StatusCode.INVALID_ARGUMENT,
+    Mismatch.SEQUENCE: grpc.StatusCode.FAILED_PRECONDITION,
+    Mismatch.STEP: grpc.StatusCode.FAILED_PRECONDITION,
+    Mismatch.SIZE: grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def call_metadata(token: bytes, rank: int, world: int,
+                  header: OpHeader | None = None) -> tuple[tuple[str, str | bytes], ...]:
+    """What every call of this transport carries (tests use it to forge calls)."""
+    md: list[tuple[str, str | bytes]] = [(auth.TOKEN_METADATA_KEY, token),
+                                         (_RANK_KEY, str(rank)), (_WORLD_KEY, str(world))]
+    if header is not None:
+        md.append((_OP_KEY, header.pack()))
+    return tuple(md)
+
+
+class _Receiver:
+    """Server side: checks every call and hands accepted chunks to the receive thread."""
+
+    def __init__(self, token: bytes, rank: int, world: int, step_timeout_s: float) -> None:
+        self._token, self._rank, self._world = token, rank, world
+        self._left = (rank - 1) % world
+        self._timeout = step_timeout_s
+        self._cond = threading.Condition()
+        self._current: OpHeader | None = None
+        self._taken = False
+        self._closed = False
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.hello = threading.Event()
+        self.refused = 0
+
+    def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode, text: str):
+        with self._cond:
+            self.refused += 1
+        context.abort(code, f"rank {self._rank}: {text}")
+
+    def _authorise(self, context: grpc.ServicerContext) -> dict:
+        md = dict(context.invocation_metadata())
+        if not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
+            self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
+        if md.get(_WORLD_KEY) != str(self._world):
+            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"caller's ring size {md.get(_WORLD_KEY)} is not {self._world}")
+        if md.get(_RANK_KEY) != str(self._left):
+            self._refuse(context, grpc.StatusCode.PERMISSION_DENIED,
+                         f"caller rank {md.get(_RANK_KEY)} is not the left neighbour "
+                         f"{self._left}")
+        return md
+
+    def hello_rpc(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._authorise(context)
+        self.hello.set()
+        return b""
+
+    def push_rpc(self, request_iterator, context: grpc.ServicerContext) -> bytes:
+        md = self._authorise(context)
+        got = OpHeader.unpack(md.get(_OP_KEY, b""))
+        if got is None:
+            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed collective header")
+        with self._cond:
+            ready = self._cond.wait_for(
+                lambda: self._closed or (self._current is not None
+                                         and self._current.seq >= got.seq), self._timeout)
+            current, taken = self._current, self._taken
+            why = None
+            if self._closed:
+                why = (grpc.StatusCode.UNAVAILABLE, "ring closed")
+            elif not ready:
+                why = (grpc.StatusCode.DEADLINE_EXCEEDED,
+                       f"not at {got.describe()} within {self._timeout:g} s")
+            elif taken and current.seq == got.seq:
+                why = (grpc.StatusCode.FAILED_PRECONDITION, f"{got.describe()} already received")
+            else:
+                mismatch = got.mismatch(current)
+                if mismatch is not None:
+                    why = (_MISMATCH_STATUS[mismatch],
+                           f"caller is at {got.describe()}, this rank at {current.describe()}")
+            if why is None:
+                self._taken = True
+                inbox = self.inbox
+        if why is not None:
+            self._refuse(context, *why)
+        try:
+            for message in request_iterator:
+                inbox.put(message)
+        finally:
+            inbox.put(_END)
+        return b""
+
+    def expect(self, header: OpHeader) -> None:
+        with self._cond:
+            self._current, self._taken = header, False
+            self.inbox = queue.SimpleQueue()
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self.inbox.put(_END)
+            self._cond.notify_all()
+
+
+def _rpc_failure(e: grpc.RpcError, what: str) -> LinkError:
+    code = e.code() if hasattr(e, "code") else None
+    cls = LinkTimeout if code == grpc.StatusCode.DEADLINE_EXCEEDED else LinkError
+    return cls(f"{what}: {getattr(code, 'name', code)}: "
+               f"{e.details() if hasattr(e, 'details') else e}")
+
+
+class GrpcTransport(Transport):
+    """A gRPC server for the left link and a channel to the right neighbour's server."""
+
+    def __init__(self, server: grpc.Server, receiver: _Receiver, channel: grpc.Channel,
+                 token: bytes, rank: int, world: int, step_timeout_s: float) -> None:
+        self._server, self._receiver, self._channel = server, receiver, channel
+        self._push = channel.stream_unary(_PUSH)
+        self._token, self._rank, self._world = token, rank, world
+        self._timeout = step_timeout_s
+        self._outbox: queue.SimpleQueue | None = None
+        self._call = None
+        self._inbox: queue.SimpleQueue | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def refused(self) -> int:
+        """Calls refused so far by this rank's server."""
+        return self._receiver.refused
+
+    @classmethod
+    def open(cls, rank: int, addresses: tuple[str, ...], token: bytes, *,
+             connect_timeout_s: float, step_timeout_s: float) -> "GrpcTransport":
+        world = len(addresses)
+        _, port = split_address(addresses[rank])
+        receiver = _Receiver(token, rank, world, step_timeout_s)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ring"),
+                             options=CHANNEL_OPTIONS)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+            "Hello": grpc.unary_unary_rpc_method_handler(receiver.hello_rpc),
+            "Push": grpc.stream_unary_rpc_method_handler(receiver.push_rpc),
+        }),))
+        try:
+            bound = server.add_insecure_port(f"0.0.0.0:{port}")
+        except RuntimeError as e:
+            bound, _ = 0, e
+        if not bound:
+            raise LinkError(f"cannot listen on 0.0.0.0:{port}")
+        server.start()
+        right = addresses[(rank + 1) % world]
+        channel = grpc.insecure_channel(right, options=CHANNEL_OPTIONS)
+        try:
+            start = time.monotonic()
+            cls._hello(channel, token, rank, world, right, connect_timeout_s)
+            left_wait = max(0.0, connect_timeout_s - (time.monotonic() - start))
+            if not receiver.hello.wait(left_wait):
+                raise PeerTimeout(f"rank {rank} step -1 peer {addresses[(rank - 1) % world]}: "
+                                  f"left neighbour did not say hello within "
+                                  f"{connect_timeout_s:g} s")
+        except BaseException:
+            channel.close()
+            receiver.close()
+            server.stop(None)
+            raise
+        return cls(server, receiver, channel, token, rank, world, step_timeout_s)
+
+    @staticmethod
+    def _hello(channel: grpc.Channel, token: bytes, rank: int, world: int, peer: str,
+               timeout_s: float) -> None:
+        """Rendezvous with the right neighbour, retrying while it is not serving yet."""
+        hello = channel.unary_unary(_HELLO)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                hello(b"", metadata=call_metadata(token, rank, world),
+                      timeout=max(0.1, remaining), wait_for_ready=True)
+                return
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.UNAUTHENTICATED:
+                    raise Unauthenticated(f"rank {rank}: {peer} refused the ring token: "
+                                          f"{e.details()}") from None
+                if code in (grpc.StatusCode.INVALID_ARGUMENT,
+                            grpc.StatusCode.PERMISSION_DENIED):
+                    raise InvalidSpec(f"rank {rank}: {peer} refused: {e.details()} (do all "
+                                      "workers have the same TF_CONFIG cluster?)") from None
+                if time.monotonic() >= deadline or code != grpc.StatusCode.UNAVAILABLE and \
+                        code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise PeerTimeout(f"rank {rank} step -1 peer {peer}: no hello within "
+                                      f"{timeout_s:g} s ({code.name}: {e.details()})") from None
+
+    # -- send side (send thread) --------------------------------------------------------------
+
+    def begin_send(self, header: OpHeader) -> None:
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        with self._lock:
+            if self._closed:
+                raise LinkError("transport closed")
+            self._outbox = outbox
+            self._call = self._push.future(
+                iter(outbox.get, _END),
+                metadata=call_metadata(self._token, self._rank, self._world, header))
+
+    def send(self, data: memoryview) -> None:
+        self._outbox.put(data.tobytes())
+
+    def end_send(self) -> None:
+        self._outbox.put(_END)
+        try:
+            self._call.result(timeout=self._timeout)
+        except grpc.FutureTimeoutError:
+            self._call.cancel()
+            raise LinkTimeout(f"right neighbour did not take the collective within "
+                              f"{self._timeout:g} s") from None
+        except grpc.FutureCancelledError:
+            raise LinkError("collective cancelled (ring aborted)") from None
+        except grpc.RpcError as e:
+            raise _rpc_failure(e, "right neighbour refused or lost") from None
+
+    # -- receive side (communication thread) --------------------------------------------------
+
+    def begin_recv(self, header: OpHeader) -> None:
+        self._receiver.expect(header)
+        self._inbox = self._receiver.inbox
+
+    def _next(self, nbytes: int) -> bytes:
+        try:
+            msg = self._inbox.get(timeout=self._timeout)
+        except queue.Empty:
+            raise LinkTimeout(f"no data for {self._timeout:g} s") from None
+        if msg is _END:
+            raise LinkError("left neighbour's stream ended early")
+        if len(msg) != nbytes:
+            raise LinkError(f"chunk of {len(msg)} bytes where {nbytes} were due")
+        return msg
+
+    def recv_copy(self, out: np.ndarray) -> None:
+        out[...] = np.frombuffer(self._next(out.nbytes), np.float32)
+
+    def recv_add(self, out: np.ndarray) -> None:
+        np.add(out, np.frombuffer(self._next(out.nbytes), np.float32), out=out)
+
+    def end_recv(self) -> None:
+        """Wait for the stream's end marker so a late message can never spill into the next
+        collective's queue."""
+        try:
+            msg = self._inbox.get(timeout=self._timeout)
+        except queue.Empty:
+            raise LinkTimeout(f"left neighbour's stream did not end within "
+                              f"{self._timeout:g} s") from None
+        if msg is not _END:
+            raise LinkError("left neighbour sent more chunks than the collective has")
+
+    def abort(self) -> None:
+        self._receiver.close()
+        with self._lock:
+            self._closed = True
+            if self._outbox is not None:
+                self._outbox.put(_END)
+            if self._call is not None:
+                self._call.cancel()
+
+    def close(self) -> None:
+        self.abort()
+        self._channel.close()
+        self._server.stop(None)

@@ -1,0 +1,252 @@
+"""The raw TCP transport: one authenticated stream per ring neighbour, bytes straight into numpy.
+
+grpcio hands every message over as a fresh ``bytes`` object, so each chunk is copied and
+allocated twice; gloo instead reduces out of reused buffers. This transport does what gloo does
+from Python: ``sendall`` from a memoryview of the caller's buffer and ``recv_into`` either the
+destination itself (allgather) or one preallocated scratch chunk that ``np.add(..., out=)``
+folds into the destination (reduce-scatter). Socket calls release the GIL, so the engine's send
+thread and receive thread really run at once.
+
+Every connection must pass the mutual HMAC handshake of ``trainer.ring.auth`` first; anything
+else (a port scanner, a worker of another job, a second "left neighbour") is answered with a
+refusal and closed by the listener thread without touching the ring.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+
+from trainer.errors import PeerTimeout, Unauthenticated
+from trainer.ring import auth
+from trainer.ring.protocol import HEADER_BYTES, OpHeader
+from trainer.ring.transport import LinkError, LinkTimeout, Transport
+
+#: Kernel socket buffer size asked for on both links.
+SOCKET_BUFFER_BYTES = 4 << 20
+#: How long a connecting stranger may take to complete the handshake.
+HANDSHAKE_TIMEOUT_S = 5.0
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+
+
+class Listener:
+    """Accepts connections on this rank's ring port and keeps the one from the left neighbour.
+
+    Runs for the whole life of the ring so that late strangers are refused too (and counted in
+    ``refused``, which tests read).
+    """
+
+    def __init__(self, port: int, token: bytes, world: int, left_rank: int,
+                 host: str = "0.0.0.0") -> None:
+        self._token, self._world, self._left_rank = token, world, left_rank
+        self._lock = threading.Lock()
+        self._left: socket.socket | None = None
+        self._claimed = False
+        self._ready = threading.Event()
+        self._closed = False
+        self.refused = 0
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError as e:
+            self._sock.close()
+            raise LinkError(f"cannot listen on {host}:{port}: {e}") from None
+        self._sock.listen(16)
+        self._thread = threading.Thread(target=self._accept_loop, name="ring-listener",
+                                        daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._handshake, args=(conn,), name="ring-handshake",
+                             daemon=True).start()
+
+    def _accept_rank(self, rank: int) -> int:
+        with self._lock:
+            if rank != self._left_rank:
+                return auth.REFUSED_RANK
+            if self._claimed or self._closed:
+                return auth.REFUSED_BUSY
+            self._claimed = True
+            return auth.OK
+
+    def _handshake(self, conn: socket.socket) -> None:
+        verdict = auth.REFUSED_TOKEN
+        try:
+            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            verdict, _ = auth.server_handshake(conn, self._token, self._world, self._accept_rank)
+        except (OSError, ConnectionError):
+            verdict = auth.REFUSED_TOKEN
+        if verdict != auth.OK:
+            with self._lock:
+                self.refused += 1
+            conn.close()
+            return
+        _tune(conn)
+        with self._lock:
+            self._left = conn
+        self._ready.set()
+
+    def wait_left(self, timeout_s: float) -> socket.socket | None:
+        self._ready.wait(timeout_s)
+        with self._lock:
+            return self._left
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes accept() on Linux
+        except OSError:
+            pass
+        self._sock.close()
+        self._thread.join(timeout=5)
+
+
+def connect_with_backoff(address: str, token: bytes, rank: int, world: int,
+                         timeout_s: float) -> socket.socket:
+    """Connect and authenticate to ``address``, retrying while the peer is not up yet (refused
+    connection, unresolvable name: a pod whose DNS record is not published yet) until
+    ``timeout_s``; then PeerTimeout naming the peer and the last error."""
+    host, port = split_address(address)
+    deadline = time.monotonic() + timeout_s
+    delay, last = 0.02, "no attempt"
+    while True:
+        remaining = deadline - time.monotonic()
+        sock = None
+        try:
+            sock = socket.create_connection((host, port), timeout=max(0.1, min(remaining, 5.0)))
+            sock.settimeout(max(0.1, min(remaining, HANDSHAKE_TIMEOUT_S)))
+            auth.client_handshake(sock, token, rank, world, address)
+            _tune(sock)
+            return sock
+        except Unauthenticated:
+            if sock is not None:
+                sock.close()
+            raise
+        except (OSError, ConnectionError) as e:
+            if sock is not None:
+                sock.close()
+            last = f"{type(e).__name__}: {e}"
+        if time.monotonic() + delay > deadline:
+            raise PeerTimeout(f"rank {rank} step -1 peer {address}: not reachable within "
+                              f"{timeout_s:g} s (last error: {last})")
+        time.sleep(delay)  # backoff between connection attempts
+        delay = min(delay * 2, 1.0)
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, len(view)
+    try:
+        while got < n:
+            k = sock.recv_into(view[got:])
+            if k == 0:
+                raise LinkError("connection closed by peer")
+            got += k
+    except socket.timeout:
+        raise LinkTimeout(f"no data for {sock.gettimeout():g} s") from None
+    except OSError as e:
+        raise LinkError(f"{type(e).__name__}: {e}") from None
+
+
+class TcpTransport(Transport):
+    """Two authenticated sockets: ``right`` carries our bytes out, ``left`` brings bytes in."""
+
+    def __init__(self, listener: Listener, right: socket.socket, left: socket.socket,
+                 step_timeout_s: float) -> None:
+        self.listener, self._right, self._left = listener, right, left
+        for s in (right, left):
+            s.settimeout(step_timeout_s)
+        self._scratch = np.empty(0, np.float32)
+        self._closed = False
+
+    @classmethod
+    def open(cls, rank: int, addresses: tuple[str, ...], token: bytes, *,
+             connect_timeout_s: float, step_timeout_s: float) -> "TcpTransport":
+        world = len(addresses)
+        left_rank, right_rank = (rank - 1) % world, (rank + 1) % world
+        _, port = split_address(addresses[rank])
+        listener = Listener(port, token, world, left_rank)
+        start = time.monotonic()
+        try:
+            right = connect_with_backoff(addresses[right_rank], token, rank, world,
+                                         connect_timeout_s)
+        except BaseException:
+            listener.close()
+            raise
+        left = listener.wait_left(max(0.0, connect_timeout_s - (time.monotonic() - start)))
+        if left is None:
+            right.close()
+            listener.close()
+            raise PeerTimeout(f"rank {rank} step -1 peer {addresses[left_rank]}: left neighbour "
+                              f"did not connect within {connect_timeout_s:g} s")
+        return cls(listener, right, left, step_timeout_s)
+
+    @property
+    def refused(self) -> int:
+        """Connections refused so far (failed handshake, wrong rank, duplicate)."""
+        return self.listener.refused
+
+    def begin_send(self, header: OpHeader) -> None:
+        self.send(memoryview(header.pack()))
+
+    def send(self, data: memoryview) -> None:
+        try:
+            self._right.sendall(data)
+        except socket.timeout:
+            raise LinkTimeout(f"peer accepted no data for {self._right.gettimeout():g} s") from None
+        except OSError as e:
+            raise LinkError(f"{type(e).__name__}: {e}") from None
+
+    def begin_recv(self, header: OpHeader) -> None:
+        raw = bytearray(HEADER_BYTES)
+        _recv_into(self._left, memoryview(raw))
+        got = OpHeader.unpack(bytes(raw))
+        if got is None:
+            raise LinkError("peer sent a malformed collective header")
+        if got.mismatch(header) is not None:
+            raise LinkError(f"peer is at {got.describe()}, this rank at {header.describe()}")
+
+    def recv_copy(self, out: np.ndarray) -> None:
+        _recv_into(self._left, memoryview(out).cast("B"))
+
+    def recv_add(self, out: np.ndarray) -> None:
+        if self._scratch.size < out.size:
+            self._scratch = np.empty(out.size, np.float32)
+        tmp = self._scratch[:out.size]
+        _recv_into(self._left, memoryview(tmp).cast("B"))
+        np.add(out, tmp, out=out)
+
+    def abort(self) -> None:
+        for s in (self._right, self._left):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.abort()
+        self._right.close()
+        self._left.close()
+        self.listener.close()

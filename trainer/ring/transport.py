@@ -1,0 +1,63 @@
+"""The small interface between the ring algorithm (``engine``) and a wire (``tcp``, ``grpc``).
+
+A rank only ever talks to its two neighbours: it sends to the right and receives from the left.
+The engine drives the send side from one thread and the receive side from another, so each
+transport needs only two ordered, one-directional operations per collective. Receiving is
+split into ``recv_copy`` and ``recv_add`` so a transport can reduce straight from whatever
+buffer the bytes arrived in (a preallocated one for TCP, gRPC's own ``bytes`` for gRPC).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from trainer.ring.protocol import OpHeader
+
+
+class LinkError(Exception):
+    """The connection to a neighbour broke (closed, reset) or carried something unexpected."""
+
+
+class LinkTimeout(LinkError):
+    """A neighbour sent or accepted nothing within the step timeout."""
+
+
+class Transport(ABC):
+    """This rank's two ring links. Send methods are called from one thread, receive methods
+    from another, each in collective order."""
+
+    @abstractmethod
+    def begin_send(self, header: OpHeader) -> None:
+        """Announce a collective to the right neighbour."""
+
+    @abstractmethod
+    def send(self, data: memoryview) -> None:
+        """Send raw bytes to the right neighbour (the buffer is not modified meanwhile)."""
+
+    def end_send(self) -> None:
+        """The collective's last chunk has been handed to ``send``."""
+
+    @abstractmethod
+    def begin_recv(self, header: OpHeader) -> None:
+        """Wait for the left neighbour's announcement of ``header``; refuse any other."""
+
+    @abstractmethod
+    def recv_copy(self, out: np.ndarray) -> None:
+        """Receive exactly ``out.nbytes`` into ``out``."""
+
+    @abstractmethod
+    def recv_add(self, out: np.ndarray) -> None:
+        """Receive ``out.size`` float32 values and add them into ``out`` in place."""
+
+    def end_recv(self) -> None:
+        """Every chunk of the collective has been received."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Break both links now so that a thread blocked on either returns with an error."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release sockets, servers and threads; idempotent."""

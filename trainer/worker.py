@@ -1,0 +1,323 @@
+"""`ringtrain worker`: one replica's training loop.
+
+Pipeline position: the edge of the trainer. ``main(argv)`` reads flags and environment once
+into a :class:`TrainerConfig`, connects the collective (none for a single worker, the gRPC ring
+when TF_CONFIG names peers, Open MPI with ``--collective mpi``), and runs :class:`Trainer`.
+Each step: gather this worker's shard of the global batch, stream it through the emulated IPU,
+whose backward hands each layer's gradient to the :class:`Reducer` (allreduce + optimizer,
+overlapped with the rest of backward). The chief (rank 0) evaluates, checkpoints and reports.
+Every exception becomes an exit code via ``trainer.errors.exit_code_for``; SIGTERM stops after
+the current step, checkpoints, and exits 143.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+import numpy as np
+
+from trainer import data as data_mod
+from trainer import model as model_mod
+from trainer import optim
+from trainer.checkpoint import CheckpointManager, TrainingState
+from trainer.collective import Collective, LocalCollective
+from trainer.config import TrainerConfig
+from trainer.errors import EXIT_OK, EXIT_TERMINATED, CheckpointError, exit_code_for
+from trainer.ipu import IPU, MB, IPUConfig
+from trainer.metrics import MetricsServer, TrainerMetrics
+from trainer.reducer import Reducer
+
+#: seconds between progress lines
+PROGRESS_EVERY_S = 1.0
+
+
+def connect(cfg: TrainerConfig) -> Collective:
+    """The collective for this process: local, the gRPC ring, or Open MPI."""
+    if cfg.collective == "mpi":
+        from trainer import mpi  # lazily: mpi4py is an optional extra
+
+        return mpi.connect(cfg.cluster)
+    if cfg.cluster.world_size <= 1:
+        return LocalCollective()
+    from trainer import ring  # lazily: a single worker needs no gRPC
+
+    return ring.connect(cfg.cluster, cfg.token)
+
+
+class Reporter:
+    """Progress for people (one concise line) or machines (one JSON object per line)."""
+
+    def __init__(self, as_json: bool, out: TextIO, enabled: bool = True):
+        self.as_json, self.out, self.enabled = as_json, out, enabled
+
+    def emit(self, event: dict) -> None:
+        if not self.enabled:
+            return
+        if self.as_json:
+            line = json.dumps(event, separators=(",", ":"))
+        elif event["event"] == "progress":
+            line = (f"step {event['step']:>6}/{event['total_steps']}  epoch {event['epoch']}  "
+                    f"loss {event['loss']:.4f}  {event['samples_per_s']:,.0f} samples/s  "
+                    f"ETA {event['eta_s']:.0f}s")
+        elif event["event"] == "eval":
+            line = f"step {event['step']:>6}  test accuracy {event['test_accuracy']:.4f}"
+        elif event["event"] == "final":
+            acc = event["test_accuracy"]
+            line = (f"done: {event['steps']} steps, loss {event['loss']:.4f}, test accuracy "
+                    f"{'n/a' if acc is None else f'{acc:.4f}'}, {event['samples_per_s']:,.0f} "
+                    f"samples/s" + (f", checkpoint {event['checkpoint']}"
+                                    if event["checkpoint"] else ""))
+        else:
+            line = " ".join(f"{k}={v}" for k, v in event.items())
+        print(line, file=self.out, flush=True)
+
+
+@dataclass
+class _Throughput:
+    """Samples/s and ETA from an exponential moving average of step time."""
+
+    ema_s: float = 0.0
+
+    def update(self, seconds: float) -> float:
+        self.ema_s = seconds if self.ema_s == 0.0 else 0.9 * self.ema_s + 0.1 * seconds
+        return self.ema_s
+
+
+class Trainer:
+    """Everything one replica needs, built from a config; :meth:`run` trains and returns the
+    final result dict."""
+
+    def __init__(self, cfg: TrainerConfig, collective: Collective,
+                 dataset: data_mod.Dataset | None = None, metrics: TrainerMetrics | None = None,
+                 out: TextIO | None = None):
+        self.cfg, self.collective = cfg, collective
+        self.rank, self.world = collective.rank, collective.size
+        self.is_chief = self.rank == 0
+        self.metrics = metrics if metrics is not None else TrainerMetrics()
+        self.report = Reporter(cfg.json, out if out is not None else sys.stdout, self.is_chief)
+        self.stop_requested = threading.Event()
+        self.spec = model_mod.build(cfg.model)
+        self.params = self.spec.init(cfg.seed)
+        self.grads = np.zeros_like(self.params)
+        schedule = optim.StepDecay(cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
+        self.optimizer = optim.build(cfg.optimizer, self.params, schedule)
+        self.ipu = IPU(self.spec, IPUConfig(
+            memory_bytes=cfg.ipu_memory_mb * MB, variables_on_host=cfg.variables_on_host,
+            replicas=cfg.ipus_per_worker,
+            optimizer_state_bytes=optim.state_bytes_for(cfg.optimizer, self.spec.num_params),
+        ), self.params, self.grads)
+        self.exe = self.ipu.compile(cfg.batch_size, train=True)  # fail before loading data
+        self.metrics.set_plan(self.exe.plan)
+        self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
+        self.sharder = data_mod.Sharder(len(self.data.train), cfg.batch_size, self.world,
+                                        self.rank, cfg.seed)
+        self.reducer = Reducer([s.stop - s.start for s in self.spec.slots], self.grads,
+                               collective, self.optimizer, cfg.bucket_bytes)
+        self.ckpt = CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint_keep) \
+            if cfg.checkpoint_dir else None
+        b = cfg.batch_size
+        self.x = np.zeros((b,) + self.spec.input_shape, np.float32)
+        self.y = np.zeros(b, np.int64)
+        self.scratch = np.zeros((b,) + self.data.train.images.shape[1:], np.uint8)
+        self.step = 0
+        self.position = data_mod.Position(0, 0, self.sharder.global_batch)
+        self.last_checkpoint: str | None = None
+        self.test_accuracy: float | None = None
+
+    @property
+    def total_steps(self) -> int:
+        if self.cfg.steps is not None:
+            return self.cfg.steps
+        return self.cfg.epochs * self.sharder.steps_per_epoch
+
+    def _restore(self) -> None:
+        """Resume from the newest good checkpoint, then make rank 0's state everyone's."""
+        if self.ckpt is not None:
+            state, skipped = self.ckpt.load_latest()
+            for e in skipped:
+                print(f"ringtrain worker: skipping corrupt checkpoint: {e}", file=sys.stderr)
+            if state is not None:
+                if state.model != self.cfg.model or state.params.shape != self.params.shape:
+                    raise CheckpointError(
+                        f"{self.ckpt.dir}: checkpoint of model {state.model!r} "
+                        f"({state.params.size} params) cannot resume --model {self.cfg.model}")
+                if state.optimizer != self.optimizer.name:
+                    raise CheckpointError(
+                        f"{self.ckpt.dir}: checkpoint used optimizer {state.optimizer!r}, "
+                        f"this run --optimizer {self.optimizer.name}")
+                np.copyto(self.params, state.params)
+                self.optimizer.load_state(state.optimizer_state, state.optimizer_iterations)
+                self.step = state.step
+                self.position = state.position.rescale(self.sharder.global_batch)
+        if self.world > 1:
+            self.collective.broadcast_(self.params, root=0)
+            for buf in self.optimizer.state.values():
+                self.collective.broadcast_(buf, root=0)
+            counters = np.array([self.step, self.position.epoch, self.position.batch,
+                                 self.optimizer.iterations], np.float32)
+            self.collective.broadcast_(counters, root=0)
+            step, epoch, batch, iters = (int(v) for v in counters)
+            self.step, self.optimizer.iterations = step, iters
+            self.position = data_mod.Position(epoch, batch, self.sharder.global_batch)
+
+    def _done(self) -> bool:
+        if self.cfg.steps is not None:
+            return self.step >= self.cfg.steps
+        return self.position.epoch >= self.cfg.epochs
+
+    def save(self, loss: float | None) -> None:
+        if self.ckpt is None or not self.is_chief:
+            return
+        path = self.ckpt.save(TrainingState(
+            step=self.step, position=self.position, params=self.params,
+            optimizer=self.optimizer.name, optimizer_state=self.optimizer.state_dict(),
+            optimizer_iterations=self.optimizer.iterations, model=self.cfg.model,
+            world_size=self.world, loss=loss))
+        self.last_checkpoint = str(path)
+
+    def evaluate(self) -> float | None:
+        if not self.is_chief:
+            return None
+        acc = self.ipu.evaluate(self.data.test.images, self.data.test.labels)
+        self.test_accuracy = acc
+        self.metrics.observe_eval(acc)
+        self.report.emit({"event": "eval", "step": self.step, "test_accuracy": round(acc, 6)})
+        return acc
+
+    def train_one_step(self) -> tuple[float, float]:
+        """One synchronous step; returns (loss, seconds)."""
+        t0 = time.perf_counter()
+        pos = self.position
+        idx = self.sharder.indices(pos.epoch, pos.batch)
+        data_mod.batch_into(self.data.train, idx, self.x, self.y, self.scratch)
+        self.optimizer.begin_step(pos.epoch)
+        self.reducer.begin_step(self.step)
+        loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad)
+        comm = self.reducer.finish()
+        self.step += 1
+        nb = pos.batch + 1
+        self.position = (data_mod.Position(pos.epoch, nb, pos.global_batch)
+                         if nb < self.sharder.steps_per_epoch
+                         else data_mod.Position(pos.epoch + 1, 0, pos.global_batch))
+        dt = time.perf_counter() - t0
+        self._comm = comm
+        return loss, dt
+
+    def run(self) -> dict:
+        self._restore()
+        cfg, total = self.cfg, self.total_steps
+        first = self.step
+        loss = float("nan")
+        tput = _Throughput()
+        train_s = 0.0
+        last_report = 0.0
+        self.metrics.update_status(phase="Training", step=self.step, epoch=self.position.epoch)
+        while not self._done() and not self.stop_requested.is_set():
+            loss, dt = self.train_one_step()
+            train_s += dt
+            ema = tput.update(dt)
+            sps = self.sharder.global_batch / ema
+            self.metrics.observe_step(self.step, self.position.epoch, dt, loss, sps,
+                                      self.ipu.stats, self._comm)
+            now = time.perf_counter()
+            if self.step == first + 1 or now - last_report >= PROGRESS_EVERY_S or self._done():
+                last_report = now
+                self.report.emit({"event": "progress", "step": self.step,
+                                  "epoch": self.position.epoch, "loss": round(loss, 6),
+                                  "samples_per_s": round(sps, 1),
+                                  "eta_s": round(max(0, total - self.step) * ema, 1),
+                                  "total_steps": total})
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self.save(loss)
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and not self._done():
+                self.evaluate()
+        terminated = self.stop_requested.is_set() and not self._done()
+        self.save(None if np.isnan(loss) else loss)
+        if not terminated:
+            self.evaluate()
+        done = self.step - first
+        final = {
+            "event": "final", "steps": self.step, "epoch": self.position.epoch,
+            "loss": None if np.isnan(loss) else round(loss, 6),
+            "test_accuracy": None if self.test_accuracy is None else round(self.test_accuracy, 6),
+            "samples_per_s": round(done * self.sharder.global_batch / train_s, 1)
+            if train_s > 0 else 0.0,
+            "checkpoint": self.last_checkpoint, "rank": self.rank, "world_size": self.world,
+            "terminated": terminated,
+        }
+        self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")
+        self.report.emit(final)
+        return final
+
+    def close(self) -> None:
+        self.reducer.close()
+
+
+def _write_termination_log(path: str | None, doc: dict) -> None:
+    if not path:
+        return
+    try:
+        Path(path).write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    except OSError as e:
+        print(f"ringtrain worker: cannot write termination log {path}: {e}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `ringtrain worker`; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg: TrainerConfig | None = None
+    trainer: Trainer | None = None
+    collective: Collective | None = None
+    server: MetricsServer | None = None
+    restore_signals = lambda: None  # noqa: E731
+    try:
+        cfg = TrainerConfig.from_args(argv)
+        collective = connect(cfg)
+        metrics = TrainerMetrics()
+        if cfg.metrics_port:
+            server = MetricsServer(metrics, cfg.metrics_port)
+        trainer = Trainer(cfg, collective, metrics=metrics)
+        restore_signals = _install_sigterm(trainer)
+        final = trainer.run()
+        _write_termination_log(cfg.termination_log, final)
+        return EXIT_TERMINATED if final["terminated"] else EXIT_OK
+    except SystemExit:
+        raise
+    except BaseException as e:  # one place maps every failure to an exit code
+        code = exit_code_for(e)
+        print(f"ringtrain worker: {type(e).__name__}: {e}", file=sys.stderr)
+        if cfg is not None:
+            _write_termination_log(cfg.termination_log, {
+                "event": "error", "error": f"{type(e).__name__}: {e}", "exit_code": code})
+        if code == 1:
+            raise
+        return code
+    finally:
+        restore_signals()
+        if trainer is not None:
+            trainer.close()
+        if collective is not None:
+            collective.close()
+        if server is not None:
+            server.close()
+
+
+def _install_sigterm(trainer: Trainer) -> Callable[[], None]:
+    """SIGTERM/SIGINT finish the current step, checkpoint, and exit 143 (Python as PID 1
+    otherwise ignores SIGTERM and the pod waits out its whole grace period).
+    Returns a function that puts the previous handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        trainer.stop_requested.set()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    return lambda: [signal.signal(s, h) for s, h in old.items()] and None
