@@ -29,8 +29,10 @@ COPY pyproject.toml README.md /src/
 COPY trainer /src/trainer
 COPY operator /src/operator
 # --no-build-isolation: build with the pinned setuptools above instead of fetching a fresh one.
+# Then drop the installers: the runtime image never runs pip.
 RUN /opt/ringtrain/bin/pip install --no-deps --no-build-isolation /src \
-    && /opt/ringtrain/bin/ringtrain --version
+    && /opt/ringtrain/bin/ringtrain --version \
+    && /opt/ringtrain/bin/pip uninstall --yes setuptools pip
 
 # ---- runtime ------------------------------------------------------------------------------------
 FROM ${BASE_IMAGE}

@@ -293,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # one place maps every failure to an exit code
         code = exit_code_for(e)
         print(f"ringtrain worker: {type(e).__name__}: {e}", file=sys.stderr)
-        if cfg is not None:
-            _write_termination_log(cfg.termination_log, {
+        log = cfg.termination_log if cfg is not None else _termination_log_flag(argv)
+        if log:
+            _write_termination_log(log, {
                 "event": "error", "error": f"{type(e).__name__}: {e}", "exit_code": code})
         if code == 1:
             raise
@@ -307,6 +308,14 @@ def main(argv: list[str] | None = None) -> int:
             collective.close()
         if server is not None:
             server.close()
+
+
+def _termination_log_flag(argv: list[str]) -> str | None:
+    """--termination-log even when the rest of the flags are invalid, so the reason is kept."""
+    ns, _ = TrainerConfig.parser().parse_known_args(
+        [a for a in argv if a.startswith("--termination-log")] +
+        [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--termination-log"])
+    return ns.termination_log
 
 
 def _install_sigterm(trainer: Trainer) -> Callable[[], None]:

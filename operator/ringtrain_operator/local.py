@@ -153,7 +153,8 @@ def _env(pod: Mapping[str, Any], container: Mapping[str, Any],
 
 
 def _volume_dirs(pod: Mapping[str, Any], run_dir: Path,
-                 secrets: Mapping[str, Mapping[str, bytes]]) -> tuple[dict[str, Path], dict[str, bytes]]:
+                 secrets: Mapping[str, Mapping[str, bytes]],
+                 ) -> tuple[dict[str, Path], dict[str, bytes]]:
     """Volume name → local directory, and the files that must exist in them."""
     pod_name = pod["metadata"]["name"]
     dirs: dict[str, Path] = {}
@@ -255,8 +256,8 @@ def plan(obj: Mapping[str, Any], run_dir: Path, *,
         replicas.append(Replica(
             name=pod["metadata"]["name"], role=role, index=index,
             argv=tuple(_local_command(command) + args), env=env, files=files,
-            dirs=tuple(sorted({str(d) for d in volume_dirs.values()} | set(map(str, mounts.values()))
-                              | {str(run_dir / "pods" / pod["metadata"]["name"])})),
+            dirs=tuple(sorted({str(d) for d in [*volume_dirs.values(), *mounts.values(),
+                                                run_dir / "pods" / pod["metadata"]["name"]]})),
             metrics_port=metrics_port, termination_log=termination_log,
         ))
     return job, replicas
@@ -341,7 +342,7 @@ class JobState:
 
 
 def format_progress(p: Mapping[str, Any]) -> str:
-    """One human line: ``step 120/500 (24%) loss 0.4123 8,412 samples/s ETA 0:45 [worker-0 ok …]``."""
+    """One human line: ``step 120/500 (24%)  loss 0.4123  8,412 samples/s  ETA 0:45  [health]``."""
     parts = []
     step, total = p.get("step"), p.get("total_steps")
     if step is None:
@@ -366,7 +367,9 @@ def format_progress(p: Mapping[str, Any]) -> str:
 
 def _duration(seconds: float) -> str:
     s = max(0, int(round(seconds)))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+    if s >= 3600:
+        return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return f"{s // 60}:{s % 60:02d}"
 
 
 def outcome(job: jobspec.Job, exits: Mapping[tuple[str, int], int]) -> str | None:
@@ -663,7 +666,8 @@ def summary(job: jobspec.Job, phase: str, state: JobState, replicas: list[Replic
 
 
 def format_summary(s: Mapping[str, Any]) -> str:
-    lines = [f"TrainingJob {s['job']}: {s['phase']}" + (f" ({s['reason']})" if s.get("reason") else "")]
+    reason = f" ({s['reason']})" if s.get("reason") else ""
+    lines = [f"TrainingJob {s['job']}: {s['phase']}{reason}"]
     if s.get("steps") is not None:
         lines.append(f"  steps          {s['steps']}")
     if s.get("loss") is not None:
@@ -699,7 +703,8 @@ def parser() -> argparse.ArgumentParser:
                    help="where checkpoints, tokens and results go (default: a fresh "
                         ".ringtrain/runs/<job>-<time>; reuse one to resume from its checkpoint)")
     p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
-                   help="time between SIGTERM and SIGKILL when stopping replicas (default %(default)s)")
+                   help="time between SIGTERM and SIGKILL when stopping replicas "
+                        "(default %(default)s)")
     p.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines when stdout is not a terminal")
     return p

@@ -64,7 +64,8 @@ def test_every_rendered_object_is_valid_kubernetes(render, values, version):
 
 def test_values_schema_rejects_typos_and_bad_types(helm):
     for bad in (["--set", "rbac.clusterscoped=false"], ["--set", "metrics.port=http"],
-                ["--set", "image.pullPolicy=Sometimes"], ["--set", "podSecurityContext.runAsNonRoot=false"]):
+                ["--set", "image.pullPolicy=Sometimes"],
+                ["--set", "podSecurityContext.runAsNonRoot=false"]):
         out = subprocess.run([helm, "template", "rt", str(CHART), *bad], capture_output=True,
                              text=True)
         assert out.returncode != 0, f"{bad} was accepted"
@@ -115,7 +116,8 @@ def test_namespaced_install_watches_only_its_namespaces(render):
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     assert "--all-namespaces" not in args
     assert {r["metadata"]["namespace"] for r in by_kind(objs, "Role")} == {"team-a", "team-b"}
-    assert {b["metadata"]["namespace"] for b in by_kind(objs, "RoleBinding")} == {"team-a", "team-b"}
+    bindings = by_kind(objs, "RoleBinding")
+    assert {b["metadata"]["namespace"] for b in bindings} == {"team-a", "team-b"}
     for b in by_kind(objs, "RoleBinding"):
         assert b["subjects"][0]["namespace"] == "rt"  # the operator's own account
     (pm,) = by_kind(objs, "PodMonitor")
@@ -150,7 +152,8 @@ OPERATOR_NEEDS = {
 def test_rbac_is_exactly_what_the_operator_needs(render, values):
     objs = render(*values)
     cluster_scoped = not values
-    discovery = next(r for r in by_kind(objs, "ClusterRole") if r["metadata"]["name"].endswith("-discovery"))
+    discovery = next(r for r in by_kind(objs, "ClusterRole")
+                     if r["metadata"]["name"].endswith("-discovery"))
     expected_discovery = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
     if cluster_scoped:
         expected_discovery[("", "namespaces")] = {"list", "watch"}

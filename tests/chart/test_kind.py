@@ -39,7 +39,8 @@ def test_kind_config_has_a_control_plane_and_two_labelled_workers():
         assert n["labels"] == {"ringtrain.io/pool": "training"}
 
 
-def run_kind(tmp_path: Path, state: str, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def run_kind(tmp_path: Path, state: str,
+             *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for tool in ("docker", "kind", "kubectl", "helm"):
@@ -73,8 +74,8 @@ def test_hack_kind_up_builds_loads_installs_and_waits_for_success(tmp_path):
     assert "TrainingJob fashion-mnist Succeeded" in out.stderr
     assert not any("kube-prometheus-stack" in c for c in calls)  # only with --monitoring
     # The files it hands over exist and the image tag is the one the CRD defaults workers to.
-    for path in ("kind-config.yaml", "charts/ringtrain/crds", "examples/fashion-mnist-2workers.yaml",
-                 "Dockerfile"):
+    for path in ("kind-config.yaml", "charts/ringtrain/crds",
+                 "examples/fashion-mnist-2workers.yaml", "Dockerfile"):
         assert (ROOT / path).exists(), path
     crd = (CHART / "crds" / "trainingjobs.yaml").read_text()
     assert f'default: "{image}"' in crd

@@ -39,8 +39,8 @@ def command_job(name: str, worker_code: str, replicas: int = 2, **run_policy) ->
     container = {"name": "main", "image": "python:3.11-slim-bookworm",
                  "command": [sys.executable, "-c", worker_code]}
     return {"apiVersion": jobspec.API_VERSION, "kind": jobspec.KIND, "metadata": {"name": name},
-            "spec": {"replicaSpecs": {"Worker": {"replicas": replicas,
-                                                 "template": {"spec": {"containers": [container]}}}},
+            "spec": {"replicaSpecs": {"Worker": {
+                "replicas": replicas, "template": {"spec": {"containers": [container]}}}},
                      "runPolicy": run_policy}}
 
 
@@ -223,7 +223,8 @@ def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, cod
     stdout, _ = p.communicate(timeout=30)
     assert p.returncode == code
     final = json_lines(stdout)[-1]
-    assert final["phase"] == "Failed" and final["reason"] == f"Stopped by {signal.Signals(sig).name}"
+    assert final["phase"] == "Failed"
+    assert final["reason"] == f"Stopped by {signal.Signals(sig).name}"
     assert set(final["exit_codes"].values()) == {128 + signal.SIGTERM}
     for pid in pids:  # no orphans left behind
         with pytest.raises(ProcessLookupError):

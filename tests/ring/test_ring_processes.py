@@ -151,3 +151,26 @@ def test_a_peer_that_never_comes_up_times_out_at_connect(transport):
                 connect_timeout_s=1.0, transport=transport)
     assert e.value.exit_code == EXIT_RETRYABLE
     assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_taken_ring_port_is_a_retryable_ring_error(transport):
+    from trainer.errors import RingError
+
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen(1)
+        addrs = (f"127.0.0.1:{s.getsockname()[1]}", "127.0.0.1:1")
+        with pytest.raises(RingError, match=f"rank 0 step -1 peer {addrs[0]}: cannot listen"):
+            connect(ClusterSpec(cluster={"worker": addrs}, task_index=0), b"t",
+                    connect_timeout_s=1.0, transport=transport)
+
+
+def test_bad_arguments_are_refused_before_any_socket():
+    from trainer.errors import InvalidSpec
+
+    spec = ClusterSpec(cluster={"worker": ("127.0.0.1:1", "127.0.0.1:2")}, task_index=0)
+    with pytest.raises(InvalidSpec, match="ring token is empty"):
+        connect(spec, b"")
+    with pytest.raises(InvalidSpec, match="ring transport 'udp'"):
+        connect(spec, b"t", transport="udp")

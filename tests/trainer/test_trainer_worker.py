@@ -70,19 +70,18 @@ def test_config_reads_tf_config_and_token_once(tmp_path):
 def test_sigterm_checkpoints_and_exits_143(tmp_path):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     env.pop("TF_CONFIG", None)
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "trainer.cli", "worker", "--dataset", "mnist-5k", "--epochs",
          "1000", "--json", "--checkpoint-dir", str(tmp_path), "--termination-log",
-         str(tmp_path / "log")], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        first = json.loads(proc.stdout.readline())  # training has started
-        assert first["event"] == "progress"
-        proc.send_signal(signal.SIGTERM)
-        rest = proc.stdout.read()
-        assert proc.wait(timeout=60) == EXIT_TERMINATED
-    finally:
-        proc.kill()
-        proc.wait()
+         str(tmp_path / "log")], stdout=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            first = json.loads(proc.stdout.readline())  # training has started
+            assert first["event"] == "progress"
+            proc.send_signal(signal.SIGTERM)
+            rest = proc.stdout.read()
+            assert proc.wait(timeout=60) == EXIT_TERMINATED
+        finally:
+            proc.kill()
     final = json.loads(rest.splitlines()[-1])
     assert final["terminated"] is True and final["checkpoint"]
     assert json.loads((tmp_path / "log").read_text())["terminated"] is True

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from trainer.cluster import ClusterSpec
 from trainer.collective import Collective, LocalCollective
-from trainer.errors import InvalidSpec
+from trainer.errors import InvalidSpec, RingError
 from trainer.ring.engine import RingCollective
+from trainer.ring.transport import LinkError
 from trainer.ring.schedule import DEFAULT_CHUNK_BYTES
 
 #: Supported wires; ``tcp`` is the fast default, ``grpc`` the all-gRPC one.
@@ -46,14 +47,13 @@ def connect(spec: ClusterSpec, token: bytes, *,
         raise InvalidSpec(f"chunk_bytes must be at least 4 (one float32), got {chunk_bytes}")
     rank, addresses = spec.rank, spec.ring
     if transport == "tcp":
-        from trainer.ring.tcp import TcpTransport
-
-        wire = TcpTransport.open(rank, addresses, token, connect_timeout_s=connect_timeout_s,
-                                 step_timeout_s=step_timeout_s)
+        from trainer.ring.tcp import TcpTransport as wire_cls
     else:
-        from trainer.ring.grpc_transport import GrpcTransport
-
-        wire = GrpcTransport.open(rank, addresses, token, connect_timeout_s=connect_timeout_s,
-                                  step_timeout_s=step_timeout_s)
+        from trainer.ring.grpc_transport import GrpcTransport as wire_cls
+    try:
+        wire = wire_cls.open(rank, addresses, token, connect_timeout_s=connect_timeout_s,
+                             step_timeout_s=step_timeout_s)
+    except LinkError as e:  # our own port is taken: retryable, a new pod may get it
+        raise RingError(f"rank {rank} step -1 peer {addresses[rank]}: {e}") from None
     return RingCollective(wire, rank, addresses, chunk_bytes=chunk_bytes,
                           step_timeout_s=step_timeout_s)

@@ -3,8 +3,9 @@
 Starts N local processes per implementation (the ring over each requested transport,
 torch.distributed's gloo, mpi4py under ``mpirun``), times ``--iters`` allreduces per size after a
 barrier each, and reports the median with nccl-tests' definitions: algbw = S/t and
-busbw = 2(N-1)/N · S/t. Every implementation runs behind the same ``Collective`` interface and
-computes the *mean* in place (gloo and MPI sum, then divide), so all do the same work.
+busbw = 2(N-1)/N · S/t, plus the median CPU time of rank 0's process per allreduce (``cpu_s``,
+all threads), which stays meaningful when other work shares the cores. Every implementation
+runs behind the same ``Collective`` interface and computes the *mean* in place (gloo and MPI sum, then divide), so all do the same work.
 On a 2-core machine N > 2 processes share the cores: such figures measure the transport, not
 scaling.
 """
@@ -24,6 +25,7 @@ import time
 import numpy as np
 
 from trainer.collective import Collective
+from trainer.ring.schedule import DEFAULT_CHUNK_BYTES
 
 MIB = 1 << 20
 
@@ -69,7 +71,8 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _child_collective(impl: str, rank: int, workers: int, ports: list[int]) -> Collective:
+def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
+                      chunk_kib: int) -> Collective:
     if impl == "gloo":
         return GlooCollective(rank, workers, ports[0])
     if impl == "mpi":
@@ -82,40 +85,42 @@ def _child_collective(impl: str, rank: int, workers: int, ports: list[int]) -> C
     spec = ClusterSpec(cluster={"worker": tuple(f"127.0.0.1:{p}" for p in ports)},
                        task_index=rank)
     return connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(), transport=impl.split("-")[1],
-                   connect_timeout_s=60)
+                   connect_timeout_s=60, chunk_bytes=chunk_kib * 1024)
 
 
 def child(impl: str, rank: int, workers: int, ports: list[int], sizes_mib: list[float],
-          iters: int, warmup: int) -> None:
+          iters: int, warmup: int, chunk_kib: int) -> None:
     """One benchmark process: prints (rank 0 only) one JSON line of times per size."""
-    coll = _child_collective(impl, rank, workers, ports)
+    coll = _child_collective(impl, rank, workers, ports, chunk_kib)
     rank = coll.rank
     try:
         for size in sizes_mib:
             buf = np.ones(max(1, int(size * MIB) // 4), np.float32)
-            times = []
+            times, cpu = [], []
             for i in range(warmup + iters):
                 coll.barrier()
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 coll.allreduce_mean_(buf, step=i)
-                dt = time.perf_counter() - t0
+                dt, dc = time.perf_counter() - t0, time.process_time() - c0
                 if i >= warmup:
                     times.append(dt)
+                    cpu.append(dc)
             if not np.allclose(buf[:1], 1.0):
                 raise AssertionError(f"{impl}: mean of ones is {buf[0]}")
             if rank == 0:
-                print(json.dumps({"size_mib": size, "times_s": times}), flush=True)
+                print(json.dumps({"size_mib": size, "times_s": times, "cpu_s": cpu}), flush=True)
     finally:
         coll.close()
 
 
 def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup: int,
-             timeout_s: float) -> list[dict]:
+             chunk_kib: int, timeout_s: float) -> list[dict]:
     """Start the processes of one implementation and collect rank 0's timings."""
     ports = free_ports(workers)
     env = dict(os.environ, RINGTRAIN_TOKEN=secrets.token_hex(16))
     args = ["--child", impl, "--workers", str(workers), "--ports", ",".join(map(str, ports)),
-            "--size-mib", *map(str, sizes_mib), "--iters", str(iters), "--warmup", str(warmup)]
+            "--size-mib", *map(str, sizes_mib), "--iters", str(iters), "--warmup", str(warmup),
+            "--chunk-kib", str(chunk_kib)]
     me = [sys.executable, "-m", "trainer.ring.bench"]
     if impl == "mpi":
         cmds = [["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(workers),
@@ -144,8 +149,10 @@ def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup
         algbw = size_bytes / med / 1e9
         rows.append({"bench": "allreduce", "impl": impl, "workers": workers,
                      "size_mib": doc["size_mib"], "iters": len(doc["times_s"]),
-                     "median_s": med, "min_s": min(doc["times_s"]), "algbw_gbps": algbw,
-                     "busbw_gbps": algbw * 2 * (workers - 1) / workers})
+                     "median_s": med, "min_s": min(doc["times_s"]),
+                     "cpu_s": statistics.median(doc["cpu_s"]), "algbw_gbps": algbw,
+                     "busbw_gbps": algbw * 2 * (workers - 1) / workers,
+                     "chunk_kib": chunk_kib if impl.startswith("ring-") else None})
     return rows
 
 
@@ -171,6 +178,8 @@ def main(argv: list[str]) -> int:
                    help="buffer sizes in MiB (default 64)")
     p.add_argument("--iters", type=int, default=11, help="timed iterations (median reported)")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--chunk-kib", type=int, default=DEFAULT_CHUNK_BYTES // 1024,
+                   help="ring chunk size in KiB (default %(default)s)")
     p.add_argument("--transport", action="append", choices=["tcp", "grpc"],
                    help="ring transport(s) to measure (repeatable; default tcp)")
     p.add_argument("--baseline", action="append", choices=["gloo", "mpi"], default=[],
@@ -183,14 +192,15 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if a.child:
         child(a.child, a.rank, a.workers, [int(x) for x in a.ports.split(",")], a.size_mib,
-              a.iters, a.warmup)
+              a.iters, a.warmup, a.chunk_kib)
         return 0
     if a.workers < 2:
         p.error("--workers must be at least 2 (one process has nothing to reduce)")
     impls = [f"ring-{t}" for t in (a.transport or ["tcp"])] + a.baseline
     rows = []
     for impl in impls:
-        rows += run_impl(impl, a.workers, a.size_mib, a.iters, a.warmup, a.timeout_s)
+        rows += run_impl(impl, a.workers, a.size_mib, a.iters, a.warmup, a.chunk_kib,
+                         a.timeout_s)
     rows += ratios(rows, a.baseline)
     for row in rows:
         if a.json:
@@ -198,7 +208,7 @@ def main(argv: list[str]) -> int:
         elif row["bench"] == "allreduce":
             print(f"{row['impl']:>9} N={row['workers']} {row['size_mib']:>8g} MiB  "
                   f"median {row['median_s'] * 1e3:9.3f} ms  algbw {row['algbw_gbps']:6.2f} GB/s"
-                  f"  busbw {row['busbw_gbps']:6.2f} GB/s")
+                  f"  busbw {row['busbw_gbps']:6.2f} GB/s  cpu {row['cpu_s'] * 1e3:8.2f} ms")
         else:
             print(f"{row['impl']:>9} vs {row['baseline']:<5} N={row['workers']} "
                   f"{row['size_mib']:>8g} MiB  busbw x{row['busbw_ratio']:.2f}  "

@@ -1,0 +1,19 @@
+"""The quality bar: the seeds' CNN, Adam 1e-3, batch 64 reaches >= 86 % after one epoch."""
+
+import io
+
+from trainer.collective import LocalCollective
+from trainer.config import TrainerConfig
+from trainer.worker import Trainer
+
+
+def test_one_epoch_of_fashion_mnist_reaches_86_percent():
+    cfg = TrainerConfig(dataset="fashion-mnist", epochs=1, batch_size=64, optimizer="adam",
+                        lr=1e-3, seed=0)
+    t = Trainer(cfg, LocalCollective(), out=io.StringIO())
+    try:
+        final = t.run()
+    finally:
+        t.close()
+    assert final["steps"] == 937
+    assert final["test_accuracy"] >= 0.86, final

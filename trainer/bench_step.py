@@ -1,0 +1,218 @@
+"""`ringtrain bench step`: training samples/s of the emulated IPU, side by side with PyTorch.
+
+Both run the same model, batch, dtype (float32), optimizer (Adam) and thread count in the same
+process, interleaved repeat by repeat so that a noisy neighbour slows both alike; the medians
+are reported. The IPU side runs the trainer's real step (data gather, weight stream, forward,
+backward, per-layer optimizer through the reducer), on synthetic data so the benchmark needs no
+data set. Also reported: achieved GFLOP/s against numpy's float32 matmul peak measured in the
+same run, and which BLAS kernels ran (threadpoolctl), because OpenBLAS environment variables
+change the result (see /work/shared/notes/machine-facts.md).
+
+``--workers N`` > 1 is delegated to ``trainer.ring.bench.bench_step_workers(args)`` (the ring
+owns multi-process launching); this module measures one worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from trainer import data as data_mod
+from trainer.collective import LocalCollective
+from trainer.config import TrainerConfig
+from trainer.errors import InvalidSpec, RingtrainError
+from trainer.worker import Trainer
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ringtrain bench step", description=__doc__.split("\n")[0])
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--model", default="cnn", choices=("cnn", "cnn2"))
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=150, help="timed steps per repeat")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0,
+                   help="BLAS / torch threads (0: numpy's current BLAS thread count)")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def synthetic(n: int, seed: int = 0) -> data_mod.Dataset:
+    rng = np.random.default_rng(seed)
+    split = data_mod.Split(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
+                           rng.integers(0, 10, n))
+    return data_mod.Dataset("synthetic", split, split)
+
+
+def matmul_peak_gflops(n: int = 512, seconds: float = 0.3) -> float:
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    b, c = a.copy(), np.empty_like(a)
+    np.matmul(a, b, out=c)
+    best = float("inf")
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        np.matmul(a, b, out=c)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+class IPUSide:
+    """The trainer's own step loop on synthetic data."""
+
+    def __init__(self, args):
+        self.batch = args.batch_size
+        cfg = TrainerConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
+                            steps=10**9)
+        self.trainer = Trainer(cfg, LocalCollective(), synthetic(max(8192, 4 * self.batch)),
+                               out=io.StringIO())
+        self.flops_per_step = self.trainer.exe.flops_per_run
+
+    def run(self, steps: int) -> float:
+        t = time.perf_counter()
+        for _ in range(steps):
+            self.trainer.train_one_step()
+        return time.perf_counter() - t
+
+    def close(self):
+        self.trainer.close()
+
+
+class TorchSide:
+    """The same model and step in PyTorch (CPU, float32, Adam with Keras' epsilon)."""
+
+    def __init__(self, args, threads: int):
+        import torch
+        from torch import nn
+
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        self.torch = torch
+        layers = [nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2)]
+        flat = 13 * 13 * 32
+        if args.model == "cnn2":
+            layers += [nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2)]
+            flat = 5 * 5 * 64
+        layers += [nn.Flatten(), nn.Linear(flat, 64), nn.ReLU(), nn.Linear(64, 10)]
+        self.model = nn.Sequential(*layers)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, eps=1e-7)
+        self.loss = nn.CrossEntropyLoss()
+        g = torch.Generator().manual_seed(0)
+        n = max(8192, 4 * args.batch_size)
+        self.x = torch.rand(n, 1, 28, 28, generator=g)
+        self.y = torch.randint(0, 10, (n,), generator=g)
+        self.batch, self.n, self.pos = args.batch_size, n, 0
+
+    def run(self, steps: int) -> float:
+        torch = self.torch
+        t = time.perf_counter()
+        for _ in range(steps):
+            if self.pos + self.batch > self.n:
+                self.pos = 0
+            idx = torch.arange(self.pos, self.pos + self.batch)
+            self.pos += self.batch
+            xb, yb = self.x[idx], self.y[idx]
+            self.opt.zero_grad(set_to_none=True)
+            self.loss(self.model(xb), yb).backward()
+            self.opt.step()
+        return time.perf_counter() - t
+
+
+def blas_info() -> list[dict]:
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    keys = ("user_api", "internal_api", "num_threads", "version", "architecture")
+    return [{k: i.get(k) for k in keys} for i in threadpool_info()]
+
+
+def bench_one_worker(args) -> dict:
+    from contextlib import nullcontext
+
+    limits = nullcontext()
+    threads = args.threads
+    if threads:
+        try:
+            from threadpoolctl import threadpool_limits
+
+            limits = threadpool_limits(limits=threads, user_api="blas")
+        except ImportError:
+            pass
+    else:
+        threads = next((i["num_threads"] for i in blas_info() if i["user_api"] == "blas"),
+                       os.cpu_count() or 1)
+    with limits:
+        ipu = IPUSide(args)
+        torch_side = None
+        if not args.no_torch:
+            try:
+                torch_side = TorchSide(args, threads)
+            except ImportError:
+                torch_side = None
+        ipu.run(args.warmup)
+        if torch_side:
+            torch_side.run(args.warmup)
+        ours, theirs = [], []
+        for _ in range(args.repeats):
+            ours.append(ipu.run(args.steps))
+            if torch_side:
+                theirs.append(torch_side.run(args.steps))
+        ipu.close()
+        peak = matmul_peak_gflops()
+        info = blas_info()
+    t_ours = statistics.median(ours)
+    sps = args.batch_size * args.steps / t_ours
+    result = {
+        "model": args.model, "batch_size": args.batch_size, "threads": threads,
+        "steps": args.steps, "repeats": args.repeats,
+        "samples_per_s": round(sps, 1),
+        "torch_samples_per_s": None, "ratio_vs_torch": None,
+        "gflops": round(ipu.flops_per_step * args.steps / t_ours / 1e9, 2),
+        "matmul_peak_gflops": round(peak, 1),
+        "blas": info,
+        "openblas_env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+                                                          "OPENBLAS_NUM_THREADS")},
+    }
+    if theirs:
+        tsps = args.batch_size * args.steps / statistics.median(theirs)
+        result["torch_samples_per_s"] = round(tsps, 1)
+        result["ratio_vs_torch"] = round(sps / tsps, 3)
+        result["torch_version"] = torch_side.torch.__version__
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.workers < 1 or args.batch_size < 1 or args.steps < 1 or args.repeats < 1:
+            raise InvalidSpec("--workers, --batch-size, --steps and --repeats must be positive")
+        if args.workers > 1:
+            try:
+                from trainer.ring.bench import bench_step_workers
+            except ImportError:
+                raise InvalidSpec("--workers > 1 needs trainer.ring.bench.bench_step_workers")
+            result = bench_step_workers(args)
+        else:
+            result = bench_one_worker(args)
+    except RingtrainError as e:
+        print(f"ringtrain bench step: {e}", file=sys.stderr)
+        return e.exit_code
+    if args.json:
+        print(json.dumps(result))
+    else:
+        t = result.get("torch_samples_per_s")
+        print(f"emulated IPU: {result['samples_per_s']:,.0f} samples/s "
+              f"({result['gflops']} GFLOP/s, numpy matmul peak {result['matmul_peak_gflops']})")
+        if t:
+            print(f"PyTorch:      {t:,.0f} samples/s   ratio {result['ratio_vs_torch']}")
+    return 0
