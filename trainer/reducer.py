@@ -90,8 +90,11 @@ class Reducer:
 
     def __init__(self, sizes: Sequence[int], grads: np.ndarray, collective: Collective,
                  optimizer: Optimizer, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 first_bucket_bytes: int = FIRST_BUCKET_BYTES):
+                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, control_elems: int = 0):
         self.grads, self.collective, self.optimizer = grads, collective, optimizer
+        #: trailing elements reduced with the last bucket but not parameters (the optimizer
+        #: never sees them); the worker uses one to agree on stopping
+        self.num_params = grads.size - control_elems
         self.buckets = assign_buckets(sizes, bucket_bytes, first_bucket_bytes,
                                       grads.dtype.itemsize)
         if self.buckets and self.buckets[-1].stop != grads.size:
@@ -120,7 +123,8 @@ class Reducer:
     def on_grad(self, start: int, stop: int) -> None:
         """Called by the IPU (compute thread) when gradients [start, stop) are final."""
         if self.local:
-            self.optimizer.apply(self.grads, start, stop)
+            if start < self.num_params:
+                self.optimizer.apply(self.grads, start, min(stop, self.num_params))
             return
         for i in range(self._next, len(self.buckets)):
             b = self.buckets[i]
@@ -169,7 +173,9 @@ class Reducer:
                 t0 = time.perf_counter()
                 self.collective.allreduce_mean_(view, step=step, tag=bucket.index)
                 self._intervals.append((t0, time.perf_counter()))
-                self.optimizer.apply(self.grads, bucket.start, bucket.stop)
+                if bucket.start < self.num_params:
+                    self.optimizer.apply(self.grads, bucket.start,
+                                         min(bucket.stop, self.num_params))
                 self._done.put(bucket.index)
             except BaseException as e:  # handed to the step loop, which maps it to an exit code
                 failed = e

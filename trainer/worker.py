@@ -103,9 +103,15 @@ class Trainer:
         self.metrics = metrics if metrics is not None else TrainerMetrics()
         self.report = Reporter(cfg.json, out if out is not None else sys.stdout, self.is_chief)
         self.stop_requested = threading.Event()
+        self._stop_agreed = False
         self.spec = model_mod.build(cfg.model)
         self.params = self.spec.init(cfg.seed)
-        self.grads = np.zeros_like(self.params)
+        # One trailing control element rides in the last gradient bucket: each worker writes
+        # 1 there when it was asked to stop, so after the allreduce every worker knows and all
+        # stop after the same step (nobody is left waiting in a collective).
+        n = self.spec.num_params
+        self._grads_and_control = np.zeros(n + 1, np.float32)
+        self.grads = self._grads_and_control[:n]
         schedule = optim.StepDecay(cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
         self.optimizer = optim.build(cfg.optimizer, self.params, schedule)
         self.ipu = IPU(self.spec, IPUConfig(
@@ -118,8 +124,9 @@ class Trainer:
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
         self.sharder = data_mod.Sharder(len(self.data.train), cfg.batch_size, self.world,
                                         self.rank, cfg.seed)
-        self.reducer = Reducer([s.stop - s.start for s in self.spec.slots], self.grads,
-                               collective, self.optimizer, cfg.bucket_bytes)
+        self.reducer = Reducer([s.stop - s.start for s in self.spec.slots] + [1],
+                               self._grads_and_control, collective, self.optimizer,
+                               cfg.bucket_bytes, control_elems=1)
         self.ckpt = CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint_keep) \
             if cfg.checkpoint_dir else None
         b = cfg.batch_size
@@ -167,6 +174,11 @@ class Trainer:
             self.step, self.optimizer.iterations = step, iters
             self.position = data_mod.Position(epoch, batch, self.sharder.global_batch)
 
+    def _should_stop(self) -> bool:
+        """Alone: as soon as asked. With peers: only once the request has travelled through
+        a step's allreduce, so that every worker stops after the same step."""
+        return self._stop_agreed or (self.world == 1 and self.stop_requested.is_set())
+
     def _done(self) -> bool:
         if self.cfg.steps is not None:
             return self.step >= self.cfg.steps
@@ -199,8 +211,13 @@ class Trainer:
         data_mod.batch_into(self.data.train, idx, self.x, self.y, self.scratch)
         self.optimizer.begin_step(pos.epoch)
         self.reducer.begin_step(self.step)
+        n = self.spec.num_params
+        self._grads_and_control[n] = 1.0 if self.stop_requested.is_set() else 0.0
+        self.reducer.on_grad(n, n + 1)
         loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad)
         comm = self.reducer.finish()
+        if self._grads_and_control[n] > 0:
+            self._stop_agreed = True
         self.step += 1
         nb = pos.batch + 1
         self.position = (data_mod.Position(pos.epoch, nb, pos.global_batch)
@@ -219,7 +236,7 @@ class Trainer:
         train_s = 0.0
         last_report = 0.0
         self.metrics.update_status(phase="Training", step=self.step, epoch=self.position.epoch)
-        while not self._done() and not self.stop_requested.is_set():
+        while not self._done() and not self._should_stop():
             loss, dt = self.train_one_step()
             train_s += dt
             ema = tput.update(dt)
@@ -238,7 +255,7 @@ class Trainer:
                 self.save(loss)
             if cfg.eval_every and self.step % cfg.eval_every == 0 and not self._done():
                 self.evaluate()
-        terminated = self.stop_requested.is_set() and not self._done()
+        terminated = self._should_stop() and not self._done()
         self.save(None if np.isnan(loss) else loss)
         if not terminated:
             self.evaluate()

@@ -38,6 +38,25 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.posting.level = logging.WARNING  # handler log lines at WARNING+ become Events
 
 
+@kopf.on.login()
+def login(memo: kopf.Memo, **_) -> kopf.ConnectionInfo:
+    """kopf talks to the API with exactly the credentials the operator loaded (``--kubeconfig``
+    or in-cluster), not with kopf's own guess from ``$KUBECONFIG`` at import time."""
+    return connection_info(memo.kube.api_client.configuration)
+
+
+def connection_info(cfg) -> kopf.ConnectionInfo:
+    """kopf's ConnectionInfo from a ``kubernetes.client.Configuration``."""
+    header = (cfg.get_api_key_with_prefix("BearerToken")
+              or cfg.get_api_key_with_prefix("authorization") or "")
+    scheme, _, token = header.partition(" ") if " " in header else ("", "", header)
+    return kopf.ConnectionInfo(
+        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+        username=cfg.username or None, password=cfg.password or None,
+        scheme=scheme or None, token=token or None,
+        certificate_path=cfg.cert_file, private_key_path=cfg.key_file)
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def run_job(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo,
                   stopped: kopf.DaemonStopped, logger: kopf.Logger, **_) -> None:

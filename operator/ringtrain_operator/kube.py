@@ -34,6 +34,7 @@ class Kube:
     """Thin wrapper over CoreV1Api and CustomObjectsApi that speaks dicts, not models."""
 
     def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 

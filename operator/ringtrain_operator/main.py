@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 
 import kopf
 from aiohttp import web
@@ -71,8 +70,6 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api = load_config(args.kubeconfig)
     memo = handlers.new_memo(Kube(api), OperatorMetrics())
-    if args.kubeconfig:  # kopf logs in by itself; point it at the same file
-        os.environ["KUBECONFIG"] = args.kubeconfig
     logging.getLogger(__name__).info("ringtrain operator %s starting", __version__)
     asyncio.run(serve(args, memo))
     return 0

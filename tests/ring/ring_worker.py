@@ -52,7 +52,7 @@ def check_broadcast(coll, n: int, world: int, rank: int) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["allreduce", "pause", "loop"])
+    p.add_argument("scenario", choices=["allreduce", "pause", "loop", "rss"])
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--addresses", required=True)
     p.add_argument("--transport", default="tcp")
@@ -83,6 +83,16 @@ def main(argv: list[str]) -> int:
             if rank == 1:
                 sys.stdin.readline()
             check_allreduce(coll, sizes, world, rank, step=2)
+        elif a.scenario == "rss":
+            import resource
+
+            buf = pattern(sizes[-1], rank)
+            for step in range(1000):
+                if step == 100:
+                    rss_100 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                coll.allreduce_mean_(buf, step=step)
+            rss_1000 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            emit(event="rss", rank=rank, kib_at_100=rss_100, kib_at_1000=rss_1000)
         else:
             step = 0
             while True:

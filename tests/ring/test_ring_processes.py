@@ -174,3 +174,95 @@ def test_bad_arguments_are_refused_before_any_socket():
         connect(spec, b"")
     with pytest.raises(InvalidSpec, match="ring transport 'udp'"):
         connect(spec, b"t", transport="udp")
+
+
+@pytest.mark.timeout(30)
+def test_misuse_fails_loudly_and_leaves_the_ring_usable():
+    """Two ranks in threads of this process (real sockets): wrong buffers are refused with a
+    clear error before any byte moves, and the ring keeps working afterwards."""
+    import threading
+
+    from trainer.ring.bench import free_ports
+
+    addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
+    colls = [None, None]
+
+    def join(rank):
+        colls[rank] = connect(ClusterSpec(cluster={"worker": addrs}, task_index=rank), b"t",
+                              connect_timeout_s=10)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        c0 = colls[0]
+        with pytest.raises(TypeError, match="allreduce_mean_: needs a float32 numpy array"):
+            c0.allreduce_mean_(np.zeros(4))
+        with pytest.raises(ValueError, match="C-contiguous"):
+            c0.allreduce_mean_(np.zeros(8, np.float32)[::2])
+        with pytest.raises(ValueError, match="root 2 outside ring of size 2"):
+            c0.broadcast_(np.zeros(4, np.float32), root=2)
+        bufs = [np.full((3, 5), 1.0, np.float32), np.full((3, 5), 4.0, np.float32)]
+        t = threading.Thread(target=colls[1].allreduce_mean_, args=(bufs[1],))
+        t.start()
+        c0.allreduce_mean_(bufs[0])
+        t.join()
+        assert (bufs[0] == 2.5).all() and (bufs[1] == 2.5).all()
+    finally:
+        for c in colls:
+            c.close()
+
+
+@pytest.mark.timeout(30)
+def test_close_from_another_thread_ends_a_blocked_allreduce_at_once():
+    """The worker's SIGTERM path: closing the ring must not wait for the step timeout."""
+    import threading
+
+    from trainer.errors import RingError
+    from trainer.ring.bench import free_ports
+
+    addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
+    colls = [None, None]
+
+    def join(rank):
+        colls[rank] = connect(ClusterSpec(cluster={"worker": addrs}, task_index=rank), b"t",
+                              connect_timeout_s=10, step_timeout_s=60)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = []
+
+    def blocked():  # rank 1 never joins this allreduce
+        try:
+            colls[0].allreduce_mean_(np.ones(10, np.float32), step=5)
+        except RingError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    t0 = time.monotonic()
+    colls[0].close()
+    t.join(timeout=20)
+    colls[1].close()
+    assert not t.is_alive() and time.monotonic() - t0 < 10
+    assert len(errors) == 1 and errors[0].rank == 0 and errors[0].step == 5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_peak_memory_stays_flat_over_a_thousand_allreduces(transport):
+    ring = ring_procs.start(2, "rss", transport, "--sizes", "262144", "--chunk-bytes", "65536")
+    try:
+        results = ring.finish(timeout_s=50)
+    finally:
+        ring.kill()
+    for code, events in results:
+        assert code == 0, events
+        rss = events[0]
+        # 1000 x 1 MiB moved; growth of more than a few MiB would be a leak per collective
+        assert rss["kib_at_1000"] - rss["kib_at_100"] < 4096, rss

@@ -109,3 +109,32 @@ def test_steps_allocate_nothing_proportional_to_the_model(rng):
 def test_unknown_model_is_invalid_spec():
     with pytest.raises(InvalidSpec, match="--model: unknown model 'vgg'"):
         M.build("vgg")
+
+
+def test_whole_training_step_memory_does_not_grow(mnist5k):
+    """The trainer's full step (data, IPU, reducer, optimizer, metrics) at steady state."""
+    import io
+    import resource
+
+    from trainer.collective import LocalCollective
+    from trainer.config import TrainerConfig
+    from trainer.worker import Trainer
+
+    t = Trainer(TrainerConfig(dataset="mnist-5k", steps=10**6, batch_size=64), LocalCollective(),
+                mnist5k, out=io.StringIO())
+    try:
+        for _ in range(3):
+            t.train_one_step()
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peaks = []
+        for n in (5, 50):
+            tracemalloc.start()
+            for _ in range(n):
+                t.train_one_step()
+            peaks.append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+        rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    finally:
+        t.close()
+    assert peaks[1] <= peaks[0] + 8192 and peaks[1] < 128 * 1024, peaks
+    assert rss_after - rss_before < 2048  # KiB: the peak RSS did not move over 55 steps

@@ -57,7 +57,8 @@ def test_step_decay_schedule():
 def test_state_is_host_side_and_sized_like_the_parameters():
     p = np.zeros(100, np.float32)
     assert O.build("sgd", p, O.StepDecay()).state_bytes == 0 == O.state_bytes_for("sgd", 100)
-    assert O.build("momentum", p, O.StepDecay()).state_bytes == 400 == O.state_bytes_for("momentum", 100)
+    momentum = O.build("momentum", p, O.StepDecay())
+    assert momentum.state_bytes == 400 == O.state_bytes_for("momentum", 100)
     assert O.build("adam", p, O.StepDecay()).state_bytes == 800 == O.state_bytes_for("adam", 100)
     with pytest.raises(InvalidSpec, match="--optimizer: unknown optimizer 'lamb'"):
         O.build("lamb", p, O.StepDecay())

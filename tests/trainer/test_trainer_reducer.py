@@ -4,7 +4,6 @@ import threading
 import numpy as np
 import pytest
 
-from trainer import model as M
 from trainer import optim as O
 from trainer.collective import LocalCollective
 from trainer.config import TrainerConfig
@@ -143,5 +142,22 @@ def test_n_workers_with_batch_b_equal_one_worker_with_batch_nb(mnist5k, world, o
         np.testing.assert_allclose(params, single.params, rtol=1e-4, atol=1e-6)
         assert final["steps"] == 6
     n_buckets = len({c[2] for c in cols[0].calls if c[0] == "allreduce"})
-    assert n_buckets == (2 if bucket_mb == 25.0 else 3)
+    # tiny buckets: 3 for the parameters + the stop flag alone (it joins the last one otherwise)
+    assert n_buckets == (2 if bucket_mb == 25.0 else 4)
     assert res[0][1]["test_accuracy"] is not None and res[1][1]["test_accuracy"] is None
+
+
+def test_a_stop_request_on_one_worker_stops_every_worker_after_the_same_step(mnist5k):
+    def rank_fn(rank, col):
+        t = Trainer(config(steps=50), col, mnist5k, out=io.StringIO())
+        if rank == 1:
+            t.stop_requested.set()  # as the SIGTERM handler does
+        try:
+            return t.run()
+        finally:
+            t.close()
+
+    res, cols = run_ranks(2, rank_fn)
+    assert [(f["steps"], f["terminated"]) for f in res] == [(1, True), (1, True)]
+    # the flag rode in the last bucket: no extra collective per step
+    assert len([c for c in cols[0].calls if c[0] == "allreduce"]) == 2

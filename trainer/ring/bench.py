@@ -114,8 +114,8 @@ def child(impl: str, rank: int, workers: int, ports: list[int], sizes_mib: list[
 
 
 def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup: int,
-             chunk_kib: int, timeout_s: float) -> list[dict]:
-    """Start the processes of one implementation and collect rank 0's timings."""
+             chunk_kib: int, timeout_s: float) -> dict[float, dict]:
+    """Start the processes of one implementation; rank 0's raw timings per size."""
     ports = free_ports(workers)
     env = dict(os.environ, RINGTRAIN_TOKEN=secrets.token_hex(16))
     args = ["--child", impl, "--workers", str(workers), "--ports", ",".join(map(str, ports)),
@@ -141,19 +141,20 @@ def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    rows = []
-    for line in "".join(outs).splitlines():
-        doc = json.loads(line)
-        med = statistics.median(doc["times_s"])
-        size_bytes = doc["size_mib"] * MIB
-        algbw = size_bytes / med / 1e9
-        rows.append({"bench": "allreduce", "impl": impl, "workers": workers,
-                     "size_mib": doc["size_mib"], "iters": len(doc["times_s"]),
-                     "median_s": med, "min_s": min(doc["times_s"]),
-                     "cpu_s": statistics.median(doc["cpu_s"]), "algbw_gbps": algbw,
-                     "busbw_gbps": algbw * 2 * (workers - 1) / workers,
-                     "chunk_kib": chunk_kib if impl.startswith("ring-") else None})
-    return rows
+    docs = [json.loads(line) for line in "".join(outs).splitlines()]
+    return {d["size_mib"]: d for d in docs}
+
+
+def summarize(impl: str, workers: int, size_mib: float, times: list[float], cpu: list[float],
+              chunk_kib: int) -> dict:
+    """One result row with nccl-tests' algbw and busbw from the median time."""
+    med = statistics.median(times)
+    algbw = size_mib * MIB / med / 1e9
+    return {"bench": "allreduce", "impl": impl, "workers": workers, "size_mib": size_mib,
+            "iters": len(times), "median_s": med, "min_s": min(times),
+            "cpu_s": statistics.median(cpu), "algbw_gbps": algbw,
+            "busbw_gbps": algbw * 2 * (workers - 1) / workers,
+            "chunk_kib": chunk_kib if impl.startswith("ring-") else None}
 
 
 def ratios(rows: list[dict], baselines: list[str]) -> list[dict]:
@@ -178,6 +179,8 @@ def main(argv: list[str]) -> int:
                    help="buffer sizes in MiB (default 64)")
     p.add_argument("--iters", type=int, default=11, help="timed iterations (median reported)")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat the whole comparison, interleaved (medians over all rounds)")
     p.add_argument("--chunk-kib", type=int, default=DEFAULT_CHUNK_BYTES // 1024,
                    help="ring chunk size in KiB (default %(default)s)")
     p.add_argument("--transport", action="append", choices=["tcp", "grpc"],
@@ -197,10 +200,17 @@ def main(argv: list[str]) -> int:
     if a.workers < 2:
         p.error("--workers must be at least 2 (one process has nothing to reduce)")
     impls = [f"ring-{t}" for t in (a.transport or ["tcp"])] + a.baseline
-    rows = []
-    for impl in impls:
-        rows += run_impl(impl, a.workers, a.size_mib, a.iters, a.warmup, a.chunk_kib,
-                         a.timeout_s)
+    times: dict[tuple[str, float], tuple[list, list]] = {}
+    for _ in range(a.rounds):  # interleaved, so a change in machine load hits every impl
+        for impl in impls:
+            got = run_impl(impl, a.workers, a.size_mib, a.iters, a.warmup, a.chunk_kib,
+                           a.timeout_s)
+            for size, doc in got.items():
+                t, c = times.setdefault((impl, size), ([], []))
+                t += doc["times_s"]
+                c += doc["cpu_s"]
+    rows = [summarize(impl, a.workers, size, t, c, a.chunk_kib)
+            for (impl, size), (t, c) in times.items()]
     rows += ratios(rows, a.baseline)
     for row in rows:
         if a.json:

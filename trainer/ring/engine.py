@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,13 +31,23 @@ from trainer.ring.transport import LinkError, LinkTimeout, Transport
 _FLOAT = np.dtype(np.float32)
 
 
-def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str, what: str) -> RingError:
+def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str,
+               what: str) -> RingError:
     """A RingError (PeerTimeout for timeouts) whose message and attributes carry rank, step and
     peer, the three things an operator needs to find the broken link."""
     cls = PeerTimeout if isinstance(exc, LinkTimeout) else RingError
     err = cls(f"rank {rank} step {step} peer {peer}: {what}: {exc}")
     err.rank, err.step, err.peer = rank, step, peer
     return err
+
+
+@dataclass
+class RingStats:
+    """Counters a metrics exporter can read (``ringtrain_ring_*``); plain ints, no locking:
+    only the communication thread writes them."""
+
+    collectives: int = 0
+    bytes_sent: int = 0
 
 
 class _Sender:
@@ -104,6 +115,7 @@ class RingCollective(Collective):
         self._broken: RingError | None = None
         self._sender = _Sender(transport)
         self._closed = False
+        self.stats = RingStats()
 
     @property
     def left_peer(self) -> str:
@@ -132,9 +144,12 @@ class RingCollective(Collective):
         self.allreduce_mean_(np.zeros(self.size, np.float32), step=-1, tag=-1)
 
     def close(self) -> None:
+        """Idempotent; safe from another thread while a collective is blocked (it then fails
+        at once instead of waiting for its timeout)."""
         if self._closed:
             return
         self._closed = True
+        self.transport.abort()
         self._sender.stop()
         self.transport.close()
 
@@ -150,7 +165,8 @@ class RingCollective(Collective):
 
     def _next(self, kind: Kind, step: int, tag: int, nelem: int, root: int = 0) -> OpHeader:
         if self._closed:
-            raise RingError(f"rank {self.rank}: collective used after close()")
+            raise ring_error("ring closed", rank=self.rank, step=step, peer=self.right_peer,
+                             what="collective after close()")
         if self._broken is not None:
             raise self._broken
         header = OpHeader(kind, self._seq, step, tag, nelem, root)
@@ -162,6 +178,7 @@ class RingCollective(Collective):
         before its final wait, because a gRPC peer only ends its stream when we end ours."""
         if self.size == 1:
             return
+        self.stats.collectives += 1
         done = threading.Event()
         queued = []
 
@@ -176,6 +193,13 @@ class RingCollective(Collective):
             if self._sender.error is not None:  # the send side failed first and aborted us
                 self._break(self._sender.error, header, self.right_peer, "sending")
             self._break(e, header, self.left_peer, "receiving")
+        except BaseException as e:  # interrupted half-way: the ranks no longer agree on state
+            if self._broken is None:
+                self._broken = ring_error(f"{type(e).__name__}: {e}", rank=self.rank,
+                                          step=header.step, peer=self.left_peer,
+                                          what=f"interrupted {header.describe()}")
+                self.transport.abort()
+            raise
         finally:
             finish_sends()
         if not done.wait(self._step_timeout_s + 5):
@@ -192,6 +216,7 @@ class RingCollective(Collective):
         raise self._broken
 
     def _send(self, mv: memoryview, a: int, b: int) -> None:
+        self.stats.bytes_sent += (b - a) * _FLOAT.itemsize
         self._sender.put(mv[a * _FLOAT.itemsize:b * _FLOAT.itemsize])
 
     def _allreduce(self, flat: np.ndarray, header: OpHeader, finish_sends) -> None:
