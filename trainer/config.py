@@ -36,6 +36,7 @@ class TrainerConfig:
     seed: int = 0
     ipus_per_worker: int = 1
     ipu_memory_mb: int = 900
+    ipu_host_threads: int = 0
     variables_on_host: bool = True
     bucket_mb: float = 25.0
     checkpoint_dir: str | None = None
@@ -73,6 +74,8 @@ class TrainerConfig:
         a("--seed", type=int, default=0)
         a("--ipus-per-worker", type=int, default=1)
         a("--ipu-memory-mb", type=int, default=900)
+        a("--ipu-host-threads", type=int, default=0,
+          help="host threads emulating the IPU's tiles (0: the CPUs this process may use)")
         a("--no-variables-on-host", dest="variables_on_host", action="store_false",
           help="keep weights and optimizer state on the IPU")
         a("--bucket-mb", type=float, default=25.0, help="gradient fusion bucket size (MiB)")
@@ -97,7 +100,7 @@ class TrainerConfig:
         for name in ("epochs", "steps"):
             if getattr(ns, name) is not None and getattr(ns, name) < 1:
                 raise InvalidSpec(f"--{name} must be at least 1")
-        for name in ("checkpoint_every", "eval_every", "metrics_port"):
+        for name in ("checkpoint_every", "eval_every", "metrics_port", "ipu_host_threads"):
             if getattr(ns, name) < 0:
                 raise InvalidSpec(f"--{name.replace('_', '-')} must not be negative")
         if ns.lr <= 0 or ns.bucket_mb <= 0:
@@ -125,6 +128,7 @@ class TrainerConfig:
             steps=ns.steps, batch_size=ns.batch_size, optimizer=ns.optimizer, lr=ns.lr,
             lr_decay=ns.lr_decay, lr_decay_epochs=ns.lr_decay_epochs, seed=ns.seed,
             ipus_per_worker=ns.ipus_per_worker, ipu_memory_mb=ns.ipu_memory_mb,
+            ipu_host_threads=ns.ipu_host_threads,
             variables_on_host=ns.variables_on_host, bucket_mb=ns.bucket_mb,
             checkpoint_dir=ns.checkpoint_dir, checkpoint_every=ns.checkpoint_every,
             eval_every=ns.eval_every, metrics_port=ns.metrics_port, collective=ns.collective,

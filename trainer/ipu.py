@@ -13,13 +13,24 @@ carries on. With ``replicas`` > 1 the per-worker batch is split across that many
 (each with its own memory and workspace); they run backward in lock step, layer by layer, and
 their gradients are averaged into the host buffer before the callback fires — the result is the
 gradient of the whole per-worker batch, because each replica's loss is a mean over its slice.
+
+A real IPU computes on ~1,500 tiles in parallel; the emulator stands in for them with
+``host_threads`` host threads: each IPU's batch is cut into that many equal *shards*, each with
+its own workspace, run concurrently (numpy releases the GIL) and reduced like replicas. BLAS then
+runs single-threaded inside each shard (see :func:`blas_limits`): on a small shared machine,
+OpenBLAS threads that spin while another process holds a core are far slower than two
+independent shards, and shards also parallelise the element-wise work BLAS never touches.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import queue
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -36,6 +47,29 @@ class IPUConfig:
     replicas: int = 1
     #: bytes of optimizer state the program must hold when variables are *not* on the host
     optimizer_state_bytes: int = 0
+    #: host threads standing in for the IPU's tiles (0: the CPUs this process may use)
+    host_threads: int = 1
+
+
+def resolve_host_threads(requested: int) -> int:
+    """``requested``, or for 0 the CPUs this process may run on (at most 8)."""
+    if requested > 0:
+        return requested
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
+def blas_limits(host_threads: int) -> contextlib.AbstractContextManager:
+    """Single-threaded BLAS inside the shards, so the emulated IPU uses ``host_threads`` CPUs
+    and no more (needs threadpoolctl; without it BLAS keeps its own thread count)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 @dataclass(frozen=True)
@@ -76,14 +110,20 @@ class IPUStats:
 
 @dataclass
 class Executable:
-    """A compiled program: one :class:`Program` per replica plus its memory plan."""
+    """A compiled program: one :class:`Program` per shard (replica x host thread), the shards
+    each host thread runs, and the memory plan of one IPU."""
 
     batch: int
     train: bool
     plan: MemoryPlan
     programs: list[Program]
     grads: list[list[dict[str, np.ndarray]]] = field(default_factory=list)
+    groups: list[list[int]] = field(default_factory=list)
     flops_per_run: int = 0
+    losses: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+_DONE = object()
 
 
 class IPU:
@@ -104,8 +144,9 @@ class IPU:
         self.weight_views = spec.views(self.weights)
         self.stats = IPUStats()
         self._cache: dict[tuple[int, bool], Executable] = {}
-        self._current: tuple[int, bool] | None = None
-        self._replica_grads = [np.zeros_like(host_grads) for _ in range(config.replicas - 1)]
+        self._shard_grads: list[np.ndarray] = []  # gradients of shards 1.. (shard 0: host's)
+        self.host_threads = resolve_host_threads(config.host_threads)
+        self._pool: ThreadPoolExecutor | None = None
 
     def plan(self, batch: int, train: bool) -> MemoryPlan:
         """The memory one IPU needs for ``batch`` examples *per replica*."""
@@ -134,91 +175,154 @@ class IPU:
             raise InvalidSpec(
                 f"--batch-size {batch} does not divide evenly across --ipus-per-worker {r}"
             )
-        per = batch // r
-        plan = self.plan(per, train)
+        per_ipu = batch // r
+        plan = self.plan(per_ipu, train)
         if plan.total > plan.capacity:
             raise IPUCompileError(
-                f"model {self.spec.name!r} with batch {per} per IPU does not fit the IPU: "
+                f"model {self.spec.name!r} with batch {per_ipu} per IPU does not fit the IPU: "
                 f"{plan.describe()} (raise --ipu-memory-mb or lower --batch-size)"
             )
-        programs = [Program(self.spec, per, train, self.dtype) for _ in range(r)]
+        # the most host threads (at most host_threads) that split each IPU's batch evenly
+        t = max(d for d in range(1, min(self.host_threads, per_ipu) + 1) if per_ipu % d == 0)
+        shards = r * t
+        programs = [Program(self.spec, batch // shards, train, self.dtype) for _ in range(shards)]
         grads = []
         if train:
-            grads = [self.spec.views(self.host_grads)]
-            grads += [self.spec.views(g) for g in self._replica_grads]
-        exe = Executable(batch, train, plan, programs, grads,
-                         self.spec.flops_per_example(train) * batch)
+            while len(self._shard_grads) < shards - 1:
+                self._shard_grads.append(np.zeros_like(self.host_grads))
+            grads = [self.spec.views(g) for g in [self.host_grads] + self._shard_grads[:shards - 1]]
+        groups = [list(range(j, shards, t)) for j in range(t)]
+        exe = Executable(batch, train, plan, programs, grads, groups,
+                         self.spec.flops_per_example(train) * batch, np.zeros(shards))
         if self.stats.compiles:
             self.stats.recompiles += 1
         self.stats.compiles += 1
         self._cache[key] = exe
         return exe
 
-    def _load(self, exe: Executable, images: np.ndarray) -> None:
+    def _load(self, exe: Executable, images: np.ndarray, labels: np.ndarray | None) -> None:
         per = exe.programs[0].batch
         for i, p in enumerate(exe.programs):
             np.copyto(p.x, images[i * per:(i + 1) * per].reshape(p.x.shape))
-        self.stats.data_in_bytes += images.nbytes
+            if labels is not None:
+                np.copyto(p.labels, labels[i * per:(i + 1) * per])
+        self.stats.data_in_bytes += images.nbytes + (0 if labels is None else labels.nbytes)
 
     def _stream_weights(self) -> None:
         if self.config.variables_on_host:
             np.copyto(self.weights, self.host_params)
             self.stats.weights_in_bytes += self.weights.nbytes
 
+    def _run_group(self, exe: Executable, group: list[int]) -> Iterator[int]:
+        """One host thread's work: forward (+ loss) of its shards, then backward layer by
+        layer, yielding each layer once all its shards have written that layer's gradients."""
+        for i in group:
+            p = exe.programs[i]
+            logits = p.forward(self.weight_views)
+            if exe.train:
+                exe.losses[i] = p.loss_and_dlogits(logits)
+        if not exe.train:
+            return
+        walkers = [exe.programs[i].backward_layers(self.weight_views, exe.grads[i])
+                   for i in group]
+        for layer in walkers[0]:
+            for w in walkers[1:]:
+                next(w)
+            yield layer
+
+    def _pump(self, gen: Iterator[int], q: queue.SimpleQueue) -> None:
+        try:
+            for layer in gen:
+                q.put(layer)
+            q.put(_DONE)
+        except BaseException as e:  # re-raised on the calling thread
+            q.put(e)
+
+    def _threaded(self, exe: Executable, group: list[int]) -> Iterator[int]:
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        self._pool.submit(self._pump, self._run_group(exe, group), q)
+        while (item := q.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def _launch(self, exe: Executable) -> list[Iterator[int]]:
+        if len(exe.groups) == 1:
+            return [self._run_group(exe, exe.groups[0])]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.host_threads, thread_name_prefix="ipu-tile")
+        return [self._threaded(exe, g) for g in exe.groups]
+
+    @staticmethod
+    def _finish(runs: list[Iterator[int]]) -> None:
+        """Run every group to its end (even after a failure) so no thread outlives the step."""
+        error = None
+        for run in runs:
+            try:
+                for _ in run:
+                    pass
+            except BaseException as e:
+                error = error or e
+        if error is not None:
+            raise error
+
     def train_step(self, exe: Executable, images: np.ndarray, labels: np.ndarray,
                    on_grad: Callable[[int, int], None] | None = None) -> float:
         """Forward + backward on one per-worker batch; returns the mean loss.
 
-        Gradients land in the host gradient buffer; ``on_grad(start, stop)`` fires per layer.
+        Gradients land in the host gradient buffer; ``on_grad(start, stop)`` fires per layer,
+        last layer first, while the other layers are still being computed.
         """
         t0 = time.perf_counter()
         self._stream_weights()
-        self._load(exe, images)
-        per = exe.programs[0].batch
-        loss = 0.0
-        for i, p in enumerate(exe.programs):
-            np.copyto(p.labels, labels[i * per:(i + 1) * per])
-            self.stats.data_in_bytes += p.labels.nbytes
-            loss += p.loss_and_dlogits(p.forward(self.weight_views))
-        r = len(exe.programs)
-        walkers = [p.backward_layers(self.weight_views, g) for p, g in zip(exe.programs, exe.grads)]
-        ranges = self.spec.layer_ranges
-        for layer in walkers[0]:
-            for w in walkers[1:]:
-                next(w)
-            start, stop = ranges[layer]
-            if r > 1:
-                out = self.host_grads[start:stop]
-                for g in self._replica_grads:
-                    np.add(out, g[start:stop], out=out)
-                np.multiply(out, self.dtype.type(1.0 / r), out=out)
-            self.stats.grads_out_bytes += (stop - start) * self.dtype.itemsize
-            if on_grad is not None:
-                on_grad(start, stop)
+        self._load(exe, images, labels)
+        runs = self._launch(exe)
+        n = len(exe.programs)
+        try:
+            for layer in reversed(range(len(self.spec.layers))):
+                for run in runs:
+                    if next(run) != layer:
+                        raise RuntimeError(f"a shard group skipped layer {layer}")
+                start, stop = self.spec.layer_ranges[layer]
+                if n > 1:
+                    out = self.host_grads[start:stop]
+                    for g in self._shard_grads[:n - 1]:
+                        np.add(out, g[start:stop], out=out)
+                    np.multiply(out, self.dtype.type(1.0 / n), out=out)
+                self.stats.grads_out_bytes += (stop - start) * self.dtype.itemsize
+                if on_grad is not None:
+                    on_grad(start, stop)
+        finally:
+            self._finish(runs)
         self.stats.compute_s += time.perf_counter() - t0
         self.stats.flops += exe.flops_per_run
         self.stats.steps += 1
-        return loss / r
-
-    def predict(self, exe: Executable, images: np.ndarray) -> np.ndarray:
-        """Logits of one batch (a view into the program's buffer, valid until the next call)."""
-        t0 = time.perf_counter()
-        self._stream_weights()
-        self._load(exe, images)
-        out = exe.programs[0].forward(self.weight_views)
-        self.stats.compute_s += time.perf_counter() - t0
-        self.stats.flops += exe.flops_per_run
-        return out
+        return float(exe.losses.sum()) / n
 
     def evaluate(self, images_u8: np.ndarray, labels: np.ndarray, batch: int = 500) -> float:
         """Accuracy over a whole split, batch by batch (the last batch padded)."""
         exe = self.compile(batch, train=False)
         x = np.zeros((batch,) + self.spec.input_shape, self.dtype)
+        per = exe.programs[0].batch
         correct = 0
         for s in range(0, len(labels), batch):
             n = min(batch, len(labels) - s)
             np.multiply(images_u8[s:s + n].reshape((n,) + self.spec.input_shape),
                         self.dtype.type(1.0 / 255.0), out=x[:n])
-            logits = self.predict(exe, x)
-            correct += int(np.count_nonzero(np.argmax(logits[:n], axis=1) == labels[s:s + n]))
+            t0 = time.perf_counter()
+            self._stream_weights()
+            self._load(exe, x, None)
+            self._finish(self._launch(exe))
+            self.stats.compute_s += time.perf_counter() - t0
+            self.stats.flops += exe.flops_per_run
+            for i, p in enumerate(exe.programs):
+                lo, hi = i * per, min(n, (i + 1) * per)
+                if hi > lo:
+                    pred = np.argmax(p.ws[-1]["out"][:hi - lo], axis=1)
+                    correct += int(np.count_nonzero(pred == labels[s + lo:s + hi]))
         return correct / max(1, len(labels))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None

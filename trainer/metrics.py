@@ -50,6 +50,9 @@ class TrainerMetrics:
                                   "changes)", registry=r)
         self.allreduce = Counter("ringtrain_allreduce_seconds",
                                  "Seconds spent in gradient allreduce", registry=r)
+        self.allreduce_hidden = Counter("ringtrain_allreduce_hidden_seconds",
+                                        "Allreduce seconds that ran while backward was still "
+                                        "computing", registry=r)
         self.overlap = Gauge("ringtrain_allreduce_overlap_ratio",
                              "Fraction of the last step's allreduce hidden behind backward",
                              registry=r)
@@ -78,6 +81,7 @@ class TrainerMetrics:
         self._last = IPUStats(**vars(ipu))
         if comm.allreduce_s > 0:
             self.allreduce.inc(comm.allreduce_s)
+            self.allreduce_hidden.inc(comm.hidden_s)
             self.overlap.set(comm.overlap_fraction)
         self.update_status(step=step, epoch=epoch, loss=loss, samples_per_s=samples_per_s,
                            phase="Training")

@@ -30,7 +30,7 @@ from trainer.checkpoint import CheckpointManager, TrainingState
 from trainer.collective import Collective, LocalCollective
 from trainer.config import TrainerConfig
 from trainer.errors import EXIT_OK, EXIT_TERMINATED, CheckpointError, exit_code_for
-from trainer.ipu import IPU, MB, IPUConfig
+from trainer.ipu import IPU, MB, IPUConfig, blas_limits
 from trainer.metrics import MetricsServer, TrainerMetrics
 from trainer.reducer import Reducer
 
@@ -52,13 +52,16 @@ def connect(cfg: TrainerConfig) -> Collective:
 
 
 class Reporter:
-    """Progress for people (one concise line) or machines (one JSON object per line)."""
+    """Progress for people (one concise line) or machines (one JSON object per line).
 
-    def __init__(self, as_json: bool, out: TextIO, enabled: bool = True):
-        self.as_json, self.out, self.enabled = as_json, out, enabled
+    Only the chief reports progress; every worker prints its final line, so each pod's log
+    ends with that worker's result."""
+
+    def __init__(self, as_json: bool, out: TextIO, chief: bool = True):
+        self.as_json, self.out, self.chief = as_json, out, chief
 
     def emit(self, event: dict) -> None:
-        if not self.enabled:
+        if not self.chief and event["event"] != "final":
             return
         if self.as_json:
             line = json.dumps(event, separators=(",", ":"))
@@ -116,7 +119,7 @@ class Trainer:
         self.optimizer = optim.build(cfg.optimizer, self.params, schedule)
         self.ipu = IPU(self.spec, IPUConfig(
             memory_bytes=cfg.ipu_memory_mb * MB, variables_on_host=cfg.variables_on_host,
-            replicas=cfg.ipus_per_worker,
+            replicas=cfg.ipus_per_worker, host_threads=cfg.ipu_host_threads,
             optimizer_state_bytes=optim.state_bytes_for(cfg.optimizer, self.spec.num_params),
         ), self.params, self.grads)
         self.exe = self.ipu.compile(cfg.batch_size, train=True)  # fail before loading data
@@ -275,6 +278,7 @@ class Trainer:
 
     def close(self) -> None:
         self.reducer.close()
+        self.ipu.close()
 
 
 def _write_termination_log(path: str | None, doc: dict) -> None:
@@ -302,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             server = MetricsServer(metrics, cfg.metrics_port)
         trainer = Trainer(cfg, collective, metrics=metrics)
         restore_signals = _install_sigterm(trainer)
-        final = trainer.run()
+        with blas_limits(trainer.ipu.host_threads):
+            final = trainer.run()
         _write_termination_log(cfg.termination_log, final)
         return EXIT_TERMINATED if final["terminated"] else EXIT_OK
     except SystemExit:

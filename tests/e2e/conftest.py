@@ -15,6 +15,7 @@ RINGTRAIN_CLUSTER_DIR / RINGTRAIN_CACHE as for hack/local-cluster.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 LOCAL_CLUSTER = REPO / "hack" / "local-cluster"
 BUILD_IMAGE = REPO / "hack" / "build-image"
 STATE = Path(os.environ.get("RINGTRAIN_CLUSTER_DIR", "/var/lib/ringtrain-cluster"))
+USERS_LOCK = str(STATE.parent / f"{STATE.name}.users.lock")
 COMPONENTS = ("kube-apiserver", "kubelet", "containerd", "kube-controller-manager",
               "kube-scheduler", "kube-proxy", "dns", "etcd")
 # A cold cache builds five Kubernetes binaries (~20 min on 2 cores) and the base image.
@@ -91,19 +93,32 @@ def kubeconfig(tmp_path_factory) -> str:
     if os.geteuid() != 0:
         pytest.fail("the e2e tests need root: the local cluster runs containerd, the kubelet and "
                     "iptables (hack/local-cluster)", pytrace=False)
+    # Every session using the cluster holds a shared lock; the one that started it takes it down
+    # at the end only if no other session (say, a parallel pytest run) still holds one.
+    users = os.open(USERS_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(users, fcntl.LOCK_SH)
     was_up = subprocess.run([str(LOCAL_CLUSTER), "status"], capture_output=True).returncode == 0
     logs = tmp_path_factory.mktemp("cluster")
     t0 = time.monotonic()
-    # `up` is idempotent: on a running cluster it only checks health.
-    _run_logged([str(LOCAL_CLUSTER), "up"], logs / "local-cluster-up.log", CLUSTER_UP_TIMEOUT_S,
-                "hack/local-cluster up")
-    print(f"cluster up in {time.monotonic() - t0:.1f}s (was already up: {was_up})")
-    path = subprocess.run([str(LOCAL_CLUSTER), "kubeconfig"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    yield path
-    if not was_up and os.environ.get("RINGTRAIN_KEEP_CLUSTER") != "1":
-        subprocess.run([str(LOCAL_CLUSTER), "down"], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=300)
+    try:
+        # `up` is idempotent: on a running cluster it only checks health.
+        _run_logged([str(LOCAL_CLUSTER), "up"], logs / "local-cluster-up.log",
+                    CLUSTER_UP_TIMEOUT_S, "hack/local-cluster up")
+        print(f"cluster up in {time.monotonic() - t0:.1f}s (was already up: {was_up})")
+        yield str(STATE / "kubeconfig")
+    finally:
+        if not was_up and os.environ.get("RINGTRAIN_KEEP_CLUSTER") != "1":
+            _down_unless_shared(users)
+        os.close(users)
+
+
+def _down_unless_shared(users_fd: int) -> None:
+    try:
+        fcntl.flock(users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # another session is still using the cluster
+    subprocess.run([str(LOCAL_CLUSTER), "down"], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=300)
 
 
 @pytest.fixture(scope="session")

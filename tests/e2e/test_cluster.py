@@ -145,3 +145,34 @@ print(json.dumps({{"status": status, "pods": [p["metadata"]["name"] for p in pod
     service_ip = kubectl.json("get", "service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
     assert result == {"status": 200, "pods": ["client"], "other_namespace": 403,
                       "env_host": service_ip}
+
+
+def test_cluster_ip_service_reaches_its_own_pod_hairpin(kubectl, namespace, project_image,
+                                                         wait_pod):
+    # kube-proxy (iptables) plus the bridge's hairpin mode: a pod reaches itself through the
+    # ClusterIP of a Service that selects it.
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "smoke"}, "ports": [{"port": 80, "targetPort": 8000}]},
+    }
+    src = """
+import http.server, json, threading, time, urllib.request
+srv = http.server.ThreadingHTTPServer(("0.0.0.0", 8000), http.server.SimpleHTTPRequestHandler)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+deadline = time.monotonic() + 60
+while True:
+    try:
+        with urllib.request.urlopen("http://web/", timeout=3) as r:
+            print(json.dumps({"status": r.status}))
+        break
+    except OSError as exc:
+        if time.monotonic() > deadline:
+            print(json.dumps({"status": "error: %s" % exc}))
+            break
+        time.sleep(0.2)
+"""
+    kubectl.apply([service, pod("self", project_image, ["python3", "-c", src])], namespace)
+    wait_pod(namespace, "self", phases=("Succeeded",), timeout_s=120)
+    assert last_json_line(kubectl("logs", "self", "-n", namespace).stdout) == {"status": 200}

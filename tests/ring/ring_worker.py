@@ -60,6 +60,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--chunk-bytes", type=int, default=4096)
     p.add_argument("--step-timeout-s", type=float, default=20.0)
     p.add_argument("--connect-timeout-s", type=float, default=20.0)
+    p.add_argument("--ops", type=int, default=1000, help="collectives in the rss scenario")
     a = p.parse_args(argv)
     import os
 
@@ -87,12 +88,12 @@ def main(argv: list[str]) -> int:
             import resource
 
             buf = pattern(sizes[-1], rank)
-            for step in range(1000):
+            for step in range(a.ops):
                 if step == 100:
                     rss_100 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                 coll.allreduce_mean_(buf, step=step)
-            rss_1000 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            emit(event="rss", rank=rank, kib_at_100=rss_100, kib_at_1000=rss_1000)
+            rss_end = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            emit(event="rss", rank=rank, kib_at_100=rss_100, kib_at_end=rss_end)
         else:
             step = 0
             while True:

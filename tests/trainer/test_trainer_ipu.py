@@ -100,3 +100,37 @@ def test_evaluate_counts_correct_predictions(mnist5k):
     ipu = make_ipu()
     acc = ipu.evaluate(mnist5k.test.images[:700], mnist5k.test.labels[:700], batch=500)
     assert 0.0 <= acc <= 0.3  # untrained: about chance, and the padded last batch is ignored
+
+
+@pytest.mark.parametrize("replicas, threads", [(1, 2), (2, 2), (1, 3)])
+def test_host_threads_split_the_batch_and_give_the_same_gradient(rng, replicas, threads):
+    x, y = batch(rng, 24)
+    one, par = make_ipu(), make_ipu(replicas=replicas, host_threads=threads)
+    try:
+        l1 = one.train_step(one.compile(24), x, y)
+        seen = []
+        exe = par.compile(24)
+        lp = par.train_step(exe, x, y, on_grad=lambda a, b: seen.append((a, b)))
+        assert len(exe.programs) == replicas * threads and len(exe.groups) == threads
+        assert lp == pytest.approx(l1, rel=1e-5)
+        np.testing.assert_allclose(par.host_grads, one.host_grads, rtol=1e-4, atol=1e-7)
+        assert [par.spec.layer_ranges.index(r) for r in seen] == [2, 1, 0]
+        # the plan is per IPU, whatever the host does
+        assert exe.plan == par.plan(24 // replicas, True)
+        acc = (one.evaluate((x[..., 0] * 255).astype(np.uint8), y, batch=12),
+               par.evaluate((x[..., 0] * 255).astype(np.uint8), y, batch=12))
+        assert acc[0] == acc[1]
+    finally:
+        par.close()
+
+
+def test_a_failing_shard_fails_the_step_and_leaves_no_thread_running(rng):
+    ipu = make_ipu(host_threads=2)
+    try:
+        exe = ipu.compile(8)
+        exe.programs[1].dlogits = None  # break shard 1 only, inside its host thread
+        x, y = batch(rng, 8)
+        with pytest.raises(TypeError):
+            ipu.train_step(exe, x, y)
+    finally:
+        ipu.close()

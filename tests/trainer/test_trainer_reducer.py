@@ -161,3 +161,26 @@ def test_a_stop_request_on_one_worker_stops_every_worker_after_the_same_step(mni
     assert [(f["steps"], f["terminated"]) for f in res] == [(1, True), (1, True)]
     # the flag rode in the last bucket: no extra collective per step
     assert len([c for c in cols[0].calls if c[0] == "allreduce"]) == 2
+
+
+def test_multi_worker_metrics_expose_allreduce_time_and_overlap(mnist5k):
+    from prometheus_client import CollectorRegistry
+
+    from trainer.metrics import TrainerMetrics
+
+    registries = [CollectorRegistry(), CollectorRegistry()]
+
+    def rank_fn(rank, col):
+        t = Trainer(config(steps=3, bucket_mb=0.001), col, mnist5k,
+                    metrics=TrainerMetrics(registries[rank]), out=io.StringIO())
+        try:
+            return t.run()
+        finally:
+            t.close()
+
+    run_ranks(2, rank_fn)
+    for reg in registries:
+        total = reg.get_sample_value("ringtrain_allreduce_seconds_total")
+        hidden = reg.get_sample_value("ringtrain_allreduce_hidden_seconds_total")
+        assert total > 0 and 0 <= hidden <= total
+        assert 0 <= reg.get_sample_value("ringtrain_allreduce_overlap_ratio") <= 1

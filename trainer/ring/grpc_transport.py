@@ -218,7 +218,7 @@ class GrpcTransport(Transport):
                timeout_s: float) -> None:
         """Rendezvous with the right neighbour, retrying while it is not serving yet."""
         hello = channel.unary_unary(_HELLO)
-        deadline = time.monotonic() + timeout_s
+        deadline, delay = time.monotonic() + timeout_s, 0.02
         while True:
             remaining = deadline - time.monotonic()
             try:
@@ -234,10 +234,13 @@ class GrpcTransport(Transport):
                             grpc.StatusCode.PERMISSION_DENIED):
                     raise InvalidSpec(f"rank {rank}: {peer} refused: {e.details()} (do all "
                                       "workers have the same TF_CONFIG cluster?)") from None
-                if time.monotonic() >= deadline or code != grpc.StatusCode.UNAVAILABLE and \
-                        code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                retryable = code in (grpc.StatusCode.UNAVAILABLE,
+                                     grpc.StatusCode.DEADLINE_EXCEEDED)
+                if time.monotonic() + delay >= deadline or not retryable:
                     raise PeerTimeout(f"rank {rank} step -1 peer {peer}: no hello within "
                                       f"{timeout_s:g} s ({code.name}: {e.details()})") from None
+            time.sleep(delay)  # backoff between attempts (wait_for_ready covers most waiting)
+            delay = min(delay * 2, 1.0)
 
     # -- send side (send thread) --------------------------------------------------------------
 

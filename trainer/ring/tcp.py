@@ -87,15 +87,24 @@ class Listener:
             return auth.OK
 
     def _handshake(self, conn: socket.socket) -> None:
-        verdict = auth.REFUSED_TOKEN
+        granted = []
+
+        def accept(rank: int) -> int:
+            verdict = self._accept_rank(rank)
+            if verdict == auth.OK:
+                granted.append(rank)
+            return verdict
+
         try:
             conn.settimeout(HANDSHAKE_TIMEOUT_S)
-            verdict, _ = auth.server_handshake(conn, self._token, self._world, self._accept_rank)
+            verdict, _ = auth.server_handshake(conn, self._token, self._world, accept)
         except (OSError, ConnectionError):
             verdict = auth.REFUSED_TOKEN
         if verdict != auth.OK:
             with self._lock:
                 self.refused += 1
+                if granted:  # the left neighbour vanished mid-handshake: let it retry
+                    self._claimed = False
             conn.close()
             return
         _tune(conn)
