@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -97,16 +96,18 @@ def watch_forever(kind: str, list_fn, on_event, records: Records) -> None:
             w = watch.Watch()
             for ev in w.stream(list_fn, resource_version=rv, timeout_seconds=WATCH_TIMEOUT_S):
                 on_event(ev["type"], ev["object"])
-        except Exception as exc:  # the API server restarting, 410 Gone, ...: relist
+        except Exception as exc:  # noqa: BLE001 - API server restarting, 410 Gone, ...: relist
             log.warning("%s watch failed (%s); relisting", kind, exc)
             time.sleep(RETRY_DELAY_S)
 
 
 class ClusterResolver(BaseResolver):
-    def __init__(self, records: Records, domain: str, upstream: list[str], ttl: int) -> None:
+    def __init__(self, records: Records, domain: str, upstream: list[str], ttl: int,
+                 upstream_port: int = 53) -> None:
         self.records = records
         self.domain = domain.strip(".").lower()
         self.upstream = upstream
+        self.upstream_port = upstream_port
         self.ttl = ttl
 
     def resolve(self, request, handler):
@@ -116,7 +117,8 @@ class ClusterResolver(BaseResolver):
             if len(self.records.synced) < 2:
                 reply.header.rcode = RCODE.SERVFAIL  # not synced yet: clients retry
                 return reply
-            labels = qname[: -len(self.domain)].rstrip(".").split(".") if qname != self.domain else []
+            prefix = qname[: -len(self.domain)].rstrip(".")
+            labels = prefix.split(".") if prefix else []
             addrs = self.records.lookup(labels)
             if addrs is None:
                 reply.header.rcode = RCODE.NXDOMAIN
@@ -130,9 +132,9 @@ class ClusterResolver(BaseResolver):
     def forward(self, request, reply):
         for server in self.upstream:
             try:
-                data = request.send(server, 53, timeout=2)
+                data = request.send(server, self.upstream_port, timeout=2)
                 return DNSRecord.parse(data)
-            except (OSError, socket.timeout) as exc:
+            except OSError as exc:  # includes TimeoutError
                 log.debug("upstream %s failed for %s: %s", server, request.q.qname, exc)
         reply.header.rcode = RCODE.SERVFAIL
         return reply
@@ -158,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=53)
     p.add_argument("--domain", default="cluster.local")
     p.add_argument("--ttl", type=int, default=5, help="answer TTL in seconds")
-    p.add_argument("--upstream", action="append", help="forwarders (default: the host's resolv.conf)")
+    p.add_argument("--upstream", action="append",
+                   help="forwarders (default: the host's resolv.conf)")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(

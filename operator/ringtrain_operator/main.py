@@ -48,6 +48,15 @@ def health_app(metrics: OperatorMetrics) -> web.Application:
     return app
 
 
+def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
+    """Namespaced mode needs no cluster-wide read access at all: kopf's scanning (a watch on
+    namespaces and on CRDs) is off, the given namespaces are taken as they are, and the
+    TrainingJob resource is discovered once at start-up (install the CRD first, as Helm does)."""
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = bool(args.namespace)
+    return settings
+
+
 async def serve(args: argparse.Namespace, memo: kopf.Memo) -> None:
     host, _, port = args.listen.rpartition(":")
     runner = web.AppRunner(health_app(memo.metrics))
@@ -55,6 +64,7 @@ async def serve(args: argparse.Namespace, memo: kopf.Memo) -> None:
     await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
     try:
         await kopf.operator(
+            settings=operator_settings(args),
             standalone=True,
             clusterwide=not args.namespace,
             namespaces=args.namespace,

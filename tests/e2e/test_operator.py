@@ -1,42 +1,18 @@
-"""The operator end to end on the real local cluster: CRD applied with kubectl, the server's own
-validation, and `ringtrain operator` as a separate process driving real pods to Succeeded."""
+"""The operator end to end on the real local cluster: the CRD applied with kubectl, the server's
+own validation, defaults and printer columns, and `ringtrain operator` as a separate process
+(exactly as the Deployment runs it) driving a 2-worker job over the gRPC ring to Succeeded."""
 
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
+from e2e_support import CRD, OperatorProcess, job_pods, training_job, wait_state
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "operator" / "ringtrain_operator" / "crd" / "trainingjobs.yaml"
-OPERATOR_READY_S = 60
 
-
-def training_job(name: str, image: str, **trainer) -> dict:
-    return {
-        "apiVersion": "ringtrain.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": {
-                "terminationGracePeriodSeconds": 5,
-                "containers": [{"name": "ringtrain", "image": image,
-                                "imagePullPolicy": "Never"}]}}}},
-            "trainer": {"dataset": "mnist-5k", "steps": 20, "batchSize": 32, **trainer},
-            "runPolicy": {"backoffLimit": 1, "activeDeadlineSeconds": 600},
-        },
-    }
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def crd(kubectl):
     kubectl("apply", "-f", str(CRD))
     kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io",
@@ -46,91 +22,111 @@ def crd(kubectl):
 
 @pytest.fixture
 def operator(kubeconfig, namespace, crd, tmp_path):
-    """`ringtrain operator` for one namespace, as the Deployment runs it; its log on failure."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path / "operator.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer.cli", "operator", "--kubeconfig", kubeconfig,
-             "-n", namespace, "--listen", f"127.0.0.1:{port}"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    """`ringtrain operator` for one namespace; its log is printed when the test ends."""
+    op = OperatorProcess(kubeconfig, [namespace], tmp_path / "operator.log").start()
     try:
-        _wait_healthy(port, proc, log)
-        yield proc
+        yield op
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        print(log.read_text()[-6000:])
+        op.stop()
+        print(op.tail(6000))
 
 
-def _wait_healthy(port: int, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + OPERATOR_READY_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"operator exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    pytest.fail(f"operator not healthy after {OPERATOR_READY_S}s:\n{log.read_text()}")
+def test_the_crd_is_structural_and_served_with_status_and_columns(kubectl, crd):
+    crd_obj = kubectl.json("get", "crd", crd)
+    conds = {c["type"]: c["status"] for c in crd_obj["status"]["conditions"]}
+    assert conds.get("Established") == "True"
+    assert conds.get("NonStructuralSchema", "False") != "True"
+    (version,) = crd_obj["spec"]["versions"]
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "State", "Workers", "Step", "Accuracy", "Loss", "Restarts", "Age"]
+    short = kubectl("api-resources", "--api-group=ringtrain.io", "-o", "wide").stdout
+    assert "tj" in short.split()
 
 
 def test_the_server_rejects_what_the_schema_forbids(kubectl, namespace, crd):
     bad = training_job("too-many-chiefs", "ringtrain:0.1.0")
     bad["spec"]["replicaSpecs"]["Chief"] = {"replicas": 2}
     bad["spec"]["trainer"]["optimizer"] = "lamb"
+    bad["spec"]["runPolicy"]["cleanPodPolicy"] = "Sometimes"
     p = kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad), check=False)
     assert p.returncode != 0
     assert "spec.replicaSpecs.Chief.replicas" in p.stderr
     assert "spec.trainer.optimizer" in p.stderr
+    assert "spec.runPolicy.cleanPodPolicy" in p.stderr
+    no_worker = training_job("no-worker", "ringtrain:0.1.0")
+    del no_worker["spec"]["replicaSpecs"]["Worker"]
+    p = kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(no_worker), check=False)
+    assert p.returncode != 0 and "Worker" in p.stderr
+    assert kubectl.json("get", "tj", "-n", namespace)["items"] == []
 
 
 def test_the_server_applies_the_crd_defaults(kubectl, namespace, crd):
     job = training_job("defaults", "ringtrain:0.1.0")
-    job["spec"]["runPolicy"]["suspend"] = True  # nothing runs: no operator here
+    job["spec"]["runPolicy"] = {"suspend": True}  # nothing runs: no operator here
     kubectl.apply(job, namespace)
     got = kubectl.json("get", "tj", "defaults", "-n", namespace)["spec"]
     assert got["replicaSpecs"]["Worker"]["restartPolicy"] == "ExitCode"
     assert got["trainer"]["optimizer"] == "adam" and got["trainer"]["ipuMemoryMB"] == 900
-    assert got["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert got["runPolicy"] == {"suspend": True, "backoffLimit": 6, "cleanPodPolicy": "Running",
+                                "successPolicy": "ChiefOrWorker0"}
 
 
-def test_a_tiny_training_job_succeeds(kubectl, namespace, operator, project_image):
-    kubectl.apply(training_job("tiny", project_image), namespace)
-    kubectl("wait", "-n", namespace, "tj/tiny", "--for=jsonpath={.status.state}=Succeeded",
-            "--timeout=420s", timeout=450)
-    st = kubectl.json("get", "tj", "tiny", "-n", namespace)["status"]
+def test_a_two_worker_job_trains_over_the_ring_and_succeeds(kubectl, namespace, operator,
+                                                            project_image):
+    kubectl.apply(training_job("tiny", project_image, steps=20), namespace)
+    job = wait_state(kubectl, namespace, "tiny", "Succeeded", 300, operator.tail)
+    st = job["status"]
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["Succeeded"]["status"] == "True"
     assert conds["Created"]["status"] == "True"
     assert st["progress"]["step"] == 20
-    assert st["restarts"] == 0
+    assert 0.0 < st["progress"]["testAccuracy"] <= 1.0
+    assert st["restarts"] == 0 and st["observedGeneration"] == 1
     assert "completionTime" in st and "startTime" in st
+
+    # Both workers ran the ring (a worker exits 0 only if every allreduce completed) and found
+    # each other by the TF_CONFIG DNS names of the headless Service.
+    pods = {p["metadata"]["name"]: p for p in job_pods(kubectl, namespace, "tiny")}
+    assert {n: p["status"]["phase"] for n, p in pods.items()} == {
+        "tiny-worker-0": "Succeeded", "tiny-worker-1": "Succeeded"}
+    env = {e["name"]: e.get("value") for e in pods["tiny-worker-1"]["spec"]["containers"][0]["env"]}
+    tf = json.loads(env["TF_CONFIG"])
+    assert tf["cluster"]["worker"] == [f"tiny-worker-{i}.tiny.{namespace}.svc:2222"
+                                       for i in range(2)]
+    assert tf["task"] == {"type": "worker", "index": 1}
+    final = json.loads(pods["tiny-worker-0"]["status"]["containerStatuses"][0]["state"]
+                       ["terminated"]["message"])
+    assert final["steps"] == 20 and final["test_accuracy"] == st["progress"]["testAccuracy"]
+    svc = kubectl.json("get", "svc", "tiny", "-n", namespace)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+
     events = kubectl.json("get", "events", "-n", namespace,
                           "--field-selector", "involvedObject.name=tiny")["items"]
-    assert {"TrainingJobCreated", "TrainingJobSucceeded"} <= {e["reason"] for e in events}
-    pods = kubectl.json("get", "pods", "-n", namespace, "-l", "ringtrain.io/job-name=tiny")
-    phases = {p["metadata"]["name"]: p["status"]["phase"] for p in pods["items"]
-              if not p["metadata"].get("deletionTimestamp")}
-    assert phases.get("tiny-worker-0") == "Succeeded"
-    assert "Running" not in phases.values()  # cleanPodPolicy Running
+    reasons = {e["reason"] for e in events}
+    assert {"TrainingJobCreated", "TrainingJobSucceeded", "PodCreated"} <= reasons
+
+    table = kubectl("get", "tj", "-n", namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "STATE", "WORKERS", "STEP", "ACCURACY", "LOSS",
+                                "RESTARTS", "AGE"]
+    row = table[1].split()
+    assert row[:4] == ["tiny", "Succeeded", "0/2", "20"] and row[6] == "0"
+    assert float(row[4]) == pytest.approx(st["progress"]["testAccuracy"])
+
+    metrics = operator.metrics()
+    assert f'ringtrain_operator_jobs_succeeded_total{{namespace="{namespace}"}} 1.0' in metrics
 
 
-def test_an_invalid_spec_the_schema_accepts_fails_with_reason(kubectl, namespace, operator):
-    job = training_job("indivisible", "ringtrain:0.1.0", ipusPerWorker=3)
-    kubectl.apply(job, namespace)
-    kubectl("wait", "-n", namespace, "tj/indivisible", "--for=jsonpath={.status.state}=Failed",
-            "--timeout=60s", timeout=90)
-    st = kubectl.json("get", "tj", "indivisible", "-n", namespace)["status"]
-    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == "InvalidSpec"
+def test_an_invalid_spec_the_schema_accepts_fails_with_reason_and_event(kubectl, namespace,
+                                                                       operator):
+    kubectl.apply(training_job("indivisible", "ringtrain:0.1.0", ipusPerWorker=3), namespace)
+    job = wait_state(kubectl, namespace, "indivisible", "Failed", 60, operator.tail,
+                     reason="InvalidSpec")
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
     assert "spec.trainer.batchSize: 32 is not divisible by" in failed["message"]
-    pods = kubectl.json("get", "pods", "-n", namespace, "-l", "ringtrain.io/job-name=indivisible")
-    assert pods["items"] == []
+    assert job_pods(kubectl, namespace, "indivisible") == []
+    events = kubectl.json("get", "events", "-n", namespace,
+                          "--field-selector", "involvedObject.name=indivisible")["items"]
+    warning = [e for e in events if e["reason"] == "InvalidSpec"]
+    assert warning and warning[0]["type"] == "Warning"
+    assert "not divisible" in warning[0]["message"]

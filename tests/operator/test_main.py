@@ -78,3 +78,21 @@ def test_memo_is_shared_by_the_daemon_and_the_pod_handler():
     asyncio.run(handlers.pod_changed(namespace="ns", labels={"ringtrain.io/job-name": "job"},
                                      memo=memo))
     assert event.is_set()
+
+
+def test_namespaced_mode_needs_no_cluster_wide_scanning():
+    assert main.operator_settings(main.parse_args(["-n", "team-a"])).scanning.disabled is True
+    assert main.operator_settings(main.parse_args([])).scanning.disabled is False
+
+
+def test_kopf_logs_in_with_the_credentials_the_operator_loaded():
+    from kubernetes import client
+
+    cfg = client.Configuration()
+    cfg.host = "https://192.0.2.2:6443"
+    cfg.ssl_ca_cert = "/tmp/ca.crt"
+    cfg.api_key = {"authorization": "Bearer s3cret"}
+    info = handlers.connection_info(cfg)
+    assert (info.server, info.ca_path, info.scheme, info.token) == (
+        "https://192.0.2.2:6443", "/tmp/ca.crt", "Bearer", "s3cret")
+    assert info.insecure is False

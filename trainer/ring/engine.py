@@ -192,6 +192,8 @@ class RingCollective(Collective):
         except LinkError as e:
             if self._sender.error is not None:  # the send side failed first and aborted us
                 self._break(self._sender.error, header, self.right_peer, "sending")
+            if e.send_side:
+                self._break(e, header, self.right_peer, "sending")
             self._break(e, header, self.left_peer, "receiving")
         except BaseException as e:  # interrupted half-way: the ranks no longer agree on state
             if self._broken is None:

@@ -78,6 +78,7 @@ class _Receiver:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.hello = threading.Event()
         self.refused = 0
+        self._active: set = set()
 
     def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode, text: str):
         with self._cond:
@@ -128,6 +129,7 @@ class _Receiver:
             if why is None:
                 self._taken = True
                 inbox = self.inbox
+                self._active.add(context)
         if why is not None:
             self._refuse(context, *why)
         try:
@@ -135,6 +137,8 @@ class _Receiver:
                 inbox.put(message)
         finally:
             inbox.put(_END)
+            with self._cond:
+                self._active.discard(context)
         return b""
 
     def expect(self, header: OpHeader) -> None:
@@ -143,18 +147,23 @@ class _Receiver:
             self.inbox = queue.SimpleQueue()
             self._cond.notify_all()
 
-    def close(self) -> None:
+    def close(self, reason: LinkError | None = None) -> None:
+        """Stop receiving: wake the receive thread (with ``reason`` when the send side failed)
+        and cancel the left neighbour's open call, so that it fails at once as well."""
         with self._cond:
             self._closed = True
-            self.inbox.put(_END)
+            self.inbox.put(reason if reason is not None else _END)
+            active, self._active = list(self._active), set()
             self._cond.notify_all()
+        for context in active:
+            context.cancel()
 
 
-def _rpc_failure(e: grpc.RpcError, what: str) -> LinkError:
+def _rpc_failure(e: BaseException, what: str, *, send_side: bool = False) -> LinkError:
     code = e.code() if hasattr(e, "code") else None
     cls = LinkTimeout if code == grpc.StatusCode.DEADLINE_EXCEEDED else LinkError
     return cls(f"{what}: {getattr(code, 'name', code)}: "
-               f"{e.details() if hasattr(e, 'details') else e}")
+               f"{e.details() if hasattr(e, 'details') else e}", send_side=send_side)
 
 
 class GrpcTransport(Transport):
@@ -168,6 +177,7 @@ class GrpcTransport(Transport):
         self._timeout = step_timeout_s
         self._outbox: queue.SimpleQueue | None = None
         self._call = None
+        self._ending = False
         self._inbox: queue.SimpleQueue | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -253,11 +263,24 @@ class GrpcTransport(Transport):
             self._call = self._push.future(
                 iter(outbox.get, _END),
                 metadata=call_metadata(self._token, self._rank, self._world, header))
+            self._ending = False
+        self._call.add_done_callback(self._call_done)
+
+    def _call_done(self, call: grpc.Future) -> None:
+        """A Push call ended. Ending before we closed its stream means the right neighbour
+        refused or vanished: abort now rather than when the send thread next looks, because
+        the receive thread may be waiting for data that can no longer come."""
+        if self._ending or call.cancelled():
+            return
+        if call.exception() is not None:
+            self.abort(_rpc_failure(call.exception(), "right neighbour refused or lost",
+                                    send_side=True))
 
     def send(self, data: memoryview) -> None:
         self._outbox.put(data.tobytes())
 
     def end_send(self) -> None:
+        self._ending = True
         self._outbox.put(_END)
         try:
             self._call.result(timeout=self._timeout)
@@ -281,6 +304,8 @@ class GrpcTransport(Transport):
             msg = self._inbox.get(timeout=self._timeout)
         except queue.Empty:
             raise LinkTimeout(f"no data for {self._timeout:g} s") from None
+        if isinstance(msg, LinkError):
+            raise msg
         if msg is _END:
             raise LinkError("left neighbour's stream ended early")
         if len(msg) != nbytes:
@@ -301,11 +326,13 @@ class GrpcTransport(Transport):
         except queue.Empty:
             raise LinkTimeout(f"left neighbour's stream did not end within "
                               f"{self._timeout:g} s") from None
+        if isinstance(msg, LinkError):
+            raise msg
         if msg is not _END:
             raise LinkError("left neighbour sent more chunks than the collective has")
 
-    def abort(self) -> None:
-        self._receiver.close()
+    def abort(self, reason: LinkError | None = None) -> None:
+        self._receiver.close(reason)
         with self._lock:
             self._closed = True
             if self._outbox is not None:

@@ -17,7 +17,16 @@ from trainer.ring.protocol import OpHeader
 
 
 class LinkError(Exception):
-    """The connection to a neighbour broke (closed, reset) or carried something unexpected."""
+    """The connection to a neighbour broke (closed, reset) or carried something unexpected.
+
+    ``send_side`` marks a failure of the link to the right neighbour that surfaced on the
+    receive side (a transport that aborts its receiver when its send call dies), so the
+    error names the right peer.
+    """
+
+    def __init__(self, message: str, *, send_side: bool = False) -> None:
+        super().__init__(message)
+        self.send_side = send_side
 
 
 class LinkTimeout(LinkError):

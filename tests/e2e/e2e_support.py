@@ -1,0 +1,206 @@
+"""Helpers shared by the operator's end-to-end tests: TrainingJob manifests, the operator as a
+separate process (exactly `ringtrain operator`), and polling with deadlines that fails with the
+whole story (the job, its pods, their logs, events, the operator's log) instead of a bare timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "operator" / "ringtrain_operator" / "crd" / "trainingjobs.yaml"
+CHART = REPO / "charts" / "ringtrain"
+OPERATOR_READY_S = 60
+POLL_S = 0.25
+
+
+def training_job(name: str, image: str, replicas: int = 2, steps: int = 20,
+                 run_policy: dict | None = None, **trainer: Any) -> dict:
+    """A small TrainingJob of the built-in trainer on mnist-5k (fast on two cores)."""
+    return {
+        "apiVersion": "ringtrain.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicaSpecs": {"Worker": {"replicas": replicas, "template": {"spec": {
+                "terminationGracePeriodSeconds": 5,
+                "containers": [{"name": "ringtrain", "image": image,
+                                "imagePullPolicy": "Never",
+                                "resources": {"requests": {"cpu": "10m"}}}]}}}},
+            "trainer": {"dataset": "mnist-5k", "steps": steps, "batchSize": 32, **trainer},
+            "runPolicy": {"backoffLimit": 1, "activeDeadlineSeconds": 600, **(run_policy or {})},
+        },
+    }
+
+
+def sleep_job(name: str, image: str, replicas: int = 2, seconds: int = 3600,
+              run_policy: dict | None = None) -> dict:
+    """A job of real, running but idle pods (the user-command path, no spec.trainer)."""
+    return {
+        "apiVersion": "ringtrain.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicaSpecs": {"Worker": {"replicas": replicas, "template": {"spec": {
+                # sleep as PID 1 ignores SIGTERM: do not wait 30 s for every deletion.
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "ringtrain", "image": image,
+                                "imagePullPolicy": "Never",
+                                "command": ["sleep", str(seconds)],
+                                "resources": {"requests": {"cpu": "1m"}}}]}}}},
+            "runPolicy": {"backoffLimit": 1, **(run_policy or {})},
+        },
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OperatorProcess:
+    """`ringtrain operator --kubeconfig ... -n NS` as a child process, restartable and killable."""
+
+    def __init__(self, kubeconfig: str, namespaces: list[str], log: Path) -> None:
+        self.kubeconfig, self.namespaces, self.log = kubeconfig, namespaces, log
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self) -> "OperatorProcess":
+        self.port = free_port()
+        ns_args = [a for ns in self.namespaces for a in ("-n", ns)]
+        with open(self.log, "a") as out:
+            out.write(f"\n===== operator start {time.strftime('%H:%M:%S')} =====\n")
+            out.flush()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "trainer.cli", "operator", "--kubeconfig",
+                 self.kubeconfig, *ns_args, "--listen", f"127.0.0.1:{self.port}"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        self.wait_healthy()
+        return self
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + OPERATOR_READY_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"operator exited with {self.proc.returncode}:\n{self.tail()}",
+                            pytrace=False)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz",
+                                            timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        pytest.fail(f"operator not healthy after {OPERATOR_READY_S}s:\n{self.tail()}",
+                    pytrace=False)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def kill9(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def tail(self, chars: int = 8000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError as e:
+            return f"(no operator log: {e})"
+
+
+def job_story(kubectl, ns: str, name: str, operator_log: Callable[[], str] | None = None) -> str:
+    """Everything needed to see why a job did not get where a test expected."""
+    parts = []
+    for args in (("get", "tj", name, "-n", ns, "-o", "yaml"),
+                 ("get", "pods,svc,secrets", "-n", ns, "-o", "wide",
+                  "-l", f"ringtrain.io/job-name={name}"),
+                 ("describe", "pods", "-n", ns, "-l", f"ringtrain.io/job-name={name}"),
+                 ("logs", "-n", ns, "-l", f"ringtrain.io/job-name={name}", "--tail", "15",
+                  "--prefix", "--all-containers"),
+                 ("get", "events", "-n", ns, "--sort-by", ".lastTimestamp")):
+        p = kubectl(*args, check=False)
+        parts.append(f"--- kubectl {' '.join(args)}\n{p.stdout[-6000:]}{p.stderr[-2000:]}")
+    if operator_log is not None:
+        parts.append(f"--- operator log\n{operator_log()}")
+    return "\n".join(parts)
+
+
+def get_job(kubectl, ns: str, name: str) -> dict | None:
+    p = kubectl("get", "tj", name, "-n", ns, "-o", "json", check=False)
+    return json.loads(p.stdout) if p.returncode == 0 else None
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float,
+             story: Callable[[], str], poll_s: float = POLL_S) -> Any:
+    """Poll ``check`` until it returns something truthy; fail with ``story()`` at the deadline.
+    ``check`` may raise ``Unexpected`` to fail at once (e.g. a job went terminal the wrong way)."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        try:
+            last = check()
+        except Unexpected as e:
+            pytest.fail(f"{what}: {e}\n{story()}", pytrace=False)
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}\n{story()}",
+                        pytrace=False)
+        time.sleep(poll_s)
+
+
+class Unexpected(Exception):
+    pass
+
+
+def wait_state(kubectl, ns: str, name: str, state: str, timeout_s: float,
+               operator_log: Callable[[], str] | None = None,
+               reason: str | None = None) -> dict:
+    """Wait for status.state (and the condition's reason); a different terminal state fails."""
+
+    def check():
+        job = get_job(kubectl, ns, name)
+        st = (job or {}).get("status") or {}
+        got = st.get("state")
+        if got == state:
+            if reason is None:
+                return job
+            cond = next((c for c in st.get("conditions", []) if c["type"] == state), {})
+            if cond.get("reason") == reason:
+                return job
+        if got in ("Succeeded", "Failed") and got != state:
+            raise Unexpected(f"job {ns}/{name} is {got}, expected {state}")
+        return None
+
+    return wait_for(f"TrainingJob {ns}/{name} to be {state}"
+                    + (f" ({reason})" if reason else ""),
+                    check, timeout_s, lambda: job_story(kubectl, ns, name, operator_log))
+
+
+def job_pods(kubectl, ns: str, name: str, include_deleting: bool = True) -> list[dict]:
+    items = kubectl.json("get", "pods", "-n", ns, "-l", f"ringtrain.io/job-name={name}")["items"]
+    return [p for p in items if include_deleting or not p["metadata"].get("deletionTimestamp")]
