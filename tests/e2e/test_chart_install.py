@@ -64,7 +64,7 @@ def test_the_chart_runs_the_operator_in_cluster_with_least_privilege(kubectl, na
         return p.stdout.strip() == "yes"
 
     assert can("create", "pods", "-n", namespace)
-    assert can("patch", "trainingjobs.ringtrain.io/status", "-n", namespace)
+    assert can("patch", "trainingjobs.ringtrain.io", "--subresource=status", "-n", namespace)
     assert can("create", "secrets", "-n", namespace)
     assert not can("get", "secrets", "-n", namespace)  # never reads a Secret
     assert not can("list", "secrets", "-n", namespace)
@@ -72,7 +72,8 @@ def test_the_chart_runs_the_operator_in_cluster_with_least_privilege(kubectl, na
     assert not can("list", "namespaces")
     assert not can("list", "customresourcedefinitions.apiextensions.k8s.io")
     assert not can("delete", "nodes")
-    assert not can("create", "pods/exec", "-n", namespace)
+    assert not can("create", "pods", "--subresource=exec", "-n", namespace)
+    assert not can("update", "trainingjobs.ringtrain.io", "-n", namespace)
 
     # Namespaced mode does not even try cluster-wide scans (no 403 retries in its log).
     log = operator_log(kubectl, namespace)()

@@ -3,7 +3,7 @@
 The test that proves the whole pipeline: data sharding, loss scaling, gradient streaming,
 bucketing, the ring's mean allreduce over real processes and TCP on loopback, the initial
 broadcast and the host-side optimizer. A global batch of 12 lets N = 2, 3 and 4 share one
-single-worker reference per optimizer (B = 12 / N).
+single-worker reference per optimizer (B = 12 / N). The Open MPI backend must train the same.
 """
 
 import json
@@ -22,9 +22,23 @@ STEPS = 50
 LR = {"sgd": 0.01, "adam": 0.001}
 
 
+def worker_args(out, world: int, optimizer: str, log) -> list[str]:
+    return ["worker", "--dataset", "mnist-5k", "--steps", str(STEPS),
+            "--batch-size", str(GLOBAL_BATCH // world), "--optimizer", optimizer,
+            "--lr", str(LR[optimizer]), "--seed", "7", "--bucket-mb", "0.25",
+            "--checkpoint-dir", str(out), "--json", "--termination-log", str(log)]
+
+
+def final_weights(stdout: str, world: int) -> np.ndarray:
+    """The chief's final line names its checkpoint; read the weights from its .npz."""
+    final = json.loads(stdout.strip().splitlines()[-1])
+    assert final["event"] == "final" and final["steps"] == STEPS and final["world_size"] == world
+    with np.load(final["checkpoint"].removesuffix(".json") + ".npz") as z:
+        return z["params"].copy()
+
+
 def train(tmp_path, name: str, world: int, optimizer: str) -> np.ndarray:
-    """Run ``world`` real worker processes to ``STEPS`` and return the final flat weights."""
-    out = tmp_path / name
+    """Run ``world`` real worker processes over the TCP ring; the final flat weights."""
     addrs = [f"127.0.0.1:{p}" for p in free_ports(world)]
     procs = []
     for i in range(world):
@@ -32,11 +46,8 @@ def train(tmp_path, name: str, world: int, optimizer: str) -> np.ndarray:
         env.pop("TF_CONFIG", None)
         if world > 1:
             env["TF_CONFIG"] = build({"worker": addrs}, "worker", i)
-        cmd = [sys.executable, "-m", "trainer.cli", "worker", "--dataset", "mnist-5k",
-               "--steps", str(STEPS), "--batch-size", str(GLOBAL_BATCH // world),
-               "--optimizer", optimizer, "--lr", str(LR[optimizer]), "--seed", "7",
-               "--bucket-mb", "0.25", "--checkpoint-dir", str(out), "--json",
-               "--termination-log", str(tmp_path / f"{name}-{i}.json")]
+        cmd = [sys.executable, "-m", "trainer.cli",
+               *worker_args(tmp_path / name, world, optimizer, tmp_path / f"{name}-{i}.json")]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outputs = []
@@ -44,19 +55,46 @@ def train(tmp_path, name: str, world: int, optimizer: str) -> np.ndarray:
         stdout, stderr = p.communicate(timeout=240)
         assert p.returncode == 0, f"{name} worker {i}: {stderr[-2000:]}"
         outputs.append(stdout)
-    final = json.loads(outputs[0].strip().splitlines()[-1])  # the chief's result
-    assert final["event"] == "final" and final["steps"] == STEPS and final["world_size"] == world
-    with np.load(final["checkpoint"].removesuffix(".json") + ".npz") as z:
-        return z["params"].copy()
+    return final_weights(outputs[0], world)
+
+
+def assert_same(weights: np.ndarray, reference: np.ndarray, what: str) -> None:
+    bad = ~np.isclose(weights, reference, rtol=1e-4, atol=1e-6)
+    assert not bad.any(), (f"{what}: {bad.sum()} of {bad.size} weights differ, max |diff| "
+                           f"{np.abs(weights - reference).max():.3g}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One worker with the global batch, per optimizer (computed once, shared)."""
+    cache: dict[str, np.ndarray] = {}
+
+    def get(optimizer: str) -> np.ndarray:
+        if optimizer not in cache:
+            cache[optimizer] = train(tmp_path_factory.mktemp("ref"), "n1", 1, optimizer)
+        return cache[optimizer]
+
+    return get
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_n_workers_match_one_worker_with_the_global_batch(tmp_path, optimizer):
-    reference = train(tmp_path, "n1", 1, optimizer)
+def test_n_workers_match_one_worker_with_the_global_batch(tmp_path, reference, optimizer):
     for world in (2, 3, 4):
-        weights = train(tmp_path, f"n{world}", world, optimizer)
-        diff = np.abs(weights - reference)
-        bad = ~np.isclose(weights, reference, rtol=1e-4, atol=1e-6)
-        assert not bad.any(), (f"{optimizer}, {world} workers: {bad.sum()} of {bad.size} "
-                               f"weights differ, max |diff| {diff.max():.3g}")
+        assert_same(train(tmp_path, f"n{world}", world, optimizer), reference(optimizer),
+                    f"{optimizer}, {world} workers over the ring")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_mpirun_workers_match_one_worker_with_the_global_batch(tmp_path, reference):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+           sys.executable, "-m", "trainer.cli",
+           *worker_args(tmp_path / "mpi", 2, "adam", tmp_path / "mpi.json"),
+           "--collective", "mpi"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stderr[-2000:]
+    chief = [line for line in out.stdout.splitlines() if '"checkpoint":"' in line]
+    assert len(chief) == 1, out.stdout[-2000:]
+    assert_same(final_weights(chief[0], 2), reference("adam"), "adam, 2 workers under mpirun")

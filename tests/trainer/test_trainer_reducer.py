@@ -127,6 +127,7 @@ def test_n_workers_with_batch_b_equal_one_worker_with_batch_nb(mnist5k, world, o
     single = Trainer(config(batch_size=world * b, optimizer=opt), LocalCollective(), mnist5k,
                      out=io.StringIO())
     single.run()
+    single.close()
 
     def rank_fn(rank, col):
         t = Trainer(config(batch_size=b, optimizer=opt, bucket_mb=bucket_mb), col, mnist5k,

@@ -5,9 +5,10 @@ torch.distributed's gloo, mpi4py under ``mpirun``), times ``--iters`` allreduces
 barrier each, and reports the median with nccl-tests' definitions: algbw = S/t and
 busbw = 2(N-1)/N · S/t, plus the median CPU time of rank 0's process per allreduce (``cpu_s``,
 all threads), which stays meaningful when other work shares the cores. Every implementation
-runs behind the same ``Collective`` interface and computes the *mean* in place (gloo and MPI sum, then divide), so all do the same work.
-On a 2-core machine N > 2 processes share the cores: such figures measure the transport, not
-scaling.
+runs behind the same ``Collective`` interface and computes the *mean* in place (gloo and MPI
+sum, then divide), so all do the same work. ``--rounds`` repeats the whole comparison
+interleaved, so that a change in machine load hits every implementation alike. On a 2-core
+machine N > 2 processes share the cores: such figures measure the transport, not scaling.
 """
 
 from __future__ import annotations
@@ -157,6 +158,15 @@ def summarize(impl: str, workers: int, size_mib: float, times: list[float], cpu:
             "chunk_kib": chunk_kib if impl.startswith("ring-") else None}
 
 
+def environment(load_before: float) -> dict:
+    """What the figures depend on: cores, machine load around the run, library versions."""
+    import grpc
+
+    return {"bench": "allreduce-env", "cpus": os.cpu_count(), "load_before": load_before,
+            "load_after": os.getloadavg()[0], "numpy": np.__version__,
+            "grpcio": grpc.__version__, "python": sys.version.split()[0]}
+
+
 def ratios(rows: list[dict], baselines: list[str]) -> list[dict]:
     """busbw ratio and latency ratio of each ring row against each baseline at the same size."""
     out = []
@@ -200,6 +210,7 @@ def main(argv: list[str]) -> int:
     if a.workers < 2:
         p.error("--workers must be at least 2 (one process has nothing to reduce)")
     impls = [f"ring-{t}" for t in (a.transport or ["tcp"])] + a.baseline
+    load_before = os.getloadavg()[0]
     times: dict[tuple[str, float], tuple[list, list]] = {}
     for _ in range(a.rounds):  # interleaved, so a change in machine load hits every impl
         for impl in impls:
@@ -212,6 +223,10 @@ def main(argv: list[str]) -> int:
     rows = [summarize(impl, a.workers, size, t, c, a.chunk_kib)
             for (impl, size), (t, c) in times.items()]
     rows += ratios(rows, a.baseline)
+    env = environment(load_before)
+    print(json.dumps(env) if a.json else
+          f"# {env['cpus']} CPUs, load {env['load_before']:.1f} -> {env['load_after']:.1f}, "
+          f"numpy {env['numpy']}, grpcio {env['grpcio']}")
     for row in rows:
         if a.json:
             print(json.dumps(row))

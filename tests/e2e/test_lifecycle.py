@@ -1,0 +1,190 @@
+"""The TrainingJob lifecycle through real pods on the real cluster, with `ringtrain operator` as a
+separate local process (exactly as the Deployment runs it): a killed worker container restarts
+the gang which resumes from its checkpoint, activeDeadlineSeconds with cleanPodPolicy,
+suspend/resume, garbage collection on delete, and kill -9 of the operator mid-job."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from e2e_support import (CRD, OperatorProcess, get_job, job_pods, job_story, sleep_job,
+                         training_job, wait_for, wait_state)
+
+pytestmark = pytest.mark.e2e
+
+CTR_SOCK = "/run/ringtrain-containerd/containerd.sock"
+
+
+@pytest.fixture(scope="module")
+def ns(kubectl):
+    name = f"e2e-lifecycle-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "namespace", name)
+    wait_for("the namespace's default ServiceAccount",
+             lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+             60, lambda: "")
+    kubectl("apply", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io",
+            "--timeout=60s")
+    yield name
+    kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(kubeconfig, ns, tmp_path_factory):
+    op = OperatorProcess(kubeconfig, [ns], tmp_path_factory.mktemp("operator") / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    print(op.tail(8000))
+
+
+def story(kubectl, ns, name, operator):
+    return lambda: job_story(kubectl, ns, name, operator.tail)
+
+
+def events(kubectl, ns: str, name: str) -> list[dict]:
+    return kubectl.json("get", "events", "-n", ns,
+                        "--field-selector", f"involvedObject.name={name}")["items"]
+
+
+def pods_gone(kubectl, ns, name):
+    return lambda: job_pods(kubectl, ns, name) == []
+
+
+def all_running(kubectl, ns, name, n):
+    def check():
+        pods = job_pods(kubectl, ns, name, include_deleting=False)
+        return len(pods) == n and all(p["status"].get("phase") == "Running" for p in pods)
+    return check
+
+
+def test_a_killed_worker_restarts_the_gang_which_resumes_and_succeeds(kubectl, ns, operator,
+                                                                      project_image):
+    name = "killed"
+    ckpt = Path(f"/tmp/ringtrain-e2e/{ns}/{name}")  # survives the gang restart (pods do not)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    ckpt.chmod(0o777)
+    job = training_job(name, project_image, steps=160, checkpoint={
+        "everySteps": 10, "volume": {"hostPath": {"path": str(ckpt), "type": "Directory"}}})
+    kubectl.apply(job, ns)
+    try:
+        # Mid-run: a checkpoint exists and training goes on.
+        wait_for("progress past the first checkpoints", lambda: (
+            ((get_job(kubectl, ns, name) or {}).get("status", {}).get("progress", {})
+             .get("step", 0)) >= 30), 180, story(kubectl, ns, name, operator), poll_s=0.5)
+        victim = kubectl.json("get", "pod", f"{name}-worker-1", "-n", ns)
+        cid = victim["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+        # SIGKILL from the node, as the OOM killer would: exit 137, retryable under ExitCode.
+        subprocess.run(["ctr", "--address", CTR_SOCK, "-n", "k8s.io", "tasks", "kill", "-s",
+                        "SIGKILL", cid], check=True, capture_output=True, timeout=30)
+
+        restarting = wait_state(kubectl, ns, name, "Restarting", 60, operator.tail)
+        cond = next(c for c in restarting["status"]["conditions"] if c["type"] == "Restarting")
+        assert f"pod {name}-worker-1 failed with exit code 137" in cond["message"]
+        done = wait_state(kubectl, ns, name, "Succeeded", 300, operator.tail)
+    finally:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    st = done["status"]
+    assert st["gangRestarts"] == 1 and st["restarts"] == 1
+    assert st["progress"]["step"] == 160
+    new_uid = kubectl.json("get", "pod", f"{name}-worker-1", "-n", ns)["metadata"]["uid"]
+    assert new_uid != victim["metadata"]["uid"]
+    # The new chief resumed from a checkpoint instead of starting over.
+    log = kubectl("logs", f"{name}-worker-0", "-n", ns).stdout
+    progress = [json.loads(line) for line in log.splitlines()
+                if line.startswith("{") and '"progress"' in line]
+    assert progress and progress[0]["step"] > 10, log[-3000:]
+    reasons = [e["reason"] for e in events(kubectl, ns, name)]
+    assert "TrainingJobRestarting" in reasons and "TrainingJobSucceeded" in reasons
+
+
+def test_active_deadline_fails_the_job_and_applies_clean_pod_policy(kubectl, ns, operator,
+                                                                    project_image):
+    name = "deadline"
+    kubectl.apply(sleep_job(name, project_image, run_policy={
+        "activeDeadlineSeconds": 8, "cleanPodPolicy": "Running"}), ns)
+    wait_for("both pods running", all_running(kubectl, ns, name, 2), 60,
+             story(kubectl, ns, name, operator))
+    job = wait_state(kubectl, ns, name, "Failed", 60, operator.tail, reason="DeadlineExceeded")
+    st = job["status"]
+    elapsed = (datetime.strptime(st["completionTime"], "%Y-%m-%dT%H:%M:%SZ")
+               - datetime.strptime(st["startTime"], "%Y-%m-%dT%H:%M:%SZ")).total_seconds()
+    assert 8 <= elapsed <= 12  # the daemon wakes at the deadline, not at some resync
+    wait_for("cleanPodPolicy Running to delete the running pods", pods_gone(kubectl, ns, name),
+             60, story(kubectl, ns, name, operator))
+    ev = [e for e in events(kubectl, ns, name) if e["reason"] == "DeadlineExceeded"]
+    assert ev and ev[0]["type"] == "Warning"
+
+
+def test_suspend_deletes_the_pods_and_resume_recreates_them(kubectl, ns, operator,
+                                                            project_image):
+    name = "suspend"
+    kubectl.apply(sleep_job(name, project_image, run_policy={"activeDeadlineSeconds": 600}), ns)
+    wait_for("both pods running", all_running(kubectl, ns, name, 2), 60,
+             story(kubectl, ns, name, operator))
+    first = get_job(kubectl, ns, name)["status"]["startTime"]
+    old_uids = {p["metadata"]["uid"] for p in job_pods(kubectl, ns, name)}
+
+    kubectl("patch", "tj", name, "-n", ns, "--type=merge",
+            "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    wait_state(kubectl, ns, name, "Suspended", 30, operator.tail)
+    wait_for("the suspended job's pods to be deleted", pods_gone(kubectl, ns, name), 60,
+             story(kubectl, ns, name, operator))
+    # startTime has 1 s resolution; creation, start and suspension above took longer than that.
+    resumed_at = datetime.now(timezone.utc).replace(microsecond=0)
+    kubectl("patch", "tj", name, "-n", ns, "--type=merge",
+            "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    wait_for("both pods running again", all_running(kubectl, ns, name, 2), 60,
+             story(kubectl, ns, name, operator))
+    job = wait_state(kubectl, ns, name, "Running", 30, operator.tail)
+    st = job["status"]
+    assert {p["metadata"]["uid"] for p in job_pods(kubectl, ns, name)}.isdisjoint(old_uids)
+    restarted = datetime.strptime(st["startTime"], "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=timezone.utc)
+    assert st["startTime"] != first and restarted >= resumed_at
+    suspended = next(c for c in st["conditions"] if c["type"] == "Suspended")
+    assert suspended["status"] == "False" and suspended["reason"] == "TrainingJobResumed"
+    reasons = {e["reason"] for e in events(kubectl, ns, name)}
+    assert {"TrainingJobSuspended", "TrainingJobResumed"} <= reasons
+
+
+def test_deleting_the_job_garbage_collects_pods_service_and_secret(kubectl, ns, operator,
+                                                                   project_image):
+    name = "gc"
+    kubectl.apply(sleep_job(name, project_image), ns)
+    wait_for("both pods running", all_running(kubectl, ns, name, 2), 60,
+             story(kubectl, ns, name, operator))
+    assert kubectl("get", "svc", name, "-n", ns, check=False).returncode == 0
+    assert kubectl("get", "secret", f"{name}-ring-token", "-n", ns, check=False).returncode == 0
+    kubectl("delete", "tj", name, "-n", ns, "--wait=false")
+
+    def everything_gone():
+        left = kubectl("get", "pods,svc,secrets,tj", "-n", ns, "-o", "name", check=False).stdout
+        return not any(f"/{name}" in line for line in left.split())
+
+    wait_for("the TrainingJob and its pods, Service and Secret to be gone", everything_gone, 90,
+             lambda: kubectl("get", "all,secrets,tj", "-n", ns, "-o", "wide").stdout
+             + operator.tail())
+
+
+def test_kill_9_of_the_operator_mid_job_duplicates_nothing_and_the_job_finishes(
+        kubectl, ns, operator, project_image):
+    name = "kill9"
+    kubectl.apply(training_job(name, project_image, steps=60), ns)
+    wait_state(kubectl, ns, name, "Running", 120, operator.tail)
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kubectl, ns, name)}
+    assert sorted(before) == [f"{name}-worker-0", f"{name}-worker-1"]
+    operator.kill9()
+    operator.start()
+    done = wait_state(kubectl, ns, name, "Succeeded", 300, operator.tail)
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kubectl, ns, name)}
+    assert after == before  # the same two pods: nothing recreated, nothing duplicated
+    assert done["status"]["restarts"] == 0 and done["status"]["progress"]["step"] == 60
+    created = [e for e in events(kubectl, ns, name) if e["reason"] == "PodCreated"]
+    assert sum(e.get("count", 1) for e in created) == 2
