@@ -88,9 +88,8 @@ class ConvPool:
             "out": (pooled, "f"),
         }
         if train:
-            bufs.update({"dpre": (pooled, "f"), "mask": (pooled, "?"),
-                         "dconv": ((rows, self.cout), "f"),
-                         "ones": ((b * self.hp * self.wp,), "f")})
+            bufs.update({"mask": (pooled, "?"), "eq": (pooled, "?"),
+                         "dconv": ((rows, self.cout), "f"), "ones": ((rows,), "f")})
             if need_dx:
                 bufs.update({"dcols": ((rows, self.kk), "f"), "dx": ((b,) + self.in_shape, "f")})
         return bufs
@@ -143,19 +142,21 @@ class ConvPool:
 
     def backward(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
                  dbias: np.ndarray) -> np.ndarray | None:
-        mask, dpre = ws["mask"], ws["dpre"]
-        np.greater(ws["out"], 0, out=mask)
-        np.multiply(dout.reshape(dpre.shape), mask, out=dpre)
-        # a column sum as a matrix-vector product: BLAS is ~10x faster than add.reduce here
-        np.matmul(ws["ones"], dpre.reshape(-1, self.cout), out=dbias)
-        # Route each window's gradient to its first maximal position (TensorFlow's tie rule):
-        # dpre holds what is still unclaimed.
+        # Route each window's gradient to its first maximal position (TensorFlow's tie rule)
+        # where the ReLU passed it; ``avail`` marks windows not yet claimed. Masks are bool,
+        # so the only float passes are the four products.
         c4, d4, pooled = ws["conv4"], ws["dconv4"], ws["pooled"]
+        avail, eq = ws["mask"], ws["eq"]
+        d = dout.reshape(pooled.shape)
+        np.greater(ws["out"], 0, out=avail)
         for k in range(3):
-            np.equal(c4[k], pooled, out=mask)
-            np.multiply(dpre, mask, out=d4[k])
-            np.subtract(dpre, d4[k], out=dpre)
-        np.copyto(d4[3], dpre)
+            np.equal(c4[k], pooled, out=eq)
+            np.logical_and(eq, avail, out=eq)
+            np.multiply(d, eq, out=d4[k])
+            np.logical_xor(avail, eq, out=avail)
+        np.multiply(d, avail, out=d4[3])
+        # a column sum as a matrix-vector product: BLAS is ~10x faster than add.reduce here
+        np.matmul(ws["ones"], ws["dconv"], out=dbias)
         np.matmul(ws["A"].T, ws["dconv"], out=dkernel.reshape(self.kk, self.cout))
         if "dx" not in ws:
             return None

@@ -32,7 +32,7 @@ from trainer.config import TrainerConfig
 from trainer.errors import EXIT_OK, EXIT_TERMINATED, CheckpointError, exit_code_for
 from trainer.ipu import IPU, MB, IPUConfig, blas_limits
 from trainer.metrics import MetricsServer, TrainerMetrics
-from trainer.reducer import Reducer
+from trainer.reducer import Reducer, StepCommStats
 
 #: seconds between progress lines
 PROGRESS_EVERY_S = 1.0
@@ -148,8 +148,9 @@ class Trainer:
         return self.cfg.epochs * self.sharder.steps_per_epoch
 
     def _restore(self) -> None:
-        """Resume from the newest good checkpoint, then make rank 0's state everyone's."""
-        if self.ckpt is not None:
+        """Rank 0 resumes from the newest good checkpoint and broadcasts its state, so only the
+        chief needs to see the checkpoint directory."""
+        if self.ckpt is not None and self.is_chief:
             state, skipped = self.ckpt.load_latest()
             for e in skipped:
                 print(f"ringtrain worker: skipping corrupt checkpoint: {e}", file=sys.stderr)
@@ -206,8 +207,8 @@ class Trainer:
         self.report.emit({"event": "eval", "step": self.step, "test_accuracy": round(acc, 6)})
         return acc
 
-    def train_one_step(self) -> tuple[float, float]:
-        """One synchronous step; returns (loss, seconds)."""
+    def train_one_step(self) -> tuple[float, float, StepCommStats]:
+        """One synchronous step; returns (loss, seconds, its communication statistics)."""
         t0 = time.perf_counter()
         pos = self.position
         idx = self.sharder.indices(pos.epoch, pos.batch)
@@ -226,9 +227,7 @@ class Trainer:
         self.position = (data_mod.Position(pos.epoch, nb, pos.global_batch)
                          if nb < self.sharder.steps_per_epoch
                          else data_mod.Position(pos.epoch + 1, 0, pos.global_batch))
-        dt = time.perf_counter() - t0
-        self._comm = comm
-        return loss, dt
+        return loss, time.perf_counter() - t0, comm
 
     def run(self) -> dict:
         self._restore()
@@ -240,12 +239,12 @@ class Trainer:
         last_report = 0.0
         self.metrics.update_status(phase="Training", step=self.step, epoch=self.position.epoch)
         while not self._done() and not self._should_stop():
-            loss, dt = self.train_one_step()
+            loss, dt, comm = self.train_one_step()
             train_s += dt
             ema = tput.update(dt)
             sps = self.sharder.global_batch / ema
             self.metrics.observe_step(self.step, self.position.epoch, dt, loss, sps,
-                                      self.ipu.stats, self._comm)
+                                      self.ipu.stats, comm)
             now = time.perf_counter()
             if self.step == first + 1 or now - last_report >= PROGRESS_EVERY_S or self._done():
                 last_report = now

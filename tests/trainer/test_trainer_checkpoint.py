@@ -121,3 +121,31 @@ def test_checkpoint_written_by_two_workers_resumes_on_one(tmp_path, mnist5k):
     assert (m["world_size"], m["global_batch"]) == (2, 16)
     one, final = run(mnist5k, 6, tmp_path, world_batch=16)
     assert final["steps"] == 6 and one.position == Position(0, 6, 16)
+
+
+def test_only_the_chief_needs_the_checkpoint_directory(tmp_path, mnist5k):
+    import threading
+
+    from conftest import ThreadGroup
+
+    _, first = run(mnist5k, 3, tmp_path / "chief", world_batch=16)
+    cols = ThreadGroup(2).collectives()
+    dirs = [tmp_path / "chief", tmp_path / "empty-on-worker-1"]
+    trainers = [Trainer(TrainerConfig(dataset="mnist-5k", steps=5, batch_size=8, lr=0.01, seed=5,
+                                      checkpoint_dir=str(d)), c, mnist5k, out=io.StringIO())
+                for c, d in zip(cols, dirs)]
+    finals = [None, None]
+
+    def go(i):
+        finals[i] = trainers[i].run()
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in trainers:
+        t.close()
+    assert [f["steps"] for f in finals] == [5, 5]  # both resumed at step 3, ran 2 more
+    np.testing.assert_array_equal(trainers[0].params, trainers[1].params)
+    assert not (tmp_path / "empty-on-worker-1").exists()  # never read, never written

@@ -134,3 +134,27 @@ def test_a_failing_shard_fails_the_step_and_leaves_no_thread_running(rng):
             ipu.train_step(exe, x, y)
     finally:
         ipu.close()
+
+
+def test_resident_weights_train_exactly_like_streamed_ones(mnist5k):
+    """With --no-variables-on-host the optimizer updates the very weights the IPU computes
+    with, layer by layer during backward; that must change nothing."""
+    import io
+
+    from trainer.collective import LocalCollective
+    from trainer.config import TrainerConfig
+    from trainer.worker import Trainer
+
+    params = []
+    for on_host in (True, False):
+        t = Trainer(TrainerConfig(dataset="mnist-5k", steps=20, batch_size=32, lr=0.01,
+                                  variables_on_host=on_host, ipu_host_threads=2),
+                    LocalCollective(), mnist5k, out=io.StringIO())
+        try:
+            t.run()
+        finally:
+            t.close()
+        params.append(t.params.copy())
+        streamed = t.ipu.stats.weights_in_bytes
+        assert streamed >= 20 * t.params.nbytes if on_host else streamed == 0
+    np.testing.assert_array_equal(params[0], params[1])

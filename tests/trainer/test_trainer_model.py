@@ -143,3 +143,21 @@ def test_whole_training_step_memory_does_not_grow(mnist5k):
     assert held[1] - held[0] < 4096, held  # nothing accumulates from step to step
     assert peak < 256 * 1024, peak  # a step's transient Python objects; activations are ~10 MB
     assert rss_after - rss_before < 2048  # KiB: the peak RSS did not move over 55 steps
+
+
+def test_max_pool_ties_send_the_gradient_to_the_first_maximum(rng):
+    """TensorFlow's rule: with equal values in a window only the first (top-left) one gets the
+    gradient; giving it to every tied position would double-count."""
+    layer = M.ConvPool((6, 6, 1), 4)
+    ws = {k: np.zeros(shape, np.float64 if t == "f" else np.bool_)
+          for k, (shape, t) in layer.buffers(2, True, need_dx=False).items()}
+    layer.bind(ws, 2)
+    x = np.full((2, 6, 6, 1), 0.5)  # every conv output in a window is the same
+    kernel = rng.normal(size=(3, 3, 1, 4))
+    bias = np.full(4, 10.0)  # keep every ReLU open
+    layer.forward(ws, x, kernel, bias)
+    dout = rng.normal(size=(2, 2, 2, 4))
+    layer.backward(ws, dout, kernel, np.zeros_like(kernel), np.zeros(4))
+    d4 = ws["dconv4"]
+    np.testing.assert_array_equal(d4[0], dout)
+    assert not d4[1:].any()
