@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -62,8 +63,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--connect-timeout-s", type=float, default=20.0)
     p.add_argument("--ops", type=int, default=1000, help="collectives in the rss scenario")
     a = p.parse_args(argv)
-    import os
-
     addresses = a.addresses.split(",")
     spec = ClusterSpec(cluster={"worker": tuple(addresses)}, task_index=a.rank)
     world, rank = len(addresses), a.rank

@@ -53,44 +53,17 @@ class RingStats:
 class _Sender:
     """The send thread: executes an ordered queue of headers, byte ranges and completion
     events. After a failure it keeps draining (setting events) so the receiver never waits on
-    it, and it aborts the transport so that the receiver's blocking call returns at once.
-
-    ``send`` first tries to write straight from the calling thread when the queue is idle
-    (``Transport.try_send`` never blocks, so no deadlock around the ring): on a busy machine
-    every hand-off to another thread waits for the scheduler, and most chunks fit the kernel's
-    socket buffer anyway. Only the remainder goes through the queue, which keeps the order.
-    """
+    it, and it aborts the transport so that the receiver's blocking call returns at once."""
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._pending = 0  # items queued or in progress on the send thread
         self.error: LinkError | None = None
         self._thread = threading.Thread(target=self._run, name="ring-sender", daemon=True)
         self._thread.start()
 
     def put(self, item: OpHeader | memoryview | threading.Event | None) -> None:
-        with self._lock:
-            self._pending += 1
         self._queue.put(item)
-
-    def send(self, data: memoryview) -> None:
-        """Queue ``data`` for the right neighbour, writing what fits at once when idle. Only
-        the communication thread calls this (the sole producer), so an idle queue stays idle
-        while it writes."""
-        with self._lock:
-            idle = self._pending == 0 and self.error is None
-        if idle:
-            try:
-                sent = self._transport.try_send(data)
-            except LinkError as e:
-                self._fail(e)
-                return
-            if sent == len(data):
-                return
-            data = data[sent:]
-        self.put(data)
 
     def _run(self) -> None:
         t = self._transport
@@ -98,27 +71,26 @@ class _Sender:
             item = self._queue.get()
             if item is None:
                 return
-            try:
-                if isinstance(item, threading.Event):
-                    if self.error is None:
+            if isinstance(item, threading.Event):
+                if self.error is None:
+                    try:
                         t.end_send()
-                    item.set()
-                elif self.error is None:
-                    if isinstance(item, OpHeader):
-                        t.begin_send(item)
-                    else:
-                        t.send(item)
+                    except LinkError as e:
+                        self._fail(e)
+                item.set()
+                continue
+            if self.error is not None:
+                continue
+            try:
+                if isinstance(item, OpHeader):
+                    t.begin_send(item)
+                else:
+                    t.send(item)
             except LinkError as e:
                 self._fail(e)
-                if isinstance(item, threading.Event):
-                    item.set()
-            finally:
-                with self._lock:
-                    self._pending -= 1
 
     def _fail(self, e: LinkError) -> None:
-        if self.error is None:
-            self.error = e
+        self.error = e
         self._transport.abort()
 
     def stop(self) -> None:
@@ -247,7 +219,7 @@ class RingCollective(Collective):
 
     def _send(self, mv: memoryview, a: int, b: int) -> None:
         self.stats.bytes_sent += (b - a) * _FLOAT.itemsize
-        self._sender.send(mv[a * _FLOAT.itemsize:b * _FLOAT.itemsize])
+        self._sender.put(mv[a * _FLOAT.itemsize:b * _FLOAT.itemsize])
 
     def _allreduce(self, flat: np.ndarray, header: OpHeader, finish_sends) -> None:
         bounds = schedule.segment_bounds(flat.size, self.size)

@@ -14,7 +14,6 @@ refusal and closed by the listener thread without touching the ring.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -221,15 +220,6 @@ class TcpTransport(Transport):
             self._right.sendall(data)
         except socket.timeout:
             raise LinkTimeout(f"peer accepted no data for {self._right.gettimeout():g} s") from None
-        except OSError as e:
-            raise LinkError(f"{type(e).__name__}: {e}") from None
-
-    def try_send(self, data: memoryview) -> int:
-        # A socket with a timeout is non-blocking underneath; os.write skips Python's wait.
-        try:
-            return os.write(self._right.fileno(), data)
-        except BlockingIOError:
-            return 0
         except OSError as e:
             raise LinkError(f"{type(e).__name__}: {e}") from None
 

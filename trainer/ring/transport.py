@@ -45,11 +45,6 @@ class Transport(ABC):
     def send(self, data: memoryview) -> None:
         """Send raw bytes to the right neighbour (the buffer is not modified meanwhile)."""
 
-    def try_send(self, data: memoryview) -> int:
-        """Send what can go without blocking; the number of bytes sent (0: nothing, or this
-        transport cannot). Called only while no ``send`` is in progress."""
-        return 0
-
     def end_send(self) -> None:
         """The collective's last chunk has been handed to ``send``."""
 
