@@ -38,6 +38,8 @@ from trainer.errors import InvalidSpec, IPUCompileError
 from trainer.model import ModelSpec, Program
 
 MB = 1 << 20
+#: examples per evaluation program run
+EVAL_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,8 @@ class IPU:
         )
 
     def compile(self, batch: int, train: bool = True) -> Executable:
-        """Plan and allocate a program for a per-worker ``batch``; cached, recompiles counted."""
+        """Plan and allocate a program for a per-worker ``batch``; cached. A training (or
+        evaluation) program compiled for a second batch size counts as a recompile."""
         key = (batch, train)
         exe = self._cache.get(key)
         if exe is not None:
@@ -194,7 +197,7 @@ class IPU:
         groups = [list(range(j, shards, t)) for j in range(t)]
         exe = Executable(batch, train, plan, programs, grads, groups,
                          self.spec.flops_per_example(train) * batch, np.zeros(shards))
-        if self.stats.compiles:
+        if any(t == train for _, t in self._cache):  # same kind of program, new shape
             self.stats.recompiles += 1
         self.stats.compiles += 1
         self._cache[key] = exe
@@ -299,7 +302,8 @@ class IPU:
         self.stats.steps += 1
         return float(exe.losses.sum()) / n
 
-    def evaluate(self, images_u8: np.ndarray, labels: np.ndarray, batch: int = 500) -> float:
+    def evaluate(self, images_u8: np.ndarray, labels: np.ndarray,
+                 batch: int = EVAL_BATCH) -> float:
         """Accuracy over a whole split, batch by batch (the last batch padded)."""
         exe = self.compile(batch, train=False)
         x = np.zeros((batch,) + self.spec.input_shape, self.dtype)

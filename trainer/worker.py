@@ -29,8 +29,9 @@ from trainer import optim
 from trainer.checkpoint import CheckpointManager, TrainingState
 from trainer.collective import Collective, LocalCollective
 from trainer.config import TrainerConfig
-from trainer.errors import EXIT_OK, EXIT_TERMINATED, CheckpointError, exit_code_for
-from trainer.ipu import IPU, MB, IPUConfig, blas_limits
+from trainer.errors import (EXIT_OK, EXIT_TERMINATED, CheckpointError, IPUCompileError,
+                            exit_code_for)
+from trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig, blas_limits
 from trainer.metrics import MetricsServer, TrainerMetrics
 from trainer.reducer import Reducer, StepCommStats
 
@@ -122,7 +123,14 @@ class Trainer:
             replicas=cfg.ipus_per_worker, host_threads=cfg.ipu_host_threads,
             optimizer_state_bytes=optim.state_bytes_for(cfg.optimizer, self.spec.num_params),
         ), self.params, self.grads)
-        self.exe = self.ipu.compile(cfg.batch_size, train=True)  # fail before loading data
+        # both programs compiled (and their memory checked) before any data is loaded
+        self.exe = self.ipu.compile(cfg.batch_size, train=True)
+        try:
+            self.eval_batch = EVAL_BATCH
+            self.ipu.compile(EVAL_BATCH, train=False)
+        except IPUCompileError:  # a small IPU: evaluate in training-sized batches, which fit
+            self.eval_batch = cfg.batch_size
+            self.ipu.compile(cfg.batch_size, train=False)
         self.metrics.set_plan(self.exe.plan)
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
         self.sharder = data_mod.Sharder(len(self.data.train), cfg.batch_size, self.world,
@@ -201,7 +209,7 @@ class Trainer:
     def evaluate(self) -> float | None:
         if not self.is_chief:
             return None
-        acc = self.ipu.evaluate(self.data.test.images, self.data.test.labels)
+        acc = self.ipu.evaluate(self.data.test.images, self.data.test.labels, self.eval_batch)
         self.test_accuracy = acc
         self.metrics.observe_eval(acc)
         self.report.emit({"event": "eval", "step": self.step, "test_accuracy": round(acc, 6)})
@@ -314,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # one place maps every failure to an exit code
         code = exit_code_for(e)
         print(f"ringtrain worker: {type(e).__name__}: {e}", file=sys.stderr)
+        if trainer is not None:
+            trainer.metrics.update_status(phase="Failed")
         log = cfg.termination_log if cfg is not None else _termination_log_flag(argv)
         if log:
             _write_termination_log(log, {

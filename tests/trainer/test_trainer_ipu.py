@@ -45,9 +45,11 @@ def test_compile_once_run_many_and_count_recompiles(rng):
     for _ in range(3):
         ipu.train_step(exe, x, y)
     assert (ipu.stats.compiles, ipu.stats.recompiles) == (1, 0)
-    ipu.compile(16)
-    ipu.compile(16, train=False)
-    assert (ipu.stats.compiles, ipu.stats.recompiles) == (3, 2)
+    ipu.compile(16)  # a shape change
+    assert (ipu.stats.compiles, ipu.stats.recompiles) == (2, 1)
+    ipu.compile(16, train=False)  # a different program, not a recompile
+    ipu.compile(8, train=False)  # but a second evaluation shape is
+    assert (ipu.stats.compiles, ipu.stats.recompiles) == (4, 2)
 
 
 @pytest.mark.parametrize("on_host", [True, False])

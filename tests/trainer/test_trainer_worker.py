@@ -112,5 +112,15 @@ def test_metrics_and_status_endpoints(mnist5k):
     assert get("ringtrain_ipu_stream_bytes_total", {"direction": "weights_in"}) == 5 * n * 4
     assert get("ringtrain_ipu_stream_bytes_total", {"direction": "grads_out"}) == 5 * n * 4
     assert get("ringtrain_ipu_memory_bytes") == t.exe.plan.total
-    assert get("ringtrain_ipu_recompiles_total") == 0  # the eval program comes after the steps
+    assert get("ringtrain_ipu_recompiles_total") == 0  # train and eval programs, compiled once
     assert get("ringtrain_loss") > 0 and get("ringtrain_samples_per_second") > 0
+
+
+def test_a_small_ipu_evaluates_in_training_sized_batches(mnist5k):
+    cfg = TrainerConfig(dataset="mnist-5k", steps=2, batch_size=16, ipu_memory_mb=20)
+    t = worker.Trainer(cfg, LocalCollective(), mnist5k)
+    try:
+        final = t.run()
+    finally:
+        t.close()
+    assert t.eval_batch == 16 and final["test_accuracy"] is not None
