@@ -9,12 +9,16 @@ same run, and which BLAS kernels ran (threadpoolctl), because OpenBLAS environme
 change the result (see /work/shared/notes/machine-facts.md).
 
 ``--workers N`` > 1 is delegated to ``trainer.ring.bench.bench_step_workers(args)`` (the ring
-owns multi-process launching); this module measures one worker.
+owns multi-process launching), which starts this module once per worker with the hidden
+``--child`` flag: :func:`child` is one real ``ringtrain worker``-style process (TF_CONFIG and
+token from its environment, the worker's own ``connect``) that times the same step loop and
+reports its communication statistics.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -25,11 +29,13 @@ import time
 import numpy as np
 
 from trainer import data as data_mod
-from trainer.collective import LocalCollective
+from trainer.collective import Collective, LocalCollective
 from trainer.config import TrainerConfig
 from trainer.errors import InvalidSpec, RingtrainError
 from trainer.ipu import blas_limits, resolve_host_threads
+from trainer.reducer import StepCommStats
 from trainer.worker import Trainer
+from trainer.worker import connect as worker_connect
 
 
 def parser() -> argparse.ArgumentParser:
@@ -43,7 +49,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0,
                    help="CPUs for each side: torch threads, IPU host threads (0: all usable)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
+    p.add_argument("--transport", default="tcp", choices=("tcp", "grpc"),
+                   help="ring transport with --workers > 1")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -68,20 +77,31 @@ def matmul_peak_gflops(n: int = 512, seconds: float = 0.3) -> float:
 
 
 class IPUSide:
-    """The trainer's own step loop on synthetic data."""
+    """The trainer's own step loop on synthetic data, alone or as one worker of a ring.
 
-    def __init__(self, args):
+    ``comm`` accumulates the reducer's per-step statistics over every timed step, so that a
+    ring worker can report how much allreduce time backward hid."""
+
+    def __init__(self, args, collective: Collective | None = None,
+                 cfg: TrainerConfig | None = None):
         self.batch = args.batch_size
-        cfg = TrainerConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
-                            steps=10**9, ipu_host_threads=args.threads)
-        self.trainer = Trainer(cfg, LocalCollective(), synthetic(max(8192, 4 * self.batch)),
-                               out=io.StringIO())
+        cfg = cfg or TrainerConfig()
+        cfg = dataclasses.replace(cfg, dataset="synthetic", model=args.model,
+                                  batch_size=args.batch_size, steps=10**9,
+                                  ipu_host_threads=args.threads)
+        self.trainer = Trainer(cfg, collective or LocalCollective(),
+                               synthetic(max(8192, 4 * self.batch)), out=io.StringIO())
         self.flops_per_step = self.trainer.exe.flops_per_run
+        self.comm = StepCommStats()
 
     def run(self, steps: int) -> float:
         t = time.perf_counter()
         for _ in range(steps):
-            self.trainer.train_one_step()
+            _, _, c = self.trainer.train_one_step()
+            self.comm = StepCommStats(self.comm.allreduce_s + c.allreduce_s,
+                                      self.comm.hidden_s + c.hidden_s,
+                                      self.comm.exposed_wait_s + c.exposed_wait_s,
+                                      self.comm.bytes + c.bytes)
         return time.perf_counter() - t
 
     def close(self):
@@ -181,17 +201,53 @@ def bench_one_worker(args) -> dict:
     return result
 
 
+def child(args) -> dict:
+    """One worker of ``bench step --workers N`` (started by ``trainer.ring.bench``).
+
+    The ring comes from TF_CONFIG and RINGTRAIN_TOKEN in the environment through the worker's
+    own flag parsing and ``connect`` (no TF_CONFIG: a single worker, the baseline). After the
+    warm-up a barrier lines the workers up so every repeat times the same synchronous steps.
+    The end checks the replicas still agree: rank 0's weights are broadcast and compared."""
+    cfg = TrainerConfig.from_args(["--ring-transport", args.transport, "--termination-log", ""])
+    collective = worker_connect(cfg)
+    try:
+        with blas_limits(args.threads):
+            side = IPUSide(args, collective, cfg)
+            side.run(args.warmup)
+            collective.barrier()
+            side.comm = StepCommStats()
+            times = [side.run(args.steps) for _ in range(args.repeats)]
+            params = side.trainer.params
+            ref = params.copy()
+            collective.broadcast_(ref, root=0)
+            side.close()
+    finally:
+        collective.close()
+    c = side.comm
+    return {"rank": collective.rank, "world_size": collective.size, "times_s": times,
+            "allreduce_s": c.allreduce_s, "hidden_s": c.hidden_s,
+            "exposed_wait_s": c.exposed_wait_s,
+            "max_param_diff": float(np.max(np.abs(ref - params)))}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return 0
     try:
         if args.workers < 1 or args.batch_size < 1 or args.steps < 1 or args.repeats < 1:
             raise InvalidSpec("--workers, --batch-size, --steps and --repeats must be positive")
         if args.workers > 1:
-            try:
-                from trainer.ring.bench import bench_step_workers
-            except ImportError:
-                raise InvalidSpec("--workers > 1 needs trainer.ring.bench.bench_step_workers")
+            from trainer.ring.bench import bench_step_workers
+
             result = bench_step_workers(args)
+            if not args.json:
+                print(f"{args.workers} workers: {result['global_samples_per_s']:,.0f} samples/s "
+                      f"({result['samples_per_s_per_worker']} per worker), single worker "
+                      f"{result['single_worker_samples_per_s']:,.0f}, scaling efficiency "
+                      f"{result['scaling_efficiency']}, allreduce hidden behind backward "
+                      f"{result['overlap_fraction']:.0%}\n# {result['note']}")
         else:
             result = bench_one_worker(args)
     except RingtrainError as e:
@@ -199,10 +255,14 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     if args.json:
         print(json.dumps(result))
-    else:
+    elif args.workers == 1:
         t = result.get("torch_samples_per_s")
         print(f"emulated IPU: {result['samples_per_s']:,.0f} samples/s "
               f"({result['gflops']} GFLOP/s, numpy matmul peak {result['matmul_peak_gflops']})")
         if t:
             print(f"PyTorch:      {t:,.0f} samples/s   ratio {result['ratio_vs_torch']}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

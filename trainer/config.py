@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from trainer import cluster
+from trainer import ring  # defaults only; grpc is imported when a ring connects
 from trainer.data import DATASETS, FASHION_MNIST_DIR
 from trainer.errors import InvalidSpec
 from trainer.model import MODELS
@@ -45,6 +46,9 @@ class TrainerConfig:
     eval_every: int = 0
     metrics_port: int = 0
     collective: str = "ring"
+    ring_transport: str = "tcp"
+    ring_step_timeout_s: float = ring.DEFAULT_STEP_TIMEOUT_S
+    ring_connect_timeout_s: float = ring.DEFAULT_CONNECT_TIMEOUT_S
     json: bool = False
     termination_log: str | None = None
     cluster: cluster.ClusterSpec = field(default_factory=cluster.ClusterSpec.single)
@@ -84,6 +88,14 @@ class TrainerConfig:
         a("--eval-every", type=int, default=0, help="steps between evaluations (0: end only)")
         a("--metrics-port", type=int, default=0, help="serve /metrics and /status (0: off)")
         a("--collective", default="ring", choices=("ring", "mpi"))
+        a("--ring-transport", default="tcp", choices=ring.TRANSPORTS,
+          help="ring data path: raw TCP (HMAC-authenticated) or all-gRPC; the same on every "
+               "worker of a job")
+        a("--ring-step-timeout-s", type=float, default=ring.DEFAULT_STEP_TIMEOUT_S,
+          help="a collective fails (exit 138) when a peer is silent this long")
+        a("--ring-connect-timeout-s", type=float,
+          default=ring.DEFAULT_CONNECT_TIMEOUT_S,
+          help="how long peers that are not up yet are retried at start-up")
         a("--json", action="store_true", help="one JSON object per line on stdout")
         a("--termination-log", default=None,
           help=f"file for the final JSON result (default {DEFAULT_TERMINATION_LOG} if writable)")
@@ -105,6 +117,9 @@ class TrainerConfig:
                 raise InvalidSpec(f"--{name.replace('_', '-')} must not be negative")
         if ns.lr <= 0 or ns.bucket_mb <= 0:
             raise InvalidSpec("--lr and --bucket-mb must be positive")
+        for name in ("ring_step_timeout_s", "ring_connect_timeout_s"):
+            if not getattr(ns, name) > 0:  # also refuses nan
+                raise InvalidSpec(f"--{name.replace('_', '-')} must be positive")
         if ns.epochs is None and ns.steps is None:
             ns.epochs = 1
         try:
@@ -132,7 +147,8 @@ class TrainerConfig:
             variables_on_host=ns.variables_on_host, bucket_mb=ns.bucket_mb,
             checkpoint_dir=ns.checkpoint_dir, checkpoint_every=ns.checkpoint_every,
             eval_every=ns.eval_every, metrics_port=ns.metrics_port, collective=ns.collective,
-            json=ns.json, termination_log=termination_log, cluster=spec, token=token,
+            ring_transport=ns.ring_transport, ring_step_timeout_s=ns.ring_step_timeout_s,
+            ring_connect_timeout_s=ns.ring_connect_timeout_s, json=ns.json, termination_log=termination_log, cluster=spec, token=token,
         )
 
 

@@ -5,7 +5,9 @@ into a :class:`TrainerConfig`, connects the collective (none for a single worker
 when TF_CONFIG names peers, Open MPI with ``--collective mpi``), and runs :class:`Trainer`.
 Each step: gather this worker's shard of the global batch, stream it through the emulated IPU,
 whose backward hands each layer's gradient to the :class:`Reducer` (allreduce + optimizer,
-overlapped with the rest of backward). The chief (rank 0) evaluates, checkpoints and reports.
+overlapped with the rest of backward). Every worker evaluates its share of the test set (so
+the chief never stalls its peers past the step timeout); the chief (rank 0) checkpoints and
+reports.
 Every exception becomes an exit code via ``trainer.errors.exit_code_for``; SIGTERM stops after
 the current step, checkpoints, and exits 143.
 """
@@ -13,6 +15,7 @@ the current step, checkpoints, and exits 143.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -49,7 +52,9 @@ def connect(cfg: TrainerConfig) -> Collective:
         return LocalCollective()
     from trainer import ring  # lazily: a single worker needs no gRPC
 
-    return ring.connect(cfg.cluster, cfg.token)
+    return ring.connect(cfg.cluster, cfg.token, transport=cfg.ring_transport,
+                        step_timeout_s=cfg.ring_step_timeout_s,
+                        connect_timeout_s=cfg.ring_connect_timeout_s)
 
 
 class Reporter:
@@ -206,13 +211,33 @@ class Trainer:
             world_size=self.world, loss=loss))
         self.last_checkpoint = str(path)
 
-    def evaluate(self) -> float | None:
-        if not self.is_chief:
-            return None
-        acc = self.ipu.evaluate(self.data.test.images, self.data.test.labels, self.eval_batch)
-        self.test_accuracy = acc
-        self.metrics.observe_eval(acc)
-        self.report.emit({"event": "eval", "step": self.step, "test_accuracy": round(acc, 6)})
+    def evaluate(self) -> float:
+        """Test accuracy, computed by every worker on its contiguous share of the test set and
+        summed over the collective; the chief records and reports it.
+
+        Why not the chief alone: its peers would wait in the next step's allreduce for the
+        whole evaluation, and an evaluation longer than ``--ring-step-timeout-s`` would fail
+        the job with a retryable ring error. Shared, it takes 1/N of the time and no worker
+        idles. The result is the same number as one worker evaluating everything (counts are
+        integers, exact in float32 up to 2**24 examples). Checkpoints stay the chief's alone:
+        writing a few MB takes milliseconds, far inside the step timeout."""
+        images, labels = self.data.test.images, self.data.test.labels
+        lo = len(labels) * self.rank // self.world
+        hi = len(labels) * (self.rank + 1) // self.world
+        correct = 0
+        if hi > lo:
+            acc = self.ipu.evaluate(images[lo:hi], labels[lo:hi], self.eval_batch)
+            correct = round(acc * (hi - lo))
+        if self.world > 1:
+            counts = np.array([correct], np.float32)
+            # tag -2: never a gradient bucket's tag, so a mismatched schedule fails loudly
+            self.collective.allreduce_mean_(counts, step=self.step, tag=-2)
+            correct = round(float(counts[0]) * self.world)
+        acc = correct / max(1, len(labels))
+        if self.is_chief:
+            self.test_accuracy = acc
+            self.metrics.observe_eval(acc)
+            self.report.emit({"event": "eval", "step": self.step, "test_accuracy": round(acc, 6)})
         return acc
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:
@@ -315,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         restore_signals = _install_sigterm(trainer)
         with blas_limits(trainer.ipu.host_threads):
             final = trainer.run()
-        _write_termination_log(cfg.termination_log, final)
+        _write_termination_log(_own_termination_log(cfg.termination_log, cfg, collective), final)
         return EXIT_TERMINATED if final["terminated"] else EXIT_OK
     except SystemExit:
         raise
@@ -324,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringtrain worker: {type(e).__name__}: {e}", file=sys.stderr)
         if trainer is not None:
             trainer.metrics.update_status(phase="Failed")
-        log = cfg.termination_log if cfg is not None else _termination_log_flag(argv)
+        log = _own_termination_log(
+            cfg.termination_log if cfg is not None else _termination_log_flag(argv), cfg,
+            collective)
         if log:
             _write_termination_log(log, {
                 "event": "error", "error": f"{type(e).__name__}: {e}", "exit_code": code})
@@ -339,6 +366,22 @@ def main(argv: list[str] | None = None) -> int:
             collective.close()
         if server is not None:
             server.close()
+
+
+def _own_termination_log(path: str | None, cfg: TrainerConfig | None,
+                         collective: Collective | None) -> str | None:
+    """``path``, or None where another process of this job writes the same file.
+
+    Under ``mpirun`` every rank runs on the same host with the same flags, so all would write
+    one path and the last writer would win; only rank 0 writes (its result is the job's). Ring
+    workers run one per pod, each with its own termination log, so each writes its own. Before
+    the collective exists (bad flags), Open MPI's own rank variable decides."""
+    mpi = (cfg.collective == "mpi") if cfg is not None else "OMPI_COMM_WORLD_RANK" in os.environ
+    if not mpi:
+        return path
+    rank = collective.rank if collective is not None else int(
+        os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    return path if rank == 0 else None
 
 
 def _termination_log_flag(argv: list[str]) -> str | None:

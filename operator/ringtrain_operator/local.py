@@ -12,9 +12,15 @@ with loopback endpoints on free ports. Each Pod's main container then runs here 
   share, like a PVC. Every arg and env value under a mount path is rewritten to the local one;
 * ``--metrics-port`` replaced by a free port, ``--termination-log`` by a file in the run dir.
 
-What the operator does with pods, the runner does with processes: it decides success with the
-job's successPolicy, enforces activeDeadlineSeconds, and on a failure stops the gang. Outcome →
-exit code: 0 Succeeded, 1 Failed, 2 invalid job, 130/143 stopped by SIGINT/SIGTERM.
+What the operator does with pods, the runner does with processes, and it decides with the
+operator's own fold (:func:`status.derive_status`): the processes are presented as observed
+Pods, and the runner starts and stops them as the returned decision creates and deletes Pods.
+So restartPolicy, gang restarts (the whole gang is stopped and started again and resumes from
+the shared checkpoint directory), backoffLimit, activeDeadlineSeconds and successPolicy mean
+here exactly what they mean on a cluster. One difference: there is no kubelet, so no container
+restarts in place; under OnFailure/Always a failed process is what the operator sees when the
+kubelet gave up on a Pod, and restarts the gang. Outcome → exit code: 0 Succeeded, 1 Failed,
+2 invalid job, 130/143 stopped by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -33,14 +39,16 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TextIO
+from typing import Any, TextIO
 
 import yaml
 
 from trainer.errors import EXIT_TERMINATED, RingtrainError
 
-from . import manifests
+from . import manifests, status
 from . import spec as jobspec
 
 #: Exit codes of `ringtrain run` (the job's outcome, not a replica's).
@@ -319,7 +327,7 @@ class JobState:
             return
         kind = event.get("event")
         if kind == "progress":
-            for f in ("step", "epoch", "loss", "samples_per_s", "eta_s"):
+            for f in ("step", "epoch", "loss", "samples_per_s", "eta_s", "total_steps"):
                 if event.get(f) is not None:
                     setattr(self, f, event[f])
         elif kind == "eval" and event.get("test_accuracy") is not None:
@@ -330,6 +338,13 @@ class JobState:
                 self.test_accuracy = event["test_accuracy"]
             if event.get("steps") is not None:
                 self.step = event["steps"]
+
+    def new_gang(self, labels: Iterable[str], now_s: float) -> None:
+        """A restarted gang resumes from a checkpoint: forget the old gang's step and health."""
+        for label in labels:
+            self.workers[label] = WorkerState(last_output_s=now_s)
+        self.step = self.epoch = self.loss = self.samples_per_s = self.eta_s = None
+        self.final = None
 
     def progress(self, now_s: float, stale_after_s: float = 60.0) -> dict:
         return {
@@ -366,27 +381,36 @@ def format_progress(p: Mapping[str, Any]) -> str:
 
 
 def _duration(seconds: float) -> str:
-    s = max(0, int(round(seconds)))
+    s = max(0, round(seconds))
     if s >= 3600:
         return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
     return f"{s // 60}:{s % 60:02d}"
 
 
-def outcome(job: jobspec.Job, exits: Mapping[tuple[str, int], int]) -> str | None:
-    """Succeeded / Failed / None (still running) from the replicas that have exited.
+def observed_pod(replica: Replica, proc: subprocess.Popen) -> status.ObservedPod:
+    """A replica's process as the Pod the operator's fold would observe.
 
-    The operator's rules, for processes: any ring member failing fails the synchronous job (the
-    gang cannot go on without it); success is the chief's (else worker 0's) exit 0, or with
-    successPolicy AllWorkers every worker's.
+    There is no kubelet here, so a process is a Pod whose container never restarts in place: it
+    is Running until it exits, then Succeeded (exit 0) or Failed with the exit code Kubernetes
+    would report (a signal n becomes 128 + n, named like the kubelet's reason).
     """
-    if any(code != 0 for (role, _), code in exits.items() if role in ("chief", "worker")):
-        return "Failed"
-    if job.run_policy.success_policy == "AllWorkers":
-        workers = [(r.role, i) for r, i in job.members() if r.role == "worker"]
-        done = all(exits.get(m) == 0 for m in workers)
-    else:
-        done = exits.get(job.chief) == 0
-    return "Succeeded" if done else None
+    code = proc.poll()
+    if code is None:
+        return status.ObservedPod(name=replica.name, role=replica.role, index=replica.index,
+                                  phase="Running", ready=True)
+    return status.ObservedPod(
+        name=replica.name, role=replica.role, index=replica.index,
+        phase="Succeeded" if code == 0 else "Failed", exit_code=exit_status(code),
+        exit_reason=signal.Signals(-code).name if code < 0 else None)
+
+
+def terminal_condition(job_status: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(reason, message) of the condition that ended the job, as ``kubectl describe`` shows it."""
+    state = job_status.get("state")
+    for c in job_status.get("conditions") or []:
+        if c["type"] == state and c["status"] == "True":
+            return c.get("reason"), c.get("message")
+    return None, None
 
 
 # ---- running -------------------------------------------------------------------------------------
@@ -461,22 +485,40 @@ class Stopped(Exception):
 
 
 class Runner:
-    """Starts the replicas, folds their output into a :class:`JobState`, stops them all."""
+    """Carries out the operator's decisions with processes instead of Pods.
+
+    Each turn observes the current processes as Pods (:func:`observed_pod`), folds them with the
+    job's previous status through :func:`status.derive_status` — the operator's own lifecycle:
+    restart policies, gang restarts, backoffLimit, activeDeadlineSeconds, successPolicy — and
+    does what the decision says: start the replicas it creates, stop the ones it deletes. So a
+    job behaves here as it would on a cluster, with one implementation of the rules.
+    """
 
     def __init__(self, job: jobspec.Job, replicas: list[Replica], run_dir: Path, output: Output,
-                 grace_s: float = DEFAULT_GRACE_S):
+                 grace_s: float = DEFAULT_GRACE_S,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
         self.job, self.replicas, self.run_dir, self.output = job, replicas, run_dir, output
-        self.grace_s = grace_s
+        self.grace_s, self.clock = grace_s, clock
+        self.by_name = {r.name: r for r in replicas}
+        #: The current process of each replica (label → process); a gang restart replaces them.
         self.procs: dict[str, subprocess.Popen] = {}
+        self.pumps: dict[str, threading.Thread] = {}
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self.state = JobState(
             total_steps=job.trainer.steps if job.trainer else None, started_s=time.monotonic(),
             workers={r.label: WorkerState() for r in replicas})
         self.chief_label = f"{job.chief[0]}-{job.chief[1]}"
-        self.pumps: list[threading.Thread] = []
-        self.exits: dict[tuple[str, int], int] = {}
-        self.first_failure: str | None = None
-        self.deadline_exceeded = False
+        #: The TrainingJob's status as the operator would write it (state, conditions, restarts).
+        self.status: dict[str, Any] = {}
+        self.started = False
+
+    @property
+    def phase(self) -> str | None:
+        return self.status.get("state")
+
+    @property
+    def restarts(self) -> int:
+        return int(self.status.get("restarts", 0))
 
     def _materialize(self, r: Replica) -> None:
         for d in r.dirs:
@@ -492,10 +534,16 @@ class Runner:
             self.lines.put((label, line.rstrip("\n")))
         self.lines.put((label, None))
 
-    def start(self) -> None:
-        for r in self.replicas:
+    def _create(self, names: Iterable[str]) -> None:
+        """Start the named replicas: what the kubelet does with a newly created Pod."""
+        todo = [self.by_name[n] for n in names]
+        for r in todo:
             self._materialize(r)
-        for r in self.replicas:
+        if self.started and todo:  # a new gang after a restart: old progress no longer applies
+            self.state.new_gang([r.label for r in todo], time.monotonic())
+            self.output.message(f"restart {self.restarts}: starting {len(todo)} replicas, "
+                                "resuming from the latest checkpoint")
+        for r in todo:
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **r.env}
             # Own session: a terminal's Ctrl-C reaches only the runner, which then stops every
             # replica the same way (SIGTERM, grace, SIGKILL) — as the kubelet does.
@@ -506,7 +554,37 @@ class Runner:
             t = threading.Thread(target=self._pump, args=(r.label, p.stdout), daemon=True,
                                  name=f"pump-{r.label}")
             t.start()
-            self.pumps.append(t)
+            self.pumps[r.label] = t
+            self.output.event({"event": "started", "replica": r.label, "pod": r.name,
+                               "pid": p.pid, "restarts": self.restarts})
+        self.started = self.started or bool(todo)
+
+    def _delete(self, names: Iterable[str]) -> None:
+        """Stop the named replicas (SIGTERM, grace, SIGKILL), keeping their exit codes.
+
+        Their output is read to the end before this returns, so a replica that is started again
+        next never has its predecessor's last lines attributed to it.
+        """
+        labels = [self.by_name[n].label for n in names if self.by_name[n].label in self.procs]
+        live = [self.procs[label] for label in labels if self.procs[label].poll() is None]
+        for p in live:
+            _signal_group(p, signal.SIGTERM)
+        end = time.monotonic() + self.grace_s
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+        for label in labels:
+            # EOF follows the exit unless a grandchild holds the pipe open.
+            self.pumps[label].join(timeout=self.grace_s)
+            self.state.workers[label].exit_code = exit_status(self.procs[label].returncode)
+        self._drain()
+
+    def stop(self) -> None:
+        """Stop every replica that still runs: the end of the job, or Ctrl-C."""
+        self._delete([r.name for r in self.replicas if r.label in self.procs])
 
     def _handle(self, label: str, line: str) -> None:
         now = time.monotonic()
@@ -524,65 +602,8 @@ class Runner:
             self.state.workers[label].last_output_s = now
             self.output.log(label, line)
 
-    def _poll_status(self, stop: threading.Event, period_s: float = 2.0) -> None:
-        """Health of replicas that print nothing (non-chief workers): their ``/status``."""
-        ports = {r.label: r.metrics_port for r in self.replicas if r.metrics_port}
-        while not stop.wait(period_s):
-            for label, port in ports.items():
-                if self.procs[label].poll() is None and (st := fetch_status(port)) is not None:
-                    w = self.state.workers[label]
-                    w.last_output_s = time.monotonic()
-                    if isinstance(st.get("step"), int):
-                        w.step = st["step"]
-
-    def wait(self, deadline_s: float | None) -> str:
-        """Run until the job's outcome is known; returns Succeeded or Failed.
-
-        After a success the other ring members get the grace period to finish on their own
-        (they run the same number of steps); what is still running then is stopped.
-        """
-        stop_polling = threading.Event()
-        threading.Thread(target=self._poll_status, args=(stop_polling,), daemon=True,
-                         name="status-poller").start()
-        by_label = {r.label: r for r in self.replicas}
-        succeeded_at = None
-        try:
-            while True:
-                try:
-                    label, line = self.lines.get(timeout=0.2)
-                    if line is not None:
-                        self._handle(label, line)
-                        continue
-                except queue.Empty:
-                    pass
-                now = time.monotonic()
-                for label, p in self.procs.items():
-                    r = by_label[label]
-                    if (code := p.poll()) is not None and (r.role, r.index) not in self.exits:
-                        self.exits[(r.role, r.index)] = exit_status(code)
-                        self.state.workers[label].exit_code = exit_status(code)
-                        if code != 0 and self.first_failure is None:
-                            self.first_failure = label
-                result = outcome(self.job, self.exits)
-                if result == "Failed":
-                    return result
-                if result == "Succeeded":
-                    succeeded_at = succeeded_at or now
-                    ring_running = any(p.poll() is None for label, p in self.procs.items()
-                                       if by_label[label].role in ("chief", "worker"))
-                    if not ring_running or now - succeeded_at > self.grace_s:
-                        return result
-                if deadline_s is not None and now - self.state.started_s > deadline_s:
-                    self.deadline_exceeded = True
-                    self.output.message(
-                        f"activeDeadlineSeconds={deadline_s:g} exceeded: stopping the job")
-                    return "Failed"
-                self.output.progress(self.state.progress(now), now)
-        finally:
-            stop_polling.set()
-
     def _drain(self) -> None:
-        """Consume what is queued, so the last lines are shown before the summary."""
+        """Consume what is queued, so the last lines are shown before anything that follows."""
         while True:
             try:
                 label, line = self.lines.get_nowait()
@@ -591,24 +612,81 @@ class Runner:
             if line is not None:
                 self._handle(label, line)
 
-    def stop(self) -> None:
-        """SIGTERM every live replica, SIGKILL what is left after the grace period.
+    def _poll_status(self, stop: threading.Event, period_s: float = 2.0) -> None:
+        """Health of replicas that print nothing (non-chief workers): their ``/status``."""
+        ports = {r.label: r.metrics_port for r in self.replicas if r.metrics_port}
+        while not stop.wait(period_s):
+            for label, port in ports.items():
+                p = self.procs.get(label)
+                if p is not None and p.poll() is None and (st := fetch_status(port)) is not None:
+                    w = self.state.workers[label]
+                    w.last_output_s = time.monotonic()
+                    if isinstance(st.get("step"), int):
+                        w.step = st["step"]
 
-        Then wait for every output pipe to reach EOF, so no final line is lost.
+    def reconcile(self) -> status.Decision:
+        """One turn of the operator's loop: observe, fold, act. Returns the decision taken."""
+        pods = [observed_pod(self.by_name[n], p)
+                for n, p in ((r.name, self.procs.get(r.label)) for r in self.replicas)
+                if p is not None]
+        decision = status.derive_status(self.job, pods, self.clock(), self.status)
+        self.status = decision.status
+        for e in decision.events:
+            self.output.event({"event": "status", "type": e.type, "reason": e.reason,
+                               "message": e.message, "phase": self.phase,
+                               "restarts": self.restarts})
+            if e.type == "Warning":
+                self.output.message(f"{e.reason}: {e.message}")
+        if self.phase in status.TERMINAL:
+            return decision  # what is still running is stopped by the caller (stop())
+        self._delete(decision.delete)
+        for name in decision.delete:
+            del self.procs[self.by_name[name].label]
+        self._create(decision.create)
+        return decision
+
+    def progress(self, now_s: float) -> dict:
+        return {**self.state.progress(now_s), "phase": self.phase, "restarts": self.restarts}
+
+    def wait(self) -> str:
+        """Run until the job is Succeeded or Failed; returns that phase.
+
+        After a success the other ring members get the grace period to finish on their own
+        (they run the same number of steps) rather than being stopped at once, so their exit
+        codes say how they really ended.
         """
-        live = [p for p in self.procs.values() if p.poll() is None]
-        for p in live:
-            _signal_group(p, signal.SIGTERM)
+        stop_polling = threading.Event()
+        threading.Thread(target=self._poll_status, args=(stop_polling,), daemon=True,
+                         name="status-poller").start()
+        try:
+            while True:
+                self.reconcile()
+                if self.phase in status.TERMINAL:
+                    break
+                try:
+                    label, line = self.lines.get(timeout=0.2)
+                    if line is not None:
+                        self._handle(label, line)
+                    self._drain()
+                except queue.Empty:
+                    pass
+                now = time.monotonic()
+                self.output.progress(self.progress(now), now)
+            if self.phase == status.SUCCEEDED:
+                self._let_ring_finish()
+            return self.phase
+        finally:
+            stop_polling.set()
+
+    def _let_ring_finish(self) -> None:
+        ring = [self.procs[r.label] for r in self.replicas
+                if r.role in ("chief", "worker") and r.label in self.procs]
         end = time.monotonic() + self.grace_s
-        for p in live:
+        for p in ring:
             try:
                 p.wait(timeout=max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
-                p.wait()
-        for t in self.pumps:
-            t.join(timeout=self.grace_s)  # EOF follows the exit unless a grandchild holds it
-        self._drain()
+                return
 
 
 def exit_status(returncode: int) -> int:
@@ -648,8 +726,9 @@ def fetch_status(port: int, timeout_s: float = 1.0) -> dict | None:
 
 def summary(job: jobspec.Job, phase: str, state: JobState, replicas: list[Replica],
             exits: Mapping[str, int | None], run_dir: Path, elapsed_s: float,
-            reason: str | None) -> dict:
-    """The final object: the job's phase and the chief's final metrics."""
+            reason: str | None, message: str | None = None, restarts: int = 0) -> dict:
+    """The final object: the job's phase (with the condition's reason and message, as the
+    operator writes them), its gang restarts, and the chief's final metrics."""
     chief = next(r for r in replicas if (r.role, r.index) == job.chief)
     final = state.final or _read_result(chief) or {}
     checkpoint = final.get("checkpoint")
@@ -657,6 +736,7 @@ def summary(job: jobspec.Job, phase: str, state: JobState, replicas: list[Replic
         checkpoint = str(run_dir / CHECKPOINT_VOLUME)
     return {
         "event": "final", "job": job.name, "phase": phase, "reason": reason,
+        "message": message, "restarts": restarts,
         "steps": final.get("steps", state.step), "loss": final.get("loss", state.loss),
         "test_accuracy": final.get("test_accuracy", state.test_accuracy),
         "samples_per_s": final.get("samples_per_s", state.samples_per_s),
@@ -666,8 +746,13 @@ def summary(job: jobspec.Job, phase: str, state: JobState, replicas: list[Replic
 
 
 def format_summary(s: Mapping[str, Any]) -> str:
-    reason = f" ({s['reason']})" if s.get("reason") else ""
+    failed = s["phase"] != status.SUCCEEDED
+    reason = f" ({s['reason']})" if failed and s.get("reason") else ""
     lines = [f"TrainingJob {s['job']}: {s['phase']}{reason}"]
+    if failed and s.get("message"):
+        lines.append(f"  why            {s['message']}")
+    if s.get("restarts"):
+        lines.append(f"  restarts       {s['restarts']}")
     if s.get("steps") is not None:
         lines.append(f"  steps          {s['steps']}")
     if s.get("loss") is not None:
@@ -739,12 +824,11 @@ def main(argv: list[str] | None = None) -> int:
         raise Stopped(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    reason = None
+    reason = message = None
     try:
-        runner.start()
-        phase = runner.wait(job.run_policy.active_deadline_s)
+        phase = runner.wait()
     except Stopped as e:
-        phase, reason = "Failed", f"Stopped by {e}"
+        phase, reason, message = status.FAILED, "Stopped", f"stopped by {e}"
         output.message(f"\n{e}: stopping {len(runner.procs)} replicas")
     finally:
         # A second Ctrl-C during the grace period must not leave orphans behind.
@@ -755,25 +839,15 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(s, h)
 
     elapsed = time.monotonic() - runner.state.started_s
-    if reason is None and phase == "Failed":
-        reason = _failure_reason(runner)
+    if reason is None:
+        reason, message = terminal_condition(runner.status)
     exits = {label: None if p.returncode is None else exit_status(p.returncode)
              for label, p in runner.procs.items()}
-    result = summary(job, phase, runner.state, replicas, exits, run_dir, elapsed, reason)
-    output.progress(runner.state.progress(time.monotonic()), time.monotonic(), force=True)
+    result = summary(job, phase, runner.state, replicas, exits, run_dir, elapsed, reason,
+                     message, runner.restarts)
+    output.progress(runner.progress(time.monotonic()), time.monotonic(), force=True)
     output.event(result)
     output.message("\n" + format_summary(result))
-    if reason and reason.startswith("Stopped by"):
-        return EXIT_INTERRUPTED if "SIGINT" in reason else EXIT_TERMINATED
-    return EXIT_SUCCEEDED if phase == "Succeeded" else EXIT_FAILED
-
-
-def _failure_reason(runner: Runner) -> str:
-    if runner.deadline_exceeded:
-        return "DeadlineExceeded"
-    label = runner.first_failure
-    if label is None:
-        return "Failed"
-    code = exit_status(runner.procs[label].returncode)
-    kind = "retryable" if code >= 128 else "permanent"
-    return f"{label} exited with {code} ({kind})"
+    if reason == "Stopped":
+        return EXIT_INTERRUPTED if "SIGINT" in message else EXIT_TERMINATED
+    return EXIT_SUCCEEDED if phase == status.SUCCEEDED else EXIT_FAILED

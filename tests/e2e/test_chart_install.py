@@ -5,39 +5,12 @@ RBAC, and a 2-worker TrainingJob then trains over the gRPC ring to Succeeded."""
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.request
 
 import pytest
-from e2e_support import CHART, REPO, job_pods, training_job, wait_for, wait_state
+from e2e_support import job_pods, training_job, wait_for, wait_state
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    return subprocess.run([str(REPO / "hack" / "tools"), "helm"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-@pytest.fixture
-def release(helm, kubeconfig, kubectl, namespace, project_image):
-    """The chart installed into the test's namespace, watching only it (namespaced RBAC)."""
-    name = "rt"
-    repo, tag = project_image.rsplit(":", 1)
-    cmd = [helm, "--kubeconfig", kubeconfig, "install", name, str(CHART), "-n", namespace,
-           "--set", "image.pullPolicy=Never", "--set", f"image.repository={repo}",
-           "--set", f"image.tag={tag}", "--set", "rbac.clusterScoped=false",
-           "--set", "operator.resources.requests.cpu=10m", "--wait", "--timeout", "120s"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    if p.returncode != 0:
-        diag = kubectl("describe", "pods", "-n", namespace, check=False).stdout
-        logs = kubectl("logs", "-n", namespace, "deploy/rt-ringtrain", check=False)
-        pytest.fail(f"helm install failed:\n{p.stdout}{p.stderr}\n{diag}\n{logs.stdout}"
-                    f"{logs.stderr}", pytrace=False)
-    yield {"name": name, "deployment": "rt-ringtrain", "sa": "rt-ringtrain", "notes": p.stdout}
-    subprocess.run([helm, "--kubeconfig", kubeconfig, "uninstall", name, "-n", namespace],
-                   capture_output=True, timeout=120)
 
 
 def operator_log(kubectl, namespace):
@@ -48,16 +21,16 @@ def operator_log(kubectl, namespace):
 
 
 def test_the_chart_runs_the_operator_in_cluster_with_least_privilege(kubectl, namespace,
-                                                                     release):
-    dep = kubectl.json("get", "deployment", release["deployment"], "-n", namespace)
+                                                                     operator_release):
+    dep = kubectl.json("get", "deployment", operator_release.deployment, "-n", namespace)
     assert dep["status"].get("availableReplicas") == 1
     spec = dep["spec"]["template"]["spec"]
-    assert spec["serviceAccountName"] == release["sa"]
+    assert spec["serviceAccountName"] == operator_release.service_account
     assert spec["containers"][0]["args"][:2] == ["operator", f"--namespace={namespace}"]
     assert spec["securityContext"]["runAsNonRoot"] is True
 
     # RBAC as the API server enforces it for the operator's ServiceAccount.
-    who = f"system:serviceaccount:{namespace}:{release['sa']}"
+    who = f"system:serviceaccount:{namespace}:{operator_release.service_account}"
 
     def can(*args: str) -> bool:
         p = kubectl("auth", "can-i", "--as", who, *args, check=False)
@@ -80,7 +53,8 @@ def test_the_chart_runs_the_operator_in_cluster_with_least_privilege(kubectl, na
     assert "Forbidden" not in log, log
 
 
-def test_a_two_worker_job_succeeds_under_the_in_cluster_operator(kubectl, namespace, release,
+def test_a_two_worker_job_succeeds_under_the_in_cluster_operator(kubectl, namespace,
+                                                                 operator_release,
                                                                  project_image):
     kubectl.apply(training_job("chart-job", project_image, steps=20), namespace)
     job = wait_state(kubectl, namespace, "chart-job", "Succeeded", 300,

@@ -12,7 +12,7 @@ image:
     ``manifests.desired_objects()``, so annotations and ports are exactly what the operator
     creates; it trains Fashion-MNIST until the test has what it needs, then is deleted;
   - the operator, installed with the Helm chart (namespaced RBAC) and annotated through
-    ``operator.podAnnotations``; a suspended TrainingJob gives it something to count.
+    the chart's default ``metrics.scrapeAnnotations``; a suspended TrainingJob gives it something to count.
 Everything is asserted through Prometheus' HTTP API: both targets discovered and ``up == 1``,
 real series with sane values. Failures carry Prometheus' log, its /api/v1/targets, the
 discovery endpoint's state, the pods and their logs.
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_support import CHART, REPO, free_port, training_job
+from e2e_support import free_port, training_job
 from prometheus.pod_discovery import PodDiscovery, target_groups
 from ringtrain_operator import __version__ as OPERATOR_VERSION
 from ringtrain_operator import manifests, spec
@@ -44,7 +44,7 @@ PROMTOOL = "/usr/bin/promtool"
 CONFIG_TEMPLATE = Path(__file__).parent / "prometheus" / "prometheus.yml"
 SCRAPE_INTERVAL_S = 2
 JOB = "fmnist"  # the worker's TrainingJob name (its pod: fmnist-worker-0)
-RELEASE = "rt"  # the chart's release (its Deployment: rt-ringtrain)
+
 SA = "prometheus"
 DEADLINE_S = 150
 POLL_S = 0.5
@@ -206,36 +206,6 @@ def prometheus(pod_discovery, tmp_path):
 
 # --------------------------------------------------------------------------- what gets scraped
 
-def helm() -> str:
-    return subprocess.run([str(REPO / "hack" / "tools"), "helm"], capture_output=True, text=True,
-                          check=True, timeout=600).stdout.strip()
-
-
-@pytest.fixture
-def operator_release(kubeconfig, kubectl, namespace, project_image):
-    """The chart, watching only this namespace, its pod annotated for Prometheus."""
-    repo, tag = project_image.rsplit(":", 1)
-    exe = helm()
-    p = subprocess.run(
-        [exe, "--kubeconfig", kubeconfig, "install", RELEASE, str(CHART), "-n", namespace,
-         "--set", "image.pullPolicy=Never", "--set", f"image.repository={repo}",
-         "--set", f"image.tag={tag}", "--set", "rbac.clusterScoped=false",
-         "--set", "operator.resources.requests.cpu=10m",
-         "--set-string", "operator.podAnnotations.prometheus\\.io/scrape=true",
-         "--set-string", "operator.podAnnotations.prometheus\\.io/port=8080",
-         "--set-string", "operator.podAnnotations.prometheus\\.io/path=/metrics",
-         "--wait", "--timeout", "120s"],
-        capture_output=True, text=True, timeout=180, check=False)
-    if p.returncode != 0:
-        pytest.fail(f"helm install failed:\n{p.stdout}{p.stderr}\n{cluster_story(kubectl, namespace)}",
-                    pytrace=False)
-    try:
-        yield f"{RELEASE}-ringtrain"
-    finally:
-        subprocess.run([exe, "--kubeconfig", kubeconfig, "uninstall", RELEASE, "-n", namespace],
-                       capture_output=True, timeout=120, check=False)
-
-
 @pytest.fixture
 def parked_job(kubectl, namespace, project_image, operator_release):
     """A suspended TrainingJob: something for the operator's gauges and histogram to count.
@@ -275,7 +245,7 @@ def cluster_story(kubectl, namespace: str) -> str:
     for args in (("get", "pods", "-n", namespace, "-o", "wide", "--show-labels"),
                  ("describe", "pods", "-n", namespace),
                  ("logs", "-n", namespace, f"{JOB}-worker-0", "--tail", "20"),
-                 ("logs", "-n", namespace, f"deploy/{RELEASE}-ringtrain", "--tail", "40"),
+                 ("logs", "-n", namespace, "deploy/rt-ringtrain", "--tail", "40"),
                  ("get", "events", "-n", namespace, "--sort-by", ".lastTimestamp")):
         r = kubectl(*args, check=False)
         parts.append(f"--- kubectl {' '.join(args)}\n{r.stdout[-5000:]}{r.stderr[-1000:]}")
@@ -311,7 +281,7 @@ def test_prometheus_discovers_and_scrapes_the_worker_and_the_operator(
     pods = {p["metadata"]["name"]: p for p in kubectl.json("get", "pods", "-n", namespace)["items"]
             if not p["metadata"].get("deletionTimestamp")}
     worker_name = worker["metadata"]["name"]
-    (operator_pod,) = [p for n, p in pods.items() if n.startswith(operator_release + "-")]
+    (operator_pod,) = [p for n, p in pods.items() if n.startswith(operator_release.deployment + "-")]
     operator_name = operator_pod["metadata"]["name"]
     expected = {
         worker_name: f"http://{worker['status']['podIP']}:{manifests.METRICS_PORT}/metrics",

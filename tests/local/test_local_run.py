@@ -104,19 +104,31 @@ def test_file_without_exactly_one_trainingjob_is_rejected(tmp_path):
         local.read_job(str(path))
 
 
-@pytest.mark.parametrize("policy,exits,expected", [
-    ("ChiefOrWorker0", {}, None),
-    ("ChiefOrWorker0", {("worker", 0): 0}, "Succeeded"),
-    ("ChiefOrWorker0", {("worker", 1): 0}, None),
-    ("ChiefOrWorker0", {("worker", 1): 138}, "Failed"),
-    ("AllWorkers", {("worker", 0): 0}, None),
-    ("AllWorkers", {("worker", 0): 0, ("worker", 1): 0}, "Succeeded"),
-    ("AllWorkers", {("worker", 0): 0, ("worker", 1): 2}, "Failed"),
+@pytest.mark.parametrize("code,phase,exit_code,reason", [
+    ("pass", "Succeeded", 0, None),
+    ("raise SystemExit(3)", "Failed", 3, None),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "Failed", 137, "SIGKILL"),
 ])
-def test_outcome_follows_the_success_policy(policy, exits, expected):
-    job = jobspec.load({**tiny_job(), "spec": {**tiny_job()["spec"],
-                                                "runPolicy": {"successPolicy": policy}}})
-    assert local.outcome(job, exits) == expected
+def test_an_exited_process_is_observed_as_the_pod_kubernetes_would_report(code, phase, exit_code,
+                                                                         reason):
+    """The fold judges exit codes the way the kubelet reports them: signal n is 128 + n."""
+    job, (replica, _) = local.plan(tiny_job(), Path("/nonexistent"))
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    proc.wait()
+    pod = local.observed_pod(replica, proc)
+    assert (pod.name, pod.role, pod.index) == ("tiny-worker-0", "worker", 0)
+    assert (pod.phase, pod.exit_code, pod.exit_reason, pod.ready) == (phase, exit_code, reason,
+                                                                      False)
+
+
+def test_a_running_process_is_a_ready_running_pod():
+    job, (replica, _) = local.plan(tiny_job(), Path("/nonexistent"))
+    proc = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+    try:
+        pod = local.observed_pod(replica, proc)
+        assert (pod.phase, pod.ready, pod.exit_code) == ("Running", True, None)
+    finally:
+        proc.communicate(b"\n")
 
 
 def test_progress_line_shows_step_loss_rate_eta_and_health():
@@ -147,8 +159,10 @@ def test_two_worker_training_run_succeeds_with_json_progress_and_checkpoint(tmp_
     progress = [e for e in events if e["event"] == "progress"]
     assert progress and all("step" in e for e in progress)
     assert max(e["step"] or 0 for e in progress) == 6
+    assert progress[-1]["phase"] == "Succeeded" and progress[-1]["restarts"] == 0
     final = events[-1]
     assert final["event"] == "final" and final["phase"] == "Succeeded"
+    assert (final["reason"], final["restarts"]) == ("TrainingJobSucceeded", 0)
     assert final["steps"] == 6 and 0.0 <= final["test_accuracy"] <= 1.0
     assert final["exit_codes"] == {"worker-0": 0, "worker-1": 0}
     assert Path(final["checkpoint"]).exists()
@@ -184,8 +198,10 @@ def test_a_failed_worker_fails_the_job_and_stops_the_others(tmp_path):
                "--run-dir", str(tmp_path / "run"), "--grace-period", "5"], cwd=tmp_path, timeout=60)
     assert out.returncode == local.EXIT_FAILED, out.stderr
     final = json_lines(out.stdout)[-1]
-    assert final["phase"] == "Failed"
-    assert final["reason"] == "worker-1 exited with 3 (permanent)"
+    assert (final["phase"], final["reason"], final["restarts"]) == ("Failed", "TrainingJobFailed",
+                                                                     0)
+    assert final["message"] == ("pod broken-worker-1 failed with exit code 3: permanent under "
+                                "restartPolicy ExitCode")
     assert final["exit_codes"] == {"worker-0": 128 + signal.SIGTERM, "worker-1": 3}
     assert "worker-1  | worker 1 gives up" in out.stderr
 
@@ -224,7 +240,8 @@ def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, cod
     assert p.returncode == code
     final = json_lines(stdout)[-1]
     assert final["phase"] == "Failed"
-    assert final["reason"] == f"Stopped by {signal.Signals(sig).name}"
+    assert (final["reason"], final["message"]) == ("Stopped",
+                                                   f"stopped by {signal.Signals(sig).name}")
     assert set(final["exit_codes"].values()) == {128 + signal.SIGTERM}
     for pid in pids:  # no orphans left behind
         with pytest.raises(ProcessLookupError):

@@ -99,7 +99,8 @@ def test_trainer_pod_runs_ringtrain_worker_with_every_flag():
         "--lr", "0.05", "--lr-decay", "1", "--lr-decay-epochs", "1", "--seed", "0",
         "--ipus-per-worker", "2", "--ipu-memory-mb", "900", "--no-variables-on-host",
         "--bucket-mb", "0.5", "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
-        "--eval-every", "10", "--metrics-port", "9400", "--json",
+        "--eval-every", "10", "--ring-transport", "tcp", "--ring-step-timeout-s", "30",
+        "--ring-connect-timeout-s", "120", "--metrics-port", "9400", "--json",
         "--termination-log", "/dev/termination-log"]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["RINGTRAIN_TOKEN_FILE"] == "/var/run/ringtrain/ring-token/token"
@@ -209,7 +210,8 @@ def test_the_trainer_parses_the_pod_command_into_the_spec(tmp_path):
     obj = job_obj(workers=2, chief=1, trainer={
         "dataset": "mnist-5k", "steps": 20, "batchSize": 32, "ipusPerWorker": 2,
         "variablesOnHost": False, "bucketMB": 0.5, "learningRate": 0.01, "lrDecay": 0.5,
-        "evalEvery": 10, "checkpoint": {"everySteps": 5, "path": "/ckpt"}})
+        "evalEvery": 10, "checkpoint": {"everySteps": 5, "path": "/ckpt"},
+        "ring": {"transport": "grpc", "stepTimeoutSeconds": 90.5, "connectTimeoutSeconds": 300}})
     j = spec.load(obj)
     (c,) = manifests.pod(j, j.replica("worker"), 1)["spec"]["containers"]
     env = {e["name"]: e["value"] for e in c["env"]}
@@ -225,8 +227,23 @@ def test_the_trainer_parses_the_pod_command_into_the_spec(tmp_path):
     assert (cfg.checkpoint_dir, cfg.checkpoint_every) == ("/ckpt", 5)
     assert (cfg.metrics_port, cfg.json, cfg.termination_log) == (9400, True,
                                                                   "/dev/termination-log")
+    assert (cfg.ring_transport, cfg.ring_step_timeout_s, cfg.ring_connect_timeout_s) == (
+        "grpc", 90.5, 300.0)
     assert (cfg.cluster.rank, cfg.cluster.world_size) == (2, 3)
     assert cfg.token == b"s3cret"
+
+
+def test_the_crd_ring_defaults_are_the_trainer_defaults():
+    """A job without spec.trainer.ring runs the ring exactly as a bare ``ringtrain worker``
+    would: the CRD's defaults, passed as flags, equal the trainer's own defaults."""
+    from trainer.config import TrainerConfig
+
+    j = spec.load(job_obj(workers=2, trainer={}))
+    (c,) = manifests.pod(j, j.replica("worker"), 0)["spec"]["containers"]
+    cfg = TrainerConfig.from_args(c["args"], {})
+    bare = TrainerConfig()
+    assert (cfg.ring_transport, cfg.ring_step_timeout_s, cfg.ring_connect_timeout_s) == (
+        bare.ring_transport, bare.ring_step_timeout_s, bare.ring_connect_timeout_s)
 
 
 def test_a_zero_learning_rate_is_refused_like_the_trainer_does():

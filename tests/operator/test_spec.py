@@ -22,6 +22,7 @@ def test_defaults_come_from_the_crd():
     assert (t.steps, t.epochs, t.ipus_per_worker, t.ipu_memory_mb, t.variables_on_host) == (
         None, None, 1, 900, True)
     assert (t.bucket_mb, t.checkpoint.path, t.checkpoint.every_steps) == (25.0, "/checkpoints", 0)
+    assert t.ring == spec.RingSpec(transport="tcp", step_timeout_s=30.0, connect_timeout_s=120.0)
     assert j.run_policy == spec.RunPolicy(backoff_limit=6, active_deadline_s=None,
                                           ttl_after_finished_s=None, clean_pod_policy="Running",
                                           suspend=False, success_policy="ChiefOrWorker0")
@@ -120,3 +121,15 @@ def test_schema_defaults_are_valid_against_the_schema():
             walk(sub, f"{path}.{k}")
 
     walk(schema, "")
+
+
+@pytest.mark.parametrize("ring, field", [
+    ({"transport": "udp"}, "spec.trainer.ring.transport"),
+    ({"stepTimeoutSeconds": 0}, "spec.trainer.ring.stepTimeoutSeconds"),
+    ({"connectTimeoutSeconds": -1}, "spec.trainer.ring.connectTimeoutSeconds"),
+    ({"stepTimeout": 5}, "spec.trainer.ring"),
+])
+def test_invalid_ring_settings_name_the_field(ring, field):
+    """Refused here as the trainer would refuse the flag, so a bad value never reaches a pod."""
+    with pytest.raises(InvalidSpec, match=field.replace(".", r"\.")):
+        spec.load(job_obj(trainer={"ring": ring}))
