@@ -34,13 +34,15 @@ def tiny_job(name: str = "tiny", **trainer) -> dict:
                                  "evalEvery": 3, **trainer}}}
 
 
-def command_job(name: str, worker_code: str, replicas: int = 2, **run_policy) -> dict:
+def command_job(name: str, worker_code: str, replicas: int = 2, restart_policy: str = "ExitCode",
+                **run_policy) -> dict:
     """A job whose workers run ``python -c worker_code`` from the pod template (no spec.trainer)."""
     container = {"name": "main", "image": "python:3.11-slim-bookworm",
                  "command": [sys.executable, "-c", worker_code]}
     return {"apiVersion": jobspec.API_VERSION, "kind": jobspec.KIND, "metadata": {"name": name},
             "spec": {"replicaSpecs": {"Worker": {
-                "replicas": replicas, "template": {"spec": {"containers": [container]}}}},
+                "replicas": replicas, "restartPolicy": restart_policy,
+                "template": {"spec": {"containers": [container]}}}},
                      "runPolicy": run_policy}}
 
 
@@ -246,3 +248,120 @@ def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, cod
     for pid in pids:  # no orphans left behind
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# ---- restart semantics: the operator's fold, carried out with processes ---------------------------
+
+#: Each replica counts its own attempts in the run dir (the replicas' working directory): worker 1
+#: fails retryably (138, the trainer's "peer lost") on its first two attempts, worker 0 waits for
+#: the gang restart that stops it; on the third attempt both succeed.
+FLAKY_TWICE = """
+import json, os, signal, sys
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+path = "attempts-%d" % index
+attempt = int(open(path).read()) + 1 if os.path.exists(path) else 1
+open(path, "w").write(str(attempt))
+if attempt <= 2:
+    if index == 1:
+        sys.exit(138)
+    signal.pause()
+"""
+
+
+def test_retryable_exits_restart_the_whole_gang_until_it_succeeds(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run([str(write(tmp_path, command_job("flaky", FLAKY_TWICE, backoffLimit=2))), "--json",
+               "--run-dir", str(run_dir), "--grace-period", "5"], cwd=tmp_path, timeout=60)
+    assert out.returncode == local.EXIT_SUCCEEDED, out.stdout + out.stderr
+    events = json_lines(out.stdout)
+    restarting = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
+    assert [e["restarts"] for e in restarting] == [1, 2]
+    assert all("pod flaky-worker-1 failed with exit code 138" in e["message"]
+               for e in restarting)
+    started = [(e["replica"], e["restarts"]) for e in events if e["event"] == "started"]
+    assert sorted(started) == sorted((f"worker-{i}", n) for i in (0, 1) for n in (0, 1, 2))
+    final = events[-1]
+    assert (final["phase"], final["restarts"]) == ("Succeeded", 2)
+    assert final["exit_codes"] == {"worker-0": 0, "worker-1": 0}
+    assert (run_dir / "attempts-0").read_text() == (run_dir / "attempts-1").read_text() == "3"
+
+
+@pytest.mark.parametrize("policy", ["Never", "ExitCode"])
+def test_which_exit_codes_fail_the_job_at_once_depends_on_the_restart_policy(tmp_path, policy):
+    """Never: any failure is final. ExitCode: 1-127 is final (a retryable 138 would restart)."""
+    code = 138 if policy == "Never" else 2
+    worker = f"import sys, signal, json, os\n" \
+             f"if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1: sys.exit({code})\n" \
+             f"signal.pause()"
+    out = run([str(write(tmp_path, command_job("final", worker, restart_policy=policy))),
+               "--json", "--run-dir", str(tmp_path / "run"), "--grace-period", "5"],
+              cwd=tmp_path, timeout=60)
+    assert out.returncode == local.EXIT_FAILED
+    final = json_lines(out.stdout)[-1]
+    assert (final["phase"], final["reason"], final["restarts"]) == ("Failed", "TrainingJobFailed",
+                                                                     0)
+    assert final["message"] == (f"pod final-worker-1 failed with exit code {code}: permanent "
+                                f"under restartPolicy {policy}")
+
+
+CHECKPOINT_EVERY = 5
+
+
+def kill_worker_1_after_a_checkpoint(tmp_path: Path, **run_policy):
+    """Run a 2-worker training job and SIGKILL worker 1 once the chief has saved a checkpoint.
+
+    The pid comes from the runner's ``started`` event; the runner prints a progress line at least
+    every 0.2 s (``--progress-interval 0``), so reading its stdout paces the checks of the
+    checkpoint directory without any sleep. Returns (exit code, events, checkpoint step at the
+    kill).
+    """
+    job = tiny_job("resume", steps=80, batchSize=64, evalEvery=0,
+                   checkpoint={"everySteps": CHECKPOINT_EVERY})
+    job["spec"]["runPolicy"] = run_policy
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "replicas.log", "w") as logs, subprocess.Popen(
+            RUN + [str(write(tmp_path, job)), "--json", "--run-dir", str(run_dir),
+                   "--progress-interval", "0", "--grace-period", "5"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=logs, text=True) as p:
+        events, pid, killed_at = [], None, None
+        for line in p.stdout:
+            events.append(e := json.loads(line))
+            if e["event"] == "started" and e["replica"] == "worker-1" and pid is None:
+                pid = e["pid"]
+            if pid is not None and killed_at is None:
+                saved = sorted((run_dir / "checkpoints").glob("ckpt-*.json"))
+                if saved:
+                    killed_at = json.loads(saved[-1].read_text())["step"]
+                    os.kill(pid, signal.SIGKILL)
+        p.wait(timeout=120)
+    assert killed_at is not None, "worker 1 was never killed: " + (tmp_path / "replicas.log"
+                                                                    ).read_text()[-3000:]
+    assert killed_at < 80, "the job finished before worker 1 could be killed mid-run"
+    return p.returncode, events, killed_at
+
+
+def test_a_sigkilled_worker_restarts_the_gang_which_resumes_from_the_checkpoint(tmp_path):
+    code, events, killed_at = kill_worker_1_after_a_checkpoint(tmp_path, backoffLimit=2)
+    assert code == local.EXIT_SUCCEEDED, events[-1]
+    (restart,) = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
+    # Worker 1's SIGKILL or worker 0's "peer lost" (138), whichever the runner saw first.
+    assert "restarting all 2 pods (restart 1 of 2)" in restart["message"]
+    assert restart["phase"] == "Restarting" and restart["restarts"] == 1
+    after = events[events.index(restart):]
+    pids = {e["pid"] for e in events if e["event"] == "started"}
+    assert len(pids) == 4, "the whole gang was started again, as new processes"
+    first_step = next(e["step"] for e in after if e["event"] == "progress" and e["step"])
+    assert first_step > killed_at >= CHECKPOINT_EVERY, "the new gang resumed from a checkpoint"
+    final = events[-1]
+    assert (final["phase"], final["restarts"], final["steps"]) == ("Succeeded", 1, 80)
+    assert final["exit_codes"] == {"worker-0": 0, "worker-1": 0}
+
+
+def test_with_backoff_limit_0_a_sigkilled_worker_fails_the_job(tmp_path):
+    code, events, _ = kill_worker_1_after_a_checkpoint(tmp_path, backoffLimit=0)
+    assert code == local.EXIT_FAILED
+    final = events[-1]
+    assert (final["phase"], final["reason"], final["restarts"]) == ("Failed",
+                                                                     "BackoffLimitExceeded", 0)
+    assert "reached backoffLimit=0" in final["message"]
+    assert not [e for e in events if e["event"] == "started" and e["restarts"] > 0]

@@ -1,0 +1,109 @@
+"""`ringtrain worker` in a gang: the --ring-* flags, the shared evaluation, and the termination
+log under mpirun — each with real worker processes (ring over loopback, or a real mpirun)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainer import cluster, worker
+from trainer.collective import LocalCollective
+from trainer.config import TrainerConfig
+from trainer.errors import EXIT_RETRYABLE, InvalidSpec
+from trainer.ring.bench import free_ports
+
+WORKER = [sys.executable, "-m", "trainer.cli", "worker", "--dataset", "mnist-5k", "--json"]
+
+
+def start_gang(n: int, argv: list[str], tmp_path) -> list[subprocess.Popen]:
+    """n real worker processes of one job on loopback, each with its own termination log."""
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(n)]
+    token = secrets.token_hex(16)
+    return [subprocess.Popen(
+        [*WORKER, *argv, "--termination-log", str(tmp_path / f"log-{r}")],
+        env=dict(os.environ, RINGTRAIN_TOKEN=token,
+                 TF_CONFIG=cluster.build({"worker": addresses}, "worker", r)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
+
+
+def test_ring_flags_reach_the_config_and_bad_values_are_refused():
+    cfg = TrainerConfig.from_args(["--ring-transport", "grpc", "--ring-step-timeout-s", "90",
+                                   "--ring-connect-timeout-s", "5"], {})
+    assert (cfg.ring_transport, cfg.ring_step_timeout_s, cfg.ring_connect_timeout_s) == (
+        "grpc", 90.0, 5.0)
+    assert TrainerConfig.from_args([], {}).ring_transport == "tcp"
+    for flag in ("--ring-step-timeout-s", "--ring-connect-timeout-s"):
+        with pytest.raises(InvalidSpec, match=flag):
+            TrainerConfig.from_args([flag, "0"], {})
+
+
+@pytest.mark.timeout(180)
+def test_two_grpc_workers_evaluate_together_and_match_one_worker_with_twice_the_batch(tmp_path):
+    """Each worker evaluates half the test set and the counts are summed over the ring: the
+    chief's accuracy is the one a single worker with the global batch computes on its own."""
+    procs = start_gang(2, ["--steps", "6", "--batch-size", "8", "--eval-every", "3",
+                           "--ring-transport", "grpc"], tmp_path)
+    outs = [p.communicate(timeout=170) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    chief = [json.loads(line) for line in outs[0][0].splitlines()]
+    evals = [e["test_accuracy"] for e in chief if e["event"] == "eval"]
+    single = worker.Trainer(TrainerConfig(dataset="mnist-5k", steps=6, batch_size=16,
+                                          eval_every=3), LocalCollective(), out=io.StringIO())
+    try:
+        single.run()
+    finally:
+        single.close()
+    assert len(evals) == 2 and evals[-1] == pytest.approx(single.test_accuracy, abs=2e-3)
+    assert json.loads((tmp_path / "log-0").read_text())["test_accuracy"] == evals[-1]
+    assert json.loads((tmp_path / "log-1").read_text())["rank"] == 1  # one log per pod
+
+
+@pytest.mark.timeout(120)
+def test_a_lost_peer_fails_the_step_within_the_step_timeout_flag(tmp_path):
+    procs = start_gang(2, ["--steps", "100000", "--ring-step-timeout-s", "2"], tmp_path)
+    try:
+        assert json.loads(procs[0].stdout.readline())["event"] == "progress"  # training
+        procs[1].kill()
+        killed = time.monotonic()
+        assert procs[0].wait(timeout=60) == EXIT_RETRYABLE
+        # the flag's 2 s (plus the engine's grace), far below the default 30 s
+        assert time.monotonic() - killed < 20
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_under_mpirun_only_rank_0_writes_the_termination_log(tmp_path):
+    log = tmp_path / "log"
+    out = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", *WORKER,
+         "--collective", "mpi", "--steps", "3", "--batch-size", "8",
+         "--termination-log", str(log)],
+        capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stderr[-2000:]
+    finals = [json.loads(x) for x in out.stdout.splitlines() if '"final"' in x]
+    assert sorted(f["rank"] for f in finals) == [0, 1]
+    assert json.loads(log.read_text())["rank"] == 0
+
+
+def test_the_termination_log_owner_is_every_pod_but_only_mpi_rank_0():
+    """Which process writes: the rule itself, for ranks a two-process mpirun cannot pin down
+    (there rank 0 might simply write last)."""
+    ring = TrainerConfig()
+    mpi = TrainerConfig(collective="mpi")
+    rank1 = LocalCollective()
+    rank1.rank = 1
+    assert worker._own_termination_log("/log", ring, rank1) == "/log"
+    assert worker._own_termination_log("/log", mpi, rank1) is None
+    assert worker._own_termination_log("/log", mpi, LocalCollective()) == "/log"
