@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from trainer import cluster
-from trainer import ring  # defaults only; grpc is imported when a ring connects
+# ``ring`` for its defaults only: importing it loads no gRPC (that happens on connect)
+from trainer import cluster, ring
 from trainer.data import DATASETS, FASHION_MNIST_DIR
 from trainer.errors import InvalidSpec
 from trainer.model import MODELS

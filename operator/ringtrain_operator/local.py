@@ -376,6 +376,8 @@ def format_progress(p: Mapping[str, Any]) -> str:
         parts.append(f"acc {100 * p['test_accuracy']:.2f}%")
     if p.get("eta_s") is not None:
         parts.append(f"ETA {_duration(p['eta_s'])}")
+    if p.get("restarts"):
+        parts.append(f"restarts {p['restarts']}")
     health = " ".join(f"{k} {v}" for k, v in (p.get("workers") or {}).items())
     return "  ".join(parts) + (f"  [{health}]" if health else "")
 
@@ -541,8 +543,9 @@ class Runner:
             self._materialize(r)
         if self.started and todo:  # a new gang after a restart: old progress no longer applies
             self.state.new_gang([r.label for r in todo], time.monotonic())
-            self.output.message(f"restart {self.restarts}: starting {len(todo)} replicas, "
-                                "resuming from the latest checkpoint")
+            resume = (f", resuming from the latest checkpoint in {self.run_dir / CHECKPOINT_VOLUME}"
+                      if self.job.trainer else "")
+            self.output.message(f"restart {self.restarts}: starting {len(todo)} replicas{resume}")
         for r in todo:
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **r.env}
             # Own session: a terminal's Ctrl-C reaches only the runner, which then stops every

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from ringtrain_operator import local, manifests
 from ringtrain_operator import spec as jobspec
+
 from trainer import cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def write(tmp_path: Path, obj: dict) -> Path:
 
 def test_plan_of_the_shipped_example_gives_each_worker_a_loopback_ring(tmp_path):
     obj = local.read_job(str(ROOT / "examples" / "fashion-mnist-2workers.yaml"))
-    job, replicas = local.plan(obj, tmp_path)
+    _, replicas = local.plan(obj, tmp_path)
     assert [r.name for r in replicas] == ["fashion-mnist-worker-0", "fashion-mnist-worker-1"]
     specs = [cluster.parse(r.env["TF_CONFIG"]) for r in replicas]
     ring = specs[0].ring
@@ -114,7 +114,7 @@ def test_file_without_exactly_one_trainingjob_is_rejected(tmp_path):
 def test_an_exited_process_is_observed_as_the_pod_kubernetes_would_report(code, phase, exit_code,
                                                                          reason):
     """The fold judges exit codes the way the kubelet reports them: signal n is 128 + n."""
-    job, (replica, _) = local.plan(tiny_job(), Path("/nonexistent"))
+    _, (replica, _) = local.plan(tiny_job(), Path("/nonexistent"))
     proc = subprocess.Popen([sys.executable, "-c", code])
     proc.wait()
     pod = local.observed_pod(replica, proc)
@@ -124,7 +124,7 @@ def test_an_exited_process_is_observed_as_the_pod_kubernetes_would_report(code, 
 
 
 def test_a_running_process_is_a_ready_running_pod():
-    job, (replica, _) = local.plan(tiny_job(), Path("/nonexistent"))
+    _, (replica, _) = local.plan(tiny_job(), Path("/nonexistent"))
     proc = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
     try:
         pod = local.observed_pod(replica, proc)
@@ -136,15 +136,17 @@ def test_a_running_process_is_a_ready_running_pod():
 def test_progress_line_shows_step_loss_rate_eta_and_health():
     line = local.format_progress({
         "step": 120, "total_steps": 500, "epoch": 0.25, "loss": 0.41234, "samples_per_s": 8412.3,
-        "eta_s": 45, "test_accuracy": None, "workers": {"worker-0": "ok", "worker-1": "exit 138"}})
+        "eta_s": 45, "test_accuracy": None, "restarts": 1,
+        "workers": {"worker-0": "ok", "worker-1": "exit 138"}})
     assert line == ("step 120/500 (24%)  epoch 0.25  loss 0.4123  8,412 samples/s  ETA 0:45  "
-                    "[worker-0 ok worker-1 exit 138]")
+                    "restarts 1  [worker-0 ok worker-1 exit 138]")
 
 
 # ---- running real processes ----------------------------------------------------------------------
 
 def run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(RUN + args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(RUN + args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 def json_lines(stdout: str) -> list[dict]:
@@ -252,24 +254,28 @@ def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, cod
 
 # ---- restart semantics: the operator's fold, carried out with processes ---------------------------
 
-#: Each replica counts its own attempts in the run dir (the replicas' working directory): worker 1
-#: fails retryably (138, the trainer's "peer lost") on its first two attempts, worker 0 waits for
-#: the gang restart that stops it; on the third attempt both succeed.
+#: Worker 1 counts its attempts in the run dir (the replicas' working directory) and fails
+#: retryably (138, the trainer's "peer lost") on the first two; on the third it tells worker 0
+#: through a FIFO. Worker 0 blocks on that FIFO until then (a gang restart stops it there), so
+#: its success depends on worker 1's and not on which process starts first.
 FLAKY_TWICE = """
-import json, os, signal, sys
-index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-path = "attempts-%d" % index
-attempt = int(open(path).read()) + 1 if os.path.exists(path) else 1
-open(path, "w").write(str(attempt))
+import json, os, sys
+if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+    with open("ok") as fifo:
+        sys.exit(0 if fifo.read() == "ok" else 1)
+attempt = int(open("attempts").read()) + 1 if os.path.exists("attempts") else 1
+open("attempts", "w").write(str(attempt))
 if attempt <= 2:
-    if index == 1:
-        sys.exit(138)
-    signal.pause()
+    sys.exit(138)
+with open("ok", "w") as fifo:
+    fifo.write("ok")
 """
 
 
 def test_retryable_exits_restart_the_whole_gang_until_it_succeeds(tmp_path):
     run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.mkfifo(run_dir / "ok")
     out = run([str(write(tmp_path, command_job("flaky", FLAKY_TWICE, backoffLimit=2))), "--json",
                "--run-dir", str(run_dir), "--grace-period", "5"], cwd=tmp_path, timeout=60)
     assert out.returncode == local.EXIT_SUCCEEDED, out.stdout + out.stderr
@@ -283,7 +289,7 @@ def test_retryable_exits_restart_the_whole_gang_until_it_succeeds(tmp_path):
     final = events[-1]
     assert (final["phase"], final["restarts"]) == ("Succeeded", 2)
     assert final["exit_codes"] == {"worker-0": 0, "worker-1": 0}
-    assert (run_dir / "attempts-0").read_text() == (run_dir / "attempts-1").read_text() == "3"
+    assert (run_dir / "attempts").read_text() == "3"
 
 
 @pytest.mark.parametrize("policy", ["Never", "ExitCode"])
@@ -347,9 +353,10 @@ def test_a_sigkilled_worker_restarts_the_gang_which_resumes_from_the_checkpoint(
     # Worker 1's SIGKILL or worker 0's "peer lost" (138), whichever the runner saw first.
     assert "restarting all 2 pods (restart 1 of 2)" in restart["message"]
     assert restart["phase"] == "Restarting" and restart["restarts"] == 1
-    after = events[events.index(restart):]
-    pids = {e["pid"] for e in events if e["event"] == "started"}
-    assert len(pids) == 4, "the whole gang was started again, as new processes"
+    started = [i for i, e in enumerate(events) if e["event"] == "started"]
+    assert len({events[i]["pid"] for i in started}) == 4, "the whole gang started again, anew"
+    assert [events[i]["restarts"] for i in started] == [0, 0, 1, 1]
+    after = events[started[-1]:]
     first_step = next(e["step"] for e in after if e["event"] == "progress" and e["step"])
     assert first_step > killed_at >= CHECKPOINT_EVERY, "the new gang resumed from a checkpoint"
     final = events[-1]

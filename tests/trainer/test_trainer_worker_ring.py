@@ -44,12 +44,24 @@ def test_ring_flags_reach_the_config_and_bad_values_are_refused():
             TrainerConfig.from_args([flag, "0"], {})
 
 
+def test_the_worker_hands_its_ring_flags_to_ring_connect(monkeypatch):
+    from trainer import ring
+
+    seen = {}
+    monkeypatch.setattr(ring, "connect", lambda spec, token, **kw: seen.update(kw) or "ring")
+    env = {"RINGTRAIN_TOKEN": "t", "TF_CONFIG": cluster.build({"worker": ["a:1", "b:2"]},
+                                                              "worker", 0)}
+    cfg = TrainerConfig.from_args(["--ring-transport", "grpc", "--ring-step-timeout-s", "7",
+                                   "--ring-connect-timeout-s", "9"], env)
+    assert worker.connect(cfg) == "ring"
+    assert seen == {"transport": "grpc", "step_timeout_s": 7.0, "connect_timeout_s": 9.0}
+
+
 @pytest.mark.timeout(180)
-def test_two_grpc_workers_evaluate_together_and_match_one_worker_with_twice_the_batch(tmp_path):
+def test_two_workers_evaluate_together_and_match_one_worker_with_twice_the_batch(tmp_path):
     """Each worker evaluates half the test set and the counts are summed over the ring: the
     chief's accuracy is the one a single worker with the global batch computes on its own."""
-    procs = start_gang(2, ["--steps", "6", "--batch-size", "8", "--eval-every", "3",
-                           "--ring-transport", "grpc"], tmp_path)
+    procs = start_gang(2, ["--steps", "6", "--batch-size", "8", "--eval-every", "3"], tmp_path)
     outs = [p.communicate(timeout=170) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
     chief = [json.loads(line) for line in outs[0][0].splitlines()]
@@ -90,11 +102,11 @@ def test_under_mpirun_only_rank_0_writes_the_termination_log(tmp_path):
         ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", *WORKER,
          "--collective", "mpi", "--steps", "3", "--batch-size", "8",
          "--termination-log", str(log)],
-        capture_output=True, text=True, timeout=170)
+        capture_output=True, text=True, timeout=170, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    finals = [json.loads(x) for x in out.stdout.splitlines() if '"final"' in x]
-    assert sorted(f["rank"] for f in finals) == [0, 1]
-    assert json.loads(log.read_text())["rank"] == 0
+    # (stdout is not parsed: mpirun may interleave the two ranks' lines mid-line)
+    final = json.loads(log.read_text())
+    assert (final["rank"], final["world_size"], final["steps"]) == (0, 2, 3)
 
 
 def test_the_termination_log_owner_is_every_pod_but_only_mpi_rank_0():
