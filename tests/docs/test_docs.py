@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "gen-docs"
 REFERENCE = ROOT / "docs" / "reference.md"
 CHART = ROOT / "charts" / "ringtrain"
-METRIC = re.compile(r"\bringtrain_[a-z_]+")
+# A metric name, but not the operator's package (`ringtrain_operator`, `ringtrain_operator.spec`, ...).
+METRIC = re.compile(r"\bringtrain_(?!operator\b)[a-z_]+")
 
 
 def _load_generator():
