@@ -51,9 +51,30 @@ def check_broadcast(coll, n: int, world: int, rank: int) -> None:
             raise AssertionError(f"rank {rank}: broadcast from {root} of {n} differs")
 
 
+def worker_sequence(coll, sizes: list[int], world: int, rank: int, steps: int) -> None:
+    """The collectives of ``ringtrain worker`` in its order: the weights, optimizer state and
+    counters broadcast from rank 0 as the *first* collectives of the ring (so no send call has
+    been opened before: the rank whose right neighbour is the root only receives, ranks
+    1..N-2 receive and forward), then per step one allreduce per gradient bucket, the
+    evaluation's allreduce (tag -2) and a barrier."""
+    params_n = sizes[-1]
+    for i, n in enumerate([params_n, params_n, params_n, 4]):  # params, adam m and v, counters
+        buf = pattern(n, rank) + i
+        coll.broadcast_(buf, root=0)
+        if not np.array_equal(buf, pattern(n, 0) + i):
+            raise AssertionError(f"rank {rank}: broadcast {i} of {n} floats from 0 differs")
+    for step in range(steps):
+        check_allreduce(coll, sizes, world, rank, step=step)
+    counts = np.array([rank + 1], np.float32)
+    coll.allreduce_mean_(counts, step=steps, tag=-2)
+    if counts[0] * world != sum(range(1, world + 1)):
+        raise AssertionError(f"rank {rank}: evaluation count {counts[0] * world}")
+    coll.barrier()
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["allreduce", "pause", "loop", "rss"])
+    p.add_argument("scenario", choices=["allreduce", "pause", "loop", "rss", "worker"])
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--addresses", required=True)
     p.add_argument("--transport", default="tcp")
@@ -62,6 +83,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--step-timeout-s", type=float, default=20.0)
     p.add_argument("--connect-timeout-s", type=float, default=20.0)
     p.add_argument("--ops", type=int, default=1000, help="collectives in the rss scenario")
+    p.add_argument("--steps", type=int, default=3, help="training steps in the worker scenario")
     a = p.parse_args(argv)
     addresses = a.addresses.split(",")
     spec = ClusterSpec(cluster={"worker": tuple(addresses)}, task_index=a.rank)
@@ -77,6 +99,8 @@ def main(argv: list[str]) -> int:
             check_broadcast(coll, sizes[-1], world, rank)
             coll.barrier()
             check_allreduce(coll, sizes[::-1], world, rank, step=2)
+        elif a.scenario == "worker":
+            worker_sequence(coll, sizes, world, rank, a.steps)
         elif a.scenario == "pause":
             check_allreduce(coll, sizes, world, rank, step=1)
             emit(event="ready", rank=rank)

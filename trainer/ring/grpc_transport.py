@@ -277,15 +277,26 @@ class GrpcTransport(Transport):
                                     send_side=True))
 
     def send(self, data: memoryview) -> None:
-        self._outbox.put(data.tobytes())
+        outbox = self._outbox
+        if outbox is None:
+            raise LinkError("send without begin_send: no Push call is open")
+        outbox.put(data.tobytes())
 
     def end_send(self) -> None:
-        self._ending = True
-        self._outbox.put(_END)
+        """Close the open Push call's stream and wait for the right neighbour to accept it.
+        The call is forgotten first, so a later ``end_send`` or ``send`` cannot reuse a
+        finished call (a collective that sends nothing must not end anything)."""
+        with self._lock:
+            outbox, call = self._outbox, self._call
+            if outbox is None or call is None:
+                raise LinkError("end_send without begin_send: no Push call is open")
+            self._outbox = None
+            self._ending = True
+        outbox.put(_END)
         try:
-            self._call.result(timeout=self._timeout)
+            call.result(timeout=self._timeout)
         except grpc.FutureTimeoutError:
-            self._call.cancel()
+            call.cancel()
             raise LinkTimeout(f"right neighbour did not take the collective within "
                               f"{self._timeout:g} s") from None
         except grpc.FutureCancelledError:

@@ -35,7 +35,11 @@ class LinkTimeout(LinkError):
 
 class Transport(ABC):
     """This rank's two ring links. Send methods are called from one thread, receive methods
-    from another, each in collective order."""
+    from another, each in collective order.
+
+    Per collective the send side is either ``begin_send``, ``send``…, ``end_send`` or nothing
+    at all (a rank that only receives, such as the one whose right neighbour is a broadcast's
+    root); ``end_send`` is never called without the ``begin_send`` of the same collective."""
 
     @abstractmethod
     def begin_send(self, header: OpHeader) -> None:
@@ -46,7 +50,7 @@ class Transport(ABC):
         """Send raw bytes to the right neighbour (the buffer is not modified meanwhile)."""
 
     def end_send(self) -> None:
-        """The collective's last chunk has been handed to ``send``."""
+        """The collective's last chunk has been handed to ``send``; only after ``begin_send``."""
 
     @abstractmethod
     def begin_recv(self, header: OpHeader) -> None:
