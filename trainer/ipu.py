@@ -7,11 +7,12 @@ step. With ``variables_on_host`` (default, as the seeds run) the weights are str
 start of each step and the optimizer state never touches the device; otherwise weights and
 optimizer state are resident and count against device memory.
 
-Backward streams each layer's gradient to the host the moment it is ready (last layer first)
-through the ``on_grad(start, stop)`` callback, so the host can reduce it while the device
-carries on. With ``replicas`` > 1 the per-worker batch is split across that many emulated IPUs
-(each with its own memory and workspace); they run backward in lock step, layer by layer, and
-their gradients are averaged into the host buffer before the callback fires — the result is the
+Backward streams each gradient piece to the host the moment it is ready (last layer first, a
+large kernel in row blocks, see ``ModelSpec.grad_pieces``) through the ``on_grad(start, stop)``
+callback, so the host can reduce it while the device carries on. With ``replicas`` > 1 the
+per-worker batch is split across that many emulated IPUs (each with its own memory and
+workspace); they run backward in lock step, piece by piece, and their gradients are averaged
+into the host buffer before the callback fires — the result is the
 gradient of the whole per-worker batch, because each replica's loss is a mean over its slice.
 
 A real IPU computes on ~1,500 tiles in parallel; the emulator stands in for them with
@@ -188,7 +189,11 @@ class IPU:
         # the most host threads (at most host_threads) that split each IPU's batch evenly
         t = max(d for d in range(1, min(self.host_threads, per_ipu) + 1) if per_ipu % d == 0)
         shards = r * t
-        programs = [Program(self.spec, batch // shards, train, self.dtype) for _ in range(shards)]
+        # weights streamed in: the host optimizer never touches what backward reads, so each
+        # layer's weight gradients may stream out before its input gradient is computed
+        early = self.config.variables_on_host and os.environ.get("XEARLY", "1") == "1"
+        programs = [Program(self.spec, batch // shards, train, self.dtype, grads_first=early)
+                    for _ in range(shards)]
         grads = []
         if train:
             while len(self._shard_grads) < shards - 1:
@@ -217,8 +222,8 @@ class IPU:
             self.stats.weights_in_bytes += self.weights.nbytes
 
     def _run_group(self, exe: Executable, group: list[int]) -> Iterator[int]:
-        """One host thread's work: forward (+ loss) of its shards, then backward layer by
-        layer, yielding each layer once all its shards have written that layer's gradients."""
+        """One host thread's work: forward (+ loss) of its shards, then backward piece by
+        piece, yielding each gradient piece once all its shards have written it."""
         for i in group:
             p = exe.programs[i]
             logits = p.forward(self.weight_views)
@@ -226,17 +231,17 @@ class IPU:
                 exe.losses[i] = p.loss_and_dlogits(logits)
         if not exe.train:
             return
-        walkers = [exe.programs[i].backward_layers(self.weight_views, exe.grads[i])
+        walkers = [exe.programs[i].backward_pieces(self.weight_views, exe.grads[i])
                    for i in group]
-        for layer in walkers[0]:
+        for piece in walkers[0]:
             for w in walkers[1:]:
                 next(w)
-            yield layer
+            yield piece
 
     def _pump(self, gen: Iterator[int], q: queue.SimpleQueue) -> None:
         try:
-            for layer in gen:
-                q.put(layer)
+            for piece in gen:
+                q.put(piece)
             q.put(_DONE)
         except BaseException as e:  # re-raised on the calling thread
             q.put(e)
@@ -273,8 +278,9 @@ class IPU:
                    on_grad: Callable[[int, int], None] | None = None) -> float:
         """Forward + backward on one per-worker batch; returns the mean loss.
 
-        Gradients land in the host gradient buffer; ``on_grad(start, stop)`` fires per layer,
-        last layer first, while the other layers are still being computed.
+        Gradients land in the host gradient buffer; ``on_grad(start, stop)`` fires per piece
+        of ``spec.grad_pieces`` (last layer first; large kernels in row blocks) while the rest
+        of backward is still being computed.
         """
         t0 = time.perf_counter()
         self._stream_weights()
@@ -282,11 +288,11 @@ class IPU:
         runs = self._launch(exe)
         n = len(exe.programs)
         try:
-            for layer in reversed(range(len(self.spec.layers))):
+            for piece in self.spec.grad_pieces:
                 for run in runs:
-                    if next(run) != layer:
-                        raise RuntimeError(f"a shard group skipped layer {layer}")
-                start, stop = self.spec.layer_ranges[layer]
+                    if next(run) != piece:
+                        raise RuntimeError(f"a shard group skipped gradient piece {piece}")
+                start, stop = piece
                 if n > 1:
                     out = self.host_grads[start:stop]
                     for g in self._shard_grads[:n - 1]:

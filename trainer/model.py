@@ -26,6 +26,8 @@ from numpy.lib.stride_tricks import as_strided
 from trainer.errors import InvalidSpec
 
 MODELS = ("cnn", "cnn2")
+#: weight gradients larger than this (elements) are computed and streamed in row blocks
+GRAD_BLOCK_ELEMS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -140,8 +142,31 @@ class ConvPool:
         np.maximum(out, 0, out=out)
         return out
 
+    def grad_plan(self) -> list[tuple[str, int, int]]:
+        """The gradient pieces backward streams, in order: ``(parameter, first, stop)`` element
+        ranges of that parameter. A conv's gradients are small: bias and kernel once done."""
+        return [("bias", 0, self.cout), ("kernel", 0, self.kk * self.cout)]
+
+    def backward_iter(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
+                      dbias: np.ndarray, grads_first: bool = False):
+        """Generator: backward, yielding each piece of :meth:`grad_plan` once it is written;
+        returns the input gradient (None for the first layer). See :meth:`Dense.backward_iter`
+        for ``grads_first``."""
+        self._weight_grads(ws, dout, dkernel, dbias)
+        if grads_first:
+            yield from self.grad_plan()
+        dx = self._input_grad(ws, kernel) if "dx" in ws else None
+        if not grads_first:
+            yield from self.grad_plan()
+        return dx
+
     def backward(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
                  dbias: np.ndarray) -> np.ndarray | None:
+        self._weight_grads(ws, dout, dkernel, dbias)
+        return self._input_grad(ws, kernel) if "dx" in ws else None
+
+    def _weight_grads(self, ws: dict, dout: np.ndarray, dkernel: np.ndarray,
+                      dbias: np.ndarray) -> None:
         # Route each window's gradient to its first maximal position (TensorFlow's tie rule)
         # where the ReLU passed it; ``avail`` marks windows not yet claimed. Masks are bool,
         # so the only float passes are the four products.
@@ -158,8 +183,8 @@ class ConvPool:
         # a column sum as a matrix-vector product: BLAS is ~10x faster than add.reduce here
         np.matmul(ws["ones"], ws["dconv"], out=dbias)
         np.matmul(ws["A"].T, ws["dconv"], out=dkernel.reshape(self.kk, self.cout))
-        if "dx" not in ws:
-            return None
+
+    def _input_grad(self, ws: dict, kernel: np.ndarray) -> np.ndarray:
         np.matmul(ws["dconv"], kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])
         dx, dc = ws["dx"], ws["dcols8"]
         dx.fill(0)
@@ -182,6 +207,9 @@ class Dense:
     def __init__(self, n_in: int, n_out: int, relu: bool):
         self.n_in, self.n_out, self.relu = n_in, n_out, relu
         self.out_shape = (n_out,)
+        # the kernel gradient in about equal row blocks of at most GRAD_BLOCK_ELEMS elements
+        blocks = -(-n_in * n_out // GRAD_BLOCK_ELEMS)
+        self.block_rows = -(-n_in // blocks)
 
     def params(self, layer: int) -> list[ParamSpec]:
         return [
@@ -218,20 +246,56 @@ class Dense:
             np.maximum(out, 0, out=out)
         return out
 
-    def backward(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
-                 dbias: np.ndarray) -> np.ndarray | None:
+    def grad_plan(self) -> list[tuple[str, int, int]]:
+        """The gradient pieces backward streams, in order: ``(parameter, first, stop)`` element
+        ranges. The bias, then the kernel in row blocks (contiguous in the flat buffer), so
+        the host can reduce the first rows of a large kernel while the rest is computed."""
+        n, r = self.n_out, self.block_rows
+        return [("bias", 0, n)] + [("kernel", lo * n, min(lo + r, self.n_in) * n)
+                                   for lo in range(0, self.n_in, r)]
+
+    def backward_iter(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
+                      dbias: np.ndarray, grads_first: bool = False):
+        """Generator: backward, yielding each piece of :meth:`grad_plan` once it is written;
+        returns the input gradient (None for the first layer).
+
+        By default the input gradient, which the layer below waits for, comes first (the
+        critical path, as frameworks schedule it) — required when the weights are resident on
+        the IPU, because the host optimizer may then update a streamed kernel block at once
+        and nothing may read the kernel after it. ``grads_first`` (weights streamed in, so the
+        optimizer never touches what backward reads) streams the weight gradients first, so
+        the host's allreduce starts earlier and the input gradient hides part of it. Either
+        way the arithmetic is the same: each block ``dW[rows] = x[:, rows]^T dz`` is the same
+        dot products as the whole product."""
         dz = ws["dz"]
         if self.relu:
             np.greater(ws["out"], 0, out=ws["mask"])
             np.multiply(dout, ws["mask"], out=dz)
         else:
             np.copyto(dz, dout)
-        np.matmul(ws["x"].T, dz, out=dkernel)
         np.matmul(ws["ones"], dz, out=dbias)
-        if "dx" not in ws:
-            return None
-        np.matmul(dz, kernel.T, out=ws["dx"])
-        return ws["dx"]
+        dx = ws.get("dx")
+        if dx is not None and not grads_first:
+            np.matmul(dz, kernel.T, out=dx)
+        pieces = self.grad_plan()
+        yield pieces[0]
+        xt, n = ws["x"].T, self.n_out
+        for piece in pieces[1:]:
+            lo, hi = piece[1] // n, piece[2] // n
+            np.matmul(xt[lo:hi], dz, out=dkernel[lo:hi])
+            yield piece
+        if dx is not None and grads_first:
+            np.matmul(dz, kernel.T, out=dx)
+        return dx
+
+    def backward(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
+                 dbias: np.ndarray) -> np.ndarray | None:
+        gen = self.backward_iter(ws, dout, kernel, dkernel, dbias)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as done:
+                return done.value
 
 
 class ModelSpec:
@@ -253,6 +317,12 @@ class ModelSpec:
         for li in range(len(layers)):
             mine = [s for s in slots if s.spec.layer == li]
             self.layer_ranges.append((min(s.start for s in mine), max(s.stop for s in mine)))
+        at = {(s.spec.layer, s.spec.name): s.start for s in slots}
+        #: the gradient pieces backward streams, in order, as (start, stop) of the flat buffer:
+        #: last layer first; within a layer as its ``grad_plan`` says
+        self.grad_pieces = [(at[li, name] + lo, at[li, name] + hi)
+                            for li in reversed(range(len(layers)))
+                            for name, lo, hi in layers[li].grad_plan()]
 
     def views(self, flat: np.ndarray) -> list[dict[str, np.ndarray]]:
         """Per layer, name → view into ``flat`` shaped like the parameter."""
@@ -292,13 +362,16 @@ def build(name: str) -> ModelSpec:
 class Program:
     """One compiled (model, batch size, train/eval) program: every buffer allocated up front.
 
-    ``run_forward`` / ``run_backward`` allocate nothing; ``run_backward`` calls
-    ``on_layer(layer)`` right after each layer's parameter gradients are written (last layer
-    first), which is how the IPU streams gradients out while backward continues.
+    ``forward`` / ``backward`` allocate nothing; ``backward_pieces`` yields each gradient piece
+    of ``spec.grad_pieces`` right after it is written (last layer first), which is how the IPU
+    streams gradients out while backward continues.
     """
 
-    def __init__(self, spec: ModelSpec, batch: int, train: bool, dtype=np.float32):
+    def __init__(self, spec: ModelSpec, batch: int, train: bool, dtype=np.float32,
+                 grads_first: bool = False):
         self.spec, self.batch, self.train, self.dtype = spec, batch, train, np.dtype(dtype)
+        #: stream each layer's weight gradients before its input gradient (``backward_iter``)
+        self.grads_first = grads_first
         self.ws: list[dict] = []
         for i, layer in enumerate(spec.layers):
             bufs = layer.buffers(batch, train, need_dx=i > 0)
@@ -354,17 +427,26 @@ class Program:
         np.multiply(d, self.dtype.type(1.0 / self.batch), out=d)
         return loss
 
-    def backward_layers(self, params: list[dict[str, np.ndarray]],
+    def backward_pieces(self, params: list[dict[str, np.ndarray]],
                         grads: list[dict[str, np.ndarray]]):
-        """Generator: backward one layer at a time (last first), yielding its index once its
-        parameter gradients are written, so replicas can run in lock step layer by layer."""
+        """Generator: backward (last layer first), yielding each ``(start, stop)`` of
+        ``spec.grad_pieces`` once those gradients are written, so replicas and shards can run
+        in lock step piece by piece."""
         g = self.dlogits
+        pieces = iter(self.spec.grad_pieces)
         for i in reversed(range(len(self.spec.layers))):
             layer, ws = self.spec.layers[i], self.ws[i]
-            g = layer.backward(ws, g, params[i]["kernel"], grads[i]["kernel"], grads[i]["bias"])
-            yield i
+            steps = layer.backward_iter(ws, g, params[i]["kernel"], grads[i]["kernel"],
+                                        grads[i]["bias"], self.grads_first)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    g = done.value
+                    break
+                yield next(pieces)
 
-    def backward(self, params, grads, on_layer=None) -> None:
-        for i in self.backward_layers(params, grads):
-            if on_layer is not None:
-                on_layer(i)
+    def backward(self, params, grads, on_piece=None) -> None:
+        for piece in self.backward_pieces(params, grads):
+            if on_piece is not None:
+                on_piece(*piece)

@@ -15,7 +15,10 @@ layer inline, as Horovod registers no hooks for size 1.
 
 from __future__ import annotations
 
+import collections
+import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -28,7 +31,15 @@ from trainer.optim import Optimizer
 
 #: DDP's defaults: 25 MiB buckets, a 1 MiB first bucket.
 DEFAULT_BUCKET_BYTES = 25 * (1 << 20)
-FIRST_BUCKET_BYTES = 1 << 20
+FIRST_BUCKET_BYTES = int(os.environ.get("XFIRST", 1 << 20))
+SPLIT = os.environ.get("XSPLIT", "1") == "1"
+#: parameters larger than this (elements) are split into about equal pieces
+PIECE_ELEMS = int(os.environ.get("XPIECE", 1 << 16))
+#: the communication thread applies the optimizer in slices of this many elements and looks
+#: for a newly completed bucket between them: an allreduce waits on peers, the optimizer not
+APPLY_ELEMS = 1 << 16
+#: GIL switch interval while a communication thread runs (CPython's default is 5 ms)
+COMM_SWITCH_INTERVAL_S = float(os.environ.get("XSWI", 0.0005))
 
 
 @dataclass(frozen=True)
@@ -52,14 +63,21 @@ def assign_buckets(sizes: Sequence[int], bucket_bytes: int = DEFAULT_BUCKET_BYTE
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    units: list[tuple[int, int, bool]] = []  # (parameter, elements, last piece of a split one)
+    for i, n in enumerate(sizes):
+        pieces = -(-n // PIECE_ELEMS) if SPLIT else 1
+        step = -(-n // pieces)
+        units += [(i, min(step, n - lo), pieces > 1 and lo + step >= n)
+                  for lo in range(0, n, step)] if n else [(i, 0, False)]
     buckets: list[Bucket] = []
     start = offset = 0
     members: list[int] = []
-    for i, n in enumerate(sizes):
-        members.append(i)
+    for i, n, closes in units:
+        if not members or members[-1] != i:
+            members.append(i)
         offset += n
         cap = min(first_bucket_bytes, bucket_bytes) if not buckets else bucket_bytes
-        if (offset - start) * itemsize >= cap:
+        if (offset - start) * itemsize >= cap or closes:
             buckets.append(Bucket(len(buckets), start, offset, tuple(members)))
             start, members = offset, []
     if members:
@@ -109,6 +127,7 @@ class Reducer:
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         if not self.local:
+            _comm_thread_started()
             self._thread = threading.Thread(target=self._comm_loop, name="ringtrain-comm",
                                             daemon=True)
             self._thread.start()
@@ -159,9 +178,28 @@ class Reducer:
         return StepCommStats(total, hidden, wait, self.grads.nbytes)
 
     def _comm_loop(self) -> None:
+        """Allreduce each bucket as it comes, then apply the optimizer to it in slices; a
+        bucket that completes meanwhile is reduced before the next slice is applied, so the
+        last bucket of a step never queues behind the optimizer of the one before."""
         failed: BaseException | None = None
+        reduced: collections.deque = collections.deque()  # [bucket, next element to apply]
         while True:
-            item = self._work.get()
+            if reduced:
+                try:
+                    item = self._work.get_nowait()
+                except queue.Empty:
+                    head = reduced[0]
+                    bucket, at = head
+                    stop = min(at + APPLY_ELEMS, bucket.stop, self.num_params)
+                    if at < stop:
+                        self.optimizer.apply(self.grads, at, stop)
+                    head[1] = stop
+                    if stop >= min(bucket.stop, self.num_params):
+                        reduced.popleft()
+                        self._done.put(bucket.index)
+                    continue
+            else:
+                item = self._work.get()
             if item is None:
                 return
             bucket, step = item
@@ -173,15 +211,42 @@ class Reducer:
                 t0 = time.perf_counter()
                 self.collective.allreduce_mean_(view, step=step, tag=bucket.index)
                 self._intervals.append((t0, time.perf_counter()))
-                if bucket.start < self.num_params:
-                    self.optimizer.apply(self.grads, bucket.start,
-                                         min(bucket.stop, self.num_params))
-                self._done.put(bucket.index)
+                reduced.append([bucket, bucket.start])
             except BaseException as e:  # handed to the step loop, which maps it to an exit code
                 failed = e
                 self._done.put(e)
 
     def close(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            self._work.put(None)
-            self._thread.join()
+        if self._thread is not None:
+            if self._thread.is_alive():
+                self._work.put(None)
+                self._thread.join()
+            self._thread = None
+            _comm_thread_stopped()
+
+
+# CPython hands the GIL to a waiting thread only when the holder blocks or after the switch
+# interval (5 ms). The compute thread does release it inside every numpy call, but a woken
+# communication thread that has to wait for a CPU usually finds it taken again and then waits
+# the whole interval: measured, a bucket's allreduce often started only when backward ended.
+# While any communication thread runs, the interval is lowered (and restored after the last).
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.0
+
+
+def _comm_thread_started() -> None:
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, COMM_SWITCH_INTERVAL_S))
+        _switch_users += 1
+
+
+def _comm_thread_stopped() -> None:
+    global _switch_users
+    with _switch_lock:
+        _switch_users -= 1
+        if _switch_users == 0:
+            sys.setswitchinterval(_switch_saved)
