@@ -191,7 +191,7 @@ class IPU:
         shards = r * t
         # weights streamed in: the host optimizer never touches what backward reads, so each
         # layer's weight gradients may stream out before its input gradient is computed
-        early = self.config.variables_on_host and os.environ.get("XEARLY", "1") == "1"
+        early = self.config.variables_on_host
         programs = [Program(self.spec, batch // shards, train, self.dtype, grads_first=early)
                     for _ in range(shards)]
         grads = []

@@ -16,7 +16,6 @@ layer inline, as Horovod registers no hooks for size 1.
 from __future__ import annotations
 
 import collections
-import os
 import queue
 import sys
 import threading
@@ -29,17 +28,21 @@ import numpy as np
 from trainer.collective import Collective
 from trainer.optim import Optimizer
 
-#: DDP's defaults: 25 MiB buckets, a 1 MiB first bucket.
+#: DDP's default cap: 25 MiB buckets.
 DEFAULT_BUCKET_BYTES = 25 * (1 << 20)
-FIRST_BUCKET_BYTES = int(os.environ.get("XFIRST", 1 << 20))
-SPLIT = os.environ.get("XSPLIT", "1") == "1"
-#: parameters larger than this (elements) are split into about equal pieces
-PIECE_ELEMS = int(os.environ.get("XPIECE", 1 << 16))
+#: the first bucket's cap. DDP uses 1 MiB, sized for models of hundreds of MB; the cnn's
+#: gradients are 1.39 MB in all, so 1 MiB would hold back three quarters of them (measured:
+#: 256 KiB hides more of the allreduce, see docs/trainer.md)
+FIRST_BUCKET_BYTES = 256 << 10
+#: parameters larger than this (elements) are split into about equal pieces, so that a
+#: bucket can start while the IPU still streams the rest of a large kernel (model.py streams
+#: such kernels in row blocks of the same size)
+PIECE_ELEMS = 1 << 16
 #: the communication thread applies the optimizer in slices of this many elements and looks
-#: for a newly completed bucket between them: an allreduce waits on peers, the optimizer not
+#: for a newly completed bucket between them: an allreduce waits for peers, the optimizer not
 APPLY_ELEMS = 1 << 16
 #: GIL switch interval while a communication thread runs (CPython's default is 5 ms)
-COMM_SWITCH_INTERVAL_S = float(os.environ.get("XSWI", 0.0005))
+COMM_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -59,16 +62,21 @@ def assign_buckets(sizes: Sequence[int], bucket_bytes: int = DEFAULT_BUCKET_BYTE
     """Group consecutive parameters (sizes in elements, in arrival order) into buckets.
 
     DDP's rule: add parameters to the open bucket until its bytes reach the cap, then close it;
-    the first bucket's cap is ``min(first_bucket_bytes, bucket_bytes)``.
+    the first bucket's cap is ``min(first_bucket_bytes, bucket_bytes)``. Unlike DDP, a
+    parameter of more than ``PIECE_ELEMS`` elements is first cut into about equal pieces that
+    count as parameters of their own (the flat buffer is contiguous, so a bucket may end
+    mid-parameter, and the optimizer works element by element), and the last piece of a cut
+    parameter closes its bucket: the next layer's gradients come later, after backward has
+    moved on, and would otherwise hold the finished pieces back.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-    units: list[tuple[int, int, bool]] = []  # (parameter, elements, last piece of a split one)
+    units: list[tuple[int, int, bool]] = []  # (parameter, elements, last piece of a cut one)
     for i, n in enumerate(sizes):
-        pieces = -(-n // PIECE_ELEMS) if SPLIT else 1
-        step = -(-n // pieces)
+        pieces = max(1, -(-n // PIECE_ELEMS))
+        step = max(1, -(-n // pieces))
         units += [(i, min(step, n - lo), pieces > 1 and lo + step >= n)
-                  for lo in range(0, n, step)] if n else [(i, 0, False)]
+                  for lo in range(0, n, step)] or [(i, 0, False)]
     buckets: list[Bucket] = []
     start = offset = 0
     members: list[int] = []

@@ -70,38 +70,42 @@ def test_a_killed_worker_restarts_the_gang_which_resumes_and_succeeds(kubectl, n
     ckpt = Path(f"/tmp/ringtrain-e2e/{ns}/{name}")  # survives the gang restart (pods do not)
     ckpt.mkdir(parents=True, exist_ok=True)
     ckpt.chmod(0o777)
-    job = training_job(name, project_image, steps=160, checkpoint={
-        "everySteps": 10, "volume": {"hostPath": {"path": str(ckpt), "type": "Directory"}}})
+    # Long enough (tens of seconds on two cores) that the kill lands mid-run, not after the end.
+    job = training_job(name, project_image, steps=1500, checkpoint={
+        "everySteps": 20, "volume": {"hostPath": {"path": str(ckpt), "type": "Directory"}}})
     kubectl.apply(job, ns)
     try:
-        # Mid-run: a checkpoint exists and training goes on.
-        wait_for("progress past the first checkpoints", lambda: (
-            ((get_job(kubectl, ns, name) or {}).get("status", {}).get("progress", {})
-             .get("step", 0)) >= 30), 180, story(kubectl, ns, name, operator), poll_s=0.5)
+        # Mid-run: the chief's first checkpoint is on the node's disk, training goes on.
+        wait_for("the first checkpoint", lambda: any(ckpt.glob("ckpt-*.json")), 180,
+                 story(kubectl, ns, name, operator), poll_s=0.2)
         victim = kubectl.json("get", "pod", f"{name}-worker-1", "-n", ns)
         cid = victim["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
         # SIGKILL from the node, as the OOM killer would: exit 137, retryable under ExitCode.
         subprocess.run(["ctr", "--address", CTR_SOCK, "-n", "k8s.io", "tasks", "kill", "-s",
                         "SIGKILL", cid], check=True, capture_output=True, timeout=30)
 
-        restarting = wait_state(kubectl, ns, name, "Restarting", 60, operator.tail)
-        cond = next(c for c in restarting["status"]["conditions"] if c["type"] == "Restarting")
-        assert f"pod {name}-worker-1 failed with exit code 137" in cond["message"]
+        # Restarting may last less than one poll: the events keep the transition.
         done = wait_state(kubectl, ns, name, "Succeeded", 300, operator.tail)
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
     st = done["status"]
     assert st["gangRestarts"] == 1 and st["restarts"] == 1
-    assert st["progress"]["step"] == 160
+    assert st["progress"]["step"] == 1500
     new_uid = kubectl.json("get", "pod", f"{name}-worker-1", "-n", ns)["metadata"]["uid"]
     assert new_uid != victim["metadata"]["uid"]
     # The new chief resumed from a checkpoint instead of starting over.
     log = kubectl("logs", f"{name}-worker-0", "-n", ns).stdout
     progress = [json.loads(line) for line in log.splitlines()
                 if line.startswith("{") and '"progress"' in line]
-    assert progress and progress[0]["step"] > 10, log[-3000:]
-    reasons = [e["reason"] for e in events(kubectl, ns, name)]
-    assert "TrainingJobRestarting" in reasons and "TrainingJobSucceeded" in reasons
+    assert progress and progress[0]["step"] > 20, log[-3000:]
+    evs = events(kubectl, ns, name)
+    restarting = [e["message"] for e in evs if e["reason"] == "TrainingJobRestarting"]
+    # Whichever the operator saw first: the victim's SIGKILL (137) or its peer losing the ring
+    # (the trainer's retryable 138); either restarts the whole gang, once.
+    assert len(restarting) == 1 and (
+        f"pod {name}-worker-1 failed with exit code 137" in restarting[0]
+        or f"pod {name}-worker-0 failed with exit code 138" in restarting[0]), restarting
+    assert "TrainingJobSucceeded" in [e["reason"] for e in evs]
 
 
 def test_active_deadline_fails_the_job_and_applies_clean_pod_policy(kubectl, ns, operator,

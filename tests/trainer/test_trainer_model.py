@@ -1,4 +1,5 @@
 import gc
+import itertools
 import math
 import tracemalloc
 
@@ -67,6 +68,46 @@ def test_parameters_are_views_in_reverse_layer_order():
     assert views[2]["bias"].base is flat or np.shares_memory(views[2]["bias"], flat)
     starts = [spec.layer_ranges[i] for i in (2, 1, 0)]
     assert starts[0][0] == 0 and all(a[1] == b[0] for a, b in zip(starts, starts[1:]))
+
+
+@pytest.mark.parametrize("name", ["cnn", "cnn2"])
+def test_gradient_pieces_tile_the_flat_buffer_in_streaming_order(name):
+    spec = M.build(name)
+    pieces = spec.grad_pieces
+    assert pieces[0][0] == 0 and pieces[-1][1] == spec.num_params
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
+    # a large kernel streams in row blocks of at most GRAD_BLOCK_ELEMS, whole rows each
+    dense = spec.layers[-2]
+    start, stop = spec.layer_ranges[len(spec.layers) - 2]
+    blocks = [(a, b) for a, b in pieces if start + dense.n_out <= a and b <= stop]
+    assert len(blocks) == -(-dense.n_in * dense.n_out // M.GRAD_BLOCK_ELEMS) > 1
+    assert all((b - a) % dense.n_out == 0 and b - a <= M.GRAD_BLOCK_ELEMS for a, b in blocks)
+
+
+@pytest.mark.parametrize("grads_first", [False, True])
+def test_streaming_in_pieces_gives_the_whole_layer_gradient(rng, grads_first):
+    """Row blocks ``x[:, rows]^T dz`` and either order of dW and dX change nothing."""
+    spec = M.build("cnn2")
+    params = spec.init(1)
+    whole, pieced = np.zeros_like(params), np.zeros_like(params)
+    ref, prog = M.Program(spec, 6, True), M.Program(spec, 6, True, grads_first=grads_first)
+    ref.x[:] = prog.x[:] = rng.random(ref.x.shape, dtype=np.float32)
+    ref.labels[:] = prog.labels[:] = rng.integers(0, 10, 6)
+    views = spec.views(params)
+    loss_fn(ref, views)
+    loss_fn(prog, views)
+    # the reference: every layer's backward in one call, as the whole matrix products
+    g = ref.dlogits
+    for i in reversed(range(len(spec.layers))):
+        gv = spec.views(whole)[i]
+        g = spec.layers[i].backward(ref.ws[i], g, views[i]["kernel"], gv["kernel"], gv["bias"])
+    seen = []
+    prog.backward(views, spec.views(pieced), on_piece=lambda a, b: seen.append(
+        (a, b, pieced[a:b].copy())))
+    assert [(a, b) for a, b, _ in seen] == spec.grad_pieces
+    np.testing.assert_allclose(pieced, whole, rtol=1e-6, atol=0)
+    # each piece was final when it was streamed
+    np.testing.assert_array_equal(np.concatenate([g for _, _, g in seen]), pieced)
 
 
 def test_glorot_uniform_init_like_keras():

@@ -1,34 +1,52 @@
 import io
+import sys
 import threading
 
 import numpy as np
 import pytest
 
 from trainer import optim as O
+from trainer import reducer as R
 from trainer.collective import LocalCollective
 from trainer.config import TrainerConfig
 from trainer.errors import PeerTimeout
-from trainer.reducer import Reducer, assign_buckets
+from trainer.reducer import PIECE_ELEMS, Bucket, Reducer, assign_buckets
 from trainer.worker import Trainer
-
-
 
 MiB = 1 << 20
 
 
 def test_bucket_assignment_is_ddp_like():
     sizes = [10, 640, 64, 346112, 32, 288]  # the cnn in arrival order
-    one = assign_buckets(sizes, 25 * MiB)
-    # the 1 MiB first bucket closes as soon as it passes the cap; the rest fit in one
-    assert [b.params for b in one] == [(0, 1, 2, 3), (4, 5)]
     small = assign_buckets(sizes, 4 * 64, first_bucket_bytes=16)
-    assert [b.params for b in small] == [(0,), (1,), (2,), (3,), (4, 5)]  # 128 B < cap: joins
+    # 128 B < cap: joins; the large kernel is split, its last piece closes its bucket
+    assert [b.params for b in small][:4] == [(0,), (1,), (2,), (3,)]
+    assert small[-1].params == (4, 5) and small[-2].stop == sum(sizes[:4])
     mid = assign_buckets([100, 100, 100, 100, 100], 800, first_bucket_bytes=400)
     assert [b.params for b in mid] == [(0,), (1, 2), (3, 4)]
+    one = assign_buckets(sizes, 25 * MiB)
     for bs in (one, small, mid):
         assert bs[0].start == 0 and all(a.stop == b.start for a, b in zip(bs, bs[1:]))
         assert [b.index for b in bs] == list(range(len(bs)))
     assert assign_buckets(sizes, 25 * MiB) == one  # pure
+
+
+def test_a_large_parameter_is_split_and_the_next_layer_gets_a_bucket_of_its_own():
+    """The cnn's Dense kernel is 99.6 % of its gradients: whole, its bucket could only start
+    when the whole kernel is done; in pieces the first rows are reduced while the rest is
+    computed, and the conv's small gradient (computed last) is not held back with them."""
+    sizes = [10, 640, 64, 346112, 32, 288, 1]  # + the worker's stop flag
+    bs = assign_buckets(sizes, 25 * MiB, first_bucket_bytes=256 << 10)
+    kernel_end = sum(sizes[:4])
+    assert bs[0].params == (0, 1, 2, 3) and 256 << 10 <= bs[0].size * 4 < MiB
+    assert bs[-2].stop == kernel_end and bs[-1].params == (4, 5, 6)
+    assert all(b.params == (3,) for b in bs[1:-1])
+    # a parameter is cut in about equal pieces of at most PIECE_ELEMS; the others stay whole
+    tiny = assign_buckets(sizes, 1, first_bucket_bytes=1)
+    kernel = [b.size for b in tiny if b.params == (3,)]
+    assert len(kernel) == -(-346112 // PIECE_ELEMS) and max(kernel) - min(kernel) < len(kernel)
+    assert [b.size for b in tiny if 3 not in b.params] == [10, 640, 64, 32, 288, 1]
+    assert assign_buckets([0, 5], 25 * MiB) == [Bucket(0, 0, 5, (0, 1))]
 
 
 def test_single_worker_applies_each_layer_inline_without_a_thread(rng):
@@ -115,6 +133,50 @@ def test_a_failed_collective_surfaces_in_finish_instead_of_hanging(rng):
     assert res[0] is True
 
 
+def test_the_optimizer_is_applied_in_slices_between_allreduces(rng, monkeypatch):
+    """Adam applied slice by slice (so a newly completed bucket is reduced first) is the
+    same as Adam applied to each whole bucket: it works element by element."""
+    monkeypatch.setattr(R, "APPLY_ELEMS", 7)
+    sizes = [100, 200, 300, 400]
+    grads = [rng.normal(size=1000).astype(np.float32) for _ in range(2)]
+    want = np.zeros(1000, np.float32)
+    ref = O.build("adam", want, O.StepDecay(0.1))
+    ref.begin_step(0)
+    ref.apply((grads[0] + grads[1]) / 2, 0, 1000)
+
+    def rank_fn(rank, col):
+        p = np.zeros(1000, np.float32)
+        opt = O.build("adam", p, O.StepDecay(0.1))
+        r = Reducer(sizes, grads[rank].copy(), col, opt, bucket_bytes=1200,
+                    first_bucket_bytes=400)
+        opt.begin_step(0)
+        r.begin_step(0)
+        for a, b in ((0, 100), (100, 300), (300, 600), (600, 1000)):
+            r.on_grad(a, b)
+        r.finish()
+        r.close()
+        return p
+
+    res, _ = run_ranks(2, rank_fn)
+    for p in res:
+        np.testing.assert_allclose(p, want, rtol=1e-6)
+
+
+def test_the_gil_switch_interval_is_lowered_while_a_communication_thread_runs():
+    from conftest import ThreadGroup
+
+    before = sys.getswitchinterval()
+    cols = ThreadGroup(2).collectives()
+    rs = [Reducer([10], np.zeros(10, np.float32), c, O.build("sgd", np.zeros(10, np.float32),
+                                                              O.StepDecay())) for c in cols]
+    assert sys.getswitchinterval() == min(before, R.COMM_SWITCH_INTERVAL_S)
+    rs[0].close()
+    assert sys.getswitchinterval() == min(before, R.COMM_SWITCH_INTERVAL_S)  # one still runs
+    rs[1].close()
+    rs[1].close()  # idempotent
+    assert sys.getswitchinterval() == before
+
+
 def config(**kw):
     base = dict(dataset="mnist-5k", steps=6, batch_size=16, optimizer="adam", lr=0.01, seed=3)
     base.update(kw)
@@ -136,16 +198,19 @@ def test_n_workers_with_batch_b_equal_one_worker_with_batch_nb(mnist5k, world, o
             final = t.run()
         finally:
             t.close()
-        return t.params.copy(), final
+        return t.params.copy(), final, t.reducer.buckets
 
     res, cols = run_ranks(world, rank_fn)
-    for params, final in res:
+    for params, final, _ in res:
         np.testing.assert_allclose(params, single.params, rtol=1e-4, atol=1e-6)
         assert final["steps"] == 6
     # tags < 0 are not buckets (the shared evaluation's allreduce is tag -2)
     n_buckets = len({c[2] for c in cols[0].calls if c[0] == "allreduce" and c[2] >= 0})
-    # tiny buckets: 3 for the parameters + the stop flag alone (it joins the last one otherwise)
-    assert n_buckets == (2 if bucket_mb == 25.0 else 4)
+    assert n_buckets == len(res[0][2])
+    # 25 MiB: the first bucket, the rest of the split Dense kernel, the conv + stop flag;
+    # tiny buckets: the last Dense, each piece of the large kernel (its bias joins the first),
+    # the conv, and the stop flag alone
+    assert n_buckets == (3 if bucket_mb == 25.0 else 3 + -(-346112 // PIECE_ELEMS))
     assert res[0][1]["test_accuracy"] is not None and res[1][1]["test_accuracy"] is None
 
 
@@ -155,14 +220,14 @@ def test_a_stop_request_on_one_worker_stops_every_worker_after_the_same_step(mni
         if rank == 1:
             t.stop_requested.set()  # as the SIGTERM handler does
         try:
-            return t.run()
+            return t.run(), len(t.reducer.buckets)
         finally:
             t.close()
 
     res, cols = run_ranks(2, rank_fn)
-    assert [(f["steps"], f["terminated"]) for f in res] == [(1, True), (1, True)]
+    assert [(f["steps"], f["terminated"]) for f, _ in res] == [(1, True), (1, True)]
     # the flag rode in the last bucket: no extra collective per step
-    assert len([c for c in cols[0].calls if c[0] == "allreduce"]) == 2
+    assert len([c for c in cols[0].calls if c[0] == "allreduce"]) == res[0][1]
 
 
 def test_multi_worker_metrics_expose_allreduce_time_and_overlap(mnist5k):
