@@ -16,6 +16,7 @@ layer inline, as Horovod registers no hooks for size 1.
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import sys
 import threading
@@ -162,6 +163,11 @@ class Reducer:
         while self._next < len(self.buckets) and self._remaining[self._next] == 0:
             self._work.put((self.buckets[self._next], self._step))
             self._next += 1
+        # Offer the CPU to the communication thread: with every core busy computing (2 cores,
+        # 2 workers) a woken thread otherwise waits for the scheduler's next preemption, and
+        # the allreduce started, or moved on, only after backward ended. Measured on the cnn:
+        # hidden share 0.54-0.62 -> 0.76-0.79, exposed wait 2.5-4 -> 1.2-1.4 ms per step.
+        _yield_cpu()
 
     def finish(self) -> StepCommStats:
         """Wait for every bucket of this step; raises what the communication thread raised."""
@@ -232,6 +238,8 @@ class Reducer:
             self._thread = None
             _comm_thread_stopped()
 
+
+_yield_cpu = getattr(os, "sched_yield", lambda: None)  # POSIX only
 
 # CPython hands the GIL to a waiting thread only when the holder blocks or after the switch
 # interval (5 ms). The compute thread does release it inside every numpy call, but a woken
