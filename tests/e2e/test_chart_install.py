@@ -56,13 +56,20 @@ def test_the_chart_runs_the_operator_in_cluster_with_least_privilege(kubectl, na
 def test_a_two_worker_job_succeeds_under_the_in_cluster_operator(kubectl, namespace,
                                                                  operator_release,
                                                                  project_image):
-    kubectl.apply(training_job("chart-job", project_image, steps=20), namespace)
+    # cleanPodPolicy None: keep worker-1 even if it is still finishing when the chief's success
+    # ends the job (the default, Running, deletes it then).
+    kubectl.apply(training_job("chart-job", project_image, steps=20,
+                               run_policy={"cleanPodPolicy": "None"}), namespace)
     job = wait_state(kubectl, namespace, "chart-job", "Succeeded", 300,
                      operator_log(kubectl, namespace))
     st = job["status"]
     assert st["progress"]["step"] == 20 and 0.0 < st["progress"]["testAccuracy"] <= 1.0
-    phases = {p["metadata"]["name"]: p["status"]["phase"]
-              for p in job_pods(kubectl, namespace, "chart-job")}
+    def both_exited():
+        phases = {p["metadata"]["name"]: p["status"].get("phase")
+                  for p in job_pods(kubectl, namespace, "chart-job")}
+        return phases if all(ph in ("Succeeded", "Failed") for ph in phases.values()) else None
+    phases = wait_for("both workers to exit", both_exited, 60,
+                      operator_log(kubectl, namespace))
     assert phases == {"chart-job-worker-0": "Succeeded", "chart-job-worker-1": "Succeeded"}
     tf = json.loads(next(
         e["value"] for e in kubectl.json("get", "pod", "chart-job-worker-0", "-n", namespace)

@@ -71,8 +71,10 @@ def test_a_killed_worker_restarts_the_gang_which_resumes_and_succeeds(kubectl, n
     ckpt.mkdir(parents=True, exist_ok=True)
     ckpt.chmod(0o777)
     # Long enough (tens of seconds on two cores) that the kill lands mid-run, not after the end.
-    job = training_job(name, project_image, steps=1500, checkpoint={
-        "everySteps": 20, "volume": {"hostPath": {"path": str(ckpt), "type": "Directory"}}})
+    # cleanPodPolicy None: worker-1 must still exist after the chief's success ends the job.
+    job = training_job(name, project_image, steps=1500, run_policy={"cleanPodPolicy": "None"},
+                       checkpoint={"everySteps": 20, "volume": {
+                           "hostPath": {"path": str(ckpt), "type": "Directory"}}})
     kubectl.apply(job, ns)
     try:
         # Mid-run: the chief's first checkpoint is on the node's disk, training goes on.
@@ -180,7 +182,8 @@ def test_deleting_the_job_garbage_collects_pods_service_and_secret(kubectl, ns, 
 def test_kill_9_of_the_operator_mid_job_duplicates_nothing_and_the_job_finishes(
         kubectl, ns, operator, project_image):
     name = "kill9"
-    kubectl.apply(training_job(name, project_image, steps=60), ns)
+    kubectl.apply(training_job(name, project_image, steps=60,
+                               run_policy={"cleanPodPolicy": "None"}), ns)
     wait_state(kubectl, ns, name, "Running", 120, operator.tail)
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kubectl, ns, name)}
     assert sorted(before) == [f"{name}-worker-0", f"{name}-worker-1"]

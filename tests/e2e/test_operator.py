@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from e2e_support import CRD, OperatorProcess, job_pods, training_job, wait_state
+from e2e_support import (CRD, OperatorProcess, job_pods, job_story, training_job, wait_for,
+                         wait_state)
 
 pytestmark = pytest.mark.e2e
 
@@ -74,7 +75,10 @@ def test_the_server_applies_the_crd_defaults(kubectl, namespace, crd):
 
 def test_a_two_worker_job_trains_over_the_ring_and_succeeds(kubectl, namespace, operator,
                                                             project_image):
-    kubectl.apply(training_job("tiny", project_image, steps=20), namespace)
+    # cleanPodPolicy None keeps worker-1, which may still be finishing when the chief's success
+    # ends the job (the default, Running, would delete it then, as Kubeflow's TFJob does).
+    kubectl.apply(training_job("tiny", project_image, steps=20,
+                               run_policy={"cleanPodPolicy": "None"}), namespace)
     job = wait_state(kubectl, namespace, "tiny", "Succeeded", 300, operator.tail)
     st = job["status"]
     conds = {c["type"]: c for c in st["conditions"]}
@@ -87,7 +91,12 @@ def test_a_two_worker_job_trains_over_the_ring_and_succeeds(kubectl, namespace, 
 
     # Both workers ran the ring (a worker exits 0 only if every allreduce completed) and found
     # each other by the TF_CONFIG DNS names of the headless Service.
-    pods = {p["metadata"]["name"]: p for p in job_pods(kubectl, namespace, "tiny")}
+    def both_done():
+        pods = {p["metadata"]["name"]: p for p in job_pods(kubectl, namespace, "tiny")}
+        phases = {n: p["status"].get("phase") for n, p in pods.items()}
+        return pods if all(ph in ("Succeeded", "Failed") for ph in phases.values()) else None
+    pods = wait_for("both workers to exit", both_done, 60,
+                    lambda: job_story(kubectl, namespace, "tiny", operator.tail))
     assert {n: p["status"]["phase"] for n, p in pods.items()} == {
         "tiny-worker-0": "Succeeded", "tiny-worker-1": "Succeeded"}
     env = {e["name"]: e.get("value") for e in pods["tiny-worker-1"]["spec"]["containers"][0]["env"]}
