@@ -70,6 +70,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_http_ok(what: str, proc: subprocess.Popen, url: str, timeout_s: float,
+                 tail: Callable[[], str]) -> None:
+    """Poll ``url`` until it answers 200; fail at once with ``tail()`` if ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}:\n{tail()}", pytrace=False)
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"{what} not answering {url} after {timeout_s}s:\n{tail()}", pytrace=False)
+
+
 class OperatorProcess:
     """`ringtrain operator --kubeconfig ... -n NS` as a child process, restartable and killable."""
 
@@ -92,20 +109,8 @@ class OperatorProcess:
         return self
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + OPERATOR_READY_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"operator exited with {self.proc.returncode}:\n{self.tail()}",
-                            pytrace=False)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz",
-                                            timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        pytest.fail(f"operator not healthy after {OPERATOR_READY_S}s:\n{self.tail()}",
-                    pytrace=False)
+        wait_http_ok("operator", self.proc, f"http://127.0.0.1:{self.port}/healthz",
+                     OPERATOR_READY_S, self.tail)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_support import free_port, training_job
+from e2e_support import free_port, training_job, wait_http_ok
 from prometheus.pod_discovery import PodDiscovery, target_groups
 from ringtrain_operator import __version__ as OPERATOR_VERSION
 from ringtrain_operator import manifests, spec
@@ -123,19 +123,7 @@ class Prometheus:
         return [{"metric": s["metric"], "value": float(s["value"][1])} for s in data["result"]]
 
     def wait_ready(self, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"prometheus exited with {self.proc.returncode}:\n{self.tail()}",
-                            pytrace=False)
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        pytest.fail(f"prometheus not ready after {timeout_s}s:\n{self.tail()}", pytrace=False)
+        wait_http_ok("prometheus", self.proc, f"{self.url}/-/ready", timeout_s, self.tail)
 
     def targets_json(self) -> str:
         try:
