@@ -4,7 +4,7 @@ The same code path as Kubernetes: the manifest goes through :func:`spec.load` (t
 and validation) and :func:`manifests.desired_objects` (the operator's Pods, TF_CONFIG included),
 with loopback endpoints on free ports. Each Pod's main container then runs here as a process:
 
-* its command and args, with ``ringtrain`` meaning this interpreter's ``trainer.cli`` (so the
+* its command and args, with ``ringtrain`` meaning this interpreter's ``ringtrain.cli`` (so the
   worker runs the code of this checkout, whatever ``PATH`` holds);
 * its env, ``valueFrom`` resolved from the rendered Secret and the Pod's own metadata;
 * its volumes made local: the Secret volume becomes files in a private directory, emptyDirs
@@ -46,7 +46,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from trainer.errors import EXIT_TERMINATED, RingtrainError
+from ringtrain.errors import EXIT_TERMINATED, RingtrainError
 
 from . import manifests, status
 from . import spec as jobspec
@@ -214,7 +214,7 @@ def _set_flag(args: list[str], flag: str, value: str) -> bool:
 def _local_command(command: list[str]) -> list[str]:
     """The image's ENTRYPOINT is ``ringtrain``: run this checkout's CLI with this interpreter."""
     if command and command[0] == "ringtrain":
-        return [sys.executable, "-m", "trainer.cli", *command[1:]]
+        return [sys.executable, "-m", "ringtrain.cli", *command[1:]]
     return command
 
 

@@ -13,7 +13,7 @@ import copy
 import secrets
 from typing import Any, Callable, Mapping
 
-from trainer import cluster
+from ringtrain import cluster
 
 from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 

@@ -16,7 +16,7 @@ import urllib.request
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
-from trainer.errors import InvalidSpec
+from ringtrain.errors import InvalidSpec
 
 from . import manifests, spec, status
 from .kube import Kube

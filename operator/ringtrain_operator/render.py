@@ -14,7 +14,7 @@ from typing import Iterable
 
 import yaml
 
-from trainer.errors import InvalidSpec
+from ringtrain.errors import InvalidSpec
 
 from . import manifests, spec
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import jsonschema
 import yaml
 
-from trainer.errors import InvalidSpec
+from ringtrain.errors import InvalidSpec
 
 GROUP = "ringtrain.io"
 VERSION = "v1alpha1"

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from ringtrain_operator import main as operator_main
 from ringtrain_operator import manifests
 from ringtrain_operator.metrics import OperatorMetrics
-from trainer.metrics import TrainerMetrics
+from ringtrain_trainer.metrics import TrainerMetrics
 
 from chart_helpers import ALL_ON, CHART, ROOT, by_kind
 

@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 from ringtrain_operator.metrics import OperatorMetrics
 
-from trainer import errors
-from trainer.cli import COMMANDS
+from ringtrain import errors
+from ringtrain.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "gen-docs"
 REFERENCE = ROOT / "docs" / "reference.md"
 CHART = ROOT / "charts" / "ringtrain"
 # A metric name, but not the operator's package (`ringtrain_operator`, `ringtrain_operator.spec`, ...).
-METRIC = re.compile(r"\bringtrain_(?!operator\b)[a-z_]+")
+METRIC = re.compile(r"\bringtrain_(?!(?:operator|trainer|bench|localrun)\b)[a-z_]+")  # not a package name
 
 
 def _load_generator():

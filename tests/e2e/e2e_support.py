@@ -102,7 +102,7 @@ class OperatorProcess:
             out.write(f"\n===== operator start {time.strftime('%H:%M:%S')} =====\n")
             out.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer.cli", "operator", "--kubeconfig",
+                [sys.executable, "-m", "ringtrain.cli", "operator", "--kubeconfig",
                  self.kubeconfig, *ns_args, "--listen", f"127.0.0.1:{self.port}"],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
         self.wait_healthy()

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from ringtrain_operator import manifests, spec
-from trainer import cli
+from ringtrain import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -80,9 +80,9 @@ def test_every_copy_source_exists_and_is_in_the_build_context():
 
 def test_dockerignore_keeps_the_venv_and_git_out_of_the_context():
     for path in (".venv/bin/python", ".git/HEAD", "tests/chart/test_chart.py",
-                 "trainer/__pycache__/cli.cpython-311.pyc", "charts/ringtrain/Chart.yaml"):
+                 "trainer/ringtrain/__pycache__/cli.cpython-311.pyc", "charts/ringtrain/Chart.yaml"):
         assert dockerignore_excludes(path), path
-    assert not dockerignore_excludes("trainer/ring/__init__.py")
+    assert not dockerignore_excludes("trainer/ringtrain_trainer/ring/__init__.py")
 
 
 def test_multi_stage_on_slim_bookworm_python_matching_pyproject():
@@ -110,7 +110,7 @@ def _command_module(words: list[str]) -> str:
     for n in (2, 1):
         if tuple(words[:n]) in cli.COMMANDS:
             return cli.COMMANDS[tuple(words[:n])][0]
-    raise AssertionError(f"`ringtrain {' '.join(words)}` is not a command of trainer/cli.py")
+    raise AssertionError(f"`ringtrain {' '.join(words)}` is not a command of trainer/ringtrain/cli.py")
 
 
 def test_commands_the_chart_and_the_operator_run_exist_in_the_package():

@@ -21,10 +21,10 @@ import yaml
 from ringtrain_operator import local, manifests
 from ringtrain_operator import spec as jobspec
 
-from trainer import cluster
+from ringtrain import cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = [sys.executable, "-m", "trainer.cli", "run"]
+RUN = [sys.executable, "-m", "ringtrain.cli", "run"]
 
 
 def tiny_job(name: str = "tiny", **trainer) -> dict:
@@ -64,7 +64,7 @@ def test_plan_of_the_shipped_example_gives_each_worker_a_loopback_ring(tmp_path)
     assert len(set(ring)) == 2 and all(a.startswith("127.0.0.1:") for a in ring)
     assert [s.rank for s in specs] == [0, 1]
     for r in replicas:
-        assert r.argv[:4] == (sys.executable, "-m", "trainer.cli", "worker")
+        assert r.argv[:4] == (sys.executable, "-m", "ringtrain.cli", "worker")
         args = list(r.argv)
         # In-pod paths are redirected into the run directory.
         assert args[args.index("--checkpoint-dir") + 1] == str(tmp_path / "checkpoints")

@@ -10,7 +10,7 @@ import pytest
 
 from operator_jobs import job, job_obj
 from ringtrain_operator import manifests, spec
-from trainer import cluster
+from ringtrain import cluster
 
 W = "mnist-worker-{}.mnist.team-a.svc:2222"
 
@@ -205,7 +205,7 @@ def test_the_crd_validates_against_the_kubernetes_schema():
 
 def test_the_trainer_parses_the_pod_command_into_the_spec(tmp_path):
     """The contract between operator and trainer, checked with the trainer's own parser."""
-    from trainer.config import TrainerConfig
+    from ringtrain_trainer.config import TrainerConfig
 
     obj = job_obj(workers=2, chief=1, trainer={
         "dataset": "mnist-5k", "steps": 20, "batchSize": 32, "ipusPerWorker": 2,
@@ -236,7 +236,7 @@ def test_the_trainer_parses_the_pod_command_into_the_spec(tmp_path):
 def test_the_crd_ring_defaults_are_the_trainer_defaults():
     """A job without spec.trainer.ring runs the ring exactly as a bare ``ringtrain worker``
     would: the CRD's defaults, passed as flags, equal the trainer's own defaults."""
-    from trainer.config import TrainerConfig
+    from ringtrain_trainer.config import TrainerConfig
 
     j = spec.load(job_obj(workers=2, trainer={}))
     (c,) = manifests.pod(j, j.replica("worker"), 0)["spec"]["containers"]

@@ -40,7 +40,7 @@ def test_main_example_is_the_seeds_two_worker_job():
 
 def test_render_cli_prints_every_object_with_the_secret_redacted(tmp_path):
     path = REPO / "examples/fashion-mnist-2workers.yaml"
-    out = subprocess.run([sys.executable, "-m", "trainer.cli", "render", str(path), "-n", "ml"],
+    out = subprocess.run([sys.executable, "-m", "ringtrain.cli", "render", str(path), "-n", "ml"],
                          capture_output=True, text=True, check=True).stdout
     objects = list(yaml.safe_load_all(out))
     job = spec.load({**yaml.safe_load(path.read_text()),
@@ -56,13 +56,13 @@ def test_render_cli_reports_an_invalid_spec_with_the_field(tmp_path):
     doc = yaml.safe_load((REPO / "examples/fashion-mnist-2workers.yaml").read_text())
     doc["spec"]["trainer"]["ipusPerWorker"] = 3
     bad.write_text(yaml.safe_dump(doc))
-    r = subprocess.run([sys.executable, "-m", "trainer.cli", "render", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "ringtrain.cli", "render", str(bad)],
                        capture_output=True, text=True)
     assert r.returncode == 2
     assert "spec.trainer.batchSize: 64 is not divisible by spec.trainer.ipusPerWorker=3" in r.stderr
 
 
 def test_render_crd_prints_the_packaged_crd():
-    out = subprocess.run([sys.executable, "-m", "trainer.cli", "render", "--crd"],
+    out = subprocess.run([sys.executable, "-m", "ringtrain.cli", "render", "--crd"],
                          capture_output=True, text=True, check=True).stdout
     assert yaml.safe_load(out) == spec.crd()

@@ -6,7 +6,7 @@ import pytest
 
 from operator_jobs import job, job_obj
 from ringtrain_operator import spec
-from trainer.errors import InvalidSpec
+from ringtrain.errors import InvalidSpec
 
 
 def test_defaults_come_from_the_crd():

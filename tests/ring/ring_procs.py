@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.ring.bench import free_ports
+from ringtrain_trainer.ring.bench import free_ports
 
 WORKER = Path(__file__).with_name("ring_worker.py")
 

@@ -14,9 +14,9 @@ import sys
 
 import numpy as np
 
-from trainer.cluster import ClusterSpec
-from trainer.errors import RingtrainError, exit_code_for
-from trainer.ring import connect
+from ringtrain.cluster import ClusterSpec
+from ringtrain.errors import RingtrainError, exit_code_for
+from ringtrain_trainer.ring import connect
 
 
 def pattern(n: int, rank: int) -> np.ndarray:

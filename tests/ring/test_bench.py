@@ -10,7 +10,7 @@ import pytest
 @pytest.mark.timeout(120)
 def test_bench_reports_every_transport_and_baseline_with_ratios():
     out = subprocess.run(
-        [sys.executable, "-m", "trainer.cli", "bench", "allreduce", "--workers", "2",
+        [sys.executable, "-m", "ringtrain.cli", "bench", "allreduce", "--workers", "2",
          "--size-mib", "0.01", "--iters", "3", "--warmup", "1", "--json",
          "--transport", "tcp", "--transport", "grpc", "--baseline", "gloo", "--baseline", "mpi"],
         capture_output=True, text=True, timeout=110)

@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from trainer.cluster import build
-from trainer.ring.bench import free_ports
+from ringtrain.cluster import build
+from ringtrain_trainer.ring.bench import free_ports
 
 GLOBAL_BATCH = 12
 STEPS = 50
@@ -46,7 +46,7 @@ def train(tmp_path, name: str, world: int, optimizer: str) -> np.ndarray:
         env.pop("TF_CONFIG", None)
         if world > 1:
             env["TF_CONFIG"] = build({"worker": addrs}, "worker", i)
-        cmd = [sys.executable, "-m", "trainer.cli",
+        cmd = [sys.executable, "-m", "ringtrain.cli",
                *worker_args(tmp_path / name, world, optimizer, tmp_path / f"{name}-{i}.json")]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
@@ -89,7 +89,7 @@ def test_n_workers_match_one_worker_with_the_global_batch(tmp_path, reference, o
 @pytest.mark.timeout(300)
 def test_mpirun_workers_match_one_worker_with_the_global_batch(tmp_path, reference):
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-           sys.executable, "-m", "trainer.cli",
+           sys.executable, "-m", "ringtrain.cli",
            *worker_args(tmp_path / "mpi", 2, "adam", tmp_path / "mpi.json"),
            "--collective", "mpi"]
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}

@@ -8,7 +8,7 @@ import pytest
 PROGRAM = """
 import sys
 import numpy as np
-from trainer.mpi import connect
+from ringtrain_trainer.mpi import connect
 c = connect()
 buf = np.arange(7, dtype=np.float32) * (c.rank + 1)
 c.allreduce_mean_(buf, step=1, tag=0)

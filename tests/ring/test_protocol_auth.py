@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from trainer.errors import Unauthenticated
-from trainer.ring import auth
-from trainer.ring.protocol import HEADER_BYTES, Kind, Mismatch, OpHeader
+from ringtrain.errors import Unauthenticated
+from ringtrain_trainer.ring import auth
+from ringtrain_trainer.ring.protocol import HEADER_BYTES, Kind, Mismatch, OpHeader
 
 
 def test_header_round_trips_and_rejects_garbage():

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import ring_procs
 
-from trainer.cluster import ClusterSpec
-from trainer.collective import LocalCollective
-from trainer.errors import EXIT_RETRYABLE, PeerTimeout
-from trainer.ring import auth, connect
-from trainer.ring.grpc_transport import call_metadata
-from trainer.ring.protocol import Kind, OpHeader
-from trainer.ring.tcp import split_address
+from ringtrain.cluster import ClusterSpec
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain.errors import EXIT_RETRYABLE, PeerTimeout
+from ringtrain_trainer.ring import auth, connect
+from ringtrain_trainer.ring.grpc_transport import call_metadata
+from ringtrain_trainer.ring.protocol import Kind, OpHeader
+from ringtrain_trainer.ring.tcp import split_address
 
 TRANSPORTS = ["tcp", "grpc"]
 #: sizes the "pause" scenario reduces per step (ring_worker's default list)
@@ -46,8 +46,8 @@ def test_allreduce_mean_and_broadcast_of_odd_sizes(world, transport):
 def wrong_token_joins(ring: ring_procs.Ring, transport: str) -> None:
     """connect() towards a live ring member with another job's secret: Unauthenticated (exit
     code 2, permanent) at once, not a retry until the connect timeout."""
-    from trainer.errors import EXIT_PERMANENT, Unauthenticated
-    from trainer.ring.bench import free_ports
+    from ringtrain.errors import EXIT_PERMANENT, Unauthenticated
+    from ringtrain_trainer.ring.bench import free_ports
 
     spec = ClusterSpec(cluster={"worker": (f"127.0.0.1:{free_ports(1)[0]}", ring.addresses[0])},
                        task_index=0)
@@ -159,7 +159,7 @@ def test_a_peer_killed_mid_allreduce_fails_the_others_with_the_retryable_code(tr
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_peer_that_never_comes_up_times_out_at_connect(transport):
-    from trainer.ring.bench import free_ports
+    from ringtrain_trainer.ring.bench import free_ports
 
     addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     t0 = time.monotonic()
@@ -172,7 +172,7 @@ def test_a_peer_that_never_comes_up_times_out_at_connect(transport):
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_taken_ring_port_is_a_retryable_ring_error(transport):
-    from trainer.errors import RingError
+    from ringtrain.errors import RingError
 
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
@@ -184,7 +184,7 @@ def test_a_taken_ring_port_is_a_retryable_ring_error(transport):
 
 
 def test_bad_arguments_are_refused_before_any_socket():
-    from trainer.errors import InvalidSpec
+    from ringtrain.errors import InvalidSpec
 
     spec = ClusterSpec(cluster={"worker": ("127.0.0.1:1", "127.0.0.1:2")}, task_index=0)
     with pytest.raises(InvalidSpec, match="ring token is empty"):
@@ -199,7 +199,7 @@ def test_misuse_fails_loudly_and_leaves_the_ring_usable():
     clear error before any byte moves, and the ring keeps working afterwards."""
     import threading
 
-    from trainer.ring.bench import free_ports
+    from ringtrain_trainer.ring.bench import free_ports
 
     addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     colls = [None, None]
@@ -237,8 +237,8 @@ def test_close_from_another_thread_ends_a_blocked_allreduce_at_once():
     """The worker's SIGTERM path: closing the ring must not wait for the step timeout."""
     import threading
 
-    from trainer.errors import RingError
-    from trainer.ring.bench import free_ports
+    from ringtrain.errors import RingError
+    from ringtrain_trainer.ring.bench import free_ports
 
     addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     colls = [None, None]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trainer.ring import schedule
+from ringtrain_trainer.ring import schedule
 
 
 @pytest.mark.parametrize("n,size", [(0, 1), (0, 3), (1, 4), (5, 3), (10, 4), (7, 7), (1001, 6)])

@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import ring_procs
 
-from trainer.errors import RingError
-from trainer.ring.bench import free_ports
-from trainer.ring.engine import RingCollective
-from trainer.ring.protocol import OpHeader
-from trainer.ring.transport import LinkError, Transport
+from ringtrain.errors import RingError
+from ringtrain_trainer.ring.bench import free_ports
+from ringtrain_trainer.ring.engine import RingCollective
+from ringtrain_trainer.ring.protocol import OpHeader
+from ringtrain_trainer.ring.transport import LinkError, Transport
 
 # -- engine against a strict in-process transport (no sockets) ----------------------------------
 

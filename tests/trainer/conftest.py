@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from trainer import data as data_mod
-from trainer.collective import Collective
-from trainer.errors import PeerTimeout, RingError
+from ringtrain_trainer import data as data_mod
+from ringtrain_trainer.collective import Collective
+from ringtrain.errors import PeerTimeout, RingError
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from trainer import bench_step
+from ringtrain_trainer import bench_step
 
 
 def test_bench_step_reports_both_sides_and_the_blas_in_use(capsys):

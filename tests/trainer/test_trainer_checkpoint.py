@@ -5,12 +5,12 @@ import os
 import numpy as np
 import pytest
 
-from trainer.checkpoint import CheckpointManager, TrainingState
-from trainer.collective import LocalCollective
-from trainer.config import TrainerConfig
-from trainer.data import Position
-from trainer.errors import CheckpointError
-from trainer.worker import Trainer
+from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.data import Position
+from ringtrain.errors import CheckpointError
+from ringtrain_trainer.worker import Trainer
 
 
 def state(step, rng):

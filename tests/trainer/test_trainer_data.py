@@ -4,8 +4,8 @@ import struct
 import numpy as np
 import pytest
 
-from trainer import data as D
-from trainer.errors import DataError, InvalidSpec
+from ringtrain_trainer import data as D
+from ringtrain.errors import DataError, InvalidSpec
 
 
 def idx_bytes(arr: np.ndarray, type_code: int = 0x08) -> bytes:

@@ -2,9 +2,9 @@
 
 import io
 
-from trainer.collective import LocalCollective
-from trainer.config import TrainerConfig
-from trainer.worker import Trainer
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.worker import Trainer
 
 
 def test_one_epoch_of_fashion_mnist_reaches_86_percent():

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from trainer import model as M
-from trainer import optim as O
-from trainer.errors import InvalidSpec, IPUCompileError
-from trainer.ipu import IPU, MB, IPUConfig
+from ringtrain_trainer import model as M
+from ringtrain_trainer import optim as O
+from ringtrain.errors import InvalidSpec, IPUCompileError
+from ringtrain_trainer.ipu import IPU, MB, IPUConfig
 
 
 def make_ipu(name="cnn", **cfg):
@@ -170,9 +170,9 @@ def test_resident_weights_train_exactly_like_streamed_ones(mnist5k):
     with, layer by layer during backward; that must change nothing."""
     import io
 
-    from trainer.collective import LocalCollective
-    from trainer.config import TrainerConfig
-    from trainer.worker import Trainer
+    from ringtrain_trainer.collective import LocalCollective
+    from ringtrain_trainer.config import TrainerConfig
+    from ringtrain_trainer.worker import Trainer
 
     params = []
     for on_host in (True, False):

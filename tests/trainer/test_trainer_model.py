@@ -6,8 +6,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from trainer import model as M
-from trainer.errors import InvalidSpec
+from ringtrain_trainer import model as M
+from ringtrain.errors import InvalidSpec
 
 
 def loss_fn(prog, views):
@@ -158,9 +158,9 @@ def test_whole_training_step_memory_does_not_grow(mnist5k):
     import io
     import resource
 
-    from trainer.collective import LocalCollective
-    from trainer.config import TrainerConfig
-    from trainer.worker import Trainer
+    from ringtrain_trainer.collective import LocalCollective
+    from ringtrain_trainer.config import TrainerConfig
+    from ringtrain_trainer.worker import Trainer
 
     t = Trainer(TrainerConfig(dataset="mnist-5k", steps=10**6, batch_size=64), LocalCollective(),
                 mnist5k, out=io.StringIO())

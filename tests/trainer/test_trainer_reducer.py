@@ -5,13 +5,13 @@ import threading
 import numpy as np
 import pytest
 
-from trainer import optim as O
-from trainer import reducer as R
-from trainer.collective import LocalCollective
-from trainer.config import TrainerConfig
-from trainer.errors import PeerTimeout
-from trainer.reducer import PIECE_ELEMS, Bucket, Reducer, assign_buckets
-from trainer.worker import Trainer
+from ringtrain_trainer import optim as O
+from ringtrain_trainer import reducer as R
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain.errors import PeerTimeout
+from ringtrain_trainer.reducer import PIECE_ELEMS, Bucket, Reducer, assign_buckets
+from ringtrain_trainer.worker import Trainer
 
 MiB = 1 << 20
 
@@ -233,7 +233,7 @@ def test_a_stop_request_on_one_worker_stops_every_worker_after_the_same_step(mni
 def test_multi_worker_metrics_expose_allreduce_time_and_overlap(mnist5k):
     from prometheus_client import CollectorRegistry
 
-    from trainer.metrics import TrainerMetrics
+    from ringtrain_trainer.metrics import TrainerMetrics
 
     registries = [CollectorRegistry(), CollectorRegistry()]
 

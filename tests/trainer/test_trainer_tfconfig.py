@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from trainer import cluster
-from trainer.cluster import InvalidClusterSpec
+from ringtrain import cluster
+from ringtrain.cluster import InvalidClusterSpec
 
 SEEDS = '{"cluster":{"worker":["localhost:3737","localhost:3738"]},"task":{"type":"worker","index":1}}'
 

@@ -8,11 +8,11 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from trainer import worker
-from trainer.collective import LocalCollective
-from trainer.config import TrainerConfig
-from trainer.errors import EXIT_PERMANENT, EXIT_TERMINATED, InvalidSpec
-from trainer.metrics import MetricsServer, TrainerMetrics
+from ringtrain_trainer import worker
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain.errors import EXIT_PERMANENT, EXIT_TERMINATED, InvalidSpec
+from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
 
 
 def test_json_run_on_mnist5k_learns_and_writes_the_termination_log(tmp_path, capsys):
@@ -71,7 +71,7 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     env.pop("TF_CONFIG", None)
     with subprocess.Popen(
-        [sys.executable, "-m", "trainer.cli", "worker", "--dataset", "mnist-5k", "--epochs",
+        [sys.executable, "-m", "ringtrain.cli", "worker", "--dataset", "mnist-5k", "--epochs",
          "1000", "--json", "--checkpoint-dir", str(tmp_path), "--termination-log",
          str(tmp_path / "log")], stdout=subprocess.PIPE, text=True, env=env) as proc:
         try:

@@ -13,13 +13,14 @@ import time
 
 import pytest
 
-from trainer import cluster, worker
-from trainer.collective import LocalCollective
-from trainer.config import TrainerConfig
-from trainer.errors import EXIT_RETRYABLE, InvalidSpec
-from trainer.ring.bench import free_ports
+from ringtrain import cluster
+from ringtrain_trainer import worker
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain.errors import EXIT_RETRYABLE, InvalidSpec
+from ringtrain_trainer.ring.bench import free_ports
 
-WORKER = [sys.executable, "-m", "trainer.cli", "worker", "--dataset", "mnist-5k", "--json"]
+WORKER = [sys.executable, "-m", "ringtrain.cli", "worker", "--dataset", "mnist-5k", "--json"]
 
 
 def start_gang(n: int, argv: list[str], tmp_path) -> list[subprocess.Popen]:
@@ -45,7 +46,7 @@ def test_ring_flags_reach_the_config_and_bad_values_are_refused():
 
 
 def test_the_worker_hands_its_ring_flags_to_ring_connect(monkeypatch):
-    from trainer import ring
+    from ringtrain_trainer import ring
 
     seen = {}
     monkeypatch.setattr(ring, "connect", lambda spec, token, **kw: seen.update(kw) or "ring")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from trainer.errors import InvalidSpec
+from ringtrain.errors import InvalidSpec
 
 MODELS = ("cnn", "cnn2")
 #: weight gradients larger than this (elements) are computed and streamed in row blocks

@@ -26,8 +26,8 @@ from typing import Sequence
 
 import numpy as np
 
-from trainer.collective import Collective
-from trainer.optim import Optimizer
+from ringtrain_trainer.collective import Collective
+from ringtrain_trainer.optim import Optimizer
 
 #: DDP's default cap: 25 MiB buckets.
 DEFAULT_BUCKET_BYTES = 25 * (1 << 20)

@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 
-from trainer.errors import Unauthenticated
+from ringtrain.errors import Unauthenticated
 
 #: gRPC metadata key of the token (``-bin``: raw bytes, base64 on the wire by gRPC itself).
 TOKEN_METADATA_KEY = "ringtrain-token-bin"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.errors import DataError, InvalidSpec
+from ringtrain.errors import DataError, InvalidSpec
 
 #: IDX element type codes (third byte of the magic number) → numpy dtype (big endian).
 _IDX_TYPES = {

@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from trainer.errors import PeerTimeout, Unauthenticated
-from trainer.ring import auth
-from trainer.ring.protocol import HEADER_BYTES, OpHeader
-from trainer.ring.transport import LinkError, LinkTimeout, Transport
+from ringtrain.errors import PeerTimeout, Unauthenticated
+from ringtrain_trainer.ring import auth
+from ringtrain_trainer.ring.protocol import HEADER_BYTES, OpHeader
+from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 #: How long a connecting stranger may take to complete the handshake.
 HANDSHAKE_TIMEOUT_S = 5.0

@@ -11,12 +11,12 @@ import sys
 
 #: command words → (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("worker",): ("trainer.worker", "train as one replica (single worker when TF_CONFIG is unset)"),
+    ("worker",): ("ringtrain_trainer.worker", "train as one replica (single worker when TF_CONFIG is unset)"),
     ("run",): ("ringtrain_operator.local", "run a TrainingJob manifest as local processes"),
     ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
     ("operator",): ("ringtrain_operator.main", "run the Kubernetes operator (kopf)"),
-    ("bench", "step"): ("trainer.bench_step", "training samples/s, side by side with PyTorch"),
-    ("bench", "allreduce"): ("trainer.ring.bench", "ring allreduce bandwidth vs gloo / MPI"),
+    ("bench", "step"): ("ringtrain_trainer.bench_step", "training samples/s, side by side with PyTorch"),
+    ("bench", "allreduce"): ("ringtrain_trainer.ring.bench", "ring allreduce bandwidth vs gloo / MPI"),
 }
 
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             module = importlib.import_module(COMMANDS[key][0])
             return int(module.main(argv[n:]) or 0)
     if argv and argv[0] in ("-V", "--version"):
-        from trainer import __version__
+        from ringtrain import __version__
 
         print(f"ringtrain {__version__}")
         return 0

@@ -9,12 +9,12 @@ task's own TF_CONFIG address) and returns a ``Collective``. Layers, bottom up: `
 
 from __future__ import annotations
 
-from trainer.cluster import ClusterSpec
-from trainer.collective import Collective, LocalCollective
-from trainer.errors import InvalidSpec, RingError
-from trainer.ring.engine import RingCollective
-from trainer.ring.transport import LinkError
-from trainer.ring.schedule import DEFAULT_CHUNK_BYTES
+from ringtrain.cluster import ClusterSpec
+from ringtrain_trainer.collective import Collective, LocalCollective
+from ringtrain.errors import InvalidSpec, RingError
+from ringtrain_trainer.ring.engine import RingCollective
+from ringtrain_trainer.ring.transport import LinkError
+from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
 
 #: Supported wires; ``tcp`` is the fast default, ``grpc`` the all-gRPC one.
 TRANSPORTS = ("tcp", "grpc")
@@ -47,9 +47,9 @@ def connect(spec: ClusterSpec, token: bytes, *,
         raise InvalidSpec(f"chunk_bytes must be at least 4 (one float32), got {chunk_bytes}")
     rank, addresses = spec.rank, spec.ring
     if transport == "tcp":
-        from trainer.ring.tcp import TcpTransport as wire_cls
+        from ringtrain_trainer.ring.tcp import TcpTransport as wire_cls
     else:
-        from trainer.ring.grpc_transport import GrpcTransport as wire_cls
+        from ringtrain_trainer.ring.grpc_transport import GrpcTransport as wire_cls
     try:
         wire = wire_cls.open(rank, addresses, token, connect_timeout_s=connect_timeout_s,
                              step_timeout_s=step_timeout_s)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.errors import InvalidSpec
+from ringtrain.errors import InvalidSpec
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 

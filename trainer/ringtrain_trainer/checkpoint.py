@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data import Position
-from trainer.errors import CheckpointError
+from ringtrain_trainer.data import Position
+from ringtrain.errors import CheckpointError
 
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{10})\.json$")

@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import generate_latest
 
-from trainer.ipu import IPUStats, MemoryPlan
-from trainer.reducer import StepCommStats
+from ringtrain_trainer.ipu import IPUStats, MemoryPlan
+from ringtrain_trainer.reducer import StepCommStats
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.cluster import ClusterSpec
-from trainer.collective import Collective
-from trainer.errors import InvalidSpec
+from ringtrain.cluster import ClusterSpec
+from ringtrain_trainer.collective import Collective
+from ringtrain.errors import InvalidSpec
 
 _FLOAT = np.dtype(np.float32)
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.collective import Collective
-from trainer.errors import PeerTimeout, RingError
-from trainer.ring import schedule
-from trainer.ring.protocol import Kind, OpHeader
-from trainer.ring.transport import LinkError, LinkTimeout, Transport
+from ringtrain_trainer.collective import Collective
+from ringtrain.errors import PeerTimeout, RingError
+from ringtrain_trainer.ring import schedule
+from ringtrain_trainer.ring.protocol import Kind, OpHeader
+from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 _FLOAT = np.dtype(np.float32)
 

@@ -35,8 +35,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from trainer.errors import InvalidSpec, IPUCompileError
-from trainer.model import ModelSpec, Program
+from ringtrain.errors import InvalidSpec, IPUCompileError
+from ringtrain_trainer.model import ModelSpec, Program
 
 MB = 1 << 20
 #: examples per evaluation program run

@@ -28,14 +28,14 @@ import time
 
 import numpy as np
 
-from trainer import data as data_mod
-from trainer.collective import Collective, LocalCollective
-from trainer.config import TrainerConfig
-from trainer.errors import InvalidSpec, RingtrainError
-from trainer.ipu import blas_limits, resolve_host_threads
-from trainer.reducer import StepCommStats
-from trainer.worker import Trainer
-from trainer.worker import connect as worker_connect
+from ringtrain_trainer import data as data_mod
+from ringtrain_trainer.collective import Collective, LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain.errors import InvalidSpec, RingtrainError
+from ringtrain_trainer.ipu import blas_limits, resolve_host_threads
+from ringtrain_trainer.reducer import StepCommStats
+from ringtrain_trainer.worker import Trainer
+from ringtrain_trainer.worker import connect as worker_connect
 
 
 def parser() -> argparse.ArgumentParser:
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.workers < 1 or args.batch_size < 1 or args.steps < 1 or args.repeats < 1:
             raise InvalidSpec("--workers, --batch-size, --steps and --repeats must be positive")
         if args.workers > 1:
-            from trainer.ring.bench import bench_step_workers
+            from ringtrain_trainer.ring.bench import bench_step_workers
 
             result = bench_step_workers(args)
             if not args.json:

@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from trainer.collective import Collective
-from trainer.ring.schedule import DEFAULT_CHUNK_BYTES
+from ringtrain_trainer.collective import Collective
+from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
 
 MIB = 1 << 20
 
@@ -77,11 +77,11 @@ def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
     if impl == "gloo":
         return GlooCollective(rank, workers, ports[0])
     if impl == "mpi":
-        from trainer.mpi import connect as mpi_connect
+        from ringtrain_trainer.mpi import connect as mpi_connect
 
         return mpi_connect()
-    from trainer.cluster import ClusterSpec
-    from trainer.ring import connect
+    from ringtrain.cluster import ClusterSpec
+    from ringtrain_trainer.ring import connect
 
     spec = ClusterSpec(cluster={"worker": tuple(f"127.0.0.1:{p}" for p in ports)},
                        task_index=rank)
@@ -122,7 +122,7 @@ def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup
     args = ["--child", impl, "--workers", str(workers), "--ports", ",".join(map(str, ports)),
             "--size-mib", *map(str, sizes_mib), "--iters", str(iters), "--warmup", str(warmup),
             "--chunk-kib", str(chunk_kib)]
-    me = [sys.executable, "-m", "trainer.ring.bench"]
+    me = [sys.executable, "-m", "ringtrain_trainer.ring.bench"]
     if impl == "mpi":
         cmds = [["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(workers),
                  *me, *args, "--rank", "-1"]]
@@ -172,14 +172,14 @@ def bench_step_workers(args) -> dict:
     median repeat; global samples/s from the slowest worker per repeat (the step is
     synchronous); ``overlap_fraction`` is the allreduce time hidden behind backward over every
     timed step of every worker, as the reducer measures it."""
-    from trainer import cluster
-    from trainer.ipu import resolve_host_threads
+    from ringtrain import cluster
+    from ringtrain_trainer.ipu import resolve_host_threads
 
     n = args.workers
     cpus = resolve_host_threads(0)
     threads = args.threads or max(1, cpus // n)
     load_before = os.getloadavg()[0]
-    base = [sys.executable, "-m", "trainer.bench_step", "--child", "--model", args.model,
+    base = [sys.executable, "-m", "ringtrain_trainer.bench_step", "--child", "--model", args.model,
             "--batch-size", str(args.batch_size), "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--repeats", str(args.repeats),
             "--threads", str(threads), "--transport", args.transport]

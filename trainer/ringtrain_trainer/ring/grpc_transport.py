@@ -25,11 +25,11 @@ from concurrent import futures
 import grpc
 import numpy as np
 
-from trainer.errors import InvalidSpec, PeerTimeout, Unauthenticated
-from trainer.ring import auth
-from trainer.ring.protocol import Mismatch, OpHeader
-from trainer.ring.tcp import split_address
-from trainer.ring.transport import LinkError, LinkTimeout, Transport
+from ringtrain.errors import InvalidSpec, PeerTimeout, Unauthenticated
+from ringtrain_trainer.ring import auth
+from ringtrain_trainer.ring.protocol import Mismatch, OpHeader
+from ringtrain_trainer.ring.tcp import split_address
+from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 SERVICE = "ringtrain.Ring"
 _HELLO = f"/{SERVICE}/Hello"

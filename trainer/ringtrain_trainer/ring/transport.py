@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from trainer.ring.protocol import OpHeader
+from ringtrain_trainer.ring.protocol import OpHeader
 
 
 class LinkError(Exception):

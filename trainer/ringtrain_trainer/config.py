@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Mapping
 
 # ``ring`` for its defaults only: importing it loads no gRPC (that happens on connect)
-from trainer import cluster, ring
-from trainer.data import DATASETS, FASHION_MNIST_DIR
-from trainer.errors import InvalidSpec
-from trainer.model import MODELS
-from trainer.optim import OPTIMIZERS
+from ringtrain import cluster
+from ringtrain_trainer import ring
+from ringtrain_trainer.data import DATASETS, FASHION_MNIST_DIR
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.model import MODELS
+from ringtrain_trainer.optim import OPTIMIZERS
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 

@@ -8,7 +8,7 @@ whose backward hands each layer's gradient to the :class:`Reducer` (allreduce + 
 overlapped with the rest of backward). Every worker evaluates its share of the test set (so
 the chief never stalls its peers past the step timeout); the chief (rank 0) checkpoints and
 reports.
-Every exception becomes an exit code via ``trainer.errors.exit_code_for``; SIGTERM stops after
+Every exception becomes an exit code via ``ringtrain.errors.exit_code_for``; SIGTERM stops after
 the current step, checkpoints, and exits 143.
 """
 
@@ -26,17 +26,17 @@ from typing import Callable, TextIO
 
 import numpy as np
 
-from trainer import data as data_mod
-from trainer import model as model_mod
-from trainer import optim
-from trainer.checkpoint import CheckpointManager, TrainingState
-from trainer.collective import Collective, LocalCollective
-from trainer.config import TrainerConfig
-from trainer.errors import (EXIT_OK, EXIT_TERMINATED, CheckpointError, IPUCompileError,
+from ringtrain_trainer import data as data_mod
+from ringtrain_trainer import model as model_mod
+from ringtrain_trainer import optim
+from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
+from ringtrain_trainer.collective import Collective, LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain.errors import (EXIT_OK, EXIT_TERMINATED, CheckpointError, IPUCompileError,
                             exit_code_for)
-from trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig, blas_limits
-from trainer.metrics import MetricsServer, TrainerMetrics
-from trainer.reducer import Reducer, StepCommStats
+from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig, blas_limits
+from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
+from ringtrain_trainer.reducer import Reducer, StepCommStats
 
 #: seconds between progress lines
 PROGRESS_EVERY_S = 1.0
@@ -45,12 +45,12 @@ PROGRESS_EVERY_S = 1.0
 def connect(cfg: TrainerConfig) -> Collective:
     """The collective for this process: local, the gRPC ring, or Open MPI."""
     if cfg.collective == "mpi":
-        from trainer import mpi  # lazily: mpi4py is an optional extra
+        from ringtrain_trainer import mpi  # lazily: mpi4py is an optional extra
 
         return mpi.connect(cfg.cluster)
     if cfg.cluster.world_size <= 1:
         return LocalCollective()
-    from trainer import ring  # lazily: a single worker needs no gRPC
+    from ringtrain_trainer import ring  # lazily: a single worker needs no gRPC
 
     return ring.connect(cfg.cluster, cfg.token, transport=cfg.ring_transport,
                         step_timeout_s=cfg.ring_step_timeout_s,
