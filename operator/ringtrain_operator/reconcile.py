@@ -9,13 +9,12 @@ deletions were cut short by a crash is finished by the next reconcile, never cou
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-import urllib.request
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
+from ringtrain import events
 from ringtrain.errors import InvalidSpec
 
 from . import manifests, spec, status
@@ -30,13 +29,8 @@ LiveStatusFetcher = Callable[[str], "Mapping[str, Any] | None"]
 
 def fetch_live_status(pod_ip: str, timeout_s: float = 1.0) -> Mapping[str, Any] | None:
     """The chief's JSON ``/status``; None when it does not answer (yet)."""
-    url = f"http://{pod_ip}:{manifests.METRICS_PORT}/status"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (http on purpose)
-            doc = json.load(resp)
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    st = events.fetch_status(f"http://{pod_ip}:{manifests.METRICS_PORT}/status", timeout_s)
+    return None if st is None else st.to_dict()
 
 
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict:

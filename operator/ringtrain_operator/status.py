@@ -360,14 +360,15 @@ def _count(f: _Fold, job: Job, live: list[ObservedPod]) -> None:
                             + sum(p.restarts for p in live))
 
 
-#: trainer JSON key → status.progress key
+#: trainer JSON key (a field of ringtrain.events.Status or .Final) → status.progress key
 _PROGRESS_KEYS = {"step": "step", "steps": "step", "epoch": "epoch", "loss": "loss",
                   "samples_per_s": "samplesPerSecond", "test_accuracy": "testAccuracy",
                   "checkpoint": "checkpoint"}
 
 
 def read_progress(doc: Mapping[str, Any] | None) -> dict:
-    """The chief's ``/status`` or final termination-log JSON → status.progress fields."""
+    """The chief's ``/status`` (:class:`ringtrain.events.Status`) or final termination-log JSON
+    (:class:`ringtrain.events.Final`) → status.progress fields."""
     out: dict[str, Any] = {}
     for key, target in _PROGRESS_KEYS.items():
         v = (doc or {}).get(key)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ringtrain_operator import local, manifests
+from ringtrain_localrun import cli, console, plan, supervisor
+from ringtrain_operator import manifests
 from ringtrain_operator import spec as jobspec
 
 from ringtrain import cluster
@@ -55,8 +56,8 @@ def write(tmp_path: Path, obj: dict) -> Path:
 # ---- planning ------------------------------------------------------------------------------------
 
 def test_plan_of_the_shipped_example_gives_each_worker_a_loopback_ring(tmp_path):
-    obj = local.read_job(str(ROOT / "examples" / "fashion-mnist-2workers.yaml"))
-    _, replicas = local.plan(obj, tmp_path)
+    obj = plan.read_job(str(ROOT / "examples" / "fashion-mnist-2workers.yaml"))
+    _, replicas = plan.plan(obj, tmp_path)
     assert [r.name for r in replicas] == ["fashion-mnist-worker-0", "fashion-mnist-worker-1"]
     specs = [cluster.parse(r.env["TF_CONFIG"]) for r in replicas]
     ring = specs[0].ring
@@ -79,7 +80,7 @@ def test_plan_of_the_shipped_example_gives_each_worker_a_loopback_ring(tmp_path)
 
 def test_plan_uses_the_operators_pods_so_render_and_run_agree(tmp_path):
     obj = tiny_job()
-    job, replicas = local.plan(obj, tmp_path)
+    job, replicas = plan.plan(obj, tmp_path)
     pods = [o for o in manifests.desired_objects(job) if o["kind"] == "Pod"]
     for pod, r in zip(pods, replicas, strict=True):
         c = pod["spec"]["containers"][0]
@@ -93,8 +94,8 @@ def test_plan_uses_the_operators_pods_so_render_and_run_agree(tmp_path):
 def test_invalid_job_exits_2_naming_the_field(tmp_path, capsys):
     obj = tiny_job()
     obj["spec"]["trainer"]["batchsize"] = 32  # typo
-    code = local.main([str(write(tmp_path, obj)), "--run-dir", str(tmp_path / "run")])
-    assert code == local.EXIT_INVALID
+    code = cli.main([str(write(tmp_path, obj)), "--run-dir", str(tmp_path / "run")])
+    assert code == cli.EXIT_INVALID
     err = capsys.readouterr().err
     assert "spec.trainer" in err and "batchsize" in err
 
@@ -103,7 +104,7 @@ def test_file_without_exactly_one_trainingjob_is_rejected(tmp_path):
     path = tmp_path / "two.yaml"
     path.write_text(yaml.safe_dump_all([tiny_job("a"), tiny_job("b")]))
     with pytest.raises(jobspec.InvalidSpec, match="exactly one TrainingJob"):
-        local.read_job(str(path))
+        plan.read_job(str(path))
 
 
 @pytest.mark.parametrize("code,phase,exit_code,reason", [
@@ -114,27 +115,27 @@ def test_file_without_exactly_one_trainingjob_is_rejected(tmp_path):
 def test_an_exited_process_is_observed_as_the_pod_kubernetes_would_report(code, phase, exit_code,
                                                                          reason):
     """The fold judges exit codes the way the kubelet reports them: signal n is 128 + n."""
-    _, (replica, _) = local.plan(tiny_job(), Path("/nonexistent"))
+    _, (replica, _) = plan.plan(tiny_job(), Path("/nonexistent"))
     proc = subprocess.Popen([sys.executable, "-c", code])
     proc.wait()
-    pod = local.observed_pod(replica, proc)
+    pod = supervisor.observed_pod(replica, proc)
     assert (pod.name, pod.role, pod.index) == ("tiny-worker-0", "worker", 0)
     assert (pod.phase, pod.exit_code, pod.exit_reason, pod.ready) == (phase, exit_code, reason,
                                                                       False)
 
 
 def test_a_running_process_is_a_ready_running_pod():
-    _, (replica, _) = local.plan(tiny_job(), Path("/nonexistent"))
+    _, (replica, _) = plan.plan(tiny_job(), Path("/nonexistent"))
     proc = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
     try:
-        pod = local.observed_pod(replica, proc)
+        pod = supervisor.observed_pod(replica, proc)
         assert (pod.phase, pod.ready, pod.exit_code) == ("Running", True, None)
     finally:
         proc.communicate(b"\n")
 
 
 def test_progress_line_shows_step_loss_rate_eta_and_health():
-    line = local.format_progress({
+    line = console.format_progress({
         "step": 120, "total_steps": 500, "epoch": 0.25, "loss": 0.41234, "samples_per_s": 8412.3,
         "eta_s": 45, "test_accuracy": None, "restarts": 1,
         "workers": {"worker-0": "ok", "worker-1": "exit 138"}})
@@ -200,7 +201,7 @@ signal.pause()   # worker 0 would wait for its peer forever: the runner must sto
 def test_a_failed_worker_fails_the_job_and_stops_the_others(tmp_path):
     out = run([str(write(tmp_path, command_job("broken", FAIL_WORKER_1))), "--json",
                "--run-dir", str(tmp_path / "run"), "--grace-period", "5"], cwd=tmp_path, timeout=60)
-    assert out.returncode == local.EXIT_FAILED, out.stderr
+    assert out.returncode == cli.EXIT_FAILED, out.stderr
     final = json_lines(out.stdout)[-1]
     assert (final["phase"], final["reason"], final["restarts"]) == ("Failed", "TrainingJobFailed",
                                                                      0)
@@ -215,7 +216,7 @@ def test_active_deadline_fails_the_job(tmp_path):
                       activeDeadlineSeconds=1)
     out = run([str(write(tmp_path, job)), "--json", "--run-dir", str(tmp_path / "run")],
               cwd=tmp_path, timeout=60)
-    assert out.returncode == local.EXIT_FAILED
+    assert out.returncode == cli.EXIT_FAILED
     final = json_lines(out.stdout)[-1]
     assert (final["phase"], final["reason"]) == ("Failed", "DeadlineExceeded")
 
@@ -227,7 +228,7 @@ signal.pause()
 """
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, local.EXIT_INTERRUPTED),
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, cli.EXIT_INTERRUPTED),
                                       (signal.SIGTERM, 128 + signal.SIGTERM)])
 def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, code):
     path = write(tmp_path, command_job("stopme", READY_THEN_WAIT))
@@ -278,7 +279,7 @@ def test_retryable_exits_restart_the_whole_gang_until_it_succeeds(tmp_path):
     os.mkfifo(run_dir / "ok")
     out = run([str(write(tmp_path, command_job("flaky", FLAKY_TWICE, backoffLimit=2))), "--json",
                "--run-dir", str(run_dir), "--grace-period", "5"], cwd=tmp_path, timeout=60)
-    assert out.returncode == local.EXIT_SUCCEEDED, out.stdout + out.stderr
+    assert out.returncode == cli.EXIT_SUCCEEDED, out.stdout + out.stderr
     events = json_lines(out.stdout)
     restarting = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
     assert [e["restarts"] for e in restarting] == [1, 2]
@@ -302,7 +303,7 @@ def test_which_exit_codes_fail_the_job_at_once_depends_on_the_restart_policy(tmp
     out = run([str(write(tmp_path, command_job("final", worker, restart_policy=policy))),
                "--json", "--run-dir", str(tmp_path / "run"), "--grace-period", "5"],
               cwd=tmp_path, timeout=60)
-    assert out.returncode == local.EXIT_FAILED
+    assert out.returncode == cli.EXIT_FAILED
     final = json_lines(out.stdout)[-1]
     assert (final["phase"], final["reason"], final["restarts"]) == ("Failed", "TrainingJobFailed",
                                                                      0)
@@ -348,7 +349,7 @@ def kill_worker_1_after_a_checkpoint(tmp_path: Path, **run_policy):
 
 def test_a_sigkilled_worker_restarts_the_gang_which_resumes_from_the_checkpoint(tmp_path):
     code, events, killed_at = kill_worker_1_after_a_checkpoint(tmp_path, backoffLimit=2)
-    assert code == local.EXIT_SUCCEEDED, events[-1]
+    assert code == cli.EXIT_SUCCEEDED, events[-1]
     (restart,) = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
     # Worker 1's SIGKILL or worker 0's "peer lost" (138), whichever the runner saw first.
     assert "restarting all 2 pods (restart 1 of 2)" in restart["message"]
@@ -366,7 +367,7 @@ def test_a_sigkilled_worker_restarts_the_gang_which_resumes_from_the_checkpoint(
 
 def test_with_backoff_limit_0_a_sigkilled_worker_fails_the_job(tmp_path):
     code, events, _ = kill_worker_1_after_a_checkpoint(tmp_path, backoffLimit=0)
-    assert code == local.EXIT_FAILED
+    assert code == cli.EXIT_FAILED
     final = events[-1]
     assert (final["phase"], final["reason"], final["restarts"]) == ("Failed",
                                                                      "BackoffLimitExceeded", 0)

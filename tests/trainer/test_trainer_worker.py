@@ -36,7 +36,8 @@ def test_json_run_on_mnist5k_learns_and_writes_the_termination_log(tmp_path, cap
 def test_human_progress_lines(capsys):
     assert worker.main(["--dataset", "mnist-5k", "--steps", "3", "--termination-log", ""]) == 0
     out = capsys.readouterr().out
-    assert "step      1/3  epoch 0  loss " in out and "samples/s  ETA" in out
+    assert "step 1/3 (33%)  epoch 0  loss " in out and "samples/s  ETA 0:0" in out
+    assert "step 3  test accuracy " in out
     assert "done: 3 steps" in out and "test accuracy" in out
 
 

@@ -12,7 +12,7 @@ import sys
 #: command words → (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("worker",): ("ringtrain_trainer.worker", "train as one replica (single worker when TF_CONFIG is unset)"),
-    ("run",): ("ringtrain_operator.local", "run a TrainingJob manifest as local processes"),
+    ("run",): ("ringtrain_localrun.cli", "run a TrainingJob manifest as local processes"),
     ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
     ("operator",): ("ringtrain_operator.main", "run the Kubernetes operator (kopf)"),
     ("bench", "step"): ("ringtrain_trainer.bench_step", "training samples/s, side by side with PyTorch"),

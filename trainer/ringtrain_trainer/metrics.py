@@ -9,6 +9,7 @@ the registry is injectable so tests read values with ``get_sample_value``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import generate_latest
 
+from ringtrain import events
 from ringtrain_trainer.ipu import IPUStats, MemoryPlan
 from ringtrain_trainer.reducer import StepCommStats
 
@@ -57,8 +59,7 @@ class TrainerMetrics:
                              "Fraction of the last step's allreduce hidden behind backward",
                              registry=r)
         self._last = IPUStats()
-        self._status = {"step": 0, "epoch": 0, "loss": None, "samples_per_s": None,
-                        "test_accuracy": None, "phase": "Starting"}
+        self._status = events.Status()
         self._lock = threading.Lock()
 
     def set_plan(self, plan: MemoryPlan) -> None:
@@ -92,11 +93,12 @@ class TrainerMetrics:
 
     def update_status(self, **fields) -> None:
         with self._lock:
-            self._status.update(fields)
+            self._status = dataclasses.replace(self._status, **fields)
 
     def status(self) -> dict:
+        """The ``/status`` document (:class:`ringtrain.events.Status`)."""
         with self._lock:
-            return dict(self._status)
+            return self._status.to_dict()
 
 
 class MetricsServer:

@@ -32,6 +32,7 @@ from ringtrain_trainer import optim
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain import events
 from ringtrain.errors import (EXIT_OK, EXIT_TERMINATED, CheckpointError, IPUCompileError,
                             exit_code_for)
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig, blas_limits
@@ -58,7 +59,7 @@ def connect(cfg: TrainerConfig) -> Collective:
 
 
 class Reporter:
-    """Progress for people (one concise line) or machines (one JSON object per line).
+    """Progress for people (:func:`events.format_event`) or machines (one JSON object per line).
 
     Only the chief reports progress; every worker prints its final line, so each pod's log
     ends with that worker's result."""
@@ -66,25 +67,10 @@ class Reporter:
     def __init__(self, as_json: bool, out: TextIO, chief: bool = True):
         self.as_json, self.out, self.chief = as_json, out, chief
 
-    def emit(self, event: dict) -> None:
-        if not self.chief and event["event"] != "final":
+    def emit(self, event: events.Event) -> None:
+        if not self.chief and not isinstance(event, events.Final):
             return
-        if self.as_json:
-            line = json.dumps(event, separators=(",", ":"))
-        elif event["event"] == "progress":
-            line = (f"step {event['step']:>6}/{event['total_steps']}  epoch {event['epoch']}  "
-                    f"loss {event['loss']:.4f}  {event['samples_per_s']:,.0f} samples/s  "
-                    f"ETA {event['eta_s']:.0f}s")
-        elif event["event"] == "eval":
-            line = f"step {event['step']:>6}  test accuracy {event['test_accuracy']:.4f}"
-        elif event["event"] == "final":
-            acc = event["test_accuracy"]
-            line = (f"done: {event['steps']} steps, loss {event['loss']:.4f}, test accuracy "
-                    f"{'n/a' if acc is None else f'{acc:.4f}'}, {event['samples_per_s']:,.0f} "
-                    f"samples/s" + (f", checkpoint {event['checkpoint']}"
-                                    if event["checkpoint"] else ""))
-        else:
-            line = " ".join(f"{k}={v}" for k, v in event.items())
+        line = event.to_json() if self.as_json else events.format_event(event)
         print(line, file=self.out, flush=True)
 
 
@@ -237,7 +223,7 @@ class Trainer:
         if self.is_chief:
             self.test_accuracy = acc
             self.metrics.observe_eval(acc)
-            self.report.emit({"event": "eval", "step": self.step, "test_accuracy": round(acc, 6)})
+            self.report.emit(events.Eval(step=self.step, test_accuracy=round(acc, 6)))
         return acc
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:
@@ -281,11 +267,10 @@ class Trainer:
             now = time.perf_counter()
             if self.step == first + 1 or now - last_report >= PROGRESS_EVERY_S or self._done():
                 last_report = now
-                self.report.emit({"event": "progress", "step": self.step,
-                                  "epoch": self.position.epoch, "loss": round(loss, 6),
-                                  "samples_per_s": round(sps, 1),
-                                  "eta_s": round(max(0, total - self.step) * ema, 1),
-                                  "total_steps": total})
+                self.report.emit(events.Progress(
+                    step=self.step, epoch=self.position.epoch, loss=round(loss, 6),
+                    samples_per_s=round(sps, 1),
+                    eta_s=round(max(0, total - self.step) * ema, 1), total_steps=total))
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.save(loss)
             if cfg.eval_every and self.step % cfg.eval_every == 0 and not self._done():
@@ -295,18 +280,17 @@ class Trainer:
         if not terminated:
             self.evaluate()
         done = self.step - first
-        final = {
-            "event": "final", "steps": self.step, "epoch": self.position.epoch,
-            "loss": None if np.isnan(loss) else round(loss, 6),
-            "test_accuracy": None if self.test_accuracy is None else round(self.test_accuracy, 6),
-            "samples_per_s": round(done * self.sharder.global_batch / train_s, 1)
+        final = events.Final(
+            steps=self.step, epoch=self.position.epoch,
+            loss=None if np.isnan(loss) else round(loss, 6),
+            test_accuracy=None if self.test_accuracy is None else round(self.test_accuracy, 6),
+            samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
             if train_s > 0 else 0.0,
-            "checkpoint": self.last_checkpoint, "rank": self.rank, "world_size": self.world,
-            "terminated": terminated,
-        }
+            checkpoint=self.last_checkpoint, rank=self.rank, world_size=self.world,
+            terminated=terminated)
         self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")
         self.report.emit(final)
-        return final
+        return final.to_dict()
 
     def close(self) -> None:
         self.reducer.close()

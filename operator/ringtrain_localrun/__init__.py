@@ -1,0 +1,2 @@
+"""`ringtrain run`: a TrainingJob as local processes (plan → supervisor → jobstate → console;
+:mod:`.cli` is the entry point)."""

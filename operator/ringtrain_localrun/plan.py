@@ -1,0 +1,256 @@
+"""Planning: a TrainingJob's Pods → the processes that stand in for them (pure apart from the
+port allocator).
+
+Pipeline position: the first step of `ringtrain run`. The manifest goes through
+:func:`spec.load` (the CRD's defaults and validation) and :func:`manifests.desired_objects` (the
+operator's Pods, TF_CONFIG included), with loopback endpoints on free ports. Each Pod's main
+container becomes a :class:`Replica`:
+
+* its command and args, with ``ringtrain`` meaning this interpreter's ``ringtrain.cli`` (so the
+  worker runs the code of this checkout, whatever ``PATH`` holds);
+* its env, ``valueFrom`` resolved from the rendered Secret and the Pod's own metadata;
+* its volumes made local: the Secret volume becomes files in a private directory, emptyDirs
+  per-replica directories, any other volume (the checkpoint volume) one directory the replicas
+  share, like a PVC. Every arg and env value under a mount path is rewritten to the local one;
+* ``--metrics-port`` replaced by a free port, ``--termination-log`` by a file in the run dir.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import socket
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ringtrain_operator import manifests
+from ringtrain_operator import spec as jobspec
+
+#: The Pod volume manifests.pod() mounts at spec.trainer.checkpoint.path.
+CHECKPOINT_VOLUME = "checkpoints"
+
+@dataclasses.dataclass(frozen=True)
+class Replica:
+    """One process to start: what a kubelet would run for one Pod, translated to this machine."""
+
+    name: str          # the Pod name, e.g. "mnist-worker-0"
+    role: str          # TF_CONFIG role
+    index: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]    # the Pod's env only; the process also inherits os.environ
+    files: Mapping[str, bytes]  # local path → content, written 0600 before the start
+    dirs: tuple[str, ...]       # local directories to create before the start
+    metrics_port: int | None
+    termination_log: str | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.role}-{self.index}"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (the kernel's choice, so parallel runs differ)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loopback_endpoints(port: Callable[[], int] = free_port) -> manifests.Endpoint:
+    """An ``endpoint`` for :func:`manifests.desired_objects`: one stable loopback port per replica.
+
+    The same (role, index) must get the same address in every replica's TF_CONFIG, so the first
+    answer is remembered.
+    """
+    chosen: dict[tuple[str, int], str] = {}
+
+    def endpoint(job: jobspec.Job, role: str, index: int) -> str:
+        if (role, index) not in chosen:
+            chosen[(role, index)] = f"127.0.0.1:{port()}"
+        return chosen[(role, index)]
+
+    return endpoint
+
+
+def _secret_data(objs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, bytes]]:
+    out: dict[str, dict[str, bytes]] = {}
+    for o in objs:
+        if o.get("kind") == "Secret":
+            data = {k: base64.b64decode(v) for k, v in (o.get("data") or {}).items()}
+            data.update({k: v.encode() for k, v in (o.get("stringData") or {}).items()})
+            out[o["metadata"]["name"]] = data
+    return out
+
+
+def _field_ref(pod: Mapping[str, Any], path: str) -> str:
+    meta = pod["metadata"]
+    simple = {"metadata.name": meta["name"], "metadata.namespace": meta.get("namespace", ""),
+              "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1",
+              "spec.nodeName": socket.gethostname(), "spec.serviceAccountName": "default"}
+    if path in simple:
+        return simple[path]
+    for kind in ("labels", "annotations"):
+        prefix = f"metadata.{kind}['"
+        if path.startswith(prefix) and path.endswith("']"):
+            return (meta.get(kind) or {}).get(path[len(prefix):-2], "")
+    raise jobspec.InvalidSpec(f"pod {meta['name']}: env fieldRef {path!r} cannot be run locally")
+
+
+def _env(pod: Mapping[str, Any], container: Mapping[str, Any],
+         secrets: Mapping[str, Mapping[str, bytes]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for e in container.get("env") or []:
+        name = e["name"]
+        if "value" in e:
+            env[name] = str(e["value"])
+            continue
+        src = e.get("valueFrom") or {}
+        if "secretKeyRef" in src:
+            ref = src["secretKeyRef"]
+            try:
+                env[name] = secrets[ref["name"]][ref["key"]].decode()
+            except KeyError:
+                if ref.get("optional"):
+                    continue
+                raise jobspec.InvalidSpec(
+                    f"pod {pod['metadata']['name']}: env {name} refers to secret "
+                    f"{ref.get('name')}/{ref.get('key')}, which the job does not create") from None
+        elif "fieldRef" in src:
+            env[name] = _field_ref(pod, src["fieldRef"]["fieldPath"])
+        else:
+            raise jobspec.InvalidSpec(
+                f"pod {pod['metadata']['name']}: env {name}: only value, secretKeyRef and "
+                "fieldRef can be run locally")
+    return env
+
+
+def _volume_dirs(pod: Mapping[str, Any], run_dir: Path,
+                 secrets: Mapping[str, Mapping[str, bytes]],
+                 ) -> tuple[dict[str, Path], dict[str, bytes]]:
+    """Volume name → local directory, and the files that must exist in them."""
+    pod_name = pod["metadata"]["name"]
+    dirs: dict[str, Path] = {}
+    files: dict[str, bytes] = {}
+    for v in pod["spec"].get("volumes") or []:
+        name = v["name"]
+        if "secret" in v:
+            local = run_dir / "pods" / pod_name / "secrets" / name
+            data = secrets.get(v["secret"]["secretName"])
+            if data is None:
+                raise jobspec.InvalidSpec(
+                    f"pod {pod_name}: volume {name} mounts secret {v['secret']['secretName']}, "
+                    "which the job does not create")
+            for key, content in data.items():
+                files[str(local / key)] = content
+        elif name == CHECKPOINT_VOLUME:
+            # Shared and kept whatever its source: the chief writes, a rerun with the same
+            # --run-dir resumes, the summary points at it.
+            local = run_dir / CHECKPOINT_VOLUME
+        elif "emptyDir" in v:
+            local = run_dir / "pods" / pod_name / "volumes" / name
+        else:
+            # A PVC, hostPath, NFS...: storage the gang shares and that outlives a replica.
+            local = run_dir / "volumes" / name
+        dirs[name] = local
+    return dirs, files
+
+
+def _rewrite(value: str, mounts: Mapping[str, Path]) -> str:
+    """An in-pod path under a mount → the local path (the longest mount path wins)."""
+    for mount in sorted(mounts, key=len, reverse=True):
+        if value == mount or value.startswith(mount.rstrip("/") + "/"):
+            return str(mounts[mount]) + value[len(mount.rstrip("/")):]
+    return value
+
+
+def _set_flag(args: list[str], flag: str, value: str) -> bool:
+    """Replace the value of ``flag`` (``--f v`` or ``--f=v``) in place; False if absent."""
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            args[i + 1] = value
+            return True
+        if a.startswith(flag + "="):
+            args[i] = f"{flag}={value}"
+            return True
+    return False
+
+
+def _local_command(command: list[str]) -> list[str]:
+    """The image's ENTRYPOINT is ``ringtrain``: run this checkout's CLI with this interpreter."""
+    if command and command[0] == "ringtrain":
+        return [sys.executable, "-m", "ringtrain.cli", *command[1:]]
+    return command
+
+
+def plan(obj: Mapping[str, Any], run_dir: Path, *,
+         port: Callable[[], int] = free_port) -> tuple[jobspec.Job, list[Replica]]:
+    """Load a TrainingJob and translate each of its Pods into a :class:`Replica`.
+
+    Raises :class:`jobspec.InvalidSpec` with the offending field for anything that cannot run.
+    """
+    job = jobspec.load(obj)
+    objs = manifests.desired_objects(job, endpoint=loopback_endpoints(port))
+    secrets = _secret_data(objs)
+    replicas = []
+    for pod in (o for o in objs if o["kind"] == "Pod"):
+        labels = pod["metadata"]["labels"]
+        role, index = labels[manifests.LABEL_ROLE], int(labels[manifests.LABEL_INDEX])
+        containers = pod["spec"].get("containers") or []
+        container = next((c for c in containers if c.get("name") == manifests.MAIN_CONTAINER),
+                         containers[0])
+        others = [c["name"] for c in containers if c is not container]
+        if others:
+            raise jobspec.InvalidSpec(
+                f"pod {pod['metadata']['name']}: sidecar containers {others} cannot be run locally")
+        command = list(container.get("command") or [])
+        args = list(container.get("args") or [])
+        if not command:
+            if not str(container.get("image", "")).split("/")[-1].startswith("ringtrain"):
+                raise jobspec.InvalidSpec(
+                    f"pod {pod['metadata']['name']}: container {container['name']} has no "
+                    "command; locally there is no image ENTRYPOINT to fall back on")
+            command = ["ringtrain"]  # the ringtrain image's ENTRYPOINT
+        volume_dirs, files = _volume_dirs(pod, run_dir, secrets)
+        mounts: dict[str, Path] = {}
+        for m in container.get("volumeMounts") or []:
+            local = volume_dirs[m["name"]]
+            mounts[m["mountPath"]] = local / m["subPath"] if m.get("subPath") else local
+        env = {k: _rewrite(v, mounts) for k, v in _env(pod, container, secrets).items()}
+        args = [_rewrite(a, mounts) for a in args]
+        metrics_port = None
+        if any(p.get("name") == "metrics" for p in container.get("ports") or []):
+            metrics_port = port()
+            _set_flag(args, "--metrics-port", str(metrics_port))
+        termination_log = None
+        if _set_flag(args, "--termination-log",
+                     str(run_dir / "pods" / pod["metadata"]["name"] / "termination-log")):
+            termination_log = str(run_dir / "pods" / pod["metadata"]["name"] / "termination-log")
+        replicas.append(Replica(
+            name=pod["metadata"]["name"], role=role, index=index,
+            argv=tuple(_local_command(command) + args), env=env, files=files,
+            dirs=tuple(sorted({str(d) for d in [*volume_dirs.values(), *mounts.values(),
+                                                run_dir / "pods" / pod["metadata"]["name"]]})),
+            metrics_port=metrics_port, termination_log=termination_log,
+        ))
+    return job, replicas
+
+
+def read_job(path: str) -> dict:
+    """The single TrainingJob in a YAML file (other kinds in a multi-document file are ignored)."""
+    try:
+        with open(path) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d]
+    except OSError as e:
+        raise jobspec.InvalidSpec(f"{path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise jobspec.InvalidSpec(f"{path}: not valid YAML: {e}") from None
+    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == jobspec.KIND]
+    if len(jobs) != 1:
+        raise jobspec.InvalidSpec(
+            f"{path}: expected exactly one {jobspec.KIND} document, found {len(jobs)}")
+    return jobs[0]
+
+

@@ -1,0 +1,284 @@
+"""The process supervisor: carries out the operator's decisions with processes instead of Pods.
+
+Pipeline position: after planning, `ringtrain run` hands the replicas to a :class:`Runner`.
+It decides with the operator's own fold (:func:`status.derive_status`): the processes are
+presented as observed Pods, and the runner starts and stops them as the returned decision
+creates and deletes Pods. So restartPolicy, gang restarts (the whole gang is stopped and started
+again and resumes from the shared checkpoint directory), backoffLimit, activeDeadlineSeconds and
+successPolicy mean here exactly what they mean on a cluster. One difference: there is no kubelet,
+so no container restarts in place; under OnFailure/Always a failed process is what the operator
+sees when the kubelet gave up on a Pod, and restarts the gang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from ringtrain import events
+from ringtrain_operator import spec as jobspec
+from ringtrain_operator import status
+
+from .console import Output
+from .jobstate import JobState, WorkerState
+from .plan import CHECKPOINT_VOLUME, Replica
+
+#: How long replicas get between SIGTERM and SIGKILL (Kubernetes' default grace period is 30 s;
+#: locally nobody wants to wait that long for a process that ignores SIGTERM).
+DEFAULT_GRACE_S = 10.0
+
+def observed_pod(replica: Replica, proc: subprocess.Popen) -> status.ObservedPod:
+    """A replica's process as the Pod the operator's fold would observe.
+
+    There is no kubelet here, so a process is a Pod whose container never restarts in place: it
+    is Running until it exits, then Succeeded (exit 0) or Failed with the exit code Kubernetes
+    would report (a signal n becomes 128 + n, named like the kubelet's reason).
+    """
+    code = proc.poll()
+    if code is None:
+        return status.ObservedPod(name=replica.name, role=replica.role, index=replica.index,
+                                  phase="Running", ready=True)
+    return status.ObservedPod(
+        name=replica.name, role=replica.role, index=replica.index,
+        phase="Succeeded" if code == 0 else "Failed", exit_code=exit_status(code),
+        exit_reason=signal.Signals(-code).name if code < 0 else None)
+
+
+class Stopped(Exception):
+    """The runner received SIGINT or SIGTERM."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Runner:
+    """Carries out the operator's decisions with processes instead of Pods.
+
+    Each turn observes the current processes as Pods (:func:`observed_pod`), folds them with the
+    job's previous status through :func:`status.derive_status` — the operator's own lifecycle:
+    restart policies, gang restarts, backoffLimit, activeDeadlineSeconds, successPolicy — and
+    does what the decision says: start the replicas it creates, stop the ones it deletes. So a
+    job behaves here as it would on a cluster, with one implementation of the rules.
+    """
+
+    def __init__(self, job: jobspec.Job, replicas: list[Replica], run_dir: Path, output: Output,
+                 grace_s: float = DEFAULT_GRACE_S,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+        self.job, self.replicas, self.run_dir, self.output = job, replicas, run_dir, output
+        self.grace_s, self.clock = grace_s, clock
+        self.by_name = {r.name: r for r in replicas}
+        #: The current process of each replica (label → process); a gang restart replaces them.
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.pumps: dict[str, threading.Thread] = {}
+        self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        self.state = JobState(
+            total_steps=job.trainer.steps if job.trainer else None, started_s=time.monotonic(),
+            workers={r.label: WorkerState() for r in replicas})
+        self.chief_label = f"{job.chief[0]}-{job.chief[1]}"
+        #: The TrainingJob's status as the operator would write it (state, conditions, restarts).
+        self.status: dict[str, Any] = {}
+        self.started = False
+
+    @property
+    def phase(self) -> str | None:
+        return self.status.get("state")
+
+    @property
+    def restarts(self) -> int:
+        return int(self.status.get("restarts", 0))
+
+    def _materialize(self, r: Replica) -> None:
+        for d in r.dirs:
+            Path(d).mkdir(parents=True, exist_ok=True)
+        for path, content in r.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(content)
+
+    def _pump(self, label: str, stream: TextIO) -> None:
+        for line in stream:
+            self.lines.put((label, line.rstrip("\n")))
+        self.lines.put((label, None))
+
+    def _create(self, names: Iterable[str]) -> None:
+        """Start the named replicas: what the kubelet does with a newly created Pod."""
+        todo = [self.by_name[n] for n in names]
+        for r in todo:
+            self._materialize(r)
+        if self.started and todo:  # a new gang after a restart: old progress no longer applies
+            self.state.new_gang([r.label for r in todo], time.monotonic())
+            resume = (f", resuming from the latest checkpoint in {self.run_dir / CHECKPOINT_VOLUME}"
+                      if self.job.trainer else "")
+            self.output.message(f"restart {self.restarts}: starting {len(todo)} replicas{resume}")
+        for r in todo:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **r.env}
+            # Own session: a terminal's Ctrl-C reaches only the runner, which then stops every
+            # replica the same way (SIGTERM, grace, SIGKILL) — as the kubelet does.
+            p = subprocess.Popen(r.argv, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                 bufsize=1, start_new_session=True, cwd=self.run_dir)
+            self.procs[r.label] = p
+            t = threading.Thread(target=self._pump, args=(r.label, p.stdout), daemon=True,
+                                 name=f"pump-{r.label}")
+            t.start()
+            self.pumps[r.label] = t
+            self.output.event({"event": "started", "replica": r.label, "pod": r.name,
+                               "pid": p.pid, "restarts": self.restarts})
+        self.started = self.started or bool(todo)
+
+    def _delete(self, names: Iterable[str]) -> None:
+        """Stop the named replicas (SIGTERM, grace, SIGKILL), keeping their exit codes.
+
+        Their output is read to the end before this returns, so a replica that is started again
+        next never has its predecessor's last lines attributed to it.
+        """
+        labels = [self.by_name[n].label for n in names if self.by_name[n].label in self.procs]
+        live = [self.procs[label] for label in labels if self.procs[label].poll() is None]
+        for p in live:
+            _signal_group(p, signal.SIGTERM)
+        end = time.monotonic() + self.grace_s
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+        for label in labels:
+            # EOF follows the exit unless a grandchild holds the pipe open.
+            self.pumps[label].join(timeout=self.grace_s)
+            self.state.workers[label].exit_code = exit_status(self.procs[label].returncode)
+        self._drain()
+
+    def stop(self) -> None:
+        """Stop every replica that still runs: the end of the job, or Ctrl-C."""
+        self._delete([r.name for r in self.replicas if r.label in self.procs])
+
+    def _handle(self, label: str, line: str) -> None:
+        chief = label == self.chief_label
+        event = events.parse_line(line)
+        self.state.observe(label, event, time.monotonic(), chief=chief)
+        if event is None:
+            self.output.log(label, line)
+        elif chief and isinstance(event, (events.Eval, events.Final)):
+            self.output.log(label, events.format_event(event))
+
+    def _drain(self) -> None:
+        """Consume what is queued, so the last lines are shown before anything that follows."""
+        while True:
+            try:
+                label, line = self.lines.get_nowait()
+            except queue.Empty:
+                return
+            if line is not None:
+                self._handle(label, line)
+
+    def _poll_status(self, stop: threading.Event, period_s: float = 2.0) -> None:
+        """Health of replicas that print nothing (non-chief workers): their ``/status``."""
+        ports = {r.label: r.metrics_port for r in self.replicas if r.metrics_port}
+        while not stop.wait(period_s):
+            for label, port in ports.items():
+                p = self.procs.get(label)
+                if p is None or p.poll() is not None:
+                    continue
+                st = events.fetch_status(f"http://127.0.0.1:{port}/status")
+                if st is not None:
+                    self.state.observe_status(label, st, time.monotonic())
+
+    def reconcile(self) -> status.Decision:
+        """One turn of the operator's loop: observe, fold, act. Returns the decision taken."""
+        pods = [observed_pod(self.by_name[n], p)
+                for n, p in ((r.name, self.procs.get(r.label)) for r in self.replicas)
+                if p is not None]
+        decision = status.derive_status(self.job, pods, self.clock(), self.status)
+        self.status = decision.status
+        for e in decision.events:
+            self.output.event({"event": "status", "type": e.type, "reason": e.reason,
+                               "message": e.message, "phase": self.phase,
+                               "restarts": self.restarts})
+            if e.type == "Warning":
+                self.output.message(f"{e.reason}: {e.message}")
+        if self.phase in status.TERMINAL:
+            return decision  # what is still running is stopped by the caller (stop())
+        self._delete(decision.delete)
+        for name in decision.delete:
+            del self.procs[self.by_name[name].label]
+        self._create(decision.create)
+        return decision
+
+    def progress(self, now_s: float) -> dict:
+        return {**self.state.progress(now_s), "phase": self.phase, "restarts": self.restarts}
+
+    def wait(self) -> str:
+        """Run until the job is Succeeded or Failed; returns that phase.
+
+        After a success the other ring members get the grace period to finish on their own
+        (they run the same number of steps) rather than being stopped at once, so their exit
+        codes say how they really ended.
+        """
+        stop_polling = threading.Event()
+        threading.Thread(target=self._poll_status, args=(stop_polling,), daemon=True,
+                         name="status-poller").start()
+        try:
+            while True:
+                self.reconcile()
+                if self.phase in status.TERMINAL:
+                    break
+                try:
+                    label, line = self.lines.get(timeout=0.2)
+                    if line is not None:
+                        self._handle(label, line)
+                    self._drain()
+                except queue.Empty:
+                    pass
+                now = time.monotonic()
+                self.output.progress(self.progress(now), now)
+            if self.phase == status.SUCCEEDED:
+                self._let_ring_finish()
+            return self.phase
+        finally:
+            stop_polling.set()
+
+    def _let_ring_finish(self) -> None:
+        ring = [self.procs[r.label] for r in self.replicas
+                if r.role in ("chief", "worker") and r.label in self.procs]
+        end = time.monotonic() + self.grace_s
+        for p in ring:
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return
+
+
+def exit_status(returncode: int) -> int:
+    """A container's exit code as Kubernetes reports it: a signal n becomes 128 + n."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def read_result(r: Replica) -> events.Final | None:
+    """A replica's final event from its termination log (None: none, or an error record)."""
+    if not r.termination_log:
+        return None
+    try:
+        doc = json.loads(Path(r.termination_log).read_text())
+    except (OSError, ValueError):
+        return None
+    event = events.parse(doc)
+    return event if isinstance(event, events.Final) else None

@@ -1,0 +1,173 @@
+"""What a trainer tells the world while it trains: its events, its ``/status``, and their one
+human rendering.
+
+Pipeline position: the shared contract. The worker builds :class:`Progress`, :class:`Eval` and
+:class:`Final` and prints them (``--json``: :meth:`to_dict` as one line; otherwise
+:func:`format_event`); the final one is also its termination message. Its metrics server answers
+``/status`` with a :class:`Status`. The operator reads ``/status`` and the termination message,
+``ringtrain run`` reads the chief's stdout and ``/status`` — both through this module, so a field
+is named in one place. The JSON keys are the field names (docs/contracts.md), unchanged since
+the dicts these classes replace.
+
+Reading is lenient (:func:`parse`, ``from_dict``): unknown keys are ignored and a missing key
+reads as None, so a runner and a trainer of neighbouring versions still understand each other.
+This module imports nothing of ringtrain's, so the trainer image and the operator both can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import urllib.request
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
+
+T = TypeVar("T", bound="_Record")
+
+
+class _Record:
+    """``to_dict``/``from_dict`` shared by the records below: keys = field names, in order."""
+
+    #: the ``"event"`` tag written first, or None for a document that is not an event
+    KIND: ClassVar[str | None] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {"event": self.KIND, **body} if self.KIND else body
+
+    def to_json(self) -> str:
+        """One compact JSON line, as the worker prints it and writes its termination log."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls: type[T], doc: Mapping[str, Any]) -> T:
+        return cls(**{f.name: doc.get(f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress(_Record):
+    """The chief after a step (at most once a second, and after the first and the last)."""
+
+    KIND: ClassVar[str] = "progress"
+    step: int | None
+    epoch: float | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    eta_s: float | None = None
+    total_steps: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Eval(_Record):
+    """The chief after an evaluation of the whole test set."""
+
+    KIND: ClassVar[str] = "eval"
+    step: int | None
+    test_accuracy: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Final(_Record):
+    """Every worker's last line and termination message: how its training ended."""
+
+    KIND: ClassVar[str] = "final"
+    steps: int | None
+    epoch: int | None = None
+    loss: float | None = None
+    test_accuracy: float | None = None
+    samples_per_s: float | None = None
+    checkpoint: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    terminated: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Status(_Record):
+    """A worker's ``/status`` document (no ``"event"`` key): its latest step, at any moment."""
+
+    step: int | None = 0
+    epoch: float | None = 0
+    loss: float | None = None
+    samples_per_s: float | None = None
+    test_accuracy: float | None = None
+    phase: str | None = "Starting"
+
+
+Event = Progress | Eval | Final
+EVENTS: dict[str, type[Progress] | type[Eval] | type[Final]] = {
+    c.KIND: c for c in (Progress, Eval, Final)}
+
+
+def parse(doc: Any) -> Event | None:
+    """A decoded JSON line → its event; None for anything else (a log line, an error record)."""
+    if not isinstance(doc, Mapping):
+        return None
+    cls = EVENTS.get(doc.get("event"))
+    return cls.from_dict(doc) if cls is not None else None
+
+
+def parse_line(line: str) -> Event | None:
+    """One line of a worker's stdout → its event, or None when it is not one (a log line)."""
+    if not line.startswith("{"):
+        return None
+    try:
+        return parse(json.loads(line))
+    except ValueError:
+        return None
+
+
+def fetch_status(url: str, timeout_s: float = 1.0) -> Status | None:
+    """A worker's ``/status`` at ``url``; None when it does not answer (yet) or not with JSON."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (http on purpose)
+            doc = json.load(resp)
+    except (OSError, ValueError):
+        return None
+    return Status.from_dict(doc) if isinstance(doc, Mapping) else None
+
+
+# ---- the one human rendering -------------------------------------------------------------------
+
+def duration(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour on."""
+    s = max(0, round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def _number(v: float | None, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def format_event(e: Event) -> str:
+    """One line for people.
+
+    ``step 120/500 (24%)  epoch 0  loss 0.4123  8,412 samples/s  ETA 0:45``;
+    ``step 500  test accuracy 0.9012``;
+    ``done: 500 steps, loss 0.2101, test accuracy 0.9012, 8,300 samples/s, checkpoint …``.
+    A field not known yet is left out of a progress line.
+    """
+    if isinstance(e, Progress):
+        parts = []
+        if e.step is None:
+            parts.append("starting")
+        elif e.total_steps:
+            parts.append(f"step {e.step}/{e.total_steps} ({100 * e.step // e.total_steps}%)")
+        else:
+            parts.append(f"step {e.step}")
+        if e.epoch is not None:
+            parts.append(f"epoch {e.epoch:g}")
+        if e.loss is not None:
+            parts.append(f"loss {e.loss:.4f}")
+        if e.samples_per_s is not None:
+            parts.append(f"{e.samples_per_s:,.0f} samples/s")
+        if e.eta_s is not None:
+            parts.append(f"ETA {duration(e.eta_s)}")
+        return "  ".join(parts)
+    if isinstance(e, Eval):
+        return f"step {e.step}  test accuracy {_number(e.test_accuracy, '.4f')}"
+    return (f"done: {e.steps} steps, loss {_number(e.loss, '.4f')}, test accuracy "
+            f"{_number(e.test_accuracy, '.4f')}, {_number(e.samples_per_s, ',.0f')} samples/s"
+            + (f", checkpoint {e.checkpoint}" if e.checkpoint else ""))
