@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from ringtrain import events
 from ringtrain_operator import spec as jobspec
-from ringtrain_operator import status
+from ringtrain_operator import observe, status
 
 from .console import Output
 from .jobstate import JobState, WorkerState
@@ -36,7 +36,7 @@ from .plan import CHECKPOINT_VOLUME, Replica
 #: locally nobody wants to wait that long for a process that ignores SIGTERM).
 DEFAULT_GRACE_S = 10.0
 
-def observed_pod(replica: Replica, proc: subprocess.Popen) -> status.ObservedPod:
+def observed_pod(replica: Replica, proc: subprocess.Popen) -> observe.ObservedPod:
     """A replica's process as the Pod the operator's fold would observe.
 
     There is no kubelet here, so a process is a Pod whose container never restarts in place: it
@@ -45,9 +45,9 @@ def observed_pod(replica: Replica, proc: subprocess.Popen) -> status.ObservedPod
     """
     code = proc.poll()
     if code is None:
-        return status.ObservedPod(name=replica.name, role=replica.role, index=replica.index,
+        return observe.ObservedPod(name=replica.name, role=replica.role, index=replica.index,
                                   phase="Running", ready=True)
-    return status.ObservedPod(
+    return observe.ObservedPod(
         name=replica.name, role=replica.role, index=replica.index,
         phase="Succeeded" if code == 0 else "Failed", exit_code=exit_status(code),
         exit_reason=signal.Signals(-code).name if code < 0 else None)

@@ -4,13 +4,16 @@ One async daemon per TrainingJob owns that job: every reconcile of a job runs in
 at a time, so two decisions about the same job can never race. Pod and spec changes only *poke*
 the daemon; deadlines, TTL and progress polling are the daemon's timeout. After a restart kopf
 resumes a daemon for every existing job, which then reconciles from cluster state.
+
+Each handler only wires: the decisions are :mod:`.status`'s, the API calls :mod:`.reconcile`'s,
+when to look again :func:`status.look_again_s`, and every Event goes out through :func:`post`.
+kopf's settings are made in one place, :func:`.main.operator_settings`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 
 import kopf
 from kubernetes.client import ApiException
@@ -21,21 +24,7 @@ from .metrics import OperatorMetrics
 from .reconcile import reconcile
 from .spec import GROUP, PLURAL, VERSION
 
-#: Seconds between progress polls of a running job's chief.
-PROGRESS_POLL_S = 5.0
-#: Seconds before retrying after an API error.
-ERROR_RETRY_S = 5.0
-PREFIX = "ringtrain.io"
-
-
-@kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_) -> None:
-    """Keep kopf's own bookkeeping under ringtrain.io and out of the status we own."""
-    settings.persistence.finalizer = f"{PREFIX}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration")
-    settings.posting.level = logging.WARNING  # handler log lines at WARNING+ become Events
+log = logging.getLogger(__name__)
 
 
 @kopf.on.login()
@@ -59,24 +48,35 @@ def connection_info(cfg) -> kopf.ConnectionInfo:
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def run_job(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo,
-                  stopped: kopf.DaemonStopped, logger: kopf.Logger, **_) -> None:
+                  stopped: kopf.DaemonStopped, **_) -> None:
     poke = memo.pokes.setdefault((namespace, name), asyncio.Event())
     while not stopped:
         poke.clear()
-        try:
-            decision = await asyncio.to_thread(
-                reconcile, memo.kube, namespace, name, metrics=memo.metrics)
-        except ApiException as e:
-            logger.warning(f"reconcile failed, retrying in {ERROR_RETRY_S}s: {e.status} {e.reason}")
-            decision = status.Decision(status={}, requeue_after_s=ERROR_RETRY_S)
-        except Exception:  # a bug must not take the job's daemon (or the operator) down
-            logger.exception(f"reconcile crashed, retrying in {ERROR_RETRY_S}s")
-            decision = status.Decision(status={}, requeue_after_s=ERROR_RETRY_S)
+        decision = await asyncio.to_thread(reconcile_once, memo, namespace, name)
         if decision is None or decision.delete_job:
             return
-        for ev in decision.events:
-            kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
-        await _wait(poke, stopped, _timeout(decision))
+        post(body, decision.events)
+        await _wait(poke, stopped, status.look_again_s(decision))
+
+
+def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decision | None:
+    """One reconcile; a failure becomes a decision to retry, with a Warning Event saying why."""
+    try:
+        return reconcile(memo.kube, namespace, name, metrics=memo.metrics)
+    except ApiException as e:
+        message = f"reconcile failed, retrying in {status.ERROR_RETRY_S}s: {e.status} {e.reason}"
+        log.warning("%s/%s: %s", namespace, name, message)
+    except Exception:  # a bug must not take the job's daemon (or the operator) down
+        message = f"reconcile crashed, retrying in {status.ERROR_RETRY_S}s"
+        log.exception("%s/%s: %s", namespace, name, message)
+    warning = status.Event("Warning", status.REASON_RECONCILE_FAILED, message)
+    return status.Decision(status={}, events=(warning,), requeue_after_s=status.ERROR_RETRY_S)
+
+
+def post(body: kopf.Body, events: tuple[status.Event, ...]) -> None:
+    """The one place Events about a TrainingJob are posted."""
+    for ev in events:
+        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
@@ -95,13 +95,6 @@ async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_)
 async def spec_changed(name: str, namespace: str, memo: kopf.Memo, **_) -> None:
     if poke := memo.pokes.get((namespace, name)):
         poke.set()
-
-
-def _timeout(decision: status.Decision) -> float | None:
-    """Poll progress while the job is live; otherwise only its deadline/TTL wakes it."""
-    live = decision.status.get("state") in (status.CREATED, status.RUNNING, status.RESTARTING)
-    t = min(decision.requeue_after_s or math.inf, PROGRESS_POLL_S if live else math.inf)
-    return None if t == math.inf else max(t, 0.05)
 
 
 async def _wait(poke: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float | None) -> None:

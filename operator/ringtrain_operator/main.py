@@ -18,6 +18,9 @@ from . import __version__, handlers
 from .kube import Kube, load_config
 from .metrics import OperatorMetrics
 
+#: The prefix of kopf's annotations and finalizer on TrainingJobs.
+PREFIX = "ringtrain.io"
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ringtrain operator", description=__doc__)
@@ -49,10 +52,18 @@ def health_app(metrics: OperatorMetrics) -> web.Application:
 
 
 def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
-    """Namespaced mode needs no cluster-wide read access at all: kopf's scanning (a watch on
-    namespaces and on CRDs) is off, the given namespaces are taken as they are, and the
-    TrainingJob resource is discovered once at start-up (install the CRD first, as Helm does)."""
+    """All of kopf's settings, made here only.
+
+    kopf's own bookkeeping stays under ringtrain.io and out of the status we own. Namespaced mode
+    needs no cluster-wide read access at all: kopf's scanning (a watch on namespaces and on CRDs)
+    is off, the given namespaces are taken as they are, and the TrainingJob resource is
+    discovered once at start-up (install the CRD first, as Helm does)."""
     settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration")
+    settings.posting.level = logging.WARNING  # kopf's own warnings about a job become Events
     settings.scanning.disabled = bool(args.namespace)
     return settings
 

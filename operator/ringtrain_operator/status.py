@@ -10,13 +10,13 @@ once even if the operator dies next), then carries out the returned actions.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
 
-from . import manifests
+from . import observe
+from .observe import ObservedPod
 from .spec import Job, ReplicaSpec
 
 # States (status.state) are also the condition types.
@@ -40,52 +40,16 @@ REASON_INVALID = "InvalidSpec"
 PERMANENT_EXIT_CODES = range(1, 128)
 
 
-@dataclass(frozen=True)
-class ObservedPod:
-    """What the fold needs to know about one pod of the job (see :meth:`from_pod`)."""
+#: Reasons of the Events that the reconciler's own actions and failures add.
+REASON_POD_CREATED = "PodCreated"
+REASON_POD_DELETED = "PodDeleted"
+REASON_RECONCILE_FAILED = "ReconcileFailed"
 
-    name: str
-    role: str
-    index: int
-    phase: str = "Pending"
-    ready: bool = False
-    restarts: int = 0
-    exit_code: int | None = None
-    exit_reason: str | None = None
-    deleting: bool = False
-    termination_message: str | None = None
-    pod_ip: str | None = None
-    #: The chief's JSON ``/status`` (fetched by the caller; pods get no API permissions).
-    live_status: Mapping[str, Any] | None = None
-
-    @classmethod
-    def from_pod(cls, pod: Mapping[str, Any]) -> "ObservedPod | None":
-        """Read a Pod object; ``None`` when it lacks ringtrain's role/index labels."""
-        meta = pod.get("metadata") or {}
-        lab = meta.get("labels") or {}
-        role, index = lab.get(manifests.LABEL_ROLE), lab.get(manifests.LABEL_INDEX)
-        if not role or not str(index).isdigit():
-            return None
-        st = pod.get("status") or {}
-        cstats = st.get("containerStatuses") or []
-        main = next((c for c in cstats if c.get("name") == manifests.MAIN_CONTAINER),
-                    cstats[0] if cstats else {})
-        term = (main.get("state") or {}).get("terminated") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in st.get("conditions") or [])
-        return cls(
-            name=meta.get("name", ""),
-            role=role,
-            index=int(index),
-            phase=st.get("phase") or "Pending",
-            ready=ready,
-            restarts=sum(int(c.get("restartCount") or 0) for c in cstats),
-            exit_code=term.get("exitCode"),
-            exit_reason=term.get("reason") or st.get("reason"),
-            deleting=bool(meta.get("deletionTimestamp")),
-            termination_message=term.get("message"),
-            pod_ip=st.get("podIP"),
-        )
+#: When to look at a job again, by state, unless its deadline or TTL comes sooner: a live job's
+#: chief is polled for progress; a finished or suspended job sleeps until something changes.
+LOOK_AGAIN_S = {CREATED: 5.0, RUNNING: 5.0, RESTARTING: 5.0}
+#: Seconds before a reconcile that failed (an API error, a bug) is tried again.
+ERROR_RETRY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -96,16 +60,44 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Member:
+    """One member of the gang: the name of its pod, its replica spec and its index."""
+
+    name: str
+    replica: ReplicaSpec
+    index: int
+
+
+def members(job: Job) -> dict[str, Member]:
+    """The gang by pod name, in TF_CONFIG order."""
+    return {job.pod_name(r.role, i): Member(job.pod_name(r.role, i), r, i)
+            for r, i in job.members()}
+
+
+@dataclass(frozen=True)
 class Decision:
-    """The new status and what to do; ``create``/``delete`` are pod names."""
+    """The new status and what to do: the members whose pods to create, pod names to delete."""
 
     status: dict
-    create: tuple[str, ...] = ()
+    to_create: tuple[Member, ...] = ()
     delete: tuple[str, ...] = ()
     delete_job: bool = False
     events: tuple[Event, ...] = ()
     #: Look again after this long at the latest (deadline, TTL), even if nothing changes.
     requeue_after_s: float | None = None
+
+    @property
+    def create(self) -> tuple[str, ...]:
+        """The names of the pods to create."""
+        return tuple(m.name for m in self.to_create)
+
+
+def look_again_s(decision: Decision) -> float | None:
+    """The one requeue policy: seconds until the job is looked at again even if nothing changes
+    (the sooner of its state's poll and its deadline/TTL); None: only a change wakes it."""
+    t = min(decision.requeue_after_s or math.inf,
+            LOOK_AGAIN_S.get(decision.status.get("state"), math.inf))
+    return None if t == math.inf else max(t, 0.05)
 
 
 def format_time(t: datetime) -> str:
@@ -123,7 +115,7 @@ class _Fold:
     job: Job | None
     now: datetime
     status: dict
-    create: list[str] = field(default_factory=list)
+    create: list[Member] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     delete_job: bool = False
@@ -188,7 +180,7 @@ class _Fold:
     def decision(self) -> Decision:
         return Decision(
             status=self.status,
-            create=tuple(self.create),
+            to_create=tuple(self.create),
             delete=tuple(dict.fromkeys(self.delete)),
             delete_job=self.delete_job,
             events=tuple(self.events),
@@ -196,79 +188,126 @@ class _Fold:
         )
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """The observation one derivation works on."""
+
+    pods: list[ObservedPod]  # deleting ones included
+    live: list[ObservedPod]  # not being deleted
+    desired: dict[str, Member]
+
+
 def derive_status(job: Job, pods: Iterable[ObservedPod], now: datetime,
                   previous: Mapping[str, Any] | None) -> Decision:
-    """Fold what is observed into the job's next status and the actions that lead there."""
+    """Fold what is observed into the job's next status and the actions that lead there.
+
+    The phases run in order and the first that settles the job ends the derivation."""
     f = _Fold(job, now, copy.deepcopy(dict(previous or {})))
     f.status["observedGeneration"] = job.generation
     pods = list(pods)
-    live = [p for p in pods if not p.deleting]
-    desired = {job.pod_name(r.role, i): (r, i) for r, i in job.members()}
-    _count(f, job, live)
-    _progress(f, job, pods)
+    seen = _Seen(pods, [p for p in pods if not p.deleting], members(job))
+    _count(f, job, seen.live)
+    _progress(f, job, seen.pods)
+    for phase in _PHASES:
+        if phase(f, job, seen):
+            break
+    return f.decision()
 
-    if f.state in TERMINAL:
-        f.terminal(live)
-        return f.decision()
+
+def _finished(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """A terminal job stays terminal and keeps applying cleanPodPolicy and its TTL."""
+    if f.state not in TERMINAL:
+        return False
+    f.terminal(seen.live)
+    return True
+
+
+def _suspended(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """suspend deletes the pods; on resume the job starts again as Created."""
     if job.run_policy.suspend:
-        _suspend(f, live)
-        return f.decision()
+        _suspend(f, seen.live)
+        return True
     if f.state == SUSPENDED:
         f.condition(SUSPENDED, False, REASON_RESUMED, "resumed: pods are recreated")
         f.emit(False, REASON_RESUMED, "TrainingJob resumed")
         f.status.pop("startTime", None)  # a resumed job's deadline starts again
         f.status["state"] = CREATED
-    if f.state == RESTARTING and pods:
-        f.delete += [p.name for p in live]  # wait until the whole old gang is gone
-        return f.decision()
-    f.delete += [p.name for p in live if p.name not in desired]  # replicas scaled down
+    return False
 
+
+def _old_pods(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """A restarting gang waits until the whole old gang is gone; pods of replicas scaled down go."""
+    if f.state == RESTARTING and seen.pods:
+        f.delete += [p.name for p in seen.live]
+        return True
+    f.delete += [p.name for p in seen.live if p.name not in seen.desired]
+    return False
+
+
+def _deadline(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """activeDeadlineSeconds after startTime: Failed; until then, a wake-up when it is due."""
     deadline = job.run_policy.active_deadline_s
-    if deadline is not None and "startTime" in f.status:
-        left = (parse_time(f.status["startTime"]) + timedelta(seconds=deadline) - now)
-        if left.total_seconds() <= 0:
-            f.finish(False, REASON_DEADLINE,
-                     f"TrainingJob ran longer than activeDeadlineSeconds={deadline}", live)
-            return f.decision()
+    if deadline is None or "startTime" not in f.status:
+        return False
+    left = (parse_time(f.status["startTime"]) + timedelta(seconds=deadline) - f.now)
+    if left.total_seconds() > 0:
         f.requeue.append(left.total_seconds())
+        return False
+    f.finish(False, REASON_DEADLINE,
+             f"TrainingJob ran longer than activeDeadlineSeconds={deadline}", seen.live)
+    return True
 
-    ordered = sorted((p for p in live if p.name in desired),
-                     key=lambda p: list(desired).index(p.name))
-    for p in ordered:
-        verdict = _judge(desired[p.name][0], p)
+
+def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """The first failed member in TF_CONFIG order decides: a permanent failure, or a gang
+    restart within backoffLimit; restarts beyond backoffLimit fail the job even without one."""
+    order = {name: i for i, name in enumerate(seen.desired)}
+    for p in sorted((p for p in seen.live if p.name in order), key=lambda p: order[p.name]):
+        replica = seen.desired[p.name].replica
+        verdict = _judge(replica, p)
         if verdict == "permanent":
             f.finish(False, REASON_FAILED, f"pod {p.name} failed with {_exit(p)}: permanent "
-                     f"under restartPolicy {desired[p.name][0].restart_policy}", live)
-            return f.decision()
+                     f"under restartPolicy {replica.restart_policy}", seen.live)
+            return True
         if verdict == "retryable":
-            _gang_restart(f, job, p, live)
-            return f.decision()
+            _gang_restart(f, job, p, seen.live)
+            return True
     if f.status["restarts"] > job.run_policy.backoff_limit:
         f.finish(False, REASON_BACKOFF, f"{f.status['restarts']} restarts exceed backoffLimit="
-                 f"{job.run_policy.backoff_limit}", live)
-        return f.decision()
+                 f"{job.run_policy.backoff_limit}", seen.live)
+        return True
+    return False
 
-    if _succeeded(job, {p.name: p for p in live}):
-        f.finish(True, REASON_SUCCEEDED, "TrainingJob completed successfully", live)
-        return f.decision()
 
-    present = {p.name for p in pods}
-    f.create += [n for n in desired if n not in present]
-    f.status.setdefault("startTime", format_time(now))
+def _success(f: _Fold, job: Job, seen: _Seen) -> bool:
+    if not _succeeded(job, {p.name: p for p in seen.live}):
+        return False
+    f.finish(True, REASON_SUCCEEDED, "TrainingJob completed successfully", seen.live)
+    return True
+
+
+def _running(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """Create the missing members' pods: Created (again, after a restart) until all run."""
+    present = {p.name for p in seen.pods}
+    f.create += [m for name, m in seen.desired.items() if name not in present]
+    f.status.setdefault("startTime", format_time(f.now))
     if f.state is None:
-        f.condition(CREATED, True, REASON_CREATED, f"{len(desired)} pods created")
-        f.emit(False, REASON_CREATED, f"TrainingJob created: {len(desired)} pods")
+        f.condition(CREATED, True, REASON_CREATED, f"{len(seen.desired)} pods created")
+        f.emit(False, REASON_CREATED, f"TrainingJob created: {len(seen.desired)} pods")
         f.status["state"] = CREATED
-    elif f.state == RESTARTING:  # the old gang is gone (see above): this is the new one
+    elif f.state == RESTARTING:  # the old gang is gone (see _old_pods): this is the new one
         f.status["state"] = CREATED
     all_up = not f.create and all(
-        p.phase in ("Running", "Succeeded") for p in live if p.name in desired)
+        p.phase in ("Running", "Succeeded") for p in seen.live if p.name in seen.desired)
     if all_up and f.state != RUNNING:
         f.status["state"] = RUNNING
         f.condition(RUNNING, True, REASON_RUNNING, "all pods are running")
         f.clear(RESTARTING, reason=REASON_RUNNING, message="all pods are running")
         f.emit(False, REASON_RUNNING, "all pods are running")
-    return f.decision()
+    return True
+
+
+_PHASES = (_finished, _suspended, _old_pods, _deadline, _failures, _success, _running)
 
 
 def derive_invalid(pods: Iterable[ObservedPod], now: datetime,
@@ -360,40 +399,6 @@ def _count(f: _Fold, job: Job, live: list[ObservedPod]) -> None:
                             + sum(p.restarts for p in live))
 
 
-#: trainer JSON key (a field of ringtrain.events.Status or .Final) → status.progress key
-_PROGRESS_KEYS = {"step": "step", "steps": "step", "epoch": "epoch", "loss": "loss",
-                  "samples_per_s": "samplesPerSecond", "test_accuracy": "testAccuracy",
-                  "checkpoint": "checkpoint"}
-
-
-def read_progress(doc: Mapping[str, Any] | None) -> dict:
-    """The chief's ``/status`` (:class:`ringtrain.events.Status`) or final termination-log JSON
-    (:class:`ringtrain.events.Final`) → status.progress fields."""
-    out: dict[str, Any] = {}
-    for key, target in _PROGRESS_KEYS.items():
-        v = (doc or {}).get(key)
-        if isinstance(v, bool) or v is None:
-            continue
-        if isinstance(v, float) and not math.isfinite(v):
-            continue  # NaN/inf are not JSON and the API would reject the status
-        if isinstance(v, (int, float)):
-            out[target] = round(v, 6) if isinstance(v, float) else v
-        elif isinstance(v, str) and target == "checkpoint":
-            out[target] = v
-    return out
-
-
 def _progress(f: _Fold, job: Job, pods: list[ObservedPod]) -> None:
-    chief = next((p for p in pods if (p.role, p.index) == job.chief), None)
-    if chief is None:
-        return
-    doc: Mapping[str, Any] | None = chief.live_status
-    if chief.termination_message:
-        try:
-            final = json.loads(chief.termination_message)
-        except ValueError:
-            final = None
-        if isinstance(final, dict):
-            doc = final
-    if update := read_progress(doc):
+    if update := observe.chief_progress(job, pods):
         f.status["progress"] = {**f.status.get("progress", {}), **update}

@@ -15,7 +15,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from ringtrain_operator import status as opstatus
+from ringtrain_operator import observe as opstatus
 from ringtrain_trainer.metrics import TrainerMetrics
 
 from ringtrain import events

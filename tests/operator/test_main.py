@@ -48,23 +48,59 @@ def test_scope_flags():
 
 def test_daemon_polls_live_jobs_and_sleeps_until_the_deadline_otherwise():
     live = status.Decision(status={"state": status.RUNNING}, requeue_after_s=60)
-    assert handlers._timeout(live) == handlers.PROGRESS_POLL_S
+    assert status.look_again_s(live) == status.LOOK_AGAIN_S[status.RUNNING] == 5.0
     soon = status.Decision(status={"state": status.RUNNING}, requeue_after_s=1.5)
-    assert handlers._timeout(soon) == 1.5
+    assert status.look_again_s(soon) == 1.5
     ttl = status.Decision(status={"state": status.SUCCEEDED}, requeue_after_s=300)
-    assert handlers._timeout(ttl) == 300
-    assert handlers._timeout(status.Decision(status={"state": status.FAILED})) is None
+    assert status.look_again_s(ttl) == 300
+    assert status.look_again_s(status.Decision(status={"state": status.FAILED})) is None
+    for state in (status.CREATED, status.RESTARTING):
+        assert status.look_again_s(status.Decision(status={"state": state})) == 5.0
+    assert status.look_again_s(status.Decision(status={"state": status.SUSPENDED})) is None
+    assert status.look_again_s(status.Decision(status={}, requeue_after_s=0.001)) == 0.05
+
+
+def test_a_failed_reconcile_retries_soon_and_says_why_in_one_warning_event():
+    from kubernetes.client import ApiException
+
+    class Broken:
+        def get_job(self, namespace, name):
+            raise ApiException(status=503, reason="Service Unavailable")
+
+    memo = handlers.new_memo(kube=Broken(), metrics=OperatorMetrics(CollectorRegistry()))
+    d = handlers.reconcile_once(memo, "ns", "job")
+    assert status.look_again_s(d) == status.ERROR_RETRY_S
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", status.REASON_RECONCILE_FAILED)]
+    assert "503 Service Unavailable" in d.events[0].message
+    memo = handlers.new_memo(kube=None, metrics=OperatorMetrics(CollectorRegistry()))
+    crashed = handlers.reconcile_once(memo, "ns", "job")  # a bug: None has no get_job
+    assert crashed.status == {} and not crashed.delete_job
+    assert "reconcile crashed" in crashed.events[0].message
+
+
+def test_events_are_posted_from_one_place(monkeypatch):
+    import kopf
+
+    posted = []
+    monkeypatch.setattr(kopf, "event", lambda body, **kw: posted.append(kw))
+    handlers.post({"metadata": {}}, (status.Event("Normal", "PodCreated", "created pod p"),
+                                     status.Event("Warning", "X", "y")))
+    assert posted == [{"type": "Normal", "reason": "PodCreated", "message": "created pod p"},
+                      {"type": "Warning", "reason": "X", "message": "y"}]
 
 
 def test_kopf_bookkeeping_lives_under_ringtrain_io():
+    import logging
+
     import kopf
 
-    settings = kopf.OperatorSettings()
-    handlers.configure(settings=settings)
+    settings = main.operator_settings(main.parse_args([]))
     assert settings.persistence.finalizer == "ringtrain.io/finalizer"
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "ringtrain.io"
     assert settings.persistence.diffbase_storage.prefix == "ringtrain.io"
+    assert settings.posting.level == logging.WARNING
+    assert not hasattr(handlers, "configure")  # kopf settings are made in one place
 
 
 def test_memo_is_shared_by_the_daemon_and_the_pod_handler():
