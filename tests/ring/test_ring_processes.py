@@ -15,7 +15,7 @@ from ringtrain.errors import EXIT_RETRYABLE, PeerTimeout
 from ringtrain_trainer.ring import auth, connect
 from ringtrain_trainer.ring.grpc_transport import call_metadata
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
-from ringtrain_trainer.ring.tcp import split_address
+from ringtrain.cluster import split_address
 
 TRANSPORTS = ["tcp", "grpc"]
 #: sizes the "pause" scenario reduces per step (ring_worker's default list)

@@ -36,9 +36,7 @@ def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str,
     """A RingError (PeerTimeout for timeouts) whose message and attributes carry rank, step and
     peer, the three things an operator needs to find the broken link."""
     cls = PeerTimeout if isinstance(exc, LinkTimeout) else RingError
-    err = cls(f"rank {rank} step {step} peer {peer}: {what}: {exc}")
-    err.rank, err.step, err.peer = rank, step, peer
-    return err
+    return cls(f"{what}: {exc}", rank=rank, step=step, peer=peer)
 
 
 @dataclass
