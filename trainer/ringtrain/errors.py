@@ -39,7 +39,7 @@ class IPUCompileError(RingtrainError):
 
 
 class RingError(RingtrainError):
-    """A collective failed.
+    """A collective failed; the message starts with where: rank, step and peer.
 
     ``rank``, ``step`` and ``peer`` are the three things an operator needs to find the broken
     link, so they are kept as attributes and written in front of the message here, in one

@@ -169,6 +169,8 @@ def _rpc_failure(e: BaseException, what: str, *, send_side: bool = False) -> Lin
 class GrpcTransport(Transport):
     """A gRPC server for the left link and a channel to the right neighbour's server."""
 
+    name = "grpc"
+
     def __init__(self, server: grpc.Server, receiver: _Receiver, channel: grpc.Channel,
                  token: bytes, rank: int, world: int, step_timeout_s: float) -> None:
         self._server, self._receiver, self._channel = server, receiver, channel

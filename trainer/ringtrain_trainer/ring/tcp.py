@@ -173,6 +173,8 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 class TcpTransport(Transport):
     """Two authenticated sockets: ``right`` carries our bytes out, ``left`` brings bytes in."""
 
+    name = "tcp"
+
     def __init__(self, listener: Listener, right: socket.socket, left: socket.socket,
                  step_timeout_s: float) -> None:
         self.listener, self._right, self._left = listener, right, left
