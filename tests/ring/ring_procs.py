@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ringtrain_trainer.ring.bench import free_ports
+from ringtrain_bench.procs import loopback_addresses, new_token
 
 WORKER = Path(__file__).with_name("ring_worker.py")
 
@@ -47,8 +46,8 @@ class Ring:
 
 
 def start(world: int, scenario: str, transport: str = "tcp", *args: str) -> Ring:
-    token = secrets.token_bytes(16).hex().encode()
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
+    token = new_token().encode()
+    addresses = loopback_addresses(world)
     env = dict(os.environ, RINGTRAIN_TOKEN=token.decode())
     procs = [subprocess.Popen([sys.executable, str(WORKER), scenario, "--rank", str(r),
                                "--addresses", ",".join(addresses), "--transport", transport,

@@ -72,9 +72,44 @@ def worker_sequence(coll, sizes: list[int], world: int, rank: int, steps: int) -
     coll.barrier()
 
 
+def ring_metrics(coll, world: int, rank: int, n: int) -> None:
+    """The trainer's ``ringtrain_ring_*`` metrics on an injected registry: 3 allreduces of
+    ``n`` floats, a barrier and a broadcast from rank 0; then rank 1 leaves and rank 0's next
+    allreduce breaks the ring. Emits the samples (rank 0 after the failure)."""
+    from prometheus_client import CollectorRegistry
+
+    from ringtrain.errors import RingError
+    from ringtrain_trainer.metrics import TrainerMetrics
+
+    registry = CollectorRegistry()
+    TrainerMetrics(registry=registry).watch_ring(coll)
+    for step in range(3):
+        coll.allreduce_mean_(pattern(n, rank), step=step)
+    coll.barrier()
+    coll.broadcast_(pattern(n, rank), root=0)
+    if rank == 0:
+        try:
+            coll.allreduce_mean_(pattern(n, rank), step=3)
+        except RingError as e:
+            emit(event="broke", rank=rank, type=type(e).__name__)
+    t = coll.transport.name
+
+    def sample(name: str, **labels) -> float | None:
+        return registry.get_sample_value(name, dict(labels, transport=t))
+
+    emit(event="metrics", rank=rank, transport=t,
+         sent=sample("ringtrain_ring_bytes_total", direction="sent"),
+         received=sample("ringtrain_ring_bytes_total", direction="received"),
+         allreduces=sample("ringtrain_ring_allreduce_seconds_count"),
+         allreduce_s=sample("ringtrain_ring_allreduce_seconds_sum"),
+         errors={k: sample("ringtrain_ring_errors_total", kind=k)
+                 for k in ("timeout", "link", "interrupted")})
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["allreduce", "pause", "loop", "rss", "worker"])
+    p.add_argument("scenario", choices=["allreduce", "pause", "loop", "rss", "worker",
+                                               "metrics"])
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--addresses", required=True)
     p.add_argument("--transport", default="tcp")
@@ -101,6 +136,8 @@ def main(argv: list[str]) -> int:
             check_allreduce(coll, sizes[::-1], world, rank, step=2)
         elif a.scenario == "worker":
             worker_sequence(coll, sizes, world, rank, a.steps)
+        elif a.scenario == "metrics":
+            ring_metrics(coll, world, rank, sizes[-1])
         elif a.scenario == "pause":
             check_allreduce(coll, sizes, world, rank, step=1)
             emit(event="ready", rank=rank)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ringtrain.cluster import build
-from ringtrain_trainer.ring.bench import free_ports
+from ringtrain_bench.procs import free_ports
 
 GLOBAL_BATCH = 12
 STEPS = 50

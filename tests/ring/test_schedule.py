@@ -29,7 +29,7 @@ def test_each_phase_sends_what_the_previous_one_received(size):
         phases = schedule.allreduce_phases(rank, size)
         assert len(phases) == 2 * (size - 1)
         assert all(nxt.send == cur.recv for cur, nxt in zip(phases, phases[1:]))
-        assert phases[size - 2].recv == schedule.owned_segment(rank, size)
+        assert phases[size - 2].recv == (rank + 1) % size  # the segment it then owns in full
         # a rank receives from its left exactly what the left sends in the same phase
         left = schedule.allreduce_phases(schedule.left(rank, size), size)
         assert [p.recv for p in phases] == [p.send for p in left]
@@ -73,3 +73,12 @@ def test_simulated_ring_computes_the_mean(size, n):
     simulate(bufs, chunk=3)
     for b in bufs:
         np.testing.assert_allclose(b, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_neighbours_are_left_then_right_and_close_the_ring(size):
+    for rank in range(size):
+        left, right = schedule.neighbours(rank, size)
+        assert (left, right) == (schedule.left(rank, size), schedule.right(rank, size))
+        assert schedule.neighbours(right, size)[0] == rank  # my right receives from me
+    assert schedule.neighbours(0, 3) == (2, 1)

@@ -23,7 +23,7 @@ import pytest
 import ring_procs
 
 from ringtrain.errors import RingError
-from ringtrain_trainer.ring.bench import free_ports
+from ringtrain_bench.procs import free_ports
 from ringtrain_trainer.ring.engine import RingCollective
 from ringtrain_trainer.ring.protocol import OpHeader
 from ringtrain_trainer.ring.transport import LinkError, Transport

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from ringtrain_trainer import bench_step
+from ringtrain_bench import step as bench_step
 
 
 def test_bench_step_reports_both_sides_and_the_blas_in_use(capsys):
@@ -41,3 +41,16 @@ def test_bench_step_two_workers_over_the_real_ring_reports_throughput_and_overla
     assert r["allreduce_ms_per_step"] > 0 and r["exposed_wait_ms_per_step"] >= 0
     assert r["max_param_diff"] == 0.0  # the replicas stayed bit-identical
     assert "measure the ring transport" in r["note"]
+
+
+def test_the_trainer_never_imports_the_benchmarks():
+    """The benchmarks measure the trainer from outside (issue 9): no module of
+    ``ringtrain_trainer``, the ring included, may depend on ``ringtrain_bench``."""
+    import pathlib
+
+    import ringtrain_trainer
+
+    root = pathlib.Path(ringtrain_trainer.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if "ringtrain_bench" in p.read_text()]
+    assert offenders == []

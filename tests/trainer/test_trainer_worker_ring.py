@@ -18,7 +18,7 @@ from ringtrain_trainer import worker
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain.errors import EXIT_RETRYABLE, InvalidSpec
-from ringtrain_trainer.ring.bench import free_ports
+from ringtrain_bench.procs import free_ports
 
 WORKER = [sys.executable, "-m", "ringtrain.cli", "worker", "--dataset", "mnist-5k", "--json"]
 

@@ -15,8 +15,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("run",): ("ringtrain_localrun.cli", "run a TrainingJob manifest as local processes"),
     ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
     ("operator",): ("ringtrain_operator.main", "run the Kubernetes operator (kopf)"),
-    ("bench", "step"): ("ringtrain_trainer.bench_step", "training samples/s, side by side with PyTorch"),
-    ("bench", "allreduce"): ("ringtrain_trainer.ring.bench", "ring allreduce bandwidth vs gloo / MPI"),
+    ("bench", "step"): ("ringtrain_bench.step", "training samples/s, side by side with PyTorch"),
+    ("bench", "allreduce"): ("ringtrain_bench.allreduce", "ring allreduce bandwidth vs gloo / MPI"),
 }
 
 

@@ -12,14 +12,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ringtrain.errors import InvalidSpec
+
 #: Roles TensorFlow knows, in the order TF_CONFIG lists them.
 ROLES = ("chief", "worker", "ps", "evaluator")
 #: Roles that take part in the gradient ring; chief (if any) is rank 0, then workers by index.
 RING_ROLES = ("chief", "worker")
 
 
-class InvalidClusterSpec(ValueError):
-    """TF_CONFIG is malformed; the message names the offending field."""
+class InvalidClusterSpec(InvalidSpec, ValueError):
+    """TF_CONFIG is malformed; the message names the offending field.
+
+    An ``InvalidSpec`` (permanent exit code) so that callers need not translate it; still a
+    ``ValueError`` for code that caught it as one."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,13 @@ class ClusterSpec:
             "environment": self.environment,
         }
         return json.dumps(doc, separators=(",", ":"))
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as ``(host, port)``: how a ring member finds its own
+    port and its peers in TF_CONFIG."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def parse(text: str | None) -> ClusterSpec:

@@ -39,9 +39,22 @@ class IPUCompileError(RingtrainError):
 
 
 class RingError(RingtrainError):
-    """A collective failed; the message carries rank, step and peer."""
+    """A collective failed; the message starts with where: rank, step and peer.
+
+    ``rank``, ``step`` and ``peer`` are the three things an operator needs to find the broken
+    link, so they are kept as attributes and written in front of the message here, in one
+    format for every site: ``rank 1 step 7 peer 10.0.0.2:2222: what happened`` (the parts that
+    are not known are left out).
+    """
 
     exit_code = EXIT_RETRYABLE
+
+    def __init__(self, msg: str, *, rank: int | None = None, step: int | None = None,
+                 peer: str | None = None) -> None:
+        self.rank, self.step, self.peer, self.reason = rank, step, peer, msg
+        where = " ".join(f"{name} {value}" for name, value in
+                         (("rank", rank), ("step", step), ("peer", peer)) if value is not None)
+        super().__init__(f"{where}: {msg}" if where else msg)
 
 
 class PeerTimeout(RingError):

@@ -1,7 +1,8 @@
 """The trainer's Prometheus metrics and the small HTTP server that exposes them.
 
 Pipeline position: the step loop calls :meth:`TrainerMetrics.observe_step` once per step and
-:meth:`TrainerMetrics.observe_eval` after an evaluation; Prometheus scrapes ``/metrics`` and the
+:meth:`TrainerMetrics.observe_eval` after an evaluation; the ring reports each collective itself
+to :class:`RingMetrics` (:meth:`TrainerMetrics.watch_ring`); Prometheus scrapes ``/metrics`` and the
 operator reads ``/status`` (JSON) to show progress without giving pods API permissions.
 Names follow Prometheus conventions (``ringtrain_`` prefix, base units, ``_total`` counters);
 the registry is injectable so tests read values with ``get_sample_value``.
@@ -20,8 +21,34 @@ from prometheus_client import generate_latest
 from ringtrain import events
 from ringtrain_trainer.ipu import IPUStats, MemoryPlan
 from ringtrain_trainer.reducer import StepCommStats
+from ringtrain_trainer.ring.engine import ERROR_KINDS, RingObserver
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+#: One bucket's allreduce (kilobytes) up to a whole model's at 64 MiB on a slow link.
+RING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                0.5, 1.0, 2.5, 10.0)
+
+
+class RingMetrics(RingObserver):
+    """The ring's own figures for one data path (``transport`` = tcp | grpc), bound to their
+    label children once here, so that a collective only adds numbers to existing series."""
+
+    def __init__(self, metrics: "TrainerMetrics", transport: str) -> None:
+        self._sent = metrics.ring_bytes.labels(direction="sent", transport=transport)
+        self._received = metrics.ring_bytes.labels(direction="received", transport=transport)
+        self._seconds = metrics.ring_allreduce.labels(transport=transport)
+        self._errors = {k: metrics.ring_errors.labels(kind=k, transport=transport)
+                        for k in ERROR_KINDS}
+
+    def collective(self, kind: str, seconds: float, sent_bytes: int,
+                   received_bytes: int) -> None:
+        self._sent.inc(sent_bytes)
+        self._received.inc(received_bytes)
+        if kind == "allreduce":
+            self._seconds.observe(seconds)
+
+    def error(self, kind: str) -> None:
+        self._errors[kind].inc()
 
 
 class TrainerMetrics:
@@ -58,9 +85,25 @@ class TrainerMetrics:
         self.overlap = Gauge("ringtrain_allreduce_overlap_ratio",
                              "Fraction of the last step's allreduce hidden behind backward",
                              registry=r)
+        self.ring_bytes = Counter("ringtrain_ring_bytes", "Bytes this worker's ring member sent "
+                                  "to its right neighbour or received from its left",
+                                  ["direction", "transport"], registry=r)
+        self.ring_allreduce = Histogram("ringtrain_ring_allreduce_seconds",
+                                        "Wall time of one ring allreduce (barriers excluded)",
+                                        ["transport"], buckets=RING_BUCKETS, registry=r)
+        self.ring_errors = Counter("ringtrain_ring_errors", "Times the ring broke, by kind "
+                                   "(timeout, link, interrupted)", ["kind", "transport"],
+                                   registry=r)
         self._last = IPUStats()
         self._status = events.Status()
         self._lock = threading.Lock()
+
+    def watch_ring(self, collective) -> None:
+        """Export ``collective``'s ring statistics, if it is the ring (a single worker and
+        Open MPI have none)."""
+        transport = getattr(collective, "transport", None)
+        if hasattr(collective, "observer") and transport is not None:
+            collective.observer = RingMetrics(self, transport.name)
 
     def set_plan(self, plan: MemoryPlan) -> None:
         self.ipu_memory.set(plan.total)

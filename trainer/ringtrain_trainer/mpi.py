@@ -26,7 +26,6 @@ class MpiCollective(Collective):
         self._mpi = MPI
         self._comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self._closed = False
 
     @staticmethod
     def _check(buf: np.ndarray, what: str) -> None:
@@ -50,7 +49,6 @@ class MpiCollective(Collective):
 
     def close(self) -> None:
         """MPI itself is finalised by mpi4py at interpreter exit; nothing to release here."""
-        self._closed = True
 
 
 def connect(spec: ClusterSpec | None = None) -> Collective:

@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = TrainerConfig.from_args(argv)
         collective = connect(cfg)
         metrics = TrainerMetrics()
+        metrics.watch_ring(collective)
         if cfg.metrics_port:
             server = MetricsServer(metrics, cfg.metrics_port)
         trainer = Trainer(cfg, collective, metrics=metrics)

@@ -54,6 +54,6 @@ def connect(spec: ClusterSpec, token: bytes, *,
         wire = wire_cls.open(rank, addresses, token, connect_timeout_s=connect_timeout_s,
                              step_timeout_s=step_timeout_s)
     except LinkError as e:  # our own port is taken: retryable, a new pod may get it
-        raise RingError(f"rank {rank} step -1 peer {addresses[rank]}: {e}") from None
+        raise RingError(str(e), rank=rank, step=-1, peer=addresses[rank]) from None
     return RingCollective(wire, rank, addresses, chunk_bytes=chunk_bytes,
                           step_timeout_s=step_timeout_s)

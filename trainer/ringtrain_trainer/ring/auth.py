@@ -85,8 +85,8 @@ def client_handshake(sock: socket.socket, token: bytes, rank: int, world: int,
     ConnectionError (the latter is worth retrying: the peer may still be starting)."""
     hello = recv_exact(sock, len(_HELLO) + _NONCE)
     if hello[:len(_HELLO)] != _HELLO:
-        raise Unauthenticated(f"rank {rank}: {peer} does not speak the ringtrain TCP protocol "
-                              "(do all workers use the same ring transport, tcp or grpc?)")
+        raise Unauthenticated(f"{peer} does not speak the ringtrain TCP protocol (do all "
+                              "workers use the same ring transport, tcp or grpc?)", rank=rank)
     nonce_s, nonce_c = hello[len(_HELLO):], os.urandom(_NONCE)
     ident = _CLIENT.pack(rank, world)
     sock.sendall(ident + nonce_c + _mac(token, b"client", _HELLO, nonce_s, nonce_c, ident))
@@ -95,7 +95,7 @@ def client_handshake(sock: socket.socket, token: bytes, rank: int, world: int,
         text = VERDICTS.get(verdict, f"verdict {verdict}")
         if verdict == REFUSED_BUSY:
             raise ConnectionError(f"{peer} refused rank {rank}: {text}")
-        raise Unauthenticated(f"rank {rank}: {peer} refused the connection: {text}")
+        raise Unauthenticated(f"{peer} refused the connection: {text}", rank=rank)
     proof = recv_exact(sock, _MAC)
     if not hmac.compare_digest(proof, _mac(token, b"server", _HELLO, nonce_s, nonce_c, ident)):
-        raise Unauthenticated(f"rank {rank}: {peer} could not prove the ring token")
+        raise Unauthenticated(f"{peer} could not prove the ring token", rank=rank)

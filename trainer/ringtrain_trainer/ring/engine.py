@@ -11,14 +11,15 @@ the GIL, which is what makes two Python threads worth having.
 Any failure breaks the ring for good: the transport is closed (so neighbours see it at once
 instead of waiting for their timeout) and this and every later call raise ``RingError`` or
 ``PeerTimeout`` naming rank, step and peer; the worker exits with the retryable code and the
-operator restarts the gang.
+operator restarts the gang. Each finished collective and each break is reported to
+``observer`` (a :class:`RingObserver`), which the trainer's metrics replace.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
+import time
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from ringtrain_trainer.ring.protocol import Kind, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 _FLOAT = np.dtype(np.float32)
+_BARRIER_TAG = -1
 
 
 def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str,
@@ -36,18 +38,26 @@ def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str,
     """A RingError (PeerTimeout for timeouts) whose message and attributes carry rank, step and
     peer, the three things an operator needs to find the broken link."""
     cls = PeerTimeout if isinstance(exc, LinkTimeout) else RingError
-    err = cls(f"rank {rank} step {step} peer {peer}: {what}: {exc}")
-    err.rank, err.step, err.peer = rank, step, peer
-    return err
+    return cls(f"{what}: {exc}", rank=rank, step=step, peer=peer)
 
 
-@dataclass
-class RingStats:
-    """Counters a metrics exporter can read (``ringtrain_ring_*``); plain ints, no locking:
-    only the communication thread writes them."""
+#: How a ring breaks: a silent peer, a failed link, or a collective interrupted half-way.
+ERROR_KINDS = ("timeout", "link", "interrupted")
+#: What a finished collective was (a barrier is an allreduce that only measures waiting).
+COLLECTIVE_KINDS = ("allreduce", "broadcast", "barrier")
 
-    collectives: int = 0
-    bytes_sent: int = 0
+
+class RingObserver:
+    """Where the ring reports what it did; ``ringtrain_trainer.metrics.RingMetrics`` exports it
+    as ``ringtrain_ring_*``, this default forgets it. Called on the communication thread once
+    per collective with plain numbers, so the hot path builds no objects for it."""
+
+    def collective(self, kind: str, seconds: float, sent_bytes: int,
+                   received_bytes: int) -> None:
+        """A collective of ``kind`` (one of ``COLLECTIVE_KINDS``) finished."""
+
+    def error(self, kind: str) -> None:
+        """The ring broke; ``kind`` is one of ``ERROR_KINDS``."""
 
 
 class _Sender:
@@ -124,7 +134,8 @@ class RingCollective(Collective):
         self._broken: RingError | None = None
         self._sender = _Sender(transport)
         self._closed = False
-        self.stats = RingStats()
+        self.observer = RingObserver()
+        self._sent = self._received = 0
 
     @property
     def left_peer(self) -> str:
@@ -139,18 +150,19 @@ class RingCollective(Collective):
     def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:
         flat = self._flat(buf, "allreduce_mean_")
         header = self._next(Kind.ALLREDUCE, step, tag, flat.size)
-        self._guarded(header, lambda finish: self._allreduce(flat, header, finish))
+        self._guarded(header, lambda finish: self._allreduce(flat, header, finish),
+                      "barrier" if tag == _BARRIER_TAG and step == -1 else "allreduce")
 
     def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
         if not 0 <= root < self.size:
             raise ValueError(f"broadcast_: root {root} outside ring of size {self.size}")
         flat = self._flat(buf, "broadcast_")
         header = self._next(Kind.BROADCAST, -1, 0, flat.size, root)
-        self._guarded(header, lambda finish: self._broadcast(flat, header, finish))
+        self._guarded(header, lambda finish: self._broadcast(flat, header, finish), "broadcast")
 
     def barrier(self) -> None:
         """An allreduce of one element per rank: nobody can finish it before everyone started."""
-        self.allreduce_mean_(np.zeros(self.size, np.float32), step=-1, tag=-1)
+        self.allreduce_mean_(np.zeros(self.size, np.float32), step=-1, tag=_BARRIER_TAG)
 
     def close(self) -> None:
         """Idempotent; safe from another thread while a collective is blocked (it then fails
@@ -182,12 +194,14 @@ class RingCollective(Collective):
         self._seq += 1
         return header
 
-    def _guarded(self, header: OpHeader, body) -> None:
+    def _guarded(self, header: OpHeader, body, kind: str) -> None:
         """Run one collective's receive side; ``body`` queues the send thread's end marker
-        before its final wait, because a gRPC peer only ends its stream when we end ours."""
+        before its final wait, because a gRPC peer only ends its stream when we end ours.
+        The observer hears of it once it is complete, sends included."""
         if self.size == 1:
             return
-        self.stats.collectives += 1
+        start = time.perf_counter()
+        self._sent = self._received = 0
         done = threading.Event()
         queued = []
 
@@ -210,6 +224,7 @@ class RingCollective(Collective):
                                           step=header.step, peer=self.left_peer,
                                           what=f"interrupted {header.describe()}")
                 self.transport.abort()
+                self.observer.error("interrupted")
             raise
         finally:
             finish_sends()
@@ -217,6 +232,7 @@ class RingCollective(Collective):
             self._break(LinkTimeout("send thread stuck"), header, self.right_peer, "sending")
         if self._sender.error is not None:
             self._break(self._sender.error, header, self.right_peer, "sending")
+        self.observer.collective(kind, time.perf_counter() - start, self._sent, self._received)
 
     def _break(self, exc: LinkError, header: OpHeader, peer: str, what: str) -> None:
         if self._broken is None:
@@ -224,10 +240,11 @@ class RingCollective(Collective):
                              what=f"{what} {header.describe()}")
             self._broken = err
             self.transport.abort()
+            self.observer.error("timeout" if isinstance(err, PeerTimeout) else "link")
         raise self._broken
 
     def _send(self, mv: memoryview, a: int, b: int) -> None:
-        self.stats.bytes_sent += (b - a) * _FLOAT.itemsize
+        self._sent += (b - a) * _FLOAT.itemsize
         self._sender.put(mv[a * _FLOAT.itemsize:b * _FLOAT.itemsize])
 
     def _allreduce(self, flat: np.ndarray, header: OpHeader, finish_sends) -> None:
@@ -244,6 +261,7 @@ class RingCollective(Collective):
             forward = p + 1 < len(phases)
             for a, b in schedule.chunks(*bounds[phase.recv], self._chunk):
                 seg = flat[a:b]
+                self._received += seg.nbytes
                 if phase.reduce:
                     t.recv_add(seg)
                     if p == last_reduce:
@@ -269,6 +287,7 @@ class RingCollective(Collective):
         t.begin_recv(header)
         for a, b in pieces:
             t.recv_copy(flat[a:b])
+            self._received += (b - a) * _FLOAT.itemsize
             if sends:
                 self._send(mv, a, b)
         finish_sends()

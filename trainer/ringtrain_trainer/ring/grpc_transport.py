@@ -25,10 +25,10 @@ from concurrent import futures
 import grpc
 import numpy as np
 
+from ringtrain.cluster import split_address
 from ringtrain.errors import InvalidSpec, PeerTimeout, Unauthenticated
-from ringtrain_trainer.ring import auth
+from ringtrain_trainer.ring import auth, schedule
 from ringtrain_trainer.ring.protocol import Mismatch, OpHeader
-from ringtrain_trainer.ring.tcp import split_address
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 SERVICE = "ringtrain.Ring"
@@ -69,7 +69,7 @@ class _Receiver:
 
     def __init__(self, token: bytes, rank: int, world: int, step_timeout_s: float) -> None:
         self._token, self._rank, self._world = token, rank, world
-        self._left = (rank - 1) % world
+        self._left, _ = schedule.neighbours(rank, world)
         self._timeout = step_timeout_s
         self._cond = threading.Condition()
         self._current: OpHeader | None = None
@@ -169,6 +169,8 @@ def _rpc_failure(e: BaseException, what: str, *, send_side: bool = False) -> Lin
 class GrpcTransport(Transport):
     """A gRPC server for the left link and a channel to the right neighbour's server."""
 
+    name = "grpc"
+
     def __init__(self, server: grpc.Server, receiver: _Receiver, channel: grpc.Channel,
                  token: bytes, rank: int, world: int, step_timeout_s: float) -> None:
         self._server, self._receiver, self._channel = server, receiver, channel
@@ -206,16 +208,17 @@ class GrpcTransport(Transport):
         if not bound:
             raise LinkError(f"cannot listen on 0.0.0.0:{port}")
         server.start()
-        right = addresses[(rank + 1) % world]
+        left_rank, right_rank = schedule.neighbours(rank, world)
+        right = addresses[right_rank]
         channel = grpc.insecure_channel(right, options=CHANNEL_OPTIONS)
         try:
             start = time.monotonic()
             cls._hello(channel, token, rank, world, right, connect_timeout_s)
             left_wait = max(0.0, connect_timeout_s - (time.monotonic() - start))
             if not receiver.hello.wait(left_wait):
-                raise PeerTimeout(f"rank {rank} step -1 peer {addresses[(rank - 1) % world]}: "
-                                  f"left neighbour did not say hello within "
-                                  f"{connect_timeout_s:g} s")
+                raise PeerTimeout(f"left neighbour did not say hello within "
+                                  f"{connect_timeout_s:g} s", rank=rank, step=-1,
+                                  peer=addresses[left_rank])
         except BaseException:
             channel.close()
             receiver.close()
@@ -238,8 +241,8 @@ class GrpcTransport(Transport):
             except grpc.RpcError as e:
                 code = e.code()
                 if code == grpc.StatusCode.UNAUTHENTICATED:
-                    raise Unauthenticated(f"rank {rank}: {peer} refused the ring token: "
-                                          f"{e.details()}") from None
+                    raise Unauthenticated(f"{peer} refused the ring token: {e.details()}",
+                                          rank=rank) from None
                 if code in (grpc.StatusCode.INVALID_ARGUMENT,
                             grpc.StatusCode.PERMISSION_DENIED):
                     raise InvalidSpec(f"rank {rank}: {peer} refused: {e.details()} (do all "
@@ -247,8 +250,8 @@ class GrpcTransport(Transport):
                 retryable = code in (grpc.StatusCode.UNAVAILABLE,
                                      grpc.StatusCode.DEADLINE_EXCEEDED)
                 if time.monotonic() + delay >= deadline or not retryable:
-                    raise PeerTimeout(f"rank {rank} step -1 peer {peer}: no hello within "
-                                      f"{timeout_s:g} s ({code.name}: {e.details()})") from None
+                    raise PeerTimeout(f"no hello within {timeout_s:g} s ({code.name}: "
+                                      f"{e.details()})", rank=rank, step=-1, peer=peer) from None
             time.sleep(delay)  # backoff between attempts (wait_for_ready covers most waiting)
             delay = min(delay * 2, 1.0)
 

@@ -69,11 +69,6 @@ def allreduce_phases(rank: int, size: int) -> list[Phase]:
     return rs + ag
 
 
-def owned_segment(rank: int, size: int) -> int:
-    """The segment whose complete sum ``rank`` holds after reduce-scatter."""
-    return (rank + 1) % size
-
-
 def left(rank: int, size: int) -> int:
     """The neighbour a rank receives from."""
     return (rank - 1) % size
@@ -82,3 +77,9 @@ def left(rank: int, size: int) -> int:
 def right(rank: int, size: int) -> int:
     """The neighbour a rank sends to."""
     return (rank + 1) % size
+
+
+def neighbours(rank: int, size: int) -> tuple[int, int]:
+    """``(left, right)``: the ranks this one receives from and sends to, the only two a
+    transport ever connects to."""
+    return left(rank, size), right(rank, size)

@@ -20,18 +20,14 @@ import time
 
 import numpy as np
 
+from ringtrain.cluster import split_address
 from ringtrain.errors import PeerTimeout, Unauthenticated
-from ringtrain_trainer.ring import auth
+from ringtrain_trainer.ring import auth, schedule
 from ringtrain_trainer.ring.protocol import HEADER_BYTES, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 #: How long a connecting stranger may take to complete the handshake.
 HANDSHAKE_TIMEOUT_S = 5.0
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def _tune(sock: socket.socket) -> None:
@@ -154,8 +150,8 @@ def connect_with_backoff(address: str, token: bytes, rank: int, world: int,
                 sock.close()
             last = f"{type(e).__name__}: {e}"
         if time.monotonic() + delay > deadline:
-            raise PeerTimeout(f"rank {rank} step -1 peer {address}: not reachable within "
-                              f"{timeout_s:g} s (last error: {last})")
+            raise PeerTimeout(f"not reachable within {timeout_s:g} s (last error: {last})",
+                              rank=rank, step=-1, peer=address)
         time.sleep(delay)  # backoff between connection attempts
         delay = min(delay * 2, 1.0)
 
@@ -177,6 +173,8 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 class TcpTransport(Transport):
     """Two authenticated sockets: ``right`` carries our bytes out, ``left`` brings bytes in."""
 
+    name = "tcp"
+
     def __init__(self, listener: Listener, right: socket.socket, left: socket.socket,
                  step_timeout_s: float) -> None:
         self.listener, self._right, self._left = listener, right, left
@@ -189,7 +187,7 @@ class TcpTransport(Transport):
     def open(cls, rank: int, addresses: tuple[str, ...], token: bytes, *,
              connect_timeout_s: float, step_timeout_s: float) -> "TcpTransport":
         world = len(addresses)
-        left_rank, right_rank = (rank - 1) % world, (rank + 1) % world
+        left_rank, right_rank = schedule.neighbours(rank, world)
         _, port = split_address(addresses[rank])
         listener = Listener(port, token, world, left_rank)
         start = time.monotonic()
@@ -203,8 +201,8 @@ class TcpTransport(Transport):
         if left is None:
             right.close()
             listener.close()
-            raise PeerTimeout(f"rank {rank} step -1 peer {addresses[left_rank]}: left neighbour "
-                              f"did not connect within {connect_timeout_s:g} s")
+            raise PeerTimeout(f"left neighbour did not connect within {connect_timeout_s:g} s",
+                              rank=rank, step=-1, peer=addresses[left_rank])
         return cls(listener, right, left, step_timeout_s)
 
     @property

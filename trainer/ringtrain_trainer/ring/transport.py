@@ -41,6 +41,9 @@ class Transport(ABC):
     at all (a rank that only receives, such as the one whose right neighbour is a broadcast's
     root); ``end_send`` is never called without the ``begin_send`` of the same collective."""
 
+    #: The data path's name, the ``transport`` label of the ``ringtrain_ring_*`` metrics.
+    name = "custom"
+
     @abstractmethod
     def begin_send(self, header: OpHeader) -> None:
         """Announce a collective to the right neighbour."""

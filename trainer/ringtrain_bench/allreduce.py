@@ -16,10 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -27,6 +24,7 @@ import numpy as np
 
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
+from ringtrain_bench.procs import free_ports, new_token, run_processes
 
 MIB = 1 << 20
 
@@ -58,18 +56,6 @@ class GlooCollective(Collective):
 
     def close(self) -> None:
         self._dist.destroy_process_group()
-
-
-def free_ports(n: int) -> list[int]:
-    """Ports the kernel just handed out as free (bound then released together)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
@@ -118,11 +104,11 @@ def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup
              chunk_kib: int, timeout_s: float) -> dict[float, dict]:
     """Start the processes of one implementation; rank 0's raw timings per size."""
     ports = free_ports(workers)
-    env = dict(os.environ, RINGTRAIN_TOKEN=secrets.token_hex(16))
+    env = dict(os.environ, RINGTRAIN_TOKEN=new_token())
     args = ["--child", impl, "--workers", str(workers), "--ports", ",".join(map(str, ports)),
             "--size-mib", *map(str, sizes_mib), "--iters", str(iters), "--warmup", str(warmup),
             "--chunk-kib", str(chunk_kib)]
-    me = [sys.executable, "-m", "ringtrain_trainer.ring.bench"]
+    me = [sys.executable, "-m", "ringtrain_bench.allreduce"]
     if impl == "mpi":
         cmds = [["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(workers),
                  *me, *args, "--rank", "-1"]]
@@ -130,99 +116,6 @@ def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup
         cmds = [[*me, *args, "--rank", str(r)] for r in range(workers)]
     docs = run_processes(f"bench {impl}", cmds, [env] * len(cmds), timeout_s)
     return {d["size_mib"]: d for d in docs}
-
-
-def run_processes(what: str, cmds: list[list[str]], envs: list[dict], timeout_s: float
-                  ) -> list[dict]:
-    """Run the commands side by side; the JSON lines of their stdout, in command order.
-
-    Any non-zero exit fails the whole benchmark (a half-measured ring is no figure); whatever
-    still runs then is killed, so no process outlives the call."""
-    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, text=True)
-             for c, e in zip(cmds, envs)]
-    outs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=timeout_s)
-            if p.returncode != 0:
-                raise RuntimeError(f"{what}: {' '.join(p.args[:4])}… exited {p.returncode}")
-            outs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return [json.loads(line) for line in "".join(outs).splitlines() if line.strip()]
-
-
-#: Said next to every multi-worker step figure (see /work/shared/notes/machine-facts.md).
-STEP_NOTE = ("{n} worker processes on one machine with {cpus} CPUs: the figures measure the ring "
-             "transport and the overlap of allreduce with backward; scaling efficiency is "
-             "against one worker with the same threads in the same run and only means scaling "
-             "when every worker has cores of its own ({fits})")
-
-
-def bench_step_workers(args) -> dict:
-    """``ringtrain bench step --workers N``: N real worker processes on loopback over the ring.
-
-    One worker alone (the baseline, same model, batch and threads; run before and after), and
-    between those N workers, each
-    a ``python -m trainer.bench_step --child`` process with its own TF_CONFIG and the job's
-    token, as ``ringtrain run`` starts them. Per-worker samples/s come from each worker's
-    median repeat; global samples/s from the slowest worker per repeat (the step is
-    synchronous); ``overlap_fraction`` is the allreduce time hidden behind backward over every
-    timed step of every worker, as the reducer measures it."""
-    from ringtrain import cluster
-    from ringtrain_trainer.ipu import resolve_host_threads
-
-    n = args.workers
-    cpus = resolve_host_threads(0)
-    threads = args.threads or max(1, cpus // n)
-    load_before = os.getloadavg()[0]
-    base = [sys.executable, "-m", "ringtrain_trainer.bench_step", "--child", "--model", args.model,
-            "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--repeats", str(args.repeats),
-            "--threads", str(threads), "--transport", args.transport]
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "RINGTRAIN_TOKEN_FILE")}
-    timeout_s = 600
-    def alone() -> list[float]:
-        (doc,) = run_processes("bench step (1 worker)", [base], [env], timeout_s)
-        return doc["times_s"]
-
-    single_times = alone()  # before and after the ring, so a drift in load hits both sides
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(n)]
-    token = secrets.token_hex(16)
-    envs = [dict(env, RINGTRAIN_TOKEN=token,
-                 TF_CONFIG=cluster.build({"worker": addresses}, "worker", r)) for r in range(n)]
-    docs = run_processes(f"bench step ({n} workers)", [base] * n, envs, timeout_s)
-    if sorted(d["rank"] for d in docs) != list(range(n)):
-        raise RuntimeError(f"bench step: expected ranks 0..{n - 1}, got {docs}")
-    single_times += alone()
-    samples = args.batch_size * args.steps
-    per_worker = [samples / statistics.median(d["times_s"]) for d in docs]
-    slowest = [max(d["times_s"][i] for d in docs) for i in range(args.repeats)]
-    global_sps = n * samples / statistics.median(slowest)
-    single_sps = samples / statistics.median(single_times)
-    allreduce_s = sum(d["allreduce_s"] for d in docs)
-    steps_timed = n * args.steps * args.repeats
-    return {
-        "bench": "step", "workers": n, "model": args.model, "batch_size": args.batch_size,
-        "global_batch": n * args.batch_size, "threads_per_worker": threads, "cpus": cpus,
-        "transport": args.transport, "steps": args.steps, "repeats": args.repeats,
-        "samples_per_s_per_worker": [round(x, 1) for x in per_worker],
-        "global_samples_per_s": round(global_sps, 1),
-        "single_worker_samples_per_s": round(single_sps, 1),
-        "scaling_efficiency": round(global_sps / (n * single_sps), 3),
-        "overlap_fraction": round(sum(d["hidden_s"] for d in docs) / allreduce_s, 3)
-        if allreduce_s > 0 else 0.0,
-        "allreduce_ms_per_step": round(allreduce_s / steps_timed * 1e3, 3),
-        "exposed_wait_ms_per_step": round(
-            sum(d["exposed_wait_s"] for d in docs) / steps_timed * 1e3, 3),
-        "max_param_diff": max(d["max_param_diff"] for d in docs),
-        "load_before": load_before, "load_after": os.getloadavg()[0],
-        "note": STEP_NOTE.format(n=n, cpus=cpus, fits="they do here" if n * threads <= cpus
-                                 else "they do not here"),
-    }
 
 
 def summarize(impl: str, workers: int, size_mib: float, times: list[float], cpu: list[float],

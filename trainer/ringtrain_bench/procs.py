@@ -1,0 +1,77 @@
+"""Starting local ring members as separate processes: ports, TF_CONFIG and token, JSON results.
+
+The benchmarks and the tests start real processes on loopback the way ``ringtrain run`` does
+(one TF_CONFIG per member, one shared token), so that what they measure or check is the
+deployed path and not an in-process shortcut. Keeping that here, apart from the trainer, means
+nothing in ``ringtrain_trainer`` depends on how it is benchmarked or tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+from typing import Mapping
+
+from ringtrain import cluster
+
+
+def free_ports(n: int) -> list[int]:
+    """Ports the kernel just handed out as free (bound then released together)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def loopback_addresses(n: int) -> list[str]:
+    """``n`` ring addresses on 127.0.0.1, in rank order."""
+    return [f"127.0.0.1:{p}" for p in free_ports(n)]
+
+
+def new_token() -> str:
+    """A fresh ring token, as the operator generates one per job."""
+    return secrets.token_hex(16)
+
+
+def member_envs(base: Mapping[str, str], addresses: list[str], token: str) -> list[dict]:
+    """One environment per ring member: ``base`` plus its TF_CONFIG and the shared token."""
+    return [dict(base, RINGTRAIN_TOKEN=token,
+                 TF_CONFIG=cluster.build({"worker": addresses}, "worker", r))
+            for r in range(len(addresses))]
+
+
+def without_cluster(env: Mapping[str, str] | None = None) -> dict:
+    """``env`` (default: this process's) without the variables that would place a child in a
+    ring, so a child started from it runs alone unless it is given its own."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if k not in ("TF_CONFIG", "RINGTRAIN_TOKEN_FILE")}
+
+
+def run_processes(what: str, cmds: list[list[str]], envs: list[dict], timeout_s: float
+                  ) -> list[dict]:
+    """Run the commands side by side; the JSON lines of their stdout, in command order.
+
+    Any non-zero exit fails the whole run (a half-measured ring is no figure); whatever
+    still runs then is killed, so no process outlives the call."""
+    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, text=True)
+             for c, e in zip(cmds, envs)]
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout_s)
+            if p.returncode != 0:
+                raise RuntimeError(f"{what}: {' '.join(p.args[:4])}… exited {p.returncode}")
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [json.loads(line) for line in "".join(outs).splitlines() if line.strip()]
