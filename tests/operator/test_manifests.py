@@ -95,12 +95,13 @@ def test_trainer_pod_runs_ringtrain_worker_with_every_flag():
     assert c["command"] == ["ringtrain", "worker"]
     assert c["args"] == [
         "--data-dir", "/usr/share/datasets/fashion-mnist", "--dataset", "mnist-5k",
-        "--model", "cnn", "--steps", "20", "--batch-size", "32", "--optimizer", "sgd",
-        "--lr", "0.05", "--lr-decay", "1", "--lr-decay-epochs", "1", "--seed", "0",
+        "--model", "cnn", "--seed", "0", "--steps", "20", "--batch-size", "32",
+        "--eval-every", "10", "--optimizer", "sgd",
+        "--lr", "0.05", "--lr-decay", "1", "--lr-decay-epochs", "1",
         "--ipus-per-worker", "2", "--ipu-memory-mb", "900", "--no-variables-on-host",
-        "--bucket-mb", "0.5", "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
-        "--eval-every", "10", "--ring-transport", "tcp", "--ring-step-timeout-s", "30",
-        "--ring-connect-timeout-s", "120", "--metrics-port", "9400", "--json",
+        "--bucket-mb", "0.5", "--ring-transport", "tcp", "--ring-step-timeout-s", "30",
+        "--ring-connect-timeout-s", "120", "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
+        "--metrics-port", "9400", "--json",
         "--termination-log", "/dev/termination-log"]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["RINGTRAIN_TOKEN_FILE"] == "/var/run/ringtrain/ring-token/token"
