@@ -104,21 +104,39 @@ def _worker(trainer: dict) -> tuple[spec.TrainerSpec, TrainerConfig]:
     return j.trainer, TrainerConfig.from_args(c["args"], {})
 
 
-@pytest.mark.parametrize("stop, unset", [({"steps": 11}, "epochs"), ({"epochs": 4}, "steps")])
-def test_every_field_reaches_the_worker_as_the_same_value(stop, unset):
+def _other_value(o: options.Option):
+    """A valid value other than the default, with digits that a rounding formatter would lose."""
+    if o.choices:
+        return next(c for c in reversed(o.choices) if c != o.default)
+    if o.type is bool:
+        return not o.default
+    if o.type is str:
+        return f"/custom/{o.name}"
+    if o.type is int:
+        return o.default * 2 if o.default else (o.minimum or 0) + 1
+    return o.default / 3
+
+
+def _spec_setting(chosen: list[options.Option]) -> dict:
+    trainer: dict = {}
+    for o in chosen:
+        *parents, leaf = o.crd.split(".")
+        node = trainer
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = _other_value(o)
+    return trainer
+
+
+@pytest.mark.parametrize("unset", ["epochs", "steps"])
+def test_every_field_reaches_the_worker_as_the_same_value(unset):
     """spec.trainer → trainer_args → the worker's parser, for a value other than the default."""
-    t, cfg = _worker({
-        **stop, "dataDir": "/data", "dataset": "mnist-5k", "model": "cnn2", "seed": 7,
-        "batchSize": 48, "evalEvery": 5, "optimizer": "momentum", "learningRate": 0.0123456789,
-        "lrDecay": 0.3, "lrDecayEpochs": 2, "ipusPerWorker": 3, "ipuMemoryMB": 1234,
-        "variablesOnHost": False, "bucketMB": 0.125,
-        "ring": {"transport": "grpc", "stepTimeoutSeconds": 1e-3, "connectTimeoutSeconds": 9.75},
-        "checkpoint": {"path": "/ck", "everySteps": 3}})
     passed = [o for o in options.CRD if o.cli_flag and o.name != unset]
     assert len(passed) == len(options.CRD) - 3  # all but the image, the volume, `unset`
+    t, cfg = _worker(_spec_setting(passed))
     assert getattr(cfg, unset) is getattr(t, unset) is None
     for o in passed:
-        assert getattr(cfg, o.name) == getattr(t, o.name) != o.default, o.name
+        assert getattr(cfg, o.name) == getattr(t, o.name) == _other_value(o) != o.default, o.name
         assert type(getattr(cfg, o.name)) is type(getattr(t, o.name)), o.name
 
 
