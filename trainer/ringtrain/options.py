@@ -191,6 +191,10 @@ GROUPS: tuple[Group, ...] = (
                description="mount path of the checkpoint volume in the pods"),
         Option("checkpoint_every", int, 0, crd="checkpoint.everySteps", minimum=0, metavar="N",
                help="steps between checkpoints (0: end only)", description="0 = at the end only"),
+        Option("checkpoint_keep", int, 3, crd="checkpoint.keep", minimum=1, metavar="N",
+               help="the newest checkpoints kept; older ones are deleted after each save",
+               description="the newest checkpoints kept in the volume; older ones are deleted "
+                           "after each save"),
         Option("checkpoint_volume", dict, None, flag=None, crd="checkpoint.volume",
                help="A Volume source (e.g. persistentVolumeClaim) so a restarted gang resumes; "
                     "default emptyDir.",

@@ -23,7 +23,6 @@ DEFAULT_TERMINATION_LOG = options.TERMINATION_LOG
 class TrainerConfig(options.TrainerOptions):
     """Every option of ``ringtrain.options`` (fields, defaults) plus what the environment gives."""
 
-    checkpoint_keep: int = 3  # not a flag (yet): the newest checkpoints kept
     cluster: cluster.ClusterSpec = field(default_factory=cluster.ClusterSpec.single)
     token: bytes = b""
 
