@@ -13,7 +13,7 @@ import copy
 import secrets
 from typing import Any, Callable, Mapping
 
-from ringtrain import cluster
+from ringtrain import cluster, options
 
 from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 
@@ -21,7 +21,7 @@ RING_PORT = 2222
 METRICS_PORT = 9400
 #: The container that runs the trainer (or the user's command) and gets TF_CONFIG.
 MAIN_CONTAINER = "ringtrain"
-TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG = options.TERMINATION_LOG
 TOKEN_KEY = "token"
 TOKEN_DIR = "/var/run/ringtrain/ring-token"
 TOKEN_FILE = f"{TOKEN_DIR}/{TOKEN_KEY}"
@@ -63,42 +63,11 @@ def tf_config(job: Job, role: str, index: int, endpoint: Endpoint = dns_endpoint
     return cluster.build(addresses, role, index)
 
 
-def _num(x: float) -> str:
-    return f"{x:g}"
-
-
 def trainer_args(t: TrainerSpec) -> list[str]:
-    """``ringtrain worker`` flags for spec.trainer (docs/contracts.md)."""
-    args = ["--data-dir", t.data_dir, "--dataset", t.dataset, "--model", t.model]
-    if t.steps is not None:
-        args += ["--steps", str(t.steps)]
-    elif t.epochs is not None:
-        args += ["--epochs", str(t.epochs)]
-    args += [
-        "--batch-size", str(t.batch_size),
-        "--optimizer", t.optimizer,
-        "--lr", _num(t.learning_rate),
-        "--lr-decay", _num(t.lr_decay),
-        "--lr-decay-epochs", str(t.lr_decay_epochs),
-        "--seed", str(t.seed),
-        "--ipus-per-worker", str(t.ipus_per_worker),
-        "--ipu-memory-mb", str(t.ipu_memory_mb),
-    ]
-    if not t.variables_on_host:
-        args.append("--no-variables-on-host")
-    args += [
-        "--bucket-mb", _num(t.bucket_mb),
-        "--checkpoint-dir", t.checkpoint.path,
-        "--checkpoint-every", str(t.checkpoint.every_steps),
-        "--eval-every", str(t.eval_every),
-        "--ring-transport", t.ring.transport,
-        "--ring-step-timeout-s", _num(t.ring.step_timeout_s),
-        "--ring-connect-timeout-s", _num(t.ring.connect_timeout_s),
-        "--metrics-port", str(METRICS_PORT),
-        "--json",
-        "--termination-log", TERMINATION_LOG,
-    ]
-    return args
+    """``ringtrain worker`` flags for spec.trainer, and the ones every trainer pod gets."""
+    values = {o.name: getattr(t, o.name) for o in options.CRD}
+    return options.worker_args({**values, "metrics_port": METRICS_PORT, "json": True,
+                                "termination_log": TERMINATION_LOG})
 
 
 def owner_references(job: Job) -> list[dict]:
@@ -213,9 +182,9 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
     containers = spec.setdefault("containers", [])
     main = _main_container(containers)
     if job.trainer:
-        ck = job.trainer.checkpoint
-        volumes.append({"name": "checkpoints", **dict(ck.volume or {"emptyDir": {}})})
-        mounts.append({"name": "checkpoints", "mountPath": ck.path})
+        t = job.trainer
+        volumes.append({"name": "checkpoints", **dict(t.checkpoint_volume or {"emptyDir": {}})})
+        mounts.append({"name": "checkpoints", "mountPath": t.checkpoint_dir})
         env += [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
         ports.append({"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"})
         main.setdefault("image", job.trainer.image)

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import jsonschema
 import yaml
 
+from ringtrain import options
 from ringtrain.errors import InvalidSpec
 
 GROUP = "ringtrain.io"
@@ -33,8 +34,7 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 #: Longest pod name suffix: "-evaluator-" plus up to four index digits.
 _LONGEST_SUFFIX = len("-evaluator-") + 4
 
-__all__ = ["InvalidSpec", "Job", "ReplicaSpec", "TrainerSpec", "RingSpec", "RunPolicy", "load",
-           "crd"]
+__all__ = ["InvalidSpec", "Job", "ReplicaSpec", "TrainerSpec", "RunPolicy", "load", "crd"]
 
 
 @dataclass(frozen=True)
@@ -48,45 +48,11 @@ class ReplicaSpec:
     template: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class CheckpointSpec:
-    every_steps: int
-    path: str
-    volume: Mapping[str, Any] | None
-
-
-@dataclass(frozen=True)
-class RingSpec:
-    """spec.trainer.ring: the workers' ``--ring-transport`` / ``--ring-*-timeout-s`` flags."""
-
-    transport: str
-    step_timeout_s: float
-    connect_timeout_s: float
-
-
-@dataclass(frozen=True)
-class TrainerSpec:
-    """spec.trainer: every field maps to one ``ringtrain worker`` flag (docs/contracts.md)."""
-
-    image: str
-    model: str
-    dataset: str
-    data_dir: str
-    batch_size: int
-    steps: int | None
-    epochs: int | None
-    optimizer: str
-    learning_rate: float
-    lr_decay: float
-    lr_decay_epochs: int
-    seed: int
-    ipus_per_worker: int
-    ipu_memory_mb: int
-    variables_on_host: bool
-    bucket_mb: float
-    eval_every: int
-    checkpoint: CheckpointSpec
-    ring: RingSpec
+#: spec.trainer, defaulted: one field per option of ``ringtrain.options`` that has a CRD field
+#: (``image``, ``checkpoint_dir`` from checkpoint.path, ``ring_transport``, ...).
+TrainerSpec = options.record(
+    "TrainerSpec", options.CRD,
+    "spec.trainer: the image, the checkpoint volume and ``ringtrain worker`` flags by option name.")
 
 
 @dataclass(frozen=True)
@@ -261,33 +227,7 @@ def _trainer(t: Mapping[str, Any]) -> TrainerSpec:
             f"spec.trainer.batchSize: {t['batchSize']} is not divisible by "
             f"spec.trainer.ipusPerWorker={t['ipusPerWorker']} (each IPU gets an equal share)"
         )
-    ck, ring = t["checkpoint"], t["ring"]
-    return TrainerSpec(
-        image=t["image"],
-        model=t["model"],
-        dataset=t["dataset"],
-        data_dir=t["dataDir"],
-        batch_size=t["batchSize"],
-        steps=t.get("steps"),
-        epochs=t.get("epochs"),
-        optimizer=t["optimizer"],
-        learning_rate=float(t["learningRate"]),
-        lr_decay=float(t["lrDecay"]),
-        lr_decay_epochs=t["lrDecayEpochs"],
-        seed=t["seed"],
-        ipus_per_worker=t["ipusPerWorker"],
-        ipu_memory_mb=t["ipuMemoryMB"],
-        variables_on_host=t["variablesOnHost"],
-        bucket_mb=float(t["bucketMB"]),
-        eval_every=t["evalEvery"],
-        checkpoint=CheckpointSpec(
-            every_steps=ck["everySteps"], path=ck["path"], volume=ck.get("volume")
-        ),
-        ring=RingSpec(
-            transport=ring["transport"], step_timeout_s=float(ring["stepTimeoutSeconds"]),
-            connect_timeout_s=float(ring["connectTimeoutSeconds"]),
-        ),
-    )
+    return TrainerSpec(**options.from_crd(t))
 
 
 def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | None) -> None:

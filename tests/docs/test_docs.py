@@ -178,3 +178,12 @@ def test_exit_codes_and_commands_are_all_listed():
     assert f"| `PeerTimeout` | {errors.EXIT_RETRYABLE} |" in text
     for words, (module, _) in COMMANDS.items():
         assert f"| `ringtrain {' '.join(words)}` | `{module}` |" in text
+
+
+def test_every_worker_flag_and_trainer_field_is_in_the_flag_table():
+    """The flag table is generated from the option table (trainer/ringtrain/options.py)."""
+    from ringtrain import options
+
+    section = REFERENCE.read_text().split("## Flags of `ringtrain worker`")[1].split("\n## ")[0]
+    for o in options.OPTIONS:
+        assert (f"| `{o.cli_flag}` |" if o.cli_flag else f"`spec.trainer.{o.crd}`") in section

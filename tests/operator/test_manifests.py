@@ -95,12 +95,13 @@ def test_trainer_pod_runs_ringtrain_worker_with_every_flag():
     assert c["command"] == ["ringtrain", "worker"]
     assert c["args"] == [
         "--data-dir", "/usr/share/datasets/fashion-mnist", "--dataset", "mnist-5k",
-        "--model", "cnn", "--steps", "20", "--batch-size", "32", "--optimizer", "sgd",
-        "--lr", "0.05", "--lr-decay", "1", "--lr-decay-epochs", "1", "--seed", "0",
+        "--model", "cnn", "--seed", "0", "--steps", "20", "--batch-size", "32",
+        "--eval-every", "10", "--optimizer", "sgd",
+        "--lr", "0.05", "--lr-decay", "1", "--lr-decay-epochs", "1",
         "--ipus-per-worker", "2", "--ipu-memory-mb", "900", "--no-variables-on-host",
-        "--bucket-mb", "0.5", "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
-        "--eval-every", "10", "--ring-transport", "tcp", "--ring-step-timeout-s", "30",
-        "--ring-connect-timeout-s", "120", "--metrics-port", "9400", "--json",
+        "--bucket-mb", "0.5", "--ring-transport", "tcp", "--ring-step-timeout-s", "30",
+        "--ring-connect-timeout-s", "120", "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
+        "--checkpoint-keep", "3", "--metrics-port", "9400", "--json",
         "--termination-log", "/dev/termination-log"]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["RINGTRAIN_TOKEN_FILE"] == "/var/run/ringtrain/ring-token/token"
@@ -249,3 +250,20 @@ def test_the_crd_ring_defaults_are_the_trainer_defaults():
 def test_a_zero_learning_rate_is_refused_like_the_trainer_does():
     with pytest.raises(spec.InvalidSpec, match="spec.trainer.learningRate"):
         spec.load(job_obj(trainer={"learningRate": 0}))
+
+
+def test_checkpoint_keep_reaches_the_workers_checkpoint_manager(tmp_path):
+    """spec.trainer.checkpoint.keep is the worker's --checkpoint-keep (default 3, at least 1)."""
+    from ringtrain_trainer.checkpoint import CheckpointManager
+    from ringtrain_trainer.config import TrainerConfig
+
+    j = spec.load(job_obj(trainer={"checkpoint": {"keep": 5}}))
+    (c,) = manifests.pod(j, j.replica("worker"), 0)["spec"]["containers"]
+    cfg = TrainerConfig.from_args(c["args"], {})
+    assert (j.trainer.checkpoint_keep, cfg.checkpoint_keep) == (5, 5)
+    assert TrainerConfig.from_args([], {}).checkpoint_keep == 3
+    assert CheckpointManager(tmp_path, cfg.checkpoint_keep).keep == 5
+    with pytest.raises(spec.InvalidSpec, match="spec.trainer.checkpoint.keep"):
+        spec.load(job_obj(trainer={"checkpoint": {"keep": 0}}))
+    with pytest.raises(spec.InvalidSpec, match="--checkpoint-keep must be at least 1"):
+        TrainerConfig.from_args(["--checkpoint-keep", "0"], {})

@@ -17,12 +17,15 @@ def test_defaults_come_from_the_crd():
     assert (worker.role, worker.replicas, worker.restart_policy) == ("worker", 2, "ExitCode")
     assert worker.template == {}
     t = j.trainer
-    assert (t.image, t.model, t.dataset, t.batch_size, t.optimizer, t.learning_rate) == (
+    assert (t.image, t.model, t.dataset, t.batch_size, t.optimizer, t.lr) == (
         "ringtrain:0.1.0", "cnn", "fashion-mnist", 64, "adam", 0.001)
     assert (t.steps, t.epochs, t.ipus_per_worker, t.ipu_memory_mb, t.variables_on_host) == (
         None, None, 1, 900, True)
-    assert (t.bucket_mb, t.checkpoint.path, t.checkpoint.every_steps) == (25.0, "/checkpoints", 0)
-    assert t.ring == spec.RingSpec(transport="tcp", step_timeout_s=30.0, connect_timeout_s=120.0)
+    assert (t.bucket_mb, t.checkpoint_dir, t.checkpoint_every) == (25.0, "/checkpoints", 0)
+    assert t.checkpoint_volume is None
+    assert (t.ring_transport, t.ring_step_timeout_s, t.ring_connect_timeout_s) == (
+        "tcp", 30.0, 120.0)
+    assert all(isinstance(x, float) for x in (t.bucket_mb, t.ring_step_timeout_s, t.lr))
     assert j.run_policy == spec.RunPolicy(backoff_limit=6, active_deadline_s=None,
                                           ttl_after_finished_s=None, clean_pod_policy="Running",
                                           suspend=False, success_policy="ChiefOrWorker0")

@@ -35,6 +35,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ringtrain import options
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer.model import ModelSpec, Program
 
@@ -45,9 +46,9 @@ EVAL_BATCH = 500
 
 @dataclass(frozen=True)
 class IPUConfig:
-    memory_bytes: int = 900 * MB
-    variables_on_host: bool = True
-    replicas: int = 1
+    memory_bytes: int = options.DEFAULTS["ipu_memory_mb"] * MB
+    variables_on_host: bool = options.DEFAULTS["variables_on_host"]
+    replicas: int = options.DEFAULTS["ipus_per_worker"]
     #: bytes of optimizer state the program must hold when variables are *not* on the host
     optimizer_state_bytes: int = 0
     #: host threads standing in for the IPU's tiles (0: the CPUs this process may use)

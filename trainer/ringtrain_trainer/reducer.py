@@ -26,11 +26,12 @@ from typing import Sequence
 
 import numpy as np
 
+from ringtrain import options
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.optim import Optimizer
 
-#: DDP's default cap: 25 MiB buckets.
-DEFAULT_BUCKET_BYTES = 25 * (1 << 20)
+#: DDP's default cap, 25 MiB buckets: the table's ``bucket_mb``.
+DEFAULT_BUCKET_BYTES = int(options.DEFAULTS["bucket_mb"] * (1 << 20))
 #: the first bucket's cap. DDP uses 1 MiB, sized for models of hundreds of MB; the cnn's
 #: gradients are 1.39 MB in all, so 1 MiB would hold back three quarters of them (measured:
 #: 256 KiB hides more of the allreduce, see docs/trainer.md)

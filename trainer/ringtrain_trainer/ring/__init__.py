@@ -9,6 +9,7 @@ task's own TF_CONFIG address) and returns a ``Collective``. Layers, bottom up: `
 
 from __future__ import annotations
 
+from ringtrain import options
 from ringtrain.cluster import ClusterSpec
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain.errors import InvalidSpec, RingError
@@ -17,9 +18,9 @@ from ringtrain_trainer.ring.transport import LinkError
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
 
 #: Supported wires; ``tcp`` is the fast default, ``grpc`` the all-gRPC one.
-TRANSPORTS = ("tcp", "grpc")
-DEFAULT_CONNECT_TIMEOUT_S = 120.0
-DEFAULT_STEP_TIMEOUT_S = 30.0
+TRANSPORTS = options.TRANSPORTS
+DEFAULT_CONNECT_TIMEOUT_S: float = options.DEFAULTS["ring_connect_timeout_s"]
+DEFAULT_STEP_TIMEOUT_S: float = options.DEFAULTS["ring_step_timeout_s"]
 
 __all__ = ["connect", "RingCollective", "TRANSPORTS", "DEFAULT_CHUNK_BYTES",
            "DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_STEP_TIMEOUT_S"]

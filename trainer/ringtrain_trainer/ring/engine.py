@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from ringtrain import options
 from ringtrain_trainer.collective import Collective
 from ringtrain.errors import PeerTimeout, RingError
 from ringtrain_trainer.ring import schedule
@@ -122,7 +123,7 @@ class RingCollective(Collective):
 
     def __init__(self, transport: Transport, rank: int, addresses: tuple[str, ...], *,
                  chunk_bytes: int = schedule.DEFAULT_CHUNK_BYTES,
-                 step_timeout_s: float = 30.0) -> None:
+                 step_timeout_s: float = options.DEFAULTS["ring_step_timeout_s"]) -> None:
         if chunk_bytes < _FLOAT.itemsize:
             raise ValueError(f"chunk_bytes must be >= {_FLOAT.itemsize}, got {chunk_bytes}")
         self.rank, self.size = rank, len(addresses)

