@@ -14,6 +14,7 @@ import copy
 import importlib.util
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -38,7 +39,6 @@ _spec.loader.exec_module(pod_discovery)
 
 
 def free_port() -> int:
-    import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -222,5 +222,6 @@ def promtool_check_metrics(payload: str) -> str:
     """promtool's lint findings on an exposition payload ('' when clean)."""
     out = subprocess.run([PROMTOOL, "check", "metrics"], input=payload, capture_output=True,
                          text=True, timeout=30)
-    return (out.stdout + out.stderr).strip() + ("" if out.returncode == 0 else f" (rc={out.returncode})")
+    found = (out.stdout + out.stderr).strip()
+    return found if out.returncode == 0 else f"{found} (rc={out.returncode})"
 
