@@ -20,7 +20,7 @@ class OperatorMetrics:
         r = self.registry
 
         def counter(what: str, doc: str) -> Counter:
-            return Counter(f"ringtrain_operator_jobs_{what}", doc, ["namespace"], registry=r)
+            return Counter(f"ringtrain_operator_jobs_{what}", doc, ["job_namespace"], registry=r)
 
         self.created = counter("created", "TrainingJobs whose pods were first created")
         self.succeeded = counter("succeeded", "TrainingJobs that succeeded")

@@ -247,8 +247,8 @@ def test_podmonitor_relabels_with_the_operators_pod_labels(render):
         return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
     assert sources == {meta(manifests.LABEL_JOB): "job_name",
-                       meta(manifests.LABEL_ROLE): "replica_type",
-                       meta(manifests.LABEL_INDEX): "replica_index"}
+                       meta(manifests.LABEL_ROLE): "role",
+                       meta(manifests.LABEL_INDEX): "index"}
     # The workers' metrics port is named as the PodMonitor expects.
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
 

@@ -129,7 +129,7 @@ def test_catalogue_reads_names_types_and_labels_from_the_registries():
     assert metrics["ringtrain_step_duration_seconds"].type == "histogram"
     # Declared labels appear even before any child exists (no namespace has a job yet) —
     # this pins the prometheus_client internals the generator reads.
-    assert metrics["ringtrain_operator_jobs_failed_total"].labels == ("namespace",)
+    assert metrics["ringtrain_operator_jobs_failed_total"].labels == ("job_namespace",)
     assert metrics["ringtrain_ipu_stream_bytes_total"].label_values == {
         "direction": ["weights_in", "grads_out", "data_in"]}
     assert metrics["ringtrain_operator_info"].labels == ("version",)

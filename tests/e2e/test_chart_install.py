@@ -84,7 +84,7 @@ def test_a_two_worker_job_succeeds_under_the_in_cluster_operator(kubectl, namesp
         url = f"http://{pod['status']['podIP']}:8080/metrics"
         with urllib.request.urlopen(url, timeout=5) as r:
             text = r.read().decode()
-        return text if f'ringtrain_operator_jobs_succeeded_total{{namespace="{namespace}"}} 1.0' \
+        return text if f'ringtrain_operator_jobs_succeeded_total{{job_namespace="{namespace}"}} 1.0' \
             in text else None
 
     wait_for("the operator's metrics to count the success", scraped, 30,

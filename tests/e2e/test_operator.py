@@ -123,7 +123,7 @@ def test_a_two_worker_job_trains_over_the_ring_and_succeeds(kubectl, namespace, 
     assert float(row[4]) == pytest.approx(st["progress"]["testAccuracy"])
 
     metrics = operator.metrics()
-    assert f'ringtrain_operator_jobs_succeeded_total{{namespace="{namespace}"}} 1.0' in metrics
+    assert f'ringtrain_operator_jobs_succeeded_total{{job_namespace="{namespace}"}} 1.0' in metrics
 
 
 def test_an_invalid_spec_the_schema_accepts_fails_with_reason_and_event(kubectl, namespace,

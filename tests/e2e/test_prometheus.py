@@ -292,8 +292,11 @@ def test_prometheus_discovers_and_scrapes_the_worker_and_the_operator(
         assert t["labels"]["namespace"] == namespace and t["labels"]["job"] == "ringtrain-pods"
         assert t["discoveredLabels"]["__meta_kubernetes_pod_annotation_prometheus_io_scrape"] \
             == "true"
-    assert targets[worker_name]["labels"]["ringtrain_io_job_name"] == JOB
-    assert targets[worker_name]["labels"]["ringtrain_io_replica_type"] == "worker"
+    # The chart's target labels (charts/ringtrain/prometheus/scrape-configs.yaml).
+    assert targets[worker_name]["labels"]["job_name"] == JOB
+    assert targets[worker_name]["labels"]["role"] == "worker"
+    assert targets[worker_name]["labels"]["index"] == "0"
+    assert "job_name" not in targets[operator_name]["labels"]
     up = {s["metric"]["pod"]: s["value"]
           for s in prom.query(f'up{{namespace="{namespace}"}}')}
     assert up == {worker_name: 1.0, operator_name: 1.0}, up

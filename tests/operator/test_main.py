@@ -36,7 +36,7 @@ def test_healthz_and_metrics_are_served_from_the_operator_loop():
     (hs, hbody), (ms, mbody) = asyncio.run(scenario())
     assert (hs, hbody) == (200, "ok\n")
     assert ms == 200
-    assert 'ringtrain_operator_jobs_created_total{namespace="team-a"} 1.0' in mbody
+    assert 'ringtrain_operator_jobs_created_total{job_namespace="team-a"} 1.0' in mbody
     assert 'ringtrain_operator_info{version="0.1.0"} 1.0' in mbody
 
 

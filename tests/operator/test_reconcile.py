@@ -87,9 +87,9 @@ def test_gang_restart_then_success_then_ttl_deletes_the_job():
     assert d.delete_job and kube.job is None
     assert pods(kube) == ["mnist-worker-0"]  # cleanPodPolicy Running removed the running one
     value = registry.get_sample_value
-    assert value("ringtrain_operator_jobs_created_total", {"namespace": "team-a"}) == 1
-    assert value("ringtrain_operator_jobs_restarted_total", {"namespace": "team-a"}) == 1
-    assert value("ringtrain_operator_jobs_succeeded_total", {"namespace": "team-a"}) == 1
+    assert value("ringtrain_operator_jobs_created_total", {"job_namespace": "team-a"}) == 1
+    assert value("ringtrain_operator_jobs_restarted_total", {"job_namespace": "team-a"}) == 1
+    assert value("ringtrain_operator_jobs_succeeded_total", {"job_namespace": "team-a"}) == 1
     assert value("ringtrain_operator_jobs", {"state": "Succeeded"}) == 1
     assert value("ringtrain_operator_jobs", {"state": "Running"}) == 0
     assert value("ringtrain_operator_reconcile_duration_seconds_count") == 4
