@@ -64,7 +64,9 @@ class TrainerConfig:
         p = argparse.ArgumentParser(prog="ringtrain worker",
                                     description="Train as one replica of a ringtrain job.")
         a = p.add_argument
-        a("--data-dir", default=FASHION_MNIST_DIR, help="directory of MNIST-format IDX files")
+        a("--data", "--data-dir", dest="data_dir", default=FASHION_MNIST_DIR, metavar="PATH",
+          help="a directory of MNIST-format IDX files or a .npz file with x_train, y_train, "
+               "x_test, y_test (--data-dir: the same)")
         a("--dataset", default="fashion-mnist", choices=DATASETS)
         a("--model", default="cnn", choices=MODELS)
         stop = p.add_mutually_exclusive_group()
