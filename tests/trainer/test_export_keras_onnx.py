@@ -198,3 +198,27 @@ def test_export_command_writes_what_ringtrain_predicts(model, tmp_path, capsys):
                             "--format", "onnx"]) == 0
     sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     _close(sess.run(None, {"input": x})[0], expected)
+
+
+def test_export_uses_the_newest_good_checkpoint_and_names_bad_input(tmp_path, capsys):
+    from ringtrain_trainer import model as model_mod
+
+    spec = model_mod.build("cnn")
+    ck = CheckpointManager(tmp_path / "ck")
+    for step in (1, 2):
+        ck.save(TrainingState(step=step, position=Position(0, step, 64),
+                              params=spec.init(seed=step), optimizer="sgd", model="cnn"))
+    (tmp_path / "ck" / "ckpt-0000000002.npz").write_bytes(b"torn")
+    assert export_cli.main([str(tmp_path / "ck"), "-o", str(tmp_path / "m.keras")]) == 0
+    out, err = capsys.readouterr()
+    assert "step 1" in out and "skipping corrupt checkpoint" in err and "checksum" in err
+    _, weights = read_keras(tmp_path / "m.keras")
+    assert sum(w.size for w in weights) == spec.num_params
+    np.testing.assert_array_equal(weights[0], spec.views(spec.init(seed=1))[0]["kernel"])
+
+    (tmp_path / "empty").mkdir()
+    assert export_cli.main([str(tmp_path / "empty"), "-o", str(tmp_path / "x.keras")]) == 2
+    assert "no checkpoint in this directory" in capsys.readouterr().err
+    assert export_cli.main([str(tmp_path / "nope.json"), "-o", str(tmp_path / "x.onnx")]) == 2
+    assert "nope.json: manifest does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "x.keras").exists() and not (tmp_path / "x.onnx").exists()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ringtrain.errors import RingtrainError, exit_code_for
+from ringtrain.errors import CheckpointError, RingtrainError, exit_code_for
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.export.keras_file import write_keras
@@ -90,7 +90,7 @@ def load_checkpoint(target: str | Path) -> TrainingState:
         for e in skipped:
             print(f"ringtrain export: skipping corrupt checkpoint: {e}", file=sys.stderr)
         if state is None:
-            raise RingtrainError(f"{target}: no checkpoint in this directory")
+            raise CheckpointError(f"{target}: no checkpoint in this directory")
         return state
     return CheckpointManager(target.parent).load(target)
 
