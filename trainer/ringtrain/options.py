@@ -52,6 +52,7 @@ class Option:
     crd_default: Any = SAME  # the CRD's default where it differs (None: the field has none)
     schema: Mapping[str, Any] = field(default_factory=dict)  # further CRD keywords (pattern...)
     exclusive_with: str | None = None  # the name of an option it cannot be given with
+    aliases: tuple[str, ...] = ()  # older flag spellings the worker still accepts
 
     @property
     def cli_flag(self) -> str | None:
@@ -109,9 +110,11 @@ GROUPS: tuple[Group, ...] = (
                schema={"minLength": 1}),
     )),
     Group("data", (
-        Option("data_dir", str, "/usr/share/datasets/fashion-mnist", crd="dataDir", metavar="DIR",
-               help="directory of MNIST-format IDX files",
-               description="a directory of MNIST-format IDX files inside the pod (the image ships "
+        Option("data_dir", str, "/usr/share/datasets/fashion-mnist", crd="dataDir", metavar="PATH",
+               flag="--data", aliases=("--data-dir",),
+               help="a directory of MNIST-format IDX files, or a .npz with x_train, y_train, "
+                    "x_test, y_test (np.savez of keras.datasets.*.load_data())",
+               description="a directory of MNIST-format IDX files or a .npz file inside the pod (the image ships "
                            "Fashion-MNIST here)", schema={"minLength": 1}),
         Option("dataset", str, "fashion-mnist", crd="dataset",
                choices=("fashion-mnist", "mnist-5k"),
@@ -259,7 +262,8 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
                 into.add_argument(o.cli_flag, dest=o.name, help=o.help,
                                   action="store_false" if o.default else "store_true")
             else:
-                into.add_argument(o.cli_flag, dest=o.name, type=o.type, default=o.default,
+                into.add_argument(o.cli_flag, *o.aliases, dest=o.name, type=o.type,
+                                  default=o.default,
                                   choices=o.choices or None, metavar=o.metavar, help=o.help)
     return p
 

@@ -83,7 +83,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Split:
-    """Images as uint8 ``(n, 28, 28)`` (scaled to [0, 1] per batch) and int64 labels."""
+    """Images as uint8 (scaled to [0, 1] per batch) or float32 (used as is), and int64 labels."""
 
     images: np.ndarray
     labels: np.ndarray
@@ -175,7 +175,12 @@ def load_mnist5k(path: str | os.PathLike | None = None) -> Dataset:
 
 
 def load(name: str, data_dir: str | os.PathLike = FASHION_MNIST_DIR) -> Dataset:
+    """``data_dir`` is a directory of IDX files or a ``.npz`` file (:mod:`.data_npz`)."""
     if name == "fashion-mnist":
+        if str(data_dir).endswith(".npz"):
+            from ringtrain_trainer.data_npz import load_npz
+
+            return load_npz(data_dir)
         return load_idx_dir(data_dir, name)
     if name == "mnist-5k":
         return load_mnist5k()
@@ -260,7 +265,13 @@ class Sharder:
 
 def batch_into(split: Split, idx: np.ndarray, images_out: np.ndarray, labels_out: np.ndarray,
                scratch_u8: np.ndarray) -> None:
-    """Gather examples ``idx`` into preallocated float32 images in [0, 1] and int64 labels."""
+    """Gather examples ``idx`` into preallocated float32 images (uint8 scaled to [0, 1], float
+    as is) and int64 labels."""
+    if split.images.dtype != np.uint8:
+        np.take(split.images, idx, axis=0, out=images_out.reshape((len(idx),) +
+                                                                  split.images.shape[1:]))
+        np.take(split.labels, idx, out=labels_out)
+        return
     np.take(split.images, idx, axis=0, out=scratch_u8)
     np.multiply(scratch_u8, np.float32(1.0 / 255.0), out=images_out.reshape(scratch_u8.shape))
     np.take(split.labels, idx, out=labels_out)

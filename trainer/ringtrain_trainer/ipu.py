@@ -316,10 +316,11 @@ class IPU:
         x = np.zeros((batch,) + self.spec.input_shape, self.dtype)
         per = exe.programs[0].batch
         correct = 0
+        scale = self.dtype.type(1.0 / 255.0 if images_u8.dtype == np.uint8 else 1.0)
         for s in range(0, len(labels), batch):
             n = min(batch, len(labels) - s)
-            np.multiply(images_u8[s:s + n].reshape((n,) + self.spec.input_shape),
-                        self.dtype.type(1.0 / 255.0), out=x[:n])
+            np.multiply(images_u8[s:s + n].reshape((n,) + self.spec.input_shape), scale,
+                        out=x[:n])
             t0 = time.perf_counter()
             self._stream_weights()
             self._load(exe, x, None)

@@ -30,6 +30,7 @@ from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer import optim
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
+from ringtrain_trainer.data_npz import check_fits
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain import events
@@ -124,6 +125,8 @@ class Trainer:
             self.ipu.compile(cfg.batch_size, train=False)
         self.metrics.set_plan(self.exe.plan)
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
+        check_fits(self.data, self.spec.input_shape, self.spec.num_classes,
+                   cfg.data_dir if dataset is None else self.data.name)
         self.sharder = data_mod.Sharder(len(self.data.train), cfg.batch_size, self.world,
                                         self.rank, cfg.seed)
         self.reducer = Reducer([s.stop - s.start for s in self.spec.slots] + [1],

@@ -1,0 +1,114 @@
+"""`.npz` data sets as `np.savez` writes `keras.datasets.*.load_data()`: loading and errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ringtrain.errors import DataError
+from ringtrain_trainer import data as D
+from ringtrain_trainer.data_npz import check_fits, load_npz
+from ringtrain_trainer.worker import main as worker_main
+
+
+def save(path, n_train=12, n_test=5, shape=(6, 5), dtype=np.uint8, classes=3, column=False,
+         **override):
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        x = rng.uniform(0, 255, (n, *shape)).astype(dtype)
+        y = (np.arange(n) % classes).astype(np.uint8)
+        arrays[f"x_{split}"], arrays[f"y_{split}"] = x, y.reshape(n, 1) if column else y
+    arrays.update(override)
+    arrays = {k: v for k, v in arrays.items() if v is not None}
+    np.savez(path, **arrays)
+    return arrays
+
+
+@pytest.mark.parametrize("shape", [(6, 5), (6, 5, 3)])
+def test_uint8_images_of_any_shape_are_scaled_by_1_over_255(tmp_path, shape):
+    a = save(tmp_path / "d.npz", shape=shape, classes=4, column=True)
+    ds = D.load("fashion-mnist", tmp_path / "d.npz")
+    assert (ds.name, ds.num_classes, len(ds.train), len(ds.test)) == ("d", 4, 12, 5)
+    assert ds.train.images.dtype == np.uint8 and ds.train.labels.dtype == np.int64
+    x, y = np.zeros((3, *shape), np.float32), np.zeros(3, np.int64)
+    D.batch_into(ds.train, np.array([4, 0, 7]), x, y, np.zeros((3, *shape), np.uint8))
+    np.testing.assert_allclose(x, a["x_train"][[4, 0, 7]] / 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(y, a["y_train"].ravel()[[4, 0, 7]])
+
+
+def test_float_images_are_used_as_they_are(tmp_path):
+    a = save(tmp_path / "f.npz", dtype=np.float64, shape=(4, 4, 2))
+    ds = load_npz(tmp_path / "f.npz")
+    assert ds.train.images.dtype == np.float32
+    x, y = np.zeros((2, 4, 4, 2), np.float32), np.zeros(2, np.int64)
+    D.batch_into(ds.train, np.array([3, 1]), x, y, np.zeros((2, 4, 4, 2), np.uint8))
+    np.testing.assert_array_equal(x, a["x_train"][[3, 1]].astype(np.float32))
+
+
+@pytest.mark.parametrize("override, problem", [
+    ({"y_test": None}, r"missing y_test \(has x_train, y_train, x_test; needs"),
+    ({"y_train": np.zeros(11, np.uint8)}, "x_train has 12 images but y_train has 11 labels"),
+    ({"x_test": np.zeros((5, 6, 4), np.uint8)}, r"x_train images are \(6, 5\) but x_test"),
+    ({"x_train": np.zeros((12, 30), np.uint8)}, r"x_train has shape \(12, 30\)"),
+    ({"x_train": np.zeros((12, 6, 5), np.int32)}, "dtype int32; expected uint8"),
+    ({"y_train": np.zeros((12, 3), np.uint8)}, "not one-hot"),
+    ({"y_train": np.zeros(12, np.float32)}, "expected integer class indices"),
+    ({"y_train": np.full(12, -1, np.int64)}, "negative label -1"),
+    ({"x_test": np.zeros((0, 6, 5), np.uint8), "y_test": np.zeros(0, np.uint8)}, "x_test is empty"),
+])
+def test_bad_npz_is_refused_naming_the_file(tmp_path, override, problem):
+    p = tmp_path / "bad.npz"
+    save(p, **override)
+    with pytest.raises(DataError, match=problem) as e:
+        load_npz(p)
+    assert str(p) in str(e.value)
+
+
+def test_missing_corrupt_and_non_npz_files_name_the_file(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        load_npz(tmp_path / "nope.npz")
+    good = tmp_path / "good.npz"
+    save(good)
+    (tmp_path / "cut.npz").write_bytes(good.read_bytes()[:200])
+    (tmp_path / "text.npz").write_text("hello")
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    (tmp_path / "one.npy").rename(tmp_path / "one.npz")
+    for name, problem in (("cut", "not a readable .npz"), ("text", "not a readable .npz"),
+                          ("one", "a single .npy array")):
+        with pytest.raises(DataError, match=problem) as e:
+            load_npz(tmp_path / f"{name}.npz")
+        assert f"{name}.npz" in str(e.value)
+
+
+def test_check_fits_compares_shapes_and_labels_with_the_model(tmp_path):
+    save(tmp_path / "d.npz", shape=(28, 28), classes=10)
+    ds = load_npz(tmp_path / "d.npz")
+    check_fits(ds, (28, 28, 1), 10, tmp_path / "d.npz")
+    with pytest.raises(DataError, match=r"d.npz: images are \(28, 28\) but the model takes "
+                                         r"\(32, 32, 3\)"):
+        check_fits(ds, (32, 32, 3), 10, tmp_path / "d.npz")
+    with pytest.raises(DataError, match=r"d.npz: label 9 is outside the model's 5 classes"):
+        check_fits(ds, (28, 28, 1), 5, tmp_path / "d.npz")
+
+
+def test_worker_trains_on_a_npz_via_data_and_data_dir(tmp_path, capsys):
+    p = tmp_path / "mine.npz"
+    save(p, n_train=64, n_test=16, shape=(28, 28), classes=10)
+    for flag in ("--data", "--data-dir"):
+        assert worker_main([flag, str(p), "--steps", "2", "--batch-size", "16", "--json",
+                            "--termination-log", str(tmp_path / "log")]) == 0
+        final = json.loads((tmp_path / "log").read_text())
+        assert (final["steps"], final["terminated"]) == (2, False)
+        assert final["test_accuracy"] is not None and np.isfinite(final["loss"])
+
+
+def test_worker_refuses_data_the_model_cannot_take(tmp_path, capsys):
+    p = tmp_path / "cifar.npz"
+    save(p, n_train=32, n_test=8, shape=(32, 32, 3))
+    assert worker_main(["--data", str(p), "--steps", "1",
+                        "--termination-log", str(tmp_path / "log")]) == 2
+    err = capsys.readouterr().err
+    assert f"{p}: images are (32, 32, 3) but the model takes (28, 28, 1)" in err
