@@ -94,7 +94,7 @@ def test_trainer_pod_runs_ringtrain_worker_with_every_flag():
     assert c["name"] == "ringtrain" and c["image"] == "ringtrain:0.1.0"
     assert c["command"] == ["ringtrain", "worker"]
     assert c["args"] == [
-        "--data-dir", "/usr/share/datasets/fashion-mnist", "--dataset", "mnist-5k",
+        "--data", "/usr/share/datasets/fashion-mnist", "--dataset", "mnist-5k",
         "--model", "cnn", "--seed", "0", "--steps", "20", "--batch-size", "32",
         "--eval-every", "10", "--optimizer", "sgd",
         "--lr", "0.05", "--lr-decay", "1", "--lr-decay-epochs", "1",
