@@ -121,7 +121,10 @@ def test_sharder_rejects_impossible_batches():
 
 def test_position_counts_steps_and_rescales_across_world_sizes():
     s = D.Sharder(100, 10, world=2, rank=0)
-    assert s.position(7) == D.Position(1, 2, 20)
+    pos = D.Position(0, 0, 20)
+    for _ in range(7):
+        pos = s.advance(pos)
+    assert pos == D.Position(1, 2, 20)
     assert D.Position(1, 2, 20).rescale(10) == D.Position(1, 4, 10)
     assert D.Position(1, 3, 10).rescale(20) == D.Position(1, 1, 20)
 

@@ -14,6 +14,23 @@ def loss_fn(prog, views):
     return prog.loss_and_dlogits(prog.forward(views))
 
 
+def backward(prog, params, grads, on_piece=None):
+    """The production path, drained: ``Program.backward_pieces``."""
+    for piece in prog.backward_pieces(params, grads):
+        if on_piece is not None:
+            on_piece(*piece)
+
+
+def layer_backward(layer, ws, dout, kernel, dkernel, dbias):
+    """One layer's ``backward_iter`` run to its end; returns the input gradient."""
+    steps = layer.backward_iter(ws, dout, kernel, dkernel, dbias)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 @pytest.mark.parametrize("name", ["cnn", "cnn2"])
 def test_gradients_match_finite_differences(name, rng):
     """Central differences in float64 on every parameter tensor (a sample of entries each)."""
@@ -25,7 +42,7 @@ def test_gradients_match_finite_differences(name, rng):
     prog.x[:] = rng.random(prog.x.shape)
     prog.labels[:] = [1, 7, 3]
     loss_fn(prog, views)
-    prog.backward(views, gviews)
+    backward(prog, views, gviews)
     for slot in spec.slots:
         picks = rng.choice(np.arange(slot.start, slot.stop), min(12, slot.stop - slot.start),
                            replace=False)
@@ -49,8 +66,8 @@ def test_float32_program_matches_float64(rng):
     a.labels[:] = b.labels[:] = rng.integers(0, 10, 8)
     la = loss_fn(a, spec.views(p64))
     lb = loss_fn(b, spec.views(p64.astype(np.float32)))
-    a.backward(spec.views(p64), spec.views(g64))
-    b.backward(spec.views(p64.astype(np.float32)), spec.views(g32))
+    backward(a, spec.views(p64), spec.views(g64))
+    backward(b, spec.views(p64.astype(np.float32)), spec.views(g32))
     assert lb == pytest.approx(la, rel=1e-5)
     np.testing.assert_allclose(g32, g64, rtol=1e-3, atol=1e-6)
 
@@ -76,6 +93,9 @@ def test_gradient_pieces_tile_the_flat_buffer_in_streaming_order(name):
     pieces = spec.grad_pieces
     assert pieces[0][0] == 0 and pieces[-1][1] == spec.num_params
     assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
+    # grouped by parameter for the reducer: the same pieces, each parameter's sizes
+    assert [n for p in spec.param_pieces for n in p] == [b - a for a, b in pieces]
+    assert [sum(p) for p in spec.param_pieces] == [s.stop - s.start for s in spec.slots]
     # a large kernel streams in row blocks of at most GRAD_BLOCK_ELEMS, whole rows each
     dense = spec.layers[-2]
     start, stop = spec.layer_ranges[len(spec.layers) - 2]
@@ -100,9 +120,10 @@ def test_streaming_in_pieces_gives_the_whole_layer_gradient(rng, grads_first):
     g = ref.dlogits
     for i in reversed(range(len(spec.layers))):
         gv = spec.views(whole)[i]
-        g = spec.layers[i].backward(ref.ws[i], g, views[i]["kernel"], gv["kernel"], gv["bias"])
+        g = layer_backward(spec.layers[i], ref.ws[i], g, views[i]["kernel"], gv["kernel"],
+                           gv["bias"])
     seen = []
-    prog.backward(views, spec.views(pieced), on_piece=lambda a, b: seen.append(
+    backward(prog, views, spec.views(pieced), on_piece=lambda a, b: seen.append(
         (a, b, pieced[a:b].copy())))
     assert [(a, b) for a, b, _ in seen] == spec.grad_pieces
     np.testing.assert_allclose(pieced, whole, rtol=1e-6, atol=0)
@@ -135,7 +156,7 @@ def test_steps_allocate_nothing_proportional_to_the_model(rng):
     def steps(n):
         for _ in range(n):
             loss_fn(prog, views)
-            prog.backward(views, gviews)
+            backward(prog, views, gviews)
 
     steps(2)
     peaks = []
@@ -198,7 +219,7 @@ def test_max_pool_ties_send_the_gradient_to_the_first_maximum(rng):
     bias = np.full(4, 10.0)  # keep every ReLU open
     layer.forward(ws, x, kernel, bias)
     dout = rng.normal(size=(2, 2, 2, 4))
-    layer.backward(ws, dout, kernel, np.zeros_like(kernel), np.zeros(4))
+    layer_backward(layer, ws, dout, kernel, np.zeros_like(kernel), np.zeros(4))
     d4 = ws["dconv4"]
     np.testing.assert_array_equal(d4[0], dout)
     assert not d4[1:].any()

@@ -1,4 +1,5 @@
 import io
+import itertools
 import sys
 import threading
 
@@ -6,20 +7,22 @@ import numpy as np
 import pytest
 
 from ringtrain_trainer import optim as O
+from ringtrain_trainer import model as M
 from ringtrain_trainer import reducer as R
+from ringtrain_trainer.reducer import comm as C
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain.errors import PeerTimeout
-from ringtrain_trainer.reducer import PIECE_ELEMS, Bucket, Reducer, assign_buckets
+from ringtrain_trainer.reducer import Bucket, Readiness, Reducer, StopVote, assign_buckets
 from ringtrain_trainer.worker import Trainer
 
 MiB = 1 << 20
 
 
 def test_bucket_assignment_is_ddp_like():
-    sizes = [10, 640, 64, 346112, 32, 288]  # the cnn in arrival order
+    sizes = [10, 640, 64, 346112, 32, 288]  # the cnn in arrival order, each parameter whole
     small = assign_buckets(sizes, 4 * 64, first_bucket_bytes=16)
-    # 128 B < cap: joins; the large kernel is split, its last piece closes its bucket
+    # 128 B < cap: joins; a parameter streamed whole is one piece, never split
     assert [b.params for b in small][:4] == [(0,), (1,), (2,), (3,)]
     assert small[-1].params == (4, 5) and small[-2].stop == sum(sizes[:4])
     mid = assign_buckets([100, 100, 100, 100, 100], 800, first_bucket_bytes=400)
@@ -35,27 +38,87 @@ def test_a_large_parameter_is_split_and_the_next_layer_gets_a_bucket_of_its_own(
     """The cnn's Dense kernel is 99.6 % of its gradients: whole, its bucket could only start
     when the whole kernel is done; in pieces the first rows are reduced while the rest is
     computed, and the conv's small gradient (computed last) is not held back with them."""
-    sizes = [10, 640, 64, 346112, 32, 288, 1]  # + the worker's stop flag
-    bs = assign_buckets(sizes, 25 * MiB, first_bucket_bytes=256 << 10)
+    pieces = M.build("cnn").param_pieces + [[1]]  # + the worker's stop vote
+    sizes = [sum(p) for p in pieces]
+    assert sizes == [10, 640, 64, 346112, 32, 288, 1]
+    bs = assign_buckets(pieces, 25 * MiB, first_bucket_bytes=256 << 10)
     kernel_end = sum(sizes[:4])
     assert bs[0].params == (0, 1, 2, 3) and 256 << 10 <= bs[0].size * 4 < MiB
     assert bs[-2].stop == kernel_end and bs[-1].params == (4, 5, 6)
     assert all(b.params == (3,) for b in bs[1:-1])
-    # a parameter is cut in about equal pieces of at most PIECE_ELEMS; the others stay whole
-    tiny = assign_buckets(sizes, 1, first_bucket_bytes=1)
+    # one piece grid: every bucket ends where a streamed piece ends, even the first
+    ends = set(itertools.accumulate(n for p in pieces for n in p))
+    assert all(b.stop in ends for b in bs)
+    # the kernel streams in row blocks of at most GRAD_BLOCK_ELEMS, and a bucket never splits
+    # one; the others stay whole
+    tiny = assign_buckets(pieces, 1, first_bucket_bytes=1)
     kernel = [b.size for b in tiny if b.params == (3,)]
-    assert len(kernel) == -(-346112 // PIECE_ELEMS) and max(kernel) - min(kernel) < len(kernel)
+    assert kernel == pieces[3] and len(kernel) == -(-346112 // M.GRAD_BLOCK_ELEMS)
+    assert max(kernel) <= M.GRAD_BLOCK_ELEMS and max(kernel) - min(kernel) < len(kernel) * 64
     assert [b.size for b in tiny if 3 not in b.params] == [10, 640, 64, 32, 288, 1]
     assert assign_buckets([0, 5], 25 * MiB) == [Bucket(0, 0, 5, (0, 1))]
+
+
+def test_readiness_releases_complete_buckets_strictly_in_order():
+    bs = assign_buckets([10, 20, 30], 40, first_bucket_bytes=40)
+    assert [(b.start, b.stop) for b in bs] == [(0, 10), (10, 30), (30, 60)]
+    ready = Readiness(bs)
+    assert list(ready.add(10, 30)) == []  # bucket 1 is complete, bucket 0 not yet
+    assert list(ready.add(0, 4)) == []
+    assert list(ready.add(4, 10)) == [0, 1]
+    assert list(ready.add(30, 60)) == [2] and ready.launched == 3
+    ready.reset()
+    assert ready.launched == 0 and list(ready.add(0, 10)) == [0]
+
+
+def test_the_stop_vote_owns_one_element_after_the_gradients():
+    buf = np.zeros(4, np.float32)
+    vote = StopVote(buf, 3)
+    assert vote.piece == (3, 4) and not vote.agreed()
+    vote.cast(True)
+    assert buf.tolist() == [0, 0, 0, 1] and vote.agreed()
+    buf[3] = 0.5  # one of two workers voted: the mean after the allreduce
+    assert vote.agreed()
+    vote.cast(False)
+    assert not vote.agreed()
+    with pytest.raises(ValueError):
+        StopVote(buf, 4)
+
+
+def test_the_reducer_buffer_holds_the_gradients_then_the_vote_which_the_optimizer_skips():
+    p = np.zeros(30, np.float32)
+    r = Reducer([10, [12, 8]], LocalCollective(), O.build("sgd", p, O.StepDecay(1.0)),
+                stop_vote=True)
+    assert r.buffer.size == 31 and r.grads.size == 30 and np.shares_memory(r.grads, r.buffer)
+    assert r.vote.piece == (30, 31) and r.buckets[-1].stop == 31
+    r.buffer[:] = 1
+    r.begin_step(0, stop=True)
+    for a, b in ((0, 10), (10, 22), (22, 30), (30, 31)):
+        r.on_grad(a, b)
+    np.testing.assert_array_equal(p, -1)
+
+
+def test_the_switch_interval_context_nests_and_restores():
+    from ringtrain_trainer.reducer.switch import lowered_switch_interval
+
+    before = sys.getswitchinterval()
+    low = min(before, R.COMM_SWITCH_INTERVAL_S)
+    with lowered_switch_interval():
+        assert sys.getswitchinterval() == low
+        with lowered_switch_interval():
+            assert sys.getswitchinterval() == low
+        assert sys.getswitchinterval() == low
+    assert sys.getswitchinterval() == before
 
 
 def test_single_worker_applies_each_layer_inline_without_a_thread(rng):
     p = rng.normal(size=30).astype(np.float32)
     g = rng.normal(size=30).astype(np.float32)
     want = p - 0.1 * g
-    r = Reducer([10, 20], g, LocalCollective(), O.build("sgd", p, O.StepDecay(0.1)))
-    assert r._thread is None
+    r = Reducer([10, 20], LocalCollective(), O.build("sgd", p, O.StepDecay(0.1)))
+    r.grads[:] = g
     r.begin_step(0)
+    assert r._comm is None
     r.on_grad(0, 10)
     np.testing.assert_allclose(p[:10], want[:10])
     assert not np.allclose(p[10:], want[10:])  # the second layer is not ready yet
@@ -95,9 +158,9 @@ def test_buckets_are_reduced_in_order_and_overlap_is_measured(rng):
 
     def rank_fn(rank, col):
         p = np.zeros(1000, np.float32)
-        g = grads[rank].copy()
-        r = Reducer(sizes, g, col, O.build("sgd", p, O.StepDecay(1.0)), bucket_bytes=1200,
+        r = Reducer(sizes, col, O.build("sgd", p, O.StepDecay(1.0)), bucket_bytes=1200,
                     first_bucket_bytes=400)
+        r.grads[:] = grads[rank]
         r.begin_step(5)
         for a, b in ((0, 100), (100, 300), (300, 600), (600, 1000)):
             r.on_grad(a, b)
@@ -118,8 +181,9 @@ def test_a_failed_collective_surfaces_in_finish_instead_of_hanging(rng):
         if rank == 1:
             return None  # this peer never shows up
         col.group.timeout_s = 0.2
-        p, g = np.zeros(10, np.float32), np.ones(10, np.float32)
-        r = Reducer([10], g, col, O.build("sgd", p, O.StepDecay()))
+        p = np.zeros(10, np.float32)
+        r = Reducer([10], col, O.build("sgd", p, O.StepDecay()))
+        r.grads[:] = 1
         r.begin_step(0)
         r.on_grad(0, 10)
         try:
@@ -136,7 +200,7 @@ def test_a_failed_collective_surfaces_in_finish_instead_of_hanging(rng):
 def test_the_optimizer_is_applied_in_slices_between_allreduces(rng, monkeypatch):
     """Adam applied slice by slice (so a newly completed bucket is reduced first) is the
     same as Adam applied to each whole bucket: it works element by element."""
-    monkeypatch.setattr(R, "APPLY_ELEMS", 7)
+    monkeypatch.setattr(C, "APPLY_ELEMS", 7)
     sizes = [100, 200, 300, 400]
     grads = [rng.normal(size=1000).astype(np.float32) for _ in range(2)]
     want = np.zeros(1000, np.float32)
@@ -147,10 +211,10 @@ def test_the_optimizer_is_applied_in_slices_between_allreduces(rng, monkeypatch)
     def rank_fn(rank, col):
         p = np.zeros(1000, np.float32)
         opt = O.build("adam", p, O.StepDecay(0.1))
-        r = Reducer(sizes, grads[rank].copy(), col, opt, bucket_bytes=1200,
-                    first_bucket_bytes=400)
-        opt.begin_step(0)
-        r.begin_step(0)
+        r = Reducer(sizes, col, opt, bucket_bytes=1200, first_bucket_bytes=400)
+        r.grads[:] = grads[rank]
+        r.begin_step(0, epoch=0)  # the reducer's hook begins the optimizer's step
+        assert opt.iterations == 1
         for a, b in ((0, 100), (100, 300), (300, 600), (600, 1000)):
             r.on_grad(a, b)
         r.finish()
@@ -167,8 +231,11 @@ def test_the_gil_switch_interval_is_lowered_while_a_communication_thread_runs():
 
     before = sys.getswitchinterval()
     cols = ThreadGroup(2).collectives()
-    rs = [Reducer([10], np.zeros(10, np.float32), c, O.build("sgd", np.zeros(10, np.float32),
-                                                              O.StepDecay())) for c in cols]
+    rs = [Reducer([10], c, O.build("sgd", np.zeros(10, np.float32), O.StepDecay()))
+          for c in cols]
+    assert sys.getswitchinterval() == before  # no thread before the first step
+    for r in rs:
+        r.begin_step(0)
     assert sys.getswitchinterval() == min(before, R.COMM_SWITCH_INTERVAL_S)
     rs[0].close()
     assert sys.getswitchinterval() == min(before, R.COMM_SWITCH_INTERVAL_S)  # one still runs
@@ -210,7 +277,7 @@ def test_n_workers_with_batch_b_equal_one_worker_with_batch_nb(mnist5k, world, o
     # 25 MiB: the first bucket, the rest of the split Dense kernel, the conv + stop flag;
     # tiny buckets: the last Dense, each piece of the large kernel (its bias joins the first),
     # the conv, and the stop flag alone
-    assert n_buckets == (3 if bucket_mb == 25.0 else 3 + -(-346112 // PIECE_ELEMS))
+    assert n_buckets == (3 if bucket_mb == 25.0 else 3 + -(-346112 // M.GRAD_BLOCK_ELEMS))
     assert res[0][1]["test_accuracy"] is not None and res[1][1]["test_accuracy"] is None
 
 

@@ -258,9 +258,13 @@ class Sharder:
         g = self.order(epoch)[batch * self.global_batch:(batch + 1) * self.global_batch]
         return g.reshape(self.batch_size, self.world).T.reshape(-1)
 
-    def position(self, step: int) -> Position:
-        return Position(step // self.steps_per_epoch, step % self.steps_per_epoch,
-                        self.global_batch)
+    def advance(self, pos: Position) -> Position:
+        """The position after training the batch at ``pos``: the next batch, or the first
+        of the next epoch."""
+        nb = pos.batch + 1
+        if nb < self.steps_per_epoch:
+            return Position(pos.epoch, nb, pos.global_batch)
+        return Position(pos.epoch + 1, 0, pos.global_batch)
 
 
 def batch_into(split: Split, idx: np.ndarray, images_out: np.ndarray, labels_out: np.ndarray,

@@ -26,7 +26,8 @@ from numpy.lib.stride_tricks import as_strided
 from ringtrain.errors import InvalidSpec
 
 MODELS = ("cnn", "cnn2")
-#: weight gradients larger than this (elements) are computed and streamed in row blocks
+#: weight gradients larger than this (elements) are computed and streamed in row blocks; the
+#: reducer's buckets are cut on the same grid (``ModelSpec.param_pieces``)
 GRAD_BLOCK_ELEMS = 1 << 16
 
 
@@ -160,11 +161,6 @@ class ConvPool:
             yield from self.grad_plan()
         return dx
 
-    def backward(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
-                 dbias: np.ndarray) -> np.ndarray | None:
-        self._weight_grads(ws, dout, dkernel, dbias)
-        return self._input_grad(ws, kernel) if "dx" in ws else None
-
     def _weight_grads(self, ws: dict, dout: np.ndarray, dkernel: np.ndarray,
                       dbias: np.ndarray) -> None:
         # Route each window's gradient to its first maximal position (TensorFlow's tie rule)
@@ -288,15 +284,6 @@ class Dense:
             np.matmul(dz, kernel.T, out=dx)
         return dx
 
-    def backward(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
-                 dbias: np.ndarray) -> np.ndarray | None:
-        gen = self.backward_iter(ws, dout, kernel, dkernel, dbias)
-        while True:
-            try:
-                next(gen)
-            except StopIteration as done:
-                return done.value
-
 
 class ModelSpec:
     """Layers plus the flat parameter layout (reverse layer order, bias before kernel)."""
@@ -323,6 +310,14 @@ class ModelSpec:
         self.grad_pieces = [(at[li, name] + lo, at[li, name] + hi)
                             for li in reversed(range(len(layers)))
                             for name, lo, hi in layers[li].grad_plan()]
+        #: the same pieces as sizes, grouped by parameter in arrival order: what the reducer
+        #: plans its buckets from, so a bucket always ends where a streamed piece ends
+        self.param_pieces: list[list[int]] = []
+        for li in reversed(range(len(layers))):
+            names: dict[str, list[int]] = {}
+            for name, lo, hi in layers[li].grad_plan():
+                names.setdefault(name, []).append(hi - lo)
+            self.param_pieces += names.values()
 
     def views(self, flat: np.ndarray) -> list[dict[str, np.ndarray]]:
         """Per layer, name → view into ``flat`` shaped like the parameter."""
@@ -362,7 +357,7 @@ def build(name: str) -> ModelSpec:
 class Program:
     """One compiled (model, batch size, train/eval) program: every buffer allocated up front.
 
-    ``forward`` / ``backward`` allocate nothing; ``backward_pieces`` yields each gradient piece
+    ``forward`` / ``backward_pieces`` allocate nothing; ``backward_pieces`` yields each gradient piece
     of ``spec.grad_pieces`` right after it is written (last layer first), which is how the IPU
     streams gradients out while backward continues.
     """
@@ -445,8 +440,3 @@ class Program:
                     g = done.value
                     break
                 yield next(pieces)
-
-    def backward(self, params, grads, on_piece=None) -> None:
-        for piece in self.backward_pieces(params, grads):
-            if on_piece is not None:
-                on_piece(*piece)

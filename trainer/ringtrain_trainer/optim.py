@@ -1,9 +1,9 @@
 """Host-side optimizers with TensorFlow/Keras defaults and update formulas.
 
-Pipeline position: the reducer calls :meth:`Optimizer.apply` on a contiguous slice of the flat
-parameter buffer as soon as that slice's reduced gradient is ready, so updating the last
-layers overlaps with backward and communication of the first ones. State (momentum, Adam's m
-and v) lives only in host memory, in flat buffers with the same layout as the parameters, so a
+Pipeline position: the reducer's on-reduced hook (``reducer.hook``, the only caller) begins
+each step and calls :meth:`Optimizer.apply` on a contiguous slice of the flat parameter buffer
+as soon as that slice's reduced gradient is ready, so updating the last layers overlaps with
+backward and communication of the first ones. State (momentum, Adam's m and v) lives only in host memory, in flat buffers with the same layout as the parameters, so a
 slice of parameters maps to the same slice of state. All updates are in-place numpy ufuncs
 into a preallocated scratch buffer: nothing is allocated per step.
 """

@@ -95,6 +95,8 @@ class Trainer:
                  out: TextIO | None = None):
         self.cfg, self.collective = cfg, collective
         self.rank, self.world = collective.rank, collective.size
+        # the collective's rank, not ``cfg.cluster.is_chief``: under mpirun TF_CONFIG is empty
+        # on every rank, and tests hand in collectives without one
         self.is_chief = self.rank == 0
         self.metrics = metrics if metrics is not None else TrainerMetrics()
         self.report = Reporter(cfg.json, out if out is not None else sys.stdout, self.is_chief)
@@ -102,14 +104,13 @@ class Trainer:
         self._stop_agreed = False
         self.spec = model_mod.build(cfg.model)
         self.params = self.spec.init(cfg.seed)
-        # One trailing control element rides in the last gradient bucket: each worker writes
-        # 1 there when it was asked to stop, so after the allreduce every worker knows and all
-        # stop after the same step (nobody is left waiting in a collective).
-        n = self.spec.num_params
-        self._grads_and_control = np.zeros(n + 1, np.float32)
-        self.grads = self._grads_and_control[:n]
         schedule = optim.StepDecay(cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
         self.optimizer = optim.build(cfg.optimizer, self.params, schedule)
+        # the reducer owns the gradient buffer (and the stop vote after it); its thread
+        # starts with the first step
+        self.reducer = Reducer(self.spec.param_pieces, collective, self.optimizer,
+                               cfg.bucket_bytes, stop_vote=True)
+        self.grads = self.reducer.grads
         self.ipu = IPU(self.spec, IPUConfig(
             memory_bytes=cfg.ipu_memory_mb * MB, variables_on_host=cfg.variables_on_host,
             replicas=cfg.ipus_per_worker, host_threads=cfg.ipu_host_threads,
@@ -129,9 +130,6 @@ class Trainer:
                    cfg.data_dir if dataset is None else self.data.name)
         self.sharder = data_mod.Sharder(len(self.data.train), cfg.batch_size, self.world,
                                         self.rank, cfg.seed)
-        self.reducer = Reducer([s.stop - s.start for s in self.spec.slots] + [1],
-                               self._grads_and_control, collective, self.optimizer,
-                               cfg.bucket_bytes, control_elems=1)
         self.ckpt = CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint_keep) \
             if cfg.checkpoint_dir else None
         b = cfg.batch_size
@@ -235,20 +233,13 @@ class Trainer:
         pos = self.position
         idx = self.sharder.indices(pos.epoch, pos.batch)
         data_mod.batch_into(self.data.train, idx, self.x, self.y, self.scratch)
-        self.optimizer.begin_step(pos.epoch)
-        self.reducer.begin_step(self.step)
-        n = self.spec.num_params
-        self._grads_and_control[n] = 1.0 if self.stop_requested.is_set() else 0.0
-        self.reducer.on_grad(n, n + 1)
+        self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
         loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad)
         comm = self.reducer.finish()
-        if self._grads_and_control[n] > 0:
+        if self.reducer.vote.agreed():
             self._stop_agreed = True
         self.step += 1
-        nb = pos.batch + 1
-        self.position = (data_mod.Position(pos.epoch, nb, pos.global_batch)
-                         if nb < self.sharder.steps_per_epoch
-                         else data_mod.Position(pos.epoch + 1, 0, pos.global_batch))
+        self.position = self.sharder.advance(pos)
         return loss, time.perf_counter() - t0, comm
 
     def run(self) -> dict:

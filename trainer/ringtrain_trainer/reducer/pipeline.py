@@ -1,0 +1,122 @@
+"""The reducer: streamed gradient pieces in, reduced and applied updates out, step by step.
+
+Pipeline position: between the emulated IPU, which calls :meth:`Reducer.on_grad` as each
+gradient piece streams out (last layer first), and the optimizer. Three parts, as PyTorch
+DDP's comm hook plus ``_hook_then_optimizer``: :class:`~.buckets.Readiness` says which buckets
+are complete, the :class:`~.comm.CommThread` runs the collective per ready bucket in order,
+and the on-reduced :class:`~.hook.OptimizerHook` applies the optimizer to each reduced slice.
+The reducer owns the flat buffer the IPU writes gradients into, with the :class:`~.stopvote.
+StopVote` element after them. With one worker there is nothing to reduce: the hook runs on
+each piece inline, as Horovod registers no hooks for size 1.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ringtrain_trainer.collective import Collective
+from ringtrain_trainer.optim import Optimizer
+from ringtrain_trainer.reducer.buckets import (DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES,
+                                               Readiness, assign_buckets)
+from ringtrain_trainer.reducer.comm import CommThread, yield_cpu
+from ringtrain_trainer.reducer.hook import OptimizerHook
+from ringtrain_trainer.reducer.stopvote import StopVote
+
+
+@dataclass(frozen=True)
+class StepCommStats:
+    """Communication of one step: allreduce time, the part hidden behind backward, the wait."""
+
+    allreduce_s: float = 0.0
+    hidden_s: float = 0.0
+    exposed_wait_s: float = 0.0
+    bytes: int = 0
+
+    @property
+    def overlap_fraction(self) -> float:
+        return self.hidden_s / self.allreduce_s if self.allreduce_s > 0 else 0.0
+
+
+class Reducer:
+    """Turns streamed gradient pieces into reduced, applied updates for one step at a time.
+
+    ``pieces``: per parameter in arrival order, the sizes of the pieces it streams in (see
+    :func:`~.buckets.assign_buckets`); they must cover the optimizer's parameters. Use:
+    ``begin_step(step, epoch)``; the IPU writes :attr:`grads` and calls ``on_grad(start,
+    stop)`` per piece; ``finish()`` waits until every bucket is reduced and applied and
+    returns that step's :class:`StepCommStats`.
+    """
+
+    def __init__(self, pieces: Sequence[int | Sequence[int]], collective: Collective,
+                 optimizer: Optimizer, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, stop_vote: bool = False):
+        self.collective = collective
+        n = optimizer.params.size
+        #: the gradients, then the stop vote's element: reduced together
+        self.buffer = np.zeros(n + (StopVote.ELEMS if stop_vote else 0), optimizer.params.dtype)
+        #: what the IPU writes: the parameters' gradients, a view of :attr:`buffer`
+        self.grads = self.buffer[:n]
+        self.vote = StopVote(self.buffer, n) if stop_vote else None
+        self.hook = OptimizerHook(optimizer, self.buffer)
+        self.buckets = assign_buckets(list(pieces) + ([[StopVote.ELEMS]] if stop_vote else []),
+                                      bucket_bytes, first_bucket_bytes, self.buffer.itemsize)
+        if self.buckets and self.buckets[-1].stop != self.buffer.size:
+            raise ValueError(f"piece sizes sum to {self.buckets[-1].stop}, "
+                             f"gradient buffer has {self.buffer.size}")
+        self.local = collective.size == 1
+        self.ready = Readiness(self.buckets)
+        self._step = 0
+        self._comm: CommThread | None = None  # started by the first step, not at construction
+
+    def begin_step(self, step: int, epoch: int = 0, stop: bool = False) -> None:
+        """Start the optimizer's step for ``epoch`` and this worker's stop vote."""
+        self._step = step
+        self.hook.begin_step(epoch)
+        if self.local:
+            return
+        if self._comm is None:
+            self._comm = CommThread(self.buffer, self.collective, self.hook)
+        self.ready.reset()
+        self._comm.intervals.clear()
+        if self.vote is not None:
+            self.vote.cast(stop)
+            self.on_grad(*self.vote.piece)
+
+    def on_grad(self, start: int, stop: int) -> None:
+        """Called by the IPU (compute thread) when gradients [start, stop) are final."""
+        if self.local:
+            self.hook(start, stop)
+            return
+        for i in self.ready.add(start, stop):
+            self._comm.submit(self.buckets[i], self._step)
+        # Offer the CPU to the communication thread: with every core busy computing (2 cores,
+        # 2 workers) a woken thread otherwise waits for the scheduler's next preemption, and
+        # the allreduce started, or moved on, only after backward ended. Measured on the cnn:
+        # hidden share 0.54-0.62 -> 0.76-0.79, exposed wait 2.5-4 -> 1.2-1.4 ms per step.
+        yield_cpu()
+
+    def finish(self) -> StepCommStats:
+        """Wait for every bucket of this step; raises what the communication thread raised."""
+        if self.local:
+            return StepCommStats()
+        compute_end = time.perf_counter()
+        if self.ready.launched != len(self.buckets):
+            raise RuntimeError(
+                f"step {self._step}: finish() before every gradient arrived "
+                f"({self.ready.launched} of {len(self.buckets)} buckets launched)"
+            )
+        self._comm.wait(len(self.buckets))
+        wait = time.perf_counter() - compute_end
+        iv = self._comm.intervals
+        total = sum(b - a for a, b in iv)
+        hidden = sum(max(0.0, min(b, compute_end) - a) for a, b in iv)
+        return StepCommStats(total, hidden, wait, self.buffer.nbytes)
+
+    def close(self) -> None:
+        if self._comm is not None:
+            self._comm.close()
+            self._comm = None
