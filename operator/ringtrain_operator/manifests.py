@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import os
 import secrets
 from typing import Any, Callable, Mapping
 
@@ -17,8 +18,16 @@ from ringtrain import cluster, options
 
 from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 
+#: The worker's gRPC server: ring control plane, Health service, the ``grpc`` data path.
 RING_PORT = 2222
+#: The ``grpc+tcp`` data path's raw TCP side channel (announced over RING_PORT as well).
+RING_DATA_PORT = RING_PORT + 1
 METRICS_PORT = 9400
+#: How trainer pods are probed (the operator's environment; the chart's operator.workerProbe):
+#: exec runs ``ringtrain health`` (any cluster), grpc uses the kubelet's gRPC probe of the
+#: same Health service (Kubernetes >= 1.24), none leaves them out.
+PROBE_ENV = "RINGTRAIN_WORKER_PROBE"
+PROBE_FORMS = ("exec", "grpc", "none")
 #: The container that runs the trainer (or the user's command) and gets TF_CONFIG.
 MAIN_CONTAINER = "ringtrain"
 TERMINATION_LOG = options.TERMINATION_LOG
@@ -96,6 +105,8 @@ def service(job: Job) -> dict:
             "publishNotReadyAddresses": True,
             "selector": labels(job),
             "ports": [{"name": "ring", "port": RING_PORT, "targetPort": RING_PORT,
+                       "protocol": "TCP"},
+                      {"name": "ring-data", "port": RING_DATA_PORT, "targetPort": RING_DATA_PORT,
                        "protocol": "TCP"}],
         },
     }
@@ -190,6 +201,11 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
         main.setdefault("image", job.trainer.image)
         main["command"] = ["ringtrain", "worker"]
         main["args"] = trainer_args(job.trainer)
+        if _ring_size(job) > 1 and getattr(t, "collective", "ring") == "ring":
+            ports.append({"name": "ring-data", "containerPort": RING_DATA_PORT,
+                          "protocol": "TCP"})
+            for kind, probe in worker_probes(probe_form()).items():
+                main.setdefault(kind, probe)
     main["env"] = _merge_named(main.get("env") or [], env)
     main["ports"] = _merge_named(main.get("ports") or [], ports)
     main["volumeMounts"] = _merge_named(main.get("volumeMounts") or [], mounts)
@@ -199,6 +215,36 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
     for c in containers + spec.get("initContainers", []):
         _secure_container(c)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def _ring_size(job: Job) -> int:
+    return sum(1 for r, _ in job.members() if r.role in cluster.RING_ROLES)
+
+
+def probe_form(env: Mapping[str, str] | None = None) -> str:
+    """The probe form the operator was configured with (exec unless told otherwise)."""
+    form = (os.environ if env is None else env).get(PROBE_ENV, "exec") or "exec"
+    if form not in PROBE_FORMS:
+        raise ValueError(f"{PROBE_ENV}={form!r}: choose one of {PROBE_FORMS}")
+    return form
+
+
+def worker_probes(form: str) -> dict[str, dict]:
+    """Readiness and liveness probes of a ring worker, both on its gRPC Health service: ready
+    once its server serves (peers can register), restarted when it stops answering (a frozen
+    process). The exec form runs ``ringtrain health`` in the container for clusters without
+    gRPC probes (before 1.24, such as the 1.20 test cluster)."""
+    if form == "none":
+        return {}
+    if form == "grpc":
+        check: dict[str, Any] = {"grpc": {"port": RING_PORT}}
+    else:
+        check = {"exec": {"command": ["ringtrain", "health", "--address",
+                                      f"127.0.0.1:{RING_PORT}", "--timeout-s", "4"]}}
+    return {"readinessProbe": {**copy.deepcopy(check), "periodSeconds": 10, "timeoutSeconds": 5,
+                               "failureThreshold": 3},
+            "livenessProbe": {**copy.deepcopy(check), "initialDelaySeconds": 30,
+                              "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4}}
 
 
 def pods(job: Job, endpoint: Endpoint = dns_endpoint) -> list[dict]:

@@ -111,6 +111,9 @@ def read_progress(doc: Mapping[str, Any] | None) -> dict:
             out[target] = round(v, 6) if isinstance(v, float) else v
         elif isinstance(v, str) and target == "checkpoint":
             out[target] = v
+    waiting = (doc or {}).get("waiting_for")
+    if isinstance(waiting, list) and waiting:
+        out["waitingFor"] = [str(w) for w in waiting]
     return out
 
 

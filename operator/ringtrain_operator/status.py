@@ -400,5 +400,14 @@ def _count(f: _Fold, job: Job, live: list[ObservedPod]) -> None:
 
 
 def _progress(f: _Fold, job: Job, pods: list[ObservedPod]) -> None:
+    """Merge the chief's progress; ``waitingFor`` (ring members the chief still waits for at
+    start-up) is never carried over, and names them in the Running condition's message."""
     if update := observe.chief_progress(job, pods):
-        f.status["progress"] = {**f.status.get("progress", {}), **update}
+        old = {k: v for k, v in f.status.get("progress", {}).items() if k != "waitingFor"}
+        f.status["progress"] = {**old, **update}
+        waiting = update.get("waitingFor")
+        if f.state == RUNNING and any(c.get("type") == RUNNING and c.get("status") == "True"
+                                      for c in f.status.get("conditions", [])):
+            f.condition(RUNNING, True, REASON_RUNNING,
+                        f"waiting for {', '.join(waiting)}" if waiting else
+                        "all pods are running")

@@ -1,6 +1,6 @@
 """The Helm chart on the real cluster: `helm install` runs the operator in-cluster as a
 Deployment from the image built from the project's Dockerfile, with the chart's least-privilege
-RBAC, and a 2-worker TrainingJob then trains over the gRPC ring to Succeeded."""
+RBAC, and a 2-worker TrainingJob then trains over the ring (grpc+tcp data path) to Succeeded."""
 
 from __future__ import annotations
 

@@ -99,8 +99,9 @@ def test_trainer_pod_runs_ringtrain_worker_with_every_flag():
         "--eval-every", "10", "--optimizer", "sgd",
         "--lr", "0.05", "--lr-decay", "1", "--lr-decay-epochs", "1",
         "--ipus-per-worker", "2", "--ipu-memory-mb", "900", "--no-variables-on-host",
-        "--bucket-mb", "0.5", "--ring-transport", "tcp", "--ring-step-timeout-s", "30",
-        "--ring-connect-timeout-s", "120", "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
+        "--bucket-mb", "0.5", "--ring-transport", "grpc+tcp", "--ring-step-timeout-s", "30",
+        "--ring-connect-timeout-s", "120", "--ring-health-timeout-s", "3",
+        "--ring-stall-warning-s", "60", "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
         "--checkpoint-keep", "3", "--metrics-port", "9400", "--json",
         "--termination-log", "/dev/termination-log"]
     env = {e["name"]: e["value"] for e in c["env"]}
@@ -267,3 +268,20 @@ def test_checkpoint_keep_reaches_the_workers_checkpoint_manager(tmp_path):
         spec.load(job_obj(trainer={"checkpoint": {"keep": 0}}))
     with pytest.raises(spec.InvalidSpec, match="--checkpoint-keep must be at least 1"):
         TrainerConfig.from_args(["--checkpoint-keep", "0"], {})
+
+
+def test_ring_workers_declare_the_side_channel_and_probe_the_grpc_health_service():
+    """exec (default: any cluster) runs `ringtrain health` on the ring port; grpc is the
+    kubelet's own gRPC probe (>= 1.24); none leaves them out."""
+    j = spec.load(job_obj(workers=2, trainer={}))
+    c = manifests.pod(j, j.replica("worker"), 0)["spec"]["containers"][0]
+    assert {"name": "ring-data", "containerPort": 2223, "protocol": "TCP"} in c["ports"]
+    assert c["livenessProbe"]["exec"]["command"][:2] == ["ringtrain", "health"]
+    assert "127.0.0.1:2222" in c["readinessProbe"]["exec"]["command"]
+    grpc_form = manifests.worker_probes("grpc")
+    assert grpc_form["livenessProbe"]["grpc"] == {"port": 2222}
+    assert manifests.worker_probes("none") == {}
+    assert manifests.probe_form({manifests.PROBE_ENV: "grpc"}) == "grpc"
+    single = spec.load(job_obj(workers=1, trainer={}))
+    assert "livenessProbe" not in manifests.pod(single, single.replica("worker"), 0)[
+        "spec"]["containers"][0]

@@ -24,7 +24,7 @@ def test_defaults_come_from_the_crd():
     assert (t.bucket_mb, t.checkpoint_dir, t.checkpoint_every) == (25.0, "/checkpoints", 0)
     assert t.checkpoint_volume is None
     assert (t.ring_transport, t.ring_step_timeout_s, t.ring_connect_timeout_s) == (
-        "tcp", 30.0, 120.0)
+        "grpc+tcp", 30.0, 120.0)
     assert all(isinstance(x, float) for x in (t.bucket_mb, t.ring_step_timeout_s, t.lr))
     assert j.run_policy == spec.RunPolicy(backoff_limit=6, active_deadline_s=None,
                                           ttl_after_finished_s=None, clean_pod_policy="Running",

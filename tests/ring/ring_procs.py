@@ -38,20 +38,31 @@ class Ring:
             results.append((p.returncode, [json.loads(x) for x in out.splitlines() if x]))
         return results
 
+    def start_rank(self, rank: int) -> None:
+        env = dict(os.environ, RINGTRAIN_TOKEN=self.token.decode())
+        self.procs[rank] = subprocess.Popen(
+            [sys.executable, str(WORKER), *self.argv, "--rank", str(rank),
+             *self.extra.get(rank, [])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
     def kill(self) -> None:
         for p in self.procs:
+            if p is None:
+                continue
             if p.poll() is None:
                 p.kill()
-                p.communicate()
+            p.communicate()  # also closes the pipes of one that ended by itself
 
 
-def start(world: int, scenario: str, transport: str = "tcp", *args: str) -> Ring:
+def start(world: int, scenario: str, transport: str = "grpc+tcp", *args: str,
+          ranks: list[int] | None = None, extra: dict[int, list[str]] | None = None) -> Ring:
+    """Start ``ranks`` (default: all) of a ``world``-member ring; :meth:`Ring.start_rank`
+    starts the others later. ``extra`` adds arguments for single ranks."""
     token = new_token().encode()
     addresses = loopback_addresses(world)
-    env = dict(os.environ, RINGTRAIN_TOKEN=token.decode())
-    procs = [subprocess.Popen([sys.executable, str(WORKER), scenario, "--rank", str(r),
-                               "--addresses", ",".join(addresses), "--transport", transport,
-                               *args],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-             for r in range(world)]
-    return Ring(procs, addresses, token)
+    ring = Ring([None] * world, addresses, token)
+    ring.argv = [scenario, "--addresses", ",".join(addresses), "--transport", transport, *args]
+    ring.extra = extra or {}
+    for r in (range(world) if ranks is None else ranks):
+        ring.start_rank(r)
+    return ring

@@ -112,23 +112,36 @@ def main(argv: list[str]) -> int:
                                                "metrics"])
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--addresses", required=True)
-    p.add_argument("--transport", default="tcp")
+    p.add_argument("--transport", default="grpc+tcp")
     p.add_argument("--sizes", default="0,1,2,3,5,1000,262147")
     p.add_argument("--chunk-bytes", type=int, default=4096)
     p.add_argument("--step-timeout-s", type=float, default=20.0)
     p.add_argument("--connect-timeout-s", type=float, default=20.0)
     p.add_argument("--ops", type=int, default=1000, help="collectives in the rss scenario")
     p.add_argument("--steps", type=int, default=3, help="training steps in the worker scenario")
+    p.add_argument("--health-timeout-s", type=float, default=3.0)
+    p.add_argument("--stall-s", type=float, default=60.0)
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve the trainer's /metrics and /status, fed by the ring")
     a = p.parse_args(argv)
     addresses = a.addresses.split(",")
     spec = ClusterSpec(cluster={"worker": tuple(addresses)}, task_index=a.rank)
     world, rank = len(addresses), a.rank
     sizes = [int(s) for s in a.sizes.split(",")]
-    coll = None
+    coll = server = observer = None
+    if a.metrics_port:
+        from ringtrain_trainer.metrics import MetricsServer, RingMetrics, TrainerMetrics
+        from ringtrain_trainer.ring import data_path
+
+        metrics = TrainerMetrics()
+        server = MetricsServer(metrics, a.metrics_port)
+        observer = RingMetrics(metrics, data_path(a.transport))
     try:
         coll = connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(), transport=a.transport,
                        chunk_bytes=a.chunk_bytes, step_timeout_s=a.step_timeout_s,
-                       connect_timeout_s=a.connect_timeout_s)
+                       connect_timeout_s=a.connect_timeout_s,
+                       health_timeout_s=a.health_timeout_s, stall_s=a.stall_s,
+                       observer=observer)
         if a.scenario == "allreduce":
             check_allreduce(coll, sizes, world, rank, step=1)
             check_broadcast(coll, sizes[-1], world, rank)
@@ -140,7 +153,7 @@ def main(argv: list[str]) -> int:
             ring_metrics(coll, world, rank, sizes[-1])
         elif a.scenario == "pause":
             check_allreduce(coll, sizes, world, rank, step=1)
-            emit(event="ready", rank=rank)
+            emit(event="ready", rank=rank, data_port=getattr(coll.control, "data_port", None))
             if rank == 1:
                 sys.stdin.readline()
             check_allreduce(coll, sizes, world, rank, step=2)
@@ -161,7 +174,7 @@ def main(argv: list[str]) -> int:
                 if step == 0:
                     emit(event="started", rank=rank)
                 step += 1
-        emit(event="done", rank=rank, refused=getattr(coll.transport, "refused", None))
+        emit(event="done", rank=rank, refused=getattr(coll, "refused", None))
         return 0
     except RingtrainError as e:
         emit(event="error", rank=rank, type=type(e).__name__, message=str(e),
@@ -170,6 +183,8 @@ def main(argv: list[str]) -> int:
     finally:
         if coll is not None:
             coll.close()
+        if server is not None:
+            server.close()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ SEG = N * 4 // 2
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("transport", ["tcp", "grpc"])
+@pytest.mark.parametrize("transport", ["grpc+tcp", "grpc"])
 def test_ring_bytes_allreduce_seconds_and_errors_are_exported(transport):
     ring = ring_procs.start(2, "metrics", transport, "--sizes", str(N))
     try:

@@ -17,7 +17,7 @@ from ringtrain_trainer.ring.grpc_transport import call_metadata
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
 from ringtrain.cluster import split_address
 
-TRANSPORTS = ["tcp", "grpc"]
+TRANSPORTS = ["grpc+tcp", "grpc"]
 #: sizes the "pause" scenario reduces per step (ring_worker's default list)
 STEP_SIZES = [0, 1, 2, 3, 5, 1000, 262147]
 
@@ -58,11 +58,13 @@ def wrong_token_joins(ring: ring_procs.Ring, transport: str) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_stranger_on_the_tcp_port_is_refused_while_the_ring_keeps_working():
-    ring = ring_procs.start(2, "pause", "tcp")
+def test_a_stranger_on_the_tcp_side_channel_is_refused_while_the_ring_keeps_working():
+    ring = ring_procs.start(2, "pause", "tcp")  # the old name of grpc+tcp still works
     try:
-        assert [ring.event(r)["event"] for r in (0, 1)] == ["ready", "ready"]
-        host, port = split_address(ring.addresses[0])
+        ready = [ring.event(r) for r in (0, 1)]
+        assert [e["event"] for e in ready] == ["ready", "ready"]
+        host, _ = split_address(ring.addresses[0])
+        port = ready[0]["data_port"]  # the side channel, as rank 0 announced it over gRPC
         # 1: garbage instead of a handshake: one refusal byte, then closed
         with socket.create_connection((host, port), timeout=10) as s:
             assert s.recv(21).startswith(b"RTRH")

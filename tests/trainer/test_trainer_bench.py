@@ -30,7 +30,7 @@ def test_bench_step_two_workers_over_the_real_ring_reports_throughput_and_overla
                           "--json"])
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
-    assert (r["workers"], r["global_batch"], r["transport"]) == (2, 128, "tcp")
+    assert (r["workers"], r["global_batch"], r["transport"]) == (2, 128, "grpc+tcp")
     assert len(r["samples_per_s_per_worker"]) == 2 and min(r["samples_per_s_per_worker"]) > 0
     # synchronous: each repeat lasts as long as its slowest worker
     assert 0 < r["global_samples_per_s"] <= 2 * min(r["samples_per_s_per_worker"]) + 0.2

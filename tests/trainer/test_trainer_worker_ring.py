@@ -39,7 +39,8 @@ def test_ring_flags_reach_the_config_and_bad_values_are_refused():
                                    "--ring-connect-timeout-s", "5"], {})
     assert (cfg.ring_transport, cfg.ring_step_timeout_s, cfg.ring_connect_timeout_s) == (
         "grpc", 90.0, 5.0)
-    assert TrainerConfig.from_args([], {}).ring_transport == "tcp"
+    assert TrainerConfig.from_args([], {}).ring_transport == "grpc+tcp"
+    assert TrainerConfig.from_args(["--ring-transport", "tcp"], {}).ring_transport == "tcp"
     for flag in ("--ring-step-timeout-s", "--ring-connect-timeout-s"):
         with pytest.raises(InvalidSpec, match=flag):
             TrainerConfig.from_args([flag, "0"], {})
@@ -53,9 +54,11 @@ def test_the_worker_hands_its_ring_flags_to_ring_connect(monkeypatch):
     env = {"RINGTRAIN_TOKEN": "t", "TF_CONFIG": cluster.build({"worker": ["a:1", "b:2"]},
                                                               "worker", 0)}
     cfg = TrainerConfig.from_args(["--ring-transport", "grpc", "--ring-step-timeout-s", "7",
-                                   "--ring-connect-timeout-s", "9"], env)
+                                   "--ring-connect-timeout-s", "9", "--ring-health-timeout-s",
+                                   "4", "--ring-stall-warning-s", "11"], env)
     assert worker.connect(cfg) == "ring"
-    assert seen == {"transport": "grpc", "step_timeout_s": 7.0, "connect_timeout_s": 9.0}
+    assert seen == {"transport": "grpc", "step_timeout_s": 7.0, "connect_timeout_s": 9.0,
+                    "health_timeout_s": 4.0, "stall_s": 11.0, "observer": None}
 
 
 @pytest.mark.timeout(180)

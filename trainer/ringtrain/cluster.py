@@ -51,6 +51,13 @@ class ClusterSpec:
         return tuple(a for role in RING_ROLES for a in self.cluster.get(role, ()))
 
     @property
+    def ring_names(self) -> tuple[str, ...]:
+        """The ring members' task names in rank order (``chief-0``, ``worker-0``, …): how
+        logs, ``/status`` and the operator name a rank."""
+        return tuple(f"{role}-{i}" for role in RING_ROLES
+                     for i in range(len(self.cluster.get(role, ()))))
+
+    @property
     def in_ring(self) -> bool:
         return self.task_type in RING_ROLES
 

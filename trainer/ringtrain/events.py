@@ -92,6 +92,11 @@ class Status(_Record):
     samples_per_s: float | None = None
     test_accuracy: float | None = None
     phase: str | None = "Starting"
+    #: at start-up, the ring members (task names, ``worker-2``) that have not answered yet
+    waiting_for: list[str] | None = None
+    #: a collective waiting past the stall threshold: its seq, step, tag, waited_s and the
+    #: ranks that have not delivered (``missing``: rank, name, where it is); None otherwise
+    stalled: dict | None = None
 
 
 Event = Progress | Eval | Final

@@ -175,10 +175,14 @@ GROUPS: tuple[Group, ...] = (
         Option("bucket_mb", float, 25.0, crd="bucketMB", minimum=0.001, maximum=4096, metavar="F",
                help="gradient fusion bucket size for the allreduce (MiB, DDP-style buckets)",
                description="gradient fusion bucket size for the allreduce (DDP-style buckets)"),
-        Option("ring_transport", str, "tcp", crd="ring.transport", choices=("tcp", "grpc"),
-               help="ring data path: raw TCP (HMAC-authenticated) or all-gRPC; the same on every "
-                    "worker of a job",
-               description="raw TCP data path (HMAC-authenticated) or all-gRPC"),
+        Option("ring_transport", str, "grpc+tcp", crd="ring.transport",
+               choices=("grpc+tcp", "grpc", "tcp"),
+               help="ring data path: grpc+tcp (tensors on a raw TCP side channel opened through "
+                    "gRPC, the faster), grpc (tensors in gRPC streams); tcp is the old name of "
+                    "grpc+tcp; the same on every worker of a job",
+               description="grpc+tcp: tensors on a raw TCP side channel opened through the gRPC "
+                           "control plane (the faster); grpc: tensors in gRPC streams; tcp: old "
+                           "name of grpc+tcp"),
         Option("ring_step_timeout_s", float, 30.0, crd="ring.stepTimeoutSeconds", minimum=0,
                exclusive_minimum=True, maximum=86400, metavar="F",
                help="a collective fails (retryable exit 138) when a peer is silent this long"),
@@ -186,6 +190,14 @@ GROUPS: tuple[Group, ...] = (
                minimum=0, exclusive_minimum=True, maximum=86400, metavar="F",
                help="how long peers that are not up yet are retried at start-up",
                description="how long peers not yet up are retried at start-up"),
+        Option("ring_health_timeout_s", float, 3.0, crd="ring.healthTimeoutSeconds", minimum=0,
+               exclusive_minimum=True, maximum=3600, metavar="F",
+               help="a ring neighbour that answers no health check this long while a "
+                    "collective waits is left as frozen or cut off (retryable exit 138)"),
+        Option("ring_stall_warning_s", float, 60.0, crd="ring.stallWarningSeconds", minimum=0,
+               exclusive_minimum=True, maximum=86400, metavar="F",
+               help="a collective waiting this long is logged, counted and reported in /status "
+                    "with the ranks it waits for"),
     )),
     Group("checkpoint", (
         Option("checkpoint_dir", str, None, crd="checkpoint.path", crd_default="/checkpoints",

@@ -165,8 +165,9 @@ def main(argv: list[str]) -> int:
                    help="repeat the whole comparison, interleaved (medians over all rounds)")
     p.add_argument("--chunk-kib", type=int, default=DEFAULT_CHUNK_BYTES // 1024,
                    help="ring chunk size in KiB (default %(default)s)")
-    p.add_argument("--transport", action="append", choices=["tcp", "grpc"],
-                   help="ring transport(s) to measure (repeatable; default tcp)")
+    p.add_argument("--transport", action="append", choices=["grpc+tcp", "grpc", "tcp"],
+                   help="ring data path(s) to measure (repeatable; default grpc+tcp; tcp: old "
+                        "name of grpc+tcp)")
     p.add_argument("--baseline", action="append", choices=["gloo", "mpi"], default=[],
                    help="also measure torch.distributed gloo / mpi4py (repeatable)")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
@@ -181,7 +182,8 @@ def main(argv: list[str]) -> int:
         return 0
     if a.workers < 2:
         p.error("--workers must be at least 2 (one process has nothing to reduce)")
-    impls = [f"ring-{t}" for t in (a.transport or ["tcp"])] + a.baseline
+    impls = [f"ring-{ {'tcp': 'grpc+tcp'}.get(t, t)}" for t in (a.transport or ["grpc+tcp"])
+             ] + a.baseline
     load_before = os.getloadavg()[0]
     times: dict[tuple[str, float], tuple[list, list]] = {}
     for _ in range(a.rounds):  # interleaved, so a change in machine load hits every impl

@@ -50,8 +50,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0,
                    help="CPUs for each side: torch threads, IPU host threads (0: all usable)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
-    p.add_argument("--transport", default="tcp", choices=("tcp", "grpc"),
-                   help="ring transport with --workers > 1")
+    p.add_argument("--transport", default="grpc+tcp", choices=("grpc+tcp", "grpc", "tcp"),
+                   help="ring data path with --workers > 1 (tcp: old name of grpc+tcp)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -278,7 +278,8 @@ def bench_step_workers(args) -> dict:
     return {
         "bench": "step", "workers": n, "model": args.model, "batch_size": args.batch_size,
         "global_batch": n * args.batch_size, "threads_per_worker": threads, "cpus": cpus,
-        "transport": args.transport, "steps": args.steps, "repeats": args.repeats,
+        "transport": {"tcp": "grpc+tcp"}.get(args.transport, args.transport),
+        "steps": args.steps, "repeats": args.repeats,
         "samples_per_s_per_worker": [round(x, 1) for x in per_worker],
         "global_samples_per_s": round(global_sps, 1),
         "single_worker_samples_per_s": round(single_sps, 1),

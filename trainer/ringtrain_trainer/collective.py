@@ -1,7 +1,8 @@
 """The collective interface the training loop talks to, and its one-process implementation.
 
-The step loop never knows whether it runs alone, on a gRPC ring or under MPI: it calls these
-methods on float32 numpy buffers, in place. ``trainer.ring`` provides the gRPC ring,
+The step loop never knows whether it runs alone, on the ring or under MPI: it calls these
+methods on float32 numpy buffers, in place. ``trainer.ring`` provides the ring (gRPC control
+plane; data path ``grpc+tcp`` or ``grpc``),
 ``trainer.mpi`` the Open MPI backend (the seeds' Horovod path).
 """
 
@@ -33,6 +34,10 @@ class Collective(ABC):
     def barrier(self) -> None:
         """Return once every rank has called it."""
         self.broadcast_(np.zeros(1, np.float32))
+
+    def fail(self, reason: str) -> None:
+        """This member leaves because of a failure: tell the others, so that they leave at
+        once instead of waiting for a timeout (the ring does; nothing to tell here)."""
 
     def close(self) -> None:
         """Release sockets and threads; idempotent."""

@@ -30,10 +30,14 @@ RING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 
 
 class RingMetrics(RingObserver):
-    """The ring's own figures for one data path (``transport`` = tcp | grpc), bound to their
-    label children once here, so that a collective only adds numbers to existing series."""
+    """The ring's own figures for one data path (``transport`` = grpc+tcp | grpc), bound to
+    their label children once here, so that a collective only adds numbers to existing series.
+    The control plane's reports (peers still missing at start-up, stalls) go to the metrics
+    and to ``/status``."""
 
     def __init__(self, metrics: "TrainerMetrics", transport: str) -> None:
+        self._metrics = metrics
+        self._stalls = metrics.ring_stalls.labels(transport=transport)
         self._sent = metrics.ring_bytes.labels(direction="sent", transport=transport)
         self._received = metrics.ring_bytes.labels(direction="received", transport=transport)
         self._seconds = metrics.ring_allreduce.labels(transport=transport)
@@ -49,6 +53,18 @@ class RingMetrics(RingObserver):
 
     def error(self, kind: str) -> None:
         self._errors[kind].inc()
+
+    def waiting(self, names: list[str]) -> None:
+        m = self._metrics
+        for name in set(m.waiting_names) | set(names):
+            m.ring_peer_missing.labels(peer=name).set(1 if name in names else 0)
+        m.waiting_names = list(names)
+        m.update_status(waiting_for=list(names) or None)
+
+    def stalled(self, report: dict | None) -> None:
+        if report is not None:
+            self._stalls.inc()
+        self._metrics.update_status(stalled=report)
 
 
 class TrainerMetrics:
@@ -94,6 +110,12 @@ class TrainerMetrics:
         self.ring_errors = Counter("ringtrain_ring_errors", "Times the ring broke, by kind "
                                    "(timeout, link, interrupted)", ["kind", "transport"],
                                    registry=r)
+        self.ring_stalls = Counter("ringtrain_ring_stalls", "Times a collective waited past the "
+                                   "stall threshold (each report)", ["transport"], registry=r)
+        self.ring_peer_missing = Gauge("ringtrain_ring_peer_missing", "1 while this worker waits "
+                                       "at start-up for the ring member named by peer",
+                                       ["peer"], registry=r)
+        self.waiting_names: list[str] = []
         self._last = IPUStats()
         self._status = events.Status()
         self._lock = threading.Lock()
@@ -102,6 +124,8 @@ class TrainerMetrics:
         """Export ``collective``'s ring statistics, if it is the ring (a single worker and
         Open MPI have none)."""
         transport = getattr(collective, "transport", None)
+        if isinstance(getattr(collective, "observer", None), RingMetrics):
+            return  # already reporting here (the worker hands it to ring.connect)
         if hasattr(collective, "observer") and transport is not None:
             collective.observer = RingMetrics(self, transport.name)
 

@@ -2,7 +2,7 @@
 
 Under ``mpirun -np N ringtrain worker --collective mpi`` the ranks come from MPI, not TF_CONFIG,
 and the data moves with Open MPI's own transports (shared memory on one host, TCP between
-hosts). The training semantics stay those of the gRPC ring: mean allreduce in place, broadcast
+hosts). The training semantics stay those of the ring: mean allreduce in place, broadcast
 from rank 0. mpi4py is an optional extra (``pip install ringtrain[mpi]``).
 """
 

@@ -1,8 +1,9 @@
 """`ringtrain worker`: one replica's training loop.
 
 Pipeline position: the edge of the trainer. ``main(argv)`` reads flags and environment once
-into a :class:`TrainerConfig`, connects the collective (none for a single worker, the gRPC ring
-when TF_CONFIG names peers, Open MPI with ``--collective mpi``), and runs :class:`Trainer`.
+into a :class:`TrainerConfig`, connects the collective (none for a single worker, the ring when
+TF_CONFIG names peers: gRPC control plane, data path ``grpc+tcp`` or ``grpc`` as
+``--ring-transport`` says; Open MPI with ``--collective mpi``), and runs :class:`Trainer`.
 Each step: gather this worker's shard of the global batch, stream it through the emulated IPU,
 whose backward hands each layer's gradient to the :class:`Reducer` (allreduce + optimizer,
 overlapped with the rest of backward). Every worker evaluates its share of the test set (so
@@ -44,8 +45,9 @@ from ringtrain_trainer.reducer import Reducer, StepCommStats
 PROGRESS_EVERY_S = 1.0
 
 
-def connect(cfg: TrainerConfig) -> Collective:
-    """The collective for this process: local, the gRPC ring, or Open MPI."""
+def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collective:
+    """The collective for this process: local, the ring, or Open MPI. The ring reports to
+    ``metrics`` from its start-up on (the peers it still waits for)."""
     if cfg.collective == "mpi":
         from ringtrain_trainer import mpi  # lazily: mpi4py is an optional extra
 
@@ -53,10 +55,15 @@ def connect(cfg: TrainerConfig) -> Collective:
     if cfg.cluster.world_size <= 1:
         return LocalCollective()
     from ringtrain_trainer import ring  # lazily: a single worker needs no gRPC
+    from ringtrain_trainer.metrics import RingMetrics
 
+    observer = None if metrics is None else RingMetrics(metrics, ring.data_path(
+        cfg.ring_transport))
     return ring.connect(cfg.cluster, cfg.token, transport=cfg.ring_transport,
                         step_timeout_s=cfg.ring_step_timeout_s,
-                        connect_timeout_s=cfg.ring_connect_timeout_s)
+                        connect_timeout_s=cfg.ring_connect_timeout_s,
+                        health_timeout_s=cfg.ring_health_timeout_s,
+                        stall_s=cfg.ring_stall_warning_s, observer=observer)
 
 
 class Reporter:
@@ -310,11 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     restore_signals = lambda: None  # noqa: E731
     try:
         cfg = TrainerConfig.from_args(argv)
-        collective = connect(cfg)
         metrics = TrainerMetrics()
-        metrics.watch_ring(collective)
-        if cfg.metrics_port:
+        if cfg.metrics_port:  # up before the ring, so /status names the peers it waits for
             server = MetricsServer(metrics, cfg.metrics_port)
+        collective = connect(cfg, metrics)
+        metrics.watch_ring(collective)
         trainer = Trainer(cfg, collective, metrics=metrics)
         restore_signals = _install_sigterm(trainer)
         with blas_limits(trainer.ipu.host_threads):
@@ -326,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # one place maps every failure to an exit code
         code = exit_code_for(e)
         print(f"ringtrain worker: {type(e).__name__}: {e}", file=sys.stderr)
+        if collective is not None:  # the peers leave at once instead of timing out
+            collective.fail(f"{type(e).__name__}: {e}")
         if trainer is not None:
             trainer.metrics.update_status(phase="Failed")
         log = _own_termination_log(

@@ -1,43 +1,64 @@
 """Ring allreduce between the workers of one job (see ``trainer.collective.Collective``).
 
-``connect(spec, token)`` is the whole public surface: it authenticates to both ring neighbours
-of this task (ordered by rank as ``ClusterSpec.ring`` lists them, listening on the port of this
-task's own TF_CONFIG address) and returns a ``Collective``. Layers, bottom up: ``schedule``
+``connect(spec, token)`` is the whole public surface: it starts this worker's gRPC server on the
+port of its own TF_CONFIG address (the control plane, ``control``), registers with every peer
+(the readiness barrier), opens the data path to both ring neighbours (ordered by rank as
+``ClusterSpec.ring`` lists them) and returns a ``Collective``. Layers, bottom up: ``schedule``
 (pure chunk plan), ``protocol`` (the per-collective header), ``auth`` (token checks),
-``tcp`` / ``grpc_transport`` (the wires), ``engine`` (the algorithm over a wire).
+``channels`` (every gRPC server and channel), ``control`` + ``watchdog`` (rendezvous, health,
+aborts, stall reports), ``tcp`` / ``grpc_transport`` (the data paths ``grpc+tcp`` and
+``grpc``), ``engine`` (the algorithm over a data path).
 """
 
 from __future__ import annotations
 
 from ringtrain import options
-from ringtrain.cluster import ClusterSpec
+from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain.errors import InvalidSpec, RingError
-from ringtrain_trainer.ring.engine import RingCollective
+from ringtrain_trainer.ring.engine import RingCollective, RingObserver
 from ringtrain_trainer.ring.transport import LinkError
+from ringtrain_trainer.ring import schedule
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
 
-#: Supported wires; ``tcp`` is the fast default, ``grpc`` the all-gRPC one.
+#: Accepted data path names: ``grpc+tcp`` (tensors on a raw TCP side channel opened through
+#: gRPC; the faster, default), ``grpc`` (tensors in gRPC streams) and ``tcp``, the old name of
+#: ``grpc+tcp``, kept as an alias.
 TRANSPORTS = options.TRANSPORTS
+ALIASES = {"tcp": "grpc+tcp"}
 DEFAULT_CONNECT_TIMEOUT_S: float = options.DEFAULTS["ring_connect_timeout_s"]
 DEFAULT_STEP_TIMEOUT_S: float = options.DEFAULTS["ring_step_timeout_s"]
+DEFAULT_HEALTH_TIMEOUT_S: float = options.DEFAULTS["ring_health_timeout_s"]
+DEFAULT_STALL_S: float = options.DEFAULTS["ring_stall_warning_s"]
 
-__all__ = ["connect", "RingCollective", "TRANSPORTS", "DEFAULT_CHUNK_BYTES",
+__all__ = ["connect", "data_path", "RingCollective", "TRANSPORTS", "DEFAULT_CHUNK_BYTES",
            "DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_STEP_TIMEOUT_S"]
+
+
+def data_path(transport: str) -> str:
+    """The data path a ``--ring-transport`` value runs (``tcp`` → ``grpc+tcp``)."""
+    if transport not in TRANSPORTS:
+        raise InvalidSpec(f"ring transport {transport!r}: choose one of {TRANSPORTS}")
+    return ALIASES.get(transport, transport)
 
 
 def connect(spec: ClusterSpec, token: bytes, *,
             connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
             step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-            transport: str = "tcp") -> Collective:
+            transport: str = "grpc+tcp",
+            health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S,
+            stall_s: float = DEFAULT_STALL_S,
+            observer: RingObserver | None = None) -> Collective:
     """Join the ring described by ``spec``; a single-member ring is a ``LocalCollective``.
 
-    Peers that are not up yet are retried with backoff until ``connect_timeout_s`` (then
-    ``PeerTimeout``); during collectives a silent peer fails the call after ``step_timeout_s``.
+    Peers that are not up yet (or whose names do not resolve yet) are retried with back-off
+    until ``connect_timeout_s`` (then ``PeerTimeout`` naming the missing ranks), reported to
+    ``observer.waiting`` meanwhile. During collectives a peer that aborts breaks the ring at
+    once, a neighbour silent to health checks for ``health_timeout_s`` within seconds, and a
+    silent data path after ``step_timeout_s``; a collective waiting ``stall_s`` is reported.
     """
-    if transport not in TRANSPORTS:
-        raise InvalidSpec(f"ring transport {transport!r}: choose one of {TRANSPORTS}")
+    path = data_path(transport)
     if spec.world_size == 1:
         return LocalCollective()
     if not spec.in_ring:
@@ -46,15 +67,54 @@ def connect(spec: ClusterSpec, token: bytes, *,
         raise InvalidSpec("ring token is empty: set RINGTRAIN_TOKEN_FILE or RINGTRAIN_TOKEN")
     if chunk_bytes < 4:
         raise InvalidSpec(f"chunk_bytes must be at least 4 (one float32), got {chunk_bytes}")
+    from ringtrain_trainer.ring import channels
+    from ringtrain_trainer.ring.control import ControlPlane, log
+    from ringtrain_trainer.ring.watchdog import Watchdog
+
+    observer = observer if observer is not None else RingObserver()
     rank, addresses = spec.rank, spec.ring
-    if transport == "tcp":
-        from ringtrain_trainer.ring.tcp import TcpTransport as wire_cls
-    else:
-        from ringtrain_trainer.ring.grpc_transport import GrpcTransport as wire_cls
     try:
-        wire = wire_cls.open(rank, addresses, token, connect_timeout_s=connect_timeout_s,
-                             step_timeout_s=step_timeout_s)
-    except LinkError as e:  # our own port is taken: retryable, a new pod may get it
+        control = ControlPlane(rank, addresses, spec.ring_names, token,
+                               split_address(addresses[rank])[1])
+    except channels.BindError as e:  # our own port is taken: retryable, a new pod may get it
         raise RingError(str(e), rank=rank, step=-1, peer=addresses[rank]) from None
-    return RingCollective(wire, rank, addresses, chunk_bytes=chunk_bytes,
-                          step_timeout_s=step_timeout_s)
+    listener = receiver = None
+    try:
+        if path == "grpc+tcp":
+            from ringtrain_trainer.ring.tcp import TcpTransport
+
+            listener = TcpTransport.listen(rank, addresses, token)
+            control.data_port = listener.port
+        else:
+            from ringtrain_trainer.ring.grpc_transport import GrpcTransport
+
+            receiver, handler = GrpcTransport.receiver(rank, len(addresses), token,
+                                                       step_timeout_s)
+            control.add_handlers(handler)
+        control.start()
+        answers = control.rendezvous(connect_timeout_s, observer.waiting)
+        log(f"rank {rank}: all {len(addresses)} ranks answered; data path {path}")
+        if listener is not None:
+            right = schedule.right(rank, len(addresses))
+            wire = TcpTransport.open(listener, rank, addresses, token,
+                                     int(answers[right]["data_port"]),
+                                     connect_timeout_s=connect_timeout_s,
+                                     step_timeout_s=step_timeout_s)
+        else:
+            wire = GrpcTransport.open(receiver, rank, addresses, token,
+                                      connect_timeout_s=connect_timeout_s,
+                                      step_timeout_s=step_timeout_s)
+    except LinkError as e:  # our own side-channel port is taken: retryable
+        control.close()
+        raise RingError(str(e), rank=rank, step=-1, peer=addresses[rank]) from None
+    except BaseException:
+        if listener is not None:
+            listener.close()
+        control.close()
+        raise
+    coll = RingCollective(wire, rank, addresses, chunk_bytes=chunk_bytes,
+                          step_timeout_s=step_timeout_s, control=control)
+    coll.observer = observer
+    control.attach(coll)
+    coll.watchdog = Watchdog(control, coll, health_timeout_s=health_timeout_s, stall_s=stall_s)
+    return coll

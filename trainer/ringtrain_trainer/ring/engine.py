@@ -9,9 +9,11 @@ granularity and the wire never waits for a whole segment. Socket calls and numpy
 the GIL, which is what makes two Python threads worth having.
 
 Any failure breaks the ring for good: the transport is closed (so neighbours see it at once
-instead of waiting for their timeout) and this and every later call raise ``RingError`` or
-``PeerTimeout`` naming rank, step and peer; the worker exits with the retryable code and the
-operator restarts the gang. Each finished collective and each break is reported to
+instead of waiting for their timeout), every peer is told over the control plane (``Abort``),
+and this and every later call raise ``RingError`` or ``PeerTimeout`` naming rank, step and
+peer; the worker exits with the retryable code and the operator restarts the gang. The control
+plane breaks the ring from outside the same way (:meth:`RingCollective.interrupt`) when a peer
+aborts or its watchdog finds a neighbour frozen. Each finished collective and each break is reported to
 ``observer`` (a :class:`RingObserver`), which the trainer's metrics replace.
 """
 
@@ -32,6 +34,9 @@ from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 _FLOAT = np.dtype(np.float32)
 _BARRIER_TAG = -1
+#: How long a broken link waits for the peer's own Abort, which names the root cause (the peer
+#: may have closed the link because *its* neighbour died) before blaming that peer.
+ABORT_WAIT_S = 0.3
 
 
 def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str,
@@ -42,8 +47,9 @@ def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str,
     return cls(f"{what}: {exc}", rank=rank, step=step, peer=peer)
 
 
-#: How a ring breaks: a silent peer, a failed link, or a collective interrupted half-way.
-ERROR_KINDS = ("timeout", "link", "interrupted")
+#: How a ring breaks: a silent peer, a failed link, a collective interrupted half-way, a peer
+#: that told us it failed, or a neighbour the watchdog's health checks lost.
+ERROR_KINDS = ("timeout", "link", "interrupted", "aborted", "lost")
 #: What a finished collective was (a barrier is an allreduce that only measures waiting).
 COLLECTIVE_KINDS = ("allreduce", "broadcast", "barrier")
 
@@ -59,6 +65,13 @@ class RingObserver:
 
     def error(self, kind: str) -> None:
         """The ring broke; ``kind`` is one of ``ERROR_KINDS``."""
+
+    def waiting(self, names: list[str]) -> None:
+        """At start-up: the peers (task names) that have not answered yet; [] once all did."""
+
+    def stalled(self, report: dict | None) -> None:
+        """A collective has waited past the stall threshold: what it waits for (a dict of
+        seq, step, tag, waited_s and the missing ranks); None once it moved on."""
 
 
 class _Sender:
@@ -123,7 +136,8 @@ class RingCollective(Collective):
 
     def __init__(self, transport: Transport, rank: int, addresses: tuple[str, ...], *,
                  chunk_bytes: int = schedule.DEFAULT_CHUNK_BYTES,
-                 step_timeout_s: float = options.DEFAULTS["ring_step_timeout_s"]) -> None:
+                 step_timeout_s: float = options.DEFAULTS["ring_step_timeout_s"],
+                 control=None) -> None:
         if chunk_bytes < _FLOAT.itemsize:
             raise ValueError(f"chunk_bytes must be >= {_FLOAT.itemsize}, got {chunk_bytes}")
         self.rank, self.size = rank, len(addresses)
@@ -137,6 +151,47 @@ class RingCollective(Collective):
         self._closed = False
         self.observer = RingObserver()
         self._sent = self._received = 0
+        #: the collective in flight and since when (monotonic), read by the watchdog
+        self.position: tuple[OpHeader, float] | None = None
+        self.control = control  # a ring.control.ControlPlane, or None (tests' bare rings)
+        self.watchdog = None
+        self._interrupted = threading.Event()
+
+    @property
+    def started(self) -> int:
+        """Collectives begun so far on this rank (the next one's ``seq``)."""
+        return self._seq
+
+    @property
+    def broken(self) -> bool:
+        return self._broken is not None
+
+    @property
+    def refused(self) -> int:
+        """Connections and calls refused so far, on the data path and the control plane."""
+        own = getattr(self.transport, "refused", 0) or 0
+        return own + (self.control.refused if self.control is not None else 0)
+
+    def interrupt(self, err: RingError, kind: str, *, tell_peers: bool) -> None:
+        """Break the ring from another thread (a peer's Abort, the watchdog): a collective in
+        flight fails at once with ``err``, and so does every later one."""
+        if self._broken is not None:
+            return
+        self._broken = err
+        self._interrupted.set()
+        self.observer.error(kind)
+        if tell_peers:
+            self._tell_peers(str(err), isinstance(err, PeerTimeout))
+        self.transport.abort()
+
+    def fail(self, reason: str) -> None:
+        """This worker is leaving because of a failure outside the ring (an exception in the
+        step loop): tell the peers so that they leave at once too."""
+        self._tell_peers(reason)
+
+    def _tell_peers(self, reason: str, timeout: bool = False) -> None:
+        if self.control is not None:
+            self.control.tell_peers(reason, timeout)
 
     @property
     def left_peer(self) -> str:
@@ -171,9 +226,13 @@ class RingCollective(Collective):
         if self._closed:
             return
         self._closed = True
+        if self.watchdog is not None:
+            self.watchdog.stop()
         self.transport.abort()
         self._sender.stop()
         self.transport.close()
+        if self.control is not None:
+            self.control.close()
 
     # -- machinery ----------------------------------------------------------------------------
 
@@ -201,6 +260,13 @@ class RingCollective(Collective):
         The observer hears of it once it is complete, sends included."""
         if self.size == 1:
             return
+        self.position = (header, time.monotonic())
+        try:
+            self._run(header, body, kind)
+        finally:
+            self.position = None
+
+    def _run(self, header: OpHeader, body, kind: str) -> None:
         start = time.perf_counter()
         self._sent = self._received = 0
         done = threading.Event()
@@ -226,6 +292,7 @@ class RingCollective(Collective):
                                           what=f"interrupted {header.describe()}")
                 self.transport.abort()
                 self.observer.error("interrupted")
+                self._tell_peers(str(self._broken))
             raise
         finally:
             finish_sends()
@@ -236,12 +303,16 @@ class RingCollective(Collective):
         self.observer.collective(kind, time.perf_counter() - start, self._sent, self._received)
 
     def _break(self, exc: LinkError, header: OpHeader, peer: str, what: str) -> None:
+        if self._broken is None and self.control is not None and not isinstance(
+                exc, LinkTimeout):
+            self._interrupted.wait(ABORT_WAIT_S)
         if self._broken is None:
             err = ring_error(exc, rank=self.rank, step=header.step, peer=peer,
                              what=f"{what} {header.describe()}")
             self._broken = err
             self.transport.abort()
             self.observer.error("timeout" if isinstance(err, PeerTimeout) else "link")
+            self._tell_peers(str(err), isinstance(err, PeerTimeout))
         raise self._broken
 
     def _send(self, mv: memoryview, a: int, b: int) -> None:

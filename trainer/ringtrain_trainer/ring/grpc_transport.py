@@ -1,7 +1,8 @@
 """The all-gRPC transport: one client stream per collective to the right neighbour.
 
-Each rank serves ``ringtrain.Ring`` on its TF_CONFIG port with two raw-bytes methods (no
-protobuf: messages are the tensor bytes themselves):
+Each rank serves ``ringtrain.Ring`` on its TF_CONFIG port, in the same gRPC server as the
+control plane (``ring.control``), with two raw-bytes methods (no protobuf: messages are the
+tensor bytes themselves):
 
 - ``Hello`` (unary) at start-up: the ring's rendezvous; proves the token and the caller's rank.
 - ``Push`` (client streaming): one call per collective, its header in the metadata, one
@@ -11,7 +12,7 @@ protobuf: messages are the tensor bytes themselves):
   Accepted chunks go to the receiver through a queue and are reduced straight out of gRPC's
   ``bytes`` (``np.frombuffer``), so the only copies are the ones grpcio itself makes.
 
-Slower than ``tcp`` (grpcio copies every message), but it needs nothing but gRPC and serves as
+Slower than ``grpc+tcp`` (grpcio copies every message), but it needs nothing but gRPC and serves as
 the reference path.
 """
 
@@ -20,14 +21,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from concurrent import futures
-
 import grpc
 import numpy as np
 
-from ringtrain.cluster import split_address
 from ringtrain.errors import InvalidSpec, PeerTimeout, Unauthenticated
-from ringtrain_trainer.ring import auth, schedule
+from ringtrain_trainer.ring import auth, channels, schedule
 from ringtrain_trainer.ring.protocol import Mismatch, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
@@ -37,14 +35,7 @@ _PUSH = f"/{SERVICE}/Push"
 _RANK_KEY, _WORLD_KEY, _OP_KEY = "ringtrain-rank", "ringtrain-world", "ringtrain-op-bin"
 _END = object()
 
-#: Unlimited message sizes and large HTTP/2 windows: chunks are ~1 MiB.
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
-    ("grpc.http2.bdp_probe", 1),
-    ("grpc.so_reuseport", 0),
-]
+CHANNEL_OPTIONS = channels.OPTIONS
 
 _MISMATCH_STATUS = {
     Mismatch.MALFORMED: grpc.StatusCode.INVALID_ARGUMENT,
@@ -167,13 +158,14 @@ def _rpc_failure(e: BaseException, what: str, *, send_side: bool = False) -> Lin
 
 
 class GrpcTransport(Transport):
-    """A gRPC server for the left link and a channel to the right neighbour's server."""
+    """Handlers in this worker's gRPC server for the left link and a channel to the right
+    neighbour's server; the server itself belongs to the control plane."""
 
     name = "grpc"
 
-    def __init__(self, server: grpc.Server, receiver: _Receiver, channel: grpc.Channel,
+    def __init__(self, receiver: _Receiver, channel: grpc.Channel,
                  token: bytes, rank: int, world: int, step_timeout_s: float) -> None:
-        self._server, self._receiver, self._channel = server, receiver, channel
+        self._receiver, self._channel = receiver, channel
         self._push = channel.stream_unary(_PUSH)
         self._token, self._rank, self._world = token, rank, world
         self._timeout = step_timeout_s
@@ -189,28 +181,23 @@ class GrpcTransport(Transport):
         """Calls refused so far by this rank's server."""
         return self._receiver.refused
 
-    @classmethod
-    def open(cls, rank: int, addresses: tuple[str, ...], token: bytes, *,
-             connect_timeout_s: float, step_timeout_s: float) -> "GrpcTransport":
-        world = len(addresses)
-        _, port = split_address(addresses[rank])
+    @staticmethod
+    def receiver(rank: int, world: int, token: bytes,
+                 step_timeout_s: float) -> tuple[_Receiver, grpc.GenericRpcHandler]:
+        """The server side, to be added to the worker's gRPC server before it starts."""
         receiver = _Receiver(token, rank, world, step_timeout_s)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ring"),
-                             options=CHANNEL_OPTIONS)
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+        return receiver, grpc.method_handlers_generic_handler(SERVICE, {
             "Hello": grpc.unary_unary_rpc_method_handler(receiver.hello_rpc),
             "Push": grpc.stream_unary_rpc_method_handler(receiver.push_rpc),
-        }),))
-        try:
-            bound = server.add_insecure_port(f"0.0.0.0:{port}")
-        except RuntimeError:  # newer grpcio raises where older ones returned 0
-            bound = 0
-        if not bound:
-            raise LinkError(f"cannot listen on 0.0.0.0:{port}")
-        server.start()
+        })
+
+    @classmethod
+    def open(cls, receiver: _Receiver, rank: int, addresses: tuple[str, ...], token: bytes, *,
+             connect_timeout_s: float, step_timeout_s: float) -> "GrpcTransport":
+        world = len(addresses)
         left_rank, right_rank = schedule.neighbours(rank, world)
         right = addresses[right_rank]
-        channel = grpc.insecure_channel(right, options=CHANNEL_OPTIONS)
+        channel = channels.channel(right)
         try:
             start = time.monotonic()
             cls._hello(channel, token, rank, world, right, connect_timeout_s)
@@ -222,9 +209,8 @@ class GrpcTransport(Transport):
         except BaseException:
             channel.close()
             receiver.close()
-            server.stop(None)
             raise
-        return cls(server, receiver, channel, token, rank, world, step_timeout_s)
+        return cls(receiver, channel, token, rank, world, step_timeout_s)
 
     @staticmethod
     def _hello(channel: grpc.Channel, token: bytes, rank: int, world: int, peer: str,
@@ -357,4 +343,3 @@ class GrpcTransport(Transport):
     def close(self) -> None:
         self.abort()
         self._channel.close()
-        self._server.stop(grace=1.0)  # a graceful GOAWAY: peers do not log an error

@@ -1,4 +1,10 @@
-"""The raw TCP transport: one authenticated stream per ring neighbour, bytes straight into numpy.
+"""The ``grpc+tcp`` data path: one authenticated raw TCP stream per ring neighbour, bytes
+straight into numpy, opened through the gRPC control plane (the precedent is TensorFlow's own
+``grpc+verbs`` and ``grpc+mpi`` server protocols: gRPC for control, another wire for tensors).
+
+The side channel listens on the ring port + 1 (``ring-data`` in the pod) or, where that is
+taken (several workers on one host), on any free port; either way its port is announced in the
+control plane's ``Register`` answer, so peers connect to what was actually bound.
 
 grpcio hands every message over as a fresh ``bytes`` object, so each chunk is copied and
 allocated twice; gloo instead reduces out of reused buffers. This transport does what gloo does
@@ -44,7 +50,7 @@ class Listener:
     """
 
     def __init__(self, port: int, token: bytes, world: int, left_rank: int,
-                 host: str = "0.0.0.0") -> None:
+                 host: str = "0.0.0.0", *, fallback: bool = False) -> None:
         self._token, self._world, self._left_rank = token, world, left_rank
         self._lock = threading.Lock()
         self._left: socket.socket | None = None
@@ -55,10 +61,16 @@ class Listener:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            self._sock.bind((host, port))
+            try:
+                self._sock.bind((host, port))
+            except OSError:
+                if not fallback:
+                    raise
+                self._sock.bind((host, 0))
         except OSError as e:
             self._sock.close()
             raise LinkError(f"cannot listen on {host}:{port}: {e}") from None
+        self.port = self._sock.getsockname()[1]
         self._sock.listen(16)
         self._thread = threading.Thread(target=self._accept_loop, name="ring-listener",
                                         daemon=True)
@@ -173,7 +185,7 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 class TcpTransport(Transport):
     """Two authenticated sockets: ``right`` carries our bytes out, ``left`` brings bytes in."""
 
-    name = "tcp"
+    name = "grpc+tcp"
 
     def __init__(self, listener: Listener, right: socket.socket, left: socket.socket,
                  step_timeout_s: float) -> None:
@@ -183,16 +195,26 @@ class TcpTransport(Transport):
         self._scratch = np.empty(0, np.float32)
         self._closed = False
 
+    @staticmethod
+    def listen(rank: int, addresses: tuple[str, ...], token: bytes) -> Listener:
+        """The side channel's listener on the ring port + 1, else on any free port."""
+        world = len(addresses)
+        _, port = split_address(addresses[rank])
+        return Listener(port + 1, token, world, schedule.neighbours(rank, world)[0],
+                        fallback=True)
+
     @classmethod
-    def open(cls, rank: int, addresses: tuple[str, ...], token: bytes, *,
-             connect_timeout_s: float, step_timeout_s: float) -> "TcpTransport":
+    def open(cls, listener: Listener, rank: int, addresses: tuple[str, ...], token: bytes,
+             right_data_port: int, *, connect_timeout_s: float,
+             step_timeout_s: float) -> "TcpTransport":
+        """Connect to the right neighbour's side channel (its port from the rendezvous) and
+        wait for the left neighbour's; the listener is closed on failure."""
         world = len(addresses)
         left_rank, right_rank = schedule.neighbours(rank, world)
-        _, port = split_address(addresses[rank])
-        listener = Listener(port, token, world, left_rank)
+        host, _ = split_address(addresses[right_rank])
         start = time.monotonic()
         try:
-            right = connect_with_backoff(addresses[right_rank], token, rank, world,
+            right = connect_with_backoff(f"{host}:{right_data_port}", token, rank, world,
                                          connect_timeout_s)
         except BaseException:
             listener.close()

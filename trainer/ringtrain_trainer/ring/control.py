@@ -1,0 +1,270 @@
+"""The ring's control plane: one gRPC server per worker on its ring port (the seeds'
+``tf.distribute.Server``), serving ``ringtrain.Control`` and the standard ``grpc.health.v1``
+Health service, plus the all-gRPC data path's ``ringtrain.Ring`` when that path runs.
+
+``ringtrain.Control`` (raw bytes, JSON bodies, no protobuf; token, rank and ring size in the
+metadata of every call, as the data path's calls carry them):
+
+- ``Register``: the rendezvous. Every worker registers with every peer and waits, with back-off
+  and the connect deadline, until all have answered; the answer names the peer's TCP side
+  channel (the ``grpc+tcp`` data path), so that port is learnt here and never guessed.
+- ``Abort``: "I am leaving because of this failure": the receiver breaks its collective at once
+  (naming the sender) instead of waiting for a socket error or the step timeout.
+- ``State``: where a worker is (collectives started, the one in flight), for stall reports.
+
+Health is the one service without the token: kubelet's gRPC probe and ``ringtrain health``
+carry none, and it reveals nothing but "serving". A wrong or missing token on the control
+service is refused (UNAUTHENTICATED) before any state is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ringtrain.errors import InvalidSpec, PeerTimeout, RingError, Unauthenticated
+from ringtrain_trainer.ring import auth, channels
+
+SERVICE = "ringtrain.Control"
+#: Health service name whose status follows the ring (SERVING once joined, not after a break);
+#: the empty name (what probes ask) is SERVING while the process serves at all.
+RING_HEALTH = "ringtrain.Ring"
+RANK_KEY, WORLD_KEY = "ringtrain-rank", "ringtrain-world"
+#: Longest a failing worker waits for its Abort calls to be delivered before it exits.
+ABORT_GRACE_S = 1.0
+
+
+def call_metadata(token: bytes, rank: int, world: int) -> tuple[tuple[str, str | bytes], ...]:
+    """What every control call carries (tests use it to forge calls)."""
+    return ((auth.TOKEN_METADATA_KEY, token), (RANK_KEY, str(rank)), (WORLD_KEY, str(world)))
+
+
+def log(msg: str) -> None:
+    print(f"ringtrain ring: {msg}", file=sys.stderr, flush=True)
+
+
+class ControlPlane:
+    """This worker's gRPC server and its channels to every peer.
+
+    Life cycle: construct (binds the ring port), :meth:`add_handlers` (the grpc data path),
+    :meth:`start`, :meth:`rendezvous`, then the collective :meth:`attach`-es itself, after which
+    aborts from peers interrupt it. ``names`` are the ranks' task names (``worker-2``)."""
+
+    def __init__(self, rank: int, addresses: tuple[str, ...], names: tuple[str, ...],
+                 token: bytes, port: int) -> None:
+        self.rank, self.addresses, self.names = rank, addresses, names
+        self.world = len(addresses)
+        self._token = token
+        self.server = channels.server(port)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+            "Register": grpc.unary_unary_rpc_method_handler(self._register),
+            "Abort": grpc.unary_unary_rpc_method_handler(self._abort),
+            "State": grpc.unary_unary_rpc_method_handler(self._state),
+        }),))
+        self._lock = threading.Lock()
+        self.refused = 0
+        self.data_port: int | None = None  # the TCP side channel's, announced by Register
+        self.aborted: RingError | None = None  # a peer's Abort that came before attach()
+        self._collective = None
+        self._channels: dict[int, grpc.Channel] = {}
+        self._pending: list[grpc.Future] = []
+        self._told = False
+        self._closed = False
+
+    def name(self, rank: int) -> str:
+        return f"{self.names[rank]} ({self.addresses[rank]})"
+
+    def add_handlers(self, handler: grpc.GenericRpcHandler) -> None:
+        self.server.add_generic_rpc_handlers((handler,))
+
+    def start(self) -> None:
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.health.set(RING_HEALTH, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.server.start()
+
+    def channel(self, rank: int) -> grpc.Channel:
+        with self._lock:
+            if rank not in self._channels:
+                self._channels[rank] = channels.channel(self.addresses[rank])
+            return self._channels[rank]
+
+    # -- server side ----------------------------------------------------------------------------
+
+    def _authorise(self, context: grpc.ServicerContext) -> int:
+        md = dict(context.invocation_metadata())
+        why = None
+        if not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
+            why = (grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
+        elif md.get(WORLD_KEY) != str(self.world):
+            why = (grpc.StatusCode.INVALID_ARGUMENT,
+                   f"caller's ring size {md.get(WORLD_KEY)} is not {self.world}")
+        elif not str(md.get(RANK_KEY, "")).isdigit() or not 0 <= int(md[RANK_KEY]) < self.world:
+            why = (grpc.StatusCode.PERMISSION_DENIED, f"caller rank {md.get(RANK_KEY)} is not "
+                                                      f"in the ring")
+        if why is not None:
+            with self._lock:
+                self.refused += 1
+            context.abort(why[0], f"rank {self.rank}: {why[1]}")
+        return int(md[RANK_KEY])
+
+    def _register(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._authorise(context)
+        return json.dumps({"rank": self.rank, "data_port": self.data_port}).encode()
+
+    def _abort(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        sender = self._authorise(context)
+        try:
+            doc = json.loads(request)
+            reason, cls = str(doc["reason"])[:2000], (PeerTimeout if doc.get("timeout")
+                                                      else RingError)
+        except (ValueError, TypeError, KeyError):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed abort")
+        with self._lock:
+            coll = self._collective
+            step = None if coll is None or coll.position is None else coll.position[0].step
+            err = cls(f"{self.name(sender)} left the ring: {reason}", rank=self.rank,
+                      step=step, peer=self.addresses[sender])
+            if coll is None and self.aborted is None:
+                self.aborted = err
+        if coll is not None:
+            log(f"rank {self.rank}: {self.name(sender)} aborted: {reason}")
+            coll.interrupt(err, "aborted", tell_peers=False)
+        return b""
+
+    def _state(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._authorise(context)
+        coll = self._collective
+        doc: dict = {"rank": self.rank, "started": 0, "current": None}
+        if coll is not None:
+            doc["started"] = coll.started
+            pos = coll.position
+            if pos is not None:
+                h = pos[0]
+                doc["current"] = {"seq": h.seq, "step": h.step, "tag": h.tag}
+        return json.dumps(doc).encode()
+
+    # -- client side ----------------------------------------------------------------------------
+
+    def rendezvous(self, timeout_s: float,
+                   on_waiting: Callable[[list[str]], None] = lambda names: None) -> dict:
+        """Register with every peer until all answered (the readiness barrier); their answers
+        by rank. A peer that is not serving yet, or whose name does not resolve yet (a pod
+        whose DNS record is not published), is retried with back-off until ``timeout_s``;
+        ``on_waiting`` hears the still-missing names whenever they change ([] at the end)."""
+        missing = [r for r in range(self.world) if r != self.rank]
+        answers: dict[int, dict] = {}
+        deadline, delay, last = time.monotonic() + timeout_s, 0.05, {}
+        reported: list[str] | None = None
+        while True:
+            if self.aborted is not None:
+                raise self.aborted
+            calls = {r: self.channel(r).unary_unary(f"/{SERVICE}/Register").future(
+                b"", metadata=call_metadata(self._token, self.rank, self.world),
+                timeout=max(0.2, min(2.0, deadline - time.monotonic())))
+                for r in missing}
+            for r, call in calls.items():
+                try:
+                    answers[r] = json.loads(call.result())
+                except grpc.RpcError as e:
+                    self._refused_by(e, r)
+                    last[r] = f"{e.code().name}: {e.details()}"
+            missing = [r for r in missing if r not in answers]
+            names = [self.names[r] for r in missing]
+            if names != reported:
+                reported = names
+                on_waiting(names)
+                if names:
+                    log(f"rank {self.rank}: waiting for {', '.join(names)}")
+            if not missing:
+                return answers
+            if time.monotonic() + delay >= deadline:
+                first = missing[0]
+                raise PeerTimeout(f"{', '.join(names)} did not answer within {timeout_s:g} s "
+                                  f"(last error: {last.get(first)})", rank=self.rank, step=-1,
+                                  peer=self.addresses[first])
+            time.sleep(delay)  # back-off between rounds
+            delay = min(delay * 2, 1.0)
+
+    def _refused_by(self, e: grpc.RpcError, r: int) -> None:
+        code, peer = e.code(), self.addresses[r]
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            raise Unauthenticated(f"{peer} refused the ring token: {e.details()}",
+                                  rank=self.rank) from None
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
+            raise InvalidSpec(f"rank {self.rank}: {peer} refused: {e.details()} (do all "
+                              "workers have the same TF_CONFIG cluster?)") from None
+
+    def attach(self, collective) -> None:
+        """From now on a peer's Abort interrupts ``collective``; one that came earlier does so
+        at once. The ring's health service reads SERVING."""
+        with self._lock:
+            self._collective = collective
+            early = self.aborted
+        if early is not None:
+            collective.interrupt(early, "aborted", tell_peers=False)
+        else:
+            self.health.set(RING_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+
+    def tell_peers(self, reason: str, timeout: bool = False) -> None:
+        """Send Abort(reason) to every peer (``timeout``: the ring broke on a silent peer, and
+        the peers' errors are PeerTimeouts too) (once, without waiting; :meth:`close` waits up to
+        ``ABORT_GRACE_S`` for delivery). A peer that is gone already just fails the call."""
+        with self._lock:
+            if self._told or self._closed:
+                return
+            self._told = True
+        self.health.set(RING_HEALTH, health_pb2.HealthCheckResponse.NOT_SERVING)
+        md = call_metadata(self._token, self.rank, self.world)
+        for r in range(self.world):
+            if r != self.rank:
+                self._pending.append(self.channel(r).unary_unary(f"/{SERVICE}/Abort").future(
+                    json.dumps({"reason": reason[:2000], "timeout": timeout}).encode(),
+                    metadata=md, timeout=ABORT_GRACE_S))
+
+    def states(self, ranks: list[int], timeout_s: float) -> dict[int, dict | None]:
+        """Each peer's State (None where it did not answer in time)."""
+        md = call_metadata(self._token, self.rank, self.world)
+        calls = {r: self.channel(r).unary_unary(f"/{SERVICE}/State").future(
+            b"", metadata=md, timeout=timeout_s) for r in ranks}
+        out: dict[int, dict | None] = {}
+        for r, call in calls.items():
+            try:
+                out[r] = json.loads(call.result())
+            except (grpc.RpcError, ValueError):
+                out[r] = None
+        return out
+
+    def check(self, ranks: list[int], timeout_s: float) -> dict[int, bool]:
+        """Health/Check of ``ranks`` in parallel: True where the peer answered SERVING."""
+        calls = {r: health_pb2_grpc.HealthStub(self.channel(r)).Check.future(
+            health_pb2.HealthCheckRequest(service=""), timeout=timeout_s) for r in ranks}
+        out = {}
+        for r, call in calls.items():
+            try:
+                out[r] = call.result().status == health_pb2.HealthCheckResponse.SERVING
+            except grpc.RpcError:
+                out[r] = False
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        end = time.monotonic() + ABORT_GRACE_S
+        for call in self._pending:
+            try:
+                call.result(timeout=max(0.0, end - time.monotonic()))
+            except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
+                pass
+        self.health.enter_graceful_shutdown()
+        for ch in list(self._channels.values()):
+            ch.close()
+        self.server.stop(grace=0.5)
