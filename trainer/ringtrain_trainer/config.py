@@ -66,7 +66,8 @@ class TrainerConfig:
         a = p.add_argument
         a("--data-dir", default=FASHION_MNIST_DIR, help="directory of MNIST-format IDX files")
         a("--dataset", default="fashion-mnist", choices=DATASETS)
-        a("--model", default="cnn", choices=MODELS)
+        a("--model", default="cnn", metavar="NAME_OR_PATH",
+          help=f"a preset ({', '.join(MODELS)}), a .json file of model.to_json(), or a .keras file")
         stop = p.add_mutually_exclusive_group()
         stop.add_argument("--epochs", type=int, default=None,
                           help="stop after N epochs (default 1)")

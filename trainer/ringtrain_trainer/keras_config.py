@@ -193,8 +193,9 @@ def _conv(a: _Args) -> Conv2D:
     spec = Conv2D(a.name, filters, a.pair("kernel_size", None), a.pair("strides", 1),
                   _padding(a), a.activation(), bool(a.take("use_bias", True)))
     a.channels_last()
-    if a.pair("dilation_rate", 1) != (1, 1):
-        a.refuse("dilation_rate", a.cfg.get("dilation_rate"), "1")
+    dilation = a.take("dilation_rate", 1)
+    if dilation not in (1, [1, 1], (1, 1)):
+        a.refuse("dilation_rate", dilation, "1")
     a.must_be("groups", 1)
     a.initializer("kernel_initializer", "glorot_uniform")
     a.initializer("bias_initializer", "zeros")

@@ -225,7 +225,7 @@ class Pool2D(Windows):
     def buffers(self, b, train, need_dx):
         bufs = {"out": ((b,) + self.out_shape, "f"), "xp": ((b,) + self.padded, "f")}
         if self.kind_ == "avg":
-            bufs["count"] = ((self.ho, self.wo, 1), "f")
+            bufs["count"] = (self.out_shape, "f")
         if train and need_dx:
             bufs.update({"dxp": ((b,) + self.padded, "f"), "g": ((b,) + self.out_shape, "f")})
             if self.kind_ == "max":

@@ -127,6 +127,7 @@ class Trainer:
             memory_bytes=cfg.ipu_memory_mb * MB, variables_on_host=cfg.variables_on_host,
             replicas=cfg.ipus_per_worker, host_threads=cfg.ipu_host_threads,
             optimizer_state_bytes=optim.state_bytes_for(cfg.optimizer, self.spec.num_params),
+            rank=self.rank, seed=cfg.seed,
         ), self.params, self.grads)
         # both programs compiled (and their memory checked) before any data is loaded
         self.exe = self.ipu.compile(cfg.batch_size, train=True)
@@ -251,7 +252,8 @@ class Trainer:
         n = self.spec.num_params
         self._grads_and_control[n] = 1.0 if self.stop_requested.is_set() else 0.0
         self.reducer.on_grad(n, n + 1)
-        loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad)
+        loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad,
+                                   step=self.step)
         comm = self.reducer.finish()
         if self._grads_and_control[n] > 0:
             self._stop_agreed = True
