@@ -51,7 +51,7 @@ NARROW = seq((6, 6),
              layer("Conv2D", "c3", filters=3, kernel_size=1, activation="linear"),
              layer("GlobalAveragePooling2D", "g"),
              layer("Dense", "d1", units=5, activation="relu", use_bias=False),
-             layer("Activation", "a", activation="sigmoid"),
+             layer("Activation", "a", activation="softmax"),
              layer("BatchNormalization", "bn", center=False),
              layer("Dense", "d2", units=3),
              layer("Softmax", "sm"), from_logits=True)

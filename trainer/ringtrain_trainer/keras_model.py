@@ -9,9 +9,10 @@ there, before anything runs) and are mapped onto IPU layers:
   ``Dense`` with bias and ReLU/linear becomes ``model.Dense``. So the presets — and the same
   model written by a user — keep today's parameter layout, numbers and speed.
 * everything else becomes a layer of ``layers.py``.
-* a final softmax with ``from_logits=False`` is folded into the loss, as Keras itself does
-  (its TensorFlow backend computes the cross-entropy from the softmax's logits): the IPU's
-  last layer outputs logits and predictions are their argmax either way.
+* a final softmax is folded into the loss, as Keras itself does: its TensorFlow backend
+  computes the cross-entropy from the softmax's input (its ``_keras_logits``) whether
+  ``from_logits`` is False or — with a warning — True. The IPU's last layer outputs logits;
+  predictions are their argmax either way.
 
 Going back, :meth:`KerasModel.keras_config` writes a Keras 3 ``Sequential`` config and
 :meth:`KerasModel.keras_weights` the arrays in ``model.get_weights()`` order, which is also the
@@ -60,7 +61,7 @@ class KerasModel(ModelSpec):
         while i < len(specs):
             s, nxt = specs[i], specs[i + 1] if i + 1 < len(specs) else None
             last = nxt is None
-            layer, used = _map(s, nxt, shape, i, last and not config.from_logits)
+            layer, used = _map(s, nxt, shape, i, last)
             if isinstance(layer, L.Reshape) and (not layers or (
                     len(layer.out_shape) == 1 and isinstance(nxt, K.Dense))):
                 # folded: the program's input buffer takes the new shape, and Dense
