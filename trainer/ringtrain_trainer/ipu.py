@@ -156,7 +156,7 @@ class IPU:
         self.weights = np.zeros_like(host_params) if config.variables_on_host else host_params
         self.weight_views = spec.views(self.weights)
         #: the worker's non-trainable state (BatchNormalization's moving statistics): the
-        #: mean of its training programs' copies after every step (``layers.py``)
+        #: mean of its training programs' copies after every step (``layers``)
         self.state = spec.init_state(self.dtype)
         self.stats = IPUStats()
         self._cache: dict[tuple[int, bool], Executable] = {}

@@ -8,7 +8,7 @@ there, before anything runs) and are mapped onto IPU layers:
   ``MaxPooling2D(2)`` becomes ``model.ConvPool``, the fused kernel the hand-written CNNs use;
   ``Dense`` with bias and ReLU/linear becomes ``model.Dense``. So the presets — and the same
   model written by a user — keep today's parameter layout, numbers and speed.
-* everything else becomes a layer of ``layers.py``.
+* everything else becomes a layer of ``layers``.
 * a final softmax is folded into the loss, as Keras itself does: its TensorFlow backend
   computes the cross-entropy from the softmax's input (its ``_keras_logits``) whether
   ``from_logits`` is False or — with a warning — True. The IPU's last layer outputs logits;

@@ -399,7 +399,7 @@ class Program:
     def __init__(self, spec: ModelSpec, batch: int, train: bool, dtype=np.float32,
                  grads_first: bool = False, state: np.ndarray | None = None):
         self.spec, self.batch, self.train, self.dtype = spec, batch, train, np.dtype(dtype)
-        #: set by the IPU before each run: what Dropout's masks depend on (``layers.py``)
+        #: set by the IPU before each run: what Dropout's masks depend on (``layers``)
         self.ctx = {"seed": 0, "step": 0, "example0": 0}
         #: this program's copy of the model's non-trainable state (``ModelSpec.state_specs``)
         self.state = spec.init_state(self.dtype) if state is None else state
