@@ -4,6 +4,8 @@ The comparisons with real Keras live in ``test_keras_reference.py`` (TensorFlow 
 import); these tests need only numpy.
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -269,3 +271,33 @@ def test_weights_round_trip_in_get_weights_order():
     np.testing.assert_array_equal(s2, state)
     assert [g for _, g in spec.h5_groups()][:4] == [
         "layers/conv2d", "layers/batch_normalization", "layers/max_pooling2d", "layers/conv2d_1"]
+
+
+def test_the_worker_trains_a_keras_json_with_dropout_and_batchnorm(tmp_path, capsys):
+    from ringtrain_trainer import worker
+
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(seq(
+        (28, 28),
+        layer("Reshape", "r", target_shape=[28, 28, 1]),
+        layer("Conv2D", "c", filters=8, kernel_size=3, strides=2, activation="relu"),
+        layer("BatchNormalization", "bn"),
+        layer("MaxPooling2D", "p"),
+        layer("Flatten", "f"),
+        layer("Dropout", "d", rate=0.25),
+        layer("Dense", "out", units=10, activation="softmax"))))
+    rc = worker.main(["--dataset", "mnist-5k", "--model", str(path), "--steps", "120",
+                      "--json", "--termination-log", "", "--ipus-per-worker", "2"])
+    assert rc == 0
+    final = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert final["test_accuracy"] >= 0.6  # chance is 0.10
+
+
+def test_the_worker_refuses_an_unsupported_keras_json_before_running(tmp_path, capsys):
+    from ringtrain.errors import EXIT_PERMANENT
+    from ringtrain_trainer import worker
+
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(seq((28, 28), layer("LSTM", "lstm_1", units=3))))
+    assert worker.main(["--model", str(path), "--termination-log", ""]) == EXIT_PERMANENT
+    assert "layer 'lstm_1' (LSTM) is not supported" in capsys.readouterr().err
