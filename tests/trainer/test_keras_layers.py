@@ -59,11 +59,11 @@ NARROW = seq((6, 6),
              layer("Softmax", "sm"), from_logits=True)
 
 
-def fd_check(spec, rng, batch=3, dtype=np.float64, samples=10):
+def fd_check(spec, rng, batch=3, dtype=np.float64, samples=10, grads_first=False):
     flat = spec.init(3, dtype) + rng.normal(0, 0.05, spec.num_params)
     grad = np.zeros_like(flat)
     views, gviews = spec.views(flat), spec.views(grad)
-    prog = M.Program(spec, batch, True, dtype)
+    prog = M.Program(spec, batch, True, dtype, grads_first=grads_first)
     prog.ctx.update(seed=5, step=2)
     prog.x[:] = rng.random(prog.x.shape)
     prog.labels[:] = rng.integers(0, spec.num_classes, batch)
@@ -86,9 +86,10 @@ def fd_check(spec, rng, batch=3, dtype=np.float64, samples=10):
             assert abs(fd - grad[i]) <= 1e-6 + 1e-4 * abs(fd), (slot.spec, i, fd, grad[i])
 
 
+@pytest.mark.parametrize("grads_first", [False, True])
 @pytest.mark.parametrize("config", [WIDE, NARROW], ids=["wide", "narrow"])
-def test_every_layer_matches_finite_differences(config, rng):
-    fd_check(KM.from_config(config), rng)
+def test_every_layer_matches_finite_differences(config, grads_first, rng):
+    fd_check(KM.from_config(config), rng, grads_first=grads_first)
 
 
 def test_the_wide_model_uses_the_general_layers_and_the_narrow_one_the_fused_conv():

@@ -172,11 +172,13 @@ class Linear(Layer):
         if dbias is not None:
             np.matmul(ws["ones"], dz, out=dbias)
         np.matmul(ws["x"].T, dz, out=dkernel)
+        dx = ws.get("dx")
+        if dx is not None and not grads_first:  # see model.Dense.backward_iter
+            np.matmul(dz, kernel.T, out=dx)
         yield from self.grad_plan()
-        if "dx" not in ws:
-            return None
-        np.matmul(dz, kernel.T, out=ws["dx"])
-        return ws["dx"]
+        if dx is not None and grads_first:
+            np.matmul(dz, kernel.T, out=dx)
+        return dx
 
 
 class Dropout(Layer):

@@ -85,7 +85,14 @@ class BatchNorm(Layer):
         if dgamma is not None:
             np.multiply(dy, xhat, out=dxhat)
             np.sum(dxhat, axis=axes, out=dgamma)
+        dx = None if grads_first else self._input_grad(ws, dy, gamma)
         yield from self.grad_plan()
+        return self._input_grad(ws, dy, gamma) if grads_first else dx
+
+    def _input_grad(self, ws, dy, gamma):
+        """Before the pieces unless ``grads_first`` (a resident gamma may be updated at once)."""
+        xhat, dxhat = ws["xhat"], ws["dxhat"]
+        axes = tuple(range(dy.ndim - 1))
         if "dx" not in ws:
             return None
         n = dy.size // self.c

@@ -117,7 +117,13 @@ class Conv2D(Windows):
         if dbias is not None:
             np.matmul(ws["ones"], dz2, out=dbias)
         np.matmul(ws["cols"].T, dz2, out=dkernel.reshape(self.kk, self.cout))
+        dx = None if grads_first else self._input_grad(ws, dz2, kernel)
         yield from self.grad_plan()
+        return self._input_grad(ws, dz2, kernel) if grads_first else dx
+
+    def _input_grad(self, ws, dz2, kernel):
+        """Before the pieces are yielded unless ``grads_first``: a resident kernel may be
+        updated as soon as its gradient is streamed (see ``model.Dense.backward_iter``)."""
         if "dxp" not in ws:
             return None
         np.matmul(dz2, kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])
