@@ -302,3 +302,33 @@ def test_the_worker_refuses_an_unsupported_keras_json_before_running(tmp_path, c
     path.write_text(json.dumps(seq((28, 28), layer("LSTM", "lstm_1", units=3))))
     assert worker.main(["--model", str(path), "--termination-log", ""]) == EXIT_PERMANENT
     assert "layer 'lstm_1' (LSTM) is not supported" in capsys.readouterr().err
+
+
+def test_moving_statistics_are_checkpointed_and_restored(tmp_path, mnist5k):
+    from ringtrain_trainer import worker
+    from ringtrain_trainer.checkpoint import CheckpointManager
+    from ringtrain_trainer.collective import LocalCollective
+    from ringtrain_trainer.config import TrainerConfig
+
+    path = tmp_path / "bn.json"
+    path.write_text(json.dumps(seq((28, 28), layer("Flatten", "f"),
+                                   layer("BatchNormalization", "bn"),
+                                   layer("Dense", "out", units=10))))
+    cfg = TrainerConfig(dataset="mnist-5k", model=str(path), steps=3,
+                        checkpoint_dir=str(tmp_path / "ck"))
+    first = worker.Trainer(cfg, LocalCollective(), mnist5k)
+    try:
+        first.run()
+        trained = first.ipu.state.copy()
+    finally:
+        first.close()
+    saved = CheckpointManager(tmp_path / "ck").load_latest()[0].model_state
+    np.testing.assert_array_equal(saved, trained)
+    assert not np.allclose(saved[:784], 0)  # the moving mean moved
+    again = worker.Trainer(cfg, LocalCollective(), mnist5k)
+    try:
+        again._restore()
+        np.testing.assert_array_equal(again.ipu.state, trained)
+        assert all(np.array_equal(p.state, trained) for p in again.exe.programs)
+    finally:
+        again.close()

@@ -193,6 +193,13 @@ class IPU:
             out.append((getattr(layer, "name", "") or f"layer {i}", n))
         return tuple(sorted(out, key=lambda nb: -nb[1]))
 
+    def load_state(self, state: np.ndarray) -> None:
+        """Set the model's non-trainable state (a checkpoint's, the chief's) everywhere."""
+        np.copyto(self.state, state)
+        for exe in self._cache.values():
+            for p in exe.programs:
+                np.copyto(p.state, self.state)
+
     def compile(self, batch: int, train: bool = True) -> Executable:
         """Plan and allocate a program for a per-worker ``batch``; cached. A training (or
         evaluation) program compiled for a second batch size counts as a recompile."""

@@ -179,6 +179,8 @@ class Trainer:
                         f"this run --optimizer {self.optimizer.name}")
                 np.copyto(self.params, state.params)
                 self.optimizer.load_state(state.optimizer_state, state.optimizer_iterations)
+                if state.model_state is not None:
+                    self.ipu.load_state(state.model_state)
                 self.step = state.step
                 self.position = state.position.rescale(self.sharder.global_batch)
         if self.world > 1:
@@ -188,6 +190,9 @@ class Trainer:
             counters = np.array([self.step, self.position.epoch, self.position.batch,
                                  self.optimizer.iterations], np.float32)
             self.collective.broadcast_(counters, root=0)
+            if self.ipu.state.size:  # the chief's moving statistics (ringtrain_trainer.layers)
+                self.collective.broadcast_(self.ipu.state, root=0)
+                self.ipu.load_state(self.ipu.state)
             step, epoch, batch, iters = (int(v) for v in counters)
             self.step, self.optimizer.iterations = step, iters
             self.position = data_mod.Position(epoch, batch, self.sharder.global_batch)
@@ -209,7 +214,7 @@ class Trainer:
             step=self.step, position=self.position, params=self.params,
             optimizer=self.optimizer.name, optimizer_state=self.optimizer.state_dict(),
             optimizer_iterations=self.optimizer.iterations, model=self.cfg.model,
-            world_size=self.world, loss=loss))
+            world_size=self.world, loss=loss, model_state=self.ipu.state))
         self.last_checkpoint = str(path)
 
     def evaluate(self) -> float:
