@@ -187,6 +187,7 @@ def test_export_command_writes_what_ringtrain_predicts(model, tmp_path, capsys):
     prog = model_mod.Program(spec, 16, train=False)
     np.copyto(prog.x, x)
     expected = prog.forward(spec.views(params)).copy()
+    x = x.reshape((16, *spec.config.input_shape))  # what the Keras model takes (28×28 for cnn)
 
     assert export_cli.main([str(tmp_path / "ck"), "-o", str(tmp_path / "m.keras")]) == 0
     assert "m.keras" in capsys.readouterr().out

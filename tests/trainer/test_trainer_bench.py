@@ -13,7 +13,9 @@ def test_bench_step_reports_both_sides_and_the_blas_in_use(capsys):
     for key in ("samples_per_s", "torch_samples_per_s", "ratio_vs_torch", "gflops",
                 "matmul_peak_gflops"):
         assert r[key] > 0, key
-    assert r["ratio_vs_torch"] == round(r["samples_per_s"] / r["torch_samples_per_s"], 3)
+    # the ratio of the unrounded rates, so recomputing it from the printed (rounded) rates may
+    # differ in the last digit
+    assert abs(r["ratio_vs_torch"] - r["samples_per_s"] / r["torch_samples_per_s"]) < 2e-3
     assert any(i["internal_api"] == "openblas" and i["num_threads"] == 1 for i in r["blas"])
 
 

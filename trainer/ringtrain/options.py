@@ -124,8 +124,13 @@ GROUPS: tuple[Group, ...] = (
                            "(fast tests)"),
     )),
     Group("model", (
-        Option("model", str, "cnn", crd="model", choices=("cnn", "cnn2"),
-               help="cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the two-conv variant"),
+        Option("model", str, "cnn", crd="model", metavar="NAME_OR_PATH",
+               schema={"enum": ["cnn", "cnn2"]},
+               help="a preset (cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the two-conv "
+                    "variant), a .json file of Keras' model.to_json(), or a .keras file (its "
+                    "weights are the starting point)",
+               description="cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the two-conv "
+                           "variant"),
         Option("seed", int, 0, crd="seed", minimum=0,
                help="model initialisation and data shuffle seed"),
     )),
@@ -233,7 +238,8 @@ CRD: tuple[Option, ...] = tuple(o for o in OPTIONS if o.crd)
 #: The worker's defaults: the one definition every module reads its default from.
 DEFAULTS: Mapping[str, Any] = MappingProxyType({o.name: o.default for o in OPTIONS})
 
-MODELS = BY_NAME["model"].choices
+#: the presets; --model also takes a .json or .keras path, so they are not the flag's choices
+MODELS = tuple(BY_NAME["model"].schema["enum"])
 DATASETS = BY_NAME["dataset"].choices
 OPTIMIZERS = BY_NAME["optimizer"].choices
 TRANSPORTS = BY_NAME["ring_transport"].choices

@@ -42,7 +42,9 @@ from ringtrain_bench import procs
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ringtrain bench step", description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--model", default="cnn", choices=("cnn", "cnn2"))
+    p.add_argument("--model", default="cnn", metavar="NAME_OR_PATH",
+                   help="a preset (cnn, cnn2; the PyTorch side knows these), a .json file of "
+                        "model.to_json() or a .keras file")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--steps", type=int, default=150, help="timed steps per repeat")
     p.add_argument("--warmup", type=int, default=20)
@@ -116,6 +118,9 @@ class TorchSide:
         import torch
         from torch import nn
 
+        if args.model not in ("cnn", "cnn2"):
+            raise InvalidSpec(f"--model {args.model}: the PyTorch side has only the presets "
+                              "cnn and cnn2; add --no-torch")
         torch.set_num_threads(threads)
         torch.manual_seed(0)
         self.torch = torch

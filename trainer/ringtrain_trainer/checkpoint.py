@@ -43,6 +43,8 @@ class TrainingState:
     model: str = "cnn"
     world_size: int = 1
     loss: float | None = None
+    #: the model's non-trainable state (BatchNormalization's moving statistics), if any
+    model_state: np.ndarray | None = None
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -78,6 +80,8 @@ class CheckpointManager:
         stem = f"ckpt-{state.step:010d}"
         arrays = {"params": state.params}
         arrays.update({f"opt_{k}": v for k, v in state.optimizer_state.items()})
+        if state.model_state is not None and state.model_state.size:
+            arrays["model_state"] = state.model_state
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         blob = buf.getvalue()
@@ -150,6 +154,7 @@ class CheckpointManager:
             model=m["model"],
             world_size=int(m["world_size"]),
             loss=m.get("loss"),
+            model_state=loaded.get("model_state"),
         )
 
     def load_latest(self) -> tuple[TrainingState | None, list[CheckpointError]]:

@@ -12,6 +12,8 @@ pixels already divided by 255.
 
 from __future__ import annotations
 
+import math
+
 import os
 import zipfile
 from pathlib import Path
@@ -88,9 +90,11 @@ def load_npz(path: str | os.PathLike) -> Dataset:
 def check_fits(dataset: Dataset, input_shape: tuple[int, ...], num_classes: int,
                source: str | os.PathLike) -> None:
     """Refuse data the model cannot take, before anything runs: images must have the model's
-    input shape (``(H, W)`` fits ``(H, W, 1)``) and every label must be one of its classes."""
-    shape = dataset.train.images.shape[1:]
-    if tuple(shape) != tuple(input_shape) and tuple(shape) + (1,) != tuple(input_shape):
+    input shape (``(H, W)`` fits ``(H, W, 1)``, and any shape fits a model that takes the same
+    number of values, read row-major like Keras' ``Reshape``) and every label must be one of its
+    classes."""
+    shape = tuple(dataset.train.images.shape[1:])
+    if shape != tuple(input_shape) and math.prod(shape) != math.prod(input_shape):
         raise DataError(f"{source}: images are {tuple(shape)} but the model takes "
                         f"{tuple(input_shape)}")
     top = max(int(dataset.train.labels.max()), int(dataset.test.labels.max()))

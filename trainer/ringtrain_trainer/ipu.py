@@ -26,6 +26,7 @@ independent shards, and shards also parallelise the element-wise work BLAS never
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import time
@@ -53,6 +54,9 @@ class IPUConfig:
     optimizer_state_bytes: int = 0
     #: host threads standing in for the IPU's tiles (0: the CPUs this process may use)
     host_threads: int = 1
+    #: this worker's rank and the run's seed: with the step, what Dropout's masks depend on
+    rank: int = 0
+    seed: int = 0
 
 
 def resolve_host_threads(requested: int) -> int:
@@ -87,6 +91,8 @@ class MemoryPlan:
     data: int
     optimizer_state: int
     capacity: int
+    #: (layer name, bytes of its weights, gradients and buffers), largest first
+    layers: tuple = field(default=(), compare=False)
 
     @property
     def total(self) -> int:
@@ -94,8 +100,12 @@ class MemoryPlan:
                 + self.optimizer_state)
 
     def describe(self) -> str:
-        parts = ", ".join(f"{k} {v:,}" for k, v in asdict(self).items() if k != "capacity")
-        return f"{self.total:,} bytes needed ({parts}), {self.capacity:,} available"
+        parts = ", ".join(f"{k} {v:,}" for k, v in asdict(self).items()
+                          if k not in ("capacity", "layers"))
+        text = f"{self.total:,} bytes needed ({parts}), {self.capacity:,} available"
+        if self.layers:
+            text += "; largest layers: " + ", ".join(f"{n} {b:,}" for n, b in self.layers[:3])
+        return text
 
 
 @dataclass
@@ -146,6 +156,9 @@ class IPU:
         # when resident (the optimizer then updates it "on device").
         self.weights = np.zeros_like(host_params) if config.variables_on_host else host_params
         self.weight_views = spec.views(self.weights)
+        #: the worker's non-trainable state (BatchNormalization's moving statistics): the
+        #: mean of its training programs' copies after every step (``layers``)
+        self.state = spec.init_state(self.dtype)
         self.stats = IPUStats()
         self._cache: dict[tuple[int, bool], Executable] = {}
         self._shard_grads: list[np.ndarray] = []  # gradients of shards 1.. (shard 0: host's)
@@ -166,7 +179,27 @@ class IPU:
             optimizer_state=0 if self.config.variables_on_host or not train
             else self.config.optimizer_state_bytes,
             capacity=self.config.memory_bytes,
+            layers=self.layer_bytes(batch, train),
         )
+
+    def layer_bytes(self, batch: int, train: bool) -> tuple:
+        """Per layer: its weights (and gradients when training) plus every buffer it asks
+        for, largest first — what the out-of-memory error names."""
+        item, out = self.dtype.itemsize, []
+        for i, layer in enumerate(self.spec.layers):
+            lo, hi = self.spec.layer_ranges[i]
+            n = (hi - lo) * item * (2 if train else 1)
+            for shape, t in layer.buffers(batch, train, need_dx=i > 0).values():
+                n += math.prod(shape) * (item if t == "f" else 1)
+            out.append((getattr(layer, "name", "") or f"layer {i}", n))
+        return tuple(sorted(out, key=lambda nb: -nb[1]))
+
+    def load_state(self, state: np.ndarray) -> None:
+        """Set the model's non-trainable state (a checkpoint's, the chief's) everywhere."""
+        np.copyto(self.state, state)
+        for exe in self._cache.values():
+            for p in exe.programs:
+                np.copyto(p.state, self.state)
 
     def compile(self, batch: int, train: bool = True) -> Executable:
         """Plan and allocate a program for a per-worker ``batch``; cached. A training (or
@@ -189,12 +222,17 @@ class IPU:
             )
         # the most host threads (at most host_threads) that split each IPU's batch evenly
         t = max(d for d in range(1, min(self.host_threads, per_ipu) + 1) if per_ipu % d == 0)
+        if any(getattr(layer, "batch_coupled", False) for layer in self.spec.layers):
+            t = 1  # batch statistics are over the replica's whole batch, never a shard's
         shards = r * t
         # weights streamed in: the host optimizer never touches what backward reads, so each
         # layer's weight gradients may stream out before its input gradient is computed
         early = self.config.variables_on_host
-        programs = [Program(self.spec, batch // shards, train, self.dtype, grads_first=early)
+        programs = [Program(self.spec, batch // shards, train, self.dtype, grads_first=early,
+                            state=self.state.copy() if train else self.state)
                     for _ in range(shards)]
+        for i, p in enumerate(programs):
+            p.ctx.update(seed=self.config.seed, example0=self.config.rank * batch + i * p.batch)
         grads = []
         if train:
             while len(self._shard_grads) < shards - 1:
@@ -276,7 +314,8 @@ class IPU:
             raise error
 
     def train_step(self, exe: Executable, images: np.ndarray, labels: np.ndarray,
-                   on_grad: Callable[[int, int], None] | None = None) -> float:
+                   on_grad: Callable[[int, int], None] | None = None,
+                   step: int | None = None) -> float:
         """Forward + backward on one per-worker batch; returns the mean loss.
 
         Gradients land in the host gradient buffer; ``on_grad(start, stop)`` fires per piece
@@ -286,6 +325,8 @@ class IPU:
         t0 = time.perf_counter()
         self._stream_weights()
         self._load(exe, images, labels)
+        for p in exe.programs:
+            p.ctx["step"] = self.stats.steps if step is None else step
         runs = self._launch(exe)
         n = len(exe.programs)
         try:
@@ -304,6 +345,10 @@ class IPU:
                     on_grad(start, stop)
         finally:
             self._finish(runs)
+        if self.state.size:
+            np.mean([p.state for p in exe.programs], axis=0, out=self.state)
+            for p in exe.programs:
+                np.copyto(p.state, self.state)
         self.stats.compute_s += time.perf_counter() - t0
         self.stats.flops += exe.flops_per_run
         self.stats.steps += 1

@@ -41,6 +41,8 @@ class ParamSpec:
     fan_in: int
     fan_out: int
     glorot: bool
+    #: initialised to ones (BatchNormalization's gamma) rather than Glorot or zeros
+    ones: bool = False
 
     @property
     def size(self) -> int:
@@ -149,7 +151,7 @@ class ConvPool:
         return [("bias", 0, self.cout), ("kernel", 0, self.kk * self.cout)]
 
     def backward_iter(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
-                      dbias: np.ndarray, grads_first: bool = False):
+                      dbias: np.ndarray, grads_first: bool = False, **_):
         """Generator: backward, yielding each piece of :meth:`grad_plan` once it is written;
         returns the input gradient (None for the first layer). See :meth:`Dense.backward_iter`
         for ``grads_first``."""
@@ -251,7 +253,7 @@ class Dense:
                                    for lo in range(0, self.n_in, r)]
 
     def backward_iter(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
-                      dbias: np.ndarray, grads_first: bool = False):
+                      dbias: np.ndarray, grads_first: bool = False, **_):
         """Generator: backward, yielding each piece of :meth:`grad_plan` once it is written;
         returns the input gradient (None for the first layer).
 
@@ -303,7 +305,9 @@ class ModelSpec:
         self.layer_ranges = []
         for li in range(len(layers)):
             mine = [s for s in slots if s.spec.layer == li]
-            self.layer_ranges.append((min(s.start for s in mine), max(s.stop for s in mine)))
+            self.layer_ranges.append((min(s.start for s in mine), max(s.stop for s in mine))
+                                     if mine else (offset, offset))
+            offset = self.layer_ranges[-1][0]
         at = {(s.spec.layer, s.spec.name): s.start for s in slots}
         #: the gradient pieces backward streams, in order, as (start, stop) of the flat buffer:
         #: last layer first; within a layer as its ``grad_plan`` says
@@ -318,12 +322,28 @@ class ModelSpec:
             for name, lo, hi in layers[li].grad_plan():
                 names.setdefault(name, []).append(hi - lo)
             self.param_pieces += names.values()
+        #: non-trainable state (BatchNormalization's moving statistics): per layer
+        #: (name, size, initial value), laid out in forward layer order; never reduced
+        self.state_specs = [getattr(layer, "state_specs", list)() for layer in layers]
+        self.state_size = sum(n for specs in self.state_specs for _, n, _ in specs)
 
     def views(self, flat: np.ndarray) -> list[dict[str, np.ndarray]]:
         """Per layer, name → view into ``flat`` shaped like the parameter."""
         out: list[dict[str, np.ndarray]] = [{} for _ in self.layers]
         for s in self.slots:
             out[s.spec.layer][s.spec.name] = flat[s.start:s.stop].reshape(s.spec.shape)
+        return out
+
+    def init_state(self, dtype=np.float32) -> np.ndarray:
+        return np.concatenate([np.full(n, v, dtype) for specs in self.state_specs
+                               for _, n, v in specs] or [np.zeros(0, dtype)])
+
+    def state_views(self, state: np.ndarray) -> list[dict[str, np.ndarray]]:
+        out, at = [], 0
+        for specs in self.state_specs:
+            out.append({})
+            for name, n, _ in specs:
+                out[-1][name], at = state[at:at + n], at + n
         return out
 
     def init(self, seed: int, dtype=np.float32) -> np.ndarray:
@@ -334,6 +354,8 @@ class ModelSpec:
             if s.spec.glorot:
                 limit = math.sqrt(6.0 / (s.spec.fan_in + s.spec.fan_out))
                 flat[s.start:s.stop] = rng.uniform(-limit, limit, s.spec.size)
+            elif s.spec.ones:
+                flat[s.start:s.stop] = 1
         return flat
 
     def flops_per_example(self, train: bool = True) -> int:
@@ -341,6 +363,13 @@ class ModelSpec:
 
 
 def build(name: str) -> ModelSpec:
+    """A preset name, a ``.json`` file of ``model.to_json()`` or a ``.keras`` file
+    (``keras_model.load``); the presets are Keras configs shipped with the package."""
+    from ringtrain_trainer import keras_model
+    return keras_model.load(name)
+
+
+def build_handwritten(name: str) -> ModelSpec:
     """``cnn``: the seeds' CNN; ``cnn2``: the TensorFlow tutorial's two-conv variant."""
     if name == "cnn":
         c1 = ConvPool((28, 28, 1), 32)
@@ -363,8 +392,13 @@ class Program:
     """
 
     def __init__(self, spec: ModelSpec, batch: int, train: bool, dtype=np.float32,
-                 grads_first: bool = False):
+                 grads_first: bool = False, state: np.ndarray | None = None):
         self.spec, self.batch, self.train, self.dtype = spec, batch, train, np.dtype(dtype)
+        #: set by the IPU before each run: what Dropout's masks depend on (``layers``)
+        self.ctx = {"seed": 0, "step": 0, "example0": 0}
+        #: this program's copy of the model's non-trainable state (``ModelSpec.state_specs``)
+        self.state = spec.init_state(self.dtype) if state is None else state
+        state_views = spec.state_views(self.state)
         #: stream each layer's weight gradients before its input gradient (``backward_iter``)
         self.grads_first = grads_first
         self.ws: list[dict] = []
@@ -372,6 +406,7 @@ class Program:
             bufs = layer.buffers(batch, train, need_dx=i > 0)
             ws = {k: np.zeros(shape, self.dtype if t == "f" else np.bool_)
                   for k, (shape, t) in bufs.items()}
+            ws.update(state_views[i], ctx=self.ctx)
             layer.bind(ws, batch)
             self.ws.append(ws)
         self.x = np.zeros((batch,) + spec.input_shape, self.dtype)
@@ -402,7 +437,7 @@ class Program:
     def forward(self, params: list[dict[str, np.ndarray]]) -> np.ndarray:
         h = self.x
         for layer, ws, p in zip(self.spec.layers, self.ws, params):
-            h = layer.forward(ws, h, p["kernel"], p["bias"])
+            h = layer.forward(ws, h, **p)
         return h
 
     def loss_and_dlogits(self, logits: np.ndarray) -> float:
@@ -431,8 +466,8 @@ class Program:
         pieces = iter(self.spec.grad_pieces)
         for i in reversed(range(len(self.spec.layers))):
             layer, ws = self.spec.layers[i], self.ws[i]
-            steps = layer.backward_iter(ws, g, params[i]["kernel"], grads[i]["kernel"],
-                                        grads[i]["bias"], self.grads_first)
+            args = {**params[i], **{"d" + k: v for k, v in grads[i].items()}}
+            steps = layer.backward_iter(ws, g, grads_first=self.grads_first, **args)
             while True:
                 try:
                     next(steps)

@@ -122,6 +122,7 @@ class Trainer:
             memory_bytes=cfg.ipu_memory_mb * MB, variables_on_host=cfg.variables_on_host,
             replicas=cfg.ipus_per_worker, host_threads=cfg.ipu_host_threads,
             optimizer_state_bytes=optim.state_bytes_for(cfg.optimizer, self.spec.num_params),
+            rank=self.rank, seed=cfg.seed,
         ), self.params, self.grads)
         # both programs compiled (and their memory checked) before any data is loaded
         self.exe = self.ipu.compile(cfg.batch_size, train=True)
@@ -172,6 +173,8 @@ class Trainer:
                         f"this run --optimizer {self.optimizer.name}")
                 np.copyto(self.params, state.params)
                 self.optimizer.load_state(state.optimizer_state, state.optimizer_iterations)
+                if state.model_state is not None:
+                    self.ipu.load_state(state.model_state)
                 self.step = state.step
                 self.position = state.position.rescale(self.sharder.global_batch)
         if self.world > 1:
@@ -181,6 +184,9 @@ class Trainer:
             counters = np.array([self.step, self.position.epoch, self.position.batch,
                                  self.optimizer.iterations], np.float32)
             self.collective.broadcast_(counters, root=0)
+            if self.ipu.state.size:  # the chief's moving statistics (ringtrain_trainer.layers)
+                self.collective.broadcast_(self.ipu.state, root=0)
+                self.ipu.load_state(self.ipu.state)
             step, epoch, batch, iters = (int(v) for v in counters)
             self.step, self.optimizer.iterations = step, iters
             self.position = data_mod.Position(epoch, batch, self.sharder.global_batch)
@@ -202,7 +208,7 @@ class Trainer:
             step=self.step, position=self.position, params=self.params,
             optimizer=self.optimizer.name, optimizer_state=self.optimizer.state_dict(),
             optimizer_iterations=self.optimizer.iterations, model=self.cfg.model,
-            world_size=self.world, loss=loss))
+            world_size=self.world, loss=loss, model_state=self.ipu.state))
         self.last_checkpoint = str(path)
 
     def evaluate(self) -> float:
@@ -241,7 +247,8 @@ class Trainer:
         idx = self.sharder.indices(pos.epoch, pos.batch)
         data_mod.batch_into(self.data.train, idx, self.x, self.y, self.scratch)
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
-        loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad)
+        loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad,
+                                   step=self.step)
         comm = self.reducer.finish()
         if self.reducer.vote.agreed():
             self._stop_agreed = True

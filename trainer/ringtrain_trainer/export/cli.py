@@ -11,7 +11,6 @@ says ``from_logits=True``), or whatever the model's last layer gives.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -26,60 +25,10 @@ from ringtrain_trainer.export.onnx_file import write_onnx
 FORMATS = ("keras", "onnx")
 
 
-def _layer(cls: str, name: str, **config) -> dict:
-    return {"module": "keras.layers", "class_name": cls, "config": {"name": name, **config},
-            "registered_name": None}
-
-
-def preset_keras(spec: model_mod.ModelSpec, params: np.ndarray,
-                 optimizer: str) -> tuple[dict, list[np.ndarray]]:
-    """The hard-coded ``cnn`` / ``cnn2`` as a Keras config and weights.
-
-    REPLACE with ``spec.keras_config()`` / ``spec.keras_weights(params, state)`` once the model
-    side of issue 10 is merged (:func:`keras_model` already prefers them). A ConvPool is Conv2D
-    (valid, ReLU) then MaxPooling2D(2): the trainer adds bias and ReLU after pooling, which is
-    the same function because max commutes with a per-channel bias and with ReLU.
-    """
-    h, w, c = spec.input_shape
-    layers = [_layer("InputLayer", "input_layer", batch_shape=[None, h, w, c], dtype="float32")]
-    weights: list[np.ndarray] = []
-    views = spec.views(np.asarray(params, np.float32))
-    convs = denses = 0
-    for layer, p in zip(spec.layers, views):
-        if layer.kind == "conv":
-            suffix = f"_{convs}" if convs else ""
-            layers += [_layer("Conv2D", f"conv2d{suffix}", filters=layer.cout,
-                              kernel_size=[layer.k, layer.k], strides=[1, 1], padding="valid",
-                              activation="relu", use_bias=True),
-                       _layer("MaxPooling2D", f"max_pooling2d{suffix}", pool_size=[2, 2],
-                              strides=[2, 2], padding="valid")]
-            convs += 1
-        else:
-            if denses == 0:
-                layers.append(_layer("Flatten", "flatten"))
-            layers.append(_layer("Dense", f"dense{'_%d' % denses if denses else ''}",
-                                 units=layer.n_out, use_bias=True,
-                                 activation="relu" if layer.relu else "linear"))
-            denses += 1
-        weights += [p["kernel"].copy(), p["bias"].copy()]
-    loss = {"module": "keras.losses", "class_name": "SparseCategoricalCrossentropy",
-            "config": {"name": "sparse_categorical_crossentropy", "from_logits": True},
-            "registered_name": None}
-    config = {"module": "keras", "class_name": "Sequential", "registered_name": None,
-              "config": {"name": spec.name, "layers": layers},
-              "compile_config": {"optimizer": "adam" if optimizer == "adam" else "sgd",
-                                 "loss": loss, "metrics": ["accuracy"]}}
-    assert sum(math.prod(x.shape) for x in weights) == spec.num_params
-    return config, weights
-
-
 def keras_model(state: TrainingState) -> tuple[dict, list[np.ndarray]]:
     """The checkpoint's model as (Keras config, ``get_weights()``-ordered weights)."""
     spec = model_mod.build(state.model)
-    if hasattr(spec, "keras_config") and hasattr(spec, "keras_weights"):
-        return spec.keras_config(), spec.keras_weights(state.params,
-                                                       getattr(state, "model_state", None))
-    return preset_keras(spec, state.params, state.optimizer)
+    return spec.keras_config(), spec.keras_weights(state.params, state.model_state)
 
 
 def load_checkpoint(target: str | Path) -> TrainingState:

@@ -1,0 +1,225 @@
+"""The layer protocol's defaults and the element-wise layers (activations, Rescaling,
+Reshape/Flatten, Dense, Dropout); see the package docstring."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ringtrain_trainer.model import ParamSpec
+
+
+def act_forward(name: str, z: np.ndarray) -> None:
+    """Apply an activation to ``z`` in place."""
+    if name == "relu":
+        np.maximum(z, 0, out=z)
+    elif name == "sigmoid":
+        np.negative(z, out=z)
+        np.exp(z, out=z)
+        np.add(z, 1, out=z)
+        np.reciprocal(z, out=z)
+    elif name == "tanh":
+        np.tanh(z, out=z)
+    elif name == "softmax":
+        z2 = z.reshape(-1, z.shape[-1])
+        z2 -= z2.max(axis=1, keepdims=True)
+        np.exp(z2, out=z2)
+        z2 /= z2.sum(axis=1, keepdims=True)
+
+
+def act_backward(name: str, y: np.ndarray, dy: np.ndarray, dz: np.ndarray) -> None:
+    """``dz = dy * activation'`` written into ``dz``, from the activation's output ``y``."""
+    if name == "relu":
+        np.multiply(dy, y > 0, out=dz)
+    elif name == "sigmoid":
+        np.subtract(1, y, out=dz)
+        np.multiply(dz, y, out=dz)
+        np.multiply(dz, dy, out=dz)
+    elif name == "tanh":
+        np.multiply(y, y, out=dz)
+        np.subtract(1, dz, out=dz)
+        np.multiply(dz, dy, out=dz)
+    elif name == "softmax":
+        y2, dy2 = y.reshape(-1, y.shape[-1]), dy.reshape(-1, y.shape[-1])
+        s = np.einsum("ij,ij->i", y2, dy2)[:, None]
+        np.subtract(dy2, s, out=dz.reshape(y2.shape))
+        np.multiply(dz, y, out=dz)
+    elif dz is not dy:
+        np.copyto(dz, dy)
+
+
+class Layer:
+    """Defaults for the protocol: no parameters, no state, a whole-tensor gradient plan."""
+
+    kind = "layer"
+    name = ""
+    #: batch statistics: the replica's batch must not be split across host threads
+    batch_coupled = False
+
+    def params(self, layer: int) -> list[ParamSpec]:
+        return []
+
+    def state_specs(self) -> list[tuple[str, int, float]]:
+        return []
+
+    def flops(self, b: int, train: bool, need_dx: bool) -> int:
+        return 0
+
+    def bind(self, ws: dict, b: int) -> None:
+        pass
+
+    def grad_plan(self) -> list[tuple[str, int, int]]:
+        return [(p.name, 0, p.size) for p in reversed(self.params(0))]
+
+
+class Reshape(Layer):
+    """Flatten and Reshape: a view, no copy (NHWC is already row-major like Keras)."""
+
+    def __init__(self, in_shape, out_shape):
+        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
+
+    def buffers(self, b, train, need_dx):
+        return {}
+
+    def forward(self, ws, x):
+        if ws.get("src") is not x:  # a fixed buffer per program: the same view every step
+            ws["out"], ws["src"] = x.reshape((x.shape[0],) + self.out_shape), x
+        return ws["out"]
+
+    def backward_iter(self, ws, dout, grads_first=False):
+        yield from ()
+        return dout.reshape((dout.shape[0],) + self.in_shape)
+
+
+class Elementwise(Layer):
+    """Activation / ReLU / Softmax layers and Rescaling (``x * scale + offset``)."""
+
+    def __init__(self, shape, act="linear", scale=1.0, offset=0.0):
+        self.in_shape = self.out_shape = tuple(shape)
+        self.act, self.scale, self.offset = act, scale, offset
+
+    def buffers(self, b, train, need_dx):
+        bufs = {"out": ((b,) + self.out_shape, "f")}
+        if train and need_dx:
+            bufs["dx"] = ((b,) + self.in_shape, "f")
+        return bufs
+
+    def flops(self, b, train, need_dx):
+        return b * math.prod(self.out_shape) * (1 + train)
+
+    def forward(self, ws, x):
+        out = ws["out"]
+        np.multiply(x, out.dtype.type(self.scale), out=out)
+        if self.offset:
+            np.add(out, out.dtype.type(self.offset), out=out)
+        act_forward(self.act, out)
+        return out
+
+    def backward_iter(self, ws, dout, grads_first=False):
+        yield from ()
+        if "dx" not in ws:
+            return None
+        dx = ws["dx"]
+        act_backward(self.act, ws["out"], dout.reshape(dx.shape), dx)
+        if self.scale != 1.0:
+            np.multiply(dx, dx.dtype.type(self.scale), out=dx)
+        return dx
+
+
+class Linear(Layer):
+    """Dense on a flat input, any supported activation, with or without bias."""
+
+    kind = "dense"
+
+    def __init__(self, n_in, n_out, activation="linear", use_bias=True):
+        self.n_in, self.n_out, self.act, self.use_bias = n_in, n_out, activation, use_bias
+        self.out_shape = (n_out,)
+
+    def params(self, layer):
+        ps = [ParamSpec(layer, "kernel", (self.n_in, self.n_out), self.n_in, self.n_out, True)]
+        return ps + ([ParamSpec(layer, "bias", (self.n_out,), 0, 0, False)]
+                     if self.use_bias else [])
+
+    def buffers(self, b, train, need_dx):
+        bufs = {"out": ((b, self.n_out), "f")}
+        if train:
+            bufs.update({"dz": ((b, self.n_out), "f"), "ones": ((b,), "f")})
+            if need_dx:
+                bufs["dx"] = ((b, self.n_in), "f")
+        return bufs
+
+    def flops(self, b, train, need_dx):
+        return 2 * b * self.n_in * self.n_out * (1 + (1 + need_dx if train else 0))
+
+    def bind(self, ws, b):
+        if "ones" in ws:
+            ws["ones"].fill(1)
+
+    def forward(self, ws, x, kernel, bias=None):
+        ws["x"] = x2 = x.reshape(x.shape[0], self.n_in)
+        out = ws["out"]
+        np.matmul(x2, kernel, out=out)
+        if bias is not None:
+            np.add(out, bias, out=out)
+        act_forward(self.act, out)
+        return out
+
+    def backward_iter(self, ws, dout, kernel, dkernel, bias=None, dbias=None,
+                      grads_first=False):
+        dz = ws["dz"]
+        act_backward(self.act, ws["out"], dout.reshape(dz.shape), dz)
+        if dbias is not None:
+            np.matmul(ws["ones"], dz, out=dbias)
+        np.matmul(ws["x"].T, dz, out=dkernel)
+        dx = ws.get("dx")
+        if dx is not None and not grads_first:  # see model.Dense.backward_iter
+            np.matmul(dz, kernel.T, out=dx)
+        yield from self.grad_plan()
+        if dx is not None and grads_first:
+            np.matmul(dz, kernel.T, out=dx)
+        return dx
+
+
+class Dropout(Layer):
+    """Inverted dropout (``x * keep / (1 - rate)``) in training, identity in evaluation."""
+
+    def __init__(self, shape, rate, layer_index):
+        self.in_shape = self.out_shape = tuple(shape)
+        self.rate, self.index = rate, layer_index
+        self.per = math.prod(shape)
+
+    def buffers(self, b, train, need_dx):
+        if not train:
+            return {}
+        shape = (b,) + self.out_shape
+        return {"out": (shape, "f"), "keep": (shape, "f"), "dx": (shape, "f")}
+
+    def forward(self, ws, x):
+        if "keep" not in ws or self.rate == 0:
+            ws["out"] = x
+            return x
+        ctx, keep = ws["ctx"], ws["keep"]
+        masks(ctx["seed"], self.index, ctx["step"], ctx["example0"], self.rate, keep)
+        np.multiply(x, keep, out=ws["out"])
+        return ws["out"]
+
+    def backward_iter(self, ws, dout, grads_first=False):
+        yield from ()
+        if "keep" not in ws or self.rate == 0:
+            return dout
+        np.multiply(dout.reshape(ws["keep"].shape), ws["keep"], out=ws["dx"])
+        return ws["dx"]
+
+
+def masks(seed: int, layer: int, step: int, example0: int, rate: float,
+          out: np.ndarray) -> None:
+    """Per example ``e``: Philox keyed (seed, layer) at counter (0, 0, step, example0 + e),
+    uniform float32 ≥ rate → ``1 / (1 - rate)``, else 0."""
+    rows = out.reshape(out.shape[0], -1)
+    scale = out.dtype.type(1.0 / (1.0 - rate))
+    for e in range(rows.shape[0]):
+        bits = np.random.Philox(key=[seed & (2**64 - 1), layer],
+                                counter=[0, 0, step, example0 + e])
+        u = np.random.Generator(bits).random(rows.shape[1], np.float32)
+        np.multiply(u >= rate, scale, out=rows[e], casting="unsafe")
