@@ -27,15 +27,19 @@ W = "mnist-worker-{}.mnist.team-a.svc:2222"
      '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
      '"worker":["mnist-worker-0.mnist.team-a.svc:2222","mnist-worker-1.mnist.team-a.svc:2222"]},'
      '"task":{"type":"chief","index":0},"environment":"cloud"}'),
+    # Kubeflow's genClusterSpec: the evaluator is only ever in its own task, never in cluster
     ({"workers": 1, "chief": 1, "ps": 2, "evaluator": 1}, "ps", 1,
      '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
      '"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
-     '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"],'
-     '"evaluator":["mnist-evaluator-0.mnist.team-a.svc:2222"]},'
+     '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"]},'
      '"task":{"type":"ps","index":1},"environment":"cloud"}'),
+    ({"workers": 1, "chief": 1, "ps": 2, "evaluator": 1}, "evaluator", 0,
+     '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
+     '"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
+     '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"]},'
+     '"task":{"type":"evaluator","index":0},"environment":"cloud"}'),
     ({"workers": 1, "chief": 0, "evaluator": 1}, "evaluator", 0,
-     '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
-     '"evaluator":["mnist-evaluator-0.mnist.team-a.svc:2222"]},'
+     '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222"]},'
      '"task":{"type":"evaluator","index":0},"environment":"cloud"}'),
 ])
 def test_tf_config_byte_for_byte(kw, role, index, expected):
