@@ -264,8 +264,8 @@ def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | N
 
 
 def _check_trainer_roles(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec) -> None:
-    """The built-in trainer knows chief, workers and one evaluator; the evaluator reads what the
-    chief writes, so their checkpoint volume must be one they share (an emptyDir is per pod)."""
+    """The built-in trainer knows chief, workers and an evaluator (the CRD allows one); the
+    evaluator reads what the chief writes, so their checkpoint volume must be one they share (an emptyDir is per pod)."""
     by_role = {r.role: r for r in replicas}
     if "ps" in by_role:
         raise InvalidSpec(
@@ -276,9 +276,6 @@ def _check_trainer_roles(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec
     ev = by_role.get("evaluator")
     if ev is None:
         return
-    if ev.replicas > 1:
-        raise InvalidSpec(f"spec.replicaSpecs.Evaluator.replicas: at most one evaluator with "
-                          f"the built-in trainer, got {ev.replicas}")
     volume = trainer.checkpoint_volume
     if not volume or "emptyDir" in volume:
         raise InvalidSpec(

@@ -271,3 +271,35 @@ def test_checkpoint_keep_reaches_the_workers_checkpoint_manager(tmp_path):
         spec.load(job_obj(trainer={"checkpoint": {"keep": 0}}))
     with pytest.raises(spec.InvalidSpec, match="--checkpoint-keep must be at least 1"):
         TrainerConfig.from_args(["--checkpoint-keep", "0"], {})
+
+
+def test_the_data_volume_is_mounted_read_only_and_replaces_data_dir():
+    j = spec.load(job_obj(trainer={"data": {"volume": {"persistentVolumeClaim": {
+        "claimName": "my-data"}}, "path": "/mnt/in", "file": "fashion.npz"}}))
+    p = manifests.pod(j, j.replica("worker"), 0)
+    (c,) = p["spec"]["containers"]
+    vols = {v["name"]: v for v in p["spec"]["volumes"]}
+    assert vols["data"] == {"name": "data", "persistentVolumeClaim": {"claimName": "my-data"}}
+    assert {"name": "data", "mountPath": "/mnt/in", "readOnly": True} in c["volumeMounts"]
+    assert c["args"][c["args"].index("--data") + 1] == "/mnt/in/fashion.npz"
+    bare = manifests.pod(job(), job().replica("worker"), 0)
+    assert "data" not in {v["name"] for v in bare["spec"]["volumes"]}
+    (c,) = bare["spec"]["containers"]
+    assert c["args"][c["args"].index("--data") + 1] == "/usr/share/datasets/fashion-mnist"
+
+
+def test_export_reaches_the_worker_and_the_evaluator_runs_the_same_command():
+    from ringtrain_trainer.config import TrainerConfig
+
+    j = spec.load(job_obj(workers=1, chief=1, evaluator=1, trainer={
+        "dataset": "mnist-5k", "export": {"path": "out/m.onnx", "format": "onnx"},
+        "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}}}))
+    chief = manifests.pod(j, j.replica("chief"), 0)["spec"]["containers"][0]
+    ev = manifests.pod(j, j.replica("evaluator"), 0)["spec"]["containers"][0]
+    assert chief["args"] == ev["args"] and ev["command"] == ["ringtrain", "worker"]
+    env = {e["name"]: e["value"] for e in ev["env"] if e["name"] == "TF_CONFIG"}
+    cfg = TrainerConfig.from_args(ev["args"], env)
+    assert (cfg.export, cfg.export_format) == ("out/m.onnx", "onnx")
+    assert cfg.cluster.task_type == "evaluator" and not cfg.cluster.in_ring
+    assert cfg.cluster.ring == cluster.parse(env["TF_CONFIG"]).ring == (
+        "mnist-chief-0.mnist.team-a.svc:2222", "mnist-worker-0.mnist.team-a.svc:2222")
