@@ -251,6 +251,7 @@ DATASETS = BY_NAME["dataset"].choices
 OPTIMIZERS = BY_NAME["optimizer"].choices
 TRANSPORTS = BY_NAME["ring_transport"].choices
 COLLECTIVES = BY_NAME["collective"].choices
+EXPORT_FORMATS = BY_NAME["export_format"].choices
 
 
 def record(name: str, options: Iterable[Option], doc: str) -> type:
