@@ -109,6 +109,13 @@ def format_summary(s: Mapping[str, Any]) -> str:
     lines.append(f"  time           {events.duration(s['elapsed_s'])}")
     if s.get("checkpoint"):
         lines.append(f"  checkpoint     {s['checkpoint']}")
+    if s.get("export"):
+        lines.append(f"  export         {s['export']}")
+    if s.get("evaluations"):
+        last = s["evaluations"][-1]
+        lines.append(f"  evaluator      {len(s['evaluations'])} checkpoints, last step "
+                     f"{last['step']}: test loss {last['test_loss']:.4f}, accuracy "
+                     f"{100 * last['test_accuracy']:.2f}%")
     lines.append(f"  logs and data  {s['run_dir']}")
     codes = " ".join(f"{k}={v}" for k, v in s["exit_codes"].items())
     lines.append(f"  exit codes     {codes}")

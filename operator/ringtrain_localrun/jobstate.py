@@ -46,6 +46,8 @@ class JobState:
     eta_s: float | None = None
     test_accuracy: float | None = None
     final: events.Final | None = None
+    #: the evaluator's evaluations, in order (TF_CONFIG task type evaluator)
+    evaluations: list[events.Evaluation] = dataclasses.field(default_factory=list)
 
     def observe(self, label: str, event: events.Event | None, now_s: float,
                 chief: bool) -> None:
@@ -54,6 +56,9 @@ class JobState:
         w = self.workers[label]
         w.last_output_s = now_s
         if isinstance(event, (events.Progress, events.Eval)) and isinstance(event.step, int):
+            w.step = event.step
+        if isinstance(event, events.Evaluation):
+            self.evaluations.append(event)
             w.step = event.step
         if not chief:
             return
@@ -108,7 +113,8 @@ def summary(job: jobspec.Job, phase: str, state: JobState, exits: Mapping[str, i
             restarts: int = 0, chief_result: events.Final | None = None) -> dict:
     """The final object: the job's phase (with the condition's reason and message, as the
     operator writes them), its gang restarts, and the chief's final metrics — from its last
-    line, else ``chief_result`` (its termination log), else the last progress seen."""
+    line, else ``chief_result`` (its termination log), else the last progress seen — with the
+    model it exported and the evaluator's evaluations."""
     final = state.final or chief_result
     checkpoint = final.checkpoint if final else None
     if checkpoint is None and job.trainer:
@@ -121,6 +127,8 @@ def summary(job: jobspec.Job, phase: str, state: JobState, exits: Mapping[str, i
         "test_accuracy": final.test_accuracy if final else state.test_accuracy,
         "samples_per_s": final.samples_per_s if final else state.samples_per_s,
         "elapsed_s": round(elapsed_s, 3), "checkpoint": checkpoint,
+        "export": final.export if final else None,
+        "evaluations": [e.to_dict() for e in state.evaluations],
         "run_dir": str(run_dir), "exit_codes": dict(exits),
     }
 

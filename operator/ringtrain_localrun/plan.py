@@ -10,8 +10,8 @@ container becomes a :class:`Replica`:
   worker runs the code of this checkout, whatever ``PATH`` holds);
 * its env, ``valueFrom`` resolved from the rendered Secret and the Pod's own metadata;
 * its volumes made local: the Secret volume becomes files in a private directory, emptyDirs
-  per-replica directories, any other volume (the checkpoint volume) one directory the replicas
-  share, like a PVC. Every arg and env value under a mount path is rewritten to the local one;
+  per-replica directories, a hostPath the path itself (this machine is the node), any other
+  volume (the checkpoint volume) one directory the replicas share, like a PVC. Every arg and env value under a mount path is rewritten to the local one;
 * ``--metrics-port`` replaced by a free port, ``--termination-log`` by a file in the run dir.
 """
 
@@ -31,7 +31,7 @@ from ringtrain_operator import manifests
 from ringtrain_operator import spec as jobspec
 
 #: The Pod volume manifests.pod() mounts at spec.trainer.checkpoint.path.
-CHECKPOINT_VOLUME = "checkpoints"
+CHECKPOINT_VOLUME = manifests.CHECKPOINT_VOLUME
 
 @dataclasses.dataclass(frozen=True)
 class Replica:
@@ -149,6 +149,9 @@ def _volume_dirs(pod: Mapping[str, Any], run_dir: Path,
             # Shared and kept whatever its source: the chief writes, a rerun with the same
             # --run-dir resumes, the summary points at it.
             local = run_dir / CHECKPOINT_VOLUME
+        elif "hostPath" in v:
+            # This machine is the node: the host path itself (the user's data, say).
+            local = Path(v["hostPath"]["path"])
         elif "emptyDir" in v:
             local = run_dir / "pods" / pod_name / "volumes" / name
         else:
@@ -156,6 +159,11 @@ def _volume_dirs(pod: Mapping[str, Any], run_dir: Path,
             local = run_dir / "volumes" / name
         dirs[name] = local
     return dirs, files
+
+
+def _under_any(path: Path, roots: Iterable[Path]) -> bool:
+    """A hostPath is the user's: never created (nor anything under it)."""
+    return any(path == r or r in path.parents for r in roots)
 
 
 def _rewrite(value: str, mounts: Mapping[str, Path]) -> str:
@@ -214,6 +222,8 @@ def plan(obj: Mapping[str, Any], run_dir: Path, *,
                     "command; locally there is no image ENTRYPOINT to fall back on")
             command = ["ringtrain"]  # the ringtrain image's ENTRYPOINT
         volume_dirs, files = _volume_dirs(pod, run_dir, secrets)
+        host_paths = [volume_dirs[v["name"]] for v in pod["spec"].get("volumes") or []
+                      if "hostPath" in v and v["name"] != CHECKPOINT_VOLUME]
         mounts: dict[str, Path] = {}
         for m in container.get("volumeMounts") or []:
             local = volume_dirs[m["name"]]
@@ -232,7 +242,8 @@ def plan(obj: Mapping[str, Any], run_dir: Path, *,
             name=pod["metadata"]["name"], role=role, index=index,
             argv=tuple(_local_command(command) + args), env=env, files=files,
             dirs=tuple(sorted({str(d) for d in [*volume_dirs.values(), *mounts.values(),
-                                                run_dir / "pods" / pod["metadata"]["name"]]})),
+                                                run_dir / "pods" / pod["metadata"]["name"]]
+                               if not _under_any(d, host_paths)})),
             metrics_port=metrics_port, termination_log=termination_log,
         ))
     return job, replicas

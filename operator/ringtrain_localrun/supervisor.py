@@ -172,6 +172,9 @@ class Runner:
             self.output.log(label, line)
         elif chief and isinstance(event, (events.Eval, events.Final)):
             self.output.log(label, events.format_event(event))
+        elif label.startswith("evaluator-") and isinstance(event, (events.Evaluation,
+                                                                   events.Final)):
+            self.output.log(label, events.format_event(event))
 
     def _drain(self) -> None:
         """Consume what is queued, so the last lines are shown before anything that follows."""

@@ -72,9 +72,25 @@ def tf_config(job: Job, role: str, index: int, endpoint: Endpoint = dns_endpoint
     return cluster.build(addresses, role, index)
 
 
+#: The Pod volumes of spec.trainer: the checkpoint volume and the user's data volume.
+CHECKPOINT_VOLUME = "checkpoints"
+DATA_VOLUME = "data"
+
+
+def data_path(t: TrainerSpec) -> str | None:
+    """Where the worker reads spec.trainer.data in the pod (``--data``); None without it."""
+    if not t.data_volume:
+        return None
+    mount = t.data_mount_path or "/data"
+    return f"{mount.rstrip('/')}/{t.data_file}" if t.data_file else mount
+
+
 def trainer_args(t: TrainerSpec) -> list[str]:
-    """``ringtrain worker`` flags for spec.trainer, and the ones every trainer pod gets."""
+    """``ringtrain worker`` flags for spec.trainer, and the ones every trainer pod gets.
+    spec.trainer.data, when set, takes the place of dataDir."""
     values = {o.name: getattr(t, o.name) for o in options.CRD}
+    if (path := data_path(t)) is not None:
+        values["data_dir"] = path
     return options.worker_args({**values, "metrics_port": METRICS_PORT, "json": True,
                                 "termination_log": TERMINATION_LOG})
 
@@ -194,8 +210,13 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
     main = _main_container(containers)
     if job.trainer:
         t = job.trainer
-        volumes.append({"name": "checkpoints", **dict(t.checkpoint_volume or {"emptyDir": {}})})
-        mounts.append({"name": "checkpoints", "mountPath": t.checkpoint_dir})
+        volumes.append({"name": CHECKPOINT_VOLUME,
+                        **dict(t.checkpoint_volume or {"emptyDir": {}})})
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": t.checkpoint_dir})
+        if t.data_volume:
+            volumes.append({"name": DATA_VOLUME, **dict(t.data_volume)})
+            mounts.append({"name": DATA_VOLUME, "mountPath": t.data_mount_path or "/data",
+                           "readOnly": True})
         env += [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
         ports.append({"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"})
         main.setdefault("image", job.trainer.image)

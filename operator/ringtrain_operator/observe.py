@@ -1,4 +1,5 @@
-"""What the operator sees of a job: its Pods as :class:`ObservedPod`, and the chief's progress.
+"""What the operator sees of a job: its Pods as :class:`ObservedPod`, the chief's progress and
+the evaluator's last evaluation.
 
 Parsing Pod objects lives here, next to the only I/O the observation needs (the chief's
 ``/status``), so the fold in :mod:`.status` reads plain values and never a Kubernetes object.
@@ -10,6 +11,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping
 
 from ringtrain import events
@@ -78,9 +80,15 @@ def observe_pods(job: Job | None, objs: Iterable[Mapping[str, Any]],
     return [with_live_status(job, p, fetch) for p in observed]
 
 
+#: The evaluator whose evaluations the job's status shows (the built-in trainer has one).
+EVALUATOR = ("evaluator", 0)
+
+
 def with_live_status(job: Job, p: ObservedPod, fetch: LiveStatusFetcher) -> ObservedPod:
-    """Progress comes from the chief's own HTTP endpoint while it runs (no API rights needed)."""
-    if (p.role, p.index) != job.chief or p.phase != "Running" or not p.pod_ip or not job.trainer:
+    """Progress comes from the chief's (and the evaluator's) own HTTP endpoint while it runs
+    (no API rights needed)."""
+    if (p.role, p.index) not in (job.chief, EVALUATOR) or p.phase != "Running" or \
+            not p.pod_ip or not job.trainer:
         return p
     return dataclasses.replace(p, live_status=fetch(p.pod_ip))
 
@@ -94,14 +102,20 @@ def fetch_live_status(pod_ip: str, timeout_s: float = 1.0) -> Mapping[str, Any] 
 #: trainer JSON key (a field of ringtrain.events.Status or .Final) → status.progress key
 _PROGRESS_KEYS = {"step": "step", "steps": "step", "epoch": "epoch", "loss": "loss",
                   "samples_per_s": "samplesPerSecond", "test_accuracy": "testAccuracy",
-                  "checkpoint": "checkpoint"}
+                  "checkpoint": "checkpoint", "export": "export"}
+#: the evaluator's JSON key → status.evaluation key
+_EVALUATION_KEYS = {"step": "step", "steps": "step", "test_loss": "testLoss",
+                    "test_accuracy": "testAccuracy", "checkpoint": "checkpoint",
+                    "evaluations": "evaluations"}
+_STRINGS = ("checkpoint", "export")
 
 
-def read_progress(doc: Mapping[str, Any] | None) -> dict:
+def read_progress(doc: Mapping[str, Any] | None,
+                  keys: Mapping[str, str] = MappingProxyType(_PROGRESS_KEYS)) -> dict:
     """The chief's ``/status`` (:class:`ringtrain.events.Status`) or final termination-log JSON
-    (:class:`ringtrain.events.Final`) → status.progress fields."""
+    (:class:`ringtrain.events.Final`) → status.progress fields (``keys``: another table)."""
     out: dict[str, Any] = {}
-    for key, target in _PROGRESS_KEYS.items():
+    for key, target in keys.items():
         v = (doc or {}).get(key)
         if isinstance(v, bool) or v is None:
             continue
@@ -109,7 +123,7 @@ def read_progress(doc: Mapping[str, Any] | None) -> dict:
             continue  # NaN/inf are not JSON and the API would reject the status
         if isinstance(v, (int, float)):
             out[target] = round(v, 6) if isinstance(v, float) else v
-        elif isinstance(v, str) and target == "checkpoint":
+        elif isinstance(v, str) and target in _STRINGS:
             out[target] = v
     waiting = (doc or {}).get("waiting_for")
     if isinstance(waiting, list) and waiting:
@@ -117,18 +131,28 @@ def read_progress(doc: Mapping[str, Any] | None) -> dict:
     return out
 
 
-def chief_progress(job: Job, pods: Iterable[ObservedPod]) -> dict:
-    """status.progress fields from the chief: its final termination message once it has one
-    (the last word, written as the trainer exits), else its live ``/status``."""
-    chief = next((p for p in pods if (p.role, p.index) == job.chief), None)
-    if chief is None:
-        return {}
-    doc: Mapping[str, Any] | None = chief.live_status
-    if chief.termination_message:
+def _last_word(p: ObservedPod) -> Mapping[str, Any] | None:
+    """A pod's final termination message once it has one (written as the process exits), else
+    its live ``/status``."""
+    if p.termination_message:
         try:
-            final = json.loads(chief.termination_message)
+            final = json.loads(p.termination_message)
         except ValueError:
             final = None
         if isinstance(final, dict):
-            doc = final
-    return read_progress(doc)
+            return final
+    return p.live_status
+
+
+def chief_progress(job: Job, pods: Iterable[ObservedPod]) -> dict:
+    """status.progress fields from the chief."""
+    chief = next((p for p in pods if (p.role, p.index) == job.chief), None)
+    return {} if chief is None else read_progress(_last_word(chief))
+
+
+def evaluation(job: Job, pods: Iterable[ObservedPod]) -> dict:
+    """status.evaluation from the evaluator: its last evaluated checkpoint's step, loss and
+    accuracy ({} before its first evaluation)."""
+    ev = next((p for p in pods if (p.role, p.index) == EVALUATOR), None)
+    out = {} if ev is None else read_progress(_last_word(ev), _EVALUATION_KEYS)
+    return out if "testAccuracy" in out else {}

@@ -222,6 +222,9 @@ def load(obj: Mapping[str, Any]) -> Job:
 def _trainer(t: Mapping[str, Any]) -> TrainerSpec:
     if "steps" in t and "epochs" in t:
         raise InvalidSpec("spec.trainer: set steps or epochs, not both")
+    if "data" in t and t.get("dataset") == "mnist-5k":
+        raise InvalidSpec("spec.trainer.data: dataset mnist-5k is built in and reads no files; "
+                          "remove spec.trainer.dataset (or spec.trainer.data)")
     if t["batchSize"] % t["ipusPerWorker"]:
         raise InvalidSpec(
             f"spec.trainer.batchSize: {t['batchSize']} is not divisible by "
@@ -234,6 +237,8 @@ def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | N
     """What the schema cannot say: relations between fields."""
     if not any(r.role == "worker" for r in replicas):
         raise InvalidSpec("spec.replicaSpecs.Worker.replicas: at least one worker is required")
+    if trainer is not None:
+        _check_trainer_roles(replicas, trainer)
     for r in replicas:
         field = f"spec.replicaSpecs.{r.key}"
         if r.role == "chief" and r.replicas > 1:
@@ -256,3 +261,25 @@ def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | N
             raise InvalidSpec(
                 f"{field}.template.spec.containers[].image: required when spec.trainer is not set"
             )
+
+
+def _check_trainer_roles(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec) -> None:
+    """The built-in trainer knows chief, workers and an evaluator (the CRD allows one); the
+    evaluator reads what the chief writes, so their checkpoint volume must be one they share (an emptyDir is per pod)."""
+    by_role = {r.role: r for r in replicas}
+    if "ps" in by_role:
+        raise InvalidSpec(
+            "spec.replicaSpecs.PS: the built-in trainer (spec.trainer) has no parameter servers: "
+            "its workers average gradients with a ring allreduce. Remove the PS replicas and "
+            "give their resources to Worker replicas; a stock TensorFlow job (no spec.trainer, "
+            "your own image and command) may still use PS")
+    ev = by_role.get("evaluator")
+    if ev is None:
+        return
+    volume = trainer.checkpoint_volume
+    if not volume or "emptyDir" in volume:
+        raise InvalidSpec(
+            "spec.replicaSpecs.Evaluator: the evaluator reads the checkpoints the chief writes, "
+            "but the checkpoint volume is an emptyDir, which each pod has for itself; set "
+            "spec.trainer.checkpoint.volume to storage the pods share (e.g. persistentVolumeClaim "
+            "with ReadWriteMany, or ReadWriteOnce with all pods on one node)")

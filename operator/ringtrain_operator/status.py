@@ -374,10 +374,14 @@ def _suspend(f: _Fold, live: list[ObservedPod]) -> None:
 
 
 def _succeeded(job: Job, live: Mapping[str, ObservedPod]) -> bool:
+    """successPolicy's pods, and the built-in trainer's evaluator (it exits 0 after the last
+    checkpoint; cleanPodPolicy would delete it first). A stock one may never exit (Kubeflow)."""
     if job.run_policy.success_policy == "AllWorkers":
         names = [job.pod_name(r.role, i) for r, i in job.members() if r.role in ("chief", "worker")]
     else:
         names = [job.pod_name(*job.chief)]
+    if job.trainer:
+        names += [job.pod_name(r.role, i) for r, i in job.members() if r.role == "evaluator"]
     return all(n in live and live[n].phase == "Succeeded" for n in names)
 
 
@@ -411,3 +415,5 @@ def _progress(f: _Fold, job: Job, pods: list[ObservedPod]) -> None:
             f.condition(RUNNING, True, REASON_RUNNING,
                         f"waiting for {', '.join(waiting)}" if waiting else
                         "all pods are running")
+    if update := observe.evaluation(job, pods):
+        f.status["evaluation"] = {**f.status.get("evaluation", {}), **update}

@@ -68,6 +68,27 @@ def test_reading_is_lenient_and_log_lines_are_not_events():
     assert older == events.Final(steps=3)
 
 
+EVALUATION = ('{"event":"evaluation","step":20,"test_loss":0.5181,"test_accuracy":0.845,'
+              '"checkpoint":"/checkpoints/ckpt-0000000020.json"}')
+
+
+def test_the_evaluators_events_and_the_newer_final_fields_round_trip():
+    event = events.parse_line(EVALUATION)
+    assert isinstance(event, events.Evaluation) and event.to_json() == EVALUATION
+    assert events.format_event(event) == (
+        "checkpoint step 20  test loss 0.5181  test accuracy 0.8450")
+    done = events.Final(steps=20, test_accuracy=0.845, test_loss=0.5181, evaluations=2,
+                        terminated=False)
+    assert events.parse_line(done.to_json()) == done
+    assert events.format_event(done) == ("done: evaluated 2 checkpoints, last step 20, test loss "
+                                         "0.5181, test accuracy 0.8450")
+    exported = events.Final(steps=5, export="/checkpoints/model.keras")
+    assert exported.to_dict()["export"] == "/checkpoints/model.keras"
+    assert events.format_event(exported).endswith(", export /checkpoints/model.keras")
+    assert "export" not in events.Final(steps=5).to_dict()  # left out while None: FINAL's bytes
+    assert "test_loss" not in events.Status().to_dict()
+
+
 def test_events_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         events.Progress(step=1).step = 2  # type: ignore[misc]

@@ -373,3 +373,35 @@ def test_with_backoff_limit_0_a_sigkilled_worker_fails_the_job(tmp_path):
                                                                      "BackoffLimitExceeded", 0)
     assert "reached backoffLimit=0" in final["message"]
     assert not [e for e in events if e["event"] == "started" and e["restarts"] > 0]
+
+
+# ---- the evaluator role, export and data volumes -------------------------------------------------
+
+def test_a_host_path_volume_is_the_local_path_itself_and_is_never_created(tmp_path):
+    data = tmp_path / "mydata"
+    obj = tiny_job(dataset="fashion-mnist", data={"volume": {"hostPath": {"path": str(data)}},
+                                                  "file": "d.npz"})
+    _, replicas = plan.plan(obj, tmp_path / "run")
+    argv = list(replicas[0].argv)
+    assert argv[argv.index("--data") + 1] == str(data / "d.npz")
+    assert not any(d == str(data) or d.startswith(str(data) + "/") for d in replicas[0].dirs)
+
+
+def test_the_evaluator_example_evaluates_every_checkpoint_and_exports_a_keras_model(tmp_path):
+    """examples/evaluator.yaml as local processes: the evaluator evaluates steps 10, 20 and 30
+    and exits 0; the chief's export loads with read_keras; the summary names both."""
+    from ringtrain_trainer.export import read_keras
+
+    proc = subprocess.run([*RUN, str(ROOT / "examples" / "evaluator.yaml"), "--json",
+                           "--run-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert final["phase"] == "Succeeded"
+    assert final["exit_codes"] == {"chief-0": 0, "worker-0": 0, "evaluator-0": 0}
+    assert [e["step"] for e in final["evaluations"]] == [10, 20, 30]
+    assert final["evaluations"][-1]["test_accuracy"] == final["test_accuracy"]
+    assert final["export"] == str(tmp_path / "checkpoints" / "model.keras")
+    config, weights = read_keras(final["export"])
+    assert config["class_name"] == "Sequential" and len(weights) == 6
+    assert "evaluator-0| checkpoint step 30  test loss" in proc.stderr

@@ -20,8 +20,18 @@ def job_obj(name: str = "mnist", *, workers: int = 2, chief: int | None = None,
     if uid:
         meta["uid"] = uid
     body: dict[str, Any] = {"replicaSpecs": replica_specs, **extra_spec}
+    if ps and trainer is None:
+        # PS needs a stock TensorFlow job: the built-in trainer refuses it.
+        for rs in replica_specs.values():
+            rs["template"] = {"spec": {"containers": [{"name": "tensorflow",
+                                                       "image": "tensorflow/tensorflow:2.16.1"}]}}
+        return {"apiVersion": "ringtrain.io/v1alpha1", "kind": "TrainingJob", "metadata": meta,
+                "spec": body}
     body["trainer"] = copy.deepcopy(trainer) if trainer is not None else {"dataset": "mnist-5k",
                                                                            "steps": 20}
+    if evaluator and trainer is None:  # the evaluator reads the chief's checkpoints
+        body["trainer"]["checkpoint"] = {"volume": {"persistentVolumeClaim":
+                                                    {"claimName": "checkpoints"}}}
     if run_policy is not None:
         body["runPolicy"] = run_policy
     return {"apiVersion": "ringtrain.io/v1alpha1", "kind": "TrainingJob", "metadata": meta,

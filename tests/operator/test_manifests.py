@@ -27,15 +27,19 @@ W = "mnist-worker-{}.mnist.team-a.svc:2222"
      '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
      '"worker":["mnist-worker-0.mnist.team-a.svc:2222","mnist-worker-1.mnist.team-a.svc:2222"]},'
      '"task":{"type":"chief","index":0},"environment":"cloud"}'),
+    # Kubeflow's genClusterSpec: the evaluator is only ever in its own task, never in cluster
     ({"workers": 1, "chief": 1, "ps": 2, "evaluator": 1}, "ps", 1,
      '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
      '"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
-     '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"],'
-     '"evaluator":["mnist-evaluator-0.mnist.team-a.svc:2222"]},'
+     '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"]},'
      '"task":{"type":"ps","index":1},"environment":"cloud"}'),
+    ({"workers": 1, "chief": 1, "ps": 2, "evaluator": 1}, "evaluator", 0,
+     '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
+     '"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
+     '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"]},'
+     '"task":{"type":"evaluator","index":0},"environment":"cloud"}'),
     ({"workers": 1, "chief": 0, "evaluator": 1}, "evaluator", 0,
-     '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
-     '"evaluator":["mnist-evaluator-0.mnist.team-a.svc:2222"]},'
+     '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222"]},'
      '"task":{"type":"evaluator","index":0},"environment":"cloud"}'),
 ])
 def test_tf_config_byte_for_byte(kw, role, index, expected):
@@ -285,3 +289,35 @@ def test_ring_workers_declare_the_side_channel_and_probe_the_grpc_health_service
     single = spec.load(job_obj(workers=1, trainer={}))
     assert "livenessProbe" not in manifests.pod(single, single.replica("worker"), 0)[
         "spec"]["containers"][0]
+
+
+def test_the_data_volume_is_mounted_read_only_and_replaces_data_dir():
+    j = spec.load(job_obj(trainer={"data": {"volume": {"persistentVolumeClaim": {
+        "claimName": "my-data"}}, "path": "/mnt/in", "file": "fashion.npz"}}))
+    p = manifests.pod(j, j.replica("worker"), 0)
+    (c,) = p["spec"]["containers"]
+    vols = {v["name"]: v for v in p["spec"]["volumes"]}
+    assert vols["data"] == {"name": "data", "persistentVolumeClaim": {"claimName": "my-data"}}
+    assert {"name": "data", "mountPath": "/mnt/in", "readOnly": True} in c["volumeMounts"]
+    assert c["args"][c["args"].index("--data") + 1] == "/mnt/in/fashion.npz"
+    bare = manifests.pod(job(), job().replica("worker"), 0)
+    assert "data" not in {v["name"] for v in bare["spec"]["volumes"]}
+    (c,) = bare["spec"]["containers"]
+    assert c["args"][c["args"].index("--data") + 1] == "/usr/share/datasets/fashion-mnist"
+
+
+def test_export_reaches_the_worker_and_the_evaluator_runs_the_same_command():
+    from ringtrain_trainer.config import TrainerConfig
+
+    j = spec.load(job_obj(workers=1, chief=1, evaluator=1, trainer={
+        "dataset": "mnist-5k", "export": {"path": "out/m.onnx", "format": "onnx"},
+        "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}}}))
+    chief = manifests.pod(j, j.replica("chief"), 0)["spec"]["containers"][0]
+    ev = manifests.pod(j, j.replica("evaluator"), 0)["spec"]["containers"][0]
+    assert chief["args"] == ev["args"] and ev["command"] == ["ringtrain", "worker"]
+    env = {e["name"]: e["value"] for e in ev["env"] if e["name"] == "TF_CONFIG"}
+    cfg = TrainerConfig.from_args(ev["args"], env)
+    assert (cfg.export, cfg.export_format) == ("out/m.onnx", "onnx")
+    assert cfg.cluster.task_type == "evaluator" and not cfg.cluster.in_ring
+    assert cfg.cluster.ring == cluster.parse(env["TF_CONFIG"]).ring == (
+        "mnist-chief-0.mnist.team-a.svc:2222", "mnist-worker-0.mnist.team-a.svc:2222")

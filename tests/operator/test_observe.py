@@ -41,6 +41,14 @@ def test_only_the_running_chief_of_a_trainer_job_is_asked_for_its_status():
     assert asked == ["10.0.0.1"]
 
 
+def test_the_running_evaluator_is_asked_for_its_status_too():
+    asked = []
+    j = job(workers=1, evaluator=1)
+    objs = [pod_obj(j, "worker", 0, ip="10.0.0.2"), pod_obj(j, "evaluator", 0, ip="10.0.0.3")]
+    seen = observe.observe_pods(j, objs, lambda ip: asked.append(ip) or {"step": 5})
+    assert asked == ["10.0.0.2", "10.0.0.3"] and seen[1].live_status == {"step": 5}
+
+
 def test_chief_progress_prefers_the_final_termination_message():
     j = job(workers=1)
     chief = ObservedPod("mnist-worker-0", "worker", 0, live_status={"step": 5, "loss": 1.0})

@@ -111,7 +111,7 @@ def _other_value(o: options.Option):
     if o.type is bool:
         return not o.default
     if o.type is str:
-        return f"/custom/{o.name}"
+        return f"/custom/{o.name}" + (".keras" if o.name == "model" else "")
     if o.type is int:
         return o.default * 2 if o.default else (o.minimum or 0) + 1
     return o.default / 3
@@ -132,7 +132,9 @@ def _spec_setting(chosen: list[options.Option]) -> dict:
 def test_every_field_reaches_the_worker_as_the_same_value(unset):
     """spec.trainer → trainer_args → the worker's parser, for a value other than the default."""
     passed = [o for o in options.CRD if o.cli_flag and o.name != unset]
-    assert len(passed) == len(options.CRD) - 3  # all but the image, the volume, `unset`
+    crd_only = {"image", "checkpoint_volume", "data_volume", "data_mount_path", "data_file"}
+    assert {o.name for o in options.CRD if not o.cli_flag} == crd_only
+    assert len(passed) == len(options.CRD) - len(crd_only) - 1  # and `unset`
     t, cfg = _worker(_spec_setting(passed))
     assert getattr(cfg, unset) is getattr(t, unset) is None
     for o in passed:

@@ -136,3 +136,46 @@ def test_invalid_ring_settings_name_the_field(ring, field):
     """Refused here as the trainer would refuse the flag, so a bad value never reaches a pod."""
     with pytest.raises(InvalidSpec, match=field.replace(".", r"\.")):
         spec.load(job_obj(trainer={"ring": ring}))
+
+
+# ---- roles the built-in trainer knows -----------------------------------------------------------
+
+def test_ps_with_the_built_in_trainer_is_refused_saying_what_to_do_instead():
+    with pytest.raises(InvalidSpec, match=r"spec\.replicaSpecs\.PS: the built-in trainer .* "
+                                          r"ring allreduce\. Remove the PS replicas .* stock "
+                                          r"TensorFlow job .* may still use PS"):
+        job(workers=2, ps=1, trainer={"dataset": "mnist-5k"})
+
+
+def test_ps_in_a_stock_tensorflow_job_is_still_accepted():
+    j = job(workers=2, ps=1)  # no spec.trainer: the templates' own image and command
+    assert j.trainer is None and j.replica("ps").replicas == 1
+
+
+@pytest.mark.parametrize("checkpoint", [{}, {"volume": {"emptyDir": {}}}])
+def test_an_evaluator_with_a_per_pod_checkpoint_volume_is_refused(checkpoint):
+    with pytest.raises(InvalidSpec, match=r"Evaluator: .* emptyDir, which each pod has for "
+                                          r"itself; set spec\.trainer\.checkpoint\.volume"):
+        job(workers=1, chief=1, evaluator=1, trainer={"checkpoint": checkpoint})
+
+
+def test_an_evaluator_with_a_shared_checkpoint_volume_is_accepted_but_only_one():
+    shared = {"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}}
+    j = job(workers=1, chief=1, evaluator=1, trainer=shared)
+    assert j.replica("evaluator").replicas == 1
+    with pytest.raises(InvalidSpec, match="Evaluator.replicas: 2 is greater than the maximum"):
+        job(workers=1, evaluator=2, trainer=shared)
+
+
+def test_data_and_export_are_read_and_the_built_in_data_set_cannot_take_a_volume():
+    j = job(trainer={"data": {"volume": {"hostPath": {"path": "/srv/data"}}, "file": "d.npz"},
+                     "export": {"path": "model.onnx", "format": "onnx"}})
+    t = j.trainer
+    assert (t.data_volume, t.data_mount_path, t.data_file) == (
+        {"hostPath": {"path": "/srv/data"}}, "/data", "d.npz")
+    assert (t.export, t.export_format) == ("model.onnx", "onnx")
+    assert job(trainer={}).trainer.export is None
+    with pytest.raises(InvalidSpec, match="dataset mnist-5k is built in"):
+        job(trainer={"dataset": "mnist-5k", "data": {"volume": {"emptyDir": {}}}})
+    with pytest.raises(InvalidSpec, match="volume"):
+        job(trainer={"data": {"file": "d.npz"}})

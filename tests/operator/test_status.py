@@ -328,3 +328,54 @@ def test_observed_pod_reads_a_real_pod_object():
     assert (p.exit_code, p.exit_reason, p.termination_message, p.pod_ip) == (
         137, "OOMKilled", "{}", "10.1.0.7")
     assert ObservedPod.from_pod({"metadata": {"name": "x", "labels": {}}}) is None
+
+
+def _with_evaluator():
+    from operator_jobs import job_obj
+    from ringtrain_operator import spec
+
+    return spec.load(job_obj(workers=1, chief=1, evaluator=1, trainer={
+        "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}}}))
+
+
+def test_the_job_waits_for_the_built_in_evaluator_to_evaluate_the_last_checkpoint():
+    j = _with_evaluator()
+    d1 = step(j, running(j), None)
+    done = {"mnist-chief-0": pod("mnist-chief-0", "Succeeded", exit_code=0),
+            "mnist-worker-0": pod("mnist-worker-0", "Succeeded", exit_code=0)}
+    d2 = step(j, running(j, **done), d1.status)
+    assert d2.status["state"] != st.SUCCEEDED and "mnist-evaluator-0" not in d2.delete
+    d3 = step(j, running(j, **done, **{"mnist-evaluator-0": pod(
+        "mnist-evaluator-0", "Succeeded", exit_code=0)}), d2.status)
+    assert d3.status["state"] == st.SUCCEEDED
+
+
+def test_a_stock_evaluator_does_not_hold_the_job_back():
+    j = job(workers=1, chief=1, ps=1, evaluator=1)  # no spec.trainer
+    d = step(j, running(j, **{"mnist-chief-0": pod("mnist-chief-0", "Succeeded", exit_code=0)}),
+             None)
+    assert d.status["state"] == st.SUCCEEDED and "mnist-evaluator-0" in d.delete
+
+
+def test_the_evaluators_last_evaluation_and_the_export_appear_in_the_status():
+    j = _with_evaluator()
+    live = {"step": 20, "epoch": 0, "test_accuracy": 0.81, "test_loss": 0.6, "phase": "Evaluating"}
+    d1 = step(j, running(j, **{"mnist-evaluator-0": pod("mnist-evaluator-0", live=live)}), None)
+    assert d1.status["evaluation"] == {"step": 20, "testLoss": 0.6, "testAccuracy": 0.81}
+    starting = {"step": 0, "epoch": 0, "test_accuracy": None, "phase": "Evaluating"}
+    d0 = step(j, running(j, **{"mnist-evaluator-0": pod("mnist-evaluator-0", live=starting)}),
+              None)
+    assert "evaluation" not in d0.status
+    final = {"event": "final", "steps": 30, "test_accuracy": 0.85, "test_loss": 0.5,
+             "checkpoint": "/checkpoints/ckpt-0000000030.json", "evaluations": 3}
+    chief = {"event": "final", "steps": 30, "test_accuracy": 0.85,
+             "export": "/checkpoints/model.keras"}
+    d2 = step(j, running(j, **{
+        "mnist-evaluator-0": pod("mnist-evaluator-0", "Succeeded", exit_code=0,
+                                 message=json.dumps(final)),
+        "mnist-chief-0": pod("mnist-chief-0", "Succeeded", exit_code=0,
+                             message=json.dumps(chief))}), d1.status)
+    assert d2.status["evaluation"] == {"step": 30, "testLoss": 0.5, "testAccuracy": 0.85,
+                                       "checkpoint": "/checkpoints/ckpt-0000000030.json",
+                                       "evaluations": 3}
+    assert d2.status["progress"]["export"] == "/checkpoints/model.keras"

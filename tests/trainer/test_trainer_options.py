@@ -15,6 +15,9 @@ def test_the_tables_choices_are_what_the_trainer_implements():
     assert options.OPTIMIZERS == optim.OPTIMIZERS
     assert options.DATASETS == data.DATASETS
     assert options.TRANSPORTS == ring.TRANSPORTS
+    from ringtrain_trainer.export.cli import FORMATS
+
+    assert options.EXPORT_FORMATS == FORMATS
     assert options.DEFAULTS["data_dir"] == data.FASHION_MNIST_DIR
 
 

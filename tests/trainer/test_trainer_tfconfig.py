@@ -60,3 +60,27 @@ def test_index_map_form_is_accepted():
 def test_malformed_tf_config_names_the_field(text, field):
     with pytest.raises(InvalidClusterSpec, match=field.replace("[", r"\[").replace("]", r"\]")):
         cluster.parse(text)
+
+
+def test_the_evaluator_is_only_in_its_own_task_never_in_cluster():
+    """Kubeflow's genClusterSpec and TensorFlow's RunConfig: no evaluator in ``cluster``."""
+    text = cluster.build({"chief": ["c:2222"], "worker": ["w0:2222"], "ps": ["p0:2222"],
+                          "evaluator": ["e0:2222"]}, "evaluator", 0)
+    assert json.loads(text) == {"cluster": {"chief": ["c:2222"], "worker": ["w0:2222"],
+                                            "ps": ["p0:2222"]},
+                                "task": {"type": "evaluator", "index": 0},
+                                "environment": "cloud"}
+    ev = cluster.parse(text)
+    assert (ev.task_type, ev.in_ring, ev.is_chief, ev.address) == ("evaluator", False, False, None)
+    assert ev.ring == ("c:2222", "w0:2222") and ev.world_size == 2
+    with pytest.raises(InvalidClusterSpec, match="does not take part in the ring"):
+        ev.rank
+    chief = cluster.parse(cluster.build({"chief": ["c:2222"], "worker": ["w0:2222"],
+                                         "evaluator": ["e0:2222"]}, "chief", 0))
+    assert "evaluator" not in chief.cluster and chief.rank == 0 and chief.is_chief
+
+
+def test_an_evaluator_listed_in_cluster_by_older_tools_still_parses():
+    text = ('{"cluster":{"worker":["w0:2222"],"evaluator":["e0:2222"]},'
+            '"task":{"type":"evaluator","index":0}}')
+    assert cluster.parse(text).address == "e0:2222"

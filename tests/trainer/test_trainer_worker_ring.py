@@ -120,6 +120,6 @@ def test_the_termination_log_owner_is_every_pod_but_only_mpi_rank_0():
     mpi = TrainerConfig(collective="mpi")
     rank1 = LocalCollective()
     rank1.rank = 1
-    assert worker._own_termination_log("/log", ring, rank1) == "/log"
-    assert worker._own_termination_log("/log", mpi, rank1) is None
-    assert worker._own_termination_log("/log", mpi, LocalCollective()) == "/log"
+    assert worker.own_termination_log("/log", ring, rank1) == "/log"
+    assert worker.own_termination_log("/log", mpi, rank1) is None
+    assert worker.own_termination_log("/log", mpi, LocalCollective()) == "/log"

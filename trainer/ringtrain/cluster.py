@@ -18,6 +18,10 @@ from ringtrain.errors import InvalidSpec
 ROLES = ("chief", "worker", "ps", "evaluator")
 #: Roles that take part in the gradient ring; chief (if any) is rank 0, then workers by index.
 RING_ROLES = ("chief", "worker")
+#: Roles that appear only in their own ``task``, never in ``cluster``: TensorFlow's
+#: ``RunConfig`` requires the evaluator to stay out of the cluster spec, and Kubeflow's
+#: ``genClusterSpec`` leaves it out.
+TASK_ONLY_ROLES = ("evaluator",)
 
 
 class InvalidClusterSpec(InvalidSpec, ValueError):
@@ -78,13 +82,13 @@ class ClusterSpec:
     @property
     def is_chief(self) -> bool:
         """The process that checkpoints, evaluates and logs: the chief, else worker 0."""
-        return self.rank == 0 and self.in_ring
+        return self.in_ring and self.rank == 0
 
     @property
     def address(self) -> str | None:
-        if not self.cluster:
-            return None
-        return self.cluster[self.task_type][self.task_index]
+        """This task's ``host:port``; None alone or for a task outside ``cluster`` (evaluator)."""
+        addresses = self.cluster.get(self.task_type, ())
+        return addresses[self.task_index] if self.task_index < len(addresses) else None
 
     def to_json(self) -> str:
         """Serialise exactly as Kubeflow's TFJob controller writes TF_CONFIG."""
@@ -149,7 +153,7 @@ def parse(text: str | None) -> ClusterSpec:
         index = int(index)
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
         raise InvalidClusterSpec(f"TF_CONFIG.task.index: {index!r} is not a non-negative integer")
-    if cluster and index >= len(cluster.get(task_type, ())):
+    if cluster and task_type not in TASK_ONLY_ROLES and index >= len(cluster.get(task_type, ())):
         raise InvalidClusterSpec(
             f"TF_CONFIG.task.index: {index} but cluster.{task_type} has "
             f"{len(cluster.get(task_type, ()))} entries"
@@ -162,9 +166,13 @@ def parse(text: str | None) -> ClusterSpec:
 
 def build(cluster: Mapping[str, list[str] | tuple[str, ...]], task_type: str, task_index: int,
           environment: str = "cloud") -> str:
-    """Build the TF_CONFIG string for one replica (used by the operator and `ringtrain run`)."""
+    """Build the TF_CONFIG string for one replica (used by the operator and `ringtrain run`).
+
+    As Kubeflow's ``genClusterSpec`` does, an evaluator in ``cluster`` is left out: it appears
+    only in its own ``task``."""
     spec = ClusterSpec(
-        cluster={r: tuple(cluster[r]) for r in ROLES if r in cluster and cluster[r]},
+        cluster={r: tuple(cluster[r]) for r in ROLES
+                 if r in cluster and cluster[r] and r not in TASK_ONLY_ROLES},
         task_type=task_type,
         task_index=task_index,
         environment=environment,

@@ -2,9 +2,9 @@
 human rendering.
 
 Pipeline position: the shared contract. The worker builds :class:`Progress`, :class:`Eval` and
-:class:`Final` and prints them (``--json``: :meth:`to_dict` as one line; otherwise
-:func:`format_event`); the final one is also its termination message. Its metrics server answers
-``/status`` with a :class:`Status`. The operator reads ``/status`` and the termination message,
+:class:`Final`, the evaluator :class:`Evaluation` and :class:`Final`, and each prints them
+(``--json``: :meth:`to_dict` as one line; otherwise :func:`format_event`); the final one is
+also its termination message. Its metrics server answers ``/status`` with a :class:`Status`. The operator reads ``/status`` and the termination message,
 ``ringtrain run`` reads the chief's stdout and ``/status`` — both through this module, so a field
 is named in one place. The JSON keys are the field names (docs/contracts.md), unchanged since
 the dicts these classes replace.
@@ -30,9 +30,13 @@ class _Record:
 
     #: the ``"event"`` tag written first, or None for a document that is not an event
     KIND: ClassVar[str | None] = None
+    #: fields added after the wire format was pinned: left out while None, so a document that
+    #: does not use them keeps its bytes
+    OPTIONAL: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in self.OPTIONAL or getattr(self, f.name) is not None}
         return {"event": self.KIND, **body} if self.KIND else body
 
     def to_json(self) -> str:
@@ -67,10 +71,27 @@ class Eval(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class Evaluation(_Record):
+    """The evaluator (``TF_CONFIG`` task type ``evaluator``) after evaluating one checkpoint on
+    the whole test split."""
+
+    KIND: ClassVar[str] = "evaluation"
+    step: int | None
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+    checkpoint: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Final(_Record):
-    """Every worker's last line and termination message: how its training ended."""
+    """Every worker's last line and termination message: how its training ended.
+
+    The evaluator's too: ``steps`` is then the step of the last checkpoint it evaluated,
+    ``test_loss``/``test_accuracy`` that checkpoint's, ``evaluations`` how many it evaluated.
+    ``export`` is where the chief wrote the trained model (``--export``)."""
 
     KIND: ClassVar[str] = "final"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_loss", "evaluations", "export")
     steps: int | None
     epoch: int | None = None
     loss: float | None = None
@@ -80,18 +101,25 @@ class Final(_Record):
     rank: int | None = None
     world_size: int | None = None
     terminated: bool | None = None
+    test_loss: float | None = None
+    evaluations: int | None = None
+    export: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Status(_Record):
-    """A worker's ``/status`` document (no ``"event"`` key): its latest step, at any moment."""
+    """A worker's ``/status`` document (no ``"event"`` key): its latest step, at any moment.
 
+    The evaluator's: ``step`` is the last evaluated checkpoint's, ``phase`` ``Evaluating``."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_loss", "waiting_for", "stalled")
     step: int | None = 0
     epoch: float | None = 0
     loss: float | None = None
     samples_per_s: float | None = None
     test_accuracy: float | None = None
     phase: str | None = "Starting"
+    test_loss: float | None = None
     #: at start-up, the ring members (task names, ``worker-2``) that have not answered yet
     waiting_for: list[str] | None = None
     #: a collective waiting past the stall threshold: its seq, step, tag, waited_s and the
@@ -99,9 +127,9 @@ class Status(_Record):
     stalled: dict | None = None
 
 
-Event = Progress | Eval | Final
-EVENTS: dict[str, type[Progress] | type[Eval] | type[Final]] = {
-    c.KIND: c for c in (Progress, Eval, Final)}
+Event = Progress | Eval | Evaluation | Final
+EVENTS: dict[str, type[Progress] | type[Eval] | type[Evaluation] | type[Final]] = {
+    c.KIND: c for c in (Progress, Eval, Evaluation, Final)}
 
 
 def parse(doc: Any) -> Event | None:
@@ -151,6 +179,7 @@ def format_event(e: Event) -> str:
 
     ``step 120/500 (24%)  epoch 0  loss 0.4123  8,412 samples/s  ETA 0:45``;
     ``step 500  test accuracy 0.9012``;
+    ``checkpoint step 500  test loss 0.2811  test accuracy 0.9012`` (the evaluator);
     ``done: 500 steps, loss 0.2101, test accuracy 0.9012, 8,300 samples/s, checkpoint …``.
     A field not known yet is left out of a progress line.
     """
@@ -173,6 +202,13 @@ def format_event(e: Event) -> str:
         return "  ".join(parts)
     if isinstance(e, Eval):
         return f"step {e.step}  test accuracy {_number(e.test_accuracy, '.4f')}"
+    if isinstance(e, Evaluation):
+        return (f"checkpoint step {e.step}  test loss {_number(e.test_loss, '.4f')}  "
+                f"test accuracy {_number(e.test_accuracy, '.4f')}")
+    if e.evaluations is not None:
+        return (f"done: evaluated {e.evaluations} checkpoints, last step {e.steps}, test loss "
+                f"{_number(e.test_loss, '.4f')}, test accuracy {_number(e.test_accuracy, '.4f')}")
     return (f"done: {e.steps} steps, loss {_number(e.loss, '.4f')}, test accuracy "
             f"{_number(e.test_accuracy, '.4f')}, {_number(e.samples_per_s, ',.0f')} samples/s"
-            + (f", checkpoint {e.checkpoint}" if e.checkpoint else ""))
+            + (f", checkpoint {e.checkpoint}" if e.checkpoint else "")
+            + (f", export {e.export}" if e.export else ""))

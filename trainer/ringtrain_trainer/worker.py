@@ -7,16 +7,15 @@ TF_CONFIG names peers: gRPC control plane, data path ``grpc+tcp`` or ``grpc`` as
 Each step: gather this worker's shard of the global batch, stream it through the emulated IPU,
 whose backward hands each layer's gradient to the :class:`Reducer` (allreduce + optimizer,
 overlapped with the rest of backward). Every worker evaluates its share of the test set (so
-the chief never stalls its peers past the step timeout); the chief (rank 0) checkpoints and
-reports.
+the chief never stalls its peers past the step timeout); the chief (rank 0) checkpoints,
+reports, writes ``--export`` and finally the marker that ends the evaluator. A process whose
+TF_CONFIG task is ``evaluator`` runs :mod:`.evaluator` instead.
 Every exception becomes an exit code via ``ringtrain.errors.exit_code_for``; SIGTERM stops after
 the current step, checkpoints, and exits 143.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import sys
 import threading
@@ -32,6 +31,7 @@ from ringtrain_trainer import model as model_mod
 from ringtrain_trainer import optim
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.data_npz import check_fits
+from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain import events
@@ -40,6 +40,8 @@ from ringtrain.errors import (EXIT_OK, EXIT_TERMINATED, CheckpointError, IPUComp
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig, blas_limits
 from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
 from ringtrain_trainer.reducer import Reducer, StepCommStats
+from ringtrain_trainer.termlog import (own_termination_log, termination_log_flag,
+                                      write_termination_log)
 
 #: seconds between progress lines
 PROGRESS_EVERY_S = 1.0
@@ -201,15 +203,29 @@ class Trainer:
             return self.step >= self.cfg.steps
         return self.position.epoch >= self.cfg.epochs
 
-    def save(self, loss: float | None) -> None:
-        if self.ckpt is None or not self.is_chief:
-            return
-        path = self.ckpt.save(TrainingState(
+    def state(self, loss: float | None) -> TrainingState:
+        return TrainingState(
             step=self.step, position=self.position, params=self.params,
             optimizer=self.optimizer.name, optimizer_state=self.optimizer.state_dict(),
             optimizer_iterations=self.optimizer.iterations, model=self.cfg.model,
-            world_size=self.world, loss=loss, model_state=self.ipu.state))
-        self.last_checkpoint = str(path)
+            world_size=self.world, loss=loss, model_state=self.ipu.state)
+
+    def save(self, loss: float | None) -> None:
+        if self.ckpt is None or not self.is_chief:
+            return
+        self.last_checkpoint = str(self.ckpt.save(self.state(loss)))
+
+    def export(self, loss: float | None) -> str | None:
+        """``--export``: the chief writes the trained model with ``ringtrain export``'s code; a
+        relative path is under the checkpoint directory."""
+        if not self.cfg.export or not self.is_chief:
+            return None
+        from ringtrain_trainer.export.cli import export_state  # lazily: h5py, onnx
+
+        path = Path(self.cfg.export)
+        if not path.is_absolute():
+            path = Path(self.cfg.checkpoint_dir or ".") / path
+        return str(export_state(self.state(loss), path, self.cfg.export_format))
 
     def evaluate(self) -> float:
         """Test accuracy, computed by every worker on its contiguous share of the test set and
@@ -258,6 +274,8 @@ class Trainer:
 
     def run(self) -> dict:
         self._restore()
+        if self.ckpt is not None and self.is_chief:
+            clear_done(self.ckpt.dir)
         cfg, total = self.cfg, self.total_steps
         first = self.step
         loss = float("nan")
@@ -284,9 +302,12 @@ class Trainer:
             if cfg.eval_every and self.step % cfg.eval_every == 0 and not self._done():
                 self.evaluate()
         terminated = self._should_stop() and not self._done()
-        self.save(None if np.isnan(loss) else loss)
+        last_loss = None if np.isnan(loss) else loss
+        self.save(last_loss)
+        export = None
         if not terminated:
             self.evaluate()
+            export = self.export(last_loss)
         done = self.step - first
         final = events.Final(
             steps=self.step, epoch=self.position.epoch,
@@ -295,7 +316,9 @@ class Trainer:
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
             if train_s > 0 else 0.0,
             checkpoint=self.last_checkpoint, rank=self.rank, world_size=self.world,
-            terminated=terminated)
+            terminated=terminated, export=export)
+        if not terminated and self.ckpt is not None and self.is_chief:
+            write_done(self.ckpt.dir, final)  # the evaluator's signal to finish
         self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")
         self.report.emit(final)
         return final.to_dict()
@@ -303,15 +326,6 @@ class Trainer:
     def close(self) -> None:
         self.reducer.close()
         self.ipu.close()
-
-
-def _write_termination_log(path: str | None, doc: dict) -> None:
-    if not path:
-        return
-    try:
-        Path(path).write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    except OSError as e:
-        print(f"ringtrain worker: cannot write termination log {path}: {e}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,15 +339,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = TrainerConfig.from_args(argv)
         metrics = TrainerMetrics()
+        if cfg.cluster.task_type == "evaluator":  # beside the ring, never in it
+            from ringtrain_trainer import evaluator
+
+            if cfg.metrics_port:
+                server = MetricsServer(metrics, cfg.metrics_port)
+            final = evaluator.run(cfg, metrics, _install_sigterm).to_dict()
+            write_termination_log(cfg.termination_log, final)
+            return EXIT_TERMINATED if final["terminated"] else EXIT_OK
         if cfg.metrics_port:  # up before the ring, so /status names the peers it waits for
             server = MetricsServer(metrics, cfg.metrics_port)
         collective = connect(cfg, metrics)
         metrics.watch_ring(collective)
         trainer = Trainer(cfg, collective, metrics=metrics)
-        restore_signals = _install_sigterm(trainer)
+        restore_signals = _install_sigterm(trainer.stop_requested)
         with blas_limits(trainer.ipu.host_threads):
             final = trainer.run()
-        _write_termination_log(_own_termination_log(cfg.termination_log, cfg, collective), final)
+        write_termination_log(own_termination_log(cfg.termination_log, cfg, collective), final)
         return EXIT_TERMINATED if final["terminated"] else EXIT_OK
     except SystemExit:
         raise
@@ -344,11 +366,11 @@ def main(argv: list[str] | None = None) -> int:
             collective.fail(f"{type(e).__name__}: {e}")
         if trainer is not None:
             trainer.metrics.update_status(phase="Failed")
-        log = _own_termination_log(
-            cfg.termination_log if cfg is not None else _termination_log_flag(argv), cfg,
+        log = own_termination_log(
+            cfg.termination_log if cfg is not None else termination_log_flag(argv), cfg,
             collective)
         if log:
-            _write_termination_log(log, {
+            write_termination_log(log, {
                 "event": "error", "error": f"{type(e).__name__}: {e}", "exit_code": code})
         if code == 1:
             raise
@@ -363,39 +385,15 @@ def main(argv: list[str] | None = None) -> int:
             server.close()
 
 
-def _own_termination_log(path: str | None, cfg: TrainerConfig | None,
-                         collective: Collective | None) -> str | None:
-    """``path``, or None where another process of this job writes the same file.
-
-    Under ``mpirun`` every rank runs on the same host with the same flags, so all would write
-    one path and the last writer would win; only rank 0 writes (its result is the job's). Ring
-    workers run one per pod, each with its own termination log, so each writes its own. Before
-    the collective exists (bad flags), Open MPI's own rank variable decides."""
-    mpi = (cfg.collective == "mpi") if cfg is not None else "OMPI_COMM_WORLD_RANK" in os.environ
-    if not mpi:
-        return path
-    rank = collective.rank if collective is not None else int(
-        os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    return path if rank == 0 else None
-
-
-def _termination_log_flag(argv: list[str]) -> str | None:
-    """--termination-log even when the rest of the flags are invalid, so the reason is kept."""
-    ns, _ = TrainerConfig.parser().parse_known_args(
-        [a for a in argv if a.startswith("--termination-log")] +
-        [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--termination-log"])
-    return ns.termination_log
-
-
-def _install_sigterm(trainer: Trainer) -> Callable[[], None]:
-    """SIGTERM/SIGINT finish the current step, checkpoint, and exit 143 (Python as PID 1
-    otherwise ignores SIGTERM and the pod waits out its whole grace period).
-    Returns a function that puts the previous handlers back."""
+def _install_sigterm(stop_requested: threading.Event) -> Callable[[], None]:
+    """SIGTERM/SIGINT set ``stop_requested``: the trainer finishes the current step,
+    checkpoints, and exits 143 (Python as PID 1 otherwise ignores SIGTERM and the pod waits out
+    its whole grace period). Returns a function that puts the previous handlers back."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def handler(signum, frame):
-        trainer.stop_requested.set()
+        stop_requested.set()
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     return lambda: [signal.signal(s, h) for s, h in old.items()] and None

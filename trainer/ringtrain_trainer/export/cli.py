@@ -31,6 +31,15 @@ def keras_model(state: TrainingState) -> tuple[dict, list[np.ndarray]]:
     return spec.keras_config(), spec.keras_weights(state.params, state.model_state)
 
 
+def export_state(state: TrainingState, output: str | Path, fmt: str = "keras") -> Path:
+    """Write ``state``'s model to ``output`` as ``fmt`` (one of :data:`FORMATS`): what this
+    command does with a checkpoint, and what the chief does at the end with ``--export``."""
+    config, weights = keras_model(state)
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    write = write_onnx if fmt == "onnx" else write_keras
+    return write(output, config, weights)
+
+
 def load_checkpoint(target: str | Path) -> TrainingState:
     """A manifest, or a directory's newest good checkpoint (corrupt ones reported, skipped)."""
     target = Path(target)
@@ -62,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     fmt = ns.format or ("onnx" if ns.output.endswith(".onnx") else "keras")
     try:
         state = load_checkpoint(ns.checkpoint)
-        config, weights = keras_model(state)
-        write = write_onnx if fmt == "onnx" else write_keras
-        path = write(ns.output, config, weights)
+        path = export_state(state, ns.output, fmt)
     except RingtrainError as e:
         print(f"ringtrain export: {type(e).__name__}: {e}", file=sys.stderr)
         return exit_code_for(e)
