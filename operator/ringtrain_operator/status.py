@@ -226,9 +226,11 @@ def derive_status(job: Job, pods: Iterable[ObservedPod], now: datetime,
 
 
 def _finished(f: _Fold, job: Job, seen: _Seen) -> bool:
-    """A terminal job stays terminal and keeps applying cleanPodPolicy and its TTL."""
+    """A terminal job stays terminal and keeps applying cleanPodPolicy and its TTL; its restarts
+    are those it had when it ended (a pod left by cleanPodPolicy None may restart on)."""
     if f.state not in TERMINAL:
         return False
+    f.status["restarts"] = f.restarts_before
     f.terminal(seen.live)
     return True
 

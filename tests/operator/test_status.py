@@ -239,6 +239,11 @@ def test_a_permanent_failure_with_clean_pod_policy_none_deletes_nothing():
     d = step(j, running(j, **{"mnist-worker-1": exited("mnist-worker-1", 2)}),
              step(j, running(j), None).status)
     assert d.status["state"] == st.FAILED and d.delete == ()
+    # The kubelet goes on restarting what None keeps: the finished job's count stays put.
+    later = step(j, [restarted("mnist-worker-0", 138, restarts=3),
+                     exited("mnist-worker-1", 2, restarts=4)], d.status)
+    assert later.status["state"] == st.FAILED and later.status["restarts"] == 0
+    assert later.events == () and later.delete == ()
 
 
 @pytest.mark.parametrize("policy", ["OnFailure", "Always"])
