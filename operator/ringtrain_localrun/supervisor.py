@@ -91,8 +91,9 @@ class Runner:
 
     Each turn observes the current processes as Pods (:func:`observed_pod`), folds them with the
     job's previous status through :func:`status.derive_status` — the operator's own lifecycle:
-    restart policies, gang restarts, backoffLimit, activeDeadlineSeconds, successPolicy — and
-    does what the decision says: start the replicas it creates, stop the ones it deletes. So a
+    restart policies, restarts in place, backoffLimit, activeDeadlineSeconds, successPolicy — and
+    does what the decision says: start the replicas it creates, stop the ones it deletes; then,
+    as the kubelet, starts again in place what exited under OnFailure/Always. So a
     job behaves here as it would on a cluster, with one implementation of the rules.
     """
 
@@ -102,7 +103,7 @@ class Runner:
         self.job, self.replicas, self.run_dir, self.output = job, replicas, run_dir, output
         self.grace_s, self.clock = grace_s, clock
         self.by_name = {r.name: r for r in replicas}
-        #: The current process of each replica (label → process); a gang restart replaces them.
+        #: The current process of each replica (label → process); a restart replaces one.
         self.procs: dict[str, subprocess.Popen] = {}
         self.pumps: dict[str, threading.Thread] = {}
         #: The kubelet's view of each replica: restartCount, the previous process (lastState),

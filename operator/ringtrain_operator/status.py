@@ -1,8 +1,9 @@
 """The job lifecycle as one pure fold: (spec, observed pods, now, previous status) → decision.
 
-Every path — start, restart in place, pod replacement, backoff, deadline, suspend/resume, success, failure, cleanup,
-TTL — goes through :func:`derive_status`, so the Kubeflow pattern of copy-pasted success and
-failure blocks (and their bug of skipping ``cleanPodPolicy`` on some of them) cannot recur.
+Every path — start, restart in place, pod replacement, backoff, deadline, suspend/resume,
+success, failure, cleanup, TTL — goes through :func:`derive_status`, so the Kubeflow pattern of
+copy-pasted success and failure blocks (and their bug of skipping ``cleanPodPolicy`` on some of
+them) cannot recur.
 The caller observes the cluster, writes the returned status *first* (so a restart is counted
 once even if the operator dies next), then carries out the returned actions.
 
@@ -351,7 +352,7 @@ def derive_invalid(pods: Iterable[ObservedPod], now: datetime,
     return f.decision()
 
 
-def _announce(f: _Fold, job: Job, message: str) -> None:
+def _announce(f: _Fold, message: str) -> None:
     f.status["state"] = RESTARTING
     f.condition(RESTARTING, True, REASON_RESTARTING, message)
     f.clear(RUNNING, reason=REASON_RESTARTING, message=message)
@@ -369,7 +370,7 @@ def _replace(f: _Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) 
     f.status["priorContainerRestarts"] = (f.status.get("priorContainerRestarts", 0)
                                           + culprit.restarts + culprit.restarting)
     f.status["restarts"] += 1
-    _announce(f, job, f"pod {culprit.name} failed with {_exit(culprit)}: recreating it, the "
+    _announce(f, f"pod {culprit.name} failed with {_exit(culprit)}: recreating it, the "
               f"other pods restart in place (restart {f.status['restarts']} of {limit})")
     f.delete.append(culprit.name)
 
@@ -378,7 +379,7 @@ def _in_place(f: _Fold, job: Job, culprits: list[ObservedPod]) -> None:
     """New container restarts: the kubelet restarts them in place, the ring re-forms."""
     who = (f"pod {culprits[0].name} failed with {_exit(culprits[0])}" if culprits
            else "a container failed")
-    _announce(f, job, f"{who}: restarting in place, its peers rejoin the ring (restart "
+    _announce(f, f"{who}: restarting in place, its peers rejoin the ring (restart "
               f"{f.status['restarts']} of {job.run_policy.backoff_limit})")
 
 
