@@ -7,9 +7,11 @@ kill -9 of the operator mid-job."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import uuid
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from e2e_support import (CRD, OperatorProcess, get_job, job_pods, job_story, sleep_job,
@@ -131,6 +133,56 @@ def test_a_killed_worker_restarts_in_place_and_resumes_from_the_default_emptydir
     assert sum(e.get("count", 1) for e in evs if e["reason"] == "PodCreated") == 2
     print(f"killed after checkpoint step {killed_at}; the restarted chief's first step "
           f"{progress[0]['step']}; restarts {st['restarts']}; Restarting events: {restarting}")
+
+
+def test_a_deleted_chief_pod_is_recreated_alone_and_resumes_from_a_volume_that_outlives_it(
+        kubectl, ns, operator, project_image):
+    """Pod loss is what an emptyDir does not survive: the chief's pod is deleted by hand, the
+    operator recreates that pod alone, worker-1 restarts in place, and the new chief resumes
+    from the checkpoint volume that outlives pods (hostPath here, as a PVC on a real cluster)."""
+    name = "podloss"
+    ckpt = Path(f"/tmp/ringtrain-e2e/{ns}/{name}")
+    ckpt.mkdir(parents=True, exist_ok=True)
+    ckpt.chmod(0o777)
+    job = training_job(name, project_image, steps=1500,
+                       run_policy={"cleanPodPolicy": "None", "backoffLimit": 6},
+                       checkpoint={"everySteps": 20, "volume": {
+                           "hostPath": {"path": str(ckpt), "type": "Directory"}}})
+    kubectl.apply(job, ns)
+    chief = f"{name}-worker-0"
+    try:
+        wait_for("the first checkpoint", lambda: any(ckpt.glob("ckpt-*.json")), 180,
+                 story(kubectl, ns, name, operator), poll_s=0.2)
+        before = {p["metadata"]["name"]: p["metadata"]["uid"]
+                  for p in job_pods(kubectl, ns, name)}
+        deleted_at = max(json.loads(f.read_text())["step"] for f in ckpt.glob("ckpt-*.json"))
+        kubectl("delete", "pod", chief, "-n", ns, "--wait=false")
+        done = wait_state(kubectl, ns, name, "Succeeded", 300, operator.tail)
+    finally:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    st = done["status"]
+    assert st["progress"]["step"] == 1500
+    after = {p["metadata"]["name"]: p for p in job_pods(kubectl, ns, name)}
+    assert after[chief]["metadata"]["uid"] != before[chief], "the chief's pod was recreated"
+    worker1 = after[f"{name}-worker-1"]
+    assert worker1["metadata"]["uid"] == before[f"{name}-worker-1"], "worker-1 was not"
+    w1 = worker1["status"]["containerStatuses"][0]
+    # SIGTERM to the chief is a stop vote: the gang checkpoints at one step and exits 143 (a
+    # peer that lost the ring instead exits 138); either way worker-1 restarted in place.
+    assert w1["restartCount"] >= 1 and w1["lastState"]["terminated"]["exitCode"] in (138, 143)
+    # The deletion itself is not a restart the job made; worker-1's restarts in place are.
+    assert st["restarts"] == w1["restartCount"] + after[chief]["status"]["containerStatuses"][
+        0]["restartCount"] and st.get("gangRestarts", 0) == 0
+    log = kubectl("logs", chief, "-n", ns, "-c", "ringtrain").stdout
+    progress = [json.loads(line) for line in log.splitlines()
+                if line.startswith("{") and '"progress"' in line]
+    assert progress and progress[0]["step"] > deleted_at >= 20, log[-3000:]
+    evs = events(kubectl, ns, name)
+    assert sum(e.get("count", 1) for e in evs if e["reason"] == "PodCreated") == 3
+    assert "TrainingJobSucceeded" in [e["reason"] for e in evs]
+    print(f"chief deleted after checkpoint step {deleted_at}; the recreated chief's first step "
+          f"{progress[0]['step']}; worker-1 exited {w1['lastState']['terminated']['exitCode']}; "
+          f"restarts {st['restarts']}")
 
 
 def test_active_deadline_fails_the_job_and_applies_clean_pod_policy(kubectl, ns, operator,
