@@ -83,7 +83,8 @@ class JobState:
             w.step = st.step
 
     def new_gang(self, labels: Iterable[str], now_s: float) -> None:
-        """A restarted gang resumes from a checkpoint: forget the old gang's step and health."""
+        """Restarted replicas (the chief: from a checkpoint): forget their old step and health,
+        and the job's progress, which the restarted chief reports anew."""
         for label in labels:
             self.workers[label] = WorkerState(last_output_s=now_s)
         self.step = self.epoch = self.loss = self.samples_per_s = self.eta_s = None
@@ -112,7 +113,7 @@ def summary(job: jobspec.Job, phase: str, state: JobState, exits: Mapping[str, i
             run_dir: Path, elapsed_s: float, reason: str | None, message: str | None = None,
             restarts: int = 0, chief_result: events.Final | None = None) -> dict:
     """The final object: the job's phase (with the condition's reason and message, as the
-    operator writes them), its gang restarts, and the chief's final metrics — from its last
+    operator writes them), its restarts, and the chief's final metrics — from its last
     line, else ``chief_result`` (its termination log), else the last progress seen — with the
     model it exported and the evaluator's evaluations."""
     final = state.final or chief_result

@@ -46,6 +46,8 @@ class Replica:
     dirs: tuple[str, ...]       # local directories to create before the start
     metrics_port: int | None
     termination_log: str | None
+    #: The Pod's restartPolicy: whether a failed process is started again in place.
+    restart_policy: str = "Never"
 
     @property
     def label(self) -> str:
@@ -245,6 +247,7 @@ def plan(obj: Mapping[str, Any], run_dir: Path, *,
                                                 run_dir / "pods" / pod["metadata"]["name"]]
                                if not _under_any(d, host_paths)})),
             metrics_port=metrics_port, termination_log=termination_log,
+            restart_policy=pod["spec"].get("restartPolicy", "Always"),
         ))
     return job, replicas
 

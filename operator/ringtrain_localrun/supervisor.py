@@ -3,15 +3,21 @@
 Pipeline position: after planning, `ringtrain run` hands the replicas to a :class:`Runner`.
 It decides with the operator's own fold (:func:`status.derive_status`): the processes are
 presented as observed Pods, and the runner starts and stops them as the returned decision
-creates and deletes Pods. So restartPolicy, gang restarts (the whole gang is stopped and started
-again and resumes from the shared checkpoint directory), backoffLimit, activeDeadlineSeconds and
-successPolicy mean here exactly what they mean on a cluster. One difference: there is no kubelet,
-so no container restarts in place; under OnFailure/Always a failed process is what the operator
-sees when the kubelet gave up on a Pod, and restarts the gang.
+creates and deletes Pods. So restartPolicy, restarts in place, backoffLimit,
+activeDeadlineSeconds and successPolicy mean here exactly what they mean on a cluster.
+
+The runner is the kubelet too: under the Pod restartPolicy OnFailure/Always (every replica
+restartPolicy but Never) a process that exits is started again in place — same replica, same
+per-replica emptyDir directories, so the chief resumes from its own checkpoints — after the fold
+has seen the exit (as the operator sees ``state.terminated``), so a permanent code fails the job
+before any restart. Its peers leave the broken ring (138) and are restarted the same way. The
+back-off between restarts of one replica is the kubelet's shape, shorter: none before the first,
+then 1 s doubling to 30 s (the kubelet: 10 s to 5 min).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -35,22 +41,41 @@ from .plan import CHECKPOINT_VOLUME, Replica
 #: How long replicas get between SIGTERM and SIGKILL (Kubernetes' default grace period is 30 s;
 #: locally nobody wants to wait that long for a process that ignores SIGTERM).
 DEFAULT_GRACE_S = 10.0
+#: Restart back-off of one replica: (first delay, cap) in seconds; the first restart is at once.
+RESTART_BACKOFF_S = (1.0, 30.0)
 
-def observed_pod(replica: Replica, proc: subprocess.Popen) -> observe.ObservedPod:
+def restarts_in_place(replica: Replica, returncode: int) -> bool:
+    """Whether the kubelet would start this exited container again in its Pod."""
+    return replica.restart_policy == "Always" or (replica.restart_policy == "OnFailure"
+                                                  and returncode != 0)
+
+
+def observed_pod(replica: Replica, proc: subprocess.Popen, restarts: int = 0,
+                 last: subprocess.Popen | None = None) -> observe.ObservedPod:
     """A replica's process as the Pod the operator's fold would observe.
 
-    There is no kubelet here, so a process is a Pod whose container never restarts in place: it
-    is Running until it exits, then Succeeded (exit 0) or Failed with the exit code Kubernetes
-    would report (a signal n becomes 128 + n, named like the kubelet's reason).
+    It is Running until it exits; then, if its restartPolicy restarts it in place, still Running
+    with the exit as ``state.terminated`` (``restarting``), else Succeeded (exit 0) or Failed.
+    Exit codes are what Kubernetes reports (a signal n becomes 128 + n, named like the kubelet's
+    reason); ``restarts`` and ``last`` (the previous process) are restartCount and lastState.
     """
     code = proc.poll()
+    last_code = last.returncode if last is not None else None
+    pod = observe.ObservedPod(
+        name=replica.name, role=replica.role, index=replica.index, phase="Running", ready=True,
+        restarts=restarts, last_exit_code=None if last_code is None else exit_status(last_code),
+        last_exit_reason=_reason(last_code))
     if code is None:
-        return observe.ObservedPod(name=replica.name, role=replica.role, index=replica.index,
-                                  phase="Running", ready=True)
-    return observe.ObservedPod(
-        name=replica.name, role=replica.role, index=replica.index,
-        phase="Succeeded" if code == 0 else "Failed", exit_code=exit_status(code),
-        exit_reason=signal.Signals(-code).name if code < 0 else None)
+        return pod
+    return dataclasses.replace(
+        pod, ready=False, exit_code=exit_status(code), exit_reason=_reason(code),
+        restarting=restarts_in_place(replica, code),
+        phase="Running" if restarts_in_place(replica, code) else
+        "Succeeded" if code == 0 else "Failed")
+
+
+def _reason(returncode: int | None) -> str | None:
+    return signal.Signals(-returncode).name if returncode is not None and returncode < 0 else None
 
 
 class Stopped(Exception):
@@ -66,8 +91,9 @@ class Runner:
 
     Each turn observes the current processes as Pods (:func:`observed_pod`), folds them with the
     job's previous status through :func:`status.derive_status` — the operator's own lifecycle:
-    restart policies, gang restarts, backoffLimit, activeDeadlineSeconds, successPolicy — and
-    does what the decision says: start the replicas it creates, stop the ones it deletes. So a
+    restart policies, restarts in place, backoffLimit, activeDeadlineSeconds, successPolicy — and
+    does what the decision says: start the replicas it creates, stop the ones it deletes; then,
+    as the kubelet, starts again in place what exited under OnFailure/Always. So a
     job behaves here as it would on a cluster, with one implementation of the rules.
     """
 
@@ -77,9 +103,14 @@ class Runner:
         self.job, self.replicas, self.run_dir, self.output = job, replicas, run_dir, output
         self.grace_s, self.clock = grace_s, clock
         self.by_name = {r.name: r for r in replicas}
-        #: The current process of each replica (label → process); a gang restart replaces them.
+        #: The current process of each replica (label → process); a restart replaces one.
         self.procs: dict[str, subprocess.Popen] = {}
         self.pumps: dict[str, threading.Thread] = {}
+        #: The kubelet's view of each replica: restartCount, the previous process (lastState),
+        #: and when a pending restart in place is due (monotonic seconds).
+        self.restart_counts: dict[str, int] = {}
+        self.last: dict[str, subprocess.Popen] = {}
+        self.due: dict[str, float] = {}
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self.state = JobState(
             total_steps=job.trainer.steps if job.trainer else None, started_s=time.monotonic(),
@@ -122,20 +153,50 @@ class Runner:
                       if self.job.trainer else "")
             self.output.message(f"restart {self.restarts}: starting {len(todo)} replicas{resume}")
         for r in todo:
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **r.env}
-            # Own session: a terminal's Ctrl-C reaches only the runner, which then stops every
-            # replica the same way (SIGTERM, grace, SIGKILL) — as the kubelet does.
-            p = subprocess.Popen(r.argv, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                 bufsize=1, start_new_session=True, cwd=self.run_dir)
-            self.procs[r.label] = p
-            t = threading.Thread(target=self._pump, args=(r.label, p.stdout), daemon=True,
-                                 name=f"pump-{r.label}")
-            t.start()
-            self.pumps[r.label] = t
-            self.output.event({"event": "started", "replica": r.label, "pod": r.name,
-                               "pid": p.pid, "restarts": self.restarts})
+            self.restart_counts[r.label] = 0
+            self.last.pop(r.label, None)
+            self._start(r)
         self.started = self.started or bool(todo)
+
+    def _start(self, r: Replica) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **r.env}
+        # Own session: a terminal's Ctrl-C reaches only the runner, which then stops every
+        # replica the same way (SIGTERM, grace, SIGKILL) — as the kubelet does.
+        p = subprocess.Popen(r.argv, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                             bufsize=1, start_new_session=True, cwd=self.run_dir)
+        self.procs[r.label] = p
+        t = threading.Thread(target=self._pump, args=(r.label, p.stdout), daemon=True,
+                             name=f"pump-{r.label}")
+        t.start()
+        self.pumps[r.label] = t
+        self.output.event({"event": "started", "replica": r.label, "pod": r.name,
+                           "pid": p.pid, "restarts": self.restarts})
+
+    def _restart_in_place(self, now_s: float) -> None:
+        """The kubelet's part: start exited replicas again in place once their back-off is
+        over. Their directories are kept: the chief finds its checkpoints where it left them."""
+        for r in self.replicas:
+            p = self.procs.get(r.label)
+            if p is None or p.poll() is None or not restarts_in_place(r, p.returncode):
+                continue
+            n = self.restart_counts.get(r.label, 0)
+            due = self.due.setdefault(r.label, now_s + (0.0 if n == 0 else min(
+                RESTART_BACKOFF_S[0] * 2 ** (n - 1), RESTART_BACKOFF_S[1])))
+            if now_s < due:
+                continue
+            del self.due[r.label]
+            self.pumps[r.label].join(timeout=self.grace_s)  # its last lines are its own
+            self._drain()
+            self.state.workers[r.label].exit_code = exit_status(p.returncode)
+            self.output.message(f"{r.label} exited with {exit_status(p.returncode)}: restarting "
+                                f"it in place (restart {n + 1} of the replica)")
+            if r.label == self.chief_label:
+                self.state.new_gang([r.label], now_s)  # it resumes from its checkpoint
+            else:
+                self.state.workers[r.label] = WorkerState(last_output_s=now_s)
+            self.restart_counts[r.label], self.last[r.label] = n + 1, p
+            self._start(r)
 
     def _delete(self, names: Iterable[str]) -> None:
         """Stop the named replicas (SIGTERM, grace, SIGKILL), keeping their exit codes.
@@ -200,9 +261,9 @@ class Runner:
 
     def reconcile(self) -> status.Decision:
         """One turn of the operator's loop: observe, fold, act. Returns the decision taken."""
-        pods = [observed_pod(self.by_name[n], p)
-                for n, p in ((r.name, self.procs.get(r.label)) for r in self.replicas)
-                if p is not None]
+        pods = [observed_pod(r, self.procs[r.label], self.restart_counts.get(r.label, 0),
+                             self.last.get(r.label))
+                for r in self.replicas if r.label in self.procs]
         decision = status.derive_status(self.job, pods, self.clock(), self.status)
         self.status = decision.status
         for e in decision.events:
@@ -216,6 +277,8 @@ class Runner:
         self._delete(decision.delete)
         for name in decision.delete:
             del self.procs[self.by_name[name].label]
+            self.due.pop(self.by_name[name].label, None)
+        self._restart_in_place(time.monotonic())
         self._create(decision.create)
         return decision
 

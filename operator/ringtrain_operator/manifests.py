@@ -40,8 +40,9 @@ LABEL_JOB = "ringtrain.io/job-name"
 LABEL_ROLE = "ringtrain.io/replica-type"
 LABEL_INDEX = "ringtrain.io/replica-index"
 
-#: The Pod restartPolicy for each replica restartPolicy: ExitCode is decided by the operator.
-POD_RESTART_POLICY = {"Never": "Never", "ExitCode": "Never", "OnFailure": "OnFailure",
+#: The Pod restartPolicy for each replica restartPolicy. ExitCode restarts in place too (the
+#: kubelet keeps the pod and its emptyDirs); the operator fails the job on a permanent code.
+POD_RESTART_POLICY = {"Never": "Never", "ExitCode": "OnFailure", "OnFailure": "OnFailure",
                       "Always": "Always"}
 
 Endpoint = Callable[[Job, str, int], str]

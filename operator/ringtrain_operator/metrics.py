@@ -25,7 +25,7 @@ class OperatorMetrics:
         self.created = counter("created", "TrainingJobs whose pods were first created")
         self.succeeded = counter("succeeded", "TrainingJobs that succeeded")
         self.failed = counter("failed", "TrainingJobs that failed (any reason)")
-        self.restarted = counter("restarted", "gang restarts of TrainingJobs")
+        self.restarted = counter("restarted", "restarts of TrainingJobs (Restarting transitions)")
         self.jobs = Gauge("ringtrain_operator_jobs", "TrainingJobs by state", ["state"],
                           registry=r)
         self.reconcile_seconds = Histogram(

@@ -35,6 +35,13 @@ class ObservedPod:
     exit_code: int | None = None
     exit_reason: str | None = None
     deleting: bool = False
+    #: The main container stopped and its kubelet will start it again in this pod (pod
+    #: restartPolicy OnFailure/Always): a restart in place that restartCount does not show yet.
+    restarting: bool = False
+    #: The exit of the main container's previous run (``lastState.terminated``): how a
+    #: container that was restarted in place ended, read after the kubelet restarted it.
+    last_exit_code: int | None = None
+    last_exit_reason: str | None = None
     termination_message: str | None = None
     pod_ip: str | None = None
     #: The chief's JSON ``/status`` (fetched by the caller; pods get no API permissions).
@@ -52,19 +59,30 @@ class ObservedPod:
         cstats = st.get("containerStatuses") or []
         main = next((c for c in cstats if c.get("name") == manifests.MAIN_CONTAINER),
                     cstats[0] if cstats else {})
-        term = (main.get("state") or {}).get("terminated") or {}
+        state = main.get("state") or {}
+        term = state.get("terminated") or {}
+        last = (main.get("lastState") or {}).get("terminated") or {}
+        policy = (pod.get("spec") or {}).get("restartPolicy")
+        phase = st.get("phase") or "Pending"
+        restarting = phase in ("Pending", "Running") and (
+            (bool(term) and (policy == "Always" or (policy == "OnFailure"
+                                                    and term.get("exitCode") != 0)))
+            or (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff")
         ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                     for c in st.get("conditions") or [])
         return cls(
             name=meta.get("name", ""),
             role=role,
             index=int(index),
-            phase=st.get("phase") or "Pending",
+            phase=phase,
             ready=ready,
             restarts=sum(int(c.get("restartCount") or 0) for c in cstats),
             exit_code=term.get("exitCode"),
             exit_reason=term.get("reason") or st.get("reason"),
             deleting=bool(meta.get("deletionTimestamp")),
+            restarting=restarting,
+            last_exit_code=last.get("exitCode"),
+            last_exit_reason=last.get("reason"),
             termination_message=term.get("message"),
             pod_ip=st.get("podIP"),
         )

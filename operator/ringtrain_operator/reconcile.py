@@ -2,8 +2,8 @@
 
 Everything is read fresh from the API (the job and its pods), never from a cache, so a restarted
 operator — or one whose previous status write the watch has not yet delivered — decides from the
-truth. The status is written *before* the actions: a gang restart that is recorded but whose
-deletions were cut short by a crash is finished by the next reconcile, never counted twice.
+truth. The status is written *before* the actions: a pod replacement that is recorded but whose
+deletion was cut short by a crash is finished by the next reconcile, never counted twice.
 """
 
 from __future__ import annotations

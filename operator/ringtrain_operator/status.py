@@ -1,10 +1,19 @@
 """The job lifecycle as one pure fold: (spec, observed pods, now, previous status) → decision.
 
-Every path — start, gang restart, backoff, deadline, suspend/resume, success, failure, cleanup,
-TTL — goes through :func:`derive_status`, so the Kubeflow pattern of copy-pasted success and
-failure blocks (and their bug of skipping ``cleanPodPolicy`` on some of them) cannot recur.
-The caller observes the cluster, writes the returned status *first* (so a gang restart is counted
+Every path — start, restart in place, pod replacement, backoff, deadline, suspend/resume,
+success, failure, cleanup, TTL — goes through :func:`derive_status`, so the Kubeflow pattern of
+copy-pasted success and failure blocks (and their bug of skipping ``cleanPodPolicy`` on some of
+them) cannot recur.
+The caller observes the cluster, writes the returned status *first* (so a restart is counted
 once even if the operator dies next), then carries out the returned actions.
+
+Restarts happen in place (JobSet-style): every pod runs under restartPolicy OnFailure/Always
+except under Never, so a failed container is restarted by its kubelet inside its pod, keeps
+its ``emptyDir`` volumes (the chief's checkpoint), and its peers leave the broken ring (exit
+138) and restart in theirs. The fold only reads what the kubelet did: a permanent exit code
+(``ExitCode``: 1–127) seen in a container's current or last termination fails the job, every
+container restart counts against backoffLimit, and only a pod that is itself lost (phase Failed:
+evicted, node lost) is deleted and recreated, alone.
 """
 
 from __future__ import annotations
@@ -15,7 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
 
-from . import observe
+from . import observe, restarts
+from .restarts import describe_exit as _exit
 from .observe import ObservedPod
 from .spec import Job, ReplicaSpec
 
@@ -36,8 +46,7 @@ REASON_DEADLINE = "DeadlineExceeded"
 REASON_BACKOFF = "BackoffLimitExceeded"
 REASON_INVALID = "InvalidSpec"
 
-#: Exit codes the ExitCode policy treats as permanent (the user must fix something).
-PERMANENT_EXIT_CODES = range(1, 128)
+PERMANENT_EXIT_CODES = restarts.PERMANENT_EXIT_CODES
 
 
 #: Reasons of the Events that the reconciler's own actions and failures add.
@@ -120,6 +129,8 @@ class _Fold:
     events: list[Event] = field(default_factory=list)
     delete_job: bool = False
     requeue: list[float] = field(default_factory=list)
+    #: status.restarts as the previous derivation left it: more now means a new restart.
+    restarts_before: int = 0
 
     @property
     def state(self) -> str | None:
@@ -203,6 +214,7 @@ def derive_status(job: Job, pods: Iterable[ObservedPod], now: datetime,
 
     The phases run in order and the first that settles the job ends the derivation."""
     f = _Fold(job, now, copy.deepcopy(dict(previous or {})))
+    f.restarts_before = int(f.status.get("restarts", 0))
     f.status["observedGeneration"] = job.generation
     pods = list(pods)
     seen = _Seen(pods, [p for p in pods if not p.deleting], members(job))
@@ -215,9 +227,11 @@ def derive_status(job: Job, pods: Iterable[ObservedPod], now: datetime,
 
 
 def _finished(f: _Fold, job: Job, seen: _Seen) -> bool:
-    """A terminal job stays terminal and keeps applying cleanPodPolicy and its TTL."""
+    """A terminal job stays terminal and keeps applying cleanPodPolicy and its TTL; its restarts
+    are those it had when it ended (a pod left by cleanPodPolicy None may restart on)."""
     if f.state not in TERMINAL:
         return False
+    f.status["restarts"] = f.restarts_before
     f.terminal(seen.live)
     return True
 
@@ -236,10 +250,7 @@ def _suspended(f: _Fold, job: Job, seen: _Seen) -> bool:
 
 
 def _old_pods(f: _Fold, job: Job, seen: _Seen) -> bool:
-    """A restarting gang waits until the whole old gang is gone; pods of replicas scaled down go."""
-    if f.state == RESTARTING and seen.pods:
-        f.delete += [p.name for p in seen.live]
-        return True
+    """Pods of replicas scaled down go. (No gang is ever deleted to restart: see the module.)"""
     f.delete += [p.name for p in seen.live if p.name not in seen.desired]
     return False
 
@@ -259,22 +270,37 @@ def _deadline(f: _Fold, job: Job, seen: _Seen) -> bool:
 
 
 def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
-    """The first failed member in TF_CONFIG order decides: a permanent failure, or a gang
-    restart within backoffLimit; restarts beyond backoffLimit fail the job even without one."""
+    """The first failed member in TF_CONFIG order decides: a permanent failure, or a lost pod
+    replaced within backoffLimit. Then restarts in place: each counts, the first beyond
+    backoffLimit fails the job, and a new one shows as Restarting."""
     order = {name: i for i, name in enumerate(seen.desired)}
-    for p in sorted((p for p in seen.live if p.name in order), key=lambda p: order[p.name]):
+    ordered = sorted((p for p in seen.live if p.name in order), key=lambda p: order[p.name])
+    limit = job.run_policy.backoff_limit
+    for p in ordered:
         replica = seen.desired[p.name].replica
-        verdict = _judge(replica, p)
+        verdict = restarts.judge(replica, p)
         if verdict == "permanent":
+            f.status["restarts"] -= sum(q.restarting for q in ordered)  # they will not happen
             f.finish(False, REASON_FAILED, f"pod {p.name} failed with {_exit(p)}: permanent "
                      f"under restartPolicy {replica.restart_policy}", seen.live)
             return True
-        if verdict == "retryable":
-            _gang_restart(f, job, p, seen.live)
+        if verdict == "replace":
+            _replace(f, job, p, seen.live)
             return True
-    if f.status["restarts"] > job.run_policy.backoff_limit:
+    pending = [p for p in ordered if p.restarting]
+    before = f.status["restarts"] - len(pending)  # _count counted the pending restarts
+    for i, p in enumerate(pending):
+        if before + i >= limit:
+            f.status["restarts"] = before + i  # restarts that will not happen do not count
+            f.finish(False, REASON_BACKOFF, f"pod {p.name} failed with {_exit(p)} and "
+                     f"{before + i} restarts reached backoffLimit={limit}", seen.live)
+            return True
+    if f.status["restarts"] > limit:
         f.finish(False, REASON_BACKOFF, f"{f.status['restarts']} restarts exceed backoffLimit="
-                 f"{job.run_policy.backoff_limit}", seen.live)
+                 f"{limit}", seen.live)
+        return True
+    if f.status["restarts"] > f.restarts_before:
+        _in_place(f, job, pending or restarts.likely_causes(ordered))
         return True
     return False
 
@@ -287,7 +313,8 @@ def _success(f: _Fold, job: Job, seen: _Seen) -> bool:
 
 
 def _running(f: _Fold, job: Job, seen: _Seen) -> bool:
-    """Create the missing members' pods: Created (again, after a restart) until all run."""
+    """Create the missing members' pods (a replaced one once the old is gone): Created, or
+    Restarting, until every member's pod is up and no container waits for its restart."""
     present = {p.name for p in seen.pods}
     f.create += [m for name, m in seen.desired.items() if name not in present]
     f.status.setdefault("startTime", format_time(f.now))
@@ -295,10 +322,9 @@ def _running(f: _Fold, job: Job, seen: _Seen) -> bool:
         f.condition(CREATED, True, REASON_CREATED, f"{len(seen.desired)} pods created")
         f.emit(False, REASON_CREATED, f"TrainingJob created: {len(seen.desired)} pods")
         f.status["state"] = CREATED
-    elif f.state == RESTARTING:  # the old gang is gone (see _old_pods): this is the new one
-        f.status["state"] = CREATED
-    all_up = not f.create and all(
-        p.phase in ("Running", "Succeeded") for p in seen.live if p.name in seen.desired)
+    live = {p.name: p for p in seen.live}
+    all_up = all(n in live and live[n].phase in ("Running", "Succeeded")
+                 and not live[n].restarting for n in seen.desired)
     if all_up and f.state != RUNNING:
         f.status["state"] = RUNNING
         f.condition(RUNNING, True, REASON_RUNNING, "all pods are running")
@@ -326,26 +352,15 @@ def derive_invalid(pods: Iterable[ObservedPod], now: datetime,
     return f.decision()
 
 
-def _exit(p: ObservedPod) -> str:
-    if p.exit_code is None:
-        return f"no exit code ({p.exit_reason or p.phase})"
-    return f"exit code {p.exit_code}" + (f" ({p.exit_reason})" if p.exit_reason else "")
+def _announce(f: _Fold, message: str) -> None:
+    f.status["state"] = RESTARTING
+    f.condition(RESTARTING, True, REASON_RESTARTING, message)
+    f.clear(RUNNING, reason=REASON_RESTARTING, message=message)
+    f.emit(True, REASON_RESTARTING, message)
 
 
-def _judge(replica: ReplicaSpec, p: ObservedPod) -> str | None:
-    """None (carry on), "permanent" (fail the job) or "retryable" (restart the gang)."""
-    if p.phase != "Failed":
-        return None
-    if replica.restart_policy == "Never":
-        return "permanent"
-    if replica.restart_policy == "ExitCode" and p.exit_code in PERMANENT_EXIT_CODES:
-        return "permanent"
-    # ExitCode with >= 128 or no code (evicted, node lost); OnFailure/Always pods that the
-    # kubelet gave up on: recreate the whole gang, the ring cannot go on without a member.
-    return "retryable"
-
-
-def _gang_restart(f: _Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) -> None:
+def _replace(f: _Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) -> None:
+    """A lost pod is deleted, then recreated once gone (see _running); the others stay."""
     limit = job.run_policy.backoff_limit
     if f.status["restarts"] >= limit:
         f.finish(False, REASON_BACKOFF, f"pod {culprit.name} failed with {_exit(culprit)} and "
@@ -353,15 +368,19 @@ def _gang_restart(f: _Fold, job: Job, culprit: ObservedPod, live: list[ObservedP
         return
     f.status["gangRestarts"] = f.status.get("gangRestarts", 0) + 1
     f.status["priorContainerRestarts"] = (f.status.get("priorContainerRestarts", 0)
-                                          + sum(p.restarts for p in live))
+                                          + culprit.restarts + culprit.restarting)
     f.status["restarts"] += 1
-    f.status["state"] = RESTARTING
-    message = (f"pod {culprit.name} failed with {_exit(culprit)}: restarting all "
-               f"{len(job.members())} pods (restart {f.status['restarts']} of {limit})")
-    f.condition(RESTARTING, True, REASON_RESTARTING, message)
-    f.clear(RUNNING, reason=REASON_RESTARTING, message=message)
-    f.emit(True, REASON_RESTARTING, message)
-    f.delete += [p.name for p in live]
+    _announce(f, f"pod {culprit.name} failed with {_exit(culprit)}: recreating it, the "
+              f"other pods restart in place (restart {f.status['restarts']} of {limit})")
+    f.delete.append(culprit.name)
+
+
+def _in_place(f: _Fold, job: Job, culprits: list[ObservedPod]) -> None:
+    """New container restarts: the kubelet restarts them in place, the ring re-forms."""
+    who = (f"pod {culprits[0].name} failed with {_exit(culprits[0])}" if culprits
+           else "a container failed")
+    _announce(f, f"{who}: restarting in place, its peers rejoin the ring (restart "
+              f"{f.status['restarts']} of {job.run_policy.backoff_limit})")
 
 
 def _suspend(f: _Fold, live: list[ObservedPod]) -> None:
@@ -400,7 +419,7 @@ def _count(f: _Fold, job: Job, live: list[ObservedPod]) -> None:
     f.status["workers"] = f"{sum(p.ready for p in live)}/{len(job.members())}"
     f.status["restarts"] = (f.status.get("gangRestarts", 0)
                             + f.status.get("priorContainerRestarts", 0)
-                            + sum(p.restarts for p in live))
+                            + sum(p.restarts + p.restarting for p in live))
 
 
 def _progress(f: _Fold, job: Job, pods: list[ObservedPod]) -> None:

@@ -79,7 +79,7 @@ def test_every_declared_field_of_the_crd_has_a_row():
     rows = _rows(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     backoff = rows["spec.runPolicy.backoffLimit"]
     assert (backoff.type, backoff.default, backoff.allowed) == ("integer", "`6`", "≥ 0")
-    assert backoff.description == "gang restarts + container restarts"
+    assert backoff.description == "container restarts + pods recreated"
     assert rows["spec.replicaSpecs"].required and rows["spec.replicaSpecs.Worker"].required
     assert rows["spec.trainer.learningRate"].allowed == "> 0"
     assert rows["spec.trainer.optimizer"].allowed == "`sgd`, `momentum`, `adam`"

@@ -1,7 +1,8 @@
 """The TrainingJob lifecycle through real pods on the real cluster, with `ringtrain operator` as a
 separate local process (exactly as the Deployment runs it): a killed worker container restarts
-the gang which resumes from its checkpoint, activeDeadlineSeconds with cleanPodPolicy,
-suspend/resume, garbage collection on delete, and kill -9 of the operator mid-job."""
+in place with its peers, the chief resuming from its own emptyDir checkpoint;
+activeDeadlineSeconds with cleanPodPolicy, suspend/resume, garbage collection on delete, and
+kill -9 of the operator mid-job."""
 
 from __future__ import annotations
 
@@ -64,50 +65,124 @@ def all_running(kubectl, ns, name, n):
     return check
 
 
-def test_a_killed_worker_restarts_the_gang_which_resumes_and_succeeds(kubectl, ns, operator,
-                                                                      project_image):
+def newest_checkpoint_step(kubectl, ns: str, pod: str) -> int | None:
+    """The step of the newest checkpoint in the pod's own (emptyDir) checkpoint volume."""
+    code = ("import glob, json; s = [json.load(open(f))['step'] for f in "
+            "glob.glob('/checkpoints/ckpt-*.json')]; print(max(s) if s else '')")
+    p = kubectl("exec", pod, "-n", ns, "-c", "ringtrain", "--", "python", "-c", code, check=False)
+    out = p.stdout.strip()
+    return int(out) if p.returncode == 0 and out.isdigit() else None
+
+
+def test_a_killed_worker_restarts_in_place_and_resumes_from_the_default_emptydir(
+        kubectl, ns, operator, project_image):
+    """The default checkpoint volume (an emptyDir, no storage to set up): a SIGKILLed worker
+    is restarted by its kubelet in its own pod, the chief leaves the broken ring (138) and is
+    restarted in its pod too, and resumes from its own emptyDir; no pod is recreated."""
     name = "killed"
-    ckpt = Path(f"/tmp/ringtrain-e2e/{ns}/{name}")  # survives the gang restart (pods do not)
-    ckpt.mkdir(parents=True, exist_ok=True)
-    ckpt.chmod(0o777)
     # Long enough (tens of seconds on two cores) that the kill lands mid-run, not after the end.
     # cleanPodPolicy None: worker-1 must still exist after the chief's success ends the job.
-    job = training_job(name, project_image, steps=1500, run_policy={"cleanPodPolicy": "None"},
+    job = training_job(name, project_image, steps=1500,
+                       run_policy={"cleanPodPolicy": "None", "backoffLimit": 6},
+                       checkpoint={"everySteps": 20})
+    assert "volume" not in job["spec"]["trainer"]["checkpoint"]
+    kubectl.apply(job, ns)
+    chief = f"{name}-worker-0"
+    wait_for("both pods running", all_running(kubectl, ns, name, 2), 180,
+             story(kubectl, ns, name, operator))
+    # Mid-run: the chief's first checkpoint is in its emptyDir, training goes on.
+    killed_at = wait_for("the first checkpoint",
+                         lambda: newest_checkpoint_step(kubectl, ns, chief), 180,
+                         story(kubectl, ns, name, operator), poll_s=0.2)
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kubectl, ns, name)}
+    victim = kubectl.json("get", "pod", f"{name}-worker-1", "-n", ns)
+    cid = victim["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    # SIGKILL from the node, as the OOM killer would: exit 137, retryable under ExitCode.
+    subprocess.run(["ctr", "--address", CTR_SOCK, "-n", "k8s.io", "tasks", "kill", "-s",
+                    "SIGKILL", cid], check=True, capture_output=True, timeout=30)
+
+    # Restarting may last less than one poll: the events keep the transition.
+    done = wait_state(kubectl, ns, name, "Succeeded", 300, operator.tail)
+    st = done["status"]
+    assert st["progress"]["step"] == 1500
+    assert killed_at >= 20 and killed_at < 1500
+    # The same pods: restarted in place, none recreated.
+    after = {p["metadata"]["name"]: p for p in job_pods(kubectl, ns, name)}
+    assert {n: p["metadata"]["uid"] for n, p in after.items()} == before
+    cs = {n: p["status"]["containerStatuses"][0] for n, p in after.items()}
+    assert cs[f"{name}-worker-1"]["restartCount"] >= 1
+    assert cs[chief]["restartCount"] >= 1, "the chief left the broken ring and restarted"
+    assert cs[chief]["lastState"]["terminated"]["exitCode"] == 138
+    # Every container restart counts; no pod replacement happened.
+    assert st["restarts"] == sum(c["restartCount"] for c in cs.values()) >= 2
+    assert st.get("gangRestarts", 0) == 0
+    # The restarted chief resumed from its own emptyDir's checkpoint instead of starting over.
+    log = kubectl("logs", chief, "-n", ns, "-c", "ringtrain").stdout
+    progress = [json.loads(line) for line in log.splitlines()
+                if line.startswith("{") and '"progress"' in line]
+    assert progress and progress[0]["step"] > killed_at, log[-3000:]
+    evs = events(kubectl, ns, name)
+    restarting = [e["message"] for e in evs if e["reason"] == "TrainingJobRestarting"]
+    assert restarting and all("restarting in place, its peers rejoin the ring" in m
+                              for m in restarting), restarting
+    assert any(f"pod {name}-worker-1 failed with exit code 137" in m
+               or f"pod {chief} failed with exit code 138" in m for m in restarting), restarting
+    reasons = [e["reason"] for e in evs]
+    assert "TrainingJobSucceeded" in reasons
+    assert "PodDeleted" not in reasons
+    assert sum(e.get("count", 1) for e in evs if e["reason"] == "PodCreated") == 2
+    print(f"killed after checkpoint step {killed_at}; the restarted chief's first step "
+          f"{progress[0]['step']}; restarts {st['restarts']}; Restarting events: {restarting}")
+
+
+def test_a_deleted_chief_pod_is_recreated_alone_and_resumes_from_a_volume_that_outlives_it(
+        kubectl, ns, operator, project_image):
+    """Pod loss is what an emptyDir does not survive: the chief's pod is deleted by hand, the
+    operator recreates that pod alone, worker-1 restarts in place, and the new chief resumes
+    from the checkpoint volume that outlives pods (hostPath here, as a PVC on a real cluster)."""
+    name = "podloss"
+    ckpt = Path(f"/tmp/ringtrain-e2e/{ns}/{name}")
+    ckpt.mkdir(parents=True, exist_ok=True)
+    ckpt.chmod(0o777)
+    job = training_job(name, project_image, steps=1500,
+                       run_policy={"cleanPodPolicy": "None", "backoffLimit": 6},
                        checkpoint={"everySteps": 20, "volume": {
                            "hostPath": {"path": str(ckpt), "type": "Directory"}}})
     kubectl.apply(job, ns)
+    chief = f"{name}-worker-0"
     try:
-        # Mid-run: the chief's first checkpoint is on the node's disk, training goes on.
         wait_for("the first checkpoint", lambda: any(ckpt.glob("ckpt-*.json")), 180,
                  story(kubectl, ns, name, operator), poll_s=0.2)
-        victim = kubectl.json("get", "pod", f"{name}-worker-1", "-n", ns)
-        cid = victim["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
-        # SIGKILL from the node, as the OOM killer would: exit 137, retryable under ExitCode.
-        subprocess.run(["ctr", "--address", CTR_SOCK, "-n", "k8s.io", "tasks", "kill", "-s",
-                        "SIGKILL", cid], check=True, capture_output=True, timeout=30)
-
-        # Restarting may last less than one poll: the events keep the transition.
+        before = {p["metadata"]["name"]: p["metadata"]["uid"]
+                  for p in job_pods(kubectl, ns, name)}
+        deleted_at = max(json.loads(f.read_text())["step"] for f in ckpt.glob("ckpt-*.json"))
+        kubectl("delete", "pod", chief, "-n", ns, "--wait=false")
         done = wait_state(kubectl, ns, name, "Succeeded", 300, operator.tail)
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
     st = done["status"]
-    assert st["gangRestarts"] == 1 and st["restarts"] == 1
     assert st["progress"]["step"] == 1500
-    new_uid = kubectl.json("get", "pod", f"{name}-worker-1", "-n", ns)["metadata"]["uid"]
-    assert new_uid != victim["metadata"]["uid"]
-    # The new chief resumed from a checkpoint instead of starting over.
-    log = kubectl("logs", f"{name}-worker-0", "-n", ns).stdout
+    after = {p["metadata"]["name"]: p for p in job_pods(kubectl, ns, name)}
+    assert after[chief]["metadata"]["uid"] != before[chief], "the chief's pod was recreated"
+    worker1 = after[f"{name}-worker-1"]
+    assert worker1["metadata"]["uid"] == before[f"{name}-worker-1"], "worker-1 was not"
+    w1 = worker1["status"]["containerStatuses"][0]
+    # SIGTERM to the chief is a stop vote: the gang checkpoints at one step and exits 143 (a
+    # peer that lost the ring instead exits 138); either way worker-1 restarted in place.
+    assert w1["restartCount"] >= 1 and w1["lastState"]["terminated"]["exitCode"] in (138, 143)
+    # The deletion itself is not a restart the job made; worker-1's restarts in place are.
+    assert st["restarts"] == w1["restartCount"] + after[chief]["status"]["containerStatuses"][
+        0]["restartCount"] and st.get("gangRestarts", 0) == 0
+    log = kubectl("logs", chief, "-n", ns, "-c", "ringtrain").stdout
     progress = [json.loads(line) for line in log.splitlines()
                 if line.startswith("{") and '"progress"' in line]
-    assert progress and progress[0]["step"] > 20, log[-3000:]
+    assert progress and progress[0]["step"] > deleted_at >= 20, log[-3000:]
     evs = events(kubectl, ns, name)
-    restarting = [e["message"] for e in evs if e["reason"] == "TrainingJobRestarting"]
-    # Whichever the operator saw first: the victim's SIGKILL (137) or its peer losing the ring
-    # (the trainer's retryable 138); either restarts the whole gang, once.
-    assert len(restarting) == 1 and (
-        f"pod {name}-worker-1 failed with exit code 137" in restarting[0]
-        or f"pod {name}-worker-0 failed with exit code 138" in restarting[0]), restarting
+    assert sum(e.get("count", 1) for e in evs if e["reason"] == "PodCreated") == 3
     assert "TrainingJobSucceeded" in [e["reason"] for e in evs]
+    print(f"chief deleted after checkpoint step {deleted_at}; the recreated chief's first step "
+          f"{progress[0]['step']}; worker-1 exited {w1['lastState']['terminated']['exitCode']}; "
+          f"restarts {st['restarts']}")
 
 
 def test_active_deadline_fails_the_job_and_applies_clean_pod_policy(kubectl, ns, operator,

@@ -8,6 +8,7 @@ depend on training speed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -114,14 +115,35 @@ def test_file_without_exactly_one_trainingjob_is_rejected(tmp_path):
 ])
 def test_an_exited_process_is_observed_as_the_pod_kubernetes_would_report(code, phase, exit_code,
                                                                          reason):
-    """The fold judges exit codes the way the kubelet reports them: signal n is 128 + n."""
+    """The fold judges exit codes the way the kubelet reports them: signal n is 128 + n. Under
+    restartPolicy Never the pod ends; under ExitCode (Pod restartPolicy OnFailure) a failed one
+    stays Running with its exit in state.terminated, about to restart in place."""
     _, (replica, _) = plan.plan(tiny_job(), Path("/nonexistent"))
+    assert replica.restart_policy == "OnFailure"
     proc = subprocess.Popen([sys.executable, "-c", code])
     proc.wait()
+    never = supervisor.observed_pod(dataclasses.replace(replica, restart_policy="Never"), proc)
+    assert (never.name, never.role, never.index) == ("tiny-worker-0", "worker", 0)
+    assert (never.phase, never.exit_code, never.exit_reason, never.ready) == (
+        phase, exit_code, reason, False)
+    assert not never.restarting
     pod = supervisor.observed_pod(replica, proc)
-    assert (pod.name, pod.role, pod.index) == ("tiny-worker-0", "worker", 0)
-    assert (pod.phase, pod.exit_code, pod.exit_reason, pod.ready) == (phase, exit_code, reason,
-                                                                      False)
+    assert (pod.phase, pod.exit_code, pod.exit_reason, pod.ready, pod.restarting) == (
+        (phase, exit_code, reason, False, False) if exit_code == 0 else
+        ("Running", exit_code, reason, False, True))
+
+
+def test_a_process_restarted_in_place_shows_restart_count_and_last_state():
+    _, (replica, _) = plan.plan(tiny_job(), Path("/nonexistent"))
+    old = subprocess.Popen([sys.executable, "-c", "raise SystemExit(138)"])
+    old.wait()
+    proc = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+    try:
+        pod = supervisor.observed_pod(replica, proc, restarts=1, last=old)
+        assert (pod.phase, pod.ready, pod.restarts, pod.last_exit_code, pod.exit_code,
+                pod.restarting) == ("Running", True, 1, 138, None, False)
+    finally:
+        proc.communicate(b"\n")
 
 
 def test_a_running_process_is_a_ready_running_pod():
@@ -273,7 +295,7 @@ with open("ok", "w") as fifo:
 """
 
 
-def test_retryable_exits_restart_the_whole_gang_until_it_succeeds(tmp_path):
+def test_retryable_exits_restart_the_failed_process_in_place_until_it_succeeds(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     os.mkfifo(run_dir / "ok")
@@ -285,8 +307,11 @@ def test_retryable_exits_restart_the_whole_gang_until_it_succeeds(tmp_path):
     assert [e["restarts"] for e in restarting] == [1, 2]
     assert all("pod flaky-worker-1 failed with exit code 138" in e["message"]
                for e in restarting)
+    # In place: worker 1 alone starts again; worker 0, blocked on the FIFO, is never touched.
     started = [(e["replica"], e["restarts"]) for e in events if e["event"] == "started"]
-    assert sorted(started) == sorted((f"worker-{i}", n) for i in (0, 1) for n in (0, 1, 2))
+    assert sorted(started) == [("worker-0", 0), ("worker-1", 0), ("worker-1", 1),
+                               ("worker-1", 2)]
+    assert all("restarting in place" in e["message"] for e in restarting)
     final = events[-1]
     assert (final["phase"], final["restarts"]) == ("Succeeded", 2)
     assert final["exit_codes"] == {"worker-0": 0, "worker-1": 0}
@@ -347,21 +372,30 @@ def kill_worker_1_after_a_checkpoint(tmp_path: Path, **run_policy):
     return p.returncode, events, killed_at
 
 
-def test_a_sigkilled_worker_restarts_the_gang_which_resumes_from_the_checkpoint(tmp_path):
-    code, events, killed_at = kill_worker_1_after_a_checkpoint(tmp_path, backoffLimit=2)
+def test_a_sigkilled_worker_restarts_in_place_and_the_chief_resumes_from_its_checkpoint(
+        tmp_path):
+    """Worker 1 is restarted in place; worker 0 (the chief) leaves the broken ring with 138 and
+    is restarted in place too, resuming from the checkpoints in its own directory."""
+    code, events, killed_at = kill_worker_1_after_a_checkpoint(tmp_path, backoffLimit=6)
     assert code == cli.EXIT_SUCCEEDED, events[-1]
-    (restart,) = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
-    # Worker 1's SIGKILL or worker 0's "peer lost" (138), whichever the runner saw first.
-    assert "restarting all 2 pods (restart 1 of 2)" in restart["message"]
-    assert restart["phase"] == "Restarting" and restart["restarts"] == 1
+    restarts = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
+    assert restarts and all("restarting in place, its peers rejoin the ring" in e["message"]
+                            and e["phase"] == "Restarting" for e in restarts)
+    assert [e["restarts"] for e in restarts] == sorted({e["restarts"] for e in restarts})
+    assert ("pod resume-worker-1 failed with exit code 137" in restarts[0]["message"]
+            or "pod resume-worker-0 failed with exit code 138" in restarts[0]["message"])
     started = [i for i, e in enumerate(events) if e["event"] == "started"]
-    assert len({events[i]["pid"] for i in started}) == 4, "the whole gang started again, anew"
-    assert [events[i]["restarts"] for i in started] == [0, 0, 1, 1]
-    after = events[started[-1]:]
-    first_step = next(e["step"] for e in after if e["event"] == "progress" and e["step"])
-    assert first_step > killed_at >= CHECKPOINT_EVERY, "the new gang resumed from a checkpoint"
+    replicas = [events[i]["replica"] for i in started]
+    assert replicas[:2] == ["worker-0", "worker-1"] and {"worker-0", "worker-1"} <= set(
+        replicas[2:]), "both restarted, each in place"
+    assert not [e for e in events if e.get("reason") == "PodDeleted"]
+    chief_again = max(i for i in started if events[i]["replica"] == "worker-0")
+    first_step = next(e["step"] for e in events[chief_again:]
+                      if e["event"] == "progress" and e["step"])
+    assert first_step > killed_at >= CHECKPOINT_EVERY, "the chief resumed from its checkpoint"
     final = events[-1]
-    assert (final["phase"], final["restarts"], final["steps"]) == ("Succeeded", 1, 80)
+    assert (final["phase"], final["steps"]) == ("Succeeded", 80)
+    assert final["restarts"] == len(started) - 2 >= 2, "every restart in place counted"
     assert final["exit_codes"] == {"worker-0": 0, "worker-1": 0}
 
 
@@ -371,7 +405,7 @@ def test_with_backoff_limit_0_a_sigkilled_worker_fails_the_job(tmp_path):
     final = events[-1]
     assert (final["phase"], final["reason"], final["restarts"]) == ("Failed",
                                                                      "BackoffLimitExceeded", 0)
-    assert "reached backoffLimit=0" in final["message"]
+    assert "restarts reached backoffLimit=0" in final["message"]
     assert not [e for e in events if e["event"] == "started" and e["restarts"] > 0]
 
 

@@ -11,6 +11,7 @@ import copy
 
 class FakeKube:
     def __init__(self, job: dict) -> None:
+        self.restarts: dict[str, int] = {}
         self.job: dict | None = copy.deepcopy(job)
         self.objects: dict[tuple[str, str], dict] = {}
         self.calls: list[tuple[str, str]] = []
@@ -54,3 +55,13 @@ class FakeKube:
         pod["status"] = {"phase": phase, "podIP": "10.1.0.9", "containerStatuses": [cs],
                          "conditions": [{"type": "Ready",
                                          "status": "True" if phase == "Running" else "False"}]}
+
+    def restart_in_place(self, name: str, exit_code: int) -> None:
+        """What the kubelet does under restartPolicy OnFailure: the container runs again in the
+        same pod, restartCount + 1, its previous exit in lastState."""
+        self.set_pod_phase(name, "Running")
+        cs = self.objects[("Pod", name)]["status"]["containerStatuses"][0]
+        cs["restartCount"] = self.restarts.get(name, 0) + 1
+        self.restarts[name] = cs["restartCount"]
+        cs["lastState"] = {"terminated": {"exitCode": exit_code, "reason": "Error"}}
+

@@ -131,7 +131,7 @@ def test_pod_identity_and_secure_defaults():
                               "ringtrain.io/replica-type": "worker",
                               "ringtrain.io/replica-index": "1"}
     assert (s["hostname"], s["subdomain"], s["restartPolicy"]) == ("mnist-worker-1", "mnist",
-                                                                    "Never")
+                                                                    "OnFailure")
     assert s["automountServiceAccountToken"] is False
     assert s["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001,
                                     "runAsGroup": 10001, "fsGroup": 10001,
@@ -141,7 +141,7 @@ def test_pod_identity_and_secure_defaults():
         "capabilities": {"drop": ["ALL"]}}
 
 
-@pytest.mark.parametrize("policy, pod_policy", [("Never", "Never"), ("ExitCode", "Never"),
+@pytest.mark.parametrize("policy, pod_policy", [("Never", "Never"), ("ExitCode", "OnFailure"),
                                                  ("OnFailure", "OnFailure"),
                                                  ("Always", "Always")])
 def test_pod_restart_policy(policy, pod_policy):

@@ -65,7 +65,7 @@ def test_progress_is_read_from_the_running_chief_only():
     assert kube.job["status"]["state"] == st.RUNNING
 
 
-def test_gang_restart_then_success_then_ttl_deletes_the_job():
+def test_in_place_restart_then_success_then_ttl_deletes_the_job():
     obj = job_obj(workers=2, run_policy={"ttlSecondsAfterFinished": 0})
     kube = FakeKube(obj)
     registry = CollectorRegistry()
@@ -73,16 +73,22 @@ def test_gang_restart_then_success_then_ttl_deletes_the_job():
     run = lambda: reconcile(kube, "team-a", "mnist", now=T0, fetch=lambda ip: None,  # noqa: E731
                             metrics=metrics)
     run()
+    uids = {n: kube.objects[("Pod", n)]["metadata"].get("uid") for n in pods(kube)}
     kube.set_pod_phase("mnist-worker-0", "Running")
-    kube.set_pod_phase("mnist-worker-1", "Failed", exit_code=138)
-    d = run()
-    assert kube.job["status"]["state"] == st.RESTARTING and pods(kube) == []
-    assert {e.message for e in d.events if e.reason == "PodDeleted"} == {
-        "deleted pod mnist-worker-0", "deleted pod mnist-worker-1"}
-    run()
-    assert pods(kube) == ["mnist-worker-0", "mnist-worker-1"]
-    kube.set_pod_phase("mnist-worker-0", "Succeeded", exit_code=0)
     kube.set_pod_phase("mnist-worker-1", "Running")
+    run()
+    kube.restart_in_place("mnist-worker-1", 137)  # the kubelet restarted it in its pod
+    kube.restart_in_place("mnist-worker-0", 138)  # its peer left the ring and did the same
+    d = run()
+    assert kube.job["status"]["state"] == st.RESTARTING
+    assert kube.job["status"]["restarts"] == 2
+    assert [e.reason for e in d.events] == [st.REASON_RESTARTING]  # nothing deleted or created
+    assert "pod mnist-worker-1 failed with exit code 137" in d.events[0].message
+    assert pods(kube) == ["mnist-worker-0", "mnist-worker-1"]
+    assert {n: kube.objects[("Pod", n)]["metadata"].get("uid") for n in pods(kube)} == uids
+    run()
+    assert kube.job["status"]["state"] == st.RUNNING
+    kube.set_pod_phase("mnist-worker-0", "Succeeded", exit_code=0)
     d = run()
     assert d.delete_job and kube.job is None
     assert pods(kube) == ["mnist-worker-0"]  # cleanPodPolicy Running removed the running one
@@ -92,9 +98,28 @@ def test_gang_restart_then_success_then_ttl_deletes_the_job():
     assert value("ringtrain_operator_jobs_succeeded_total", {"job_namespace": "team-a"}) == 1
     assert value("ringtrain_operator_jobs", {"state": "Succeeded"}) == 1
     assert value("ringtrain_operator_jobs", {"state": "Running"}) == 0
-    assert value("ringtrain_operator_reconcile_duration_seconds_count") == 4
+    assert value("ringtrain_operator_reconcile_duration_seconds_count") == 5
     assert value("ringtrain_operator_info", {"version": "0.1.0"}) == 1
     assert reconcile(kube, "team-a", "mnist", now=T0) is None
+
+
+def test_a_lost_pod_alone_is_deleted_then_recreated():
+    kube = FakeKube(job_obj(workers=2))
+    run = lambda: reconcile(kube, "team-a", "mnist", now=T0, fetch=lambda ip: None)  # noqa: E731
+    run()
+    kube.set_pod_phase("mnist-worker-0", "Running")
+    kube.set_pod_phase("mnist-worker-1", "Failed")  # evicted: no exit code
+    d = run()
+    assert kube.job["status"]["state"] == st.RESTARTING
+    assert (kube.job["status"]["restarts"], kube.job["status"]["gangRestarts"]) == (1, 1)
+    assert [e.message for e in d.events if e.reason == "PodDeleted"] == [
+        "deleted pod mnist-worker-1"]
+    assert pods(kube) == ["mnist-worker-0"]
+    d = run()
+    assert [e.message for e in d.events if e.reason == "PodCreated"] == [
+        "created pod mnist-worker-1"]
+    assert pods(kube) == ["mnist-worker-0", "mnist-worker-1"]
+    assert kube.job["status"]["restarts"] == 1
 
 
 def test_invalid_spec_is_recorded_as_failed_without_raising():

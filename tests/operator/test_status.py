@@ -16,11 +16,23 @@ T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 
 def pod(name: str, phase: str = "Running", *, ready: bool = True, restarts: int = 0,
         exit_code: int | None = None, deleting: bool = False, message: str | None = None,
-        live: dict | None = None) -> ObservedPod:
+        live: dict | None = None, restarting: bool = False,
+        last_exit_code: int | None = None) -> ObservedPod:
     _, role, index = name.rsplit("-", 2)
     return ObservedPod(name=name, role=role, index=int(index), phase=phase, ready=ready,
                        restarts=restarts, exit_code=exit_code, deleting=deleting,
-                       termination_message=message, pod_ip="10.1.0.5", live_status=live)
+                       termination_message=message, pod_ip="10.1.0.5", live_status=live,
+                       restarting=restarting, last_exit_code=last_exit_code)
+
+
+def exited(name: str, code: int, restarts: int = 0) -> ObservedPod:
+    """A container that exited with ``code``; its kubelet will start it again in its pod."""
+    return pod(name, ready=False, restarts=restarts, exit_code=code, restarting=True)
+
+
+def restarted(name: str, code: int, restarts: int = 1) -> ObservedPod:
+    """A container the kubelet restarted in place after it exited with ``code``."""
+    return pod(name, restarts=restarts, last_exit_code=code)
 
 
 def running(j, **overrides) -> list[ObservedPod]:
@@ -118,36 +130,157 @@ def test_exit_code_policy_fails_permanently_on_1_to_127(code):
 
 
 @pytest.mark.parametrize("code", [128, 137, 138, 143, None])
-def test_exit_code_policy_restarts_the_whole_gang_on_retryable_codes(code):
+def test_a_lost_pod_alone_is_replaced_whatever_its_retryable_code(code):
+    """A pod in phase Failed (evicted, node lost, or an older operator's restartPolicy Never
+    pod) cannot run again: it alone is recreated, its peers restart in their own pods."""
     j = job(workers=3)
     prev = step(j, running(j), None).status
     d = step(j, running(j, **{"mnist-worker-2": pod("mnist-worker-2", "Failed",
                                                     exit_code=code)}), prev)
     assert d.status["state"] == st.RESTARTING
-    assert set(d.delete) == {"mnist-worker-0", "mnist-worker-1", "mnist-worker-2"}
+    assert d.delete == ("mnist-worker-2",)
     assert d.create == ()
     assert d.status["restarts"] == 1 and d.status["gangRestarts"] == 1
     assert reasons(d) == [st.REASON_RESTARTING]
     assert cond(d.status, st.RESTARTING)["status"] == "True"
+    assert "pod mnist-worker-2 failed with" in d.events[0].message
+    assert "recreating it, the other pods restart in place (restart 1 of 6)" in d.events[0].message
 
 
-def test_gang_restart_waits_for_the_old_gang_then_recreates_it_and_counts_once():
+def test_a_replaced_pod_is_recreated_once_gone_and_counted_once():
     j = job(workers=2)
     prev = step(j, running(j), None).status
-    failed = running(j, **{"mnist-worker-1": pod("mnist-worker-1", "Failed", exit_code=138)})
+    failed = running(j, **{"mnist-worker-1": pod("mnist-worker-1", "Failed", exit_code=None)})
     d1 = step(j, failed, prev)
-    # Deletion in progress: nothing created, nothing counted again, the undeleted one is deleted.
-    terminating = [pod("mnist-worker-0", deleting=True), pod("mnist-worker-1", "Failed",
-                                                             exit_code=138)]
+    assert d1.delete == ("mnist-worker-1",)
+    # Deletion in progress: nothing created, nothing counted again, the peer is left alone.
+    terminating = [pod("mnist-worker-0"), pod("mnist-worker-1", "Failed", deleting=True)]
     d2 = step(j, terminating, d1.status)
-    assert d2.create == () and d2.delete == ("mnist-worker-1",) and d2.events == ()
-    assert d2.status["restarts"] == 1
-    d3 = step(j, [], d2.status)
-    assert d3.create == ("mnist-worker-0", "mnist-worker-1")
-    assert d3.status["restarts"] == 1
+    assert d2.create == () and d2.delete == () and d2.events == ()
+    assert d2.status["restarts"] == 1 and d2.status["state"] == st.RESTARTING
+    d3 = step(j, [pod("mnist-worker-0")], d2.status)
+    assert d3.create == ("mnist-worker-1",) and d3.delete == ()
+    assert d3.status["restarts"] == 1 and d3.status["state"] == st.RESTARTING
     d4 = step(j, running(j), d3.status)
     assert d4.status["state"] == st.RUNNING
     assert cond(d4.status, st.RESTARTING)["status"] == "False"
+    assert d4.status["restarts"] == 1 and reasons(d4) == [st.REASON_RUNNING]
+
+
+def test_a_worker_restarts_in_place_with_its_peers_and_nothing_is_deleted():
+    """The default ExitCode policy: a SIGKILLed worker is restarted by its kubelet, its peer
+    leaves the ring (138) and is restarted too; every restart counts, no pod is touched."""
+    j = job(workers=2)
+    prev = step(j, running(j), None).status
+    d1 = step(j, running(j, **{"mnist-worker-1": exited("mnist-worker-1", 137)}), prev)
+    assert (d1.status["state"], d1.status["restarts"]) == (st.RESTARTING, 1)
+    assert d1.delete == () and d1.create == () and reasons(d1) == [st.REASON_RESTARTING]
+    assert d1.events[0].message == ("pod mnist-worker-1 failed with exit code 137: restarting "
+                                    "in place, its peers rejoin the ring (restart 1 of 6)")
+    assert cond(d1.status, st.RESTARTING)["status"] == "True"
+    assert cond(d1.status, st.RUNNING)["status"] == "False"
+    # Seen again after the kubelet restarted it: the same restart, not a new one; all run.
+    d2 = step(j, [pod("mnist-worker-0"), restarted("mnist-worker-1", 137)], d1.status)
+    assert d2.status["restarts"] == 1 and reasons(d2) == [st.REASON_RUNNING]
+    d3 = step(j, [exited("mnist-worker-0", 138), restarted("mnist-worker-1", 137)], d2.status)
+    assert (d3.status["state"], d3.status["restarts"]) == (st.RESTARTING, 2)
+    assert "pod mnist-worker-0 failed with exit code 138: restarting in place" in (
+        d3.events[0].message)
+    both = [restarted("mnist-worker-0", 138), restarted("mnist-worker-1", 137)]
+    d4 = step(j, both, d3.status)
+    assert (d4.status["state"], d4.status["restarts"]) == (st.RUNNING, 2)
+    assert reasons(d4) == [st.REASON_RUNNING] and d4.delete == () and d4.create == ()
+    assert cond(d4.status, st.RESTARTING)["status"] == "False"
+    assert step(j, both, d4.status).events == ()
+    assert d4.status["replicaStatuses"]["Worker"]["restarts"] == 2
+    assert "gangRestarts" not in d4.status
+
+
+def test_a_restart_in_place_seen_only_afterwards_is_still_shown_and_names_the_cause():
+    """The kubelet may restart a container before the operator looks: restartCount tells."""
+    j = job(workers=3)
+    prev = step(j, running(j), None).status
+    d = step(j, [restarted("mnist-worker-0", 138), restarted("mnist-worker-1", 137),
+                 restarted("mnist-worker-2", 138)], prev)
+    assert (d.status["state"], d.status["restarts"]) == (st.RESTARTING, 3)
+    assert [e.message for e in d.events] == [
+        "pod mnist-worker-1 failed with exit code 137: restarting in place, its peers rejoin "
+        "the ring (restart 3 of 6)"]
+
+
+@pytest.mark.parametrize("code", [1, 2, 127])
+@pytest.mark.parametrize("seen", ["exited", "restarted"])
+def test_a_permanent_code_fails_the_job_even_after_the_kubelet_restarted_it(code, seen):
+    """Under ExitCode the pod runs with restartPolicy OnFailure, so the kubelet restarts a
+    permanent exit too: the code in state or lastState fails the job, with cleanPodPolicy."""
+    j = job(workers=2)
+    prev = step(j, running(j), None).status
+    failed = (exited("mnist-worker-1", code) if seen == "exited"
+              else restarted("mnist-worker-1", code))
+    d = step(j, running(j, **{"mnist-worker-1": failed}), prev)
+    assert d.status["state"] == st.FAILED
+    assert cond(d.status, st.FAILED)["reason"] == st.REASON_FAILED
+    assert cond(d.status, st.FAILED)["message"] == (
+        f"pod mnist-worker-1 failed with exit code {code}: permanent under restartPolicy "
+        "ExitCode")
+    assert reasons(d) == [st.REASON_FAILED]
+    # cleanPodPolicy Running: both pods are phase Running (one restarting), both go.
+    assert set(d.delete) == {"mnist-worker-0", "mnist-worker-1"} and d.create == ()
+    assert d.status["restarts"] == (0 if seen == "exited" else 1)  # only restarts that happened
+    # It stays Failed, and keeps cleaning, after the kubelet restarted it.
+    again = step(j, running(j, **{"mnist-worker-1": restarted("mnist-worker-1", code)}),
+                 d.status)
+    assert again.status["state"] == st.FAILED and again.events == ()
+    assert set(again.delete) == {"mnist-worker-0", "mnist-worker-1"}
+
+
+def test_a_permanent_failure_with_clean_pod_policy_none_deletes_nothing():
+    j = job(workers=2, run_policy={"cleanPodPolicy": "None"})
+    d = step(j, running(j, **{"mnist-worker-1": exited("mnist-worker-1", 2)}),
+             step(j, running(j), None).status)
+    assert d.status["state"] == st.FAILED and d.delete == ()
+    # The kubelet goes on restarting what None keeps: the finished job's count stays put.
+    later = step(j, [restarted("mnist-worker-0", 138, restarts=3),
+                     exited("mnist-worker-1", 2, restarts=4)], d.status)
+    assert later.status["state"] == st.FAILED and later.status["restarts"] == 0
+    assert later.events == () and later.delete == ()
+
+
+@pytest.mark.parametrize("policy", ["OnFailure", "Always"])
+def test_on_failure_and_always_restart_in_place_whatever_the_code(policy):
+    j = job(workers=2, policy=policy)
+    d = step(j, running(j, **{"mnist-worker-1": restarted("mnist-worker-1", 2)}),
+             step(j, running(j), None).status)
+    assert (d.status["state"], d.status["restarts"]) == (st.RESTARTING, 1)
+    assert d.delete == ()
+
+
+def test_backoff_limit_counts_every_restart_in_place():
+    j = job(workers=2, run_policy={"backoffLimit": 2})
+    prev = step(j, running(j), None).status
+    d1 = step(j, [pod("mnist-worker-0"), exited("mnist-worker-1", 137)], prev)
+    assert (d1.status["state"], d1.status["restarts"]) == (st.RESTARTING, 1)
+    d2 = step(j, [restarted("mnist-worker-0", 138), restarted("mnist-worker-1", 137)], d1.status)
+    assert (d2.status["state"], d2.status["restarts"]) == (st.RESTARTING, 2)
+    d3 = step(j, [restarted("mnist-worker-0", 138), restarted("mnist-worker-1", 137)], d2.status)
+    assert d3.status["state"] == st.RUNNING
+    # A third restart would exceed backoffLimit=2: Failed, and it is not counted.
+    d4 = step(j, [restarted("mnist-worker-0", 138), exited("mnist-worker-1", 137, restarts=1)],
+              d3.status)
+    assert d4.status["state"] == st.FAILED
+    assert cond(d4.status, st.FAILED)["reason"] == st.REASON_BACKOFF
+    assert cond(d4.status, st.FAILED)["message"] == (
+        "pod mnist-worker-1 failed with exit code 137 and 2 restarts reached backoffLimit=2")
+    assert d4.status["restarts"] == 2
+    assert set(d4.delete) == {"mnist-worker-0", "mnist-worker-1"}
+
+
+def test_backoff_limit_zero_fails_on_the_first_restart_in_place_without_counting_it():
+    j = job(workers=2, run_policy={"backoffLimit": 0})
+    d = step(j, running(j, **{"mnist-worker-1": exited("mnist-worker-1", 137)}),
+             step(j, running(j), None).status)
+    assert cond(d.status, st.FAILED)["reason"] == st.REASON_BACKOFF
+    assert d.status["restarts"] == 0
 
 
 def test_backoff_limit_counts_gang_restarts():
@@ -173,6 +306,9 @@ def test_backoff_limit_counts_container_restarts_under_on_failure():
     j = job(workers=2, policy="OnFailure", run_policy={"backoffLimit": 2})
     prev = step(j, running(j), None).status
     d = step(j, running(j, **{"mnist-worker-1": pod("mnist-worker-1", restarts=2)}), prev)
+    assert d.status["state"] == st.RESTARTING and d.status["restarts"] == 2
+    assert reasons(d) == [st.REASON_RESTARTING]
+    d = step(j, running(j, **{"mnist-worker-1": pod("mnist-worker-1", restarts=2)}), d.status)
     assert d.status["state"] == st.RUNNING and d.status["restarts"] == 2
     d = step(j, running(j, **{"mnist-worker-1": pod("mnist-worker-1", restarts=3)}), prev)
     assert d.status["state"] == st.FAILED
@@ -180,16 +316,19 @@ def test_backoff_limit_counts_container_restarts_under_on_failure():
     assert set(d.delete) == {"mnist-worker-0", "mnist-worker-1"}
 
 
-def test_container_restarts_of_deleted_pods_still_count_after_a_gang_restart():
+def test_container_restarts_of_a_replaced_pod_still_count():
     j = job(workers=2, policy="OnFailure", run_policy={"backoffLimit": 3})
     prev = step(j, running(j), None).status
-    evicted = running(j, **{"mnist-worker-0": pod("mnist-worker-0", restarts=2),
-                            "mnist-worker-1": pod("mnist-worker-1", "Failed")})
+    evicted = running(j, **{"mnist-worker-0": pod("mnist-worker-0", restarts=1),
+                            "mnist-worker-1": pod("mnist-worker-1", "Failed", restarts=1)})
     d1 = step(j, evicted, prev)
     assert d1.status["state"] == st.RESTARTING and d1.status["restarts"] == 3
-    d2 = step(j, [], d1.status)
-    assert d2.status["restarts"] == 3
-    d3 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", restarts=1)}), d2.status)
+    assert d1.delete == ("mnist-worker-1",)
+    d2 = step(j, [pod("mnist-worker-0", restarts=1)], d1.status)
+    assert d2.status["restarts"] == 3 and d2.create == ("mnist-worker-1",)
+    d3 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", restarts=1),
+                               "mnist-worker-1": pod("mnist-worker-1", restarts=1)}), d2.status)
+    assert d3.status["restarts"] == 4
     assert cond(d3.status, st.FAILED)["reason"] == st.REASON_BACKOFF
 
 
@@ -327,6 +466,7 @@ def test_observed_pod_reads_a_real_pod_object():
         "mnist-worker-1", "worker", 1, "Failed", False, 1)
     assert (p.exit_code, p.exit_reason, p.termination_message, p.pod_ip) == (
         137, "OOMKilled", "{}", "10.1.0.7")
+    assert not p.restarting and p.last_exit_code is None
     assert ObservedPod.from_pod({"metadata": {"name": "x", "labels": {}}}) is None
 
 
@@ -379,3 +519,33 @@ def test_the_evaluators_last_evaluation_and_the_export_appear_in_the_status():
                                        "checkpoint": "/checkpoints/ckpt-0000000030.json",
                                        "evaluations": 3}
     assert d2.status["progress"]["export"] == "/checkpoints/model.keras"
+
+
+def _container(policy: str, state: dict, last: dict | None = None, phase: str = "Running"):
+    cs = {"name": "ringtrain", "restartCount": 1, "state": state}
+    if last is not None:
+        cs["lastState"] = {"terminated": last}
+    return ObservedPod.from_pod({
+        "metadata": {"name": "mnist-worker-1", "labels": {
+            "ringtrain.io/job-name": "mnist", "ringtrain.io/replica-type": "worker",
+            "ringtrain.io/replica-index": "1"}},
+        "spec": {"restartPolicy": policy},
+        "status": {"phase": phase, "containerStatuses": [cs]}})
+
+
+def test_observed_pod_reads_a_restart_in_place():
+    p = _container("OnFailure", {"running": {}}, {"exitCode": 137, "reason": "Error"})
+    assert (p.restarting, p.restarts, p.last_exit_code, p.last_exit_reason, p.exit_code) == (
+        False, 1, 137, "Error", None)
+    # Between the exit and the kubelet's restart: terminated now, or waiting in back-off.
+    assert _container("OnFailure", {"terminated": {"exitCode": 138}}).restarting
+    assert _container("Always", {"terminated": {"exitCode": 0}}).restarting
+    assert _container("OnFailure", {"waiting": {"reason": "CrashLoopBackOff"}},
+                      {"exitCode": 2}).restarting
+    # Not restarted: a success under OnFailure, anything under Never, a pod that is over.
+    assert not _container("OnFailure", {"terminated": {"exitCode": 0}}).restarting
+    assert not _container("Never", {"terminated": {"exitCode": 137}}).restarting
+    assert not _container("OnFailure", {"terminated": {"exitCode": 137}},
+                          phase="Failed").restarting
+    assert not _container("OnFailure", {"waiting": {"reason": "ContainerCreating"}}).restarting
+

@@ -28,6 +28,18 @@ def test_header_mismatch_names_what_differs():
     assert OpHeader(Kind.ALLREDUCE, 4, 10, 1, 99).mismatch(h) is Mismatch.SIZE
 
 
+def test_a_member_restarted_in_place_cannot_join_a_stale_ring():
+    """A restarted process starts its collectives at seq 0 with the chief's state broadcast; a
+    peer not yet restarted is far along. Either side refuses the other's header, fails with the
+    retryable ring error and restarts, until the whole gang starts again from seq 0."""
+    fresh = OpHeader(Kind.BROADCAST, seq=0, step=0, tag=0, nelem=1000, root=0)
+    stale = OpHeader(Kind.ALLREDUCE, seq=5731, step=1910, tag=2, nelem=1000)
+    assert fresh.mismatch(stale) is Mismatch.SEQUENCE
+    assert stale.mismatch(fresh) is Mismatch.SEQUENCE
+    # Two restarted members agree: the gang re-forms from the same first collective.
+    assert fresh.mismatch(OpHeader(Kind.BROADCAST, 0, 0, 0, 1000, 0)) is None
+
+
 def handshake(server_token: bytes, client_token: bytes, rank: int = 1, world: int = 2):
     """Run both ends of the handshake on a socketpair; returns (server verdict, client error)."""
     s, c = socket.socketpair()

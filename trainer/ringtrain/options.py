@@ -99,7 +99,7 @@ CRD_OBJECTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "ring": {"type": "object", "default": {},
              "description": "The workers' ring allreduce (worker flags --ring-*)."},
     "checkpoint": {"type": "object", "default": {},
-                   "description": "Checkpoints written by the chief; a restarted gang resumes "
+                   "description": "Checkpoints written by the chief; a restarted chief resumes "
                                   "from the newest valid one."},
     "data": {"type": "object", "required": ["volume"],
              "description": "Training data from a volume you name, mounted read-only into the "
@@ -233,8 +233,9 @@ GROUPS: tuple[Group, ...] = (
                description="the newest checkpoints kept in the volume; older ones are deleted "
                            "after each save"),
         Option("checkpoint_volume", dict, None, flag=None, crd="checkpoint.volume",
-               help="A Volume source (e.g. persistentVolumeClaim) so a restarted gang resumes; "
-                    "default emptyDir. An Evaluator replica needs one the pods share.",
+               help="A Volume source; the default emptyDir survives restarts in place, a "
+                    "persistentVolumeClaim also the loss of the chief's pod. An Evaluator "
+                    "replica needs one the pods share.",
                schema={"x-kubernetes-preserve-unknown-fields": True}),
     )),
     Group("export", (
