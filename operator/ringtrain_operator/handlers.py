@@ -18,7 +18,7 @@ import logging
 import kopf
 from kubernetes.client import ApiException
 
-from . import manifests, status
+from . import manifests, networkpolicy, status
 from .kube import Kube
 from .metrics import OperatorMetrics
 from .reconcile import reconcile
@@ -62,7 +62,7 @@ async def run_job(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo,
 def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decision | None:
     """One reconcile; a failure becomes a decision to retry, with a Warning Event saying why."""
     try:
-        return reconcile(memo.kube, namespace, name, metrics=memo.metrics)
+        return reconcile(memo.kube, namespace, name, metrics=memo.metrics, network=memo.network)
     except ApiException as e:
         message = f"reconcile failed, retrying in {status.ERROR_RETRY_S}s: {e.status} {e.reason}"
         log.warning("%s/%s: %s", namespace, name, message)
@@ -106,5 +106,6 @@ async def _wait(poke: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float
             t.cancel()
 
 
-def new_memo(kube: Kube, metrics: OperatorMetrics) -> kopf.Memo:
-    return kopf.Memo(kube=kube, metrics=metrics, pokes={})
+def new_memo(kube: Kube, metrics: OperatorMetrics,
+             network: networkpolicy.Settings | None = None) -> kopf.Memo:
+    return kopf.Memo(kube=kube, metrics=metrics, pokes={}, network=network)

@@ -37,6 +37,7 @@ class Kube:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
 
     def get_job(self, namespace: str, name: str) -> dict | None:
         try:
@@ -56,7 +57,8 @@ class Kube:
         ns = obj["metadata"]["namespace"]
         create = {"Pod": self.core.create_namespaced_pod,
                   "Service": self.core.create_namespaced_service,
-                  "Secret": self.core.create_namespaced_secret}[obj["kind"]]
+                  "Secret": self.core.create_namespaced_secret,
+                  "NetworkPolicy": self.networking.create_namespaced_network_policy}[obj["kind"]]
         try:
             create(ns, obj, _preload_content=False)
             return True

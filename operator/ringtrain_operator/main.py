@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 
 import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import __version__, handlers
+from . import __version__, handlers, networkpolicy
 from .kube import Kube, load_config
 from .metrics import OperatorMetrics
 
@@ -34,7 +35,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--listen", default="0.0.0.0:8080", metavar="HOST:PORT",
                    help="address of /healthz and /metrics (default %(default)s)")
     p.add_argument("--verbose", "-v", action="store_true")
+    net = p.add_argument_group("per-job NetworkPolicy (the chart's networkPolicy.*)")
+    net.add_argument("--network-policy", action="store_true",
+                     help="create a NetworkPolicy per job: the ring port only from the same "
+                          "job, the metrics port only from the monitoring namespaces and the "
+                          "operator")
+    net.add_argument("--metrics-namespace-labels", type=networkpolicy.parse_labels,
+                     default="kubernetes.io/metadata.name=monitoring", metavar="K=V,...",
+                     help="labels of the namespaces that may scrape :9400 (default %(default)s)")
+    net.add_argument("--operator-pod-labels", type=networkpolicy.parse_labels,
+                     default="app.kubernetes.io/name=ringtrain", metavar="K=V,...",
+                     help="labels of the operator's pods, which read the chief's /status "
+                          "(default %(default)s); their namespace is $POD_NAMESPACE")
     return p.parse_args(argv)
+
+
+def network_settings(args: argparse.Namespace,
+                     pod_namespace: str | None) -> networkpolicy.Settings | None:
+    """The NetworkPolicy settings from the flags; None without ``--network-policy``."""
+    if not args.network_policy:
+        return None
+    return networkpolicy.Settings(metrics_namespace_labels=args.metrics_namespace_labels,
+                                  operator_namespace=pod_namespace or None,
+                                  operator_pod_labels=args.operator_pod_labels)
 
 
 def health_app(metrics: OperatorMetrics) -> web.Application:
@@ -90,7 +113,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api = load_config(args.kubeconfig)
-    memo = handlers.new_memo(Kube(api), OperatorMetrics())
+    memo = handlers.new_memo(Kube(api), OperatorMetrics(),
+                             network_settings(args, os.environ.get("POD_NAMESPACE")))
     logging.getLogger(__name__).info("ringtrain operator %s starting", __version__)
     asyncio.run(serve(args, memo))
     return 0

@@ -35,6 +35,10 @@ TOKEN_KEY = "token"
 TOKEN_DIR = "/var/run/ringtrain/ring-token"
 TOKEN_FILE = f"{TOKEN_DIR}/{TOKEN_KEY}"
 RUN_AS_USER = 10001
+#: The token file's mode: owner-read only (Kubeflow #3262 shipped 0644). With the pod's fsGroup the
+#: kubelet adds group read (0440, group RUN_AS_USER), so the non-root trainer can read it; never
+#: world-readable.
+TOKEN_MODE = 0o400
 
 LABEL_JOB = "ringtrain.io/job-name"
 LABEL_ROLE = "ringtrain.io/replica-type"
@@ -199,7 +203,8 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
 
     volumes = [
         {"name": "tmp", "emptyDir": {}},
-        {"name": "ring-token", "secret": {"secretName": secret_name(job), "defaultMode": 0o440}},
+        {"name": "ring-token",
+         "secret": {"secretName": secret_name(job), "defaultMode": TOKEN_MODE}},
     ]
     mounts = [{"name": "tmp", "mountPath": "/tmp"},
               {"name": "ring-token", "mountPath": TOKEN_DIR, "readOnly": True}]

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests, spec, status
+from . import manifests, networkpolicy, spec, status
 from .kube import Kube
 from .metrics import OperatorMetrics
 from .observe import LiveStatusFetcher, fetch_live_status, observe_pods
@@ -34,7 +34,8 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict:
 
 def reconcile(kube: Kube, namespace: str, name: str, *, now: datetime | None = None,
               fetch: LiveStatusFetcher = fetch_live_status,
-              metrics: OperatorMetrics | None = None) -> status.Decision | None:
+              metrics: OperatorMetrics | None = None,
+              network: networkpolicy.Settings | None = None) -> status.Decision | None:
     """Bring one job one step closer to its spec; None when the job no longer exists.
 
     The returned decision's events are all this reconcile's Events: the fold's, then one per
@@ -58,7 +59,7 @@ def reconcile(kube: Kube, namespace: str, name: str, *, now: datetime | None = N
 
     if patch := status_patch(previous, decision.status):
         kube.patch_status(namespace, name, patch)
-    decision = act(kube, namespace, name, job, decision)
+    decision = act(kube, namespace, name, job, decision, network)
     if metrics is not None:
         metrics.record(namespace, name, decision)
         metrics.reconcile_seconds.observe(time.perf_counter() - started)
@@ -66,13 +67,17 @@ def reconcile(kube: Kube, namespace: str, name: str, *, now: datetime | None = N
 
 
 def act(kube: Kube, namespace: str, name: str, job: spec.Job | None,
-        decision: status.Decision) -> status.Decision:
+        decision: status.Decision,
+        network: networkpolicy.Settings | None = None) -> status.Decision:
     """Carry out a decision whose status is written: the operator's only creates and deletes.
-    Returns it with an Event added for every pod actually created or deleted."""
+    Returns it with an Event added for every pod actually created or deleted. With ``network``
+    (``--network-policy``) the job's NetworkPolicy is created with its Service."""
     events = list(decision.events)
     if decision.to_create and job is not None:
         kube.create(manifests.service(job))
         kube.create(manifests.secret(job))  # 409 keeps the first token: created once
+        if network is not None:
+            kube.create(networkpolicy.network_policy(job, network))
         todo = [manifests.pod(job, m.replica, m.index) for m in decision.to_create]
         for m, created in zip(decision.to_create, _create_all(kube, todo)):
             if created:

@@ -19,6 +19,7 @@ from ringtrain_operator.metrics import OperatorMetrics
 from ringtrain_trainer.metrics import TrainerMetrics
 
 from chart_helpers import ALL_ON, CHART, ROOT, by_kind
+from test_rbac import GRANTS
 
 #: Kubernetes minor versions whose schemas the rendered objects must satisfy: the releases kind
 #: ships node images for today, and the newest the validator knows.
@@ -136,16 +137,10 @@ def _rules(obj: dict) -> dict[tuple[str, str], set[str]]:
     return out
 
 
-OPERATOR_NEEDS = {
-    ("ringtrain.io", "trainingjobs"): {"get", "list", "watch", "patch", "delete"},
-    ("ringtrain.io", "trainingjobs/status"): {"get", "patch"},
-    ("ringtrain.io", "trainingjobs/finalizers"): {"update"},
-    ("", "pods"): {"create", "delete", "get", "list", "watch"},
-    ("", "services"): {"create"},
-    ("", "secrets"): {"create"},  # never read: the token goes from the operator to the pods
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
-}
+#: (apiGroup, resource) → verbs, from test_rbac.GRANTS (which names the code behind each verb).
+OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {}
+for (_group, _resource, _verb) in GRANTS:
+    OPERATOR_NEEDS.setdefault((_group, _resource), set()).add(_verb)
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
@@ -260,3 +255,18 @@ def test_notes_tell_the_user_what_next_and_how_to_upgrade_the_crd(helm):
     notes = out.stdout.split("NOTES:", 1)[1]
     assert "rollout status deployment/rt-ringtrain" in notes
     assert "kubectl apply --server-side -f charts/ringtrain/crds/" in notes
+
+
+def test_network_policy_value_reaches_the_operator_with_its_own_pod_labels(render):
+    (dep,) = by_kind(render(), "Deployment")
+    pod = dep["spec"]["template"]
+    args = operator_main.parse_args(pod["spec"]["containers"][0]["args"][1:])
+    settings = operator_main.network_settings(args, "rt")
+    assert settings.metrics_namespace_labels == {"kubernetes.io/metadata.name": "monitoring"}
+    # The policy admits the operator's pods to the chief's /status: its labels must match.
+    assert settings.operator_pod_labels.items() <= pod["metadata"]["labels"].items()
+    (dep,) = by_kind(render("--set", "networkPolicy.enabled=false",
+                            "--set", "networkPolicy.metricsNamespaceLabels.team=obs"),
+                     "Deployment")
+    assert operator_main.parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"][1:]
+                                    ).network_policy is False

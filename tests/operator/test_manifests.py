@@ -141,6 +141,59 @@ def test_pod_identity_and_secure_defaults():
         "capabilities": {"drop": ["ALL"]}}
 
 
+def test_the_token_is_mounted_read_only_and_never_world_readable():
+    """Kubeflow #3262 mounted its secret 0644. Ours is 0400 (0440 with the fsGroup), read-only,
+    in the main container only, even when a template brings its own volume of that name."""
+    obj = job_obj(workers=1)
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {"spec": {
+        "volumes": [{"name": "ring-token", "secret": {"secretName": "x", "defaultMode": 0o644}}],
+        "initContainers": [{"name": "init", "image": "busybox"}],
+        "containers": [{"name": "ringtrain"}, {"name": "sidecar", "image": "busybox"}]}}
+    j = spec.load(obj)
+    s = manifests.pod(j, j.replica("worker"), 0)["spec"]
+    (vol,) = [v for v in s["volumes"] if v["name"] == "ring-token"]
+    assert vol["secret"] == {"secretName": "mnist-ring-token", "defaultMode": 0o400}
+    assert vol["secret"]["defaultMode"] & 0o077 == 0
+    main, sidecar = s["containers"]
+    (mount,) = [m for m in main["volumeMounts"] if m["name"] == "ring-token"]
+    assert mount["readOnly"] is True
+    assert "ring-token" not in json.dumps(sidecar) + json.dumps(s["initContainers"])
+    for c in [*s["containers"], *s["initContainers"]]:  # every container, not just ours
+        assert c["securityContext"] == {"allowPrivilegeEscalation": False,
+                                        "readOnlyRootFilesystem": True,
+                                        "capabilities": {"drop": ["ALL"]}}
+    assert s["automountServiceAccountToken"] is False
+    assert s["securityContext"]["runAsNonRoot"] is True
+    assert s["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_the_token_never_reaches_tf_config_status_events_metrics_or_logs(caplog):
+    from fake_kube import FakeKube
+    from prometheus_client import CollectorRegistry, generate_latest
+    from ringtrain_operator.metrics import OperatorMetrics
+    from ringtrain_operator.reconcile import reconcile
+
+    caplog.set_level("DEBUG")
+    kube = FakeKube(job_obj(workers=2, chief=1))
+    metrics = OperatorMetrics(CollectorRegistry())
+    d = reconcile(kube, "team-a", "mnist", fetch=lambda ip: None, metrics=metrics)
+    secret = kube.objects[("Secret", "mnist-ring-token")]
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    encoded = secret["data"]["token"]
+    pods = [o for (kind, _), o in kube.objects.items() if kind == "Pod"]
+    seen = {"pods (env, TF_CONFIG)": json.dumps(pods), "status": json.dumps(kube.job["status"]),
+            "events": json.dumps([e.message for e in d.events]),
+            "metrics": generate_latest(metrics.registry).decode(), "logs": caplog.text}
+    for where, text in seen.items():
+        assert token not in text and encoded not in text, where
+    tf = [e["value"] for p in pods for e in p["spec"]["containers"][0]["env"]
+          if e["name"] == "TF_CONFIG"]
+    assert len(tf) == 3 and all(token not in t for t in tf)
+    other = FakeKube(job_obj(workers=2, chief=1))
+    reconcile(other, "team-a", "mnist", fetch=lambda ip: None)
+    assert other.objects[("Secret", "mnist-ring-token")]["data"]["token"] != encoded  # per job
+
+
 @pytest.mark.parametrize("policy, pod_policy", [("Never", "Never"), ("ExitCode", "OnFailure"),
                                                  ("OnFailure", "OnFailure"),
                                                  ("Always", "Always")])

@@ -119,6 +119,8 @@ def parse(text: str | None) -> ClusterSpec:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise InvalidClusterSpec(f"TF_CONFIG is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InvalidClusterSpec("TF_CONFIG is nested too deeply to be a TF_CONFIG") from None
     if not isinstance(doc, dict):
         raise InvalidClusterSpec("TF_CONFIG must be a JSON object")
     raw_cluster = doc.get("cluster", {})
@@ -140,6 +142,13 @@ def parse(text: str | None) -> ClusterSpec:
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise InvalidClusterSpec(f"TF_CONFIG.cluster.{role}[{i}]: {a!r} is not host:port")
         cluster[role] = tuple(addrs)
+    seen: dict[str, str] = {}
+    for role, addrs in cluster.items():  # two members on one address would talk to themselves
+        for i, a in enumerate(addrs):
+            if a in seen:
+                raise InvalidClusterSpec(
+                    f"TF_CONFIG.cluster.{role}[{i}]: {a!r} is also {seen[a]}")
+            seen[a] = f"cluster.{role}[{i}]"
     if len(cluster.get("chief", ())) > 1:
         raise InvalidClusterSpec("TF_CONFIG.cluster.chief: at most one chief")
     task = doc.get("task", {})

@@ -68,7 +68,9 @@ class Option:
         return self.default if self.crd_default is SAME else self.crd_default
 
     def bound_error(self, value: Any) -> str | None:
-        """Why ``value`` is below this option's minimum (NaN included), or None."""
+        """Why ``value`` is below this option's minimum (NaN included) or infinite, or None."""
+        if isinstance(value, float) and math.isinf(value):
+            return f"{self.cli_flag} must be finite"
         if self.minimum is None or value is None:
             return None
         ok = value > self.minimum if self.exclusive_minimum else value >= self.minimum

@@ -52,6 +52,13 @@ class TrainerConfig(options.TrainerOptions):
                 raise InvalidSpec(f"RINGTRAIN_TOKEN_FILE {path}: cannot read ({e})") from None
         elif env.get("RINGTRAIN_TOKEN"):
             token = env["RINGTRAIN_TOKEN"].encode()
+        if values["metrics_port"] is not None and values["metrics_port"] > 65535:
+            raise InvalidSpec(f"--metrics-port {values['metrics_port']} is not a TCP port")
+        if (not token and values["collective"] == "ring" and spec.in_ring
+                and spec.world_size > 1):
+            raise InvalidSpec("RINGTRAIN_TOKEN_FILE (or RINGTRAIN_TOKEN): a ring of "
+                              f"{spec.world_size} members needs the job's token; without one "
+                              "any process could join it")
         if values["termination_log"] is None and _writable(DEFAULT_TERMINATION_LOG):
             values["termination_log"] = DEFAULT_TERMINATION_LOG
         return cls(**values, cluster=spec, token=token)

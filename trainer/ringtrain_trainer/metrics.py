@@ -182,6 +182,11 @@ class TrainerMetrics:
             return self._status.to_dict()
 
 
+#: A connection that sends no complete request for this long is closed, so idle or trickling
+#: clients cannot pin the server's threads (a scrape takes milliseconds).
+IDLE_TIMEOUT_S = 10.0
+
+
 class MetricsServer:
     """``/metrics`` (Prometheus text) and ``/status`` (JSON) on ``port`` (0: any free port)."""
 
@@ -189,6 +194,8 @@ class MetricsServer:
         m = metrics
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = IDLE_TIMEOUT_S
+
             def do_GET(self):  # noqa: N802 (http.server's naming)
                 if self.path.split("?")[0] == "/metrics":
                     body, ctype = generate_latest(m.registry), CONTENT_TYPE_LATEST
