@@ -36,11 +36,12 @@ def test_bench_step_two_workers_measures_overlapped_serialized_and_no_comm(capsy
     assert (r["workers"], r["global_batch"], r["transport"]) == (2, 128, "grpc+tcp")
     v = r["variants"]
     assert set(v) == {"overlapped", "serialized", "no_comm"}
-    for name, x in v.items():
+    for x in v.values():
         assert len(x["samples_per_s_per_worker"]) == 2 and min(x["samples_per_s_per_worker"]) > 0
-        # synchronous: each repeat lasts as long as its slowest worker
-        assert 0 < x["global_samples_per_s"] <= 2 * min(x["samples_per_s_per_worker"]) + 0.2
     ov, ser, none = v["overlapped"], v["serialized"], v["no_comm"]
+    for x in (ov, ser):  # synchronous: each repeat lasts as long as its slowest worker
+        assert 0 < x["global_samples_per_s"] <= 2 * min(x["samples_per_s_per_worker"]) + 0.2
+    assert none["global_samples_per_s"] > 0  # not in lockstep: the workers' summed rate
     # serialized hides nothing by construction; overlapped starts bucket 0 during backward
     assert ser["reducer_hidden_ms_per_step"] == 0 and ser["lead_ms_per_step"] == 0
     assert ov["lead_ms_per_step"] > 0 and ov["reducer_hidden_ms_per_step"] > 0
@@ -58,7 +59,7 @@ def test_bench_step_two_workers_measures_overlapped_serialized_and_no_comm(capsy
         assert r["hidden_fraction"] == pytest.approx(
             (ser["step_ms"] - ov["step_ms"]) / (ser["step_ms"] - none["step_ms"]), abs=2e-2)
     assert r["scaling_efficiency"] == pytest.approx(
-        r["global_samples_per_s"] / sum(none["samples_per_s_per_worker"]), abs=1e-3)
+        r["global_samples_per_s"] / none["global_samples_per_s"], abs=2e-3)
     assert set(r["definitions"]) >= {"hidden_fraction", "scaling_efficiency",
                                      "exposed_comm_ms_per_step"}
     assert r["max_param_diff"] == 0.0  # the replicas stayed bit-identical
