@@ -199,6 +199,10 @@ GROUPS: tuple[Group, ...] = (
         Option("bucket_mb", float, 25.0, crd="bucketMB", minimum=0.001, maximum=4096, metavar="F",
                help="gradient fusion bucket size for the allreduce (MiB, DDP-style buckets)",
                description="gradient fusion bucket size for the allreduce (DDP-style buckets)"),
+        Option("overlap_comm", bool, True,
+               help="hold every gradient bucket until backward ends, then reduce them: the "
+                    "serialized baseline that shows what overlapping the allreduce with "
+                    "backward buys"),
         Option("ring_transport", str, "grpc+tcp", crd="ring.transport",
                choices=("grpc+tcp", "grpc", "tcp"),
                help="ring data path: grpc+tcp (tensors on a raw TCP side channel opened through "

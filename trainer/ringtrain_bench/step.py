@@ -8,11 +8,9 @@ data set. Also reported: achieved GFLOP/s against numpy's float32 matmul peak me
 same run, and which BLAS kernels ran (threadpoolctl), because OpenBLAS environment variables
 change the result (see /work/shared/notes/machine-facts.md).
 
-``--workers N`` > 1 (:func:`bench_step_workers`) starts this module once per worker with the
-hidden ``--child`` flag through ``ringtrain_bench.procs``, as ``ringtrain run`` would:
-:func:`child` is one real ``ringtrain worker``-style process (TF_CONFIG and token from its
-environment, the worker's own ``connect``) that times the same step loop and reports its
-communication statistics.
+``--workers N`` > 1 is :mod:`ringtrain_bench.step_workers`: N real worker processes (this
+module with the hidden ``--child`` flag) time the same steps with communication overlapped,
+serialized after backward and skipped, and report what overlap hides and what scaling costs.
 """
 
 from __future__ import annotations
@@ -35,8 +33,6 @@ from ringtrain.errors import InvalidSpec, RingtrainError
 from ringtrain_trainer.ipu import blas_limits, resolve_host_threads
 from ringtrain_trainer.reducer import StepCommStats
 from ringtrain_trainer.worker import Trainer
-from ringtrain_trainer.worker import connect as worker_connect
-from ringtrain_bench import procs
 
 
 def parser() -> argparse.ArgumentParser:
@@ -101,10 +97,7 @@ class IPUSide:
         t = time.perf_counter()
         for _ in range(steps):
             _, _, c = self.trainer.train_one_step()
-            self.comm = StepCommStats(self.comm.allreduce_s + c.allreduce_s,
-                                      self.comm.hidden_s + c.hidden_s,
-                                      self.comm.exposed_wait_s + c.exposed_wait_s,
-                                      self.comm.bytes + c.bytes)
+            self.comm = self.comm + c
         return time.perf_counter() - t
 
     def close(self):
@@ -207,116 +200,28 @@ def bench_one_worker(args) -> dict:
     return result
 
 
-def child(args) -> dict:
-    """One worker of ``bench step --workers N`` (started by :func:`bench_step_workers`).
-
-    The ring comes from TF_CONFIG and RINGTRAIN_TOKEN in the environment through the worker's
-    own flag parsing and ``connect`` (no TF_CONFIG: a single worker, the baseline). After the
-    warm-up a barrier lines the workers up so every repeat times the same synchronous steps.
-    The end checks the replicas still agree: rank 0's weights are broadcast and compared."""
-    cfg = TrainerConfig.from_args(["--ring-transport", args.transport, "--termination-log", ""])
-    collective = worker_connect(cfg)
-    try:
-        with blas_limits(args.threads):
-            side = IPUSide(args, collective, cfg)
-            side.run(args.warmup)
-            collective.barrier()
-            side.comm = StepCommStats()
-            times = [side.run(args.steps) for _ in range(args.repeats)]
-            params = side.trainer.params
-            ref = params.copy()
-            collective.broadcast_(ref, root=0)
-            side.close()
-    finally:
-        collective.close()
-    c = side.comm
-    return {"rank": collective.rank, "world_size": collective.size, "times_s": times,
-            "allreduce_s": c.allreduce_s, "hidden_s": c.hidden_s,
-            "exposed_wait_s": c.exposed_wait_s,
-            "max_param_diff": float(np.max(np.abs(ref - params)))}
-
-
-#: Said next to every multi-worker step figure (see /work/shared/notes/machine-facts.md).
-STEP_NOTE = ("{n} worker processes on one machine with {cpus} CPUs: the figures measure the ring "
-             "transport and the overlap of allreduce with backward; scaling efficiency is "
-             "against one worker with the same threads in the same run and only means scaling "
-             "when every worker has cores of its own ({fits})")
-
-
-def bench_step_workers(args) -> dict:
-    """``ringtrain bench step --workers N``: N real worker processes on loopback over the ring.
-
-    One worker alone (the baseline, same model, batch and threads; run before and after), and
-    between those N workers, each a ``python -m ringtrain_bench.step --child`` process with its own TF_CONFIG and the job's
-    token, as ``ringtrain run`` starts them. Per-worker samples/s come from each worker's
-    median repeat; global samples/s from the slowest worker per repeat (the step is
-    synchronous); ``overlap_fraction`` is the allreduce time hidden behind backward over every
-    timed step of every worker, as the reducer measures it."""
-    n = args.workers
-    cpus = resolve_host_threads(0)
-    threads = args.threads or max(1, cpus // n)
-    load_before = os.getloadavg()[0]
-    base = [sys.executable, "-m", "ringtrain_bench.step", "--child", "--model", args.model,
-            "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--repeats", str(args.repeats),
-            "--threads", str(threads), "--transport", args.transport]
-    env = procs.without_cluster()
-    timeout_s = 600
-
-    def alone() -> list[float]:
-        (doc,) = procs.run_processes("bench step (1 worker)", [base], [env], timeout_s)
-        return doc["times_s"]
-
-    single_times = alone()  # before and after the ring, so a drift in load hits both sides
-    envs = procs.member_envs(env, procs.loopback_addresses(n), procs.new_token())
-    docs = procs.run_processes(f"bench step ({n} workers)", [base] * n, envs, timeout_s)
-    if sorted(d["rank"] for d in docs) != list(range(n)):
-        raise RuntimeError(f"bench step: expected ranks 0..{n - 1}, got {docs}")
-    single_times += alone()
-    samples = args.batch_size * args.steps
-    per_worker = [samples / statistics.median(d["times_s"]) for d in docs]
-    slowest = [max(d["times_s"][i] for d in docs) for i in range(args.repeats)]
-    global_sps = n * samples / statistics.median(slowest)
-    single_sps = samples / statistics.median(single_times)
-    allreduce_s = sum(d["allreduce_s"] for d in docs)
-    steps_timed = n * args.steps * args.repeats
-    return {
-        "bench": "step", "workers": n, "model": args.model, "batch_size": args.batch_size,
-        "global_batch": n * args.batch_size, "threads_per_worker": threads, "cpus": cpus,
-        "transport": {"tcp": "grpc+tcp"}.get(args.transport, args.transport),
-        "steps": args.steps, "repeats": args.repeats,
-        "samples_per_s_per_worker": [round(x, 1) for x in per_worker],
-        "global_samples_per_s": round(global_sps, 1),
-        "single_worker_samples_per_s": round(single_sps, 1),
-        "scaling_efficiency": round(global_sps / (n * single_sps), 3),
-        "overlap_fraction": round(sum(d["hidden_s"] for d in docs) / allreduce_s, 3)
-        if allreduce_s > 0 else 0.0,
-        "allreduce_ms_per_step": round(allreduce_s / steps_timed * 1e3, 3),
-        "exposed_wait_ms_per_step": round(
-            sum(d["exposed_wait_s"] for d in docs) / steps_timed * 1e3, 3),
-        "max_param_diff": max(d["max_param_diff"] for d in docs),
-        "load_before": load_before, "load_after": os.getloadavg()[0],
-        "note": STEP_NOTE.format(n=n, cpus=cpus, fits="they do here" if n * threads <= cpus
-                                 else "they do not here"),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from ringtrain_bench import step_workers
+
     if args.child:
-        print(json.dumps(child(args)), flush=True)
+        print(json.dumps(step_workers.child(args)), flush=True)
         return 0
     try:
         if args.workers < 1 or args.batch_size < 1 or args.steps < 1 or args.repeats < 1:
             raise InvalidSpec("--workers, --batch-size, --steps and --repeats must be positive")
         if args.workers > 1:
-            result = bench_step_workers(args)
+            result = step_workers.bench_step_workers(args)
             if not args.json:
-                print(f"{args.workers} workers: {result['global_samples_per_s']:,.0f} samples/s "
-                      f"({result['samples_per_s_per_worker']} per worker), single worker "
-                      f"{result['single_worker_samples_per_s']:,.0f}, scaling efficiency "
-                      f"{result['scaling_efficiency']}, allreduce hidden behind backward "
-                      f"{result['overlap_fraction']:.0%}\n# {result['note']}")
+                v = result["variants"]
+                hidden = result["hidden_fraction"]
+                print(f"{args.workers} workers, ms per step: overlapped "
+                      f"{v['overlapped']['step_ms']}, serialized {v['serialized']['step_ms']}, "
+                      f"no communication {v['no_comm']['step_ms']}; exposed communication "
+                      f"{result['exposed_comm_ms_per_step']} ms, hidden "
+                      f"{'n/a' if hidden is None else f'{hidden:.0%}'}, "
+                      f"{result['global_samples_per_s']:,.0f} samples/s, scaling efficiency "
+                      f"{result['scaling_efficiency']}\n# {result['note']}")
         else:
             result = bench_one_worker(args)
     except RingtrainError as e:

@@ -22,6 +22,11 @@ class Collective(ABC):
 
     rank: int = 0
     size: int = 1
+    #: When a list, the collective appends to it the (start, end) ``time.perf_counter`` pairs of
+    #: the time it spent blocked on a peer (waiting for its data); the reducer sets it so that
+    #: waiting is never counted as communication hidden behind backward. A collective that
+    #: cannot tell (Open MPI) leaves it untouched.
+    peer_waits: list | None = None
 
     @abstractmethod
     def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:

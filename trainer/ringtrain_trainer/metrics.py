@@ -103,9 +103,14 @@ class TrainerMetrics:
                                  "Seconds spent in gradient allreduce", registry=r)
         self.allreduce_hidden = Counter("ringtrain_allreduce_hidden_seconds",
                                         "Allreduce seconds that ran while backward was still "
-                                        "computing", registry=r)
+                                        "computing here and were not spent waiting for a peer",
+                                        registry=r)
+        self.allreduce_peer_wait = Counter("ringtrain_allreduce_peer_wait_seconds",
+                                           "Allreduce seconds spent blocked on a peer (never "
+                                           "counted as hidden)", registry=r)
         self.overlap = Gauge("ringtrain_allreduce_overlap_ratio",
-                             "Fraction of the last step's allreduce hidden behind backward",
+                             "Fraction of the last step's allreduce hidden behind backward "
+                             "(hidden seconds / allreduce seconds; peer waiting is exposed)",
                              registry=r)
         self.ring_bytes = Counter("ringtrain_ring_bytes", "Bytes this worker's ring member sent "
                                   "to its right neighbour or received from its left",
@@ -156,6 +161,7 @@ class TrainerMetrics:
         if comm.allreduce_s > 0:
             self.allreduce.inc(comm.allreduce_s)
             self.allreduce_hidden.inc(comm.hidden_s)
+            self.allreduce_peer_wait.inc(comm.peer_wait_s)
             self.overlap.set(comm.overlap_fraction)
         self.update_status(step=step, epoch=epoch, loss=loss, samples_per_s=samples_per_s,
                            phase="Training")

@@ -118,7 +118,7 @@ class Trainer:
         # the reducer owns the gradient buffer (and the stop vote after it); its thread
         # starts with the first step
         self.reducer = Reducer(self.spec.param_pieces, collective, self.optimizer,
-                               cfg.bucket_bytes, stop_vote=True)
+                               cfg.bucket_bytes, stop_vote=True, overlap=cfg.overlap_comm)
         self.grads = self.reducer.grads
         self.ipu = IPU(self.spec, IPUConfig(
             memory_bytes=cfg.ipu_memory_mb * MB, variables_on_host=cfg.variables_on_host,

@@ -13,7 +13,7 @@ each piece inline, as Horovod registers no hooks for size 1.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Sequence
 
 import numpy as np
@@ -29,16 +29,44 @@ from ringtrain_trainer.reducer.stopvote import StopVote
 
 @dataclass(frozen=True)
 class StepCommStats:
-    """Communication of one step: allreduce time, the part hidden behind backward, the wait."""
+    """Communication of one step, as seen from this worker (times in seconds).
+
+    ``allreduce_s``: the collectives' wall time. ``hidden_s``: the part of it that ran while
+    backward was still computing here *and* was not spent blocked on a peer: waiting for a
+    slower peer hides nothing, it only moves the wait. ``peer_wait_s``: the collectives' time
+    blocked on peers, wherever it fell. ``exposed_wait_s``: how long the compute thread waited
+    after backward for the last bucket to be reduced and applied. ``lead_s``: how long before
+    the end of backward the step's first allreduce started (0: not before, as with
+    ``overlap=False``). What the communication thread's CPU takes from backward shows in no
+    figure here; ``ringtrain bench step --workers N`` measures it against a no-communication
+    run of the same workers.
+    """
 
     allreduce_s: float = 0.0
     hidden_s: float = 0.0
     exposed_wait_s: float = 0.0
     bytes: int = 0
+    peer_wait_s: float = 0.0
+    lead_s: float = 0.0
 
     @property
     def overlap_fraction(self) -> float:
+        """The share of the allreduce time hidden behind backward (the live metric)."""
         return self.hidden_s / self.allreduce_s if self.allreduce_s > 0 else 0.0
+
+    def __add__(self, other: "StepCommStats") -> "StepCommStats":
+        return StepCommStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+
+def hidden_seconds(intervals: Sequence[tuple[float, float]],
+                   waits: Sequence[tuple[float, float]], compute_end: float) -> float:
+    """Collective time before ``compute_end`` that was not spent blocked on a peer.
+
+    ``intervals`` are the collectives' (start, end), ``waits`` the blocked spans inside them;
+    both clipped at the end of backward."""
+    busy = sum(max(0.0, min(b, compute_end) - a) for a, b in intervals)
+    blocked = sum(max(0.0, min(b, compute_end) - a) for a, b in waits)
+    return max(0.0, busy - blocked)
 
 
 class Reducer:
@@ -49,12 +77,18 @@ class Reducer:
     ``begin_step(step, epoch)``; the IPU writes :attr:`grads` and calls ``on_grad(start,
     stop)`` per piece; ``finish()`` waits until every bucket is reduced and applied and
     returns that step's :class:`StepCommStats`.
+
+    ``overlap=False`` (the worker's ``--no-overlap-comm``) holds every bucket until backward
+    ends and only then reduces them, in the same order: the serialized baseline that shows
+    what overlapping buys (``ringtrain bench step --workers N`` runs both).
     """
 
     def __init__(self, pieces: Sequence[int | Sequence[int]], collective: Collective,
                  optimizer: Optimizer, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, stop_vote: bool = False):
+                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, stop_vote: bool = False,
+                 overlap: bool = True):
         self.collective = collective
+        self.overlap = overlap
         n = optimizer.params.size
         #: the gradients, then the stop vote's element: reduced together
         self.buffer = np.zeros(n + (StopVote.ELEMS if stop_vote else 0), optimizer.params.dtype)
@@ -71,6 +105,8 @@ class Reducer:
         self.ready = Readiness(self.buckets)
         self._step = 0
         self._comm: CommThread | None = None  # started by the first step, not at construction
+        #: the collective's blocked spans this step (see ``Collective.peer_waits``)
+        self._waits: list[tuple[float, float]] = []
 
     def begin_step(self, step: int, epoch: int = 0, stop: bool = False) -> None:
         """Start the optimizer's step for ``epoch`` and this worker's stop vote."""
@@ -82,6 +118,8 @@ class Reducer:
             self._comm = CommThread(self.buffer, self.collective, self.hook)
         self.ready.reset()
         self._comm.intervals.clear()
+        self._waits.clear()
+        self.collective.peer_waits = self._waits  # per step: reducers may share a collective
         if self.vote is not None:
             self.vote.cast(stop)
             self.on_grad(*self.vote.piece)
@@ -91,7 +129,10 @@ class Reducer:
         if self.local:
             self.hook(start, stop)
             return
-        for i in self.ready.add(start, stop):
+        ready = self.ready.add(start, stop)
+        if not self.overlap:
+            return
+        for i in ready:
             self._comm.submit(self.buckets[i], self._step)
         # Offer the CPU to the communication thread: with every core busy computing (2 cores,
         # 2 workers) a woken thread otherwise waits for the scheduler's next preemption, and
@@ -109,12 +150,16 @@ class Reducer:
                 f"step {self._step}: finish() before every gradient arrived "
                 f"({self.ready.launched} of {len(self.buckets)} buckets launched)"
             )
+        if not self.overlap:
+            for b in self.buckets:
+                self._comm.submit(b, self._step)
         self._comm.wait(len(self.buckets))
         wait = time.perf_counter() - compute_end
         iv = self._comm.intervals
         total = sum(b - a for a, b in iv)
-        hidden = sum(max(0.0, min(b, compute_end) - a) for a, b in iv)
-        return StepCommStats(total, hidden, wait, self.buffer.nbytes)
+        lead = max(0.0, compute_end - iv[0][0]) if iv else 0.0
+        return StepCommStats(total, hidden_seconds(iv, self._waits, compute_end), wait,
+                             self.buffer.nbytes, sum(b - a for a, b in self._waits), lead)
 
     def close(self) -> None:
         if self._comm is not None:

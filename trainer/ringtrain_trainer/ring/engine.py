@@ -296,8 +296,11 @@ class RingCollective(Collective):
             raise
         finally:
             finish_sends()
+        t0 = time.perf_counter()
         if not done.wait(self._step_timeout_s + 5):
             self._break(LinkTimeout("send thread stuck"), header, self.right_peer, "sending")
+        if self.peer_waits is not None:  # the right neighbour still taking our bytes
+            self.peer_waits.append((t0, time.perf_counter()))
         if self._sender.error is not None:
             self._break(self._sender.error, header, self.right_peer, "sending")
         self.observer.collective(kind, time.perf_counter() - start, self._sent, self._received)
@@ -327,19 +330,27 @@ class RingCollective(Collective):
         self._sender.put(header)
         for a, b in schedule.chunks(*bounds[phases[0].send], self._chunk):
             self._send(mv, a, b)
+        waits = self.peer_waits
+        clock = time.perf_counter
+        t0 = clock()
         t.begin_recv(header)
+        if waits is not None:
+            waits.append((t0, clock()))
         last_reduce = self.size - 2
         for p, phase in enumerate(phases):
             forward = p + 1 < len(phases)
             for a, b in schedule.chunks(*bounds[phase.recv], self._chunk):
                 seg = flat[a:b]
                 self._received += seg.nbytes
+                t0 = clock()
                 if phase.reduce:
                     t.recv_add(seg)
-                    if p == last_reduce:
-                        np.divide(seg, self.size, out=seg)
                 else:
                     t.recv_copy(seg)
+                if waits is not None:
+                    waits.append((t0, clock()))
+                if phase.reduce and p == last_reduce:
+                    np.divide(seg, self.size, out=seg)
                 if forward:
                     self._send(mv, a, b)
         finish_sends()
