@@ -109,6 +109,8 @@ def format_summary(s: Mapping[str, Any]) -> str:
     lines.append(f"  time           {events.duration(s['elapsed_s'])}")
     if s.get("checkpoint"):
         lines.append(f"  checkpoint     {s['checkpoint']}")
+    if s.get("trace"):
+        lines.append(f"  trace          {s['trace']}  (open in https://ui.perfetto.dev)")
     lines.append(f"  logs and data  {s['run_dir']}")
     codes = " ".join(f"{k}={v}" for k, v in s["exit_codes"].items())
     lines.append(f"  exit codes     {codes}")

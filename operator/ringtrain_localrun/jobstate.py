@@ -121,6 +121,7 @@ def summary(job: jobspec.Job, phase: str, state: JobState, exits: Mapping[str, i
         "test_accuracy": final.test_accuracy if final else state.test_accuracy,
         "samples_per_s": final.samples_per_s if final else state.samples_per_s,
         "elapsed_s": round(elapsed_s, 3), "checkpoint": checkpoint,
+        "trace": final.trace if final else None,
         "run_dir": str(run_dir), "exit_codes": dict(exits),
     }
 

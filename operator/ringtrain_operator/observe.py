@@ -94,7 +94,7 @@ def fetch_live_status(pod_ip: str, timeout_s: float = 1.0) -> Mapping[str, Any] 
 #: trainer JSON key (a field of ringtrain.events.Status or .Final) → status.progress key
 _PROGRESS_KEYS = {"step": "step", "steps": "step", "epoch": "epoch", "loss": "loss",
                   "samples_per_s": "samplesPerSecond", "test_accuracy": "testAccuracy",
-                  "checkpoint": "checkpoint"}
+                  "checkpoint": "checkpoint", "trace": "trace"}
 
 
 def read_progress(doc: Mapping[str, Any] | None) -> dict:
@@ -109,7 +109,7 @@ def read_progress(doc: Mapping[str, Any] | None) -> dict:
             continue  # NaN/inf are not JSON and the API would reject the status
         if isinstance(v, (int, float)):
             out[target] = round(v, 6) if isinstance(v, float) else v
-        elif isinstance(v, str) and target == "checkpoint":
+        elif isinstance(v, str) and target in ("checkpoint", "trace"):
             out[target] = v
     waiting = (doc or {}).get("waiting_for")
     if isinstance(waiting, list) and waiting:

@@ -80,6 +80,8 @@ class Final(_Record):
     rank: int | None = None
     world_size: int | None = None
     terminated: bool | None = None
+    #: the chief: the merged timeline of ``--trace-steps`` (trace.json), when one was recorded
+    trace: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

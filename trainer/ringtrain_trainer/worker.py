@@ -29,7 +29,7 @@ import numpy as np
 
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
-from ringtrain_trainer import optim
+from ringtrain_trainer import optim, trace
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.data_npz import check_fits
 from ringtrain_trainer.collective import Collective, LocalCollective
@@ -113,16 +113,18 @@ class Trainer:
         self.params = self.spec.init(cfg.seed)
         schedule = optim.StepDecay(cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
         self.optimizer = optim.build(cfg.optimizer, self.params, schedule)
+        self.tracer = trace.Tracer(cfg.trace_window, self.rank) if cfg.trace_steps else trace.OFF
+        collective.tracer = self.tracer
         # the reducer owns the gradient buffer (and the stop vote after it); its thread
         # starts with the first step
         self.reducer = Reducer(self.spec.param_pieces, collective, self.optimizer,
-                               cfg.bucket_bytes, stop_vote=True)
+                               cfg.bucket_bytes, stop_vote=True, tracer=self.tracer)
         self.grads = self.reducer.grads
         self.ipu = IPU(self.spec, IPUConfig(
             memory_bytes=cfg.ipu_memory_mb * MB, variables_on_host=cfg.variables_on_host,
             replicas=cfg.ipus_per_worker, host_threads=cfg.ipu_host_threads,
             optimizer_state_bytes=optim.state_bytes_for(cfg.optimizer, self.spec.num_params),
-        ), self.params, self.grads)
+        ), self.params, self.grads, tracer=self.tracer)
         # both programs compiled (and their memory checked) before any data is loaded
         self.exe = self.ipu.compile(cfg.batch_size, train=True)
         try:
@@ -146,6 +148,7 @@ class Trainer:
         self.step = 0
         self.position = data_mod.Position(0, 0, self.sharder.global_batch)
         self.last_checkpoint: str | None = None
+        self.trace_file: str | None = None
         self.test_accuracy: float | None = None
 
     @property
@@ -198,11 +201,12 @@ class Trainer:
     def save(self, loss: float | None) -> None:
         if self.ckpt is None or not self.is_chief:
             return
-        path = self.ckpt.save(TrainingState(
-            step=self.step, position=self.position, params=self.params,
-            optimizer=self.optimizer.name, optimizer_state=self.optimizer.state_dict(),
-            optimizer_iterations=self.optimizer.iterations, model=self.cfg.model,
-            world_size=self.world, loss=loss))
+        with self.tracer.span(trace.CHECKPOINT, "checkpoint"):
+            path = self.ckpt.save(TrainingState(
+                step=self.step, position=self.position, params=self.params,
+                optimizer=self.optimizer.name, optimizer_state=self.optimizer.state_dict(),
+                optimizer_iterations=self.optimizer.iterations, model=self.cfg.model,
+                world_size=self.world, loss=loss))
         self.last_checkpoint = str(path)
 
     def evaluate(self) -> float:
@@ -236,13 +240,17 @@ class Trainer:
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:
         """One synchronous step; returns (loss, seconds, its communication statistics)."""
-        t0 = time.perf_counter()
-        pos = self.position
-        idx = self.sharder.indices(pos.epoch, pos.batch)
-        data_mod.batch_into(self.data.train, idx, self.x, self.y, self.scratch)
+        t0, tr = time.perf_counter(), self.tracer
+        tr.begin_step(self.step + 1)
+        t0_ns, pos = tr.now(), self.position
+        with tr.span(trace.DATA, "load batch"):
+            data_mod.batch_into(self.data.train, self.sharder.indices(pos.epoch, pos.batch),
+                                self.x, self.y, self.scratch)
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
         loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad)
         comm = self.reducer.finish()
+        tr.end_step(t0_ns, allreduce_s=comm.allreduce_s, hidden_s=comm.hidden_s,
+                    exposed_wait_s=comm.exposed_wait_s)
         if self.reducer.vote.agreed():
             self._stop_agreed = True
         self.step += 1
@@ -259,6 +267,7 @@ class Trainer:
         last_report = 0.0
         self.metrics.update_status(phase="Training", step=self.step, epoch=self.position.epoch)
         while not self._done() and not self._should_stop():
+            self._collect_trace()
             loss, dt, comm = self.train_one_step()
             train_s += dt
             ema = tput.update(dt)
@@ -278,6 +287,7 @@ class Trainer:
                 self.evaluate()
         terminated = self._should_stop() and not self._done()
         self.save(None if np.isnan(loss) else loss)
+        self._collect_trace(finished=True)
         if not terminated:
             self.evaluate()
         done = self.step - first
@@ -288,10 +298,16 @@ class Trainer:
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
             if train_s > 0 else 0.0,
             checkpoint=self.last_checkpoint, rank=self.rank, world_size=self.world,
-            terminated=terminated)
+            terminated=terminated, trace=self.trace_file)
         self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")
         self.report.emit(final)
         return final.to_dict()
+
+    def _collect_trace(self, finished: bool = False) -> None:
+        """After the window (at the same step on every rank): the chief gathers the traces."""
+        if self.tracer.due(self.step, finished):
+            self.trace_file = trace.collect(self.tracer, self.collective, self.cfg.trace_dir
+                                            or self.cfg.checkpoint_dir or ".")
 
     def close(self) -> None:
         self.reducer.close()

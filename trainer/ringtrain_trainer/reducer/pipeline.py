@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ringtrain_trainer import trace
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.optim import Optimizer
 from ringtrain_trainer.reducer.buckets import (DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES,
@@ -53,15 +54,16 @@ class Reducer:
 
     def __init__(self, pieces: Sequence[int | Sequence[int]], collective: Collective,
                  optimizer: Optimizer, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, stop_vote: bool = False):
-        self.collective = collective
+                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, stop_vote: bool = False,
+                 tracer: trace.Tracer = trace.OFF):
+        self.collective, self.tracer = collective, tracer
         n = optimizer.params.size
         #: the gradients, then the stop vote's element: reduced together
         self.buffer = np.zeros(n + (StopVote.ELEMS if stop_vote else 0), optimizer.params.dtype)
         #: what the IPU writes: the parameters' gradients, a view of :attr:`buffer`
         self.grads = self.buffer[:n]
         self.vote = StopVote(self.buffer, n) if stop_vote else None
-        self.hook = OptimizerHook(optimizer, self.buffer)
+        self.hook = OptimizerHook(optimizer, self.buffer, tracer)
         self.buckets = assign_buckets(list(pieces) + ([[StopVote.ELEMS]] if stop_vote else []),
                                       bucket_bytes, first_bucket_bytes, self.buffer.itemsize)
         if self.buckets and self.buckets[-1].stop != self.buffer.size:
@@ -79,7 +81,7 @@ class Reducer:
         if self.local:
             return
         if self._comm is None:
-            self._comm = CommThread(self.buffer, self.collective, self.hook)
+            self._comm = CommThread(self.buffer, self.collective, self.hook, self.tracer)
         self.ready.reset()
         self._comm.intervals.clear()
         if self.vote is not None:
@@ -103,7 +105,7 @@ class Reducer:
         """Wait for every bucket of this step; raises what the communication thread raised."""
         if self.local:
             return StepCommStats()
-        compute_end = time.perf_counter()
+        compute_end, t_ns = time.perf_counter(), self.tracer.now()
         if self.ready.launched != len(self.buckets):
             raise RuntimeError(
                 f"step {self._step}: finish() before every gradient arrived "
@@ -111,6 +113,7 @@ class Reducer:
             )
         self._comm.wait(len(self.buckets))
         wait = time.perf_counter() - compute_end
+        self.tracer.add(trace.STEP, "wait for allreduce", t_ns)
         iv = self._comm.intervals
         total = sum(b - a for a, b in iv)
         hidden = sum(max(0.0, min(b, compute_end) - a) for a, b in iv)

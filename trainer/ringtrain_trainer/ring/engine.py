@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from ringtrain import options
+from ringtrain_trainer import trace
 from ringtrain_trainer.collective import Collective
 from ringtrain.errors import PeerTimeout, RingError
 from ringtrain_trainer.ring import schedule
@@ -323,25 +324,33 @@ class RingCollective(Collective):
         bounds = schedule.segment_bounds(flat.size, self.size)
         phases = schedule.allreduce_phases(self.rank, self.size)
         mv = memoryview(flat).cast("B")
-        t = self.transport
+        t, tr, left = self.transport, self.tracer, schedule.left(self.rank, self.size)
         self._sender.put(header)
         for a, b in schedule.chunks(*bounds[phases[0].send], self._chunk):
             self._send(mv, a, b)
+        w = tr.now()
         t.begin_recv(header)
+        tr.add(trace.ALLREDUCE, "wait for rank", w, left)
         last_reduce = self.size - 2
         for p, phase in enumerate(phases):
             forward = p + 1 < len(phases)
+            t_phase = tr.now()
             for a, b in schedule.chunks(*bounds[phase.recv], self._chunk):
                 seg = flat[a:b]
                 self._received += seg.nbytes
+                w = tr.now()  # a receive blocks until the left neighbour's chunk is here
                 if phase.reduce:
                     t.recv_add(seg)
+                    tr.add(trace.ALLREDUCE, "wait for rank", w, left)
                     if p == last_reduce:
                         np.divide(seg, self.size, out=seg)
                 else:
                     t.recv_copy(seg)
+                    tr.add(trace.ALLREDUCE, "wait for rank", w, left)
                 if forward:
                     self._send(mv, a, b)
+            tr.add(trace.ALLREDUCE, "reduce-scatter" if phase.reduce else "allgather",
+                   t_phase, value=p)
         finish_sends()
         t.end_recv()
 
