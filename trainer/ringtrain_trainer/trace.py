@@ -174,7 +174,7 @@ class Tracer:
         pid = self.rank
         out: list[dict[str, Any]] = [
             {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-             "args": {"name": f"rank {pid}"}},
+             "args": {"name": "rank"}},  # Perfetto shows "rank 0"
             {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
              "args": {"sort_index": pid}}]
         for lane in sorted({int(r[2]) for r in rows}):
