@@ -25,7 +25,9 @@ PROGRESS = ('{"event":"progress","step":120,"epoch":0,"loss":0.412346,"samples_p
 EVAL = '{"event":"eval","step":120,"test_accuracy":0.8821}'
 FINAL = ('{"event":"final","steps":500,"epoch":1,"loss":0.2,"test_accuracy":0.91,'
          '"samples_per_s":8300.0,"checkpoint":"/checkpoints/ckpt-0000000500.json","rank":0,'
-         '"world_size":2,"terminated":false}')
+         '"world_size":2,"terminated":false,"trace":null}')
+#: the final line before ``trace`` was added: it still reads as the same event
+FINAL_WITHOUT_TRACE = FINAL.replace(',"trace":null', "")
 STATUS = ('{"step": 0, "epoch": 0, "loss": null, "samples_per_s": null, "test_accuracy": null, '
           '"phase": "Starting"}')
 
@@ -35,6 +37,10 @@ def test_every_event_round_trips_to_the_same_json_bytes(line):
     event = events.parse_line(line)
     assert event is not None and event.to_json() == line
     assert events.parse(event.to_dict()) == event
+
+
+def test_a_final_line_of_an_older_trainer_reads_as_the_same_event():
+    assert events.parse_line(FINAL_WITHOUT_TRACE) == events.parse_line(FINAL)
 
 
 def test_the_status_document_has_no_event_key_and_keeps_its_bytes():
