@@ -116,6 +116,8 @@ def format_summary(s: Mapping[str, Any]) -> str:
         lines.append(f"  evaluator      {len(s['evaluations'])} checkpoints, last step "
                      f"{last['step']}: test loss {last['test_loss']:.4f}, accuracy "
                      f"{100 * last['test_accuracy']:.2f}%")
+    if s.get("trace"):
+        lines.append(f"  trace          {s['trace']}  (open in https://ui.perfetto.dev)")
     lines.append(f"  logs and data  {s['run_dir']}")
     codes = " ".join(f"{k}={v}" for k, v in s["exit_codes"].items())
     lines.append(f"  exit codes     {codes}")

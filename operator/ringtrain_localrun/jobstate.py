@@ -130,6 +130,7 @@ def summary(job: jobspec.Job, phase: str, state: JobState, exits: Mapping[str, i
         "elapsed_s": round(elapsed_s, 3), "checkpoint": checkpoint,
         "export": final.export if final else None,
         "evaluations": [e.to_dict() for e in state.evaluations],
+        "trace": final.trace if final else None,
         "run_dir": str(run_dir), "exit_codes": dict(exits),
     }
 

@@ -120,12 +120,12 @@ def fetch_live_status(pod_ip: str, timeout_s: float = 1.0) -> Mapping[str, Any] 
 #: trainer JSON key (a field of ringtrain.events.Status or .Final) → status.progress key
 _PROGRESS_KEYS = {"step": "step", "steps": "step", "epoch": "epoch", "loss": "loss",
                   "samples_per_s": "samplesPerSecond", "test_accuracy": "testAccuracy",
-                  "checkpoint": "checkpoint", "export": "export"}
+                  "checkpoint": "checkpoint", "export": "export", "trace": "trace"}
 #: the evaluator's JSON key → status.evaluation key
 _EVALUATION_KEYS = {"step": "step", "steps": "step", "test_loss": "testLoss",
                     "test_accuracy": "testAccuracy", "checkpoint": "checkpoint",
                     "evaluations": "evaluations"}
-_STRINGS = ("checkpoint", "export")
+_STRINGS = ("checkpoint", "export", "trace")
 
 
 def read_progress(doc: Mapping[str, Any] | None,

@@ -26,6 +26,8 @@ EVAL = '{"event":"eval","step":120,"test_accuracy":0.8821}'
 FINAL = ('{"event":"final","steps":500,"epoch":1,"loss":0.2,"test_accuracy":0.91,'
          '"samples_per_s":8300.0,"checkpoint":"/checkpoints/ckpt-0000000500.json","rank":0,'
          '"world_size":2,"terminated":false}')
+#: a chief that merged a --trace-steps timeline names it; otherwise the key is left out
+FINAL_WITH_TRACE = FINAL[:-1] + ',"trace":"/checkpoints/trace.json"}'
 STATUS = ('{"step": 0, "epoch": 0, "loss": null, "samples_per_s": null, "test_accuracy": null, '
           '"phase": "Starting"}')
 
@@ -35,6 +37,12 @@ def test_every_event_round_trips_to_the_same_json_bytes(line):
     event = events.parse_line(line)
     assert event is not None and event.to_json() == line
     assert events.parse(event.to_dict()) == event
+
+
+def test_the_trace_field_appears_only_when_a_trace_was_written():
+    assert events.parse_line(FINAL).trace is None
+    traced = events.parse_line(FINAL_WITH_TRACE)
+    assert traced.trace == "/checkpoints/trace.json" and traced.to_json() == FINAL_WITH_TRACE
 
 
 def test_the_status_document_has_no_event_key_and_keeps_its_bytes():

@@ -104,14 +104,20 @@ def _worker(trainer: dict) -> tuple[spec.TrainerSpec, TrainerConfig]:
     return j.trainer, TrainerConfig.from_args(c["args"], {})
 
 
+#: valid non-default values for the fields whose pattern a made-up path would not match
+PATTERNED = {"model": "/custom/model.keras", "trace_steps": "3-5"}
+
+
 def _other_value(o: options.Option):
     """A valid value other than the default, with digits that a rounding formatter would lose."""
+    if o.name in PATTERNED:
+        return PATTERNED[o.name]
     if o.choices:
         return next(c for c in reversed(o.choices) if c != o.default)
     if o.type is bool:
         return not o.default
     if o.type is str:
-        return f"/custom/{o.name}" + (".keras" if o.name == "model" else "")
+        return f"/custom/{o.name}"
     if o.type is int:
         return o.default * 2 if o.default else (o.minimum or 0) + 1
     return o.default / 3

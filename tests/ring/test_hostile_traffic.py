@@ -30,21 +30,43 @@ from ringtrain.cluster import build
 from ringtrain.errors import Unauthenticated
 from ringtrain_bench.procs import free_ports
 from ringtrain_trainer import metrics as trainer_metrics
-from ringtrain_trainer.ring import auth
+from ringtrain_trainer.ring import auth, control
 from ringtrain_trainer.ring.grpc_transport import _HELLO as GRPC_HELLO, call_metadata
 
 TOKEN = "hostile-traffic-test-token"
-STEPS = 40
+STEPS = 150  # long enough for several full rounds of attacks on a loaded machine
 MAX_ROUNDS = 25
 TIMEOUT_S = 5.0
 
 
-def start(tmp_path, name: str, transport: str) -> tuple[list[subprocess.Popen], list, list]:
-    ports = free_ports(4)
-    ring, metrics = ports[:2], ports[2:]
+def _ring_ports() -> list[int]:
+    """Two ring ports whose +1 (the grpc+tcp side channel's first choice) is free too, so the
+    attacks know where the side channel listens."""
+    while True:
+        ring = free_ports(2)
+        spare = [socket.socket() for _ in ring]
+        try:
+            for sock, port in zip(spare, ring):
+                sock.bind(("127.0.0.1", port + 1))
+            if len({*ring, *(p + 1 for p in ring)}) == 4:
+                return ring
+        except OSError:
+            continue
+        finally:
+            for sock in spare:
+                sock.close()
+
+
+def start(tmp_path, name: str, transport: str,
+          before_peer=None) -> tuple[list[subprocess.Popen], list, list]:
+    """Two workers; ``before_peer(ring_ports)`` runs after worker 0 started and before worker 1
+    does, while worker 0 waits for its peer."""
+    ring, metrics = _ring_ports(), free_ports(2)
     addrs = [f"127.0.0.1:{p}" for p in ring]
     procs = []
     for i in range(2):
+        if i == 1 and before_peer is not None:
+            before_peer(ring)
         env = dict(os.environ, RINGTRAIN_TOKEN=TOKEN, TF_CONFIG=build({"worker": addrs},
                                                                       "worker", i))
         env.pop("RINGTRAIN_TOKEN_FILE", None)
@@ -81,7 +103,7 @@ def drain(s: socket.socket) -> bytes:
     return out
 
 
-# --- the ring port (TCP transport) --------------------------------------------------------
+# --- the grpc+tcp side channel (ring port + 1) ------------------------------------------------
 
 def tcp_garbage(port: int) -> None:
     with connect(port) as s:
@@ -125,12 +147,12 @@ def tcp_wrong_token(port: int) -> None:
         auth.client_handshake(s, b"guessed", 1, 2, "attacker")
 
 
-# --- the ring port (gRPC transport) -------------------------------------------------------
+# --- the ring port: the gRPC server (control plane, and the grpc data path's streams) -------
 
-def grpc_call(port: int, payload: bytes, metadata) -> grpc.StatusCode:
+def grpc_call(port: int, payload: bytes, metadata, method: str = GRPC_HELLO) -> grpc.StatusCode:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         try:
-            ch.unary_unary(GRPC_HELLO)(payload, metadata=metadata, timeout=TIMEOUT_S)
+            ch.unary_unary(method)(payload, metadata=metadata, timeout=TIMEOUT_S)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 raise ConnectionRefusedError(e.details()) from None  # not (or no longer) serving
@@ -142,6 +164,15 @@ def grpc_unauthenticated(port: int) -> None:
     assert grpc_call(port, b"hello", None) == grpc.StatusCode.UNAUTHENTICATED
     assert grpc_call(port, b"hello", call_metadata(b"guessed", 1, 2)) == \
         grpc.StatusCode.UNAUTHENTICATED
+
+
+def control_unauthenticated(port: int) -> None:
+    """Register, Abort and State of the control plane, with no token and a guessed one."""
+    for method in ("Register", "Abort", "State"):
+        path = f"/{control.SERVICE}/{method}"
+        for md in (None, call_metadata(b"guessed", 1, 2)):
+            assert grpc_call(port, b'{"reason": "x"}', md, path) == \
+                grpc.StatusCode.UNAUTHENTICATED
 
 
 def grpc_oversized(port: int) -> None:
@@ -201,9 +232,32 @@ def idle(port: int) -> None:
 
 
 RING_ATTACKS = {
-    "tcp": [tcp_garbage, tcp_oversized, tcp_truncated, tcp_replayed, tcp_wrong_token, idle],
-    "grpc": [grpc_unauthenticated, grpc_oversized, raw_garbage, idle],
+    "grpc+tcp": [control_unauthenticated, grpc_oversized, raw_garbage, idle],
+    "grpc": [control_unauthenticated, grpc_unauthenticated, grpc_oversized, raw_garbage, idle],
 }
+#: the grpc+tcp side channel (ring port + 1) listens only until the left neighbour has joined:
+#: these run against worker 0's while it waits for worker 1, then it is closed for good
+SIDE_CHANNEL_ATTACKS = [tcp_garbage, tcp_oversized, tcp_truncated, tcp_replayed,
+                        tcp_wrong_token, idle]
+
+
+def attack_side_channel(landed: dict):
+    def before_peer(ring: list[int]) -> None:
+        port, deadline = ring[0] + 1, time.monotonic() + 60
+        while True:  # worker 0 opens it before it starts waiting for worker 1
+            try:
+                connect(port).close()
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "worker 0's side channel never listened"
+                time.sleep(0.05)
+        for fn in SIDE_CHANNEL_ATTACKS:
+            try:
+                fn(port)
+            except (ConnectionResetError, BrokenPipeError):
+                pass  # the server hung up on us: refused too
+            landed[fn.__name__] = landed.get(fn.__name__, 0) + 1
+    return before_peer
 METRICS_ATTACKS = [http_garbage, http_oversized, http_truncated, http_bad_paths, idle]
 
 
@@ -234,14 +288,16 @@ def attack(procs, ring, metrics, transport, errors: list, rounds: list, landed: 
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("transport", ["tcp", "grpc"])
+@pytest.mark.parametrize("transport", ["grpc+tcp", "grpc"])
 def test_hostile_traffic_is_refused_and_changes_nothing(tmp_path, transport):
     calm_final, calm_params, _ = finish(start(tmp_path, "calm", transport)[0])
 
-    procs, ring, metrics = start(tmp_path, "attacked", transport)
     errors: list[str] = []
     rounds: list[float] = []
     landed: dict[str, int] = {}
+    side = transport == "grpc+tcp"
+    procs, ring, metrics = start(tmp_path, "attacked", transport,
+                                 attack_side_channel(landed) if side else None)
     t = threading.Thread(target=attack, args=(procs, ring, metrics, transport, errors, rounds,
                                               landed))
     t.start()
@@ -262,8 +318,9 @@ def test_hostile_traffic_is_refused_and_changes_nothing(tmp_path, transport):
     t.join(timeout=120)
     assert not t.is_alive()
     assert not errors, errors[:5]
-    assert rounds, "no full round of attacks landed while the job trained"
-    expected = {fn.__name__ for fn in RING_ATTACKS[transport] + METRICS_ATTACKS}
+    assert rounds, f"no full round of attacks landed while the job trained: {landed}"
+    expected = {fn.__name__ for fn in [*RING_ATTACKS[transport], *METRICS_ATTACKS,
+                                       *(SIDE_CHANNEL_ATTACKS if side else [])]}
     assert set(landed) == expected and len(rounds) <= MAX_ROUNDS, landed
     print(f"{transport}: {len(rounds)} rounds, attacks refused: {landed}")
     assert seen and TOKEN not in seen and TOKEN not in stderr

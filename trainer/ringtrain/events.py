@@ -91,7 +91,7 @@ class Final(_Record):
     ``export`` is where the chief wrote the trained model (``--export``)."""
 
     KIND: ClassVar[str] = "final"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_loss", "evaluations", "export")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_loss", "evaluations", "export", "trace")
     steps: int | None
     epoch: int | None = None
     loss: float | None = None
@@ -104,6 +104,8 @@ class Final(_Record):
     test_loss: float | None = None
     evaluations: int | None = None
     export: str | None = None
+    #: the chief: the merged timeline of ``--trace-steps`` (trace.json), when one was recorded
+    trace: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -110,6 +110,9 @@ CRD_OBJECTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "export": {"type": "object", "required": ["path"],
                "description": "The chief writes the trained model here when training "
                               "finishes successfully (worker flags --export, --export-format)."},
+    "trace": {"type": "object",
+              "description": "A Chrome trace (Perfetto, chrome://tracing) of a window of steps "
+                             "on every worker (worker flags --trace-*)."},
 })
 
 GROUPS: tuple[Group, ...] = (
@@ -257,6 +260,16 @@ GROUPS: tuple[Group, ...] = (
         Option("metrics_port", int, 0, minimum=0, metavar="N",
                help="serve Prometheus /metrics and JSON /status on this port (0: off)"),
         Option("json", bool, False, help="one JSON object per line on stdout"),
+        Option("trace_steps", str, None, crd="trace.steps", metavar="A-B",
+               schema={"pattern": r"^[0-9]+(-[0-9]+)?$"},
+               help="record a timeline of steps A to B (counted from 1, at most 1000) on every "
+                    "worker; the chief writes trace.json, one process per rank, to the trace dir",
+               description="steps A-B (counted from 1) to record as a timeline; the chief "
+                           "writes trace.json into trace.dir or the checkpoint volume"),
+        Option("trace_dir", str, None, crd="trace.dir", metavar="DIR", schema={"pattern": "^/"},
+               help="where the chief writes the traces (default: the checkpoint dir, else the "
+                    "working directory)",
+               description="where the chief writes the traces (default: checkpoint.path)"),
         Option("termination_log", str, None, metavar="PATH",
                help=f"file for the final JSON result (default {TERMINATION_LOG} if writable)"),
     )),

@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from ringtrain_trainer import trace
+
 
 class Collective(ABC):
     """Synchronous collectives over the ring members, all in place on contiguous float32 arrays.
@@ -27,6 +29,8 @@ class Collective(ABC):
     #: waiting is never counted as communication hidden behind backward. A collective that
     #: cannot tell (Open MPI) leaves it untouched.
     peer_waits: list | None = None
+    #: the worker's ``ringtrain_trainer.trace.Tracer``; the ring records its phases and waits
+    tracer: trace.Tracer = trace.OFF
 
     @abstractmethod
     def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:

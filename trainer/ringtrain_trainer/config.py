@@ -15,6 +15,7 @@ from typing import Mapping
 
 from ringtrain import cluster, options
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import trace
 
 DEFAULT_TERMINATION_LOG = options.TERMINATION_LOG
 
@@ -30,6 +31,10 @@ class TrainerConfig(options.TrainerOptions):
     def bucket_bytes(self) -> int:
         return max(1, int(self.bucket_mb * (1 << 20)))
 
+    @property
+    def trace_window(self) -> tuple[int, int] | None:
+        return trace.parse_steps(self.trace_steps)
+
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:
         return options.parser("ringtrain worker", "Train as one replica of a ringtrain job.")
@@ -40,6 +45,7 @@ class TrainerConfig(options.TrainerOptions):
         env = os.environ if env is None else env
         values = vars(cls.parser().parse_args(argv))
         options.check(values)
+        trace.parse_steps(values["trace_steps"])
         if values["epochs"] is None and values["steps"] is None:
             values["epochs"] = 1
         spec = cluster.parse(env.get("TF_CONFIG"))  # InvalidClusterSpec is an InvalidSpec

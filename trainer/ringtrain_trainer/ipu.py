@@ -38,6 +38,7 @@ import numpy as np
 
 from ringtrain import options
 from ringtrain.errors import InvalidSpec, IPUCompileError
+from ringtrain_trainer import trace
 from ringtrain_trainer.model import ModelSpec, Program
 
 MB = 1 << 20
@@ -144,12 +145,14 @@ class IPU:
     """One worker's emulated IPU(s), bound to the host's flat parameter and gradient buffers."""
 
     def __init__(self, spec: ModelSpec, config: IPUConfig, host_params: np.ndarray,
-                 host_grads: np.ndarray):
+                 host_grads: np.ndarray, tracer: trace.Tracer = trace.OFF):
         if config.replicas < 1:
             raise InvalidSpec(f"--ipus-per-worker must be at least 1, got {config.replicas}")
         if host_params.shape != (spec.num_params,) or host_grads.shape != host_params.shape:
             raise InvalidSpec(f"host buffers must have shape ({spec.num_params},)")
-        self.spec, self.config = spec, config
+        self.spec, self.config, self.tracer = spec, config, tracer
+        layers = [f"L{i} {type(layer).__name__.lower()}" for i, layer in enumerate(spec.layers)]
+        self._trace_names = ([f"forward {n}" for n in layers], [f"backward {n}" for n in layers])
         self.host_params, self.host_grads = host_params, host_grads
         self.dtype = host_params.dtype
         # Device-side weights: a separate copy streamed in each step, or the host buffer itself
@@ -248,29 +251,37 @@ class IPU:
         return exe
 
     def _load(self, exe: Executable, images: np.ndarray, labels: np.ndarray | None) -> None:
-        per = exe.programs[0].batch
+        t, per = self.tracer.now(), exe.programs[0].batch
         for i, p in enumerate(exe.programs):
             np.copyto(p.x, images[i * per:(i + 1) * per].reshape(p.x.shape))
             if labels is not None:
                 np.copyto(p.labels, labels[i * per:(i + 1) * per])
         self.stats.data_in_bytes += images.nbytes + (0 if labels is None else labels.nbytes)
+        self.tracer.add(trace.DATA, "data to IPU", t, value=images.nbytes)
 
     def _stream_weights(self) -> None:
         if self.config.variables_on_host:
+            t = self.tracer.now()
             np.copyto(self.weights, self.host_params)
             self.stats.weights_in_bytes += self.weights.nbytes
+            self.tracer.add(trace.WEIGHTS, "weights in", t, value=self.weights.nbytes)
 
     def _run_group(self, exe: Executable, group: list[int]) -> Iterator[int]:
         """One host thread's work: forward (+ loss) of its shards, then backward piece by
-        piece, yielding each gradient piece once all its shards have written it."""
+        piece, yielding each gradient piece once all its shards have written it. The tracer
+        times the layers on the lanes of this group's tile (its first shard's backward)."""
+        tile = 2 * exe.groups.index(group) if self.tracer.on else 0
         for i in group:
             p = exe.programs[i]
-            logits = p.forward(self.weight_views)
+            lap = self.tracer.laps(trace.FORWARD + tile, self._trace_names[0])
+            logits = p.forward(self.weight_views, lap)
             if exe.train:
                 exe.losses[i] = p.loss_and_dlogits(logits)
         if not exe.train:
             return
-        walkers = [exe.programs[i].backward_pieces(self.weight_views, exe.grads[i])
+        lap = self.tracer.laps(trace.BACKWARD + tile, self._trace_names[1])
+        walkers = [exe.programs[i].backward_pieces(self.weight_views, exe.grads[i],
+                                                   lap if i == group[0] else None)
                    for i in group]
         for piece in walkers[0]:
             for w in walkers[1:]:
@@ -330,11 +341,12 @@ class IPU:
         runs = self._launch(exe)
         n = len(exe.programs)
         try:
-            for piece in self.spec.grad_pieces:
+            for k, piece in enumerate(self.spec.grad_pieces):
                 for run in runs:
                     if next(run) != piece:
                         raise RuntimeError(f"a shard group skipped gradient piece {piece}")
                 start, stop = piece
+                t = self.tracer.now()
                 if n > 1:
                     out = self.host_grads[start:stop]
                     for g in self._shard_grads[:n - 1]:
@@ -343,6 +355,8 @@ class IPU:
                 self.stats.grads_out_bytes += (stop - start) * self.dtype.itemsize
                 if on_grad is not None:
                     on_grad(start, stop)
+                self.tracer.add(trace.GRADS, "grad piece", t, k,
+                                (stop - start) * self.dtype.itemsize)
         finally:
             self._finish(runs)
         if self.state.size:

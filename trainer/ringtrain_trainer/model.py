@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -434,10 +435,14 @@ class Program:
         work += (2 * batch * k + 2 * batch) * itemsize
         return {"activations": acts, "workspace": work, "data": data}
 
-    def forward(self, params: list[dict[str, np.ndarray]]) -> np.ndarray:
+    def forward(self, params: list[dict[str, np.ndarray]],
+                on_layer: Callable[[int], None] | None = None) -> np.ndarray:
+        """Logits; ``on_layer(i)`` (a tracer's lap) after each layer ``i``."""
         h = self.x
-        for layer, ws, p in zip(self.spec.layers, self.ws, params):
+        for i, (layer, ws, p) in enumerate(zip(self.spec.layers, self.ws, params)):
             h = layer.forward(ws, h, **p)
+            if on_layer is not None:
+                on_layer(i)
         return h
 
     def loss_and_dlogits(self, logits: np.ndarray) -> float:
@@ -458,7 +463,8 @@ class Program:
         return loss
 
     def backward_pieces(self, params: list[dict[str, np.ndarray]],
-                        grads: list[dict[str, np.ndarray]]):
+                        grads: list[dict[str, np.ndarray]],
+                        on_layer: Callable[[int], None] | None = None):
         """Generator: backward (last layer first), yielding each ``(start, stop)`` of
         ``spec.grad_pieces`` once those gradients are written, so replicas and shards can run
         in lock step piece by piece."""
@@ -473,5 +479,7 @@ class Program:
                     next(steps)
                 except StopIteration as done:
                     g = done.value
+                    if on_layer is not None:
+                        on_layer(i)
                     break
                 yield next(pieces)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
-from ringtrain_trainer import optim
+from ringtrain_trainer import optim, trace
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.data_npz import check_fits
 from ringtrain_trainer.evaluator import clear_done, write_done
@@ -115,17 +115,20 @@ class Trainer:
         self.params = self.spec.init(cfg.seed)
         schedule = optim.StepDecay(cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
         self.optimizer = optim.build(cfg.optimizer, self.params, schedule)
+        self.tracer = trace.Tracer(cfg.trace_window, self.rank) if cfg.trace_steps else trace.OFF
+        collective.tracer = self.tracer
         # the reducer owns the gradient buffer (and the stop vote after it); its thread
         # starts with the first step
         self.reducer = Reducer(self.spec.param_pieces, collective, self.optimizer,
-                               cfg.bucket_bytes, stop_vote=True, overlap=cfg.overlap_comm)
+                               cfg.bucket_bytes, stop_vote=True, overlap=cfg.overlap_comm,
+                               tracer=self.tracer)
         self.grads = self.reducer.grads
         self.ipu = IPU(self.spec, IPUConfig(
             memory_bytes=cfg.ipu_memory_mb * MB, variables_on_host=cfg.variables_on_host,
             replicas=cfg.ipus_per_worker, host_threads=cfg.ipu_host_threads,
             optimizer_state_bytes=optim.state_bytes_for(cfg.optimizer, self.spec.num_params),
             rank=self.rank, seed=cfg.seed,
-        ), self.params, self.grads)
+        ), self.params, self.grads, tracer=self.tracer)
         # both programs compiled (and their memory checked) before any data is loaded
         self.exe = self.ipu.compile(cfg.batch_size, train=True)
         try:
@@ -149,6 +152,7 @@ class Trainer:
         self.step = 0
         self.position = data_mod.Position(0, 0, self.sharder.global_batch)
         self.last_checkpoint: str | None = None
+        self.trace_file: str | None = None
         self.test_accuracy: float | None = None
 
     @property
@@ -213,7 +217,9 @@ class Trainer:
     def save(self, loss: float | None) -> None:
         if self.ckpt is None or not self.is_chief:
             return
-        self.last_checkpoint = str(self.ckpt.save(self.state(loss)))
+        with self.tracer.span(trace.CHECKPOINT, "checkpoint"):
+            path = self.ckpt.save(self.state(loss))
+        self.last_checkpoint = str(path)
 
     def export(self, loss: float | None) -> str | None:
         """``--export``: the chief writes the trained model with ``ringtrain export``'s code; a
@@ -258,14 +264,18 @@ class Trainer:
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:
         """One synchronous step; returns (loss, seconds, its communication statistics)."""
-        t0 = time.perf_counter()
-        pos = self.position
-        idx = self.sharder.indices(pos.epoch, pos.batch)
-        data_mod.batch_into(self.data.train, idx, self.x, self.y, self.scratch)
+        t0, tr = time.perf_counter(), self.tracer
+        tr.begin_step(self.step + 1)
+        t0_ns, pos = tr.now(), self.position
+        with tr.span(trace.DATA, "load batch"):
+            data_mod.batch_into(self.data.train, self.sharder.indices(pos.epoch, pos.batch),
+                                self.x, self.y, self.scratch)
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
         loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad,
                                    step=self.step)
         comm = self.reducer.finish()
+        tr.end_step(t0_ns, allreduce_s=comm.allreduce_s, hidden_s=comm.hidden_s,
+                    exposed_wait_s=comm.exposed_wait_s)
         if self.reducer.vote.agreed():
             self._stop_agreed = True
         self.step += 1
@@ -284,6 +294,7 @@ class Trainer:
         last_report = 0.0
         self.metrics.update_status(phase="Training", step=self.step, epoch=self.position.epoch)
         while not self._done() and not self._should_stop():
+            self._collect_trace()
             loss, dt, comm = self.train_one_step()
             train_s += dt
             ema = tput.update(dt)
@@ -305,6 +316,7 @@ class Trainer:
         last_loss = None if np.isnan(loss) else loss
         self.save(last_loss)
         export = None
+        self._collect_trace(finished=True)
         if not terminated:
             self.evaluate()
             export = self.export(last_loss)
@@ -316,12 +328,18 @@ class Trainer:
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
             if train_s > 0 else 0.0,
             checkpoint=self.last_checkpoint, rank=self.rank, world_size=self.world,
-            terminated=terminated, export=export)
+            terminated=terminated, export=export, trace=self.trace_file)
         if not terminated and self.ckpt is not None and self.is_chief:
             write_done(self.ckpt.dir, final)  # the evaluator's signal to finish
         self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")
         self.report.emit(final)
         return final.to_dict()
+
+    def _collect_trace(self, finished: bool = False) -> None:
+        """After the window (at the same step on every rank): the chief gathers the traces."""
+        if self.tracer.due(self.step, finished):
+            self.trace_file = trace.collect(self.tracer, self.collective, self.cfg.trace_dir
+                                            or self.cfg.checkpoint_dir or ".")
 
     def close(self) -> None:
         self.reducer.close()

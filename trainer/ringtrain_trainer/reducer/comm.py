@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from ringtrain_trainer import trace
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.reducer.buckets import Bucket
 from ringtrain_trainer.reducer.switch import lowered_switch_interval
@@ -35,8 +36,9 @@ class CommThread:
     """Reduces submitted buckets of ``buffer`` in place, in order; :meth:`wait` collects them."""
 
     def __init__(self, buffer: np.ndarray, collective: Collective,
-                 on_reduced: Callable[[int, int], None]):
+                 on_reduced: Callable[[int, int], None], tracer: trace.Tracer = trace.OFF):
         self.buffer, self.collective, self.on_reduced = buffer, collective, on_reduced
+        self.tracer = tracer
         #: (start, end) perf_counter seconds of each allreduce this step
         self.intervals: list[tuple[float, float]] = []
         self._work: queue.SimpleQueue = queue.SimpleQueue()
@@ -93,9 +95,11 @@ class CommThread:
                 continue
             try:
                 view = self.buffer[bucket.start:bucket.stop]
-                t0 = time.perf_counter()
+                t0, t_ns = time.perf_counter(), self.tracer.now()
                 self.collective.allreduce_mean_(view, step=step, tag=bucket.index)
                 self.intervals.append((t0, time.perf_counter()))
+                self.tracer.add(trace.ALLREDUCE, "allreduce bucket", t_ns, bucket.index,
+                                view.nbytes)
                 reduced.append([bucket, bucket.start])
             except BaseException as e:  # handed to the step loop, which maps it to an exit code
                 failed = e

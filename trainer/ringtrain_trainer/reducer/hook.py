@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer import trace
 from ringtrain_trainer.optim import Optimizer
 
 
 class OptimizerHook:
-    def __init__(self, optimizer: Optimizer, grads: np.ndarray):
-        self.optimizer, self.grads = optimizer, grads
+    def __init__(self, optimizer: Optimizer, grads: np.ndarray,
+                 tracer: trace.Tracer = trace.OFF):
+        self.optimizer, self.grads, self.tracer = optimizer, grads, tracer
         self.num_params = optimizer.params.size
 
     def begin_step(self, epoch: int) -> None:
@@ -24,4 +26,6 @@ class OptimizerHook:
     def __call__(self, start: int, stop: int) -> None:
         stop = min(stop, self.num_params)
         if start < stop:
+            t = self.tracer.now()
             self.optimizer.apply(self.grads, start, stop)
+            self.tracer.add(trace.OPTIMIZER, "apply", t, value=stop - start)

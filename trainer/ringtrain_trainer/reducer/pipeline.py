@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ringtrain_trainer import trace
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.optim import Optimizer
 from ringtrain_trainer.reducer.buckets import (DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES,
@@ -86,8 +87,8 @@ class Reducer:
     def __init__(self, pieces: Sequence[int | Sequence[int]], collective: Collective,
                  optimizer: Optimizer, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  first_bucket_bytes: int = FIRST_BUCKET_BYTES, stop_vote: bool = False,
-                 overlap: bool = True):
-        self.collective = collective
+                 overlap: bool = True, tracer: trace.Tracer = trace.OFF):
+        self.collective, self.tracer = collective, tracer
         self.overlap = overlap
         n = optimizer.params.size
         #: the gradients, then the stop vote's element: reduced together
@@ -95,7 +96,7 @@ class Reducer:
         #: what the IPU writes: the parameters' gradients, a view of :attr:`buffer`
         self.grads = self.buffer[:n]
         self.vote = StopVote(self.buffer, n) if stop_vote else None
-        self.hook = OptimizerHook(optimizer, self.buffer)
+        self.hook = OptimizerHook(optimizer, self.buffer, tracer)
         self.buckets = assign_buckets(list(pieces) + ([[StopVote.ELEMS]] if stop_vote else []),
                                       bucket_bytes, first_bucket_bytes, self.buffer.itemsize)
         if self.buckets and self.buckets[-1].stop != self.buffer.size:
@@ -115,7 +116,7 @@ class Reducer:
         if self.local:
             return
         if self._comm is None:
-            self._comm = CommThread(self.buffer, self.collective, self.hook)
+            self._comm = CommThread(self.buffer, self.collective, self.hook, self.tracer)
         self.ready.reset()
         self._comm.intervals.clear()
         self._waits.clear()
@@ -144,7 +145,7 @@ class Reducer:
         """Wait for every bucket of this step; raises what the communication thread raised."""
         if self.local:
             return StepCommStats()
-        compute_end = time.perf_counter()
+        compute_end, t_ns = time.perf_counter(), self.tracer.now()
         if self.ready.launched != len(self.buckets):
             raise RuntimeError(
                 f"step {self._step}: finish() before every gradient arrived "
@@ -155,6 +156,7 @@ class Reducer:
                 self._comm.submit(b, self._step)
         self._comm.wait(len(self.buckets))
         wait = time.perf_counter() - compute_end
+        self.tracer.add(trace.STEP, "wait for allreduce", t_ns)
         iv = self._comm.intervals
         total = sum(b - a for a, b in iv)
         lead = max(0.0, compute_end - iv[0][0]) if iv else 0.0

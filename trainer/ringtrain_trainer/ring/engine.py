@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from ringtrain import options
+from ringtrain_trainer import trace
 from ringtrain_trainer.collective import Collective
 from ringtrain.errors import PeerTimeout, RingError
 from ringtrain_trainer.ring import schedule
@@ -326,22 +327,26 @@ class RingCollective(Collective):
         bounds = schedule.segment_bounds(flat.size, self.size)
         phases = schedule.allreduce_phases(self.rank, self.size)
         mv = memoryview(flat).cast("B")
-        t = self.transport
+        t, tr, left = self.transport, self.tracer, schedule.left(self.rank, self.size)
         self._sender.put(header)
         for a, b in schedule.chunks(*bounds[phases[0].send], self._chunk):
             self._send(mv, a, b)
         waits = self.peer_waits
         clock = time.perf_counter
+        w = tr.now()
         t0 = clock()
         t.begin_recv(header)
         if waits is not None:
             waits.append((t0, clock()))
+        tr.add(trace.ALLREDUCE, "wait for rank", w, left)
         last_reduce = self.size - 2
         for p, phase in enumerate(phases):
             forward = p + 1 < len(phases)
+            t_phase = tr.now()
             for a, b in schedule.chunks(*bounds[phase.recv], self._chunk):
                 seg = flat[a:b]
                 self._received += seg.nbytes
+                w = tr.now()  # a receive blocks until the left neighbour's chunk is here
                 t0 = clock()
                 if phase.reduce:
                     t.recv_add(seg)
@@ -349,10 +354,13 @@ class RingCollective(Collective):
                     t.recv_copy(seg)
                 if waits is not None:
                     waits.append((t0, clock()))
+                tr.add(trace.ALLREDUCE, "wait for rank", w, left)
                 if phase.reduce and p == last_reduce:
                     np.divide(seg, self.size, out=seg)
                 if forward:
                     self._send(mv, a, b)
+            tr.add(trace.ALLREDUCE, "reduce-scatter" if phase.reduce else "allgather",
+                   t_phase, value=p)
         finish_sends()
         t.end_recv()
 
