@@ -339,6 +339,10 @@ def test_which_exit_codes_fail_the_job_at_once_depends_on_the_restart_policy(tmp
 CHECKPOINT_EVERY = 5
 
 
+#: long enough that, on a loaded machine, worker 1 is still training when the kill lands
+KILL_JOB_STEPS = 200
+
+
 def kill_worker_1_after_a_checkpoint(tmp_path: Path, **run_policy):
     """Run a 2-worker training job and SIGKILL worker 1 once the chief has saved a checkpoint.
 
@@ -347,7 +351,7 @@ def kill_worker_1_after_a_checkpoint(tmp_path: Path, **run_policy):
     checkpoint directory without any sleep. Returns (exit code, events, checkpoint step at the
     kill).
     """
-    job = tiny_job("resume", steps=80, batchSize=64, evalEvery=0,
+    job = tiny_job("resume", steps=KILL_JOB_STEPS, batchSize=64, evalEvery=0,
                    checkpoint={"everySteps": CHECKPOINT_EVERY})
     job["spec"]["runPolicy"] = run_policy
     run_dir = tmp_path / "run"
@@ -368,7 +372,7 @@ def kill_worker_1_after_a_checkpoint(tmp_path: Path, **run_policy):
         p.wait(timeout=120)
     assert killed_at is not None, "worker 1 was never killed: " + (tmp_path / "replicas.log"
                                                                     ).read_text()[-3000:]
-    assert killed_at < 80, "the job finished before worker 1 could be killed mid-run"
+    assert killed_at < KILL_JOB_STEPS, "the job finished before worker 1 could be killed mid-run"
     return p.returncode, events, killed_at
 
 
@@ -394,7 +398,7 @@ def test_a_sigkilled_worker_restarts_in_place_and_the_chief_resumes_from_its_che
                       if e["event"] == "progress" and e["step"])
     assert first_step > killed_at >= CHECKPOINT_EVERY, "the chief resumed from its checkpoint"
     final = events[-1]
-    assert (final["phase"], final["steps"]) == ("Succeeded", 80)
+    assert (final["phase"], final["steps"]) == ("Succeeded", KILL_JOB_STEPS)
     assert final["restarts"] == len(started) - 2 >= 2, "every restart in place counted"
     assert final["exit_codes"] == {"worker-0": 0, "worker-1": 0}
 
