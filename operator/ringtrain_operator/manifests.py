@@ -22,6 +22,9 @@ from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 RING_PORT = 2222
 #: The ``grpc+tcp`` data path's raw TCP side channel (announced over RING_PORT as well).
 RING_DATA_PORT = RING_PORT + 1
+#: The Health service alone, in plaintext, for the kubelet's gRPC probe (which speaks no TLS:
+#: the ring port is mutual TLS); only with the grpc probe form.
+HEALTH_PORT = RING_PORT + 2
 METRICS_PORT = 9400
 #: How trainer pods are probed (the operator's environment; the chart's operator.workerProbe):
 #: exec runs ``ringtrain health`` (any cluster), grpc uses the kubelet's gRPC probe of the
@@ -244,7 +247,12 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
         if _ring_size(job) > 1 and getattr(t, "collective", "ring") == "ring":
             ports.append({"name": "ring-data", "containerPort": RING_DATA_PORT,
                           "protocol": "TCP"})
-            for kind, probe in worker_probes(probe_form()).items():
+            form = probe_form()
+            if form == "grpc":
+                main["args"] += ["--ring-health-port", str(HEALTH_PORT)]
+                ports.append({"name": "health", "containerPort": HEALTH_PORT,
+                              "protocol": "TCP"})
+            for kind, probe in worker_probes(form).items():
                 main.setdefault(kind, probe)
     main["env"] = _merge_named(main.get("env") or [], env)
     main["ports"] = _merge_named(main.get("ports") or [], ports)
@@ -277,7 +285,7 @@ def worker_probes(form: str) -> dict[str, dict]:
     if form == "none":
         return {}
     if form == "grpc":
-        check: dict[str, Any] = {"grpc": {"port": RING_PORT}}
+        check: dict[str, Any] = {"grpc": {"port": HEALTH_PORT}}
     else:
         check = {"exec": {"command": ["ringtrain", "health", "--address",
                                       f"127.0.0.1:{RING_PORT}", "--timeout-s", "4"]}}

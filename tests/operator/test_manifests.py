@@ -343,7 +343,7 @@ def test_ring_workers_declare_the_side_channel_and_probe_the_grpc_health_service
     assert c["livenessProbe"]["exec"]["command"][:2] == ["ringtrain", "health"]
     assert "127.0.0.1:2222" in c["readinessProbe"]["exec"]["command"]
     grpc_form = manifests.worker_probes("grpc")
-    assert grpc_form["livenessProbe"]["grpc"] == {"port": 2222}
+    assert grpc_form["livenessProbe"]["grpc"] == {"port": 2224}  # plaintext: kubelet has no TLS
     assert manifests.worker_probes("none") == {}
     assert manifests.probe_form({manifests.PROBE_ENV: "grpc"}) == "grpc"
     single = spec.load(job_obj(workers=1, trainer={}))

@@ -68,3 +68,19 @@ def test_a_second_reconcile_never_regenerates_the_secret():
     assert ("Pod", "mnist-worker-0") in kube.objects
     assert kube.objects[("Secret", "mnist-ring-token")] == first
     assert sorted(_data(first)) == ["ca.crt", "tls.crt", "tls.key", "token"]
+
+
+def test_the_kubelets_grpc_probe_gets_a_plaintext_health_port_the_ring_port_stays_mtls(
+        monkeypatch):
+    from operator_jobs import job_obj as obj
+    from ringtrain_operator import spec
+
+    monkeypatch.setenv(manifests.PROBE_ENV, "grpc")
+    j = spec.load(obj(workers=2, trainer={}))
+    (c,) = manifests.pod(j, j.replica("worker"), 0)["spec"]["containers"]
+    assert c["args"][-2:] == ["--ring-health-port", "2224"]
+    assert {"name": "health", "containerPort": 2224, "protocol": "TCP"} in c["ports"]
+    assert c["readinessProbe"]["grpc"] == c["livenessProbe"]["grpc"] == {"port": 2224}
+    monkeypatch.setenv(manifests.PROBE_ENV, "exec")
+    (c,) = manifests.pod(j, j.replica("worker"), 0)["spec"]["containers"]
+    assert "--ring-health-port" not in c["args"]

@@ -123,6 +123,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ops", type=int, default=1000, help="collectives in the rss scenario")
     p.add_argument("--steps", type=int, default=3, help="training steps in the worker scenario")
     p.add_argument("--health-timeout-s", type=float, default=3.0)
+    p.add_argument("--health-port", type=int, default=0)
     p.add_argument("--stall-s", type=float, default=60.0)
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve the trainer's /metrics and /status, fed by the ring")
@@ -145,6 +146,7 @@ def main(argv: list[str]) -> int:
                        connect_timeout_s=a.connect_timeout_s,
                        health_timeout_s=a.health_timeout_s, stall_s=a.stall_s,
                        observer=observer, encrypt_data=a.encrypt_data,
+                       health_port=a.health_port,
                        tls=pki.load(os.environ["RINGTRAIN_TLS_DIR"])
                        if os.environ.get("RINGTRAIN_TLS_DIR") else None)
         if a.scenario == "allreduce":

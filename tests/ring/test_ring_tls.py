@@ -151,3 +151,25 @@ def test_servers_compare_the_callers_job_identity_after_the_handshake():
     assert not tls.peer_ok(_Context([b"localhost", other.encode()]), job)
     assert not tls.peer_ok(_Context([]), job)
     assert tls.peer_ok(_Context([]), None)  # TLS off: the token is the only check
+
+
+@pytest.mark.timeout(60)
+def test_health_answers_the_jobs_certificate_on_the_ring_port_and_anyone_on_the_health_port(
+        tmp_path):
+    from ringtrain_bench.procs import free_ports
+    from ringtrain_trainer.ring import probe
+
+    health_port = free_ports(1)[0]
+    ring = ring_procs.start(2, "pause", "grpc+tcp", tls_dir=ring_procs.write_tls(tmp_path / "j"),
+                            extra={0: ["--health-port", str(health_port)]})
+    try:
+        assert [ring.event(r)["event"] for r in (0, 1)] == ["ready", "ready"]
+        job = tls.load(tmp_path / "j")
+        assert probe.check(ring.addresses[0], material=job) == "SERVING"
+        assert probe.check(ring.addresses[0], "ringtrain.Ring", material=job) == "SERVING"
+        assert probe.check(ring.addresses[0], timeout_s=1) != "SERVING"  # no certificate
+        assert probe.check(f"127.0.0.1:{health_port}", "ringtrain.Ring") == "SERVING"
+        results = _go(ring)
+    finally:
+        ring.kill()
+    assert [code for code, _ in results] == [0, 0], results

@@ -59,7 +59,7 @@ def test_the_worker_hands_its_ring_flags_to_ring_connect(monkeypatch):
     assert worker.connect(cfg) == "ring"
     assert seen == {"transport": "grpc", "step_timeout_s": 7.0, "connect_timeout_s": 9.0,
                     "health_timeout_s": 4.0, "stall_s": 11.0, "observer": None,
-                    "tls": None, "encrypt_data": False}
+                    "tls": None, "encrypt_data": False, "health_port": 0}
 
 
 def test_tls_material_comes_from_the_env_or_the_flag_and_its_absence_is_said(

@@ -70,7 +70,8 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
                         connect_timeout_s=cfg.ring_connect_timeout_s,
                         health_timeout_s=cfg.ring_health_timeout_s,
                         stall_s=cfg.ring_stall_warning_s, observer=observer,
-                        tls=cfg.tls, encrypt_data=cfg.ring_encrypt_data)
+                        tls=cfg.tls, encrypt_data=cfg.ring_encrypt_data,
+                        health_port=cfg.ring_health_port)
 
 
 class Reporter:

@@ -50,7 +50,7 @@ def connect(spec: ClusterSpec, token: bytes, *,
             health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S,
             stall_s: float = DEFAULT_STALL_S,
             observer: RingObserver | None = None, tls: pki.JobMaterial | None = None,
-            encrypt_data: bool = False) -> Collective:
+            encrypt_data: bool = False, health_port: int = 0) -> Collective:
     """Join the ring described by ``spec``; a single-member ring is a ``LocalCollective``.
 
     Peers that are not up yet (or whose names do not resolve yet) are retried with back-off
@@ -60,6 +60,7 @@ def connect(spec: ClusterSpec, token: bytes, *,
     silent data path after ``step_timeout_s``; a collective waiting ``stall_s`` is reported.
     With the job's ``tls`` material every gRPC server and channel is mutual TLS;
     ``encrypt_data`` wraps the TCP side channel in it too (without material it is refused).
+    ``health_port`` (non-zero) serves the Health service alone in plaintext there as well.
     """
     path = data_path(transport)
     if spec.world_size == 1:
@@ -84,7 +85,8 @@ def connect(spec: ClusterSpec, token: bytes, *,
     rank, addresses = spec.rank, spec.ring
     try:
         control = ControlPlane(rank, addresses, spec.ring_names, token,
-                               split_address(addresses[rank])[1], material)
+                               split_address(addresses[rank])[1], material,
+                               health_port=health_port)
     except channels.BindError as e:  # our own port is taken: retryable, a new pod may get it
         raise RingError(str(e), rank=rank, step=-1, peer=addresses[rank]) from None
     listener = receiver = None

@@ -15,7 +15,8 @@ metadata of every call, as the data path's calls carry them):
 Health is the one service without the token: kubelet's gRPC probe and ``ringtrain health``
 carry none, and it reveals nothing but "serving". With the job's TLS material the whole server
 is mutual TLS (``channels``), Health included: ``ringtrain health`` then presents the job's
-certificate from ``RINGTRAIN_TLS_DIR``; the kubelet's own gRPC probe cannot (it speaks no TLS). A wrong or missing token on the control
+certificate from ``RINGTRAIN_TLS_DIR``; the kubelet's own gRPC probe cannot (it speaks no TLS),
+so ``health_port`` serves the same Health service alone, in plaintext, on a port of its own. A wrong or missing token on the control
 service is refused (UNAUTHENTICATED) before any state is touched.
 """
 
@@ -59,7 +60,8 @@ class ControlPlane:
     aborts from peers interrupt it. ``names`` are the ranks' task names (``worker-2``)."""
 
     def __init__(self, rank: int, addresses: tuple[str, ...], names: tuple[str, ...],
-                 token: bytes, port: int, material: tls.Material | None = None) -> None:
+                 token: bytes, port: int, material: tls.Material | None = None, *,
+                 health_port: int = 0) -> None:
         self.rank, self.addresses, self.names = rank, addresses, names
         self.world = len(addresses)
         self._token = token
@@ -67,6 +69,14 @@ class ControlPlane:
         self.server = channels.server(port, material=material)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.health_server = None
+        if health_port:
+            try:
+                self.health_server = channels.server(health_port, max_workers=2)
+            except channels.BindError:
+                self.server.stop(None)
+                raise
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
             "Register": grpc.unary_unary_rpc_method_handler(self._register),
             "Abort": grpc.unary_unary_rpc_method_handler(self._abort),
@@ -92,6 +102,8 @@ class ControlPlane:
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.health.set(RING_HEALTH, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.start()
+        if self.health_server is not None:
+            self.health_server.start()
 
     def channel(self, rank: int) -> grpc.Channel:
         with self._lock:
@@ -273,3 +285,5 @@ class ControlPlane:
         for ch in list(self._channels.values()):
             ch.close()
         self.server.stop(grace=0.5)
+        if self.health_server is not None:
+            self.health_server.stop(grace=0.5)

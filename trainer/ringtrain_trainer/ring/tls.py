@@ -35,8 +35,8 @@ from ringtrain import pki
 
 #: Where TLS is off, the one line the worker logs.
 INSECURE_NOTE = ("ring TLS is off (no RINGTRAIN_TLS_DIR or --ring-tls-dir): gRPC calls are "
-                 "unencrypted and carry the ring token in cleartext; the tcp data path still "
-                 "authenticates with its HMAC handshake")
+                 "unencrypted and carry the ring token in cleartext; the grpc+tcp side channel "
+                 "still authenticates with its HMAC handshake")
 
 
 @dataclass(frozen=True)
