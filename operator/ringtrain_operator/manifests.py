@@ -14,7 +14,7 @@ import os
 import secrets
 from typing import Any, Callable, Mapping
 
-from ringtrain import cluster, options
+from ringtrain import cluster, options, pki
 
 from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 
@@ -22,6 +22,9 @@ from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 RING_PORT = 2222
 #: The ``grpc+tcp`` data path's raw TCP side channel (announced over RING_PORT as well).
 RING_DATA_PORT = RING_PORT + 1
+#: The Health service alone, in plaintext, for the kubelet's gRPC probe (which speaks no TLS:
+#: the ring port is mutual TLS); only with the grpc probe form.
+HEALTH_PORT = RING_PORT + 2
 METRICS_PORT = 9400
 #: How trainer pods are probed (the operator's environment; the chart's operator.workerProbe):
 #: exec runs ``ringtrain health`` (any cluster), grpc uses the kubelet's gRPC probe of the
@@ -34,8 +37,10 @@ TERMINATION_LOG = options.TERMINATION_LOG
 TOKEN_KEY = "token"
 TOKEN_DIR = "/var/run/ringtrain/ring-token"
 TOKEN_FILE = f"{TOKEN_DIR}/{TOKEN_KEY}"
+#: The job's TLS material (ca.crt, tls.crt, tls.key) sits beside the token in the same Secret.
+TLS_DIR = TOKEN_DIR
 RUN_AS_USER = 10001
-#: The token file's mode: owner-read only (Kubeflow #3262 shipped 0644). With the pod's fsGroup the
+#: The Secret's files' mode (token and TLS material): owner-read only (Kubeflow #3262 shipped 0644). With the pod's fsGroup the
 #: kubelet adds group read (0440, group RUN_AS_USER), so the non-root trainer can read it; never
 #: world-readable.
 TOKEN_MODE = 0o400
@@ -133,15 +138,25 @@ def service(job: Job) -> dict:
     }
 
 
-def secret(job: Job, token: str | None = None) -> dict:
-    """The job's ring token; random unless given. Created once: the first one stored wins."""
+def tls_material(job: Job) -> pki.JobMaterial:
+    """A fresh CA and certificate for the job (``ringtrain.pki``; about 4 ms)."""
+    return pki.create(job.name, job.namespace, job.service_name, job.uid)
+
+
+def secret(job: Job, token: str | None = None,
+           material: pki.JobMaterial | None = None) -> dict:
+    """The job's ring token and TLS material (``ca.crt``, ``tls.crt``, ``tls.key``); random
+    unless given. Created once: the first one stored wins (a create that meets it, 409, drops
+    the fresh material unseen), so restarts and reconciles never rotate a running job's keys."""
     token = token if token is not None else secrets.token_urlsafe(32)
+    material = material if material is not None else tls_material(job)
+    data = {TOKEN_KEY: token.encode(), **material.files()}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": _metadata(job, secret_name(job), labels(job)),
         "type": "Opaque",
-        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
     }
 
 
@@ -209,7 +224,8 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
     mounts = [{"name": "tmp", "mountPath": "/tmp"},
               {"name": "ring-token", "mountPath": TOKEN_DIR, "readOnly": True}]
     env = [{"name": "TF_CONFIG", "value": tf_config(job, role, index, endpoint)},
-           {"name": "RINGTRAIN_TOKEN_FILE", "value": TOKEN_FILE}]
+           {"name": "RINGTRAIN_TOKEN_FILE", "value": TOKEN_FILE},
+           {"name": "RINGTRAIN_TLS_DIR", "value": TLS_DIR}]
     ports = [{"name": "ring", "containerPort": RING_PORT, "protocol": "TCP"}]
 
     containers = spec.setdefault("containers", [])
@@ -231,7 +247,12 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
         if _ring_size(job) > 1 and getattr(t, "collective", "ring") == "ring":
             ports.append({"name": "ring-data", "containerPort": RING_DATA_PORT,
                           "protocol": "TCP"})
-            for kind, probe in worker_probes(probe_form()).items():
+            form = probe_form()
+            if form == "grpc":
+                main["args"] += ["--ring-health-port", str(HEALTH_PORT)]
+                ports.append({"name": "health", "containerPort": HEALTH_PORT,
+                              "protocol": "TCP"})
+            for kind, probe in worker_probes(form).items():
                 main.setdefault(kind, probe)
     main["env"] = _merge_named(main.get("env") or [], env)
     main["ports"] = _merge_named(main.get("ports") or [], ports)
@@ -264,7 +285,7 @@ def worker_probes(form: str) -> dict[str, dict]:
     if form == "none":
         return {}
     if form == "grpc":
-        check: dict[str, Any] = {"grpc": {"port": RING_PORT}}
+        check: dict[str, Any] = {"grpc": {"port": HEALTH_PORT}}
     else:
         check = {"exec": {"command": ["ringtrain", "health", "--address",
                                       f"127.0.0.1:{RING_PORT}", "--timeout-s", "4"]}}
@@ -279,6 +300,7 @@ def pods(job: Job, endpoint: Endpoint = dns_endpoint) -> list[dict]:
 
 
 def desired_objects(job: Job, *, endpoint: Endpoint = dns_endpoint,
-                    token: str | None = None) -> list[dict]:
+                    token: str | None = None,
+                    material: pki.JobMaterial | None = None) -> list[dict]:
     """Everything the operator creates for a job: Service, Secret, then Pods in TF_CONFIG order."""
-    return [service(job), secret(job, token), *pods(job, endpoint)]
+    return [service(job), secret(job, token, material), *pods(job, endpoint)]

@@ -75,7 +75,7 @@ def act(kube: Kube, namespace: str, name: str, job: spec.Job | None,
     events = list(decision.events)
     if decision.to_create and job is not None:
         kube.create(manifests.service(job))
-        kube.create(manifests.secret(job))  # 409 keeps the first token: created once
+        kube.create(manifests.secret(job))  # 409 keeps the first token and keys: created once
         if network is not None:
             kube.create(networkpolicy.network_policy(job, network))
         todo = [manifests.pod(job, m.replica, m.index) for m in decision.to_create]

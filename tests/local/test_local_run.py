@@ -9,6 +9,7 @@ depend on training speed.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import signal
@@ -199,6 +200,35 @@ def test_two_worker_training_run_succeeds_with_json_progress_and_checkpoint(tmp_
     # The ring token was private to the user.
     (token,) = (run_dir / "pods").glob("*-worker-0/secrets/ring-token/token")
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
+
+
+def test_a_grpc_ring_runs_over_mutual_tls_from_the_jobs_secret_and_matches_one_worker(tmp_path):
+    """The Secret's TLS files land 0600 in the run dir, the workers load them through
+    RINGTRAIN_TLS_DIR and train over mutual-TLS gRPC; the result is the single worker's with the
+    global batch (the allreduce was exact)."""
+    from ringtrain_trainer import worker
+    from ringtrain_trainer.collective import LocalCollective
+    from ringtrain_trainer.config import TrainerConfig
+    from ringtrain_trainer.ring.tls import INSECURE_NOTE
+
+    run_dir = tmp_path / "run"
+    out = run([str(write(tmp_path, tiny_job(ring={"transport": "grpc"}))), "--json",
+               "--run-dir", str(run_dir), "--progress-interval", "0"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    final = json_lines(out.stdout)[-1]
+    assert final["phase"] == "Succeeded" and final["steps"] == 6
+    secret_dir = next((run_dir / "pods").glob("*-worker-1/secrets/ring-token"))
+    for name in ("ca.crt", "tls.crt", "tls.key"):
+        assert stat.S_IMODE((secret_dir / name).stat().st_mode) == 0o600
+    key = (secret_dir / "tls.key").read_text()
+    assert INSECURE_NOTE not in out.stderr and key.splitlines()[1] not in out.stderr + out.stdout
+    single = worker.Trainer(TrainerConfig(dataset="mnist-5k", steps=6, batch_size=32,
+                                          eval_every=3), LocalCollective(), out=io.StringIO())
+    try:
+        single.run()
+    finally:
+        single.close()
+    assert final["test_accuracy"] == pytest.approx(single.test_accuracy, abs=2e-3)
 
 
 def test_human_output_ends_with_a_summary(tmp_path):

@@ -270,13 +270,17 @@ def test_the_trainer_parses_the_pod_command_into_the_spec(tmp_path):
         "dataset": "mnist-5k", "steps": 20, "batchSize": 32, "ipusPerWorker": 2,
         "variablesOnHost": False, "bucketMB": 0.5, "learningRate": 0.01, "lrDecay": 0.5,
         "evalEvery": 10, "checkpoint": {"everySteps": 5, "path": "/ckpt"},
-        "ring": {"transport": "grpc", "stepTimeoutSeconds": 90.5, "connectTimeoutSeconds": 300}})
+        "ring": {"transport": "grpc", "stepTimeoutSeconds": 90.5, "connectTimeoutSeconds": 300,
+                 "encryptData": True}})
     j = spec.load(obj)
     (c,) = manifests.pod(j, j.replica("worker"), 1)["spec"]["containers"]
     env = {e["name"]: e["value"] for e in c["env"]}
-    token = tmp_path / "token"
-    token.write_text("s3cret\n")
-    env["RINGTRAIN_TOKEN_FILE"] = str(token)
+    sec = manifests.secret(j, "s3cret\n")
+    for key, value in sec["data"].items():  # the Secret's files, as the kubelet mounts them
+        (tmp_path / key).write_bytes(base64.b64decode(value))
+    assert env["RINGTRAIN_TLS_DIR"] == "/var/run/ringtrain/ring-token"
+    env["RINGTRAIN_TOKEN_FILE"] = str(tmp_path / "token")
+    env["RINGTRAIN_TLS_DIR"] = str(tmp_path)
     assert c["command"] == ["ringtrain", "worker"]
     cfg = TrainerConfig.from_args(c["args"], env)
     t = j.trainer
@@ -288,6 +292,9 @@ def test_the_trainer_parses_the_pod_command_into_the_spec(tmp_path):
                                                                   "/dev/termination-log")
     assert (cfg.ring_transport, cfg.ring_step_timeout_s, cfg.ring_connect_timeout_s) == (
         "grpc", 90.5, 300.0)
+    assert cfg.ring_encrypt_data is True and cfg.token == b"s3cret"
+    assert cfg.tls.files() == {k: base64.b64decode(v) for k, v in sec["data"].items()
+                               if k != "token"}
     assert (cfg.cluster.rank, cfg.cluster.world_size) == (2, 3)
     assert cfg.token == b"s3cret"
 
@@ -336,7 +343,7 @@ def test_ring_workers_declare_the_side_channel_and_probe_the_grpc_health_service
     assert c["livenessProbe"]["exec"]["command"][:2] == ["ringtrain", "health"]
     assert "127.0.0.1:2222" in c["readinessProbe"]["exec"]["command"]
     grpc_form = manifests.worker_probes("grpc")
-    assert grpc_form["livenessProbe"]["grpc"] == {"port": 2222}
+    assert grpc_form["livenessProbe"]["grpc"] == {"port": 2224}  # plaintext: kubelet has no TLS
     assert manifests.worker_probes("none") == {}
     assert manifests.probe_form({manifests.PROBE_ENV: "grpc"}) == "grpc"
     single = spec.load(job_obj(workers=1, trainer={}))

@@ -47,7 +47,8 @@ def test_render_cli_prints_every_object_with_the_secret_redacted(tmp_path):
                      "metadata": {"name": "fashion-mnist", "namespace": "ml"}})
     expected = manifests.desired_objects(job, token="x")
     assert [o["metadata"]["name"] for o in objects] == [o["metadata"]["name"] for o in expected]
-    assert objects[1]["data"] == {"token": render.REDACTED}
+    assert objects[1]["data"] == {k: render.REDACTED
+                                  for k in ("token", "ca.crt", "tls.crt", "tls.key")}
     assert objects[2] == expected[2]  # pods: byte for byte what the operator creates
 
 

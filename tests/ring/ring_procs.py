@@ -22,6 +22,7 @@ class Ring:
     addresses: list[str]
     token: bytes
     outputs: dict[int, list[dict]] = field(default_factory=dict)
+    tls_dir: Path | None = None  # the job's TLS material, when the ring runs mutual TLS
 
     def event(self, rank: int) -> dict:
         """The next JSON line of ``rank`` (blocks; the test's timeout bounds it)."""
@@ -40,6 +41,9 @@ class Ring:
 
     def start_rank(self, rank: int) -> None:
         env = dict(os.environ, RINGTRAIN_TOKEN=self.token.decode())
+        env.pop("RINGTRAIN_TLS_DIR", None)
+        if self.tls_dir is not None:
+            env["RINGTRAIN_TLS_DIR"] = str(self.tls_dir)
         self.procs[rank] = subprocess.Popen(
             [sys.executable, str(WORKER), *self.argv, "--rank", str(rank),
              *self.extra.get(rank, [])],
@@ -54,13 +58,25 @@ class Ring:
             p.communicate()  # also closes the pipes of one that ended by itself
 
 
+def write_tls(directory: Path, name: str = "ring") -> Path:
+    """A job's TLS material (``ringtrain.pki``) as files, the way the Pod mounts them."""
+    from ringtrain import pki
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for file, content in pki.create(name, "default", name).files().items():
+        (directory / file).write_bytes(content)
+    return directory
+
+
 def start(world: int, scenario: str, transport: str = "grpc+tcp", *args: str,
-          ranks: list[int] | None = None, extra: dict[int, list[str]] | None = None) -> Ring:
+          ranks: list[int] | None = None, extra: dict[int, list[str]] | None = None,
+          tls_dir: Path | None = None) -> Ring:
     """Start ``ranks`` (default: all) of a ``world``-member ring; :meth:`Ring.start_rank`
-    starts the others later. ``extra`` adds arguments for single ranks."""
+    starts the others later. ``extra`` adds arguments for single ranks; with ``tls_dir`` every
+    member loads the job's TLS material from it (mutual TLS)."""
     token = new_token().encode()
     addresses = loopback_addresses(world)
-    ring = Ring([None] * world, addresses, token)
+    ring = Ring([None] * world, addresses, token, tls_dir=tls_dir)
     ring.argv = [scenario, "--addresses", ",".join(addresses), "--transport", transport, *args]
     ring.extra = extra or {}
     for r in (range(world) if ranks is None else ranks):

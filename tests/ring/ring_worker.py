@@ -1,8 +1,9 @@
 """One ring member for the multi-process tests: a real process on loopback running a scenario.
 
 Run as ``python ring_worker.py SCENARIO --rank R --addresses A,B,... [--transport T]`` with the
-token in RINGTRAIN_TOKEN. Prints one JSON line per event; exits with the trainer's exit code of
-any error so tests can check the retryable code.
+token in RINGTRAIN_TOKEN and, for mutual TLS, the job's material in RINGTRAIN_TLS_DIR. Prints
+one JSON line per event; exits with the trainer's exit code of any error so tests can check the
+retryable code.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 import numpy as np
 
+from ringtrain import pki
 from ringtrain.cluster import ClusterSpec
 from ringtrain.errors import RingtrainError, exit_code_for
 from ringtrain_trainer.ring import connect
@@ -113,6 +115,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--addresses", required=True)
     p.add_argument("--transport", default="grpc+tcp")
+    p.add_argument("--encrypt-data", action="store_true")
     p.add_argument("--sizes", default="0,1,2,3,5,1000,262147")
     p.add_argument("--chunk-bytes", type=int, default=4096)
     p.add_argument("--step-timeout-s", type=float, default=20.0)
@@ -120,6 +123,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ops", type=int, default=1000, help="collectives in the rss scenario")
     p.add_argument("--steps", type=int, default=3, help="training steps in the worker scenario")
     p.add_argument("--health-timeout-s", type=float, default=3.0)
+    p.add_argument("--health-port", type=int, default=0)
     p.add_argument("--stall-s", type=float, default=60.0)
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve the trainer's /metrics and /status, fed by the ring")
@@ -141,7 +145,10 @@ def main(argv: list[str]) -> int:
                        chunk_bytes=a.chunk_bytes, step_timeout_s=a.step_timeout_s,
                        connect_timeout_s=a.connect_timeout_s,
                        health_timeout_s=a.health_timeout_s, stall_s=a.stall_s,
-                       observer=observer)
+                       observer=observer, encrypt_data=a.encrypt_data,
+                       health_port=a.health_port,
+                       tls=pki.load(os.environ["RINGTRAIN_TLS_DIR"])
+                       if os.environ.get("RINGTRAIN_TLS_DIR") else None)
         if a.scenario == "allreduce":
             check_allreduce(coll, sizes, world, rank, step=1)
             check_broadcast(coll, sizes[-1], world, rank)

@@ -12,16 +12,19 @@ def test_bench_reports_every_transport_and_baseline_with_ratios():
     out = subprocess.run(
         [sys.executable, "-m", "ringtrain.cli", "bench", "allreduce", "--workers", "2",
          "--size-mib", "0.01", "--iters", "3", "--warmup", "1", "--json",
-         "--transport", "grpc+tcp", "--transport", "grpc", "--baseline", "gloo", "--baseline", "mpi"],
+         "--transport", "grpc+tcp", "--transport", "grpc", "--tls", "--baseline", "gloo",
+         "--baseline", "mpi"],
         capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     results = {r["impl"]: r for r in rows if r["bench"] == "allreduce"}
-    assert set(results) == {"ring-grpc+tcp", "ring-grpc", "gloo", "mpi"}
+    assert set(results) == {"ring-grpc+tcp", "ring-grpc+tcp+tls", "ring-grpc", "ring-grpc+tls",
+                            "gloo", "mpi"}
     for r in results.values():
         assert r["iters"] == 3 and r["median_s"] > 0
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"])  # 2(N-1)/N = 1 for N = 2
         assert r["algbw_gbps"] == pytest.approx(0.01 * 2**20 / r["median_s"] / 1e9)
     ratios = [r for r in rows if r["bench"] == "allreduce-ratio"]
     assert {(r["impl"], r["baseline"]) for r in ratios} == {
-        (i, b) for i in ("ring-grpc+tcp", "ring-grpc") for b in ("gloo", "mpi")}
+        (i, b) for i in ("ring-grpc+tcp", "ring-grpc+tcp+tls", "ring-grpc", "ring-grpc+tls")
+        for b in ("gloo", "mpi")}

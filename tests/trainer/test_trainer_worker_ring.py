@@ -58,7 +58,37 @@ def test_the_worker_hands_its_ring_flags_to_ring_connect(monkeypatch):
                                    "4", "--ring-stall-warning-s", "11"], env)
     assert worker.connect(cfg) == "ring"
     assert seen == {"transport": "grpc", "step_timeout_s": 7.0, "connect_timeout_s": 9.0,
-                    "health_timeout_s": 4.0, "stall_s": 11.0, "observer": None}
+                    "health_timeout_s": 4.0, "stall_s": 11.0, "observer": None,
+                    "tls": None, "encrypt_data": False, "health_port": 0}
+
+
+def test_tls_material_comes_from_the_env_or_the_flag_and_its_absence_is_said(
+        monkeypatch, tmp_path, capsys):
+    from ringtrain import pki
+    from ringtrain_trainer import ring
+    from ringtrain_trainer.ring.tls import INSECURE_NOTE
+
+    m = pki.create("j", "ns", "j")
+    for name, content in m.files().items():
+        (tmp_path / name).write_bytes(content)
+    seen = {}
+    monkeypatch.setattr(ring, "connect", lambda spec, token, **kw: seen.update(kw) or "ring")
+    env = {"RINGTRAIN_TOKEN": "t", "TF_CONFIG": cluster.build({"worker": ["a:1", "b:2"]},
+                                                              "worker", 0)}
+    cfg = TrainerConfig.from_args(["--ring-encrypt-data"],
+                                  {**env, "RINGTRAIN_TLS_DIR": str(tmp_path)})
+    assert "PRIVATE" not in repr(cfg)
+    worker.connect(cfg)
+    assert (seen["tls"], seen["encrypt_data"]) == (m, True)
+    assert INSECURE_NOTE not in capsys.readouterr().err
+    flag = TrainerConfig.from_args(["--ring-tls-dir", str(tmp_path)],
+                                   {**env, "RINGTRAIN_TLS_DIR": "/nowhere"})
+    assert flag.tls == m
+    worker.connect(TrainerConfig.from_args([], env))
+    assert seen["tls"] is None and INSECURE_NOTE in capsys.readouterr().err
+    (tmp_path / "tls.crt").unlink()
+    with pytest.raises(InvalidSpec, match="tls.crt"):
+        TrainerConfig.from_args([], {**env, "RINGTRAIN_TLS_DIR": str(tmp_path)})
 
 
 @pytest.mark.timeout(180)

@@ -214,6 +214,17 @@ GROUPS: tuple[Group, ...] = (
                description="grpc+tcp: tensors on a raw TCP side channel opened through the gRPC "
                            "control plane (the faster); grpc: tensors in gRPC streams; tcp: old "
                            "name of grpc+tcp"),
+        Option("ring_tls_dir", str, None, metavar="DIR",
+               help="directory with the job's ca.crt, tls.crt and tls.key for mutual TLS on the "
+                    "ring (default $RINGTRAIN_TLS_DIR, which the operator sets; neither: TLS off)"),
+        Option("ring_encrypt_data", bool, False, crd="ring.encryptData",
+               help="encrypt the raw TCP side channel with the job's mutual TLS too (gRPC "
+                    "channels always are; costs throughput, see docs/ring.md)",
+               description="also encrypt the raw TCP side channel of grpc+tcp with the job's "
+                           "mutual TLS (gRPC channels always are); costs throughput"),
+        Option("ring_health_port", int, 0, minimum=0, metavar="N",
+               help="also serve the gRPC Health service alone, in plaintext, on this port (0: "
+                    "off): for the kubelet's gRPC probe, which speaks no TLS"),
         Option("ring_step_timeout_s", float, 30.0, crd="ring.stepTimeoutSeconds", minimum=0,
                exclusive_minimum=True, maximum=86400, metavar="F",
                help="a collective fails (retryable exit 138) when a peer is silent this long"),

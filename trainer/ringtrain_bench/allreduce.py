@@ -18,7 +18,9 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -58,6 +60,10 @@ class GlooCollective(Collective):
         self._dist.destroy_process_group()
 
 
+#: An implementation name's suffix for the ring under the job's mutual TLS (``--tls``).
+TLS_SUFFIX = "+tls"
+
+
 def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
                       chunk_kib: int) -> Collective:
     if impl == "gloo":
@@ -66,13 +72,19 @@ def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
         from ringtrain_trainer.mpi import connect as mpi_connect
 
         return mpi_connect()
+    from ringtrain import pki
     from ringtrain.cluster import ClusterSpec
     from ringtrain_trainer.ring import connect
 
     spec = ClusterSpec(cluster={"worker": tuple(f"127.0.0.1:{p}" for p in ports)},
                        task_index=rank)
-    return connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(), transport=impl.split("-")[1],
-                   connect_timeout_s=60, chunk_bytes=chunk_kib * 1024)
+    transport = impl.removeprefix("ring-")
+    secure = transport.endswith(TLS_SUFFIX)
+    return connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(),
+                   transport=transport.removesuffix(TLS_SUFFIX), connect_timeout_s=60,
+                   chunk_bytes=chunk_kib * 1024,
+                   tls=pki.load(os.environ["RINGTRAIN_TLS_DIR"]) if secure else None,
+                   encrypt_data=secure)
 
 
 def child(impl: str, rank: int, workers: int, ports: list[int], sizes_mib: list[float],
@@ -105,6 +117,19 @@ def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup
     """Start the processes of one implementation; rank 0's raw timings per size."""
     ports = free_ports(workers)
     env = dict(os.environ, RINGTRAIN_TOKEN=new_token())
+    with tempfile.TemporaryDirectory(prefix="ringtrain-bench-tls-") as tls_dir:
+        if impl.endswith(TLS_SUFFIX):
+            from ringtrain import pki
+
+            for name, content in pki.create("bench", "default", "bench").files().items():
+                Path(tls_dir, name).write_bytes(content)
+            env["RINGTRAIN_TLS_DIR"] = tls_dir
+        return _run_impl(impl, workers, sizes_mib, iters, warmup, chunk_kib, timeout_s, ports,
+                         env)
+
+
+def _run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup: int,
+              chunk_kib: int, timeout_s: float, ports: list[int], env: dict) -> dict[float, dict]:
     args = ["--child", impl, "--workers", str(workers), "--ports", ",".join(map(str, ports)),
             "--size-mib", *map(str, sizes_mib), "--iters", str(iters), "--warmup", str(warmup),
             "--chunk-kib", str(chunk_kib)]
@@ -168,6 +193,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--transport", action="append", choices=["grpc+tcp", "grpc", "tcp"],
                    help="ring data path(s) to measure (repeatable; default grpc+tcp; tcp: old "
                         "name of grpc+tcp)")
+    p.add_argument("--tls", action="store_true",
+                   help="also measure each ring data path under the job's mutual TLS (grpc+tcp: "
+                        "--ring-encrypt-data), labelled ring-<path>+tls")
     p.add_argument("--baseline", action="append", choices=["gloo", "mpi"], default=[],
                    help="also measure torch.distributed gloo / mpi4py (repeatable)")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
@@ -182,8 +210,10 @@ def main(argv: list[str]) -> int:
         return 0
     if a.workers < 2:
         p.error("--workers must be at least 2 (one process has nothing to reduce)")
-    impls = [f"ring-{ {'tcp': 'grpc+tcp'}.get(t, t)}" for t in (a.transport or ["grpc+tcp"])
-             ] + a.baseline
+    rings = [f"ring-{ {'tcp': 'grpc+tcp'}.get(t, t)}" for t in (a.transport or ["grpc+tcp"])]
+    if a.tls:
+        rings = [v for r in rings for v in (r, r + TLS_SUFFIX)]
+    impls = rings + a.baseline
     load_before = os.getloadavg()[0]
     times: dict[tuple[str, float], tuple[list, list]] = {}
     for _ in range(a.rounds):  # interleaved, so a change in machine load hits every impl

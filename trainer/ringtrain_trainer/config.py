@@ -1,8 +1,9 @@
 """The trainer's configuration, read once at the edge (flags + environment) and passed down.
 
 The flags, their defaults and bounds are the option table of ``ringtrain.options`` (listed in
-docs/reference.md); the environment supplies TF_CONFIG and the ring token. Nothing below this
-module reads ``os.environ`` or ``sys.argv``.
+docs/reference.md); the environment supplies TF_CONFIG, the ring token and the directory of the
+job's TLS material (``RINGTRAIN_TLS_DIR``, like ``RINGTRAIN_TOKEN_FILE`` a path into the mounted
+Secret, never the key itself). Nothing below this module reads ``os.environ`` or ``sys.argv``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from ringtrain import cluster, options
+from ringtrain import cluster, options, pki
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import trace
 
@@ -26,6 +27,7 @@ class TrainerConfig(options.TrainerOptions):
 
     cluster: cluster.ClusterSpec = field(default_factory=cluster.ClusterSpec.single)
     token: bytes = b""
+    tls: pki.JobMaterial | None = field(default=None, repr=False)
 
     @property
     def bucket_bytes(self) -> int:
@@ -65,9 +67,12 @@ class TrainerConfig(options.TrainerOptions):
             raise InvalidSpec("RINGTRAIN_TOKEN_FILE (or RINGTRAIN_TOKEN): a ring of "
                               f"{spec.world_size} members needs the job's token; without one "
                               "any process could join it")
+        tls_dir = values["ring_tls_dir"] or env.get("RINGTRAIN_TLS_DIR") or None
+        values["ring_tls_dir"] = tls_dir
+        tls = pki.load(tls_dir) if tls_dir else None  # InvalidSpec names the file
         if values["termination_log"] is None and _writable(DEFAULT_TERMINATION_LOG):
             values["termination_log"] = DEFAULT_TERMINATION_LOG
-        return cls(**values, cluster=spec, token=token)
+        return cls(**values, cluster=spec, token=token, tls=tls)
 
 
 def _writable(path: str) -> bool:

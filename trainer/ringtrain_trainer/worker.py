@@ -61,11 +61,17 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
 
     observer = None if metrics is None else RingMetrics(metrics, ring.data_path(
         cfg.ring_transport))
+    if cfg.tls is None:
+        from ringtrain_trainer.ring.tls import INSECURE_NOTE
+
+        print(f"ringtrain worker: {INSECURE_NOTE}", file=sys.stderr)
     return ring.connect(cfg.cluster, cfg.token, transport=cfg.ring_transport,
                         step_timeout_s=cfg.ring_step_timeout_s,
                         connect_timeout_s=cfg.ring_connect_timeout_s,
                         health_timeout_s=cfg.ring_health_timeout_s,
-                        stall_s=cfg.ring_stall_warning_s, observer=observer)
+                        stall_s=cfg.ring_stall_warning_s, observer=observer,
+                        tls=cfg.tls, encrypt_data=cfg.ring_encrypt_data,
+                        health_port=cfg.ring_health_port)
 
 
 class Reporter:

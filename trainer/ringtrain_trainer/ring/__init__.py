@@ -5,14 +5,14 @@ port of its own TF_CONFIG address (the control plane, ``control``), registers wi
 (the readiness barrier), opens the data path to both ring neighbours (ordered by rank as
 ``ClusterSpec.ring`` lists them) and returns a ``Collective``. Layers, bottom up: ``schedule``
 (pure chunk plan), ``protocol`` (the per-collective header), ``auth`` (token checks),
-``channels`` (every gRPC server and channel), ``control`` + ``watchdog`` (rendezvous, health,
+``tls`` (mutual TLS with the job's certificate), ``channels`` (every gRPC server and channel), ``control`` + ``watchdog`` (rendezvous, health,
 aborts, stall reports), ``tcp`` / ``grpc_transport`` (the data paths ``grpc+tcp`` and
 ``grpc``), ``engine`` (the algorithm over a data path).
 """
 
 from __future__ import annotations
 
-from ringtrain import options
+from ringtrain import options, pki
 from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain.errors import InvalidSpec, RingError
@@ -49,7 +49,8 @@ def connect(spec: ClusterSpec, token: bytes, *,
             transport: str = "grpc+tcp",
             health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S,
             stall_s: float = DEFAULT_STALL_S,
-            observer: RingObserver | None = None) -> Collective:
+            observer: RingObserver | None = None, tls: pki.JobMaterial | None = None,
+            encrypt_data: bool = False, health_port: int = 0) -> Collective:
     """Join the ring described by ``spec``; a single-member ring is a ``LocalCollective``.
 
     Peers that are not up yet (or whose names do not resolve yet) are retried with back-off
@@ -57,6 +58,9 @@ def connect(spec: ClusterSpec, token: bytes, *,
     ``observer.waiting`` meanwhile. During collectives a peer that aborts breaks the ring at
     once, a neighbour silent to health checks for ``health_timeout_s`` within seconds, and a
     silent data path after ``step_timeout_s``; a collective waiting ``stall_s`` is reported.
+    With the job's ``tls`` material every gRPC server and channel is mutual TLS;
+    ``encrypt_data`` wraps the TCP side channel in it too (without material it is refused).
+    ``health_port`` (non-zero) serves the Health service alone in plaintext there as well.
     """
     path = data_path(transport)
     if spec.world_size == 1:
@@ -67,15 +71,22 @@ def connect(spec: ClusterSpec, token: bytes, *,
         raise InvalidSpec("ring token is empty: set RINGTRAIN_TOKEN_FILE or RINGTRAIN_TOKEN")
     if chunk_bytes < 4:
         raise InvalidSpec(f"chunk_bytes must be at least 4 (one float32), got {chunk_bytes}")
+    if encrypt_data and tls is None:
+        raise InvalidSpec("--ring-encrypt-data needs the job's TLS material "
+                          "(RINGTRAIN_TLS_DIR or --ring-tls-dir)")
     from ringtrain_trainer.ring import channels
+    from ringtrain_trainer.ring import tls as ring_tls
     from ringtrain_trainer.ring.control import ControlPlane, log
     from ringtrain_trainer.ring.watchdog import Watchdog
 
     observer = observer if observer is not None else RingObserver()
+    material = ring_tls.Material.of(tls) if tls is not None else None
+    data_tls = material if encrypt_data else None
     rank, addresses = spec.rank, spec.ring
     try:
         control = ControlPlane(rank, addresses, spec.ring_names, token,
-                               split_address(addresses[rank])[1])
+                               split_address(addresses[rank])[1], material,
+                               health_port=health_port)
     except channels.BindError as e:  # our own port is taken: retryable, a new pod may get it
         raise RingError(str(e), rank=rank, step=-1, peer=addresses[rank]) from None
     listener = receiver = None
@@ -83,13 +94,13 @@ def connect(spec: ClusterSpec, token: bytes, *,
         if path == "grpc+tcp":
             from ringtrain_trainer.ring.tcp import TcpTransport
 
-            listener = TcpTransport.listen(rank, addresses, token)
+            listener = TcpTransport.listen(rank, addresses, token, data_tls)
             control.data_port = listener.port
         else:
             from ringtrain_trainer.ring.grpc_transport import GrpcTransport
 
             receiver, handler = GrpcTransport.receiver(rank, len(addresses), token,
-                                                       step_timeout_s)
+                                                       step_timeout_s, material)
             control.add_handlers(handler)
         control.start()
         answers = control.rendezvous(connect_timeout_s, observer.waiting)
@@ -99,11 +110,11 @@ def connect(spec: ClusterSpec, token: bytes, *,
             wire = TcpTransport.open(listener, rank, addresses, token,
                                      int(answers[right]["data_port"]),
                                      connect_timeout_s=connect_timeout_s,
-                                     step_timeout_s=step_timeout_s)
+                                     step_timeout_s=step_timeout_s, material=data_tls)
         else:
             wire = GrpcTransport.open(receiver, rank, addresses, token,
                                       connect_timeout_s=connect_timeout_s,
-                                      step_timeout_s=step_timeout_s)
+                                      step_timeout_s=step_timeout_s, material=material)
     except LinkError as e:  # our own side-channel port is taken: retryable
         control.close()
         raise RingError(str(e), rank=rank, step=-1, peer=addresses[rank]) from None

@@ -13,7 +13,10 @@ metadata of every call, as the data path's calls carry them):
 - ``State``: where a worker is (collectives started, the one in flight), for stall reports.
 
 Health is the one service without the token: kubelet's gRPC probe and ``ringtrain health``
-carry none, and it reveals nothing but "serving". A wrong or missing token on the control
+carry none, and it reveals nothing but "serving". With the job's TLS material the whole server
+is mutual TLS (``channels``), Health included: ``ringtrain health`` then presents the job's
+certificate from ``RINGTRAIN_TLS_DIR``; the kubelet's own gRPC probe cannot (it speaks no TLS),
+so ``health_port`` serves the same Health service alone, in plaintext, on a port of its own. A wrong or missing token on the control
 service is refused (UNAUTHENTICATED) before any state is touched.
 """
 
@@ -29,7 +32,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ringtrain.errors import InvalidSpec, PeerTimeout, RingError, Unauthenticated
-from ringtrain_trainer.ring import auth, channels
+from ringtrain_trainer.ring import auth, channels, tls
 
 SERVICE = "ringtrain.Control"
 #: Health service name whose status follows the ring (SERVING once joined, not after a break);
@@ -57,13 +60,23 @@ class ControlPlane:
     aborts from peers interrupt it. ``names`` are the ranks' task names (``worker-2``)."""
 
     def __init__(self, rank: int, addresses: tuple[str, ...], names: tuple[str, ...],
-                 token: bytes, port: int) -> None:
+                 token: bytes, port: int, material: tls.Material | None = None, *,
+                 health_port: int = 0) -> None:
         self.rank, self.addresses, self.names = rank, addresses, names
         self.world = len(addresses)
         self._token = token
-        self.server = channels.server(port)
+        self.tls = material
+        self.server = channels.server(port, material=material)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.health_server = None
+        if health_port:
+            try:
+                self.health_server = channels.server(health_port, max_workers=2)
+            except channels.BindError:
+                self.server.stop(None)
+                raise
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
             "Register": grpc.unary_unary_rpc_method_handler(self._register),
             "Abort": grpc.unary_unary_rpc_method_handler(self._abort),
@@ -89,11 +102,13 @@ class ControlPlane:
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.health.set(RING_HEALTH, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.start()
+        if self.health_server is not None:
+            self.health_server.start()
 
     def channel(self, rank: int) -> grpc.Channel:
         with self._lock:
             if rank not in self._channels:
-                self._channels[rank] = channels.channel(self.addresses[rank])
+                self._channels[rank] = channels.channel(self.addresses[rank], self.tls)
             return self._channels[rank]
 
     # -- server side ----------------------------------------------------------------------------
@@ -101,7 +116,9 @@ class ControlPlane:
     def _authorise(self, context: grpc.ServicerContext) -> int:
         md = dict(context.invocation_metadata())
         why = None
-        if not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
+        if not tls.peer_ok(context, self.tls):
+            why = (grpc.StatusCode.UNAUTHENTICATED, "caller's certificate names another job")
+        elif not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
             why = (grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
         elif md.get(WORLD_KEY) != str(self.world):
             why = (grpc.StatusCode.INVALID_ARGUMENT,
@@ -268,3 +285,5 @@ class ControlPlane:
         for ch in list(self._channels.values()):
             ch.close()
         self.server.stop(grace=0.5)
+        if self.health_server is not None:
+            self.health_server.stop(grace=0.5)

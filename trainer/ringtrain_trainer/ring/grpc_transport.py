@@ -25,7 +25,7 @@ import grpc
 import numpy as np
 
 from ringtrain.errors import InvalidSpec, PeerTimeout, Unauthenticated
-from ringtrain_trainer.ring import auth, channels, schedule
+from ringtrain_trainer.ring import auth, channels, schedule, tls
 from ringtrain_trainer.ring.protocol import Mismatch, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
@@ -58,8 +58,10 @@ def call_metadata(token: bytes, rank: int, world: int,
 class _Receiver:
     """Server side: checks every call and hands accepted chunks to the receive thread."""
 
-    def __init__(self, token: bytes, rank: int, world: int, step_timeout_s: float) -> None:
+    def __init__(self, token: bytes, rank: int, world: int, step_timeout_s: float,
+                 material: tls.Material | None = None) -> None:
         self._token, self._rank, self._world = token, rank, world
+        self._tls = material
         self._left, _ = schedule.neighbours(rank, world)
         self._timeout = step_timeout_s
         self._cond = threading.Condition()
@@ -77,6 +79,9 @@ class _Receiver:
         context.abort(code, f"rank {self._rank}: {text}")
 
     def _authorise(self, context: grpc.ServicerContext) -> dict:
+        if not tls.peer_ok(context, self._tls):
+            self._refuse(context, grpc.StatusCode.UNAUTHENTICATED,
+                         "caller's certificate names another job")
         md = dict(context.invocation_metadata())
         if not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
             self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
@@ -182,10 +187,11 @@ class GrpcTransport(Transport):
         return self._receiver.refused
 
     @staticmethod
-    def receiver(rank: int, world: int, token: bytes,
-                 step_timeout_s: float) -> tuple[_Receiver, grpc.GenericRpcHandler]:
+    def receiver(rank: int, world: int, token: bytes, step_timeout_s: float,
+                 material: tls.Material | None = None,
+                 ) -> tuple[_Receiver, grpc.GenericRpcHandler]:
         """The server side, to be added to the worker's gRPC server before it starts."""
-        receiver = _Receiver(token, rank, world, step_timeout_s)
+        receiver = _Receiver(token, rank, world, step_timeout_s, material)
         return receiver, grpc.method_handlers_generic_handler(SERVICE, {
             "Hello": grpc.unary_unary_rpc_method_handler(receiver.hello_rpc),
             "Push": grpc.stream_unary_rpc_method_handler(receiver.push_rpc),
@@ -193,11 +199,12 @@ class GrpcTransport(Transport):
 
     @classmethod
     def open(cls, receiver: _Receiver, rank: int, addresses: tuple[str, ...], token: bytes, *,
-             connect_timeout_s: float, step_timeout_s: float) -> "GrpcTransport":
+             connect_timeout_s: float, step_timeout_s: float,
+             material: tls.Material | None = None) -> "GrpcTransport":
         world = len(addresses)
         left_rank, right_rank = schedule.neighbours(rank, world)
         right = addresses[right_rank]
-        channel = channels.channel(right)
+        channel = channels.channel(right, material)
         try:
             start = time.monotonic()
             cls._hello(channel, token, rank, world, right, connect_timeout_s)

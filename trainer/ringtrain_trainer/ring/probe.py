@@ -4,25 +4,30 @@ no gRPC probes; the gRPC form asks the same service).
 
 Exit 0 when the answer is SERVING, 1 otherwise (no answer within the deadline: a frozen or
 gone worker), so the kubelet restarts a worker that stopped answering.
+
+Where the worker's port is mutual TLS (the job's material in ``RINGTRAIN_TLS_DIR``, which the
+exec probe inherits from the container), the probe presents the job's certificate as well.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 #: The ring port of a worker pod (ringtrain_operator.manifests.RING_PORT).
 DEFAULT_ADDRESS = "127.0.0.1:2222"
 
 
-def check(address: str, service: str = "", timeout_s: float = 2.0) -> str:
-    """The serving status's name (``SERVING``, ``NOT_SERVING``, …) or the error's code name."""
+def check(address: str, service: str = "", timeout_s: float = 2.0, material=None) -> str:
+    """The serving status's name (``SERVING``, ``NOT_SERVING``, …) or the error's code name;
+    ``material`` (``ring.tls.Material``) for a mutual-TLS port."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from ringtrain_trainer.ring import channels
 
-    with channels.channel(address) as ch:
+    with channels.channel(address, material) as ch:
         try:
             resp = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
@@ -38,8 +43,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--service", default="", help='"" (the process) or ringtrain.Ring (joined '
                    "the ring and not broken)")
     p.add_argument("--timeout-s", type=float, default=2.0)
+    p.add_argument("--tls-dir", default=os.environ.get("RINGTRAIN_TLS_DIR") or None,
+                   help="the job's ca.crt, tls.crt, tls.key (default $RINGTRAIN_TLS_DIR; "
+                        "neither: plaintext)")
     a = p.parse_args(argv)
-    status = check(a.address, a.service, a.timeout_s)
+    material = None
+    if a.tls_dir:
+        from ringtrain_trainer.ring import tls
+
+        material = tls.load(a.tls_dir)
+    status = check(a.address, a.service, a.timeout_s, material)
     print(f"{a.address} {a.service or '(server)'}: {status}")
     return 0 if status == "SERVING" else 1
 

@@ -16,11 +16,17 @@ thread and receive thread really run at once.
 Every connection must pass the mutual HMAC handshake of ``trainer.ring.auth`` first; anything
 else (a port scanner, a worker of another job, a second "left neighbour") is answered with a
 refusal and closed by the listener thread without touching the ring.
+
+With ``encryptData`` (``--ring-encrypt-data``) both sockets are first wrapped in Python's
+``ssl`` with the job's mutual TLS (``ring.tls.ssl_context``): a peer without a certificate of the
+job's CA fails before the HMAC handshake, which then runs inside TLS. Its cost is measured in
+docs/ring.md.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 
@@ -28,7 +34,7 @@ import numpy as np
 
 from ringtrain.cluster import split_address
 from ringtrain.errors import PeerTimeout, Unauthenticated
-from ringtrain_trainer.ring import auth, schedule
+from ringtrain_trainer.ring import auth, schedule, tls
 from ringtrain_trainer.ring.protocol import HEADER_BYTES, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
@@ -50,8 +56,11 @@ class Listener:
     """
 
     def __init__(self, port: int, token: bytes, world: int, left_rank: int,
-                 host: str = "0.0.0.0", *, fallback: bool = False) -> None:
+                 host: str = "0.0.0.0", *, fallback: bool = False,
+                 material: tls.Material | None = None) -> None:
         self._token, self._world, self._left_rank = token, world, left_rank
+        self._tls = material
+        self._ssl = tls.ssl_context(material, server_side=True) if material else None
         self._lock = threading.Lock()
         self._left: socket.socket | None = None
         self._claimed = False
@@ -105,6 +114,10 @@ class Listener:
 
         try:
             conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            if self._ssl is not None:
+                conn = self._ssl.wrap_socket(conn, server_side=True)
+                if not tls.ssl_peer_ok(conn, self._tls):
+                    raise ConnectionError("certificate of another job")
             verdict, _ = auth.server_handshake(conn, self._token, self._world, accept)
         except (OSError, ConnectionError):
             verdict = auth.REFUSED_TOKEN
@@ -137,11 +150,13 @@ class Listener:
 
 
 def connect_with_backoff(address: str, token: bytes, rank: int, world: int,
-                         timeout_s: float) -> socket.socket:
+                         timeout_s: float, material: tls.Material | None = None) -> socket.socket:
     """Connect and authenticate to ``address``, retrying while the peer is not up yet (refused
     connection, unresolvable name: a pod whose DNS record is not published yet) until
-    ``timeout_s``; then PeerTimeout naming the peer and the last error."""
+    ``timeout_s``; then PeerTimeout naming the peer and the last error. With ``material`` the
+    socket is wrapped in mutual TLS first; a TLS failure is Unauthenticated, not retried."""
     host, port = split_address(address)
+    ctx = tls.ssl_context(material, server_side=False) if material else None
     deadline = time.monotonic() + timeout_s
     delay, last = 0.02, "no attempt"
     while True:
@@ -150,6 +165,11 @@ def connect_with_backoff(address: str, token: bytes, rank: int, world: int,
         try:
             sock = socket.create_connection((host, port), timeout=max(0.1, min(remaining, 5.0)))
             sock.settimeout(max(0.1, min(remaining, HANDSHAKE_TIMEOUT_S)))
+            if ctx is not None:
+                sock = ctx.wrap_socket(sock, server_hostname=material.server_name)
+                if not tls.ssl_peer_ok(sock, material):
+                    raise Unauthenticated(f"{address} holds another job's certificate",
+                                          rank=rank)
             auth.client_handshake(sock, token, rank, world, address)
             _tune(sock)
             return sock
@@ -157,6 +177,12 @@ def connect_with_backoff(address: str, token: bytes, rank: int, world: int,
             if sock is not None:
                 sock.close()
             raise
+        except ssl.SSLError as e:
+            if sock is not None:
+                sock.close()
+            raise Unauthenticated(f"{address}: TLS failed ({e.reason or e}; do all workers "
+                                  "use --ring-encrypt-data and the job's certificate?)",
+                                  rank=rank) from None
         except (OSError, ConnectionError) as e:
             if sock is not None:
                 sock.close()
@@ -196,17 +222,19 @@ class TcpTransport(Transport):
         self._closed = False
 
     @staticmethod
-    def listen(rank: int, addresses: tuple[str, ...], token: bytes) -> Listener:
-        """The side channel's listener on the ring port + 1, else on any free port."""
+    def listen(rank: int, addresses: tuple[str, ...], token: bytes,
+               material: tls.Material | None = None) -> Listener:
+        """The side channel's listener on the ring port + 1, else on any free port;
+        ``material`` encrypts what it accepts."""
         world = len(addresses)
         _, port = split_address(addresses[rank])
         return Listener(port + 1, token, world, schedule.neighbours(rank, world)[0],
-                        fallback=True)
+                        fallback=True, material=material)
 
     @classmethod
     def open(cls, listener: Listener, rank: int, addresses: tuple[str, ...], token: bytes,
              right_data_port: int, *, connect_timeout_s: float,
-             step_timeout_s: float) -> "TcpTransport":
+             step_timeout_s: float, material: tls.Material | None = None) -> "TcpTransport":
         """Connect to the right neighbour's side channel (its port from the rendezvous) and
         wait for the left neighbour's; the listener is closed on failure."""
         world = len(addresses)
@@ -215,7 +243,7 @@ class TcpTransport(Transport):
         start = time.monotonic()
         try:
             right = connect_with_backoff(f"{host}:{right_data_port}", token, rank, world,
-                                         connect_timeout_s)
+                                         connect_timeout_s, material)
         except BaseException:
             listener.close()
             raise
