@@ -57,8 +57,9 @@ def name(job: Job) -> str:
 def network_policy(job: Job, settings: Settings) -> dict:
     """The job's NetworkPolicy (``networking.k8s.io/v1``), selecting exactly its pods."""
     same_job = {"podSelector": {"matchLabels": manifests.labels(job)}}
-    rules = [{"from": [same_job],
-              "ports": [{"protocol": "TCP", "port": manifests.RING_PORT}]}]
+    # the ring: its gRPC port and, for the built-in trainer, the grpc+tcp side channel beside it
+    ring = [manifests.RING_PORT, *([manifests.RING_DATA_PORT] if job.trainer else [])]
+    rules = [{"from": [same_job], "ports": [{"protocol": "TCP", "port": p} for p in ring]}]
     if job.trainer:
         operator: dict = {"podSelector": {"matchLabels": dict(settings.operator_pod_labels)}}
         operator["namespaceSelector"] = (

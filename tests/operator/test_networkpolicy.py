@@ -14,6 +14,7 @@ from ringtrain_operator import manifests, networkpolicy
 from ringtrain_operator.reconcile import reconcile
 
 RING, METRICS = manifests.RING_PORT, manifests.METRICS_PORT
+RING_DATA = manifests.RING_DATA_PORT
 SETTINGS = networkpolicy.Settings(
     operator_namespace="rt",
     operator_pod_labels={"app.kubernetes.io/name": "ringtrain",
@@ -78,14 +79,16 @@ def world():
     return policies, pods, others
 
 
-def test_the_ring_port_admits_only_pods_of_the_same_job(world):
+@pytest.mark.parametrize("port", [RING, RING_DATA])
+def test_the_ring_ports_admit_only_pods_of_the_same_job(world, port):
+    """The gRPC ring port and the grpc+tcp side channel beside it."""
     policies, pods, others = world
     for job_name, members in pods.items():
         other = pods["b" if job_name == "a" else "a"]
         for dst in members:
-            assert all(admitted(policies, src, dst, RING) for src in members)
-            assert not any(admitted(policies, src, dst, RING) for src in other)
-            assert not any(admitted(policies, src, dst, RING) for src in others.values())
+            assert all(admitted(policies, src, dst, port) for src in members)
+            assert not any(admitted(policies, src, dst, port) for src in other)
+            assert not any(admitted(policies, src, dst, port) for src in others.values())
 
 
 def test_the_metrics_port_admits_only_the_monitoring_namespace_and_the_operator(world):
