@@ -103,7 +103,7 @@ def test_resume_is_exact(tmp_path, mnist5k, opt):
 
 
 def test_checkpoint_written_by_two_workers_resumes_on_one(tmp_path, mnist5k):
-    from conftest import ThreadGroup
+    from thread_collective import ThreadGroup
     import threading
 
     cols = ThreadGroup(2).collectives()
@@ -126,7 +126,7 @@ def test_checkpoint_written_by_two_workers_resumes_on_one(tmp_path, mnist5k):
 def test_only_the_chief_needs_the_checkpoint_directory(tmp_path, mnist5k):
     import threading
 
-    from conftest import ThreadGroup
+    from thread_collective import ThreadGroup
 
     _, first = run(mnist5k, 3, tmp_path / "chief", world_batch=16)
     cols = ThreadGroup(2).collectives()

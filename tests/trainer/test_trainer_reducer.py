@@ -129,7 +129,7 @@ def test_single_worker_applies_each_layer_inline_without_a_thread(rng):
 
 def run_ranks(world, fn):
     """Run fn(rank, collective) on `world` threads; re-raise the first failure."""
-    from conftest import ThreadGroup
+    from thread_collective import ThreadGroup
 
     cols = ThreadGroup(world).collectives()
     out, errors = [None] * world, []
@@ -227,7 +227,7 @@ def test_the_optimizer_is_applied_in_slices_between_allreduces(rng, monkeypatch)
 
 
 def test_the_gil_switch_interval_is_lowered_while_a_communication_thread_runs():
-    from conftest import ThreadGroup
+    from thread_collective import ThreadGroup
 
     before = sys.getswitchinterval()
     cols = ThreadGroup(2).collectives()
