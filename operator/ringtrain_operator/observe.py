@@ -128,8 +128,11 @@ _EVALUATION_KEYS = {"step": "step", "steps": "step", "test_loss": "testLoss",
 _STRINGS = ("checkpoint", "export", "trace")
 
 
+_PROGRESS = MappingProxyType(_PROGRESS_KEYS)
+
+
 def read_progress(doc: Mapping[str, Any] | None,
-                  keys: Mapping[str, str] = MappingProxyType(_PROGRESS_KEYS)) -> dict:
+                  keys: Mapping[str, str] = _PROGRESS) -> dict:
     """The chief's ``/status`` (:class:`ringtrain.events.Status`) or final termination-log JSON
     (:class:`ringtrain.events.Final`) → status.progress fields (``keys``: another table)."""
     out: dict[str, Any] = {}
@@ -146,7 +149,28 @@ def read_progress(doc: Mapping[str, Any] | None,
     waiting = (doc or {}).get("waiting_for")
     if isinstance(waiting, list) and waiting:
         out["waitingFor"] = [str(w) for w in waiting]
+    if keys is _PROGRESS and (memory := ipu_memory((doc or {}).get("ipu_memory"))):
+        out["ipuMemory"] = memory
     return out
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+def ipu_memory(doc: Any) -> dict:
+    """``/status``'s ``ipu_memory`` → ``status.progress.ipuMemory``: per IPU, bytes by kind
+    (``weightsBytes`` … ``optimizerStateBytes``), ``totalBytes``, ``capacityBytes`` and
+    ``hostOptimizerStateBytes``. The per-layer table stays in ``/status`` and ``--report``:
+    the status is an API object, kept small. {} when ``doc`` is not a memory report."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("kinds"), Mapping):
+        return {}
+    host = doc.get("host") if isinstance(doc.get("host"), Mapping) else {}
+    pairs = [("capacity", doc.get("capacity")), ("total", doc.get("total")),
+             *doc["kinds"].items(), *((f"host_{k}", v) for k, v in host.items())]
+    return {f"{_camel(str(k))}Bytes": v for k, v in pairs
+            if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def _last_word(p: ObservedPod) -> Mapping[str, Any] | None:

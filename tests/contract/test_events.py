@@ -95,6 +95,7 @@ def test_the_evaluators_events_and_the_newer_final_fields_round_trip():
     assert events.format_event(exported).endswith(", export /checkpoints/model.keras")
     assert "export" not in events.Final(steps=5).to_dict()  # left out while None: FINAL's bytes
     assert "test_loss" not in events.Status().to_dict()
+    assert "ipu_memory" not in events.Status().to_dict()
 
 
 def test_events_are_frozen():
@@ -164,3 +165,24 @@ def test_fetch_status_of_nothing_listening_is_none():
     port = server.server_address[1]
     server.server_close()
     assert events.fetch_status(f"http://127.0.0.1:{port}/status", timeout_s=0.5) is None
+
+
+def test_the_operator_reads_the_memory_report_the_trainer_serves():
+    from ringtrain_trainer import memory
+    from ringtrain_trainer import model as M
+    from ringtrain_trainer.ipu import IPU, IPUConfig
+
+    spec = M.build("cnn")
+    params = spec.init(0)
+    plan = IPU(spec, IPUConfig(variables_on_host=False, optimizer_state_bytes=8 * len(params)),
+               params, params.copy()).plan(32, True)
+    metrics = TrainerMetrics()
+    metrics.set_plan(plan, 0)
+    doc = json.loads(json.dumps(metrics.status()))  # as /status sends it
+    got = opstatus.read_progress(doc)["ipuMemory"]
+    camel = {"optimizer_state": "optimizerStateBytes"}
+    assert got == {"capacityBytes": plan.capacity, "totalBytes": plan.total,
+                   **{camel.get(k, f"{k}Bytes"): v for k, v in plan.kinds().items()},
+                   "hostOptimizerStateBytes": 0}
+    assert got["optimizerStateBytes"] == 8 * len(params) and set(memory.KINDS) == set(
+        plan.kinds())

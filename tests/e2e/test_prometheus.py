@@ -325,7 +325,7 @@ def test_prometheus_discovers_and_scrapes_the_worker_and_the_operator(
     loss = one(f"ringtrain_loss{sel}")
     assert loss is not None and math.isfinite(loss) and 0 < loss < 10, loss
     assert (one(f"ringtrain_samples_per_second{sel}") or 0) > 0
-    memory = one(f"ringtrain_ipu_memory_bytes{sel}")
+    memory = one(f"sum without (kind) (ringtrain_ipu_memory_bytes{sel})")
     capacity = one(f"ringtrain_ipu_memory_capacity_bytes{sel}")
     assert capacity == 900 * 2**20 or capacity == 900 * 10**6, capacity
     assert memory is not None and 0 < memory <= capacity, (memory, capacity)

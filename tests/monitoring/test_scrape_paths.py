@@ -32,6 +32,7 @@ from ringtrain_operator import main as operator_main
 from ringtrain_operator import spec as jobspec
 from ringtrain_operator import status
 from ringtrain_operator.metrics import OperatorMetrics
+from ringtrain_trainer.memory import KINDS
 
 from monitoring_support import (DASHBOARD, SNIPPET, Prometheus, annotation_job, fetch,
                                 free_port, helm_template, operator_pod, podmonitor_job,
@@ -219,6 +220,11 @@ def test_every_panel_shows_one_job_and_every_rule_is_healthy(prometheis, path):
         problems = prom.until(f"every panel of job {job} to have data",
                               lambda: check_panels(prom, job), deadline)
         assert problems == [], "\n".join(problems)
+        # the stacked memory panel has one series per kind, each the training program's plan
+        stacked = [e for t, e in panel_queries() if t == "IPU memory by kind (per IPU)"]
+        kinds = {r["metric"]["kind"]: float(r["value"][1])
+                 for r in prom.query(substitute(stacked[0], job))}
+        assert sorted(kinds) == sorted(KINDS) and kinds["weights"] > 0, kinds
 
     def rules_evaluated():
         groups = prom.get("/api/v1/rules")["groups"]

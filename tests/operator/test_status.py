@@ -549,3 +549,28 @@ def test_observed_pod_reads_a_restart_in_place():
                           phase="Failed").restarting
     assert not _container("OnFailure", {"waiting": {"reason": "ContainerCreating"}}).restarting
 
+
+
+def test_progress_shows_the_chiefs_ipu_memory_report_and_keeps_it_after_the_end():
+    j = job(workers=1)
+    kinds = {"weights": 1000, "gradients": 1000, "activations": 5000, "workspace": 3000,
+             "data": 200, "optimizer_state": 0}
+    report = {"capacity": 900 << 20, "total": 10200, "kinds": kinds,
+              "layers": [{"name": "dense", **kinds}], "host": {"optimizer_state": 2000}}
+    d1 = step(j, [pod("mnist-worker-0", live={"step": 2, "ipu_memory": report})], None)
+    assert d1.status["progress"] == {"step": 2, "ipuMemory": {
+        "capacityBytes": 900 << 20, "totalBytes": 10200, "weightsBytes": 1000,
+        "gradientsBytes": 1000, "activationsBytes": 5000, "workspaceBytes": 3000,
+        "dataBytes": 200, "optimizerStateBytes": 0, "hostOptimizerStateBytes": 2000}}
+    # the termination message has no report: the last one seen stays in the status
+    final = json.dumps({"event": "final", "steps": 5, "loss": 0.2})
+    d2 = step(j, [pod("mnist-worker-0", "Succeeded", message=final)], d1.status)
+    assert d2.status["progress"]["ipuMemory"] == d1.status["progress"]["ipuMemory"]
+    assert d2.status["progress"]["step"] == 5
+
+
+def test_a_malformed_ipu_memory_report_is_left_out():
+    j = job(workers=1)
+    for bad in ("x", {"kinds": "x"}, {"kinds": {"weights": "many", "data": True}}, None):
+        d = step(j, [pod("mnist-worker-0", live={"step": 2, "ipu_memory": bad})], None)
+        assert d.status["progress"] == {"step": 2}, bad

@@ -112,7 +112,12 @@ def test_metrics_and_status_endpoints(mnist5k):
     n = t.spec.num_params
     assert get("ringtrain_ipu_stream_bytes_total", {"direction": "weights_in"}) == 5 * n * 4
     assert get("ringtrain_ipu_stream_bytes_total", {"direction": "grads_out"}) == 5 * n * 4
-    assert get("ringtrain_ipu_memory_bytes") == t.exe.plan.total
+    plan = t.exe.plan
+    by_kind = {k: get("ringtrain_ipu_memory_bytes", {"kind": k}) for k in plan.kinds()}
+    assert by_kind == plan.kinds() and sum(by_kind.values()) == plan.total
+    assert status["ipu_memory"]["total"] == plan.total  # the memory report in /status
+    # Adam (the default) keeps its two slots on the host (variables on host, the default)
+    assert get("ringtrain_host_memory_bytes", {"kind": "optimizer_state"}) == 2 * n * 4
     assert get("ringtrain_ipu_recompiles_total") == 0  # train and eval programs, compiled once
     assert get("ringtrain_loss") > 0 and get("ringtrain_samples_per_second") > 0
 

@@ -114,7 +114,7 @@ class Status(_Record):
 
     The evaluator's: ``step`` is the last evaluated checkpoint's, ``phase`` ``Evaluating``."""
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_loss", "waiting_for", "stalled")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_loss", "waiting_for", "stalled", "ipu_memory")
     step: int | None = 0
     epoch: float | None = 0
     loss: float | None = None
@@ -127,6 +127,10 @@ class Status(_Record):
     #: a collective waiting past the stall threshold: its seq, step, tag, waited_s and the
     #: ranks that have not delivered (``missing``: rank, name, where it is); None otherwise
     stalled: dict | None = None
+    #: the training program's memory report, per IPU: ``capacity``, ``total``, ``kinds``
+    #: (bytes by kind), ``layers`` (one row per layer, then ``(input)`` and ``(loss)``) and
+    #: ``host`` (``optimizer_state`` held on the host); None until the program is compiled
+    ipu_memory: dict | None = None
 
 
 Event = Progress | Eval | Evaluation | Final

@@ -271,6 +271,9 @@ GROUPS: tuple[Group, ...] = (
         Option("metrics_port", int, 0, minimum=0, metavar="N",
                help="serve Prometheus /metrics and JSON /status on this port (0: off)"),
         Option("json", bool, False, help="one JSON object per line on stdout"),
+        Option("report", bool, False,
+               help="print the training program's IPU memory report (per kind and per layer, "
+                    "bytes and share of capacity) and exit without training"),
         Option("trace_steps", str, None, crd="trace.steps", metavar="A-B",
                schema={"pattern": r"^[0-9]+(-[0-9]+)?$"},
                help="record a timeline of steps A to B (counted from 1, at most 1000) on every "

@@ -26,12 +26,11 @@ independent shards, and shards also parallelise the element-wise work BLAS never
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
@@ -39,6 +38,7 @@ import numpy as np
 from ringtrain import options
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import trace
+from ringtrain_trainer.memory import MemoryPlan, plan_memory
 from ringtrain_trainer.model import ModelSpec, Program
 
 MB = 1 << 20
@@ -79,34 +79,6 @@ def blas_limits(host_threads: int) -> contextlib.AbstractContextManager:
     except ImportError:
         return contextlib.nullcontext()
     return threadpool_limits(limits=1, user_api="blas")
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """What one IPU holds while running a program, in bytes."""
-
-    weights: int
-    gradients: int
-    activations: int
-    workspace: int
-    data: int
-    optimizer_state: int
-    capacity: int
-    #: (layer name, bytes of its weights, gradients and buffers), largest first
-    layers: tuple = field(default=(), compare=False)
-
-    @property
-    def total(self) -> int:
-        return (self.weights + self.gradients + self.activations + self.workspace + self.data
-                + self.optimizer_state)
-
-    def describe(self) -> str:
-        parts = ", ".join(f"{k} {v:,}" for k, v in asdict(self).items()
-                          if k not in ("capacity", "layers"))
-        text = f"{self.total:,} bytes needed ({parts}), {self.capacity:,} available"
-        if self.layers:
-            text += "; largest layers: " + ", ".join(f"{n} {b:,}" for n, b in self.layers[:3])
-        return text
 
 
 @dataclass
@@ -169,33 +141,10 @@ class IPU:
         self._pool: ThreadPoolExecutor | None = None
 
     def plan(self, batch: int, train: bool) -> MemoryPlan:
-        """The memory one IPU needs for ``batch`` examples *per replica*."""
-        item = self.dtype.itemsize
-        b = Program.buffer_bytes(self.spec, batch, train, item)
-        params = self.spec.num_params * item
-        return MemoryPlan(
-            weights=params,
-            gradients=params if train else 0,
-            activations=b["activations"],
-            workspace=b["workspace"],
-            data=b["data"],
-            optimizer_state=0 if self.config.variables_on_host or not train
-            else self.config.optimizer_state_bytes,
-            capacity=self.config.memory_bytes,
-            layers=self.layer_bytes(batch, train),
-        )
-
-    def layer_bytes(self, batch: int, train: bool) -> tuple:
-        """Per layer: its weights (and gradients when training) plus every buffer it asks
-        for, largest first — what the out-of-memory error names."""
-        item, out = self.dtype.itemsize, []
-        for i, layer in enumerate(self.spec.layers):
-            lo, hi = self.spec.layer_ranges[i]
-            n = (hi - lo) * item * (2 if train else 1)
-            for shape, t in layer.buffers(batch, train, need_dx=i > 0).values():
-                n += math.prod(shape) * (item if t == "f" else 1)
-            out.append((getattr(layer, "name", "") or f"layer {i}", n))
-        return tuple(sorted(out, key=lambda nb: -nb[1]))
+        """The memory one IPU needs for ``batch`` examples *per replica* (:mod:`.memory`)."""
+        state = 0 if self.config.variables_on_host else self.config.optimizer_state_bytes
+        return plan_memory(self.spec, batch, train, self.dtype.itemsize,
+                           self.config.memory_bytes, state)
 
     def load_state(self, state: np.ndarray) -> None:
         """Set the model's non-trainable state (a checkpoint's, the chief's) everywhere."""

@@ -19,7 +19,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client import generate_latest
 
 from ringtrain import events
-from ringtrain_trainer.ipu import IPUStats, MemoryPlan
+from ringtrain_trainer import memory
+from ringtrain_trainer.ipu import IPUStats
+from ringtrain_trainer.memory import KINDS, MemoryPlan
 from ringtrain_trainer.reducer import StepCommStats
 from ringtrain_trainer.ring.engine import ERROR_KINDS, RingObserver
 
@@ -89,8 +91,14 @@ class TrainerMetrics:
                          ["direction"], registry=r)
         self._stream = {d: stream.labels(direction=d)
                         for d in ("weights_in", "grads_out", "data_in")}
-        self.ipu_memory = Gauge("ringtrain_ipu_memory_bytes",
-                                "IPU memory planned by the training program", registry=r)
+        mem = Gauge("ringtrain_ipu_memory_bytes", "IPU memory planned by the training "
+                    "program, per IPU, by kind (sum without kind: the total)", ["kind"],
+                    registry=r)
+        self._ipu_memory = {k: mem.labels(kind=k) for k in KINDS}
+        self._host_state = Gauge("ringtrain_host_memory_bytes", "Host memory the trainer holds "
+                                 "beside the model, by kind (optimizer_state: on the host unless "
+                                 "--no-variables-on-host)", ["kind"],
+                                 registry=r).labels(kind="optimizer_state")
         self.ipu_capacity = Gauge("ringtrain_ipu_memory_capacity_bytes",
                                   "Emulated IPU memory size", registry=r)
         self.ipu_compute = Counter("ringtrain_ipu_compute_seconds",
@@ -140,9 +148,14 @@ class TrainerMetrics:
         if hasattr(collective, "observer") and transport is not None:
             collective.observer = RingMetrics(self, transport.name)
 
-    def set_plan(self, plan: MemoryPlan) -> None:
-        self.ipu_memory.set(plan.total)
+    def set_plan(self, plan: MemoryPlan, host_state_bytes: int = 0) -> None:
+        """The training program's memory report: metrics by kind and ``/status``'s
+        ``ipu_memory`` (the per-layer table too)."""
+        for kind, n in plan.kinds().items():
+            self._ipu_memory[kind].set(n)
+        self._host_state.set(host_state_bytes)
         self.ipu_capacity.set(plan.capacity)
+        self.update_status(ipu_memory=memory.status_doc(plan, host_state_bytes))
 
     def observe_step(self, step: int, epoch: int, seconds: float, loss: float,
                      samples_per_s: float, ipu: IPUStats, comm: StepCommStats) -> None:

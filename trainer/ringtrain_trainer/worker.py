@@ -28,7 +28,7 @@ import numpy as np
 
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
-from ringtrain_trainer import optim, trace
+from ringtrain_trainer import memory, optim, trace
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.data_npz import check_fits
 from ringtrain_trainer.evaluator import clear_done, write_done
@@ -143,7 +143,8 @@ class Trainer:
         except IPUCompileError:  # a small IPU: evaluate in training-sized batches, which fit
             self.eval_batch = cfg.batch_size
             self.ipu.compile(cfg.batch_size, train=False)
-        self.metrics.set_plan(self.exe.plan)
+        self.metrics.set_plan(self.exe.plan, memory.host_optimizer_state(
+            cfg.variables_on_host, self.optimizer.state_bytes))
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
         check_fits(self.data, self.spec.input_shape, self.spec.num_classes,
                    cfg.data_dir if dataset is None else self.data.name)
@@ -362,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     restore_signals = lambda: None  # noqa: E731
     try:
         cfg = TrainerConfig.from_args(argv)
+        if cfg.report:  # docs/trainer.md "IPU memory report"
+            memory.report(cfg, sys.stdout)
+            return EXIT_OK
         metrics = TrainerMetrics()
         if cfg.cluster.task_type == "evaluator":  # beside the ring, never in it
             from ringtrain_trainer import evaluator
