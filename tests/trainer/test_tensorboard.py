@@ -101,6 +101,12 @@ def test_the_log_dir_option_wins_and_without_any_dir_nothing_is_written(tmp_path
     w.close()
 
 
+def test_tensorboardx_is_imported_without_torch():
+    had_torch = "torch" in sys.modules
+    assert tb.summary_writer().__module__.startswith("tensorboardX")
+    assert had_torch or "torch" not in sys.modules
+
+
 def test_a_resumed_chief_replaces_the_points_after_its_checkpoint(tmp_path, mnist5k):
     """tensorboardX's purge_step: TensorBoard drops the first run's points past the restore."""
     d = ["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "4"]

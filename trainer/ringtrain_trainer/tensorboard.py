@@ -16,6 +16,7 @@ directory the writers are off and every call returns at its first line.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,22 @@ def bus_bandwidth(world: int, nbytes: float, seconds: float) -> float:
     return 2 * (world - 1) / world * nbytes / seconds if world > 1 and seconds > 0 else 0.0
 
 
+def summary_writer() -> type:
+    """tensorboardX's ``SummaryWriter``, imported lazily (only a writing process pays for it)
+    and without torch: tensorboardX imports torch when it is installed, only to accept torch
+    tensors, which ringtrain never passes; with torch loaded the chief's numpy steps ran
+    slower in timed runs (docs/trainer.md)."""
+    block = "torch" not in sys.modules
+    if block:
+        sys.modules["torch"] = None  # type: ignore[assignment]  # import torch -> ImportError
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if block and "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+    return SummaryWriter
+
+
 class _Writer:
     """A ``SummaryWriter`` on ``path`` once opened, or nothing at all when ``path`` is None."""
 
@@ -49,10 +66,9 @@ class _Writer:
         """``purge_step``: TensorBoard drops this run's earlier points from that step on (a
         resumed chief repeats the steps after its checkpoint)."""
         if self.path is not None and self._w is None:
-            from tensorboardX import SummaryWriter  # lazily: only a writing process pays for it
-
             self.path.mkdir(parents=True, exist_ok=True)
-            self._w = SummaryWriter(str(self.path), purge_step=purge_step, flush_secs=FLUSH_S)
+            self._w = summary_writer()(str(self.path), purge_step=purge_step,
+                                       flush_secs=FLUSH_S)
 
     @property
     def on(self) -> bool:
