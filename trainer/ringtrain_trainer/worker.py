@@ -28,7 +28,7 @@ import numpy as np
 
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
-from ringtrain_trainer import optim, tensorboard, trace
+from ringtrain_trainer import optim, trace
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.data_npz import check_fits
 from ringtrain_trainer.evaluator import clear_done, write_done
@@ -40,6 +40,7 @@ from ringtrain.errors import (EXIT_OK, EXIT_TERMINATED, CheckpointError, IPUComp
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig, blas_limits
 from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
 from ringtrain_trainer.reducer import Reducer, StepCommStats
+from ringtrain_trainer import tensorboard
 from ringtrain_trainer.termlog import (own_termination_log, termination_log_flag,
                                       write_termination_log)
 
