@@ -113,6 +113,9 @@ CRD_OBJECTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "trace": {"type": "object",
               "description": "A Chrome trace (Perfetto, chrome://tracing) of a window of steps "
                              "on every worker (worker flags --trace-*)."},
+    "tensorboard": {"type": "object",
+                    "description": "TensorBoard event files: the chief's training scalars and "
+                                   "the evaluator's eval scalars, one run directory per role."},
 })
 
 GROUPS: tuple[Group, ...] = (
@@ -284,6 +287,14 @@ GROUPS: tuple[Group, ...] = (
                help="where the chief writes the traces (default: the checkpoint dir, else the "
                     "working directory)",
                description="where the chief writes the traces (default: checkpoint.path)"),
+        Option("tensorboard_dir", str, None, crd="tensorboard.logDir", metavar="DIR",
+               schema={"pattern": "^/"},
+               help="where the chief (DIR/chief) and the evaluator (DIR/evaluator) write "
+                    "TensorBoard event files (default: CHECKPOINT_DIR/tensorboard; off "
+                    "without either)",
+               description="where the chief and the evaluator write TensorBoard event files, "
+                           "one run directory per role (default: checkpoint.path/tensorboard); "
+                           "a path in a volume the pods mount"),
         Option("termination_log", str, None, metavar="PATH",
                help=f"file for the final JSON result (default {TERMINATION_LOG} if writable)"),
     )),

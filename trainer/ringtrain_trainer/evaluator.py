@@ -34,6 +34,7 @@ from ringtrain import events
 from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
+from ringtrain_trainer import tensorboard
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import check_fits
@@ -100,6 +101,8 @@ class Evaluator:
         self.ckpt = CheckpointManager(cfg.checkpoint_dir)
         self.stop_requested = threading.Event()
         self.evaluated: list[events.Evaluation] = []
+        self.tb = tensorboard.EvalWriter(tensorboard.log_dir(
+            cfg.tensorboard_dir, cfg.checkpoint_dir, "evaluator"))
 
     def emit(self, event: events.Event) -> None:
         line = event.to_json() if self.cfg.json else events.format_event(event)
@@ -144,6 +147,7 @@ class Evaluator:
                                    test_accuracy=round(acc, 6), checkpoint=str(manifest))
             self.evaluated.append(ev)
             self.metrics.observe_evaluation(state.step, loss, acc)
+            self.tb.evaluation(state.step, loss, acc)
             self.emit(ev)
 
     def run(self) -> events.Final:
@@ -165,6 +169,7 @@ class Evaluator:
             checkpoint=last_ev.checkpoint if last_ev else None, terminated=terminated,
             test_loss=last_ev.test_loss if last_ev else None, evaluations=len(self.evaluated))
         self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")
+        self.tb.close()
         self.emit(final)
         return final
 

@@ -40,6 +40,7 @@ from ringtrain.errors import (EXIT_OK, EXIT_TERMINATED, CheckpointError, IPUComp
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig, blas_limits
 from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
 from ringtrain_trainer.reducer import Reducer, StepCommStats
+from ringtrain_trainer import tensorboard
 from ringtrain_trainer.termlog import (own_termination_log, termination_log_flag,
                                       write_termination_log)
 
@@ -161,6 +162,8 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.trace_file: str | None = None
         self.test_accuracy: float | None = None
+        tb_dir = tensorboard.log_dir(cfg.tensorboard_dir, cfg.checkpoint_dir, "chief")
+        self.tb = tensorboard.TrainWriter(tb_dir if self.is_chief else None, self.world)
 
     @property
     def total_steps(self) -> int:
@@ -266,6 +269,7 @@ class Trainer:
         if self.is_chief:
             self.test_accuracy = acc
             self.metrics.observe_eval(acc)
+            self.tb.test_accuracy(self.step, acc, self.ipu.stats)
             self.report.emit(events.Eval(step=self.step, test_accuracy=round(acc, 6)))
         return acc
 
@@ -300,6 +304,7 @@ class Trainer:
         train_s = 0.0
         last_report = 0.0
         self.metrics.update_status(phase="Training", step=self.step, epoch=self.position.epoch)
+        self.tb.start(self.step, self.ipu.stats)
         while not self._done() and not self._should_stop():
             self._collect_trace()
             loss, dt, comm = self.train_one_step()
@@ -308,6 +313,7 @@ class Trainer:
             sps = self.sharder.global_batch / ema
             self.metrics.observe_step(self.step, self.position.epoch, dt, loss, sps,
                                       self.ipu.stats, comm)
+            self.tb.observe(dt, self.ipu.stats, comm)
             now = time.perf_counter()
             if self.step == first + 1 or now - last_report >= PROGRESS_EVERY_S or self._done():
                 last_report = now
@@ -315,6 +321,7 @@ class Trainer:
                     step=self.step, epoch=self.position.epoch, loss=round(loss, 6),
                     samples_per_s=round(sps, 1),
                     eta_s=round(max(0, total - self.step) * ema, 1), total_steps=total))
+                self.tb.progress(self.step, loss, self.optimizer.lr, sps)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.save(loss)
             if cfg.eval_every and self.step % cfg.eval_every == 0 and not self._done():
@@ -349,6 +356,7 @@ class Trainer:
                                             or self.cfg.checkpoint_dir or ".")
 
     def close(self) -> None:
+        self.tb.close()
         self.reducer.close()
         self.ipu.close()
 
