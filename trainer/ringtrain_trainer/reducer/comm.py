@@ -95,11 +95,13 @@ class CommThread:
                 continue
             try:
                 view = self.buffer[bucket.start:bucket.stop]
-                t0, t_ns = time.perf_counter(), self.tracer.now()
+                # one pair of readings serves the statistics and the trace alike
+                t0 = time.perf_counter_ns()
                 self.collective.allreduce_mean_(view, step=step, tag=bucket.index)
-                self.intervals.append((t0, time.perf_counter()))
-                self.tracer.add(trace.ALLREDUCE, "allreduce bucket", t_ns, bucket.index,
-                                view.nbytes)
+                t1 = time.perf_counter_ns()
+                self.intervals.append((t0 * 1e-9, t1 * 1e-9))
+                self.tracer.add(trace.ALLREDUCE, "allreduce bucket", t0, bucket.index,
+                                view.nbytes, t1=t1)
                 reduced.append([bucket, bucket.start])
             except BaseException as e:  # handed to the step loop, which maps it to an exit code
                 failed = e

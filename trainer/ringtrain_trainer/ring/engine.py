@@ -297,11 +297,14 @@ class RingCollective(Collective):
             raise
         finally:
             finish_sends()
-        t0 = time.perf_counter()
+        t0 = time.perf_counter_ns()
         if not done.wait(self._step_timeout_s + 5):
             self._break(LinkTimeout("send thread stuck"), header, self.right_peer, "sending")
+        t1 = time.perf_counter_ns()
         if self.peer_waits is not None:  # the right neighbour still taking our bytes
-            self.peer_waits.append((t0, time.perf_counter()))
+            self.peer_waits.append((t0 * 1e-9, t1 * 1e-9))
+        self.tracer.add(trace.ALLREDUCE, "wait for rank", t0, schedule.right(self.rank, self.size),
+                        t1=t1)
         if self._sender.error is not None:
             self._break(self._sender.error, header, self.right_peer, "sending")
         self.observer.collective(kind, time.perf_counter() - start, self._sent, self._received)
@@ -332,13 +335,13 @@ class RingCollective(Collective):
         for a, b in schedule.chunks(*bounds[phases[0].send], self._chunk):
             self._send(mv, a, b)
         waits = self.peer_waits
-        clock = time.perf_counter
-        w = tr.now()
+        clock = time.perf_counter_ns  # one pair of readings for peer_waits and the trace
         t0 = clock()
         t.begin_recv(header)
+        t1 = clock()
         if waits is not None:
-            waits.append((t0, clock()))
-        tr.add(trace.ALLREDUCE, "wait for rank", w, left)
+            waits.append((t0 * 1e-9, t1 * 1e-9))
+        tr.add(trace.ALLREDUCE, "wait for rank", t0, left, t1=t1)
         last_reduce = self.size - 2
         for p, phase in enumerate(phases):
             forward = p + 1 < len(phases)
@@ -346,15 +349,15 @@ class RingCollective(Collective):
             for a, b in schedule.chunks(*bounds[phase.recv], self._chunk):
                 seg = flat[a:b]
                 self._received += seg.nbytes
-                w = tr.now()  # a receive blocks until the left neighbour's chunk is here
-                t0 = clock()
+                t0 = clock()  # a receive blocks until the left neighbour's chunk is here
                 if phase.reduce:
                     t.recv_add(seg)
                 else:
                     t.recv_copy(seg)
+                t1 = clock()
                 if waits is not None:
-                    waits.append((t0, clock()))
-                tr.add(trace.ALLREDUCE, "wait for rank", w, left)
+                    waits.append((t0 * 1e-9, t1 * 1e-9))
+                tr.add(trace.ALLREDUCE, "wait for rank", t0, left, t1=t1)
                 if phase.reduce and p == last_reduce:
                     np.divide(seg, self.size, out=seg)
                 if forward:
