@@ -9,6 +9,7 @@ of frozen dataclasses that the manifest and status functions consume.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -157,10 +158,54 @@ def _path(error: jsonschema.ValidationError) -> str:
 
 
 def validate(obj: Mapping[str, Any]) -> None:
-    """Check a defaulted TrainingJob against the CRD schema; the message names every bad field."""
-    errors = sorted(_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
+    """Check a defaulted TrainingJob against the CRD schema; the message names every bad field.
+
+    ``spec.trainer.model`` is checked here too, in the same message: the CRD can only say "a
+    string or an object" (see ``options.Option.or_object``)."""
+    errors = [(list(map(str, e.absolute_path)), f"{_path(e)}: {e.message}")
+              for e in _validator().iter_errors(obj)]
+    trainer = (obj.get("spec") or {}).get("trainer") if isinstance(obj.get("spec"), Mapping) \
+        else None
+    if isinstance(trainer, Mapping) and "model" in trainer:
+        if (why := model_error(trainer["model"])) is not None:
+            errors.append((["spec", "trainer", "model"], f"spec.trainer.model: {why}"))
     if errors:
-        raise InvalidSpec("; ".join(f"{_path(e)}: {e.message}" for e in errors))
+        raise InvalidSpec("; ".join(message for _, message in sorted(errors)))
+
+
+#: Linux's limit on one command-line argument (MAX_ARG_STRLEN), the terminating NUL included:
+#: an inline model reaches the worker as the text of ``--model``.
+MAX_INLINE_MODEL_BYTES = 128 * 1024 - 1
+
+
+def model_error(model: Any) -> str | None:
+    """Why ``spec.trainer.model`` cannot run, or None: a preset or absolute ``.json``/``.keras``
+    path (the file itself only the worker can read), or an inline Keras Sequential config,
+    parsed and built exactly as the worker will, so an unsupported layer or argument is refused
+    before any pod exists, with the words of ``keras_config``."""
+    if isinstance(model, str):
+        pattern = options.BY_NAME["model"].schema["pattern"]
+        if re.match(pattern, model):
+            return None
+        return (f"{model!r} is not a preset (cnn, cnn2), the absolute path of a .json or .keras "
+                "file in the pod, or an inline Keras model config (an object)")
+    if not isinstance(model, Mapping):
+        return ("must be a preset name, a path, or an inline Keras model config (an object), "
+                f"got {type(model).__name__}")
+    from ringtrain_trainer import keras_model  # the worker's own parser: numpy, no TensorFlow
+
+    size = len(json.dumps(model, separators=(",", ":")).encode())
+    if size > MAX_INLINE_MODEL_BYTES:
+        return (f"the inline model config is {size} bytes as compact JSON; at most "
+                f"{MAX_INLINE_MODEL_BYTES} fit in the worker's --model argument: put it in a "
+                ".json file on a volume and give its path")
+    try:
+        keras_model.from_config(dict(model), "inline")
+    except InvalidSpec as e:
+        return str(e).removeprefix("model: ")
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
+        return f"not a Keras model config that model.to_json() writes ({type(e).__name__}: {e})"
+    return None
 
 
 def load(obj: Mapping[str, Any]) -> Job:

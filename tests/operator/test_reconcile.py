@@ -145,3 +145,18 @@ def test_steady_state_writes_nothing():
 
 def test_status_patch_sets_changed_keys_and_removes_missing_ones():
     assert status_patch({"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5}) == {"b": 5, "c": None}
+
+
+def test_an_unsupported_inline_keras_model_fails_the_job_with_an_event_naming_the_layer():
+    obj = job_obj(workers=2)
+    obj["spec"]["trainer"]["model"] = {"class_name": "Sequential", "config": {"layers": [
+        {"class_name": "InputLayer", "config": {"batch_input_shape": [None, 28, 28]}},
+        {"class_name": "Flatten", "config": {"name": "flatten"}},
+        {"class_name": "Dense", "config": {"name": "out", "units": 10, "activation": "gelu"}}]}}
+    kube = FakeKube(obj)
+    d = reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
+    assert kube.job["status"]["state"] == st.FAILED
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", st.REASON_INVALID)]
+    message = kube.job["status"]["conditions"][0]["message"]
+    assert "spec.trainer.model: layer 'out' (Dense): activation='gelu'" in message
+    assert "relu" in d.events[0].message and pods(kube) == []

@@ -63,6 +63,18 @@ def test_render_cli_reports_an_invalid_spec_with_the_field(tmp_path):
     assert "spec.trainer.batchSize: 64 is not divisible by spec.trainer.ipusPerWorker=3" in r.stderr
 
 
+def test_render_refuses_an_unsupported_inline_keras_model_naming_layer_and_argument(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    doc = yaml.safe_load((REPO / "examples/keras-model.yaml").read_text())
+    doc["spec"]["trainer"]["model"]["config"]["layers"][2]["config"]["padding"] = "causal"
+    bad.write_text(yaml.safe_dump(doc))
+    r = subprocess.run([sys.executable, "-m", "ringtrain.cli", "render", str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert "spec.trainer.model: layer 'conv2d' (Conv2D): padding='causal'" in r.stderr
+    assert "valid" in r.stderr and "same" in r.stderr
+
+
 def test_render_crd_prints_the_packaged_crd():
     out = subprocess.run([sys.executable, "-m", "ringtrain.cli", "render", "--crd"],
                          capture_output=True, text=True, check=True).stdout

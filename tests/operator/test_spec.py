@@ -179,3 +179,70 @@ def test_data_and_export_are_read_and_the_built_in_data_set_cannot_take_a_volume
         job(trainer={"dataset": "mnist-5k", "data": {"volume": {"emptyDir": {}}}})
     with pytest.raises(InvalidSpec, match="volume"):
         job(trainer={"data": {"file": "d.npz"}})
+
+
+def _inline_models():
+    """Keras 3's to_json (the cnn2 preset, written by Keras 3) and tf.keras 2's (the example)."""
+    import yaml
+    from pathlib import Path
+
+    from ringtrain_trainer.keras_model import preset_config
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "keras-model.yaml"
+    return {"keras3": preset_config("cnn2"),
+            "tf.keras2": yaml.safe_load(example.read_text())["spec"]["trainer"]["model"]}
+
+
+@pytest.mark.parametrize("fmt", ["keras3", "tf.keras2"])
+def test_an_inline_keras_config_is_accepted_and_reaches_the_worker_as_compact_json(fmt):
+    import json
+
+    from ringtrain_operator import manifests
+
+    model = _inline_models()[fmt]
+    j = spec.load(job_obj(trainer={"dataset": "mnist-5k", "steps": 5, "model": model}))
+    assert json.loads(j.trainer.model) == model and " " not in j.trainer.model
+    (container,) = manifests.pods(j)[0]["spec"]["containers"]
+    args = container["args"]
+    assert json.loads(args[args.index("--model") + 1]) == model
+
+
+def test_an_unsupported_inline_config_names_layer_argument_and_what_is_supported_with_the_rest():
+    model = _inline_models()["keras3"]
+    conv = next(x for x in model["config"]["layers"] if x["class_name"] == "Conv2D")
+    conv["config"]["dilation_rate"] = [2, 2]
+    obj = job_obj(trainer={"model": model, "optimizer": "lamb"})
+    with pytest.raises(InvalidSpec) as e:
+        spec.load(obj)
+    assert ("spec.trainer.model: layer 'conv2d' (Conv2D): dilation_rate=[2, 2] is not supported "
+            "(supported: 1)") in str(e.value)
+    assert "spec.trainer.optimizer" in str(e.value)
+
+
+@pytest.mark.parametrize("model, words", [
+    ({"class_name": "Functional", "config": {}}, "a Keras Sequential config is needed"),
+    ({"class_name": "Sequential", "config": {"layers": [
+        {"class_name": "LSTM", "config": {"name": "lstm", "units": 3}}]}},
+     "layer 'lstm' (LSTM) is not supported (supported layers: InputLayer, Conv2D"),
+    (["cnn"], "must be a preset name, a path, or an inline Keras model config (an object), "
+              "got list"),
+    ("/models/net.h5", "'/models/net.h5' is not a preset (cnn, cnn2), the absolute path"),
+])
+def test_what_the_model_field_refuses(model, words):
+    with pytest.raises(InvalidSpec) as e:
+        spec.load(job_obj(trainer={"model": model}))
+    assert f"spec.trainer.model: {words}" in str(e.value)
+
+
+def test_an_inline_config_too_large_for_one_argument_is_refused_saying_what_to_do():
+    model = _inline_models()["keras3"]
+    model["config"]["layers"][1]["config"]["padding_note"] = "x" * spec.MAX_INLINE_MODEL_BYTES
+    with pytest.raises(InvalidSpec) as e:
+        spec.load(job_obj(trainer={"model": model}))
+    assert "put it in a .json file on a volume" in str(e.value)
+
+
+def test_the_model_field_is_a_string_or_an_object_in_the_crd():
+    node = spec._schema()["properties"]["spec"]["properties"]["trainer"]["properties"]["model"]
+    assert "type" not in node and node["x-kubernetes-preserve-unknown-fields"] is True
+    assert node["default"] == "cnn" and "pattern" not in node  # spec.py checks strings

@@ -4,6 +4,11 @@ The test that proves the whole pipeline: data sharding, loss scaling, gradient s
 bucketing, the ring's mean allreduce over real processes and TCP on loopback, the initial
 broadcast and the host-side optimizer. A global batch of 12 lets N = 2, 3 and 4 share one
 single-worker reference per optimizer (B = 12 / N). The Open MPI backend must train the same.
+
+With Dropout and BatchNormalization (a Keras config) the rule of docs/trainer.md decides what
+"the same" is: dropout masks depend on (seed, layer, step, global example), BatchNormalization's
+batch statistics are per replica, so N workers × B equal one worker with N replicas of B
+(``--ipus-per-worker N``), not one replica with batch N·B.
 """
 
 import json
@@ -37,7 +42,7 @@ def final_weights(stdout: str, world: int) -> np.ndarray:
         return z["params"].copy()
 
 
-def train(tmp_path, name: str, world: int, optimizer: str) -> np.ndarray:
+def train(tmp_path, name: str, world: int, optimizer: str, extra: tuple = ()) -> np.ndarray:
     """Run ``world`` real worker processes over the TCP ring; the final flat weights."""
     addrs = [f"127.0.0.1:{p}" for p in free_ports(world)]
     procs = []
@@ -47,7 +52,8 @@ def train(tmp_path, name: str, world: int, optimizer: str) -> np.ndarray:
         if world > 1:
             env["TF_CONFIG"] = build({"worker": addrs}, "worker", i)
         cmd = [sys.executable, "-m", "ringtrain.cli",
-               *worker_args(tmp_path / name, world, optimizer, tmp_path / f"{name}-{i}.json")]
+               *worker_args(tmp_path / name, world, optimizer, tmp_path / f"{name}-{i}.json"),
+               *extra]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outputs = []
@@ -98,3 +104,58 @@ def test_mpirun_workers_match_one_worker_with_the_global_batch(tmp_path, referen
     # Rank 0's termination log, not stdout: mpirun forwards output in pieces.
     final = (tmp_path / "mpi.json").read_text()
     assert_same(final_weights(final, 2), reference("adam"), "adam, 2 workers under mpirun")
+
+
+#: Conv2D → BatchNormalization → Dropout → Dense, as model.to_json() writes it (tf.keras 2)
+DROPOUT_BN = {"class_name": "Sequential", "config": {"name": "dropout_bn", "layers": [
+    {"class_name": "InputLayer", "config": {"batch_input_shape": [None, 28, 28]}},
+    {"class_name": "Reshape", "config": {"name": "reshape", "target_shape": [28, 28, 1]}},
+    {"class_name": "Conv2D", "config": {"name": "conv2d", "filters": 4, "kernel_size": [3, 3],
+                                        "strides": [2, 2], "activation": "relu"}},
+    {"class_name": "BatchNormalization", "config": {"name": "bn", "momentum": 0.9}},
+    {"class_name": "Flatten", "config": {"name": "flatten"}},
+    {"class_name": "Dropout", "config": {"name": "dropout", "rate": 0.3}},
+    {"class_name": "Dense", "config": {"name": "out", "units": 10}}]}}
+
+
+
+def _rank_order_npz(tmp_path, world: int) -> tuple[str, str]:
+    """mnist-5k as two .npz files: as it is, and reordered so that one worker reading its
+    (equally shuffled) stream meets, at every step, the global batch in rank order
+    (``Sharder.global_batch_indices``): worker 0's B examples, then worker 1's."""
+    from ringtrain_trainer import data as data_mod
+
+    ds = data_mod.load("mnist-5k")
+    x, y = ds.train.images, ds.train.labels
+    sharder = data_mod.Sharder(len(x), GLOBAL_BATCH // world, world, seed=7)
+    xr, yr = x.copy(), y.copy()
+    for k in range(STEPS):  # all within epoch 0
+        read = sharder.order(0)[k * GLOBAL_BATCH:(k + 1) * GLOBAL_BATCH]
+        src = sharder.global_batch_indices(0, k)
+        xr[read], yr[read] = x[src], y[src]
+    paths = []
+    for name, (a, b) in (("plain", (x, y)), ("rank-order", (xr, yr))):
+        np.savez(tmp_path / f"{name}.npz", x_train=a, y_train=b, x_test=ds.test.images,
+                 y_test=ds.test.labels)
+        paths.append(str(tmp_path / f"{name}.npz"))
+    return paths[0], paths[1]
+
+
+@pytest.mark.timeout(600)
+def test_dropout_and_batchnorm_workers_match_one_worker_with_one_replica_per_worker(tmp_path):
+    """2 real workers × batch 6 over the ring == 1 worker × 2 replicas × 6 that meets the same
+    global batch in rank order (same trainable weights). The plain single worker meets the
+    step's examples in another order (tf.data's shard interleaves), so its replicas group them
+    differently: different batch statistics and dropout masks; one replica × 12 computes the
+    statistics over all 12."""
+    plain, rank_order = _rank_order_npz(tmp_path, 2)
+    model = ("--model", json.dumps(DROPOUT_BN, separators=(",", ":")),
+             "--dataset", "fashion-mnist")
+    two_workers = train(tmp_path, "w2", 2, "adam", (*model, "--data", plain))
+    two_replicas = train(tmp_path, "r2", 1, "adam",
+                         (*model, "--data", rank_order, "--ipus-per-worker", "2"))
+    assert_same(two_workers, two_replicas, "dropout+batchnorm, 2 workers vs 1 worker x 2 IPUs")
+    for name, extra in (("plain-r2", ("--data", plain, "--ipus-per-worker", "2")),
+                        ("r1", ("--data", rank_order))):
+        other = train(tmp_path, name, 1, "adam", (*model, *extra))
+        assert not np.allclose(other, two_replicas, rtol=1e-4, atol=1e-6), name

@@ -333,3 +333,31 @@ def test_moving_statistics_are_checkpointed_and_restored(tmp_path, mnist5k):
         assert all(np.array_equal(p.state, trained) for p in again.exe.programs)
     finally:
         again.close()
+
+
+def test_the_worker_takes_model_to_json_text_itself_and_export_rebuilds_it_from_the_checkpoint(
+        tmp_path, capsys):
+    """How the operator passes an inline spec.trainer.model: --model is the JSON text; the
+    checkpoint records it, so ``ringtrain export`` needs nothing else."""
+    from ringtrain_trainer import worker
+    from ringtrain_trainer.export import cli as export_cli, read_keras
+
+    text = json.dumps(seq((28, 28), layer("Flatten", "f"), layer("Dropout", "d", rate=0.1),
+                          layer("Dense", "out", units=10)), separators=(",", ":"))
+    rc = worker.main(["--dataset", "mnist-5k", "--model", text, "--steps", "3",
+                      "--checkpoint-dir", str(tmp_path / "ck"), "--termination-log", ""])
+    assert rc == 0
+    assert export_cli.main([str(tmp_path / "ck"), "-o", str(tmp_path / "m.keras")]) == 0
+    assert "model inline Keras config 't'" in capsys.readouterr().out
+    config, weights = read_keras(tmp_path / "m.keras")
+    assert [x["class_name"] for x in config["config"]["layers"]][1:] == [
+        "Flatten", "Dropout", "Dense"] and [w.shape for w in weights] == [(784, 10), (10,)]
+
+
+def test_the_worker_refuses_inline_text_that_is_not_json(capsys):
+    from ringtrain.errors import EXIT_PERMANENT
+    from ringtrain_trainer import worker
+
+    assert worker.main(["--model", "{'class_name': 'Sequential'}",
+                        "--termination-log", ""]) == EXIT_PERMANENT
+    assert "--model: inline Keras config is not JSON" in capsys.readouterr().err

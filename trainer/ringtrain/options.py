@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -53,6 +54,10 @@ class Option:
     schema: Mapping[str, Any] = field(default_factory=dict)  # further CRD keywords (pattern...)
     exclusive_with: str | None = None  # the name of an option it cannot be given with
     aliases: tuple[str, ...] = ()  # older flag spellings the worker still accepts
+    #: the spec.trainer field also takes an object (an inline Keras model config): its CRD node
+    #: has no type and keeps unknown fields, its ``pattern`` is checked by the operator's
+    #: spec.py for strings only, and ``from_crd`` hands an object on as compact JSON text
+    or_object: bool = False
 
     @property
     def cli_flag(self) -> str | None:
@@ -149,13 +154,15 @@ GROUPS: tuple[Group, ...] = (
     )),
     Group("model", (
         Option("model", str, "cnn", crd="model", metavar="NAME_OR_PATH",
-               schema={"pattern": r"^(cnn|cnn2|/.*\.json|/.*\.keras)$"},
+               schema={"pattern": r"^(cnn|cnn2|/.*\.json|/.*\.keras)$"}, or_object=True,
                help="a preset (cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the two-conv "
-                    "variant), a .json file of Keras' model.to_json(), or a .keras file (its "
-                    "weights are the starting point)",
+                    "variant), a .json file of Keras' model.to_json(), a .keras file (its "
+                    "weights are the starting point), or model.to_json()'s text itself",
                description="a preset (cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the "
-                           "two-conv variant) or the absolute path of a .json (model.to_json()) "
-                           "or .keras file inside the pod"),
+                           "two-conv variant), the absolute path of a .json (model.to_json()) "
+                           "or .keras file inside the pod, or an inline Keras Sequential config "
+                           "(model.to_json()'s JSON written as YAML or JSON, Keras 3 or tf.keras "
+                           "2), checked before anything runs"),
         Option("seed", int, 0, crd="seed", minimum=0,
                help="model initialisation and data shuffle seed"),
     )),
@@ -400,7 +407,11 @@ def from_crd(trainer: Mapping[str, Any]) -> dict[str, Any]:
         node: Any = trainer
         for part in o.crd.split("."):
             node = node.get(part) if isinstance(node, Mapping) else None
-        out[o.name] = float(node) if o.type is float and node is not None else node
+        if o.type is float and node is not None:
+            node = float(node)
+        elif o.or_object and isinstance(node, Mapping):
+            node = json.dumps(node, separators=(",", ":"))
+        out[o.name] = node
     return out
 
 
@@ -419,6 +430,10 @@ def field_schema(o: Option) -> dict[str, Any]:
     if o.maximum is not None:
         s["maximum"] = o.maximum
     s.update(o.schema)
+    if o.or_object:  # a string or an object: structural schemas allow no type only like this
+        del s["type"]
+        s.pop("pattern", None)
+        s["x-kubernetes-preserve-unknown-fields"] = True
     if o.schema_default is not None:
         s["default"] = o.schema_default
     return s

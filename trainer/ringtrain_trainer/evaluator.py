@@ -35,6 +35,7 @@ from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer import tensorboard
+from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import check_fits
@@ -111,8 +112,9 @@ class Evaluator:
     def evaluate(self, state: TrainingState) -> tuple[float, float]:
         """(mean loss, accuracy) of ``state``'s parameters on the whole test split."""
         if state.model != self.cfg.model or state.params.shape != (self.spec.num_params,):
-            raise CheckpointError(f"checkpoint of model {state.model!r} ({state.params.size} "
-                                  f"params) cannot be evaluated as --model {self.cfg.model}")
+            raise CheckpointError(f"checkpoint of model {describe(state.model)} "
+                                  f"({state.params.size} params) cannot be evaluated as "
+                                  f"--model {describe(self.cfg.model)}")
         views = self.spec.views(np.asarray(state.params, self.program.dtype))
         images, labels = self.data.test.images, self.data.test.labels
         scale = np.float32(1 / 255) if images.dtype == np.uint8 else np.float32(1)

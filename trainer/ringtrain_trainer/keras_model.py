@@ -296,11 +296,30 @@ def read_keras_archive(path: Path) -> tuple[dict, list[np.ndarray], KerasModel]:
     return config, weights, spec
 
 
+def describe(source: str) -> str:
+    """``--model``'s value for a log line: an inline config by its name, not its whole text."""
+    if not source.lstrip().startswith("{"):
+        return repr(source)
+    try:
+        name = (json.loads(source).get("config") or {}).get("name")
+    except (ValueError, AttributeError):
+        name = None
+    return f"inline Keras config {name or 'sequential'!r}"
+
+
 def load(source: str) -> KerasModel:
-    """``--model``: a preset name, a ``.json`` file of ``model.to_json()``, or a ``.keras``
-    file whose weights become the starting point."""
+    """``--model``: a preset name, a ``.json`` file of ``model.to_json()``, a ``.keras``
+    file whose weights become the starting point, or ``model.to_json()``'s text itself (how the
+    operator passes ``spec.trainer.model`` written inline; a checkpoint records it the same way,
+    so ``ringtrain export`` rebuilds the model from the checkpoint alone)."""
     if source in PRESETS:
         return from_config(preset_config(source), source)
+    if source.lstrip().startswith("{"):
+        try:
+            config = json.loads(source)
+        except ValueError as e:
+            raise InvalidSpec(f"--model: inline Keras config is not JSON ({e})") from None
+        return from_config(config, "inline")
     path = Path(source)
     if path.suffix == ".keras" and path.is_file():
         _, weights, spec = read_keras_archive(path)
@@ -313,4 +332,5 @@ def load(source: str) -> KerasModel:
             raise InvalidSpec(f"--model {source}: cannot read a Keras config ({e})") from None
         return from_config(config, source)
     raise InvalidSpec(f"--model: unknown model {source!r} (known: {', '.join(PRESETS)}; "
-                      "or a path to a .json file of model.to_json() or a .keras file)")
+                      "or a path to a .json file of model.to_json() or a .keras file, or "
+                      "model.to_json()'s text)")

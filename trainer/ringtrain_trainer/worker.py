@@ -29,6 +29,7 @@ import numpy as np
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer import memory, optim, trace
+from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.data_npz import check_fits
 from ringtrain_trainer.evaluator import clear_done, write_done
@@ -181,8 +182,9 @@ class Trainer:
             if state is not None:
                 if state.model != self.cfg.model or state.params.shape != self.params.shape:
                     raise CheckpointError(
-                        f"{self.ckpt.dir}: checkpoint of model {state.model!r} "
-                        f"({state.params.size} params) cannot resume --model {self.cfg.model}")
+                        f"{self.ckpt.dir}: checkpoint of model {describe(state.model)} "
+                        f"({state.params.size} params) cannot resume --model "
+                        f"{describe(self.cfg.model)}")
                 if state.optimizer != self.optimizer.name:
                     raise CheckpointError(
                         f"{self.ckpt.dir}: checkpoint used optimizer {state.optimizer!r}, "

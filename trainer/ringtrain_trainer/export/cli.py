@@ -20,6 +20,7 @@ from ringtrain.errors import CheckpointError, RingtrainError, exit_code_for
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.export.keras_file import write_keras
+from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.export.onnx_file import write_onnx
 
 FORMATS = ("keras", "onnx")
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     except RingtrainError as e:
         print(f"ringtrain export: {type(e).__name__}: {e}", file=sys.stderr)
         return exit_code_for(e)
-    print(f"ringtrain export: wrote {path} ({fmt}, model {state.model!r}, step {state.step})")
+    print(f"ringtrain export: wrote {path} ({fmt}, model {describe(state.model)}, "
+          f"step {state.step})")
     return 0
 
 
