@@ -293,8 +293,10 @@ def test_peak_memory_stays_flat_over_many_allreduces(transport, ops):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_frozen_peer_fails_the_others_after_the_step_timeout(transport):
-    """SIGSTOP: the peer's sockets stay open but nothing moves (a hung node); only the step
-    timeout can tell, and it must, with PeerTimeout and the retryable code."""
+    """SIGSTOP: the peer's sockets stay open but nothing moves (a hung node). The step timeout
+    or the control plane's watchdog, whichever fires first (the watchdog may: it is built to
+    find frozen peers early), must tell, with PeerTimeout and the retryable code, naming the
+    frozen rank; never later than the step timeout plus slack."""
     step_timeout_s = 2.0
     ring = ring_procs.start(3, "loop", transport, "--sizes", "3000000", "--chunk-bytes",
                             "65536", "--step-timeout-s", str(step_timeout_s))
@@ -308,4 +310,5 @@ def test_a_frozen_peer_fails_the_others_after_the_step_timeout(transport):
         ring.kill()  # SIGKILL also ends a stopped process
     assert [e["exit_code"] for e in errors] == [EXIT_RETRYABLE] * 2, errors
     assert "PeerTimeout" in {e["type"] for e in errors}, errors
-    assert step_timeout_s * 0.9 < elapsed < step_timeout_s + 5
+    assert any(ring.addresses[2] in e["message"] for e in errors), errors
+    assert elapsed < step_timeout_s + 5
