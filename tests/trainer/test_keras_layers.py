@@ -13,6 +13,7 @@ from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import keras_config as K
 from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer import layers as L
+from ringtrain_trainer.layers import fused
 from ringtrain_trainer import model as M
 from ringtrain_trainer.ipu import IPU, MB, IPUConfig
 
@@ -98,7 +99,7 @@ def test_the_wide_model_uses_the_general_layers_and_the_narrow_one_the_fused_con
     assert [type(x).__name__ for x in wide.layers] == [
         "Conv2D", "BatchNorm", "Pool2D", "Conv2D", "Elementwise", "Pool2D", "Reshape", "Dropout",
         "Linear", "Dense"]
-    assert isinstance(narrow.layers[1], M.ConvPool) and narrow.layers[1].name == "c+p"
+    assert isinstance(narrow.layers[1], fused.ConvPool) and narrow.layers[1].name == "c+p"
     assert narrow.input_shape == (6, 6, 1) and narrow.config.input_shape == (6, 6)
     assert not wide.config.from_logits and narrow.config.from_logits
 
