@@ -14,7 +14,7 @@ import os
 import secrets
 from typing import Any, Callable, Mapping
 
-from ringtrain import cluster, options, pki
+from ringtrain import cluster, optiongen, options, pki
 
 from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 
@@ -101,7 +101,7 @@ def trainer_args(t: TrainerSpec) -> list[str]:
     values = {o.name: getattr(t, o.name) for o in options.CRD}
     if (path := data_path(t)) is not None:
         values["data_dir"] = path
-    return options.worker_args({**values, "metrics_port": METRICS_PORT, "json": True,
+    return optiongen.worker_args({**values, "metrics_port": METRICS_PORT, "json": True,
                                 "termination_log": TERMINATION_LOG})
 
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import jsonschema
 import yaml
 
-from ringtrain import options
+from ringtrain import optiongen, options
 from ringtrain.errors import InvalidSpec
 
 GROUP = "ringtrain.io"
@@ -275,7 +275,7 @@ def _trainer(t: Mapping[str, Any]) -> TrainerSpec:
             f"spec.trainer.batchSize: {t['batchSize']} is not divisible by "
             f"spec.trainer.ipusPerWorker={t['ipusPerWorker']} (each IPU gets an equal share)"
         )
-    return TrainerSpec(**options.from_crd(t))
+    return TrainerSpec(**optiongen.from_crd(t))
 
 
 def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | None) -> None:

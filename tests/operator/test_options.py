@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from operator_jobs import job_obj
-from ringtrain import options
+from ringtrain import optiongen, options
 from ringtrain.errors import InvalidSpec
 from ringtrain_operator import manifests, spec
 from ringtrain_trainer.config import TrainerConfig
@@ -54,7 +54,7 @@ def _crd_node(path: str) -> dict:
 def test_both_crd_files_hold_the_generated_trainer_schema(path):
     assert path.read_text() == gen_crd.render(path.read_text()), \
         f"{path} is stale: run .venv/bin/python hack/gen-crd"
-    assert _trainer_schema(path) == options.trainer_schema()
+    assert _trainer_schema(path) == optiongen.trainer_schema()
 
 
 def test_gen_crd_check_passes_now_and_fails_with_a_diff_on_a_stale_block(tmp_path):
@@ -161,7 +161,7 @@ def test_a_spec_with_only_defaults_runs_the_worker_with_its_own_defaults():
 @pytest.mark.parametrize("value, text", [(30.0, "30"), (0.0123456789, "0.0123456789"),
                                          (1e-05, "1e-05"), (64, "64"), ("tcp", "tcp")])
 def test_flag_values_are_not_rounded(value, text):
-    assert options.format_value(value) == text
+    assert optiongen.format_value(value) == text
 
 
 @pytest.mark.parametrize("o", [o for o in options.WORKER if o.minimum is not None],
@@ -170,7 +170,7 @@ def test_the_worker_refuses_what_is_below_the_tables_minimum(o):
     low = o.minimum if o.exclusive_minimum else o.minimum - 1
     with pytest.raises(InvalidSpec, match=o.cli_flag):
         TrainerConfig.from_args([o.cli_flag, str(o.type(low))], {})
-    TrainerConfig.from_args([o.cli_flag, options.format_value(o.type(o.minimum + 1))], {})
+    TrainerConfig.from_args([o.cli_flag, optiongen.format_value(o.type(o.minimum + 1))], {})
 
 
 def test_nan_is_refused_where_a_number_has_a_minimum():

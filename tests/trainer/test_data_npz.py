@@ -10,7 +10,7 @@ import pytest
 from ringtrain.errors import DataError
 from ringtrain_trainer import data as D
 from ringtrain_trainer.data_npz import check_fits, load_npz
-from ringtrain_trainer.worker import main as worker_main
+from ringtrain_trainer.worker_main import main as worker_main
 
 
 def save(path, n_train=12, n_test=5, shape=(6, 5), dtype=np.uint8, classes=3, column=False,

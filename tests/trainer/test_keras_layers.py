@@ -13,6 +13,7 @@ from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import keras_config as K
 from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer import layers as L
+from ringtrain_trainer.layers import fused
 from ringtrain_trainer import model as M
 from ringtrain_trainer.ipu import IPU, MB, IPUConfig
 
@@ -98,7 +99,7 @@ def test_the_wide_model_uses_the_general_layers_and_the_narrow_one_the_fused_con
     assert [type(x).__name__ for x in wide.layers] == [
         "Conv2D", "BatchNorm", "Pool2D", "Conv2D", "Elementwise", "Pool2D", "Reshape", "Dropout",
         "Linear", "Dense"]
-    assert isinstance(narrow.layers[1], M.ConvPool) and narrow.layers[1].name == "c+p"
+    assert isinstance(narrow.layers[1], fused.ConvPool) and narrow.layers[1].name == "c+p"
     assert narrow.input_shape == (6, 6, 1) and narrow.config.input_shape == (6, 6)
     assert not wide.config.from_logits and narrow.config.from_logits
 
@@ -276,7 +277,7 @@ def test_weights_round_trip_in_get_weights_order():
 
 
 def test_the_worker_trains_a_keras_json_with_dropout_and_batchnorm(tmp_path, capsys):
-    from ringtrain_trainer import worker
+    from ringtrain_trainer import worker_main
 
     path = tmp_path / "model.json"
     path.write_text(json.dumps(seq(
@@ -288,8 +289,8 @@ def test_the_worker_trains_a_keras_json_with_dropout_and_batchnorm(tmp_path, cap
         layer("Flatten", "f"),
         layer("Dropout", "d", rate=0.25),
         layer("Dense", "out", units=10, activation="softmax"))))
-    rc = worker.main(["--dataset", "mnist-5k", "--model", str(path), "--steps", "120",
-                      "--json", "--termination-log", "", "--ipus-per-worker", "2"])
+    rc = worker_main.main(["--dataset", "mnist-5k", "--model", str(path), "--steps", "120",
+                           "--json", "--termination-log", "", "--ipus-per-worker", "2"])
     assert rc == 0
     final = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert final["test_accuracy"] >= 0.6  # chance is 0.10
@@ -297,11 +298,11 @@ def test_the_worker_trains_a_keras_json_with_dropout_and_batchnorm(tmp_path, cap
 
 def test_the_worker_refuses_an_unsupported_keras_json_before_running(tmp_path, capsys):
     from ringtrain.errors import EXIT_PERMANENT
-    from ringtrain_trainer import worker
+    from ringtrain_trainer import worker_main
 
     path = tmp_path / "model.json"
     path.write_text(json.dumps(seq((28, 28), layer("LSTM", "lstm_1", units=3))))
-    assert worker.main(["--model", str(path), "--termination-log", ""]) == EXIT_PERMANENT
+    assert worker_main.main(["--model", str(path), "--termination-log", ""]) == EXIT_PERMANENT
     assert "layer 'lstm_1' (LSTM) is not supported" in capsys.readouterr().err
 
 
@@ -339,13 +340,13 @@ def test_the_worker_takes_model_to_json_text_itself_and_export_rebuilds_it_from_
         tmp_path, capsys):
     """How the operator passes an inline spec.trainer.model: --model is the JSON text; the
     checkpoint records it, so ``ringtrain export`` needs nothing else."""
-    from ringtrain_trainer import worker
+    from ringtrain_trainer import worker_main
     from ringtrain_trainer.export import cli as export_cli, read_keras
 
     text = json.dumps(seq((28, 28), layer("Flatten", "f"), layer("Dropout", "d", rate=0.1),
                           layer("Dense", "out", units=10)), separators=(",", ":"))
-    rc = worker.main(["--dataset", "mnist-5k", "--model", text, "--steps", "3",
-                      "--checkpoint-dir", str(tmp_path / "ck"), "--termination-log", ""])
+    rc = worker_main.main(["--dataset", "mnist-5k", "--model", text, "--steps", "3",
+                           "--checkpoint-dir", str(tmp_path / "ck"), "--termination-log", ""])
     assert rc == 0
     assert export_cli.main([str(tmp_path / "ck"), "-o", str(tmp_path / "m.keras")]) == 0
     assert "model inline Keras config 't'" in capsys.readouterr().out
@@ -356,8 +357,8 @@ def test_the_worker_takes_model_to_json_text_itself_and_export_rebuilds_it_from_
 
 def test_the_worker_refuses_inline_text_that_is_not_json(capsys):
     from ringtrain.errors import EXIT_PERMANENT
-    from ringtrain_trainer import worker
+    from ringtrain_trainer import worker_main
 
-    assert worker.main(["--model", "{'class_name': 'Sequential'}",
-                        "--termination-log", ""]) == EXIT_PERMANENT
+    assert worker_main.main(["--model", "{'class_name': 'Sequential'}",
+                             "--termination-log", ""]) == EXIT_PERMANENT
     assert "--model: inline Keras config is not JSON" in capsys.readouterr().err

@@ -21,7 +21,8 @@ from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.export import read_keras
 from ringtrain_trainer.metrics import TrainerMetrics
-from ringtrain_trainer.worker import Trainer, main as worker_main
+from ringtrain_trainer.worker import Trainer
+from ringtrain_trainer.worker_main import main as worker_main
 
 EVALUATOR_TF_CONFIG = '{"cluster":{"worker":["127.0.0.1:1"]},"task":{"type":"evaluator","index":0}}'
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ringtrain_trainer import model as M
+from ringtrain_trainer.layers import fused
 from ringtrain.errors import InvalidSpec
 
 
@@ -210,7 +211,7 @@ def test_whole_training_step_memory_does_not_grow(mnist5k):
 def test_max_pool_ties_send_the_gradient_to_the_first_maximum(rng):
     """TensorFlow's rule: with equal values in a window only the first (top-left) one gets the
     gradient; giving it to every tied position would double-count."""
-    layer = M.ConvPool((6, 6, 1), 4)
+    layer = fused.ConvPool((6, 6, 1), 4)
     ws = {k: np.zeros(shape, np.float64 if t == "f" else np.bool_)
           for k, (shape, t) in layer.buffers(2, True, need_dx=False).items()}
     layer.bind(ws, 2)

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ringtrain_trainer import worker
+from ringtrain_trainer import worker, worker_main
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain.errors import EXIT_PERMANENT, EXIT_TERMINATED, InvalidSpec
@@ -17,8 +17,8 @@ from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
 
 def test_json_run_on_mnist5k_learns_and_writes_the_termination_log(tmp_path, capsys):
     log = tmp_path / "termination-log"
-    rc = worker.main(["--dataset", "mnist-5k", "--epochs", "2", "--json", "--eval-every", "60",
-                      "--termination-log", str(log), "--checkpoint-dir", str(tmp_path / "ck")])
+    rc = worker_main.main(["--dataset", "mnist-5k", "--epochs", "2", "--json", "--eval-every", "60",
+                           "--termination-log", str(log), "--checkpoint-dir", str(tmp_path / "ck")])
     assert rc == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     progress = [e for e in lines if e["event"] == "progress"]
@@ -34,7 +34,7 @@ def test_json_run_on_mnist5k_learns_and_writes_the_termination_log(tmp_path, cap
 
 
 def test_human_progress_lines(capsys):
-    assert worker.main(["--dataset", "mnist-5k", "--steps", "3", "--termination-log", ""]) == 0
+    assert worker_main.main(["--dataset", "mnist-5k", "--steps", "3", "--termination-log", ""]) == 0
     out = capsys.readouterr().out
     assert "step 1/3 (33%)  epoch 0  loss " in out and "samples/s  ETA 0:0" in out
     assert "step 3  test accuracy " in out
@@ -49,7 +49,7 @@ def test_human_progress_lines(capsys):
 ])
 def test_bad_input_is_a_permanent_failure(tmp_path, capsys, argv, message):
     log = tmp_path / "log"
-    assert worker.main(argv + ["--termination-log", str(log)]) == EXIT_PERMANENT
+    assert worker_main.main(argv + ["--termination-log", str(log)]) == EXIT_PERMANENT
     assert message in capsys.readouterr().err
     assert json.loads(log.read_text())["exit_code"] == EXIT_PERMANENT
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from ringtrain import cluster
-from ringtrain_trainer import worker
+from ringtrain_trainer import worker, worker_main
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain.errors import EXIT_RETRYABLE, InvalidSpec
@@ -56,7 +56,7 @@ def test_the_worker_hands_its_ring_flags_to_ring_connect(monkeypatch):
     cfg = TrainerConfig.from_args(["--ring-transport", "grpc", "--ring-step-timeout-s", "7",
                                    "--ring-connect-timeout-s", "9", "--ring-health-timeout-s",
                                    "4", "--ring-stall-warning-s", "11"], env)
-    assert worker.connect(cfg) == "ring"
+    assert worker_main.connect(cfg) == "ring"
     assert seen == {"transport": "grpc", "step_timeout_s": 7.0, "connect_timeout_s": 9.0,
                     "health_timeout_s": 4.0, "stall_s": 11.0, "observer": None,
                     "tls": None, "encrypt_data": False, "health_port": 0}
@@ -78,13 +78,13 @@ def test_tls_material_comes_from_the_env_or_the_flag_and_its_absence_is_said(
     cfg = TrainerConfig.from_args(["--ring-encrypt-data"],
                                   {**env, "RINGTRAIN_TLS_DIR": str(tmp_path)})
     assert "PRIVATE" not in repr(cfg)
-    worker.connect(cfg)
+    worker_main.connect(cfg)
     assert (seen["tls"], seen["encrypt_data"]) == (m, True)
     assert INSECURE_NOTE not in capsys.readouterr().err
     flag = TrainerConfig.from_args(["--ring-tls-dir", str(tmp_path)],
                                    {**env, "RINGTRAIN_TLS_DIR": "/nowhere"})
     assert flag.tls == m
-    worker.connect(TrainerConfig.from_args([], env))
+    worker_main.connect(TrainerConfig.from_args([], env))
     assert seen["tls"] is None and INSECURE_NOTE in capsys.readouterr().err
     (tmp_path / "tls.crt").unlink()
     with pytest.raises(InvalidSpec, match="tls.crt"):
@@ -150,6 +150,6 @@ def test_the_termination_log_owner_is_every_pod_but_only_mpi_rank_0():
     mpi = TrainerConfig(collective="mpi")
     rank1 = LocalCollective()
     rank1.rank = 1
-    assert worker.own_termination_log("/log", ring, rank1) == "/log"
-    assert worker.own_termination_log("/log", mpi, rank1) is None
-    assert worker.own_termination_log("/log", mpi, LocalCollective()) == "/log"
+    assert worker_main.own_termination_log("/log", ring, rank1) == "/log"
+    assert worker_main.own_termination_log("/log", mpi, rank1) is None
+    assert worker_main.own_termination_log("/log", mpi, LocalCollective()) == "/log"

@@ -11,7 +11,7 @@ import sys
 
 #: command words → (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("worker",): ("ringtrain_trainer.worker", "train as one replica (single worker when TF_CONFIG is unset)"),
+    ("worker",): ("ringtrain_trainer.worker_main", "train as one replica (single worker when TF_CONFIG is unset)"),
     ("run",): ("ringtrain_localrun.cli", "run a TrainingJob manifest as local processes"),
     ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
     ("operator",): ("ringtrain_operator.main", "run the Kubernetes operator (kopf)"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from ringtrain import cluster, options, pki
+from ringtrain import cluster, optiongen, options, pki
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import trace
 
@@ -39,14 +39,14 @@ class TrainerConfig(options.TrainerOptions):
 
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:
-        return options.parser("ringtrain worker", "Train as one replica of a ringtrain job.")
+        return optiongen.parser("ringtrain worker", "Train as one replica of a ringtrain job.")
 
     @classmethod
     def from_args(cls, argv: list[str], env: Mapping[str, str] | None = None) -> "TrainerConfig":
         """Parse flags and the environment; every invalid value raises :class:`InvalidSpec`."""
         env = os.environ if env is None else env
         values = vars(cls.parser().parse_args(argv))
-        options.check(values)
+        optiongen.check(values)
         trace.parse_steps(values["trace_steps"])
         if values["epochs"] is None and values["steps"] is None:
             values["epochs"] = 1

@@ -1,6 +1,6 @@
 """`ringtrain worker` as TF_CONFIG's ``evaluator``: TensorFlow's sidecar evaluator.
 
-Pipeline position: beside the ring, never in it. ``worker.main`` hands a process whose
+Pipeline position: beside the ring, never in it. ``worker_main.main`` hands a process whose
 TF_CONFIG task type is ``evaluator`` to :func:`run`. It watches the checkpoint directory the
 chief writes, evaluates every new checkpoint on the whole test split (loss and accuracy, one
 :class:`ringtrain.events.Evaluation` each — on stdout, ``/status`` and ``/metrics``) and exits

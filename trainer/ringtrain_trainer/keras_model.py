@@ -5,9 +5,9 @@ IPU compiles like any other. The layers come from ``keras_config.parse`` (everyt
 there, before anything runs) and are mapped onto IPU layers:
 
 * ``Conv2D`` (square kernel, 'valid', stride 1, ReLU, bias) directly followed by
-  ``MaxPooling2D(2)`` becomes ``model.ConvPool``, the fused kernel the hand-written CNNs use;
-  ``Dense`` with bias and ReLU/linear becomes ``model.Dense``. So the presets — and the same
-  model written by a user — keep today's parameter layout, numbers and speed.
+  ``MaxPooling2D(2)`` becomes ``layers.fused.ConvPool``, the fused kernel the hand-written CNNs
+  use; ``Dense`` with bias and ReLU/linear becomes ``layers.fused.Dense``. So the presets — and the
+  same model written by a user — keep today's parameter layout, numbers and speed.
 * everything else becomes a layer of ``layers``.
 * a final softmax is folded into the loss, as Keras itself does: its TensorFlow backend
   computes the cross-entropy from the softmax's input (its ``_keras_logits``) whether
@@ -33,7 +33,8 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import keras_config as K
 from ringtrain_trainer import layers as L
-from ringtrain_trainer.model import ConvPool, Dense, ModelSpec
+from ringtrain_trainer.layers.fused import ConvPool, Dense
+from ringtrain_trainer.model import ModelSpec
 
 PRESETS = ("cnn", "cnn2")
 #: Keras weights per layer class, in ``get_weights`` order: (where, name); where is "p"

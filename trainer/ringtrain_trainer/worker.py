@@ -1,28 +1,23 @@
 """`ringtrain worker`: one replica's training loop.
 
-Pipeline position: the edge of the trainer. ``main(argv)`` reads flags and environment once
-into a :class:`TrainerConfig`, connects the collective (none for a single worker, the ring when
-TF_CONFIG names peers: gRPC control plane, data path ``grpc+tcp`` or ``grpc`` as
-``--ring-transport`` says; Open MPI with ``--collective mpi``), and runs :class:`Trainer`.
+Pipeline position: ``worker_main.main`` reads the flags, connects the collective and runs
+:class:`Trainer` (the process edge: signals, termination log, exit code, live there).
 Each step: gather this worker's shard of the global batch, stream it through the emulated IPU,
 whose backward hands each layer's gradient to the :class:`Reducer` (allreduce + optimizer,
 overlapped with the rest of backward). Every worker evaluates its share of the test set (so
 the chief never stalls its peers past the step timeout); the chief (rank 0) checkpoints,
-reports, writes ``--export`` and finally the marker that ends the evaluator. A process whose
-TF_CONFIG task is ``evaluator`` runs :mod:`.evaluator` instead.
-Every exception becomes an exit code via ``ringtrain.errors.exit_code_for``; SIGTERM stops after
-the current step, checkpoints, and exits 143.
+reports, writes ``--export`` and finally the marker that ends the evaluator. SIGTERM (via
+``stop_requested``) stops after the current step and checkpoints.
 """
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 import numpy as np
 
@@ -33,47 +28,17 @@ from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.data_npz import check_fits
 from ringtrain_trainer.evaluator import clear_done, write_done
-from ringtrain_trainer.collective import Collective, LocalCollective
+from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain import events
-from ringtrain.errors import (EXIT_OK, EXIT_TERMINATED, CheckpointError, IPUCompileError,
-                            exit_code_for)
-from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig, blas_limits
-from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
+from ringtrain.errors import CheckpointError, IPUCompileError
+from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
+from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.reducer import Reducer, StepCommStats
 from ringtrain_trainer import tensorboard
-from ringtrain_trainer.termlog import (own_termination_log, termination_log_flag,
-                                      write_termination_log)
 
 #: seconds between progress lines
 PROGRESS_EVERY_S = 1.0
-
-
-def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collective:
-    """The collective for this process: local, the ring, or Open MPI. The ring reports to
-    ``metrics`` from its start-up on (the peers it still waits for)."""
-    if cfg.collective == "mpi":
-        from ringtrain_trainer import mpi  # lazily: mpi4py is an optional extra
-
-        return mpi.connect(cfg.cluster)
-    if cfg.cluster.world_size <= 1:
-        return LocalCollective()
-    from ringtrain_trainer import ring  # lazily: a single worker needs no gRPC
-    from ringtrain_trainer.metrics import RingMetrics
-
-    observer = None if metrics is None else RingMetrics(metrics, ring.data_path(
-        cfg.ring_transport))
-    if cfg.tls is None:
-        from ringtrain_trainer.ring.tls import INSECURE_NOTE
-
-        print(f"ringtrain worker: {INSECURE_NOTE}", file=sys.stderr)
-    return ring.connect(cfg.cluster, cfg.token, transport=cfg.ring_transport,
-                        step_timeout_s=cfg.ring_step_timeout_s,
-                        connect_timeout_s=cfg.ring_connect_timeout_s,
-                        health_timeout_s=cfg.ring_health_timeout_s,
-                        stall_s=cfg.ring_stall_warning_s, observer=observer,
-                        tls=cfg.tls, encrypt_data=cfg.ring_encrypt_data,
-                        health_port=cfg.ring_health_port)
 
 
 class Reporter:
@@ -361,77 +326,3 @@ class Trainer:
         self.tb.close()
         self.reducer.close()
         self.ipu.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `ringtrain worker`; returns the process exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cfg: TrainerConfig | None = None
-    trainer: Trainer | None = None
-    collective: Collective | None = None
-    server: MetricsServer | None = None
-    restore_signals = lambda: None  # noqa: E731
-    try:
-        cfg = TrainerConfig.from_args(argv)
-        if cfg.report:  # docs/trainer.md "IPU memory report"
-            memory.report(cfg, sys.stdout)
-            return EXIT_OK
-        metrics = TrainerMetrics()
-        if cfg.cluster.task_type == "evaluator":  # beside the ring, never in it
-            from ringtrain_trainer import evaluator
-
-            if cfg.metrics_port:
-                server = MetricsServer(metrics, cfg.metrics_port)
-            final = evaluator.run(cfg, metrics, _install_sigterm).to_dict()
-            write_termination_log(cfg.termination_log, final)
-            return EXIT_TERMINATED if final["terminated"] else EXIT_OK
-        if cfg.metrics_port:  # up before the ring, so /status names the peers it waits for
-            server = MetricsServer(metrics, cfg.metrics_port)
-        collective = connect(cfg, metrics)
-        metrics.watch_ring(collective)
-        trainer = Trainer(cfg, collective, metrics=metrics)
-        restore_signals = _install_sigterm(trainer.stop_requested)
-        with blas_limits(trainer.ipu.host_threads):
-            final = trainer.run()
-        write_termination_log(own_termination_log(cfg.termination_log, cfg, collective), final)
-        return EXIT_TERMINATED if final["terminated"] else EXIT_OK
-    except SystemExit:
-        raise
-    except BaseException as e:  # one place maps every failure to an exit code
-        code = exit_code_for(e)
-        print(f"ringtrain worker: {type(e).__name__}: {e}", file=sys.stderr)
-        if collective is not None:  # the peers leave at once instead of timing out
-            collective.fail(f"{type(e).__name__}: {e}")
-        if trainer is not None:
-            trainer.metrics.update_status(phase="Failed")
-        log = own_termination_log(
-            cfg.termination_log if cfg is not None else termination_log_flag(argv), cfg,
-            collective)
-        if log:
-            write_termination_log(log, {
-                "event": "error", "error": f"{type(e).__name__}: {e}", "exit_code": code})
-        if code == 1:
-            raise
-        return code
-    finally:
-        restore_signals()
-        if trainer is not None:
-            trainer.close()
-        if collective is not None:
-            collective.close()
-        if server is not None:
-            server.close()
-
-
-def _install_sigterm(stop_requested: threading.Event) -> Callable[[], None]:
-    """SIGTERM/SIGINT set ``stop_requested``: the trainer finishes the current step,
-    checkpoints, and exits 143 (Python as PID 1 otherwise ignores SIGTERM and the pod waits out
-    its whole grace period). Returns a function that puts the previous handlers back."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):
-        stop_requested.set()
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    return lambda: [signal.signal(s, h) for s, h in old.items()] and None

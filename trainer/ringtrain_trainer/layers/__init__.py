@@ -1,7 +1,7 @@
 """IPU layers for Keras models beyond the fused fast path: numpy, NHWC float32, in place.
 
 Pipeline position: ``keras_model`` turns each validated Keras layer (``keras_config``) into one
-of these — or into ``model.ConvPool`` / ``model.Dense`` where the fast path fits — and
+of these — or into ``fused.ConvPool`` / ``fused.Dense`` where the fast path fits — and
 ``model.Program`` drives them all through one protocol: ``params(layer)``, ``state_specs``,
 ``buffers(batch, train, need_dx)``, ``flops``, ``bind(ws, batch)``, ``forward(ws, x, **params)``,
 ``grad_plan()`` and ``backward_iter(ws, dout, grads_first=False, **params_and_grads)``, a

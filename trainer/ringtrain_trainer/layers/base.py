@@ -173,7 +173,7 @@ class Linear(Layer):
             np.matmul(ws["ones"], dz, out=dbias)
         np.matmul(ws["x"].T, dz, out=dkernel)
         dx = ws.get("dx")
-        if dx is not None and not grads_first:  # see model.Dense.backward_iter
+        if dx is not None and not grads_first:  # see fused.Dense.backward_iter
             np.matmul(dz, kernel.T, out=dx)
         yield from self.grad_plan()
         if dx is not None and grads_first:

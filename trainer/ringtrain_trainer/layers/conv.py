@@ -123,7 +123,7 @@ class Conv2D(Windows):
 
     def _input_grad(self, ws, dz2, kernel):
         """Before the pieces are yielded unless ``grads_first``: a resident kernel may be
-        updated as soon as its gradient is streamed (see ``model.Dense.backward_iter``)."""
+        updated as soon as its gradient is streamed (see ``fused.Dense.backward_iter``)."""
         if "dxp" not in ws:
             return None
         np.matmul(dz2, kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])

@@ -1,0 +1,186 @@
+"""The phases of the lifecycle fold, in the order ``status.derive_status`` runs them.
+
+Each phase reads the observation (``status._Seen``) and edits the working status
+(``status._Fold``); the first that settles the job ends the derivation. How a single member's
+failure is judged lives in :mod:`.restarts`; the vocabulary (states, reasons, the Decision) in
+:mod:`.status`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Mapping
+
+from . import restarts
+from .observe import ObservedPod
+from .restarts import describe_exit as _exit
+from .spec import Job
+from .status import (CREATED, REASON_BACKOFF, REASON_CREATED, REASON_DEADLINE, REASON_FAILED,
+                     REASON_RESTARTING, REASON_RESUMED, REASON_RUNNING, REASON_SUCCEEDED,
+                     REASON_SUSPENDED, RESTARTING, RUNNING, SUSPENDED, TERMINAL, format_time,
+                     parse_time)
+
+if TYPE_CHECKING:
+    from .status import _Fold, _Seen
+
+
+def _finished(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """A terminal job stays terminal and keeps applying cleanPodPolicy and its TTL; its restarts
+    are those it had when it ended (a pod left by cleanPodPolicy None may restart on)."""
+    if f.state not in TERMINAL:
+        return False
+    f.status["restarts"] = f.restarts_before
+    f.terminal(seen.live)
+    return True
+
+
+def _suspended(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """suspend deletes the pods; on resume the job starts again as Created."""
+    if job.run_policy.suspend:
+        _suspend(f, seen.live)
+        return True
+    if f.state == SUSPENDED:
+        f.condition(SUSPENDED, False, REASON_RESUMED, "resumed: pods are recreated")
+        f.emit(False, REASON_RESUMED, "TrainingJob resumed")
+        f.status.pop("startTime", None)  # a resumed job's deadline starts again
+        f.status["state"] = CREATED
+    return False
+
+
+def _old_pods(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """Pods of replicas scaled down go. (No gang is ever deleted to restart: see the module.)"""
+    f.delete += [p.name for p in seen.live if p.name not in seen.desired]
+    return False
+
+
+def _deadline(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """activeDeadlineSeconds after startTime: Failed; until then, a wake-up when it is due."""
+    deadline = job.run_policy.active_deadline_s
+    if deadline is None or "startTime" not in f.status:
+        return False
+    left = (parse_time(f.status["startTime"]) + timedelta(seconds=deadline) - f.now)
+    if left.total_seconds() > 0:
+        f.requeue.append(left.total_seconds())
+        return False
+    f.finish(False, REASON_DEADLINE,
+             f"TrainingJob ran longer than activeDeadlineSeconds={deadline}", seen.live)
+    return True
+
+
+def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """The first failed member in TF_CONFIG order decides: a permanent failure, or a lost pod
+    replaced within backoffLimit. Then restarts in place: each counts, the first beyond
+    backoffLimit fails the job, and a new one shows as Restarting."""
+    order = {name: i for i, name in enumerate(seen.desired)}
+    ordered = sorted((p for p in seen.live if p.name in order), key=lambda p: order[p.name])
+    limit = job.run_policy.backoff_limit
+    for p in ordered:
+        replica = seen.desired[p.name].replica
+        verdict = restarts.judge(replica, p)
+        if verdict == "permanent":
+            f.status["restarts"] -= sum(q.restarting for q in ordered)  # they will not happen
+            f.finish(False, REASON_FAILED, f"pod {p.name} failed with {_exit(p)}: permanent "
+                     f"under restartPolicy {replica.restart_policy}", seen.live)
+            return True
+        if verdict == "replace":
+            _replace(f, job, p, seen.live)
+            return True
+    pending = [p for p in ordered if p.restarting]
+    before = f.status["restarts"] - len(pending)  # _count counted the pending restarts
+    for i, p in enumerate(pending):
+        if before + i >= limit:
+            f.status["restarts"] = before + i  # restarts that will not happen do not count
+            f.finish(False, REASON_BACKOFF, f"pod {p.name} failed with {_exit(p)} and "
+                     f"{before + i} restarts reached backoffLimit={limit}", seen.live)
+            return True
+    if f.status["restarts"] > limit:
+        f.finish(False, REASON_BACKOFF, f"{f.status['restarts']} restarts exceed backoffLimit="
+                 f"{limit}", seen.live)
+        return True
+    if f.status["restarts"] > f.restarts_before:
+        _in_place(f, job, pending or restarts.likely_causes(ordered))
+        return True
+    return False
+
+
+def _success(f: _Fold, job: Job, seen: _Seen) -> bool:
+    if not _succeeded(job, {p.name: p for p in seen.live}):
+        return False
+    f.finish(True, REASON_SUCCEEDED, "TrainingJob completed successfully", seen.live)
+    return True
+
+
+def _running(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """Create the missing members' pods (a replaced one once the old is gone): Created, or
+    Restarting, until every member's pod is up and no container waits for its restart."""
+    present = {p.name for p in seen.pods}
+    f.create += [m for name, m in seen.desired.items() if name not in present]
+    f.status.setdefault("startTime", format_time(f.now))
+    if f.state is None:
+        f.condition(CREATED, True, REASON_CREATED, f"{len(seen.desired)} pods created")
+        f.emit(False, REASON_CREATED, f"TrainingJob created: {len(seen.desired)} pods")
+        f.status["state"] = CREATED
+    live = {p.name: p for p in seen.live}
+    all_up = all(n in live and live[n].phase in ("Running", "Succeeded")
+                 and not live[n].restarting for n in seen.desired)
+    if all_up and f.state != RUNNING:
+        f.status["state"] = RUNNING
+        f.condition(RUNNING, True, REASON_RUNNING, "all pods are running")
+        f.clear(RESTARTING, reason=REASON_RUNNING, message="all pods are running")
+        f.emit(False, REASON_RUNNING, "all pods are running")
+    return True
+
+
+def _announce(f: _Fold, message: str) -> None:
+    f.status["state"] = RESTARTING
+    f.condition(RESTARTING, True, REASON_RESTARTING, message)
+    f.clear(RUNNING, reason=REASON_RESTARTING, message=message)
+    f.emit(True, REASON_RESTARTING, message)
+
+
+def _replace(f: _Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) -> None:
+    """A lost pod is deleted, then recreated once gone (see _running); the others stay."""
+    limit = job.run_policy.backoff_limit
+    if f.status["restarts"] >= limit:
+        f.finish(False, REASON_BACKOFF, f"pod {culprit.name} failed with {_exit(culprit)} and "
+                 f"{f.status['restarts']} restarts reached backoffLimit={limit}", live)
+        return
+    f.status["gangRestarts"] = f.status.get("gangRestarts", 0) + 1
+    f.status["priorContainerRestarts"] = (f.status.get("priorContainerRestarts", 0)
+                                          + culprit.restarts + culprit.restarting)
+    f.status["restarts"] += 1
+    _announce(f, f"pod {culprit.name} failed with {_exit(culprit)}: recreating it, the "
+              f"other pods restart in place (restart {f.status['restarts']} of {limit})")
+    f.delete.append(culprit.name)
+
+
+def _in_place(f: _Fold, job: Job, culprits: list[ObservedPod]) -> None:
+    """New container restarts: the kubelet restarts them in place, the ring re-forms."""
+    who = (f"pod {culprits[0].name} failed with {_exit(culprits[0])}" if culprits
+           else "a container failed")
+    _announce(f, f"{who}: restarting in place, its peers rejoin the ring (restart "
+              f"{f.status['restarts']} of {job.run_policy.backoff_limit})")
+
+
+def _suspend(f: _Fold, live: list[ObservedPod]) -> None:
+    if f.state != SUSPENDED:
+        f.status["state"] = SUSPENDED
+        f.condition(SUSPENDED, True, REASON_SUSPENDED, "spec.runPolicy.suspend is true")
+        f.clear(RUNNING, RESTARTING, reason=REASON_SUSPENDED, message="suspended")
+        f.emit(False, REASON_SUSPENDED, "TrainingJob suspended: its pods are deleted")
+    f.delete += [p.name for p in live]
+
+
+def _succeeded(job: Job, live: Mapping[str, ObservedPod]) -> bool:
+    """successPolicy's pods, and the built-in trainer's evaluator (it exits 0 after the last
+    checkpoint; cleanPodPolicy would delete it first). A stock one may never exit (Kubeflow)."""
+    if job.run_policy.success_policy == "AllWorkers":
+        names = [job.pod_name(r.role, i) for r, i in job.members() if r.role in ("chief", "worker")]
+    else:
+        names = [job.pod_name(*job.chief)]
+    if job.trainer:
+        names += [job.pod_name(r.role, i) for r, i in job.members() if r.role == "evaluator"]
+    return all(n in live and live[n].phase == "Succeeded" for n in names)
+
+
+PHASES = (_finished, _suspended, _old_pods, _deadline, _failures, _success, _running)

@@ -1,0 +1,247 @@
+"""The fused fast-path layers: Conv2D + 2x2 max-pool as one :class:`ConvPool`, and :class:`Dense`.
+
+Pipeline position: ``keras_model`` uses these where a Keras model fits the fast path (and
+``model.build_handwritten`` builds the seeds' CNNs from them); the general layers of this package
+serve the rest. Both speak the layer protocol ``model.Program`` drives (see the package docstring).
+
+Speed: a conv layer is always followed by a 2x2 max-pool, so :class:`ConvPool` builds its
+im2col matrix in *pool-window-major* order (the four positions of each pooling window are four
+contiguous blocks). Pooling is then three contiguous ``np.maximum`` calls, and bias + ReLU run
+after pooling on a quarter of the data (max commutes with a per-channel bias and with ReLU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.model import GRAD_BLOCK_ELEMS, ParamSpec
+
+class ConvPool:
+    """Conv2D(k x k, 'valid', no stride) → MaxPool 2x2 (floor) → + bias → ReLU, NHWC."""
+
+    kind = "conv"
+
+    def __init__(self, in_shape: tuple[int, int, int], filters: int, kernel: int = 3):
+        h, w, c = in_shape
+        self.in_shape, self.cin, self.cout, self.k = in_shape, c, filters, kernel
+        self.ho, self.wo = h - kernel + 1, w - kernel + 1
+        self.hp, self.wp = self.ho // 2, self.wo // 2
+        if self.hp < 1 or self.wp < 1:
+            raise InvalidSpec(f"input {in_shape} too small for a {kernel}x{kernel} conv + 2x2 pool")
+        self.out_shape = (self.hp, self.wp, filters)
+        self.kk = kernel * kernel * c
+        # With one input channel a patch row is only k*k floats, too short for a fast strided
+        # copy; storing im2col transposed makes every copied run a whole image row instead.
+        self.transposed = c == 1
+
+    def params(self, layer: int) -> list[ParamSpec]:
+        k, c, f = self.k, self.cin, self.cout
+        return [
+            ParamSpec(layer, "kernel", (k, k, c, f), k * k * c, k * k * f, True),
+            ParamSpec(layer, "bias", (f,), 0, 0, False),
+        ]
+
+    def buffers(self, b: int, train: bool, need_dx: bool) -> dict[str, tuple[tuple[int, ...], str]]:
+        rows = 4 * b * self.hp * self.wp
+        pooled = (b, self.hp, self.wp, self.cout)
+        bufs = {
+            "cols": ((self.kk, rows) if self.transposed else (rows, self.kk), "f"),
+            "conv": ((rows, self.cout), "f"),
+            "pooled": (pooled, "f"),
+            "out": (pooled, "f"),
+        }
+        if train:
+            bufs.update({"mask": (pooled, "?"), "eq": (pooled, "?"),
+                         "dconv": ((rows, self.cout), "f"), "ones": ((rows,), "f")})
+            if need_dx:
+                bufs.update({"dcols": ((rows, self.kk), "f"), "dx": ((b,) + self.in_shape, "f")})
+        return bufs
+
+    def flops(self, b: int, train: bool, need_dx: bool) -> int:
+        mm = 2 * 4 * b * self.hp * self.wp * self.kk * self.cout
+        return mm * (1 + (1 + need_dx if train else 0))
+
+    def bind(self, ws: dict, b: int) -> None:
+        """Precompute the strided views used every step (once per compile)."""
+        ws["conv4"] = ws["conv"].reshape(4, b, self.hp, self.wp, self.cout)
+        if "dconv" in ws:
+            ws["dconv4"] = ws["dconv"].reshape(4, b, self.hp, self.wp, self.cout)
+            ws["ones"].fill(1)
+        if self.transposed:
+            ws["colsv"] = ws["cols"].reshape(self.k, self.k, 2, 2, b, self.hp, self.wp)
+            ws["A"] = ws["cols"].T
+        else:
+            ws["colsv"] = ws["cols"].reshape(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin)
+            ws["A"] = ws["cols"]
+        if "dx" in ws:
+            ws["dcols8"] = ws["dcols"].reshape(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin)
+
+    def _windows(self, x: np.ndarray, b: int) -> np.ndarray:
+        """(di, dj, b, i, j, ki, kj, c) view: input pixel (2i+di+ki, 2j+dj+kj) of image b
+        (axes (ki, kj, di, dj, b, i, j) when transposed)."""
+        sb, sh, sw, sc = x.strides
+        if self.transposed:
+            return as_strided(x, shape=(self.k, self.k, 2, 2, b, self.hp, self.wp),
+                              strides=(sh, sw, sh, sw, sb, 2 * sh, 2 * sw), writeable=False)
+        return as_strided(
+            x,
+            shape=(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin),
+            strides=(sh, sw, sb, 2 * sh, 2 * sw, sh, sw, sc),
+            writeable=False,
+        )
+
+    def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        if ws.get("windows_of") is not x:  # the input buffer is fixed per program: build once
+            ws["windows"], ws["windows_of"] = self._windows(x, x.shape[0]), x
+        np.copyto(ws["colsv"], ws["windows"])
+        np.matmul(ws["A"], kernel.reshape(self.kk, self.cout), out=ws["conv"])
+        c4, pooled, out = ws["conv4"], ws["pooled"], ws["out"]
+        np.maximum(c4[0], c4[1], out=pooled)
+        np.maximum(pooled, c4[2], out=pooled)
+        np.maximum(pooled, c4[3], out=pooled)
+        np.add(pooled, bias, out=out)
+        np.maximum(out, 0, out=out)
+        return out
+
+    def grad_plan(self) -> list[tuple[str, int, int]]:
+        """The gradient pieces backward streams, in order: ``(parameter, first, stop)`` element
+        ranges of that parameter. A conv's gradients are small: bias and kernel once done."""
+        return [("bias", 0, self.cout), ("kernel", 0, self.kk * self.cout)]
+
+    def backward_iter(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
+                      dbias: np.ndarray, grads_first: bool = False, **_):
+        """Generator: backward, yielding each piece of :meth:`grad_plan` once it is written;
+        returns the input gradient (None for the first layer). See :meth:`Dense.backward_iter`
+        for ``grads_first``."""
+        self._weight_grads(ws, dout, dkernel, dbias)
+        if grads_first:
+            yield from self.grad_plan()
+        dx = self._input_grad(ws, kernel) if "dx" in ws else None
+        if not grads_first:
+            yield from self.grad_plan()
+        return dx
+
+    def _weight_grads(self, ws: dict, dout: np.ndarray, dkernel: np.ndarray,
+                      dbias: np.ndarray) -> None:
+        # Route each window's gradient to its first maximal position (TensorFlow's tie rule)
+        # where the ReLU passed it; ``avail`` marks windows not yet claimed. Masks are bool,
+        # so the only float passes are the four products.
+        c4, d4, pooled = ws["conv4"], ws["dconv4"], ws["pooled"]
+        avail, eq = ws["mask"], ws["eq"]
+        d = dout.reshape(pooled.shape)
+        np.greater(ws["out"], 0, out=avail)
+        for k in range(3):
+            np.equal(c4[k], pooled, out=eq)
+            np.logical_and(eq, avail, out=eq)
+            np.multiply(d, eq, out=d4[k])
+            np.logical_xor(avail, eq, out=avail)
+        np.multiply(d, avail, out=d4[3])
+        # a column sum as a matrix-vector product: BLAS is ~10x faster than add.reduce here
+        np.matmul(ws["ones"], ws["dconv"], out=dbias)
+        np.matmul(ws["A"].T, ws["dconv"], out=dkernel.reshape(self.kk, self.cout))
+
+    def _input_grad(self, ws: dict, kernel: np.ndarray) -> np.ndarray:
+        np.matmul(ws["dconv"], kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])
+        dx, dc = ws["dx"], ws["dcols8"]
+        dx.fill(0)
+        h2, w2 = 2 * self.hp, 2 * self.wp
+        for di in range(2):
+            for dj in range(2):
+                for ki in range(self.k):
+                    for kj in range(self.k):
+                        r, c = di + ki, dj + kj
+                        view = dx[:, r:r + h2:2, c:c + w2:2, :]
+                        np.add(view, dc[di, dj, :, :, :, ki, kj, :], out=view)
+        return dx
+
+
+class Dense:
+    """x @ W + b, optionally followed by ReLU."""
+
+    kind = "dense"
+
+    def __init__(self, n_in: int, n_out: int, relu: bool):
+        self.n_in, self.n_out, self.relu = n_in, n_out, relu
+        self.out_shape = (n_out,)
+        # the kernel gradient in about equal row blocks of at most GRAD_BLOCK_ELEMS elements
+        blocks = -(-n_in * n_out // GRAD_BLOCK_ELEMS)
+        self.block_rows = -(-n_in // blocks)
+
+    def params(self, layer: int) -> list[ParamSpec]:
+        return [
+            ParamSpec(layer, "kernel", (self.n_in, self.n_out), self.n_in, self.n_out, True),
+            ParamSpec(layer, "bias", (self.n_out,), 0, 0, False),
+        ]
+
+    def buffers(self, b: int, train: bool, need_dx: bool) -> dict[str, tuple[tuple[int, ...], str]]:
+        bufs = {"out": ((b, self.n_out), "f")}
+        if train:
+            bufs["dz"] = ((b, self.n_out), "f")
+            bufs["ones"] = ((b,), "f")
+            if self.relu:
+                bufs["mask"] = ((b, self.n_out), "?")
+            if need_dx:
+                bufs["dx"] = ((b, self.n_in), "f")
+        return bufs
+
+    def flops(self, b: int, train: bool, need_dx: bool) -> int:
+        mm = 2 * b * self.n_in * self.n_out
+        return mm * (1 + (1 + need_dx if train else 0))
+
+    def bind(self, ws: dict, b: int) -> None:
+        if "ones" in ws:
+            ws["ones"].fill(1)
+
+    def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        x2 = x.reshape(x.shape[0], self.n_in)
+        ws["x"] = x2
+        out = ws["out"]
+        np.matmul(x2, kernel, out=out)
+        np.add(out, bias, out=out)
+        if self.relu:
+            np.maximum(out, 0, out=out)
+        return out
+
+    def grad_plan(self) -> list[tuple[str, int, int]]:
+        """The gradient pieces backward streams, in order: ``(parameter, first, stop)`` element
+        ranges. The bias, then the kernel in row blocks (contiguous in the flat buffer), so
+        the host can reduce the first rows of a large kernel while the rest is computed."""
+        n, r = self.n_out, self.block_rows
+        return [("bias", 0, n)] + [("kernel", lo * n, min(lo + r, self.n_in) * n)
+                                   for lo in range(0, self.n_in, r)]
+
+    def backward_iter(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
+                      dbias: np.ndarray, grads_first: bool = False, **_):
+        """Generator: backward, yielding each piece of :meth:`grad_plan` once it is written;
+        returns the input gradient (None for the first layer).
+
+        By default the input gradient, which the layer below waits for, comes first (the
+        critical path, as frameworks schedule it) — required when the weights are resident on
+        the IPU, because the host optimizer may then update a streamed kernel block at once
+        and nothing may read the kernel after it. ``grads_first`` (weights streamed in, so the
+        optimizer never touches what backward reads) streams the weight gradients first, so
+        the host's allreduce starts earlier and the input gradient hides part of it. Either
+        way the arithmetic is the same: each block ``dW[rows] = x[:, rows]^T dz`` is the same
+        dot products as the whole product."""
+        dz = ws["dz"]
+        if self.relu:
+            np.greater(ws["out"], 0, out=ws["mask"])
+            np.multiply(dout, ws["mask"], out=dz)
+        else:
+            np.copyto(dz, dout)
+        np.matmul(ws["ones"], dz, out=dbias)
+        dx = ws.get("dx")
+        if dx is not None and not grads_first:
+            np.matmul(dz, kernel.T, out=dx)
+        pieces = self.grad_plan()
+        yield pieces[0]
+        xt, n = ws["x"].T, self.n_out
+        for piece in pieces[1:]:
+            lo, hi = piece[1] // n, piece[2] // n
+            np.matmul(xt[lo:hi], dz, out=dkernel[lo:hi])
+            yield piece
+        if dx is not None and grads_first:
+            np.matmul(dz, kernel.T, out=dx)
+        return dx

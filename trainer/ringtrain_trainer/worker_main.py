@@ -1,0 +1,129 @@
+"""`ringtrain worker` as a process: flags in, the collective chosen, signals, exit code out.
+
+Pipeline position: the edge of the trainer. :func:`main` reads flags and environment once into a
+``TrainerConfig``; ``--report`` prints the IPU memory report and stops; a process whose TF_CONFIG
+task is ``evaluator`` runs :mod:`.evaluator`; otherwise :func:`connect` picks the collective (none
+for a single worker, the ring when TF_CONFIG names peers: gRPC control plane, data path
+``grpc+tcp`` or ``grpc`` as ``--ring-transport`` says; Open MPI with ``--collective mpi``) and
+``worker.Trainer`` runs the steps. Every exception becomes an exit code via
+``ringtrain.errors.exit_code_for`` and the termination log; SIGTERM stops after the current
+step, checkpoints, and exits 143.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Callable
+
+from ringtrain.errors import EXIT_OK, EXIT_TERMINATED, exit_code_for
+from ringtrain_trainer import memory
+from ringtrain_trainer.collective import Collective, LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.ipu import blas_limits
+from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
+from ringtrain_trainer.termlog import (own_termination_log, termination_log_flag,
+                                      write_termination_log)
+from ringtrain_trainer.worker import Trainer
+
+
+def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collective:
+    """The collective for this process: local, the ring, or Open MPI. The ring reports to
+    ``metrics`` from its start-up on (the peers it still waits for)."""
+    if cfg.collective == "mpi":
+        from ringtrain_trainer import mpi  # lazily: mpi4py is an optional extra
+
+        return mpi.connect(cfg.cluster)
+    if cfg.cluster.world_size <= 1:
+        return LocalCollective()
+    from ringtrain_trainer import ring  # lazily: a single worker needs no gRPC
+    from ringtrain_trainer.metrics import RingMetrics
+
+    observer = None if metrics is None else RingMetrics(metrics, ring.data_path(
+        cfg.ring_transport))
+    if cfg.tls is None:
+        from ringtrain_trainer.ring.tls import INSECURE_NOTE
+
+        print(f"ringtrain worker: {INSECURE_NOTE}", file=sys.stderr)
+    return ring.connect(cfg.cluster, cfg.token, transport=cfg.ring_transport,
+                        step_timeout_s=cfg.ring_step_timeout_s,
+                        connect_timeout_s=cfg.ring_connect_timeout_s,
+                        health_timeout_s=cfg.ring_health_timeout_s,
+                        stall_s=cfg.ring_stall_warning_s, observer=observer,
+                        tls=cfg.tls, encrypt_data=cfg.ring_encrypt_data,
+                        health_port=cfg.ring_health_port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `ringtrain worker`; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg: TrainerConfig | None = None
+    trainer: Trainer | None = None
+    collective: Collective | None = None
+    server: MetricsServer | None = None
+    restore_signals = lambda: None  # noqa: E731
+    try:
+        cfg = TrainerConfig.from_args(argv)
+        if cfg.report:  # docs/trainer.md "IPU memory report"
+            memory.report(cfg, sys.stdout)
+            return EXIT_OK
+        metrics = TrainerMetrics()
+        if cfg.cluster.task_type == "evaluator":  # beside the ring, never in it
+            from ringtrain_trainer import evaluator
+
+            if cfg.metrics_port:
+                server = MetricsServer(metrics, cfg.metrics_port)
+            final = evaluator.run(cfg, metrics, _install_sigterm).to_dict()
+            write_termination_log(cfg.termination_log, final)
+            return EXIT_TERMINATED if final["terminated"] else EXIT_OK
+        if cfg.metrics_port:  # up before the ring, so /status names the peers it waits for
+            server = MetricsServer(metrics, cfg.metrics_port)
+        collective = connect(cfg, metrics)
+        metrics.watch_ring(collective)
+        trainer = Trainer(cfg, collective, metrics=metrics)
+        restore_signals = _install_sigterm(trainer.stop_requested)
+        with blas_limits(trainer.ipu.host_threads):
+            final = trainer.run()
+        write_termination_log(own_termination_log(cfg.termination_log, cfg, collective), final)
+        return EXIT_TERMINATED if final["terminated"] else EXIT_OK
+    except SystemExit:
+        raise
+    except BaseException as e:  # one place maps every failure to an exit code
+        code = exit_code_for(e)
+        print(f"ringtrain worker: {type(e).__name__}: {e}", file=sys.stderr)
+        if collective is not None:  # the peers leave at once instead of timing out
+            collective.fail(f"{type(e).__name__}: {e}")
+        if trainer is not None:
+            trainer.metrics.update_status(phase="Failed")
+        log = own_termination_log(
+            cfg.termination_log if cfg is not None else termination_log_flag(argv), cfg,
+            collective)
+        if log:
+            write_termination_log(log, {
+                "event": "error", "error": f"{type(e).__name__}: {e}", "exit_code": code})
+        if code == 1:
+            raise
+        return code
+    finally:
+        restore_signals()
+        if trainer is not None:
+            trainer.close()
+        if collective is not None:
+            collective.close()
+        if server is not None:
+            server.close()
+
+
+def _install_sigterm(stop_requested: threading.Event) -> Callable[[], None]:
+    """SIGTERM/SIGINT set ``stop_requested``: the trainer finishes the current step,
+    checkpoints, and exits 143 (Python as PID 1 otherwise ignores SIGTERM and the pod waits out
+    its whole grace period). Returns a function that puts the previous handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        stop_requested.set()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    return lambda: [signal.signal(s, h) for s, h in old.items()] and None
