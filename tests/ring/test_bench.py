@@ -19,7 +19,9 @@ def test_bench_reports_every_transport_and_baseline_with_ratios():
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     results = {r["impl"]: r for r in rows if r["bench"] == "allreduce"}
     assert set(results) == {"ring-grpc+tcp", "ring-grpc+tcp+tls", "ring-grpc", "ring-grpc+tls",
-                            "gloo", "mpi"}
+                            "gloo-sum", "gloo-mean", "mpi"}
+    assert results["gloo-sum"]["op"] == "sum"
+    assert {r["op"] for i, r in results.items() if i != "gloo-sum"} == {"mean"}
     for r in results.values():
         assert r["iters"] == 3 and r["median_s"] > 0
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"])  # 2(N-1)/N = 1 for N = 2
@@ -27,4 +29,5 @@ def test_bench_reports_every_transport_and_baseline_with_ratios():
     ratios = [r for r in rows if r["bench"] == "allreduce-ratio"]
     assert {(r["impl"], r["baseline"]) for r in ratios} == {
         (i, b) for i in ("ring-grpc+tcp", "ring-grpc+tcp+tls", "ring-grpc", "ring-grpc+tls")
-        for b in ("gloo", "mpi")}
+        for b in ("gloo-sum", "mpi")}
+    assert {r["baseline_op"] for r in ratios if r["baseline"] == "gloo-sum"} == {"sum"}

@@ -4,9 +4,11 @@ Starts N local processes per implementation (the ring over each requested transp
 torch.distributed's gloo, mpi4py under ``mpirun``), times ``--iters`` allreduces per size after a
 barrier each, and reports the median with nccl-tests' definitions: algbw = S/t and
 busbw = 2(N-1)/N · S/t, plus the median CPU time of rank 0's process per allreduce (``cpu_s``,
-all threads), which stays meaningful when other work shares the cores. Every implementation
-runs behind the same ``Collective`` interface and computes the *mean* in place (gloo and MPI
-sum, then divide), so all do the same work. ``--rounds`` repeats the whole comparison
+all threads), which stays meaningful when other work shares the cores. The ring computes the
+*mean* in place; gloo is measured twice, as ``gloo-sum`` (its native operation, a plain
+in-place sum) and ``gloo-mean`` (sum, then divide, the ring's own work), and MPI sums then
+divides. Ratio lines compare each ring path with ``gloo-sum`` — the stricter peer, since it
+does less work than the ring — and with ``mpi``. ``--rounds`` repeats the whole comparison
 interleaved, so that a change in machine load hits every implementation alike. On a 2-core
 machine N > 2 processes share the cores: such figures measure the transport, not scaling.
 """
@@ -32,12 +34,14 @@ MIB = 1 << 20
 
 
 class GlooCollective(Collective):
-    """torch.distributed's gloo backend as a Collective (benchmark baseline only)."""
+    """torch.distributed's gloo backend as a Collective (benchmark baseline only). With
+    ``divide=False`` "mean" is gloo's plain sum: the baseline without the division's pass."""
 
-    def __init__(self, rank: int, size: int, port: int) -> None:
+    def __init__(self, rank: int, size: int, port: int, divide: bool = True) -> None:
         import torch.distributed as dist
 
         self._dist = dist
+        self._divide = divide
         self.rank, self.size = rank, size
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=size)
@@ -46,7 +50,8 @@ class GlooCollective(Collective):
         import torch
 
         self._dist.all_reduce(torch.from_numpy(buf))
-        np.divide(buf, self.size, out=buf)
+        if self._divide:
+            np.divide(buf, self.size, out=buf)
 
     def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
         import torch
@@ -63,11 +68,20 @@ class GlooCollective(Collective):
 #: An implementation name's suffix for the ring under the job's mutual TLS (``--tls``).
 TLS_SUFFIX = "+tls"
 
+#: What each ``--baseline`` runs: gloo both as its native plain sum and as sum-then-divide.
+BASELINES = {"gloo": ("gloo-sum", "gloo-mean"), "mpi": ("mpi",)}
+
+#: The baselines the ring is compared with (gloo's plain sum is the stricter of gloo's two).
+RATIO_BASELINES = ("gloo-sum", "mpi")
+
+#: What an implementation computes: the ring's mean or a plain sum.
+OPS = {"gloo-sum": "sum"}
+
 
 def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
                       chunk_kib: int) -> Collective:
-    if impl == "gloo":
-        return GlooCollective(rank, workers, ports[0])
+    if impl in ("gloo-sum", "gloo-mean"):
+        return GlooCollective(rank, workers, ports[0], divide=impl == "gloo-mean")
     if impl == "mpi":
         from ringtrain_trainer.mpi import connect as mpi_connect
 
@@ -104,8 +118,9 @@ def child(impl: str, rank: int, workers: int, ports: list[int], sizes_mib: list[
                 if i >= warmup:
                     times.append(dt)
                     cpu.append(dc)
-            if not np.allclose(buf[:1], 1.0):
-                raise AssertionError(f"{impl}: mean of ones is {buf[0]}")
+            want = 1.0 if OPS.get(impl, "mean") == "mean" else float(workers) ** (warmup + iters)
+            if want < 1e38 and not np.allclose(buf[:1], want):  # sums of sums of ones
+                raise AssertionError(f"{impl}: {OPS.get(impl, 'mean')} of ones is {buf[0]}")
             if rank == 0:
                 print(json.dumps({"size_mib": size, "times_s": times, "cpu_s": cpu}), flush=True)
     finally:
@@ -148,8 +163,8 @@ def summarize(impl: str, workers: int, size_mib: float, times: list[float], cpu:
     """One result row with nccl-tests' algbw and busbw from the median time."""
     med = statistics.median(times)
     algbw = size_mib * MIB / med / 1e9
-    return {"bench": "allreduce", "impl": impl, "workers": workers, "size_mib": size_mib,
-            "iters": len(times), "median_s": med, "min_s": min(times),
+    return {"bench": "allreduce", "impl": impl, "op": OPS.get(impl, "mean"), "workers": workers,
+            "size_mib": size_mib, "iters": len(times), "median_s": med, "min_s": min(times),
             "cpu_s": statistics.median(cpu), "algbw_gbps": algbw,
             "busbw_gbps": algbw * 2 * (workers - 1) / workers,
             "chunk_kib": chunk_kib if impl.startswith("ring-") else None}
@@ -164,8 +179,9 @@ def environment(load_before: float) -> dict:
             "grpcio": grpc.__version__, "python": sys.version.split()[0]}
 
 
-def ratios(rows: list[dict], baselines: list[str]) -> list[dict]:
-    """busbw ratio and latency ratio of each ring row against each baseline at the same size."""
+def ratios(rows: list[dict], baselines: tuple[str, ...] = RATIO_BASELINES) -> list[dict]:
+    """busbw ratio and latency ratio of each ring row against each of ``baselines`` measured
+    at the same size (gloo's plain sum and MPI by default)."""
     out = []
     for r in rows:
         if not r["impl"].startswith("ring-"):
@@ -173,7 +189,7 @@ def ratios(rows: list[dict], baselines: list[str]) -> list[dict]:
         for b in rows:
             if b["impl"] in baselines and b["size_mib"] == r["size_mib"]:
                 out.append({"bench": "allreduce-ratio", "impl": r["impl"], "baseline": b["impl"],
-                            "workers": r["workers"], "size_mib": r["size_mib"],
+                            "baseline_op": b["op"], "workers": r["workers"], "size_mib": r["size_mib"],
                             "busbw_ratio": r["busbw_gbps"] / b["busbw_gbps"],
                             "time_ratio": r["median_s"] / b["median_s"]})
     return out
@@ -197,7 +213,9 @@ def main(argv: list[str]) -> int:
                    help="also measure each ring data path under the job's mutual TLS (grpc+tcp: "
                         "--ring-encrypt-data), labelled ring-<path>+tls")
     p.add_argument("--baseline", action="append", choices=["gloo", "mpi"], default=[],
-                   help="also measure torch.distributed gloo / mpi4py (repeatable)")
+                   help="also measure torch.distributed gloo (as gloo-sum, its plain sum, and "
+                        "gloo-mean, sum then divide; ratios against gloo-sum) / mpi4py "
+                        "(repeatable)")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     p.add_argument("--timeout-s", type=float, default=600)
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -213,7 +231,7 @@ def main(argv: list[str]) -> int:
     rings = [f"ring-{ {'tcp': 'grpc+tcp'}.get(t, t)}" for t in (a.transport or ["grpc+tcp"])]
     if a.tls:
         rings = [v for r in rings for v in (r, r + TLS_SUFFIX)]
-    impls = rings + a.baseline
+    impls = rings + [b for name in dict.fromkeys(a.baseline) for b in BASELINES[name]]
     load_before = os.getloadavg()[0]
     times: dict[tuple[str, float], tuple[list, list]] = {}
     for _ in range(a.rounds):  # interleaved, so a change in machine load hits every impl
@@ -226,7 +244,7 @@ def main(argv: list[str]) -> int:
                 c += doc["cpu_s"]
     rows = [summarize(impl, a.workers, size, t, c, a.chunk_kib)
             for (impl, size), (t, c) in times.items()]
-    rows += ratios(rows, a.baseline)
+    rows += ratios(rows)
     env = environment(load_before)
     print(json.dumps(env) if a.json else
           f"# {env['cpus']} CPUs, load {env['load_before']:.1f} -> {env['load_after']:.1f}, "
