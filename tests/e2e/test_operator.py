@@ -126,6 +126,34 @@ def test_a_two_worker_job_trains_over_the_ring_and_succeeds(kubectl, namespace, 
     assert f'ringtrain_operator_jobs_succeeded_total{{job_namespace="{namespace}"}} 1.0' in metrics
 
 
+@pytest.mark.parametrize("data_path", ["grpc+tcp", "grpc"])
+def test_each_data_path_trains_across_pods_with_mutual_tls(kubectl, namespace, operator,
+                                                          project_image, data_path):
+    """One job per data path: the gRPC control plane and the tensors cross pods under the job's
+    own CA (its Secret holds the CA and certificate), the workers say which path and security
+    ran, and they end with identical weights."""
+    name = "tls-" + data_path.replace("+", "-")
+    kubectl.apply(training_job(name, project_image, steps=12, ring={"transport": data_path},
+                               run_policy={"cleanPodPolicy": "None"}), namespace)
+    wait_state(kubectl, namespace, name, "Succeeded", 300, operator.tail)
+
+    def all_done():
+        pods = {p["metadata"]["name"]: p for p in job_pods(kubectl, namespace, name)}
+        return pods if all(p["status"].get("phase") == "Succeeded" for p in pods.values()) \
+            and len(pods) == 2 else None
+    pods = wait_for("both workers to succeed", all_done, 60,
+                    lambda: job_story(kubectl, namespace, name, operator.tail))
+    secret = kubectl.json("get", "secret", f"{name}-ring-token", "-n", namespace)
+    assert {"token", "ca.crt", "tls.crt", "tls.key"} <= set(secret["data"])
+    finals = [json.loads(p["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
+              for p in pods.values()]
+    assert [f["steps"] for f in finals] == [12, 12]
+    assert finals[0]["params_sha256"] == finals[1]["params_sha256"]
+    for pod in pods:
+        log = kubectl("logs", pod, "-n", namespace).stdout  # the container's stdout and stderr
+        assert f"data path {data_path}, mutual TLS" in log, log[-2000:]
+
+
 def test_an_invalid_spec_the_schema_accepts_fails_with_reason_and_event(kubectl, namespace,
                                                                        operator):
     kubectl.apply(training_job("indivisible", "ringtrain:0.1.0", ipusPerWorker=3), namespace)

@@ -108,7 +108,11 @@ def test_two_workers_evaluate_together_and_match_one_worker_with_twice_the_batch
         single.close()
     assert len(evals) == 2 and evals[-1] == pytest.approx(single.test_accuracy, abs=2e-3)
     assert json.loads((tmp_path / "log-0").read_text())["test_accuracy"] == evals[-1]
-    assert json.loads((tmp_path / "log-1").read_text())["rank"] == 1  # one log per pod
+    logs = [json.loads((tmp_path / f"log-{r}").read_text()) for r in (0, 1)]
+    assert logs[1]["rank"] == 1  # one log per pod
+    # the workers end with the same weights, and say so: the digest of their own parameters
+    assert logs[0]["params_sha256"] == logs[1]["params_sha256"]
+    assert len(logs[0]["params_sha256"]) == 64
 
 
 @pytest.mark.timeout(120)

@@ -91,7 +91,8 @@ class Final(_Record):
     ``export`` is where the chief wrote the trained model (``--export``)."""
 
     KIND: ClassVar[str] = "final"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_loss", "evaluations", "export", "trace")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_loss", "evaluations", "export", "trace",
+                                           "params_sha256")
     steps: int | None
     epoch: int | None = None
     loss: float | None = None
@@ -106,6 +107,8 @@ class Final(_Record):
     export: str | None = None
     #: the chief: the merged timeline of ``--trace-steps`` (trace.json), when one was recorded
     trace: str | None = None
+    #: every trainer: SHA-256 of its final weights, so a job's workers can be seen to agree
+    params_sha256: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

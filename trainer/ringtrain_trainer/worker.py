@@ -12,6 +12,7 @@ reports, writes ``--export`` and finally the marker that ends the evaluator. SIG
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 import time
@@ -309,7 +310,8 @@ class Trainer:
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
             if train_s > 0 else 0.0,
             checkpoint=self.last_checkpoint, rank=self.rank, world_size=self.world,
-            terminated=terminated, export=export, trace=self.trace_file)
+            terminated=terminated, export=export, trace=self.trace_file,
+            params_sha256=hashlib.sha256(self.params.data).hexdigest())
         if not terminated and self.ckpt is not None and self.is_chief:
             write_done(self.ckpt.dir, final)  # the evaluator's signal to finish
         self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")

@@ -104,7 +104,9 @@ def connect(spec: ClusterSpec, token: bytes, *,
             control.add_handlers(handler)
         control.start()
         answers = control.rendezvous(connect_timeout_s, observer.waiting)
-        log(f"rank {rank}: all {len(addresses)} ranks answered; data path {path}")
+        security = ("mutual TLS" + (", side channel encrypted" if encrypt_data else "")
+                    if material is not None else "TLS off")
+        log(f"rank {rank}: all {len(addresses)} ranks answered; data path {path}, {security}")
         if listener is not None:
             right = schedule.right(rank, len(addresses))
             wire = TcpTransport.open(listener, rank, addresses, token,
