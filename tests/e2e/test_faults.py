@@ -157,11 +157,8 @@ def test_a_worker_sigkilled_three_times_at_random_moments(kubectl, ns, operator,
 
 @pytest.mark.faults_long
 @pytest.mark.timeout(3000)
-def test_a_worker_sigkilled_ten_times_in_one_job(kubectl, ns, operator, project_image,
-                                                 request):
+def test_a_worker_sigkilled_ten_times_in_one_job(kubectl, ns, operator, project_image):
     """Ten kills: the back-off (0, 10, 20 ... 300 s) adds up to about 25 minutes."""
-    if "faults_long" not in (request.config.getoption("-m") or ""):
-        pytest.skip("opt-in: -m faults_long")
     kill_worker_repeatedly(kubectl, ns, operator, project_image,
                            undisturbed(kubectl, ns, operator, project_image, LONG_STEPS), 10,
                            "kill10", steps=LONG_STEPS)
@@ -271,9 +268,7 @@ def test_the_operator_sigkilled_ten_times_during_one_job(kubectl, ns, operator, 
 
 @pytest.mark.faults_long
 def test_the_operator_sigkilled_twenty_times_during_one_job(kubectl, ns, operator,
-                                                            project_image, request):
-    if "faults_long" not in (request.config.getoption("-m") or ""):
-        pytest.skip("opt-in: -m faults_long")
+                                                            project_image):
     kill_the_operator_repeatedly(kubectl, ns, operator, project_image, 20, "opkill20", 4000)
 
 
