@@ -4,6 +4,7 @@ refusals of an inline model before anything runs are here too."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -25,6 +26,9 @@ import keras  # noqa: E402  (never skipped: the issue requires the comparison wi
 from ringtrain_trainer import data as data_mod  # noqa: E402
 from ringtrain_trainer import model as model_mod  # noqa: E402
 from ringtrain_trainer.checkpoint import CheckpointManager  # noqa: E402
+from ringtrain_trainer.collective import LocalCollective  # noqa: E402
+from ringtrain_trainer.config import TrainerConfig  # noqa: E402
+from ringtrain_trainer.worker import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "keras-model.yaml"
@@ -62,6 +66,16 @@ def test_the_keras_model_example_trains_and_keras_loads_what_it_exports(tmp_path
     got = model.predict(x.reshape(len(x), 28, 28), verbose=0)
     assert np.abs(got - expected).max() <= 1e-4 * max(1.0, float(np.abs(expected).max()))
     assert (got.argmax(1) == expected.argmax(1)).all()
+
+    # Round trip: the exported file given back as the model starts from exactly its weights,
+    # which are the chief's final checkpoint.
+    state = CheckpointManager(Path(final["checkpoint"]).parent).load(final["checkpoint"])
+    again = Trainer(TrainerConfig(model=final["export"], dataset="mnist-5k", steps=1,
+                                  batch_size=16), LocalCollective(), out=io.StringIO())
+    try:
+        np.testing.assert_array_equal(again.params, state.params)
+    finally:
+        again.close()
 
 
 def test_ringtrain_run_refuses_an_unsupported_inline_model_before_starting_anything(tmp_path):
