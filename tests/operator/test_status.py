@@ -574,3 +574,20 @@ def test_a_malformed_ipu_memory_report_is_left_out():
     for bad in ("x", {"kinds": "x"}, {"kinds": {"weights": "many", "data": True}}, None):
         d = step(j, [pod("mnist-worker-0", live={"step": 2, "ipu_memory": bad})], None)
         assert d.status["progress"] == {"step": 2}, bad
+
+
+def test_the_running_message_names_the_ring_members_the_chief_still_waits_for():
+    """The chief's /status lists the peers it has not heard from at start-up (the readiness
+    barrier); the job's Running condition names them, and forgets them once the ring formed."""
+    j = job(workers=3)
+    d0 = step(j, running(j), None)
+    waiting = {"step": 0, "epoch": 0, "phase": "Starting", "waiting_for": ["worker-2"]}
+    d1 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", live=waiting)}),
+              d0.status)
+    assert cond(d1.status, st.RUNNING)["message"] == "waiting for worker-2"
+    assert d1.status["progress"]["waitingFor"] == ["worker-2"]
+    trained = {"step": 5, "epoch": 0, "loss": 1.5, "phase": "Training"}
+    d2 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", live=trained)}),
+              d1.status)
+    assert cond(d2.status, st.RUNNING)["message"] == "all pods are running"
+    assert "waitingFor" not in d2.status["progress"] and d2.status["progress"]["step"] == 5
