@@ -13,8 +13,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -209,3 +211,21 @@ def wait_state(kubectl, ns: str, name: str, state: str, timeout_s: float,
 def job_pods(kubectl, ns: str, name: str, include_deleting: bool = True) -> list[dict]:
     items = kubectl.json("get", "pods", "-n", ns, "-l", f"ringtrain.io/job-name={name}")["items"]
     return [p for p in items if include_deleting or not p["metadata"].get("deletionTimestamp")]
+
+
+@contextmanager
+def fresh_namespace(kubectl, prefix: str) -> Iterator[str]:
+    """A fresh namespace (its default ServiceAccount there, so pods are admitted) with the CRD
+    applied and Established; deleted, without waiting, afterwards."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "namespace", name)
+    wait_for("the namespace's default ServiceAccount",
+             lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+             60, lambda: "")
+    kubectl("apply", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io",
+            "--timeout=60s")
+    try:
+        yield name
+    finally:
+        kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -17,11 +17,10 @@ import signal
 import subprocess
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from e2e_support import (CRD, OperatorProcess, get_job, job_pods, job_story, sleep_job,
+from e2e_support import (OperatorProcess, fresh_namespace, get_job, job_pods, job_story, sleep_job,
                          wait_for, wait_state)
 from fault_support import (EVERY, STEPS, assert_same_weights, committed_steps,
                            container_id, container_statuses, ctr_kill, fault_job,
@@ -37,16 +36,8 @@ RNG = random.Random(int(os.environ.get("RINGTRAIN_FAULT_SEED", "12")))
 
 @pytest.fixture(scope="module")
 def ns(kubectl):
-    name = f"e2e-faults-{uuid.uuid4().hex[:6]}"
-    kubectl("create", "namespace", name)
-    wait_for("the namespace's default ServiceAccount",
-             lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
-             60, lambda: "")
-    kubectl("apply", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io",
-            "--timeout=60s")
-    yield name
-    kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with fresh_namespace(kubectl, "e2e-faults") as name:
+        yield name
     shutil.rmtree(f"/tmp/ringtrain-e2e/{name}", ignore_errors=True)
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from e2e_support import (CRD, OperatorProcess, get_job, job_pods, job_story, sleep_job,
+from e2e_support import (OperatorProcess, fresh_namespace, get_job, job_pods, job_story, sleep_job,
                          training_job, wait_for, wait_state)
 
 pytestmark = pytest.mark.e2e
@@ -24,16 +23,8 @@ CTR_SOCK = "/run/ringtrain-containerd/containerd.sock"
 
 @pytest.fixture(scope="module")
 def ns(kubectl):
-    name = f"e2e-lifecycle-{uuid.uuid4().hex[:6]}"
-    kubectl("create", "namespace", name)
-    wait_for("the namespace's default ServiceAccount",
-             lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
-             60, lambda: "")
-    kubectl("apply", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io",
-            "--timeout=60s")
-    yield name
-    kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with fresh_namespace(kubectl, "e2e-lifecycle") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
