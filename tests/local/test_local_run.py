@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import os
 import signal
 import stat
@@ -408,28 +409,30 @@ def kill_worker_1_after_a_checkpoint(tmp_path: Path, **run_policy):
 
 def test_a_sigkilled_worker_restarts_in_place_and_the_chief_resumes_from_its_checkpoint(
         tmp_path):
-    """Worker 1 is restarted in place; worker 0 (the chief) leaves the broken ring with 138 and
-    is restarted in place too, resuming from the checkpoints in its own directory."""
+    """Worker 1 is restarted in place; worker 0 (the chief) leaves the broken ring and rejoins
+    it in its own process (a re-exec: no restart, nothing counted), resuming from the
+    checkpoints in its own directory. One failure, one restart."""
     code, events, killed_at = kill_worker_1_after_a_checkpoint(tmp_path, backoffLimit=6)
     assert code == cli.EXIT_SUCCEEDED, events[-1]
     restarts = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
     assert restarts and all("restarting in place, its peers rejoin the ring" in e["message"]
                             and e["phase"] == "Restarting" for e in restarts)
-    assert [e["restarts"] for e in restarts] == sorted({e["restarts"] for e in restarts})
-    assert ("pod resume-worker-1 failed with exit code 137" in restarts[0]["message"]
-            or "pod resume-worker-0 failed with exit code 138" in restarts[0]["message"])
+    assert "pod resume-worker-1 failed with exit code 137" in restarts[0]["message"]
     started = [i for i, e in enumerate(events) if e["event"] == "started"]
     replicas = [events[i]["replica"] for i in started]
-    assert replicas[:2] == ["worker-0", "worker-1"] and {"worker-0", "worker-1"} <= set(
-        replicas[2:]), "both restarted, each in place"
+    assert replicas == ["worker-0", "worker-1", "worker-1"], "worker-1 alone restarted"
     assert not [e for e in events if e.get("reason") == "PodDeleted"]
-    chief_again = max(i for i in started if events[i]["replica"] == "worker-0")
-    first_step = next(e["step"] for e in events[chief_again:]
-                      if e["event"] == "progress" and e["step"])
+    logs = (tmp_path / "replicas.log").read_text()
+    assert re.search(r"worker-0.*rejoining the ring in place \(rejoin 1 of this container\)",
+                     logs), logs[-3000:]
+    again = started[-1]  # the chief's last progress from before the kill may be shown again
+    stale = [e["step"] for e in events[:again] if e["event"] == "progress"][-1]
+    first_step = next(e["step"] for e in events[again:]
+                      if e["event"] == "progress" and e["step"] and e["step"] != stale)
     assert first_step > killed_at >= CHECKPOINT_EVERY, "the chief resumed from its checkpoint"
     final = events[-1]
     assert (final["phase"], final["steps"]) == ("Succeeded", KILL_JOB_STEPS)
-    assert final["restarts"] == len(started) - 2 >= 2, "every restart in place counted"
+    assert final["restarts"] == 1, "the one restart in place counted, the rejoin not"
     assert final["exit_codes"] == {"worker-0": 0, "worker-1": 0}
 
 

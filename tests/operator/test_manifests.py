@@ -105,7 +105,8 @@ def test_trainer_pod_runs_ringtrain_worker_with_every_flag():
         "--ipus-per-worker", "2", "--ipu-memory-mb", "900", "--no-variables-on-host",
         "--bucket-mb", "0.5", "--ring-transport", "grpc+tcp", "--ring-step-timeout-s", "30",
         "--ring-connect-timeout-s", "120", "--ring-health-timeout-s", "3",
-        "--ring-stall-warning-s", "60", "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
+        "--ring-stall-warning-s", "60", "--ring-rejoin-limit", "3",
+        "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
         "--checkpoint-keep", "3", "--metrics-port", "9400", "--json",
         "--termination-log", "/dev/termination-log"]
     env = {e["name"]: e["value"] for e in c["env"]}

@@ -27,11 +27,16 @@ def start_gang(n: int, argv: list[str], tmp_path) -> list[subprocess.Popen]:
     """n real worker processes of one job on loopback, each with its own termination log."""
     addresses = [f"127.0.0.1:{p}" for p in free_ports(n)]
     token = secrets.token_hex(16)
-    return [subprocess.Popen(
-        [*WORKER, *argv, "--termination-log", str(tmp_path / f"log-{r}")],
+    return [start_member(addresses, token, r, argv, tmp_path) for r in range(n)]
+
+
+def start_member(addresses: list[str], token: str, rank: int, argv: list[str],
+                 tmp_path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*WORKER, *argv, "--termination-log", str(tmp_path / f"log-{rank}")],
         env=dict(os.environ, RINGTRAIN_TOKEN=token,
-                 TF_CONFIG=cluster.build({"worker": addresses}, "worker", r)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
+                 TF_CONFIG=cluster.build({"worker": addresses}, "worker", rank)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_ring_flags_reach_the_config_and_bad_values_are_refused():
@@ -117,7 +122,9 @@ def test_two_workers_evaluate_together_and_match_one_worker_with_twice_the_batch
 
 @pytest.mark.timeout(120)
 def test_a_lost_peer_fails_the_step_within_the_step_timeout_flag(tmp_path):
-    procs = start_gang(2, ["--steps", "100000", "--ring-step-timeout-s", "2"], tmp_path)
+    """With rejoins off, the survivor exits retryable, as every member did before rejoins."""
+    procs = start_gang(2, ["--steps", "100000", "--ring-step-timeout-s", "2",
+                           "--ring-rejoin-limit", "0"], tmp_path)
     try:
         assert json.loads(procs[0].stdout.readline())["event"] == "progress"  # training
         procs[1].kill()
@@ -130,6 +137,50 @@ def test_a_lost_peer_fails_the_step_within_the_step_timeout_flag(tmp_path):
             if p.poll() is None:
                 p.kill()
             p.communicate()
+
+
+@pytest.mark.timeout(240)
+def test_a_survivor_rejoins_in_its_own_process_and_the_result_is_unchanged(tmp_path):
+    """Worker 1 is SIGKILLed mid-run and started again (as its kubelet would); the chief, its
+    survivor, neither exits nor restarts: it re-executes itself (same PID), rejoins, resumes
+    from its checkpoint, and the gang ends with the parameters of an undisturbed run."""
+    def argv(run: str) -> list[str]:
+        return ["--steps", "240", "--checkpoint-every", "20",
+                "--checkpoint-dir", str(tmp_path / run / "ckpt")]
+
+    for run in ("calm", "killed"):
+        (tmp_path / run).mkdir()
+    calm = start_gang(2, argv("calm"), tmp_path / "calm")
+    outs = [p.communicate(timeout=200) for p in calm]
+    assert [p.returncode for p in calm] == [0, 0], [e[-2000:] for _, e in outs]
+
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    token = secrets.token_hex(16)
+    procs = [start_member(addresses, token, r, argv("killed"), tmp_path / "killed")
+             for r in range(2)]
+    try:
+        chief = procs[0]
+        while (step := json.loads(chief.stdout.readline()).get("step", 0)) < 50:
+            pass  # the chief's own progress lines: it has committed checkpoints 20 and 40
+        procs[1].kill()
+        assert procs[1].communicate(timeout=30)[0] is not None and procs[1].returncode == -9
+        procs.append(start_member(addresses, token, 1, argv("killed"), tmp_path / "killed"))
+        out, err = chief.communicate(timeout=200)
+        late = procs[2].communicate(timeout=60)[1]
+        assert (chief.returncode, procs[2].returncode) == (0, 0), (err[-3000:], late[-3000:])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert step >= 50
+    assert "rejoining it in this container (exec, no restart; 1 of --ring-rejoin-limit 3" in err
+    assert "rejoining the ring in place (rejoin 1 of this container)" in err
+    resumed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert any(e.get("event") == "progress" for e in resumed), out[-2000:]
+    digests = [json.loads((tmp_path / run / "log-0").read_text())["params_sha256"]
+               for run in ("calm", "killed")]
+    assert digests[0] == digests[1]
 
 
 @pytest.mark.mpi

@@ -1,6 +1,7 @@
 """`ringtrain` command line: a thin dispatcher to the module that owns each command.
 
-Each command module exposes ``main(argv: list[str]) -> int`` and parses its own flags, so the
+Each command module exposes ``main(argv: list[str]) -> int`` (or the function named after a
+``:``) and parses its own flags, so the
 trainer image starts a worker without importing the operator (kopf, kubernetes) and vice versa.
 """
 
@@ -11,7 +12,7 @@ import sys
 
 #: command words → (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("worker",): ("ringtrain_trainer.worker_main",
+    ("worker",): ("ringtrain_trainer.worker_main:process_main",
                   "train as one replica (single worker when TF_CONFIG is unset)"),
     ("run",): ("ringtrain_localrun.cli", "run a TrainingJob manifest as local processes"),
     ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
@@ -38,8 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     for n in (2, 1):
         key = tuple(argv[:n])
         if key in COMMANDS:
-            module = importlib.import_module(COMMANDS[key][0])
-            return int(module.main(argv[n:]) or 0)
+            name, _, func = COMMANDS[key][0].partition(":")
+            module = importlib.import_module(name)
+            return int(getattr(module, func or "main")(argv[n:]) or 0)
     if argv and argv[0] in ("-V", "--version"):
         from ringtrain import __version__
 

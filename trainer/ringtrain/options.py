@@ -246,6 +246,13 @@ GROUPS: tuple[Group, ...] = (
                exclusive_minimum=True, maximum=86400, metavar="F",
                help="a collective waiting this long is logged, counted and reported in /status "
                     "with the ranks it waits for"),
+        Option("ring_rejoin_limit", int, 3, crd="ring.rejoinLimit", minimum=0, maximum=100,
+               metavar="N",
+               help="a survivor of a peer's failure rejoins the ring in its own container (a "
+                    "re-exec, no container restart) up to N times in a row without a completed "
+                    "step; 0: it exits 138 and the kubelet restarts it",
+               description="rejoins in the survivor's own container (a re-exec) allowed in a row "
+                           "without a completed step; 0 = exit 138 for the kubelet to restart"),
     )),
     Group("checkpoint", (
         Option("checkpoint_dir", str, None, crd="checkpoint.path", crd_default="/checkpoints",

@@ -134,6 +134,9 @@ class TrainerMetrics:
         self.ring_peer_missing = Gauge("ringtrain_ring_peer_missing", "1 while this worker waits "
                                        "at start-up for the ring member named by peer",
                                        ["peer"], registry=r)
+        self.rejoins = Gauge("ringtrain_ring_rejoins", "Times this container's worker rejoined "
+                             "the ring in place after a peer's failure (carried across its "
+                             "re-execs)", registry=r)
         self.waiting_names: list[str] = []
         self._last = IPUStats()
         self._status = events.Status()

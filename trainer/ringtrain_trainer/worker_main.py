@@ -6,7 +6,8 @@ task is ``evaluator`` runs :mod:`.evaluator`; otherwise :func:`connect` picks th
 for a single worker, the ring when TF_CONFIG names peers: gRPC control plane, data path
 ``grpc+tcp`` or ``grpc`` as ``--ring-transport`` says; Open MPI with ``--collective mpi``) and
 ``worker.Trainer`` runs the steps. Every exception becomes an exit code via
-``ringtrain.errors.exit_code_for`` and the termination log; SIGTERM stops after the current
+``ringtrain.errors.exit_code_for`` and the termination log — except a peer's failure, after
+which the process rejoins the ring in place (:mod:`.rejoin`); SIGTERM stops after the current
 step, checkpoints, and exits 143.
 """
 
@@ -17,8 +18,9 @@ import sys
 import threading
 from typing import Callable
 
-from ringtrain.errors import EXIT_OK, EXIT_TERMINATED, exit_code_for
-from ringtrain_trainer import memory
+from ringtrain.errors import (EXIT_OK, EXIT_RETRYABLE, EXIT_TERMINATED, RingError,
+                             exit_code_for)
+from ringtrain_trainer import memory, rejoin
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.ipu import blas_limits
@@ -55,9 +57,18 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
                         health_port=cfg.ring_health_port)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `ringtrain worker`; returns the process exit code."""
+def process_main(argv: list[str] | None = None) -> int:
+    """`ringtrain worker` as the process itself, the only caller allowed to re-execute it."""
+    return main(argv, rejoin_exec=rejoin.exec_again)
+
+
+def main(argv: list[str] | None = None,
+         rejoin_exec: Callable[[rejoin.Rejoins], None] | None = None) -> int:
+    """Train; returns the process exit code. With ``rejoin_exec`` a survivor of a peer's
+    failure calls it (it replaces the process) once everything is closed, instead of returning."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    previous = rejoin.Rejoins.from_env()
+    again: rejoin.Rejoins | None = None
     cfg: TrainerConfig | None = None
     trainer: Trainer | None = None
     collective: Collective | None = None
@@ -79,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_TERMINATED if final["terminated"] else EXIT_OK
         if cfg.metrics_port:  # up before the ring, so /status names the peers it waits for
             server = MetricsServer(metrics, cfg.metrics_port)
+        if previous.total:
+            metrics.rejoins.set(previous.total)
+            print(f"ringtrain worker: rejoining the ring in place (rejoin {previous.total} of "
+                  f"this container)", file=sys.stderr)
         collective = connect(cfg, metrics)
         metrics.watch_ring(collective)
         trainer = Trainer(cfg, collective, metrics=metrics)
@@ -94,6 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringtrain worker: {type(e).__name__}: {e}", file=sys.stderr)
         if collective is not None:  # the peers leave at once instead of timing out
             collective.fail(f"{type(e).__name__}: {e}")
+        if rejoin_exec is not None and cfg is not None:
+            again = rejoin.decide(e, ring_formed=collective is not None,
+                                  step=None if trainer is None else trainer.step,
+                                  limit=cfg.ring_rejoin_limit, previous=previous)
+            if again is not None:
+                print(f"ringtrain worker: leaving the broken ring at step {again.step}; "
+                      f"rejoining it in this container (exec, no restart; {again.streak} of "
+                      f"--ring-rejoin-limit {cfg.ring_rejoin_limit} in a row)", file=sys.stderr)
+                return code
+            if isinstance(e, RingError) and collective is not None and code == EXIT_RETRYABLE:
+                print(f"ringtrain worker: not rejoining in place: {previous.streak} rejoins in "
+                      f"a row without a completed step (--ring-rejoin-limit "
+                      f"{cfg.ring_rejoin_limit}); exiting {code}", file=sys.stderr)
         if trainer is not None:
             trainer.metrics.update_status(phase="Failed")
         log = own_termination_log(
@@ -113,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             collective.close()
         if server is not None:
             server.close()
+        if again is not None and rejoin_exec is not None:
+            rejoin_exec(again)  # replaces this process: the ring's ports are free again
 
 
 def _install_sigterm(stop_requested: threading.Event) -> Callable[[], None]:

@@ -10,6 +10,13 @@ metadata of every call, as the data path's calls carry them):
   channel (the ``grpc+tcp`` data path), so that port is learnt here and never guessed.
 - ``Abort``: "I am leaving because of this failure": the receiver breaks its collective at once
   (naming the sender) instead of waiting for a socket error or the step timeout.
+
+Peers restart (a killed container, a survivor rejoining by re-exec, ``ringtrain_trainer.rejoin``)
+while others are already waiting again, so each process has a random ``incarnation``: the
+``Register`` answer carries it, and an ``Abort`` counts only from the incarnation this worker
+registered with — a restarting peer's predecessor, still leaving, can neither abort the new
+rendezvous nor be registered with (a leaving process refuses ``Register`` as UNAVAILABLE, so the
+caller retries until the new process answers).
 - ``State``: where a worker is (collectives started, the one in flight), for stall reports.
 
 Health is the one service without the token: kubelet's gRPC probe and ``ringtrain health``
@@ -23,6 +30,7 @@ service is refused (UNAUTHENTICATED) before any state is touched.
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 import threading
 import time
@@ -91,6 +99,9 @@ class ControlPlane:
         self._pending: list[grpc.Future] = []
         self._told = False
         self._closed = False
+        self.incarnation = secrets.token_hex(8)
+        #: each peer's incarnation, from its Register answer
+        self.peer_incarnation: dict[int, str] = {}
 
     def name(self, rank: int) -> str:
         return f"{self.names[rank]} ({self.addresses[rank]})"
@@ -134,7 +145,11 @@ class ControlPlane:
 
     def _register(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._authorise(context)
-        return json.dumps({"rank": self.rank, "data_port": self.data_port}).encode()
+        coll = self._collective
+        if self._told or self._closed or (coll is not None and coll.broken):
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"rank {self.rank}: leaving the ring")
+        return json.dumps({"rank": self.rank, "data_port": self.data_port,
+                           "incarnation": self.incarnation}).encode()
 
     def _abort(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         sender = self._authorise(context)
@@ -142,8 +157,13 @@ class ControlPlane:
             doc = json.loads(request)
             reason, cls = str(doc["reason"])[:2000], (PeerTimeout if doc.get("timeout")
                                                       else RingError)
+            incarnation = str(doc["incarnation"])
         except (ValueError, TypeError, KeyError):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed abort")
+        if incarnation != self.peer_incarnation.get(sender):
+            log(f"rank {self.rank}: ignoring an abort from {self.name(sender)}: not the process "
+                f"this worker registered with ({reason[:200]})")
+            return b""
         with self._lock:
             coll = self._collective
             step = None if coll is None or coll.position is None else coll.position[0].step
@@ -190,6 +210,7 @@ class ControlPlane:
             for r, call in calls.items():
                 try:
                     answers[r] = json.loads(call.result())
+                    self.peer_incarnation[r] = str(answers[r].get("incarnation"))
                 except grpc.RpcError as e:
                     self._refused_by(e, r)
                     last[r] = f"{e.code().name}: {e.details()}"
@@ -243,7 +264,8 @@ class ControlPlane:
         for r in range(self.world):
             if r != self.rank:
                 self._pending.append(self.channel(r).unary_unary(f"/{SERVICE}/Abort").future(
-                    json.dumps({"reason": reason[:2000], "timeout": timeout}).encode(),
+                    json.dumps({"reason": reason[:2000], "timeout": timeout,
+                                "incarnation": self.incarnation}).encode(),
                     metadata=md, timeout=ABORT_GRACE_S))
 
     def states(self, ranks: list[int], timeout_s: float) -> dict[int, dict | None]:

@@ -317,9 +317,11 @@ class RingCollective(Collective):
             err = ring_error(exc, rank=self.rank, step=header.step, peer=peer,
                              what=f"{what} {header.describe()}")
             self._broken = err
+            # the Aborts first: a peer whose socket to us breaks next waits for one briefly
+            # (ABORT_WAIT_S) and should find it, so that it names the cause, not us
+            self._tell_peers(str(err), isinstance(err, PeerTimeout))
             self.transport.abort()
             self.observer.error("timeout" if isinstance(err, PeerTimeout) else "link")
-            self._tell_peers(str(err), isinstance(err, PeerTimeout))
         raise self._broken
 
     def _send(self, mv: memoryview, a: int, b: int) -> None:
