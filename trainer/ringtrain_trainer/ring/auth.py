@@ -44,9 +44,10 @@ VERDICTS = {
 
 
 class KeyRefused(Unauthenticated):
-    """The side-channel server did not accept our key (``REFUSED_TOKEN``). A key that came from
-    the peer's own ``Register`` answer is refused only when the peer restarted since (a new
-    listener, a new key), which ``ring.tcp`` turns into a retryable error."""
+    """A side channel refused the key; ``connect`` raises a retryable RingError instead.
+
+    The key came from the peer's own ``Register`` answer, so the peer refuses it only when it
+    restarted since (a new listener, a new key): the gang restarts, the job does not fail."""
 
 
 def new_key() -> bytes:
