@@ -68,13 +68,30 @@ def write_tls(directory: Path, name: str = "ring") -> Path:
     return directory
 
 
+def register(ring: Ring, rank: int, as_rank: int) -> dict:
+    """``rank``'s answer to a Register call made as ``as_rank`` with the job's token (and, on a
+    TLS ring, the job's certificate): what a ring member learns at the rendezvous, the
+    side channel's port and, for its left neighbour, its key."""
+    from ringtrain_trainer.ring import channels, control, tls
+
+    material = tls.load(ring.tls_dir) if ring.tls_dir is not None else None
+    ch = channels.channel(ring.addresses[rank], material)
+    try:
+        return json.loads(ch.unary_unary(f"/{control.SERVICE}/Register")(
+            b"", metadata=control.call_metadata(ring.token, as_rank, len(ring.addresses)),
+            timeout=10))
+    finally:
+        ch.close()
+
+
 def start(world: int, scenario: str, transport: str = "grpc+tcp", *args: str,
           ranks: list[int] | None = None, extra: dict[int, list[str]] | None = None,
-          tls_dir: Path | None = None) -> Ring:
+          tls_dir: Path | None = None, token: bytes | None = None) -> Ring:
     """Start ``ranks`` (default: all) of a ``world``-member ring; :meth:`Ring.start_rank`
     starts the others later. ``extra`` adds arguments for single ranks; with ``tls_dir`` every
-    member loads the job's TLS material from it (mutual TLS)."""
-    token = new_token().encode()
+    member loads the job's TLS material from it (mutual TLS); ``token`` (default: a new one)
+    makes it another ring of the same job."""
+    token = token or new_token().encode()
     addresses = loopback_addresses(world)
     ring = Ring([None] * world, addresses, token, tls_dir=tls_dir)
     ring.argv = [scenario, "--addresses", ",".join(addresses), "--transport", transport, *args]

@@ -5,7 +5,8 @@ ring port and metrics port (loopback only, a bounded number of rounds, each conn
 by a socket timeout) for the whole run. Every one is refused, and the job ends with exactly the
 weights and loss of an undisturbed run with the same seed (the runs are deterministic, see
 test_equivalence.py). gRPC's bearer token is static, so a *replayed* gRPC call is out of scope
-until the per-job TLS lands; the TCP handshake is challenge-response and refuses replays.
+until the per-job TLS lands; the TCP handshake is challenge-response with the side channel's own
+per-rendezvous key and refuses replays, and the job's token in place of that key.
 """
 
 from __future__ import annotations
@@ -127,14 +128,24 @@ def tcp_truncated(port: int) -> None:
         s.sendall(os.urandom(10))  # and hang up half-way through the handshake
 
 
+def side_channel_key(port: int) -> bytes:
+    """The key worker 0's side channel (``port``) expects from its left neighbour, worker 1,
+    as worker 1 learns it at the rendezvous: Register on the ring port (``port`` - 1)."""
+    with grpc.insecure_channel(f"127.0.0.1:{port - 1}") as ch:
+        answer = ch.unary_unary(f"/{control.SERVICE}/Register")(
+            b"", metadata=control.call_metadata(TOKEN.encode(), 1, 2), timeout=TIMEOUT_S)
+    return bytes.fromhex(json.loads(answer)["data_key"])
+
+
 def tcp_replayed(port: int) -> None:
-    """A valid client message recorded from one connection, replayed on another: its MAC is
-    bound to the first connection's server nonce."""
-    ident = struct.pack("!II", 1, 2)
+    """A valid client message (with the right key, as an insider would send it) recorded from
+    one connection, replayed on another: its MAC is bound to the first connection's server
+    nonce."""
+    key, ident = side_channel_key(port), struct.pack("!II", 1, 2)
     with connect(port) as first:
         nonce_s = auth.recv_exact(first, 21)[5:]
     nonce_c = os.urandom(16)
-    mac = hmac.new(TOKEN.encode(), b"client" + b"RTRH\x01" + nonce_s + nonce_c + ident,
+    mac = hmac.new(key, b"client" + b"RTRH\x01" + nonce_s + nonce_c + ident,
                    hashlib.sha256).digest()
     with connect(port) as second:
         auth.recv_exact(second, 21)
@@ -145,6 +156,12 @@ def tcp_replayed(port: int) -> None:
 def tcp_wrong_token(port: int) -> None:
     with connect(port) as s, pytest.raises(Unauthenticated, match="wrong token"):
         auth.client_handshake(s, b"guessed", 1, 2, "attacker")
+
+
+def tcp_job_token(port: int) -> None:
+    """The job's long-lived token is not the side channel's key."""
+    with connect(port) as s, pytest.raises(auth.KeyRefused, match="wrong token"):
+        auth.client_handshake(s, TOKEN.encode(), 1, 2, "attacker")
 
 
 # --- the ring port: the gRPC server (control plane, and the grpc data path's streams) -------
@@ -238,7 +255,7 @@ RING_ATTACKS = {
 #: the grpc+tcp side channel (ring port + 1) listens only until the left neighbour has joined:
 #: these run against worker 0's while it waits for worker 1, then it is closed for good
 SIDE_CHANNEL_ATTACKS = [tcp_garbage, tcp_oversized, tcp_truncated, tcp_replayed,
-                        tcp_wrong_token, idle]
+                        tcp_wrong_token, tcp_job_token, idle]
 
 
 def attack_side_channel(landed: dict):

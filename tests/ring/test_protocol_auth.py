@@ -90,3 +90,32 @@ def test_client_refuses_a_server_that_does_not_speak_the_protocol():
         auth.client_handshake(c, b"t", 0, 2, "peer")
     s.close()
     c.close()
+
+
+def test_every_listener_has_its_own_key_and_a_refused_key_is_retryable():
+    """A key from the peer's own rendezvous answer is refused only by a restarted peer (a new
+    listener, a new key): the gang restarts (retryable), the job does not fail for good."""
+    from ringtrain.errors import EXIT_RETRYABLE, RingError
+    from ringtrain_trainer.ring.tcp import Listener, connect_with_backoff
+
+    first, second = (Listener(0, 2, 1, "127.0.0.1", fallback=True) for _ in range(2))
+    try:
+        assert len(first.key) == auth.KEY_BYTES and first.key != second.key
+        with pytest.raises(RingError, match="restarted since") as e:
+            connect_with_backoff(f"127.0.0.1:{second.port}", first.key, 1, 2, 10)
+        assert not isinstance(e.value, Unauthenticated)
+        assert e.value.exit_code == EXIT_RETRYABLE
+        connect_with_backoff(f"127.0.0.1:{first.port}", first.key, 1, 2, 10).close()
+        left = first.wait_left(5)
+        assert left is not None and (first.refused, second.refused) == (0, 1)
+        left.close()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_the_client_tells_a_refused_key_from_other_refusals():
+    verdict, err = handshake(b"listener's key", b"job token")
+    assert verdict == auth.REFUSED_TOKEN and isinstance(err, auth.KeyRefused)
+    verdict, err = handshake(b"k", b"k", world=3)
+    assert verdict == auth.REFUSED_WORLD and not isinstance(err, auth.KeyRefused)

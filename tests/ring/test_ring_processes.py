@@ -71,15 +71,22 @@ def test_a_stranger_on_the_tcp_side_channel_is_refused_while_the_ring_keeps_work
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n".ljust(56, b"-"))
             answer = b"".join(iter(lambda: s.recv(64), b""))
             assert answer == bytes([auth.REFUSED_TOKEN])
-        # 2: a proper handshake with the wrong token, claiming to be the left neighbour
+        # 2: a proper handshake with a guessed key, claiming to be the left neighbour
         with socket.create_connection((host, port), timeout=10) as s:
             with pytest.raises(auth.Unauthenticated, match="wrong token"):
                 auth.client_handshake(s, b"not-the-token", 1, 2, "rank 0")
-        # 3: the right token, but the left neighbour is already connected
+        # 3: the job's own token is not the side channel's key
+        with socket.create_connection((host, port), timeout=10) as s:
+            with pytest.raises(auth.KeyRefused, match="wrong token"):
+                auth.client_handshake(s, ring.token, 1, 2, "rank 0")
+        # 4: the key rank 0 gives its left neighbour at the rendezvous is accepted, but the
+        # left neighbour is already connected
+        answer = ring_procs.register(ring, 0, as_rank=1)
+        assert answer["data_port"] == port and len(answer["data_key"]) == 2 * auth.KEY_BYTES
         with socket.create_connection((host, port), timeout=10) as s:
             with pytest.raises(ConnectionError, match="already connected"):
-                auth.client_handshake(s, ring.token, 1, 2, "rank 0")
-        # 4: a worker of a job with another secret fails at once, permanently
+                auth.client_handshake(s, bytes.fromhex(answer["data_key"]), 1, 2, "rank 0")
+        # 5: a worker of a job with another secret fails at once, permanently
         wrong_token_joins(ring, "tcp")
         ring.procs[1].stdin.write("go\n")
         ring.procs[1].stdin.flush()
@@ -87,7 +94,7 @@ def test_a_stranger_on_the_tcp_side_channel_is_refused_while_the_ring_keeps_work
     finally:
         ring.kill()
     assert [code for code, _ in results] == [0, 0], results
-    assert results[0][1][-1] == {"event": "done", "rank": 0, "refused": 4}
+    assert results[0][1][-1] == {"event": "done", "rank": 0, "refused": 5}
 
 
 @pytest.mark.timeout(60)

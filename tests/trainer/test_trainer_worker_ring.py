@@ -23,20 +23,21 @@ from ringtrain_bench.procs import free_ports
 WORKER = [sys.executable, "-m", "ringtrain.cli", "worker", "--dataset", "mnist-5k", "--json"]
 
 
+def start_worker(r: int, addresses: list[str], token: str, argv: list[str],
+                 tmp_path) -> subprocess.Popen:
+    """Rank ``r`` of the job on ``addresses``, a real process with its own termination log."""
+    return subprocess.Popen(
+        [*WORKER, *argv, "--termination-log", str(tmp_path / f"log-{r}")],
+        env=dict(os.environ, RINGTRAIN_TOKEN=token,
+                 TF_CONFIG=cluster.build({"worker": addresses}, "worker", r)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def start_gang(n: int, argv: list[str], tmp_path) -> list[subprocess.Popen]:
     """n real worker processes of one job on loopback, each with its own termination log."""
     addresses = [f"127.0.0.1:{p}" for p in free_ports(n)]
     token = secrets.token_hex(16)
-    return [start_member(addresses, token, r, argv, tmp_path) for r in range(n)]
-
-
-def start_member(addresses: list[str], token: str, rank: int, argv: list[str],
-                 tmp_path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*WORKER, *argv, "--termination-log", str(tmp_path / f"log-{rank}")],
-        env=dict(os.environ, RINGTRAIN_TOKEN=token,
-                 TF_CONFIG=cluster.build({"worker": addresses}, "worker", rank)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return [start_worker(r, addresses, token, argv, tmp_path) for r in range(n)]
 
 
 def test_ring_flags_reach_the_config_and_bad_values_are_refused():
@@ -120,6 +121,47 @@ def test_two_workers_evaluate_together_and_match_one_worker_with_twice_the_batch
     assert len(logs[0]["params_sha256"]) == 64
 
 
+HEAD_START_S = 20.0  # the issue's figure: a worker that starts 20 s before its peers
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_started_20_s_before_its_peers_waits_names_them_and_trains_once_they_come(
+        tmp_path):
+    """Worker 0 alone for 20 s: it does not crash or give up, its /status names worker-1 and
+    worker-2 the whole time and its log says whom it waits for; then they come, and the job
+    trains to the end with the same weights on all three."""
+    from ringtrain import events
+
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    token, port = secrets.token_hex(16), free_ports(1)[0]
+    argv = ["--steps", "4", "--batch-size", "8", "--ring-connect-timeout-s", "90"]
+    procs = [start_worker(0, addresses, token, [*argv, "--metrics-port", str(port)], tmp_path)]
+    started = time.monotonic()
+    try:
+        seen: list = []
+        while time.monotonic() - started < HEAD_START_S:  # the deliberate head start
+            assert procs[0].poll() is None, procs[0].communicate()[1][-2000:]
+            st = events.fetch_status(f"http://127.0.0.1:{port}/status", timeout_s=2)
+            if st is not None and (st.waiting_for or seen):
+                seen.append(st.waiting_for)
+            time.sleep(0.5)  # sampling /status while the head start runs out
+        assert seen and all(w == ["worker-1", "worker-2"] for w in seen), seen
+        assert time.monotonic() - started >= HEAD_START_S
+        procs += [start_worker(r, addresses, token, argv, tmp_path) for r in (1, 2)]
+        outs = [p.communicate(timeout=150) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in procs] == [0, 0, 0], [e[-2000:] for _, e in outs]
+    assert "rank 0: waiting for worker-1, worker-2" in outs[0][1]
+    assert "rank 0: all 3 ranks answered" in outs[0][1]
+    logs = [json.loads((tmp_path / f"log-{r}").read_text()) for r in range(3)]
+    assert [log["steps"] for log in logs] == [4, 4, 4], logs
+    assert len({log["params_sha256"] for log in logs}) == 1, logs
+
+
 @pytest.mark.timeout(120)
 def test_a_lost_peer_fails_the_step_within_the_step_timeout_flag(tmp_path):
     """With rejoins off, the survivor exits retryable, as every member did before rejoins."""
@@ -156,7 +198,7 @@ def test_a_survivor_rejoins_in_its_own_process_and_the_result_is_unchanged(tmp_p
 
     addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
     token = secrets.token_hex(16)
-    procs = [start_member(addresses, token, r, argv("killed"), tmp_path / "killed")
+    procs = [start_worker(r, addresses, token, argv("killed"), tmp_path / "killed")
              for r in range(2)]
     try:
         chief = procs[0]
@@ -164,7 +206,7 @@ def test_a_survivor_rejoins_in_its_own_process_and_the_result_is_unchanged(tmp_p
             pass  # the chief's own progress lines: it has committed checkpoints 20 and 40
         procs[1].kill()
         assert procs[1].communicate(timeout=30)[0] is not None and procs[1].returncode == -9
-        procs.append(start_member(addresses, token, 1, argv("killed"), tmp_path / "killed"))
+        procs.append(start_worker(1, addresses, token, argv("killed"), tmp_path / "killed"))
         out, err = chief.communicate(timeout=200)
         late = procs[2].communicate(timeout=60)[1]
         assert (chief.returncode, procs[2].returncode) == (0, 0), (err[-3000:], late[-3000:])

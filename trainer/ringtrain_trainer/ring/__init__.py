@@ -94,8 +94,8 @@ def connect(spec: ClusterSpec, token: bytes, *,
         if path == "grpc+tcp":
             from ringtrain_trainer.ring.tcp import TcpTransport
 
-            listener = TcpTransport.listen(rank, addresses, token, data_tls)
-            control.data_port = listener.port
+            listener = TcpTransport.listen(rank, addresses, data_tls)
+            control.data_port, control.data_key = listener.port, listener.key
         else:
             from ringtrain_trainer.ring.grpc_transport import GrpcTransport
 
@@ -105,12 +105,17 @@ def connect(spec: ClusterSpec, token: bytes, *,
         control.start()
         answers = control.rendezvous(connect_timeout_s, observer.waiting)
         security = ("mutual TLS" + (", side channel encrypted" if encrypt_data else "")
-                    if material is not None else "TLS off")
+                    if material is not None
+                    else "TLS off: control calls and the side-channel key in the clear")
         log(f"rank {rank}: all {len(addresses)} ranks answered; data path {path}, {security}")
         if listener is not None:
             right = schedule.right(rank, len(addresses))
-            wire = TcpTransport.open(listener, rank, addresses, token,
-                                     int(answers[right]["data_port"]),
+            side = answers[right]
+            if side.get("data_port") is None or not side.get("data_key"):
+                raise InvalidSpec(f"rank {rank}: {addresses[right]} announced no grpc+tcp side "
+                                  "channel (do all workers use the same --ring-transport?)")
+            wire = TcpTransport.open(listener, rank, addresses, int(side["data_port"]),
+                                     bytes.fromhex(side["data_key"]),
                                      connect_timeout_s=connect_timeout_s,
                                      step_timeout_s=step_timeout_s, material=data_tls)
         else:

@@ -1,10 +1,15 @@
-"""Authentication of ring peers with the job's shared secret.
+"""Authentication of ring peers: the job's token on gRPC, a per-rendezvous key on TCP.
 
-Two forms, one secret. gRPC calls carry the token as metadata (``ringtrain-token-bin``) and the
-server compares it in constant time. The raw TCP data path never puts the token on the wire:
-a mutual HMAC-SHA256 challenge-response over fresh nonces (server proves it knows the token as
-well, so a worker cannot be tricked into streaming gradients to an impostor). A connection that
-fails the handshake is closed before it can touch any ring state.
+gRPC calls carry the job's token as metadata (``ringtrain-token-bin``) and the server compares
+it in constant time. The raw TCP side channel (``grpc+tcp``) never sees that token: its key is
+32 random bytes that each side-channel listener makes when it starts and hands, in its
+``Register`` answer, to the one peer that may connect to it (``ring.control``), i.e. over the
+mutual-TLS control channel. The handshake is a mutual HMAC-SHA256 challenge-response with that
+key over fresh nonces (the server proves the key as well, so a worker cannot be tricked into
+streaming gradients to an impostor). A recorded handshake fails on the nonces; a key learnt at
+an earlier rendezvous, or the job's long-lived token, fails on the key, because every listener
+(every process, every rendezvous) has its own. A connection that fails the handshake is closed
+before it can touch any ring state.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ _NONCE = 16
 _CLIENT = struct.Struct("!II")  # claimed rank, world size
 _MAC = 32
 
-#: Verdict bytes the TCP server sends back.
+#: Bytes of a side-channel key (one per listener, i.e. per rendezvous).
+KEY_BYTES = 32
+
+#: Verdict bytes the TCP server sends back (``REFUSED_TOKEN``: the HMAC did not match the key).
 OK, REFUSED_TOKEN, REFUSED_WORLD, REFUSED_RANK, REFUSED_BUSY = 0, 1, 2, 3, 4
 VERDICTS = {
     REFUSED_TOKEN: "wrong token",
@@ -35,13 +43,25 @@ VERDICTS = {
 }
 
 
+class KeyRefused(Unauthenticated):
+    """A side channel refused the key; ``connect`` raises a retryable RingError instead.
+
+    The key came from the peer's own ``Register`` answer, so the peer refuses it only when it
+    restarted since (a new listener, a new key): the gang restarts, the job does not fail."""
+
+
+def new_key() -> bytes:
+    """A fresh side-channel key."""
+    return os.urandom(KEY_BYTES)
+
+
 def token_ok(presented: bytes | None, token: bytes) -> bool:
     """Constant-time comparison; a missing token never matches."""
     return presented is not None and hmac.compare_digest(presented, token)
 
 
-def _mac(token: bytes, role: bytes, *parts: bytes) -> bytes:
-    return hmac.new(token, role + b"".join(parts), hashlib.sha256).digest()
+def _mac(key: bytes, role: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, role + b"".join(parts), hashlib.sha256).digest()
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -56,11 +76,11 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def server_handshake(sock: socket.socket, token: bytes, world: int,
+def server_handshake(sock: socket.socket, key: bytes, world: int,
                      accept_rank) -> tuple[int, int]:
-    """Authenticate an incoming connection; returns (verdict, claimed rank).
+    """Authenticate an incoming connection with ``key``; returns (verdict, claimed rank).
 
-    ``accept_rank(rank) -> verdict`` decides, once the peer proved the token, whether this rank
+    ``accept_rank(rank) -> verdict`` decides, once the peer proved the key, whether this rank
     may connect now. The verdict is sent back before the caller closes or keeps the socket.
     """
     nonce_s = os.urandom(_NONCE)
@@ -68,34 +88,36 @@ def server_handshake(sock: socket.socket, token: bytes, world: int,
     msg = recv_exact(sock, _CLIENT.size + _NONCE + _MAC)
     ident, nonce_c, mac = msg[:_CLIENT.size], msg[_CLIENT.size:-_MAC], msg[-_MAC:]
     rank, peer_world = _CLIENT.unpack(ident)
-    if not hmac.compare_digest(mac, _mac(token, b"client", _HELLO, nonce_s, nonce_c, ident)):
+    if not hmac.compare_digest(mac, _mac(key, b"client", _HELLO, nonce_s, nonce_c, ident)):
         verdict = REFUSED_TOKEN
     elif peer_world != world:
         verdict = REFUSED_WORLD
     else:
         verdict = accept_rank(rank)
-    proof = _mac(token, b"server", _HELLO, nonce_s, nonce_c, ident) if verdict == OK else b""
+    proof = _mac(key, b"server", _HELLO, nonce_s, nonce_c, ident) if verdict == OK else b""
     sock.sendall(bytes([verdict]) + proof)
     return verdict, rank
 
 
-def client_handshake(sock: socket.socket, token: bytes, rank: int, world: int,
+def client_handshake(sock: socket.socket, key: bytes, rank: int, world: int,
                      peer: str) -> None:
-    """Prove the token to the server and check its proof; raises Unauthenticated or
-    ConnectionError (the latter is worth retrying: the peer may still be starting)."""
+    """Prove ``key`` to the server and check its proof; raises Unauthenticated (KeyRefused for
+    a refused key) or ConnectionError (worth retrying: the peer may still be starting)."""
     hello = recv_exact(sock, len(_HELLO) + _NONCE)
     if hello[:len(_HELLO)] != _HELLO:
         raise Unauthenticated(f"{peer} does not speak the ringtrain TCP protocol (do all "
                               "workers use the same ring transport, tcp or grpc?)", rank=rank)
     nonce_s, nonce_c = hello[len(_HELLO):], os.urandom(_NONCE)
     ident = _CLIENT.pack(rank, world)
-    sock.sendall(ident + nonce_c + _mac(token, b"client", _HELLO, nonce_s, nonce_c, ident))
+    sock.sendall(ident + nonce_c + _mac(key, b"client", _HELLO, nonce_s, nonce_c, ident))
     verdict = recv_exact(sock, 1)[0]
     if verdict != OK:
         text = VERDICTS.get(verdict, f"verdict {verdict}")
         if verdict == REFUSED_BUSY:
             raise ConnectionError(f"{peer} refused rank {rank}: {text}")
+        if verdict == REFUSED_TOKEN:
+            raise KeyRefused(f"{peer} refused the connection: {text}", rank=rank)
         raise Unauthenticated(f"{peer} refused the connection: {text}", rank=rank)
     proof = recv_exact(sock, _MAC)
-    if not hmac.compare_digest(proof, _mac(token, b"server", _HELLO, nonce_s, nonce_c, ident)):
-        raise Unauthenticated(f"{peer} could not prove the ring token", rank=rank)
+    if not hmac.compare_digest(proof, _mac(key, b"server", _HELLO, nonce_s, nonce_c, ident)):
+        raise Unauthenticated(f"{peer} could not prove the side-channel key", rank=rank)

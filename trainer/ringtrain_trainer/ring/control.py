@@ -7,9 +7,20 @@ metadata of every call, as the data path's calls carry them):
 
 - ``Register``: the rendezvous. Every worker registers with every peer and waits, with back-off
   and the connect deadline, until all have answered; the answer names the peer's TCP side
-  channel (the ``grpc+tcp`` data path), so that port is learnt here and never guessed.
+  channel (the ``grpc+tcp`` data path), so that port is learnt here and never guessed, and,
+  to the one caller allowed to connect there (its left neighbour), that side channel's key.
+
+  The key exchange, and why this one: each side-channel listener makes its own random key when
+  it starts (``tcp.Listener``) and only its left neighbour ever connects to it, so the listener
+  is the natural owner of the key and its ``Register`` answer the natural carrier: no extra
+  call, no chief to wait for, nothing shared by more than two ranks. The answer goes only to
+  a caller that passed mutual TLS and the token (``_authorise``), so the key never crosses the
+  network in the clear; it dies with the listener, so a key or a recorded handshake from an
+  earlier rendezvous or process opens nothing. Without the job's TLS material the whole control
+  channel, the key included, is plaintext (the worker says so: ``tls.INSECURE_NOTE``).
 - ``Abort``: "I am leaving because of this failure": the receiver breaks its collective at once
   (naming the sender) instead of waiting for a socket error or the step timeout.
+- ``State``: where a worker is (collectives started, the one in flight), for stall reports.
 
 Peers restart (a killed container, a survivor rejoining by re-exec, ``ringtrain_trainer.rejoin``)
 while others are already waiting again, so each process has a random ``incarnation``: the
@@ -17,7 +28,6 @@ while others are already waiting again, so each process has a random ``incarnati
 registered with — a restarting peer's predecessor, still leaving, can neither abort the new
 rendezvous nor be registered with (a leaving process refuses ``Register`` as UNAVAILABLE, so the
 caller retries until the new process answers).
-- ``State``: where a worker is (collectives started, the one in flight), for stall reports.
 
 Health is the one service without the token: kubelet's gRPC probe and ``ringtrain health``
 carry none, and it reveals nothing but "serving". With the job's TLS material the whole server
@@ -40,7 +50,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ringtrain.errors import InvalidSpec, PeerTimeout, RingError, Unauthenticated
-from ringtrain_trainer.ring import auth, channels, tls
+from ringtrain_trainer.ring import auth, channels, schedule, tls
 
 SERVICE = "ringtrain.Control"
 #: Health service name whose status follows the ring (SERVING once joined, not after a break);
@@ -93,6 +103,7 @@ class ControlPlane:
         self._lock = threading.Lock()
         self.refused = 0
         self.data_port: int | None = None  # the TCP side channel's, announced by Register
+        self.data_key: bytes | None = None  # its key, told only to the left neighbour
         self.aborted: RingError | None = None  # a peer's Abort that came before attach()
         self._collective = None
         self._channels: dict[int, grpc.Channel] = {}
@@ -144,12 +155,15 @@ class ControlPlane:
         return int(md[RANK_KEY])
 
     def _register(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self._authorise(context)
+        caller = self._authorise(context)
         coll = self._collective
         if self._told or self._closed or (coll is not None and coll.broken):
             context.abort(grpc.StatusCode.UNAVAILABLE, f"rank {self.rank}: leaving the ring")
-        return json.dumps({"rank": self.rank, "data_port": self.data_port,
-                           "incarnation": self.incarnation}).encode()
+        doc: dict = {"rank": self.rank, "data_port": self.data_port,
+                     "incarnation": self.incarnation}
+        if self.data_key is not None and caller == schedule.left(self.rank, self.world):
+            doc["data_key"] = self.data_key.hex()
+        return json.dumps(doc).encode()
 
     def _abort(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         sender = self._authorise(context)

@@ -13,9 +13,12 @@ destination itself (allgather) or one preallocated scratch chunk that ``np.add(.
 folds into the destination (reduce-scatter). Socket calls release the GIL, so the engine's send
 thread and receive thread really run at once.
 
-Every connection must pass the mutual HMAC handshake of ``trainer.ring.auth`` first; anything
-else (a port scanner, a worker of another job, a second "left neighbour") is answered with a
-refusal and closed by the listener thread without touching the ring.
+Every connection must pass the mutual HMAC handshake of ``ring.auth`` first, keyed not by the
+job's token but by 32 random bytes the listener makes for this rendezvous and gives out only
+through the control plane (``Register``, mutual TLS where the job has its material); anything
+else (a port scanner, a worker of another job, a recorded handshake, a key of an earlier
+rendezvous, a second "left neighbour") is answered with a refusal and closed by the listener
+thread without touching the ring.
 
 With ``encryptData`` (``--ring-encrypt-data``) both sockets are first wrapped in Python's
 ``ssl`` with the job's mutual TLS (``ring.tls.ssl_context``): a peer without a certificate of the
@@ -33,7 +36,7 @@ import time
 import numpy as np
 
 from ringtrain.cluster import split_address
-from ringtrain.errors import PeerTimeout, Unauthenticated
+from ringtrain.errors import PeerTimeout, RingError, Unauthenticated
 from ringtrain_trainer.ring import auth, schedule, tls
 from ringtrain_trainer.ring.protocol import HEADER_BYTES, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
@@ -52,13 +55,16 @@ class Listener:
     """Accepts connections on this rank's ring port and keeps the one from the left neighbour.
 
     Runs for the whole life of the ring so that late strangers are refused too (and counted in
-    ``refused``, which tests read).
+    ``refused``, which tests read). ``key`` is this listener's own, fresh side-channel key: the
+    control plane hands it to the left neighbour (``ControlPlane.data_key``); a new listener
+    (a restarted worker, the next rendezvous) has a new one, so no old handshake or key opens it.
     """
 
-    def __init__(self, port: int, token: bytes, world: int, left_rank: int,
+    def __init__(self, port: int, world: int, left_rank: int,
                  host: str = "0.0.0.0", *, fallback: bool = False,
                  material: tls.Material | None = None) -> None:
-        self._token, self._world, self._left_rank = token, world, left_rank
+        self.key = auth.new_key()
+        self._world, self._left_rank = world, left_rank
         self._tls = material
         self._ssl = tls.ssl_context(material, server_side=True) if material else None
         self._lock = threading.Lock()
@@ -118,7 +124,7 @@ class Listener:
                 conn = self._ssl.wrap_socket(conn, server_side=True)
                 if not tls.ssl_peer_ok(conn, self._tls):
                     raise ConnectionError("certificate of another job")
-            verdict, _ = auth.server_handshake(conn, self._token, self._world, accept)
+            verdict, _ = auth.server_handshake(conn, self.key, self._world, accept)
         except (OSError, ConnectionError):
             verdict = auth.REFUSED_TOKEN
         if verdict != auth.OK:
@@ -149,12 +155,14 @@ class Listener:
         self._thread.join(timeout=5)
 
 
-def connect_with_backoff(address: str, token: bytes, rank: int, world: int,
+def connect_with_backoff(address: str, key: bytes, rank: int, world: int,
                          timeout_s: float, material: tls.Material | None = None) -> socket.socket:
-    """Connect and authenticate to ``address``, retrying while the peer is not up yet (refused
-    connection, unresolvable name: a pod whose DNS record is not published yet) until
-    ``timeout_s``; then PeerTimeout naming the peer and the last error. With ``material`` the
-    socket is wrapped in mutual TLS first; a TLS failure is Unauthenticated, not retried."""
+    """Connect and authenticate with the peer's side-channel ``key`` (from its ``Register``
+    answer) to ``address``, retrying while the peer is not up yet (refused connection,
+    unresolvable name: a pod whose DNS record is not published yet) until ``timeout_s``; then
+    PeerTimeout naming the peer and the last error. With ``material`` the socket is wrapped in
+    mutual TLS first; a TLS failure is Unauthenticated, not retried. A refused key is a
+    RingError (retryable): the key came from the peer itself, so the peer restarted since."""
     host, port = split_address(address)
     ctx = tls.ssl_context(material, server_side=False) if material else None
     deadline = time.monotonic() + timeout_s
@@ -170,9 +178,14 @@ def connect_with_backoff(address: str, token: bytes, rank: int, world: int,
                 if not tls.ssl_peer_ok(sock, material):
                     raise Unauthenticated(f"{address} holds another job's certificate",
                                           rank=rank)
-            auth.client_handshake(sock, token, rank, world, address)
+            auth.client_handshake(sock, key, rank, world, address)
             _tune(sock)
             return sock
+        except auth.KeyRefused as e:
+            sock.close()
+            raise RingError(f"{address} refused the side-channel key it gave at the rendezvous "
+                            f"(it restarted since?): {e.reason}", rank=rank, step=-1,
+                            peer=address) from None
         except Unauthenticated:
             if sock is not None:
                 sock.close()
@@ -222,27 +235,27 @@ class TcpTransport(Transport):
         self._closed = False
 
     @staticmethod
-    def listen(rank: int, addresses: tuple[str, ...], token: bytes,
+    def listen(rank: int, addresses: tuple[str, ...],
                material: tls.Material | None = None) -> Listener:
-        """The side channel's listener on the ring port + 1, else on any free port;
-        ``material`` encrypts what it accepts."""
+        """The side channel's listener, with a fresh key, on the ring port + 1, else on any
+        free port; ``material`` encrypts what it accepts."""
         world = len(addresses)
         _, port = split_address(addresses[rank])
-        return Listener(port + 1, token, world, schedule.neighbours(rank, world)[0],
+        return Listener(port + 1, world, schedule.neighbours(rank, world)[0],
                         fallback=True, material=material)
 
     @classmethod
-    def open(cls, listener: Listener, rank: int, addresses: tuple[str, ...], token: bytes,
-             right_data_port: int, *, connect_timeout_s: float,
+    def open(cls, listener: Listener, rank: int, addresses: tuple[str, ...],
+             right_data_port: int, right_key: bytes, *, connect_timeout_s: float,
              step_timeout_s: float, material: tls.Material | None = None) -> "TcpTransport":
-        """Connect to the right neighbour's side channel (its port from the rendezvous) and
-        wait for the left neighbour's; the listener is closed on failure."""
+        """Connect to the right neighbour's side channel (its port and key from the
+        rendezvous) and wait for the left neighbour's; the listener is closed on failure."""
         world = len(addresses)
         left_rank, right_rank = schedule.neighbours(rank, world)
         host, _ = split_address(addresses[right_rank])
         start = time.monotonic()
         try:
-            right = connect_with_backoff(f"{host}:{right_data_port}", token, rank, world,
+            right = connect_with_backoff(f"{host}:{right_data_port}", right_key, rank, world,
                                          connect_timeout_s, material)
         except BaseException:
             listener.close()

@@ -14,8 +14,9 @@ the target's spelling must not make the handshake fail. Servers additionally com
 peer's job identity (the URI SAN) with their own after the handshake (:func:`peer_ok`).
 
 Without material (``ringtrain worker`` started by hand with only ``RINGTRAIN_TOKEN``) the ring
-runs as before TLS existed: insecure channels, the token in call metadata, and one plain log line
-saying so. With material, the token still travels in every call, inside TLS.
+runs as before TLS existed: insecure channels, the token in call metadata (and the side
+channel's per-rendezvous key in ``Register`` answers), and one plain log line saying so. With
+material, the token still travels in every call, inside TLS.
 
 :func:`serve` and :func:`channel` are the only ways the ring opens a gRPC port or channel, so a
 transport switches between the two modes in one argument.
@@ -35,8 +36,8 @@ from ringtrain import pki
 
 #: Where TLS is off, the one line the worker logs.
 INSECURE_NOTE = ("ring TLS is off (no RINGTRAIN_TLS_DIR or --ring-tls-dir): gRPC calls are "
-                 "unencrypted and carry the ring token in cleartext; the grpc+tcp side channel "
-                 "still authenticates with its HMAC handshake")
+                 "unencrypted and carry the ring token, and the grpc+tcp side channel's "
+                 "per-rendezvous key, in cleartext")
 
 
 @dataclass(frozen=True)
