@@ -79,7 +79,7 @@ OPS = {"gloo-sum": "sum"}
 
 
 def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
-                      chunk_kib: int) -> Collective:
+                      chunk_kib: int, malloc_tuning: bool = True) -> Collective:
     if impl in ("gloo-sum", "gloo-mean"):
         return GlooCollective(rank, workers, ports[0], divide=impl == "gloo-mean")
     if impl == "mpi":
@@ -88,7 +88,10 @@ def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
         return mpi_connect()
     from ringtrain import pki
     from ringtrain.cluster import ClusterSpec
-    from ringtrain_trainer.ring import connect
+    from ringtrain_trainer.ring import connect, malloc_tuning
+
+    if malloc_tuning:  # as the worker does
+        malloc_tuning.tune()
 
     spec = ClusterSpec(cluster={"worker": tuple(f"127.0.0.1:{p}" for p in ports)},
                        task_index=rank)
@@ -102,9 +105,9 @@ def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
 
 
 def child(impl: str, rank: int, workers: int, ports: list[int], sizes_mib: list[float],
-          iters: int, warmup: int, chunk_kib: int) -> None:
+          iters: int, warmup: int, chunk_kib: int, malloc_tuning: bool = True) -> None:
     """One benchmark process: prints (rank 0 only) one JSON line of times per size."""
-    coll = _child_collective(impl, rank, workers, ports, chunk_kib)
+    coll = _child_collective(impl, rank, workers, ports, chunk_kib, malloc_tuning)
     rank = coll.rank
     try:
         for size in sizes_mib:
@@ -128,7 +131,7 @@ def child(impl: str, rank: int, workers: int, ports: list[int], sizes_mib: list[
 
 
 def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup: int,
-             chunk_kib: int, timeout_s: float) -> dict[float, dict]:
+             chunk_kib: int, timeout_s: float, malloc_tuning: bool = True) -> dict[float, dict]:
     """Start the processes of one implementation; rank 0's raw timings per size."""
     ports = free_ports(workers)
     env = dict(os.environ, RINGTRAIN_TOKEN=new_token())
@@ -140,14 +143,15 @@ def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup
                 Path(tls_dir, name).write_bytes(content)
             env["RINGTRAIN_TLS_DIR"] = tls_dir
         return _run_impl(impl, workers, sizes_mib, iters, warmup, chunk_kib, timeout_s, ports,
-                         env)
+                         env, malloc_tuning)
 
 
 def _run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup: int,
-              chunk_kib: int, timeout_s: float, ports: list[int], env: dict) -> dict[float, dict]:
+              chunk_kib: int, timeout_s: float, ports: list[int], env: dict,
+              malloc_tuning: bool = True) -> dict[float, dict]:
     args = ["--child", impl, "--workers", str(workers), "--ports", ",".join(map(str, ports)),
             "--size-mib", *map(str, sizes_mib), "--iters", str(iters), "--warmup", str(warmup),
-            "--chunk-kib", str(chunk_kib)]
+            "--chunk-kib", str(chunk_kib), *([] if malloc_tuning else ["--no-malloc-tuning"])]
     me = [sys.executable, "-m", "ringtrain_bench.allreduce"]
     if impl == "mpi":
         cmds = [["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(workers),
@@ -170,12 +174,14 @@ def summarize(impl: str, workers: int, size_mib: float, times: list[float], cpu:
             "chunk_kib": chunk_kib if impl.startswith("ring-") else None}
 
 
-def environment(load_before: float) -> dict:
-    """What the figures depend on: cores, machine load around the run, library versions."""
+def environment(load_before: float, malloc_tuning: bool = True) -> dict:
+    """What the figures depend on: cores, machine load around the run, library versions, and
+    whether the ring processes tuned glibc malloc."""
     import grpc
 
     return {"bench": "allreduce-env", "cpus": os.cpu_count(), "load_before": load_before,
-            "load_after": os.getloadavg()[0], "numpy": np.__version__,
+            "load_after": os.getloadavg()[0], "malloc_tuning": malloc_tuning,
+            "numpy": np.__version__,
             "grpcio": grpc.__version__, "python": sys.version.split()[0]}
 
 
@@ -216,6 +222,9 @@ def main(argv: list[str]) -> int:
                    help="also measure torch.distributed gloo (as gloo-sum, its plain sum, and "
                         "gloo-mean, sum then divide; ratios against gloo-sum) / mpi4py "
                         "(repeatable)")
+    p.add_argument("--no-malloc-tuning", dest="malloc_tuning", action="store_false",
+                   help="leave glibc malloc's defaults in the ring processes (the worker "
+                        "tunes it; see ringtrain_trainer.ring.malloc_tuning)")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     p.add_argument("--timeout-s", type=float, default=600)
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -224,7 +233,7 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if a.child:
         child(a.child, a.rank, a.workers, [int(x) for x in a.ports.split(",")], a.size_mib,
-              a.iters, a.warmup, a.chunk_kib)
+              a.iters, a.warmup, a.chunk_kib, a.malloc_tuning)
         return 0
     if a.workers < 2:
         p.error("--workers must be at least 2 (one process has nothing to reduce)")
@@ -237,7 +246,7 @@ def main(argv: list[str]) -> int:
     for _ in range(a.rounds):  # interleaved, so a change in machine load hits every impl
         for impl in impls:
             got = run_impl(impl, a.workers, a.size_mib, a.iters, a.warmup, a.chunk_kib,
-                           a.timeout_s)
+                           a.timeout_s, a.malloc_tuning)
             for size, doc in got.items():
                 t, c = times.setdefault((impl, size), ([], []))
                 t += doc["times_s"]
@@ -245,7 +254,7 @@ def main(argv: list[str]) -> int:
     rows = [summarize(impl, a.workers, size, t, c, a.chunk_kib)
             for (impl, size), (t, c) in times.items()]
     rows += ratios(rows)
-    env = environment(load_before)
+    env = environment(load_before, a.malloc_tuning)
     print(json.dumps(env) if a.json else
           f"# {env['cpus']} CPUs, load {env['load_before']:.1f} -> {env['load_after']:.1f}, "
           f"numpy {env['numpy']}, grpcio {env['grpcio']}")

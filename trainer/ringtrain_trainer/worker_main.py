@@ -5,7 +5,8 @@ Pipeline position: the edge of the trainer. :func:`main` reads flags and environ
 task is ``evaluator`` runs :mod:`.evaluator`; otherwise :func:`connect` picks the collective (none
 for a single worker, the ring when TF_CONFIG names peers: gRPC control plane, data path
 ``grpc+tcp`` or ``grpc`` as ``--ring-transport`` says; Open MPI with ``--collective mpi``) and
-``worker.Trainer`` runs the steps. Every exception becomes an exit code via
+``worker.Trainer`` runs the steps; a ring process first tunes glibc malloc
+(``ring.malloc_tuning``). Every exception becomes an exit code via
 ``ringtrain.errors.exit_code_for`` and the termination log — except a peer's failure, after
 which the process rejoins the ring in place (:mod:`.rejoin`); SIGTERM stops after the current
 step, checkpoints, and exits 143.
@@ -41,6 +42,9 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
         return LocalCollective()
     from ringtrain_trainer import ring  # lazily: a single worker needs no gRPC
     from ringtrain_trainer.metrics import RingMetrics
+    from ringtrain_trainer.ring import malloc_tuning
+
+    malloc_tuning.tune()  # before the ring's threads first allocate
 
     observer = None if metrics is None else RingMetrics(metrics, ring.data_path(
         cfg.ring_transport))

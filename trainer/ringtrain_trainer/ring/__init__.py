@@ -7,7 +7,8 @@ port of its own TF_CONFIG address (the control plane, ``control``), registers wi
 (pure chunk plan), ``protocol`` (the per-collective header), ``auth`` (token checks),
 ``tls`` (mutual TLS with the job's certificate), ``channels`` (every gRPC server and channel), ``control`` + ``watchdog`` (rendezvous, health,
 aborts, stall reports), ``tcp`` / ``grpc_transport`` (the data paths ``grpc+tcp`` and
-``grpc``), ``engine`` (the algorithm over a data path).
+``grpc``), ``engine`` (the algorithm over a data path), ``malloc_tuning`` (glibc settings
+for a ring process, applied by the worker).
 """
 
 from __future__ import annotations
