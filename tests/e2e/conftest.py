@@ -68,13 +68,6 @@ def _run_logged(cmd: list[str], log_path: Path, timeout_s: int, what: str) -> No
 
 
 def pytest_collection_modifyitems(config, items):
-    # The long fault runs (tests/e2e/test_faults.py, ~30 min) run only when -m names them:
-    # deselected, not skipped, so `make test` reports them as what they are.
-    if "faults_long" not in (config.getoption("-m") or ""):
-        long_runs = [i for i in items if i.get_closest_marker("faults_long")]
-        if long_runs:
-            config.hook.pytest_deselected(items=long_runs)
-            items[:] = [i for i in items if not i.get_closest_marker("faults_long")]
     # The first test that needs the cluster (the image) pays for bringing it up (building it):
     # it gets that budget on top of its own timeout, so that pytest-timeout still guards every
     # test.

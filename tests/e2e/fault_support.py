@@ -5,9 +5,11 @@ SIGSTOP, its network namespace's link."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -20,12 +22,12 @@ EVERY = 20
 
 
 def fault_job(name: str, image: str, ckpt: Path, backoff: int = 2, steps: int = STEPS,
-              **run_policy) -> dict:
+              replicas: int = 2, **run_policy) -> dict:
     """The one spec every fault test runs: cleanPodPolicy None keeps the pods to inspect; the
     connect timeout covers the kubelet's growing crash back-off (docs/operator.md)."""
     ckpt.mkdir(parents=True, exist_ok=True)
     ckpt.chmod(0o777)
-    return training_job(name, image, steps=steps,
+    return training_job(name, image, replicas=replicas, steps=steps,
                         run_policy={"cleanPodPolicy": "None", "backoffLimit": backoff,
                                     "activeDeadlineSeconds": 900, **run_policy},
                         checkpoint={"everySteps": EVERY, "volume": {
@@ -133,17 +135,78 @@ def container_statuses(kubectl, ns: str, name: str) -> dict[str, dict]:
             for p in pods}
 
 
+class WitnessNode:
+    """A second Node object that stays Ready (its Lease renewed from here), tainted so that
+    nothing is scheduled on it. Without it, a single-node cluster whose one node goes silent
+    is "all nodes not ready", where the node controller enters its master-disruption mode and
+    evicts nothing (it assumes the control plane, not the nodes, lost the network)."""
+
+    NAME = "ringtrain-witness"
+
+    def __init__(self, kubectl) -> None:
+        self.kubectl = kubectl
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._renew, daemon=True)
+
+    @staticmethod
+    def _now() -> str:
+        return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    def __enter__(self) -> "WitnessNode":
+        now = self._now()[:19] + "Z"
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "a witness node of the fault tests",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}
+        self.kubectl.apply({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": self.NAME, "labels": {"ringtrain.io/witness": "true"}},
+            "spec": {"taints": [{"key": "ringtrain.io/witness", "effect": "NoSchedule"}]},
+            "status": {"conditions": [ready]}})
+        self._lease()
+        self.thread.start()
+        return self
+
+    def _lease(self) -> None:
+        self.kubectl.apply({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": self.NAME, "namespace": "kube-node-lease"},
+                            "spec": {"holderIdentity": self.NAME, "leaseDurationSeconds": 40,
+                                     "renewTime": self._now()}})
+
+    def _renew(self) -> None:
+        while not self.stop.wait(5):  # the kubelet renews its own every 10 s
+            self._lease()
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        self.kubectl("delete", "lease", self.NAME, "-n", "kube-node-lease", check=False)
+        self.kubectl("delete", "node", self.NAME, check=False)
+
+
 def gang_running(kubectl, ns: str, name: str, n: int = 2) -> bool:
     cs = container_statuses(kubectl, ns, name)
     return len(cs) == n and all("running" in (c.get("state") or {}) for c in cs.values())
 
 
-def progress_steps(kubectl, ns: str, pod: str, previous: bool = False) -> list[int]:
-    """The steps of the chief's progress lines in its current (or previous) container's log."""
+REJOINED = "rejoining the ring in place"
+
+
+def container_log(kubectl, ns: str, pod: str, previous: bool = False) -> str:
     args = ["logs", pod, "-n", ns, "-c", "ringtrain"] + (["--previous"] if previous else [])
-    log = kubectl(*args, check=False).stdout
+    return kubectl(*args, check=False).stdout
+
+
+def progress_steps(kubectl, ns: str, pod: str, previous: bool = False) -> list[int]:
+    """The steps of the chief's progress lines in its current (or previous) container's
+    current process: a rejoin re-executes the process inside the same container, so only the
+    lines after the last rejoin count."""
+    log = container_log(kubectl, ns, pod, previous).split(REJOINED)[-1]
     return [json.loads(line)["step"] for line in log.splitlines()
             if line.startswith("{") and '"progress"' in line]
+
+
+def rejoins(kubectl, ns: str, pod: str) -> int:
+    """Times the worker in the pod's current container rejoined the ring in place."""
+    return container_log(kubectl, ns, pod).count(REJOINED)
 
 
 def final_event(kubectl, ns: str, pod: str) -> dict:

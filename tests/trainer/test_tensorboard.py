@@ -163,22 +163,31 @@ def served(tmp_path_factory):
                              capture_output=True, text=True, timeout=120, check=False)
         assert out.returncode == 0, out.stderr[-3000:]
         job = [json.loads(x) for x in out.stdout.splitlines()]
-        deadline, tags = time.monotonic() + 40, {}
-        while time.monotonic() < deadline:
-            assert p.poll() is None, p.stderr.read()[-2000:]
-            try:
-                tags = _get(f"{base}/data/plugin/scalars/tags")
-            except (urllib.error.URLError, ConnectionError):
-                tags = {}
-            if all(want[r] <= set(tags.get(r, ())) for r in want):
-                break
-            time.sleep(0.2)
-        assert {r: set(t) for r, t in tags.items()} == want
 
         def scalars_of(run: str, tag: str) -> dict[int, float]:
             q = urllib.parse.urlencode({"run": run, "tag": tag})
             return {step: value for _, step, value in
                     _get(f"{base}/data/plugin/scalars/scalars?{q}")}
+
+        def loaded() -> bool:
+            """Every tag, and every point of the last one written (TensorBoard reloads the
+            files in passes: a tag can be there before all its points are)."""
+            return (all(want[r] <= set(tags.get(r, ())) for r in want)
+                    and len(scalars_of("evaluator", "eval/test_accuracy"))
+                    == len(job[-1]["evaluations"])
+                    and max(scalars_of("chief", "train/loss")) == job[-1]["steps"])
+
+        deadline, tags = time.monotonic() + 40, {}
+        while time.monotonic() < deadline:
+            assert p.poll() is None, p.stderr.read()[-2000:]
+            try:
+                tags = _get(f"{base}/data/plugin/scalars/tags")
+                if loaded():
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                tags = {}
+            time.sleep(0.2)  # polling a live server, not standing in for synchronisation
+        assert {r: set(t) for r, t in tags.items()} == want
         yield job, scalars_of
     finally:
         p.kill()  # a test server: nothing to save, and no need to wait out TensorFlow's exit
