@@ -1,20 +1,21 @@
 """What the fault tests share: one job spec whose every run trains the same steps with the same
 checkpoint cadence into a host directory (so the test can read the chief's final weights), the
-comparison with an undisturbed run, and the ways to hurt a container from the node: SIGKILL,
-SIGSTOP, its network namespace's link."""
+comparison with an undisturbed run, the waits between faults, and the ways to hurt a container
+from the node: SIGKILL, SIGSTOP, its network namespace's link, a witness node."""
 
 from __future__ import annotations
 
 import datetime
 import json
 import os
+import random
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from e2e_support import training_job
+from e2e_support import get_job, job_pods, job_story, training_job, wait_for, wait_state
 
 CTR = ["ctr", "--address", "/run/ringtrain-containerd/containerd.sock", "-n", "k8s.io"]
 STEPS = 600
@@ -216,3 +217,111 @@ def final_event(kubectl, ns: str, pod: str) -> dict:
 
 def sleep_until(t: float) -> None:
     time.sleep(max(0.0, t - time.monotonic()))
+
+
+# ---- the fault tests' shared steps --------------------------------------------------------------
+
+def ckpt_dir(ns: str, name: str) -> Path:
+    return Path(f"/tmp/ringtrain-e2e/{ns}/{name}")
+
+
+def story(kubectl, ns, name, operator):
+    return lambda: job_story(kubectl, ns, name, operator.tail)
+
+
+def events(kubectl, ns: str, name: str) -> list[dict]:
+    return kubectl.json("get", "events", "-n", ns,
+                        "--field-selector", f"involvedObject.name={name}")["items"]
+
+
+def pods_created(kubectl, ns, name) -> int:
+    return sum(e.get("count", 1) for e in events(kubectl, ns, name)
+               if e["reason"] == "PodCreated")
+
+
+def undisturbed(kubectl, ns, operator, image, steps: int = STEPS, replicas: int = 2) -> dict:
+    """The final weights of an undisturbed run, which every faulted run of ``steps`` equals."""
+    name = f"reference-{replicas}x{steps}"
+    ckpt = ckpt_dir(ns, name)
+    t0 = time.monotonic()
+    kubectl.apply(fault_job(name, image, ckpt, steps=steps, replicas=replicas), ns)
+    done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
+    assert done["status"]["restarts"] == 0
+    print(f"undisturbed run of {replicas} workers x {steps} steps: {time.monotonic() - t0:.0f}s")
+    return final_weights(ckpt, steps)
+
+
+def wait_training(kubectl, ns, name, operator, ckpt: Path, restarts: dict[str, int] | None = None,
+                  timeout_s=300) -> int:
+    """Wait until every member runs with exactly ``restarts`` container restarts (pod name →
+    count; none: 2 members, none restarted), then until the chief commits a checkpoint it made
+    since (the gang trains again); return that step."""
+    restarts = restarts or {f"{name}-worker-{i}": 0 for i in range(2)}
+
+    def restarted():
+        cs = container_statuses(kubectl, ns, name)
+        return (gang_running(kubectl, ns, name, len(restarts)) and all(
+            cs[pod].get("restartCount", 0) == n for pod, n in restarts.items()))
+
+    wait_for(f"every member running after {restarts}", restarted, timeout_s,
+             story(kubectl, ns, name, operator), poll_s=0.3)
+    since = newest_step(ckpt)
+    return wait_for(f"a checkpoint after step {since}", lambda: newest_step(ckpt) > since
+                    and newest_step(ckpt), timeout_s, story(kubectl, ns, name, operator),
+                    poll_s=0.2)
+
+
+def kill_the_operator_repeatedly(kubectl, ns, operator, image, kills: int, name: str,
+                                 steps: int, rng: random.Random):
+    """kill -9 at random points of its reconciles (0-2 s after each start: while it lists,
+    creates the Service, Secret and pods, writes status, polls progress), all while the job
+    trains: nothing duplicated or orphaned, the status never goes back, the job completes.
+    The workers are never touched, so their weights are not compared."""
+    ckpt = ckpt_dir(ns, name)
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            st = (get_job(kubectl, ns, name) or {}).get("status") or {}
+            pods = job_pods(kubectl, ns, name)
+            seen.append((st.get("state"), (st.get("progress") or {}).get("step"),
+                         st.get("restarts", 0), sorted(p["metadata"]["name"] for p in pods),
+                         {p["metadata"]["uid"] for p in pods}))
+            time.sleep(0.3)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    operator.kill9()
+    kubectl.apply(fault_job(name, image, ckpt, steps=steps), ns)
+    done_kills, last_at = 0, 0
+    try:
+        while done_kills < kills:
+            operator.start()
+            time.sleep(rng.uniform(0, 2.0))
+            operator.kill9()
+            done_kills += 1
+        last_at = newest_step(ckpt)
+        operator.start()
+        done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
+    finally:
+        stop.set()
+        watcher.join(10)
+        if operator.proc.poll() is not None:
+            operator.start()
+    assert last_at < steps, "the last kill came after training ended"
+    order = {None: 0, "Created": 1, "Running": 2, "Succeeded": 3}
+    progress = [s[1] for s in seen if s[1] is not None]
+    assert progress == sorted(progress), "progress went back"
+    ranks = [order.get(s[0], -1) for s in seen]
+    assert ranks == sorted(ranks), [s[0] for s in seen]
+    assert all(s[2] == 0 for s in seen), "a restart was counted"
+    assert all(s[3] in ([], [f"{name}-worker-0"], [f"{name}-worker-0", f"{name}-worker-1"],
+                        [f"{name}-worker-1"]) for s in seen), {tuple(s[3]) for s in seen}
+    uids = set().union(*(s[4] for s in seen))
+    assert len(uids) == 2, "a pod was created twice"
+    assert pods_created(kubectl, ns, name) == 2
+    assert done["status"]["restarts"] == 0 and done["status"]["progress"]["step"] == steps
+    assert newest_step(ckpt) == steps
+    print(f"{done_kills} operator kills, the last at checkpoint step {last_at} of {steps}; "
+          f"{len(seen)} status samples, states "
+          f"{sorted({s[0] for s in seen}, key=lambda s: order.get(s, -1))}")

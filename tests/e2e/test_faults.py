@@ -15,17 +15,18 @@ import random
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from e2e_support import (OperatorProcess, fresh_namespace, get_job, job_pods, job_story, sleep_job,
-                         wait_for, wait_state)
-from fault_support import (EVERY, STEPS, NetNS, WitnessNode, assert_same_weights,
-                           committed_steps, container_id, container_statuses, ctr_kill, dead,
-                           fault_job, final_weights, gang_running, host_pids, newest_step, progress_steps,
-                           rejoins, signal_all, sleep_until)
+from e2e_support import (OperatorProcess, fresh_namespace, job_pods, sleep_job, wait_for,
+                         wait_state)
+from fault_support import (EVERY, REJOINED, STEPS, NetNS, WitnessNode, assert_same_weights,
+                           ckpt_dir, committed_steps, container_id, container_log,
+                           container_statuses, ctr_kill, dead, events, fault_job, final_weights,
+                           host_pids, kill_the_operator_repeatedly, newest_step, pods_created,
+                           progress_steps, rejoins, signal_all, sleep_until, story, undisturbed,
+                           wait_training)
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -53,59 +54,9 @@ def operator(kubeconfig, kubectl, ns, tmp_path_factory):
     op.stop()
 
 
-def ckpt_dir(ns: str, name: str) -> Path:
-    return Path(f"/tmp/ringtrain-e2e/{ns}/{name}")
-
-
-def story(kubectl, ns, name, operator):
-    return lambda: job_story(kubectl, ns, name, operator.tail)
-
-
-def events(kubectl, ns: str, name: str) -> list[dict]:
-    return kubectl.json("get", "events", "-n", ns,
-                        "--field-selector", f"involvedObject.name={name}")["items"]
-
-
-def pods_created(kubectl, ns, name) -> int:
-    return sum(e.get("count", 1) for e in events(kubectl, ns, name)
-               if e["reason"] == "PodCreated")
-
-
-def undisturbed(kubectl, ns, operator, image, steps: int = STEPS, replicas: int = 2) -> dict:
-    """The final weights of an undisturbed run, which every faulted run of ``steps`` equals."""
-    name = f"reference-{replicas}x{steps}"
-    ckpt = ckpt_dir(ns, name)
-    t0 = time.monotonic()
-    kubectl.apply(fault_job(name, image, ckpt, steps=steps, replicas=replicas), ns)
-    done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
-    assert done["status"]["restarts"] == 0
-    print(f"undisturbed run of {replicas} workers x {steps} steps: {time.monotonic() - t0:.0f}s")
-    return final_weights(ckpt, steps)
-
-
 @pytest.fixture(scope="module")
 def reference(kubectl, ns, operator, project_image):
     return undisturbed(kubectl, ns, operator, project_image)
-
-
-def wait_training(kubectl, ns, name, operator, ckpt: Path, restarts: dict[str, int] | None = None,
-                  timeout_s=300) -> int:
-    """Wait until every member runs with exactly ``restarts`` container restarts (pod name →
-    count; none: 2 members, none restarted), then until the chief commits a checkpoint it made
-    since (the gang trains again); return that step."""
-    restarts = restarts or {f"{name}-worker-{i}": 0 for i in range(2)}
-
-    def restarted():
-        cs = container_statuses(kubectl, ns, name)
-        return (gang_running(kubectl, ns, name, len(restarts)) and all(
-            cs[pod].get("restartCount", 0) == n for pod, n in restarts.items()))
-
-    wait_for(f"every member running after {restarts}", restarted, timeout_s,
-             story(kubectl, ns, name, operator), poll_s=0.3)
-    since = newest_step(ckpt)
-    return wait_for(f"a checkpoint after step {since}", lambda: newest_step(ckpt) > since
-                    and newest_step(ckpt), timeout_s, story(kubectl, ns, name, operator),
-                    poll_s=0.2)
 
 
 def test_members_sigkilled_ten_times_in_one_job(kubectl, ns, operator, project_image):
@@ -194,65 +145,9 @@ def test_the_chief_killed_while_writing_a_checkpoint_resumes_from_the_previous_o
           f"its first progress after the restart: step {resumed}")
 
 
-def kill_the_operator_repeatedly(kubectl, ns, operator, image, kills: int, name: str,
-                                 steps: int):
-    """kill -9 at random points of its reconciles (0-2 s after each start: while it lists,
-    creates the Service, Secret and pods, writes status, polls progress), all while the job
-    trains: nothing duplicated or orphaned, the status never goes back, the job completes.
-    The workers are never touched, so their weights are not compared."""
-    ckpt = ckpt_dir(ns, name)
-    seen, stop = [], threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            st = (get_job(kubectl, ns, name) or {}).get("status") or {}
-            pods = job_pods(kubectl, ns, name)
-            seen.append((st.get("state"), (st.get("progress") or {}).get("step"),
-                         st.get("restarts", 0), sorted(p["metadata"]["name"] for p in pods),
-                         {p["metadata"]["uid"] for p in pods}))
-            time.sleep(0.3)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    operator.kill9()
-    kubectl.apply(fault_job(name, image, ckpt, steps=steps), ns)
-    done_kills, last_at = 0, 0
-    try:
-        while done_kills < kills:
-            operator.start()
-            time.sleep(RNG.uniform(0, 2.0))
-            operator.kill9()
-            done_kills += 1
-        last_at = newest_step(ckpt)
-        operator.start()
-        done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
-    finally:
-        stop.set()
-        watcher.join(10)
-        if operator.proc.poll() is not None:
-            operator.start()
-    assert last_at < steps, "the last kill came after training ended"
-    order = {None: 0, "Created": 1, "Running": 2, "Succeeded": 3}
-    progress = [s[1] for s in seen if s[1] is not None]
-    assert progress == sorted(progress), "progress went back"
-    ranks = [order.get(s[0], -1) for s in seen]
-    assert ranks == sorted(ranks), [s[0] for s in seen]
-    assert all(s[2] == 0 for s in seen), "a restart was counted"
-    assert all(s[3] in ([], [f"{name}-worker-0"], [f"{name}-worker-0", f"{name}-worker-1"],
-                        [f"{name}-worker-1"]) for s in seen), {tuple(s[3]) for s in seen}
-    uids = set().union(*(s[4] for s in seen))
-    assert len(uids) == 2, "a pod was created twice"
-    assert pods_created(kubectl, ns, name) == 2
-    assert done["status"]["restarts"] == 0 and done["status"]["progress"]["step"] == steps
-    assert newest_step(ckpt) == steps
-    print(f"{done_kills} operator kills, the last at checkpoint step {last_at} of {steps}; "
-          f"{len(seen)} status samples, states "
-          f"{sorted({s[0] for s in seen}, key=lambda s: order.get(s, -1))}")
-
-
 def test_the_operator_sigkilled_twenty_times_during_one_job(kubectl, ns, operator,
                                                             project_image):
-    kill_the_operator_repeatedly(kubectl, ns, operator, project_image, 20, "opkill20", 4000)
+    kill_the_operator_repeatedly(kubectl, ns, operator, project_image, 20, "opkill20", 4000, RNG)
 
 
 def test_a_worker_pod_deleted_by_hand_is_recreated_and_the_job_resumes(
@@ -320,6 +215,41 @@ def test_a_worker_network_cut_longer_than_the_ring_timeouts_rejoins_and_resumes(
     print(f"cut after checkpoint step {cut_at}; the chief left the ring {noticed:.1f}s after; "
           f"rejoins { {n: rejoins(kubectl, ns, n) for n in cs} }; status.restarts "
           f"{done['status']['restarts']}")
+
+
+def test_a_frozen_worker_is_left_at_once_and_its_liveness_probe_restarts_it(
+        kubectl, ns, operator, project_image, reference):
+    """worker-1 frozen (SIGSTOP to every process of its container): the chief's health checks
+    find it silent within seconds — far below the step timeout (30 s) — it names worker-1,
+    leaves the ring and waits in its container for a new worker-1; the pod's liveness probe
+    (the gRPC Health service, 4 × 15 s) has the kubelet restart the frozen container, and the
+    gang resumes from the chief's checkpoint; the result equals the undisturbed run."""
+    name = "frozen"
+    ckpt = ckpt_dir(ns, name)
+    kubectl.apply(fault_job(name, project_image, ckpt, backoff=4), ns)
+    past = wait_training(kubectl, ns, name, operator, ckpt)
+    time.sleep(RNG.uniform(0, 1.5))
+    frozen_at = newest_step(ckpt)
+    signal_all(host_pids(container_id(kubectl, ns, f"{name}-worker-1")), signal.SIGSTOP)
+    t0 = time.monotonic()
+    left = wait_for("the chief to leave the ring", lambda: rejoins(
+        kubectl, ns, f"{name}-worker-0") >= 1 and time.monotonic() - t0, 60,
+        story(kubectl, ns, name, operator), poll_s=0.5)
+    done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
+    why = container_log(kubectl, ns, f"{name}-worker-0").split(REJOINED)[0]
+    cause = [line for line in why.splitlines() if "ringtrain worker: PeerTimeout" in line]
+    cs = container_statuses(kubectl, ns, name)
+    assert left < 10, f"left {left:.1f}s after the freeze: not well before the step timeout"
+    assert cause and "worker-1" in cause[-1], why[-2000:]
+    assert cs[f"{name}-worker-0"]["restartCount"] == 0
+    assert cs[f"{name}-worker-1"]["restartCount"] == 1
+    assert cs[f"{name}-worker-1"]["lastState"]["terminated"]["exitCode"] == 137
+    assert done["status"]["restarts"] == 1
+    assert progress_steps(kubectl, ns, f"{name}-worker-0")[0] > frozen_at >= past
+    assert_same_weights(final_weights(ckpt), reference)
+    print(f"worker-1 frozen after checkpoint step {frozen_at}; the chief left {left:.1f}s later "
+          f"({cause[-1].split(': ', 2)[-1][:160]}); the liveness probe restarted worker-1; "
+          f"Succeeded {time.monotonic() - t0:.0f}s after the freeze")
 
 
 def test_backoff_limit_reached_fails_and_cleans_up(kubectl, ns, operator, project_image):
