@@ -16,10 +16,16 @@ def test_a_peer_lost_after_the_ring_formed_rejoins_and_counts():
                   previous=Rejoins()) == Rejoins(1, 1, 7)
 
 
+def test_a_failure_while_the_ring_forms_rejoins_but_a_deadline_that_passed_does_not():
+    """A peer restarting at the same moment (a stale key, its predecessor's abort): rejoin.
+    A peer that never came within the connect timeout: exit, for the kubelet to count."""
+    assert decide(LOST, ring_formed=False, step=None, limit=3,
+                  previous=Rejoins()) == Rejoins(1, 1, -1)
+    assert decide(PeerTimeout("worker-1 did not answer within 120 s"), ring_formed=False,
+                  step=None, limit=3, previous=Rejoins()) is None
+
+
 @pytest.mark.parametrize("error, formed, step", [
-    (LOST, False, None),  # the rendezvous itself failed: exit, the kubelet counts it
-    (LOST, False, 0),
-    (LOST, True, None),  # no trainer yet
     (Unauthenticated("wrong token"), True, 3),  # permanent
     (CheckpointError("corrupt"), True, 3),  # not the ring's
     (ValueError("a bug"), True, 3),

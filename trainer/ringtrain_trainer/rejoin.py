@@ -11,10 +11,14 @@ would have started — it rendezvouses, the chief resumes from its checkpoint an
 Only the failed member's container restarts, so only it pays the kubelet's back-off and counts
 against ``backoffLimit`` (one failure, one restart).
 
-What keeps this bounded: only a retryable :class:`RingError` raised after this process's ring
-formed qualifies (a rendezvous that times out exits 138 as before, so a peer that never comes back
-ends in the kubelet's hands and in ``backoffLimit``), and at most ``--ring-rejoin-limit`` rejoins
-in a row may happen without a completed step in between (0: never rejoin, exit 138).
+What keeps this bounded: only a retryable :class:`RingError` qualifies, and not a
+:class:`PeerTimeout` before the ring formed — a rendezvous or connect deadline that passed exits
+138 as before, so a peer that never comes back ends in the kubelet's hands and in
+``backoffLimit``. Other failures while the ring forms do qualify: a peer restarting at the same
+moment can answer the rendezvous from its leaving predecessor, whose side-channel key the
+successor then refuses, or abort it; a fresh rendezvous sorts that out. At most
+``--ring-rejoin-limit`` rejoins in a row may happen without a completed step in between (0:
+never rejoin, exit 138).
 The count travels to the new process in :data:`ENV`.
 """
 
@@ -24,7 +28,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ringtrain.errors import EXIT_RETRYABLE, RingError
+from ringtrain.errors import EXIT_RETRYABLE, PeerTimeout, RingError
 
 #: ``total,streak,step`` of the previous rejoins of this container, set for the re-executed process.
 ENV = "RINGTRAIN_REJOIN"
@@ -55,11 +59,13 @@ class Rejoins:
 
 def decide(error: BaseException, *, ring_formed: bool, step: int | None, limit: int,
            previous: Rejoins) -> Rejoins | None:
-    """The rejoin to make instead of exiting, or None (exit with the error's code)."""
-    if not (ring_formed and step is not None and isinstance(error, RingError)
-            and error.exit_code == EXIT_RETRYABLE):
+    """The rejoin to make instead of exiting, or None (exit with the error's code). ``step``:
+    the trainer's, None before there is a trainer."""
+    if not (isinstance(error, RingError) and error.exit_code == EXIT_RETRYABLE):
         return None
-    nxt = previous.after(step)
+    if not ring_formed and isinstance(error, PeerTimeout):
+        return None
+    nxt = previous.after(-1 if step is None else step)
     return nxt if nxt.streak <= limit else None
 
 

@@ -118,11 +118,13 @@ def main(argv: list[str] | None = None,
                                   step=None if trainer is None else trainer.step,
                                   limit=cfg.ring_rejoin_limit, previous=previous)
             if again is not None:
-                print(f"ringtrain worker: leaving the broken ring at step {again.step}; "
+                where = "while it formed" if trainer is None else f"at step {again.step}"
+                print(f"ringtrain worker: leaving the broken ring {where}; "
                       f"rejoining it in this container (exec, no restart; {again.streak} of "
                       f"--ring-rejoin-limit {cfg.ring_rejoin_limit} in a row)", file=sys.stderr)
                 return code
-            if isinstance(e, RingError) and collective is not None and code == EXIT_RETRYABLE:
+            if (isinstance(e, RingError) and code == EXIT_RETRYABLE
+                    and previous.streak >= cfg.ring_rejoin_limit):
                 print(f"ringtrain worker: not rejoining in place: {previous.streak} rejoins in "
                       f"a row without a completed step (--ring-rejoin-limit "
                       f"{cfg.ring_rejoin_limit}); exiting {code}", file=sys.stderr)
