@@ -25,7 +25,7 @@ import ring_procs
 from ringtrain.errors import RingError
 from ringtrain_bench.procs import free_ports
 from ringtrain_trainer.ring.engine import RingCollective
-from ringtrain_trainer.ring.protocol import OpHeader
+from ringtrain_trainer.ring.protocol import HEADER_BYTES, Kind, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, Transport
 
 # -- engine against a strict in-process transport (no sockets) ----------------------------------
@@ -126,6 +126,51 @@ def test_a_non_link_exception_in_the_send_thread_breaks_the_ring_at_once():
         assert time.monotonic() - t0 < 5 and t.aborted.is_set()
         with pytest.raises(RingError):  # broken for good
             coll.broadcast_(np.zeros(10, np.float32), root=0)
+    finally:
+        coll.close()
+
+
+class WritingTransport(StrictTransport):
+    """A transport that writes from the calling thread (``send_now``), taking at most
+    ``budgets[i]`` bytes in its i-th call (everything once they run out); ``wire`` is every
+    byte in the order the right neighbour would get it, from either thread."""
+
+    def __init__(self, incoming: np.ndarray, budgets: list[int]) -> None:
+        super().__init__(incoming)
+        self.budgets = list(budgets)
+        self.wire = bytearray()
+        self.now_calls = 0
+
+    def send_now(self, parts: list[memoryview]) -> int:
+        self.now_calls += 1
+        data = b"".join(bytes(p) for p in parts)
+        take = self.budgets.pop(0) if self.budgets else len(data)
+        self.wire += data[:take]
+        return min(take, len(data))
+
+    def send(self, data: memoryview) -> None:
+        self.calls.append("send")  # raw bytes: the header went out packed, no begin_send
+        self.wire += bytes(data)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("budgets", [[], [20], [HEADER_BYTES], [HEADER_BYTES, 16, 0], [50, 7]])
+def test_writes_from_the_calling_thread_hand_the_rest_over_in_order(budgets):
+    """Whatever the socket takes at once (all, part of the header, part of a chunk, nothing),
+    the right neighbour gets the header then every chunk, each byte once and in order; once a
+    write falls short, the rest of the collective goes through the send thread."""
+    root_data = np.arange(10, dtype=np.float32)
+    t = WritingTransport(incoming=root_data, budgets=budgets)
+    coll = RingCollective(t, 1, ADDRS, chunk_bytes=16, step_timeout_s=5)  # forwards to 2
+    try:
+        buf = np.zeros(10, np.float32)
+        coll.broadcast_(buf, root=0)
+        header = OpHeader(Kind.BROADCAST, 0, -1, 0, 10, 0)
+        assert bytes(t.wire) == header.pack() + root_data.tobytes()
+        short = next((i for i, b in enumerate(budgets) if b < [HEADER_BYTES, 16, 16, 8][i]), None)
+        assert t.now_calls == (4 if short is None else short + 1)
+        assert "begin_send" not in t.calls and "end_send" not in t.calls
+        assert bool(t.calls) == (short is not None)
     finally:
         coll.close()
 

@@ -28,6 +28,7 @@ docs/ring.md.
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import threading
@@ -221,6 +222,15 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         raise LinkError(f"{type(e).__name__}: {e}") from None
 
 
+def _raw_fd(sock: socket.socket) -> int | None:
+    """The descriptor that ``os.readv``/``os.writev`` may use: a plain socket's (a TLS socket's
+    carries ciphertext), non-blocking underneath (as a timeout makes it), so no call there
+    can wait."""
+    if isinstance(sock, ssl.SSLSocket) or os.get_blocking(sock.fileno()):
+        return None
+    return sock.fileno()
+
+
 class TcpTransport(Transport):
     """Two authenticated sockets: ``right`` carries our bytes out, ``left`` brings bytes in."""
 
@@ -231,6 +241,9 @@ class TcpTransport(Transport):
         self.listener, self._right, self._left = listener, right, left
         for s in (right, left):
             s.settimeout(step_timeout_s)
+        self._right_fd, self._left_fd = _raw_fd(right), _raw_fd(left)
+        self._header = memoryview(bytearray(HEADER_BYTES))
+        self._expect: OpHeader | None = None  # announced, not read yet (see begin_recv)
         self._scratch = np.empty(0, np.float32)
         self._closed = False
 
@@ -284,24 +297,76 @@ class TcpTransport(Transport):
         except OSError as e:
             raise LinkError(f"{type(e).__name__}: {e}") from None
 
+    def send_now(self, parts: list[memoryview]) -> int | None:
+        """One ``writev`` of header and chunk on the non-blocking descriptor: no poll first
+        (which ``socket.send`` does under a timeout) and nothing waits for buffer space."""
+        if self._right_fd is None:
+            return None
+        try:
+            return os.writev(self._right_fd, parts)
+        except BlockingIOError:
+            return 0
+        except OSError as e:
+            raise LinkError(f"{type(e).__name__}: {e}", send_side=True) from None
+
     def begin_recv(self, header: OpHeader) -> None:
-        raw = bytearray(HEADER_BYTES)
-        _recv_into(self._left, memoryview(raw))
-        got = OpHeader.unpack(bytes(raw))
+        """On a plain socket the header is only expected here and read in one ``readv`` with
+        the first chunk that lands in scratch (``recv_add``), or alone before one that lands in
+        the caller's buffer, which is thus never touched by a collective it did not ask for."""
+        self._expect = header
+        if self._left_fd is None:
+            self._take_header()
+
+    def _take_header(self, *then: memoryview) -> None:
+        self._recv([self._header, *then])
+        expected, self._expect = self._expect, None
+        got = OpHeader.unpack(bytes(self._header))
         if got is None:
             raise LinkError("peer sent a malformed collective header")
-        if got.mismatch(header) is not None:
-            raise LinkError(f"peer is at {got.describe()}, this rank at {header.describe()}")
+        if got.mismatch(expected) is not None:
+            raise LinkError(f"peer is at {got.describe()}, this rank at {expected.describe()}")
+
+    def _recv(self, views: list[memoryview]) -> None:
+        """Fill ``views`` in order: one non-blocking ``readv`` first (in step with the peer the
+        bytes are often all here: one call, no poll), blocking receives under the step
+        timeout for whatever is still missing."""
+        if self._left_fd is not None:
+            try:
+                got = os.readv(self._left_fd, views)
+                if got == 0:
+                    raise LinkError("connection closed by peer")
+            except BlockingIOError:
+                got = 0
+            except OSError as e:
+                raise LinkError(f"{type(e).__name__}: {e}") from None
+            for i, view in enumerate(views):
+                if got < len(view):
+                    views = [view[got:], *views[i + 1:]]
+                    break
+                got -= len(view)
+            else:
+                return
+        for view in views:
+            _recv_into(self._left, view)
 
     def recv_copy(self, out: np.ndarray) -> None:
-        _recv_into(self._left, memoryview(out).cast("B"))
+        if self._expect is not None:
+            self._take_header()
+        self._recv([memoryview(out).cast("B")])
 
     def recv_add(self, out: np.ndarray) -> None:
         if self._scratch.size < out.size:
             self._scratch = np.empty(out.size, np.float32)
         tmp = self._scratch[:out.size]
-        _recv_into(self._left, memoryview(tmp).cast("B"))
+        if self._expect is not None:
+            self._take_header(memoryview(tmp).cast("B"))
+        else:
+            self._recv([memoryview(tmp).cast("B")])
         np.add(out, tmp, out=out)
+
+    def end_recv(self) -> None:
+        if self._expect is not None:  # a collective with nothing for this rank to receive
+            self._take_header()
 
     def abort(self) -> None:
         for s in (self._right, self._left):

@@ -55,6 +55,16 @@ class Transport(ABC):
     def end_send(self) -> None:
         """The collective's last chunk has been handed to ``send``; only after ``begin_send``."""
 
+    def send_now(self, parts: list[memoryview]) -> int | None:
+        """Write ``parts`` in order from the calling thread as far as the wire takes them
+        *without blocking*; return how many bytes went out. ``None`` (this default): the
+        transport cannot, so the engine uses ``begin_send``/``send``/``end_send`` on its send
+        thread. A transport that returns a number is one whose ``begin_send`` only writes
+        ``header.pack()`` and whose ``end_send`` does nothing: the engine then writes the
+        packed header itself, merged with the first chunk, and what did not fit goes through
+        ``send`` on the send thread. Saves small collectives the hand-off to that thread."""
+        return None
+
     @abstractmethod
     def begin_recv(self, header: OpHeader) -> None:
         """Wait for the left neighbour's announcement of ``header``; refuse any other."""
