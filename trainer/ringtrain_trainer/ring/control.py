@@ -113,6 +113,8 @@ class ControlPlane:
         self.incarnation = secrets.token_hex(8)
         #: each peer's incarnation, from its Register answer
         self.peer_incarnation: dict[int, str] = {}
+        #: the latest abort of each peer from an incarnation not (yet) registered with
+        self._unmatched: dict[int, tuple[str, str]] = {}
 
     def name(self, rank: int) -> str:
         return f"{self.names[rank]} ({self.addresses[rank]})"
@@ -174,13 +176,22 @@ class ControlPlane:
             incarnation = str(doc["incarnation"])
         except (ValueError, TypeError, KeyError):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed abort")
-        if incarnation != self.peer_incarnation.get(sender):
-            log(f"rank {self.rank}: ignoring an abort from {self.name(sender)}: not the process "
+        with self._lock:
+            if incarnation != self.peer_incarnation.get(sender):
+                # kept in case that process's Register answer is still on its way to us
+                self._unmatched[sender] = (incarnation, reason)
+                known = False
+            else:
+                known = True
+        if not known:
+            log(f"rank {self.rank}: an abort from {self.name(sender)}, not (yet) the process "
                 f"this worker registered with ({reason[:200]})")
             return b""
         with self._lock:
             coll = self._collective
             step = None if coll is None or coll.position is None else coll.position[0].step
+            if coll is None:  # the ring is still forming: the peer's failure, not a deadline
+                cls = RingError
             err = cls(f"{self.name(sender)} left the ring: {reason}", rank=self.rank,
                       step=step, peer=self.addresses[sender])
             if coll is None and self.aborted is None:
@@ -224,7 +235,7 @@ class ControlPlane:
             for r, call in calls.items():
                 try:
                     answers[r] = json.loads(call.result())
-                    self.peer_incarnation[r] = str(answers[r].get("incarnation"))
+                    self._registered(r, str(answers[r].get("incarnation")))
                 except grpc.RpcError as e:
                     self._refused_by(e, r)
                     last[r] = f"{e.code().name}: {e.details()}"
@@ -244,6 +255,16 @@ class ControlPlane:
                                   peer=self.addresses[first])
             time.sleep(delay)  # back-off between rounds
             delay = min(delay * 2, 1.0)
+
+    def _registered(self, r: int, incarnation: str) -> None:
+        """Rank ``r`` answered as ``incarnation``; an abort that process sent before its answer
+        reached us fails this rendezvous now."""
+        with self._lock:
+            self.peer_incarnation[r] = incarnation
+            early = self._unmatched.pop(r, None)
+        if early is not None and early[0] == incarnation:
+            raise RingError(f"{self.name(r)} left the ring: {early[1]}", rank=self.rank,
+                            step=-1, peer=self.addresses[r])
 
     def _refused_by(self, e: grpc.RpcError, r: int) -> None:
         code, peer = e.code(), self.addresses[r]

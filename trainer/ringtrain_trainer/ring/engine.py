@@ -15,7 +15,8 @@ never wakes that thread (measured in docs/ring.md: a third of a 1 MiB allreduce)
 Any failure breaks the ring for good: the transport is closed (so neighbours see it at once
 instead of waiting for their timeout), every peer is told over the control plane (``Abort``),
 and this and every later call raise ``RingError`` or ``PeerTimeout`` naming rank, step and
-peer; the worker exits with the retryable code and the operator restarts the gang. The control
+peer; the worker rejoins the ring in its container (``ringtrain_trainer.rejoin``) or exits with
+the retryable code for its kubelet to restart it. The control
 plane breaks the ring from outside the same way (:meth:`RingCollective.interrupt`) when a peer
 aborts or its watchdog finds a neighbour frozen. Each finished collective and each break is reported to
 ``observer`` (a :class:`RingObserver`), which the trainer's metrics replace.
@@ -23,7 +24,6 @@ aborts or its watchdog finds a neighbour frozen. Each finished collective and ea
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 
@@ -35,6 +35,7 @@ from ringtrain_trainer.collective import Collective
 from ringtrain.errors import PeerTimeout, RingError
 from ringtrain_trainer.ring import schedule
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
+from ringtrain_trainer.ring.sender import Sender
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 _FLOAT = np.dtype(np.float32)
@@ -79,63 +80,6 @@ class RingObserver:
         seq, step, tag, waited_s and the missing ranks); None once it moved on."""
 
 
-class _Sender:
-    """The send thread: executes an ordered queue of headers, byte ranges and completion
-    events. After a failure it keeps draining (setting events) so the receiver never waits on
-    it, and it aborts the transport so that the receiver's blocking call returns at once.
-
-    Every collective ends with exactly one completion event, but not every collective sends:
-    in a broadcast the rank whose right neighbour is the root only receives. The transport's
-    ``end_send`` is therefore called only when this collective's header opened a send
-    (``begin_send``); otherwise the event is just set. An exception that is not a
-    ``LinkError`` (a bug) breaks the ring like a link failure instead of killing the thread,
-    which would leave the communication thread waiting for an event nobody sets."""
-
-    def __init__(self, transport: Transport) -> None:
-        self._transport = transport
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.error: LinkError | None = None
-        self._open = False  # a begin_send of the current collective awaits its end_send
-        self._thread = threading.Thread(target=self._run, name="ring-sender", daemon=True)
-        self._thread.start()
-
-    def put(self, item: OpHeader | memoryview | threading.Event | None) -> None:
-        self._queue.put(item)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, threading.Event):
-                opened, self._open = self._open, False
-                if opened and self.error is None:
-                    self._do(self._transport.end_send)
-                item.set()
-            elif self.error is None:
-                if isinstance(item, OpHeader):
-                    self._open = True
-                    self._do(self._transport.begin_send, item)
-                else:
-                    self._do(self._transport.send, item)
-
-    def _do(self, method, *args) -> None:
-        try:
-            method(*args)
-        except LinkError as e:
-            self._fail(e)
-        except Exception as e:  # noqa: BLE001 - a dead send thread would hang the ring
-            self._fail(LinkError(f"send thread failed: {type(e).__name__}: {e}"))
-
-    def _fail(self, e: LinkError) -> None:
-        self.error = e
-        self._transport.abort()
-
-    def stop(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=10)
-
-
 class RingCollective(Collective):
     """Mean allreduce and broadcast over a ring of ``size`` processes ordered by rank."""
 
@@ -152,7 +96,7 @@ class RingCollective(Collective):
         self._step_timeout_s = step_timeout_s
         self._seq = 0
         self._broken: RingError | None = None
-        self._sender = _Sender(transport)
+        self._sender = Sender(transport)
         self._inline = False  # this collective still writes from the calling thread
         self._closed = False
         self.observer = RingObserver()
