@@ -16,7 +16,7 @@ from __future__ import annotations
 from ringtrain import options, pki
 from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain_trainer.collective import Collective, LocalCollective
-from ringtrain.errors import InvalidSpec, RingError
+from ringtrain.errors import InvalidSpec, PeerTimeout, RingError
 from ringtrain_trainer.ring.engine import RingCollective, RingObserver
 from ringtrain_trainer.ring.transport import LinkError
 from ringtrain_trainer.ring import schedule
@@ -97,6 +97,7 @@ def connect(spec: ClusterSpec, token: bytes, *,
 
             listener = TcpTransport.listen(rank, addresses, data_tls)
             control.data_port, control.data_key = listener.port, listener.key
+            control.on_abort = listener.wake
         else:
             from ringtrain_trainer.ring.grpc_transport import GrpcTransport
 
@@ -126,10 +127,12 @@ def connect(spec: ClusterSpec, token: bytes, *,
     except LinkError as e:  # our own side-channel port is taken: retryable
         control.close()
         raise RingError(str(e), rank=rank, step=-1, peer=addresses[rank]) from None
-    except BaseException:
+    except BaseException as e:
         if listener is not None:
             listener.close()
         control.close()
+        if isinstance(e, PeerTimeout) and control.aborted is not None:
+            raise control.aborted from None  # the wait ended because the ring broke
         raise
     coll = RingCollective(wire, rank, addresses, chunk_bytes=chunk_bytes,
                           step_timeout_s=step_timeout_s, control=control)

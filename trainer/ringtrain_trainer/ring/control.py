@@ -115,6 +115,9 @@ class ControlPlane:
         self.peer_incarnation: dict[int, str] = {}
         #: the latest abort of each peer from an incarnation not (yet) registered with
         self._unmatched: dict[int, tuple[str, str]] = {}
+        #: called once when the ring breaks before a collective is attached (wakes the data
+        #: path's wait for its left neighbour)
+        self.on_abort: Callable[[], None] | None = None
 
     def name(self, rank: int) -> str:
         return f"{self.names[rank]} ({self.addresses[rank]})"
@@ -158,8 +161,20 @@ class ControlPlane:
 
     def _register(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         caller = self._authorise(context)
+        try:
+            theirs = json.loads(request or b"{}").get("incarnation")
+        except (ValueError, AttributeError):
+            theirs = None
+        with self._lock:
+            known = self.peer_incarnation.get(caller)
+        if known is not None and theirs is not None and theirs != known:
+            # the process this one registered with is gone and its successor is here: this
+            # ring cannot form or go on; leave it, so that both meet in a fresh rendezvous
+            self._leave(RingError(f"{self.name(caller)} restarted (its new process registered)",
+                                  rank=self.rank, peer=self.addresses[caller]))
         coll = self._collective
-        if self._told or self._closed or (coll is not None and coll.broken):
+        if (self._told or self._closed or self.aborted is not None
+                or (coll is not None and coll.broken)):
             context.abort(grpc.StatusCode.UNAVAILABLE, f"rank {self.rank}: leaving the ring")
         doc: dict = {"rank": self.rank, "data_port": self.data_port,
                      "incarnation": self.incarnation}
@@ -194,12 +209,22 @@ class ControlPlane:
                 cls = RingError
             err = cls(f"{self.name(sender)} left the ring: {reason}", rank=self.rank,
                       step=step, peer=self.addresses[sender])
-            if coll is None and self.aborted is None:
+        log(f"rank {self.rank}: {self.name(sender)} aborted: {reason}")
+        self._leave(err, tell_peers=False)
+        return b""
+
+    def _leave(self, err: RingError, tell_peers: bool = True) -> None:
+        """Break the ring with ``err``: the collective at once, or, while the ring forms, the
+        rendezvous and the wait for the data path (``on_abort``)."""
+        with self._lock:
+            coll = self._collective
+            first = coll is None and self.aborted is None
+            if first:
                 self.aborted = err
         if coll is not None:
-            log(f"rank {self.rank}: {self.name(sender)} aborted: {reason}")
-            coll.interrupt(err, "aborted", tell_peers=False)
-        return b""
+            coll.interrupt(err, "aborted", tell_peers=tell_peers)
+        elif first and self.on_abort is not None:
+            self.on_abort()
 
     def _state(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._authorise(context)
@@ -229,7 +254,8 @@ class ControlPlane:
             if self.aborted is not None:
                 raise self.aborted
             calls = {r: self.channel(r).unary_unary(f"/{SERVICE}/Register").future(
-                b"", metadata=call_metadata(self._token, self.rank, self.world),
+                json.dumps({"incarnation": self.incarnation}).encode(),
+                metadata=call_metadata(self._token, self.rank, self.world),
                 timeout=max(0.2, min(2.0, deadline - time.monotonic())))
                 for r in missing}
             for r, call in calls.items():
@@ -247,6 +273,8 @@ class ControlPlane:
                 if names:
                     log(f"rank {self.rank}: waiting for {', '.join(names)}")
             if not missing:
+                if self.aborted is not None:
+                    raise self.aborted
                 return answers
             if time.monotonic() + delay >= deadline:
                 first = missing[0]

@@ -140,6 +140,10 @@ class Listener:
             self._left = conn
         self._ready.set()
 
+    def wake(self) -> None:
+        """End :meth:`wait_left` now (the ring broke while it formed)."""
+        self._ready.set()
+
     def wait_left(self, timeout_s: float) -> socket.socket | None:
         self._ready.wait(timeout_s)
         with self._lock:
