@@ -5,7 +5,7 @@ The kubelet's crash back-off (10 s, 20 s, ... 5 min, per container, never reset 
 then hit *every* member on every failure, so ten kills of one worker kept the whole gang waiting
 ≈ 28 min (docs/reliability.md). Horovod's elastic mode and torchrun's agent keep the survivors'
 containers instead; here the survivor replaces its process image with a fresh one
-(``os.execv``, same PID, same container, same ``emptyDir``): no thread, socket or half-finished
+(``os.execve``, same PID, same container, same ``emptyDir``): no thread, socket or half-finished
 collective of the broken ring survives an exec, so the new process is exactly the one the kubelet
 would have started — it rendezvouses, the chief resumes from its checkpoint and broadcasts.
 Only the failed member's container restarts, so only it pays the kubelet's back-off and counts
