@@ -99,7 +99,10 @@ def ring_metrics(coll, world: int, rank: int, n: int) -> None:
     def sample(name: str, **labels) -> float | None:
         return registry.get_sample_value(name, dict(labels, transport=t))
 
-    emit(event="metrics", rank=rank, transport=t,
+    labels = sorted({s.labels["transport"] for fam in registry.collect()
+                     if fam.name.startswith("ringtrain_ring_") for s in fam.samples
+                     if "transport" in s.labels})
+    emit(event="metrics", rank=rank, transport=t, labels=labels,
          sent=sample("ringtrain_ring_bytes_total", direction="sent"),
          received=sample("ringtrain_ring_bytes_total", direction="received"),
          allreduces=sample("ringtrain_ring_allreduce_seconds_count"),
@@ -135,13 +138,14 @@ def main(argv: list[str]) -> int:
     coll = server = observer = None
     if a.metrics_port:
         from ringtrain_trainer.metrics import MetricsServer, RingMetrics, TrainerMetrics
-        from ringtrain_trainer.ring import data_path
-
         metrics = TrainerMetrics()
         server = MetricsServer(metrics, a.metrics_port)
-        observer = RingMetrics(metrics, data_path(a.transport))
+        observer = RingMetrics(metrics)
     try:
-        coll = connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(), transport=a.transport,
+        # grpc+shm is grpc+tcp with shared memory on; grpc+tcp here means with it off
+        coll = connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(),
+                       transport="grpc+tcp" if a.transport == "grpc+shm" else a.transport,
+                       shared_memory=a.transport == "grpc+shm",
                        chunk_bytes=a.chunk_bytes, step_timeout_s=a.step_timeout_s,
                        connect_timeout_s=a.connect_timeout_s,
                        health_timeout_s=a.health_timeout_s, stall_s=a.stall_s,
@@ -149,6 +153,9 @@ def main(argv: list[str]) -> int:
                        health_port=a.health_port,
                        tls=pki.load(os.environ["RINGTRAIN_TLS_DIR"])
                        if os.environ.get("RINGTRAIN_TLS_DIR") else None)
+        want = {"tcp": "grpc+tcp"}.get(a.transport, a.transport)
+        if world > 1 and coll.transport.name != want and not a.encrypt_data:
+            raise AssertionError(f"asked for {want}, the ring runs {coll.transport.name}")
         if a.scenario == "allreduce":
             check_allreduce(coll, sizes, world, rank, step=1)
             check_broadcast(coll, sizes[-1], world, rank)

@@ -14,7 +14,7 @@ SEG = N * 4 // 2
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("transport", ["grpc+tcp", "grpc"])
+@pytest.mark.parametrize("transport", ["grpc+tcp", "grpc+shm", "grpc"])
 def test_ring_bytes_allreduce_seconds_and_errors_are_exported(transport):
     ring = ring_procs.start(2, "metrics", transport, "--sizes", str(N))
     try:
@@ -25,6 +25,7 @@ def test_ring_bytes_allreduce_seconds_and_errors_are_exported(transport):
     for rank, (_, events) in enumerate(results):
         (m,) = [e for e in events if e["event"] == "metrics"]
         assert m["transport"] == transport
+        assert m["labels"] == [transport]  # no series names a data path that did not run
         got[rank] = m
     # per allreduce each rank sends and receives 2(N-1) = 2 segments; a barrier 2 floats
     per_allreduce, barrier, bcast = 2 * SEG, 2 * 4, N * 4

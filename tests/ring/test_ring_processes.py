@@ -18,6 +18,8 @@ from ringtrain_trainer.ring.protocol import Kind, OpHeader
 from ringtrain.cluster import split_address
 
 TRANSPORTS = ["grpc+tcp", "grpc"]
+#: what ring_worker runs: grpc+tcp with shared memory off, on (grpc+shm), and grpc
+DATA_PATHS = ["grpc+tcp", "grpc+shm", "grpc"]
 #: sizes the "pause" scenario reduces per step (ring_worker's default list)
 STEP_SIZES = [0, 1, 2, 3, 5, 1000, 262147]
 
@@ -30,7 +32,7 @@ def test_one_worker_needs_no_ring():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", DATA_PATHS)
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_allreduce_mean_and_broadcast_of_odd_sizes(world, transport):
     ring = ring_procs.start(world, "allreduce", transport)
@@ -141,7 +143,7 @@ def test_grpc_calls_without_token_or_with_wrong_step_or_size_are_refused_state_u
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", DATA_PATHS)
 def test_a_peer_killed_mid_allreduce_fails_the_others_with_the_retryable_code(transport):
     step_timeout_s = 5.0
     ring = ring_procs.start(3, "loop", transport, "--sizes", "3000000", "--chunk-bytes",
@@ -280,7 +282,7 @@ def test_close_from_another_thread_ends_a_blocked_allreduce_at_once():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("transport,ops", [("tcp", 1000), ("grpc", 400)])
+@pytest.mark.parametrize("transport,ops", [("tcp", 1000), ("grpc+shm", 1000), ("grpc", 400)])
 def test_peak_memory_stays_flat_over_many_allreduces(transport, ops):
     """Peak RSS after warm-up (100 collectives) must not grow with more collectives; gRPC runs
     fewer because each of its collectives costs milliseconds of call set-up."""
@@ -298,7 +300,7 @@ def test_peak_memory_stays_flat_over_many_allreduces(transport, ops):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", DATA_PATHS)
 def test_a_frozen_peer_fails_the_others_after_the_step_timeout(transport):
     """SIGSTOP: the peer's sockets stay open but nothing moves (a hung node). The step timeout
     or the control plane's watchdog, whichever fires first (the watchdog may: it is built to

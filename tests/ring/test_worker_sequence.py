@@ -141,7 +141,7 @@ class WritingTransport(StrictTransport):
         self.wire = bytearray()
         self.now_calls = 0
 
-    def send_now(self, parts: list[memoryview]) -> int:
+    def send_now(self, parts: list[memoryview], with_header: bool = False) -> int:
         self.now_calls += 1
         data = b"".join(bytes(p) for p in parts)
         take = self.budgets.pop(0) if self.budgets else len(data)

@@ -61,11 +61,13 @@ def test_the_worker_hands_its_ring_flags_to_ring_connect(monkeypatch):
                                                               "worker", 0)}
     cfg = TrainerConfig.from_args(["--ring-transport", "grpc", "--ring-step-timeout-s", "7",
                                    "--ring-connect-timeout-s", "9", "--ring-health-timeout-s",
-                                   "4", "--ring-stall-warning-s", "11"], env)
+                                   "4", "--ring-stall-warning-s", "11",
+                                   "--no-ring-shared-memory"], env)
     assert worker_main.connect(cfg) == "ring"
     assert seen == {"transport": "grpc", "step_timeout_s": 7.0, "connect_timeout_s": 9.0,
                     "health_timeout_s": 4.0, "stall_s": 11.0, "observer": None,
-                    "tls": None, "encrypt_data": False, "health_port": 0}
+                    "tls": None, "encrypt_data": False, "health_port": 0,
+                    "shared_memory": False}
 
 
 def test_tls_material_comes_from_the_env_or_the_flag_and_its_absence_is_said(

@@ -228,6 +228,12 @@ GROUPS: tuple[Group, ...] = (
                     "channels always are; costs throughput, see docs/ring.md)",
                description="also encrypt the raw TCP side channel of grpc+tcp with the job's "
                            "mutual TLS (gRPC channels always are); costs throughput"),
+        Option("ring_shared_memory", bool, True, crd="ring.sharedMemory",
+               help="ring neighbours on the same host (ringtrain run, local processes) pass "
+                    "tensors through shared memory, signalled over the grpc+tcp side channel; "
+                    "workers in separate pods never qualify and stay on TCP (docs/ring.md)",
+               description="neighbours on the same host (not separate pods) pass tensors "
+                           "through shared memory signalled over the grpc+tcp side channel"),
         Option("ring_health_port", int, 0, minimum=0, metavar="N",
                help="also serve the gRPC Health service alone, in plaintext, on this port (0: "
                     "off): for the kubelet's gRPC probe, which speaks no TLS"),

@@ -1,7 +1,8 @@
 """`ringtrain bench allreduce`: the ring's bandwidth next to gloo and Open MPI, in one run.
 
-Starts N local processes per implementation (the ring over each requested transport,
-torch.distributed's gloo, mpi4py under ``mpirun``), times ``--iters`` allreduces per size after a
+Starts N local processes per implementation (the ring over each requested data path —
+``grpc+tcp`` with shared memory off, as between pods, and ``grpc+shm``, as between processes of
+one host —, torch.distributed's gloo, mpi4py under ``mpirun``), times ``--iters`` allreduces per size after a
 barrier each, and reports the median with nccl-tests' definitions: algbw = S/t and
 busbw = 2(N-1)/N · S/t, plus the median CPU time of rank 0's process per allreduce (``cpu_s``,
 all threads), which stays meaningful when other work shares the cores. The ring computes the
@@ -74,6 +75,10 @@ BASELINES = {"gloo": ("gloo-sum", "gloo-mean"), "mpi": ("mpi",)}
 #: The baselines the ring is compared with (gloo's plain sum is the stricter of gloo's two).
 RATIO_BASELINES = ("gloo-sum", "mpi")
 
+#: Data paths that are another one with shared memory on: ``grpc+shm`` is ``grpc+tcp`` between
+#: processes of one host (``ring.shm``); ``grpc+tcp`` is measured with shared memory off.
+SHM_VIA = {"grpc+shm": "grpc+tcp"}
+
 #: What an implementation computes: the ring's mean or a plain sum.
 OPS = {"gloo-sum": "sum"}
 
@@ -95,13 +100,18 @@ def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
 
     spec = ClusterSpec(cluster={"worker": tuple(f"127.0.0.1:{p}" for p in ports)},
                        task_index=rank)
-    transport = impl.removeprefix("ring-")
-    secure = transport.endswith(TLS_SUFFIX)
-    return connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(),
-                   transport=transport.removesuffix(TLS_SUFFIX), connect_timeout_s=60,
+    path = impl.removeprefix("ring-")
+    secure = path.endswith(TLS_SUFFIX)
+    path = path.removesuffix(TLS_SUFFIX)
+    coll = connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(),
+                   transport=SHM_VIA.get(path, path), connect_timeout_s=60,
                    chunk_bytes=chunk_kib * 1024,
                    tls=pki.load(os.environ["RINGTRAIN_TLS_DIR"]) if secure else None,
-                   encrypt_data=secure)
+                   encrypt_data=secure, shared_memory=path in SHM_VIA)
+    if coll.transport.name != path:  # the label must name what runs
+        coll.close()
+        raise RuntimeError(f"{impl}: the ring runs {coll.transport.name}")
+    return coll
 
 
 def child(impl: str, rank: int, workers: int, ports: list[int], sizes_mib: list[float],
@@ -212,9 +222,11 @@ def main(argv: list[str]) -> int:
                    help="repeat the whole comparison, interleaved (medians over all rounds)")
     p.add_argument("--chunk-kib", type=int, default=DEFAULT_CHUNK_BYTES // 1024,
                    help="ring chunk size in KiB (default %(default)s)")
-    p.add_argument("--transport", action="append", choices=["grpc+tcp", "grpc", "tcp"],
-                   help="ring data path(s) to measure (repeatable; default grpc+tcp; tcp: old "
-                        "name of grpc+tcp)")
+    p.add_argument("--transport", action="append",
+                   choices=["grpc+tcp", "grpc+shm", "grpc", "tcp"],
+                   help="ring data path(s) to measure (repeatable; default grpc+tcp and "
+                        "grpc+shm: the side channel with shared memory off, as between pods, "
+                        "and on, as between processes of one host; tcp: old name of grpc+tcp)")
     p.add_argument("--tls", action="store_true",
                    help="also measure each ring data path under the job's mutual TLS (grpc+tcp: "
                         "--ring-encrypt-data), labelled ring-<path>+tls")
@@ -237,9 +249,10 @@ def main(argv: list[str]) -> int:
         return 0
     if a.workers < 2:
         p.error("--workers must be at least 2 (one process has nothing to reduce)")
-    rings = [f"ring-{ {'tcp': 'grpc+tcp'}.get(t, t)}" for t in (a.transport or ["grpc+tcp"])]
+    rings = [f"ring-{ {'tcp': 'grpc+tcp'}.get(t, t)}" for t in (a.transport or ["grpc+tcp", "grpc+shm"])]
     if a.tls:
-        rings = [v for r in rings for v in (r, r + TLS_SUFFIX)]
+        rings = [v for r in rings for v in (r, r + TLS_SUFFIX)
+                 if not (v.endswith(TLS_SUFFIX) and r.removeprefix("ring-") in SHM_VIA)]
     impls = rings + [b for name in dict.fromkeys(a.baseline) for b in BASELINES[name]]
     load_before = os.getloadavg()[0]
     times: dict[tuple[str, float], tuple[list, list]] = {}

@@ -32,13 +32,18 @@ RING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 
 
 class RingMetrics(RingObserver):
-    """The ring's own figures for one data path (``transport`` = grpc+tcp | grpc), bound to
-    their label children once here, so that a collective only adds numbers to existing series.
+    """The ring's own figures for one data path (``transport`` = grpc+tcp | grpc+shm | grpc),
+    bound to their label children once the ring is connected (``data_path``), so that a collective only adds numbers to existing series.
     The control plane's reports (peers still missing at start-up, stalls) go to the metrics
     and to ``/status``."""
 
-    def __init__(self, metrics: "TrainerMetrics", transport: str) -> None:
+    def __init__(self, metrics: "TrainerMetrics", transport: str | None = None) -> None:
         self._metrics = metrics
+        if transport is not None:
+            self.data_path(transport)
+
+    def data_path(self, transport: str) -> None:
+        metrics = self._metrics
         self._stalls = metrics.ring_stalls.labels(transport=transport)
         self._sent = metrics.ring_bytes.labels(direction="sent", transport=transport)
         self._received = metrics.ring_bytes.labels(direction="received", transport=transport)

@@ -46,8 +46,8 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
 
     malloc_tuning.tune()  # before the ring's threads first allocate
 
-    observer = None if metrics is None else RingMetrics(metrics, ring.data_path(
-        cfg.ring_transport))
+    ring.data_path(cfg.ring_transport)  # an unknown one fails here, before the metrics
+    observer = None if metrics is None else RingMetrics(metrics)
     if cfg.tls is None:
         from ringtrain_trainer.ring.tls import INSECURE_NOTE
 
@@ -58,7 +58,8 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
                         health_timeout_s=cfg.ring_health_timeout_s,
                         stall_s=cfg.ring_stall_warning_s, observer=observer,
                         tls=cfg.tls, encrypt_data=cfg.ring_encrypt_data,
-                        health_port=cfg.ring_health_port)
+                        health_port=cfg.ring_health_port,
+                        shared_memory=cfg.ring_shared_memory)
 
 
 def process_main(argv: list[str] | None = None) -> int:

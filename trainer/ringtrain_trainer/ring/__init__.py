@@ -51,7 +51,8 @@ def connect(spec: ClusterSpec, token: bytes, *,
             health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S,
             stall_s: float = DEFAULT_STALL_S,
             observer: RingObserver | None = None, tls: pki.JobMaterial | None = None,
-            encrypt_data: bool = False, health_port: int = 0) -> Collective:
+            encrypt_data: bool = False, health_port: int = 0,
+            shared_memory: bool = True) -> Collective:
     """Join the ring described by ``spec``; a single-member ring is a ``LocalCollective``.
 
     Peers that are not up yet (or whose names do not resolve yet) are retried with back-off
@@ -62,6 +63,8 @@ def connect(spec: ClusterSpec, token: bytes, *,
     With the job's ``tls`` material every gRPC server and channel is mutual TLS;
     ``encrypt_data`` wraps the TCP side channel in it too (without material it is refused).
     ``health_port`` (non-zero) serves the Health service alone in plaintext there as well.
+    ``shared_memory``: ``grpc+tcp`` links between processes of one host carry tensors through
+    shared memory (``ring.shm``; not with ``encrypt_data``).
     """
     path = data_path(transport)
     if spec.world_size == 1:
@@ -93,6 +96,7 @@ def connect(spec: ClusterSpec, token: bytes, *,
     listener = receiver = None
     try:
         if path == "grpc+tcp":
+            from ringtrain_trainer.ring.shm import ShmTransport
             from ringtrain_trainer.ring.tcp import TcpTransport
 
             listener = TcpTransport.listen(rank, addresses, data_tls)
@@ -116,10 +120,16 @@ def connect(spec: ClusterSpec, token: bytes, *,
             if side.get("data_port") is None or not side.get("data_key"):
                 raise InvalidSpec(f"rank {rank}: {addresses[right]} announced no grpc+tcp side "
                                   "channel (do all workers use the same --ring-transport?)")
-            wire = TcpTransport.open(listener, rank, addresses, int(side["data_port"]),
+            wire = ShmTransport.open(listener, rank, addresses, int(side["data_port"]),
                                      bytes.fromhex(side["data_key"]),
                                      connect_timeout_s=connect_timeout_s,
-                                     step_timeout_s=step_timeout_s, material=data_tls)
+                                     step_timeout_s=step_timeout_s, material=data_tls,
+                                     chunk_bytes=chunk_bytes,
+                                     shared_memory=shared_memory and not encrypt_data)
+            if wire.links != ("tcp", "tcp"):
+                log(f"rank {rank}: data path {wire.name}: tensors from the left neighbour over "
+                    f"{wire.links[0]}, to the right over {wire.links[1]} (same-host shared "
+                    "memory, signalled over the TCP side channel)")
         else:
             wire = GrpcTransport.open(receiver, rank, addresses, token,
                                       connect_timeout_s=connect_timeout_s,
@@ -137,6 +147,7 @@ def connect(spec: ClusterSpec, token: bytes, *,
     coll = RingCollective(wire, rank, addresses, chunk_bytes=chunk_bytes,
                           step_timeout_s=step_timeout_s, control=control)
     coll.observer = observer
+    observer.data_path(wire.name)
     control.attach(coll)
     coll.watchdog = Watchdog(control, coll, health_timeout_s=health_timeout_s, stall_s=stall_s)
     return coll

@@ -69,6 +69,10 @@ class RingObserver:
                    received_bytes: int) -> None:
         """A collective of ``kind`` (one of ``COLLECTIVE_KINDS``) finished."""
 
+    def data_path(self, name: str) -> None:
+        """The data path that runs (``grpc+tcp``, ``grpc+shm``, ``grpc``…), once connected:
+        the ``transport`` label of what follows."""
+
     def error(self, kind: str) -> None:
         """The ring broke; ``kind`` is one of ``ERROR_KINDS``."""
 
@@ -289,7 +293,7 @@ class RingCollective(Collective):
             parts = [memoryview(header.pack())] if header is not None else []
             if data is not None:
                 parts.append(data)
-            sent = self.transport.send_now(parts)
+            sent = self.transport.send_now(parts, header is not None)
             if sent is not None:
                 for part in parts:
                     if sent < len(part):

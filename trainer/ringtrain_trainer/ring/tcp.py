@@ -301,7 +301,7 @@ class TcpTransport(Transport):
         except OSError as e:
             raise LinkError(f"{type(e).__name__}: {e}") from None
 
-    def send_now(self, parts: list[memoryview]) -> int | None:
+    def send_now(self, parts: list[memoryview], with_header: bool = False) -> int | None:
         """One ``writev`` of header and chunk on the non-blocking descriptor: no poll first
         (which ``socket.send`` does under a timeout) and nothing waits for buffer space."""
         if self._right_fd is None:

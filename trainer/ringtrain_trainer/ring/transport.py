@@ -55,14 +55,16 @@ class Transport(ABC):
     def end_send(self) -> None:
         """The collective's last chunk has been handed to ``send``; only after ``begin_send``."""
 
-    def send_now(self, parts: list[memoryview]) -> int | None:
+    def send_now(self, parts: list[memoryview], with_header: bool = False) -> int | None:
         """Write ``parts`` in order from the calling thread as far as the wire takes them
         *without blocking*; return how many bytes went out. ``None`` (this default): the
         transport cannot, so the engine uses ``begin_send``/``send``/``end_send`` on its send
         thread. A transport that returns a number is one whose ``begin_send`` only writes
         ``header.pack()`` and whose ``end_send`` does nothing: the engine then writes the
         packed header itself, merged with the first chunk, and what did not fit goes through
-        ``send`` on the send thread. Saves small collectives the hand-off to that thread."""
+        ``send`` on the send thread. Saves small collectives the hand-off to that thread.
+        ``with_header``: ``parts[0]`` is the header (a transport that moves chunks other than
+        as bytes on the wire must tell it from a chunk of the same length)."""
         return None
 
     @abstractmethod

@@ -1,0 +1,303 @@
+"""Shared memory between ring neighbours on the same host: the ``grpc+tcp`` side channel still
+opens, authenticates and signals every link, but a chunk's bytes go through a few slots of
+memory the two processes share instead of through the kernel's TCP stack (NCCL's SHM
+transport, Open MPI's shared-memory BTL: the far mark ``bench allreduce --baseline mpi`` sets).
+
+Why: on one host a TCP chunk is copied twice by the kernel (into the socket, out of it) and
+reduced from a scratch copy; through a slot it is copied once by the sender and reduced or
+copied straight out of the slot by the receiver (measured in docs/ring.md). Only one signal
+byte per chunk crosses the socket each way: "slot filled" from the sender after its copy,
+"slot free" back from the receiver after its read. The socket's own ordering is the memory
+barrier, and its closing, timeouts and aborts keep working exactly as on the TCP path, so a
+broken or frozen neighbour is seen the same way.
+
+A link turns to shared memory only if the receiver's segment is provably reachable: after the
+HMAC handshake each receiver offers its left neighbour a ``memfd`` (pid, descriptor, a random
+name and nonce); the sender opens it through ``/proc/<pid>/fd`` only if that link names the
+offered memfd, maps it, and accepts only if the nonce is in it. Workers in separate pods
+(separate PID namespaces), or with ``ring.sharedMemory`` off or ``encryptData`` on, fail or skip
+that check and keep the TCP path; the transport's name (metric label, log line) says which runs.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import socket
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ringtrain.errors import RingError
+from ringtrain_trainer.ring.protocol import OpHeader
+from ringtrain_trainer.ring.tcp import TcpTransport, _recv_into
+from ringtrain_trainer.ring.transport import LinkError, LinkTimeout
+
+#: Memory per link: at most this many bytes of slots, 2 to 8 slots of one chunk each.
+SLOT_BUDGET = 16 << 20
+MAX_SLOTS, MIN_SLOTS = 8, 2
+_PAGE = mmap.PAGESIZE
+_OFFER = struct.Struct("!4sBIi16sIQ")  # magic, on, pid, fd, nonce, slots, slot bytes
+_MAGIC = b"RTSM"
+
+
+def plan(chunk_bytes: int) -> tuple[int, int]:
+    """(slots, slot bytes) for a ring of ``chunk_bytes`` chunks: one chunk per slot."""
+    slot = -(-chunk_bytes // 64) * 64
+    return max(MIN_SLOTS, min(MAX_SLOTS, SLOT_BUDGET // slot)), slot
+
+
+def _memfd_name(nonce: bytes) -> str:
+    return f"ringtrain-{nonce.hex()}"
+
+
+@dataclass
+class Segment:
+    """A mapped segment: one page holding the nonce, then ``slots`` slots."""
+
+    mm: mmap.mmap
+    slots: int
+    slot_bytes: int
+
+    def __post_init__(self) -> None:
+        self.floats = [np.frombuffer(self.mm, np.float32, self.slot_bytes // 4,
+                                     _PAGE + i * self.slot_bytes) for i in range(self.slots)]
+        self.bytes = [f.view(np.uint8) for f in self.floats]
+
+    @staticmethod
+    def size(slots: int, slot_bytes: int) -> int:
+        return _PAGE + slots * slot_bytes
+
+
+def create(slots: int, slot_bytes: int) -> tuple[Segment, int, bytes]:
+    """A new memfd segment with a fresh nonce at its start: (segment, fd, nonce)."""
+    nonce = secrets.token_bytes(16)
+    fd = os.memfd_create(_memfd_name(nonce))
+    try:
+        os.ftruncate(fd, Segment.size(slots, slot_bytes))
+        mm = mmap.mmap(fd, Segment.size(slots, slot_bytes))
+    except OSError:
+        os.close(fd)
+        raise
+    mm[:16] = nonce
+    return Segment(mm, slots, slot_bytes), fd, nonce
+
+
+def attach(pid: int, fd: int, nonce: bytes, slots: int, slot_bytes: int) -> Segment | None:
+    """The neighbour's segment, or None where it is not provably the one offered: another
+    host, another PID namespace (the pid is someone else here), a descriptor that is not the
+    named memfd, a size or nonce that does not match."""
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        if os.readlink(path) != f"/memfd:{_memfd_name(nonce)} (deleted)":
+            return None
+        own = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if os.fstat(own).st_size != Segment.size(slots, slot_bytes):
+            return None
+        mm = mmap.mmap(own, Segment.size(slots, slot_bytes))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(own)
+    if mm[:16] != nonce:
+        mm.close()
+        return None
+    return Segment(mm, slots, slot_bytes)
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    _recv_into(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def negotiate(left: socket.socket, right: socket.socket, chunk_bytes: int,
+              enabled: bool) -> tuple[Segment | None, Segment | None]:
+    """(segment we receive from the left in, segment we send to the right through): offer the
+    left neighbour our own segment, try the right neighbour's offer, then learn the left's
+    verdict. Every rank writes before it reads, so the ring cannot deadlock on it."""
+    slots, slot_bytes = plan(chunk_bytes)
+    mine = fd = None
+    nonce = bytes(16)
+    if enabled:
+        try:
+            mine, fd, nonce = create(slots, slot_bytes)
+        except OSError:
+            mine = None
+    try:
+        left.sendall(_OFFER.pack(_MAGIC, mine is not None, os.getpid(),
+                                 fd if fd is not None else -1, nonce, slots, slot_bytes))
+        magic, on, pid, their_fd, their_nonce, n, size = _OFFER.unpack(_read(right, _OFFER.size))
+        if magic != _MAGIC:
+            raise LinkError("right neighbour sent no shared-memory offer")
+        theirs = (attach(pid, their_fd, their_nonce, n, size)
+                  if enabled and on and (n, size) == (slots, slot_bytes) else None)
+        right.sendall(b"\x01" if theirs is not None else b"\x00")
+        accepted = _read(left, 1) == b"\x01"
+    finally:
+        if fd is not None:
+            os.close(fd)  # the mappings stay; the memfd is freed with the last of them
+    return (mine if accepted else None), theirs
+
+
+class ShmTransport(TcpTransport):
+    """``TcpTransport`` whose links to same-host neighbours carry chunks through shared slots.
+
+    Sender: slot ``k % slots`` holds the ``k``-th chunk of this link; a chunk goes out when a
+    slot is free (fewer than ``slots`` unanswered), else the engine's send thread waits for a
+    "free" byte. Receiver: one "filled" byte (the slot number) per chunk, then the reduction
+    or copy reads the slot in place and a "free" byte goes back. A link without shared memory
+    runs ``TcpTransport``'s code unchanged."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._in: Segment | None = None
+        self._out: Segment | None = None
+        self._filled = self._freed = self._taken = 0
+        self._signal = bytearray(1)
+        self._frees = bytearray(4 * MAX_SLOTS)
+
+    @classmethod
+    def open(cls, *args, chunk_bytes: int, shared_memory: bool, **kwargs) -> "ShmTransport":
+        """``TcpTransport.open``, then the shared-memory offer on both links."""
+        t = super().open(*args, **kwargs)
+        try:
+            t._in, t._out = negotiate(t._left, t._right, chunk_bytes, shared_memory and None
+                                      not in (t._left_fd, t._right_fd))
+        except LinkError as e:
+            t.close()
+            raise RingError(f"shared-memory offer failed: {e}", rank=args[1], step=-1,
+                            peer="neighbour") from None
+        if t._in is not None or t._out is not None:
+            t.name = "grpc+shm" if t._in is not None and t._out is not None else "grpc+tcp+shm"
+        return t
+
+    @property
+    def links(self) -> tuple[str, str]:
+        """How the (left, right) links carry tensors: ``shm`` or ``tcp``."""
+        return ("shm" if self._in is not None else "tcp", "shm" if self._out is not None else "tcp")
+
+    # -- send side ---------------------------------------------------------------------------
+
+    def _drain(self, block: bool) -> None:
+        """Count the receiver's "free" bytes; ``block``: wait for at least one."""
+        view = memoryview(self._frees)
+        try:
+            got = os.readv(self._right_fd, [view])
+        except BlockingIOError:
+            got = None
+        except OSError as e:
+            raise LinkError(f"{type(e).__name__}: {e}", send_side=True) from None
+        if got is None and block:
+            try:
+                got = self._right.recv_into(view)
+            except socket.timeout:
+                raise LinkTimeout(f"right neighbour freed no slot for "
+                                  f"{self._right.gettimeout():g} s", send_side=True) from None
+            except OSError as e:
+                raise LinkError(f"{type(e).__name__}: {e}", send_side=True) from None
+        if got == 0:
+            raise LinkError("connection closed by peer", send_side=True)
+        self._freed += got or 0
+        if self._freed > self._filled:
+            raise LinkError("right neighbour freed a slot it was never given", send_side=True)
+
+    def _put(self, data: memoryview, block: bool) -> bytes | None:
+        """Copy ``data`` into the next slot; its "filled" byte, or None if no slot is free."""
+        if self._filled - self._freed >= self._out.slots:
+            self._drain(block=False)
+            while block and self._filled - self._freed >= self._out.slots:
+                self._drain(block=True)
+            if self._filled - self._freed >= self._out.slots:
+                return None
+        slot = self._filled % self._out.slots
+        np.copyto(self._out.bytes[slot][:len(data)], np.frombuffer(data, np.uint8))
+        self._filled += 1
+        return bytes((slot,))
+
+    def _write(self, parts: list) -> None:
+        """Write small signal/header bytes whole: one non-blocking ``writev``, the rest (a full
+        socket buffer, rare) blocking under the step timeout."""
+        try:
+            sent = os.writev(self._right_fd, parts)
+        except BlockingIOError:
+            sent = 0
+        except OSError as e:
+            raise LinkError(f"{type(e).__name__}: {e}", send_side=True) from None
+        rest = b"".join(bytes(p) for p in parts)[sent:]
+        if rest:
+            TcpTransport.send(self, memoryview(rest))
+
+    def send_now(self, parts: list[memoryview], with_header: bool = False) -> int | None:
+        if self._out is None:
+            return super().send_now(parts, with_header)
+        out, taken = [], 0
+        if with_header:
+            out.append(parts[0])
+            taken = len(parts[0])
+        if len(parts) > int(with_header):
+            filled = self._put(parts[-1], block=False)
+            if filled is not None:
+                out.append(filled)
+                taken += len(parts[-1])
+        if out:
+            self._write(out)
+        return taken
+
+    def begin_send(self, header: OpHeader) -> None:
+        if self._out is None:
+            return super().begin_send(header)
+        self._write([header.pack()])
+
+    def send(self, data: memoryview) -> None:
+        if self._out is None:
+            return super().send(data)
+        self._write([self._put(data, block=True)])
+
+    # -- receive side ------------------------------------------------------------------------
+
+    def _slot(self, n: int) -> int:
+        """Wait for the next "filled" byte (with the collective's header if still due)."""
+        signal = memoryview(self._signal)
+        if self._expect is not None:
+            self._take_header(signal)
+        else:
+            self._recv([signal])
+        slot = self._taken % self._in.slots
+        if self._signal[0] != slot or n > self._in.slot_bytes:
+            raise LinkError(f"peer filled slot {self._signal[0]}, expected {slot}")
+        self._taken += 1
+        return slot
+
+    def _free(self) -> None:
+        try:
+            if os.write(self._left_fd, b"\x01") == 1:
+                return
+        except BlockingIOError:
+            pass
+        except OSError as e:
+            raise LinkError(f"{type(e).__name__}: {e}") from None
+        try:
+            self._left.sendall(b"\x01")
+        except OSError as e:
+            raise LinkError(f"{type(e).__name__}: {e}") from None
+
+    def recv_copy(self, out: np.ndarray) -> None:
+        if self._in is None:
+            return super().recv_copy(out)
+        slot = self._slot(out.nbytes)
+        np.copyto(out, self._in.floats[slot][:out.size])
+        self._free()
+
+    def recv_add(self, out: np.ndarray) -> None:
+        if self._in is None:
+            return super().recv_add(out)
+        slot = self._slot(out.nbytes)
+        np.add(out, self._in.floats[slot][:out.size], out=out)
+        self._free()
+
