@@ -333,7 +333,12 @@ class RingCollective(Collective):
                 seg = flat[a:b]
                 self._received += seg.nbytes
                 t0 = clock()  # a receive blocks until the left neighbour's chunk is here
-                if phase.reduce:
+                # a partial sum that only passes through goes on without landing here first
+                fused = (phase.reduce and p < last_reduce and self._inline
+                         and t.recv_add_send(seg))
+                if fused:
+                    self._sent += seg.nbytes
+                elif phase.reduce:
                     t.recv_add(seg)
                 else:
                     t.recv_copy(seg)
@@ -343,7 +348,7 @@ class RingCollective(Collective):
                 tr.add(trace.ALLREDUCE, "wait for rank", t0, left, t1=t1)
                 if phase.reduce and p == last_reduce:
                     np.divide(seg, self.size, out=seg)
-                if forward:
+                if forward and not fused:
                     self._send(mv, a, b)
             tr.add(trace.ALLREDUCE, "reduce-scatter" if phase.reduce else "allgather",
                    t_phase, value=p)

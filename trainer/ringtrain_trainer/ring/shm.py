@@ -158,7 +158,8 @@ class ShmTransport(TcpTransport):
         super().__init__(*args, **kwargs)
         self._in: Segment | None = None
         self._out: Segment | None = None
-        self._filled = self._freed = self._taken = 0
+        self._filled = self._freed = self._taken = self._unreported = 0
+        self._report_at = 1
         self._signal = bytearray(1)
         self._frees = bytearray(4 * MAX_SLOTS)
 
@@ -173,6 +174,8 @@ class ShmTransport(TcpTransport):
             t.close()
             raise RingError(f"shared-memory offer failed: {e}", rank=args[1], step=-1,
                             peer="neighbour") from None
+        if t._in is not None:
+            t._report_at = max(1, t._in.slots // 2)
         if t._in is not None or t._out is not None:
             t.name = "grpc+shm" if t._in is not None and t._out is not None else "grpc+tcp+shm"
         return t
@@ -203,7 +206,7 @@ class ShmTransport(TcpTransport):
                 raise LinkError(f"{type(e).__name__}: {e}", send_side=True) from None
         if got == 0:
             raise LinkError("connection closed by peer", send_side=True)
-        self._freed += got or 0
+        self._freed += sum(self._frees[:got]) if got else 0
         if self._freed > self._filled:
             raise LinkError("right neighbour freed a slot it was never given", send_side=True)
 
@@ -274,18 +277,51 @@ class ShmTransport(TcpTransport):
         self._taken += 1
         return slot
 
-    def _free(self) -> None:
+    def _free(self, flush: bool = False) -> None:
+        """Give consumed slots back: one byte carrying their count, once half the slots are
+        consumed and at the end of every collective (not per chunk: a write each is a syscall
+        the sender rarely needs; it waits only when every slot is unanswered, and then the
+        receiver, which never blocks on anything but the next "filled" byte, reaches half)."""
+        if not flush:
+            self._unreported += 1
+            if self._unreported < self._report_at:
+                return
+        if not self._unreported:
+            return
+        signal, self._unreported = bytes((self._unreported,)), 0
         try:
-            if os.write(self._left_fd, b"\x01") == 1:
+            if os.write(self._left_fd, signal) == 1:
                 return
         except BlockingIOError:
             pass
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the sender left (its last collective needs no answer); if it died
+            # mid-collective, the next "filled" byte it owes us is what fails
         except OSError as e:
             raise LinkError(f"{type(e).__name__}: {e}") from None
         try:
-            self._left.sendall(b"\x01")
+            self._left.sendall(signal)
+        except (BrokenPipeError, ConnectionResetError):
+            return
         except OSError as e:
             raise LinkError(f"{type(e).__name__}: {e}") from None
+
+    def recv_add_send(self, out: np.ndarray) -> bool:
+        """The sum goes from the left's slot and ``out`` straight into our right slot: one
+        pass over memory instead of an add into ``out`` and a copy out of it."""
+        if self._in is None or self._out is None:
+            return False
+        if self._filled - self._freed >= self._out.slots:
+            self._drain(block=False)
+            if self._filled - self._freed >= self._out.slots:
+                return False
+        slot = self._slot(out.nbytes)
+        target = self._filled % self._out.slots
+        np.add(out, self._in.floats[slot][:out.size], out=self._out.floats[target][:out.size])
+        self._free()
+        self._filled += 1
+        self._write([bytes((target,))])
+        return True
 
     def recv_copy(self, out: np.ndarray) -> None:
         if self._in is None:
@@ -301,3 +337,8 @@ class ShmTransport(TcpTransport):
         np.add(out, self._in.floats[slot][:out.size], out=out)
         self._free()
 
+
+    def end_recv(self) -> None:
+        super().end_recv()
+        if self._in is not None:
+            self._free(flush=True)

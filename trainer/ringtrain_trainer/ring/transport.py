@@ -79,6 +79,14 @@ class Transport(ABC):
     def recv_add(self, out: np.ndarray) -> None:
         """Receive ``out.size`` float32 values and add them into ``out`` in place."""
 
+    def recv_add_send(self, out: np.ndarray) -> bool:
+        """Receive ``out.size`` values, add ``out`` to them and send the sum to the right
+        neighbour *instead of* storing it (a reduce-scatter step whose partial sum only passes
+        through: the allgather overwrites ``out``), if the transport can do that without
+        blocking on the send side; ``False`` (this default): nothing was received, the engine
+        calls ``recv_add`` and sends ``out`` itself. Only while the calling thread sends."""
+        return False
+
     def end_recv(self) -> None:
         """Every chunk of the collective has been received."""
 
