@@ -5,10 +5,11 @@ port of its own TF_CONFIG address (the control plane, ``control``), registers wi
 (the readiness barrier), opens the data path to both ring neighbours (ordered by rank as
 ``ClusterSpec.ring`` lists them) and returns a ``Collective``. Layers, bottom up: ``schedule``
 (pure chunk plan), ``protocol`` (the per-collective header), ``auth`` (token checks),
-``tls`` (mutual TLS with the job's certificate), ``channels`` (every gRPC server and channel), ``control`` + ``watchdog`` (rendezvous, health,
-aborts, stall reports), ``tcp`` / ``grpc_transport`` (the data paths ``grpc+tcp`` and
-``grpc``), ``engine`` (the algorithm over a data path), ``malloc_tuning`` (glibc settings
-for a ring process, applied by the worker).
+``tls`` (mutual TLS with the job's certificate), ``channels`` (every gRPC server and
+channel), ``control`` + ``watchdog`` (rendezvous, health, aborts, stall reports), ``tcp`` /
+``grpc_transport`` (the data paths ``grpc+tcp`` and ``grpc``), ``shm`` (``grpc+tcp``'s links
+between processes of one host through shared memory: ``grpc+shm``), ``engine`` (the algorithm
+over a data path), ``malloc_tuning`` (glibc settings for a ring process, applied by the worker).
 """
 
 from __future__ import annotations
