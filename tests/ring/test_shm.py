@@ -120,3 +120,19 @@ def test_slots_given_back_to_a_sender_that_already_left_break_nothing():
     t._free(flush=True)
     assert t._unreported == 0
     b.close()
+
+
+def test_a_neighbour_that_leaves_during_the_offer_is_the_one_named():
+    """The right neighbour closes before answering: a link error of the send side (the engine
+    names the right peer), not a hang and not a crash."""
+    from ringtrain_trainer.ring.transport import LinkError
+
+    (to_left, left), (right, from_right) = socket.socketpair(), socket.socketpair()
+    for s in (left, right):
+        s.settimeout(5)
+    from_right.close()
+    with pytest.raises(LinkError, match="right neighbour") as e:
+        shm.negotiate(left, right, 4096, True)
+    assert e.value.send_side
+    for s in (to_left, left, right):
+        s.close()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ringtrain.errors import RingError
+from ringtrain_trainer.ring import schedule
 from ringtrain_trainer.ring.protocol import OpHeader
 from ringtrain_trainer.ring.tcp import TcpTransport, _recv_into
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout
@@ -110,10 +111,21 @@ def attach(pid: int, fd: int, nonce: bytes, slots: int, slot_bytes: int) -> Segm
     return Segment(mm, slots, slot_bytes)
 
 
-def _read(sock: socket.socket, n: int) -> bytes:
+def _read(sock: socket.socket, n: int, side: str) -> bytes:
     buf = bytearray(n)
-    _recv_into(sock, memoryview(buf))
+    try:
+        _recv_into(sock, memoryview(buf))
+    except LinkError as e:
+        raise LinkError(f"{side} neighbour: {e}", send_side=side == "right") from None
     return bytes(buf)
+
+
+def _send(sock: socket.socket, data: bytes, side: str) -> None:
+    try:
+        sock.sendall(data)
+    except OSError as e:
+        raise LinkError(f"{side} neighbour: {type(e).__name__}: {e}",
+                        send_side=side == "right") from None
 
 
 def negotiate(left: socket.socket, right: socket.socket, chunk_bytes: int,
@@ -130,15 +142,16 @@ def negotiate(left: socket.socket, right: socket.socket, chunk_bytes: int,
         except OSError:
             mine = None
     try:
-        left.sendall(_OFFER.pack(_MAGIC, mine is not None, os.getpid(),
-                                 fd if fd is not None else -1, nonce, slots, slot_bytes))
-        magic, on, pid, their_fd, their_nonce, n, size = _OFFER.unpack(_read(right, _OFFER.size))
+        _send(left, _OFFER.pack(_MAGIC, mine is not None, os.getpid(),
+                                fd if fd is not None else -1, nonce, slots, slot_bytes), "left")
+        magic, on, pid, their_fd, their_nonce, n, size = _OFFER.unpack(
+            _read(right, _OFFER.size, "right"))
         if magic != _MAGIC:
-            raise LinkError("right neighbour sent no shared-memory offer")
+            raise LinkError("right neighbour sent no shared-memory offer", send_side=True)
         theirs = (attach(pid, their_fd, their_nonce, n, size)
                   if enabled and on and (n, size) == (slots, slot_bytes) else None)
-        right.sendall(b"\x01" if theirs is not None else b"\x00")
-        accepted = _read(left, 1) == b"\x01"
+        _send(right, b"\x01" if theirs is not None else b"\x00", "right")
+        accepted = _read(left, 1, "left") == b"\x01"
     finally:
         if fd is not None:
             os.close(fd)  # the mappings stay; the memfd is freed with the last of them
@@ -164,16 +177,19 @@ class ShmTransport(TcpTransport):
         self._frees = bytearray(4 * MAX_SLOTS)
 
     @classmethod
-    def open(cls, *args, chunk_bytes: int, shared_memory: bool, **kwargs) -> "ShmTransport":
-        """``TcpTransport.open``, then the shared-memory offer on both links."""
-        t = super().open(*args, **kwargs)
+    def open(cls, listener, rank: int, addresses: tuple[str, ...], *args, chunk_bytes: int,
+             shared_memory: bool, **kwargs) -> "ShmTransport":
+        """``TcpTransport.open``, then the shared-memory offer on both links; a link that
+        breaks meanwhile is a (retryable) RingError naming the neighbour."""
+        t = super().open(listener, rank, addresses, *args, **kwargs)
         try:
             t._in, t._out = negotiate(t._left, t._right, chunk_bytes, shared_memory and None
                                       not in (t._left_fd, t._right_fd))
         except LinkError as e:
             t.close()
-            raise RingError(f"shared-memory offer failed: {e}", rank=args[1], step=-1,
-                            peer="neighbour") from None
+            left, right = schedule.neighbours(rank, len(addresses))
+            raise RingError(f"shared-memory offer: {e}", rank=rank, step=-1,
+                            peer=addresses[right if e.send_side else left]) from None
         if t._in is not None:
             t._report_at = max(1, t._in.slots // 2)
         if t._in is not None or t._out is not None:
