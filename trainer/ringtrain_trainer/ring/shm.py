@@ -164,8 +164,8 @@ class ShmTransport(TcpTransport):
     Sender: slot ``k % slots`` holds the ``k``-th chunk of this link; a chunk goes out when a
     slot is free (fewer than ``slots`` unanswered), else the engine's send thread waits for a
     "free" byte. Receiver: one "filled" byte (the slot number) per chunk, then the reduction
-    or copy reads the slot in place and a "free" byte goes back. A link without shared memory
-    runs ``TcpTransport``'s code unchanged."""
+    or copy reads the slot in place; consumed slots go back as one byte carrying their count
+    (see ``_free``). A link without shared memory runs ``TcpTransport``'s code unchanged."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -248,9 +248,12 @@ class ShmTransport(TcpTransport):
             sent = 0
         except OSError as e:
             raise LinkError(f"{type(e).__name__}: {e}", send_side=True) from None
-        rest = b"".join(bytes(p) for p in parts)[sent:]
-        if rest:
-            TcpTransport.send(self, memoryview(rest))
+        if sent == sum(len(p) for p in parts):
+            return
+        try:
+            TcpTransport.send(self, memoryview(b"".join(bytes(p) for p in parts)[sent:]))
+        except LinkError as e:
+            raise type(e)(str(e), send_side=True) from None
 
     def send_now(self, parts: list[memoryview], with_header: bool = False) -> int | None:
         if self._out is None:
