@@ -2,8 +2,8 @@
 
 Starts N local processes per implementation (the ring over each requested data path —
 ``grpc+tcp`` with shared memory off, as between pods, and ``grpc+shm``, as between processes of
-one host —, torch.distributed's gloo, mpi4py under ``mpirun``), times ``--iters`` allreduces per size after a
-barrier each, and reports the median with nccl-tests' definitions: algbw = S/t and
+one host —, torch.distributed's gloo, mpi4py under ``mpirun``), times ``--iters`` allreduces
+per size after a barrier each, and reports the median with nccl-tests' definitions: algbw = S/t and
 busbw = 2(N-1)/N · S/t, plus the median CPU time of rank 0's process per allreduce (``cpu_s``,
 all threads), which stays meaningful when other work shares the cores. The ring computes the
 *mean* in place; gloo is measured twice, as ``gloo-sum`` (its native operation, a plain
@@ -29,7 +29,7 @@ import numpy as np
 
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
-from ringtrain_bench.procs import free_ports, new_token, run_processes
+from ringtrain_bench.procs import SHM_VIA, free_ports, new_token, run_processes
 
 MIB = 1 << 20
 
@@ -74,10 +74,6 @@ BASELINES = {"gloo": ("gloo-sum", "gloo-mean"), "mpi": ("mpi",)}
 
 #: The baselines the ring is compared with (gloo's plain sum is the stricter of gloo's two).
 RATIO_BASELINES = ("gloo-sum", "mpi")
-
-#: Data paths that are another one with shared memory on: ``grpc+shm`` is ``grpc+tcp`` between
-#: processes of one host (``ring.shm``); ``grpc+tcp`` is measured with shared memory off.
-SHM_VIA = {"grpc+shm": "grpc+tcp"}
 
 #: What an implementation computes: the ring's mean or a plain sum.
 OPS = {"gloo-sum": "sum"}
@@ -249,7 +245,8 @@ def main(argv: list[str]) -> int:
         return 0
     if a.workers < 2:
         p.error("--workers must be at least 2 (one process has nothing to reduce)")
-    rings = [f"ring-{ {'tcp': 'grpc+tcp'}.get(t, t)}" for t in (a.transport or ["grpc+tcp", "grpc+shm"])]
+    rings = [f"ring-{ {'tcp': 'grpc+tcp'}.get(t, t)}"
+             for t in (a.transport or ["grpc+tcp", "grpc+shm"])]
     if a.tls:
         rings = [v for r in rings for v in (r, r + TLS_SUFFIX)
                  if not (v.endswith(TLS_SUFFIX) and r.removeprefix("ring-") in SHM_VIA)]

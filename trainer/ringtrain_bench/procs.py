@@ -17,6 +17,11 @@ from typing import Mapping
 
 from ringtrain import cluster
 
+#: The benchmarks' data path names that are another path with shared memory on: ``grpc+shm``
+#: is ``grpc+tcp`` between processes of one host (``ring.shm``); a bench's ``grpc+tcp`` runs
+#: with shared memory off, as between pods.
+SHM_VIA = {"grpc+shm": "grpc+tcp"}
+
 
 def free_ports(n: int) -> list[int]:
     """Ports the kernel just handed out as free (bound then released together)."""

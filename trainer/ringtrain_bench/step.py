@@ -48,8 +48,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0,
                    help="CPUs for each side: torch threads, IPU host threads (0: all usable)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
-    p.add_argument("--transport", default="grpc+tcp", choices=("grpc+tcp", "grpc", "tcp"),
-                   help="ring data path with --workers > 1 (tcp: old name of grpc+tcp)")
+    p.add_argument("--transport", default="grpc+tcp",
+                   choices=("grpc+tcp", "grpc+shm", "grpc", "tcp"),
+                   help="ring data path with --workers > 1: grpc+tcp with shared memory off (as "
+                        "between pods), grpc+shm (as between processes of one host), grpc; "
+                        "tcp: old name of grpc+tcp")
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p

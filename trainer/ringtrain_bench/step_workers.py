@@ -89,8 +89,14 @@ def child(args) -> dict:
     """One worker: the three variants' trainers on one ring, warm-up, then per repeat each
     variant's steps after a barrier. The end checks that the ring variants' replicas still
     agree (rank 0's weights broadcast and compared)."""
-    cfg = TrainerConfig.from_args(["--ring-transport", args.transport, "--termination-log", ""])
+    path = {"tcp": "grpc+tcp"}.get(args.transport, args.transport)
+    cfg = TrainerConfig.from_args(["--ring-transport", procs.SHM_VIA.get(path, path),
+                                   "--termination-log", "",
+                                   *([] if path in procs.SHM_VIA else ["--no-ring-shared-memory"])])
     ring = worker_connect(cfg)
+    if ring.transport.name != path:  # the figures must name the data path that ran
+        ring.close()
+        raise RuntimeError(f"bench step: asked for {path}, the ring runs {ring.transport.name}")
     try:
         with blas_limits(args.threads):
             sides = {"overlapped": IPUSide(args, ring, cfg),
