@@ -33,7 +33,8 @@ RING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 
 class RingMetrics(RingObserver):
     """The ring's own figures for one data path (``transport`` = grpc+tcp | grpc+shm | grpc),
-    bound to their label children once the ring is connected (``data_path``), so that a collective only adds numbers to existing series.
+    bound to their label children once the ring is connected and knows which path runs
+    (``data_path``), so that a collective only adds numbers to existing series.
     The control plane's reports (peers still missing at start-up, stalls) go to the metrics
     and to ``/status``."""
 

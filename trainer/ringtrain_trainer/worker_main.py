@@ -46,7 +46,6 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
 
     malloc_tuning.tune()  # before the ring's threads first allocate
 
-    ring.data_path(cfg.ring_transport)  # an unknown one fails here, before the metrics
     observer = None if metrics is None else RingMetrics(metrics)
     if cfg.tls is None:
         from ringtrain_trainer.ring.tls import INSECURE_NOTE

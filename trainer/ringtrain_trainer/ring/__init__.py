@@ -98,9 +98,8 @@ def connect(spec: ClusterSpec, token: bytes, *,
     try:
         if path == "grpc+tcp":
             from ringtrain_trainer.ring.shm import ShmTransport
-            from ringtrain_trainer.ring.tcp import TcpTransport
 
-            listener = TcpTransport.listen(rank, addresses, data_tls)
+            listener = ShmTransport.listen(rank, addresses, data_tls)
             control.data_port, control.data_key = listener.port, listener.key
             control.on_abort = listener.wake
         else:

@@ -226,14 +226,19 @@ class ShmTransport(TcpTransport):
         if self._freed > self._filled:
             raise LinkError("right neighbour freed a slot it was never given", send_side=True)
 
+    def _room(self, block: bool) -> bool:
+        """Whether the next slot is free, reading "free" bytes as needed (``block``: until)."""
+        if self._filled - self._freed < self._out.slots:
+            return True
+        self._drain(block=False)
+        while block and self._filled - self._freed >= self._out.slots:
+            self._drain(block=True)
+        return self._filled - self._freed < self._out.slots
+
     def _put(self, data: memoryview, block: bool) -> bytes | None:
         """Copy ``data`` into the next slot; its "filled" byte, or None if no slot is free."""
-        if self._filled - self._freed >= self._out.slots:
-            self._drain(block=False)
-            while block and self._filled - self._freed >= self._out.slots:
-                self._drain(block=True)
-            if self._filled - self._freed >= self._out.slots:
-                return None
+        if not self._room(block):
+            return None
         slot = self._filled % self._out.slots
         np.copyto(self._out.bytes[slot][:len(data)], np.frombuffer(data, np.uint8))
         self._filled += 1
@@ -328,12 +333,8 @@ class ShmTransport(TcpTransport):
     def recv_add_send(self, out: np.ndarray) -> bool:
         """The sum goes from the left's slot and ``out`` straight into our right slot: one
         pass over memory instead of an add into ``out`` and a copy out of it."""
-        if self._in is None or self._out is None:
+        if self._in is None or self._out is None or not self._room(block=False):
             return False
-        if self._filled - self._freed >= self._out.slots:
-            self._drain(block=False)
-            if self._filled - self._freed >= self._out.slots:
-                return False
         slot = self._slot(out.nbytes)
         target = self._filled % self._out.slots
         np.add(out, self._in.floats[slot][:out.size], out=self._out.floats[target][:out.size])
