@@ -196,8 +196,12 @@ def test_two_worker_training_run_succeeds_with_json_progress_and_checkpoint(tmp_
     assert final["exit_codes"] == {"worker-0": 0, "worker-1": 0}
     assert Path(final["checkpoint"]).exists()
     assert Path(final["checkpoint"]).is_relative_to(run_dir / "checkpoints")
-    # Replica logs are on stderr, prefixed with role and index.
+    # Replica logs are on stderr, prefixed with role and index; processes of one host share
+    # memory on the ring, and each says so.
     assert "worker-0  |" in out.stderr
+    for rank in (0, 1):
+        assert (f"rank {rank}: data path grpc+shm: tensors from the left neighbour over shm, "
+                "to the right over shm") in out.stderr, out.stderr[-3000:]
     # The ring token was private to the user.
     (token,) = (run_dir / "pods").glob("*-worker-0/secrets/ring-token/token")
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
