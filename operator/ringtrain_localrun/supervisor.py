@@ -173,12 +173,15 @@ class Runner:
         self.output.event({"event": "started", "replica": r.label, "pod": r.name,
                            "pid": p.pid, "restarts": self.restarts})
 
-    def _restart_in_place(self, now_s: float) -> None:
+    def _restart_in_place(self, now_s: float, seen: set[str]) -> None:
         """The kubelet's part: start exited replicas again in place once their back-off is
-        over. Their directories are kept: the chief finds its checkpoints where it left them."""
+        over. Their directories are kept: the chief finds its checkpoints where it left them.
+        Only exits in ``seen``, those the operator's fold has just observed: one that happened
+        since waits a turn, so a permanent exit code fails the job before any restart."""
         for r in self.replicas:
             p = self.procs.get(r.label)
-            if p is None or p.poll() is None or not restarts_in_place(r, p.returncode):
+            if (p is None or r.label not in seen or p.poll() is None
+                    or not restarts_in_place(r, p.returncode)):
                 continue
             n = self.restart_counts.get(r.label, 0)
             due = self.due.setdefault(r.label, now_s + (0.0 if n == 0 else min(
@@ -261,6 +264,8 @@ class Runner:
 
     def reconcile(self) -> status.Decision:
         """One turn of the operator's loop: observe, fold, act. Returns the decision taken."""
+        # exits seen before the fold observes: those, and only those, may restart this turn
+        seen = {label for label, p in self.procs.items() if p.poll() is not None}
         pods = [observed_pod(r, self.procs[r.label], self.restart_counts.get(r.label, 0),
                              self.last.get(r.label))
                 for r in self.replicas if r.label in self.procs]
@@ -278,7 +283,7 @@ class Runner:
         for name in decision.delete:
             del self.procs[self.by_name[name].label]
             self.due.pop(self.by_name[name].label, None)
-        self._restart_in_place(time.monotonic())
+        self._restart_in_place(time.monotonic(), seen)
         self._create(decision.create)
         return decision
 
