@@ -55,10 +55,17 @@ class Replica:
 
 
 def free_port() -> int:
-    """A TCP port nothing listens on right now (the kernel's choice, so parallel runs differ)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nothing listens on right now, nor on the port after it, where a ring
+    member's side channel listens (the kernel's choice, so parallel runs differ)."""
+    while True:
+        with socket.socket() as s, socket.socket() as nxt:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            try:
+                nxt.bind(("127.0.0.1", port + 1))
+            except (OSError, OverflowError):
+                continue
+            return port
 
 
 def loopback_endpoints(port: Callable[[], int] = free_port) -> manifests.Endpoint:
@@ -69,9 +76,15 @@ def loopback_endpoints(port: Callable[[], int] = free_port) -> manifests.Endpoin
     """
     chosen: dict[tuple[str, int], str] = {}
 
+    taken: set[int] = set()
+
     def endpoint(job: jobspec.Job, role: str, index: int) -> str:
         if (role, index) not in chosen:
-            chosen[(role, index)] = f"127.0.0.1:{port()}"
+            p = port()
+            while {p, p + 1} & taken:  # no replica's port is another's side-channel port
+                p = port()
+            taken.update((p, p + 1))
+            chosen[(role, index)] = f"127.0.0.1:{p}"
         return chosen[(role, index)]
 
     return endpoint

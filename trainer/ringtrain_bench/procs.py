@@ -24,14 +24,26 @@ SHM_VIA = {"grpc+shm": "grpc+tcp"}
 
 
 def free_ports(n: int) -> list[int]:
-    """Ports the kernel just handed out as free (bound then released together)."""
-    socks = [socket.socket() for _ in range(n)]
+    """Ports the kernel just handed out as free (bound then released together), each with the
+    port after it free too: a ring member's side channel listens on its ring port + 1, so no
+    member's ring port may be another's + 1 (seen in CI: one member's side channel took the
+    next member's ring port). Everything stays bound until all are chosen."""
+    held: list[socket.socket] = []
+    ports: list[int] = []
     try:
-        for s in socks:
+        while len(ports) < n:
+            s, nxt = socket.socket(), socket.socket()
+            held += [s, nxt]
             s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+            p = s.getsockname()[1]
+            try:
+                nxt.bind(("127.0.0.1", p + 1))
+            except (OSError, OverflowError):
+                continue  # p stays held, so the kernel offers another
+            ports.append(p)
+        return ports
     finally:
-        for s in socks:
+        for s in held:
             s.close()
 
 
