@@ -34,8 +34,7 @@ import websocket
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: console errors of the offline UI that say nothing about the trace
 NOISE = ("LiveReload SSE error",)
-_STATS = ("select name, value from stats where value > 0 "
-          "and severity in ('error', 'data_loss')")
+_STATS = "select name, value from stats where value > 0 and severity in ('error', 'data_loss')"
 
 
 def _free_port() -> int:
@@ -82,8 +81,9 @@ class _Page:
             self.events.append(msg)
 
     def js(self, expression: str):
-        r = self.call("Runtime.evaluate", expression=expression, returnByValue=True,
-                      awaitPromise=True)
+        r = self.call(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in r:
             raise RuntimeError(f"{expression[:60]}: {r['exceptionDetails']}")
         return r["result"].get("value")
@@ -101,8 +101,13 @@ class _Page:
         return out
 
 
-def screenshot(trace: str | Path, png: str | Path, width: int = 1600, height: int = 1000,
-               timeout_s: float = 45.0) -> dict:
+def screenshot(
+    trace: str | Path,
+    png: str | Path,
+    width: int = 1600,
+    height: int = 1000,
+    timeout_s: float = 45.0,
+) -> dict:
     """Open ``trace`` in Perfetto, expand every track group, write a PNG screenshot to ``png``.
 
     Returns ``tracks`` (how many), ``loading_errors``, ``stats_errors`` (the trace
@@ -114,16 +119,40 @@ def screenshot(trace: str | Path, png: str | Path, width: int = 1600, height: in
     viewer = browser = page = None
     try:
         viewer = subprocess.Popen(
-            [str(Path(sys.executable).with_name("vizviewer")), "--server_only", "--port",
-             str(port), str(trace)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                str(Path(sys.executable).with_name("vizviewer")),
+                "--server_only",
+                "--port",
+                str(port),
+                str(trace),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         browser = subprocess.Popen(
-            [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-             "--no-first-run", "--remote-debugging-port=0", f"--user-data-dir={profile}",
-             f"--window-size={width},{height}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                CHROMIUM,
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--no-first-run",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         active = Path(profile) / "DevToolsActivePort"
-        devtools = int(_poll("chromium's DevTools port", lambda: active.exists() and (
-            active.read_text().split() or [None])[0], deadline))
+        devtools = int(
+            _poll(
+                "chromium's DevTools port",
+                lambda: active.exists() and (active.read_text().split() or [None])[0],
+                deadline,
+            )
+        )
         _poll("vizviewer's port", lambda: _connects(port), deadline)
         with urllib.request.urlopen(f"http://127.0.0.1:{devtools}/json/list") as r:
             target = next(t for t in json.load(r) if t["type"] == "page")
@@ -131,27 +160,42 @@ def screenshot(trace: str | Path, png: str | Path, width: int = 1600, height: in
         for domain in ("Runtime", "Page"):
             page.call(f"{domain}.enable")
         page.call("Page.navigate", url=f"http://127.0.0.1:{port}/")
-        tracks = _poll("loading the trace", lambda: page.js(
-            "globalThis.app && app.trace && app.isLoadingTrace === false"
-            " && app.trace.workspace.flatTracks.length"), deadline)
-        page.js("app.trace.commands.runCommand('dev.perfetto.ExpandAllGroups');"
-                "document.querySelectorAll('.pf-cookie-consent button').forEach(b => b.click())")
+        tracks = _poll(
+            "loading the trace",
+            lambda: page.js(
+                "globalThis.app && app.trace && app.isLoadingTrace === false"
+                " && app.trace.workspace.flatTracks.length"
+            ),
+            deadline,
+        )
+        page.js(
+            "app.trace.commands.runCommand('dev.perfetto.ExpandAllGroups');"
+            "document.querySelectorAll('.pf-cookie-consent button').forEach(b => b.click())"
+        )
         settled = [0]
 
         def drawn() -> bool:
-            idle = page.js("app.trace.engine.numRequestsPending === 0"
-                           " && !app.raf.hasPendingRedraws")
+            idle = page.js(
+                "app.trace.engine.numRequestsPending === 0 && !app.raf.hasPendingRedraws"
+            )
             settled[0] = settled[0] + 1 if idle else 0
             return settled[0] >= 5
+
         _poll("drawing the tracks", drawn, deadline, every_s=0.1)
-        stats = page.js(f"app.trace.engine.query({json.dumps(_STATS)})"
-                        ".then(r => { const out = [];"
-                        " for (const it = r.iter({}); it.valid(); it.next())"
-                        " out.push(it.get('name') + '=' + it.get('value')); return out; })")
+        stats = page.js(
+            f"app.trace.engine.query({json.dumps(_STATS)})"
+            ".then(r => { const out = [];"
+            " for (const it = r.iter({}); it.valid(); it.next())"
+            " out.push(it.get('name') + '=' + it.get('value')); return out; })"
+        )
         shot = page.call("Page.captureScreenshot", format="png")
         Path(png).write_bytes(base64.b64decode(shot["data"]))
-        return {"tracks": tracks, "loading_errors": page.js("app.trace.loadingErrors"),
-                "stats_errors": stats, "console_errors": page.errors()}
+        return {
+            "tracks": tracks,
+            "loading_errors": page.js("app.trace.loadingErrors"),
+            "stats_errors": stats,
+            "console_errors": page.errors(),
+        }
     finally:
         if page is not None:
             page.ws.close()

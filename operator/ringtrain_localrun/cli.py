@@ -39,19 +39,35 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ringtrain run",
         description="Run a TrainingJob manifest on this machine: one process per replica, "
-                    "loopback TF_CONFIG, the operator's own Pod definitions.")
+        "loopback TF_CONFIG, the operator's own Pod definitions.",
+    )
     p.add_argument("manifest", help="YAML file holding one TrainingJob")
-    p.add_argument("--json", action="store_true",
-                   help="one JSON object per line on stdout (progress, then the final result); "
-                        "replica logs go to stderr")
-    p.add_argument("--run-dir", type=Path,
-                   help="where checkpoints, tokens and results go (default: a fresh "
-                        ".ringtrain/runs/<job>-<time>; reuse one to resume from its checkpoint)")
-    p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
-                   help="time between SIGTERM and SIGKILL when stopping replicas "
-                        "(default %(default)s)")
-    p.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
-                   help="seconds between progress lines when stdout is not a terminal")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line on stdout (progress, then the final result); "
+        "replica logs go to stderr",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        help="where checkpoints, tokens and results go (default: a fresh "
+        ".ringtrain/runs/<job>-<time>; reuse one to resume from its checkpoint)",
+    )
+    p.add_argument(
+        "--grace-period",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        metavar="SECONDS",
+        help="time between SIGTERM and SIGKILL when stopping replicas (default %(default)s)",
+    )
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between progress lines when stdout is not a terminal",
+    )
     return p
 
 
@@ -66,16 +82,24 @@ def main(argv: list[str] | None = None) -> int:
         job, replicas = plan(obj, run_dir)
     except RingtrainError as e:
         if args.json:
-            output.event({"event": "final", "phase": "Failed", "reason": "InvalidSpec",
-                          "message": str(e)})
+            output.event(
+                {"event": "final", "phase": "Failed", "reason": "InvalidSpec", "message": str(e)}
+            )
         print(f"ringtrain run: invalid TrainingJob: {e}", file=sys.stderr)
         return EXIT_INVALID
 
     run_dir.mkdir(parents=True, exist_ok=True)
     runner = Runner(job, replicas, run_dir, output, grace_s=args.grace_period)
-    output.event({"event": "start", "job": job.name, "run_dir": str(run_dir),
-                  "replicas": {r.label: {"pod": r.name, "metrics_port": r.metrics_port}
-                               for r in replicas}})
+    output.event(
+        {
+            "event": "start",
+            "job": job.name,
+            "run_dir": str(run_dir),
+            "replicas": {
+                r.label: {"pod": r.name, "metrics_port": r.metrics_port} for r in replicas
+            },
+        }
+    )
     output.message(f"TrainingJob {job.name}: {len(replicas)} replicas, run dir {run_dir}")
     for r in replicas:
         if r.metrics_port:
@@ -102,11 +126,23 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - runner.state.started_s
     if reason is None:
         reason, message = terminal_condition(runner.status)
-    exits = {label: None if p.returncode is None else exit_status(p.returncode)
-             for label, p in runner.procs.items()}
+    exits = {
+        label: None if p.returncode is None else exit_status(p.returncode)
+        for label, p in runner.procs.items()
+    }
     chief = next(r for r in replicas if (r.role, r.index) == job.chief)
-    result = summary(job, phase, runner.state, exits, run_dir, elapsed, reason, message,
-                     runner.restarts, chief_result=read_result(chief))
+    result = summary(
+        job,
+        phase,
+        runner.state,
+        exits,
+        run_dir,
+        elapsed,
+        reason,
+        message,
+        runner.restarts,
+        chief_result=read_result(chief),
+    )
     output.progress(runner.progress(time.monotonic()), time.monotonic(), force=True)
     output.event(result)
     output.message("\n" + format_summary(result))

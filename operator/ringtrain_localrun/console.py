@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from ringtrain import events
 from ringtrain_operator import status
 
+
 def format_progress(p: Mapping[str, Any]) -> str:
     """One human line: the chief's progress as the trainer itself renders it
     (:func:`events.format_event`), then what only the runner knows:
@@ -113,14 +114,14 @@ def format_summary(s: Mapping[str, Any]) -> str:
         lines.append(f"  export         {s['export']}")
     if s.get("evaluations"):
         last = s["evaluations"][-1]
-        lines.append(f"  evaluator      {len(s['evaluations'])} checkpoints, last step "
-                     f"{last['step']}: test loss {last['test_loss']:.4f}, accuracy "
-                     f"{100 * last['test_accuracy']:.2f}%")
+        lines.append(
+            f"  evaluator      {len(s['evaluations'])} checkpoints, last step "
+            f"{last['step']}: test loss {last['test_loss']:.4f}, accuracy "
+            f"{100 * last['test_accuracy']:.2f}%"
+        )
     if s.get("trace"):
         lines.append(f"  trace          {s['trace']}  (open in https://ui.perfetto.dev)")
     lines.append(f"  logs and data  {s['run_dir']}")
     codes = " ".join(f"{k}={v}" for k, v in s["exit_codes"].items())
     lines.append(f"  exit codes     {codes}")
     return "\n".join(lines)
-
-

@@ -49,8 +49,7 @@ class JobState:
     #: the evaluator's evaluations, in order (TF_CONFIG task type evaluator)
     evaluations: list[events.Evaluation] = dataclasses.field(default_factory=list)
 
-    def observe(self, label: str, event: events.Event | None, now_s: float,
-                chief: bool) -> None:
+    def observe(self, label: str, event: events.Event | None, now_s: float, chief: bool) -> None:
         """A replica printed ``event`` (None: any other line): it is alive; the chief's events
         are the job's progress."""
         w = self.workers[label]
@@ -92,9 +91,14 @@ class JobState:
 
     def progress(self, now_s: float, stale_after_s: float = 60.0) -> dict:
         return {
-            "event": "progress", "step": self.step, "total_steps": self.total_steps,
-            "epoch": self.epoch, "loss": self.loss, "samples_per_s": self.samples_per_s,
-            "eta_s": self.eta_s, "test_accuracy": self.test_accuracy,
+            "event": "progress",
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "epoch": self.epoch,
+            "loss": self.loss,
+            "samples_per_s": self.samples_per_s,
+            "eta_s": self.eta_s,
+            "test_accuracy": self.test_accuracy,
             "elapsed_s": round(now_s - self.started_s, 3),
             "workers": {k: w.health(now_s, stale_after_s) for k, w in self.workers.items()},
         }
@@ -109,9 +113,18 @@ def terminal_condition(job_status: Mapping[str, Any]) -> tuple[str | None, str |
     return None, None
 
 
-def summary(job: jobspec.Job, phase: str, state: JobState, exits: Mapping[str, int | None],
-            run_dir: Path, elapsed_s: float, reason: str | None, message: str | None = None,
-            restarts: int = 0, chief_result: events.Final | None = None) -> dict:
+def summary(
+    job: jobspec.Job,
+    phase: str,
+    state: JobState,
+    exits: Mapping[str, int | None],
+    run_dir: Path,
+    elapsed_s: float,
+    reason: str | None,
+    message: str | None = None,
+    restarts: int = 0,
+    chief_result: events.Final | None = None,
+) -> dict:
     """The final object: the job's phase (with the condition's reason and message, as the
     operator writes them), its restarts, and the chief's final metrics — from its last
     line, else ``chief_result`` (its termination log), else the last progress seen — with the
@@ -121,17 +134,21 @@ def summary(job: jobspec.Job, phase: str, state: JobState, exits: Mapping[str, i
     if checkpoint is None and job.trainer:
         checkpoint = str(run_dir / CHECKPOINT_VOLUME)
     return {
-        "event": "final", "job": job.name, "phase": phase, "reason": reason,
-        "message": message, "restarts": restarts,
+        "event": "final",
+        "job": job.name,
+        "phase": phase,
+        "reason": reason,
+        "message": message,
+        "restarts": restarts,
         "steps": final.steps if final else state.step,
         "loss": final.loss if final else state.loss,
         "test_accuracy": final.test_accuracy if final else state.test_accuracy,
         "samples_per_s": final.samples_per_s if final else state.samples_per_s,
-        "elapsed_s": round(elapsed_s, 3), "checkpoint": checkpoint,
+        "elapsed_s": round(elapsed_s, 3),
+        "checkpoint": checkpoint,
         "export": final.export if final else None,
         "evaluations": [e.to_dict() for e in state.evaluations],
         "trace": final.trace if final else None,
-        "run_dir": str(run_dir), "exit_codes": dict(exits),
+        "run_dir": str(run_dir),
+        "exit_codes": dict(exits),
     }
-
-

@@ -33,17 +33,18 @@ from ringtrain_operator import spec as jobspec
 #: The Pod volume manifests.pod() mounts at spec.trainer.checkpoint.path.
 CHECKPOINT_VOLUME = manifests.CHECKPOINT_VOLUME
 
+
 @dataclasses.dataclass(frozen=True)
 class Replica:
     """One process to start: what a kubelet would run for one Pod, translated to this machine."""
 
-    name: str          # the Pod name, e.g. "mnist-worker-0"
-    role: str          # TF_CONFIG role
+    name: str  # the Pod name, e.g. "mnist-worker-0"
+    role: str  # TF_CONFIG role
     index: int
     argv: tuple[str, ...]
-    env: Mapping[str, str]    # the Pod's env only; the process also inherits os.environ
+    env: Mapping[str, str]  # the Pod's env only; the process also inherits os.environ
     files: Mapping[str, bytes]  # local path → content, written 0600 before the start
-    dirs: tuple[str, ...]       # local directories to create before the start
+    dirs: tuple[str, ...]  # local directories to create before the start
     metrics_port: int | None
     termination_log: str | None
     #: The Pod's restartPolicy: whether a failed process is started again in place.
@@ -102,20 +103,26 @@ def _secret_data(objs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, bytes
 
 def _field_ref(pod: Mapping[str, Any], path: str) -> str:
     meta = pod["metadata"]
-    simple = {"metadata.name": meta["name"], "metadata.namespace": meta.get("namespace", ""),
-              "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1",
-              "spec.nodeName": socket.gethostname(), "spec.serviceAccountName": "default"}
+    simple = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta.get("namespace", ""),
+        "status.podIP": "127.0.0.1",
+        "status.hostIP": "127.0.0.1",
+        "spec.nodeName": socket.gethostname(),
+        "spec.serviceAccountName": "default",
+    }
     if path in simple:
         return simple[path]
     for kind in ("labels", "annotations"):
         prefix = f"metadata.{kind}['"
         if path.startswith(prefix) and path.endswith("']"):
-            return (meta.get(kind) or {}).get(path[len(prefix):-2], "")
+            return (meta.get(kind) or {}).get(path[len(prefix) : -2], "")
     raise jobspec.InvalidSpec(f"pod {meta['name']}: env fieldRef {path!r} cannot be run locally")
 
 
-def _env(pod: Mapping[str, Any], container: Mapping[str, Any],
-         secrets: Mapping[str, Mapping[str, bytes]]) -> dict[str, str]:
+def _env(
+    pod: Mapping[str, Any], container: Mapping[str, Any], secrets: Mapping[str, Mapping[str, bytes]]
+) -> dict[str, str]:
     env: dict[str, str] = {}
     for e in container.get("env") or []:
         name = e["name"]
@@ -132,19 +139,23 @@ def _env(pod: Mapping[str, Any], container: Mapping[str, Any],
                     continue
                 raise jobspec.InvalidSpec(
                     f"pod {pod['metadata']['name']}: env {name} refers to secret "
-                    f"{ref.get('name')}/{ref.get('key')}, which the job does not create") from None
+                    f"{ref.get('name')}/{ref.get('key')}, which the job does not create"
+                ) from None
         elif "fieldRef" in src:
             env[name] = _field_ref(pod, src["fieldRef"]["fieldPath"])
         else:
             raise jobspec.InvalidSpec(
                 f"pod {pod['metadata']['name']}: env {name}: only value, secretKeyRef and "
-                "fieldRef can be run locally")
+                "fieldRef can be run locally"
+            )
     return env
 
 
-def _volume_dirs(pod: Mapping[str, Any], run_dir: Path,
-                 secrets: Mapping[str, Mapping[str, bytes]],
-                 ) -> tuple[dict[str, Path], dict[str, bytes]]:
+def _volume_dirs(
+    pod: Mapping[str, Any],
+    run_dir: Path,
+    secrets: Mapping[str, Mapping[str, bytes]],
+) -> tuple[dict[str, Path], dict[str, bytes]]:
     """Volume name → local directory, and the files that must exist in them."""
     pod_name = pod["metadata"]["name"]
     dirs: dict[str, Path] = {}
@@ -157,7 +168,8 @@ def _volume_dirs(pod: Mapping[str, Any], run_dir: Path,
             if data is None:
                 raise jobspec.InvalidSpec(
                     f"pod {pod_name}: volume {name} mounts secret {v['secret']['secretName']}, "
-                    "which the job does not create")
+                    "which the job does not create"
+                )
             for key, content in data.items():
                 files[str(local / key)] = content
         elif name == CHECKPOINT_VOLUME:
@@ -185,7 +197,7 @@ def _rewrite(value: str, mounts: Mapping[str, Path]) -> str:
     """An in-pod path under a mount → the local path (the longest mount path wins)."""
     for mount in sorted(mounts, key=len, reverse=True):
         if value == mount or value.startswith(mount.rstrip("/") + "/"):
-            return str(mounts[mount]) + value[len(mount.rstrip("/")):]
+            return str(mounts[mount]) + value[len(mount.rstrip("/")) :]
     return value
 
 
@@ -208,8 +220,9 @@ def _local_command(command: list[str]) -> list[str]:
     return command
 
 
-def plan(obj: Mapping[str, Any], run_dir: Path, *,
-         port: Callable[[], int] = free_port) -> tuple[jobspec.Job, list[Replica]]:
+def plan(
+    obj: Mapping[str, Any], run_dir: Path, *, port: Callable[[], int] = free_port
+) -> tuple[jobspec.Job, list[Replica]]:
     """Load a TrainingJob and translate each of its Pods into a :class:`Replica`.
 
     Raises :class:`jobspec.InvalidSpec` with the offending field for anything that cannot run.
@@ -222,23 +235,29 @@ def plan(obj: Mapping[str, Any], run_dir: Path, *,
         labels = pod["metadata"]["labels"]
         role, index = labels[manifests.LABEL_ROLE], int(labels[manifests.LABEL_INDEX])
         containers = pod["spec"].get("containers") or []
-        container = next((c for c in containers if c.get("name") == manifests.MAIN_CONTAINER),
-                         containers[0])
+        container = next(
+            (c for c in containers if c.get("name") == manifests.MAIN_CONTAINER), containers[0]
+        )
         others = [c["name"] for c in containers if c is not container]
         if others:
             raise jobspec.InvalidSpec(
-                f"pod {pod['metadata']['name']}: sidecar containers {others} cannot be run locally")
+                f"pod {pod['metadata']['name']}: sidecar containers {others} cannot be run locally"
+            )
         command = list(container.get("command") or [])
         args = list(container.get("args") or [])
         if not command:
             if not str(container.get("image", "")).split("/")[-1].startswith("ringtrain"):
                 raise jobspec.InvalidSpec(
                     f"pod {pod['metadata']['name']}: container {container['name']} has no "
-                    "command; locally there is no image ENTRYPOINT to fall back on")
+                    "command; locally there is no image ENTRYPOINT to fall back on"
+                )
             command = ["ringtrain"]  # the ringtrain image's ENTRYPOINT
         volume_dirs, files = _volume_dirs(pod, run_dir, secrets)
-        host_paths = [volume_dirs[v["name"]] for v in pod["spec"].get("volumes") or []
-                      if "hostPath" in v and v["name"] != CHECKPOINT_VOLUME]
+        host_paths = [
+            volume_dirs[v["name"]]
+            for v in pod["spec"].get("volumes") or []
+            if "hostPath" in v and v["name"] != CHECKPOINT_VOLUME
+        ]
         mounts: dict[str, Path] = {}
         for m in container.get("volumeMounts") or []:
             local = volume_dirs[m["name"]]
@@ -250,18 +269,38 @@ def plan(obj: Mapping[str, Any], run_dir: Path, *,
             metrics_port = port()
             _set_flag(args, "--metrics-port", str(metrics_port))
         termination_log = None
-        if _set_flag(args, "--termination-log",
-                     str(run_dir / "pods" / pod["metadata"]["name"] / "termination-log")):
+        if _set_flag(
+            args,
+            "--termination-log",
+            str(run_dir / "pods" / pod["metadata"]["name"] / "termination-log"),
+        ):
             termination_log = str(run_dir / "pods" / pod["metadata"]["name"] / "termination-log")
-        replicas.append(Replica(
-            name=pod["metadata"]["name"], role=role, index=index,
-            argv=tuple(_local_command(command) + args), env=env, files=files,
-            dirs=tuple(sorted({str(d) for d in [*volume_dirs.values(), *mounts.values(),
-                                                run_dir / "pods" / pod["metadata"]["name"]]
-                               if not _under_any(d, host_paths)})),
-            metrics_port=metrics_port, termination_log=termination_log,
-            restart_policy=pod["spec"].get("restartPolicy", "Always"),
-        ))
+        replicas.append(
+            Replica(
+                name=pod["metadata"]["name"],
+                role=role,
+                index=index,
+                argv=tuple(_local_command(command) + args),
+                env=env,
+                files=files,
+                dirs=tuple(
+                    sorted(
+                        {
+                            str(d)
+                            for d in [
+                                *volume_dirs.values(),
+                                *mounts.values(),
+                                run_dir / "pods" / pod["metadata"]["name"],
+                            ]
+                            if not _under_any(d, host_paths)
+                        }
+                    )
+                ),
+                metrics_port=metrics_port,
+                termination_log=termination_log,
+                restart_policy=pod["spec"].get("restartPolicy", "Always"),
+            )
+        )
     return job, replicas
 
 
@@ -277,7 +316,6 @@ def read_job(path: str) -> dict:
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == jobspec.KIND]
     if len(jobs) != 1:
         raise jobspec.InvalidSpec(
-            f"{path}: expected exactly one {jobspec.KIND} document, found {len(jobs)}")
+            f"{path}: expected exactly one {jobspec.KIND} document, found {len(jobs)}"
+        )
     return jobs[0]
-
-

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ringtrain import events
-from ringtrain_operator import spec as jobspec
 from ringtrain_operator import observe, status
+from ringtrain_operator import spec as jobspec
 
 from .console import Output
 from .jobstate import JobState, WorkerState
@@ -44,14 +44,20 @@ DEFAULT_GRACE_S = 10.0
 #: Restart back-off of one replica: (first delay, cap) in seconds; the first restart is at once.
 RESTART_BACKOFF_S = (1.0, 30.0)
 
+
 def restarts_in_place(replica: Replica, returncode: int) -> bool:
     """Whether the kubelet would start this exited container again in its Pod."""
-    return replica.restart_policy == "Always" or (replica.restart_policy == "OnFailure"
-                                                  and returncode != 0)
+    return replica.restart_policy == "Always" or (
+        replica.restart_policy == "OnFailure" and returncode != 0
+    )
 
 
-def observed_pod(replica: Replica, proc: subprocess.Popen, restarts: int = 0,
-                 last: subprocess.Popen | None = None) -> observe.ObservedPod:
+def observed_pod(
+    replica: Replica,
+    proc: subprocess.Popen,
+    restarts: int = 0,
+    last: subprocess.Popen | None = None,
+) -> observe.ObservedPod:
     """A replica's process as the Pod the operator's fold would observe.
 
     It is Running until it exits; then, if its restartPolicy restarts it in place, still Running
@@ -62,16 +68,29 @@ def observed_pod(replica: Replica, proc: subprocess.Popen, restarts: int = 0,
     code = proc.poll()
     last_code = last.returncode if last is not None else None
     pod = observe.ObservedPod(
-        name=replica.name, role=replica.role, index=replica.index, phase="Running", ready=True,
-        restarts=restarts, last_exit_code=None if last_code is None else exit_status(last_code),
-        last_exit_reason=_reason(last_code))
+        name=replica.name,
+        role=replica.role,
+        index=replica.index,
+        phase="Running",
+        ready=True,
+        restarts=restarts,
+        last_exit_code=None if last_code is None else exit_status(last_code),
+        last_exit_reason=_reason(last_code),
+    )
     if code is None:
         return pod
     return dataclasses.replace(
-        pod, ready=False, exit_code=exit_status(code), exit_reason=_reason(code),
+        pod,
+        ready=False,
+        exit_code=exit_status(code),
+        exit_reason=_reason(code),
         restarting=restarts_in_place(replica, code),
-        phase="Running" if restarts_in_place(replica, code) else
-        "Succeeded" if code == 0 else "Failed")
+        phase="Running"
+        if restarts_in_place(replica, code)
+        else "Succeeded"
+        if code == 0
+        else "Failed",
+    )
 
 
 def _reason(returncode: int | None) -> str | None:
@@ -97,9 +116,15 @@ class Runner:
     job behaves here as it would on a cluster, with one implementation of the rules.
     """
 
-    def __init__(self, job: jobspec.Job, replicas: list[Replica], run_dir: Path, output: Output,
-                 grace_s: float = DEFAULT_GRACE_S,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+    def __init__(
+        self,
+        job: jobspec.Job,
+        replicas: list[Replica],
+        run_dir: Path,
+        output: Output,
+        grace_s: float = DEFAULT_GRACE_S,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
         self.job, self.replicas, self.run_dir, self.output = job, replicas, run_dir, output
         self.grace_s, self.clock = grace_s, clock
         self.by_name = {r.name: r for r in replicas}
@@ -113,8 +138,10 @@ class Runner:
         self.due: dict[str, float] = {}
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self.state = JobState(
-            total_steps=job.trainer.steps if job.trainer else None, started_s=time.monotonic(),
-            workers={r.label: WorkerState() for r in replicas})
+            total_steps=job.trainer.steps if job.trainer else None,
+            started_s=time.monotonic(),
+            workers={r.label: WorkerState() for r in replicas},
+        )
         self.chief_label = f"{job.chief[0]}-{job.chief[1]}"
         #: The TrainingJob's status as the operator would write it (state, conditions, restarts).
         self.status: dict[str, Any] = {}
@@ -149,8 +176,11 @@ class Runner:
             self._materialize(r)
         if self.started and todo:  # a new gang after a restart: old progress no longer applies
             self.state.new_gang([r.label for r in todo], time.monotonic())
-            resume = (f", resuming from the latest checkpoint in {self.run_dir / CHECKPOINT_VOLUME}"
-                      if self.job.trainer else "")
+            resume = (
+                f", resuming from the latest checkpoint in {self.run_dir / CHECKPOINT_VOLUME}"
+                if self.job.trainer
+                else ""
+            )
             self.output.message(f"restart {self.restarts}: starting {len(todo)} replicas{resume}")
         for r in todo:
             self.restart_counts[r.label] = 0
@@ -162,16 +192,32 @@ class Runner:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **r.env}
         # Own session: a terminal's Ctrl-C reaches only the runner, which then stops every
         # replica the same way (SIGTERM, grace, SIGKILL) — as the kubelet does.
-        p = subprocess.Popen(r.argv, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                             bufsize=1, start_new_session=True, cwd=self.run_dir)
+        p = subprocess.Popen(
+            r.argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+            cwd=self.run_dir,
+        )
         self.procs[r.label] = p
-        t = threading.Thread(target=self._pump, args=(r.label, p.stdout), daemon=True,
-                             name=f"pump-{r.label}")
+        t = threading.Thread(
+            target=self._pump, args=(r.label, p.stdout), daemon=True, name=f"pump-{r.label}"
+        )
         t.start()
         self.pumps[r.label] = t
-        self.output.event({"event": "started", "replica": r.label, "pod": r.name,
-                           "pid": p.pid, "restarts": self.restarts})
+        self.output.event(
+            {
+                "event": "started",
+                "replica": r.label,
+                "pod": r.name,
+                "pid": p.pid,
+                "restarts": self.restarts,
+            }
+        )
 
     def _restart_in_place(self, now_s: float, seen: set[str]) -> None:
         """The kubelet's part: start exited replicas again in place once their back-off is
@@ -180,20 +226,33 @@ class Runner:
         since waits a turn, so a permanent exit code fails the job before any restart."""
         for r in self.replicas:
             p = self.procs.get(r.label)
-            if (p is None or r.label not in seen or p.poll() is None
-                    or not restarts_in_place(r, p.returncode)):
+            if (
+                p is None
+                or r.label not in seen
+                or p.poll() is None
+                or not restarts_in_place(r, p.returncode)
+            ):
                 continue
             n = self.restart_counts.get(r.label, 0)
-            due = self.due.setdefault(r.label, now_s + (0.0 if n == 0 else min(
-                RESTART_BACKOFF_S[0] * 2 ** (n - 1), RESTART_BACKOFF_S[1])))
+            due = self.due.setdefault(
+                r.label,
+                now_s
+                + (
+                    0.0
+                    if n == 0
+                    else min(RESTART_BACKOFF_S[0] * 2 ** (n - 1), RESTART_BACKOFF_S[1])
+                ),
+            )
             if now_s < due:
                 continue
             del self.due[r.label]
             self.pumps[r.label].join(timeout=self.grace_s)  # its last lines are its own
             self._drain()
             self.state.workers[r.label].exit_code = exit_status(p.returncode)
-            self.output.message(f"{r.label} exited with {exit_status(p.returncode)}: restarting "
-                                f"it in place (restart {n + 1} of the replica)")
+            self.output.message(
+                f"{r.label} exited with {exit_status(p.returncode)}: restarting "
+                f"it in place (restart {n + 1} of the replica)"
+            )
             if r.label == self.chief_label:
                 self.state.new_gang([r.label], now_s)  # it resumes from its checkpoint
             else:
@@ -234,10 +293,9 @@ class Runner:
         self.state.observe(label, event, time.monotonic(), chief=chief)
         if event is None:
             self.output.log(label, line)
-        elif chief and isinstance(event, (events.Eval, events.Final)):
-            self.output.log(label, events.format_event(event))
-        elif label.startswith("evaluator-") and isinstance(event, (events.Evaluation,
-                                                                   events.Final)):
+        elif (chief and isinstance(event, (events.Eval, events.Final))) or (
+            label.startswith("evaluator-") and isinstance(event, (events.Evaluation, events.Final))
+        ):
             self.output.log(label, events.format_event(event))
 
     def _drain(self) -> None:
@@ -266,15 +324,26 @@ class Runner:
         """One turn of the operator's loop: observe, fold, act. Returns the decision taken."""
         # exits seen before the fold observes: those, and only those, may restart this turn
         seen = {label for label, p in self.procs.items() if p.poll() is not None}
-        pods = [observed_pod(r, self.procs[r.label], self.restart_counts.get(r.label, 0),
-                             self.last.get(r.label))
-                for r in self.replicas if r.label in self.procs]
+        pods = [
+            observed_pod(
+                r, self.procs[r.label], self.restart_counts.get(r.label, 0), self.last.get(r.label)
+            )
+            for r in self.replicas
+            if r.label in self.procs
+        ]
         decision = status.derive_status(self.job, pods, self.clock(), self.status)
         self.status = decision.status
         for e in decision.events:
-            self.output.event({"event": "status", "type": e.type, "reason": e.reason,
-                               "message": e.message, "phase": self.phase,
-                               "restarts": self.restarts})
+            self.output.event(
+                {
+                    "event": "status",
+                    "type": e.type,
+                    "reason": e.reason,
+                    "message": e.message,
+                    "phase": self.phase,
+                    "restarts": self.restarts,
+                }
+            )
             if e.type == "Warning":
                 self.output.message(f"{e.reason}: {e.message}")
         if self.phase in status.TERMINAL:
@@ -298,8 +367,9 @@ class Runner:
         codes say how they really ended.
         """
         stop_polling = threading.Event()
-        threading.Thread(target=self._poll_status, args=(stop_polling,), daemon=True,
-                         name="status-poller").start()
+        threading.Thread(
+            target=self._poll_status, args=(stop_polling,), daemon=True, name="status-poller"
+        ).start()
         try:
             while True:
                 self.reconcile()
@@ -321,8 +391,11 @@ class Runner:
             stop_polling.set()
 
     def _let_ring_finish(self) -> None:
-        ring = [self.procs[r.label] for r in self.replicas
-                if r.role in ("chief", "worker") and r.label in self.procs]
+        ring = [
+            self.procs[r.label]
+            for r in self.replicas
+            if r.role in ("chief", "worker") and r.label in self.procs
+        ]
         end = time.monotonic() + self.grace_s
         for p in ring:
             try:

@@ -36,19 +36,29 @@ def login(memo: kopf.Memo, **_) -> kopf.ConnectionInfo:
 
 def connection_info(cfg) -> kopf.ConnectionInfo:
     """kopf's ConnectionInfo from a ``kubernetes.client.Configuration``."""
-    header = (cfg.get_api_key_with_prefix("BearerToken")
-              or cfg.get_api_key_with_prefix("authorization") or "")
+    header = (
+        cfg.get_api_key_with_prefix("BearerToken")
+        or cfg.get_api_key_with_prefix("authorization")
+        or ""
+    )
     scheme, _, token = header.partition(" ") if " " in header else ("", "", header)
     return kopf.ConnectionInfo(
-        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
-        username=cfg.username or None, password=cfg.password or None,
-        scheme=scheme or None, token=token or None,
-        certificate_path=cfg.cert_file, private_key_path=cfg.key_file)
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def run_job(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo,
-                  stopped: kopf.DaemonStopped, **_) -> None:
+async def run_job(
+    name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_
+) -> None:
     poke = memo.pokes.setdefault((namespace, name), asyncio.Event())
     while not stopped:
         poke.clear()
@@ -106,6 +116,7 @@ async def _wait(poke: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float
             t.cancel()
 
 
-def new_memo(kube: Kube, metrics: OperatorMetrics,
-             network: networkpolicy.Settings | None = None) -> kopf.Memo:
+def new_memo(
+    kube: Kube, metrics: OperatorMetrics, network: networkpolicy.Settings | None = None
+) -> kopf.Memo:
     return kopf.Memo(kube=kube, metrics=metrics, pokes={}, network=network)

@@ -8,7 +8,8 @@ raises ``kubernetes.client.ApiException`` for the caller to retry.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client import ApiException
@@ -49,16 +50,19 @@ class Kube:
 
     def list_pods(self, namespace: str, job_name: str) -> list[dict]:
         resp = self.core.list_namespaced_pod(
-            namespace, label_selector=f"{LABEL_JOB}={job_name}", _preload_content=False)
+            namespace, label_selector=f"{LABEL_JOB}={job_name}", _preload_content=False
+        )
         return json.loads(resp.data)["items"]
 
     def create(self, obj: Mapping[str, Any]) -> bool:
         """Create a namespaced core object; False if it already existed."""
         ns = obj["metadata"]["namespace"]
-        create = {"Pod": self.core.create_namespaced_pod,
-                  "Service": self.core.create_namespaced_service,
-                  "Secret": self.core.create_namespaced_secret,
-                  "NetworkPolicy": self.networking.create_namespaced_network_policy}[obj["kind"]]
+        create = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "Secret": self.core.create_namespaced_secret,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
+        }[obj["kind"]]
         try:
             create(ns, obj, _preload_content=False)
             return True
@@ -79,13 +83,19 @@ class Kube:
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """JSON merge patch of the status subresource (None removes a key)."""
         self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": patch})
+            GROUP, VERSION, namespace, PLURAL, name, {"status": patch}
+        )
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name,
-                body=client.V1DeleteOptions(propagation_policy="Background"))
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body=client.V1DeleteOptions(propagation_policy="Background"),
+            )
         except ApiException as e:
             if e.status != 404:
                 raise

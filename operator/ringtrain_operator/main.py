@@ -26,38 +26,65 @@ PREFIX = "ringtrain.io"
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ringtrain operator", description=__doc__)
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument("--namespace", "-n", action="append", default=[],
-                       help="watch this namespace (repeatable); default: all namespaces")
-    scope.add_argument("--all-namespaces", "-A", action="store_true",
-                       help="watch the whole cluster (the default)")
-    p.add_argument("--kubeconfig", default=None,
-                   help="kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
-    p.add_argument("--listen", default="0.0.0.0:8080", metavar="HOST:PORT",
-                   help="address of /healthz and /metrics (default %(default)s)")
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable); default: all namespaces",
+    )
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true", help="watch the whole cluster (the default)"
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)",
+    )
+    p.add_argument(
+        "--listen",
+        default="0.0.0.0:8080",
+        metavar="HOST:PORT",
+        help="address of /healthz and /metrics (default %(default)s)",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     net = p.add_argument_group("per-job NetworkPolicy (the chart's networkPolicy.*)")
-    net.add_argument("--network-policy", action="store_true",
-                     help="create a NetworkPolicy per job: the ring port only from the same "
-                          "job, the metrics port only from the monitoring namespaces and the "
-                          "operator")
-    net.add_argument("--metrics-namespace-labels", type=networkpolicy.parse_labels,
-                     default="kubernetes.io/metadata.name=monitoring", metavar="K=V,...",
-                     help="labels of the namespaces that may scrape :9400 (default %(default)s)")
-    net.add_argument("--operator-pod-labels", type=networkpolicy.parse_labels,
-                     default="app.kubernetes.io/name=ringtrain", metavar="K=V,...",
-                     help="labels of the operator's pods, which read the chief's /status "
-                          "(default %(default)s); their namespace is $POD_NAMESPACE")
+    net.add_argument(
+        "--network-policy",
+        action="store_true",
+        help="create a NetworkPolicy per job: the ring port only from the same "
+        "job, the metrics port only from the monitoring namespaces and the "
+        "operator",
+    )
+    net.add_argument(
+        "--metrics-namespace-labels",
+        type=networkpolicy.parse_labels,
+        default="kubernetes.io/metadata.name=monitoring",
+        metavar="K=V,...",
+        help="labels of the namespaces that may scrape :9400 (default %(default)s)",
+    )
+    net.add_argument(
+        "--operator-pod-labels",
+        type=networkpolicy.parse_labels,
+        default="app.kubernetes.io/name=ringtrain",
+        metavar="K=V,...",
+        help="labels of the operator's pods, which read the chief's /status "
+        "(default %(default)s); their namespace is $POD_NAMESPACE",
+    )
     return p.parse_args(argv)
 
 
-def network_settings(args: argparse.Namespace,
-                     pod_namespace: str | None) -> networkpolicy.Settings | None:
+def network_settings(
+    args: argparse.Namespace, pod_namespace: str | None
+) -> networkpolicy.Settings | None:
     """The NetworkPolicy settings from the flags; None without ``--network-policy``."""
     if not args.network_policy:
         return None
-    return networkpolicy.Settings(metrics_namespace_labels=args.metrics_namespace_labels,
-                                  operator_namespace=pod_namespace or None,
-                                  operator_pod_labels=args.operator_pod_labels)
+    return networkpolicy.Settings(
+        metrics_namespace_labels=args.metrics_namespace_labels,
+        operator_namespace=pod_namespace or None,
+        operator_pod_labels=args.operator_pod_labels,
+    )
 
 
 def health_app(metrics: OperatorMetrics) -> web.Application:
@@ -85,7 +112,8 @@ def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration")
+        prefix=PREFIX, key="last-handled-configuration"
+    )
     settings.posting.level = logging.WARNING  # kopf's own warnings about a job become Events
     settings.scanning.disabled = bool(args.namespace)
     return settings
@@ -110,11 +138,14 @@ async def serve(args: argparse.Namespace, memo: kopf.Memo) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     api = load_config(args.kubeconfig)
-    memo = handlers.new_memo(Kube(api), OperatorMetrics(),
-                             network_settings(args, os.environ.get("POD_NAMESPACE")))
+    memo = handlers.new_memo(
+        Kube(api), OperatorMetrics(), network_settings(args, os.environ.get("POD_NAMESPACE"))
+    )
     logging.getLogger(__name__).info("ringtrain operator %s starting", __version__)
     asyncio.run(serve(args, memo))
     return 0

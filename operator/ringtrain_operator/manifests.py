@@ -12,7 +12,8 @@ import base64
 import copy
 import os
 import secrets
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ringtrain import cluster, optiongen, options, pki
 
@@ -51,8 +52,12 @@ LABEL_INDEX = "ringtrain.io/replica-index"
 
 #: The Pod restartPolicy for each replica restartPolicy. ExitCode restarts in place too (the
 #: kubelet keeps the pod and its emptyDirs); the operator fails the job on a permanent code.
-POD_RESTART_POLICY = {"Never": "Never", "ExitCode": "OnFailure", "OnFailure": "OnFailure",
-                      "Always": "Always"}
+POD_RESTART_POLICY = {
+    "Never": "Never",
+    "ExitCode": "OnFailure",
+    "OnFailure": "OnFailure",
+    "Always": "Always",
+}
 
 Endpoint = Callable[[Job, str, int], str]
 
@@ -77,8 +82,9 @@ def labels(job: Job, role: str | None = None, index: int | None = None) -> dict[
 
 def tf_config(job: Job, role: str, index: int, endpoint: Endpoint = dns_endpoint) -> str:
     """TF_CONFIG of one replica, serialised by the trainer's own ``cluster.build``."""
-    addresses = {r.role: [endpoint(job, r.role, i) for i in range(r.replicas)]
-                 for r in job.replicas}
+    addresses = {
+        r.role: [endpoint(job, r.role, i) for i in range(r.replicas)] for r in job.replicas
+    }
     return cluster.build(addresses, role, index)
 
 
@@ -101,16 +107,25 @@ def trainer_args(t: TrainerSpec) -> list[str]:
     values = {o.name: getattr(t, o.name) for o in options.CRD}
     if (path := data_path(t)) is not None:
         values["data_dir"] = path
-    return optiongen.worker_args({**values, "metrics_port": METRICS_PORT, "json": True,
-                                "termination_log": TERMINATION_LOG})
+    return optiongen.worker_args(
+        {**values, "metrics_port": METRICS_PORT, "json": True, "termination_log": TERMINATION_LOG}
+    )
 
 
 def owner_references(job: Job) -> list[dict]:
     """Ties children to the TrainingJob so the garbage collector removes them with it."""
     if not job.uid:  # rendering a file that was never created: nothing to own yet
         return []
-    return [{"apiVersion": API_VERSION, "kind": KIND, "name": job.name, "uid": job.uid,
-             "controller": True, "blockOwnerDeletion": True}]
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": job.name,
+            "uid": job.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
 
 
 def _metadata(job: Job, name: str, extra_labels: Mapping[str, str]) -> dict:
@@ -130,10 +145,15 @@ def service(job: Job) -> dict:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": labels(job),
-            "ports": [{"name": "ring", "port": RING_PORT, "targetPort": RING_PORT,
-                       "protocol": "TCP"},
-                      {"name": "ring-data", "port": RING_DATA_PORT, "targetPort": RING_DATA_PORT,
-                       "protocol": "TCP"}],
+            "ports": [
+                {"name": "ring", "port": RING_PORT, "targetPort": RING_PORT, "protocol": "TCP"},
+                {
+                    "name": "ring-data",
+                    "port": RING_DATA_PORT,
+                    "targetPort": RING_DATA_PORT,
+                    "protocol": "TCP",
+                },
+            ],
         },
     }
 
@@ -143,8 +163,7 @@ def tls_material(job: Job) -> pki.JobMaterial:
     return pki.create(job.name, job.namespace, job.service_name, job.uid)
 
 
-def secret(job: Job, token: str | None = None,
-           material: pki.JobMaterial | None = None) -> dict:
+def secret(job: Job, token: str | None = None, material: pki.JobMaterial | None = None) -> dict:
     """The job's ring token and TLS material (``ca.crt``, ``tls.crt``, ``tls.key``); random
     unless given. Created once: the first one stored wins (a create that meets it, 409, drops
     the fresh material unseen), so restarts and reconciles never rotate a running job's keys."""
@@ -199,8 +218,13 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
     meta = _metadata(job, name, {**(tmeta.get("labels") or {}), **labels(job, role, index)})
     annotations = dict(tmeta.get("annotations") or {})
     if job.trainer:
-        annotations.update({"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
-                            "prometheus.io/path": "/metrics"})
+        annotations.update(
+            {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(METRICS_PORT),
+                "prometheus.io/path": "/metrics",
+            }
+        )
     if annotations:
         meta["annotations"] = annotations
 
@@ -218,40 +242,44 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
 
     volumes = [
         {"name": "tmp", "emptyDir": {}},
-        {"name": "ring-token",
-         "secret": {"secretName": secret_name(job), "defaultMode": TOKEN_MODE}},
+        {
+            "name": "ring-token",
+            "secret": {"secretName": secret_name(job), "defaultMode": TOKEN_MODE},
+        },
     ]
-    mounts = [{"name": "tmp", "mountPath": "/tmp"},
-              {"name": "ring-token", "mountPath": TOKEN_DIR, "readOnly": True}]
-    env = [{"name": "TF_CONFIG", "value": tf_config(job, role, index, endpoint)},
-           {"name": "RINGTRAIN_TOKEN_FILE", "value": TOKEN_FILE},
-           {"name": "RINGTRAIN_TLS_DIR", "value": TLS_DIR}]
+    mounts = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "ring-token", "mountPath": TOKEN_DIR, "readOnly": True},
+    ]
+    env = [
+        {"name": "TF_CONFIG", "value": tf_config(job, role, index, endpoint)},
+        {"name": "RINGTRAIN_TOKEN_FILE", "value": TOKEN_FILE},
+        {"name": "RINGTRAIN_TLS_DIR", "value": TLS_DIR},
+    ]
     ports = [{"name": "ring", "containerPort": RING_PORT, "protocol": "TCP"}]
 
     containers = spec.setdefault("containers", [])
     main = _main_container(containers)
     if job.trainer:
         t = job.trainer
-        volumes.append({"name": CHECKPOINT_VOLUME,
-                        **dict(t.checkpoint_volume or {"emptyDir": {}})})
+        volumes.append({"name": CHECKPOINT_VOLUME, **dict(t.checkpoint_volume or {"emptyDir": {}})})
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": t.checkpoint_dir})
         if t.data_volume:
             volumes.append({"name": DATA_VOLUME, **dict(t.data_volume)})
-            mounts.append({"name": DATA_VOLUME, "mountPath": t.data_mount_path or "/data",
-                           "readOnly": True})
+            mounts.append(
+                {"name": DATA_VOLUME, "mountPath": t.data_mount_path or "/data", "readOnly": True}
+            )
         env += [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
         ports.append({"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"})
         main.setdefault("image", job.trainer.image)
         main["command"] = ["ringtrain", "worker"]
         main["args"] = trainer_args(job.trainer)
         if _ring_size(job) > 1 and getattr(t, "collective", "ring") == "ring":
-            ports.append({"name": "ring-data", "containerPort": RING_DATA_PORT,
-                          "protocol": "TCP"})
+            ports.append({"name": "ring-data", "containerPort": RING_DATA_PORT, "protocol": "TCP"})
             form = probe_form()
             if form == "grpc":
                 main["args"] += ["--ring-health-port", str(HEALTH_PORT)]
-                ports.append({"name": "health", "containerPort": HEALTH_PORT,
-                              "protocol": "TCP"})
+                ports.append({"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"})
             for kind, probe in worker_probes(form).items():
                 main.setdefault(kind, probe)
     main["env"] = _merge_named(main.get("env") or [], env)
@@ -287,20 +315,45 @@ def worker_probes(form: str) -> dict[str, dict]:
     if form == "grpc":
         check: dict[str, Any] = {"grpc": {"port": HEALTH_PORT}}
     else:
-        check = {"exec": {"command": ["ringtrain", "health", "--address",
-                                      f"127.0.0.1:{RING_PORT}", "--timeout-s", "4"]}}
-    return {"readinessProbe": {**copy.deepcopy(check), "periodSeconds": 10, "timeoutSeconds": 5,
-                               "failureThreshold": 3},
-            "livenessProbe": {**copy.deepcopy(check), "initialDelaySeconds": 30,
-                              "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4}}
+        check = {
+            "exec": {
+                "command": [
+                    "ringtrain",
+                    "health",
+                    "--address",
+                    f"127.0.0.1:{RING_PORT}",
+                    "--timeout-s",
+                    "4",
+                ]
+            }
+        }
+    return {
+        "readinessProbe": {
+            **copy.deepcopy(check),
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            **copy.deepcopy(check),
+            "initialDelaySeconds": 30,
+            "periodSeconds": 15,
+            "timeoutSeconds": 5,
+            "failureThreshold": 4,
+        },
+    }
 
 
 def pods(job: Job, endpoint: Endpoint = dns_endpoint) -> list[dict]:
     return [pod(job, r, i, endpoint) for r, i in job.members()]
 
 
-def desired_objects(job: Job, *, endpoint: Endpoint = dns_endpoint,
-                    token: str | None = None,
-                    material: pki.JobMaterial | None = None) -> list[dict]:
+def desired_objects(
+    job: Job,
+    *,
+    endpoint: Endpoint = dns_endpoint,
+    token: str | None = None,
+    material: pki.JobMaterial | None = None,
+) -> list[dict]:
     """Everything the operator creates for a job: Service, Secret, then Pods in TF_CONFIG order."""
     return [service(job), secret(job, token, material), *pods(job, endpoint)]

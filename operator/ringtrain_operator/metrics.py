@@ -6,10 +6,20 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from . import __version__, status
 
-_FAILED_REASONS = {status.REASON_FAILED, status.REASON_DEADLINE, status.REASON_BACKOFF,
-                   status.REASON_INVALID}
-STATES = (status.CREATED, status.RUNNING, status.RESTARTING, status.SUCCEEDED, status.FAILED,
-          status.SUSPENDED)
+_FAILED_REASONS = {
+    status.REASON_FAILED,
+    status.REASON_DEADLINE,
+    status.REASON_BACKOFF,
+    status.REASON_INVALID,
+}
+STATES = (
+    status.CREATED,
+    status.RUNNING,
+    status.RESTARTING,
+    status.SUCCEEDED,
+    status.FAILED,
+    status.SUSPENDED,
+)
 
 
 class OperatorMetrics:
@@ -26,17 +36,22 @@ class OperatorMetrics:
         self.succeeded = counter("succeeded", "TrainingJobs that succeeded")
         self.failed = counter("failed", "TrainingJobs that failed (any reason)")
         self.restarted = counter("restarted", "restarts of TrainingJobs (Restarting transitions)")
-        self.jobs = Gauge("ringtrain_operator_jobs", "TrainingJobs by state", ["state"],
-                          registry=r)
+        self.jobs = Gauge("ringtrain_operator_jobs", "TrainingJobs by state", ["state"], registry=r)
         self.reconcile_seconds = Histogram(
-            "ringtrain_operator_reconcile_duration_seconds", "one reconcile of one TrainingJob",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
-        Gauge("ringtrain_operator_info", "operator build", ["version"],
-              registry=r).labels(__version__).set(1)
-        self._by_reason = {status.REASON_CREATED: self.created,
-                           status.REASON_SUCCEEDED: self.succeeded,
-                           status.REASON_RESTARTING: self.restarted,
-                           **{reason: self.failed for reason in _FAILED_REASONS}}
+            "ringtrain_operator_reconcile_duration_seconds",
+            "one reconcile of one TrainingJob",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        Gauge("ringtrain_operator_info", "operator build", ["version"], registry=r).labels(
+            __version__
+        ).set(1)
+        self._by_reason = {
+            status.REASON_CREATED: self.created,
+            status.REASON_SUCCEEDED: self.succeeded,
+            status.REASON_RESTARTING: self.restarted,
+            **dict.fromkeys(_FAILED_REASONS, self.failed),
+        }
         self._states: dict[tuple[str, str], str] = {}
         for s in STATES:
             self.jobs.labels(s).set(0)

@@ -18,8 +18,8 @@ older clusters label the monitoring namespace by hand.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from . import manifests
 from .spec import Job
@@ -43,11 +43,13 @@ class Settings:
     """What the chart (``networkPolicy.*``) tells the operator through its flags."""
 
     metrics_namespace_labels: Mapping[str, str] = field(
-        default_factory=lambda: {NAMESPACE_NAME_LABEL: "monitoring"})
+        default_factory=lambda: {NAMESPACE_NAME_LABEL: "monitoring"}
+    )
     #: The operator's namespace (``$POD_NAMESPACE``) and pod labels; None: any namespace.
     operator_namespace: str | None = None
     operator_pod_labels: Mapping[str, str] = field(
-        default_factory=lambda: {"app.kubernetes.io/name": "ringtrain"})
+        default_factory=lambda: {"app.kubernetes.io/name": "ringtrain"}
+    )
 
 
 def name(job: Job) -> str:
@@ -64,19 +66,28 @@ def network_policy(job: Job, settings: Settings) -> dict:
         operator: dict = {"podSelector": {"matchLabels": dict(settings.operator_pod_labels)}}
         operator["namespaceSelector"] = (
             {"matchLabels": {NAMESPACE_NAME_LABEL: settings.operator_namespace}}
-            if settings.operator_namespace else {})
-        rules.append({
-            "from": [{"namespaceSelector": {
-                "matchLabels": dict(settings.metrics_namespace_labels)}}, operator],
-            "ports": [{"protocol": "TCP", "port": manifests.METRICS_PORT}]})
-    meta: dict = {"name": name(job), "namespace": job.namespace,
-                  "labels": manifests.labels(job)}
+            if settings.operator_namespace
+            else {}
+        )
+        rules.append(
+            {
+                "from": [
+                    {"namespaceSelector": {"matchLabels": dict(settings.metrics_namespace_labels)}},
+                    operator,
+                ],
+                "ports": [{"protocol": "TCP", "port": manifests.METRICS_PORT}],
+            }
+        )
+    meta: dict = {"name": name(job), "namespace": job.namespace, "labels": manifests.labels(job)}
     if refs := manifests.owner_references(job):
         meta["ownerReferences"] = refs
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": meta,
-        "spec": {"podSelector": {"matchLabels": manifests.labels(job)},
-                 "policyTypes": ["Ingress"], "ingress": rules},
+        "spec": {
+            "podSelector": {"matchLabels": manifests.labels(job)},
+            "policyTypes": ["Ingress"],
+            "ingress": rules,
+        },
     }

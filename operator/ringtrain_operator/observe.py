@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from ringtrain import events
 
@@ -48,7 +49,7 @@ class ObservedPod:
     live_status: Mapping[str, Any] | None = None
 
     @classmethod
-    def from_pod(cls, pod: Mapping[str, Any]) -> "ObservedPod | None":
+    def from_pod(cls, pod: Mapping[str, Any]) -> ObservedPod | None:
         """Read a Pod object; ``None`` when it lacks ringtrain's role/index labels."""
         meta = pod.get("metadata") or {}
         lab = meta.get("labels") or {}
@@ -57,19 +58,26 @@ class ObservedPod:
             return None
         st = pod.get("status") or {}
         cstats = st.get("containerStatuses") or []
-        main = next((c for c in cstats if c.get("name") == manifests.MAIN_CONTAINER),
-                    cstats[0] if cstats else {})
+        main = next(
+            (c for c in cstats if c.get("name") == manifests.MAIN_CONTAINER),
+            cstats[0] if cstats else {},
+        )
         state = main.get("state") or {}
         term = state.get("terminated") or {}
         last = (main.get("lastState") or {}).get("terminated") or {}
         policy = (pod.get("spec") or {}).get("restartPolicy")
         phase = st.get("phase") or "Pending"
         restarting = phase in ("Pending", "Running") and (
-            (bool(term) and (policy == "Always" or (policy == "OnFailure"
-                                                    and term.get("exitCode") != 0)))
-            or (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff")
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in st.get("conditions") or [])
+            (
+                bool(term)
+                and (policy == "Always" or (policy == "OnFailure" and term.get("exitCode") != 0))
+            )
+            or (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+        )
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in st.get("conditions") or []
+        )
         return cls(
             name=meta.get("name", ""),
             role=role,
@@ -88,8 +96,9 @@ class ObservedPod:
         )
 
 
-def observe_pods(job: Job | None, objs: Iterable[Mapping[str, Any]],
-                 fetch: LiveStatusFetcher) -> list[ObservedPod]:
+def observe_pods(
+    job: Job | None, objs: Iterable[Mapping[str, Any]], fetch: LiveStatusFetcher
+) -> list[ObservedPod]:
     """The job's Pod objects as ObservedPods (unlabelled ones skipped), the running chief's
     ``/status`` attached when the job runs ringtrain's trainer (``job`` None: spec invalid)."""
     observed = [o for p in objs if (o := ObservedPod.from_pod(p)) is not None]
@@ -105,8 +114,12 @@ EVALUATOR = ("evaluator", 0)
 def with_live_status(job: Job, p: ObservedPod, fetch: LiveStatusFetcher) -> ObservedPod:
     """Progress comes from the chief's (and the evaluator's) own HTTP endpoint while it runs
     (no API rights needed)."""
-    if (p.role, p.index) not in (job.chief, EVALUATOR) or p.phase != "Running" or \
-            not p.pod_ip or not job.trainer:
+    if (
+        (p.role, p.index) not in (job.chief, EVALUATOR)
+        or p.phase != "Running"
+        or not p.pod_ip
+        or not job.trainer
+    ):
         return p
     return dataclasses.replace(p, live_status=fetch(p.pod_ip))
 
@@ -118,21 +131,33 @@ def fetch_live_status(pod_ip: str, timeout_s: float = 1.0) -> Mapping[str, Any] 
 
 
 #: trainer JSON key (a field of ringtrain.events.Status or .Final) → status.progress key
-_PROGRESS_KEYS = {"step": "step", "steps": "step", "epoch": "epoch", "loss": "loss",
-                  "samples_per_s": "samplesPerSecond", "test_accuracy": "testAccuracy",
-                  "checkpoint": "checkpoint", "export": "export", "trace": "trace"}
+_PROGRESS_KEYS = {
+    "step": "step",
+    "steps": "step",
+    "epoch": "epoch",
+    "loss": "loss",
+    "samples_per_s": "samplesPerSecond",
+    "test_accuracy": "testAccuracy",
+    "checkpoint": "checkpoint",
+    "export": "export",
+    "trace": "trace",
+}
 #: the evaluator's JSON key → status.evaluation key
-_EVALUATION_KEYS = {"step": "step", "steps": "step", "test_loss": "testLoss",
-                    "test_accuracy": "testAccuracy", "checkpoint": "checkpoint",
-                    "evaluations": "evaluations"}
+_EVALUATION_KEYS = {
+    "step": "step",
+    "steps": "step",
+    "test_loss": "testLoss",
+    "test_accuracy": "testAccuracy",
+    "checkpoint": "checkpoint",
+    "evaluations": "evaluations",
+}
 _STRINGS = ("checkpoint", "export", "trace")
 
 
 _PROGRESS = MappingProxyType(_PROGRESS_KEYS)
 
 
-def read_progress(doc: Mapping[str, Any] | None,
-                  keys: Mapping[str, str] = _PROGRESS) -> dict:
+def read_progress(doc: Mapping[str, Any] | None, keys: Mapping[str, str] = _PROGRESS) -> dict:
     """The chief's ``/status`` (:class:`ringtrain.events.Status`) or final termination-log JSON
     (:class:`ringtrain.events.Final`) → status.progress fields (``keys``: another table)."""
     out: dict[str, Any] = {}
@@ -167,10 +192,17 @@ def ipu_memory(doc: Any) -> dict:
     if not isinstance(doc, Mapping) or not isinstance(doc.get("kinds"), Mapping):
         return {}
     host = doc.get("host") if isinstance(doc.get("host"), Mapping) else {}
-    pairs = [("capacity", doc.get("capacity")), ("total", doc.get("total")),
-             *doc["kinds"].items(), *((f"host_{k}", v) for k, v in host.items())]
-    return {f"{_camel(str(k))}Bytes": v for k, v in pairs
-            if isinstance(v, int) and not isinstance(v, bool)}
+    pairs = [
+        ("capacity", doc.get("capacity")),
+        ("total", doc.get("total")),
+        *doc["kinds"].items(),
+        *((f"host_{k}", v) for k, v in host.items()),
+    ]
+    return {
+        f"{_camel(str(k))}Bytes": v
+        for k, v in pairs
+        if isinstance(v, int) and not isinstance(v, bool)
+    }
 
 
 def _last_word(p: ObservedPod) -> Mapping[str, Any] | None:

@@ -8,17 +8,32 @@ failure is judged lives in :mod:`.restarts`; the vocabulary (states, reasons, th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from . import restarts
 from .observe import ObservedPod
 from .restarts import describe_exit as _exit
 from .spec import Job
-from .status import (CREATED, REASON_BACKOFF, REASON_CREATED, REASON_DEADLINE, REASON_FAILED,
-                     REASON_RESTARTING, REASON_RESUMED, REASON_RUNNING, REASON_SUCCEEDED,
-                     REASON_SUSPENDED, RESTARTING, RUNNING, SUSPENDED, TERMINAL, format_time,
-                     parse_time)
+from .status import (
+    CREATED,
+    REASON_BACKOFF,
+    REASON_CREATED,
+    REASON_DEADLINE,
+    REASON_FAILED,
+    REASON_RESTARTING,
+    REASON_RESUMED,
+    REASON_RUNNING,
+    REASON_SUCCEEDED,
+    REASON_SUSPENDED,
+    RESTARTING,
+    RUNNING,
+    SUSPENDED,
+    TERMINAL,
+    format_time,
+    parse_time,
+)
 
 if TYPE_CHECKING:
     from .status import _Fold, _Seen
@@ -58,12 +73,16 @@ def _deadline(f: _Fold, job: Job, seen: _Seen) -> bool:
     deadline = job.run_policy.active_deadline_s
     if deadline is None or "startTime" not in f.status:
         return False
-    left = (parse_time(f.status["startTime"]) + timedelta(seconds=deadline) - f.now)
+    left = parse_time(f.status["startTime"]) + timedelta(seconds=deadline) - f.now
     if left.total_seconds() > 0:
         f.requeue.append(left.total_seconds())
         return False
-    f.finish(False, REASON_DEADLINE,
-             f"TrainingJob ran longer than activeDeadlineSeconds={deadline}", seen.live)
+    f.finish(
+        False,
+        REASON_DEADLINE,
+        f"TrainingJob ran longer than activeDeadlineSeconds={deadline}",
+        seen.live,
+    )
     return True
 
 
@@ -79,8 +98,13 @@ def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
         verdict = restarts.judge(replica, p)
         if verdict == "permanent":
             f.status["restarts"] -= sum(q.restarting for q in ordered)  # they will not happen
-            f.finish(False, REASON_FAILED, f"pod {p.name} failed with {_exit(p)}: permanent "
-                     f"under restartPolicy {replica.restart_policy}", seen.live)
+            f.finish(
+                False,
+                REASON_FAILED,
+                f"pod {p.name} failed with {_exit(p)}: permanent "
+                f"under restartPolicy {replica.restart_policy}",
+                seen.live,
+            )
             return True
         if verdict == "replace":
             _replace(f, job, p, seen.live)
@@ -90,12 +114,21 @@ def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
     for i, p in enumerate(pending):
         if before + i >= limit:
             f.status["restarts"] = before + i  # restarts that will not happen do not count
-            f.finish(False, REASON_BACKOFF, f"pod {p.name} failed with {_exit(p)} and "
-                     f"{before + i} restarts reached backoffLimit={limit}", seen.live)
+            f.finish(
+                False,
+                REASON_BACKOFF,
+                f"pod {p.name} failed with {_exit(p)} and "
+                f"{before + i} restarts reached backoffLimit={limit}",
+                seen.live,
+            )
             return True
     if f.status["restarts"] > limit:
-        f.finish(False, REASON_BACKOFF, f"{f.status['restarts']} restarts exceed backoffLimit="
-                 f"{limit}", seen.live)
+        f.finish(
+            False,
+            REASON_BACKOFF,
+            f"{f.status['restarts']} restarts exceed backoffLimit={limit}",
+            seen.live,
+        )
         return True
     if f.status["restarts"] > f.restarts_before:
         _in_place(f, job, pending or restarts.likely_causes(ordered))
@@ -121,8 +154,10 @@ def _running(f: _Fold, job: Job, seen: _Seen) -> bool:
         f.emit(False, REASON_CREATED, f"TrainingJob created: {len(seen.desired)} pods")
         f.status["state"] = CREATED
     live = {p.name: p for p in seen.live}
-    all_up = all(n in live and live[n].phase in ("Running", "Succeeded")
-                 and not live[n].restarting for n in seen.desired)
+    all_up = all(
+        n in live and live[n].phase in ("Running", "Succeeded") and not live[n].restarting
+        for n in seen.desired
+    )
     if all_up and f.state != RUNNING:
         f.status["state"] = RUNNING
         f.condition(RUNNING, True, REASON_RUNNING, "all pods are running")
@@ -142,24 +177,39 @@ def _replace(f: _Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) 
     """A lost pod is deleted, then recreated once gone (see _running); the others stay."""
     limit = job.run_policy.backoff_limit
     if f.status["restarts"] >= limit:
-        f.finish(False, REASON_BACKOFF, f"pod {culprit.name} failed with {_exit(culprit)} and "
-                 f"{f.status['restarts']} restarts reached backoffLimit={limit}", live)
+        f.finish(
+            False,
+            REASON_BACKOFF,
+            f"pod {culprit.name} failed with {_exit(culprit)} and "
+            f"{f.status['restarts']} restarts reached backoffLimit={limit}",
+            live,
+        )
         return
     f.status["gangRestarts"] = f.status.get("gangRestarts", 0) + 1
-    f.status["priorContainerRestarts"] = (f.status.get("priorContainerRestarts", 0)
-                                          + culprit.restarts + culprit.restarting)
+    f.status["priorContainerRestarts"] = (
+        f.status.get("priorContainerRestarts", 0) + culprit.restarts + culprit.restarting
+    )
     f.status["restarts"] += 1
-    _announce(f, f"pod {culprit.name} failed with {_exit(culprit)}: recreating it, the "
-              f"other pods restart in place (restart {f.status['restarts']} of {limit})")
+    _announce(
+        f,
+        f"pod {culprit.name} failed with {_exit(culprit)}: recreating it, the "
+        f"other pods restart in place (restart {f.status['restarts']} of {limit})",
+    )
     f.delete.append(culprit.name)
 
 
 def _in_place(f: _Fold, job: Job, culprits: list[ObservedPod]) -> None:
     """New container restarts: the kubelet restarts them in place, the ring re-forms."""
-    who = (f"pod {culprits[0].name} failed with {_exit(culprits[0])}" if culprits
-           else "a container failed")
-    _announce(f, f"{who}: restarting in place, its peers rejoin the ring (restart "
-              f"{f.status['restarts']} of {job.run_policy.backoff_limit})")
+    who = (
+        f"pod {culprits[0].name} failed with {_exit(culprits[0])}"
+        if culprits
+        else "a container failed"
+    )
+    _announce(
+        f,
+        f"{who}: restarting in place, its peers rejoin the ring (restart "
+        f"{f.status['restarts']} of {job.run_policy.backoff_limit})",
+    )
 
 
 def _suspend(f: _Fold, live: list[ObservedPod]) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from ringtrain.errors import InvalidSpec
 
@@ -32,10 +33,16 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict:
     return patch
 
 
-def reconcile(kube: Kube, namespace: str, name: str, *, now: datetime | None = None,
-              fetch: LiveStatusFetcher = fetch_live_status,
-              metrics: OperatorMetrics | None = None,
-              network: networkpolicy.Settings | None = None) -> status.Decision | None:
+def reconcile(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    *,
+    now: datetime | None = None,
+    fetch: LiveStatusFetcher = fetch_live_status,
+    metrics: OperatorMetrics | None = None,
+    network: networkpolicy.Settings | None = None,
+) -> status.Decision | None:
     """Bring one job one step closer to its spec; None when the job no longer exists.
 
     The returned decision's events are all this reconcile's Events: the fold's, then one per
@@ -44,7 +51,7 @@ def reconcile(kube: Kube, namespace: str, name: str, *, now: datetime | None = N
     obj = kube.get_job(namespace, name)
     if obj is None:
         return None
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     pod_objs = kube.list_pods(namespace, name)
     previous = obj.get("status") or {}
     try:
@@ -52,8 +59,9 @@ def reconcile(kube: Kube, namespace: str, name: str, *, now: datetime | None = N
     except InvalidSpec as e:
         job = None
         generation = int(obj.get("metadata", {}).get("generation") or 1)
-        decision = status.derive_invalid(observe_pods(None, pod_objs, fetch), now, previous,
-                                         str(e), generation)
+        decision = status.derive_invalid(
+            observe_pods(None, pod_objs, fetch), now, previous, str(e), generation
+        )
     else:
         decision = status.derive_status(job, observe_pods(job, pod_objs, fetch), now, previous)
 
@@ -66,9 +74,14 @@ def reconcile(kube: Kube, namespace: str, name: str, *, now: datetime | None = N
     return decision
 
 
-def act(kube: Kube, namespace: str, name: str, job: spec.Job | None,
-        decision: status.Decision,
-        network: networkpolicy.Settings | None = None) -> status.Decision:
+def act(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    job: spec.Job | None,
+    decision: status.Decision,
+    network: networkpolicy.Settings | None = None,
+) -> status.Decision:
     """Carry out a decision whose status is written: the operator's only creates and deletes.
     Returns it with an Event added for every pod actually created or deleted. With ``network``
     (``--network-policy``) the job's NetworkPolicy is created with its Service."""
@@ -81,12 +94,14 @@ def act(kube: Kube, namespace: str, name: str, job: spec.Job | None,
         todo = [manifests.pod(job, m.replica, m.index) for m in decision.to_create]
         for m, created in zip(decision.to_create, _create_all(kube, todo)):
             if created:
-                events.append(status.Event("Normal", status.REASON_POD_CREATED,
-                                           f"created pod {m.name}"))
+                events.append(
+                    status.Event("Normal", status.REASON_POD_CREATED, f"created pod {m.name}")
+                )
     for pod_name in decision.delete:
         if kube.delete_pod(namespace, pod_name):
-            events.append(status.Event("Normal", status.REASON_POD_DELETED,
-                                       f"deleted pod {pod_name}"))
+            events.append(
+                status.Event("Normal", status.REASON_POD_DELETED, f"deleted pod {pod_name}")
+            )
     if decision.delete_job:
         kube.delete_job(namespace, name)
     return dataclasses.replace(decision, events=tuple(events))

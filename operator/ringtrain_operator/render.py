@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 import yaml
 
@@ -26,7 +26,7 @@ def redact(obj: dict) -> dict:
     if obj.get("kind") != "Secret":
         return obj
     out = copy.deepcopy(obj)
-    out["data"] = {k: REDACTED for k in out.get("data", {})}
+    out["data"] = dict.fromkeys(out.get("data", {}), REDACTED)
     return out
 
 
@@ -50,8 +50,9 @@ def dump(objects: list[dict]) -> str:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ringtrain render", description=__doc__.splitlines()[0])
     p.add_argument("file", nargs="?", help="TrainingJob YAML ('-' = stdin)")
-    p.add_argument("--namespace", "-n", help="namespace to render for (default: the file's, "
-                   "else 'default')")
+    p.add_argument(
+        "--namespace", "-n", help="namespace to render for (default: the file's, else 'default')"
+    )
     p.add_argument("--crd", action="store_true", help="print the TrainingJob CRD instead")
     args = p.parse_args(argv)
     if args.crd:
@@ -60,7 +61,7 @@ def main(argv: list[str]) -> int:
     if not args.file:
         p.error("a TrainingJob file is required (or --crd)")
     try:
-        with (sys.stdin if args.file == "-" else open(args.file)) as fh:
+        with sys.stdin if args.file == "-" else open(args.file) as fh:
             docs = list(yaml.safe_load_all(fh))
         sys.stdout.write(dump(render(docs, args.namespace)))
     except OSError as e:

@@ -50,5 +50,6 @@ def judge(replica: ReplicaSpec, p: ObservedPod) -> str | None:
 def likely_causes(pods: list[ObservedPod]) -> list[ObservedPod]:
     """Pods restarted in place, the likely cause first: its last exit was not the retryable
     138 that peers exit with when a ring member vanishes."""
-    return sorted((p for p in pods if p.restarts),
-                  key=lambda p: p.last_exit_code == errors.EXIT_RETRYABLE)
+    return sorted(
+        (p for p in pods if p.restarts), key=lambda p: p.last_exit_code == errors.EXIT_RETRYABLE
+    )

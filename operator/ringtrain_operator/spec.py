@@ -11,10 +11,11 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
 
 import jsonschema
 import yaml
@@ -35,7 +36,7 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 #: Longest pod name suffix: "-evaluator-" plus up to four index digits.
 _LONGEST_SUFFIX = len("-evaluator-") + 4
 
-__all__ = ["InvalidSpec", "Job", "ReplicaSpec", "TrainerSpec", "RunPolicy", "load", "crd"]
+__all__ = ["InvalidSpec", "Job", "ReplicaSpec", "RunPolicy", "TrainerSpec", "crd", "load"]
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class ReplicaSpec:
 #: spec.trainer, defaulted: one field per option of ``ringtrain.options`` that has a CRD field
 #: (``image``, ``checkpoint_dir`` from checkpoint.path, ``ring_transport``, ...).
 TrainerSpec = options.record(
-    "TrainerSpec", options.CRD,
-    "spec.trainer: the image, the checkpoint volume and ``ringtrain worker`` flags by option name.")
+    "TrainerSpec",
+    options.CRD,
+    "spec.trainer: the image, the checkpoint volume and ``ringtrain worker`` flags by option name.",
+)
 
 
 @dataclass(frozen=True)
@@ -162,10 +165,13 @@ def validate(obj: Mapping[str, Any]) -> None:
 
     ``spec.trainer.model`` is checked here too, in the same message: the CRD can only say "a
     string or an object" (see ``options.Option.or_object``)."""
-    errors = [(list(map(str, e.absolute_path)), f"{_path(e)}: {e.message}")
-              for e in _validator().iter_errors(obj)]
-    trainer = (obj.get("spec") or {}).get("trainer") if isinstance(obj.get("spec"), Mapping) \
-        else None
+    errors = [
+        (list(map(str, e.absolute_path)), f"{_path(e)}: {e.message}")
+        for e in _validator().iter_errors(obj)
+    ]
+    trainer = (
+        (obj.get("spec") or {}).get("trainer") if isinstance(obj.get("spec"), Mapping) else None
+    )
     if isinstance(trainer, Mapping) and "model" in trainer:
         if (why := model_error(trainer["model"])) is not None:
             errors.append((["spec", "trainer", "model"], f"spec.trainer.model: {why}"))
@@ -187,18 +193,24 @@ def model_error(model: Any) -> str | None:
         pattern = options.BY_NAME["model"].schema["pattern"]
         if re.match(pattern, model):
             return None
-        return (f"{model!r} is not a preset (cnn, cnn2), the absolute path of a .json or .keras "
-                "file in the pod, or an inline Keras model config (an object)")
+        return (
+            f"{model!r} is not a preset (cnn, cnn2), the absolute path of a .json or .keras "
+            "file in the pod, or an inline Keras model config (an object)"
+        )
     if not isinstance(model, Mapping):
-        return ("must be a preset name, a path, or an inline Keras model config (an object), "
-                f"got {type(model).__name__}")
+        return (
+            "must be a preset name, a path, or an inline Keras model config (an object), "
+            f"got {type(model).__name__}"
+        )
     from ringtrain_trainer import keras_model  # the worker's own parser: numpy, no TensorFlow
 
     size = len(json.dumps(model, separators=(",", ":")).encode())
     if size > MAX_INLINE_MODEL_BYTES:
-        return (f"the inline model config is {size} bytes as compact JSON; at most "
-                f"{MAX_INLINE_MODEL_BYTES} fit in the worker's --model argument: put it in a "
-                ".json file on a volume and give its path")
+        return (
+            f"the inline model config is {size} bytes as compact JSON; at most "
+            f"{MAX_INLINE_MODEL_BYTES} fit in the worker's --model argument: put it in a "
+            ".json file on a volume and give its path"
+        )
     try:
         keras_model.from_config(dict(model), "inline")
     except InvalidSpec as e:
@@ -268,8 +280,10 @@ def _trainer(t: Mapping[str, Any]) -> TrainerSpec:
     if "steps" in t and "epochs" in t:
         raise InvalidSpec("spec.trainer: set steps or epochs, not both")
     if "data" in t and t.get("dataset") == "mnist-5k":
-        raise InvalidSpec("spec.trainer.data: dataset mnist-5k is built in and reads no files; "
-                          "remove spec.trainer.dataset (or spec.trainer.data)")
+        raise InvalidSpec(
+            "spec.trainer.data: dataset mnist-5k is built in and reads no files; "
+            "remove spec.trainer.dataset (or spec.trainer.data)"
+        )
     if t["batchSize"] % t["ipusPerWorker"]:
         raise InvalidSpec(
             f"spec.trainer.batchSize: {t['batchSize']} is not divisible by "
@@ -296,7 +310,8 @@ def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | N
             isinstance(c, Mapping) and c.get("name") for c in containers
         ):
             raise InvalidSpec(
-                f"{field}.template.spec.containers must be a list of named containers")
+                f"{field}.template.spec.containers must be a list of named containers"
+            )
         if trainer is None and not containers:
             raise InvalidSpec(
                 f"{field}.template.spec.containers: required when spec.trainer is not set "
@@ -317,7 +332,8 @@ def _check_trainer_roles(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec
             "spec.replicaSpecs.PS: the built-in trainer (spec.trainer) has no parameter servers: "
             "its workers average gradients with a ring allreduce. Remove the PS replicas and "
             "give their resources to Worker replicas; a stock TensorFlow job (no spec.trainer, "
-            "your own image and command) may still use PS")
+            "your own image and command) may still use PS"
+        )
     ev = by_role.get("evaluator")
     if ev is None:
         return
@@ -327,4 +343,5 @@ def _check_trainer_roles(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec
             "spec.replicaSpecs.Evaluator: the evaluator reads the checkpoints the chief writes, "
             "but the checkpoint volume is an emptyDir, which each pod has for itself; set "
             "spec.trainer.checkpoint.volume to storage the pods share (e.g. persistentVolumeClaim "
-            "with ReadWriteMany, or ReadWriteOnce with all pods on one node)")
+            "with ReadWriteMany, or ReadWriteOnce with all pods on one node)"
+        )

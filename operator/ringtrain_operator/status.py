@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from . import observe, restarts
 from .observe import ObservedPod
@@ -78,8 +79,9 @@ class Member:
 
 def members(job: Job) -> dict[str, Member]:
     """The gang by pod name, in TF_CONFIG order."""
-    return {job.pod_name(r.role, i): Member(job.pod_name(r.role, i), r, i)
-            for r, i in job.members()}
+    return {
+        job.pod_name(r.role, i): Member(job.pod_name(r.role, i), r, i) for r, i in job.members()
+    }
 
 
 @dataclass(frozen=True)
@@ -103,17 +105,19 @@ class Decision:
 def look_again_s(decision: Decision) -> float | None:
     """The one requeue policy: seconds until the job is looked at again even if nothing changes
     (the sooner of its state's poll and its deadline/TTL); None: only a change wakes it."""
-    t = min(decision.requeue_after_s or math.inf,
-            LOOK_AGAIN_S.get(decision.status.get("state"), math.inf))
+    t = min(
+        decision.requeue_after_s or math.inf,
+        LOOK_AGAIN_S.get(decision.status.get("state"), math.inf),
+    )
     return None if t == math.inf else max(t, 0.05)
 
 
 def format_time(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(s: str) -> datetime:
-    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 @dataclass
@@ -144,18 +148,32 @@ class _Fold:
                 if c["status"] != value:
                     c["lastTransitionTime"] = format_time(self.now)
                 if (c["status"], c.get("reason"), c.get("message")) != (value, reason, message):
-                    c.update(status=value, reason=reason, message=message,
-                             lastUpdateTime=format_time(self.now))
+                    c.update(
+                        status=value,
+                        reason=reason,
+                        message=message,
+                        lastUpdateTime=format_time(self.now),
+                    )
                 return
         if true:
             t = format_time(self.now)
-            conds.append({"type": ctype, "status": value, "reason": reason, "message": message,
-                          "lastTransitionTime": t, "lastUpdateTime": t})
+            conds.append(
+                {
+                    "type": ctype,
+                    "status": value,
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": t,
+                    "lastUpdateTime": t,
+                }
+            )
 
     def clear(self, *ctypes: str, reason: str, message: str) -> None:
         for ctype in ctypes:
-            if any(c["type"] == ctype and c["status"] == "True"
-                   for c in self.status.get("conditions", [])):
+            if any(
+                c["type"] == ctype and c["status"] == "True"
+                for c in self.status.get("conditions", [])
+            ):
                 self.condition(ctype, False, reason, message)
 
     def emit(self, warning: bool, reason: str, message: str) -> None:
@@ -175,13 +193,15 @@ class _Fold:
         """What a finished job keeps doing: cleanPodPolicy, then TTL."""
         policy = self.job.run_policy.clean_pod_policy if self.job else "All"
         for p in live:
-            if policy == "All" or (policy == "Running" and p.phase in ("Pending", "Running",
-                                                                        "Unknown")):
+            if policy == "All" or (
+                policy == "Running" and p.phase in ("Pending", "Running", "Unknown")
+            ):
                 self.delete.append(p.name)
         ttl = self.job.run_policy.ttl_after_finished_s if self.job else None
         if ttl is not None and "completionTime" in self.status:
-            left = (parse_time(self.status["completionTime"]) + timedelta(seconds=ttl)
-                    - self.now).total_seconds()
+            left = (
+                parse_time(self.status["completionTime"]) + timedelta(seconds=ttl) - self.now
+            ).total_seconds()
             if left <= 0:
                 self.delete_job = True
             else:
@@ -207,8 +227,9 @@ class _Seen:
     desired: dict[str, Member]
 
 
-def derive_status(job: Job, pods: Iterable[ObservedPod], now: datetime,
-                  previous: Mapping[str, Any] | None) -> Decision:
+def derive_status(
+    job: Job, pods: Iterable[ObservedPod], now: datetime, previous: Mapping[str, Any] | None
+) -> Decision:
     """Fold what is observed into the job's next status and the actions that lead there.
 
     The phases run in order and the first that settles the job ends the derivation."""
@@ -220,16 +241,20 @@ def derive_status(job: Job, pods: Iterable[ObservedPod], now: datetime,
     _count(f, job, seen.live)
     _progress(f, job, seen.pods)
     from .phases import PHASES  # phases imports this module's vocabulary
+
     for phase in PHASES:
         if phase(f, job, seen):
             break
     return f.decision()
 
 
-
-def derive_invalid(pods: Iterable[ObservedPod], now: datetime,
-                   previous: Mapping[str, Any] | None, message: str,
-                   generation: int) -> Decision:
+def derive_invalid(
+    pods: Iterable[ObservedPod],
+    now: datetime,
+    previous: Mapping[str, Any] | None,
+    message: str,
+    generation: int,
+) -> Decision:
     """A spec that cannot run: Failed with reason InvalidSpec, its pods (if any) removed."""
     f = _Fold(None, now, copy.deepcopy(dict(previous or {})))
     f.status["observedGeneration"] = generation
@@ -256,9 +281,11 @@ def _count(f: _Fold, job: Job, live: list[ObservedPod]) -> None:
         }
     f.status["replicaStatuses"] = replica_statuses
     f.status["workers"] = f"{sum(p.ready for p in live)}/{len(job.members())}"
-    f.status["restarts"] = (f.status.get("gangRestarts", 0)
-                            + f.status.get("priorContainerRestarts", 0)
-                            + sum(p.restarts + p.restarting for p in live))
+    f.status["restarts"] = (
+        f.status.get("gangRestarts", 0)
+        + f.status.get("priorContainerRestarts", 0)
+        + sum(p.restarts + p.restarting for p in live)
+    )
 
 
 def _progress(f: _Fold, job: Job, pods: list[ObservedPod]) -> None:
@@ -268,10 +295,15 @@ def _progress(f: _Fold, job: Job, pods: list[ObservedPod]) -> None:
         old = {k: v for k, v in f.status.get("progress", {}).items() if k != "waitingFor"}
         f.status["progress"] = {**old, **update}
         waiting = update.get("waitingFor")
-        if f.state == RUNNING and any(c.get("type") == RUNNING and c.get("status") == "True"
-                                      for c in f.status.get("conditions", [])):
-            f.condition(RUNNING, True, REASON_RUNNING,
-                        f"waiting for {', '.join(waiting)}" if waiting else
-                        "all pods are running")
+        if f.state == RUNNING and any(
+            c.get("type") == RUNNING and c.get("status") == "True"
+            for c in f.status.get("conditions", [])
+        ):
+            f.condition(
+                RUNNING,
+                True,
+                REASON_RUNNING,
+                f"waiting for {', '.join(waiting)}" if waiting else "all pods are running",
+            )
     if update := observe.evaluation(job, pods):
         f.status["evaluation"] = {**f.status.get("evaluation", {}), **update}

@@ -9,15 +9,24 @@ CHART = ROOT / "charts" / "ringtrain"
 
 #: Values that switch every optional part on and take the namespaced RBAC branch.
 ALL_ON = [
-    "--set", "metrics.serviceMonitor.enabled=true",
-    "--set", "metrics.podMonitor.enabled=true",
-    "--set", "metrics.prometheusRule.enabled=true",
-    "--set", "grafana.dashboards.enabled=true",
-    "--set", "rbac.clusterScoped=false",
-    "--set", "rbac.watchNamespaces={team-a,team-b}",
-    "--set", "image.repository=registry.example.com/ml/ringtrain",
-    "--set", "image.tag=0.1.0-rc1",
-    "--set", "image.pullPolicy=Never",
+    "--set",
+    "metrics.serviceMonitor.enabled=true",
+    "--set",
+    "metrics.podMonitor.enabled=true",
+    "--set",
+    "metrics.prometheusRule.enabled=true",
+    "--set",
+    "grafana.dashboards.enabled=true",
+    "--set",
+    "rbac.clusterScoped=false",
+    "--set",
+    "rbac.watchNamespaces={team-a,team-b}",
+    "--set",
+    "image.repository=registry.example.com/ml/ringtrain",
+    "--set",
+    "image.tag=0.1.0-rc1",
+    "--set",
+    "image.pullPolicy=Never",
 ]
 
 

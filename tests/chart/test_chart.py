@@ -11,15 +11,14 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
+from chart_helpers import ALL_ON, CHART, ROOT, by_kind
 from prometheus_client import CollectorRegistry
+from test_rbac import GRANTS
 
 from ringtrain_operator import main as operator_main
 from ringtrain_operator import manifests
 from ringtrain_operator.metrics import OperatorMetrics
 from ringtrain_trainer.metrics import TrainerMetrics
-
-from chart_helpers import ALL_ON, CHART, ROOT, by_kind
-from test_rbac import GRANTS
 
 #: Kubernetes minor versions whose schemas the rendered objects must satisfy: the releases kind
 #: ships node images for today, and the newest the validator knows.
@@ -35,13 +34,15 @@ def test_crd_in_chart_is_the_operators_crd():
     chart_crd = CHART / "crds" / "trainingjobs.yaml"
     source = ROOT / "operator" / "ringtrain_operator" / "crd" / "trainingjobs.yaml"
     assert chart_crd.read_bytes() == source.read_bytes(), (
-        f"cp {source.relative_to(ROOT)} {chart_crd.relative_to(ROOT)}")
+        f"cp {source.relative_to(ROOT)} {chart_crd.relative_to(ROOT)}"
+    )
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 def test_helm_lint_strict(helm, values):
-    out = subprocess.run([helm, "lint", "--strict", str(CHART), *values],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [helm, "lint", "--strict", str(CHART), *values], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -57,18 +58,24 @@ def test_every_rendered_object_is_valid_kubernetes(render, values, version):
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} on {version}: {e.message} "
-                        f"at {list(e.path)}")
+            pytest.fail(
+                f"{obj['kind']}/{obj['metadata']['name']} on {version}: {e.message} "
+                f"at {list(e.path)}"
+            )
         checked += 1
     assert checked >= 5  # CRD, SA, role(s) + binding(s), Service, Deployment
 
 
 def test_values_schema_rejects_typos_and_bad_types(helm):
-    for bad in (["--set", "rbac.clusterscoped=false"], ["--set", "metrics.port=http"],
-                ["--set", "image.pullPolicy=Sometimes"],
-                ["--set", "podSecurityContext.runAsNonRoot=false"]):
-        out = subprocess.run([helm, "template", "rt", str(CHART), *bad], capture_output=True,
-                             text=True)
+    for bad in (
+        ["--set", "rbac.clusterscoped=false"],
+        ["--set", "metrics.port=http"],
+        ["--set", "image.pullPolicy=Sometimes"],
+        ["--set", "podSecurityContext.runAsNonRoot=false"],
+    ):
+        out = subprocess.run(
+            [helm, "template", "rt", str(CHART), *bad], capture_output=True, text=True
+        )
         assert out.returncode != 0, f"{bad} was accepted"
         assert "values don't meet the specifications of the schema" in out.stderr, out.stderr
 
@@ -123,8 +130,10 @@ def test_namespaced_install_watches_only_its_namespaces(render):
         assert b["subjects"][0]["namespace"] == "rt"  # the operator's own account
     (pm,) = by_kind(objs, "PodMonitor")
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == \
-        "registry.example.com/ml/ringtrain:0.1.0-rc1"
+    assert (
+        dep["spec"]["template"]["spec"]["containers"][0]["image"]
+        == "registry.example.com/ml/ringtrain:0.1.0-rc1"
+    )
 
 
 def _rules(obj: dict) -> dict[tuple[str, str], set[str]]:
@@ -139,7 +148,7 @@ def _rules(obj: dict) -> dict[tuple[str, str], set[str]]:
 
 #: (apiGroup, resource) → verbs, from test_rbac.GRANTS (which names the code behind each verb).
 OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {}
-for (_group, _resource, _verb) in GRANTS:
+for _group, _resource, _verb in GRANTS:
     OPERATOR_NEEDS.setdefault((_group, _resource), set()).add(_verb)
 
 
@@ -147,12 +156,16 @@ for (_group, _resource, _verb) in GRANTS:
 def test_rbac_is_exactly_what_the_operator_needs(render, values):
     objs = render(*values)
     cluster_scoped = not values
-    discovery = [r for r in by_kind(objs, "ClusterRole")
-                 if r["metadata"]["name"].endswith("-discovery")]
+    discovery = [
+        r for r in by_kind(objs, "ClusterRole") if r["metadata"]["name"].endswith("-discovery")
+    ]
     if cluster_scoped:
-        assert [_rules(d) for d in discovery] == [{
-            ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-            ("", "namespaces"): {"list", "watch"}}]
+        assert [_rules(d) for d in discovery] == [
+            {
+                ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+                ("", "namespaces"): {"list", "watch"},
+            }
+        ]
     main_roles = by_kind(objs, "ClusterRole" if cluster_scoped else "Role")
     main_roles = [r for r in main_roles if not r["metadata"]["name"].endswith("-discovery")]
     assert main_roles
@@ -172,12 +185,16 @@ def test_prometheus_rules_pass_promtool_check_and_unit_tests(render, tmp_path):
     assert rule["spec"] == yaml.safe_load(source.read_text())
     rendered = tmp_path / "rendered.rules.yaml"
     rendered.write_text(yaml.safe_dump(rule["spec"]))
-    out = subprocess.run([promtool, "check", "rules", str(source), str(rendered)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [promtool, "check", "rules", str(source), str(rendered)], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     tests = tmp_path / "rules_test.yaml"
-    tests.write_text((ROOT / "tests" / "chart" / "rules_test.yaml").read_text()
-                     .replace("[RULES]", json.dumps([str(source)])))
+    tests.write_text(
+        (ROOT / "tests" / "chart" / "rules_test.yaml")
+        .read_text()
+        .replace("[RULES]", json.dumps([str(source)]))
+    )
     out = subprocess.run([promtool, "test", "rules", str(tests)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -189,8 +206,11 @@ def exposed_metric_names() -> set[str]:
         registry = CollectorRegistry()
         make(registry=registry)
         for family in registry.collect():
-            suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum",
-                        "_count", "_created"), "summary": ("_sum", "_count", "_created")}
+            suffixes = {
+                "counter": ("_total", "_created"),
+                "histogram": ("_bucket", "_sum", "_count", "_created"),
+                "summary": ("_sum", "_count", "_created"),
+            }
             names.add(family.name)
             names.update(family.name + s for s in suffixes.get(family.type, ()))
     return names
@@ -201,8 +221,9 @@ def _dashboard() -> dict:
 
 
 def test_dashboard_is_generated_and_queries_only_real_metrics():
-    out = subprocess.run([str(ROOT / "hack" / "gen-dashboard"), "--check"], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [str(ROOT / "hack" / "gen-dashboard"), "--check"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     dash = _dashboard()
     panels = [p for p in dash["panels"] if p["type"] != "row"]
@@ -234,23 +255,31 @@ def test_dashboard_configmap_carries_the_sidecar_label_and_the_json(render):
 def test_podmonitor_relabels_with_the_operators_pod_labels(render):
     (pm,) = by_kind(render(*ALL_ON), "PodMonitor")
     assert pm["spec"]["selector"]["matchExpressions"] == [
-        {"key": manifests.LABEL_JOB, "operator": "Exists"}]
-    sources = {r["sourceLabels"][0]: r["targetLabel"]
-               for r in pm["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+        {"key": manifests.LABEL_JOB, "operator": "Exists"}
+    ]
+    sources = {
+        r["sourceLabels"][0]: r["targetLabel"]
+        for r in pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    }
 
     def meta(label: str) -> str:
         return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
-    assert sources == {meta(manifests.LABEL_JOB): "job_name",
-                       meta(manifests.LABEL_ROLE): "role",
-                       meta(manifests.LABEL_INDEX): "index"}
+    assert sources == {
+        meta(manifests.LABEL_JOB): "job_name",
+        meta(manifests.LABEL_ROLE): "role",
+        meta(manifests.LABEL_INDEX): "index",
+    }
     # The workers' metrics port is named as the PodMonitor expects.
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
 
 
 def test_notes_tell_the_user_what_next_and_how_to_upgrade_the_crd(helm):
-    out = subprocess.run([helm, "install", "rt", str(CHART), "--dry-run=client", "--namespace",
-                          "rt"], capture_output=True, text=True)
+    out = subprocess.run(
+        [helm, "install", "rt", str(CHART), "--dry-run=client", "--namespace", "rt"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     notes = out.stdout.split("NOTES:", 1)[1]
     assert "rollout status deployment/rt-ringtrain" in notes
@@ -265,8 +294,18 @@ def test_network_policy_value_reaches_the_operator_with_its_own_pod_labels(rende
     assert settings.metrics_namespace_labels == {"kubernetes.io/metadata.name": "monitoring"}
     # The policy admits the operator's pods to the chief's /status: its labels must match.
     assert settings.operator_pod_labels.items() <= pod["metadata"]["labels"].items()
-    (dep,) = by_kind(render("--set", "networkPolicy.enabled=false",
-                            "--set", "networkPolicy.metricsNamespaceLabels.team=obs"),
-                     "Deployment")
-    assert operator_main.parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"][1:]
-                                    ).network_policy is False
+    (dep,) = by_kind(
+        render(
+            "--set",
+            "networkPolicy.enabled=false",
+            "--set",
+            "networkPolicy.metricsNamespaceLabels.team=obs",
+        ),
+        "Deployment",
+    )
+    assert (
+        operator_main.parse_args(
+            dep["spec"]["template"]["spec"]["containers"][0]["args"][1:]
+        ).network_policy
+        is False
+    )

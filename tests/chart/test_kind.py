@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
 from chart_helpers import CHART, ROOT
 
 FAKE = """#!/usr/bin/env bash
@@ -39,18 +38,25 @@ def test_kind_config_has_a_control_plane_and_two_labelled_workers():
         assert n["labels"] == {"ringtrain.io/pool": "training"}
 
 
-def run_kind(tmp_path: Path, state: str,
-             *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def run_kind(
+    tmp_path: Path, state: str, *args: str
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for tool in ("docker", "kind", "kubectl", "helm"):
         (bin_dir / tool).write_text(FAKE)
         (bin_dir / tool).chmod(0o755)
     calls = tmp_path / "calls"
-    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls),
-           "JOB_STATE": state, "JOB_TIMEOUT_S": "30"}
-    out = subprocess.run([str(ROOT / "hack" / "kind"), *args], env=env, capture_output=True,
-                         text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "CALLS": str(calls),
+        "JOB_STATE": state,
+        "JOB_TIMEOUT_S": "30",
+    }
+    out = subprocess.run(
+        [str(ROOT / "hack" / "kind"), *args], env=env, capture_output=True, text=True, timeout=60
+    )
     return out, calls.read_text().splitlines() if calls.exists() else []
 
 
@@ -74,8 +80,12 @@ def test_hack_kind_up_builds_loads_installs_and_waits_for_success(tmp_path):
     assert "TrainingJob fashion-mnist Succeeded" in out.stderr
     assert not any("kube-prometheus-stack" in c for c in calls)  # only with --monitoring
     # The files it hands over exist and the image tag is the one the CRD defaults workers to.
-    for path in ("kind-config.yaml", "charts/ringtrain/crds",
-                 "examples/fashion-mnist-2workers.yaml", "Dockerfile"):
+    for path in (
+        "kind-config.yaml",
+        "charts/ringtrain/crds",
+        "examples/fashion-mnist-2workers.yaml",
+        "Dockerfile",
+    ):
         assert (ROOT / path).exists(), path
     crd = (CHART / "crds" / "trainingjobs.yaml").read_text()
     assert f'default: "{image}"' in crd
@@ -88,12 +98,17 @@ def test_hack_kind_up_with_monitoring_installs_the_stack_and_switches_the_chart_
     kps = next(c for c in calls if "kube-prometheus-stack" in c)
     assert "podMonitorSelectorNilUsesHelmValues=false" in kps
     chart = next(c for c in calls if "upgrade --install ringtrain" in c)
-    for switch in ("metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true",
-                   "metrics.prometheusRule.enabled=true", "grafana.dashboards.enabled=true"):
+    for switch in (
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.podMonitor.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+        "grafana.dashboards.enabled=true",
+    ):
         assert switch in chart
     assert calls.index(kps) < calls.index(chart)
-    assert calls[-1].startswith("kubectl --context kind-ringtrain -n monitoring port-forward "
-                                "svc/kps-grafana 3000:80")
+    assert calls[-1].startswith(
+        "kubectl --context kind-ringtrain -n monitoring port-forward svc/kps-grafana 3000:80"
+    )
 
 
 def test_hack_kind_up_fails_clearly_when_the_job_fails(tmp_path):
@@ -105,8 +120,9 @@ def test_hack_kind_up_fails_clearly_when_the_job_fails(tmp_path):
 
 def test_hack_kind_says_what_is_missing_without_docker(tmp_path):
     env = {**os.environ, "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([str(ROOT / "hack" / "kind"), "up"], env=env, capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        [str(ROOT / "hack" / "kind"), "up"], env=env, capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 1
     assert out.stderr.startswith("hack/kind: ")
     assert "is required" in out.stderr or "daemon does not answer" in out.stderr

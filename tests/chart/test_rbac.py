@@ -14,28 +14,42 @@ import ast
 import re
 
 import pytest
-
 from chart_helpers import ALL_ON, ROOT, by_kind
 
 OPERATOR = ROOT / "operator" / "ringtrain_operator"
 
 #: (apiGroup, resource, verb) → (file under operator/ringtrain_operator, function, evidence).
 GRANTS = {
-    ("ringtrain.io", "trainingjobs", "get"): ("kube.py", "Kube.get_job",
-                                              "get_namespaced_custom_object"),
+    ("ringtrain.io", "trainingjobs", "get"): (
+        "kube.py",
+        "Kube.get_job",
+        "get_namespaced_custom_object",
+    ),
     ("ringtrain.io", "trainingjobs", "list"): ("handlers.py", "run_job", "@kopf.daemon(GROUP"),
     ("ringtrain.io", "trainingjobs", "watch"): ("handlers.py", "run_job", "@kopf.daemon(GROUP"),
     # kopf adds its finalizer and progress annotations with a merge patch of the object.
-    ("ringtrain.io", "trainingjobs", "patch"): ("main.py", "operator_settings",
-                                                "persistence.finalizer"),
-    ("ringtrain.io", "trainingjobs", "delete"): ("kube.py", "Kube.delete_job",
-                                                 "delete_namespaced_custom_object"),
+    ("ringtrain.io", "trainingjobs", "patch"): (
+        "main.py",
+        "operator_settings",
+        "persistence.finalizer",
+    ),
+    ("ringtrain.io", "trainingjobs", "delete"): (
+        "kube.py",
+        "Kube.delete_job",
+        "delete_namespaced_custom_object",
+    ),
     ("ringtrain.io", "trainingjobs/status", "patch"): (
-        "kube.py", "Kube.patch_status", "patch_namespaced_custom_object_status"),
+        "kube.py",
+        "Kube.patch_status",
+        "patch_namespaced_custom_object_status",
+    ),
     # blockOwnerDeletion on a child needs update on the owner's finalizers (admission plugin
     # OwnerReferencesPermissionEnforcement).
     ("ringtrain.io", "trainingjobs/finalizers", "update"): (
-        "manifests.py", "owner_references", '"blockOwnerDeletion": True'),
+        "manifests.py",
+        "owner_references",
+        '"blockOwnerDeletion": True',
+    ),
     ("", "pods", "create"): ("kube.py", "Kube.create", "create_namespaced_pod"),
     ("", "pods", "delete"): ("kube.py", "Kube.delete_pod", "delete_namespaced_pod"),
     ("", "pods", "list"): ("kube.py", "Kube.list_pods", "list_namespaced_pod"),
@@ -43,7 +57,10 @@ GRANTS = {
     ("", "services", "create"): ("kube.py", "Kube.create", "create_namespaced_service"),
     ("", "secrets", "create"): ("kube.py", "Kube.create", "create_namespaced_secret"),
     ("networking.k8s.io", "networkpolicies", "create"): (
-        "kube.py", "Kube.create", "create_namespaced_network_policy"),
+        "kube.py",
+        "Kube.create",
+        "create_namespaced_network_policy",
+    ),
     ("", "events", "create"): ("handlers.py", "post", "kopf.event("),
 }
 #: Only with networkPolicy.enabled (the default).
@@ -57,13 +74,25 @@ DISCOVERY = {
     ("", "namespaces", "watch"),
 }
 #: kubernetes client method prefixes → RBAC verbs.
-VERBS = {"create": "create", "delete": "delete", "list": "list", "patch": "patch", "get": "get",
-         "read": "get", "replace": "update"}
+VERBS = {
+    "create": "create",
+    "delete": "delete",
+    "list": "list",
+    "patch": "patch",
+    "get": "get",
+    "read": "get",
+    "replace": "update",
+}
 
 
 def grants(obj: dict) -> set[tuple[str, str, str]]:
-    return {(g, r, v) for rule in obj["rules"] for g in rule["apiGroups"]
-            for r in rule["resources"] for v in rule["verbs"]}
+    return {
+        (g, r, v)
+        for rule in obj["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
 
 
 def function_source(file: str, qualname: str) -> str:
@@ -73,10 +102,13 @@ def function_source(file: str, qualname: str) -> str:
     *outer, name = qualname.split(".")
     for part in outer:
         nodes = next(n for n in nodes if isinstance(n, ast.ClassDef) and n.name == part).body
-    fn = next(n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-              and n.name == name)
+    fn = next(
+        n
+        for n in nodes
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+    )
     start = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
-    return "\n".join(text.splitlines()[start - 1:fn.end_lineno])
+    return "\n".join(text.splitlines()[start - 1 : fn.end_lineno])
 
 
 def client_calls() -> set[tuple[str, str, str]]:
@@ -114,9 +146,11 @@ def test_every_client_call_is_granted():
     assert calls <= set(GRANTS), calls - set(GRANTS)
 
 
-@pytest.mark.parametrize("values,network", [([], True), (ALL_ON, True),
-                                            (["--set", "networkPolicy.enabled=false"], False)],
-                         ids=["cluster-scoped", "namespaced", "no-networkpolicy"])
+@pytest.mark.parametrize(
+    "values,network",
+    [([], True), (ALL_ON, True), (["--set", "networkPolicy.enabled=false"], False)],
+    ids=["cluster-scoped", "namespaced", "no-networkpolicy"],
+)
 def test_the_chart_grants_exactly_the_table(render, values, network):
     objs = render(*values)
     cluster_scoped = "rbac.clusterScoped=false" not in values

@@ -40,8 +40,9 @@ def serve(resolver, tcp=False):
 def responder():
     """The responder on loopback (UDP and TCP) with a fake upstream; records set per test."""
     upstream, up_port = serve(Upstream())
-    resolver = dns.ClusterResolver(dns.Records(), "cluster.local", ["127.0.0.1"], ttl=5,
-                                   upstream_port=up_port)
+    resolver = dns.ClusterResolver(
+        dns.Records(), "cluster.local", ["127.0.0.1"], ttl=5, upstream_port=up_port
+    )
     servers = [serve(resolver), serve(resolver, tcp=True)]
     yield resolver, servers[0][1], servers[1][1]
     for s, _ in [*servers, (upstream, 0)]:
@@ -54,8 +55,9 @@ def records(responder):
     r = dns.Records()
     r.set_service("ns1", "kubernetes", "10.0.0.1")
     r.set_service("ns1", "peers", "None")
-    r.set_endpoints("ns1", "peers", endpoints(("10.244.0.5", "job-worker-0"),
-                                              ("10.244.0.6", "job-worker-1")))
+    r.set_endpoints(
+        "ns1", "peers", endpoints(("10.244.0.5", "job-worker-0"), ("10.244.0.6", "job-worker-1"))
+    )
     r.synced.update({"services", "endpoints"})
     responder[0].records = r
     return r
@@ -67,8 +69,9 @@ def query(responder, records):
 
     def ask(name, qtype="A", tcp=False):
         q = DNSRecord.question(name, qtype)
-        reply = DNSRecord.parse(q.send("127.0.0.1", tcp_port if tcp else udp_port, tcp=tcp,
-                                       timeout=3))
+        reply = DNSRecord.parse(
+            q.send("127.0.0.1", tcp_port if tcp else udp_port, tcp=tcp, timeout=3)
+        )
         return RCODE[reply.header.rcode], sorted(str(rr.rdata) for rr in reply.rr)
 
     return ask
@@ -84,8 +87,10 @@ def test_headless_service_answers_every_endpoint(query):
 
 def test_pod_hostname_under_headless_service_over_udp_and_tcp(query):
     assert query("job-worker-1.peers.ns1.svc.cluster.local") == ("NOERROR", ["10.244.0.6"])
-    assert query("JOB-WORKER-0.peers.ns1.svc.cluster.local.", tcp=True) == ("NOERROR",
-                                                                            ["10.244.0.5"])
+    assert query("JOB-WORKER-0.peers.ns1.svc.cluster.local.", tcp=True) == (
+        "NOERROR",
+        ["10.244.0.5"],
+    )
 
 
 def test_unknown_names_in_the_domain_are_nxdomain(query):

@@ -13,7 +13,7 @@ from ringtrain.errors import InvalidSpec
 
 
 def test_one_p256_leaf_for_both_ends_signed_by_the_jobs_own_ca():
-    now = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
+    now = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
     m = pki.create("mnist", "team-a", "mnist", "uid-1", now=now)
     ca = x509.load_pem_x509_certificate(m.ca_cert)
     leaf = x509.load_pem_x509_certificate(m.cert)
@@ -21,8 +21,10 @@ def test_one_p256_leaf_for_both_ends_signed_by_the_jobs_own_ca():
     assert isinstance(leaf.public_key().curve, ec.SECP256R1)
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
     eku = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert set(eku) == {x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,
-                        x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH}
+    assert set(eku) == {
+        x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,
+        x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH,
+    }
     assert leaf.not_valid_after_utc - now == datetime.timedelta(days=pki.VALIDITY_DAYS)
     assert now - leaf.not_valid_before_utc == pki.CLOCK_SKEW
     assert pki.verify_name(m.cert) == "mnist.team-a.svc"
@@ -35,7 +37,8 @@ def test_every_job_gets_its_own_ca_and_identity():
     assert a.ca_cert != b.ca_cert and pki.identity(a.cert) != pki.identity(b.cert)
     with pytest.raises(Exception):
         x509.load_pem_x509_certificate(a.cert).verify_directly_issued_by(
-            x509.load_pem_x509_certificate(b.ca_cert))
+            x509.load_pem_x509_certificate(b.ca_cert)
+        )
 
 
 def test_load_round_trips_and_names_the_missing_or_bad_file(tmp_path):

@@ -17,17 +17,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from ringtrain_operator.metrics import OperatorMetrics
 
 from ringtrain import errors
 from ringtrain.cli import COMMANDS
+from ringtrain_operator.metrics import OperatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "gen-docs"
 REFERENCE = ROOT / "docs" / "reference.md"
 CHART = ROOT / "charts" / "ringtrain"
 # A metric name, but not the operator's package (`ringtrain_operator`, `ringtrain_operator.spec`, ...).
-METRIC = re.compile(r"\bringtrain_(?!(?:operator|trainer|bench|localrun)\b)[a-z_]+")  # not a package name
+METRIC = re.compile(
+    r"\bringtrain_(?!(?:operator|trainer|bench|localrun)\b)[a-z_]+"
+)  # not a package name
 
 
 def _load_generator():
@@ -44,21 +46,31 @@ gen = _load_generator()
 
 
 def test_reference_is_current():
-    assert REFERENCE.read_text() == gen.render(), \
+    assert REFERENCE.read_text() == gen.render(), (
         "docs/reference.md is stale: run .venv/bin/python hack/gen-docs"
+    )
 
 
 def test_check_flag_passes_on_current_file_and_prints_a_diff_on_a_stale_one(tmp_path):
     out = tmp_path / "reference.md"
     out.write_text(gen.render())
-    ok = subprocess.run([sys.executable, str(SCRIPT), "--check", "--output", str(out)],
-                        check=False, capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, str(SCRIPT), "--check", "--output", str(out)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
-    out.write_text(gen.render().replace("| `spec.runPolicy.backoffLimit` |",
-                                        "| `spec.runPolicy.retries` |"))
-    stale = subprocess.run([sys.executable, str(SCRIPT), "--check", "--output", str(out)],
-                           check=False, capture_output=True, text=True)
+    out.write_text(
+        gen.render().replace("| `spec.runPolicy.backoffLimit` |", "| `spec.runPolicy.retries` |")
+    )
+    stale = subprocess.run(
+        [sys.executable, str(SCRIPT), "--check", "--output", str(out)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert stale.returncode == 1
     assert "-| `spec.runPolicy.retries` |" in stale.stdout
     assert "+| `spec.runPolicy.backoffLimit` |" in stale.stdout
@@ -101,12 +113,20 @@ def test_a_new_crd_block_appears_without_touching_the_generator():
     crd = copy.deepcopy(gen.load_crd())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     schema["properties"]["spec"]["properties"]["trainer"]["properties"]["newBlock"] = {
-        "type": "object", "description": "a block added later", "required": ["mode"],
+        "type": "object",
+        "description": "a block added later",
+        "required": ["mode"],
         "properties": {
             "mode": {"type": "string", "enum": ["a", "b"], "default": "a"},
-            "timeoutSeconds": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
-                               "maximum": 600, "description": "how long | at most"},
-        }}
+            "timeoutSeconds": {
+                "type": "number",
+                "minimum": 0,
+                "exclusiveMinimum": True,
+                "maximum": 600,
+                "description": "how long | at most",
+            },
+        },
+    }
     rows = _rows(schema)
     assert rows["spec.trainer.newBlock"].description == "a block added later"
     mode = rows["spec.trainer.newBlock.mode"]
@@ -131,7 +151,8 @@ def test_catalogue_reads_names_types_and_labels_from_the_registries():
     # this pins the prometheus_client internals the generator reads.
     assert metrics["ringtrain_operator_jobs_failed_total"].labels == ("job_namespace",)
     assert metrics["ringtrain_ipu_stream_bytes_total"].label_values == {
-        "direction": ["weights_in", "grads_out", "data_in"]}
+        "direction": ["weights_in", "grads_out", "data_in"]
+    }
     assert metrics["ringtrain_operator_info"].labels == ("version",)
     assert metrics["ringtrain_operator_info"].label_values == {}
     # The operator's registry holds only operator metrics, and the catalogue has both components.
@@ -144,24 +165,31 @@ def test_catalogue_reads_names_types_and_labels_from_the_registries():
 
 
 def _mentions() -> dict[str, set[str]]:
-    sources = [ROOT / "README.md", *sorted((CHART / "dashboards").glob("*.json")),
-               *sorted((CHART / "rules").glob("*.yaml"))]
+    sources = [
+        ROOT / "README.md",
+        *sorted((CHART / "dashboards").glob("*.json")),
+        *sorted((CHART / "rules").glob("*.yaml")),
+    ]
     return {str(p.relative_to(ROOT)): set(METRIC.findall(p.read_text())) for p in sources}
 
 
 def test_every_metric_named_in_readme_dashboards_and_rules_is_catalogued():
     exposed = set().union(*(m.sample_names for m in gen.catalogue()))
     mentions = _mentions()
-    assert any(p.startswith("charts/ringtrain/dashboards/") and names
-               for p, names in mentions.items()), "no dashboard mentions a metric: regex broken?"
-    assert any(p.startswith("charts/ringtrain/rules/") and names
-               for p, names in mentions.items()), "no rule mentions a metric: regex broken?"
+    assert any(
+        p.startswith("charts/ringtrain/dashboards/") and names for p, names in mentions.items()
+    ), "no dashboard mentions a metric: regex broken?"
+    assert any(
+        p.startswith("charts/ringtrain/rules/") and names for p, names in mentions.items()
+    ), "no rule mentions a metric: regex broken?"
     unknown = {p: sorted(names - exposed) for p, names in mentions.items() if names - exposed}
     assert not unknown, f"metrics nobody exposes: {unknown}"
 
 
-@pytest.mark.parametrize("name", ["ringtrain_steps_totally", "ringtrain_step_duration_seconds_total",
-                                  "ringtrain_loss_total"])
+@pytest.mark.parametrize(
+    "name",
+    ["ringtrain_steps_totally", "ringtrain_step_duration_seconds_total", "ringtrain_loss_total"],
+)
 def test_suffix_forms_only_match_the_type_that_has_them(name):
     exposed = set().union(*(m.sample_names for m in gen.catalogue()))
     assert name not in exposed

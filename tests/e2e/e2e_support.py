@@ -14,9 +14,10 @@ import sys
 import time
 import urllib.request
 import uuid
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,40 +28,73 @@ OPERATOR_READY_S = 60
 POLL_S = 0.25
 
 
-def training_job(name: str, image: str, replicas: int = 2, steps: int = 20,
-                 run_policy: dict | None = None, **trainer: Any) -> dict:
+def training_job(
+    name: str,
+    image: str,
+    replicas: int = 2,
+    steps: int = 20,
+    run_policy: dict | None = None,
+    **trainer: Any,
+) -> dict:
     """A small TrainingJob of the built-in trainer on mnist-5k (fast on two cores)."""
     return {
         "apiVersion": "ringtrain.io/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": name},
         "spec": {
-            "replicaSpecs": {"Worker": {"replicas": replicas, "template": {"spec": {
-                "terminationGracePeriodSeconds": 5,
-                "containers": [{"name": "ringtrain", "image": image,
-                                "imagePullPolicy": "Never",
-                                "resources": {"requests": {"cpu": "10m"}}}]}}}},
+            "replicaSpecs": {
+                "Worker": {
+                    "replicas": replicas,
+                    "template": {
+                        "spec": {
+                            "terminationGracePeriodSeconds": 5,
+                            "containers": [
+                                {
+                                    "name": "ringtrain",
+                                    "image": image,
+                                    "imagePullPolicy": "Never",
+                                    "resources": {"requests": {"cpu": "10m"}},
+                                }
+                            ],
+                        }
+                    },
+                }
+            },
             "trainer": {"dataset": "mnist-5k", "steps": steps, "batchSize": 32, **trainer},
             "runPolicy": {"backoffLimit": 1, "activeDeadlineSeconds": 600, **(run_policy or {})},
         },
     }
 
 
-def sleep_job(name: str, image: str, replicas: int = 2, seconds: int = 3600,
-              run_policy: dict | None = None) -> dict:
+def sleep_job(
+    name: str, image: str, replicas: int = 2, seconds: int = 3600, run_policy: dict | None = None
+) -> dict:
     """A job of real, running but idle pods (the user-command path, no spec.trainer)."""
     return {
         "apiVersion": "ringtrain.io/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": name},
         "spec": {
-            "replicaSpecs": {"Worker": {"replicas": replicas, "template": {"spec": {
-                # sleep as PID 1 ignores SIGTERM: do not wait 30 s for every deletion.
-                "terminationGracePeriodSeconds": 1,
-                "containers": [{"name": "ringtrain", "image": image,
-                                "imagePullPolicy": "Never",
-                                "command": ["sleep", str(seconds)],
-                                "resources": {"requests": {"cpu": "1m"}}}]}}}},
+            "replicaSpecs": {
+                "Worker": {
+                    "replicas": replicas,
+                    "template": {
+                        "spec": {
+                            # sleep as PID 1 ignores SIGTERM: do not wait 30 s for every deletion.
+                            "terminationGracePeriodSeconds": 1,
+                            "containers": [
+                                {
+                                    "name": "ringtrain",
+                                    "image": image,
+                                    "imagePullPolicy": "Never",
+                                    "command": ["sleep", str(seconds)],
+                                    "resources": {"requests": {"cpu": "1m"}},
+                                }
+                            ],
+                        }
+                    },
+                }
+            },
             "runPolicy": {"backoffLimit": 1, **(run_policy or {})},
         },
     }
@@ -72,8 +106,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http_ok(what: str, proc: subprocess.Popen, url: str, timeout_s: float,
-                 tail: Callable[[], str]) -> None:
+def wait_http_ok(
+    what: str, proc: subprocess.Popen, url: str, timeout_s: float, tail: Callable[[], str]
+) -> None:
     """Poll ``url`` until it answers 200; fail at once with ``tail()`` if ``proc`` exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -97,22 +132,39 @@ class OperatorProcess:
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
-    def start(self) -> "OperatorProcess":
+    def start(self) -> OperatorProcess:
         self.port = free_port()
         ns_args = [a for ns in self.namespaces for a in ("-n", ns)]
         with open(self.log, "a") as out:
             out.write(f"\n===== operator start {time.strftime('%H:%M:%S')} =====\n")
             out.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ringtrain.cli", "operator", "--kubeconfig",
-                 self.kubeconfig, *ns_args, "--listen", f"127.0.0.1:{self.port}"],
-                stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+                [
+                    sys.executable,
+                    "-m",
+                    "ringtrain.cli",
+                    "operator",
+                    "--kubeconfig",
+                    self.kubeconfig,
+                    *ns_args,
+                    "--listen",
+                    f"127.0.0.1:{self.port}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
         self.wait_healthy()
         return self
 
     def wait_healthy(self) -> None:
-        wait_http_ok("operator", self.proc, f"http://127.0.0.1:{self.port}/healthz",
-                     OPERATOR_READY_S, self.tail)
+        wait_http_ok(
+            "operator",
+            self.proc,
+            f"http://127.0.0.1:{self.port}/healthz",
+            OPERATOR_READY_S,
+            self.tail,
+        )
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
@@ -142,13 +194,23 @@ class OperatorProcess:
 def job_story(kubectl, ns: str, name: str, operator_log: Callable[[], str] | None = None) -> str:
     """Everything needed to see why a job did not get where a test expected."""
     parts = []
-    for args in (("get", "tj", name, "-n", ns, "-o", "yaml"),
-                 ("get", "pods,svc,secrets", "-n", ns, "-o", "wide",
-                  "-l", f"ringtrain.io/job-name={name}"),
-                 ("describe", "pods", "-n", ns, "-l", f"ringtrain.io/job-name={name}"),
-                 ("logs", "-n", ns, "-l", f"ringtrain.io/job-name={name}", "--tail", "15",
-                  "--prefix", "--all-containers"),
-                 ("get", "events", "-n", ns, "--sort-by", ".lastTimestamp")):
+    for args in (
+        ("get", "tj", name, "-n", ns, "-o", "yaml"),
+        ("get", "pods,svc,secrets", "-n", ns, "-o", "wide", "-l", f"ringtrain.io/job-name={name}"),
+        ("describe", "pods", "-n", ns, "-l", f"ringtrain.io/job-name={name}"),
+        (
+            "logs",
+            "-n",
+            ns,
+            "-l",
+            f"ringtrain.io/job-name={name}",
+            "--tail",
+            "15",
+            "--prefix",
+            "--all-containers",
+        ),
+        ("get", "events", "-n", ns, "--sort-by", ".lastTimestamp"),
+    ):
         p = kubectl(*args, check=False)
         parts.append(f"--- kubectl {' '.join(args)}\n{p.stdout[-6000:]}{p.stderr[-2000:]}")
     if operator_log is not None:
@@ -161,8 +223,13 @@ def get_job(kubectl, ns: str, name: str) -> dict | None:
     return json.loads(p.stdout) if p.returncode == 0 else None
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float,
-             story: Callable[[], str], poll_s: float = POLL_S) -> Any:
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout_s: float,
+    story: Callable[[], str],
+    poll_s: float = POLL_S,
+) -> Any:
     """Poll ``check`` until it returns something truthy; fail with ``story()`` at the deadline.
     ``check`` may raise ``Unexpected`` to fail at once (e.g. a job went terminal the wrong way)."""
     deadline = time.monotonic() + timeout_s
@@ -175,8 +242,9 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float,
         if last:
             return last
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}\n{story()}",
-                        pytrace=False)
+            pytest.fail(
+                f"timed out after {timeout_s}s waiting for {what}\n{story()}", pytrace=False
+            )
         time.sleep(poll_s)
 
 
@@ -184,9 +252,15 @@ class Unexpected(Exception):
     pass
 
 
-def wait_state(kubectl, ns: str, name: str, state: str, timeout_s: float,
-               operator_log: Callable[[], str] | None = None,
-               reason: str | None = None) -> dict:
+def wait_state(
+    kubectl,
+    ns: str,
+    name: str,
+    state: str,
+    timeout_s: float,
+    operator_log: Callable[[], str] | None = None,
+    reason: str | None = None,
+) -> dict:
     """Wait for status.state (and the condition's reason); a different terminal state fails."""
 
     def check():
@@ -203,9 +277,12 @@ def wait_state(kubectl, ns: str, name: str, state: str, timeout_s: float,
             raise Unexpected(f"job {ns}/{name} is {got}, expected {state}")
         return None
 
-    return wait_for(f"TrainingJob {ns}/{name} to be {state}"
-                    + (f" ({reason})" if reason else ""),
-                    check, timeout_s, lambda: job_story(kubectl, ns, name, operator_log))
+    return wait_for(
+        f"TrainingJob {ns}/{name} to be {state}" + (f" ({reason})" if reason else ""),
+        check,
+        timeout_s,
+        lambda: job_story(kubectl, ns, name, operator_log),
+    )
 
 
 def job_pods(kubectl, ns: str, name: str, include_deleting: bool = True) -> list[dict]:
@@ -219,12 +296,14 @@ def fresh_namespace(kubectl, prefix: str) -> Iterator[str]:
     applied and Established; deleted, without waiting, afterwards."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     kubectl("create", "namespace", name)
-    wait_for("the namespace's default ServiceAccount",
-             lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
-             60, lambda: "")
+    wait_for(
+        "the namespace's default ServiceAccount",
+        lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        60,
+        lambda: "",
+    )
     kubectl("apply", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io",
-            "--timeout=60s")
+    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io", "--timeout=60s")
     try:
         yield name
     finally:

@@ -22,18 +22,36 @@ STEPS = 600
 EVERY = 20
 
 
-def fault_job(name: str, image: str, ckpt: Path, backoff: int = 2, steps: int = STEPS,
-              replicas: int = 2, **run_policy) -> dict:
+def fault_job(
+    name: str,
+    image: str,
+    ckpt: Path,
+    backoff: int = 2,
+    steps: int = STEPS,
+    replicas: int = 2,
+    **run_policy,
+) -> dict:
     """The one spec every fault test runs: cleanPodPolicy None keeps the pods to inspect; the
     connect timeout covers the kubelet's growing crash back-off (docs/operator.md)."""
     ckpt.mkdir(parents=True, exist_ok=True)
     ckpt.chmod(0o777)
-    return training_job(name, image, replicas=replicas, steps=steps,
-                        run_policy={"cleanPodPolicy": "None", "backoffLimit": backoff,
-                                    "activeDeadlineSeconds": 900, **run_policy},
-                        checkpoint={"everySteps": EVERY, "volume": {
-                            "hostPath": {"path": str(ckpt), "type": "Directory"}}},
-                        ring={"connectTimeoutSeconds": 300})
+    return training_job(
+        name,
+        image,
+        replicas=replicas,
+        steps=steps,
+        run_policy={
+            "cleanPodPolicy": "None",
+            "backoffLimit": backoff,
+            "activeDeadlineSeconds": 900,
+            **run_policy,
+        },
+        checkpoint={
+            "everySteps": EVERY,
+            "volume": {"hostPath": {"path": str(ckpt), "type": "Directory"}},
+        },
+        ring={"connectTimeoutSeconds": 300},
+    )
 
 
 def committed_steps(ckpt: Path) -> list[int]:
@@ -61,7 +79,8 @@ def assert_same_weights(got: dict, want: dict) -> None:
     assert sorted(got) == sorted(want)
     for k in want:
         assert got[k].shape == want[k].shape and np.array_equal(got[k], want[k]), (
-            f"{k}: max |diff| {np.max(np.abs(got[k] - want[k]))}")
+            f"{k}: max |diff| {np.max(np.abs(got[k] - want[k]))}"
+        )
 
 
 def container_id(kubectl, ns: str, pod: str) -> str:
@@ -70,14 +89,16 @@ def container_id(kubectl, ns: str, pod: str) -> str:
 
 
 def ctr_kill(cid: str, sig: str = "SIGKILL") -> None:
-    subprocess.run([*CTR, "tasks", "kill", "-s", sig, cid], check=True, capture_output=True,
-                   timeout=30)
+    subprocess.run(
+        [*CTR, "tasks", "kill", "-s", sig, cid], check=True, capture_output=True, timeout=30
+    )
 
 
 def host_pids(cid: str) -> list[int]:
     """The container's processes as the node sees them (its init and every descendant)."""
-    out = subprocess.run([*CTR, "tasks", "ls"], capture_output=True, text=True, check=True,
-                         timeout=30).stdout
+    out = subprocess.run(
+        [*CTR, "tasks", "ls"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
     root = next(int(line.split()[1]) for line in out.splitlines() if line.startswith(cid))
     pids, todo = [], [root]
     while todo:
@@ -107,8 +128,13 @@ class NetNS:
         self.fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
 
     def ip(self, *args: str, check: bool = True) -> None:
-        subprocess.run(["nsenter", f"--net=/proc/{os.getpid()}/fd/{self.fd}", "ip", *args],
-                       check=check, capture_output=True, timeout=30, pass_fds=(self.fd,))
+        subprocess.run(
+            ["nsenter", f"--net=/proc/{os.getpid()}/fd/{self.fd}", "ip", *args],
+            check=check,
+            capture_output=True,
+            timeout=30,
+            pass_fds=(self.fd,),
+        )
 
     def link(self, up: bool) -> None:
         """eth0 down or up; the bridge CNI's default route goes with the link, so it is put
@@ -132,8 +158,7 @@ def dead(pid: int) -> bool:
 
 def container_statuses(kubectl, ns: str, name: str) -> dict[str, dict]:
     pods = kubectl.json("get", "pods", "-n", ns, "-l", f"ringtrain.io/job-name={name}")["items"]
-    return {p["metadata"]["name"]: (p["status"].get("containerStatuses") or [{}])[0]
-            for p in pods}
+    return {p["metadata"]["name"]: (p["status"].get("containerStatuses") or [{}])[0] for p in pods}
 
 
 class WitnessNode:
@@ -151,26 +176,44 @@ class WitnessNode:
 
     @staticmethod
     def _now() -> str:
-        return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
-    def __enter__(self) -> "WitnessNode":
+    def __enter__(self) -> WitnessNode:
         now = self._now()[:19] + "Z"
-        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
-                 "message": "a witness node of the fault tests",
-                 "lastHeartbeatTime": now, "lastTransitionTime": now}
-        self.kubectl.apply({"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": self.NAME, "labels": {"ringtrain.io/witness": "true"}},
-            "spec": {"taints": [{"key": "ringtrain.io/witness", "effect": "NoSchedule"}]},
-            "status": {"conditions": [ready]}})
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "a witness node of the fault tests",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        self.kubectl.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": self.NAME, "labels": {"ringtrain.io/witness": "true"}},
+                "spec": {"taints": [{"key": "ringtrain.io/witness", "effect": "NoSchedule"}]},
+                "status": {"conditions": [ready]},
+            }
+        )
         self._lease()
         self.thread.start()
         return self
 
     def _lease(self) -> None:
-        self.kubectl.apply({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                            "metadata": {"name": self.NAME, "namespace": "kube-node-lease"},
-                            "spec": {"holderIdentity": self.NAME, "leaseDurationSeconds": 40,
-                                     "renewTime": self._now()}})
+        self.kubectl.apply(
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.NAME, "namespace": "kube-node-lease"},
+                "spec": {
+                    "holderIdentity": self.NAME,
+                    "leaseDurationSeconds": 40,
+                    "renewTime": self._now(),
+                },
+            }
+        )
 
     def _renew(self) -> None:
         while not self.stop.wait(5):  # the kubelet renews its own every 10 s
@@ -201,8 +244,11 @@ def progress_steps(kubectl, ns: str, pod: str, previous: bool = False) -> list[i
     current process: a rejoin re-executes the process inside the same container, so only the
     lines after the last rejoin count."""
     log = container_log(kubectl, ns, pod, previous).split(REJOINED)[-1]
-    return [json.loads(line)["step"] for line in log.splitlines()
-            if line.startswith("{") and '"progress"' in line]
+    return [
+        json.loads(line)["step"]
+        for line in log.splitlines()
+        if line.startswith("{") and '"progress"' in line
+    ]
 
 
 def rejoins(kubectl, ns: str, pod: str) -> int:
@@ -221,6 +267,7 @@ def sleep_until(t: float) -> None:
 
 # ---- the fault tests' shared steps --------------------------------------------------------------
 
+
 def ckpt_dir(ns: str, name: str) -> Path:
     return Path(f"/tmp/ringtrain-e2e/{ns}/{name}")
 
@@ -230,13 +277,13 @@ def story(kubectl, ns, name, operator):
 
 
 def events(kubectl, ns: str, name: str) -> list[dict]:
-    return kubectl.json("get", "events", "-n", ns,
-                        "--field-selector", f"involvedObject.name={name}")["items"]
+    return kubectl.json(
+        "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}"
+    )["items"]
 
 
 def pods_created(kubectl, ns, name) -> int:
-    return sum(e.get("count", 1) for e in events(kubectl, ns, name)
-               if e["reason"] == "PodCreated")
+    return sum(e.get("count", 1) for e in events(kubectl, ns, name) if e["reason"] == "PodCreated")
 
 
 def undisturbed(kubectl, ns, operator, image, steps: int = STEPS, replicas: int = 2) -> dict:
@@ -251,8 +298,9 @@ def undisturbed(kubectl, ns, operator, image, steps: int = STEPS, replicas: int 
     return final_weights(ckpt, steps)
 
 
-def wait_training(kubectl, ns, name, operator, ckpt: Path, restarts: dict[str, int] | None = None,
-                  timeout_s=300) -> int:
+def wait_training(
+    kubectl, ns, name, operator, ckpt: Path, restarts: dict[str, int] | None = None, timeout_s=300
+) -> int:
     """Wait until every member runs with exactly ``restarts`` container restarts (pod name →
     count; none: 2 members, none restarted), then until the chief commits a checkpoint it made
     since (the gang trains again); return that step."""
@@ -260,19 +308,30 @@ def wait_training(kubectl, ns, name, operator, ckpt: Path, restarts: dict[str, i
 
     def restarted():
         cs = container_statuses(kubectl, ns, name)
-        return (gang_running(kubectl, ns, name, len(restarts)) and all(
-            cs[pod].get("restartCount", 0) == n for pod, n in restarts.items()))
+        return gang_running(kubectl, ns, name, len(restarts)) and all(
+            cs[pod].get("restartCount", 0) == n for pod, n in restarts.items()
+        )
 
-    wait_for(f"every member running after {restarts}", restarted, timeout_s,
-             story(kubectl, ns, name, operator), poll_s=0.3)
+    wait_for(
+        f"every member running after {restarts}",
+        restarted,
+        timeout_s,
+        story(kubectl, ns, name, operator),
+        poll_s=0.3,
+    )
     since = newest_step(ckpt)
-    return wait_for(f"a checkpoint after step {since}", lambda: newest_step(ckpt) > since
-                    and newest_step(ckpt), timeout_s, story(kubectl, ns, name, operator),
-                    poll_s=0.2)
+    return wait_for(
+        f"a checkpoint after step {since}",
+        lambda: newest_step(ckpt) > since and newest_step(ckpt),
+        timeout_s,
+        story(kubectl, ns, name, operator),
+        poll_s=0.2,
+    )
 
 
-def kill_the_operator_repeatedly(kubectl, ns, operator, image, kills: int, name: str,
-                                 steps: int, rng: random.Random):
+def kill_the_operator_repeatedly(
+    kubectl, ns, operator, image, kills: int, name: str, steps: int, rng: random.Random
+):
     """kill -9 at random points of its reconciles (0-2 s after each start: while it lists,
     creates the Service, Secret and pods, writes status, polls progress), all while the job
     trains: nothing duplicated or orphaned, the status never goes back, the job completes.
@@ -284,9 +343,15 @@ def kill_the_operator_repeatedly(kubectl, ns, operator, image, kills: int, name:
         while not stop.is_set():
             st = (get_job(kubectl, ns, name) or {}).get("status") or {}
             pods = job_pods(kubectl, ns, name)
-            seen.append((st.get("state"), (st.get("progress") or {}).get("step"),
-                         st.get("restarts", 0), sorted(p["metadata"]["name"] for p in pods),
-                         {p["metadata"]["uid"] for p in pods}))
+            seen.append(
+                (
+                    st.get("state"),
+                    (st.get("progress") or {}).get("step"),
+                    st.get("restarts", 0),
+                    sorted(p["metadata"]["name"] for p in pods),
+                    {p["metadata"]["uid"] for p in pods},
+                )
+            )
             time.sleep(0.3)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -315,13 +380,23 @@ def kill_the_operator_repeatedly(kubectl, ns, operator, image, kills: int, name:
     ranks = [order.get(s[0], -1) for s in seen]
     assert ranks == sorted(ranks), [s[0] for s in seen]
     assert all(s[2] == 0 for s in seen), "a restart was counted"
-    assert all(s[3] in ([], [f"{name}-worker-0"], [f"{name}-worker-0", f"{name}-worker-1"],
-                        [f"{name}-worker-1"]) for s in seen), {tuple(s[3]) for s in seen}
+    assert all(
+        s[3]
+        in (
+            [],
+            [f"{name}-worker-0"],
+            [f"{name}-worker-0", f"{name}-worker-1"],
+            [f"{name}-worker-1"],
+        )
+        for s in seen
+    ), {tuple(s[3]) for s in seen}
     uids = set().union(*(s[4] for s in seen))
     assert len(uids) == 2, "a pod was created twice"
     assert pods_created(kubectl, ns, name) == 2
     assert done["status"]["restarts"] == 0 and done["status"]["progress"]["step"] == steps
     assert newest_step(ckpt) == steps
-    print(f"{done_kills} operator kills, the last at checkpoint step {last_at} of {steps}; "
-          f"{len(seen)} status samples, states "
-          f"{sorted({s[0] for s in seen}, key=lambda s: order.get(s, -1))}")
+    print(
+        f"{done_kills} operator kills, the last at checkpoint step {last_at} of {steps}; "
+        f"{len(seen)} status samples, states "
+        f"{sorted({s[0] for s in seen}, key=lambda s: order.get(s, -1))}"
+    )

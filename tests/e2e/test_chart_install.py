@@ -17,11 +17,13 @@ def operator_log(kubectl, namespace):
     def log() -> str:
         p = kubectl("logs", "-n", namespace, "deploy/rt-ringtrain", "--tail", "80", check=False)
         return p.stdout + p.stderr
+
     return log
 
 
-def test_the_chart_runs_the_operator_in_cluster_with_least_privilege(kubectl, namespace,
-                                                                     operator_release):
+def test_the_chart_runs_the_operator_in_cluster_with_least_privilege(
+    kubectl, namespace, operator_release
+):
     dep = kubectl.json("get", "deployment", operator_release.deployment, "-n", namespace)
     assert dep["status"].get("availableReplicas") == 1
     spec = dep["spec"]["template"]["spec"]
@@ -53,39 +55,56 @@ def test_the_chart_runs_the_operator_in_cluster_with_least_privilege(kubectl, na
     assert "Forbidden" not in log, log
 
 
-def test_a_two_worker_job_succeeds_under_the_in_cluster_operator(kubectl, namespace,
-                                                                 operator_release,
-                                                                 project_image):
+def test_a_two_worker_job_succeeds_under_the_in_cluster_operator(
+    kubectl, namespace, operator_release, project_image
+):
     # cleanPodPolicy None: keep worker-1 even if it is still finishing when the chief's success
     # ends the job (the default, Running, deletes it then).
-    kubectl.apply(training_job("chart-job", project_image, steps=20,
-                               run_policy={"cleanPodPolicy": "None"}), namespace)
-    job = wait_state(kubectl, namespace, "chart-job", "Succeeded", 300,
-                     operator_log(kubectl, namespace))
+    kubectl.apply(
+        training_job("chart-job", project_image, steps=20, run_policy={"cleanPodPolicy": "None"}),
+        namespace,
+    )
+    job = wait_state(
+        kubectl, namespace, "chart-job", "Succeeded", 300, operator_log(kubectl, namespace)
+    )
     st = job["status"]
     assert st["progress"]["step"] == 20 and 0.0 < st["progress"]["testAccuracy"] <= 1.0
+
     def both_exited():
-        phases = {p["metadata"]["name"]: p["status"].get("phase")
-                  for p in job_pods(kubectl, namespace, "chart-job")}
+        phases = {
+            p["metadata"]["name"]: p["status"].get("phase")
+            for p in job_pods(kubectl, namespace, "chart-job")
+        }
         return phases if all(ph in ("Succeeded", "Failed") for ph in phases.values()) else None
-    phases = wait_for("both workers to exit", both_exited, 60,
-                      operator_log(kubectl, namespace))
+
+    phases = wait_for("both workers to exit", both_exited, 60, operator_log(kubectl, namespace))
     assert phases == {"chart-job-worker-0": "Succeeded", "chart-job-worker-1": "Succeeded"}
-    tf = json.loads(next(
-        e["value"] for e in kubectl.json("get", "pod", "chart-job-worker-0", "-n", namespace)
-        ["spec"]["containers"][0]["env"] if e["name"] == "TF_CONFIG"))
+    tf = json.loads(
+        next(
+            e["value"]
+            for e in kubectl.json("get", "pod", "chart-job-worker-0", "-n", namespace)["spec"][
+                "containers"
+            ][0]["env"]
+            if e["name"] == "TF_CONFIG"
+        )
+    )
     assert tf["cluster"]["worker"][1] == f"chart-job-worker-1.chart-job.{namespace}.svc:2222"
 
     # The operator's own metrics, straight from its pod (the chart's metrics port).
-    (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l",
-                          "app.kubernetes.io/name=ringtrain")["items"]
+    (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/name=ringtrain")[
+        "items"
+    ]
 
     def scraped():
         url = f"http://{pod['status']['podIP']}:8080/metrics"
         with urllib.request.urlopen(url, timeout=5) as r:
             text = r.read().decode()
-        return text if f'ringtrain_operator_jobs_succeeded_total{{job_namespace="{namespace}"}} 1.0' \
-            in text else None
+        return (
+            text
+            if f'ringtrain_operator_jobs_succeeded_total{{job_namespace="{namespace}"}} 1.0' in text
+            else None
+        )
 
-    wait_for("the operator's metrics to count the success", scraped, 30,
-             operator_log(kubectl, namespace))
+    wait_for(
+        "the operator's metrics to count the success", scraped, 30, operator_log(kubectl, namespace)
+    )

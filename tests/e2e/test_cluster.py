@@ -21,8 +21,9 @@ def pod(name: str, image: str, command: list[str], **spec) -> dict:
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
-                            "command": command}],
+            "containers": [
+                {"name": "main", "image": image, "imagePullPolicy": "Never", "command": command}
+            ],
             **spec,
         },
     }
@@ -52,19 +53,29 @@ def test_pod_from_project_image_runs_and_logs(kubectl, namespace, project_image,
     assert project_image.split(":")[-1] in out
 
 
-def test_headless_service_pod_names_resolve_and_connect(kubectl, namespace, project_image,
-                                                        wait_pod):
+def test_headless_service_pod_names_resolve_and_connect(
+    kubectl, namespace, project_image, wait_pod
+):
     # The operator's layout: pods with hostname + subdomain under a headless Service that
     # publishes not-ready addresses, peers addressed as <pod>.<svc>.<ns>.svc[.cluster.local].
     service = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "peers"},
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                 "selector": {"app": "smoke"}, "ports": [{"name": "http", "port": 8000}]},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {"app": "smoke"},
+            "ports": [{"name": "http", "port": 8000}],
+        },
     }
-    server = pod("server", project_image, ["python3", "-m", "http.server", "8000"],
-                 hostname="server", subdomain="peers")
+    server = pod(
+        "server",
+        project_image,
+        ["python3", "-m", "http.server", "8000"],
+        hostname="server",
+        subdomain="peers",
+    )
     probe_src = f"""
 import json, socket, time, urllib.request
 names = ["server.peers.{namespace}.svc.cluster.local", "server.peers.{namespace}.svc"]
@@ -92,8 +103,9 @@ while True:
         time.sleep(0.2)
 print(json.dumps(result))
 """
-    probe = pod("probe", project_image, ["python3", "-c", probe_src],
-                hostname="probe", subdomain="peers")
+    probe = pod(
+        "probe", project_image, ["python3", "-c", probe_src], hostname="probe", subdomain="peers"
+    )
     kubectl.apply([service, server, probe], namespace)
     server_ip = wait_pod(namespace, "server", phases=("Running",))["status"]["podIP"]
     wait_pod(namespace, "probe", phases=("Succeeded",), timeout_s=120)
@@ -105,20 +117,30 @@ print(json.dumps(result))
     }
 
 
-def test_in_cluster_api_access_with_service_account_token(kubectl, namespace, project_image,
-                                                          wait_pod):
+def test_in_cluster_api_access_with_service_account_token(
+    kubectl, namespace, project_image, wait_pod
+):
     # What an in-cluster operator does: https://kubernetes.default.svc with the mounted CA and
     # token, TLS verified, through the `kubernetes` Service (kube-proxy) and cluster DNS.
     rbac = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "pod-reader"},
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "reader-pod-reader"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                     "name": "pod-reader"},
-         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "reader-pod-reader"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "pod-reader",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+        },
     ]
     src = f"""
 import json, os, ssl, urllib.error, urllib.request
@@ -143,12 +165,17 @@ print(json.dumps({{"status": status, "pods": [p["metadata"]["name"] for p in pod
     wait_pod(namespace, "client", phases=("Succeeded",), timeout_s=120)
     result = last_json_line(kubectl("logs", "client", "-n", namespace).stdout)
     service_ip = kubectl.json("get", "service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
-    assert result == {"status": 200, "pods": ["client"], "other_namespace": 403,
-                      "env_host": service_ip}
+    assert result == {
+        "status": 200,
+        "pods": ["client"],
+        "other_namespace": 403,
+        "env_host": service_ip,
+    }
 
 
-def test_cluster_ip_service_reaches_its_own_pod_hairpin(kubectl, namespace, project_image,
-                                                         wait_pod):
+def test_cluster_ip_service_reaches_its_own_pod_hairpin(
+    kubectl, namespace, project_image, wait_pod
+):
     # kube-proxy (iptables) plus the bridge's hairpin mode: a pod reaches itself through the
     # ClusterIP of a Service that selects it.
     service = {

@@ -19,14 +19,36 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_support import (OperatorProcess, fresh_namespace, job_pods, sleep_job, wait_for,
-                         wait_state)
-from fault_support import (EVERY, REJOINED, STEPS, NetNS, WitnessNode, assert_same_weights,
-                           ckpt_dir, committed_steps, container_id, container_log,
-                           container_statuses, ctr_kill, dead, events, fault_job, final_weights,
-                           host_pids, kill_the_operator_repeatedly, newest_step, pods_created,
-                           progress_steps, rejoins, signal_all, sleep_until, story, undisturbed,
-                           wait_training)
+from e2e_support import OperatorProcess, fresh_namespace, job_pods, sleep_job, wait_for, wait_state
+from fault_support import (
+    EVERY,
+    REJOINED,
+    STEPS,
+    NetNS,
+    WitnessNode,
+    assert_same_weights,
+    ckpt_dir,
+    committed_steps,
+    container_id,
+    container_log,
+    container_statuses,
+    ctr_kill,
+    dead,
+    events,
+    fault_job,
+    final_weights,
+    host_pids,
+    kill_the_operator_repeatedly,
+    newest_step,
+    pods_created,
+    progress_steps,
+    rejoins,
+    signal_all,
+    sleep_until,
+    story,
+    undisturbed,
+    wait_training,
+)
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -68,8 +90,18 @@ def test_members_sigkilled_ten_times_in_one_job(kubectl, ns, operator, project_i
     name, replicas, kills, steps = "kill10", 3, 10, LONG_STEPS
     reference = undisturbed(kubectl, ns, operator, project_image, steps, replicas)
     ckpt = ckpt_dir(ns, name)
-    kubectl.apply(fault_job(name, project_image, ckpt, backoff=kills + 2, steps=steps,
-                            replicas=replicas, activeDeadlineSeconds=1500), ns)
+    kubectl.apply(
+        fault_job(
+            name,
+            project_image,
+            ckpt,
+            backoff=kills + 2,
+            steps=steps,
+            replicas=replicas,
+            activeDeadlineSeconds=1500,
+        ),
+        ns,
+    )
     members = [f"{name}-worker-{i}" for i in range(replicas)]
     killed = dict.fromkeys(members, 0)
     uids, at, t0 = None, [], time.monotonic()
@@ -99,12 +131,15 @@ def test_members_sigkilled_ten_times_in_one_job(kubectl, ns, operator, project_i
     assert_same_weights(final_weights(ckpt, steps), reference)
     first = progress_steps(kubectl, ns, f"{name}-worker-0")[0]
     assert first > at[-1][2], "the chief resumed from its checkpoint"
-    print(f"{kills} kills at (s, worker, last checkpoint step): {at}; restarts {st['restarts']}; "
-          f"took {time.monotonic() - t0:.0f}s")
+    print(
+        f"{kills} kills at (s, worker, last checkpoint step): {at}; restarts {st['restarts']}; "
+        f"took {time.monotonic() - t0:.0f}s"
+    )
 
 
 def test_the_chief_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(
-        kubectl, ns, operator, project_image, reference):
+    kubectl, ns, operator, project_image, reference
+):
     """The chief is frozen (SIGSTOP) the moment a checkpoint's file appears uncommitted and,
     if it is still uncommitted once frozen, SIGKILLed: the half-written checkpoint is never
     used, the previous committed one is, and the result equals the undisturbed run."""
@@ -117,8 +152,11 @@ def test_the_chief_killed_while_writing_a_checkpoint_resumes_from_the_previous_o
 
     def uncommitted() -> list[str]:
         names = os.listdir(ckpt)
-        return [n for n in names if ".tmp-" in n or (
-            n.endswith(".npz") and n[:-4] + ".json" not in names)]
+        return [
+            n
+            for n in names
+            if ".tmp-" in n or (n.endswith(".npz") and n[:-4] + ".json" not in names)
+        ]
 
     caught, tries, deadline = None, 0, time.monotonic() + 60
     while caught is None and time.monotonic() < deadline:
@@ -141,17 +179,19 @@ def test_the_chief_killed_while_writing_a_checkpoint_resumes_from_the_previous_o
     assert committed[-1] < resumed <= committed[-1] + EVERY, (committed, resumed)
     assert done["status"]["progress"]["step"] == STEPS
     assert_same_weights(final_weights(ckpt), reference)
-    print(f"chief killed mid-write of {partial} (after {tries} freezes); committed {committed}; "
-          f"its first progress after the restart: step {resumed}")
+    print(
+        f"chief killed mid-write of {partial} (after {tries} freezes); committed {committed}; "
+        f"its first progress after the restart: step {resumed}"
+    )
 
 
-def test_the_operator_sigkilled_twenty_times_during_one_job(kubectl, ns, operator,
-                                                            project_image):
+def test_the_operator_sigkilled_twenty_times_during_one_job(kubectl, ns, operator, project_image):
     kill_the_operator_repeatedly(kubectl, ns, operator, project_image, 20, "opkill20", 4000, RNG)
 
 
 def test_a_worker_pod_deleted_by_hand_is_recreated_and_the_job_resumes(
-        kubectl, ns, operator, project_image, reference):
+    kubectl, ns, operator, project_image, reference
+):
     """worker-1's pod deleted (SIGTERM: a stop vote, the gang checkpoints at one step and
     exits 143): its pod is recreated, the chief restarts in place (or, had worker-1 gone before
     the vote reached it, rejoins in its own container) and resumes from its own checkpoint —
@@ -169,18 +209,24 @@ def test_a_worker_pod_deleted_by_hand_is_recreated_and_the_job_resumes(
     assert after[f"{name}-worker-1"] != before[f"{name}-worker-1"]
     assert pods_created(kubectl, ns, name) == 3
     chief = container_statuses(kubectl, ns, name)[f"{name}-worker-0"]
-    how = (f"exited {chief['lastState']['terminated']['exitCode']}" if chief["restartCount"]
-           else f"rejoined {rejoins(kubectl, ns, f'{name}-worker-0')} time(s)")
+    how = (
+        f"exited {chief['lastState']['terminated']['exitCode']}"
+        if chief["restartCount"]
+        else f"rejoined {rejoins(kubectl, ns, f'{name}-worker-0')} time(s)"
+    )
     assert how in ("exited 143", "exited 138", "rejoined 1 time(s)"), how
     assert progress_steps(kubectl, ns, f"{name}-worker-0")[0] > past
     assert done["status"]["progress"]["step"] == STEPS
     assert_same_weights(final_weights(ckpt), reference)
-    print(f"worker-1 deleted after checkpoint step {past}; the chief {how}; restarts "
-          f"{done['status']['restarts']}")
+    print(
+        f"worker-1 deleted after checkpoint step {past}; the chief {how}; restarts "
+        f"{done['status']['restarts']}"
+    )
 
 
 def test_a_worker_network_cut_longer_than_the_ring_timeouts_rejoins_and_resumes(
-        kubectl, ns, operator, project_image, reference):
+    kubectl, ns, operator, project_image, reference
+):
     """worker-1's eth0 down for 20 s, far beyond the control plane's health timeout (3 s):
     no hang; both sides find the other silent, leave the ring and rejoin it in their own
     containers — no container restarts, nothing counted — and the gang re-forms once the link
@@ -196,9 +242,13 @@ def test_a_worker_network_cut_longer_than_the_ring_timeouts_rejoins_and_resumes(
     netns.link(up=False)
     t_cut = time.monotonic()
     try:
-        noticed = wait_for("the chief to leave the ring", lambda: rejoins(
-            kubectl, ns, f"{name}-worker-0") >= 1 and time.monotonic() - t_cut, 60,
-            story(kubectl, ns, name, operator), poll_s=0.5)
+        noticed = wait_for(
+            "the chief to leave the ring",
+            lambda: rejoins(kubectl, ns, f"{name}-worker-0") >= 1 and time.monotonic() - t_cut,
+            60,
+            story(kubectl, ns, name, operator),
+            poll_s=0.5,
+        )
         sleep_until(t_cut + 20)
     finally:
         netns.link(up=True)
@@ -206,19 +256,24 @@ def test_a_worker_network_cut_longer_than_the_ring_timeouts_rejoins_and_resumes(
     done = wait_state(kubectl, ns, name, "Succeeded", 600, operator.tail)
     cs = container_statuses(kubectl, ns, name)
     assert {n: c["restartCount"] for n, c in cs.items()} == {
-        f"{name}-worker-0": 0, f"{name}-worker-1": 0}
+        f"{name}-worker-0": 0,
+        f"{name}-worker-1": 0,
+    }
     assert done["status"]["restarts"] == 0
     assert rejoins(kubectl, ns, f"{name}-worker-1") >= 1
     assert done["status"]["progress"]["step"] == STEPS
     assert progress_steps(kubectl, ns, f"{name}-worker-0")[0] > cut_at >= past
     assert_same_weights(final_weights(ckpt), reference)
-    print(f"cut after checkpoint step {cut_at}; the chief left the ring {noticed:.1f}s after; "
-          f"rejoins { {n: rejoins(kubectl, ns, n) for n in cs} }; status.restarts "
-          f"{done['status']['restarts']}")
+    print(
+        f"cut after checkpoint step {cut_at}; the chief left the ring {noticed:.1f}s after; "
+        f"rejoins { {n: rejoins(kubectl, ns, n) for n in cs} }; status.restarts "
+        f"{done['status']['restarts']}"
+    )
 
 
 def test_a_frozen_worker_is_left_at_once_and_its_liveness_probe_restarts_it(
-        kubectl, ns, operator, project_image, reference):
+    kubectl, ns, operator, project_image, reference
+):
     """worker-1 frozen (SIGSTOP to every process of its container): the chief's health checks
     find it silent within seconds — far below the step timeout (30 s) — it names worker-1,
     leaves the ring and waits in its container for a new worker-1; the pod's liveness probe
@@ -232,9 +287,13 @@ def test_a_frozen_worker_is_left_at_once_and_its_liveness_probe_restarts_it(
     frozen_at = newest_step(ckpt)
     signal_all(host_pids(container_id(kubectl, ns, f"{name}-worker-1")), signal.SIGSTOP)
     t0 = time.monotonic()
-    left = wait_for("the chief to leave the ring", lambda: rejoins(
-        kubectl, ns, f"{name}-worker-0") >= 1 and time.monotonic() - t0, 60,
-        story(kubectl, ns, name, operator), poll_s=0.5)
+    left = wait_for(
+        "the chief to leave the ring",
+        lambda: rejoins(kubectl, ns, f"{name}-worker-0") >= 1 and time.monotonic() - t0,
+        60,
+        story(kubectl, ns, name, operator),
+        poll_s=0.5,
+    )
     done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
     why = container_log(kubectl, ns, f"{name}-worker-0").split(REJOINED)[0]
     cause = [line for line in why.splitlines() if "ringtrain worker: PeerTimeout" in line]
@@ -247,9 +306,11 @@ def test_a_frozen_worker_is_left_at_once_and_its_liveness_probe_restarts_it(
     assert done["status"]["restarts"] == 1
     assert progress_steps(kubectl, ns, f"{name}-worker-0")[0] > frozen_at >= past
     assert_same_weights(final_weights(ckpt), reference)
-    print(f"worker-1 frozen after checkpoint step {frozen_at}; the chief left {left:.1f}s later "
-          f"({cause[-1].split(': ', 2)[-1][:160]}); the liveness probe restarted worker-1; "
-          f"Succeeded {time.monotonic() - t0:.0f}s after the freeze")
+    print(
+        f"worker-1 frozen after checkpoint step {frozen_at}; the chief left {left:.1f}s later "
+        f"({cause[-1].split(': ', 2)[-1][:160]}); the liveness probe restarted worker-1; "
+        f"Succeeded {time.monotonic() - t0:.0f}s after the freeze"
+    )
 
 
 def test_backoff_limit_reached_fails_and_cleans_up(kubectl, ns, operator, project_image):
@@ -257,22 +318,32 @@ def test_backoff_limit_reached_fails_and_cleans_up(kubectl, ns, operator, projec
     BackoffLimitExceeded, cleanPodPolicy Running deletes the (restarting, phase Running) pods,
     nothing is left running. The deadline's twin is test_lifecycle.py's."""
     name = "backoff"
-    job = sleep_job(name, project_image, run_policy={"backoffLimit": 1,
-                                                     "cleanPodPolicy": "Running"})
+    job = sleep_job(
+        name, project_image, run_policy={"backoffLimit": 1, "cleanPodPolicy": "Running"}
+    )
     job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"] = [
-        "python", "-c", "import os, time; time.sleep(2); os._exit(137)"]
+        "python",
+        "-c",
+        "import os, time; time.sleep(2); os._exit(137)",
+    ]
     kubectl.apply(job, ns)
-    done = wait_state(kubectl, ns, name, "Failed", 180, operator.tail,
-                      reason="BackoffLimitExceeded")
+    done = wait_state(
+        kubectl, ns, name, "Failed", 180, operator.tail, reason="BackoffLimitExceeded"
+    )
     assert done["status"]["restarts"] <= 1
-    wait_for("cleanPodPolicy Running to delete the pods",
-             lambda: job_pods(kubectl, ns, name) == [], 60, story(kubectl, ns, name, operator))
+    wait_for(
+        "cleanPodPolicy Running to delete the pods",
+        lambda: job_pods(kubectl, ns, name) == [],
+        60,
+        story(kubectl, ns, name, operator),
+    )
     ev = [e for e in events(kubectl, ns, name) if e["reason"] == "BackoffLimitExceeded"]
     assert ev and ev[0]["type"] == "Warning"
 
 
 def test_the_api_server_restarted_mid_job_the_workers_never_notice(
-        kubectl, ns, operator, project_image, reference):
+    kubectl, ns, operator, project_image, reference
+):
     """kube-apiserver SIGKILLed, away for 10 s, and started again by hack/local-cluster up:
     the operator reconnects and records the success; the workers never restart. (SIGKILL: a
     SIGTERMed 1.20 API server closes its port at once but its process lingers ~60 s while
@@ -288,8 +359,13 @@ def test_the_api_server_restarted_mid_job_the_workers_never_notice(
         time.sleep(0.1)
     time.sleep(10)
     down_at = newest_step(ckpt)
-    up = subprocess.run([str(REPO / "hack" / "local-cluster"), "up"], capture_output=True,
-                        text=True, timeout=300, check=False)
+    up = subprocess.run(
+        [str(REPO / "hack" / "local-cluster"), "up"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
     assert operator.proc.poll() is None, "the operator survived the API server's absence"
@@ -298,12 +374,15 @@ def test_the_api_server_restarted_mid_job_the_workers_never_notice(
     assert done["status"]["restarts"] == 0 and done["status"]["progress"]["step"] == STEPS
     assert down_at > past, "the workers trained while the API server was away"
     assert_same_weights(final_weights(ckpt), reference)
-    print(f"API server away ~{time.monotonic() - t0:.0f}s; checkpoints went from {past} to "
-          f"{down_at} meanwhile")
+    print(
+        f"API server away ~{time.monotonic() - t0:.0f}s; checkpoints went from {past} to "
+        f"{down_at} meanwhile"
+    )
 
 
 def test_the_node_lost_long_enough_for_its_pods_to_be_lost_recreates_them_and_resumes(
-        kubectl, ns, operator, project_image, reference):
+    kubectl, ns, operator, project_image, reference
+):
     """A node loss as one node can have it: the kubelet SIGKILLed and the node's containers
     killed with it (a crashed machine). The node controller marks the node unreachable after
     its grace period (40 s, Kubernetes' default) and the taint manager evicts the pods after
@@ -317,8 +396,14 @@ def test_the_node_lost_long_enough_for_its_pods_to_be_lost_recreates_them_and_re
     ckpt = ckpt_dir(ns, name)
     job = fault_job(name, project_image, ckpt, backoff=4)
     job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["tolerations"] = [
-        {"key": f"node.kubernetes.io/{t}", "operator": "Exists", "effect": "NoExecute",
-         "tolerationSeconds": 5} for t in ("unreachable", "not-ready")]
+        {
+            "key": f"node.kubernetes.io/{t}",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 5,
+        }
+        for t in ("unreachable", "not-ready")
+    ]
     with WitnessNode(kubectl):
         kubectl.apply(job, ns)
         past = wait_training(kubectl, ns, name, operator, ckpt)
@@ -331,15 +416,28 @@ def test_the_node_lost_long_enough_for_its_pods_to_be_lost_recreates_them_and_re
             ctr_kill(cid)
         lost_at, t0 = newest_step(ckpt), time.monotonic()
         try:
-            evicted = wait_for("the node's pods to be evicted", lambda: (pods := job_pods(
-                kubectl, ns, name)) and all(p["metadata"].get("deletionTimestamp") for p in pods)
-                and time.monotonic() - t0, 150, story(kubectl, ns, name, operator), poll_s=1)
+            evicted = wait_for(
+                "the node's pods to be evicted",
+                lambda: (
+                    (pods := job_pods(kubectl, ns, name))
+                    and all(p["metadata"].get("deletionTimestamp") for p in pods)
+                    and time.monotonic() - t0
+                ),
+                150,
+                story(kubectl, ns, name, operator),
+                poll_s=1,
+            )
             node = kubectl.json("get", "node", "-l", "!ringtrain.io/witness")["items"][0]
             ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
             taints = {t["key"] for t in node["spec"].get("taints", [])}
         finally:
-            up = subprocess.run([str(REPO / "hack" / "local-cluster"), "up"],
-                                capture_output=True, text=True, timeout=300, check=False)
+            up = subprocess.run(
+                [str(REPO / "hack" / "local-cluster"), "up"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
         assert up.returncode == 0, up.stdout + up.stderr
         assert ready["status"] == "Unknown" and "node.kubernetes.io/unreachable" in taints
         done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
@@ -350,6 +448,8 @@ def test_the_node_lost_long_enough_for_its_pods_to_be_lost_recreates_them_and_re
     resumed = progress_steps(kubectl, ns, f"{name}-worker-0")[0]
     assert lost_at < resumed <= lost_at + EVERY, (lost_at, resumed)
     assert_same_weights(final_weights(ckpt), reference)
-    print(f"node lost after checkpoint step {lost_at} (training from {past}); pods evicted "
-          f"{evicted:.0f}s after; both recreated, the chief resumed at step {resumed}; "
-          f"status.restarts {done['status']['restarts']}")
+    print(
+        f"node lost after checkpoint step {lost_at} (training from {past}); pods evicted "
+        f"{evicted:.0f}s after; both recreated, the chief resumed at step {resumed}; "
+        f"status.restarts {done['status']['restarts']}"
+    )

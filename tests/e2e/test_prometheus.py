@@ -34,6 +34,7 @@ import pytest
 import yaml
 from e2e_support import free_port, training_job, wait_http_ok
 from prometheus.pod_discovery import PodDiscovery, target_groups
+
 from ringtrain_operator import __version__ as OPERATOR_VERSION
 from ringtrain_operator import manifests, spec
 
@@ -52,20 +53,31 @@ POLL_S = 0.5
 
 # --------------------------------------------------------------------------- the scraper's identity
 
+
 @pytest.fixture
 def scraper_token(kubectl, namespace) -> str:
     """A ServiceAccount allowed only to get/list/watch pods in the namespace; its token."""
-    kubectl.apply([
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": SA},
-         "rules": [{"apiGroups": [""], "resources": ["pods"],
-                    "verbs": ["get", "list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": SA},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SA},
-         "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": namespace}]},
-    ], namespace)
+    kubectl.apply(
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA}},
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": SA},
+                "rules": [
+                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+                ],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": SA},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SA},
+                "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": namespace}],
+            },
+        ],
+        namespace,
+    )
     who = f"system:serviceaccount:{namespace}:{SA}"
 
     def can(*args: str) -> bool:
@@ -82,8 +94,11 @@ def scraper_token(kubectl, namespace) -> str:
         if token and can("watch", "pods", "-n", namespace):  # the binding is in force
             break
         if time.monotonic() > deadline:
-            pytest.fail(f"no token Secret or no pod access for ServiceAccount {namespace}/{SA} "
-                        f"after 30s:\n{json.dumps(sa, indent=1)}", pytrace=False)
+            pytest.fail(
+                f"no token Secret or no pod access for ServiceAccount {namespace}/{SA} "
+                f"after 30s:\n{json.dumps(sa, indent=1)}",
+                pytrace=False,
+            )
         time.sleep(0.2)
     assert can("list", "pods", "-n", namespace)
     assert not can("list", "pods", "-n", "default")
@@ -94,6 +109,7 @@ def scraper_token(kubectl, namespace) -> str:
 
 # --------------------------------------------------------------------------- Prometheus on the host
 
+
 class Prometheus:
     """Debian's prometheus as a child process, with its HTTP API and its log for diagnostics."""
 
@@ -103,11 +119,18 @@ class Prometheus:
         self.log = workdir / "prometheus.log"
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={config}",
-                 f"--storage.tsdb.path={workdir / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}",
-                 "--storage.tsdb.retention.time=1h", "--log.level=debug"],
-                stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+                [
+                    PROMETHEUS,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={workdir / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--storage.tsdb.retention.time=1h",
+                    "--log.level=debug",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+            )
 
     def get(self, path: str, **params: str) -> dict:
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
@@ -157,8 +180,10 @@ def cluster_access(kubeconfig: str, workdir: Path) -> tuple[str, str]:
 
 def render_config(discovery_url: str, workdir: Path) -> Path:
     text = string.Template(CONFIG_TEMPLATE.read_text()).safe_substitute(
-        POD_DISCOVERY_URL=discovery_url, SCRAPE_INTERVAL=f"{SCRAPE_INTERVAL_S}s",
-        SCRAPE_TIMEOUT=f"{SCRAPE_INTERVAL_S}s")
+        POD_DISCOVERY_URL=discovery_url,
+        SCRAPE_INTERVAL=f"{SCRAPE_INTERVAL_S}s",
+        SCRAPE_TIMEOUT=f"{SCRAPE_INTERVAL_S}s",
+    )
     assert "${" not in text, text
     config = workdir / "prometheus.yml"
     config.write_text(text)
@@ -178,11 +203,17 @@ def prometheus(pod_discovery, tmp_path):
     workdir = tmp_path / "prometheus"
     workdir.mkdir()
     config = render_config(pod_discovery.url, workdir)
-    check = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True,
-                           text=True, timeout=30, check=False)
+    check = subprocess.run(
+        [PROMTOOL, "check", "config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr, (
         f"promtool check config failed (rc={check.returncode}):\n{check.stdout}{check.stderr}\n"
-        f"{config.read_text()}")
+        f"{config.read_text()}"
+    )
     prom = Prometheus(config, workdir)
     try:
         prom.wait_ready()
@@ -194,12 +225,15 @@ def prometheus(pod_discovery, tmp_path):
 
 # --------------------------------------------------------------------------- what gets scraped
 
+
 @pytest.fixture
 def parked_job(kubectl, namespace, project_image, operator_release):
     """A suspended TrainingJob: something for the operator's gauges and histogram to count.
     Deleted while the operator still runs, so that it can remove its finalizer."""
-    kubectl.apply(training_job("parked", project_image, replicas=1, steps=5,
-                               run_policy={"suspend": True}), namespace)
+    kubectl.apply(
+        training_job("parked", project_image, replicas=1, steps=5, run_policy={"suspend": True}),
+        namespace,
+    )
     try:
         yield "parked"
     finally:
@@ -209,8 +243,9 @@ def parked_job(kubectl, namespace, project_image, operator_release):
 def worker_objects(namespace: str, image: str) -> list[dict]:
     """The operator's own Service, Secret and worker Pod for a 1-worker Fashion-MNIST job that
     trains far longer than the test needs (the test deletes it)."""
-    tj = training_job(JOB, image, replicas=1, steps=1_000_000, dataset="fashion-mnist",
-                      batchSize=64)
+    tj = training_job(
+        JOB, image, replicas=1, steps=1_000_000, dataset="fashion-mnist", batchSize=64
+    )
     tj["metadata"]["namespace"] = namespace
     return manifests.desired_objects(spec.load(tj))
 
@@ -224,17 +259,20 @@ def worker(kubectl, namespace, project_image, wait_pod):
     try:
         yield wait_pod(namespace, pod["metadata"]["name"], ("Running",), 120)
     finally:
-        kubectl("delete", "pod", pod["metadata"]["name"], "-n", namespace, "--wait=false",
-                check=False)
+        kubectl(
+            "delete", "pod", pod["metadata"]["name"], "-n", namespace, "--wait=false", check=False
+        )
 
 
 def cluster_story(kubectl, namespace: str) -> str:
     parts = []
-    for args in (("get", "pods", "-n", namespace, "-o", "wide", "--show-labels"),
-                 ("describe", "pods", "-n", namespace),
-                 ("logs", "-n", namespace, f"{JOB}-worker-0", "--tail", "20"),
-                 ("logs", "-n", namespace, "deploy/rt-ringtrain", "--tail", "40"),
-                 ("get", "events", "-n", namespace, "--sort-by", ".lastTimestamp")):
+    for args in (
+        ("get", "pods", "-n", namespace, "-o", "wide", "--show-labels"),
+        ("describe", "pods", "-n", namespace),
+        ("logs", "-n", namespace, f"{JOB}-worker-0", "--tail", "20"),
+        ("logs", "-n", namespace, "deploy/rt-ringtrain", "--tail", "40"),
+        ("get", "events", "-n", namespace, "--sort-by", ".lastTimestamp"),
+    ):
         r = kubectl(*args, check=False)
         parts.append(f"--- kubectl {' '.join(args)}\n{r.stdout[-5000:]}{r.stderr[-1000:]}")
     return "\n".join(parts)
@@ -242,15 +280,19 @@ def cluster_story(kubectl, namespace: str) -> str:
 
 # --------------------------------------------------------------------------- the test
 
+
 def test_prometheus_discovers_and_scrapes_the_worker_and_the_operator(
-        kubectl, namespace, pod_discovery, prometheus, worker, operator_release, parked_job):
+    kubectl, namespace, pod_discovery, prometheus, worker, operator_release, parked_job
+):
     prom = prometheus
 
     def story() -> str:
-        return (f"{cluster_story(kubectl, namespace)}\n--- pod discovery: "
-                f"{pod_discovery.requests} requests from Prometheus, last error: "
-                f"{pod_discovery.last_error}\n--- prometheus /api/v1/targets\n"
-                f"{prom.targets_json()}\n--- prometheus log\n{prom.tail()}")
+        return (
+            f"{cluster_story(kubectl, namespace)}\n--- pod discovery: "
+            f"{pod_discovery.requests} requests from Prometheus, last error: "
+            f"{pod_discovery.last_error}\n--- prometheus /api/v1/targets\n"
+            f"{prom.targets_json()}\n--- prometheus log\n{prom.tail()}"
+        )
 
     deadline = time.monotonic() + DEADLINE_S
 
@@ -266,10 +308,15 @@ def test_prometheus_discovers_and_scrapes_the_worker_and_the_operator(
             time.sleep(POLL_S)
         pytest.fail(f"timed out waiting for {what} (last: {last!r})\n{story()}", pytrace=False)
 
-    pods = {p["metadata"]["name"]: p for p in kubectl.json("get", "pods", "-n", namespace)["items"]
-            if not p["metadata"].get("deletionTimestamp")}
+    pods = {
+        p["metadata"]["name"]: p
+        for p in kubectl.json("get", "pods", "-n", namespace)["items"]
+        if not p["metadata"].get("deletionTimestamp")
+    }
     worker_name = worker["metadata"]["name"]
-    (operator_pod,) = [p for n, p in pods.items() if n.startswith(operator_release.deployment + "-")]
+    (operator_pod,) = [
+        p for n, p in pods.items() if n.startswith(operator_release.deployment + "-")
+    ]
     operator_name = operator_pod["metadata"]["name"]
     expected = {
         worker_name: f"http://{worker['status']['podIP']}:{manifests.METRICS_PORT}/metrics",
@@ -290,15 +337,15 @@ def test_prometheus_discovers_and_scrapes_the_worker_and_the_operator(
         t = targets[name]
         assert t["scrapeUrl"] == url, t
         assert t["labels"]["namespace"] == namespace and t["labels"]["job"] == "ringtrain-pods"
-        assert t["discoveredLabels"]["__meta_kubernetes_pod_annotation_prometheus_io_scrape"] \
-            == "true"
+        assert (
+            t["discoveredLabels"]["__meta_kubernetes_pod_annotation_prometheus_io_scrape"] == "true"
+        )
     # The chart's target labels (charts/ringtrain/prometheus/scrape-configs.yaml).
     assert targets[worker_name]["labels"]["job_name"] == JOB
     assert targets[worker_name]["labels"]["role"] == "worker"
     assert targets[worker_name]["labels"]["index"] == "0"
     assert "job_name" not in targets[operator_name]["labels"]
-    up = {s["metric"]["pod"]: s["value"]
-          for s in prom.query(f'up{{namespace="{namespace}"}}')}
+    up = {s["metric"]["pod"]: s["value"] for s in prom.query(f'up{{namespace="{namespace}"}}')}
     assert up == {worker_name: 1.0, operator_name: 1.0}, up
 
     # 2. The worker's training series, scraped while it trains.
@@ -315,8 +362,7 @@ def test_prometheus_discovers_and_scrapes_the_worker_and_the_operator(
         seen = [v for v in values if v > 0]
         return values if len(seen) >= 2 and values[-1] > seen[0] else None
 
-    steps = until("ringtrain_steps_total of the worker to grow across scrapes",
-                  training_is_scraped)
+    steps = until("ringtrain_steps_total of the worker to grow across scrapes", training_is_scraped)
     assert steps == sorted(steps), f"a counter went down: {steps}"
     count = one(f"ringtrain_step_duration_seconds_count{sel}")
     total = one(f"ringtrain_step_duration_seconds_sum{sel}")
@@ -329,28 +375,42 @@ def test_prometheus_discovers_and_scrapes_the_worker_and_the_operator(
     capacity = one(f"ringtrain_ipu_memory_capacity_bytes{sel}")
     assert capacity == 900 * 2**20 or capacity == 900 * 10**6, capacity
     assert memory is not None and 0 < memory <= capacity, (memory, capacity)
-    data_in = one(f'ringtrain_ipu_stream_bytes_total{{namespace="{namespace}",'
-                  f'pod="{worker_name}",direction="data_in"}}')
+    data_in = one(
+        f'ringtrain_ipu_stream_bytes_total{{namespace="{namespace}",'
+        f'pod="{worker_name}",direction="data_in"}}'
+    )
     assert data_in is not None and data_in >= count * 64 * 28 * 28, (data_in, count)
 
     # 3. The operator's own series, from the chart's pod.
     osel = f'{{namespace="{namespace}",pod="{operator_name}"}}'
     info = prom.query(f"ringtrain_operator_info{osel}")
     assert [(s["metric"]["version"], s["value"]) for s in info] == [(OPERATOR_VERSION, 1.0)], info
-    until("the operator to report the suspended job and a reconcile",
-          lambda: one(f'ringtrain_operator_jobs{{namespace="{namespace}",pod="{operator_name}",'
-                      f'state="Suspended"}}') == 1.0
-          and (one(f"ringtrain_operator_reconcile_duration_seconds_count{osel}") or 0) > 0)
-    states = {s["metric"]["state"]: s["value"]
-              for s in prom.query(f"ringtrain_operator_jobs{osel}")}
+    until(
+        "the operator to report the suspended job and a reconcile",
+        lambda: (
+            one(
+                f'ringtrain_operator_jobs{{namespace="{namespace}",pod="{operator_name}",'
+                f'state="Suspended"}}'
+            )
+            == 1.0
+            and (one(f"ringtrain_operator_reconcile_duration_seconds_count{osel}") or 0) > 0
+        ),
+    )
+    states = {
+        s["metric"]["state"]: s["value"] for s in prom.query(f"ringtrain_operator_jobs{osel}")
+    }
     assert states["Suspended"] == 1.0 and states["Running"] == 0.0, states
 
 
 def test_pod_discovery_labels_a_pod_as_kubernetes_sd_does():
     """The labels the relabel rules read, for the operator's own worker pod."""
     pod = worker_objects("ns1", "ringtrain:test")[-1]
-    pod["status"] = {"phase": "Running", "podIP": "10.244.0.9", "hostIP": "192.0.2.2",
-                     "conditions": [{"type": "Ready", "status": "True"}]}
+    pod["status"] = {
+        "phase": "Running",
+        "podIP": "10.244.0.9",
+        "hostIP": "192.0.2.2",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
     groups = target_groups([pod, {**pod, "status": {"phase": "Pending"}}])  # no IP: no target
     assert [g["targets"] for g in groups] == [["10.244.0.9:2222"], ["10.244.0.9:9400"]]
     labels = groups[1]["labels"]
@@ -362,5 +422,9 @@ def test_pod_discovery_labels_a_pod_as_kubernetes_sd_does():
     assert labels[f"{m}pod_container_port_name"] == "metrics"
     assert labels[f"{m}pod_container_port_number"] == "9400"
     assert labels[f"{m}pod_container_init"] == "false"
-    assert (labels[f"{m}namespace"], labels[f"{m}pod_name"], labels[f"{m}pod_ready"],
-            labels[f"{m}pod_phase"]) == ("ns1", f"{JOB}-worker-0", "true", "Running")
+    assert (
+        labels[f"{m}namespace"],
+        labels[f"{m}pod_name"],
+        labels[f"{m}pod_ready"],
+        labels[f"{m}pod_phase"],
+    ) == ("ns1", f"{JOB}-worker-0", "true", "Running")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ringtrain_operator import manifests, spec
 from ringtrain import cli
+from ringtrain_operator import manifests, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -50,8 +50,9 @@ def dockerignore_excludes(path: str) -> bool:
             continue
         negate = pattern.startswith("!")
         regex = pattern_regex(pattern.lstrip("!"))
-        if re.fullmatch(regex, path) or any(re.fullmatch(regex, str(p))
-                                             for p in Path(path).parents if str(p) != "."):
+        if re.fullmatch(regex, path) or any(
+            re.fullmatch(regex, str(p)) for p in Path(path).parents if str(p) != "."
+        ):
             excluded = not negate
     return excluded
 
@@ -71,7 +72,7 @@ def test_every_copy_source_exists_and_is_in_the_build_context():
     for src in srcs:
         path = ROOT / src
         assert path.exists(), f"COPY {src}: no such file in the repository"
-        files = [path] if path.is_file() else [p for p in path.rglob("*.py")]
+        files = [path] if path.is_file() else list(path.rglob("*.py"))
         assert files, f"COPY {src}: nothing to copy"
         for f in files:
             rel = str(f.relative_to(ROOT))
@@ -79,8 +80,13 @@ def test_every_copy_source_exists_and_is_in_the_build_context():
 
 
 def test_dockerignore_keeps_the_venv_and_git_out_of_the_context():
-    for path in (".venv/bin/python", ".git/HEAD", "tests/chart/test_chart.py",
-                 "trainer/ringtrain/__pycache__/cli.cpython-311.pyc", "charts/ringtrain/Chart.yaml"):
+    for path in (
+        ".venv/bin/python",
+        ".git/HEAD",
+        "tests/chart/test_chart.py",
+        "trainer/ringtrain/__pycache__/cli.cpython-311.pyc",
+        "charts/ringtrain/Chart.yaml",
+    ):
         assert dockerignore_excludes(path), path
     assert not dockerignore_excludes("trainer/ringtrain_trainer/ring/__init__.py")
 
@@ -97,7 +103,7 @@ def test_multi_stage_on_slim_bookworm_python_matching_pyproject():
 
 
 def test_entrypoint_is_the_ringtrain_console_script():
-    ins = dict((w, a) for w, a in instructions() if w in ("ENTRYPOINT", "CMD"))
+    ins = {w: a for w, a in instructions() if w in ("ENTRYPOINT", "CMD")}
     assert ins["ENTRYPOINT"] == '["ringtrain"]'
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, func = scripts["ringtrain"].split(":")
@@ -110,16 +116,23 @@ def _command_module(words: list[str]) -> str:
     for n in (2, 1):
         if tuple(words[:n]) in cli.COMMANDS:
             return cli.COMMANDS[tuple(words[:n])][0]
-    raise AssertionError(f"`ringtrain {' '.join(words)}` is not a command of trainer/ringtrain/cli.py")
+    raise AssertionError(
+        f"`ringtrain {' '.join(words)}` is not a command of trainer/ringtrain/cli.py"
+    )
 
 
 def test_commands_the_chart_and_the_operator_run_exist_in_the_package():
     """`ringtrain operator` (chart) and `ringtrain worker` (every worker Pod) must import."""
     deployment = (ROOT / "charts" / "ringtrain" / "templates" / "deployment.yaml").read_text()
     assert re.search(r"args:\n\s+- operator\n", deployment)
-    job = spec.load({"apiVersion": spec.API_VERSION, "kind": spec.KIND,
-                     "metadata": {"name": "img"},
-                     "spec": {"replicaSpecs": {"Worker": {"replicas": 1}}, "trainer": {}}})
+    job = spec.load(
+        {
+            "apiVersion": spec.API_VERSION,
+            "kind": spec.KIND,
+            "metadata": {"name": "img"},
+            "spec": {"replicaSpecs": {"Worker": {"replicas": 1}}, "trainer": {}},
+        }
+    )
     (pod,) = [o for o in manifests.desired_objects(job) if o["kind"] == "Pod"]
     container = pod["spec"]["containers"][0]
     assert container["command"][0] == "ringtrain"
@@ -158,14 +171,21 @@ def test_ca_secret_is_optional_and_never_stored():
 
 
 def test_dependency_pins_are_current_and_cover_pyproject():
-    out = subprocess.run([sys.executable, str(ROOT / "hack" / "lock-requirements"), "--check"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "hack" / "lock-requirements"), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
-    pins = dict(line.split("==") for line in (ROOT / "requirements" / "runtime.txt").read_text()
-                .splitlines() if line and not line.startswith("#"))
+    pins = dict(
+        line.split("==")
+        for line in (ROOT / "requirements" / "runtime.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
+
     for d in deps:
         req = Requirement(d)
         name = canonicalize_name(req.name)
@@ -173,11 +193,18 @@ def test_dependency_pins_are_current_and_cover_pyproject():
         assert req.specifier.contains(pins[name]), f"{name}=={pins[name]} violates {d}"
 
 
-@pytest.mark.parametrize("pattern,path,matches", [
-    ("**", "a/b/c", True), ("trainer/**", "trainer/ring/x.py", True),
-    ("trainer/**", "operator/x.py", False), ("**/*.pyc", "a/b/c.pyc", True),
-    ("**/*.pyc", "c.pyc", True), ("*.md", "docs/x.md", False), ("README.md", "README.md", True),
-])
+@pytest.mark.parametrize(
+    "pattern,path,matches",
+    [
+        ("**", "a/b/c", True),
+        ("trainer/**", "trainer/ring/x.py", True),
+        ("trainer/**", "operator/x.py", False),
+        ("**/*.pyc", "a/b/c.pyc", True),
+        ("**/*.pyc", "c.pyc", True),
+        ("*.md", "docs/x.md", False),
+        ("README.md", "README.md", True),
+    ],
+)
 def test_dockerignore_pattern_matcher_follows_docker_semantics(pattern, path, matches):
     """The matcher must itself be right, or the COPY test proves nothing."""
     assert bool(re.fullmatch(pattern_regex(pattern), path)) == matches

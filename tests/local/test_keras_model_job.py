@@ -18,8 +18,9 @@ import yaml
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning",
-                                        "ignore::FutureWarning", "ignore::UserWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
+)
 
 import keras  # noqa: E402  (never skipped: the issue requires the comparison with Keras)
 
@@ -48,8 +49,12 @@ def _ringtrain_probabilities(manifest: str, x: np.ndarray) -> np.ndarray:
 
 
 def test_the_keras_model_example_trains_and_keras_loads_what_it_exports(tmp_path):
-    proc = subprocess.run([*RUN, str(EXAMPLE), "--json", "--run-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*RUN, str(EXAMPLE), "--json", "--run-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = json.loads(proc.stdout.strip().splitlines()[-1])
     assert final["phase"] == "Succeeded" and final["steps"] == 40
@@ -61,8 +66,15 @@ def test_the_keras_model_example_trains_and_keras_loads_what_it_exports(tmp_path
     expected = _ringtrain_probabilities(final["checkpoint"], x)
     model = keras.saving.load_model(final["export"])
     assert [type(layer).__name__ for layer in model.layers] == [
-        "Reshape", "Conv2D", "MaxPooling2D", "Conv2D", "MaxPooling2D", "Flatten", "Dense",
-        "Dense"]
+        "Reshape",
+        "Conv2D",
+        "MaxPooling2D",
+        "Conv2D",
+        "MaxPooling2D",
+        "Flatten",
+        "Dense",
+        "Dense",
+    ]
     got = model.predict(x.reshape(len(x), 28, 28), verbose=0)
     assert np.abs(got - expected).max() <= 1e-4 * max(1.0, float(np.abs(expected).max()))
     assert (got.argmax(1) == expected.argmax(1)).all()
@@ -70,8 +82,11 @@ def test_the_keras_model_example_trains_and_keras_loads_what_it_exports(tmp_path
     # Round trip: the exported file given back as the model starts from exactly its weights,
     # which are the chief's final checkpoint.
     state = CheckpointManager(Path(final["checkpoint"]).parent).load(final["checkpoint"])
-    again = Trainer(TrainerConfig(model=final["export"], dataset="mnist-5k", steps=1,
-                                  batch_size=16), LocalCollective(), out=io.StringIO())
+    again = Trainer(
+        TrainerConfig(model=final["export"], dataset="mnist-5k", steps=1, batch_size=16),
+        LocalCollective(),
+        out=io.StringIO(),
+    )
     try:
         np.testing.assert_array_equal(again.params, state.params)
     finally:
@@ -84,8 +99,12 @@ def test_ringtrain_run_refuses_an_unsupported_inline_model_before_starting_anyth
     dense["kernel_regularizer"] = {"class_name": "L2", "config": {"l2": 0.01}}
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(doc))
-    proc = subprocess.run([*RUN, str(bad), "--run-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*RUN, str(bad), "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "spec.trainer.model: layer 'dense' (Dense): kernel_regularizer=" in proc.stderr
     assert not (tmp_path / "run" / "pods").exists()  # no process was started

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import re
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -21,33 +21,58 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from ringtrain import cluster
 from ringtrain_localrun import cli, console, plan, supervisor
 from ringtrain_operator import manifests
 from ringtrain_operator import spec as jobspec
-
-from ringtrain import cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [sys.executable, "-m", "ringtrain.cli", "run"]
 
 
 def tiny_job(name: str = "tiny", **trainer) -> dict:
-    return {"apiVersion": jobspec.API_VERSION, "kind": jobspec.KIND, "metadata": {"name": name},
-            "spec": {"replicaSpecs": {"Worker": {"replicas": 2}},
-                     "trainer": {"dataset": "mnist-5k", "steps": 6, "batchSize": 16,
-                                 "evalEvery": 3, **trainer}}}
+    return {
+        "apiVersion": jobspec.API_VERSION,
+        "kind": jobspec.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "replicaSpecs": {"Worker": {"replicas": 2}},
+            "trainer": {
+                "dataset": "mnist-5k",
+                "steps": 6,
+                "batchSize": 16,
+                "evalEvery": 3,
+                **trainer,
+            },
+        },
+    }
 
 
-def command_job(name: str, worker_code: str, replicas: int = 2, restart_policy: str = "ExitCode",
-                **run_policy) -> dict:
+def command_job(
+    name: str, worker_code: str, replicas: int = 2, restart_policy: str = "ExitCode", **run_policy
+) -> dict:
     """A job whose workers run ``python -c worker_code`` from the pod template (no spec.trainer)."""
-    container = {"name": "main", "image": "python:3.11-slim-bookworm",
-                 "command": [sys.executable, "-c", worker_code]}
-    return {"apiVersion": jobspec.API_VERSION, "kind": jobspec.KIND, "metadata": {"name": name},
-            "spec": {"replicaSpecs": {"Worker": {
-                "replicas": replicas, "restartPolicy": restart_policy,
-                "template": {"spec": {"containers": [container]}}}},
-                     "runPolicy": run_policy}}
+    container = {
+        "name": "main",
+        "image": "python:3.11-slim-bookworm",
+        "command": [sys.executable, "-c", worker_code],
+    }
+    return {
+        "apiVersion": jobspec.API_VERSION,
+        "kind": jobspec.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "replicaSpecs": {
+                "Worker": {
+                    "replicas": replicas,
+                    "restartPolicy": restart_policy,
+                    "template": {"spec": {"containers": [container]}},
+                }
+            },
+            "runPolicy": run_policy,
+        },
+    }
 
 
 def write(tmp_path: Path, obj: dict) -> Path:
@@ -57,6 +82,7 @@ def write(tmp_path: Path, obj: dict) -> Path:
 
 
 # ---- planning ------------------------------------------------------------------------------------
+
 
 def test_plan_of_the_shipped_example_gives_each_worker_a_loopback_ring(tmp_path):
     obj = plan.read_job(str(ROOT / "examples" / "fashion-mnist-2workers.yaml"))
@@ -110,13 +136,17 @@ def test_file_without_exactly_one_trainingjob_is_rejected(tmp_path):
         plan.read_job(str(path))
 
 
-@pytest.mark.parametrize("code,phase,exit_code,reason", [
-    ("pass", "Succeeded", 0, None),
-    ("raise SystemExit(3)", "Failed", 3, None),
-    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "Failed", 137, "SIGKILL"),
-])
-def test_an_exited_process_is_observed_as_the_pod_kubernetes_would_report(code, phase, exit_code,
-                                                                         reason):
+@pytest.mark.parametrize(
+    "code,phase,exit_code,reason",
+    [
+        ("pass", "Succeeded", 0, None),
+        ("raise SystemExit(3)", "Failed", 3, None),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "Failed", 137, "SIGKILL"),
+    ],
+)
+def test_an_exited_process_is_observed_as_the_pod_kubernetes_would_report(
+    code, phase, exit_code, reason
+):
     """The fold judges exit codes the way the kubelet reports them: signal n is 128 + n. Under
     restartPolicy Never the pod ends; under ExitCode (Pod restartPolicy OnFailure) a failed one
     stays Running with its exit in state.terminated, about to restart in place."""
@@ -127,12 +157,18 @@ def test_an_exited_process_is_observed_as_the_pod_kubernetes_would_report(code, 
     never = supervisor.observed_pod(dataclasses.replace(replica, restart_policy="Never"), proc)
     assert (never.name, never.role, never.index) == ("tiny-worker-0", "worker", 0)
     assert (never.phase, never.exit_code, never.exit_reason, never.ready) == (
-        phase, exit_code, reason, False)
+        phase,
+        exit_code,
+        reason,
+        False,
+    )
     assert not never.restarting
     pod = supervisor.observed_pod(replica, proc)
     assert (pod.phase, pod.exit_code, pod.exit_reason, pod.ready, pod.restarting) == (
-        (phase, exit_code, reason, False, False) if exit_code == 0 else
-        ("Running", exit_code, reason, False, True))
+        (phase, exit_code, reason, False, False)
+        if exit_code == 0
+        else ("Running", exit_code, reason, False, True)
+    )
 
 
 def test_a_process_restarted_in_place_shows_restart_count_and_last_state():
@@ -142,8 +178,14 @@ def test_a_process_restarted_in_place_shows_restart_count_and_last_state():
     proc = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
     try:
         pod = supervisor.observed_pod(replica, proc, restarts=1, last=old)
-        assert (pod.phase, pod.ready, pod.restarts, pod.last_exit_code, pod.exit_code,
-                pod.restarting) == ("Running", True, 1, 138, None, False)
+        assert (
+            pod.phase,
+            pod.ready,
+            pod.restarts,
+            pod.last_exit_code,
+            pod.exit_code,
+            pod.restarting,
+        ) == ("Running", True, 1, 138, None, False)
     finally:
         proc.communicate(b"\n")
 
@@ -159,19 +201,32 @@ def test_a_running_process_is_a_ready_running_pod():
 
 
 def test_progress_line_shows_step_loss_rate_eta_and_health():
-    line = console.format_progress({
-        "step": 120, "total_steps": 500, "epoch": 0.25, "loss": 0.41234, "samples_per_s": 8412.3,
-        "eta_s": 45, "test_accuracy": None, "restarts": 1,
-        "workers": {"worker-0": "ok", "worker-1": "exit 138"}})
-    assert line == ("step 120/500 (24%)  epoch 0.25  loss 0.4123  8,412 samples/s  ETA 0:45  "
-                    "restarts 1  [worker-0 ok worker-1 exit 138]")
+    line = console.format_progress(
+        {
+            "step": 120,
+            "total_steps": 500,
+            "epoch": 0.25,
+            "loss": 0.41234,
+            "samples_per_s": 8412.3,
+            "eta_s": 45,
+            "test_accuracy": None,
+            "restarts": 1,
+            "workers": {"worker-0": "ok", "worker-1": "exit 138"},
+        }
+    )
+    assert line == (
+        "step 120/500 (24%)  epoch 0.25  loss 0.4123  8,412 samples/s  ETA 0:45  "
+        "restarts 1  [worker-0 ok worker-1 exit 138]"
+    )
 
 
 # ---- running real processes ----------------------------------------------------------------------
 
+
 def run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(RUN + args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        RUN + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def json_lines(stdout: str) -> list[dict]:
@@ -180,8 +235,17 @@ def json_lines(stdout: str) -> list[dict]:
 
 def test_two_worker_training_run_succeeds_with_json_progress_and_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    out = run([str(write(tmp_path, tiny_job())), "--json", "--run-dir", str(run_dir),
-               "--progress-interval", "0"], cwd=tmp_path)
+    out = run(
+        [
+            str(write(tmp_path, tiny_job())),
+            "--json",
+            "--run-dir",
+            str(run_dir),
+            "--progress-interval",
+            "0",
+        ],
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     events = json_lines(out.stdout)
     assert events[0]["event"] == "start" and set(events[0]["replicas"]) == {"worker-0", "worker-1"}
@@ -200,8 +264,10 @@ def test_two_worker_training_run_succeeds_with_json_progress_and_checkpoint(tmp_
     # memory on the ring, and each says so.
     assert "worker-0  |" in out.stderr
     for rank in (0, 1):
-        assert (f"rank {rank}: data path grpc+shm: tensors from the left neighbour over shm, "
-                "to the right over shm") in out.stderr, out.stderr[-3000:]
+        assert (
+            f"rank {rank}: data path grpc+shm: tensors from the left neighbour over shm, "
+            "to the right over shm"
+        ) in out.stderr, out.stderr[-3000:]
     # The ring token was private to the user.
     (token,) = (run_dir / "pods").glob("*-worker-0/secrets/ring-token/token")
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
@@ -217,8 +283,17 @@ def test_a_grpc_ring_runs_over_mutual_tls_from_the_jobs_secret_and_matches_one_w
     from ringtrain_trainer.ring.tls import INSECURE_NOTE
 
     run_dir = tmp_path / "run"
-    out = run([str(write(tmp_path, tiny_job(ring={"transport": "grpc"}))), "--json",
-               "--run-dir", str(run_dir), "--progress-interval", "0"], cwd=tmp_path)
+    out = run(
+        [
+            str(write(tmp_path, tiny_job(ring={"transport": "grpc"}))),
+            "--json",
+            "--run-dir",
+            str(run_dir),
+            "--progress-interval",
+            "0",
+        ],
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     final = json_lines(out.stdout)[-1]
     assert final["phase"] == "Succeeded" and final["steps"] == 6
@@ -227,8 +302,11 @@ def test_a_grpc_ring_runs_over_mutual_tls_from_the_jobs_secret_and_matches_one_w
         assert stat.S_IMODE((secret_dir / name).stat().st_mode) == 0o600
     key = (secret_dir / "tls.key").read_text()
     assert INSECURE_NOTE not in out.stderr and key.splitlines()[1] not in out.stderr + out.stdout
-    single = worker.Trainer(TrainerConfig(dataset="mnist-5k", steps=6, batch_size=32,
-                                          eval_every=3), LocalCollective(), out=io.StringIO())
+    single = worker.Trainer(
+        TrainerConfig(dataset="mnist-5k", steps=6, batch_size=32, eval_every=3),
+        LocalCollective(),
+        out=io.StringIO(),
+    )
     try:
         single.run()
     finally:
@@ -237,8 +315,10 @@ def test_a_grpc_ring_runs_over_mutual_tls_from_the_jobs_secret_and_matches_one_w
 
 
 def test_human_output_ends_with_a_summary(tmp_path):
-    out = run([str(write(tmp_path, tiny_job(steps=2, evalEvery=0))), "--run-dir",
-               str(tmp_path / "run")], cwd=tmp_path)
+    out = run(
+        [str(write(tmp_path, tiny_job(steps=2, evalEvery=0))), "--run-dir", str(tmp_path / "run")],
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = out.stdout.split("TrainingJob tiny: Succeeded", 1)[1]
     for label in ("steps", "test accuracy", "time", "checkpoint", "exit codes"):
@@ -256,23 +336,39 @@ signal.pause()   # worker 0 would wait for its peer forever: the runner must sto
 
 
 def test_a_failed_worker_fails_the_job_and_stops_the_others(tmp_path):
-    out = run([str(write(tmp_path, command_job("broken", FAIL_WORKER_1))), "--json",
-               "--run-dir", str(tmp_path / "run"), "--grace-period", "5"], cwd=tmp_path, timeout=60)
+    out = run(
+        [
+            str(write(tmp_path, command_job("broken", FAIL_WORKER_1))),
+            "--json",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--grace-period",
+            "5",
+        ],
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert out.returncode == cli.EXIT_FAILED, out.stderr
     final = json_lines(out.stdout)[-1]
-    assert (final["phase"], final["reason"], final["restarts"]) == ("Failed", "TrainingJobFailed",
-                                                                     0)
-    assert final["message"] == ("pod broken-worker-1 failed with exit code 3: permanent under "
-                                "restartPolicy ExitCode")
+    assert (final["phase"], final["reason"], final["restarts"]) == (
+        "Failed",
+        "TrainingJobFailed",
+        0,
+    )
+    assert final["message"] == (
+        "pod broken-worker-1 failed with exit code 3: permanent under restartPolicy ExitCode"
+    )
     assert final["exit_codes"] == {"worker-0": 128 + signal.SIGTERM, "worker-1": 3}
     assert "worker-1  | worker 1 gives up" in out.stderr
 
 
 def test_active_deadline_fails_the_job(tmp_path):
-    job = command_job("slow", "import signal; signal.pause()", replicas=1,
-                      activeDeadlineSeconds=1)
-    out = run([str(write(tmp_path, job)), "--json", "--run-dir", str(tmp_path / "run")],
-              cwd=tmp_path, timeout=60)
+    job = command_job("slow", "import signal; signal.pause()", replicas=1, activeDeadlineSeconds=1)
+    out = run(
+        [str(write(tmp_path, job)), "--json", "--run-dir", str(tmp_path / "run")],
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert out.returncode == cli.EXIT_FAILED
     final = json_lines(out.stdout)[-1]
     assert (final["phase"], final["reason"]) == ("Failed", "DeadlineExceeded")
@@ -285,12 +381,18 @@ signal.pause()
 """
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, cli.EXIT_INTERRUPTED),
-                                      (signal.SIGTERM, 128 + signal.SIGTERM)])
+@pytest.mark.parametrize(
+    "sig,code", [(signal.SIGINT, cli.EXIT_INTERRUPTED), (signal.SIGTERM, 128 + signal.SIGTERM)]
+)
 def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, code):
     path = write(tmp_path, command_job("stopme", READY_THEN_WAIT))
-    p = subprocess.Popen(RUN + [str(path), "--json", "--run-dir", str(tmp_path / "run")],
-                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [*RUN, str(path), "--json", "--run-dir", str(tmp_path / "run")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pids = []
     for line in p.stderr:  # wait until both replicas say they are up
         if "ready pid=" in line:
@@ -302,8 +404,10 @@ def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, cod
     assert p.returncode == code
     final = json_lines(stdout)[-1]
     assert final["phase"] == "Failed"
-    assert (final["reason"], final["message"]) == ("Stopped",
-                                                   f"stopped by {signal.Signals(sig).name}")
+    assert (final["reason"], final["message"]) == (
+        "Stopped",
+        f"stopped by {signal.Signals(sig).name}",
+    )
     assert set(final["exit_codes"].values()) == {128 + signal.SIGTERM}
     for pid in pids:  # no orphans left behind
         with pytest.raises(ProcessLookupError):
@@ -334,18 +438,26 @@ def test_retryable_exits_restart_the_failed_process_in_place_until_it_succeeds(t
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     os.mkfifo(run_dir / "ok")
-    out = run([str(write(tmp_path, command_job("flaky", FLAKY_TWICE, backoffLimit=2))), "--json",
-               "--run-dir", str(run_dir), "--grace-period", "5"], cwd=tmp_path, timeout=60)
+    out = run(
+        [
+            str(write(tmp_path, command_job("flaky", FLAKY_TWICE, backoffLimit=2))),
+            "--json",
+            "--run-dir",
+            str(run_dir),
+            "--grace-period",
+            "5",
+        ],
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert out.returncode == cli.EXIT_SUCCEEDED, out.stdout + out.stderr
     events = json_lines(out.stdout)
     restarting = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
     assert [e["restarts"] for e in restarting] == [1, 2]
-    assert all("pod flaky-worker-1 failed with exit code 138" in e["message"]
-               for e in restarting)
+    assert all("pod flaky-worker-1 failed with exit code 138" in e["message"] for e in restarting)
     # In place: worker 1 alone starts again; worker 0, blocked on the FIFO, is never touched.
     started = [(e["replica"], e["restarts"]) for e in events if e["event"] == "started"]
-    assert sorted(started) == [("worker-0", 0), ("worker-1", 0), ("worker-1", 1),
-                               ("worker-1", 2)]
+    assert sorted(started) == [("worker-0", 0), ("worker-1", 0), ("worker-1", 1), ("worker-1", 2)]
     assert all("restarting in place" in e["message"] for e in restarting)
     final = events[-1]
     assert (final["phase"], final["restarts"]) == ("Succeeded", 2)
@@ -357,18 +469,33 @@ def test_retryable_exits_restart_the_failed_process_in_place_until_it_succeeds(t
 def test_which_exit_codes_fail_the_job_at_once_depends_on_the_restart_policy(tmp_path, policy):
     """Never: any failure is final. ExitCode: 1-127 is final (a retryable 138 would restart)."""
     code = 138 if policy == "Never" else 2
-    worker = f"import sys, signal, json, os\n" \
-             f"if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1: sys.exit({code})\n" \
-             f"signal.pause()"
-    out = run([str(write(tmp_path, command_job("final", worker, restart_policy=policy))),
-               "--json", "--run-dir", str(tmp_path / "run"), "--grace-period", "5"],
-              cwd=tmp_path, timeout=60)
+    worker = (
+        f"import sys, signal, json, os\n"
+        f"if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1: sys.exit({code})\n"
+        f"signal.pause()"
+    )
+    out = run(
+        [
+            str(write(tmp_path, command_job("final", worker, restart_policy=policy))),
+            "--json",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--grace-period",
+            "5",
+        ],
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert out.returncode == cli.EXIT_FAILED
     final = json_lines(out.stdout)[-1]
-    assert (final["phase"], final["reason"], final["restarts"]) == ("Failed", "TrainingJobFailed",
-                                                                     0)
-    assert final["message"] == (f"pod final-worker-1 failed with exit code {code}: permanent "
-                                f"under restartPolicy {policy}")
+    assert (final["phase"], final["reason"], final["restarts"]) == (
+        "Failed",
+        "TrainingJobFailed",
+        0,
+    )
+    assert final["message"] == (
+        f"pod final-worker-1 failed with exit code {code}: permanent under restartPolicy {policy}"
+    )
 
 
 CHECKPOINT_EVERY = 5
@@ -386,14 +513,35 @@ def kill_worker_1_after_a_checkpoint(tmp_path: Path, **run_policy):
     checkpoint directory without any sleep. Returns (exit code, events, checkpoint step at the
     kill).
     """
-    job = tiny_job("resume", steps=KILL_JOB_STEPS, batchSize=64, evalEvery=0,
-                   checkpoint={"everySteps": CHECKPOINT_EVERY})
+    job = tiny_job(
+        "resume",
+        steps=KILL_JOB_STEPS,
+        batchSize=64,
+        evalEvery=0,
+        checkpoint={"everySteps": CHECKPOINT_EVERY},
+    )
     job["spec"]["runPolicy"] = run_policy
     run_dir = tmp_path / "run"
-    with open(tmp_path / "replicas.log", "w") as logs, subprocess.Popen(
-            RUN + [str(write(tmp_path, job)), "--json", "--run-dir", str(run_dir),
-                   "--progress-interval", "0", "--grace-period", "5"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=logs, text=True) as p:
+    with (
+        open(tmp_path / "replicas.log", "w") as logs,
+        subprocess.Popen(
+            [
+                *RUN,
+                str(write(tmp_path, job)),
+                "--json",
+                "--run-dir",
+                str(run_dir),
+                "--progress-interval",
+                "0",
+                "--grace-period",
+                "5",
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=logs,
+            text=True,
+        ) as p,
+    ):
         events, pid, killed_at = [], None, None
         for line in p.stdout:
             events.append(e := json.loads(line))
@@ -405,34 +553,41 @@ def kill_worker_1_after_a_checkpoint(tmp_path: Path, **run_policy):
                     killed_at = json.loads(saved[-1].read_text())["step"]
                     os.kill(pid, signal.SIGKILL)
         p.wait(timeout=120)
-    assert killed_at is not None, "worker 1 was never killed: " + (tmp_path / "replicas.log"
-                                                                    ).read_text()[-3000:]
+    assert killed_at is not None, (
+        "worker 1 was never killed: " + (tmp_path / "replicas.log").read_text()[-3000:]
+    )
     assert killed_at < KILL_JOB_STEPS, "the job finished before worker 1 could be killed mid-run"
     return p.returncode, events, killed_at
 
 
-def test_a_sigkilled_worker_restarts_in_place_and_the_chief_resumes_from_its_checkpoint(
-        tmp_path):
+def test_a_sigkilled_worker_restarts_in_place_and_the_chief_resumes_from_its_checkpoint(tmp_path):
     """Worker 1 is restarted in place; worker 0 (the chief) leaves the broken ring and rejoins
     it in its own process (a re-exec: no restart, nothing counted), resuming from the
     checkpoints in its own directory. One failure, one restart."""
     code, events, killed_at = kill_worker_1_after_a_checkpoint(tmp_path, backoffLimit=6)
     assert code == cli.EXIT_SUCCEEDED, events[-1]
     restarts = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
-    assert restarts and all("restarting in place, its peers rejoin the ring" in e["message"]
-                            and e["phase"] == "Restarting" for e in restarts)
+    assert restarts and all(
+        "restarting in place, its peers rejoin the ring" in e["message"]
+        and e["phase"] == "Restarting"
+        for e in restarts
+    )
     assert "pod resume-worker-1 failed with exit code 137" in restarts[0]["message"]
     started = [i for i, e in enumerate(events) if e["event"] == "started"]
     replicas = [events[i]["replica"] for i in started]
     assert replicas == ["worker-0", "worker-1", "worker-1"], "worker-1 alone restarted"
     assert not [e for e in events if e.get("reason") == "PodDeleted"]
     logs = (tmp_path / "replicas.log").read_text()
-    assert re.search(r"worker-0.*rejoining the ring in place \(rejoin 1 of this container\)",
-                     logs), logs[-3000:]
+    assert re.search(
+        r"worker-0.*rejoining the ring in place \(rejoin 1 of this container\)", logs
+    ), logs[-3000:]
     again = started[-1]  # the chief's last progress from before the kill may be shown again
     stale = [e["step"] for e in events[:again] if e["event"] == "progress"][-1]
-    first_step = next(e["step"] for e in events[again:]
-                      if e["event"] == "progress" and e["step"] and e["step"] != stale)
+    first_step = next(
+        e["step"]
+        for e in events[again:]
+        if e["event"] == "progress" and e["step"] and e["step"] != stale
+    )
     assert first_step > killed_at >= CHECKPOINT_EVERY, "the chief resumed from its checkpoint"
     final = events[-1]
     assert (final["phase"], final["steps"]) == ("Succeeded", KILL_JOB_STEPS)
@@ -444,18 +599,23 @@ def test_with_backoff_limit_0_a_sigkilled_worker_fails_the_job(tmp_path):
     code, events, _ = kill_worker_1_after_a_checkpoint(tmp_path, backoffLimit=0)
     assert code == cli.EXIT_FAILED
     final = events[-1]
-    assert (final["phase"], final["reason"], final["restarts"]) == ("Failed",
-                                                                     "BackoffLimitExceeded", 0)
+    assert (final["phase"], final["reason"], final["restarts"]) == (
+        "Failed",
+        "BackoffLimitExceeded",
+        0,
+    )
     assert "restarts reached backoffLimit=0" in final["message"]
     assert not [e for e in events if e["event"] == "started" and e["restarts"] > 0]
 
 
 # ---- the evaluator role, export and data volumes -------------------------------------------------
 
+
 def test_a_host_path_volume_is_the_local_path_itself_and_is_never_created(tmp_path):
     data = tmp_path / "mydata"
-    obj = tiny_job(dataset="fashion-mnist", data={"volume": {"hostPath": {"path": str(data)}},
-                                                  "file": "d.npz"})
+    obj = tiny_job(
+        dataset="fashion-mnist", data={"volume": {"hostPath": {"path": str(data)}}, "file": "d.npz"}
+    )
     _, replicas = plan.plan(obj, tmp_path / "run")
     argv = list(replicas[0].argv)
     assert argv[argv.index("--data") + 1] == str(data / "d.npz")
@@ -467,9 +627,12 @@ def test_the_evaluator_example_evaluates_every_checkpoint_and_exports_a_keras_mo
     and exits 0; the chief's export loads with read_keras; the summary names both."""
     from ringtrain_trainer.export import read_keras
 
-    proc = subprocess.run([*RUN, str(ROOT / "examples" / "evaluator.yaml"), "--json",
-                           "--run-dir", str(tmp_path)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [*RUN, str(ROOT / "examples" / "evaluator.yaml"), "--json", "--run-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = json.loads(proc.stdout.strip().splitlines()[-1])
     assert final["phase"] == "Succeeded"

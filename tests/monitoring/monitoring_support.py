@@ -33,7 +33,8 @@ PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 
 _spec = importlib.util.spec_from_file_location(
-    "pod_discovery", ROOT / "tests" / "e2e" / "prometheus" / "pod_discovery.py")
+    "pod_discovery", ROOT / "tests" / "e2e" / "prometheus" / "pod_discovery.py"
+)
 pod_discovery = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pod_discovery)
 
@@ -46,19 +47,29 @@ def free_port() -> int:
 
 # --------------------------------------------------------------------------- objects to scrape
 
+
 def helm_template(*values: str) -> list[dict]:
-    helm = subprocess.run([str(ROOT / "hack" / "tools"), "helm"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    out = subprocess.run([helm, "template", "rt", str(CHART), "--namespace", "rt", *values],
-                         capture_output=True, text=True, timeout=60)
+    helm = subprocess.run(
+        [str(ROOT / "hack" / "tools"), "helm"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    out = subprocess.run(
+        [helm, "template", "rt", str(CHART), "--namespace", "rt", *values],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 def render_pods(manifest: Path, namespace: str) -> list[dict]:
     """The Pods ``ringtrain render`` prints for the job: what the operator would create."""
-    out = subprocess.run([sys.executable, "-m", "ringtrain.cli", "render", str(manifest),
-                          "--namespace", namespace], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "ringtrain.cli", "render", str(manifest), "--namespace", namespace],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return [o for o in yaml.safe_load_all(out.stdout) if o and o["kind"] == "Pod"]
 
@@ -74,17 +85,28 @@ def running_on_loopback(pod: dict, metrics_port: int) -> dict:
     annotations = pod["metadata"].get("annotations") or {}
     if "prometheus.io/port" in annotations:
         annotations["prometheus.io/port"] = str(metrics_port)
-    pod["status"] = {"phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
-                     "conditions": [{"type": "Ready", "status": "True"}]}
+    pod["status"] = {
+        "phase": "Running",
+        "podIP": "127.0.0.1",
+        "hostIP": "127.0.0.1",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
     return pod
 
 
 def operator_pod(deployment: dict, metrics_port: int) -> dict:
     """A pod of the chart's operator Deployment, from its template."""
     template = deployment["spec"]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
-           "metadata": {**template["metadata"], "name": deployment["metadata"]["name"] + "-0",
-                        "namespace": deployment["metadata"]["namespace"]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": template["spec"],
+        "metadata": {
+            **template["metadata"],
+            "name": deployment["metadata"]["name"] + "-0",
+            "namespace": deployment["metadata"]["namespace"],
+        },
+    }
     return running_on_loopback(pod, metrics_port)
 
 
@@ -94,6 +116,7 @@ def write_file_sd(path: Path, pods: list[dict]) -> Path:
 
 
 # --------------------------------------------------------------------------- scrape configs
+
 
 def annotation_job(file_sd: list[Path]) -> dict:
     """The chart's annotation scrape job with file SD in place of kubernetes_sd_configs."""
@@ -114,22 +137,35 @@ def podmonitor_job(pm: dict, file_sd: list[Path]) -> dict:
     meta = "__meta_kubernetes_pod_"
     ep = pm["spec"]["podMetricsEndpoints"][0]
     name = f"{pm['metadata']['namespace']}/{pm['metadata']['name']}"
-    relabel = [{"source_labels": [f"{meta}phase"], "regex": "(Failed|Succeeded)",
-                "action": "drop"}]
+    relabel = [{"source_labels": [f"{meta}phase"], "regex": "(Failed|Succeeded)", "action": "drop"}]
     selector = pm["spec"]["selector"]
     for key, value in (selector.get("matchLabels") or {}).items():
         label = pod_discovery.sanitize(key)
-        relabel.append({"action": "keep", "source_labels": [f"{meta}label_{label}",
-                        f"{meta}labelpresent_{label}"], "regex": f"({value});true"})
+        relabel.append(
+            {
+                "action": "keep",
+                "source_labels": [f"{meta}label_{label}", f"{meta}labelpresent_{label}"],
+                "regex": f"({value});true",
+            }
+        )
     for expr in selector.get("matchExpressions") or []:
         label = pod_discovery.sanitize(expr["key"])
         if expr["operator"] == "Exists":
-            relabel.append({"action": "keep", "source_labels": [f"{meta}labelpresent_{label}"],
-                            "regex": "true"})
+            relabel.append(
+                {
+                    "action": "keep",
+                    "source_labels": [f"{meta}labelpresent_{label}"],
+                    "regex": "true",
+                }
+            )
         elif expr["operator"] == "In":
-            relabel.append({"action": "keep", "source_labels": [f"{meta}label_{label}",
-                            f"{meta}labelpresent_{label}"],
-                            "regex": f"({'|'.join(expr['values'])});true"})
+            relabel.append(
+                {
+                    "action": "keep",
+                    "source_labels": [f"{meta}label_{label}", f"{meta}labelpresent_{label}"],
+                    "regex": f"({'|'.join(expr['values'])});true",
+                }
+            )
         else:
             raise NotImplementedError(expr)
     relabel += [
@@ -141,18 +177,29 @@ def podmonitor_job(pm: dict, file_sd: list[Path]) -> dict:
         {"target_label": "endpoint", "replacement": ep["port"]},
     ]
     relabel += [{_snake(k): v for k, v in r.items()} for r in ep.get("relabelings") or []]
-    return {"job_name": f"podMonitor/{name}/0", "honor_labels": False,
-            "metrics_path": ep.get("path", "/metrics"), "relabel_configs": relabel,
-            "file_sd_configs": [{"files": [str(p) for p in file_sd]}]}
+    return {
+        "job_name": f"podMonitor/{name}/0",
+        "honor_labels": False,
+        "metrics_path": ep.get("path", "/metrics"),
+        "relabel_configs": relabel,
+        "file_sd_configs": [{"files": [str(p) for p in file_sd]}],
+    }
 
 
 def prometheus_config(jobs: list[dict], interval_s: float = 1) -> dict:
-    return {"global": {"scrape_interval": f"{interval_s}s", "scrape_timeout": f"{interval_s}s",
-                       "evaluation_interval": f"{interval_s}s"},
-            "rule_files": [str(RULES)], "scrape_configs": jobs}
+    return {
+        "global": {
+            "scrape_interval": f"{interval_s}s",
+            "scrape_timeout": f"{interval_s}s",
+            "evaluation_interval": f"{interval_s}s",
+        },
+        "rule_files": [str(RULES)],
+        "scrape_configs": jobs,
+    }
 
 
 # --------------------------------------------------------------------------- Prometheus
+
 
 class Prometheus:
     """Debian's prometheus as a child process, asked through its HTTP API."""
@@ -161,17 +208,27 @@ class Prometheus:
         workdir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump(config, sort_keys=False))
-        check = subprocess.run([PROMTOOL, "check", "config", str(self.config)],
-                               capture_output=True, text=True, timeout=30)
+        check = subprocess.run(
+            [PROMTOOL, "check", "config", str(self.config)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert check.returncode == 0, check.stdout + check.stderr + self.config.read_text()
         self.url = f"http://127.0.0.1:{free_port()}"
         self.log = workdir / "prometheus.log"
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={self.config}",
-                 f"--storage.tsdb.path={workdir / 'tsdb'}",
-                 f"--web.listen-address={self.url.removeprefix('http://')}"],
-                stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+                [
+                    PROMETHEUS,
+                    f"--config.file={self.config}",
+                    f"--storage.tsdb.path={workdir / 'tsdb'}",
+                    f"--web.listen-address={self.url.removeprefix('http://')}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+            )
 
     def get(self, path: str, **params) -> dict:
         query = f"?{urllib.parse.urlencode(params, doseq=True)}" if params else ""
@@ -220,8 +277,8 @@ def fetch(url: str) -> str:
 
 def promtool_check_metrics(payload: str) -> str:
     """promtool's lint findings on an exposition payload ('' when clean)."""
-    out = subprocess.run([PROMTOOL, "check", "metrics"], input=payload, capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=payload, capture_output=True, text=True, timeout=30
+    )
     found = (out.stdout + out.stderr).strip()
     return found if out.returncode == 0 else f"{found} (rc={out.returncode})"
-

@@ -27,17 +27,29 @@ from pathlib import Path
 import pytest
 import yaml
 from aiohttp import web
+from monitoring_support import (
+    DASHBOARD,
+    SNIPPET,
+    Prometheus,
+    annotation_job,
+    fetch,
+    free_port,
+    helm_template,
+    operator_pod,
+    podmonitor_job,
+    prometheus_config,
+    promtool_check_metrics,
+    render_pods,
+    running_on_loopback,
+    write_file_sd,
+)
 from prometheus_client import CollectorRegistry
+
 from ringtrain_operator import main as operator_main
 from ringtrain_operator import spec as jobspec
 from ringtrain_operator import status
 from ringtrain_operator.metrics import OperatorMetrics
 from ringtrain_trainer.memory import KINDS
-
-from monitoring_support import (DASHBOARD, SNIPPET, Prometheus, annotation_job, fetch,
-                                free_port, helm_template, operator_pod, podmonitor_job,
-                                prometheus_config, promtool_check_metrics, render_pods,
-                                running_on_loopback, write_file_sd)
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "team-a"
@@ -48,11 +60,20 @@ TARGET_LABELS = {"namespace", "pod", "job_name", "role", "index"}
 
 def job_manifest(name: str) -> dict:
     """A two-worker job that trains until the test stops it."""
-    return {"apiVersion": jobspec.API_VERSION, "kind": jobspec.KIND,
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {"replicaSpecs": {"Worker": {"replicas": 2}},
-                     "trainer": {"dataset": "mnist-5k", "steps": 1_000_000, "batchSize": 16,
-                                 "evalEvery": 20}}}
+    return {
+        "apiVersion": jobspec.API_VERSION,
+        "kind": jobspec.KIND,
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "replicaSpecs": {"Worker": {"replicas": 2}},
+            "trainer": {
+                "dataset": "mnist-5k",
+                "steps": 1_000_000,
+                "batchSize": 16,
+                "evalEvery": 20,
+            },
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +88,24 @@ def training(workdir):
     manifest.write_text(yaml.safe_dump(job_manifest("alpha")))
     log = open(workdir / "run.stderr", "w")
     drain = threading.Thread()
-    proc = subprocess.Popen([sys.executable, "-m", "ringtrain.cli", "run", str(manifest),
-                             "--json", "--run-dir", str(workdir / "run"),
-                             "--progress-interval", "3600"],
-                            stdout=subprocess.PIPE, stderr=log, text=True, cwd=workdir)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ringtrain.cli",
+            "run",
+            str(manifest),
+            "--json",
+            "--run-dir",
+            str(workdir / "run"),
+            "--progress-interval",
+            "3600",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        cwd=workdir,
+    )
     try:
         start = json.loads(proc.stdout.readline() or "{}")
         assert start.get("event") == "start", (start, (workdir / "run.stderr").read_text())
@@ -95,13 +130,22 @@ def operator_port():
     """The operator's own /metrics app (main.health_app) on a free port, its registry fed as the
     reconciler feeds it: a record and a reconcile duration per pass, every 0.2 s."""
     metrics = OperatorMetrics(CollectorRegistry())
-    created = status.Decision(status={"state": status.RUNNING},
-                              events=(status.Event("Normal", status.REASON_CREATED, "created"),))
+    created = status.Decision(
+        status={"state": status.RUNNING},
+        events=(status.Event("Normal", status.REASON_CREATED, "created"),),
+    )
     for ns in (NAMESPACE, "team-b"):
-        for reason in (status.REASON_CREATED, status.REASON_RESTARTING, status.REASON_SUCCEEDED,
-                       status.REASON_FAILED):
-            metrics.record(ns, "alpha", status.Decision(
-                status={}, events=(status.Event("Normal", reason, reason),)))
+        for reason in (
+            status.REASON_CREATED,
+            status.REASON_RESTARTING,
+            status.REASON_SUCCEEDED,
+            status.REASON_FAILED,
+        ):
+            metrics.record(
+                ns,
+                "alpha",
+                status.Decision(status={}, events=(status.Event("Normal", reason, reason),)),
+            )
     port, stop, ready = free_port(), threading.Event(), threading.Event()
 
     async def serve():
@@ -132,28 +176,39 @@ def targets(workdir, training, operator_port):
         manifest = workdir / f"{name}-render.yaml"
         manifest.write_text(yaml.safe_dump(job_manifest(name)))
         for pod in render_pods(manifest, NAMESPACE):
-            label = f"{pod['metadata']['labels']['ringtrain.io/replica-type']}-" \
-                    f"{pod['metadata']['labels']['ringtrain.io/replica-index']}"
+            label = (
+                f"{pod['metadata']['labels']['ringtrain.io/replica-type']}-"
+                f"{pod['metadata']['labels']['ringtrain.io/replica-index']}"
+            )
             pods.append(running_on_loopback(pod, training[label]))
     (deployment,) = [o for o in helm_template() if o["kind"] == "Deployment"]
-    return {"workers": write_file_sd(workdir / "workers.json", pods),
-            "operator": write_file_sd(workdir / "operator.json",
-                                      [operator_pod(deployment, operator_port)])}
+    return {
+        "workers": write_file_sd(workdir / "workers.json", pods),
+        "operator": write_file_sd(
+            workdir / "operator.json", [operator_pod(deployment, operator_port)]
+        ),
+    }
 
 
 @pytest.fixture(scope="module")
 def prometheis(workdir, targets):
     """Both scrape paths at once (they share the deadline and the two cores)."""
-    (pm,) = [o for o in helm_template("--set", "metrics.podMonitor.enabled=true")
-             if o["kind"] == "PodMonitor"]
+    (pm,) = [
+        o
+        for o in helm_template("--set", "metrics.podMonitor.enabled=true")
+        if o["kind"] == "PodMonitor"
+    ]
     setups = {
         "annotations": [annotation_job([targets["workers"], targets["operator"]])],
         # The PodMonitor for the workers; the operator still by the chart's default annotations.
-        "podmonitor": [podmonitor_job(pm, [targets["workers"]]),
-                       annotation_job([targets["operator"]])],
+        "podmonitor": [
+            podmonitor_job(pm, [targets["workers"]]),
+            annotation_job([targets["operator"]]),
+        ],
     }
-    proms = {name: Prometheus(prometheus_config(jobs), workdir / name)
-             for name, jobs in setups.items()}
+    proms = {
+        name: Prometheus(prometheus_config(jobs), workdir / name) for name, jobs in setups.items()
+    }
     yield proms
     for prom in proms.values():
         prom.stop()
@@ -163,8 +218,9 @@ def panel_queries() -> list[tuple[str, str]]:
     dash = json.loads(DASHBOARD.read_text())
     names = {v["name"] for v in dash["templating"]["list"]}
     assert {"namespace", "job_name"} <= names
-    return [(p["title"], t["expr"]) for p in dash["panels"] if p["type"] != "row"
-            for t in p["targets"]]
+    return [
+        (p["title"], t["expr"]) for p in dash["panels"] if p["type"] != "row" for t in p["targets"]
+    ]
 
 
 def substitute(expr: str, job: str) -> str:
@@ -180,11 +236,16 @@ def check_panels(prom: Prometheus, job: str) -> list[str] | None:
             return None
         for series in result:
             labels, value = series["metric"], float(series["value"][1])
-            if "$job_name" in expr and (labels.get("job_name"), labels.get("namespace")) \
-                    != (job, NAMESPACE):
+            if "$job_name" in expr and (labels.get("job_name"), labels.get("namespace")) != (
+                job,
+                NAMESPACE,
+            ):
                 problems.append(f"{title}: {expr}\n  leaked {labels}")
-            if "$job_name" not in expr and "$namespace" in expr \
-                    and labels.get("job_namespace") != NAMESPACE:
+            if (
+                "$job_name" not in expr
+                and "$namespace" in expr
+                and labels.get("job_namespace") != NAMESPACE
+            ):
                 problems.append(f"{title}: {expr}\n  leaked {labels}")
             if math.isnan(value):
                 return None  # a rate over one sample; the next scrape fills it
@@ -207,23 +268,30 @@ def test_every_panel_shows_one_job_and_every_rule_is_healthy(prometheis, path):
         assert labels == expected, t["labels"]
     workers = [t["labels"] for t in active if "job_name" in t["labels"]]
     assert sorted((w["job_name"], w["role"], w["index"], w["pod"]) for w in workers) == [
-        (j, "worker", str(i), f"{j}-worker-{i}") for j in JOBS for i in range(2)]
+        (j, "worker", str(i), f"{j}-worker-{i}") for j in JOBS for i in range(2)
+    ]
 
     # The dashboard's variables offer both jobs of the namespace.
-    values = prom.get("/api/v1/label/job_name/values",
-                      **{"match[]": f'ringtrain_steps_total{{namespace=~"{NAMESPACE}"}}'})
+    values = prom.get(
+        "/api/v1/label/job_name/values",
+        **{"match[]": f'ringtrain_steps_total{{namespace=~"{NAMESPACE}"}}'},
+    )
     assert sorted(values) == sorted(JOBS)
-    assert NAMESPACE in prom.get("/api/v1/label/namespace/values",
-                                 **{"match[]": "ringtrain_steps_total"})
+    assert NAMESPACE in prom.get(
+        "/api/v1/label/namespace/values", **{"match[]": "ringtrain_steps_total"}
+    )
 
     for job in JOBS:
-        problems = prom.until(f"every panel of job {job} to have data",
-                              lambda: check_panels(prom, job), deadline)
+        problems = prom.until(
+            f"every panel of job {job} to have data", lambda: check_panels(prom, job), deadline
+        )
         assert problems == [], "\n".join(problems)
         # the stacked memory panel has one series per kind, each the training program's plan
         stacked = [e for t, e in panel_queries() if t == "IPU memory by kind (per IPU)"]
-        kinds = {r["metric"]["kind"]: float(r["value"][1])
-                 for r in prom.query(substitute(stacked[0], job))}
+        kinds = {
+            r["metric"]["kind"]: float(r["value"][1])
+            for r in prom.query(substitute(stacked[0], job))
+        }
         assert sorted(kinds) == sorted(KINDS) and kinds["weights"] > 0, kinds
 
     def rules_evaluated():
@@ -242,8 +310,9 @@ def test_every_panel_shows_one_job_and_every_rule_is_healthy(prometheis, path):
 
 
 def test_promtool_finds_nothing_in_the_worker_and_operator_payloads(training, operator_port):
-    for url in [f"http://127.0.0.1:{port}/metrics" for port in training.values()] + \
-               [f"http://127.0.0.1:{operator_port}/metrics"]:
+    for url in [f"http://127.0.0.1:{port}/metrics" for port in training.values()] + [
+        f"http://127.0.0.1:{operator_port}/metrics"
+    ]:
         payload = fetch(url)
         assert "ringtrain_" in payload
         assert promtool_check_metrics(payload) == "", url

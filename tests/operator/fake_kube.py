@@ -52,9 +52,12 @@ class FakeKube:
         cs = {"name": "ringtrain", "restartCount": 0, "state": {"running": {}}}
         if exit_code is not None:
             cs["state"] = {"terminated": {"exitCode": exit_code}}
-        pod["status"] = {"phase": phase, "podIP": "10.1.0.9", "containerStatuses": [cs],
-                         "conditions": [{"type": "Ready",
-                                         "status": "True" if phase == "Running" else "False"}]}
+        pod["status"] = {
+            "phase": phase,
+            "podIP": "10.1.0.9",
+            "containerStatuses": [cs],
+            "conditions": [{"type": "Ready", "status": "True" if phase == "Running" else "False"}],
+        }
 
     def restart_in_place(self, name: str, exit_code: int) -> None:
         """What the kubelet does under restartPolicy OnFailure: the container runs again in the
@@ -64,4 +67,3 @@ class FakeKube:
         cs["restartCount"] = self.restarts.get(name, 0) + 1
         self.restarts[name] = cs["restartCount"]
         cs["lastState"] = {"terminated": {"exitCode": exit_code, "reason": "Error"}}
-

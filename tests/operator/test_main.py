@@ -28,8 +28,9 @@ def test_healthz_and_metrics_are_served_from_the_operator_loop():
                 return r.status, r.read().decode()
 
         try:
-            return await asyncio.to_thread(get, "/healthz"), await asyncio.to_thread(get,
-                                                                                    "/metrics")
+            return await asyncio.to_thread(get, "/healthz"), await asyncio.to_thread(
+                get, "/metrics"
+            )
         finally:
             await runner.cleanup()
 
@@ -83,10 +84,14 @@ def test_events_are_posted_from_one_place(monkeypatch):
 
     posted = []
     monkeypatch.setattr(kopf, "event", lambda body, **kw: posted.append(kw))
-    handlers.post({"metadata": {}}, (status.Event("Normal", "PodCreated", "created pod p"),
-                                     status.Event("Warning", "X", "y")))
-    assert posted == [{"type": "Normal", "reason": "PodCreated", "message": "created pod p"},
-                      {"type": "Warning", "reason": "X", "message": "y"}]
+    handlers.post(
+        {"metadata": {}},
+        (status.Event("Normal", "PodCreated", "created pod p"), status.Event("Warning", "X", "y")),
+    )
+    assert posted == [
+        {"type": "Normal", "reason": "PodCreated", "message": "created pod p"},
+        {"type": "Warning", "reason": "X", "message": "y"},
+    ]
 
 
 def test_kopf_bookkeeping_lives_under_ringtrain_io():
@@ -111,8 +116,9 @@ def test_memo_is_shared_by_the_daemon_and_the_pod_handler():
     event = asyncio.Event()
     per_object.pokes[("ns", "job")] = event
 
-    asyncio.run(handlers.pod_changed(namespace="ns", labels={"ringtrain.io/job-name": "job"},
-                                     memo=memo))
+    asyncio.run(
+        handlers.pod_changed(namespace="ns", labels={"ringtrain.io/job-name": "job"}, memo=memo)
+    )
     assert event.is_set()
 
 
@@ -130,5 +136,9 @@ def test_kopf_logs_in_with_the_credentials_the_operator_loaded():
     cfg.api_key = {"authorization": "Bearer s3cret"}
     info = handlers.connection_info(cfg)
     assert (info.server, info.ca_path, info.scheme, info.token) == (
-        "https://192.0.2.2:6443", "/tmp/ca.crt", "Bearer", "s3cret")
+        "https://192.0.2.2:6443",
+        "/tmp/ca.crt",
+        "Bearer",
+        "s3cret",
+    )
     assert info.insecure is False

@@ -7,53 +7,83 @@ import json
 
 import kubernetes_validate
 import pytest
-
 from operator_jobs import job, job_obj
-from ringtrain_operator import manifests, spec
+
 from ringtrain import cluster
+from ringtrain_operator import manifests, spec
 
 W = "mnist-worker-{}.mnist.team-a.svc:2222"
 
 
-@pytest.mark.parametrize("kw, role, index, expected", [
-    ({"workers": 1}, "worker", 0,
-     '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222"]},'
-     '"task":{"type":"worker","index":0},"environment":"cloud"}'),
-    ({"workers": 2}, "worker", 1,
-     '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222",'
-     '"mnist-worker-1.mnist.team-a.svc:2222"]},"task":{"type":"worker","index":1},'
-     '"environment":"cloud"}'),
-    ({"workers": 2, "chief": 1}, "chief", 0,
-     '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
-     '"worker":["mnist-worker-0.mnist.team-a.svc:2222","mnist-worker-1.mnist.team-a.svc:2222"]},'
-     '"task":{"type":"chief","index":0},"environment":"cloud"}'),
-    # Kubeflow's genClusterSpec: the evaluator is only ever in its own task, never in cluster
-    ({"workers": 1, "chief": 1, "ps": 2, "evaluator": 1}, "ps", 1,
-     '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
-     '"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
-     '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"]},'
-     '"task":{"type":"ps","index":1},"environment":"cloud"}'),
-    ({"workers": 1, "chief": 1, "ps": 2, "evaluator": 1}, "evaluator", 0,
-     '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
-     '"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
-     '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"]},'
-     '"task":{"type":"evaluator","index":0},"environment":"cloud"}'),
-    ({"workers": 1, "chief": 0, "evaluator": 1}, "evaluator", 0,
-     '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222"]},'
-     '"task":{"type":"evaluator","index":0},"environment":"cloud"}'),
-])
+@pytest.mark.parametrize(
+    "kw, role, index, expected",
+    [
+        (
+            {"workers": 1},
+            "worker",
+            0,
+            '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222"]},'
+            '"task":{"type":"worker","index":0},"environment":"cloud"}',
+        ),
+        (
+            {"workers": 2},
+            "worker",
+            1,
+            '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222",'
+            '"mnist-worker-1.mnist.team-a.svc:2222"]},"task":{"type":"worker","index":1},'
+            '"environment":"cloud"}',
+        ),
+        (
+            {"workers": 2, "chief": 1},
+            "chief",
+            0,
+            '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
+            '"worker":["mnist-worker-0.mnist.team-a.svc:2222","mnist-worker-1.mnist.team-a.svc:2222"]},'
+            '"task":{"type":"chief","index":0},"environment":"cloud"}',
+        ),
+        # Kubeflow's genClusterSpec: the evaluator is only ever in its own task, never in cluster
+        (
+            {"workers": 1, "chief": 1, "ps": 2, "evaluator": 1},
+            "ps",
+            1,
+            '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
+            '"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
+            '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"]},'
+            '"task":{"type":"ps","index":1},"environment":"cloud"}',
+        ),
+        (
+            {"workers": 1, "chief": 1, "ps": 2, "evaluator": 1},
+            "evaluator",
+            0,
+            '{"cluster":{"chief":["mnist-chief-0.mnist.team-a.svc:2222"],'
+            '"worker":["mnist-worker-0.mnist.team-a.svc:2222"],'
+            '"ps":["mnist-ps-0.mnist.team-a.svc:2222","mnist-ps-1.mnist.team-a.svc:2222"]},'
+            '"task":{"type":"evaluator","index":0},"environment":"cloud"}',
+        ),
+        (
+            {"workers": 1, "chief": 0, "evaluator": 1},
+            "evaluator",
+            0,
+            '{"cluster":{"worker":["mnist-worker-0.mnist.team-a.svc:2222"]},'
+            '"task":{"type":"evaluator","index":0},"environment":"cloud"}',
+        ),
+    ],
+)
 def test_tf_config_byte_for_byte(kw, role, index, expected):
     j = job(**kw)
     assert manifests.tf_config(j, role, index) == expected
-    env = {e["name"]: e["value"] for e in manifests.pod(j, j.replica(role), index)
-           ["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e["value"]
+        for e in manifests.pod(j, j.replica(role), index)["spec"]["containers"][0]["env"]
+    }
     assert env["TF_CONFIG"] == expected
 
 
 def test_tf_config_gives_the_trainer_ranks_chief_first():
     j = job(workers=2, chief=1)
-    ranks = {(r.role, i): cluster.parse(manifests.tf_config(j, r.role, i)).rank
-             for r, i in j.members()}
+    ranks = {
+        (r.role, i): cluster.parse(manifests.tf_config(j, r.role, i)).rank for r, i in j.members()
+    }
     assert ranks == {("chief", 0): 0, ("worker", 0): 1, ("worker", 1): 2}
 
 
@@ -67,16 +97,27 @@ def test_endpoint_is_injectable_for_local_processes():
 def test_desired_objects_are_service_secret_then_pods():
     objs = manifests.desired_objects(job(workers=2, chief=1), token="s3cret")
     assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
-        ("Service", "mnist"), ("Secret", "mnist-ring-token"), ("Pod", "mnist-chief-0"),
-        ("Pod", "mnist-worker-0"), ("Pod", "mnist-worker-1")]
+        ("Service", "mnist"),
+        ("Secret", "mnist-ring-token"),
+        ("Pod", "mnist-chief-0"),
+        ("Pod", "mnist-worker-0"),
+        ("Pod", "mnist-worker-1"),
+    ]
     svc, sec = objs[0], objs[1]
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"ringtrain.io/job-name": "mnist"}
     assert base64.b64decode(sec["data"]["token"]) == b"s3cret"
     for o in objs:
-        assert o["metadata"]["ownerReferences"] == [{
-            "apiVersion": "ringtrain.io/v1alpha1", "kind": "TrainingJob", "name": "mnist",
-            "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
+        assert o["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "ringtrain.io/v1alpha1",
+                "kind": "TrainingJob",
+                "name": "mnist",
+                "uid": "uid-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
 
 
 def test_tokens_are_random_per_call_and_never_in_pods():
@@ -88,27 +129,79 @@ def test_tokens_are_random_per_call_and_never_in_pods():
 
 
 def test_trainer_pod_runs_ringtrain_worker_with_every_flag():
-    obj = job_obj(trainer={"dataset": "mnist-5k", "steps": 20, "batchSize": 32,
-                           "ipusPerWorker": 2, "variablesOnHost": False, "bucketMB": 0.5,
-                           "optimizer": "sgd", "learningRate": 0.05, "evalEvery": 10,
-                           "checkpoint": {"everySteps": 5, "path": "/ckpt"}})
+    obj = job_obj(
+        trainer={
+            "dataset": "mnist-5k",
+            "steps": 20,
+            "batchSize": 32,
+            "ipusPerWorker": 2,
+            "variablesOnHost": False,
+            "bucketMB": 0.5,
+            "optimizer": "sgd",
+            "learningRate": 0.05,
+            "evalEvery": 10,
+            "checkpoint": {"everySteps": 5, "path": "/ckpt"},
+        }
+    )
     j = spec.load(obj)
     p = manifests.pod(j, j.replica("worker"), 1)
     (c,) = p["spec"]["containers"]
     assert c["name"] == "ringtrain" and c["image"] == "ringtrain:0.1.0"
     assert c["command"] == ["ringtrain", "worker"]
     assert c["args"] == [
-        "--data", "/usr/share/datasets/fashion-mnist", "--dataset", "mnist-5k",
-        "--model", "cnn", "--seed", "0", "--steps", "20", "--batch-size", "32",
-        "--eval-every", "10", "--optimizer", "sgd",
-        "--lr", "0.05", "--lr-decay", "1", "--lr-decay-epochs", "1",
-        "--ipus-per-worker", "2", "--ipu-memory-mb", "900", "--no-variables-on-host",
-        "--bucket-mb", "0.5", "--ring-transport", "grpc+tcp", "--ring-step-timeout-s", "30",
-        "--ring-connect-timeout-s", "120", "--ring-health-timeout-s", "3",
-        "--ring-stall-warning-s", "60", "--ring-rejoin-limit", "3",
-        "--checkpoint-dir", "/ckpt", "--checkpoint-every", "5",
-        "--checkpoint-keep", "3", "--metrics-port", "9400", "--json",
-        "--termination-log", "/dev/termination-log"]
+        "--data",
+        "/usr/share/datasets/fashion-mnist",
+        "--dataset",
+        "mnist-5k",
+        "--model",
+        "cnn",
+        "--seed",
+        "0",
+        "--steps",
+        "20",
+        "--batch-size",
+        "32",
+        "--eval-every",
+        "10",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.05",
+        "--lr-decay",
+        "1",
+        "--lr-decay-epochs",
+        "1",
+        "--ipus-per-worker",
+        "2",
+        "--ipu-memory-mb",
+        "900",
+        "--no-variables-on-host",
+        "--bucket-mb",
+        "0.5",
+        "--ring-transport",
+        "grpc+tcp",
+        "--ring-step-timeout-s",
+        "30",
+        "--ring-connect-timeout-s",
+        "120",
+        "--ring-health-timeout-s",
+        "3",
+        "--ring-stall-warning-s",
+        "60",
+        "--ring-rejoin-limit",
+        "3",
+        "--checkpoint-dir",
+        "/ckpt",
+        "--checkpoint-every",
+        "5",
+        "--checkpoint-keep",
+        "3",
+        "--metrics-port",
+        "9400",
+        "--json",
+        "--termination-log",
+        "/dev/termination-log",
+    ]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["RINGTRAIN_TOKEN_FILE"] == "/var/run/ringtrain/ring-token/token"
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
@@ -128,28 +221,44 @@ def test_pod_identity_and_secure_defaults():
     p = manifests.pod(j, j.replica("worker"), 1)
     meta, s = p["metadata"], p["spec"]
     assert meta["name"] == "mnist-worker-1" and meta["namespace"] == "team-a"
-    assert meta["labels"] == {"ringtrain.io/job-name": "mnist",
-                              "ringtrain.io/replica-type": "worker",
-                              "ringtrain.io/replica-index": "1"}
-    assert (s["hostname"], s["subdomain"], s["restartPolicy"]) == ("mnist-worker-1", "mnist",
-                                                                    "OnFailure")
+    assert meta["labels"] == {
+        "ringtrain.io/job-name": "mnist",
+        "ringtrain.io/replica-type": "worker",
+        "ringtrain.io/replica-index": "1",
+    }
+    assert (s["hostname"], s["subdomain"], s["restartPolicy"]) == (
+        "mnist-worker-1",
+        "mnist",
+        "OnFailure",
+    )
     assert s["automountServiceAccountToken"] is False
-    assert s["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001,
-                                    "runAsGroup": 10001, "fsGroup": 10001,
-                                    "seccompProfile": {"type": "RuntimeDefault"}}
+    assert s["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "fsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert s["containers"][0]["securityContext"] == {
-        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]}}
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 def test_the_token_is_mounted_read_only_and_never_world_readable():
     """Kubeflow #3262 mounted its secret 0644. Ours is 0400 (0440 with the fsGroup), read-only,
     in the main container only, even when a template brings its own volume of that name."""
     obj = job_obj(workers=1)
-    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {"spec": {
-        "volumes": [{"name": "ring-token", "secret": {"secretName": "x", "defaultMode": 0o644}}],
-        "initContainers": [{"name": "init", "image": "busybox"}],
-        "containers": [{"name": "ringtrain"}, {"name": "sidecar", "image": "busybox"}]}}
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {
+        "spec": {
+            "volumes": [
+                {"name": "ring-token", "secret": {"secretName": "x", "defaultMode": 0o644}}
+            ],
+            "initContainers": [{"name": "init", "image": "busybox"}],
+            "containers": [{"name": "ringtrain"}, {"name": "sidecar", "image": "busybox"}],
+        }
+    }
     j = spec.load(obj)
     s = manifests.pod(j, j.replica("worker"), 0)["spec"]
     (vol,) = [v for v in s["volumes"] if v["name"] == "ring-token"]
@@ -160,9 +269,11 @@ def test_the_token_is_mounted_read_only_and_never_world_readable():
     assert mount["readOnly"] is True
     assert "ring-token" not in json.dumps(sidecar) + json.dumps(s["initContainers"])
     for c in [*s["containers"], *s["initContainers"]]:  # every container, not just ours
-        assert c["securityContext"] == {"allowPrivilegeEscalation": False,
-                                        "readOnlyRootFilesystem": True,
-                                        "capabilities": {"drop": ["ALL"]}}
+        assert c["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
     assert s["automountServiceAccountToken"] is False
     assert s["securityContext"]["runAsNonRoot"] is True
     assert s["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -171,6 +282,7 @@ def test_the_token_is_mounted_read_only_and_never_world_readable():
 def test_the_token_never_reaches_tf_config_status_events_metrics_or_logs(caplog):
     from fake_kube import FakeKube
     from prometheus_client import CollectorRegistry, generate_latest
+
     from ringtrain_operator.metrics import OperatorMetrics
     from ringtrain_operator.reconcile import reconcile
 
@@ -182,22 +294,36 @@ def test_the_token_never_reaches_tf_config_status_events_metrics_or_logs(caplog)
     token = base64.b64decode(secret["data"]["token"]).decode()
     encoded = secret["data"]["token"]
     pods = [o for (kind, _), o in kube.objects.items() if kind == "Pod"]
-    seen = {"pods (env, TF_CONFIG)": json.dumps(pods), "status": json.dumps(kube.job["status"]),
-            "events": json.dumps([e.message for e in d.events]),
-            "metrics": generate_latest(metrics.registry).decode(), "logs": caplog.text}
+    seen = {
+        "pods (env, TF_CONFIG)": json.dumps(pods),
+        "status": json.dumps(kube.job["status"]),
+        "events": json.dumps([e.message for e in d.events]),
+        "metrics": generate_latest(metrics.registry).decode(),
+        "logs": caplog.text,
+    }
     for where, text in seen.items():
         assert token not in text and encoded not in text, where
-    tf = [e["value"] for p in pods for e in p["spec"]["containers"][0]["env"]
-          if e["name"] == "TF_CONFIG"]
+    tf = [
+        e["value"]
+        for p in pods
+        for e in p["spec"]["containers"][0]["env"]
+        if e["name"] == "TF_CONFIG"
+    ]
     assert len(tf) == 3 and all(token not in t for t in tf)
     other = FakeKube(job_obj(workers=2, chief=1))
     reconcile(other, "team-a", "mnist", fetch=lambda ip: None)
     assert other.objects[("Secret", "mnist-ring-token")]["data"]["token"] != encoded  # per job
 
 
-@pytest.mark.parametrize("policy, pod_policy", [("Never", "Never"), ("ExitCode", "OnFailure"),
-                                                 ("OnFailure", "OnFailure"),
-                                                 ("Always", "Always")])
+@pytest.mark.parametrize(
+    "policy, pod_policy",
+    [
+        ("Never", "Never"),
+        ("ExitCode", "OnFailure"),
+        ("OnFailure", "OnFailure"),
+        ("Always", "Always"),
+    ],
+)
 def test_pod_restart_policy(policy, pod_policy):
     j = job(policy=policy)
     assert manifests.pod(j, j.replica("worker"), 0)["spec"]["restartPolicy"] == pod_policy
@@ -207,14 +333,22 @@ def test_template_values_win_and_stock_commands_run_unchanged():
     obj = job_obj(workers=1)
     del obj["spec"]["trainer"]
     obj["spec"]["replicaSpecs"]["Worker"]["template"] = {
-        "metadata": {"labels": {"team": "a", "ringtrain.io/job-name": "spoof"},
-                     "annotations": {"note": "x"}},
-        "spec": {"securityContext": {"runAsUser": 2000},
-                 "containers": [{"name": "tf", "image": "tensorflow/tensorflow:2.16.1",
-                                 "command": ["python", "train.py"],
-                                 "env": [{"name": "A", "value": "1"},
-                                         {"name": "TF_CONFIG", "value": "stale"}],
-                                 "securityContext": {"readOnlyRootFilesystem": False}}]},
+        "metadata": {
+            "labels": {"team": "a", "ringtrain.io/job-name": "spoof"},
+            "annotations": {"note": "x"},
+        },
+        "spec": {
+            "securityContext": {"runAsUser": 2000},
+            "containers": [
+                {
+                    "name": "tf",
+                    "image": "tensorflow/tensorflow:2.16.1",
+                    "command": ["python", "train.py"],
+                    "env": [{"name": "A", "value": "1"}, {"name": "TF_CONFIG", "value": "stale"}],
+                    "securityContext": {"readOnlyRootFilesystem": False},
+                }
+            ],
+        },
     }
     j = spec.load(obj)
     p = manifests.pod(j, j.replica("worker"), 0)
@@ -231,29 +365,43 @@ def test_template_values_win_and_stock_commands_run_unchanged():
     assert c["securityContext"]["readOnlyRootFilesystem"] is False
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert "checkpoints" not in {v["name"] for v in p["spec"]["volumes"]}
-    assert obj["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"][1] \
-        == {"name": "TF_CONFIG", "value": "stale"}  # the template itself is not modified
+    assert obj["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"][1] == {
+        "name": "TF_CONFIG",
+        "value": "stale",
+    }  # the template itself is not modified
 
 
 def test_checkpoint_volume_and_image_override():
-    obj = job_obj(trainer={"checkpoint": {"volume": {"persistentVolumeClaim": {
-        "claimName": "ckpt"}}}})
-    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {"spec": {"containers": [
-        {"name": "ringtrain", "image": "registry.example/ringtrain:dev",
-         "resources": {"limits": {"memory": "2Gi"}}}]}}
+    obj = job_obj(
+        trainer={"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}}
+    )
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "ringtrain",
+                    "image": "registry.example/ringtrain:dev",
+                    "resources": {"limits": {"memory": "2Gi"}},
+                }
+            ]
+        }
+    }
     j = spec.load(obj)
     p = manifests.pod(j, j.replica("worker"), 0)
     (c,) = p["spec"]["containers"]
     assert c["image"] == "registry.example/ringtrain:dev"
     assert c["resources"] == {"limits": {"memory": "2Gi"}}
     vols = {v["name"]: v for v in p["spec"]["volumes"]}
-    assert vols["checkpoints"] == {"name": "checkpoints",
-                                   "persistentVolumeClaim": {"claimName": "ckpt"}}
+    assert vols["checkpoints"] == {
+        "name": "checkpoints",
+        "persistentVolumeClaim": {"claimName": "ckpt"},
+    }
 
 
 @pytest.mark.parametrize("version", ["1.25.0", "1.37.0"])
-@pytest.mark.parametrize("kw", [{"workers": 2}, {"workers": 2, "chief": 1, "ps": 1,
-                                                 "evaluator": 1}])
+@pytest.mark.parametrize(
+    "kw", [{"workers": 2}, {"workers": 2, "chief": 1, "ps": 1, "evaluator": 1}]
+)
 def test_every_object_validates_against_the_kubernetes_schema(kw, version):
     for obj in manifests.desired_objects(job(**kw)):
         kubernetes_validate.validate(obj, version, strict=True)
@@ -267,12 +415,28 @@ def test_the_trainer_parses_the_pod_command_into_the_spec(tmp_path):
     """The contract between operator and trainer, checked with the trainer's own parser."""
     from ringtrain_trainer.config import TrainerConfig
 
-    obj = job_obj(workers=2, chief=1, trainer={
-        "dataset": "mnist-5k", "steps": 20, "batchSize": 32, "ipusPerWorker": 2,
-        "variablesOnHost": False, "bucketMB": 0.5, "learningRate": 0.01, "lrDecay": 0.5,
-        "evalEvery": 10, "checkpoint": {"everySteps": 5, "path": "/ckpt"},
-        "ring": {"transport": "grpc", "stepTimeoutSeconds": 90.5, "connectTimeoutSeconds": 300,
-                 "encryptData": True}})
+    obj = job_obj(
+        workers=2,
+        chief=1,
+        trainer={
+            "dataset": "mnist-5k",
+            "steps": 20,
+            "batchSize": 32,
+            "ipusPerWorker": 2,
+            "variablesOnHost": False,
+            "bucketMB": 0.5,
+            "learningRate": 0.01,
+            "lrDecay": 0.5,
+            "evalEvery": 10,
+            "checkpoint": {"everySteps": 5, "path": "/ckpt"},
+            "ring": {
+                "transport": "grpc",
+                "stepTimeoutSeconds": 90.5,
+                "connectTimeoutSeconds": 300,
+                "encryptData": True,
+            },
+        },
+    )
     j = spec.load(obj)
     (c,) = manifests.pod(j, j.replica("worker"), 1)["spec"]["containers"]
     env = {e["name"]: e["value"] for e in c["env"]}
@@ -289,13 +453,16 @@ def test_the_trainer_parses_the_pod_command_into_the_spec(tmp_path):
     assert (cfg.ipus_per_worker, cfg.variables_on_host, cfg.bucket_mb) == (2, False, 0.5)
     assert (cfg.lr, cfg.lr_decay, cfg.optimizer, cfg.eval_every) == (0.01, 0.5, t.optimizer, 10)
     assert (cfg.checkpoint_dir, cfg.checkpoint_every) == ("/ckpt", 5)
-    assert (cfg.metrics_port, cfg.json, cfg.termination_log) == (9400, True,
-                                                                  "/dev/termination-log")
+    assert (cfg.metrics_port, cfg.json, cfg.termination_log) == (9400, True, "/dev/termination-log")
     assert (cfg.ring_transport, cfg.ring_step_timeout_s, cfg.ring_connect_timeout_s) == (
-        "grpc", 90.5, 300.0)
+        "grpc",
+        90.5,
+        300.0,
+    )
     assert cfg.ring_encrypt_data is True and cfg.token == b"s3cret"
-    assert cfg.tls.files() == {k: base64.b64decode(v) for k, v in sec["data"].items()
-                               if k != "token"}
+    assert cfg.tls.files() == {
+        k: base64.b64decode(v) for k, v in sec["data"].items() if k != "token"
+    }
     assert (cfg.cluster.rank, cfg.cluster.world_size) == (2, 3)
     assert cfg.token == b"s3cret"
 
@@ -310,7 +477,10 @@ def test_the_crd_ring_defaults_are_the_trainer_defaults():
     cfg = TrainerConfig.from_args(c["args"], {})
     bare = TrainerConfig()
     assert (cfg.ring_transport, cfg.ring_step_timeout_s, cfg.ring_connect_timeout_s) == (
-        bare.ring_transport, bare.ring_step_timeout_s, bare.ring_connect_timeout_s)
+        bare.ring_transport,
+        bare.ring_step_timeout_s,
+        bare.ring_connect_timeout_s,
+    )
 
 
 def test_a_zero_learning_rate_is_refused_like_the_trainer_does():
@@ -348,13 +518,24 @@ def test_ring_workers_declare_the_side_channel_and_probe_the_grpc_health_service
     assert manifests.worker_probes("none") == {}
     assert manifests.probe_form({manifests.PROBE_ENV: "grpc"}) == "grpc"
     single = spec.load(job_obj(workers=1, trainer={}))
-    assert "livenessProbe" not in manifests.pod(single, single.replica("worker"), 0)[
-        "spec"]["containers"][0]
+    assert (
+        "livenessProbe"
+        not in manifests.pod(single, single.replica("worker"), 0)["spec"]["containers"][0]
+    )
 
 
 def test_the_data_volume_is_mounted_read_only_and_replaces_data_dir():
-    j = spec.load(job_obj(trainer={"data": {"volume": {"persistentVolumeClaim": {
-        "claimName": "my-data"}}, "path": "/mnt/in", "file": "fashion.npz"}}))
+    j = spec.load(
+        job_obj(
+            trainer={
+                "data": {
+                    "volume": {"persistentVolumeClaim": {"claimName": "my-data"}},
+                    "path": "/mnt/in",
+                    "file": "fashion.npz",
+                }
+            }
+        )
+    )
     p = manifests.pod(j, j.replica("worker"), 0)
     (c,) = p["spec"]["containers"]
     vols = {v["name"]: v for v in p["spec"]["volumes"]}
@@ -370,9 +551,18 @@ def test_the_data_volume_is_mounted_read_only_and_replaces_data_dir():
 def test_export_reaches_the_worker_and_the_evaluator_runs_the_same_command():
     from ringtrain_trainer.config import TrainerConfig
 
-    j = spec.load(job_obj(workers=1, chief=1, evaluator=1, trainer={
-        "dataset": "mnist-5k", "export": {"path": "out/m.onnx", "format": "onnx"},
-        "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}}}))
+    j = spec.load(
+        job_obj(
+            workers=1,
+            chief=1,
+            evaluator=1,
+            trainer={
+                "dataset": "mnist-5k",
+                "export": {"path": "out/m.onnx", "format": "onnx"},
+                "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}},
+            },
+        )
+    )
     chief = manifests.pod(j, j.replica("chief"), 0)["spec"]["containers"][0]
     ev = manifests.pod(j, j.replica("evaluator"), 0)["spec"]["containers"][0]
     assert chief["args"] == ev["args"] and ev["command"] == ["ringtrain", "worker"]
@@ -380,5 +570,8 @@ def test_export_reaches_the_worker_and_the_evaluator_runs_the_same_command():
     cfg = TrainerConfig.from_args(ev["args"], env)
     assert (cfg.export, cfg.export_format) == ("out/m.onnx", "onnx")
     assert cfg.cluster.task_type == "evaluator" and not cfg.cluster.in_ring
-    assert cfg.cluster.ring == cluster.parse(env["TF_CONFIG"]).ring == (
-        "mnist-chief-0.mnist.team-a.svc:2222", "mnist-worker-0.mnist.team-a.svc:2222")
+    assert (
+        cfg.cluster.ring
+        == cluster.parse(env["TF_CONFIG"]).ring
+        == ("mnist-chief-0.mnist.team-a.svc:2222", "mnist-worker-0.mnist.team-a.svc:2222")
+    )

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import kubernetes_validate
 import pytest
-
 from fake_kube import FakeKube
 from operator_jobs import job, job_obj
+
 from ringtrain_operator import main as operator_main
 from ringtrain_operator import manifests, networkpolicy
 from ringtrain_operator.reconcile import reconcile
@@ -17,10 +17,12 @@ RING, METRICS = manifests.RING_PORT, manifests.METRICS_PORT
 RING_DATA = manifests.RING_DATA_PORT
 SETTINGS = networkpolicy.Settings(
     operator_namespace="rt",
-    operator_pod_labels={"app.kubernetes.io/name": "ringtrain",
-                         "app.kubernetes.io/instance": "rt"})
-NS_LABELS = {ns: {networkpolicy.NAMESPACE_NAME_LABEL: ns}
-             for ns in ("team-a", "team-b", "monitoring", "rt", "default")}
+    operator_pod_labels={"app.kubernetes.io/name": "ringtrain", "app.kubernetes.io/instance": "rt"},
+)
+NS_LABELS = {
+    ns: {networkpolicy.NAMESPACE_NAME_LABEL: ns}
+    for ns in ("team-a", "team-b", "monitoring", "rt", "default")
+}
 
 
 def matches(selector: dict, labels: dict) -> bool:
@@ -40,17 +42,23 @@ def peer_admits(peer: dict, policy_ns: str, src: dict) -> bool:
 
 def admitted(policies: list[dict], src: dict, dst: dict, port: int) -> bool:
     """Is TCP from ``src`` to ``dst``:``port`` allowed (pods as {namespace, labels})?"""
-    selecting = [p for p in policies if p["metadata"]["namespace"] == dst["namespace"]
-                 and "Ingress" in p["spec"]["policyTypes"]
-                 and matches(p["spec"]["podSelector"], dst["labels"])]
+    selecting = [
+        p
+        for p in policies
+        if p["metadata"]["namespace"] == dst["namespace"]
+        and "Ingress" in p["spec"]["policyTypes"]
+        and matches(p["spec"]["podSelector"], dst["labels"])
+    ]
     if not selecting:
         return True  # no policy selects the pod: everything is allowed
     for p in selecting:
         for rule in p["spec"].get("ingress", []):
             ports_ok = not rule.get("ports") or any(
-                r["port"] == port and r.get("protocol", "TCP") == "TCP" for r in rule["ports"])
+                r["port"] == port and r.get("protocol", "TCP") == "TCP" for r in rule["ports"]
+            )
             from_ok = not rule.get("from") or any(
-                peer_admits(peer, p["metadata"]["namespace"], src) for peer in rule["from"])
+                peer_admits(peer, p["metadata"]["namespace"], src) for peer in rule["from"]
+            )
             if ports_ok and from_ok:
                 return True
     return False
@@ -65,16 +73,23 @@ def world():
     """Two jobs in team-a, their policies, and the pods around them."""
     a, b = job(name="a", workers=2, chief=1), job(name="b", workers=2)
     policies = [networkpolicy.network_policy(j, SETTINGS) for j in (a, b)]
-    pods = {"a": [pod_of(p) for p in manifests.pods(a)], "b": [pod_of(p) for p in manifests.pods(b)]}
+    pods = {
+        "a": [pod_of(p) for p in manifests.pods(a)],
+        "b": [pod_of(p) for p in manifests.pods(b)],
+    }
     others = {
         "prometheus": {"namespace": "monitoring", "labels": {"app": "prometheus"}},
-        "operator": {"namespace": "rt", "labels": {"app.kubernetes.io/name": "ringtrain",
-                                                    "app.kubernetes.io/instance": "rt"}},
+        "operator": {
+            "namespace": "rt",
+            "labels": {"app.kubernetes.io/name": "ringtrain", "app.kubernetes.io/instance": "rt"},
+        },
         "stranger in team-a": {"namespace": "team-a", "labels": {"app": "notebook"}},
         # Job a's labels, but in another namespace: a podSelector alone is the policy's own.
         "impostor in team-b": {"namespace": "team-b", "labels": manifests.labels(a)},
-        "ringtrain-named pod elsewhere": {"namespace": "default",
-                                          "labels": dict(SETTINGS.operator_pod_labels)},
+        "ringtrain-named pod elsewhere": {
+            "namespace": "default",
+            "labels": dict(SETTINGS.operator_pod_labels),
+        },
     }
     return policies, pods, others
 
@@ -99,8 +114,9 @@ def test_the_metrics_port_admits_only_the_monitoring_namespace_and_the_operator(
             assert admitted(policies, src, dst, METRICS) == (who in allowed), who
         # peers of the job scrape nothing, and no one reaches any other port
         assert not admitted(policies, pods["a"][0], dst, METRICS)
-        assert not any(admitted(policies, src, dst, 8080)
-                       for src in [*others.values(), *pods["a"], *pods["b"]])
+        assert not any(
+            admitted(policies, src, dst, 8080) for src in [*others.values(), *pods["a"], *pods["b"]]
+        )
 
 
 def test_pods_of_other_apps_are_not_selected(world):
@@ -113,8 +129,10 @@ def test_a_job_without_trainer_exposes_only_its_ring_port():
     obj = job_obj(name="stock", trainer=None)
     del obj["spec"]["trainer"]
     obj["spec"]["replicaSpecs"]["Worker"]["template"] = {
-        "spec": {"containers": [{"name": "tf", "image": "tensorflow/tensorflow"}]}}
+        "spec": {"containers": [{"name": "tf", "image": "tensorflow/tensorflow"}]}
+    }
     from ringtrain_operator import spec
+
     p = networkpolicy.network_policy(spec.load(obj), SETTINGS)
     assert [r["ports"] for r in p["spec"]["ingress"]] == [[{"protocol": "TCP", "port": RING}]]
 
@@ -136,19 +154,27 @@ def test_the_operator_creates_the_policy_once_only_when_told():
         reconcile(kube, "team-a", "mnist", fetch=lambda ip: None, network=SETTINGS)
     assert kube.calls.count(("create", "NetworkPolicy/mnist")) == 1
     assert kube.objects[("NetworkPolicy", "mnist")] == networkpolicy.network_policy(
-        job(workers=2), SETTINGS)
+        job(workers=2), SETTINGS
+    )
 
 
 def test_operator_flags_make_the_settings():
-    args = operator_main.parse_args([
-        "--network-policy", "--metrics-namespace-labels=team=observability,tier=infra",
-        "--operator-pod-labels=app.kubernetes.io/name=ringtrain,app.kubernetes.io/instance=x"])
+    args = operator_main.parse_args(
+        [
+            "--network-policy",
+            "--metrics-namespace-labels=team=observability,tier=infra",
+            "--operator-pod-labels=app.kubernetes.io/name=ringtrain,app.kubernetes.io/instance=x",
+        ]
+    )
     s = operator_main.network_settings(args, "ops")
     assert s == networkpolicy.Settings(
         metrics_namespace_labels={"team": "observability", "tier": "infra"},
         operator_namespace="ops",
-        operator_pod_labels={"app.kubernetes.io/name": "ringtrain",
-                             "app.kubernetes.io/instance": "x"})
+        operator_pod_labels={
+            "app.kubernetes.io/name": "ringtrain",
+            "app.kubernetes.io/instance": "x",
+        },
+    )
     assert operator_main.network_settings(operator_main.parse_args([]), "ops") is None
     with pytest.raises(SystemExit):
         operator_main.parse_args(["--metrics-namespace-labels=novalue"])

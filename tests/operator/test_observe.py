@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from operator_jobs import job
+
 from ringtrain_operator import manifests, observe, status
 from ringtrain_operator.observe import ObservedPod
 
@@ -17,11 +18,16 @@ def pod_obj(j, role: str, index: int, phase: str = "Running", ip: str = "10.1.0.
 
 def test_pods_of_the_job_are_observed_and_unlabelled_ones_skipped():
     j = job(workers=2)
-    objs = [pod_obj(j, "worker", 0), pod_obj(j, "worker", 1, "Pending"),
-            {"metadata": {"name": "stray", "labels": {manifests.LABEL_JOB: "mnist"}}}]
+    objs = [
+        pod_obj(j, "worker", 0),
+        pod_obj(j, "worker", 1, "Pending"),
+        {"metadata": {"name": "stray", "labels": {manifests.LABEL_JOB: "mnist"}}},
+    ]
     seen = observe.observe_pods(j, objs, fetch=lambda ip: {"step": 1})
     assert [(p.name, p.role, p.index, p.phase) for p in seen] == [
-        ("mnist-worker-0", "worker", 0, "Running"), ("mnist-worker-1", "worker", 1, "Pending")]
+        ("mnist-worker-0", "worker", 0, "Running"),
+        ("mnist-worker-1", "worker", 1, "Pending"),
+    ]
     assert seen[0].live_status == {"step": 1} and seen[1].live_status is None
 
 
@@ -53,8 +59,13 @@ def test_chief_progress_prefers_the_final_termination_message():
     j = job(workers=1)
     chief = ObservedPod("mnist-worker-0", "worker", 0, live_status={"step": 5, "loss": 1.0})
     assert observe.chief_progress(j, [chief]) == {"step": 5, "loss": 1.0}
-    final = ObservedPod("mnist-worker-0", "worker", 0, phase="Succeeded",
-                        termination_message=json.dumps({"steps": 9, "checkpoint": "/c/9"}))
+    final = ObservedPod(
+        "mnist-worker-0",
+        "worker",
+        0,
+        phase="Succeeded",
+        termination_message=json.dumps({"steps": 9, "checkpoint": "/c/9"}),
+    )
     assert observe.chief_progress(j, [final]) == {"step": 9, "checkpoint": "/c/9"}
     other = ObservedPod("mnist-worker-1", "worker", 1, live_status={"step": 5})
     assert observe.chief_progress(j, [other]) == {}
@@ -69,7 +80,9 @@ def test_the_decision_carries_the_members_to_create():
     j = job(workers=2, chief=1)
     d = status.derive_status(j, [], status.parse_time("2024-05-01T12:00:00Z"), None)
     assert [(m.name, m.replica.role, m.index) for m in d.to_create] == [
-        ("mnist-chief-0", "chief", 0), ("mnist-worker-0", "worker", 0),
-        ("mnist-worker-1", "worker", 1)]
+        ("mnist-chief-0", "chief", 0),
+        ("mnist-worker-0", "worker", 0),
+        ("mnist-worker-1", "worker", 1),
+    ]
     assert d.create == tuple(m.name for m in d.to_create)
     assert [manifests.pod(j, m.replica, m.index) for m in d.to_create] == manifests.pods(j)

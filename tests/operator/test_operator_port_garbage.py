@@ -63,10 +63,16 @@ def test_garbage_on_the_operator_port_is_refused_and_it_keeps_serving(port):
         for _ in range(3):
             assert status(send(port, os.urandom(4096))) in (b"400", b"")
             assert status(send(port, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n")) in (
-                b"400", b"414", b"")
+                b"400",
+                b"414",
+                b"",
+            )
             headers = b"".join(b"X-%d: %s\r\n" % (i, b"y" * 1000) for i in range(200))
             assert status(send(port, b"GET /healthz HTTP/1.1\r\n" + headers + b"\r\n")) in (
-                b"400", b"431", b"")
+                b"400",
+                b"431",
+                b"",
+            )
             send(port, b"GET /heal", half_close=True)  # truncated
             assert status(send(port, b"POST /healthz HTTP/1.0\r\n\r\n")) == b"405"
             assert status(send(port, b"GET /../../etc/passwd HTTP/1.0\r\n\r\n")) == b"404"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from operator_jobs import job_obj
+
 from ringtrain import optiongen, options
 from ringtrain.errors import InvalidSpec
 from ringtrain_operator import manifests, spec
@@ -39,12 +39,14 @@ gen_crd = _load(GEN_CRD, "gen_crd")
 def _trainer_schema(path: Path) -> dict:
     crd = yaml.safe_load(path.read_text())
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
-        "properties"]["trainer"]
+        "properties"
+    ]["trainer"]
 
 
 def _crd_node(path: str) -> dict:
     node = spec.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
-        "properties"]["trainer"]
+        "properties"
+    ]["trainer"]
     for part in path.split("."):
         node = node["properties"][part]
     return node
@@ -52,14 +54,16 @@ def _crd_node(path: str) -> dict:
 
 @pytest.mark.parametrize("path", gen_crd.CRDS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_both_crd_files_hold_the_generated_trainer_schema(path):
-    assert path.read_text() == gen_crd.render(path.read_text()), \
+    assert path.read_text() == gen_crd.render(path.read_text()), (
         f"{path} is stale: run .venv/bin/python hack/gen-crd"
+    )
     assert _trainer_schema(path) == optiongen.trainer_schema()
 
 
 def test_gen_crd_check_passes_now_and_fails_with_a_diff_on_a_stale_block(tmp_path):
-    ok = subprocess.run([sys.executable, str(GEN_CRD), "--check"], capture_output=True,
-                        text=True, check=False)
+    ok = subprocess.run(
+        [sys.executable, str(GEN_CRD), "--check"], capture_output=True, text=True, check=False
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     stale = gen_crd.CRDS[0].read_text().replace("maximum: 86400", "maximum: 600", 1)
     assert gen_crd.render(stale) == gen_crd.CRDS[0].read_text(), "only the block is replaced"
@@ -79,22 +83,38 @@ def test_crd_default_and_bounds_are_the_tables(o):
 
 #: What the CRD said before it was generated from the table: additions only.
 PINNED_BOUNDS = {
-    "image": (None, False, None), "data_dir": (None, False, None),
-    "dataset": (None, False, None), "model": (None, False, None), "seed": (0, False, None),
-    "steps": (1, False, None), "epochs": (1, False, None), "batch_size": (1, False, 65536),
-    "eval_every": (0, False, None), "optimizer": (None, False, None),
-    "lr": (0, True, None), "lr_decay": (0, False, 1), "lr_decay_epochs": (1, False, None),
-    "ipus_per_worker": (1, False, 64), "ipu_memory_mb": (1, False, 1048576),
-    "variables_on_host": (None, False, None), "bucket_mb": (0.001, False, 4096),
-    "ring_transport": (None, False, None), "ring_step_timeout_s": (0, True, 86400),
-    "ring_connect_timeout_s": (0, True, 86400), "checkpoint_dir": (None, False, None),
-    "checkpoint_every": (0, False, None), "checkpoint_volume": (None, False, None),
+    "image": (None, False, None),
+    "data_dir": (None, False, None),
+    "dataset": (None, False, None),
+    "model": (None, False, None),
+    "seed": (0, False, None),
+    "steps": (1, False, None),
+    "epochs": (1, False, None),
+    "batch_size": (1, False, 65536),
+    "eval_every": (0, False, None),
+    "optimizer": (None, False, None),
+    "lr": (0, True, None),
+    "lr_decay": (0, False, 1),
+    "lr_decay_epochs": (1, False, None),
+    "ipus_per_worker": (1, False, 64),
+    "ipu_memory_mb": (1, False, 1048576),
+    "variables_on_host": (None, False, None),
+    "bucket_mb": (0.001, False, 4096),
+    "ring_transport": (None, False, None),
+    "ring_step_timeout_s": (0, True, 86400),
+    "ring_connect_timeout_s": (0, True, 86400),
+    "checkpoint_dir": (None, False, None),
+    "checkpoint_every": (0, False, None),
+    "checkpoint_volume": (None, False, None),
 }
 
 
 def test_the_crd_bounds_did_not_change():
-    bounds = {name: (o.minimum, o.exclusive_minimum, o.maximum)
-              for name, o in options.BY_NAME.items() if o.crd}
+    bounds = {
+        name: (o.minimum, o.exclusive_minimum, o.maximum)
+        for name, o in options.BY_NAME.items()
+        if o.crd
+    }
     assert {n: bounds.get(n) for n in PINNED_BOUNDS} == PINNED_BOUNDS
 
 
@@ -158,14 +178,17 @@ def test_a_spec_with_only_defaults_runs_the_worker_with_its_own_defaults():
     assert (t.checkpoint_dir, cfg.checkpoint_dir) == ("/checkpoints", "/checkpoints")
 
 
-@pytest.mark.parametrize("value, text", [(30.0, "30"), (0.0123456789, "0.0123456789"),
-                                         (1e-05, "1e-05"), (64, "64"), ("tcp", "tcp")])
+@pytest.mark.parametrize(
+    "value, text",
+    [(30.0, "30"), (0.0123456789, "0.0123456789"), (1e-05, "1e-05"), (64, "64"), ("tcp", "tcp")],
+)
 def test_flag_values_are_not_rounded(value, text):
     assert optiongen.format_value(value) == text
 
 
-@pytest.mark.parametrize("o", [o for o in options.WORKER if o.minimum is not None],
-                         ids=lambda o: o.name)
+@pytest.mark.parametrize(
+    "o", [o for o in options.WORKER if o.minimum is not None], ids=lambda o: o.name
+)
 def test_the_worker_refuses_what_is_below_the_tables_minimum(o):
     low = o.minimum if o.exclusive_minimum else o.minimum - 1
     with pytest.raises(InvalidSpec, match=o.cli_flag):
@@ -179,12 +202,13 @@ def test_nan_is_refused_where_a_number_has_a_minimum():
 
 
 def test_the_worker_keeps_its_old_messages():
-    for argv, message in [(["--batch-size", "0"], "--batch-size must be at least 1"),
-                          (["--steps", "0"], "--steps must be at least 1"),
-                          (["--eval-every", "-1"], "--eval-every must not be negative"),
-                          (["--bucket-mb", "0"], "--bucket-mb must be at least 0.001"),
-                          (["--ring-step-timeout-s", "0"],
-                           "--ring-step-timeout-s must be positive")]:
+    for argv, message in [
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--eval-every", "-1"], "--eval-every must not be negative"),
+        (["--bucket-mb", "0"], "--bucket-mb must be at least 0.001"),
+        (["--ring-step-timeout-s", "0"], "--ring-step-timeout-s must be positive"),
+    ]:
         with pytest.raises(InvalidSpec, match=message):
             TrainerConfig.from_args(argv, {})
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import base64
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from fake_kube import FakeKube
 from operator_jobs import job_obj
 from prometheus_client import CollectorRegistry
+
 from ringtrain_operator import status as st
 from ringtrain_operator.metrics import OperatorMetrics
 from ringtrain_operator.reconcile import reconcile, status_patch
 
-T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def no_fetch(ip):
@@ -26,8 +27,12 @@ def pods(kube):
 def test_first_reconcile_creates_service_secret_pods_and_status():
     kube = FakeKube(job_obj(workers=2))
     d = reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
-    assert sorted(kube.objects) == [("Pod", "mnist-worker-0"), ("Pod", "mnist-worker-1"),
-                                    ("Secret", "mnist-ring-token"), ("Service", "mnist")]
+    assert sorted(kube.objects) == [
+        ("Pod", "mnist-worker-0"),
+        ("Pod", "mnist-worker-1"),
+        ("Secret", "mnist-ring-token"),
+        ("Service", "mnist"),
+    ]
     assert kube.calls[0] == ("patch", "status")  # status is written before any action
     assert kube.job["status"]["state"] == st.CREATED
     assert [e.reason for e in d.events] == [st.REASON_CREATED, "PodCreated", "PodCreated"]
@@ -44,7 +49,8 @@ def test_a_restarted_operator_creates_nothing_twice_and_keeps_the_first_token():
     assert pods(kube) == ["mnist-worker-0", "mnist-worker-1"]
     assert kube.objects[("Secret", "mnist-ring-token")]["data"]["token"] == token
     assert [e.message for e in d.events if e.reason == "PodCreated"] == [
-        "created pod mnist-worker-1"]
+        "created pod mnist-worker-1"
+    ]
     assert len(base64.b64decode(token)) >= 32
 
 
@@ -70,8 +76,14 @@ def test_in_place_restart_then_success_then_ttl_deletes_the_job():
     kube = FakeKube(obj)
     registry = CollectorRegistry()
     metrics = OperatorMetrics(registry)
-    run = lambda: reconcile(kube, "team-a", "mnist", now=T0, fetch=lambda ip: None,  # noqa: E731
-                            metrics=metrics)
+    run = lambda: reconcile(
+        kube,
+        "team-a",
+        "mnist",
+        now=T0,
+        fetch=lambda ip: None,  # noqa: E731
+        metrics=metrics,
+    )
     run()
     uids = {n: kube.objects[("Pod", n)]["metadata"].get("uid") for n in pods(kube)}
     kube.set_pod_phase("mnist-worker-0", "Running")
@@ -113,11 +125,13 @@ def test_a_lost_pod_alone_is_deleted_then_recreated():
     assert kube.job["status"]["state"] == st.RESTARTING
     assert (kube.job["status"]["restarts"], kube.job["status"]["gangRestarts"]) == (1, 1)
     assert [e.message for e in d.events if e.reason == "PodDeleted"] == [
-        "deleted pod mnist-worker-1"]
+        "deleted pod mnist-worker-1"
+    ]
     assert pods(kube) == ["mnist-worker-0"]
     d = run()
     assert [e.message for e in d.events if e.reason == "PodCreated"] == [
-        "created pod mnist-worker-1"]
+        "created pod mnist-worker-1"
+    ]
     assert pods(kube) == ["mnist-worker-0", "mnist-worker-1"]
     assert kube.job["status"]["restarts"] == 1
 
@@ -149,10 +163,19 @@ def test_status_patch_sets_changed_keys_and_removes_missing_ones():
 
 def test_an_unsupported_inline_keras_model_fails_the_job_with_an_event_naming_the_layer():
     obj = job_obj(workers=2)
-    obj["spec"]["trainer"]["model"] = {"class_name": "Sequential", "config": {"layers": [
-        {"class_name": "InputLayer", "config": {"batch_input_shape": [None, 28, 28]}},
-        {"class_name": "Flatten", "config": {"name": "flatten"}},
-        {"class_name": "Dense", "config": {"name": "out", "units": 10, "activation": "gelu"}}]}}
+    obj["spec"]["trainer"]["model"] = {
+        "class_name": "Sequential",
+        "config": {
+            "layers": [
+                {"class_name": "InputLayer", "config": {"batch_input_shape": [None, 28, 28]}},
+                {"class_name": "Flatten", "config": {"name": "flatten"}},
+                {
+                    "class_name": "Dense",
+                    "config": {"name": "out", "units": 10, "activation": "gelu"},
+                },
+            ]
+        },
+    }
     kube = FakeKube(obj)
     d = reconcile(kube, "team-a", "mnist", now=T0, fetch=no_fetch)
     assert kube.job["status"]["state"] == st.FAILED

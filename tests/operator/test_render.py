@@ -17,9 +17,11 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
 def test_the_three_examples_exist():
-    assert {p.name for p in EXAMPLES} >= {"fashion-mnist-2workers.yaml",
-                                          "fashion-mnist-4workers-2ipus.yaml",
-                                          "tensorflow-stock.yaml"}
+    assert {p.name for p in EXAMPLES} >= {
+        "fashion-mnist-2workers.yaml",
+        "fashion-mnist-4workers-2ipus.yaml",
+        "tensorflow-stock.yaml",
+    }
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -40,15 +42,24 @@ def test_main_example_is_the_seeds_two_worker_job():
 
 def test_render_cli_prints_every_object_with_the_secret_redacted(tmp_path):
     path = REPO / "examples/fashion-mnist-2workers.yaml"
-    out = subprocess.run([sys.executable, "-m", "ringtrain.cli", "render", str(path), "-n", "ml"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "ringtrain.cli", "render", str(path), "-n", "ml"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     objects = list(yaml.safe_load_all(out))
-    job = spec.load({**yaml.safe_load(path.read_text()),
-                     "metadata": {"name": "fashion-mnist", "namespace": "ml"}})
+    job = spec.load(
+        {
+            **yaml.safe_load(path.read_text()),
+            "metadata": {"name": "fashion-mnist", "namespace": "ml"},
+        }
+    )
     expected = manifests.desired_objects(job, token="x")
     assert [o["metadata"]["name"] for o in objects] == [o["metadata"]["name"] for o in expected]
-    assert objects[1]["data"] == {k: render.REDACTED
-                                  for k in ("token", "ca.crt", "tls.crt", "tls.key")}
+    assert objects[1]["data"] == dict.fromkeys(
+        ("token", "ca.crt", "tls.crt", "tls.key"), render.REDACTED
+    )
     assert objects[2] == expected[2]  # pods: byte for byte what the operator creates
 
 
@@ -57,8 +68,9 @@ def test_render_cli_reports_an_invalid_spec_with_the_field(tmp_path):
     doc = yaml.safe_load((REPO / "examples/fashion-mnist-2workers.yaml").read_text())
     doc["spec"]["trainer"]["ipusPerWorker"] = 3
     bad.write_text(yaml.safe_dump(doc))
-    r = subprocess.run([sys.executable, "-m", "ringtrain.cli", "render", str(bad)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "ringtrain.cli", "render", str(bad)], capture_output=True, text=True
+    )
     assert r.returncode == 2
     assert "spec.trainer.batchSize: 64 is not divisible by spec.trainer.ipusPerWorker=3" in r.stderr
 
@@ -68,14 +80,19 @@ def test_render_refuses_an_unsupported_inline_keras_model_naming_layer_and_argum
     doc = yaml.safe_load((REPO / "examples/keras-model.yaml").read_text())
     doc["spec"]["trainer"]["model"]["config"]["layers"][2]["config"]["padding"] = "causal"
     bad.write_text(yaml.safe_dump(doc))
-    r = subprocess.run([sys.executable, "-m", "ringtrain.cli", "render", str(bad)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "ringtrain.cli", "render", str(bad)], capture_output=True, text=True
+    )
     assert r.returncode == 2 and r.stdout == ""
     assert "spec.trainer.model: layer 'conv2d' (Conv2D): padding='causal'" in r.stderr
     assert "valid" in r.stderr and "same" in r.stderr
 
 
 def test_render_crd_prints_the_packaged_crd():
-    out = subprocess.run([sys.executable, "-m", "ringtrain.cli", "render", "--crd"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "ringtrain.cli", "render", "--crd"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert yaml.safe_load(out) == spec.crd()

@@ -9,11 +9,11 @@ import json
 from cryptography import x509
 from fake_kube import FakeKube
 from operator_jobs import job, job_obj
+from test_reconcile import T0, no_fetch
+
 from ringtrain import pki
 from ringtrain_operator import manifests
 from ringtrain_operator.reconcile import reconcile
-
-from test_reconcile import T0, no_fetch
 
 
 def _data(sec: dict) -> dict[str, bytes]:
@@ -29,8 +29,11 @@ def test_the_secret_holds_the_token_and_a_job_certificate_for_every_replica_name
     leaf.verify_directly_issued_by(ca)
     sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "*.mnist.team-a.svc" in sans.get_values_for_type(x509.DNSName)
-    assert pki.identity(data["tls.crt"]) == pki.identity_uri("mnist", "team-a", "uid-1") == (
-        "spiffe://ringtrain.io/ns/team-a/trainingjob/mnist/uid-1")
+    assert (
+        pki.identity(data["tls.crt"])
+        == pki.identity_uri("mnist", "team-a", "uid-1")
+        == ("spiffe://ringtrain.io/ns/team-a/trainingjob/mnist/uid-1")
+    )
     # every replica's TF_CONFIG host is covered by a SAN wildcard of exactly one label
     for role, i in [("chief", 0), ("worker", 1)]:
         host = manifests.dns_endpoint(j, role, i).rsplit(":", 1)[0]
@@ -40,16 +43,21 @@ def test_the_secret_holds_the_token_and_a_job_certificate_for_every_replica_name
 def test_the_secret_is_mounted_owner_read_only_and_no_key_material_reaches_env_or_args():
     j = job(workers=2)
     sec = manifests.secret(j, "s3cret")
-    blobs = [v for v in sec["data"].values()]
+    blobs = list(sec["data"].values())
     blobs += [base64.b64decode(v).decode() for v in sec["data"].values()]
     for p in manifests.pods(j):
         vols = {v["name"]: v for v in p["spec"]["volumes"]}
-        assert vols["ring-token"]["secret"] == {"secretName": "mnist-ring-token",
-                                                "defaultMode": 0o400}
+        assert vols["ring-token"]["secret"] == {
+            "secretName": "mnist-ring-token",
+            "defaultMode": 0o400,
+        }
         (c,) = p["spec"]["containers"]
         mount = next(m for m in c["volumeMounts"] if m["name"] == "ring-token")
-        assert mount == {"name": "ring-token", "mountPath": "/var/run/ringtrain/ring-token",
-                         "readOnly": True}
+        assert mount == {
+            "name": "ring-token",
+            "mountPath": "/var/run/ringtrain/ring-token",
+            "readOnly": True,
+        }
         env = {e["name"]: e for e in c["env"]}
         assert env["RINGTRAIN_TLS_DIR"]["value"] == mount["mountPath"]
         assert all("valueFrom" not in e for e in env.values())  # nothing from the Secret
@@ -70,9 +78,9 @@ def test_a_second_reconcile_never_regenerates_the_secret():
     assert sorted(_data(first)) == ["ca.crt", "tls.crt", "tls.key", "token"]
 
 
-def test_the_kubelets_grpc_probe_gets_a_plaintext_health_port_the_ring_port_stays_mtls(
-        monkeypatch):
+def test_the_kubelets_grpc_probe_gets_a_plaintext_health_port_the_ring_port_stays_mtls(monkeypatch):
     from operator_jobs import job_obj as obj
+
     from ringtrain_operator import spec
 
     monkeypatch.setenv(manifests.PROBE_ENV, "grpc")

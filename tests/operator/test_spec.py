@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
 from operator_jobs import job, job_obj
-from ringtrain_operator import spec
+
 from ringtrain.errors import InvalidSpec
+from ringtrain_operator import spec
 
 
 def test_defaults_come_from_the_crd():
@@ -18,17 +18,36 @@ def test_defaults_come_from_the_crd():
     assert worker.template == {}
     t = j.trainer
     assert (t.image, t.model, t.dataset, t.batch_size, t.optimizer, t.lr) == (
-        "ringtrain:0.1.0", "cnn", "fashion-mnist", 64, "adam", 0.001)
+        "ringtrain:0.1.0",
+        "cnn",
+        "fashion-mnist",
+        64,
+        "adam",
+        0.001,
+    )
     assert (t.steps, t.epochs, t.ipus_per_worker, t.ipu_memory_mb, t.variables_on_host) == (
-        None, None, 1, 900, True)
+        None,
+        None,
+        1,
+        900,
+        True,
+    )
     assert (t.bucket_mb, t.checkpoint_dir, t.checkpoint_every) == (25.0, "/checkpoints", 0)
     assert t.checkpoint_volume is None
     assert (t.ring_transport, t.ring_step_timeout_s, t.ring_connect_timeout_s) == (
-        "grpc+tcp", 30.0, 120.0)
+        "grpc+tcp",
+        30.0,
+        120.0,
+    )
     assert all(isinstance(x, float) for x in (t.bucket_mb, t.ring_step_timeout_s, t.lr))
-    assert j.run_policy == spec.RunPolicy(backoff_limit=6, active_deadline_s=None,
-                                          ttl_after_finished_s=None, clean_pod_policy="Running",
-                                          suspend=False, success_policy="ChiefOrWorker0")
+    assert j.run_policy == spec.RunPolicy(
+        backoff_limit=6,
+        active_deadline_s=None,
+        ttl_after_finished_s=None,
+        clean_pod_policy="Running",
+        suspend=False,
+        success_policy="ChiefOrWorker0",
+    )
 
 
 def test_load_does_not_modify_its_input():
@@ -40,41 +59,75 @@ def test_load_does_not_modify_its_input():
 
 def test_roles_in_tf_config_order_and_zero_replicas_dropped():
     j = job(workers=2, chief=1, ps=0, evaluator=1)
-    assert [(r.role, r.replicas) for r in j.replicas] == [("chief", 1), ("worker", 2),
-                                                          ("evaluator", 1)]
+    assert [(r.role, r.replicas) for r in j.replicas] == [
+        ("chief", 1),
+        ("worker", 2),
+        ("evaluator", 1),
+    ]
     assert j.chief == ("chief", 0)
     assert job(workers=1).chief == ("worker", 0)
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda o: o["spec"]["trainer"].update(batchSize=63, ipusPerWorker=2),
-     "spec.trainer.batchSize: 63 is not divisible by spec.trainer.ipusPerWorker=2"),
-    (lambda o: o["spec"]["trainer"].update(epochs=2),
-     "spec.trainer: set steps or epochs, not both"),
-    (lambda o: o["spec"]["replicaSpecs"].update(Chief={"replicas": 2}),
-     "spec.replicaSpecs.Chief.replicas: 2 is greater than the maximum of 1"),
-    (lambda o: o["spec"]["replicaSpecs"].pop("Worker"),
-     "spec.replicaSpecs: 'Worker' is a required property"),
-    (lambda o: o["spec"]["replicaSpecs"]["Worker"].update(replicas=0),
-     "spec.replicaSpecs.Worker.replicas: 0 is less than the minimum of 1"),
-    (lambda o: o["spec"]["replicaSpecs"]["Worker"].update(restartPolicy="Sometimes"),
-     "spec.replicaSpecs.Worker.restartPolicy: 'Sometimes' is not one of"),
-    (lambda o: o["spec"]["trainer"].update(batchsize=32),
-     "spec.trainer: Additional properties are not allowed ('batchsize' was unexpected)"),
-    (lambda o: o["spec"].update(runPolicy={"cleanPodPolicy": "Some"}),
-     "spec.runPolicy.cleanPodPolicy: 'Some' is not one of"),
-    (lambda o: o["spec"]["trainer"].update(learningRate="fast"),
-     "spec.trainer.learningRate: 'fast' is not of type 'number'"),
-    (lambda o: o["metadata"].update(name="MNIST_job"),
-     "metadata.name: 'MNIST_job' must be a DNS-1035 label"),
-    (lambda o: o["metadata"].update(name="a" * 50), "metadata.name: 'aaaa"),
-    (lambda o: o.update(kind="TFJob"), "apiVersion/kind: expected ringtrain.io/v1alpha1/"),
-    (lambda o: o["spec"].pop("trainer"),
-     "spec.replicaSpecs.Worker.template.spec.containers: required when spec.trainer is not set"),
-    (lambda o: (o["spec"].pop("trainer"), o["spec"]["replicaSpecs"]["Worker"].update(
-        template={"spec": {"containers": [{"name": "tf"}]}})),
-     "spec.replicaSpecs.Worker.template.spec.containers[].image: required"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (
+            lambda o: o["spec"]["trainer"].update(batchSize=63, ipusPerWorker=2),
+            "spec.trainer.batchSize: 63 is not divisible by spec.trainer.ipusPerWorker=2",
+        ),
+        (
+            lambda o: o["spec"]["trainer"].update(epochs=2),
+            "spec.trainer: set steps or epochs, not both",
+        ),
+        (
+            lambda o: o["spec"]["replicaSpecs"].update(Chief={"replicas": 2}),
+            "spec.replicaSpecs.Chief.replicas: 2 is greater than the maximum of 1",
+        ),
+        (
+            lambda o: o["spec"]["replicaSpecs"].pop("Worker"),
+            "spec.replicaSpecs: 'Worker' is a required property",
+        ),
+        (
+            lambda o: o["spec"]["replicaSpecs"]["Worker"].update(replicas=0),
+            "spec.replicaSpecs.Worker.replicas: 0 is less than the minimum of 1",
+        ),
+        (
+            lambda o: o["spec"]["replicaSpecs"]["Worker"].update(restartPolicy="Sometimes"),
+            "spec.replicaSpecs.Worker.restartPolicy: 'Sometimes' is not one of",
+        ),
+        (
+            lambda o: o["spec"]["trainer"].update(batchsize=32),
+            "spec.trainer: Additional properties are not allowed ('batchsize' was unexpected)",
+        ),
+        (
+            lambda o: o["spec"].update(runPolicy={"cleanPodPolicy": "Some"}),
+            "spec.runPolicy.cleanPodPolicy: 'Some' is not one of",
+        ),
+        (
+            lambda o: o["spec"]["trainer"].update(learningRate="fast"),
+            "spec.trainer.learningRate: 'fast' is not of type 'number'",
+        ),
+        (
+            lambda o: o["metadata"].update(name="MNIST_job"),
+            "metadata.name: 'MNIST_job' must be a DNS-1035 label",
+        ),
+        (lambda o: o["metadata"].update(name="a" * 50), "metadata.name: 'aaaa"),
+        (lambda o: o.update(kind="TFJob"), "apiVersion/kind: expected ringtrain.io/v1alpha1/"),
+        (
+            lambda o: o["spec"].pop("trainer"),
+            "spec.replicaSpecs.Worker.template.spec.containers: required when spec.trainer is not set",
+        ),
+        (
+            lambda o: (
+                o["spec"].pop("trainer"),
+                o["spec"]["replicaSpecs"]["Worker"].update(
+                    template={"spec": {"containers": [{"name": "tf"}]}}
+                ),
+            ),
+            "spec.replicaSpecs.Worker.template.spec.containers[].image: required",
+        ),
+    ],
+)
 def test_invalid_specs_name_the_field(mutate, field):
     obj = job_obj()
     mutate(obj)
@@ -98,7 +151,14 @@ def test_crd_is_structural_with_the_advertised_api():
     (version,) = crd["spec"]["versions"]
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "State", "Workers", "Step", "Accuracy", "Loss", "Restarts", "Age"]
+        "State",
+        "Workers",
+        "Step",
+        "Accuracy",
+        "Loss",
+        "Restarts",
+        "Age",
+    ]
     text = str(crd)
     assert "x-kubernetes-validations" not in text  # no CEL: Kubernetes 1.20 must accept it
 
@@ -126,12 +186,15 @@ def test_schema_defaults_are_valid_against_the_schema():
     walk(schema, "")
 
 
-@pytest.mark.parametrize("ring, field", [
-    ({"transport": "udp"}, "spec.trainer.ring.transport"),
-    ({"stepTimeoutSeconds": 0}, "spec.trainer.ring.stepTimeoutSeconds"),
-    ({"connectTimeoutSeconds": -1}, "spec.trainer.ring.connectTimeoutSeconds"),
-    ({"stepTimeout": 5}, "spec.trainer.ring"),
-])
+@pytest.mark.parametrize(
+    "ring, field",
+    [
+        ({"transport": "udp"}, "spec.trainer.ring.transport"),
+        ({"stepTimeoutSeconds": 0}, "spec.trainer.ring.stepTimeoutSeconds"),
+        ({"connectTimeoutSeconds": -1}, "spec.trainer.ring.connectTimeoutSeconds"),
+        ({"stepTimeout": 5}, "spec.trainer.ring"),
+    ],
+)
 def test_invalid_ring_settings_name_the_field(ring, field):
     """Refused here as the trainer would refuse the flag, so a bad value never reaches a pod."""
     with pytest.raises(InvalidSpec, match=field.replace(".", r"\.")):
@@ -140,10 +203,14 @@ def test_invalid_ring_settings_name_the_field(ring, field):
 
 # ---- roles the built-in trainer knows -----------------------------------------------------------
 
+
 def test_ps_with_the_built_in_trainer_is_refused_saying_what_to_do_instead():
-    with pytest.raises(InvalidSpec, match=r"spec\.replicaSpecs\.PS: the built-in trainer .* "
-                                          r"ring allreduce\. Remove the PS replicas .* stock "
-                                          r"TensorFlow job .* may still use PS"):
+    with pytest.raises(
+        InvalidSpec,
+        match=r"spec\.replicaSpecs\.PS: the built-in trainer .* "
+        r"ring allreduce\. Remove the PS replicas .* stock "
+        r"TensorFlow job .* may still use PS",
+    ):
         job(workers=2, ps=1, trainer={"dataset": "mnist-5k"})
 
 
@@ -154,8 +221,11 @@ def test_ps_in_a_stock_tensorflow_job_is_still_accepted():
 
 @pytest.mark.parametrize("checkpoint", [{}, {"volume": {"emptyDir": {}}}])
 def test_an_evaluator_with_a_per_pod_checkpoint_volume_is_refused(checkpoint):
-    with pytest.raises(InvalidSpec, match=r"Evaluator: .* emptyDir, which each pod has for "
-                                          r"itself; set spec\.trainer\.checkpoint\.volume"):
+    with pytest.raises(
+        InvalidSpec,
+        match=r"Evaluator: .* emptyDir, which each pod has for "
+        r"itself; set spec\.trainer\.checkpoint\.volume",
+    ):
         job(workers=1, chief=1, evaluator=1, trainer={"checkpoint": checkpoint})
 
 
@@ -168,11 +238,18 @@ def test_an_evaluator_with_a_shared_checkpoint_volume_is_accepted_but_only_one()
 
 
 def test_data_and_export_are_read_and_the_built_in_data_set_cannot_take_a_volume():
-    j = job(trainer={"data": {"volume": {"hostPath": {"path": "/srv/data"}}, "file": "d.npz"},
-                     "export": {"path": "model.onnx", "format": "onnx"}})
+    j = job(
+        trainer={
+            "data": {"volume": {"hostPath": {"path": "/srv/data"}}, "file": "d.npz"},
+            "export": {"path": "model.onnx", "format": "onnx"},
+        }
+    )
     t = j.trainer
     assert (t.data_volume, t.data_mount_path, t.data_file) == (
-        {"hostPath": {"path": "/srv/data"}}, "/data", "d.npz")
+        {"hostPath": {"path": "/srv/data"}},
+        "/data",
+        "d.npz",
+    )
     assert (t.export, t.export_format) == ("model.onnx", "onnx")
     assert job(trainer={}).trainer.export is None
     with pytest.raises(InvalidSpec, match="dataset mnist-5k is built in"):
@@ -183,14 +260,17 @@ def test_data_and_export_are_read_and_the_built_in_data_set_cannot_take_a_volume
 
 def _inline_models():
     """Keras 3's to_json (the cnn2 preset, written by Keras 3) and tf.keras 2's (the example)."""
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     from ringtrain_trainer.keras_model import preset_config
 
     example = Path(__file__).resolve().parents[2] / "examples" / "keras-model.yaml"
-    return {"keras3": preset_config("cnn2"),
-            "tf.keras2": yaml.safe_load(example.read_text())["spec"]["trainer"]["model"]}
+    return {
+        "keras3": preset_config("cnn2"),
+        "tf.keras2": yaml.safe_load(example.read_text())["spec"]["trainer"]["model"],
+    }
 
 
 @pytest.mark.parametrize("fmt", ["keras3", "tf.keras2"])
@@ -214,20 +294,33 @@ def test_an_unsupported_inline_config_names_layer_argument_and_what_is_supported
     obj = job_obj(trainer={"model": model, "optimizer": "lamb"})
     with pytest.raises(InvalidSpec) as e:
         spec.load(obj)
-    assert ("spec.trainer.model: layer 'conv2d' (Conv2D): dilation_rate=[2, 2] is not supported "
-            "(supported: 1)") in str(e.value)
+    assert (
+        "spec.trainer.model: layer 'conv2d' (Conv2D): dilation_rate=[2, 2] is not supported "
+        "(supported: 1)"
+    ) in str(e.value)
     assert "spec.trainer.optimizer" in str(e.value)
 
 
-@pytest.mark.parametrize("model, words", [
-    ({"class_name": "Functional", "config": {}}, "a Keras Sequential config is needed"),
-    ({"class_name": "Sequential", "config": {"layers": [
-        {"class_name": "LSTM", "config": {"name": "lstm", "units": 3}}]}},
-     "layer 'lstm' (LSTM) is not supported (supported layers: InputLayer, Conv2D"),
-    (["cnn"], "must be a preset name, a path, or an inline Keras model config (an object), "
-              "got list"),
-    ("/models/net.h5", "'/models/net.h5' is not a preset (cnn, cnn2), the absolute path"),
-])
+@pytest.mark.parametrize(
+    "model, words",
+    [
+        ({"class_name": "Functional", "config": {}}, "a Keras Sequential config is needed"),
+        (
+            {
+                "class_name": "Sequential",
+                "config": {
+                    "layers": [{"class_name": "LSTM", "config": {"name": "lstm", "units": 3}}]
+                },
+            },
+            "layer 'lstm' (LSTM) is not supported (supported layers: InputLayer, Conv2D",
+        ),
+        (
+            ["cnn"],
+            "must be a preset name, a path, or an inline Keras model config (an object), got list",
+        ),
+        ("/models/net.h5", "'/models/net.h5' is not a preset (cnn, cnn2), the absolute path"),
+    ],
+)
 def test_what_the_model_field_refuses(model, words):
     with pytest.raises(InvalidSpec) as e:
         spec.load(job_obj(trainer={"model": model}))

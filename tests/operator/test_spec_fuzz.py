@@ -19,51 +19,82 @@ import sys
 import jsonschema
 import pytest
 import yaml
+from fake_kube import FakeKube
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from fake_kube import FakeKube
 from operator_jobs import job_obj
+
 from ringtrain.errors import InvalidSpec
 from ringtrain_localrun.plan import plan
 from ringtrain_operator import render, spec, status
 from ringtrain_operator.reconcile import reconcile
 
 FIELD = re.compile(r"\b(spec|metadata|apiVersion|kind)\b")
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def stock_job() -> dict:
     """A job without spec.trainer running a stock command: ``ringtrain run`` finishes it fast."""
     obj = job_obj(name="stock", workers=1)
     del obj["spec"]["trainer"]
-    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {"spec": {"containers": [
-        {"name": "main", "image": "python:3", "command": [sys.executable, "-c", "pass"]}]}}
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "python:3", "command": [sys.executable, "-c", "pass"]}
+            ]
+        }
+    }
     return obj
 
 
 BASES = [job_obj(workers=2), job_obj(workers=1, chief=1, evaluator=1), stock_job()]
 PATHS = [
-    ("spec", "replicaSpecs", "Worker", "replicas"), ("spec", "replicaSpecs", "Worker",
-                                                     "restartPolicy"),
+    ("spec", "replicaSpecs", "Worker", "replicas"),
+    ("spec", "replicaSpecs", "Worker", "restartPolicy"),
     ("spec", "replicaSpecs", "Worker", "template"),
     ("spec", "replicaSpecs", "Worker", "template", "spec", "containers"),
-    ("spec", "replicaSpecs"), ("spec", "trainer", "batchSize"), ("spec", "trainer", "steps"),
-    ("spec", "trainer", "epochs"), ("spec", "trainer", "ipusPerWorker"),
-    ("spec", "trainer", "learningRate"), ("spec", "trainer", "dataset"),
-    ("spec", "trainer", "checkpoint"), ("spec", "trainer", "checkpoint", "everySteps"),
-    ("spec", "trainer", "ringTransport"), ("spec", "runPolicy", "backoffLimit"),
-    ("spec", "runPolicy", "activeDeadlineSeconds"), ("spec", "runPolicy", "cleanPodPolicy"),
-    ("spec",), ("metadata", "namespace"), ("metadata",), ("apiVersion",),
+    ("spec", "replicaSpecs"),
+    ("spec", "trainer", "batchSize"),
+    ("spec", "trainer", "steps"),
+    ("spec", "trainer", "epochs"),
+    ("spec", "trainer", "ipusPerWorker"),
+    ("spec", "trainer", "learningRate"),
+    ("spec", "trainer", "dataset"),
+    ("spec", "trainer", "checkpoint"),
+    ("spec", "trainer", "checkpoint", "everySteps"),
+    ("spec", "trainer", "ringTransport"),
+    ("spec", "runPolicy", "backoffLimit"),
+    ("spec", "runPolicy", "activeDeadlineSeconds"),
+    ("spec", "runPolicy", "cleanPodPolicy"),
+    ("spec",),
+    ("metadata", "namespace"),
+    ("metadata",),
+    ("apiVersion",),
 ]
 JUNK = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-2**63, max_value=2**63),
-    st.sampled_from([0, -1, 2**31, 2**53 + 1, 10**30]), st.floats(allow_nan=True),
-    st.text(max_size=6), st.lists(st.integers(), max_size=2),
-    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
-NAMES = st.one_of(st.just("a" * 253), st.just("a" * 48), st.just("a" * 49),
-                  st.from_regex(r"\A[a-z][-a-z0-9]{0,60}\Z"), st.text(max_size=12), JUNK)
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63),
+    st.sampled_from([0, -1, 2**31, 2**53 + 1, 10**30]),
+    st.floats(allow_nan=True),
+    st.text(max_size=6),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+NAMES = st.one_of(
+    st.just("a" * 253),
+    st.just("a" * 48),
+    st.just("a" * 49),
+    st.from_regex(r"\A[a-z][-a-z0-9]{0,60}\Z"),
+    st.text(max_size=12),
+    JUNK,
+)
 ROLES = st.sampled_from(["PS", "Evaluator", "Chief", "Master", "worker", "Launcher", ""])
 
 
@@ -176,21 +207,33 @@ def _bad(mutate) -> dict:
 
 
 SAMPLES = {
-    "negative replicas": (_bad(lambda o: put(o, ("spec", "replicaSpecs", "Worker", "replicas"),
-                                             -1)), "spec.replicaSpecs.Worker.replicas"),
-    "string batch size": (_bad(lambda o: put(o, ("spec", "trainer", "batchSize"), "32")),
-                          "spec.trainer.batchSize"),
-    "unknown role": (_bad(lambda o: put(o, ("spec", "replicaSpecs", "Master"), {"replicas": 1})),
-                     "Master"),
-    "253-character name": (_bad(lambda o: put(o, ("metadata", "name"), "a" * 253)),
-                           "metadata.name"),
+    "negative replicas": (
+        _bad(lambda o: put(o, ("spec", "replicaSpecs", "Worker", "replicas"), -1)),
+        "spec.replicaSpecs.Worker.replicas",
+    ),
+    "string batch size": (
+        _bad(lambda o: put(o, ("spec", "trainer", "batchSize"), "32")),
+        "spec.trainer.batchSize",
+    ),
+    "unknown role": (
+        _bad(lambda o: put(o, ("spec", "replicaSpecs", "Master"), {"replicas": 1})),
+        "Master",
+    ),
+    "253-character name": (
+        _bad(lambda o: put(o, ("metadata", "name"), "a" * 253)),
+        "metadata.name",
+    ),
     "unknown field": (_bad(lambda o: put(o, ("spec", "trainer", "batchsize"), 32)), "batchsize"),
 }
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ringtrain.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ringtrain.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.parametrize("case", SAMPLES, ids=SAMPLES)

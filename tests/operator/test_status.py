@@ -3,26 +3,46 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from operator_jobs import job
+
 from ringtrain_operator import status as st
 from ringtrain_operator.status import ObservedPod, derive_status
 
-T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
 
-def pod(name: str, phase: str = "Running", *, ready: bool = True, restarts: int = 0,
-        exit_code: int | None = None, deleting: bool = False, message: str | None = None,
-        live: dict | None = None, restarting: bool = False,
-        last_exit_code: int | None = None) -> ObservedPod:
+def pod(
+    name: str,
+    phase: str = "Running",
+    *,
+    ready: bool = True,
+    restarts: int = 0,
+    exit_code: int | None = None,
+    deleting: bool = False,
+    message: str | None = None,
+    live: dict | None = None,
+    restarting: bool = False,
+    last_exit_code: int | None = None,
+) -> ObservedPod:
     _, role, index = name.rsplit("-", 2)
-    return ObservedPod(name=name, role=role, index=int(index), phase=phase, ready=ready,
-                       restarts=restarts, exit_code=exit_code, deleting=deleting,
-                       termination_message=message, pod_ip="10.1.0.5", live_status=live,
-                       restarting=restarting, last_exit_code=last_exit_code)
+    return ObservedPod(
+        name=name,
+        role=role,
+        index=int(index),
+        phase=phase,
+        ready=ready,
+        restarts=restarts,
+        exit_code=exit_code,
+        deleting=deleting,
+        termination_message=message,
+        pod_ip="10.1.0.5",
+        live_status=live,
+        restarting=restarting,
+        last_exit_code=last_exit_code,
+    )
 
 
 def exited(name: str, code: int, restarts: int = 0) -> ObservedPod:
@@ -36,8 +56,9 @@ def restarted(name: str, code: int, restarts: int = 1) -> ObservedPod:
 
 
 def running(j, **overrides) -> list[ObservedPod]:
-    return [overrides.get(j.pod_name(r.role, i)) or pod(j.pod_name(r.role, i))
-            for r, i in j.members()]
+    return [
+        overrides.get(j.pod_name(r.role, i)) or pod(j.pod_name(r.role, i)) for r, i in j.members()
+    ]
 
 
 def cond(status: dict, ctype: str) -> dict | None:
@@ -73,8 +94,12 @@ def test_created_becomes_running_once_all_pods_run_and_then_stays_quiet():
     assert d3.status["state"] == st.RUNNING
     assert reasons(d3) == [st.REASON_RUNNING]
     assert d3.status["workers"] == "2/2"
-    assert d3.status["replicaStatuses"]["Worker"] == {"active": 2, "succeeded": 0, "failed": 0,
-                                                     "restarts": 0}
+    assert d3.status["replicaStatuses"]["Worker"] == {
+        "active": 2,
+        "succeeded": 0,
+        "failed": 0,
+        "restarts": 0,
+    }
     d4 = step(j, running(j), d3.status, T0 + timedelta(seconds=10))
     assert d4.events == () and d4.status == d3.status  # steady state: no patch, no event
 
@@ -120,8 +145,9 @@ def test_all_workers_success_policy_waits_for_every_worker():
 def test_exit_code_policy_fails_permanently_on_1_to_127(code):
     j = job(workers=2)
     prev = step(j, running(j), None).status
-    d = step(j, running(j, **{"mnist-worker-1": pod("mnist-worker-1", "Failed",
-                                                    exit_code=code)}), prev)
+    d = step(
+        j, running(j, **{"mnist-worker-1": pod("mnist-worker-1", "Failed", exit_code=code)}), prev
+    )
     assert d.status["state"] == st.FAILED
     assert cond(d.status, st.FAILED)["reason"] == st.REASON_FAILED
     assert f"exit code {code}" in cond(d.status, st.FAILED)["message"]
@@ -135,8 +161,9 @@ def test_a_lost_pod_alone_is_replaced_whatever_its_retryable_code(code):
     pod) cannot run again: it alone is recreated, its peers restart in their own pods."""
     j = job(workers=3)
     prev = step(j, running(j), None).status
-    d = step(j, running(j, **{"mnist-worker-2": pod("mnist-worker-2", "Failed",
-                                                    exit_code=code)}), prev)
+    d = step(
+        j, running(j, **{"mnist-worker-2": pod("mnist-worker-2", "Failed", exit_code=code)}), prev
+    )
     assert d.status["state"] == st.RESTARTING
     assert d.delete == ("mnist-worker-2",)
     assert d.create == ()
@@ -175,8 +202,10 @@ def test_a_worker_restarts_in_place_with_its_peers_and_nothing_is_deleted():
     d1 = step(j, running(j, **{"mnist-worker-1": exited("mnist-worker-1", 137)}), prev)
     assert (d1.status["state"], d1.status["restarts"]) == (st.RESTARTING, 1)
     assert d1.delete == () and d1.create == () and reasons(d1) == [st.REASON_RESTARTING]
-    assert d1.events[0].message == ("pod mnist-worker-1 failed with exit code 137: restarting "
-                                    "in place, its peers rejoin the ring (restart 1 of 6)")
+    assert d1.events[0].message == (
+        "pod mnist-worker-1 failed with exit code 137: restarting "
+        "in place, its peers rejoin the ring (restart 1 of 6)"
+    )
     assert cond(d1.status, st.RESTARTING)["status"] == "True"
     assert cond(d1.status, st.RUNNING)["status"] == "False"
     # Seen again after the kubelet restarted it: the same restart, not a new one; all run.
@@ -185,7 +214,8 @@ def test_a_worker_restarts_in_place_with_its_peers_and_nothing_is_deleted():
     d3 = step(j, [exited("mnist-worker-0", 138), restarted("mnist-worker-1", 137)], d2.status)
     assert (d3.status["state"], d3.status["restarts"]) == (st.RESTARTING, 2)
     assert "pod mnist-worker-0 failed with exit code 138: restarting in place" in (
-        d3.events[0].message)
+        d3.events[0].message
+    )
     both = [restarted("mnist-worker-0", 138), restarted("mnist-worker-1", 137)]
     d4 = step(j, both, d3.status)
     assert (d4.status["state"], d4.status["restarts"]) == (st.RUNNING, 2)
@@ -200,12 +230,20 @@ def test_a_restart_in_place_seen_only_afterwards_is_still_shown_and_names_the_ca
     """The kubelet may restart a container before the operator looks: restartCount tells."""
     j = job(workers=3)
     prev = step(j, running(j), None).status
-    d = step(j, [restarted("mnist-worker-0", 138), restarted("mnist-worker-1", 137),
-                 restarted("mnist-worker-2", 138)], prev)
+    d = step(
+        j,
+        [
+            restarted("mnist-worker-0", 138),
+            restarted("mnist-worker-1", 137),
+            restarted("mnist-worker-2", 138),
+        ],
+        prev,
+    )
     assert (d.status["state"], d.status["restarts"]) == (st.RESTARTING, 3)
     assert [e.message for e in d.events] == [
         "pod mnist-worker-1 failed with exit code 137: restarting in place, its peers rejoin "
-        "the ring (restart 3 of 6)"]
+        "the ring (restart 3 of 6)"
+    ]
 
 
 @pytest.mark.parametrize("code", [1, 2, 127])
@@ -215,33 +253,39 @@ def test_a_permanent_code_fails_the_job_even_after_the_kubelet_restarted_it(code
     permanent exit too: the code in state or lastState fails the job, with cleanPodPolicy."""
     j = job(workers=2)
     prev = step(j, running(j), None).status
-    failed = (exited("mnist-worker-1", code) if seen == "exited"
-              else restarted("mnist-worker-1", code))
+    failed = (
+        exited("mnist-worker-1", code) if seen == "exited" else restarted("mnist-worker-1", code)
+    )
     d = step(j, running(j, **{"mnist-worker-1": failed}), prev)
     assert d.status["state"] == st.FAILED
     assert cond(d.status, st.FAILED)["reason"] == st.REASON_FAILED
     assert cond(d.status, st.FAILED)["message"] == (
-        f"pod mnist-worker-1 failed with exit code {code}: permanent under restartPolicy "
-        "ExitCode")
+        f"pod mnist-worker-1 failed with exit code {code}: permanent under restartPolicy ExitCode"
+    )
     assert reasons(d) == [st.REASON_FAILED]
     # cleanPodPolicy Running: both pods are phase Running (one restarting), both go.
     assert set(d.delete) == {"mnist-worker-0", "mnist-worker-1"} and d.create == ()
     assert d.status["restarts"] == (0 if seen == "exited" else 1)  # only restarts that happened
     # It stays Failed, and keeps cleaning, after the kubelet restarted it.
-    again = step(j, running(j, **{"mnist-worker-1": restarted("mnist-worker-1", code)}),
-                 d.status)
+    again = step(j, running(j, **{"mnist-worker-1": restarted("mnist-worker-1", code)}), d.status)
     assert again.status["state"] == st.FAILED and again.events == ()
     assert set(again.delete) == {"mnist-worker-0", "mnist-worker-1"}
 
 
 def test_a_permanent_failure_with_clean_pod_policy_none_deletes_nothing():
     j = job(workers=2, run_policy={"cleanPodPolicy": "None"})
-    d = step(j, running(j, **{"mnist-worker-1": exited("mnist-worker-1", 2)}),
-             step(j, running(j), None).status)
+    d = step(
+        j,
+        running(j, **{"mnist-worker-1": exited("mnist-worker-1", 2)}),
+        step(j, running(j), None).status,
+    )
     assert d.status["state"] == st.FAILED and d.delete == ()
     # The kubelet goes on restarting what None keeps: the finished job's count stays put.
-    later = step(j, [restarted("mnist-worker-0", 138, restarts=3),
-                     exited("mnist-worker-1", 2, restarts=4)], d.status)
+    later = step(
+        j,
+        [restarted("mnist-worker-0", 138, restarts=3), exited("mnist-worker-1", 2, restarts=4)],
+        d.status,
+    )
     assert later.status["state"] == st.FAILED and later.status["restarts"] == 0
     assert later.events == () and later.delete == ()
 
@@ -249,8 +293,11 @@ def test_a_permanent_failure_with_clean_pod_policy_none_deletes_nothing():
 @pytest.mark.parametrize("policy", ["OnFailure", "Always"])
 def test_on_failure_and_always_restart_in_place_whatever_the_code(policy):
     j = job(workers=2, policy=policy)
-    d = step(j, running(j, **{"mnist-worker-1": restarted("mnist-worker-1", 2)}),
-             step(j, running(j), None).status)
+    d = step(
+        j,
+        running(j, **{"mnist-worker-1": restarted("mnist-worker-1", 2)}),
+        step(j, running(j), None).status,
+    )
     assert (d.status["state"], d.status["restarts"]) == (st.RESTARTING, 1)
     assert d.delete == ()
 
@@ -265,20 +312,25 @@ def test_backoff_limit_counts_every_restart_in_place():
     d3 = step(j, [restarted("mnist-worker-0", 138), restarted("mnist-worker-1", 137)], d2.status)
     assert d3.status["state"] == st.RUNNING
     # A third restart would exceed backoffLimit=2: Failed, and it is not counted.
-    d4 = step(j, [restarted("mnist-worker-0", 138), exited("mnist-worker-1", 137, restarts=1)],
-              d3.status)
+    d4 = step(
+        j, [restarted("mnist-worker-0", 138), exited("mnist-worker-1", 137, restarts=1)], d3.status
+    )
     assert d4.status["state"] == st.FAILED
     assert cond(d4.status, st.FAILED)["reason"] == st.REASON_BACKOFF
     assert cond(d4.status, st.FAILED)["message"] == (
-        "pod mnist-worker-1 failed with exit code 137 and 2 restarts reached backoffLimit=2")
+        "pod mnist-worker-1 failed with exit code 137 and 2 restarts reached backoffLimit=2"
+    )
     assert d4.status["restarts"] == 2
     assert set(d4.delete) == {"mnist-worker-0", "mnist-worker-1"}
 
 
 def test_backoff_limit_zero_fails_on_the_first_restart_in_place_without_counting_it():
     j = job(workers=2, run_policy={"backoffLimit": 0})
-    d = step(j, running(j, **{"mnist-worker-1": exited("mnist-worker-1", 137)}),
-             step(j, running(j), None).status)
+    d = step(
+        j,
+        running(j, **{"mnist-worker-1": exited("mnist-worker-1", 137)}),
+        step(j, running(j), None).status,
+    )
     assert cond(d.status, st.FAILED)["reason"] == st.REASON_BACKOFF
     assert d.status["restarts"] == 0
 
@@ -297,8 +349,11 @@ def test_backoff_limit_counts_gang_restarts():
 
 def test_backoff_limit_zero_fails_on_the_first_retryable_exit():
     j = job(workers=2, run_policy={"backoffLimit": 0})
-    d = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", "Failed", exit_code=143)}),
-             step(j, running(j), None).status)
+    d = step(
+        j,
+        running(j, **{"mnist-worker-0": pod("mnist-worker-0", "Failed", exit_code=143)}),
+        step(j, running(j), None).status,
+    )
     assert cond(d.status, st.FAILED)["reason"] == st.REASON_BACKOFF
 
 
@@ -319,23 +374,40 @@ def test_backoff_limit_counts_container_restarts_under_on_failure():
 def test_container_restarts_of_a_replaced_pod_still_count():
     j = job(workers=2, policy="OnFailure", run_policy={"backoffLimit": 3})
     prev = step(j, running(j), None).status
-    evicted = running(j, **{"mnist-worker-0": pod("mnist-worker-0", restarts=1),
-                            "mnist-worker-1": pod("mnist-worker-1", "Failed", restarts=1)})
+    evicted = running(
+        j,
+        **{
+            "mnist-worker-0": pod("mnist-worker-0", restarts=1),
+            "mnist-worker-1": pod("mnist-worker-1", "Failed", restarts=1),
+        },
+    )
     d1 = step(j, evicted, prev)
     assert d1.status["state"] == st.RESTARTING and d1.status["restarts"] == 3
     assert d1.delete == ("mnist-worker-1",)
     d2 = step(j, [pod("mnist-worker-0", restarts=1)], d1.status)
     assert d2.status["restarts"] == 3 and d2.create == ("mnist-worker-1",)
-    d3 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", restarts=1),
-                               "mnist-worker-1": pod("mnist-worker-1", restarts=1)}), d2.status)
+    d3 = step(
+        j,
+        running(
+            j,
+            **{
+                "mnist-worker-0": pod("mnist-worker-0", restarts=1),
+                "mnist-worker-1": pod("mnist-worker-1", restarts=1),
+            },
+        ),
+        d2.status,
+    )
     assert d3.status["restarts"] == 4
     assert cond(d3.status, st.FAILED)["reason"] == st.REASON_BACKOFF
 
 
 def test_never_policy_fails_on_any_failure_even_a_retryable_code():
     j = job(workers=2, policy="Never")
-    d = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", "Failed", exit_code=138)}),
-             step(j, running(j), None).status)
+    d = step(
+        j,
+        running(j, **{"mnist-worker-0": pod("mnist-worker-0", "Failed", exit_code=138)}),
+        step(j, running(j), None).status,
+    )
     assert d.status["state"] == st.FAILED
     assert cond(d.status, st.FAILED)["reason"] == st.REASON_FAILED
 
@@ -361,8 +433,11 @@ def test_clean_pod_policy_none_keeps_every_pod():
 
 def test_clean_pod_policy_is_reapplied_after_the_job_finished():
     j = job(workers=2)
-    done = step(j, [pod("mnist-worker-0", "Succeeded"), pod("mnist-worker-1")],
-                step(j, running(j), None).status)
+    done = step(
+        j,
+        [pod("mnist-worker-0", "Succeeded"), pod("mnist-worker-1")],
+        step(j, running(j), None).status,
+    )
     # The operator died before deleting; a later reconcile still cleans up, without new events.
     d = step(j, [pod("mnist-worker-0", "Succeeded"), pod("mnist-worker-1")], done.status)
     assert d.delete == ("mnist-worker-1",) and d.events == () and d.create == ()
@@ -416,25 +491,60 @@ def test_replicas_scaled_down_delete_the_extra_pods():
 
 def test_progress_comes_from_the_live_status_then_the_termination_message():
     j = job(workers=2, chief=1)
-    live = {"step": 120, "epoch": 0, "loss": 0.4123456789, "samples_per_s": 5100.5,
-            "test_accuracy": None, "phase": "training"}
+    live = {
+        "step": 120,
+        "epoch": 0,
+        "loss": 0.4123456789,
+        "samples_per_s": 5100.5,
+        "test_accuracy": None,
+        "phase": "training",
+    }
     d1 = step(j, running(j, **{"mnist-chief-0": pod("mnist-chief-0", live=live)}), None)
-    assert d1.status["progress"] == {"step": 120, "epoch": 0, "loss": 0.412346,
-                                     "samplesPerSecond": 5100.5}
-    final = json.dumps({"event": "final", "steps": 400, "loss": 0.2, "test_accuracy": 0.91,
-                        "samples_per_s": 5000.0, "checkpoint": "/checkpoints/ckpt-400"})
-    d2 = step(j, running(j, **{"mnist-chief-0": pod("mnist-chief-0", "Succeeded", message=final)}),
-              d1.status)
-    assert d2.status["progress"] == {"step": 400, "epoch": 0, "loss": 0.2, "testAccuracy": 0.91,
-                                     "samplesPerSecond": 5000.0,
-                                     "checkpoint": "/checkpoints/ckpt-400"}
+    assert d1.status["progress"] == {
+        "step": 120,
+        "epoch": 0,
+        "loss": 0.412346,
+        "samplesPerSecond": 5100.5,
+    }
+    final = json.dumps(
+        {
+            "event": "final",
+            "steps": 400,
+            "loss": 0.2,
+            "test_accuracy": 0.91,
+            "samples_per_s": 5000.0,
+            "checkpoint": "/checkpoints/ckpt-400",
+        }
+    )
+    d2 = step(
+        j,
+        running(j, **{"mnist-chief-0": pod("mnist-chief-0", "Succeeded", message=final)}),
+        d1.status,
+    )
+    assert d2.status["progress"] == {
+        "step": 400,
+        "epoch": 0,
+        "loss": 0.2,
+        "testAccuracy": 0.91,
+        "samplesPerSecond": 5000.0,
+        "checkpoint": "/checkpoints/ckpt-400",
+    }
     assert d2.status["state"] == st.SUCCEEDED
 
 
 def test_progress_ignores_non_json_and_non_finite_values():
     j = job(workers=1)
-    d = step(j, [pod("mnist-worker-0", live={"step": 3, "loss": float("nan")},
-                     message="Traceback (most recent call last)")], None)
+    d = step(
+        j,
+        [
+            pod(
+                "mnist-worker-0",
+                live={"step": 3, "loss": float("nan")},
+                message="Traceback (most recent call last)",
+            )
+        ],
+        None,
+    )
     assert d.status["progress"] == {"step": 3}
 
 
@@ -444,56 +554,96 @@ def test_invalid_spec_fails_once_with_reason_and_removes_pods():
     assert cond(d1.status, st.FAILED)["reason"] == st.REASON_INVALID
     assert d1.delete == ("mnist-worker-0",)
     assert [(e.type, e.reason, e.message) for e in d1.events] == [
-        ("Warning", st.REASON_INVALID, "spec.x: bad")]
+        ("Warning", st.REASON_INVALID, "spec.x: bad")
+    ]
     d2 = st.derive_invalid([], T0, d1.status, "spec.x: bad", generation=2)
     assert d2.events == () and d2.status == d1.status
 
 
 def test_observed_pod_reads_a_real_pod_object():
     obj = {
-        "metadata": {"name": "mnist-worker-1", "labels": {
-            "ringtrain.io/job-name": "mnist", "ringtrain.io/replica-type": "worker",
-            "ringtrain.io/replica-index": "1"}},
-        "status": {"phase": "Failed", "podIP": "10.1.0.7",
-                   "conditions": [{"type": "Ready", "status": "False"}],
-                   "containerStatuses": [
-                       {"name": "sidecar", "restartCount": 1, "state": {"running": {}}},
-                       {"name": "ringtrain", "restartCount": 0, "state": {"terminated": {
-                           "exitCode": 137, "reason": "OOMKilled", "message": "{}"}}}]},
+        "metadata": {
+            "name": "mnist-worker-1",
+            "labels": {
+                "ringtrain.io/job-name": "mnist",
+                "ringtrain.io/replica-type": "worker",
+                "ringtrain.io/replica-index": "1",
+            },
+        },
+        "status": {
+            "phase": "Failed",
+            "podIP": "10.1.0.7",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [
+                {"name": "sidecar", "restartCount": 1, "state": {"running": {}}},
+                {
+                    "name": "ringtrain",
+                    "restartCount": 0,
+                    "state": {
+                        "terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "{}"}
+                    },
+                },
+            ],
+        },
     }
     p = ObservedPod.from_pod(obj)
     assert (p.name, p.role, p.index, p.phase, p.ready, p.restarts) == (
-        "mnist-worker-1", "worker", 1, "Failed", False, 1)
+        "mnist-worker-1",
+        "worker",
+        1,
+        "Failed",
+        False,
+        1,
+    )
     assert (p.exit_code, p.exit_reason, p.termination_message, p.pod_ip) == (
-        137, "OOMKilled", "{}", "10.1.0.7")
+        137,
+        "OOMKilled",
+        "{}",
+        "10.1.0.7",
+    )
     assert not p.restarting and p.last_exit_code is None
     assert ObservedPod.from_pod({"metadata": {"name": "x", "labels": {}}}) is None
 
 
 def _with_evaluator():
     from operator_jobs import job_obj
+
     from ringtrain_operator import spec
 
-    return spec.load(job_obj(workers=1, chief=1, evaluator=1, trainer={
-        "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}}}))
+    return spec.load(
+        job_obj(
+            workers=1,
+            chief=1,
+            evaluator=1,
+            trainer={"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}}},
+        )
+    )
 
 
 def test_the_job_waits_for_the_built_in_evaluator_to_evaluate_the_last_checkpoint():
     j = _with_evaluator()
     d1 = step(j, running(j), None)
-    done = {"mnist-chief-0": pod("mnist-chief-0", "Succeeded", exit_code=0),
-            "mnist-worker-0": pod("mnist-worker-0", "Succeeded", exit_code=0)}
+    done = {
+        "mnist-chief-0": pod("mnist-chief-0", "Succeeded", exit_code=0),
+        "mnist-worker-0": pod("mnist-worker-0", "Succeeded", exit_code=0),
+    }
     d2 = step(j, running(j, **done), d1.status)
     assert d2.status["state"] != st.SUCCEEDED and "mnist-evaluator-0" not in d2.delete
-    d3 = step(j, running(j, **done, **{"mnist-evaluator-0": pod(
-        "mnist-evaluator-0", "Succeeded", exit_code=0)}), d2.status)
+    d3 = step(
+        j,
+        running(
+            j, **done, **{"mnist-evaluator-0": pod("mnist-evaluator-0", "Succeeded", exit_code=0)}
+        ),
+        d2.status,
+    )
     assert d3.status["state"] == st.SUCCEEDED
 
 
 def test_a_stock_evaluator_does_not_hold_the_job_back():
     j = job(workers=1, chief=1, ps=1, evaluator=1)  # no spec.trainer
-    d = step(j, running(j, **{"mnist-chief-0": pod("mnist-chief-0", "Succeeded", exit_code=0)}),
-             None)
+    d = step(
+        j, running(j, **{"mnist-chief-0": pod("mnist-chief-0", "Succeeded", exit_code=0)}), None
+    )
     assert d.status["state"] == st.SUCCEEDED and "mnist-evaluator-0" in d.delete
 
 
@@ -503,21 +653,44 @@ def test_the_evaluators_last_evaluation_and_the_export_appear_in_the_status():
     d1 = step(j, running(j, **{"mnist-evaluator-0": pod("mnist-evaluator-0", live=live)}), None)
     assert d1.status["evaluation"] == {"step": 20, "testLoss": 0.6, "testAccuracy": 0.81}
     starting = {"step": 0, "epoch": 0, "test_accuracy": None, "phase": "Evaluating"}
-    d0 = step(j, running(j, **{"mnist-evaluator-0": pod("mnist-evaluator-0", live=starting)}),
-              None)
+    d0 = step(j, running(j, **{"mnist-evaluator-0": pod("mnist-evaluator-0", live=starting)}), None)
     assert "evaluation" not in d0.status
-    final = {"event": "final", "steps": 30, "test_accuracy": 0.85, "test_loss": 0.5,
-             "checkpoint": "/checkpoints/ckpt-0000000030.json", "evaluations": 3}
-    chief = {"event": "final", "steps": 30, "test_accuracy": 0.85,
-             "export": "/checkpoints/model.keras"}
-    d2 = step(j, running(j, **{
-        "mnist-evaluator-0": pod("mnist-evaluator-0", "Succeeded", exit_code=0,
-                                 message=json.dumps(final)),
-        "mnist-chief-0": pod("mnist-chief-0", "Succeeded", exit_code=0,
-                             message=json.dumps(chief))}), d1.status)
-    assert d2.status["evaluation"] == {"step": 30, "testLoss": 0.5, "testAccuracy": 0.85,
-                                       "checkpoint": "/checkpoints/ckpt-0000000030.json",
-                                       "evaluations": 3}
+    final = {
+        "event": "final",
+        "steps": 30,
+        "test_accuracy": 0.85,
+        "test_loss": 0.5,
+        "checkpoint": "/checkpoints/ckpt-0000000030.json",
+        "evaluations": 3,
+    }
+    chief = {
+        "event": "final",
+        "steps": 30,
+        "test_accuracy": 0.85,
+        "export": "/checkpoints/model.keras",
+    }
+    d2 = step(
+        j,
+        running(
+            j,
+            **{
+                "mnist-evaluator-0": pod(
+                    "mnist-evaluator-0", "Succeeded", exit_code=0, message=json.dumps(final)
+                ),
+                "mnist-chief-0": pod(
+                    "mnist-chief-0", "Succeeded", exit_code=0, message=json.dumps(chief)
+                ),
+            },
+        ),
+        d1.status,
+    )
+    assert d2.status["evaluation"] == {
+        "step": 30,
+        "testLoss": 0.5,
+        "testAccuracy": 0.85,
+        "checkpoint": "/checkpoints/ckpt-0000000030.json",
+        "evaluations": 3,
+    }
     assert d2.status["progress"]["export"] == "/checkpoints/model.keras"
 
 
@@ -525,43 +698,76 @@ def _container(policy: str, state: dict, last: dict | None = None, phase: str = 
     cs = {"name": "ringtrain", "restartCount": 1, "state": state}
     if last is not None:
         cs["lastState"] = {"terminated": last}
-    return ObservedPod.from_pod({
-        "metadata": {"name": "mnist-worker-1", "labels": {
-            "ringtrain.io/job-name": "mnist", "ringtrain.io/replica-type": "worker",
-            "ringtrain.io/replica-index": "1"}},
-        "spec": {"restartPolicy": policy},
-        "status": {"phase": phase, "containerStatuses": [cs]}})
+    return ObservedPod.from_pod(
+        {
+            "metadata": {
+                "name": "mnist-worker-1",
+                "labels": {
+                    "ringtrain.io/job-name": "mnist",
+                    "ringtrain.io/replica-type": "worker",
+                    "ringtrain.io/replica-index": "1",
+                },
+            },
+            "spec": {"restartPolicy": policy},
+            "status": {"phase": phase, "containerStatuses": [cs]},
+        }
+    )
 
 
 def test_observed_pod_reads_a_restart_in_place():
     p = _container("OnFailure", {"running": {}}, {"exitCode": 137, "reason": "Error"})
     assert (p.restarting, p.restarts, p.last_exit_code, p.last_exit_reason, p.exit_code) == (
-        False, 1, 137, "Error", None)
+        False,
+        1,
+        137,
+        "Error",
+        None,
+    )
     # Between the exit and the kubelet's restart: terminated now, or waiting in back-off.
     assert _container("OnFailure", {"terminated": {"exitCode": 138}}).restarting
     assert _container("Always", {"terminated": {"exitCode": 0}}).restarting
-    assert _container("OnFailure", {"waiting": {"reason": "CrashLoopBackOff"}},
-                      {"exitCode": 2}).restarting
+    assert _container(
+        "OnFailure", {"waiting": {"reason": "CrashLoopBackOff"}}, {"exitCode": 2}
+    ).restarting
     # Not restarted: a success under OnFailure, anything under Never, a pod that is over.
     assert not _container("OnFailure", {"terminated": {"exitCode": 0}}).restarting
     assert not _container("Never", {"terminated": {"exitCode": 137}}).restarting
-    assert not _container("OnFailure", {"terminated": {"exitCode": 137}},
-                          phase="Failed").restarting
+    assert not _container("OnFailure", {"terminated": {"exitCode": 137}}, phase="Failed").restarting
     assert not _container("OnFailure", {"waiting": {"reason": "ContainerCreating"}}).restarting
-
 
 
 def test_progress_shows_the_chiefs_ipu_memory_report_and_keeps_it_after_the_end():
     j = job(workers=1)
-    kinds = {"weights": 1000, "gradients": 1000, "activations": 5000, "workspace": 3000,
-             "data": 200, "optimizer_state": 0}
-    report = {"capacity": 900 << 20, "total": 10200, "kinds": kinds,
-              "layers": [{"name": "dense", **kinds}], "host": {"optimizer_state": 2000}}
+    kinds = {
+        "weights": 1000,
+        "gradients": 1000,
+        "activations": 5000,
+        "workspace": 3000,
+        "data": 200,
+        "optimizer_state": 0,
+    }
+    report = {
+        "capacity": 900 << 20,
+        "total": 10200,
+        "kinds": kinds,
+        "layers": [{"name": "dense", **kinds}],
+        "host": {"optimizer_state": 2000},
+    }
     d1 = step(j, [pod("mnist-worker-0", live={"step": 2, "ipu_memory": report})], None)
-    assert d1.status["progress"] == {"step": 2, "ipuMemory": {
-        "capacityBytes": 900 << 20, "totalBytes": 10200, "weightsBytes": 1000,
-        "gradientsBytes": 1000, "activationsBytes": 5000, "workspaceBytes": 3000,
-        "dataBytes": 200, "optimizerStateBytes": 0, "hostOptimizerStateBytes": 2000}}
+    assert d1.status["progress"] == {
+        "step": 2,
+        "ipuMemory": {
+            "capacityBytes": 900 << 20,
+            "totalBytes": 10200,
+            "weightsBytes": 1000,
+            "gradientsBytes": 1000,
+            "activationsBytes": 5000,
+            "workspaceBytes": 3000,
+            "dataBytes": 200,
+            "optimizerStateBytes": 0,
+            "hostOptimizerStateBytes": 2000,
+        },
+    }
     # the termination message has no report: the last one seen stays in the status
     final = json.dumps({"event": "final", "steps": 5, "loss": 0.2})
     d2 = step(j, [pod("mnist-worker-0", "Succeeded", message=final)], d1.status)
@@ -582,12 +788,10 @@ def test_the_running_message_names_the_ring_members_the_chief_still_waits_for():
     j = job(workers=3)
     d0 = step(j, running(j), None)
     waiting = {"step": 0, "epoch": 0, "phase": "Starting", "waiting_for": ["worker-2"]}
-    d1 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", live=waiting)}),
-              d0.status)
+    d1 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", live=waiting)}), d0.status)
     assert cond(d1.status, st.RUNNING)["message"] == "waiting for worker-2"
     assert d1.status["progress"]["waitingFor"] == ["worker-2"]
     trained = {"step": 5, "epoch": 0, "loss": 1.5, "phase": "Training"}
-    d2 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", live=trained)}),
-              d1.status)
+    d2 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", live=trained)}), d1.status)
     assert cond(d2.status, st.RUNNING)["message"] == "all pods are running"
     assert "waitingFor" not in d2.status["progress"] and d2.status["progress"]["step"] == 5

@@ -45,9 +45,19 @@ class Ring:
         if self.tls_dir is not None:
             env["RINGTRAIN_TLS_DIR"] = str(self.tls_dir)
         self.procs[rank] = subprocess.Popen(
-            [sys.executable, str(WORKER), *self.argv, "--rank", str(rank),
-             *self.extra.get(rank, [])],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            [
+                sys.executable,
+                str(WORKER),
+                *self.argv,
+                "--rank",
+                str(rank),
+                *self.extra.get(rank, []),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
 
     def kill(self) -> None:
         for p in self.procs:
@@ -77,16 +87,27 @@ def register(ring: Ring, rank: int, as_rank: int) -> dict:
     material = tls.load(ring.tls_dir) if ring.tls_dir is not None else None
     ch = channels.channel(ring.addresses[rank], material)
     try:
-        return json.loads(ch.unary_unary(f"/{control.SERVICE}/Register")(
-            b"", metadata=control.call_metadata(ring.token, as_rank, len(ring.addresses)),
-            timeout=10))
+        return json.loads(
+            ch.unary_unary(f"/{control.SERVICE}/Register")(
+                b"",
+                metadata=control.call_metadata(ring.token, as_rank, len(ring.addresses)),
+                timeout=10,
+            )
+        )
     finally:
         ch.close()
 
 
-def start(world: int, scenario: str, transport: str = "grpc+tcp", *args: str,
-          ranks: list[int] | None = None, extra: dict[int, list[str]] | None = None,
-          tls_dir: Path | None = None, token: bytes | None = None) -> Ring:
+def start(
+    world: int,
+    scenario: str,
+    transport: str = "grpc+tcp",
+    *args: str,
+    ranks: list[int] | None = None,
+    extra: dict[int, list[str]] | None = None,
+    tls_dir: Path | None = None,
+    token: bytes | None = None,
+) -> Ring:
     """Start ``ranks`` (default: all) of a ``world``-member ring; :meth:`Ring.start_rank`
     starts the others later. ``extra`` adds arguments for single ranks; with ``tls_dir`` every
     member loads the job's TLS material from it (mutual TLS); ``token`` (default: a new one)
@@ -96,6 +117,6 @@ def start(world: int, scenario: str, transport: str = "grpc+tcp", *args: str,
     ring = Ring([None] * world, addresses, token, tls_dir=tls_dir)
     ring.argv = [scenario, "--addresses", ",".join(addresses), "--transport", transport, *args]
     ring.extra = extra or {}
-    for r in (range(world) if ranks is None else ranks):
+    for r in range(world) if ranks is None else ranks:
         ring.start_rank(r)
     return ring

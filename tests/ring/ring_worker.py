@@ -41,8 +41,9 @@ def check_allreduce(coll, sizes: list[int], world: int, rank: int, step: int) ->
         want = expected_mean(n, world)
         if not np.allclose(buf, want, rtol=1e-6, atol=1e-6):
             bad = int(np.argmax(np.abs(buf - want)))
-            raise AssertionError(f"rank {rank} size {n}: element {bad} is {buf[bad]}, "
-                                 f"want {want[bad]}")
+            raise AssertionError(
+                f"rank {rank} size {n}: element {bad} is {buf[bad]}, want {want[bad]}"
+            )
 
 
 def check_broadcast(coll, n: int, world: int, rank: int) -> None:
@@ -99,22 +100,34 @@ def ring_metrics(coll, world: int, rank: int, n: int) -> None:
     def sample(name: str, **labels) -> float | None:
         return registry.get_sample_value(name, dict(labels, transport=t))
 
-    labels = sorted({s.labels["transport"] for fam in registry.collect()
-                     if fam.name.startswith("ringtrain_ring_") for s in fam.samples
-                     if "transport" in s.labels})
-    emit(event="metrics", rank=rank, transport=t, labels=labels,
-         sent=sample("ringtrain_ring_bytes_total", direction="sent"),
-         received=sample("ringtrain_ring_bytes_total", direction="received"),
-         allreduces=sample("ringtrain_ring_allreduce_seconds_count"),
-         allreduce_s=sample("ringtrain_ring_allreduce_seconds_sum"),
-         errors={k: sample("ringtrain_ring_errors_total", kind=k)
-                 for k in ("timeout", "link", "interrupted")})
+    labels = sorted(
+        {
+            s.labels["transport"]
+            for fam in registry.collect()
+            if fam.name.startswith("ringtrain_ring_")
+            for s in fam.samples
+            if "transport" in s.labels
+        }
+    )
+    emit(
+        event="metrics",
+        rank=rank,
+        transport=t,
+        labels=labels,
+        sent=sample("ringtrain_ring_bytes_total", direction="sent"),
+        received=sample("ringtrain_ring_bytes_total", direction="received"),
+        allreduces=sample("ringtrain_ring_allreduce_seconds_count"),
+        allreduce_s=sample("ringtrain_ring_allreduce_seconds_sum"),
+        errors={
+            k: sample("ringtrain_ring_errors_total", kind=k)
+            for k in ("timeout", "link", "interrupted")
+        },
+    )
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["allreduce", "pause", "loop", "rss", "worker",
-                                               "metrics"])
+    p.add_argument("scenario", choices=["allreduce", "pause", "loop", "rss", "worker", "metrics"])
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--addresses", required=True)
     p.add_argument("--transport", default="grpc+tcp")
@@ -128,8 +141,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--health-timeout-s", type=float, default=3.0)
     p.add_argument("--health-port", type=int, default=0)
     p.add_argument("--stall-s", type=float, default=60.0)
-    p.add_argument("--metrics-port", type=int, default=0,
-                   help="serve the trainer's /metrics and /status, fed by the ring")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve the trainer's /metrics and /status, fed by the ring",
+    )
     a = p.parse_args(argv)
     addresses = a.addresses.split(",")
     spec = ClusterSpec(cluster={"worker": tuple(addresses)}, task_index=a.rank)
@@ -138,21 +155,29 @@ def main(argv: list[str]) -> int:
     coll = server = observer = None
     if a.metrics_port:
         from ringtrain_trainer.metrics import MetricsServer, RingMetrics, TrainerMetrics
+
         metrics = TrainerMetrics()
         server = MetricsServer(metrics, a.metrics_port)
         observer = RingMetrics(metrics)
     try:
         # grpc+shm is grpc+tcp with shared memory on; grpc+tcp here means with it off
-        coll = connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(),
-                       transport="grpc+tcp" if a.transport == "grpc+shm" else a.transport,
-                       shared_memory=a.transport == "grpc+shm",
-                       chunk_bytes=a.chunk_bytes, step_timeout_s=a.step_timeout_s,
-                       connect_timeout_s=a.connect_timeout_s,
-                       health_timeout_s=a.health_timeout_s, stall_s=a.stall_s,
-                       observer=observer, encrypt_data=a.encrypt_data,
-                       health_port=a.health_port,
-                       tls=pki.load(os.environ["RINGTRAIN_TLS_DIR"])
-                       if os.environ.get("RINGTRAIN_TLS_DIR") else None)
+        coll = connect(
+            spec,
+            os.environ["RINGTRAIN_TOKEN"].encode(),
+            transport="grpc+tcp" if a.transport == "grpc+shm" else a.transport,
+            shared_memory=a.transport == "grpc+shm",
+            chunk_bytes=a.chunk_bytes,
+            step_timeout_s=a.step_timeout_s,
+            connect_timeout_s=a.connect_timeout_s,
+            health_timeout_s=a.health_timeout_s,
+            stall_s=a.stall_s,
+            observer=observer,
+            encrypt_data=a.encrypt_data,
+            health_port=a.health_port,
+            tls=pki.load(os.environ["RINGTRAIN_TLS_DIR"])
+            if os.environ.get("RINGTRAIN_TLS_DIR")
+            else None,
+        )
         want = {"tcp": "grpc+tcp"}.get(a.transport, a.transport)
         if world > 1 and coll.transport.name != want and not a.encrypt_data:
             raise AssertionError(f"asked for {want}, the ring runs {coll.transport.name}")
@@ -191,8 +216,13 @@ def main(argv: list[str]) -> int:
         emit(event="done", rank=rank, refused=getattr(coll, "refused", None))
         return 0
     except RingtrainError as e:
-        emit(event="error", rank=rank, type=type(e).__name__, message=str(e),
-             exit_code=exit_code_for(e))
+        emit(
+            event="error",
+            rank=rank,
+            type=type(e).__name__,
+            message=str(e),
+            exit_code=exit_code_for(e),
+        )
         return exit_code_for(e)
     finally:
         if coll is not None:

@@ -10,19 +10,52 @@ import pytest
 @pytest.mark.timeout(120)
 def test_bench_reports_every_transport_and_baseline_with_ratios():
     out = subprocess.run(
-        [sys.executable, "-m", "ringtrain.cli", "bench", "allreduce", "--workers", "2",
-         "--size-mib", "0.01", "--iters", "3", "--warmup", "1", "--json",
-         "--transport", "grpc+tcp", "--transport", "grpc+shm", "--transport", "grpc", "--tls",
-         "--baseline", "gloo",
-         "--baseline", "mpi"],
-        capture_output=True, text=True, timeout=110)
+        [
+            sys.executable,
+            "-m",
+            "ringtrain.cli",
+            "bench",
+            "allreduce",
+            "--workers",
+            "2",
+            "--size-mib",
+            "0.01",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+            "--transport",
+            "grpc+tcp",
+            "--transport",
+            "grpc+shm",
+            "--transport",
+            "grpc",
+            "--tls",
+            "--baseline",
+            "gloo",
+            "--baseline",
+            "mpi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     results = {r["impl"]: r for r in rows if r["bench"] == "allreduce"}
     # grpc+shm has no +tls twin (encryptData is the wire's; shared memory has none), and a
     # ring row is only printed under the name of the data path that ran
-    assert set(results) == {"ring-grpc+tcp", "ring-grpc+tcp+tls", "ring-grpc+shm", "ring-grpc",
-                            "ring-grpc+tls", "gloo-sum", "gloo-mean", "mpi"}
+    assert set(results) == {
+        "ring-grpc+tcp",
+        "ring-grpc+tcp+tls",
+        "ring-grpc+shm",
+        "ring-grpc",
+        "ring-grpc+tls",
+        "gloo-sum",
+        "gloo-mean",
+        "mpi",
+    }
     assert results["gloo-sum"]["op"] == "sum"
     assert {r["op"] for i, r in results.items() if i != "gloo-sum"} == {"mean"}
     for r in results.values():
@@ -31,7 +64,14 @@ def test_bench_reports_every_transport_and_baseline_with_ratios():
         assert r["algbw_gbps"] == pytest.approx(0.01 * 2**20 / r["median_s"] / 1e9)
     ratios = [r for r in rows if r["bench"] == "allreduce-ratio"]
     assert {(r["impl"], r["baseline"]) for r in ratios} == {
-        (i, b) for i in ("ring-grpc+tcp", "ring-grpc+tcp+tls", "ring-grpc+shm", "ring-grpc",
-                         "ring-grpc+tls")
-        for b in ("gloo-sum", "mpi")}
+        (i, b)
+        for i in (
+            "ring-grpc+tcp",
+            "ring-grpc+tcp+tls",
+            "ring-grpc+shm",
+            "ring-grpc",
+            "ring-grpc+tls",
+        )
+        for b in ("gloo-sum", "mpi")
+    }
     assert {r["baseline_op"] for r in ratios if r["baseline"] == "gloo-sum"} == {"sum"}

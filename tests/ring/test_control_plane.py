@@ -40,8 +40,19 @@ def test_a_frozen_or_killed_worker_is_named_and_left_well_before_the_step_timeou
     """N = 4, rank 2 frozen or killed: its neighbours (1, 3) find it (health checks, closed
     sockets) and tell everyone; rank 0, no neighbour of it, leaves too. All name a peer and
     exit retryable within seconds although the step timeout is 60 s."""
-    ring = ring_procs.start(4, "loop", "grpc+tcp", "--sizes", "300000", "--chunk-bytes", "65536",
-                            "--step-timeout-s", STEP_TIMEOUT, "--health-timeout-s", "2")
+    ring = ring_procs.start(
+        4,
+        "loop",
+        "grpc+tcp",
+        "--sizes",
+        "300000",
+        "--chunk-bytes",
+        "65536",
+        "--step-timeout-s",
+        STEP_TIMEOUT,
+        "--health-timeout-s",
+        "2",
+    )
     try:
         assert [ring.event(r)["event"] for r in range(4)] == ["started"] * 4
         t0 = time.monotonic()
@@ -65,15 +76,20 @@ def test_a_frozen_or_killed_worker_is_named_and_left_well_before_the_step_timeou
 @pytest.mark.timeout(60)
 def test_an_early_worker_waits_names_the_missing_ranks_and_trains_once_they_come():
     port = free_ports(1)[0]
-    ring = ring_procs.start(3, "allreduce", "grpc+tcp", ranks=[0],
-                            extra={0: ["--metrics-port", str(port), "--connect-timeout-s", "40"]})
+    ring = ring_procs.start(
+        3,
+        "allreduce",
+        "grpc+tcp",
+        ranks=[0],
+        extra={0: ["--metrics-port", str(port), "--connect-timeout-s", "40"]},
+    )
     try:
-        st = wait_for("waiting_for in /status", lambda: (s := status(port)) and s.waiting_for
-                      and s)
+        st = wait_for("waiting_for in /status", lambda: (s := status(port)) and s.waiting_for and s)
         assert st.waiting_for == ["worker-1", "worker-2"], st
         ring.start_rank(1)
-        wait_for("worker-2 alone missing",
-                 lambda: (s := status(port)) and s.waiting_for == ["worker-2"])
+        wait_for(
+            "worker-2 alone missing", lambda: (s := status(port)) and s.waiting_for == ["worker-2"]
+        )
         time.sleep(3)  # the late worker really comes seconds later
         assert status(port).waiting_for == ["worker-2"]
         ring.start_rank(2)
@@ -91,8 +107,9 @@ def test_health_stall_reports_and_strangers_on_the_control_service():
     SERVING (also through `ringtrain health`); Register, Abort and State without or with a
     wrong token are refused, and none of it disturbs the ring."""
     port = free_ports(1)[0]
-    ring = ring_procs.start(2, "pause", "grpc+tcp", "--stall-s", "1",
-                            extra={0: ["--metrics-port", str(port)]})
+    ring = ring_procs.start(
+        2, "pause", "grpc+tcp", "--stall-s", "1", extra={0: ["--metrics-port", str(port)]}
+    )
     try:
         assert [ring.event(r)["event"] for r in (0, 1)] == ["ready", "ready"]
         st = wait_for("a stall report", lambda: (s := status(port)) and s.stalled and s)
@@ -105,16 +122,26 @@ def test_health_stall_reports_and_strangers_on_the_control_service():
                 assert got.status == health_pb2.HealthCheckResponse.SERVING
             for method in ("Register", "Abort", "State"):
                 call = ch.unary_unary(f"/{control.SERVICE}/{method}")
-                for md in (control.call_metadata(b"wrong", 1, 2),
-                           control.call_metadata(ring.token, 1, 2)[1:]):
+                for md in (
+                    control.call_metadata(b"wrong", 1, 2),
+                    control.call_metadata(ring.token, 1, 2)[1:],
+                ):
                     with pytest.raises(grpc.RpcError) as e:
                         call(b"stop", metadata=md, timeout=10)
                     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        probe = subprocess.run([sys.executable, "-m", "ringtrain.cli", "health", "--address",
-                                ring.addresses[0]], capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(
+            [sys.executable, "-m", "ringtrain.cli", "health", "--address", ring.addresses[0]],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert probe.returncode == 0 and "SERVING" in probe.stdout, probe
-        metrics = __import__("urllib.request").request.urlopen(
-            f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        metrics = (
+            __import__("urllib.request")
+            .request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
         assert 'ringtrain_ring_stalls_total{transport="grpc+tcp"}' in metrics
         ring.procs[1].stdin.write("go\n")
         ring.procs[1].stdin.flush()
@@ -123,7 +150,19 @@ def test_health_stall_reports_and_strangers_on_the_control_service():
         ring.kill()
     assert [code for code, _ in results] == [0, 0], results
     assert results[0][1][-1] == {"event": "done", "rank": 0, "refused": 6}
-    dead = subprocess.run([sys.executable, "-m", "ringtrain.cli", "health", "--address",
-                           ring.addresses[0], "--timeout-s", "1"], capture_output=True,
-                          text=True, timeout=30)
+    dead = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ringtrain.cli",
+            "health",
+            "--address",
+            ring.addresses[0],
+            "--timeout-s",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert dead.returncode == 1, dead

@@ -28,10 +28,28 @@ LR = {"sgd": 0.01, "adam": 0.001}
 
 
 def worker_args(out, world: int, optimizer: str, log) -> list[str]:
-    return ["worker", "--dataset", "mnist-5k", "--steps", str(STEPS),
-            "--batch-size", str(GLOBAL_BATCH // world), "--optimizer", optimizer,
-            "--lr", str(LR[optimizer]), "--seed", "7", "--bucket-mb", "0.25",
-            "--checkpoint-dir", str(out), "--json", "--termination-log", str(log)]
+    return [
+        "worker",
+        "--dataset",
+        "mnist-5k",
+        "--steps",
+        str(STEPS),
+        "--batch-size",
+        str(GLOBAL_BATCH // world),
+        "--optimizer",
+        optimizer,
+        "--lr",
+        str(LR[optimizer]),
+        "--seed",
+        "7",
+        "--bucket-mb",
+        "0.25",
+        "--checkpoint-dir",
+        str(out),
+        "--json",
+        "--termination-log",
+        str(log),
+    ]
 
 
 def final_weights(stdout: str, world: int) -> np.ndarray:
@@ -51,11 +69,18 @@ def train(tmp_path, name: str, world: int, optimizer: str, extra: tuple = ()) ->
         env.pop("TF_CONFIG", None)
         if world > 1:
             env["TF_CONFIG"] = build({"worker": addrs}, "worker", i)
-        cmd = [sys.executable, "-m", "ringtrain.cli",
-               *worker_args(tmp_path / name, world, optimizer, tmp_path / f"{name}-{i}.json"),
-               *extra]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "ringtrain.cli",
+            *worker_args(tmp_path / name, world, optimizer, tmp_path / f"{name}-{i}.json"),
+            *extra,
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     outputs = []
     for i, p in enumerate(procs):
         stdout, stderr = p.communicate(timeout=240)
@@ -66,8 +91,10 @@ def train(tmp_path, name: str, world: int, optimizer: str, extra: tuple = ()) ->
 
 def assert_same(weights: np.ndarray, reference: np.ndarray, what: str) -> None:
     bad = ~np.isclose(weights, reference, rtol=1e-4, atol=1e-6)
-    assert not bad.any(), (f"{what}: {bad.sum()} of {bad.size} weights differ, max |diff| "
-                           f"{np.abs(weights - reference).max():.3g}")
+    assert not bad.any(), (
+        f"{what}: {bad.sum()} of {bad.size} weights differ, max |diff| "
+        f"{np.abs(weights - reference).max():.3g}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -87,17 +114,29 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_n_workers_match_one_worker_with_the_global_batch(tmp_path, reference, optimizer):
     for world in (2, 3, 4):
-        assert_same(train(tmp_path, f"n{world}", world, optimizer), reference(optimizer),
-                    f"{optimizer}, {world} workers over the ring")
+        assert_same(
+            train(tmp_path, f"n{world}", world, optimizer),
+            reference(optimizer),
+            f"{optimizer}, {world} workers over the ring",
+        )
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 def test_mpirun_workers_match_one_worker_with_the_global_batch(tmp_path, reference):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-           sys.executable, "-m", "ringtrain.cli",
-           *worker_args(tmp_path / "mpi", 2, "adam", tmp_path / "mpi.json"),
-           "--collective", "mpi"]
+    cmd = [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        "2",
+        sys.executable,
+        "-m",
+        "ringtrain.cli",
+        *worker_args(tmp_path / "mpi", 2, "adam", tmp_path / "mpi.json"),
+        "--collective",
+        "mpi",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -107,16 +146,30 @@ def test_mpirun_workers_match_one_worker_with_the_global_batch(tmp_path, referen
 
 
 #: Conv2D → BatchNormalization → Dropout → Dense, as model.to_json() writes it (tf.keras 2)
-DROPOUT_BN = {"class_name": "Sequential", "config": {"name": "dropout_bn", "layers": [
-    {"class_name": "InputLayer", "config": {"batch_input_shape": [None, 28, 28]}},
-    {"class_name": "Reshape", "config": {"name": "reshape", "target_shape": [28, 28, 1]}},
-    {"class_name": "Conv2D", "config": {"name": "conv2d", "filters": 4, "kernel_size": [3, 3],
-                                        "strides": [2, 2], "activation": "relu"}},
-    {"class_name": "BatchNormalization", "config": {"name": "bn", "momentum": 0.9}},
-    {"class_name": "Flatten", "config": {"name": "flatten"}},
-    {"class_name": "Dropout", "config": {"name": "dropout", "rate": 0.3}},
-    {"class_name": "Dense", "config": {"name": "out", "units": 10}}]}}
-
+DROPOUT_BN = {
+    "class_name": "Sequential",
+    "config": {
+        "name": "dropout_bn",
+        "layers": [
+            {"class_name": "InputLayer", "config": {"batch_input_shape": [None, 28, 28]}},
+            {"class_name": "Reshape", "config": {"name": "reshape", "target_shape": [28, 28, 1]}},
+            {
+                "class_name": "Conv2D",
+                "config": {
+                    "name": "conv2d",
+                    "filters": 4,
+                    "kernel_size": [3, 3],
+                    "strides": [2, 2],
+                    "activation": "relu",
+                },
+            },
+            {"class_name": "BatchNormalization", "config": {"name": "bn", "momentum": 0.9}},
+            {"class_name": "Flatten", "config": {"name": "flatten"}},
+            {"class_name": "Dropout", "config": {"name": "dropout", "rate": 0.3}},
+            {"class_name": "Dense", "config": {"name": "out", "units": 10}},
+        ],
+    },
+}
 
 
 def _rank_order_npz(tmp_path, world: int) -> tuple[str, str]:
@@ -130,13 +183,18 @@ def _rank_order_npz(tmp_path, world: int) -> tuple[str, str]:
     sharder = data_mod.Sharder(len(x), GLOBAL_BATCH // world, world, seed=7)
     xr, yr = x.copy(), y.copy()
     for k in range(STEPS):  # all within epoch 0
-        read = sharder.order(0)[k * GLOBAL_BATCH:(k + 1) * GLOBAL_BATCH]
+        read = sharder.order(0)[k * GLOBAL_BATCH : (k + 1) * GLOBAL_BATCH]
         src = sharder.global_batch_indices(0, k)
         xr[read], yr[read] = x[src], y[src]
     paths = []
     for name, (a, b) in (("plain", (x, y)), ("rank-order", (xr, yr))):
-        np.savez(tmp_path / f"{name}.npz", x_train=a, y_train=b, x_test=ds.test.images,
-                 y_test=ds.test.labels)
+        np.savez(
+            tmp_path / f"{name}.npz",
+            x_train=a,
+            y_train=b,
+            x_test=ds.test.images,
+            y_test=ds.test.labels,
+        )
         paths.append(str(tmp_path / f"{name}.npz"))
     return paths[0], paths[1]
 
@@ -149,13 +207,15 @@ def test_dropout_and_batchnorm_workers_match_one_worker_with_one_replica_per_wor
     differently: different batch statistics and dropout masks; one replica × 12 computes the
     statistics over all 12."""
     plain, rank_order = _rank_order_npz(tmp_path, 2)
-    model = ("--model", json.dumps(DROPOUT_BN, separators=(",", ":")),
-             "--dataset", "fashion-mnist")
+    model = ("--model", json.dumps(DROPOUT_BN, separators=(",", ":")), "--dataset", "fashion-mnist")
     two_workers = train(tmp_path, "w2", 2, "adam", (*model, "--data", plain))
-    two_replicas = train(tmp_path, "r2", 1, "adam",
-                         (*model, "--data", rank_order, "--ipus-per-worker", "2"))
+    two_replicas = train(
+        tmp_path, "r2", 1, "adam", (*model, "--data", rank_order, "--ipus-per-worker", "2")
+    )
     assert_same(two_workers, two_replicas, "dropout+batchnorm, 2 workers vs 1 worker x 2 IPUs")
-    for name, extra in (("plain-r2", ("--data", plain, "--ipus-per-worker", "2")),
-                        ("r1", ("--data", rank_order))):
+    for name, extra in (
+        ("plain-r2", ("--data", plain, "--ipus-per-worker", "2")),
+        ("r1", ("--data", rank_order)),
+    ):
         other = train(tmp_path, name, 1, "adam", (*model, *extra))
         assert not np.allclose(other, two_replicas, rtol=1e-4, atol=1e-6), name

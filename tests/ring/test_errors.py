@@ -5,8 +5,16 @@ import pickle
 import pytest
 
 from ringtrain import cluster
-from ringtrain.errors import (EXIT_PERMANENT, EXIT_RETRYABLE, InvalidSpec, PeerTimeout,
-                              RingError, RingtrainError, Unauthenticated, exit_code_for)
+from ringtrain.errors import (
+    EXIT_PERMANENT,
+    EXIT_RETRYABLE,
+    InvalidSpec,
+    PeerTimeout,
+    RingError,
+    RingtrainError,
+    Unauthenticated,
+    exit_code_for,
+)
 
 
 def test_rank_step_and_peer_lead_the_message_and_stay_attributes():
@@ -17,10 +25,14 @@ def test_rank_step_and_peer_lead_the_message_and_stay_attributes():
 
 
 def test_unknown_parts_are_left_out_and_step_minus_one_is_kept():
-    assert str(Unauthenticated("w-1:2222 refused the connection", rank=0)) == \
-        "rank 0: w-1:2222 refused the connection"
-    assert str(RingError("cannot listen", rank=2, step=-1, peer="h:1")) == \
-        "rank 2 step -1 peer h:1: cannot listen"
+    assert (
+        str(Unauthenticated("w-1:2222 refused the connection", rank=0))
+        == "rank 0: w-1:2222 refused the connection"
+    )
+    assert (
+        str(RingError("cannot listen", rank=2, step=-1, peer="h:1"))
+        == "rank 2 step -1 peer h:1: cannot listen"
+    )
     assert str(RingError("plain")) == "plain"
     assert RingError("plain").rank is None
     assert exit_code_for(Unauthenticated("x", rank=0)) == EXIT_PERMANENT
@@ -39,8 +51,13 @@ def test_a_bad_tf_config_is_an_invalid_spec_with_the_permanent_exit_code():
     assert exit_code_for(e.value) == EXIT_PERMANENT
 
 
-@pytest.mark.parametrize("address, parsed", [("w-0.job:2222", ("w-0.job", 2222)),
-                                             ("127.0.0.1:1", ("127.0.0.1", 1)),
-                                             ("[::1]:2222", ("::1", 2222))])
+@pytest.mark.parametrize(
+    "address, parsed",
+    [
+        ("w-0.job:2222", ("w-0.job", 2222)),
+        ("127.0.0.1:1", ("127.0.0.1", 1)),
+        ("[::1]:2222", ("::1", 2222)),
+    ],
+)
 def test_split_address_is_part_of_the_cluster_contract(address, parsed):
     assert cluster.split_address(address) == parsed

@@ -32,7 +32,8 @@ from ringtrain.errors import Unauthenticated
 from ringtrain_bench.procs import free_ports
 from ringtrain_trainer import metrics as trainer_metrics
 from ringtrain_trainer.ring import auth, control
-from ringtrain_trainer.ring.grpc_transport import _HELLO as GRPC_HELLO, call_metadata
+from ringtrain_trainer.ring.grpc_transport import _HELLO as GRPC_HELLO
+from ringtrain_trainer.ring.grpc_transport import call_metadata
 
 TOKEN = "hostile-traffic-test-token"
 STEPS = 150  # long enough for several full rounds of attacks on a loaded machine
@@ -58,8 +59,9 @@ def _ring_ports() -> list[int]:
                 sock.close()
 
 
-def start(tmp_path, name: str, transport: str,
-          before_peer=None) -> tuple[list[subprocess.Popen], list, list]:
+def start(
+    tmp_path, name: str, transport: str, before_peer=None
+) -> tuple[list[subprocess.Popen], list, list]:
     """Two workers; ``before_peer(ring_ports)`` runs after worker 0 started and before worker 1
     does, while worker 0 waits for its peer."""
     ring, metrics = _ring_ports(), free_ports(2)
@@ -68,15 +70,40 @@ def start(tmp_path, name: str, transport: str,
     for i in range(2):
         if i == 1 and before_peer is not None:
             before_peer(ring)
-        env = dict(os.environ, RINGTRAIN_TOKEN=TOKEN, TF_CONFIG=build({"worker": addrs},
-                                                                      "worker", i))
+        env = dict(
+            os.environ, RINGTRAIN_TOKEN=TOKEN, TF_CONFIG=build({"worker": addrs}, "worker", i)
+        )
         env.pop("RINGTRAIN_TOKEN_FILE", None)
-        cmd = [sys.executable, "-m", "ringtrain.cli", "worker", "--dataset", "mnist-5k",
-               "--steps", str(STEPS), "--batch-size", "6", "--seed", "7", "--optimizer", "adam",
-               "--lr", "0.001", "--ring-transport", transport, "--metrics-port",
-               str(metrics[i]), "--checkpoint-dir", str(tmp_path / name), "--json"]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "ringtrain.cli",
+            "worker",
+            "--dataset",
+            "mnist-5k",
+            "--steps",
+            str(STEPS),
+            "--batch-size",
+            "6",
+            "--seed",
+            "7",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--ring-transport",
+            transport,
+            "--metrics-port",
+            str(metrics[i]),
+            "--checkpoint-dir",
+            str(tmp_path / name),
+            "--json",
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     return procs, ring, metrics
 
 
@@ -106,6 +133,7 @@ def drain(s: socket.socket) -> bytes:
 
 # --- the grpc+tcp side channel (ring port + 1) ------------------------------------------------
 
+
 def tcp_garbage(port: int) -> None:
     with connect(port) as s:
         assert auth.recv_exact(s, 21).startswith(b"RTRH")
@@ -133,7 +161,8 @@ def side_channel_key(port: int) -> bytes:
     as worker 1 learns it at the rendezvous: Register on the ring port (``port`` - 1)."""
     with grpc.insecure_channel(f"127.0.0.1:{port - 1}") as ch:
         answer = ch.unary_unary(f"/{control.SERVICE}/Register")(
-            b"", metadata=control.call_metadata(TOKEN.encode(), 1, 2), timeout=TIMEOUT_S)
+            b"", metadata=control.call_metadata(TOKEN.encode(), 1, 2), timeout=TIMEOUT_S
+        )
     return bytes.fromhex(json.loads(answer)["data_key"])
 
 
@@ -145,8 +174,9 @@ def tcp_replayed(port: int) -> None:
     with connect(port) as first:
         nonce_s = auth.recv_exact(first, 21)[5:]
     nonce_c = os.urandom(16)
-    mac = hmac.new(key, b"client" + b"RTRH\x01" + nonce_s + nonce_c + ident,
-                   hashlib.sha256).digest()
+    mac = hmac.new(
+        key, b"client" + b"RTRH\x01" + nonce_s + nonce_c + ident, hashlib.sha256
+    ).digest()
     with connect(port) as second:
         auth.recv_exact(second, 21)
         second.sendall(ident + nonce_c + mac)
@@ -166,6 +196,7 @@ def tcp_job_token(port: int) -> None:
 
 # --- the ring port: the gRPC server (control plane, and the grpc data path's streams) -------
 
+
 def grpc_call(port: int, payload: bytes, metadata, method: str = GRPC_HELLO) -> grpc.StatusCode:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         try:
@@ -181,8 +212,10 @@ def grpc_call(port: int, payload: bytes, metadata, method: str = GRPC_HELLO) -> 
 
 def grpc_unauthenticated(port: int) -> None:
     assert grpc_call(port, b"hello", None) == grpc.StatusCode.UNAUTHENTICATED
-    assert grpc_call(port, b"hello", call_metadata(b"guessed", 1, 2)) == \
-        grpc.StatusCode.UNAUTHENTICATED
+    assert (
+        grpc_call(port, b"hello", call_metadata(b"guessed", 1, 2))
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
 
 
 def control_unauthenticated(port: int) -> None:
@@ -190,13 +223,13 @@ def control_unauthenticated(port: int) -> None:
     for method in ("Register", "Abort", "State"):
         path = f"/{control.SERVICE}/{method}"
         for md in (None, call_metadata(b"guessed", 1, 2)):
-            assert grpc_call(port, b'{"reason": "x"}', md, path) == \
-                grpc.StatusCode.UNAUTHENTICATED
+            assert grpc_call(port, b'{"reason": "x"}', md, path) == grpc.StatusCode.UNAUTHENTICATED
 
 
 def grpc_oversized(port: int) -> None:
-    assert grpc_call(port, os.urandom(8 << 20), call_metadata(b"guessed", 1, 2)) != \
-        grpc.StatusCode.OK
+    assert (
+        grpc_call(port, os.urandom(8 << 20), call_metadata(b"guessed", 1, 2)) != grpc.StatusCode.OK
+    )
 
 
 def raw_garbage(port: int) -> None:
@@ -206,6 +239,7 @@ def raw_garbage(port: int) -> None:
 
 
 # --- the metrics port ------------------------------------------------------------------------
+
 
 def http_raw(port: int, request: bytes) -> bytes:
     with connect(port) as s:
@@ -229,7 +263,10 @@ def http_garbage(port: int) -> None:
 
 def http_oversized(port: int) -> None:
     assert http_raw(port, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n")[:12] in (
-        b"HTTP/1.0 414", b"HTTP/1.1 414", b"")
+        b"HTTP/1.0 414",
+        b"HTTP/1.1 414",
+        b"",
+    )
     many = b"".join(b"X-%d: y\r\n" % i for i in range(200))
     assert http_raw(port, b"GET /metrics HTTP/1.1\r\n" + many + b"\r\n")[9:12] in (b"431", b"")
 
@@ -241,8 +278,9 @@ def http_truncated(port: int) -> None:
 def http_bad_paths(port: int) -> None:
     for path in ("/../../etc/passwd", "/status%00", "/%ff"):
         assert http_raw(port, f"GET {path} HTTP/1.0\r\n\r\n".encode())[9:12] == b"404"
-    assert http_raw(port, b"POST /metrics HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello")[9:12] \
-        == b"501"
+    assert (
+        http_raw(port, b"POST /metrics HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello")[9:12] == b"501"
+    )
 
 
 def idle(port: int) -> None:
@@ -256,8 +294,15 @@ RING_ATTACKS = {
 }
 #: the grpc+tcp side channel (ring port + 1) listens only until the left neighbour has joined:
 #: these run against worker 0's while it waits for worker 1, then it is closed for good
-SIDE_CHANNEL_ATTACKS = [tcp_garbage, tcp_oversized, tcp_truncated, tcp_replayed,
-                        tcp_wrong_token, tcp_job_token, idle]
+SIDE_CHANNEL_ATTACKS = [
+    tcp_garbage,
+    tcp_oversized,
+    tcp_truncated,
+    tcp_replayed,
+    tcp_wrong_token,
+    tcp_job_token,
+    idle,
+]
 
 
 def attack_side_channel(landed: dict):
@@ -276,15 +321,19 @@ def attack_side_channel(landed: dict):
             except (ConnectionResetError, BrokenPipeError):
                 pass  # the server hung up on us: refused too
             landed[fn.__name__] = landed.get(fn.__name__, 0) + 1
+
     return before_peer
+
+
 METRICS_ATTACKS = [http_garbage, http_oversized, http_truncated, http_bad_paths, idle]
 
 
 def attack(procs, ring, metrics, transport, errors: list, rounds: list, landed: dict) -> None:
     """Rounds of every attack on every port until the job ends (at most MAX_ROUNDS);
     ``landed[name]`` counts the attacks that reached a listening port and were refused."""
-    plan = [(port, fn) for port in ring for fn in RING_ATTACKS[transport]] + \
-        [(port, fn) for port in metrics for fn in METRICS_ATTACKS]
+    plan = [(port, fn) for port in ring for fn in RING_ATTACKS[transport]] + [
+        (port, fn) for port in metrics for fn in METRICS_ATTACKS
+    ]
     while len(rounds) < MAX_ROUNDS and any(p.poll() is None for p in procs):
         hits = 0
         for port, fn in plan:
@@ -315,10 +364,12 @@ def test_hostile_traffic_is_refused_and_changes_nothing(tmp_path, transport):
     rounds: list[float] = []
     landed: dict[str, int] = {}
     side = transport == "grpc+tcp"
-    procs, ring, metrics = start(tmp_path, "attacked", transport,
-                                 attack_side_channel(landed) if side else None)
-    t = threading.Thread(target=attack, args=(procs, ring, metrics, transport, errors, rounds,
-                                              landed))
+    procs, ring, metrics = start(
+        tmp_path, "attacked", transport, attack_side_channel(landed) if side else None
+    )
+    t = threading.Thread(
+        target=attack, args=(procs, ring, metrics, transport, errors, rounds, landed)
+    )
     t.start()
     # The metrics and /status stay up and keep the token to themselves.
     seen = ""
@@ -326,8 +377,9 @@ def test_hostile_traffic_is_refused_and_changes_nothing(tmp_path, transport):
     while not seen and time.monotonic() < deadline and procs[0].poll() is None:
         try:
             for path in ("/metrics", "/status"):
-                with urllib.request.urlopen(f"http://127.0.0.1:{metrics[0]}{path}",
-                                            timeout=TIMEOUT_S) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{metrics[0]}{path}", timeout=TIMEOUT_S
+                ) as r:
                     assert r.status == 200
                     seen += r.read().decode()
         except OSError:
@@ -338,8 +390,14 @@ def test_hostile_traffic_is_refused_and_changes_nothing(tmp_path, transport):
     assert not t.is_alive()
     assert not errors, errors[:5]
     assert rounds, f"no full round of attacks landed while the job trained: {landed}"
-    expected = {fn.__name__ for fn in [*RING_ATTACKS[transport], *METRICS_ATTACKS,
-                                       *(SIDE_CHANNEL_ATTACKS if side else [])]}
+    expected = {
+        fn.__name__
+        for fn in [
+            *RING_ATTACKS[transport],
+            *METRICS_ATTACKS,
+            *(SIDE_CHANNEL_ATTACKS if side else []),
+        ]
+    }
     assert set(landed) == expected and len(rounds) <= MAX_ROUNDS, landed
     print(f"{transport}: {len(rounds)} rounds, attacks refused: {landed}")
     assert seen and TOKEN not in seen and TOKEN not in stderr

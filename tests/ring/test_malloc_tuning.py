@@ -47,8 +47,14 @@ def _probe(arg: str, env: dict | None = None) -> dict:
     env = dict(os.environ if env is None else env)
     for k in malloc_tuning.USER_ENV:
         env.pop(k, None)
-    out = subprocess.run([sys.executable, "-c", PROBE, arg], env=env, check=True,
-                         capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, arg],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     return json.loads(out)
 
 

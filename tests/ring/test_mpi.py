@@ -28,9 +28,21 @@ open(f"{sys.argv[1]}/rank-{c.rank}", "w").write(f"ok {c.rank} {c.size}")
 def test_mpirun_two_ranks_mean_allreduce_and_broadcast(tmp_path):
     # One file per rank: mpirun forwards the ranks' stdout in pieces that may interleave.
     out = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-         sys.executable, "-c", PROGRAM, str(tmp_path)],
-        capture_output=True, text=True, timeout=100)
+        [
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+            sys.executable,
+            "-c",
+            PROGRAM,
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     results = sorted(p.read_text() for p in tmp_path.glob("rank-*"))
     assert results == ["ok 0 2", "ok 1 2"], out.stdout + out.stderr

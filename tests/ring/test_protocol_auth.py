@@ -46,8 +46,11 @@ def handshake(server_token: bytes, client_token: bytes, rank: int = 1, world: in
     s.settimeout(5)
     c.settimeout(5)
     verdict = []
-    t = threading.Thread(target=lambda: verdict.append(
-        auth.server_handshake(s, server_token, world=2, accept_rank=lambda r: auth.OK)))
+    t = threading.Thread(
+        target=lambda: verdict.append(
+            auth.server_handshake(s, server_token, world=2, accept_rank=lambda r: auth.OK)
+        )
+    )
     t.start()
     err = None
     try:

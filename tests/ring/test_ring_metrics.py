@@ -6,7 +6,6 @@ histogram counts allreduces but not barriers, and a ring broken by a departing p
 once, by kind, under the data path's ``transport`` label."""
 
 import pytest
-
 import ring_procs
 
 N = 4096  # floats: two equal segments on two ranks
@@ -48,5 +47,9 @@ def test_a_single_worker_or_mpi_has_no_ring_to_watch():
 
     registry = CollectorRegistry()
     TrainerMetrics(registry=registry).watch_ring(LocalCollective())
-    assert registry.get_sample_value("ringtrain_ring_bytes_total",
-                                     {"direction": "sent", "transport": "tcp"}) is None
+    assert (
+        registry.get_sample_value(
+            "ringtrain_ring_bytes_total", {"direction": "sent", "transport": "tcp"}
+        )
+        is None
+    )

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import ring_procs
 
-from ringtrain.cluster import ClusterSpec
-from ringtrain_trainer.collective import LocalCollective
+from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain.errors import EXIT_RETRYABLE, PeerTimeout
+from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.ring import auth, connect
 from ringtrain_trainer.ring.grpc_transport import call_metadata
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
-from ringtrain.cluster import split_address
 
 TRANSPORTS = ["grpc+tcp", "grpc"]
 #: what ring_worker runs: grpc+tcp with shared memory off, on (grpc+shm), and grpc
@@ -51,8 +50,9 @@ def wrong_token_joins(ring: ring_procs.Ring, transport: str) -> None:
     from ringtrain.errors import EXIT_PERMANENT, Unauthenticated
     from ringtrain_bench.procs import free_ports
 
-    spec = ClusterSpec(cluster={"worker": (f"127.0.0.1:{free_ports(1)[0]}", ring.addresses[0])},
-                       task_index=0)
+    spec = ClusterSpec(
+        cluster={"worker": (f"127.0.0.1:{free_ports(1)[0]}", ring.addresses[0])}, task_index=0
+    )
     t0 = time.monotonic()
     with pytest.raises(Unauthenticated, match="rank 0: 127.0.0.1:") as e:
         connect(spec, b"another-jobs-token", transport=transport, connect_timeout_s=20)
@@ -125,13 +125,13 @@ def test_grpc_calls_without_token_or_with_wrong_step_or_size_are_refused_state_u
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert refused(call_metadata(tok, 0, 2, good)) == grpc.StatusCode.PERMISSION_DENIED
             wrong_step = OpHeader(Kind.ALLREDUCE, seq, 3, 0, n0)
-            assert refused(call_metadata(tok, 1, 2, wrong_step)) == \
-                grpc.StatusCode.FAILED_PRECONDITION
+            assert (
+                refused(call_metadata(tok, 1, 2, wrong_step)) == grpc.StatusCode.FAILED_PRECONDITION
+            )
             stale = OpHeader(Kind.ALLREDUCE, 0, 1, 0, n0)
             assert refused(call_metadata(tok, 1, 2, stale)) == grpc.StatusCode.FAILED_PRECONDITION
             wrong_size = OpHeader(Kind.ALLREDUCE, seq, 2, 0, n0 + 1)
-            assert refused(call_metadata(tok, 1, 2, wrong_size)) == \
-                grpc.StatusCode.INVALID_ARGUMENT
+            assert refused(call_metadata(tok, 1, 2, wrong_size)) == grpc.StatusCode.INVALID_ARGUMENT
         wrong_token_joins(ring, "grpc")
         ring.procs[1].stdin.write("go\n")
         ring.procs[1].stdin.flush()
@@ -146,8 +146,17 @@ def test_grpc_calls_without_token_or_with_wrong_step_or_size_are_refused_state_u
 @pytest.mark.parametrize("transport", DATA_PATHS)
 def test_a_peer_killed_mid_allreduce_fails_the_others_with_the_retryable_code(transport):
     step_timeout_s = 5.0
-    ring = ring_procs.start(3, "loop", transport, "--sizes", "3000000", "--chunk-bytes",
-                            "65536", "--step-timeout-s", str(step_timeout_s))
+    ring = ring_procs.start(
+        3,
+        "loop",
+        transport,
+        "--sizes",
+        "3000000",
+        "--chunk-bytes",
+        "65536",
+        "--step-timeout-s",
+        str(step_timeout_s),
+    )
     try:
         assert [ring.event(r)["event"] for r in range(3)] == ["started"] * 3
         killed_at = time.monotonic()
@@ -162,8 +171,9 @@ def test_a_peer_killed_mid_allreduce_fails_the_others_with_the_retryable_code(tr
         assert code == EXIT_RETRYABLE, events
         err = events[-1]
         assert err["event"] == "error" and err["type"] in ("RingError", "PeerTimeout")
-        assert err["message"].startswith(f"rank {rank} step ") and " peer 127.0.0.1:" in err[
-            "message"]
+        assert (
+            err["message"].startswith(f"rank {rank} step ") and " peer 127.0.0.1:" in err["message"]
+        )
     assert elapsed < step_timeout_s  # detected from the broken connections, not the timeout
 
 
@@ -175,8 +185,12 @@ def test_a_peer_that_never_comes_up_times_out_at_connect(transport):
     addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     t0 = time.monotonic()
     with pytest.raises(PeerTimeout, match=f"rank 0 step -1 peer {addrs[1]}") as e:
-        connect(ClusterSpec(cluster={"worker": addrs}, task_index=0), b"t",
-                connect_timeout_s=1.0, transport=transport)
+        connect(
+            ClusterSpec(cluster={"worker": addrs}, task_index=0),
+            b"t",
+            connect_timeout_s=1.0,
+            transport=transport,
+        )
     assert e.value.exit_code == EXIT_RETRYABLE
     assert time.monotonic() - t0 < 5
 
@@ -190,8 +204,12 @@ def test_a_taken_ring_port_is_a_retryable_ring_error(transport):
         s.listen(1)
         addrs = (f"127.0.0.1:{s.getsockname()[1]}", "127.0.0.1:1")
         with pytest.raises(RingError, match=f"rank 0 step -1 peer {addrs[0]}: cannot listen"):
-            connect(ClusterSpec(cluster={"worker": addrs}, task_index=0), b"t",
-                    connect_timeout_s=1.0, transport=transport)
+            connect(
+                ClusterSpec(cluster={"worker": addrs}, task_index=0),
+                b"t",
+                connect_timeout_s=1.0,
+                transport=transport,
+            )
 
 
 def test_bad_arguments_are_refused_before_any_socket():
@@ -216,8 +234,9 @@ def test_misuse_fails_loudly_and_leaves_the_ring_usable():
     colls = [None, None]
 
     def join(rank):
-        colls[rank] = connect(ClusterSpec(cluster={"worker": addrs}, task_index=rank), b"t",
-                              connect_timeout_s=10)
+        colls[rank] = connect(
+            ClusterSpec(cluster={"worker": addrs}, task_index=rank), b"t", connect_timeout_s=10
+        )
 
     threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -255,8 +274,12 @@ def test_close_from_another_thread_ends_a_blocked_allreduce_at_once():
     colls = [None, None]
 
     def join(rank):
-        colls[rank] = connect(ClusterSpec(cluster={"worker": addrs}, task_index=rank), b"t",
-                              connect_timeout_s=10, step_timeout_s=60)
+        colls[rank] = connect(
+            ClusterSpec(cluster={"worker": addrs}, task_index=rank),
+            b"t",
+            connect_timeout_s=10,
+            step_timeout_s=60,
+        )
 
     threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -286,8 +309,9 @@ def test_close_from_another_thread_ends_a_blocked_allreduce_at_once():
 def test_peak_memory_stays_flat_over_many_allreduces(transport, ops):
     """Peak RSS after warm-up (100 collectives) must not grow with more collectives; gRPC runs
     fewer because each of its collectives costs milliseconds of call set-up."""
-    ring = ring_procs.start(2, "rss", transport, "--sizes", "262144", "--chunk-bytes", "65536",
-                            "--ops", str(ops))
+    ring = ring_procs.start(
+        2, "rss", transport, "--sizes", "262144", "--chunk-bytes", "65536", "--ops", str(ops)
+    )
     try:
         results = ring.finish(timeout_s=50)
     finally:
@@ -307,8 +331,17 @@ def test_a_frozen_peer_fails_the_others_after_the_step_timeout(transport):
     find frozen peers early), must tell, with PeerTimeout and the retryable code, naming the
     frozen rank; never later than the step timeout plus slack."""
     step_timeout_s = 2.0
-    ring = ring_procs.start(3, "loop", transport, "--sizes", "3000000", "--chunk-bytes",
-                            "65536", "--step-timeout-s", str(step_timeout_s))
+    ring = ring_procs.start(
+        3,
+        "loop",
+        transport,
+        "--sizes",
+        "3000000",
+        "--chunk-bytes",
+        "65536",
+        "--step-timeout-s",
+        str(step_timeout_s),
+    )
     try:
         assert [ring.event(r)["event"] for r in range(3)] == ["started"] * 3
         frozen_at = time.monotonic()

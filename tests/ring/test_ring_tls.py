@@ -10,17 +10,16 @@ import time
 import grpc
 import pytest
 import ring_procs
+from test_ring_processes import STEP_SIZES
 
 from ringtrain import pki
 from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain.errors import EXIT_PERMANENT, PeerTimeout, Unauthenticated
 from ringtrain_bench.procs import free_ports
 from ringtrain_trainer.ring import auth, connect, tls
-from ringtrain_trainer.ring.tcp import connect_with_backoff
 from ringtrain_trainer.ring.grpc_transport import call_metadata
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
-
-from test_ring_processes import STEP_SIZES
+from ringtrain_trainer.ring.tcp import connect_with_backoff
 
 
 def _go(ring: ring_procs.Ring) -> list:
@@ -54,8 +53,9 @@ def test_strangers_forged_certificates_and_garbage_never_reach_the_grpc_ring(tmp
         for who, material in [("no certificate", None), ("another job's CA", forged)]:
             with tls.channel(target, material) as ch:
                 with pytest.raises(grpc.RpcError) as e:
-                    ch.stream_unary("/ringtrain.Ring/Push")(iter([b"\0" * 4]), metadata=md,
-                                                           timeout=3)
+                    ch.stream_unary("/ringtrain.Ring/Push")(
+                        iter([b"\0" * 4]), metadata=md, timeout=3
+                    )
                 assert e.value.code() == grpc.StatusCode.UNAVAILABLE, who
         # a client that trusts another CA refuses the job's server as well
         wrong_ca = tls.Material(forged.ca_cert, job.cert, job.key, job.identity, job.server_name)
@@ -64,8 +64,11 @@ def test_strangers_forged_certificates_and_garbage_never_reach_the_grpc_ring(tmp
                 ch.unary_unary("/ringtrain.Ring/Hello")(b"", metadata=md[:3], timeout=3)
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         host, port = split_address(target)
-        for garbage in (b"\x16\x03\x01\x00\x05hello", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" * 4,
-                        bytes(range(256)) * 8):
+        for garbage in (
+            b"\x16\x03\x01\x00\x05hello",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" * 4,
+            bytes(range(256)) * 8,
+        ):
             with socket.create_connection((host, port), timeout=5) as s:
                 s.sendall(garbage)
                 s.settimeout(5)
@@ -78,7 +81,8 @@ def test_strangers_forged_certificates_and_garbage_never_reach_the_grpc_ring(tmp
         with tls.channel(target, job) as ch:
             with pytest.raises(grpc.RpcError) as e:
                 ch.unary_unary("/ringtrain.Ring/Hello")(
-                    b"", metadata=call_metadata(b"wrong", 1, 2), timeout=5)
+                    b"", metadata=call_metadata(b"wrong", 1, 2), timeout=5
+                )
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         results = _go(ring)
     finally:
@@ -92,11 +96,17 @@ def test_a_worker_of_another_job_cannot_join_a_tls_ring(tmp_path):
     ring = ring_procs.start(2, "pause", "grpc", tls_dir=ring_procs.write_tls(tmp_path / "job"))
     try:
         assert [ring.event(r)["event"] for r in (0, 1)] == ["ready", "ready"]
-        spec = ClusterSpec(cluster={"worker": (f"127.0.0.1:{free_ports(1)[0]}",
-                                               ring.addresses[0])}, task_index=0)
+        spec = ClusterSpec(
+            cluster={"worker": (f"127.0.0.1:{free_ports(1)[0]}", ring.addresses[0])}, task_index=0
+        )
         with pytest.raises(PeerTimeout):  # its Register never gets through the handshake
-            connect(spec, ring.token, transport="grpc", connect_timeout_s=2,
-                    tls=pki.create("ring", "default", "ring"))
+            connect(
+                spec,
+                ring.token,
+                transport="grpc",
+                connect_timeout_s=2,
+                tls=pki.create("ring", "default", "ring"),
+            )
         results = _go(ring)
     finally:
         ring.kill()
@@ -105,8 +115,9 @@ def test_a_worker_of_another_job_cannot_join_a_tls_ring(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_encrypted_tcp_side_channel_reduces_exactly_and_refuses_plain_peers(tmp_path):
-    ring = ring_procs.start(2, "pause", "grpc+tcp", "--encrypt-data",
-                            tls_dir=ring_procs.write_tls(tmp_path / "job"))
+    ring = ring_procs.start(
+        2, "pause", "grpc+tcp", "--encrypt-data", tls_dir=ring_procs.write_tls(tmp_path / "job")
+    )
     try:
         ready = [ring.event(r) for r in (0, 1)]
         assert [e["event"] for e in ready] == ["ready", "ready"]
@@ -155,13 +166,19 @@ def test_servers_compare_the_callers_job_identity_after_the_handshake():
 
 @pytest.mark.timeout(60)
 def test_health_answers_the_jobs_certificate_on_the_ring_port_and_anyone_on_the_health_port(
-        tmp_path):
+    tmp_path,
+):
     from ringtrain_bench.procs import free_ports
     from ringtrain_trainer.ring import probe
 
     health_port = free_ports(1)[0]
-    ring = ring_procs.start(2, "pause", "grpc+tcp", tls_dir=ring_procs.write_tls(tmp_path / "j"),
-                            extra={0: ["--health-port", str(health_port)]})
+    ring = ring_procs.start(
+        2,
+        "pause",
+        "grpc+tcp",
+        tls_dir=ring_procs.write_tls(tmp_path / "j"),
+        extra={0: ["--health-port", str(health_port)]},
+    )
     try:
         assert [ring.event(r)["event"] for r in (0, 1)] == ["ready", "ready"]
         job = tls.load(tmp_path / "j")

@@ -57,11 +57,11 @@ def simulate(bufs: list[np.ndarray], chunk: int) -> None:
             for a, b in schedule.chunks(*bounds[ph.recv], chunk):
                 seg = bufs[r][a:b]
                 if ph.reduce:
-                    np.add(seg, data[a - a0:b - a0], out=seg)
+                    np.add(seg, data[a - a0 : b - a0], out=seg)
                     if p == size - 2:
                         np.divide(seg, size, out=seg)
                 else:
-                    seg[...] = data[a - a0:b - a0]
+                    seg[...] = data[a - a0 : b - a0]
 
 
 @pytest.mark.parametrize("size", [2, 3, 4, 6])

@@ -37,14 +37,16 @@ def test_the_offered_segment_is_attached_and_shared():
 def test_a_segment_that_is_not_provably_the_offered_one_is_refused(case, tmp_path):
     """Another PID namespace (a pod) makes the offered pid and descriptor someone else's here:
     whatever they name, nothing but the offered memfd with its nonce and size is used."""
-    seg, fd, nonce = shm.create(2, 4096)
+    _seg, fd, nonce = shm.create(2, 4096)
     plain = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
     os.ftruncate(plain, shm.Segment.size(2, 4096))
     try:
-        args = {"nonce": (os.getpid(), fd, bytes(16), 2, 4096),
-                "size": (os.getpid(), fd, nonce, 3, 4096),
-                "not-a-memfd": (os.getpid(), plain, nonce, 2, 4096),
-                "no-such-pid": (2 ** 22 + 1, fd, nonce, 2, 4096)}[case]
+        args = {
+            "nonce": (os.getpid(), fd, bytes(16), 2, 4096),
+            "size": (os.getpid(), fd, nonce, 3, 4096),
+            "not-a-memfd": (os.getpid(), plain, nonce, 2, 4096),
+            "no-such-pid": (2**22 + 1, fd, nonce, 2, 4096),
+        }[case]
         assert shm.attach(*args) is None
     finally:
         os.close(fd)

@@ -33,8 +33,11 @@ class Recording:
 def side_channel(ring: ring_procs.Ring) -> tuple[str, int, bytes]:
     """Rank 0's side channel as its left neighbour learns it: host, port, key."""
     answer = ring_procs.register(ring, 0, as_rank=WORLD - 1)
-    return split_address(ring.addresses[0])[0], answer["data_port"], \
-        bytes.fromhex(answer["data_key"])
+    return (
+        split_address(ring.addresses[0])[0],
+        answer["data_port"],
+        bytes.fromhex(answer["data_key"]),
+    )
 
 
 def handshake(host: str, port: int, key: bytes) -> tuple[Exception, bytes]:
@@ -90,10 +93,10 @@ def test_a_side_channel_handshake_or_key_from_an_earlier_rendezvous_is_refused(t
         assert "already connected" in str(outcome)
         # the key goes only to the left neighbour, and only inside mutual TLS
         assert "data_key" not in ring_procs.register(again, 0, as_rank=1)
-        with grpc.insecure_channel(again.addresses[0]) as ch, \
-                pytest.raises(grpc.RpcError) as e:
+        with grpc.insecure_channel(again.addresses[0]) as ch, pytest.raises(grpc.RpcError) as e:
             ch.unary_unary(f"/{control.SERVICE}/Register")(
-                b"", metadata=control.call_metadata(again.token, WORLD - 1, WORLD), timeout=10)
+                b"", metadata=control.call_metadata(again.token, WORLD - 1, WORLD), timeout=10
+            )
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE  # no TLS, no handler ran
         again.procs[1].stdin.write("go\n")
         again.procs[1].stdin.flush()

@@ -68,7 +68,7 @@ class StrictTransport(Transport):
     def recv_copy(self, out: np.ndarray) -> None:
         if self.aborted.is_set():
             raise LinkError("aborted")
-        out[...] = self.incoming[self.pos:self.pos + out.size]
+        out[...] = self.incoming[self.pos : self.pos + out.size]
         self.pos += out.size
 
     def recv_add(self, out: np.ndarray) -> None:
@@ -184,8 +184,17 @@ def test_writes_from_the_calling_thread_hand_the_rest_over_in_order(budgets):
 def test_a_workers_collective_sequence_starting_with_broadcasts(world, transport):
     """Broadcasts from root 0 first (N=3: rank 1 forwards, rank 2 only receives), then
     per-step bucket allreduces, the evaluation allreduce and a barrier, in N processes."""
-    ring = ring_procs.start(world, "worker", transport, "--steps", "3", "--chunk-bytes",
-                            "65536", "--step-timeout-s", "10")
+    ring = ring_procs.start(
+        world,
+        "worker",
+        transport,
+        "--steps",
+        "3",
+        "--chunk-bytes",
+        "65536",
+        "--step-timeout-s",
+        "10",
+    )
     t0 = time.monotonic()
     try:
         results = ring.finish(timeout_s=40)
@@ -205,15 +214,35 @@ def run_workers(transport: str, steps: int) -> list[dict]:
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
     for i in range(2):
-        env = dict(os.environ, RINGTRAIN_TOKEN="test-token",
-                   TF_CONFIG=json.dumps({"cluster": cluster,
-                                         "task": {"type": "worker", "index": i}}))
+        env = dict(
+            os.environ,
+            RINGTRAIN_TOKEN="test-token",
+            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+        )
         env.pop("RINGTRAIN_TOKEN_FILE", None)
-        procs.append(subprocess.Popen(
-            [str(exe), "worker", "--dataset", "mnist-5k", "--steps", str(steps), "--json",
-             "--ring-transport", transport, "--ring-step-timeout-s", "15",
-             "--ipu-host-threads", "1"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(exe),
+                    "worker",
+                    "--dataset",
+                    "mnist-5k",
+                    "--steps",
+                    str(steps),
+                    "--json",
+                    "--ring-transport",
+                    transport,
+                    "--ring-step-timeout-s",
+                    "15",
+                    "--ipu-host-threads",
+                    "1",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
     finals = []
     try:
         for i, p in enumerate(procs):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from thread_collective import ThreadGroup
 from threadpoolctl import threadpool_limits
 
 from ringtrain_trainer import data as data_mod
-from thread_collective import ThreadGroup
 
 
 @pytest.fixture(autouse=True, scope="session")

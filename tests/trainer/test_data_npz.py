@@ -13,8 +13,9 @@ from ringtrain_trainer.data_npz import check_fits, load_npz
 from ringtrain_trainer.worker_main import main as worker_main
 
 
-def save(path, n_train=12, n_test=5, shape=(6, 5), dtype=np.uint8, classes=3, column=False,
-         **override):
+def save(
+    path, n_train=12, n_test=5, shape=(6, 5), dtype=np.uint8, classes=3, column=False, **override
+):
     rng = np.random.default_rng(0)
     arrays = {}
     for split, n in (("train", n_train), ("test", n_test)):
@@ -48,17 +49,23 @@ def test_float_images_are_used_as_they_are(tmp_path):
     np.testing.assert_array_equal(x, a["x_train"][[3, 1]].astype(np.float32))
 
 
-@pytest.mark.parametrize("override, problem", [
-    ({"y_test": None}, r"missing y_test \(has x_train, y_train, x_test; needs"),
-    ({"y_train": np.zeros(11, np.uint8)}, "x_train has 12 images but y_train has 11 labels"),
-    ({"x_test": np.zeros((5, 6, 4), np.uint8)}, r"x_train images are \(6, 5\) but x_test"),
-    ({"x_train": np.zeros((12, 30), np.uint8)}, r"x_train has shape \(12, 30\)"),
-    ({"x_train": np.zeros((12, 6, 5), np.int32)}, "dtype int32; expected uint8"),
-    ({"y_train": np.zeros((12, 3), np.uint8)}, "not one-hot"),
-    ({"y_train": np.zeros(12, np.float32)}, "expected integer class indices"),
-    ({"y_train": np.full(12, -1, np.int64)}, "negative label -1"),
-    ({"x_test": np.zeros((0, 6, 5), np.uint8), "y_test": np.zeros(0, np.uint8)}, "x_test is empty"),
-])
+@pytest.mark.parametrize(
+    "override, problem",
+    [
+        ({"y_test": None}, r"missing y_test \(has x_train, y_train, x_test; needs"),
+        ({"y_train": np.zeros(11, np.uint8)}, "x_train has 12 images but y_train has 11 labels"),
+        ({"x_test": np.zeros((5, 6, 4), np.uint8)}, r"x_train images are \(6, 5\) but x_test"),
+        ({"x_train": np.zeros((12, 30), np.uint8)}, r"x_train has shape \(12, 30\)"),
+        ({"x_train": np.zeros((12, 6, 5), np.int32)}, "dtype int32; expected uint8"),
+        ({"y_train": np.zeros((12, 3), np.uint8)}, "not one-hot"),
+        ({"y_train": np.zeros(12, np.float32)}, "expected integer class indices"),
+        ({"y_train": np.full(12, -1, np.int64)}, "negative label -1"),
+        (
+            {"x_test": np.zeros((0, 6, 5), np.uint8), "y_test": np.zeros(0, np.uint8)},
+            "x_test is empty",
+        ),
+    ],
+)
 def test_bad_npz_is_refused_naming_the_file(tmp_path, override, problem):
     p = tmp_path / "bad.npz"
     save(p, **override)
@@ -76,8 +83,11 @@ def test_missing_corrupt_and_non_npz_files_name_the_file(tmp_path):
     (tmp_path / "text.npz").write_text("hello")
     np.save(tmp_path / "one.npy", np.zeros(3))
     (tmp_path / "one.npy").rename(tmp_path / "one.npz")
-    for name, problem in (("cut", "not a readable .npz"), ("text", "not a readable .npz"),
-                          ("one", "a single .npy array")):
+    for name, problem in (
+        ("cut", "not a readable .npz"),
+        ("text", "not a readable .npz"),
+        ("one", "a single .npy array"),
+    ):
         with pytest.raises(DataError, match=problem) as e:
             load_npz(tmp_path / f"{name}.npz")
         assert f"{name}.npz" in str(e.value)
@@ -87,8 +97,11 @@ def test_check_fits_compares_shapes_and_labels_with_the_model(tmp_path):
     save(tmp_path / "d.npz", shape=(28, 28), classes=10)
     ds = load_npz(tmp_path / "d.npz")
     check_fits(ds, (28, 28, 1), 10, tmp_path / "d.npz")
-    with pytest.raises(DataError, match=r"d.npz: images are \(28, 28\) but the model takes "
-                                         r"\(32, 32, 3\)"):
+    with pytest.raises(
+        DataError,
+        match=r"d.npz: images are \(28, 28\) but the model takes "
+        r"\(32, 32, 3\)",
+    ):
         check_fits(ds, (32, 32, 3), 10, tmp_path / "d.npz")
     with pytest.raises(DataError, match=r"d.npz: label 9 is outside the model's 5 classes"):
         check_fits(ds, (28, 28, 1), 5, tmp_path / "d.npz")
@@ -98,8 +111,22 @@ def test_worker_trains_on_a_npz_via_data_and_data_dir(tmp_path, capsys):
     p = tmp_path / "mine.npz"
     save(p, n_train=64, n_test=16, shape=(28, 28), classes=10)
     for flag in ("--data", "--data-dir"):
-        assert worker_main([flag, str(p), "--steps", "2", "--batch-size", "16", "--json",
-                            "--termination-log", str(tmp_path / "log")]) == 0
+        assert (
+            worker_main(
+                [
+                    flag,
+                    str(p),
+                    "--steps",
+                    "2",
+                    "--batch-size",
+                    "16",
+                    "--json",
+                    "--termination-log",
+                    str(tmp_path / "log"),
+                ]
+            )
+            == 0
+        )
         final = json.loads((tmp_path / "log").read_text())
         assert (final["steps"], final["terminated"]) == (2, False)
         assert final["test_accuracy"] is not None and np.isfinite(final["loss"])
@@ -108,7 +135,9 @@ def test_worker_trains_on_a_npz_via_data_and_data_dir(tmp_path, capsys):
 def test_worker_refuses_data_the_model_cannot_take(tmp_path, capsys):
     p = tmp_path / "cifar.npz"
     save(p, n_train=32, n_test=8, shape=(32, 32, 3))
-    assert worker_main(["--data", str(p), "--steps", "1",
-                        "--termination-log", str(tmp_path / "log")]) == 2
+    assert (
+        worker_main(["--data", str(p), "--steps", "1", "--termination-log", str(tmp_path / "log")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"{p}: images are (32, 32, 3) but the model takes (28, 28, 1)" in err

@@ -20,46 +20,71 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning",
-                                        "ignore::FutureWarning", "ignore::UserWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
+)
 
 import keras  # noqa: E402  (never skipped: the issue requires these comparisons)
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from ringtrain.errors import InvalidSpec  # noqa: E402
-from ringtrain_trainer.export import read_keras, write_keras, write_onnx  # noqa: E402
-from ringtrain_trainer.export import cli as export_cli  # noqa: E402
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState  # noqa: E402
 from ringtrain_trainer.data import Position  # noqa: E402
+from ringtrain_trainer.export import cli as export_cli  # noqa: E402
+from ringtrain_trainer.export import read_keras, write_keras, write_onnx  # noqa: E402
 
 L = keras.layers
 
 
-def _models() -> dict[str, "keras.Model"]:
+def _models() -> dict[str, keras.Model]:
     """Models that together use every supported layer and argument."""
     return {
-        "seeds_cnn": [L.Input((28, 28, 1)), L.Conv2D(32, 3, activation="relu"),
-                      L.MaxPooling2D(2), L.Flatten(), L.Dense(64, activation="relu"),
-                      L.Dense(10, activation="softmax")],
+        "seeds_cnn": [
+            L.Input((28, 28, 1)),
+            L.Conv2D(32, 3, activation="relu"),
+            L.MaxPooling2D(2),
+            L.Flatten(),
+            L.Dense(64, activation="relu"),
+            L.Dense(10, activation="softmax"),
+        ],
         "everything": [
-            L.Input((17, 15, 3)), L.Rescaling(1 / 255.0, offset=-0.5),
+            L.Input((17, 15, 3)),
+            L.Rescaling(1 / 255.0, offset=-0.5),
             L.Conv2D(8, (3, 2), strides=2, padding="same", activation="tanh"),
             L.BatchNormalization(epsilon=1e-2),
-            L.Conv2D(6, 3, padding="same", use_bias=False), L.ReLU(),
+            L.Conv2D(6, 3, padding="same", use_bias=False),
+            L.ReLU(),
             L.AveragePooling2D(pool_size=3, strides=2, padding="same"),
             L.Conv2D(5, 2, strides=(1, 2), activation="sigmoid"),
             L.MaxPooling2D(pool_size=(2, 3), strides=1, padding="same"),
-            L.Dropout(0.3), L.Flatten(), L.Dense(12), L.BatchNormalization(center=False),
-            L.Activation("relu"), L.Reshape((3, 4)), L.Dense(5, activation="linear"),
-            L.Reshape((15,)), L.Dense(7, use_bias=False), L.Softmax()],
+            L.Dropout(0.3),
+            L.Flatten(),
+            L.Dense(12),
+            L.BatchNormalization(center=False),
+            L.Activation("relu"),
+            L.Reshape((3, 4)),
+            L.Dense(5, activation="linear"),
+            L.Reshape((15,)),
+            L.Dense(7, use_bias=False),
+            L.Softmax(),
+        ],
         "gap_keepdims": [
-            L.Input((9, 9, 2)), L.Conv2D(4, 3, padding="same"), L.BatchNormalization(scale=False),
-            L.AveragePooling2D(2), L.GlobalAveragePooling2D(keepdims=True), L.Flatten(),
-            L.Dense(3, activation="softmax")],
+            L.Input((9, 9, 2)),
+            L.Conv2D(4, 3, padding="same"),
+            L.BatchNormalization(scale=False),
+            L.AveragePooling2D(2),
+            L.GlobalAveragePooling2D(keepdims=True),
+            L.Flatten(),
+            L.Dense(3, activation="softmax"),
+        ],
         "gap_flat_input": [
-            L.Input((8, 8)), L.Reshape((8, 8, 1)), L.Conv2D(3, 3, activation="relu"),
-            L.GlobalAveragePooling2D(), L.Dense(4)],
+            L.Input((8, 8)),
+            L.Reshape((8, 8, 1)),
+            L.Conv2D(3, 3, activation="relu"),
+            L.GlobalAveragePooling2D(),
+            L.Dense(4),
+        ],
     }
 
 
@@ -89,10 +114,12 @@ def models():
 
 def _layers(cfg: dict) -> list:
     """The layer configs without Keras' per-process ``shared_object_id`` markers."""
+
     def strip(v):
         if isinstance(v, dict):
             return {k: strip(x) for k, x in v.items() if k != "shared_object_id"}
         return [strip(x) for x in v] if isinstance(v, list) else v
+
     return strip(cfg["config"]["layers"])
 
 
@@ -153,8 +180,9 @@ def test_unsupported_layer_is_refused_naming_layer_and_class(tmp_path):
     m = keras.Sequential([L.Input((8, 8, 1)), L.Conv2D(2, 3), L.UpSampling2D(name="grow")])
     cfg = json.loads(m.to_json())
     for write in (write_keras, write_onnx):
-        with pytest.raises(InvalidSpec,
-                           match=r"layer 'grow': class 'UpSampling2D' is not supported"):
+        with pytest.raises(
+            InvalidSpec, match=r"layer 'grow': class 'UpSampling2D' is not supported"
+        ):
             write(tmp_path / "x", cfg, m.get_weights())
     assert not (tmp_path / "x").exists()
 
@@ -168,7 +196,7 @@ def test_unsupported_argument_is_refused_naming_it(tmp_path):
 def test_wrong_weights_are_refused_naming_the_layer(models, tmp_path):
     _, cfg, weights, _ = models["seeds_cnn"]
     with pytest.raises(InvalidSpec, match=r"layer 'dense\w*' \(Dense\): weight 0 has shape"):
-        write_keras(tmp_path / "m.keras", cfg, weights[:2] + [weights[2].T] + weights[3:])
+        write_keras(tmp_path / "m.keras", cfg, [*weights[:2], weights[2].T, *weights[3:]])
     with pytest.raises(InvalidSpec, match="6 weight arrays but 5 were given"):
         write_keras(tmp_path / "m.keras", cfg, weights[:5])
 
@@ -181,8 +209,11 @@ def test_export_command_writes_what_ringtrain_predicts(model, tmp_path, capsys):
     spec = model_mod.build(model)
     params = spec.init(seed=3)
     params += np.random.default_rng(3).normal(0, 0.05, params.shape).astype(np.float32)
-    CheckpointManager(tmp_path / "ck").save(TrainingState(
-        step=5, position=Position(0, 5, 64), params=params, optimizer="adam", model=model))
+    CheckpointManager(tmp_path / "ck").save(
+        TrainingState(
+            step=5, position=Position(0, 5, 64), params=params, optimizer="adam", model=model
+        )
+    )
     x = np.random.default_rng(4).uniform(0, 1, (16, 28, 28, 1)).astype(np.float32)
     prog = model_mod.Program(spec, 16, train=False)
     np.copyto(prog.x, x)
@@ -195,8 +226,7 @@ def test_export_command_writes_what_ringtrain_predicts(model, tmp_path, capsys):
     _close(got, expected)
 
     manifest = sorted((tmp_path / "ck").glob("ckpt-*.json"))[-1]
-    assert export_cli.main([str(manifest), "-o", str(tmp_path / "m.onnx"),
-                            "--format", "onnx"]) == 0
+    assert export_cli.main([str(manifest), "-o", str(tmp_path / "m.onnx"), "--format", "onnx"]) == 0
     sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     _close(sess.run(None, {"input": x})[0], expected)
 
@@ -207,8 +237,15 @@ def test_export_uses_the_newest_good_checkpoint_and_names_bad_input(tmp_path, ca
     spec = model_mod.build("cnn")
     ck = CheckpointManager(tmp_path / "ck")
     for step in (1, 2):
-        ck.save(TrainingState(step=step, position=Position(0, step, 64),
-                              params=spec.init(seed=step), optimizer="sgd", model="cnn"))
+        ck.save(
+            TrainingState(
+                step=step,
+                position=Position(0, step, 64),
+                params=spec.init(seed=step),
+                optimizer="sgd",
+                model="cnn",
+            )
+        )
     (tmp_path / "ck" / "ckpt-0000000002.npz").write_bytes(b"torn")
     assert export_cli.main([str(tmp_path / "ck"), "-o", str(tmp_path / "m.keras")]) == 0
     out, err = capsys.readouterr()

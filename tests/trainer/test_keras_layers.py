@@ -13,9 +13,9 @@ from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import keras_config as K
 from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer import layers as L
-from ringtrain_trainer.layers import fused
 from ringtrain_trainer import model as M
 from ringtrain_trainer.ipu import IPU, MB, IPUConfig
+from ringtrain_trainer.layers import fused
 
 
 def layer(cls, name=None, **cfg):
@@ -23,41 +23,58 @@ def layer(cls, name=None, **cfg):
 
 
 def seq(shape, *layers, from_logits=None):
-    model = {"class_name": "Sequential", "config": {"name": "t", "layers": [
-        {"class_name": "InputLayer", "config": {"batch_input_shape": [None, *shape]}},
-        *layers]}}
+    model = {
+        "class_name": "Sequential",
+        "config": {
+            "name": "t",
+            "layers": [
+                {"class_name": "InputLayer", "config": {"batch_input_shape": [None, *shape]}},
+                *layers,
+            ],
+        },
+    }
     if from_logits is not None:
-        model["compile_config"] = {"loss": {"class_name": "SparseCategoricalCrossentropy",
-                                            "config": {"from_logits": from_logits}}}
+        model["compile_config"] = {
+            "loss": {
+                "class_name": "SparseCategoricalCrossentropy",
+                "config": {"from_logits": from_logits},
+            }
+        }
     return model
 
 
 #: every supported layer, with strides, 'same' padding and activations, folded softmax
-WIDE = seq((7, 7, 2),
-           layer("Conv2D", "c1", filters=3, kernel_size=[3, 2], strides=2, padding="same",
-                 activation="tanh"),
-           layer("BatchNormalization", "bn1"),
-           layer("MaxPooling2D", "mp", pool_size=2, strides=1, padding="same"),
-           layer("Conv2D", "c2", filters=2, kernel_size=2, activation="sigmoid", use_bias=False),
-           layer("ReLU", "r"),
-           layer("AveragePooling2D", "ap", pool_size=2, padding="same"),
-           layer("Flatten", "f"),
-           layer("Dropout", "d", rate=0.5),
-           layer("Dense", "d1", units=4, activation="tanh"),
-           layer("Dense", "d2", units=3, activation="softmax"))
+WIDE = seq(
+    (7, 7, 2),
+    layer(
+        "Conv2D", "c1", filters=3, kernel_size=[3, 2], strides=2, padding="same", activation="tanh"
+    ),
+    layer("BatchNormalization", "bn1"),
+    layer("MaxPooling2D", "mp", pool_size=2, strides=1, padding="same"),
+    layer("Conv2D", "c2", filters=2, kernel_size=2, activation="sigmoid", use_bias=False),
+    layer("ReLU", "r"),
+    layer("AveragePooling2D", "ap", pool_size=2, padding="same"),
+    layer("Flatten", "f"),
+    layer("Dropout", "d", rate=0.5),
+    layer("Dense", "d1", units=4, activation="tanh"),
+    layer("Dense", "d2", units=3, activation="softmax"),
+)
 #: the fused fast path after Reshape/Rescaling, global pooling, softmax as a layer
-NARROW = seq((6, 6),
-             layer("Reshape", "rs", target_shape=[6, 6, 1]),
-             layer("Rescaling", "sc", scale=0.5, offset=0.1),
-             layer("Conv2D", "c", filters=4, kernel_size=3, activation="relu"),
-             layer("MaxPooling2D", "p"),
-             layer("Conv2D", "c3", filters=3, kernel_size=1, activation="linear"),
-             layer("GlobalAveragePooling2D", "g"),
-             layer("Dense", "d1", units=5, activation="relu", use_bias=False),
-             layer("Activation", "a", activation="softmax"),
-             layer("BatchNormalization", "bn", center=False),
-             layer("Dense", "d2", units=3),
-             layer("Softmax", "sm"), from_logits=True)
+NARROW = seq(
+    (6, 6),
+    layer("Reshape", "rs", target_shape=[6, 6, 1]),
+    layer("Rescaling", "sc", scale=0.5, offset=0.1),
+    layer("Conv2D", "c", filters=4, kernel_size=3, activation="relu"),
+    layer("MaxPooling2D", "p"),
+    layer("Conv2D", "c3", filters=3, kernel_size=1, activation="linear"),
+    layer("GlobalAveragePooling2D", "g"),
+    layer("Dense", "d1", units=5, activation="relu", use_bias=False),
+    layer("Activation", "a", activation="softmax"),
+    layer("BatchNormalization", "bn", center=False),
+    layer("Dense", "d2", units=3),
+    layer("Softmax", "sm"),
+    from_logits=True,
+)
 
 
 def fd_check(spec, rng, batch=3, dtype=np.float64, samples=10, grads_first=False):
@@ -97,8 +114,17 @@ def test_every_layer_matches_finite_differences(config, grads_first, rng):
 def test_the_wide_model_uses_the_general_layers_and_the_narrow_one_the_fused_conv():
     wide, narrow = KM.from_config(WIDE), KM.from_config(NARROW)
     assert [type(x).__name__ for x in wide.layers] == [
-        "Conv2D", "BatchNorm", "Pool2D", "Conv2D", "Elementwise", "Pool2D", "Reshape", "Dropout",
-        "Linear", "Dense"]
+        "Conv2D",
+        "BatchNorm",
+        "Pool2D",
+        "Conv2D",
+        "Elementwise",
+        "Pool2D",
+        "Reshape",
+        "Dropout",
+        "Linear",
+        "Dense",
+    ]
     assert isinstance(narrow.layers[1], fused.ConvPool) and narrow.layers[1].name == "c+p"
     assert narrow.input_shape == (6, 6, 1) and narrow.config.input_shape == (6, 6)
     assert not wide.config.from_logits and narrow.config.from_logits
@@ -132,24 +158,40 @@ def test_glorot_kernels_and_batchnorm_ones_and_zeros():
     np.testing.assert_array_equal(state["moving_variance"], 1)
 
 
-@pytest.mark.parametrize("bad, words", [
-    (layer("Conv2D", "cx", filters=2, kernel_size=3, dilation_rate=2),
-     "layer 'cx' (Conv2D): dilation_rate=2 is not supported (supported: 1)"),
-    (layer("Conv2D", "cx", filters=2, kernel_size=3, data_format="channels_first"),
-     "layer 'cx' (Conv2D): data_format='channels_first'"),
-    (layer("Conv2D", "cx", filters=2, kernel_size=3, groups=2), "groups=2"),
-    (layer("Conv2D", "cx", filters=2, kernel_size=3, padding="causal"),
-     "padding='causal' is not supported (supported: 'valid' or 'same')"),
-    (layer("Dense", "dx", units=3, kernel_regularizer={"class_name": "L2"}),
-     "layer 'dx' (Dense): kernel_regularizer="),
-    (layer("Dense", "dx", units=3, activation="gelu"),
-     "activation='gelu' is not supported (supported: relu, sigmoid, tanh, softmax, linear)"),
-    (layer("Dense", "dx", units=3, kernel_initializer="he_normal"), "kernel_initializer"),
-    (layer("LSTM", "lx", units=3), "layer 'lx' (LSTM) is not supported (supported layers: "),
-    (layer("BatchNormalization", "bx", axis=1), "layer 'bx' (BatchNormalization): axis=1"),
-    (layer("BatchNormalization", "bx", synchronized=True), "synchronized=True"),
-    (layer("Dense", "dx", units=3, mystery=1), "layer 'dx' (Dense): mystery=1 is not supported"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (
+            layer("Conv2D", "cx", filters=2, kernel_size=3, dilation_rate=2),
+            "layer 'cx' (Conv2D): dilation_rate=2 is not supported (supported: 1)",
+        ),
+        (
+            layer("Conv2D", "cx", filters=2, kernel_size=3, data_format="channels_first"),
+            "layer 'cx' (Conv2D): data_format='channels_first'",
+        ),
+        (layer("Conv2D", "cx", filters=2, kernel_size=3, groups=2), "groups=2"),
+        (
+            layer("Conv2D", "cx", filters=2, kernel_size=3, padding="causal"),
+            "padding='causal' is not supported (supported: 'valid' or 'same')",
+        ),
+        (
+            layer("Dense", "dx", units=3, kernel_regularizer={"class_name": "L2"}),
+            "layer 'dx' (Dense): kernel_regularizer=",
+        ),
+        (
+            layer("Dense", "dx", units=3, activation="gelu"),
+            "activation='gelu' is not supported (supported: relu, sigmoid, tanh, softmax, linear)",
+        ),
+        (layer("Dense", "dx", units=3, kernel_initializer="he_normal"), "kernel_initializer"),
+        (layer("LSTM", "lx", units=3), "layer 'lx' (LSTM) is not supported (supported layers: "),
+        (layer("BatchNormalization", "bx", axis=1), "layer 'bx' (BatchNormalization): axis=1"),
+        (layer("BatchNormalization", "bx", synchronized=True), "synchronized=True"),
+        (
+            layer("Dense", "dx", units=3, mystery=1),
+            "layer 'dx' (Dense): mystery=1 is not supported",
+        ),
+    ],
+)
 def test_unsupported_layers_and_arguments_are_refused_naming_them(bad, words):
     with pytest.raises(InvalidSpec) as e:
         KM.from_config(seq((8, 8, 1), bad, layer("Flatten"), layer("Dense", units=2)))
@@ -157,8 +199,10 @@ def test_unsupported_layers_and_arguments_are_refused_naming_them(bad, words):
 
 
 def test_shape_and_loss_mistakes_are_refused_before_anything_runs():
-    with pytest.raises(InvalidSpec, match="layer 'dd' \\(Dense\\) got an input of shape "
-                                          "\\(8, 8, 1\\); it needs a flat input"):
+    with pytest.raises(
+        InvalidSpec,
+        match="layer 'dd' \\(Dense\\) got an input of shape \\(8, 8, 1\\); it needs a flat input",
+    ):
         KM.from_config(seq((8, 8, 1), layer("Dense", "dd", units=2)))
     with pytest.raises(InvalidSpec, match="from_logits=False needs a model whose last layer"):
         KM.from_config(seq((4,), layer("Dense", units=2), from_logits=False))
@@ -185,8 +229,12 @@ def test_dropout_masks_depend_on_the_global_example_not_on_how_the_batch_is_spli
 
 def _ipu(spec, replicas=1, threads=1, rank=0, memory=900 * MB):
     params = spec.init(1)
-    return IPU(spec, IPUConfig(memory_bytes=memory, replicas=replicas, host_threads=threads,
-                               rank=rank, seed=4), params, np.zeros_like(params))
+    return IPU(
+        spec,
+        IPUConfig(memory_bytes=memory, replicas=replicas, host_threads=threads, rank=rank, seed=4),
+        params,
+        np.zeros_like(params),
+    )
 
 
 def test_workers_with_dropout_and_batchnorm_equal_replicas_of_one_worker(rng):
@@ -199,7 +247,7 @@ def test_workers_with_dropout_and_batchnorm_equal_replicas_of_one_worker(rng):
     one.train_step(one.compile(8), x, y, step=3)
     workers = [_ipu(spec, rank=r) for r in range(2)]
     for r, w in enumerate(workers):
-        w.train_step(w.compile(4), x[4 * r:4 * r + 4], y[4 * r:4 * r + 4], step=3)
+        w.train_step(w.compile(4), x[4 * r : 4 * r + 4], y[4 * r : 4 * r + 4], step=3)
     ring = (workers[0].host_grads + workers[1].host_grads) / 2
     np.testing.assert_allclose(one.host_grads, ring, rtol=1e-5, atol=1e-7)
 
@@ -217,8 +265,9 @@ def test_batchnorm_statistics_are_per_replica_and_host_threads_do_not_change_the
 def test_moving_statistics_are_the_mean_of_each_replicas_update(rng):
     """Each replica updates its copy with its own batch's mean and (biased) variance; after the
     step the worker keeps the mean of the copies (Keras' ON_READ/MEAN), and so do they."""
-    spec = KM.from_config(seq((4,), layer("BatchNormalization", "bn", momentum=0.9),
-                              layer("Dense", units=3)))
+    spec = KM.from_config(
+        seq((4,), layer("BatchNormalization", "bn", momentum=0.9), layer("Dense", units=3))
+    )
     x = rng.random((8, 4)).astype(np.float32)
     ipu = _ipu(spec, replicas=2, threads=2)
     exe = ipu.compile(8)
@@ -226,8 +275,7 @@ def test_moving_statistics_are_the_mean_of_each_replicas_update(rng):
     halves = x.reshape(2, 4, 4)
     st = spec.state_views(ipu.state)[0]
     np.testing.assert_allclose(st["moving_mean"], 0.1 * halves.mean(1).mean(0), rtol=1e-5)
-    np.testing.assert_allclose(st["moving_variance"], 0.9 + 0.1 * halves.var(1).mean(0),
-                               rtol=1e-5)
+    np.testing.assert_allclose(st["moving_variance"], 0.9 + 0.1 * halves.var(1).mean(0), rtol=1e-5)
     for p in exe.programs:
         np.testing.assert_array_equal(p.state, ipu.state)
     # evaluation reads the worker's statistics
@@ -239,24 +287,45 @@ def test_out_of_memory_names_the_largest_layers():
     with pytest.raises(IPUCompileError, match=r"largest layers: c1 [\d,]+, "):
         _ipu(spec, memory=1 << 16).compile(256)
     plan = _ipu(spec).plan(16, True)
-    assert [n for n, _ in plan.layers][0] == "c1"
+    assert next(n for n, _ in plan.layers) == "c1"
     assert sum(b for _, b in plan.layers) <= plan.total
 
 
 def test_tf_keras_2_and_keras_3_configs_parse_alike():
     k3 = KM.preset_config("cnn")
-    k2 = {"class_name": "Sequential", "config": {"name": "cnn", "layers": [
-        {"class_name": "InputLayer", "config": {"batch_input_shape": [None, 28, 28],
-                                                "dtype": "float32", "sparse": False,
-                                                "ragged": False, "name": "input_1"}},
-        layer("Reshape", "reshape", target_shape=[28, 28, 1], dtype="float32"),
-        layer("Conv2D", "conv2d", filters=32, kernel_size=[3, 3], activation="relu",
-              kernel_initializer={"class_name": "GlorotUniform", "config": {"seed": None}},
-              bias_initializer={"class_name": "Zeros", "config": {}}),
-        layer("MaxPooling2D", "max_pooling2d", pool_size=[2, 2], strides=[2, 2]),
-        layer("Flatten", "flatten"),
-        layer("Dense", "dense", units=64, activation="relu"),
-        layer("Dense", "dense_1", units=10)]}, "keras_version": "2.15.0"}
+    k2 = {
+        "class_name": "Sequential",
+        "config": {
+            "name": "cnn",
+            "layers": [
+                {
+                    "class_name": "InputLayer",
+                    "config": {
+                        "batch_input_shape": [None, 28, 28],
+                        "dtype": "float32",
+                        "sparse": False,
+                        "ragged": False,
+                        "name": "input_1",
+                    },
+                },
+                layer("Reshape", "reshape", target_shape=[28, 28, 1], dtype="float32"),
+                layer(
+                    "Conv2D",
+                    "conv2d",
+                    filters=32,
+                    kernel_size=[3, 3],
+                    activation="relu",
+                    kernel_initializer={"class_name": "GlorotUniform", "config": {"seed": None}},
+                    bias_initializer={"class_name": "Zeros", "config": {}},
+                ),
+                layer("MaxPooling2D", "max_pooling2d", pool_size=[2, 2], strides=[2, 2]),
+                layer("Flatten", "flatten"),
+                layer("Dense", "dense", units=64, activation="relu"),
+                layer("Dense", "dense_1", units=10),
+            ],
+        },
+        "keras_version": "2.15.0",
+    }
     a, b = K.parse(k3), K.parse(k2)
     assert a.layers == b.layers and a.input_shape == b.input_shape == (28, 28)
     assert a.from_logits and b.from_logits
@@ -267,30 +336,63 @@ def test_weights_round_trip_in_get_weights_order():
     flat = spec.init(2)
     state = spec.init_state() + 0.5
     w = spec.keras_weights(flat, state)
-    assert [a.shape for a in w] == [(3, 2, 2, 3), (3,), (3,), (3,), (3,), (3,),
-                                    (2, 2, 3, 2), (8, 4), (4,), (4, 3), (3,)]
+    assert [a.shape for a in w] == [
+        (3, 2, 2, 3),
+        (3,),
+        (3,),
+        (3,),
+        (3,),
+        (3,),
+        (2, 2, 3, 2),
+        (8, 4),
+        (4,),
+        (4, 3),
+        (3,),
+    ]
     f2, s2 = spec.from_keras_weights(w)
     np.testing.assert_array_equal(f2, flat)
     np.testing.assert_array_equal(s2, state)
     assert [g for _, g in spec.h5_groups()][:4] == [
-        "layers/conv2d", "layers/batch_normalization", "layers/max_pooling2d", "layers/conv2d_1"]
+        "layers/conv2d",
+        "layers/batch_normalization",
+        "layers/max_pooling2d",
+        "layers/conv2d_1",
+    ]
 
 
 def test_the_worker_trains_a_keras_json_with_dropout_and_batchnorm(tmp_path, capsys):
     from ringtrain_trainer import worker_main
 
     path = tmp_path / "model.json"
-    path.write_text(json.dumps(seq(
-        (28, 28),
-        layer("Reshape", "r", target_shape=[28, 28, 1]),
-        layer("Conv2D", "c", filters=8, kernel_size=3, strides=2, activation="relu"),
-        layer("BatchNormalization", "bn"),
-        layer("MaxPooling2D", "p"),
-        layer("Flatten", "f"),
-        layer("Dropout", "d", rate=0.25),
-        layer("Dense", "out", units=10, activation="softmax"))))
-    rc = worker_main.main(["--dataset", "mnist-5k", "--model", str(path), "--steps", "120",
-                           "--json", "--termination-log", "", "--ipus-per-worker", "2"])
+    path.write_text(
+        json.dumps(
+            seq(
+                (28, 28),
+                layer("Reshape", "r", target_shape=[28, 28, 1]),
+                layer("Conv2D", "c", filters=8, kernel_size=3, strides=2, activation="relu"),
+                layer("BatchNormalization", "bn"),
+                layer("MaxPooling2D", "p"),
+                layer("Flatten", "f"),
+                layer("Dropout", "d", rate=0.25),
+                layer("Dense", "out", units=10, activation="softmax"),
+            )
+        )
+    )
+    rc = worker_main.main(
+        [
+            "--dataset",
+            "mnist-5k",
+            "--model",
+            str(path),
+            "--steps",
+            "120",
+            "--json",
+            "--termination-log",
+            "",
+            "--ipus-per-worker",
+            "2",
+        ]
+    )
     assert rc == 0
     final = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert final["test_accuracy"] >= 0.6  # chance is 0.10
@@ -313,11 +415,19 @@ def test_moving_statistics_are_checkpointed_and_restored(tmp_path, mnist5k):
     from ringtrain_trainer.config import TrainerConfig
 
     path = tmp_path / "bn.json"
-    path.write_text(json.dumps(seq((28, 28), layer("Flatten", "f"),
-                                   layer("BatchNormalization", "bn"),
-                                   layer("Dense", "out", units=10))))
-    cfg = TrainerConfig(dataset="mnist-5k", model=str(path), steps=3,
-                        checkpoint_dir=str(tmp_path / "ck"))
+    path.write_text(
+        json.dumps(
+            seq(
+                (28, 28),
+                layer("Flatten", "f"),
+                layer("BatchNormalization", "bn"),
+                layer("Dense", "out", units=10),
+            )
+        )
+    )
+    cfg = TrainerConfig(
+        dataset="mnist-5k", model=str(path), steps=3, checkpoint_dir=str(tmp_path / "ck")
+    )
     first = worker.Trainer(cfg, LocalCollective(), mnist5k)
     try:
         first.run()
@@ -337,28 +447,54 @@ def test_moving_statistics_are_checkpointed_and_restored(tmp_path, mnist5k):
 
 
 def test_the_worker_takes_model_to_json_text_itself_and_export_rebuilds_it_from_the_checkpoint(
-        tmp_path, capsys):
+    tmp_path, capsys
+):
     """How the operator passes an inline spec.trainer.model: --model is the JSON text; the
     checkpoint records it, so ``ringtrain export`` needs nothing else."""
     from ringtrain_trainer import worker_main
-    from ringtrain_trainer.export import cli as export_cli, read_keras
+    from ringtrain_trainer.export import cli as export_cli
+    from ringtrain_trainer.export import read_keras
 
-    text = json.dumps(seq((28, 28), layer("Flatten", "f"), layer("Dropout", "d", rate=0.1),
-                          layer("Dense", "out", units=10)), separators=(",", ":"))
-    rc = worker_main.main(["--dataset", "mnist-5k", "--model", text, "--steps", "3",
-                           "--checkpoint-dir", str(tmp_path / "ck"), "--termination-log", ""])
+    text = json.dumps(
+        seq(
+            (28, 28),
+            layer("Flatten", "f"),
+            layer("Dropout", "d", rate=0.1),
+            layer("Dense", "out", units=10),
+        ),
+        separators=(",", ":"),
+    )
+    rc = worker_main.main(
+        [
+            "--dataset",
+            "mnist-5k",
+            "--model",
+            text,
+            "--steps",
+            "3",
+            "--checkpoint-dir",
+            str(tmp_path / "ck"),
+            "--termination-log",
+            "",
+        ]
+    )
     assert rc == 0
     assert export_cli.main([str(tmp_path / "ck"), "-o", str(tmp_path / "m.keras")]) == 0
     assert "model inline Keras config 't'" in capsys.readouterr().out
     config, weights = read_keras(tmp_path / "m.keras")
     assert [x["class_name"] for x in config["config"]["layers"]][1:] == [
-        "Flatten", "Dropout", "Dense"] and [w.shape for w in weights] == [(784, 10), (10,)]
+        "Flatten",
+        "Dropout",
+        "Dense",
+    ] and [w.shape for w in weights] == [(784, 10), (10,)]
 
 
 def test_the_worker_refuses_inline_text_that_is_not_json(capsys):
     from ringtrain.errors import EXIT_PERMANENT
     from ringtrain_trainer import worker_main
 
-    assert worker_main.main(["--model", "{'class_name': 'Sequential'}",
-                             "--termination-log", ""]) == EXIT_PERMANENT
+    assert (
+        worker_main.main(["--model", "{'class_name': 'Sequential'}", "--termination-log", ""])
+        == EXIT_PERMANENT
+    )
     assert "--model: inline Keras config is not JSON" in capsys.readouterr().err

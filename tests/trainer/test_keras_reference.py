@@ -17,9 +17,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow")  # installed in the test environment; never absent
 keras = pytest.importorskip("keras")
 
+from test_keras_layers import NARROW, WIDE  # noqa: E402
+
 from ringtrain_trainer import keras_model as KM  # noqa: E402
 from ringtrain_trainer import model as M  # noqa: E402
-from test_keras_layers import NARROW, WIDE  # noqa: E402
 
 pytestmark = [
     # TensorFlow's own tensors under numpy 2, when Keras saves weights
@@ -44,7 +45,7 @@ def setup(config, rng, batch=6):
     state += rng.random(state.shape).astype(np.float32) * 0.5  # positive variances
     km = keras.models.model_from_json(json.dumps(spec.keras_config()))
     km.set_weights(spec.keras_weights(flat, state))
-    x = rng.random((batch,) + spec.input_shape).astype(np.float32)
+    x = rng.random((batch, *spec.input_shape)).astype(np.float32)
     y = rng.integers(0, spec.num_classes, batch)
     return spec, flat, state, km, x, y
 
@@ -54,8 +55,9 @@ def softmax(z):
     return e / e.sum(1, keepdims=True)
 
 
-@pytest.mark.parametrize("config", [WIDE, NARROW, KM.preset_config("cnn2")],
-                         ids=["wide", "narrow", "cnn2"])
+@pytest.mark.parametrize(
+    "config", [WIDE, NARROW, KM.preset_config("cnn2")], ids=["wide", "narrow", "cnn2"]
+)
 def test_forward_matches_keras_inference(config, rng):
     spec, flat, state, km, x, _ = setup(config, rng)
     prog = M.Program(spec, len(x), False, state=state)
@@ -63,12 +65,13 @@ def test_forward_matches_keras_inference(config, rng):
     out = prog.forward(spec.views(flat))
     if spec.config.ends_in_softmax:  # folded into the loss
         out = softmax(out)
-    want = km(x.reshape((-1,) + spec.config.input_shape), training=False).numpy()
+    want = km(x.reshape((-1, *spec.config.input_shape)), training=False).numpy()
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("config", [no_dropout(WIDE), NARROW, KM.preset_config("cnn")],
-                         ids=["wide", "narrow", "cnn"])
+@pytest.mark.parametrize(
+    "config", [no_dropout(WIDE), NARROW, KM.preset_config("cnn")], ids=["wide", "narrow", "cnn"]
+)
 def test_loss_and_gradients_match_keras_training(config, rng):
     spec, flat, state, km, x, y = setup(config, rng)
     prog = M.Program(spec, len(x), True, state=state.copy())
@@ -81,27 +84,44 @@ def test_loss_and_gradients_match_keras_training(config, rng):
         pass
     lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=spec.config.from_logits)
     with tf.GradientTape() as tape:
-        want_loss = lossf(y, km(x.reshape((-1,) + spec.config.input_shape), training=True))
+        want_loss = lossf(y, km(x.reshape((-1, *spec.config.input_shape)), training=True))
     want = tape.gradient(want_loss, km.trainable_weights)
     assert loss == pytest.approx(float(want_loss), rel=1e-5)
-    mine = [g for (_, _, where, _), g in zip(spec._weight_refs(), spec.keras_weights(grad, state))
-            if where == "p"]
+    mine = [
+        g
+        for (_, _, where, _), g in zip(spec._weight_refs(), spec.keras_weights(grad, state))
+        if where == "p"
+    ]
     assert len(mine) == len(want)
     for a, b, w in zip(mine, want, km.trainable_weights):
         np.testing.assert_allclose(a, b.numpy(), rtol=1e-3, atol=2e-6, err_msg=w.path)
     # the moving statistics moved like Keras' (batch mean and biased variance, momentum)
-    np.testing.assert_allclose(prog.state, spec.from_keras_weights(km.get_weights())[1],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        prog.state, spec.from_keras_weights(km.get_weights())[1], rtol=1e-5, atol=1e-6
+    )
 
 
 def test_real_to_json_of_every_supported_layer_parses(tmp_path):
     L = keras.layers
-    km = keras.Sequential([
-        L.InputLayer(shape=(12, 12)), L.Reshape((12, 12, 1)), L.Rescaling(1 / 255),
-        L.Conv2D(4, 3, strides=2, padding="same", activation="tanh"), L.BatchNormalization(),
-        L.AveragePooling2D(2, padding="same"), L.Conv2D(3, (2, 3), use_bias=False), L.ReLU(),
-        L.MaxPooling2D(1), L.GlobalAveragePooling2D(), L.Dropout(0.3),
-        L.Dense(5, activation="sigmoid"), L.Activation("tanh"), L.Dense(4), L.Softmax()])
+    km = keras.Sequential(
+        [
+            L.InputLayer(shape=(12, 12)),
+            L.Reshape((12, 12, 1)),
+            L.Rescaling(1 / 255),
+            L.Conv2D(4, 3, strides=2, padding="same", activation="tanh"),
+            L.BatchNormalization(),
+            L.AveragePooling2D(2, padding="same"),
+            L.Conv2D(3, (2, 3), use_bias=False),
+            L.ReLU(),
+            L.MaxPooling2D(1),
+            L.GlobalAveragePooling2D(),
+            L.Dropout(0.3),
+            L.Dense(5, activation="sigmoid"),
+            L.Activation("tanh"),
+            L.Dense(4),
+            L.Softmax(),
+        ]
+    )
     km.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     spec = KM.from_config(json.loads(km.to_json()))
     assert not spec.config.from_logits and spec.num_classes == 4
@@ -113,7 +133,7 @@ def test_real_to_json_of_every_supported_layer_parses(tmp_path):
 
 
 def test_a_keras_file_is_the_starting_point_and_its_predictions_carry_over(tmp_path, rng):
-    spec, flat, state, km, x, _ = setup(WIDE, rng)
+    _spec, flat, state, km, x, _ = setup(WIDE, rng)
     km.save(tmp_path / "wide.keras")
     loaded = KM.load(str(tmp_path / "wide.keras"))
     np.testing.assert_array_equal(loaded.init(0), flat)
@@ -121,8 +141,9 @@ def test_a_keras_file_is_the_starting_point_and_its_predictions_carry_over(tmp_p
     prog = M.Program(loaded, len(x), False)
     prog.x[:] = x
     want = km.predict(x, verbose=0)
-    np.testing.assert_allclose(softmax(prog.forward(loaded.views(loaded.init(0)))), want,
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        softmax(prog.forward(loaded.views(loaded.init(0)))), want, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_presets_are_keras_configs_keras_itself_loads():
@@ -131,4 +152,5 @@ def test_presets_are_keras_configs_keras_itself_loads():
         spec = M.build(name)
         assert km.count_params() == spec.num_params
         assert [w.shape for w in km.get_weights()] == [
-            w.shape for w in spec.keras_weights(spec.init(0))]
+            w.shape for w in spec.keras_weights(spec.init(0))
+        ]

@@ -21,15 +21,23 @@ from ringtrain_trainer.metrics import TrainerMetrics
 def plan(name="cnn", opt="sgd", on_host=True, batch=64, train=True, replicas=1):
     spec = M.build(name)
     params = spec.init(0)
-    ipu = IPU(spec, IPUConfig(variables_on_host=on_host, replicas=replicas,
-                              optimizer_state_bytes=O.state_bytes_for(opt, spec.num_params)),
-              params, np.zeros_like(params))
+    ipu = IPU(
+        spec,
+        IPUConfig(
+            variables_on_host=on_host,
+            replicas=replicas,
+            optimizer_state_bytes=O.state_bytes_for(opt, spec.num_params),
+        ),
+        params,
+        np.zeros_like(params),
+    )
     return ipu.compile(batch, train).plan
 
 
 @pytest.mark.parametrize("name", ["cnn", "cnn2"])
-@pytest.mark.parametrize("opt,on_host,train", [("sgd", True, True), ("adam", False, True),
-                                               ("momentum", False, False)])
+@pytest.mark.parametrize(
+    "opt,on_host,train", [("sgd", True, True), ("adam", False, True), ("momentum", False, False)]
+)
 def test_kinds_add_up_to_the_total_and_layers_to_the_kinds(name, opt, on_host, train):
     p = plan(name, opt, on_host, train=train)
     assert tuple(p.kinds()) == memory.KINDS
@@ -100,14 +108,35 @@ def test_replicas_plan_each_ipu_for_its_share_of_the_batch():
 
 
 def _report(*flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ringtrain.cli", "worker", "--report",
-                           "--termination-log", "", *flags],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ringtrain.cli",
+            "worker",
+            "--report",
+            "--termination-log",
+            "",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_report_prints_every_kind_and_layer_and_exits_without_training():
-    out = _report("--model", "cnn2", "--optimizer", "adam", "--no-variables-on-host",
-                  "--batch-size", "32", "--data-dir", "/nonexistent")
+    out = _report(
+        "--model",
+        "cnn2",
+        "--optimizer",
+        "adam",
+        "--no-variables-on-host",
+        "--batch-size",
+        "32",
+        "--data-dir",
+        "/nonexistent",
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "step" not in text and "done:" not in text  # no training, no data

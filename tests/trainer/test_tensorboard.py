@@ -39,11 +39,23 @@ from ringtrain_trainer.ipu import IPUStats
 from ringtrain_trainer.worker import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-CHIEF_TAGS = {"train/loss", "train/learning_rate", "train/samples_per_s", "test/accuracy",
-              "step_time/total_s", "step_time/ipu_compute_s", "step_time/exposed_allreduce_s",
-              "step_time/other_s"}
-RING_TAGS = {"allreduce/time_s", "allreduce/hidden_s", "allreduce/peer_wait_s",
-             "allreduce/overlap_fraction", "allreduce/busbw_gbps"}
+CHIEF_TAGS = {
+    "train/loss",
+    "train/learning_rate",
+    "train/samples_per_s",
+    "test/accuracy",
+    "step_time/total_s",
+    "step_time/ipu_compute_s",
+    "step_time/exposed_allreduce_s",
+    "step_time/other_s",
+}
+RING_TAGS = {
+    "allreduce/time_s",
+    "allreduce/hidden_s",
+    "allreduce/peer_wait_s",
+    "allreduce/overlap_fraction",
+    "allreduce/busbw_gbps",
+}
 EVAL_TAGS = {"eval/test_loss", "eval/test_accuracy"}
 
 
@@ -54,8 +66,9 @@ def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
 
 
 def _train(tmp_path, mnist5k, *extra: str) -> tuple[dict, list[events.Event]]:
-    cfg = TrainerConfig.from_args(["--dataset", "mnist-5k", "--steps", "6", "--batch-size", "32",
-                                   "--json", *extra], {})
+    cfg = TrainerConfig.from_args(
+        ["--dataset", "mnist-5k", "--steps", "6", "--batch-size", "32", "--json", *extra], {}
+    )
     out = io.StringIO()
     t = Trainer(cfg, LocalCollective(), dataset=mnist5k, out=out)
     try:
@@ -67,9 +80,9 @@ def _train(tmp_path, mnist5k, *extra: str) -> tuple[dict, list[events.Event]]:
 
 # ---- fast: TensorBoard's own reader --------------------------------------------------------------
 
+
 def test_the_chief_writes_its_progress_points_under_the_checkpoint_dir(tmp_path, mnist5k):
-    final, lines = _train(tmp_path, mnist5k, "--checkpoint-dir", str(tmp_path),
-                          "--eval-every", "3")
+    final, lines = _train(tmp_path, mnist5k, "--checkpoint-dir", str(tmp_path), "--eval-every", "3")
     got = scalars(tmp_path / "tensorboard" / "chief")
     assert set(got) == CHIEF_TAGS  # one worker: no allreduce, so no allreduce scalars
     progress = {e.step: e for e in lines if isinstance(e, events.Progress)}
@@ -83,15 +96,24 @@ def test_the_chief_writes_its_progress_points_under_the_checkpoint_dir(tmp_path,
     assert evals.keys() == {3, 6}
     assert got["test/accuracy"] == pytest.approx(evals, abs=1e-6)
     for step in progress:
-        parts = (got["step_time/ipu_compute_s"][step] + got["step_time/exposed_allreduce_s"][step]
-                 + got["step_time/other_s"][step])
+        parts = (
+            got["step_time/ipu_compute_s"][step]
+            + got["step_time/exposed_allreduce_s"][step]
+            + got["step_time/other_s"][step]
+        )
         assert got["step_time/ipu_compute_s"][step] > 0
         assert parts == pytest.approx(got["step_time/total_s"][step], rel=1e-5)
 
 
 def test_the_log_dir_option_wins_and_without_any_dir_nothing_is_written(tmp_path, mnist5k):
-    _train(tmp_path, mnist5k, "--checkpoint-dir", str(tmp_path / "ck"),
-           "--tensorboard-dir", str(tmp_path / "tb"))
+    _train(
+        tmp_path,
+        mnist5k,
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--tensorboard-dir",
+        str(tmp_path / "tb"),
+    )
     assert (tmp_path / "tb" / "chief").is_dir() and not (tmp_path / "ck" / "tensorboard").exists()
     assert tb.log_dir(None, None, "chief") is None
     w = tb.TrainWriter(None, 2)
@@ -127,6 +149,7 @@ def test_bus_bandwidth_is_the_nccl_ring_figure():
 
 # ---- real: a ringtrain run job, served by the tensorboard server ---------------------------------
 
+
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())
@@ -150,32 +173,66 @@ def served(tmp_path_factory):
     logdir = run_dir / "checkpoints" / "tensorboard"
     logdir.mkdir(parents=True)
     port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
-                          "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false",
-                          "--reload_interval", "1"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(logdir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast",
+            "false",
+            "--reload_interval",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     want = {"chief": CHIEF_TAGS | RING_TAGS, "evaluator": EVAL_TAGS}
     try:
-        out = subprocess.run([sys.executable, "-m", "ringtrain.cli", "run",
-                              str(ROOT / "examples" / "evaluator.yaml"), "--json", "--run-dir",
-                              str(run_dir), "--progress-interval", "0.05"], cwd=tmp,
-                             capture_output=True, text=True, timeout=120, check=False)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ringtrain.cli",
+                "run",
+                str(ROOT / "examples" / "evaluator.yaml"),
+                "--json",
+                "--run-dir",
+                str(run_dir),
+                "--progress-interval",
+                "0.05",
+            ],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         job = [json.loads(x) for x in out.stdout.splitlines()]
 
         def scalars_of(run: str, tag: str) -> dict[int, float]:
             q = urllib.parse.urlencode({"run": run, "tag": tag})
-            return {step: value for _, step, value in
-                    _get(f"{base}/data/plugin/scalars/scalars?{q}")}
+            return {
+                step: value for _, step, value in _get(f"{base}/data/plugin/scalars/scalars?{q}")
+            }
 
         def loaded() -> bool:
             """Every tag, and every point of the last one written (TensorBoard reloads the
             files in passes: a tag can be there before all its points are)."""
-            return (all(want[r] <= set(tags.get(r, ())) for r in want)
-                    and len(scalars_of("evaluator", "eval/test_accuracy"))
-                    == len(job[-1]["evaluations"])
-                    and max(scalars_of("chief", "train/loss")) == job[-1]["steps"])
+            return (
+                all(want[r] <= set(tags.get(r, ())) for r in want)
+                and len(scalars_of("evaluator", "eval/test_accuracy"))
+                == len(job[-1]["evaluations"])
+                and max(scalars_of("chief", "train/loss")) == job[-1]["steps"]
+            )
 
         deadline, tags = time.monotonic() + 40, {}
         while time.monotonic() < deadline:
@@ -203,8 +260,7 @@ def test_the_server_shows_the_losses_the_chief_reported(served):
     assert reported and reported.keys() <= loss.keys() and max(loss) == 30
     assert {s: loss[s] for s in reported} == pytest.approx(reported, abs=1e-6)
     assert loss[30] == pytest.approx(final["loss"], abs=1e-6)
-    assert server("chief", "test/accuracy") == pytest.approx({30: final["test_accuracy"]},
-                                                             abs=1e-6)
+    assert server("chief", "test/accuracy") == pytest.approx({30: final["test_accuracy"]}, abs=1e-6)
     assert sorted(set(server("chief", "train/learning_rate").values())) == pytest.approx([1e-3])
 
 
@@ -213,9 +269,11 @@ def test_the_server_shows_every_evaluation_of_the_evaluator(served):
     evaluations = job[-1]["evaluations"]
     assert [e["step"] for e in evaluations] == [10, 20, 30]
     assert server("evaluator", "eval/test_loss") == pytest.approx(
-        {e["step"]: e["test_loss"] for e in evaluations}, abs=1e-6)
+        {e["step"]: e["test_loss"] for e in evaluations}, abs=1e-6
+    )
     assert server("evaluator", "eval/test_accuracy") == pytest.approx(
-        {e["step"]: e["test_accuracy"] for e in evaluations}, abs=1e-6)
+        {e["step"]: e["test_accuracy"] for e in evaluations}, abs=1e-6
+    )
 
 
 def test_the_allreduce_figures_agree_with_their_definitions(served):
@@ -224,8 +282,10 @@ def test_the_allreduce_figures_agree_with_their_definitions(served):
     server = served[1]
     nbytes = model_mod.build("cnn").num_params * 4
     time_s, hidden = server("chief", "allreduce/time_s"), server("chief", "allreduce/hidden_s")
-    busbw, overlap = server("chief", "allreduce/busbw_gbps"), server("chief",
-                                                                      "allreduce/overlap_fraction")
+    busbw, overlap = (
+        server("chief", "allreduce/busbw_gbps"),
+        server("chief", "allreduce/overlap_fraction"),
+    )
     assert time_s.keys() == busbw.keys() == overlap.keys() == server("chief", "train/loss").keys()
     for step in time_s:
         assert time_s[step] > 0 and 0 <= hidden[step] <= time_s[step]

@@ -31,6 +31,7 @@ SLACK_S = 50e-6
 
 # ---- units ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("text, window", [("3-5", (3, 5)), ("7", (7, 7)), (" 1 - 2 ", (1, 2))])
 def test_trace_steps_parse(text, window):
     assert trace.parse_steps(text) == window
@@ -72,8 +73,11 @@ def test_slices_nest_and_carry_their_step_and_args():
         e = xs[inner]
         assert outer["ts"] <= e["ts"] and e["ts"] + e["dur"] <= outer["ts"] + outer["dur"]
     assert xs["step 1"]["args"]["hidden_s"] == 0.5
-    names = {(e["tid"], e["args"]["name"]) for e in doc["traceEvents"]
-             if e["ph"] == "M" and e["name"] == "thread_name"}
+    names = {
+        (e["tid"], e["args"]["name"])
+        for e in doc["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     assert names == {(trace.ALLREDUCE, "allreduce"), (trace.STEP, "step")}
 
 
@@ -111,28 +115,57 @@ def test_final_event_and_job_status_name_the_trace():
 
 # ---- a real two-worker run -----------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
     """``ringtrain run`` of two workers tracing steps 3-5 (a checkpoint after step 4)."""
     tmp = tmp_path_factory.mktemp("traced")
-    job = {"apiVersion": jobspec.API_VERSION, "kind": jobspec.KIND, "metadata": {"name": "tr"},
-           "spec": {"replicaSpecs": {"Worker": {"replicas": 2}},
-                    "trainer": {"dataset": "mnist-5k", "steps": 7, "batchSize": 64,
-                                "evalEvery": 0, "checkpoint": {"everySteps": 4},
-                                "trace": {"steps": f"{WINDOW[0]}-{WINDOW[1]}"}}}}
+    job = {
+        "apiVersion": jobspec.API_VERSION,
+        "kind": jobspec.KIND,
+        "metadata": {"name": "tr"},
+        "spec": {
+            "replicaSpecs": {"Worker": {"replicas": 2}},
+            "trainer": {
+                "dataset": "mnist-5k",
+                "steps": 7,
+                "batchSize": 64,
+                "evalEvery": 0,
+                "checkpoint": {"everySteps": 4},
+                "trace": {"steps": f"{WINDOW[0]}-{WINDOW[1]}"},
+            },
+        },
+    }
     manifest = tmp / "job.yaml"
     manifest.write_text(yaml.safe_dump(job))
-    out = subprocess.run([sys.executable, "-m", "ringtrain.cli", "run", str(manifest), "--json",
-                          "--run-dir", str(tmp / "run")], cwd=tmp, capture_output=True,
-                         text=True, timeout=240, check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ringtrain.cli",
+            "run",
+            str(manifest),
+            "--json",
+            "--run-dir",
+            str(tmp / "run"),
+        ],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.splitlines()[-1])
     return summary, json.loads(Path(summary["trace"]).read_text())
 
 
 def slices(doc: dict, rank: int, step: int | None = None) -> list[dict]:
-    return [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == rank
-            and (step is None or e["args"]["step"] == step)]
+    return [
+        e
+        for e in doc["traceEvents"]
+        if e["ph"] == "X" and e["pid"] == rank and (step is None or e["args"]["step"] == step)
+    ]
 
 
 def test_the_summary_names_one_merged_file_with_one_process_per_rank(traced_run):
@@ -142,8 +175,11 @@ def test_the_summary_names_one_merged_file_with_one_process_per_rank(traced_run)
     for r in (0, 1):
         own = json.loads((path.parent / f"trace-rank{r}.json").read_text())
         assert {e["pid"] for e in own["traceEvents"]} == {r}
-    processes = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"]
-                 if e["ph"] == "M" and e["name"] == "process_name"}
+    processes = {
+        e["pid"]: e["args"]["name"]
+        for e in doc["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
     assert processes == {0: "rank", 1: "rank"}
     assert {e["pid"] for e in doc["traceEvents"]} == {0, 1}
     assert all(r["dropped"] == 0 for r in doc["otherData"]["ringtrain"]["ranks"])
@@ -151,17 +187,32 @@ def test_the_summary_names_one_merged_file_with_one_process_per_rank(traced_run)
 
 def test_every_rank_has_every_lane_for_every_step_of_the_window(traced_run):
     _, doc = traced_run
-    lanes = {"step", "data loading", "weights in", "forward", "backward", "gradients out",
-             "allreduce", "optimizer"}
+    lanes = {
+        "step",
+        "data loading",
+        "weights in",
+        "forward",
+        "backward",
+        "gradients out",
+        "allreduce",
+        "optimizer",
+    }
     for rank in (0, 1):
-        assert {e["args"]["step"] for e in slices(doc, rank)} == set(range(WINDOW[0],
-                                                                           WINDOW[1] + 1))
+        assert {e["args"]["step"] for e in slices(doc, rank)} == set(
+            range(WINDOW[0], WINDOW[1] + 1)
+        )
         for step in range(WINDOW[0], WINDOW[1] + 1):
             got = slices(doc, rank, step)
             assert lanes <= {e["cat"] for e in got}, (rank, step)
             names = {e["name"] for e in got}
-            assert {f"step {step}", "reduce-scatter", "allgather", "wait for rank " +
-                    str(1 - rank), "forward L0 convpool", "backward L2 dense"} <= names
+            assert {
+                f"step {step}",
+                "reduce-scatter",
+                "allgather",
+                "wait for rank " + str(1 - rank),
+                "forward L0 convpool",
+                "backward L2 dense",
+            } <= names
     assert [e["args"]["step"] for e in slices(doc, 0) if e["cat"] == "checkpoint"] == [4]
 
 
@@ -187,14 +238,16 @@ def test_allreduce_overlaps_backward_exactly_where_the_reducer_says(traced_run):
             tol = SLACK_S * (len(buckets) + len(waits) + 1)
             assert sum(b - a for a, b in buckets) == pytest.approx(stats["allreduce_s"], abs=tol)
             before = (0.0, compute_end)
-            hidden = (sum(overlap(b, before) for b in buckets)
-                      - sum(overlap(w, before) for w in waits))
+            hidden = sum(overlap(b, before) for b in buckets) - sum(
+                overlap(w, before) for w in waits
+            )
             assert hidden == pytest.approx(stats["hidden_s"], abs=tol), (rank, step)
             gap = compute_end - max(b for _, b in backward)
             assert gap >= -SLACK_S, "backward ends before the reducer waits"
             merged = merge_spans(backward)
-            with_backward = (sum(overlap(b, w) for b in buckets for w in merged)
-                             - sum(overlap(x, w) for x in waits for w in merged))
+            with_backward = sum(overlap(b, w) for b in buckets for w in merged) - sum(
+                overlap(x, w) for x in waits for w in merged
+            )
             # one communication thread: its buckets are sequential, so at most the whole gap
             assert -tol <= stats["hidden_s"] - with_backward <= max(gap, 0.0) + tol
 
@@ -219,15 +272,16 @@ def test_ring_phases_and_waits_nest_inside_their_bucket(traced_run):
         for step, es in ring.items():
             outer = [e for e in es if e["name"].startswith("allreduce bucket")]
             for e in es:
-                assert any(o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"]
-                           for o in outer), (rank, step, e)
+                assert any(
+                    o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"] for o in outer
+                ), (rank, step, e)
 
 
 # ---- in a real viewer ----------------------------------------------------------------------------
 
+
 def perfetto():
-    spec = importlib.util.spec_from_file_location("perfetto", ROOT / "hack" / "lib" /
-                                                  "perfetto.py")
+    spec = importlib.util.spec_from_file_location("perfetto", ROOT / "hack" / "lib" / "perfetto.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -6,12 +6,18 @@ from ringtrain_bench import step as bench_step
 
 
 def test_bench_step_reports_both_sides_and_the_blas_in_use(capsys):
-    rc = bench_step.main(["--steps", "4", "--warmup", "1", "--repeats", "1", "--threads", "1",
-                          "--json"])
+    rc = bench_step.main(
+        ["--steps", "4", "--warmup", "1", "--repeats", "1", "--threads", "1", "--json"]
+    )
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
-    for key in ("samples_per_s", "torch_samples_per_s", "ratio_vs_torch", "gflops",
-                "matmul_peak_gflops"):
+    for key in (
+        "samples_per_s",
+        "torch_samples_per_s",
+        "ratio_vs_torch",
+        "gflops",
+        "matmul_peak_gflops",
+    ):
         assert r[key] > 0, key
     # the ratio of the unrounded rates, so recomputing it from the printed (rounded) rates may
     # differ in the last digit
@@ -31,8 +37,9 @@ def test_bench_step_two_workers_measures_overlapped_serialized_and_no_comm(capsy
     (two processes on a shared 2-core machine give noisy figures): switching overlap off
     must show as hiding nothing, and the overlapped run must have started reducing before
     backward ended and hidden something, which waiting for the peer does not count as."""
-    rc = bench_step.main(["--workers", "2", "--steps", "4", "--warmup", "2", "--repeats", "2",
-                          "--json"])
+    rc = bench_step.main(
+        ["--workers", "2", "--steps", "4", "--warmup", "2", "--repeats", "2", "--json"]
+    )
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
     assert (r["workers"], r["global_batch"], r["transport"]) == (2, 128, "grpc+tcp")
@@ -51,19 +58,25 @@ def test_bench_step_two_workers_measures_overlapped_serialized_and_no_comm(capsy
     # the ring reports its blocked time; the no-op collective has none
     for x in (ov, ser):
         assert x["allreduce_ms_per_step"] > 0 and x["peer_wait_ms_per_step"] > 0
-        assert x["reducer_hidden_ms_per_step"] + x["peer_wait_ms_per_step"] <= \
-            x["allreduce_ms_per_step"] + 1e-3
+        assert (
+            x["reducer_hidden_ms_per_step"] + x["peer_wait_ms_per_step"]
+            <= x["allreduce_ms_per_step"] + 1e-3
+        )
     assert none["peer_wait_ms_per_step"] == 0
     assert ser["exposed_wait_ms_per_step"] >= ser["allreduce_ms_per_step"] - 1e-3
-    assert r["exposed_comm_ms_per_step"] == pytest.approx(ov["step_ms"] - none["step_ms"],
-                                                          abs=2e-3)
+    assert r["exposed_comm_ms_per_step"] == pytest.approx(ov["step_ms"] - none["step_ms"], abs=2e-3)
     if ser["step_ms"] > none["step_ms"]:
         assert r["hidden_fraction"] == pytest.approx(
-            (ser["step_ms"] - ov["step_ms"]) / (ser["step_ms"] - none["step_ms"]), abs=2e-2)
+            (ser["step_ms"] - ov["step_ms"]) / (ser["step_ms"] - none["step_ms"]), abs=2e-2
+        )
     assert r["scaling_efficiency"] == pytest.approx(
-        r["global_samples_per_s"] / none["global_samples_per_s"], abs=2e-3)
-    assert set(r["definitions"]) >= {"hidden_fraction", "scaling_efficiency",
-                                     "exposed_comm_ms_per_step"}
+        r["global_samples_per_s"] / none["global_samples_per_s"], abs=2e-3
+    )
+    assert set(r["definitions"]) >= {
+        "hidden_fraction",
+        "scaling_efficiency",
+        "exposed_comm_ms_per_step",
+    }
     assert r["max_param_diff"] == 0.0  # the replicas stayed bit-identical
     assert "without communication" in r["note"]
 
@@ -76,6 +89,7 @@ def test_the_trainer_never_imports_the_benchmarks():
     import ringtrain_trainer
 
     root = pathlib.Path(ringtrain_trainer.__file__).parent
-    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
-                 if "ringtrain_bench" in p.read_text()]
+    offenders = [
+        str(p.relative_to(root)) for p in root.rglob("*.py") if "ringtrain_bench" in p.read_text()
+    ]
     assert offenders == []

@@ -5,20 +5,27 @@ import os
 import numpy as np
 import pytest
 
+from ringtrain.errors import CheckpointError
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data import Position
-from ringtrain.errors import CheckpointError
 from ringtrain_trainer.worker import Trainer
 
 
 def state(step, rng):
-    return TrainingState(step=step, position=Position(1, step, 64),
-                         params=rng.normal(size=100).astype(np.float32), optimizer="adam",
-                         optimizer_state={"m": rng.normal(size=100).astype(np.float32),
-                                          "v": rng.random(100).astype(np.float32)},
-                         optimizer_iterations=step, loss=0.5)
+    return TrainingState(
+        step=step,
+        position=Position(1, step, 64),
+        params=rng.normal(size=100).astype(np.float32),
+        optimizer="adam",
+        optimizer_state={
+            "m": rng.normal(size=100).astype(np.float32),
+            "v": rng.random(100).astype(np.float32),
+        },
+        optimizer_iterations=step,
+        loss=0.5,
+    )
 
 
 def test_save_is_atomic_and_keeps_the_last_k(tmp_path, rng):
@@ -27,8 +34,12 @@ def test_save_is_atomic_and_keeps_the_last_k(tmp_path, rng):
     for s in saved:
         m.save(s)
     names = sorted(os.listdir(tmp_path))
-    assert names == ["ckpt-0000000020.json", "ckpt-0000000020.npz", "ckpt-0000000030.json",
-                     "ckpt-0000000030.npz"]  # no temporary files left behind
+    assert names == [
+        "ckpt-0000000020.json",
+        "ckpt-0000000020.npz",
+        "ckpt-0000000030.json",
+        "ckpt-0000000030.npz",
+    ]  # no temporary files left behind
     got, skipped = m.load_latest()
     assert skipped == [] and got.step == 30 and got.position == Position(1, 30, 64)
     np.testing.assert_array_equal(got.params, saved[-1].params)
@@ -79,8 +90,16 @@ def test_no_usable_checkpoint_is_an_error_not_a_silent_restart(tmp_path, rng):
 
 
 def run(mnist5k, steps, ckpt=None, every=0, world_batch=16, opt="adam"):
-    cfg = TrainerConfig(dataset="mnist-5k", steps=steps, batch_size=world_batch, optimizer=opt,
-                        lr=0.01, seed=5, checkpoint_dir=ckpt and str(ckpt), checkpoint_every=every)
+    cfg = TrainerConfig(
+        dataset="mnist-5k",
+        steps=steps,
+        batch_size=world_batch,
+        optimizer=opt,
+        lr=0.01,
+        seed=5,
+        checkpoint_dir=ckpt and str(ckpt),
+        checkpoint_every=every,
+    )
     t = Trainer(cfg, LocalCollective(), mnist5k, out=io.StringIO())
     try:
         final = t.run()
@@ -93,7 +112,7 @@ def run(mnist5k, steps, ckpt=None, every=0, world_batch=16, opt="adam"):
 def test_resume_is_exact(tmp_path, mnist5k, opt):
     # 260 steps of batch 16 cross the 250-step epoch boundary, so the data position matters
     straight, _ = run(mnist5k, 260, opt=opt)
-    first, f1 = run(mnist5k, 130, tmp_path, every=65, opt=opt)
+    _first, f1 = run(mnist5k, 130, tmp_path, every=65, opt=opt)
     assert f1["checkpoint"].endswith("ckpt-0000000130.json")
     resumed, f2 = run(mnist5k, 260, tmp_path, opt=opt)
     assert f2["steps"] == 260 and resumed.position == straight.position
@@ -103,12 +122,14 @@ def test_resume_is_exact(tmp_path, mnist5k, opt):
 
 
 def test_checkpoint_written_by_two_workers_resumes_on_one(tmp_path, mnist5k):
-    from thread_collective import ThreadGroup
     import threading
 
+    from thread_collective import ThreadGroup
+
     cols = ThreadGroup(2).collectives()
-    cfg = TrainerConfig(dataset="mnist-5k", steps=4, batch_size=8, lr=0.01, seed=5,
-                        checkpoint_dir=str(tmp_path))
+    cfg = TrainerConfig(
+        dataset="mnist-5k", steps=4, batch_size=8, lr=0.01, seed=5, checkpoint_dir=str(tmp_path)
+    )
     trainers = [Trainer(cfg, c, mnist5k, out=io.StringIO()) for c in cols]
     threads = [threading.Thread(target=t.run) for t in trainers]
     for th in threads:
@@ -128,12 +149,20 @@ def test_only_the_chief_needs_the_checkpoint_directory(tmp_path, mnist5k):
 
     from thread_collective import ThreadGroup
 
-    _, first = run(mnist5k, 3, tmp_path / "chief", world_batch=16)
+    _, _first = run(mnist5k, 3, tmp_path / "chief", world_batch=16)
     cols = ThreadGroup(2).collectives()
     dirs = [tmp_path / "chief", tmp_path / "empty-on-worker-1"]
-    trainers = [Trainer(TrainerConfig(dataset="mnist-5k", steps=5, batch_size=8, lr=0.01, seed=5,
-                                      checkpoint_dir=str(d)), c, mnist5k, out=io.StringIO())
-                for c, d in zip(cols, dirs)]
+    trainers = [
+        Trainer(
+            TrainerConfig(
+                dataset="mnist-5k", steps=5, batch_size=8, lr=0.01, seed=5, checkpoint_dir=str(d)
+            ),
+            c,
+            mnist5k,
+            out=io.StringIO(),
+        )
+        for c, d in zip(cols, dirs)
+    ]
     finals = [None, None]
 
     def go(i):

@@ -4,8 +4,8 @@ import struct
 import numpy as np
 import pytest
 
-from ringtrain_trainer import data as D
 from ringtrain.errors import DataError, InvalidSpec
+from ringtrain_trainer import data as D
 
 
 def idx_bytes(arr: np.ndarray, type_code: int = 0x08) -> bytes:
@@ -24,15 +24,18 @@ def test_idx_reader_reads_raw_and_gzip(tmp_path):
     np.testing.assert_array_equal(D.read_idx(tmp_path / "i"), b)
 
 
-@pytest.mark.parametrize("mangle, problem", [
-    (lambda b: b"\x01" + b[1:], "bad magic"),
-    (lambda b: b[:2] + b"\x07" + b[3:], "unknown IDX element type"),
-    (lambda b: b[:-1], "need 24 data bytes but the file has 23"),
-    (lambda b: b + b"\x00", "but the file has 25"),
-    (lambda b: b[:6], "ends first"),
-    (lambda b: b[:3], "too short"),
-    (lambda b: b[:3] + b"\x00" + b[4:], "0 dimensions"),
-])
+@pytest.mark.parametrize(
+    "mangle, problem",
+    [
+        (lambda b: b"\x01" + b[1:], "bad magic"),
+        (lambda b: b[:2] + b"\x07" + b[3:], "unknown IDX element type"),
+        (lambda b: b[:-1], "need 24 data bytes but the file has 23"),
+        (lambda b: b + b"\x00", "but the file has 25"),
+        (lambda b: b[:6], "ends first"),
+        (lambda b: b[:3], "too short"),
+        (lambda b: b[:3] + b"\x00" + b[4:], "0 dimensions"),
+    ],
+)
 def test_idx_reader_names_file_and_problem(tmp_path, mangle, problem):
     a = np.zeros((2, 3, 4), np.uint8)
     p = tmp_path / "broken-idx3-ubyte"
@@ -58,7 +61,8 @@ def test_idx_dir_checks_images_against_labels(tmp_path):
     for prefix in ("train", "t10k"):
         (tmp_path / f"{prefix}-images-idx3-ubyte").write_bytes(idx_bytes(imgs))
         (tmp_path / f"{prefix}-labels-idx1-ubyte.gz").write_bytes(
-            gzip.compress(idx_bytes(np.zeros(4, np.uint8))))
+            gzip.compress(idx_bytes(np.zeros(4, np.uint8)))
+        )
     with pytest.raises(DataError, match="5 images but .*has 4 labels"):
         D.load_idx_dir(tmp_path)
     (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(idx_bytes(np.zeros(5, np.uint8)))
@@ -97,7 +101,7 @@ def test_sharding_is_tf_shard_of_the_shuffled_stream(n, b, m):
         for i, s in enumerate(sharders):
             shard = tf_shard(stream, n, i)
             got = np.concatenate([s.indices(epoch, k) for k in range(s.steps_per_epoch)])
-            np.testing.assert_array_equal(got, shard[:len(got)])
+            np.testing.assert_array_equal(got, shard[: len(got)])
         for k in range(single.steps_per_epoch):
             concat = np.concatenate([s.indices(epoch, k) for s in sharders])
             np.testing.assert_array_equal(concat, sharders[0].global_batch_indices(epoch, k))

@@ -28,9 +28,23 @@ EVALUATOR_TF_CONFIG = '{"cluster":{"worker":["127.0.0.1:1"]},"task":{"type":"eva
 
 
 def _train(tmp_path, mnist5k, *extra: str) -> dict:
-    cfg = TrainerConfig.from_args(["--dataset", "mnist-5k", "--steps", "6", "--batch-size", "32",
-                                   "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "2",
-                                   "--json", *extra], {})
+    cfg = TrainerConfig.from_args(
+        [
+            "--dataset",
+            "mnist-5k",
+            "--steps",
+            "6",
+            "--batch-size",
+            "32",
+            "--checkpoint-dir",
+            str(tmp_path),
+            "--checkpoint-every",
+            "2",
+            "--json",
+            *extra,
+        ],
+        {},
+    )
     t = Trainer(cfg, LocalCollective(), dataset=mnist5k, out=io.StringIO())
     try:
         return t.run()
@@ -39,8 +53,10 @@ def _train(tmp_path, mnist5k, *extra: str) -> dict:
 
 
 def _evaluator(tmp_path, mnist5k, out=None, **kw) -> ev_mod.Evaluator:
-    cfg = TrainerConfig.from_args(["--dataset", "mnist-5k", "--checkpoint-dir", str(tmp_path),
-                                   "--json"], {"TF_CONFIG": EVALUATOR_TF_CONFIG})
+    cfg = TrainerConfig.from_args(
+        ["--dataset", "mnist-5k", "--checkpoint-dir", str(tmp_path), "--json"],
+        {"TF_CONFIG": EVALUATOR_TF_CONFIG},
+    )
     return ev_mod.Evaluator(cfg, TrainerMetrics(), out or io.StringIO(), dataset=mnist5k, **kw)
 
 
@@ -60,8 +76,9 @@ def test_every_checkpoint_is_evaluated_and_the_last_agrees_with_the_chief(tmp_pa
     m = e.metrics
     assert m.registry.get_sample_value("ringtrain_evaluations_total") == 3
     assert m.registry.get_sample_value("ringtrain_evaluated_step") == 6
-    assert m.registry.get_sample_value("ringtrain_test_loss") == pytest.approx(result.test_loss,
-                                                                               abs=1e-6)
+    assert m.registry.get_sample_value("ringtrain_test_loss") == pytest.approx(
+        result.test_loss, abs=1e-6
+    )
     assert m.status()["test_loss"] == pytest.approx(result.test_loss, abs=1e-6)
     assert m.status()["phase"] == "Succeeded"
 
@@ -77,8 +94,11 @@ def test_the_loss_is_the_mean_cross_entropy_of_the_whole_test_split(tmp_path, mn
     prog = model_mod.Program(e.spec, n, train=False)
     prog.x[:] = mnist5k.test.images.reshape(prog.x.shape) / np.float32(255)
     logits = prog.forward(e.spec.views(state.params)).astype(np.float64)
-    logp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) \
+    logp = (
+        logits
+        - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
         - logits.max(1, keepdims=True)
+    )
     assert loss == pytest.approx(-logp[np.arange(n), mnist5k.test.labels].mean(), rel=1e-5)
     assert acc == np.mean(logits.argmax(1) == mnist5k.test.labels)
 
@@ -97,14 +117,14 @@ def test_the_evaluator_waits_for_checkpoints_and_ends_with_the_chiefs_marker(tmp
     assert e.evaluated[-1].step == 6
 
 
-def test_a_stopped_evaluator_ends_terminated_and_a_new_run_clears_the_old_marker(tmp_path,
-                                                                                 mnist5k):
+def test_a_stopped_evaluator_ends_terminated_and_a_new_run_clears_the_old_marker(tmp_path, mnist5k):
     e = _evaluator(tmp_path, mnist5k, poll_s=0.05)
     e.stop_requested.set()
     assert e.run().terminated is True
     ev_mod.write_done(tmp_path, events.Final(steps=99))
-    cfg = TrainerConfig.from_args(["--dataset", "mnist-5k", "--steps", "1", "--checkpoint-dir",
-                                   str(tmp_path)], {})
+    cfg = TrainerConfig.from_args(
+        ["--dataset", "mnist-5k", "--steps", "1", "--checkpoint-dir", str(tmp_path)], {}
+    )
     t = Trainer(cfg, LocalCollective(), dataset=mnist5k, out=io.StringIO())
     t.stop_requested.set()  # stopped: no marker of its own
     try:
@@ -120,13 +140,25 @@ def test_an_evaluator_without_a_checkpoint_dir_is_refused(mnist5k):
         ev_mod.Evaluator(cfg, dataset=mnist5k)
 
 
-def test_the_worker_command_runs_the_evaluator_for_an_evaluator_task(tmp_path, mnist5k,
-                                                                     monkeypatch, capsys):
+def test_the_worker_command_runs_the_evaluator_for_an_evaluator_task(
+    tmp_path, mnist5k, monkeypatch, capsys
+):
     _train(tmp_path / "ck", mnist5k)
     monkeypatch.setenv("TF_CONFIG", EVALUATOR_TF_CONFIG)
     log = tmp_path / "termination-log"
-    assert worker_main(["--dataset", "mnist-5k", "--checkpoint-dir", str(tmp_path / "ck"),
-                        "--termination-log", str(log)]) == 0
+    assert (
+        worker_main(
+            [
+                "--dataset",
+                "mnist-5k",
+                "--checkpoint-dir",
+                str(tmp_path / "ck"),
+                "--termination-log",
+                str(log),
+            ]
+        )
+        == 0
+    )
     assert "checkpoint step 6  test loss" in capsys.readouterr().out
     doc = json.loads(log.read_text())
     assert (doc["event"], doc["steps"], doc["evaluations"]) == ("final", 6, 3)
@@ -148,8 +180,9 @@ def test_the_chief_exports_the_trained_model_when_training_succeeds(tmp_path, mn
 
 def test_no_export_without_the_flag_and_none_when_stopped(tmp_path, mnist5k):
     assert "export" not in _train(tmp_path / "a", mnist5k)
-    cfg = TrainerConfig.from_args(["--dataset", "mnist-5k", "--steps", "5", "--export",
-                                   str(tmp_path / "m.keras")], {})
+    cfg = TrainerConfig.from_args(
+        ["--dataset", "mnist-5k", "--steps", "5", "--export", str(tmp_path / "m.keras")], {}
+    )
     t = Trainer(cfg, LocalCollective(), dataset=mnist5k, out=io.StringIO())
     t.stop_requested.set()
     try:

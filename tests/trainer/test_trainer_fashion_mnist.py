@@ -9,8 +9,15 @@ from ringtrain_trainer.worker import Trainer
 
 def test_one_epoch_of_fashion_mnist_reaches_86_percent():
     # host threads pinned: they change float summation order, hence the exact figure (86.95 %)
-    cfg = TrainerConfig(dataset="fashion-mnist", epochs=1, batch_size=64, optimizer="adam",
-                        lr=1e-3, seed=0, ipu_host_threads=2)
+    cfg = TrainerConfig(
+        dataset="fashion-mnist",
+        epochs=1,
+        batch_size=64,
+        optimizer="adam",
+        lr=1e-3,
+        seed=0,
+        ipu_host_threads=2,
+    )
     t = Trainer(cfg, LocalCollective(), out=io.StringIO())
     try:
         final = t.run()

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
+from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import model as M
 from ringtrain_trainer import optim as O
-from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer.ipu import IPU, MB, IPUConfig
 
 
@@ -29,8 +29,11 @@ def test_variables_on_host_keep_optimizer_state_off_the_ipu():
     n = M.build("cnn").num_params
 
     def total(opt, on_host):
-        return make_ipu(variables_on_host=on_host,
-                        optimizer_state_bytes=O.state_bytes_for(opt, n)).compile(64).plan.total
+        return (
+            make_ipu(variables_on_host=on_host, optimizer_state_bytes=O.state_bytes_for(opt, n))
+            .compile(64)
+            .plan.total
+        )
 
     assert total("sgd", True) == total("adam", True) == total("momentum", True)
     assert total("adam", False) == total("sgd", False) + 2 * n * 4
@@ -69,8 +72,10 @@ def test_host_streams_are_counted(rng, on_host):
 
 def layers_of(spec, pieces):
     """The layer each streamed (start, stop) piece belongs to."""
-    return [next(i for i, (lo, hi) in enumerate(spec.layer_ranges) if lo <= a and b <= hi)
-            for a, b in pieces]
+    return [
+        next(i for i, (lo, hi) in enumerate(spec.layer_ranges) if lo <= a and b <= hi)
+        for a, b in pieces
+    ]
 
 
 def test_gradients_stream_out_last_layer_first_as_contiguous_slices(rng):
@@ -92,8 +97,10 @@ def test_updating_streamed_weights_at_once_does_not_change_later_gradients(rng, 
     be computed before its weight gradients stream (and with weights on the host the IPU's
     copy is untouched, so they may stream first)."""
     x, y = batch(rng, 8)
-    calm, eager = make_ipu("cnn2", variables_on_host=on_host), \
-        make_ipu("cnn2", variables_on_host=on_host)
+    calm, eager = (
+        make_ipu("cnn2", variables_on_host=on_host),
+        make_ipu("cnn2", variables_on_host=on_host),
+    )
     calm.train_step(calm.compile(8), x, y)
 
     def update(a, b):
@@ -109,8 +116,9 @@ def test_replicas_compute_the_gradient_of_the_whole_batch(rng, replicas):
     one, many = make_ipu(), make_ipu(replicas=replicas)
     l1 = one.train_step(one.compile(16), x, y)
     seen = []
-    lr = many.train_step(many.compile(16), x, y, on_grad=lambda a, b: seen.append(
-        many.host_grads[a:b].copy()))
+    lr = many.train_step(
+        many.compile(16), x, y, on_grad=lambda a, b: seen.append(many.host_grads[a:b].copy())
+    )
     assert lr == pytest.approx(l1, rel=1e-5)
     np.testing.assert_allclose(many.host_grads, one.host_grads, rtol=1e-4, atol=1e-7)
     # what the consumer saw at each callback was already the averaged gradient
@@ -120,8 +128,9 @@ def test_replicas_compute_the_gradient_of_the_whole_batch(rng, replicas):
 
 
 def test_replicas_must_divide_the_batch():
-    with pytest.raises(InvalidSpec, match="--batch-size 64 does not divide evenly across "
-                                          "--ipus-per-worker 3"):
+    with pytest.raises(
+        InvalidSpec, match="--batch-size 64 does not divide evenly across --ipus-per-worker 3"
+    ):
         make_ipu(replicas=3).compile(64)
 
 
@@ -146,8 +155,10 @@ def test_host_threads_split_the_batch_and_give_the_same_gradient(rng, replicas, 
         assert seen == par.spec.grad_pieces
         # the plan is per IPU, whatever the host does
         assert exe.plan == par.plan(24 // replicas, True)
-        acc = (one.evaluate((x[..., 0] * 255).astype(np.uint8), y, batch=12),
-               par.evaluate((x[..., 0] * 255).astype(np.uint8), y, batch=12))
+        acc = (
+            one.evaluate((x[..., 0] * 255).astype(np.uint8), y, batch=12),
+            par.evaluate((x[..., 0] * 255).astype(np.uint8), y, batch=12),
+        )
         assert acc[0] == acc[1]
     finally:
         par.close()
@@ -176,9 +187,19 @@ def test_resident_weights_train_exactly_like_streamed_ones(mnist5k):
 
     params = []
     for on_host in (True, False):
-        t = Trainer(TrainerConfig(dataset="mnist-5k", steps=20, batch_size=32, lr=0.01,
-                                  variables_on_host=on_host, ipu_host_threads=2),
-                    LocalCollective(), mnist5k, out=io.StringIO())
+        t = Trainer(
+            TrainerConfig(
+                dataset="mnist-5k",
+                steps=20,
+                batch_size=32,
+                lr=0.01,
+                variables_on_host=on_host,
+                ipu_host_threads=2,
+            ),
+            LocalCollective(),
+            mnist5k,
+            out=io.StringIO(),
+        )
         try:
             t.run()
         finally:

@@ -6,9 +6,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import model as M
 from ringtrain_trainer.layers import fused
-from ringtrain.errors import InvalidSpec
 
 
 def loss_fn(prog, views):
@@ -45,8 +45,9 @@ def test_gradients_match_finite_differences(name, rng):
     loss_fn(prog, views)
     backward(prog, views, gviews)
     for slot in spec.slots:
-        picks = rng.choice(np.arange(slot.start, slot.stop), min(12, slot.stop - slot.start),
-                           replace=False)
+        picks = rng.choice(
+            np.arange(slot.start, slot.stop), min(12, slot.stop - slot.start), replace=False
+        )
         for i in picks:
             old, eps = flat[i], 1e-6
             flat[i] = old + eps
@@ -76,13 +77,19 @@ def test_float32_program_matches_float64(rng):
 def test_parameters_are_views_in_reverse_layer_order():
     spec = M.build("cnn")
     order = [(s.spec.layer, s.spec.name) for s in spec.slots]
-    assert order == [(2, "bias"), (2, "kernel"), (1, "bias"), (1, "kernel"), (0, "bias"),
-                     (0, "kernel")]
+    assert order == [
+        (2, "bias"),
+        (2, "kernel"),
+        (1, "bias"),
+        (1, "kernel"),
+        (0, "bias"),
+        (0, "kernel"),
+    ]
     assert spec.num_params == 32 * 9 + 32 + 13 * 13 * 32 * 64 + 64 + 64 * 10 + 10
     flat = np.zeros(spec.num_params, np.float32)
     views = spec.views(flat)
     views[0]["kernel"][...] = 1
-    assert flat[-32 * 9:].sum() == 32 * 9 and flat[:-32 * 9].sum() == 0
+    assert flat[-32 * 9 :].sum() == 32 * 9 and flat[: -32 * 9].sum() == 0
     assert views[2]["bias"].base is flat or np.shares_memory(views[2]["bias"], flat)
     starts = [spec.layer_ranges[i] for i in (2, 1, 0)]
     assert starts[0][0] == 0 and all(a[1] == b[0] for a, b in zip(starts, starts[1:]))
@@ -121,11 +128,16 @@ def test_streaming_in_pieces_gives_the_whole_layer_gradient(rng, grads_first):
     g = ref.dlogits
     for i in reversed(range(len(spec.layers))):
         gv = spec.views(whole)[i]
-        g = layer_backward(spec.layers[i], ref.ws[i], g, views[i]["kernel"], gv["kernel"],
-                           gv["bias"])
+        g = layer_backward(
+            spec.layers[i], ref.ws[i], g, views[i]["kernel"], gv["kernel"], gv["bias"]
+        )
     seen = []
-    backward(prog, views, spec.views(pieced), on_piece=lambda a, b: seen.append(
-        (a, b, pieced[a:b].copy())))
+    backward(
+        prog,
+        views,
+        spec.views(pieced),
+        on_piece=lambda a, b: seen.append((a, b, pieced[a:b].copy())),
+    )
     assert [(a, b) for a, b, _ in seen] == spec.grad_pieces
     np.testing.assert_allclose(pieced, whole, rtol=1e-6, atol=0)
     # each piece was final when it was streamed
@@ -184,8 +196,12 @@ def test_whole_training_step_memory_does_not_grow(mnist5k):
     from ringtrain_trainer.config import TrainerConfig
     from ringtrain_trainer.worker import Trainer
 
-    t = Trainer(TrainerConfig(dataset="mnist-5k", steps=10**6, batch_size=64), LocalCollective(),
-                mnist5k, out=io.StringIO())
+    t = Trainer(
+        TrainerConfig(dataset="mnist-5k", steps=10**6, batch_size=64),
+        LocalCollective(),
+        mnist5k,
+        out=io.StringIO(),
+    )
     try:
         for _ in range(3):
             t.train_one_step()
@@ -212,8 +228,10 @@ def test_max_pool_ties_send_the_gradient_to_the_first_maximum(rng):
     """TensorFlow's rule: with equal values in a window only the first (top-left) one gets the
     gradient; giving it to every tied position would double-count."""
     layer = fused.ConvPool((6, 6, 1), 4)
-    ws = {k: np.zeros(shape, np.float64 if t == "f" else np.bool_)
-          for k, (shape, t) in layer.buffers(2, True, need_dx=False).items()}
+    ws = {
+        k: np.zeros(shape, np.float64 if t == "f" else np.bool_)
+        for k, (shape, t) in layer.buffers(2, True, need_dx=False).items()
+    }
     layer.bind(ws, 2)
     x = np.full((2, 6, 6, 1), 0.5)  # every conv output in a window is the same
     kernel = rng.normal(size=(3, 3, 1, 4))

@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from ringtrain_trainer import optim as O
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import optim as O
 
 
 def reference(name, w, grads, lrs, momentum=0.9, b1=0.9, b2=0.999, eps=1e-7):

@@ -48,8 +48,14 @@ def one_step(col, overlap=True, backward_s=0.15):
     """One step whose 'backward' streams the first piece at once and then computes for
     ``backward_s``; returns the stats, the end of backward and the parameters."""
     p = np.zeros(1000, np.float32)
-    r = Reducer(SIZES, col, O.build("sgd", p, O.StepDecay(1.0)), bucket_bytes=1200,
-                first_bucket_bytes=400, overlap=overlap)
+    r = Reducer(
+        SIZES,
+        col,
+        O.build("sgd", p, O.StepDecay(1.0)),
+        bucket_bytes=1200,
+        first_bucket_bytes=400,
+        overlap=overlap,
+    )
     r.grads[:] = np.arange(1000, dtype=np.float32)
     r.begin_step(1)
     r.on_grad(*PIECES[0])
@@ -101,7 +107,7 @@ def test_hidden_seconds_clips_at_backward_and_removes_blocked_spans():
 def test_the_worker_flag_switches_the_reducer(argv, overlap, mnist5k):
     from ringtrain_trainer.worker import Trainer
 
-    cfg = TrainerConfig.from_args(argv + ["--dataset", "mnist-5k", "--termination-log", ""])
+    cfg = TrainerConfig.from_args([*argv, "--dataset", "mnist-5k", "--termination-log", ""])
     assert cfg.overlap_comm is overlap
     t = Trainer(cfg, SlowCollective(0.0, blocked=False), mnist5k)
     try:

@@ -6,14 +6,14 @@ import threading
 import numpy as np
 import pytest
 
-from ringtrain_trainer import optim as O
+from ringtrain.errors import PeerTimeout
 from ringtrain_trainer import model as M
+from ringtrain_trainer import optim as O
 from ringtrain_trainer import reducer as R
-from ringtrain_trainer.reducer import comm as C
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain.errors import PeerTimeout
 from ringtrain_trainer.reducer import Bucket, Readiness, Reducer, StopVote, assign_buckets
+from ringtrain_trainer.reducer import comm as C
 from ringtrain_trainer.worker import Trainer
 
 MiB = 1 << 20
@@ -87,8 +87,9 @@ def test_the_stop_vote_owns_one_element_after_the_gradients():
 
 def test_the_reducer_buffer_holds_the_gradients_then_the_vote_which_the_optimizer_skips():
     p = np.zeros(30, np.float32)
-    r = Reducer([10, [12, 8]], LocalCollective(), O.build("sgd", p, O.StepDecay(1.0)),
-                stop_vote=True)
+    r = Reducer(
+        [10, [12, 8]], LocalCollective(), O.build("sgd", p, O.StepDecay(1.0)), stop_vote=True
+    )
     assert r.buffer.size == 31 and r.grads.size == 30 and np.shares_memory(r.grads, r.buffer)
     assert r.vote.piece == (30, 31) and r.buckets[-1].stop == 31
     r.buffer[:] = 1
@@ -158,8 +159,13 @@ def test_buckets_are_reduced_in_order_and_overlap_is_measured(rng):
 
     def rank_fn(rank, col):
         p = np.zeros(1000, np.float32)
-        r = Reducer(sizes, col, O.build("sgd", p, O.StepDecay(1.0)), bucket_bytes=1200,
-                    first_bucket_bytes=400)
+        r = Reducer(
+            sizes,
+            col,
+            O.build("sgd", p, O.StepDecay(1.0)),
+            bucket_bytes=1200,
+            first_bucket_bytes=400,
+        )
         r.grads[:] = grads[rank]
         r.begin_step(5)
         for a, b in ((0, 100), (100, 300), (300, 600), (600, 1000)):
@@ -172,8 +178,11 @@ def test_buckets_are_reduced_in_order_and_overlap_is_measured(rng):
     for p, stats in res:
         np.testing.assert_allclose(p, -mean, rtol=1e-6)
         assert stats.allreduce_s > 0 and 0 <= stats.overlap_fraction <= 1
-    assert cols[0].calls == cols[1].calls == [("allreduce", 5, 0, 100), ("allreduce", 5, 1, 500),
-                                              ("allreduce", 5, 2, 400)]
+    assert (
+        cols[0].calls
+        == cols[1].calls
+        == [("allreduce", 5, 0, 100), ("allreduce", 5, 1, 500), ("allreduce", 5, 2, 400)]
+    )
 
 
 def test_a_failed_collective_surfaces_in_finish_instead_of_hanging(rng):
@@ -231,8 +240,7 @@ def test_the_gil_switch_interval_is_lowered_while_a_communication_thread_runs():
 
     before = sys.getswitchinterval()
     cols = ThreadGroup(2).collectives()
-    rs = [Reducer([10], c, O.build("sgd", np.zeros(10, np.float32), O.StepDecay()))
-          for c in cols]
+    rs = [Reducer([10], c, O.build("sgd", np.zeros(10, np.float32), O.StepDecay())) for c in cols]
     assert sys.getswitchinterval() == before  # no thread before the first step
     for r in rs:
         r.begin_step(0)
@@ -245,7 +253,14 @@ def test_the_gil_switch_interval_is_lowered_while_a_communication_thread_runs():
 
 
 def config(**kw):
-    base = dict(dataset="mnist-5k", steps=6, batch_size=16, optimizer="adam", lr=0.01, seed=3)
+    base = {
+        "dataset": "mnist-5k",
+        "steps": 6,
+        "batch_size": 16,
+        "optimizer": "adam",
+        "lr": 0.01,
+        "seed": 3,
+    }
     base.update(kw)
     return TrainerConfig(**base)
 
@@ -253,14 +268,19 @@ def config(**kw):
 @pytest.mark.parametrize("world, opt, bucket_mb", [(2, "sgd", 25.0), (4, "adam", 0.001)])
 def test_n_workers_with_batch_b_equal_one_worker_with_batch_nb(mnist5k, world, opt, bucket_mb):
     b = 8
-    single = Trainer(config(batch_size=world * b, optimizer=opt), LocalCollective(), mnist5k,
-                     out=io.StringIO())
+    single = Trainer(
+        config(batch_size=world * b, optimizer=opt), LocalCollective(), mnist5k, out=io.StringIO()
+    )
     single.run()
     single.close()
 
     def rank_fn(rank, col):
-        t = Trainer(config(batch_size=b, optimizer=opt, bucket_mb=bucket_mb), col, mnist5k,
-                    out=io.StringIO())
+        t = Trainer(
+            config(batch_size=b, optimizer=opt, bucket_mb=bucket_mb),
+            col,
+            mnist5k,
+            out=io.StringIO(),
+        )
         try:
             final = t.run()
         finally:
@@ -305,8 +325,13 @@ def test_multi_worker_metrics_expose_allreduce_time_and_overlap(mnist5k):
     registries = [CollectorRegistry(), CollectorRegistry()]
 
     def rank_fn(rank, col):
-        t = Trainer(config(steps=3, bucket_mb=0.001), col, mnist5k,
-                    metrics=TrainerMetrics(registries[rank]), out=io.StringIO())
+        t = Trainer(
+            config(steps=3, bucket_mb=0.001),
+            col,
+            mnist5k,
+            metrics=TrainerMetrics(registries[rank]),
+            out=io.StringIO(),
+        )
         try:
             return t.run()
         finally:

@@ -8,22 +8,36 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
+from ringtrain.errors import EXIT_PERMANENT, EXIT_TERMINATED, InvalidSpec
 from ringtrain_trainer import worker, worker_main
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain.errors import EXIT_PERMANENT, EXIT_TERMINATED, InvalidSpec
 from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
 
 
 def test_json_run_on_mnist5k_learns_and_writes_the_termination_log(tmp_path, capsys):
     log = tmp_path / "termination-log"
-    rc = worker_main.main(["--dataset", "mnist-5k", "--epochs", "2", "--json", "--eval-every", "60",
-                           "--termination-log", str(log), "--checkpoint-dir", str(tmp_path / "ck")])
+    rc = worker_main.main(
+        [
+            "--dataset",
+            "mnist-5k",
+            "--epochs",
+            "2",
+            "--json",
+            "--eval-every",
+            "60",
+            "--termination-log",
+            str(log),
+            "--checkpoint-dir",
+            str(tmp_path / "ck"),
+        ]
+    )
     assert rc == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     progress = [e for e in lines if e["event"] == "progress"]
-    assert progress and all({"step", "epoch", "loss", "samples_per_s", "eta_s"} <= e.keys()
-                            for e in progress)
+    assert progress and all(
+        {"step", "epoch", "loss", "samples_per_s", "eta_s"} <= e.keys() for e in progress
+    )
     assert [e["step"] for e in lines if e["event"] == "eval"] == [60, 120, 124]
     final = lines[-1]
     assert final["event"] == "final" and final["steps"] == 124 and final["samples_per_s"] > 0
@@ -41,15 +55,18 @@ def test_human_progress_lines(capsys):
     assert "done: 3 steps" in out and "test accuracy" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--data-dir", "/nonexistent"], "/nonexistent: data directory does not exist"),
-    (["--dataset", "mnist-5k", "--ipus-per-worker", "3"], "does not divide evenly"),
-    (["--dataset", "mnist-5k", "--ipu-memory-mb", "2"], "bytes needed"),
-    (["--batch-size", "0"], "--batch-size must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--data-dir", "/nonexistent"], "/nonexistent: data directory does not exist"),
+        (["--dataset", "mnist-5k", "--ipus-per-worker", "3"], "does not divide evenly"),
+        (["--dataset", "mnist-5k", "--ipu-memory-mb", "2"], "bytes needed"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+    ],
+)
 def test_bad_input_is_a_permanent_failure(tmp_path, capsys, argv, message):
     log = tmp_path / "log"
-    assert worker_main.main(argv + ["--termination-log", str(log)]) == EXIT_PERMANENT
+    assert worker_main.main([*argv, "--termination-log", str(log)]) == EXIT_PERMANENT
     assert message in capsys.readouterr().err
     assert json.loads(log.read_text())["exit_code"] == EXIT_PERMANENT
 
@@ -57,24 +74,44 @@ def test_bad_input_is_a_permanent_failure(tmp_path, capsys, argv, message):
 def test_config_reads_tf_config_and_token_once(tmp_path):
     tok = tmp_path / "token"
     tok.write_text("s3cret\n")
-    env = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:2222", "b:2222"]},
-                                    "task": {"type": "worker", "index": 1}}),
-           "RINGTRAIN_TOKEN_FILE": str(tok)}
+    env = {
+        "TF_CONFIG": json.dumps(
+            {"cluster": {"worker": ["a:2222", "b:2222"]}, "task": {"type": "worker", "index": 1}}
+        ),
+        "RINGTRAIN_TOKEN_FILE": str(tok),
+    }
     cfg = TrainerConfig.from_args(["--batch-size", "32"], env)
     assert (cfg.cluster.rank, cfg.cluster.world_size, cfg.token) == (1, 2, b"s3cret")
     assert cfg.epochs == 1 and cfg.batch_size == 32 and cfg.bucket_bytes == 25 << 20
     with pytest.raises(InvalidSpec, match="TF_CONFIG.task.index"):
-        TrainerConfig.from_args([], {"TF_CONFIG": '{"cluster":{"worker":["a:1"]},'
-                                                   '"task":{"type":"worker","index":4}}'})
+        TrainerConfig.from_args(
+            [], {"TF_CONFIG": '{"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":4}}'}
+        )
 
 
 def test_sigterm_checkpoints_and_exits_143(tmp_path):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     env.pop("TF_CONFIG", None)
     with subprocess.Popen(
-        [sys.executable, "-m", "ringtrain.cli", "worker", "--dataset", "mnist-5k", "--epochs",
-         "1000", "--json", "--checkpoint-dir", str(tmp_path), "--termination-log",
-         str(tmp_path / "log")], stdout=subprocess.PIPE, text=True, env=env) as proc:
+        [
+            sys.executable,
+            "-m",
+            "ringtrain.cli",
+            "worker",
+            "--dataset",
+            "mnist-5k",
+            "--epochs",
+            "1000",
+            "--json",
+            "--checkpoint-dir",
+            str(tmp_path),
+            "--termination-log",
+            str(tmp_path / "log"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
         try:
             first = json.loads(proc.stdout.readline())  # training has started
             assert first["event"] == "progress"

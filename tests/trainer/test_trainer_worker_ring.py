@@ -14,23 +14,30 @@ import time
 import pytest
 
 from ringtrain import cluster
+from ringtrain.errors import EXIT_RETRYABLE, InvalidSpec
+from ringtrain_bench.procs import free_ports
 from ringtrain_trainer import worker, worker_main
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain.errors import EXIT_RETRYABLE, InvalidSpec
-from ringtrain_bench.procs import free_ports
 
 WORKER = [sys.executable, "-m", "ringtrain.cli", "worker", "--dataset", "mnist-5k", "--json"]
 
 
-def start_worker(r: int, addresses: list[str], token: str, argv: list[str],
-                 tmp_path) -> subprocess.Popen:
+def start_worker(
+    r: int, addresses: list[str], token: str, argv: list[str], tmp_path
+) -> subprocess.Popen:
     """Rank ``r`` of the job on ``addresses``, a real process with its own termination log."""
     return subprocess.Popen(
         [*WORKER, *argv, "--termination-log", str(tmp_path / f"log-{r}")],
-        env=dict(os.environ, RINGTRAIN_TOKEN=token,
-                 TF_CONFIG=cluster.build({"worker": addresses}, "worker", r)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=dict(
+            os.environ,
+            RINGTRAIN_TOKEN=token,
+            TF_CONFIG=cluster.build({"worker": addresses}, "worker", r),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def start_gang(n: int, argv: list[str], tmp_path) -> list[subprocess.Popen]:
@@ -41,10 +48,22 @@ def start_gang(n: int, argv: list[str], tmp_path) -> list[subprocess.Popen]:
 
 
 def test_ring_flags_reach_the_config_and_bad_values_are_refused():
-    cfg = TrainerConfig.from_args(["--ring-transport", "grpc", "--ring-step-timeout-s", "90",
-                                   "--ring-connect-timeout-s", "5"], {})
+    cfg = TrainerConfig.from_args(
+        [
+            "--ring-transport",
+            "grpc",
+            "--ring-step-timeout-s",
+            "90",
+            "--ring-connect-timeout-s",
+            "5",
+        ],
+        {},
+    )
     assert (cfg.ring_transport, cfg.ring_step_timeout_s, cfg.ring_connect_timeout_s) == (
-        "grpc", 90.0, 5.0)
+        "grpc",
+        90.0,
+        5.0,
+    )
     assert TrainerConfig.from_args([], {}).ring_transport == "grpc+tcp"
     assert TrainerConfig.from_args(["--ring-transport", "tcp"], {}).ring_transport == "tcp"
     for flag in ("--ring-step-timeout-s", "--ring-connect-timeout-s"):
@@ -57,21 +76,44 @@ def test_the_worker_hands_its_ring_flags_to_ring_connect(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(ring, "connect", lambda spec, token, **kw: seen.update(kw) or "ring")
-    env = {"RINGTRAIN_TOKEN": "t", "TF_CONFIG": cluster.build({"worker": ["a:1", "b:2"]},
-                                                              "worker", 0)}
-    cfg = TrainerConfig.from_args(["--ring-transport", "grpc", "--ring-step-timeout-s", "7",
-                                   "--ring-connect-timeout-s", "9", "--ring-health-timeout-s",
-                                   "4", "--ring-stall-warning-s", "11",
-                                   "--no-ring-shared-memory"], env)
+    env = {
+        "RINGTRAIN_TOKEN": "t",
+        "TF_CONFIG": cluster.build({"worker": ["a:1", "b:2"]}, "worker", 0),
+    }
+    cfg = TrainerConfig.from_args(
+        [
+            "--ring-transport",
+            "grpc",
+            "--ring-step-timeout-s",
+            "7",
+            "--ring-connect-timeout-s",
+            "9",
+            "--ring-health-timeout-s",
+            "4",
+            "--ring-stall-warning-s",
+            "11",
+            "--no-ring-shared-memory",
+        ],
+        env,
+    )
     assert worker_main.connect(cfg) == "ring"
-    assert seen == {"transport": "grpc", "step_timeout_s": 7.0, "connect_timeout_s": 9.0,
-                    "health_timeout_s": 4.0, "stall_s": 11.0, "observer": None,
-                    "tls": None, "encrypt_data": False, "health_port": 0,
-                    "shared_memory": False}
+    assert seen == {
+        "transport": "grpc",
+        "step_timeout_s": 7.0,
+        "connect_timeout_s": 9.0,
+        "health_timeout_s": 4.0,
+        "stall_s": 11.0,
+        "observer": None,
+        "tls": None,
+        "encrypt_data": False,
+        "health_port": 0,
+        "shared_memory": False,
+    }
 
 
 def test_tls_material_comes_from_the_env_or_the_flag_and_its_absence_is_said(
-        monkeypatch, tmp_path, capsys):
+    monkeypatch, tmp_path, capsys
+):
     from ringtrain import pki
     from ringtrain_trainer import ring
     from ringtrain_trainer.ring.tls import INSECURE_NOTE
@@ -81,16 +123,20 @@ def test_tls_material_comes_from_the_env_or_the_flag_and_its_absence_is_said(
         (tmp_path / name).write_bytes(content)
     seen = {}
     monkeypatch.setattr(ring, "connect", lambda spec, token, **kw: seen.update(kw) or "ring")
-    env = {"RINGTRAIN_TOKEN": "t", "TF_CONFIG": cluster.build({"worker": ["a:1", "b:2"]},
-                                                              "worker", 0)}
-    cfg = TrainerConfig.from_args(["--ring-encrypt-data"],
-                                  {**env, "RINGTRAIN_TLS_DIR": str(tmp_path)})
+    env = {
+        "RINGTRAIN_TOKEN": "t",
+        "TF_CONFIG": cluster.build({"worker": ["a:1", "b:2"]}, "worker", 0),
+    }
+    cfg = TrainerConfig.from_args(
+        ["--ring-encrypt-data"], {**env, "RINGTRAIN_TLS_DIR": str(tmp_path)}
+    )
     assert "PRIVATE" not in repr(cfg)
     worker_main.connect(cfg)
     assert (seen["tls"], seen["encrypt_data"]) == (m, True)
     assert INSECURE_NOTE not in capsys.readouterr().err
-    flag = TrainerConfig.from_args(["--ring-tls-dir", str(tmp_path)],
-                                   {**env, "RINGTRAIN_TLS_DIR": "/nowhere"})
+    flag = TrainerConfig.from_args(
+        ["--ring-tls-dir", str(tmp_path)], {**env, "RINGTRAIN_TLS_DIR": "/nowhere"}
+    )
     assert flag.tls == m
     worker_main.connect(TrainerConfig.from_args([], env))
     assert seen["tls"] is None and INSECURE_NOTE in capsys.readouterr().err
@@ -108,8 +154,11 @@ def test_two_workers_evaluate_together_and_match_one_worker_with_twice_the_batch
     assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
     chief = [json.loads(line) for line in outs[0][0].splitlines()]
     evals = [e["test_accuracy"] for e in chief if e["event"] == "eval"]
-    single = worker.Trainer(TrainerConfig(dataset="mnist-5k", steps=6, batch_size=16,
-                                          eval_every=3), LocalCollective(), out=io.StringIO())
+    single = worker.Trainer(
+        TrainerConfig(dataset="mnist-5k", steps=6, batch_size=16, eval_every=3),
+        LocalCollective(),
+        out=io.StringIO(),
+    )
     try:
         single.run()
     finally:
@@ -128,7 +177,8 @@ HEAD_START_S = 20.0  # the issue's figure: a worker that starts 20 s before its 
 
 @pytest.mark.timeout(240)
 def test_a_worker_started_20_s_before_its_peers_waits_names_them_and_trains_once_they_come(
-        tmp_path):
+    tmp_path,
+):
     """Worker 0 alone for 20 s: it does not crash or give up, its /status names worker-1 and
     worker-2 the whole time and its log says whom it waits for; then they come, and the job
     trains to the end with the same weights on all three."""
@@ -167,8 +217,9 @@ def test_a_worker_started_20_s_before_its_peers_waits_names_them_and_trains_once
 @pytest.mark.timeout(120)
 def test_a_lost_peer_fails_the_step_within_the_step_timeout_flag(tmp_path):
     """With rejoins off, the survivor exits retryable, as every member did before rejoins."""
-    procs = start_gang(2, ["--steps", "100000", "--ring-step-timeout-s", "2",
-                           "--ring-rejoin-limit", "0"], tmp_path)
+    procs = start_gang(
+        2, ["--steps", "100000", "--ring-step-timeout-s", "2", "--ring-rejoin-limit", "0"], tmp_path
+    )
     try:
         assert json.loads(procs[0].stdout.readline())["event"] == "progress"  # training
         procs[1].kill()
@@ -188,9 +239,16 @@ def test_a_survivor_rejoins_in_its_own_process_and_the_result_is_unchanged(tmp_p
     """Worker 1 is SIGKILLed mid-run and started again (as its kubelet would); the chief, its
     survivor, neither exits nor restarts: it re-executes itself (same PID), rejoins, resumes
     from its checkpoint, and the gang ends with the parameters of an undisturbed run."""
+
     def argv(run: str) -> list[str]:
-        return ["--steps", "240", "--checkpoint-every", "20",
-                "--checkpoint-dir", str(tmp_path / run / "ckpt")]
+        return [
+            "--steps",
+            "240",
+            "--checkpoint-every",
+            "20",
+            "--checkpoint-dir",
+            str(tmp_path / run / "ckpt"),
+        ]
 
     for run in ("calm", "killed"):
         (tmp_path / run).mkdir()
@@ -200,8 +258,9 @@ def test_a_survivor_rejoins_in_its_own_process_and_the_result_is_unchanged(tmp_p
 
     addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
     token = secrets.token_hex(16)
-    procs = [start_worker(r, addresses, token, argv("killed"), tmp_path / "killed")
-             for r in range(2)]
+    procs = [
+        start_worker(r, addresses, token, argv("killed"), tmp_path / "killed") for r in range(2)
+    ]
     try:
         chief = procs[0]
         while (step := json.loads(chief.stdout.readline()).get("step", 0)) < 50:
@@ -227,8 +286,10 @@ def test_a_survivor_rejoins_in_its_own_process_and_the_result_is_unchanged(tmp_p
     assert "rejoining the ring in place (rejoin 1 of this container)" in err
     resumed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert any(e.get("event") == "progress" for e in resumed), out[-2000:]
-    digests = [json.loads((tmp_path / run / "log-0").read_text())["params_sha256"]
-               for run in ("calm", "killed")]
+    digests = [
+        json.loads((tmp_path / run / "log-0").read_text())["params_sha256"]
+        for run in ("calm", "killed")
+    ]
     assert digests[0] == digests[1]
 
 
@@ -237,10 +298,27 @@ def test_a_survivor_rejoins_in_its_own_process_and_the_result_is_unchanged(tmp_p
 def test_under_mpirun_only_rank_0_writes_the_termination_log(tmp_path):
     log = tmp_path / "log"
     out = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", *WORKER,
-         "--collective", "mpi", "--steps", "3", "--batch-size", "8",
-         "--termination-log", str(log)],
-        capture_output=True, text=True, timeout=170, check=False)
+        [
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+            *WORKER,
+            "--collective",
+            "mpi",
+            "--steps",
+            "3",
+            "--batch-size",
+            "8",
+            "--termination-log",
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     # (stdout is not parsed: mpirun may interleave the two ranks' lines mid-line)
     final = json.loads(log.read_text())

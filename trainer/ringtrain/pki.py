@@ -78,65 +78,114 @@ def identity_uri(name: str, namespace: str, uid: str) -> str:
 
 
 def _name(common_name: str, namespace: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ringtrain"),
-                      x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, namespace[:64]),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])])
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ringtrain"),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, namespace[:64]),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64]),
+        ]
+    )
 
 
-def create(name: str, namespace: str, service: str, uid: str | None = None, *,
-           now: datetime.datetime | None = None,
-           validity_days: int = VALIDITY_DAYS) -> JobMaterial:
+def create(
+    name: str,
+    namespace: str,
+    service: str,
+    uid: str | None = None,
+    *,
+    now: datetime.datetime | None = None,
+    validity_days: int = VALIDITY_DAYS,
+) -> JobMaterial:
     """A fresh CA and job certificate for TrainingJob ``namespace/name`` behind ``service``.
 
     ``uid`` is the TrainingJob's metadata.uid; without one (a job never submitted to an API
     server: ``ringtrain run``) a random one makes the identity unique all the same.
     """
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     start, end = now - CLOCK_SKEW, now + datetime.timedelta(days=validity_days)
     uid = uid or str(uuid.uuid4())
     ca_key = ec.generate_private_key(CURVE())
     ca_name = _name(f"{name} CA", namespace)
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
-                                       key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, key_cert_sign=True, crl_sign=True,
-                                       encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
-                         critical=False)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(CURVE())
-    sans = [x509.DNSName(server_name(service, namespace)),
-            x509.DNSName(f"*.{service}.{namespace}.svc"),
-            x509.DNSName(f"*.{service}.{namespace}.svc.cluster.local"),
-            x509.DNSName(f"{service}.{namespace}.svc.cluster.local"),
-            x509.DNSName("localhost"),
-            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-            x509.IPAddress(ipaddress.ip_address("::1")),
-            x509.UniformResourceIdentifier(identity_uri(name, namespace, uid))]
-    leaf = (x509.CertificateBuilder().subject_name(_name(name, namespace)).issuer_name(ca_name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(end)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False,
-                                         key_encipherment=False, data_encipherment=False,
-                                         key_agreement=True, key_cert_sign=False,
-                                         crl_sign=False, encipher_only=False,
-                                         decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                  ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    sans = [
+        x509.DNSName(server_name(service, namespace)),
+        x509.DNSName(f"*.{service}.{namespace}.svc"),
+        x509.DNSName(f"*.{service}.{namespace}.svc.cluster.local"),
+        x509.DNSName(f"{service}.{namespace}.svc.cluster.local"),
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+        x509.UniformResourceIdentifier(identity_uri(name, namespace, uid)),
+    ]
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(_name(name, namespace))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=True,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     pem = serialization.Encoding.PEM
     return JobMaterial(
-        ca_cert=ca.public_bytes(pem), cert=leaf.public_bytes(pem),
-        key=key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                              serialization.NoEncryption()))
+        ca_cert=ca.public_bytes(pem),
+        cert=leaf.public_bytes(pem),
+        key=key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
 
 
 def _sans(cert_pem: bytes) -> x509.SubjectAlternativeName:
@@ -146,8 +195,11 @@ def _sans(cert_pem: bytes) -> x509.SubjectAlternativeName:
 
 def identity(cert_pem: bytes) -> str | None:
     """The job identity URI of a certificate (None if it has none)."""
-    uris = [u for u in _sans(cert_pem).get_values_for_type(x509.UniformResourceIdentifier)
-            if u.startswith(URI_PREFIX)]
+    uris = [
+        u
+        for u in _sans(cert_pem).get_values_for_type(x509.UniformResourceIdentifier)
+        if u.startswith(URI_PREFIX)
+    ]
     return uris[0] if uris else None
 
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ringtrain_bench.procs import SHM_VIA, free_ports, new_token, run_processes
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
-from ringtrain_bench.procs import SHM_VIA, free_ports, new_token, run_processes
 
 MIB = 1 << 20
 
@@ -44,8 +44,9 @@ class GlooCollective(Collective):
         self._dist = dist
         self._divide = divide
         self.rank, self.size = rank, size
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=size)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+        )
 
     def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:
         import torch
@@ -79,8 +80,9 @@ RATIO_BASELINES = ("gloo-sum", "mpi")
 OPS = {"gloo-sum": "sum"}
 
 
-def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
-                      chunk_kib: int, malloc_tuning: bool = True) -> Collective:
+def _child_collective(
+    impl: str, rank: int, workers: int, ports: list[int], chunk_kib: int, malloc_tuning: bool = True
+) -> Collective:
     if impl in ("gloo-sum", "gloo-mean"):
         return GlooCollective(rank, workers, ports[0], divide=impl == "gloo-mean")
     if impl == "mpi":
@@ -94,24 +96,37 @@ def _child_collective(impl: str, rank: int, workers: int, ports: list[int],
     if malloc_tuning:  # as the worker does
         malloc_tuning.tune()
 
-    spec = ClusterSpec(cluster={"worker": tuple(f"127.0.0.1:{p}" for p in ports)},
-                       task_index=rank)
+    spec = ClusterSpec(cluster={"worker": tuple(f"127.0.0.1:{p}" for p in ports)}, task_index=rank)
     path = impl.removeprefix("ring-")
     secure = path.endswith(TLS_SUFFIX)
     path = path.removesuffix(TLS_SUFFIX)
-    coll = connect(spec, os.environ["RINGTRAIN_TOKEN"].encode(),
-                   transport=SHM_VIA.get(path, path), connect_timeout_s=60,
-                   chunk_bytes=chunk_kib * 1024,
-                   tls=pki.load(os.environ["RINGTRAIN_TLS_DIR"]) if secure else None,
-                   encrypt_data=secure, shared_memory=path in SHM_VIA)
+    coll = connect(
+        spec,
+        os.environ["RINGTRAIN_TOKEN"].encode(),
+        transport=SHM_VIA.get(path, path),
+        connect_timeout_s=60,
+        chunk_bytes=chunk_kib * 1024,
+        tls=pki.load(os.environ["RINGTRAIN_TLS_DIR"]) if secure else None,
+        encrypt_data=secure,
+        shared_memory=path in SHM_VIA,
+    )
     if coll.transport.name != path:  # the label must name what runs
         coll.close()
         raise RuntimeError(f"{impl}: the ring runs {coll.transport.name}")
     return coll
 
 
-def child(impl: str, rank: int, workers: int, ports: list[int], sizes_mib: list[float],
-          iters: int, warmup: int, chunk_kib: int, malloc_tuning: bool = True) -> None:
+def child(
+    impl: str,
+    rank: int,
+    workers: int,
+    ports: list[int],
+    sizes_mib: list[float],
+    iters: int,
+    warmup: int,
+    chunk_kib: int,
+    malloc_tuning: bool = True,
+) -> None:
     """One benchmark process: prints (rank 0 only) one JSON line of times per size."""
     coll = _child_collective(impl, rank, workers, ports, chunk_kib, malloc_tuning)
     rank = coll.rank
@@ -136,8 +151,16 @@ def child(impl: str, rank: int, workers: int, ports: list[int], sizes_mib: list[
         coll.close()
 
 
-def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup: int,
-             chunk_kib: int, timeout_s: float, malloc_tuning: bool = True) -> dict[float, dict]:
+def run_impl(
+    impl: str,
+    workers: int,
+    sizes_mib: list[float],
+    iters: int,
+    warmup: int,
+    chunk_kib: int,
+    timeout_s: float,
+    malloc_tuning: bool = True,
+) -> dict[float, dict]:
     """Start the processes of one implementation; rank 0's raw timings per size."""
     ports = free_ports(workers)
     env = dict(os.environ, RINGTRAIN_TOKEN=new_token())
@@ -148,36 +171,81 @@ def run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup
             for name, content in pki.create("bench", "default", "bench").files().items():
                 Path(tls_dir, name).write_bytes(content)
             env["RINGTRAIN_TLS_DIR"] = tls_dir
-        return _run_impl(impl, workers, sizes_mib, iters, warmup, chunk_kib, timeout_s, ports,
-                         env, malloc_tuning)
+        return _run_impl(
+            impl, workers, sizes_mib, iters, warmup, chunk_kib, timeout_s, ports, env, malloc_tuning
+        )
 
 
-def _run_impl(impl: str, workers: int, sizes_mib: list[float], iters: int, warmup: int,
-              chunk_kib: int, timeout_s: float, ports: list[int], env: dict,
-              malloc_tuning: bool = True) -> dict[float, dict]:
-    args = ["--child", impl, "--workers", str(workers), "--ports", ",".join(map(str, ports)),
-            "--size-mib", *map(str, sizes_mib), "--iters", str(iters), "--warmup", str(warmup),
-            "--chunk-kib", str(chunk_kib), *([] if malloc_tuning else ["--no-malloc-tuning"])]
+def _run_impl(
+    impl: str,
+    workers: int,
+    sizes_mib: list[float],
+    iters: int,
+    warmup: int,
+    chunk_kib: int,
+    timeout_s: float,
+    ports: list[int],
+    env: dict,
+    malloc_tuning: bool = True,
+) -> dict[float, dict]:
+    args = [
+        "--child",
+        impl,
+        "--workers",
+        str(workers),
+        "--ports",
+        ",".join(map(str, ports)),
+        "--size-mib",
+        *map(str, sizes_mib),
+        "--iters",
+        str(iters),
+        "--warmup",
+        str(warmup),
+        "--chunk-kib",
+        str(chunk_kib),
+        *([] if malloc_tuning else ["--no-malloc-tuning"]),
+    ]
     me = [sys.executable, "-m", "ringtrain_bench.allreduce"]
     if impl == "mpi":
-        cmds = [["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(workers),
-                 *me, *args, "--rank", "-1"]]
+        cmds = [
+            [
+                "mpirun",
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                str(workers),
+                *me,
+                *args,
+                "--rank",
+                "-1",
+            ]
+        ]
     else:
         cmds = [[*me, *args, "--rank", str(r)] for r in range(workers)]
     docs = run_processes(f"bench {impl}", cmds, [env] * len(cmds), timeout_s)
     return {d["size_mib"]: d for d in docs}
 
 
-def summarize(impl: str, workers: int, size_mib: float, times: list[float], cpu: list[float],
-              chunk_kib: int) -> dict:
+def summarize(
+    impl: str, workers: int, size_mib: float, times: list[float], cpu: list[float], chunk_kib: int
+) -> dict:
     """One result row with nccl-tests' algbw and busbw from the median time."""
     med = statistics.median(times)
     algbw = size_mib * MIB / med / 1e9
-    return {"bench": "allreduce", "impl": impl, "op": OPS.get(impl, "mean"), "workers": workers,
-            "size_mib": size_mib, "iters": len(times), "median_s": med, "min_s": min(times),
-            "cpu_s": statistics.median(cpu), "algbw_gbps": algbw,
-            "busbw_gbps": algbw * 2 * (workers - 1) / workers,
-            "chunk_kib": chunk_kib if impl.startswith("ring-") else None}
+    return {
+        "bench": "allreduce",
+        "impl": impl,
+        "op": OPS.get(impl, "mean"),
+        "workers": workers,
+        "size_mib": size_mib,
+        "iters": len(times),
+        "median_s": med,
+        "min_s": min(times),
+        "cpu_s": statistics.median(cpu),
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * 2 * (workers - 1) / workers,
+        "chunk_kib": chunk_kib if impl.startswith("ring-") else None,
+    }
 
 
 def environment(load_before: float, malloc_tuning: bool = True) -> dict:
@@ -185,10 +253,16 @@ def environment(load_before: float, malloc_tuning: bool = True) -> dict:
     whether the ring processes tuned glibc malloc."""
     import grpc
 
-    return {"bench": "allreduce-env", "cpus": os.cpu_count(), "load_before": load_before,
-            "load_after": os.getloadavg()[0], "malloc_tuning": malloc_tuning,
-            "numpy": np.__version__,
-            "grpcio": grpc.__version__, "python": sys.version.split()[0]}
+    return {
+        "bench": "allreduce-env",
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "malloc_tuning": malloc_tuning,
+        "numpy": np.__version__,
+        "grpcio": grpc.__version__,
+        "python": sys.version.split()[0],
+    }
 
 
 def ratios(rows: list[dict], baselines: tuple[str, ...] = RATIO_BASELINES) -> list[dict]:
@@ -200,39 +274,71 @@ def ratios(rows: list[dict], baselines: tuple[str, ...] = RATIO_BASELINES) -> li
             continue
         for b in rows:
             if b["impl"] in baselines and b["size_mib"] == r["size_mib"]:
-                out.append({"bench": "allreduce-ratio", "impl": r["impl"], "baseline": b["impl"],
-                            "baseline_op": b["op"], "workers": r["workers"], "size_mib": r["size_mib"],
-                            "busbw_ratio": r["busbw_gbps"] / b["busbw_gbps"],
-                            "time_ratio": r["median_s"] / b["median_s"]})
+                out.append(
+                    {
+                        "bench": "allreduce-ratio",
+                        "impl": r["impl"],
+                        "baseline": b["impl"],
+                        "baseline_op": b["op"],
+                        "workers": r["workers"],
+                        "size_mib": r["size_mib"],
+                        "busbw_ratio": r["busbw_gbps"] / b["busbw_gbps"],
+                        "time_ratio": r["median_s"] / b["median_s"],
+                    }
+                )
     return out
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ringtrain bench allreduce", description=__doc__)
     p.add_argument("--workers", type=int, default=2, help="local processes (default 2)")
-    p.add_argument("--size-mib", type=float, nargs="+", default=[64.0],
-                   help="buffer sizes in MiB (default 64)")
+    p.add_argument(
+        "--size-mib", type=float, nargs="+", default=[64.0], help="buffer sizes in MiB (default 64)"
+    )
     p.add_argument("--iters", type=int, default=11, help="timed iterations (median reported)")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=1,
-                   help="repeat the whole comparison, interleaved (medians over all rounds)")
-    p.add_argument("--chunk-kib", type=int, default=DEFAULT_CHUNK_BYTES // 1024,
-                   help="ring chunk size in KiB (default %(default)s)")
-    p.add_argument("--transport", action="append",
-                   choices=["grpc+tcp", "grpc+shm", "grpc", "tcp"],
-                   help="ring data path(s) to measure (repeatable; default grpc+tcp and "
-                        "grpc+shm: the side channel with shared memory off, as between pods, "
-                        "and on, as between processes of one host; tcp: old name of grpc+tcp)")
-    p.add_argument("--tls", action="store_true",
-                   help="also measure each ring data path under the job's mutual TLS (grpc+tcp: "
-                        "--ring-encrypt-data), labelled ring-<path>+tls")
-    p.add_argument("--baseline", action="append", choices=["gloo", "mpi"], default=[],
-                   help="also measure torch.distributed gloo (as gloo-sum, its plain sum, and "
-                        "gloo-mean, sum then divide; ratios against gloo-sum) / mpi4py "
-                        "(repeatable)")
-    p.add_argument("--no-malloc-tuning", dest="malloc_tuning", action="store_false",
-                   help="leave glibc malloc's defaults in the ring processes (the worker "
-                        "tunes it; see ringtrain_trainer.ring.malloc_tuning)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the whole comparison, interleaved (medians over all rounds)",
+    )
+    p.add_argument(
+        "--chunk-kib",
+        type=int,
+        default=DEFAULT_CHUNK_BYTES // 1024,
+        help="ring chunk size in KiB (default %(default)s)",
+    )
+    p.add_argument(
+        "--transport",
+        action="append",
+        choices=["grpc+tcp", "grpc+shm", "grpc", "tcp"],
+        help="ring data path(s) to measure (repeatable; default grpc+tcp and "
+        "grpc+shm: the side channel with shared memory off, as between pods, "
+        "and on, as between processes of one host; tcp: old name of grpc+tcp)",
+    )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="also measure each ring data path under the job's mutual TLS (grpc+tcp: "
+        "--ring-encrypt-data), labelled ring-<path>+tls",
+    )
+    p.add_argument(
+        "--baseline",
+        action="append",
+        choices=["gloo", "mpi"],
+        default=[],
+        help="also measure torch.distributed gloo (as gloo-sum, its plain sum, and "
+        "gloo-mean, sum then divide; ratios against gloo-sum) / mpi4py "
+        "(repeatable)",
+    )
+    p.add_argument(
+        "--no-malloc-tuning",
+        dest="malloc_tuning",
+        action="store_false",
+        help="leave glibc malloc's defaults in the ring processes (the worker "
+        "tunes it; see ringtrain_trainer.ring.malloc_tuning)",
+    )
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     p.add_argument("--timeout-s", type=float, default=600)
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -240,45 +346,76 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ports", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
-        child(a.child, a.rank, a.workers, [int(x) for x in a.ports.split(",")], a.size_mib,
-              a.iters, a.warmup, a.chunk_kib, a.malloc_tuning)
+        child(
+            a.child,
+            a.rank,
+            a.workers,
+            [int(x) for x in a.ports.split(",")],
+            a.size_mib,
+            a.iters,
+            a.warmup,
+            a.chunk_kib,
+            a.malloc_tuning,
+        )
         return 0
     if a.workers < 2:
         p.error("--workers must be at least 2 (one process has nothing to reduce)")
-    rings = [f"ring-{ {'tcp': 'grpc+tcp'}.get(t, t)}"
-             for t in (a.transport or ["grpc+tcp", "grpc+shm"])]
+    rings = [
+        f"ring-{ {'tcp': 'grpc+tcp'}.get(t, t) }" for t in (a.transport or ["grpc+tcp", "grpc+shm"])
+    ]
     if a.tls:
-        rings = [v for r in rings for v in (r, r + TLS_SUFFIX)
-                 if not (v.endswith(TLS_SUFFIX) and r.removeprefix("ring-") in SHM_VIA)]
+        rings = [
+            v
+            for r in rings
+            for v in (r, r + TLS_SUFFIX)
+            if not (v.endswith(TLS_SUFFIX) and r.removeprefix("ring-") in SHM_VIA)
+        ]
     impls = rings + [b for name in dict.fromkeys(a.baseline) for b in BASELINES[name]]
     load_before = os.getloadavg()[0]
     times: dict[tuple[str, float], tuple[list, list]] = {}
     for _ in range(a.rounds):  # interleaved, so a change in machine load hits every impl
         for impl in impls:
-            got = run_impl(impl, a.workers, a.size_mib, a.iters, a.warmup, a.chunk_kib,
-                           a.timeout_s, a.malloc_tuning)
+            got = run_impl(
+                impl,
+                a.workers,
+                a.size_mib,
+                a.iters,
+                a.warmup,
+                a.chunk_kib,
+                a.timeout_s,
+                a.malloc_tuning,
+            )
             for size, doc in got.items():
                 t, c = times.setdefault((impl, size), ([], []))
                 t += doc["times_s"]
                 c += doc["cpu_s"]
-    rows = [summarize(impl, a.workers, size, t, c, a.chunk_kib)
-            for (impl, size), (t, c) in times.items()]
+    rows = [
+        summarize(impl, a.workers, size, t, c, a.chunk_kib)
+        for (impl, size), (t, c) in times.items()
+    ]
     rows += ratios(rows)
     env = environment(load_before, a.malloc_tuning)
-    print(json.dumps(env) if a.json else
-          f"# {env['cpus']} CPUs, load {env['load_before']:.1f} -> {env['load_after']:.1f}, "
-          f"numpy {env['numpy']}, grpcio {env['grpcio']}")
+    print(
+        json.dumps(env)
+        if a.json
+        else f"# {env['cpus']} CPUs, load {env['load_before']:.1f} -> {env['load_after']:.1f}, "
+        f"numpy {env['numpy']}, grpcio {env['grpcio']}"
+    )
     for row in rows:
         if a.json:
             print(json.dumps(row))
         elif row["bench"] == "allreduce":
-            print(f"{row['impl']:>9} N={row['workers']} {row['size_mib']:>8g} MiB  "
-                  f"median {row['median_s'] * 1e3:9.3f} ms  algbw {row['algbw_gbps']:6.2f} GB/s"
-                  f"  busbw {row['busbw_gbps']:6.2f} GB/s  cpu {row['cpu_s'] * 1e3:8.2f} ms")
+            print(
+                f"{row['impl']:>9} N={row['workers']} {row['size_mib']:>8g} MiB  "
+                f"median {row['median_s'] * 1e3:9.3f} ms  algbw {row['algbw_gbps']:6.2f} GB/s"
+                f"  busbw {row['busbw_gbps']:6.2f} GB/s  cpu {row['cpu_s'] * 1e3:8.2f} ms"
+            )
         else:
-            print(f"{row['impl']:>9} vs {row['baseline']:<5} N={row['workers']} "
-                  f"{row['size_mib']:>8g} MiB  busbw x{row['busbw_ratio']:.2f}  "
-                  f"time x{row['time_ratio']:.2f}")
+            print(
+                f"{row['impl']:>9} vs {row['baseline']:<5} N={row['workers']} "
+                f"{row['size_mib']:>8g} MiB  busbw x{row['busbw_ratio']:.2f}  "
+                f"time x{row['time_ratio']:.2f}"
+            )
     return 0
 
 

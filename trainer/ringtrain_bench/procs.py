@@ -13,7 +13,7 @@ import os
 import secrets
 import socket
 import subprocess
-from typing import Mapping
+from collections.abc import Mapping
 
 from ringtrain import cluster
 
@@ -59,9 +59,12 @@ def new_token() -> str:
 
 def member_envs(base: Mapping[str, str], addresses: list[str], token: str) -> list[dict]:
     """One environment per ring member: ``base`` plus its TF_CONFIG and the shared token."""
-    return [dict(base, RINGTRAIN_TOKEN=token,
-                 TF_CONFIG=cluster.build({"worker": addresses}, "worker", r))
-            for r in range(len(addresses))]
+    return [
+        dict(
+            base, RINGTRAIN_TOKEN=token, TF_CONFIG=cluster.build({"worker": addresses}, "worker", r)
+        )
+        for r in range(len(addresses))
+    ]
 
 
 def without_cluster(env: Mapping[str, str] | None = None) -> dict:
@@ -71,14 +74,16 @@ def without_cluster(env: Mapping[str, str] | None = None) -> dict:
     return {k: v for k, v in env.items() if k not in ("TF_CONFIG", "RINGTRAIN_TOKEN_FILE")}
 
 
-def run_processes(what: str, cmds: list[list[str]], envs: list[dict], timeout_s: float
-                  ) -> list[dict]:
+def run_processes(
+    what: str, cmds: list[list[str]], envs: list[dict], timeout_s: float
+) -> list[dict]:
     """Run the commands side by side; the JSON lines of their stdout, in command order.
 
     Any non-zero exit fails the whole run (a half-measured ring is no figure); whatever
     still runs then is killed, so no process outlives the call."""
-    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, text=True)
-             for c, e in zip(cmds, envs)]
+    procs = [
+        subprocess.Popen(c, env=e, stdout=subprocess.PIPE, text=True) for c, e in zip(cmds, envs)
+    ]
     outs = []
     try:
         for p in procs:

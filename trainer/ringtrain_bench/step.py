@@ -26,10 +26,10 @@ import time
 
 import numpy as np
 
+from ringtrain.errors import InvalidSpec, RingtrainError
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain.errors import InvalidSpec, RingtrainError
 from ringtrain_trainer.ipu import blas_limits, resolve_host_threads
 from ringtrain_trainer.reducer import StepCommStats
 from ringtrain_trainer.worker import Trainer
@@ -38,21 +38,32 @@ from ringtrain_trainer.worker import Trainer
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ringtrain bench step", description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--model", default="cnn", metavar="NAME_OR_PATH",
-                   help="a preset (cnn, cnn2; the PyTorch side knows these), a .json file of "
-                        "model.to_json() or a .keras file")
+    p.add_argument(
+        "--model",
+        default="cnn",
+        metavar="NAME_OR_PATH",
+        help="a preset (cnn, cnn2; the PyTorch side knows these), a .json file of "
+        "model.to_json() or a .keras file",
+    )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--steps", type=int, default=150, help="timed steps per repeat")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=0,
-                   help="CPUs for each side: torch threads, IPU host threads (0: all usable)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPUs for each side: torch threads, IPU host threads (0: all usable)",
+    )
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
-    p.add_argument("--transport", default="grpc+tcp",
-                   choices=("grpc+tcp", "grpc+shm", "grpc", "tcp"),
-                   help="ring data path with --workers > 1: grpc+tcp with shared memory off (as "
-                        "between pods), grpc+shm (as between processes of one host), grpc; "
-                        "tcp: old name of grpc+tcp")
+    p.add_argument(
+        "--transport",
+        default="grpc+tcp",
+        choices=("grpc+tcp", "grpc+shm", "grpc", "tcp"),
+        help="ring data path with --workers > 1: grpc+tcp with shared memory off (as "
+        "between pods), grpc+shm (as between processes of one host), grpc; "
+        "tcp: old name of grpc+tcp",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -60,8 +71,9 @@ def parser() -> argparse.ArgumentParser:
 
 def synthetic(n: int, seed: int = 0) -> data_mod.Dataset:
     rng = np.random.default_rng(seed)
-    split = data_mod.Split(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
-                           rng.integers(0, 10, n))
+    split = data_mod.Split(
+        rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n)
+    )
     return data_mod.Dataset("synthetic", split, split)
 
 
@@ -84,15 +96,25 @@ class IPUSide:
     ``comm`` accumulates the reducer's per-step statistics over every timed step, so that a
     ring worker can report how much allreduce time backward hid."""
 
-    def __init__(self, args, collective: Collective | None = None,
-                 cfg: TrainerConfig | None = None):
+    def __init__(
+        self, args, collective: Collective | None = None, cfg: TrainerConfig | None = None
+    ):
         self.batch = args.batch_size
         cfg = cfg or TrainerConfig()
-        cfg = dataclasses.replace(cfg, dataset="synthetic", model=args.model,
-                                  batch_size=args.batch_size, steps=10**9,
-                                  ipu_host_threads=args.threads)
-        self.trainer = Trainer(cfg, collective or LocalCollective(),
-                               synthetic(max(8192, 4 * self.batch)), out=io.StringIO())
+        cfg = dataclasses.replace(
+            cfg,
+            dataset="synthetic",
+            model=args.model,
+            batch_size=args.batch_size,
+            steps=10**9,
+            ipu_host_threads=args.threads,
+        )
+        self.trainer = Trainer(
+            cfg,
+            collective or LocalCollective(),
+            synthetic(max(8192, 4 * self.batch)),
+            out=io.StringIO(),
+        )
         self.flops_per_step = self.trainer.exe.flops_per_run
         self.comm = StepCommStats()
 
@@ -115,8 +137,10 @@ class TorchSide:
         from torch import nn
 
         if args.model not in ("cnn", "cnn2"):
-            raise InvalidSpec(f"--model {args.model}: the PyTorch side has only the presets "
-                              "cnn and cnn2; add --no-torch")
+            raise InvalidSpec(
+                f"--model {args.model}: the PyTorch side has only the presets "
+                "cnn and cnn2; add --no-torch"
+            )
         torch.set_num_threads(threads)
         torch.manual_seed(0)
         self.torch = torch
@@ -185,15 +209,21 @@ def bench_one_worker(args) -> dict:
     t_ours = statistics.median(ours)
     sps = args.batch_size * args.steps / t_ours
     result = {
-        "model": args.model, "batch_size": args.batch_size, "threads": threads,
-        "steps": args.steps, "repeats": args.repeats,
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "threads": threads,
+        "steps": args.steps,
+        "repeats": args.repeats,
         "samples_per_s": round(sps, 1),
-        "torch_samples_per_s": None, "ratio_vs_torch": None,
+        "torch_samples_per_s": None,
+        "ratio_vs_torch": None,
         "gflops": round(ipu.flops_per_step * args.steps / t_ours / 1e9, 2),
         "matmul_peak_gflops": round(peak, 1),
         "blas": info,
-        "openblas_env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-                                                          "OPENBLAS_NUM_THREADS")},
+        "openblas_env": {
+            k: os.environ.get(k)
+            for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS")
+        },
     }
     if theirs:
         tsps = args.batch_size * args.steps / statistics.median(theirs)
@@ -218,13 +248,15 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 v = result["variants"]
                 hidden = result["hidden_fraction"]
-                print(f"{args.workers} workers, ms per step: overlapped "
-                      f"{v['overlapped']['step_ms']}, serialized {v['serialized']['step_ms']}, "
-                      f"no communication {v['no_comm']['step_ms']}; exposed communication "
-                      f"{result['exposed_comm_ms_per_step']} ms, hidden "
-                      f"{'n/a' if hidden is None else f'{hidden:.0%}'}, "
-                      f"{result['global_samples_per_s']:,.0f} samples/s, scaling efficiency "
-                      f"{result['scaling_efficiency']}\n# {result['note']}")
+                print(
+                    f"{args.workers} workers, ms per step: overlapped "
+                    f"{v['overlapped']['step_ms']}, serialized {v['serialized']['step_ms']}, "
+                    f"no communication {v['no_comm']['step_ms']}; exposed communication "
+                    f"{result['exposed_comm_ms_per_step']} ms, hidden "
+                    f"{'n/a' if hidden is None else f'{hidden:.0%}'}, "
+                    f"{result['global_samples_per_s']:,.0f} samples/s, scaling efficiency "
+                    f"{result['scaling_efficiency']}\n# {result['note']}"
+                )
         else:
             result = bench_one_worker(args)
     except RingtrainError as e:
@@ -234,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     elif args.workers == 1:
         t = result.get("torch_samples_per_s")
-        print(f"emulated IPU: {result['samples_per_s']:,.0f} samples/s "
-              f"({result['gflops']} GFLOP/s, numpy matmul peak {result['matmul_peak_gflops']})")
+        print(
+            f"emulated IPU: {result['samples_per_s']:,.0f} samples/s "
+            f"({result['gflops']} GFLOP/s, numpy matmul peak {result['matmul_peak_gflops']})"
+        )
         if t:
             print(f"PyTorch:      {t:,.0f} samples/s   ratio {result['ratio_vs_torch']}")
     return 0

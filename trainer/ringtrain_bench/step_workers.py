@@ -43,28 +43,30 @@ VARIANTS = ("overlapped", "serialized", "no_comm")
 #: Printed into the JSON so that each figure carries its meaning.
 DEFINITIONS = {
     "step_ms": "median over repeats of the slowest worker's time per step (the step is "
-               "synchronous); for no_comm, whose workers are not in lockstep and each step for "
-               "the same wall-clock window, N / the workers' summed steps per second",
+    "synchronous); for no_comm, whose workers are not in lockstep and each step for "
+    "the same wall-clock window, N / the workers' summed steps per second",
     "exposed_comm_ms_per_step": "step_ms(overlapped) - step_ms(no_comm): what communication "
-                                "still costs each step, the CPU its thread takes included",
+    "still costs each step, the CPU its thread takes included",
     "hidden_fraction": "(step_ms(serialized) - step_ms(overlapped)) / (step_ms(serialized) - "
-                       "step_ms(no_comm)): the share of serialized communication's cost that "
-                       "overlap removes; 0 without overlap; may leave [0, 1] by noise",
+    "step_ms(no_comm)): the share of serialized communication's cost that "
+    "overlap removes; 0 without overlap; may leave [0, 1] by noise",
     "scaling_efficiency": "global samples/s (overlapped) / the N workers' summed no_comm "
-                          "samples/s: the same N processes, same threads each, running "
-                          "concurrently with a no-op collective for the same wall-clock window "
-                          "(the same CPU share)",
+    "samples/s: the same N processes, same threads each, running "
+    "concurrently with a no-op collective for the same wall-clock window "
+    "(the same CPU share)",
     "reducer_overlap_fraction": "the live metric ringtrain_allreduce_overlap_ratio over the "
-                                "overlapped run: allreduce time during this worker's backward "
-                                "and not blocked on a peer / allreduce time",
+    "overlapped run: allreduce time during this worker's backward "
+    "and not blocked on a peer / allreduce time",
     "lead_ms_per_step": "how long before backward ended the step's first allreduce started "
-                        "(0 when serialized, by construction)",
+    "(0 when serialized, by construction)",
 }
 
 #: Said next to every multi-worker step figure (see /work/shared/notes/machine-facts.md).
-STEP_NOTE = ("{n} worker processes on one machine with {cpus} CPUs ({fits}): the baseline is "
-             "the same {n} processes without communication, so the figures measure the ring "
-             "and its overlap with backward on this CPU share, not scaling across machines")
+STEP_NOTE = (
+    "{n} worker processes on one machine with {cpus} CPUs ({fits}): the baseline is "
+    "the same {n} processes without communication, so the figures measure the ring "
+    "and its overlap with backward on this CPU share, not scaling across machines"
+)
 
 
 class NoCommCollective(Collective):
@@ -90,27 +92,34 @@ def child(args) -> dict:
     variant's steps after a barrier. The end checks that the ring variants' replicas still
     agree (rank 0's weights broadcast and compared)."""
     path = {"tcp": "grpc+tcp"}.get(args.transport, args.transport)
-    cfg = TrainerConfig.from_args(["--ring-transport", procs.SHM_VIA.get(path, path),
-                                   "--termination-log", "",
-                                   *([] if path in procs.SHM_VIA else ["--no-ring-shared-memory"])])
+    cfg = TrainerConfig.from_args(
+        [
+            "--ring-transport",
+            procs.SHM_VIA.get(path, path),
+            "--termination-log",
+            "",
+            *([] if path in procs.SHM_VIA else ["--no-ring-shared-memory"]),
+        ]
+    )
     ring = worker_connect(cfg)
     if ring.transport.name != path:  # the figures must name the data path that ran
         ring.close()
         raise RuntimeError(f"bench step: asked for {path}, the ring runs {ring.transport.name}")
     try:
         with blas_limits(args.threads):
-            sides = {"overlapped": IPUSide(args, ring, cfg),
-                     "serialized": IPUSide(args, ring,
-                                           dataclasses.replace(cfg, overlap_comm=False)),
-                     "no_comm": IPUSide(args, NoCommCollective(ring), cfg)}
+            sides = {
+                "overlapped": IPUSide(args, ring, cfg),
+                "serialized": IPUSide(args, ring, dataclasses.replace(cfg, overlap_comm=False)),
+                "no_comm": IPUSide(args, NoCommCollective(ring), cfg),
+            }
             for side in sides.values():
                 side.run(args.warmup)
                 side.comm = StepCommStats()
             times: dict[str, list[float]] = {v: [] for v in VARIANTS}
             window = np.zeros(1, np.float32)
-            counted = {v: 0 for v in VARIANTS}
+            counted = dict.fromkeys(VARIANTS, 0)
             for r in range(args.repeats):
-                for v in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
+                for v in VARIANTS[r % 3 :] + VARIANTS[: r % 3]:
                     if v == "no_comm":  # as long as rank 0's last overlapped run
                         window[0] = times["overlapped"][-1] if times["overlapped"] else 0
                         ring.broadcast_(window, root=0)
@@ -131,10 +140,14 @@ def child(args) -> dict:
                 side.close()
     finally:
         ring.close()
-    return {"rank": ring.rank, "world_size": ring.size, "times_s": times,
-            "comm": {v: dataclasses.asdict(s.comm) for v, s in sides.items()},
-            "steps_timed": counted,
-            "max_param_diff": diff}
+    return {
+        "rank": ring.rank,
+        "world_size": ring.size,
+        "times_s": times,
+        "comm": {v: dataclasses.asdict(s.comm) for v, s in sides.items()},
+        "steps_timed": counted,
+        "max_param_diff": diff,
+    }
 
 
 def run_window(side: IPUSide, steps: int, seconds: float) -> tuple[float, int]:
@@ -162,12 +175,29 @@ def bench_step_workers(args) -> dict:
     cpus = resolve_host_threads(0)
     threads = args.threads or max(1, cpus // n)
     load_before = os.getloadavg()[0]
-    cmd = [sys.executable, "-m", "ringtrain_bench.step", "--child", "--model", args.model,
-           "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--repeats", str(args.repeats),
-           "--threads", str(threads), "--transport", args.transport]
-    envs = procs.member_envs(procs.without_cluster(), procs.loopback_addresses(n),
-                             procs.new_token())
+    cmd = [
+        sys.executable,
+        "-m",
+        "ringtrain_bench.step",
+        "--child",
+        "--model",
+        args.model,
+        "--batch-size",
+        str(args.batch_size),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--repeats",
+        str(args.repeats),
+        "--threads",
+        str(threads),
+        "--transport",
+        args.transport,
+    ]
+    envs = procs.member_envs(
+        procs.without_cluster(), procs.loopback_addresses(n), procs.new_token()
+    )
     docs = procs.run_processes(f"bench step ({n} workers)", [cmd] * n, envs, 900)
     if sorted(d["rank"] for d in docs) != list(range(n)):
         raise RuntimeError(f"bench step: expected ranks 0..{n - 1}, got {docs}")
@@ -175,14 +205,13 @@ def bench_step_workers(args) -> dict:
     variants, step_s = {}, {}
     for v in VARIANTS:
         if v == "no_comm":  # not in lockstep: N steps at the workers' summed rate
-            per_step = [n / sum(steps / d["times_s"][v][i] for d in docs)
-                        for i in range(args.repeats)]
+            per_step = [
+                n / sum(steps / d["times_s"][v][i] for d in docs) for i in range(args.repeats)
+            ]
         else:  # the synchronous step lasts as long as its slowest worker
-            per_step = [max(d["times_s"][v][i] for d in docs) / steps
-                        for i in range(args.repeats)]
+            per_step = [max(d["times_s"][v][i] for d in docs) / steps for i in range(args.repeats)]
         step_s[v] = statistics.median(per_step)
-        per_worker = [args.batch_size * steps / statistics.median(d["times_s"][v])
-                      for d in docs]
+        per_worker = [args.batch_size * steps / statistics.median(d["times_s"][v]) for d in docs]
         c = {k: sum(d["comm"][v][k] for d in docs) for k in docs[0]["comm"][v]}
         timed = sum(d["steps_timed"][v] for d in docs)
         variants[v] = {
@@ -195,14 +224,21 @@ def bench_step_workers(args) -> dict:
             "exposed_wait_ms_per_step": ms(c["exposed_wait_s"] / timed),
             "lead_ms_per_step": ms(c["lead_s"] / timed),
             "reducer_overlap_fraction": round(c["hidden_s"] / c["allreduce_s"], 3)
-            if c["allreduce_s"] > 0 else 0.0,
+            if c["allreduce_s"] > 0
+            else 0.0,
         }
     ov, ser, none = (step_s[v] for v in VARIANTS)
     return {
-        "bench": "step", "workers": n, "model": args.model, "batch_size": args.batch_size,
-        "global_batch": n * args.batch_size, "threads_per_worker": threads, "cpus": cpus,
+        "bench": "step",
+        "workers": n,
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "global_batch": n * args.batch_size,
+        "threads_per_worker": threads,
+        "cpus": cpus,
         "transport": {"tcp": "grpc+tcp"}.get(args.transport, args.transport),
-        "steps": args.steps, "repeats": args.repeats,
+        "steps": args.steps,
+        "repeats": args.repeats,
         "exposed_comm_ms_per_step": ms(ov - none),
         "hidden_fraction": round((ser - ov) / (ser - none), 3) if ser > none else None,
         "scaling_efficiency": round(none / ov, 3),
@@ -211,8 +247,12 @@ def bench_step_workers(args) -> dict:
         "reducer_overlap_fraction": variants["overlapped"]["reducer_overlap_fraction"],
         "variants": variants,
         "max_param_diff": max(d["max_param_diff"] for d in docs),
-        "load_before": load_before, "load_after": os.getloadavg()[0],
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
         "definitions": DEFINITIONS,
-        "note": STEP_NOTE.format(n=n, cpus=cpus, fits="a core each" if n * threads <= cpus
-                                 else "fewer cores than threads"),
+        "note": STEP_NOTE.format(
+            n=n,
+            cpus=cpus,
+            fits="a core each" if n * threads <= cpus else "fewer cores than threads",
+        ),
     }

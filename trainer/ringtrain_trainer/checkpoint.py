@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ringtrain_trainer.data import Position
 from ringtrain.errors import CheckpointError
+from ringtrain_trainer.data import Position
 
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{10})\.json$")
@@ -98,8 +98,12 @@ class CheckpointManager:
             "optimizer_iterations": state.optimizer_iterations,
             "world_size": state.world_size,
             "loss": state.loss,
-            "arrays": {"file": npz.name, "sha256": hashlib.sha256(blob).hexdigest(),
-                       "bytes": len(blob), "names": sorted(arrays)},
+            "arrays": {
+                "file": npz.name,
+                "sha256": hashlib.sha256(blob).hexdigest(),
+                "bytes": len(blob),
+                "names": sorted(arrays),
+            },
         }
         path = self.dir / f"{stem}.json"
         _atomic_write(path, json.dumps(manifest, indent=1).encode())
@@ -107,7 +111,7 @@ class CheckpointManager:
         return path
 
     def _prune(self) -> None:
-        for old in self.manifests()[:-self.keep]:
+        for old in self.manifests()[: -self.keep]:
             npz = old.with_suffix(".npz")
             old.unlink(missing_ok=True)
             npz.unlink(missing_ok=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from ringtrain import cluster, optiongen, options, pki
 from ringtrain.errors import InvalidSpec
@@ -42,7 +42,7 @@ class TrainerConfig(options.TrainerOptions):
         return optiongen.parser("ringtrain worker", "Train as one replica of a ringtrain job.")
 
     @classmethod
-    def from_args(cls, argv: list[str], env: Mapping[str, str] | None = None) -> "TrainerConfig":
+    def from_args(cls, argv: list[str], env: Mapping[str, str] | None = None) -> TrainerConfig:
         """Parse flags and the environment; every invalid value raises :class:`InvalidSpec`."""
         env = os.environ if env is None else env
         values = vars(cls.parser().parse_args(argv))
@@ -62,11 +62,12 @@ class TrainerConfig(options.TrainerOptions):
             token = env["RINGTRAIN_TOKEN"].encode()
         if values["metrics_port"] is not None and values["metrics_port"] > 65535:
             raise InvalidSpec(f"--metrics-port {values['metrics_port']} is not a TCP port")
-        if (not token and values["collective"] == "ring" and spec.in_ring
-                and spec.world_size > 1):
-            raise InvalidSpec("RINGTRAIN_TOKEN_FILE (or RINGTRAIN_TOKEN): a ring of "
-                              f"{spec.world_size} members needs the job's token; without one "
-                              "any process could join it")
+        if not token and values["collective"] == "ring" and spec.in_ring and spec.world_size > 1:
+            raise InvalidSpec(
+                "RINGTRAIN_TOKEN_FILE (or RINGTRAIN_TOKEN): a ring of "
+                f"{spec.world_size} members needs the job's token; without one "
+                "any process could join it"
+            )
         tls_dir = values["ring_tls_dir"] or env.get("RINGTRAIN_TLS_DIR") or None
         values["ring_tls_dir"] = tls_dir
         tls = pki.load(tls_dir) if tls_dir else None  # InvalidSpec names the file

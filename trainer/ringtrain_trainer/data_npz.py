@@ -13,7 +13,6 @@ pixels already divided by 255.
 from __future__ import annotations
 
 import math
-
 import os
 import zipfile
 from pathlib import Path
@@ -28,22 +27,26 @@ KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 def _images(path: Path, key: str, x: np.ndarray) -> np.ndarray:
     if x.ndim not in (3, 4):
-        raise DataError(f"{path}: {key} has shape {x.shape}; expected (n, height, width) or "
-                        f"(n, height, width, channels)")
+        raise DataError(
+            f"{path}: {key} has shape {x.shape}; expected (n, height, width) or "
+            f"(n, height, width, channels)"
+        )
     if x.dtype == np.uint8:
         return np.ascontiguousarray(x)
     if np.issubdtype(x.dtype, np.floating):
         return np.ascontiguousarray(x, np.float32)
-    raise DataError(f"{path}: {key} has dtype {x.dtype}; expected uint8 (scaled by 1/255) "
-                    f"or float (used as is)")
+    raise DataError(
+        f"{path}: {key} has dtype {x.dtype}; expected uint8 (scaled by 1/255) or float (used as is)"
+    )
 
 
 def _labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1:
-        raise DataError(f"{path}: {key} has shape {y.shape}; expected class indices (n,) "
-                        f"or (n, 1), not one-hot")
+        raise DataError(
+            f"{path}: {key} has shape {y.shape}; expected class indices (n,) or (n, 1), not one-hot"
+        )
     if not np.issubdtype(y.dtype, np.integer):
         raise DataError(f"{path}: {key} has dtype {y.dtype}; expected integer class indices")
     if len(y) and y.min() < 0:
@@ -58,12 +61,15 @@ def load_npz(path: str | os.PathLike) -> Dataset:
         with open(path, "rb") as f:  # our handle: np.load leaks its own when parsing fails
             z = np.load(f, allow_pickle=False)
             if not isinstance(z, np.lib.npyio.NpzFile):
-                raise DataError(f"{path}: a single .npy array, not a .npz archive of "
-                                f"{', '.join(KEYS)}")
+                raise DataError(
+                    f"{path}: a single .npy array, not a .npz archive of {', '.join(KEYS)}"
+                )
             missing = [k for k in KEYS if k not in z.files]
             if missing:
-                raise DataError(f"{path}: missing {', '.join(missing)} (has "
-                                f"{', '.join(z.files) or 'nothing'}; needs {', '.join(KEYS)})")
+                raise DataError(
+                    f"{path}: missing {', '.join(missing)} (has "
+                    f"{', '.join(z.files) or 'nothing'}; needs {', '.join(KEYS)})"
+                )
             arrays = {k: z[k] for k in KEYS}
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
@@ -74,30 +80,37 @@ def load_npz(path: str | os.PathLike) -> Dataset:
         x = _images(path, f"x_{split}", arrays[f"x_{split}"])
         y = _labels(path, f"y_{split}", arrays[f"y_{split}"])
         if len(x) != len(y):
-            raise DataError(f"{path}: x_{split} has {len(x)} images but y_{split} has "
-                            f"{len(y)} labels")
+            raise DataError(
+                f"{path}: x_{split} has {len(x)} images but y_{split} has {len(y)} labels"
+            )
         if len(x) == 0:
             raise DataError(f"{path}: x_{split} is empty")
         splits[split] = Split(x, y)
     tr, te = splits["train"], splits["test"]
     if tr.images.shape[1:] != te.images.shape[1:]:
-        raise DataError(f"{path}: x_train images are {tr.images.shape[1:]} but x_test images "
-                        f"are {te.images.shape[1:]}")
+        raise DataError(
+            f"{path}: x_train images are {tr.images.shape[1:]} but x_test images "
+            f"are {te.images.shape[1:]}"
+        )
     num_classes = int(max(tr.labels.max(), te.labels.max())) + 1
     return Dataset(path.stem, tr, te, num_classes=num_classes)
 
 
-def check_fits(dataset: Dataset, input_shape: tuple[int, ...], num_classes: int,
-               source: str | os.PathLike) -> None:
+def check_fits(
+    dataset: Dataset, input_shape: tuple[int, ...], num_classes: int, source: str | os.PathLike
+) -> None:
     """Refuse data the model cannot take, before anything runs: images must have the model's
     input shape (``(H, W)`` fits ``(H, W, 1)``, and any shape fits a model that takes the same
     number of values, read row-major like Keras' ``Reshape``) and every label must be one of its
     classes."""
     shape = tuple(dataset.train.images.shape[1:])
     if shape != tuple(input_shape) and math.prod(shape) != math.prod(input_shape):
-        raise DataError(f"{source}: images are {tuple(shape)} but the model takes "
-                        f"{tuple(input_shape)}")
+        raise DataError(
+            f"{source}: images are {tuple(shape)} but the model takes {tuple(input_shape)}"
+        )
     top = max(int(dataset.train.labels.max()), int(dataset.test.labels.max()))
     if top >= num_classes:
-        raise DataError(f"{source}: label {top} is outside the model's {num_classes} classes "
-                        f"(0..{num_classes - 1})")
+        raise DataError(
+            f"{source}: label {top} is outside the model's {num_classes} classes "
+            f"(0..{num_classes - 1})"
+        )

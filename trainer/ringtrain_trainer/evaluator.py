@@ -25,8 +25,9 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 import numpy as np
 
@@ -35,11 +36,11 @@ from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer import tensorboard
-from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import check_fits
 from ringtrain_trainer.ipu import EVAL_BATCH
+from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.metrics import TrainerMetrics
 
 #: The chief's "training finished" marker in the checkpoint directory (its Final event, JSON).
@@ -84,26 +85,38 @@ def cross_entropy(outputs: np.ndarray, labels: np.ndarray, from_logits: bool = T
 class Evaluator:
     """Evaluates checkpoints of one directory as they appear; :meth:`run` returns the Final."""
 
-    def __init__(self, cfg: TrainerConfig, metrics: TrainerMetrics | None = None,
-                 out: TextIO | None = None, dataset: data_mod.Dataset | None = None,
-                 poll_s: float = POLL_S):
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        metrics: TrainerMetrics | None = None,
+        out: TextIO | None = None,
+        dataset: data_mod.Dataset | None = None,
+        poll_s: float = POLL_S,
+    ):
         if not cfg.checkpoint_dir:
-            raise InvalidSpec("an evaluator (TF_CONFIG task type evaluator) needs "
-                              "--checkpoint-dir: the directory the chief writes checkpoints to")
+            raise InvalidSpec(
+                "an evaluator (TF_CONFIG task type evaluator) needs "
+                "--checkpoint-dir: the directory the chief writes checkpoints to"
+            )
         self.cfg, self.poll_s = cfg, poll_s
         self.metrics = metrics if metrics is not None else TrainerMetrics()
         self.out = out if out is not None else sys.stdout
         self.spec = model_mod.build(cfg.model)
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        check_fits(self.data, self.spec.input_shape, self.spec.num_classes,
-                   cfg.data_dir if dataset is None else self.data.name)
+        check_fits(
+            self.data,
+            self.spec.input_shape,
+            self.spec.num_classes,
+            cfg.data_dir if dataset is None else self.data.name,
+        )
         self.batch = min(EVAL_BATCH, max(1, len(self.data.test)))
         self.program = model_mod.Program(self.spec, self.batch, train=False)
         self.ckpt = CheckpointManager(cfg.checkpoint_dir)
         self.stop_requested = threading.Event()
         self.evaluated: list[events.Evaluation] = []
-        self.tb = tensorboard.EvalWriter(tensorboard.log_dir(
-            cfg.tensorboard_dir, cfg.checkpoint_dir, "evaluator"))
+        self.tb = tensorboard.EvalWriter(
+            tensorboard.log_dir(cfg.tensorboard_dir, cfg.checkpoint_dir, "evaluator")
+        )
 
     def emit(self, event: events.Event) -> None:
         line = event.to_json() if self.cfg.json else events.format_event(event)
@@ -112,9 +125,11 @@ class Evaluator:
     def evaluate(self, state: TrainingState) -> tuple[float, float]:
         """(mean loss, accuracy) of ``state``'s parameters on the whole test split."""
         if state.model != self.cfg.model or state.params.shape != (self.spec.num_params,):
-            raise CheckpointError(f"checkpoint of model {describe(state.model)} "
-                                  f"({state.params.size} params) cannot be evaluated as "
-                                  f"--model {describe(self.cfg.model)}")
+            raise CheckpointError(
+                f"checkpoint of model {describe(state.model)} "
+                f"({state.params.size} params) cannot be evaluated as "
+                f"--model {describe(self.cfg.model)}"
+            )
         views = self.spec.views(np.asarray(state.params, self.program.dtype))
         images, labels = self.data.test.images, self.data.test.labels
         scale = np.float32(1 / 255) if images.dtype == np.uint8 else np.float32(1)
@@ -124,10 +139,10 @@ class Evaluator:
         x = self.program.x
         for s in range(0, len(labels), self.batch):
             n = min(self.batch, len(labels) - s)
-            np.multiply(images[s:s + n].reshape((n,) + self.spec.input_shape), scale, out=x[:n])
+            np.multiply(images[s : s + n].reshape((n, *self.spec.input_shape)), scale, out=x[:n])
             out = self.program.forward(views)[:n]
-            loss += cross_entropy(out, labels[s:s + n], from_logits)
-            correct += int(np.count_nonzero(np.argmax(out, axis=1) == labels[s:s + n]))
+            loss += cross_entropy(out, labels[s : s + n], from_logits)
+            correct += int(np.count_nonzero(np.argmax(out, axis=1) == labels[s : s + n]))
         count = max(1, len(labels))
         return loss / count, correct / count
 
@@ -145,8 +160,12 @@ class Evaluator:
                     print(f"ringtrain evaluator: skipping checkpoint: {e}", file=sys.stderr)
                 continue
             loss, acc = self.evaluate(state)
-            ev = events.Evaluation(step=state.step, test_loss=round(loss, 6),
-                                   test_accuracy=round(acc, 6), checkpoint=str(manifest))
+            ev = events.Evaluation(
+                step=state.step,
+                test_loss=round(loss, 6),
+                test_accuracy=round(acc, 6),
+                checkpoint=str(manifest),
+            )
             self.evaluated.append(ev)
             self.metrics.observe_evaluation(state.step, loss, acc)
             self.tb.evaluation(state.step, loss, acc)
@@ -168,16 +187,22 @@ class Evaluator:
         final = events.Final(
             steps=last_ev.step if last_ev else None,
             test_accuracy=last_ev.test_accuracy if last_ev else None,
-            checkpoint=last_ev.checkpoint if last_ev else None, terminated=terminated,
-            test_loss=last_ev.test_loss if last_ev else None, evaluations=len(self.evaluated))
+            checkpoint=last_ev.checkpoint if last_ev else None,
+            terminated=terminated,
+            test_loss=last_ev.test_loss if last_ev else None,
+            evaluations=len(self.evaluated),
+        )
         self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")
         self.tb.close()
         self.emit(final)
         return final
 
 
-def run(cfg: TrainerConfig, metrics: TrainerMetrics,
-        install_signals: Callable[[threading.Event], Callable[[], None]]) -> events.Final:
+def run(
+    cfg: TrainerConfig,
+    metrics: TrainerMetrics,
+    install_signals: Callable[[threading.Event], Callable[[], None]],
+) -> events.Final:
     """The evaluator's process: ``install_signals`` makes SIGTERM set the stop event."""
     evaluator = Evaluator(cfg, metrics)
     restore = install_signals(evaluator.stop_requested)

@@ -29,9 +29,9 @@ import contextlib
 import os
 import queue
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -116,8 +116,14 @@ _DONE = object()
 class IPU:
     """One worker's emulated IPU(s), bound to the host's flat parameter and gradient buffers."""
 
-    def __init__(self, spec: ModelSpec, config: IPUConfig, host_params: np.ndarray,
-                 host_grads: np.ndarray, tracer: trace.Tracer = trace.OFF):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        config: IPUConfig,
+        host_params: np.ndarray,
+        host_grads: np.ndarray,
+        tracer: trace.Tracer = trace.OFF,
+    ):
         if config.replicas < 1:
             raise InvalidSpec(f"--ipus-per-worker must be at least 1, got {config.replicas}")
         if host_params.shape != (spec.num_params,) or host_grads.shape != host_params.shape:
@@ -143,8 +149,9 @@ class IPU:
     def plan(self, batch: int, train: bool) -> MemoryPlan:
         """The memory one IPU needs for ``batch`` examples *per replica* (:mod:`.memory`)."""
         state = 0 if self.config.variables_on_host else self.config.optimizer_state_bytes
-        return plan_memory(self.spec, batch, train, self.dtype.itemsize,
-                           self.config.memory_bytes, state)
+        return plan_memory(
+            self.spec, batch, train, self.dtype.itemsize, self.config.memory_bytes, state
+        )
 
     def load_state(self, state: np.ndarray) -> None:
         """Set the model's non-trainable state (a checkpoint's, the chief's) everywhere."""
@@ -180,19 +187,37 @@ class IPU:
         # weights streamed in: the host optimizer never touches what backward reads, so each
         # layer's weight gradients may stream out before its input gradient is computed
         early = self.config.variables_on_host
-        programs = [Program(self.spec, batch // shards, train, self.dtype, grads_first=early,
-                            state=self.state.copy() if train else self.state)
-                    for _ in range(shards)]
+        programs = [
+            Program(
+                self.spec,
+                batch // shards,
+                train,
+                self.dtype,
+                grads_first=early,
+                state=self.state.copy() if train else self.state,
+            )
+            for _ in range(shards)
+        ]
         for i, p in enumerate(programs):
             p.ctx.update(seed=self.config.seed, example0=self.config.rank * batch + i * p.batch)
         grads = []
         if train:
             while len(self._shard_grads) < shards - 1:
                 self._shard_grads.append(np.zeros_like(self.host_grads))
-            grads = [self.spec.views(g) for g in [self.host_grads] + self._shard_grads[:shards - 1]]
+            grads = [
+                self.spec.views(g) for g in [self.host_grads, *self._shard_grads[: shards - 1]]
+            ]
         groups = [list(range(j, shards, t)) for j in range(t)]
-        exe = Executable(batch, train, plan, programs, grads, groups,
-                         self.spec.flops_per_example(train) * batch, np.zeros(shards))
+        exe = Executable(
+            batch,
+            train,
+            plan,
+            programs,
+            grads,
+            groups,
+            self.spec.flops_per_example(train) * batch,
+            np.zeros(shards),
+        )
         if any(t == train for _, t in self._cache):  # same kind of program, new shape
             self.stats.recompiles += 1
         self.stats.compiles += 1
@@ -202,9 +227,9 @@ class IPU:
     def _load(self, exe: Executable, images: np.ndarray, labels: np.ndarray | None) -> None:
         t, per = self.tracer.now(), exe.programs[0].batch
         for i, p in enumerate(exe.programs):
-            np.copyto(p.x, images[i * per:(i + 1) * per].reshape(p.x.shape))
+            np.copyto(p.x, images[i * per : (i + 1) * per].reshape(p.x.shape))
             if labels is not None:
-                np.copyto(p.labels, labels[i * per:(i + 1) * per])
+                np.copyto(p.labels, labels[i * per : (i + 1) * per])
         self.stats.data_in_bytes += images.nbytes + (0 if labels is None else labels.nbytes)
         self.tracer.add(trace.DATA, "data to IPU", t, value=images.nbytes)
 
@@ -229,9 +254,12 @@ class IPU:
         if not exe.train:
             return
         lap = self.tracer.laps(trace.BACKWARD + tile, self._trace_names[1])
-        walkers = [exe.programs[i].backward_pieces(self.weight_views, exe.grads[i],
-                                                   lap if i == group[0] else None)
-                   for i in group]
+        walkers = [
+            exe.programs[i].backward_pieces(
+                self.weight_views, exe.grads[i], lap if i == group[0] else None
+            )
+            for i in group
+        ]
         for piece in walkers[0]:
             for w in walkers[1:]:
                 next(w)
@@ -273,9 +301,14 @@ class IPU:
         if error is not None:
             raise error
 
-    def train_step(self, exe: Executable, images: np.ndarray, labels: np.ndarray,
-                   on_grad: Callable[[int, int], None] | None = None,
-                   step: int | None = None) -> float:
+    def train_step(
+        self,
+        exe: Executable,
+        images: np.ndarray,
+        labels: np.ndarray,
+        on_grad: Callable[[int, int], None] | None = None,
+        step: int | None = None,
+    ) -> float:
         """Forward + backward on one per-worker batch; returns the mean loss.
 
         Gradients land in the host gradient buffer; ``on_grad(start, stop)`` fires per piece
@@ -298,14 +331,15 @@ class IPU:
                 t = self.tracer.now()
                 if n > 1:
                     out = self.host_grads[start:stop]
-                    for g in self._shard_grads[:n - 1]:
+                    for g in self._shard_grads[: n - 1]:
                         np.add(out, g[start:stop], out=out)
                     np.multiply(out, self.dtype.type(1.0 / n), out=out)
                 self.stats.grads_out_bytes += (stop - start) * self.dtype.itemsize
                 if on_grad is not None:
                     on_grad(start, stop)
-                self.tracer.add(trace.GRADS, "grad piece", t, k,
-                                (stop - start) * self.dtype.itemsize)
+                self.tracer.add(
+                    trace.GRADS, "grad piece", t, k, (stop - start) * self.dtype.itemsize
+                )
         finally:
             self._finish(runs)
         if self.state.size:
@@ -317,18 +351,16 @@ class IPU:
         self.stats.steps += 1
         return float(exe.losses.sum()) / n
 
-    def evaluate(self, images_u8: np.ndarray, labels: np.ndarray,
-                 batch: int = EVAL_BATCH) -> float:
+    def evaluate(self, images_u8: np.ndarray, labels: np.ndarray, batch: int = EVAL_BATCH) -> float:
         """Accuracy over a whole split, batch by batch (the last batch padded)."""
         exe = self.compile(batch, train=False)
-        x = np.zeros((batch,) + self.spec.input_shape, self.dtype)
+        x = np.zeros((batch, *self.spec.input_shape), self.dtype)
         per = exe.programs[0].batch
         correct = 0
         scale = self.dtype.type(1.0 / 255.0 if images_u8.dtype == np.uint8 else 1.0)
         for s in range(0, len(labels), batch):
             n = min(batch, len(labels) - s)
-            np.multiply(images_u8[s:s + n].reshape((n,) + self.spec.input_shape), scale,
-                        out=x[:n])
+            np.multiply(images_u8[s : s + n].reshape((n, *self.spec.input_shape)), scale, out=x[:n])
             t0 = time.perf_counter()
             self._stream_weights()
             self._load(exe, x, None)
@@ -338,8 +370,8 @@ class IPU:
             for i, p in enumerate(exe.programs):
                 lo, hi = i * per, min(n, (i + 1) * per)
                 if hi > lo:
-                    pred = np.argmax(p.ws[-1]["out"][:hi - lo], axis=1)
-                    correct += int(np.count_nonzero(pred == labels[s + lo:s + hi]))
+                    pred = np.argmax(p.ws[-1]["out"][: hi - lo], axis=1)
+                    correct += int(np.count_nonzero(pred == labels[s + lo : s + hi]))
         return correct / max(1, len(labels))
 
     def close(self) -> None:

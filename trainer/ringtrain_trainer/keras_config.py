@@ -137,8 +137,9 @@ class _Args:
             self.refuse("dtype", dtype, "float32")
 
     def refuse(self, arg: str, value: Any, supported: str) -> None:
-        raise InvalidSpec(f"model: {self.where}: {arg}={value!r} is not supported "
-                          f"(supported: {supported})")
+        raise InvalidSpec(
+            f"model: {self.where}: {arg}={value!r} is not supported (supported: {supported})"
+        )
 
     def take(self, arg: str, default: Any = None) -> Any:
         return self.cfg.pop(arg, default)
@@ -167,7 +168,8 @@ class _Args:
         cls = v.get("class_name") if isinstance(v, dict) else v
         cfg = v.get("config") or {} if isinstance(v, dict) else {}
         if snake_case(str(cls)).replace("_", "") != default.replace("_", "") or any(
-                cfg.get(k) is not None for k in cfg if k != "seed"):
+            cfg.get(k) is not None for k in cfg if k != "seed"
+        ):
             self.refuse(arg, cls, f"{default} (Keras' default)")
 
     def nothing(self, *args: str) -> None:
@@ -190,8 +192,15 @@ def _conv(a: _Args) -> Conv2D:
     filters = a.take("filters")
     if not isinstance(filters, int) or filters < 1:
         a.refuse("filters", filters, "a positive int")
-    spec = Conv2D(a.name, filters, a.pair("kernel_size", None), a.pair("strides", 1),
-                  _padding(a), a.activation(), bool(a.take("use_bias", True)))
+    spec = Conv2D(
+        a.name,
+        filters,
+        a.pair("kernel_size", None),
+        a.pair("strides", 1),
+        _padding(a),
+        a.activation(),
+        bool(a.take("use_bias", True)),
+    )
     a.channels_last()
     dilation = a.take("dilation_rate", 1)
     if dilation not in (1, [1, 1], (1, 1)):
@@ -199,8 +208,15 @@ def _conv(a: _Args) -> Conv2D:
     a.must_be("groups", 1)
     a.initializer("kernel_initializer", "glorot_uniform")
     a.initializer("bias_initializer", "zeros")
-    a.nothing("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-              "kernel_constraint", "bias_constraint", "lora_rank", "lora_alpha")
+    a.nothing(
+        "kernel_regularizer",
+        "bias_regularizer",
+        "activity_regularizer",
+        "kernel_constraint",
+        "bias_constraint",
+        "lora_rank",
+        "lora_alpha",
+    )
     a.done("filters, kernel_size, strides, padding, activation, use_bias")
     return spec
 
@@ -215,10 +231,14 @@ def _padding(a: _Args) -> str:
 def _pool(a: _Args) -> Pool2D:
     pool = a.pair("pool_size", 2)
     strides = a.take("strides")
-    strides = pool if strides is None else (strides, strides) if isinstance(strides, int) \
+    strides = (
+        pool
+        if strides is None
+        else (strides, strides)
+        if isinstance(strides, int)
         else tuple(strides)
-    spec = Pool2D(a.name, "max" if a.cls == "MaxPooling2D" else "avg", pool, strides,
-                  _padding(a))
+    )
+    spec = Pool2D(a.name, "max" if a.cls == "MaxPooling2D" else "avg", pool, strides, _padding(a))
     a.channels_last()
     a.done("pool_size, strides, padding")
     return spec
@@ -231,23 +251,45 @@ def _dense(a: _Args) -> Dense:
     spec = Dense(a.name, units, a.activation(), bool(a.take("use_bias", True)))
     a.initializer("kernel_initializer", "glorot_uniform")
     a.initializer("bias_initializer", "zeros")
-    a.nothing("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-              "kernel_constraint", "bias_constraint", "lora_rank", "lora_alpha",
-              "quantization_config")
+    a.nothing(
+        "kernel_regularizer",
+        "bias_regularizer",
+        "activity_regularizer",
+        "kernel_constraint",
+        "bias_constraint",
+        "lora_rank",
+        "lora_alpha",
+        "quantization_config",
+    )
     a.done("units, activation, use_bias")
     return spec
 
 
 def _batchnorm(a: _Args) -> BatchNorm:
     a.must_be("axis", -1, 3, [-1], [3])
-    spec = BatchNorm(a.name, float(a.take("momentum", 0.99)), float(a.take("epsilon", 1e-3)),
-                     bool(a.take("center", True)), bool(a.take("scale", True)))
-    for arg, default in (("beta_initializer", "zeros"), ("gamma_initializer", "ones"),
-                         ("moving_mean_initializer", "zeros"),
-                         ("moving_variance_initializer", "ones")):
+    spec = BatchNorm(
+        a.name,
+        float(a.take("momentum", 0.99)),
+        float(a.take("epsilon", 1e-3)),
+        bool(a.take("center", True)),
+        bool(a.take("scale", True)),
+    )
+    for arg, default in (
+        ("beta_initializer", "zeros"),
+        ("gamma_initializer", "ones"),
+        ("moving_mean_initializer", "zeros"),
+        ("moving_variance_initializer", "ones"),
+    ):
         a.initializer(arg, default)
-    a.nothing("beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint",
-              "renorm_clipping", "adjustment", "virtual_batch_size")
+    a.nothing(
+        "beta_regularizer",
+        "gamma_regularizer",
+        "beta_constraint",
+        "gamma_constraint",
+        "renorm_clipping",
+        "adjustment",
+        "virtual_batch_size",
+    )
     a.must_be("synchronized", False)
     a.must_be("renorm", False)
     a.must_be("fused", None, True, False)
@@ -305,10 +347,18 @@ def _simple(a: _Args):
 
 
 PARSERS = {
-    "Conv2D": _conv, "MaxPooling2D": _pool, "AveragePooling2D": _pool, "Dense": _dense,
-    "BatchNormalization": _batchnorm, "Activation": _activation_layer,
-    "ReLU": _activation_layer, "Softmax": _activation_layer, "Flatten": _simple,
-    "GlobalAveragePooling2D": _simple, "Reshape": _simple, "Rescaling": _simple,
+    "Conv2D": _conv,
+    "MaxPooling2D": _pool,
+    "AveragePooling2D": _pool,
+    "Dense": _dense,
+    "BatchNormalization": _batchnorm,
+    "Activation": _activation_layer,
+    "ReLU": _activation_layer,
+    "Softmax": _activation_layer,
+    "Flatten": _simple,
+    "GlobalAveragePooling2D": _simple,
+    "Reshape": _simple,
+    "Rescaling": _simple,
     "Dropout": _simple,
 }
 SUPPORTED = ("InputLayer", *PARSERS)
@@ -332,8 +382,10 @@ def _from_logits(model: dict) -> bool | None:
         return None
     cls = loss.get("class_name") if isinstance(loss, dict) else loss
     if snake_case(str(cls)) not in ("sparse_categorical_crossentropy",):
-        raise InvalidSpec(f"model: compile loss {cls!r} is not supported "
-                          "(supported: sparse_categorical_crossentropy)")
+        raise InvalidSpec(
+            f"model: compile loss {cls!r} is not supported "
+            "(supported: sparse_categorical_crossentropy)"
+        )
     if isinstance(loss, dict):
         return bool((loss.get("config") or {}).get("from_logits", False))
     return False
@@ -343,8 +395,10 @@ def parse(model: dict) -> ModelConfig:
     """Validate a Keras Sequential config (Keras 3 or tf.keras 2 ``to_json`` output)."""
     if not isinstance(model, dict) or model.get("class_name") != "Sequential":
         got = model.get("class_name") if isinstance(model, dict) else type(model).__name__
-        raise InvalidSpec(f"model: a Keras Sequential config is needed, got {got!r} "
-                          "(functional and subclassed models are not supported)")
+        raise InvalidSpec(
+            f"model: a Keras Sequential config is needed, got {got!r} "
+            "(functional and subclassed models are not supported)"
+        )
     cfg = model.get("config") or {}
     layers = cfg.get("layers")
     if not isinstance(layers, list) or not layers:
@@ -359,8 +413,16 @@ def parse(model: dict) -> ModelConfig:
         if cls == "InputLayer":
             a = _Args(layer, i)
             input_shape = _input_shape(layer) or input_shape
-            for k in ("batch_shape", "batch_input_shape", "input_shape", "sparse", "ragged",
-                      "optional", "batch_size", "input_tensor"):
+            for k in (
+                "batch_shape",
+                "batch_input_shape",
+                "input_shape",
+                "sparse",
+                "ragged",
+                "optional",
+                "batch_size",
+                "input_tensor",
+            ):
                 v = a.take(k)
                 if k in ("sparse", "ragged", "input_tensor") and v:
                     a.refuse(k, v, "False")
@@ -368,8 +430,10 @@ def parse(model: dict) -> ModelConfig:
             continue
         if cls not in PARSERS:
             name = (layer.get("config") or {}).get("name") if isinstance(layer, dict) else None
-            raise InvalidSpec(f"model: layer {name or i!r} ({cls}) is not supported "
-                              f"(supported layers: {', '.join(SUPPORTED)})")
+            raise InvalidSpec(
+                f"model: layer {name or i!r} ({cls}) is not supported "
+                f"(supported layers: {', '.join(SUPPORTED)})"
+            )
         if not specs and input_shape is None:
             input_shape = _input_shape(layer)
         a = _Args(layer, i)
@@ -377,15 +441,18 @@ def parse(model: dict) -> ModelConfig:
             a.take(k)
         specs.append(PARSERS[cls](a))
     if input_shape is None or any(not isinstance(d, int) or d < 1 for d in input_shape):
-        raise InvalidSpec(f"model: the input shape {input_shape} must be known and fixed "
-                          "(give the model an InputLayer with shape=...)")
+        raise InvalidSpec(
+            f"model: the input shape {input_shape} must be known and fixed "
+            "(give the model an InputLayer with shape=...)"
+        )
     from_logits = _from_logits(model)
     tail = specs[-1] if specs else None
     ends_softmax = getattr(tail, "activation", None) == "softmax"
     if from_logits is None:
         from_logits = not ends_softmax
     if not from_logits and not ends_softmax:
-        raise InvalidSpec("model: from_logits=False needs a model whose last layer is a "
-                          "softmax (supported: a softmax ending, or from_logits=True)")
-    return ModelConfig(str(cfg.get("name") or "sequential"), input_shape, tuple(specs),
-                       from_logits)
+        raise InvalidSpec(
+            "model: from_logits=False needs a model whose last layer is a "
+            "softmax (supported: a softmax ending, or from_logits=True)"
+        )
+    return ModelConfig(str(cfg.get("name") or "sequential"), input_shape, tuple(specs), from_logits)

@@ -44,9 +44,16 @@ _WEIGHTS = {
     K.Dense: (("p", "kernel"), ("p", "bias")),
     K.BatchNorm: (("p", "gamma"), ("p", "beta"), ("s", "moving_mean"), ("s", "moving_variance")),
 }
-_CLASS = {K.Conv2D: "Conv2D", K.Dense: "Dense", K.BatchNorm: "BatchNormalization",
-          K.Flatten: "Flatten", K.Reshape: "Reshape", K.Rescaling: "Rescaling",
-          K.Dropout: "Dropout", K.GlobalAvgPool2D: "GlobalAveragePooling2D"}
+_CLASS = {
+    K.Conv2D: "Conv2D",
+    K.Dense: "Dense",
+    K.BatchNorm: "BatchNormalization",
+    K.Flatten: "Flatten",
+    K.Reshape: "Reshape",
+    K.Rescaling: "Rescaling",
+    K.Dropout: "Dropout",
+    K.GlobalAvgPool2D: "GlobalAveragePooling2D",
+}
 
 
 class KerasModel(ModelSpec):
@@ -63,22 +70,25 @@ class KerasModel(ModelSpec):
             s, nxt = specs[i], specs[i + 1] if i + 1 < len(specs) else None
             last = nxt is None
             layer, used = _map(s, nxt, shape, i, last)
-            if isinstance(layer, L.Reshape) and (not layers or (
-                    len(layer.out_shape) == 1 and isinstance(nxt, K.Dense))):
+            if isinstance(layer, L.Reshape) and (
+                not layers or (len(layer.out_shape) == 1 and isinstance(nxt, K.Dense))
+            ):
                 # folded: the program's input buffer takes the new shape, and Dense
                 # flattens its input itself (today's layer indices and speed)
                 shape, layer = layer.out_shape, None
                 if not layers:
                     ipu_input = shape
             if layer is not None:
-                layer.name = "+".join(x.name for x in specs[i:i + used])
+                layer.name = "+".join(x.name for x in specs[i : i + used])
                 layers.append(layer)
                 shape = layer.out_shape
             owner.extend([len(layers) - 1 if layer is not None else None] * used)
             i += used
         if len(shape) != 1 or shape[0] < 2:
-            raise InvalidSpec(f"model: the output shape is {shape}; a classifier needs one "
-                              "score per class (end with Dense(num_classes))")
+            raise InvalidSpec(
+                f"model: the output shape is {shape}; a classifier needs one "
+                "score per class (end with Dense(num_classes))"
+            )
         #: per Keras layer: the IPU layer holding its weights (None: folded away)
         self.owner = owner
         if not layers:
@@ -102,42 +112,78 @@ class KerasModel(ModelSpec):
     def keras_config(self) -> dict:
         """A Keras 3 ``Sequential`` config (``model.to_json()`` shape) that Keras loads."""
         cfg = self.config
-        items = [{"module": "keras.layers", "class_name": "InputLayer", "config": {
-            "batch_shape": [None, *cfg.input_shape], "dtype": "float32",
-            "name": "input_layer"}, "registered_name": None}]
-        items += [{"module": "keras.layers", "class_name": _class_name(s),
-                   "config": {"name": s.name, "trainable": True, "dtype": "float32",
-                              **_keras_args(s)}, "registered_name": None}
-                  for s in cfg.layers]
-        loss = {"module": "keras.losses", "class_name": "SparseCategoricalCrossentropy",
-                "config": {"name": "sparse_categorical_crossentropy", "reduction":
-                           "sum_over_batch_size", "from_logits": cfg.from_logits,
-                           "ignore_class": None}, "registered_name": None}
-        return {"module": "keras", "class_name": "Sequential", "config": {
-            "name": cfg.name, "trainable": True, "dtype": "float32", "layers": items},
+        items = [
+            {
+                "module": "keras.layers",
+                "class_name": "InputLayer",
+                "config": {
+                    "batch_shape": [None, *cfg.input_shape],
+                    "dtype": "float32",
+                    "name": "input_layer",
+                },
+                "registered_name": None,
+            }
+        ]
+        items += [
+            {
+                "module": "keras.layers",
+                "class_name": _class_name(s),
+                "config": {"name": s.name, "trainable": True, "dtype": "float32", **_keras_args(s)},
+                "registered_name": None,
+            }
+            for s in cfg.layers
+        ]
+        loss = {
+            "module": "keras.losses",
+            "class_name": "SparseCategoricalCrossentropy",
+            "config": {
+                "name": "sparse_categorical_crossentropy",
+                "reduction": "sum_over_batch_size",
+                "from_logits": cfg.from_logits,
+                "ignore_class": None,
+            },
+            "registered_name": None,
+        }
+        return {
+            "module": "keras",
+            "class_name": "Sequential",
+            "config": {"name": cfg.name, "trainable": True, "dtype": "float32", "layers": items},
             "registered_name": None,
             "build_config": {"input_shape": [None, *cfg.input_shape]},
-            "compile_config": {"optimizer": "adam", "loss": loss, "metrics": None,
-                               "loss_weights": None, "weighted_metrics": None,
-                               "run_eagerly": False, "steps_per_execution": 1,
-                               "jit_compile": False}}
+            "compile_config": {
+                "optimizer": "adam",
+                "loss": loss,
+                "metrics": None,
+                "loss_weights": None,
+                "weighted_metrics": None,
+                "run_eagerly": False,
+                "steps_per_execution": 1,
+                "jit_compile": False,
+            },
+        }
 
     def _weight_refs(self):
         """(keras layer, keras weight name, where, ipu layer, name) in get_weights order."""
         for s, li in zip(self.config.layers, self.owner):
             for where, wname in _WEIGHTS.get(type(s), ()):
-                present = {p.name for p in self.layers[li].params(li)} if where == "p" \
+                present = (
+                    {p.name for p in self.layers[li].params(li)}
+                    if where == "p"
                     else {n for n, _, _ in self.state_specs[li]}
+                )
                 if wname in present:
                     yield s, wname, where, li
 
-    def keras_weights(self, flat_params: np.ndarray, state: np.ndarray | None = None
-                      ) -> list[np.ndarray]:
+    def keras_weights(
+        self, flat_params: np.ndarray, state: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         """Arrays in ``model.get_weights()`` order (kernel HWIO / (in, out) as Keras)."""
         state = self.init_state() if state is None else state
         pv, sv = self.views(flat_params), self.state_views(state)
-        return [np.array((pv if w == "p" else sv)[li][n], np.float32)
-                for _, n, w, li in self._weight_refs()]
+        return [
+            np.array((pv if w == "p" else sv)[li][n], np.float32)
+            for _, n, w, li in self._weight_refs()
+        ]
 
     def from_keras_weights(self, weights: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The inverse of :meth:`keras_weights`: (flat parameters, state)."""
@@ -146,13 +192,16 @@ class KerasModel(ModelSpec):
         pv, sv = self.views(flat), self.state_views(state)
         refs = list(self._weight_refs())
         if len(weights) != len(refs):
-            raise InvalidSpec(f"model {self.name!r}: {len(weights)} weight arrays for "
-                              f"{len(refs)} expected")
+            raise InvalidSpec(
+                f"model {self.name!r}: {len(weights)} weight arrays for {len(refs)} expected"
+            )
         for (s, n, w, li), arr in zip(refs, weights):
             dst = (pv if w == "p" else sv)[li][n]
             if tuple(np.shape(arr)) != dst.shape:
-                raise InvalidSpec(f"model {self.name!r}: layer {s.name!r} weight {n} has "
-                                  f"shape {np.shape(arr)}, the config needs {dst.shape}")
+                raise InvalidSpec(
+                    f"model {self.name!r}: layer {s.name!r} weight {n} has "
+                    f"shape {np.shape(arr)}, the config needs {dst.shape}"
+                )
             dst[...] = arr
         return flat, state
 
@@ -178,17 +227,32 @@ def _class_name(s) -> str:
 
 def _keras_args(s) -> dict:
     if isinstance(s, K.Conv2D):
-        return {"filters": s.filters, "kernel_size": list(s.kernel), "strides": list(s.strides),
-                "padding": s.padding, "data_format": "channels_last",
-                "activation": s.activation, "use_bias": s.use_bias}
+        return {
+            "filters": s.filters,
+            "kernel_size": list(s.kernel),
+            "strides": list(s.strides),
+            "padding": s.padding,
+            "data_format": "channels_last",
+            "activation": s.activation,
+            "use_bias": s.use_bias,
+        }
     if isinstance(s, K.Pool2D):
-        return {"pool_size": list(s.pool), "strides": list(s.strides), "padding": s.padding,
-                "data_format": "channels_last"}
+        return {
+            "pool_size": list(s.pool),
+            "strides": list(s.strides),
+            "padding": s.padding,
+            "data_format": "channels_last",
+        }
     if isinstance(s, K.Dense):
         return {"units": s.units, "activation": s.activation, "use_bias": s.use_bias}
     if isinstance(s, K.BatchNorm):
-        return {"axis": -1, "momentum": s.momentum, "epsilon": s.epsilon, "center": s.center,
-                "scale": s.scale}
+        return {
+            "axis": -1,
+            "momentum": s.momentum,
+            "epsilon": s.epsilon,
+            "center": s.center,
+            "scale": s.scale,
+        }
     if isinstance(s, K.Activation):
         return {"activation": s.activation} if s.class_name == "Activation" else {}
     if isinstance(s, K.Reshape):
@@ -202,26 +266,39 @@ def _keras_args(s) -> dict:
 
 def _need(s, shape, rank: int, what: str) -> None:
     if len(shape) != rank:
-        raise InvalidSpec(f"model: layer {s.name!r} ({_class_name(s)}) got an input of shape "
-                          f"{shape}; it needs {what}")
+        raise InvalidSpec(
+            f"model: layer {s.name!r} ({_class_name(s)}) got an input of shape "
+            f"{shape}; it needs {what}"
+        )
 
 
 def _map(s, nxt, shape, index: int, fold_softmax: bool):
     """(IPU layer or None, how many Keras layers it consumes)."""
     if isinstance(s, K.Conv2D):
         _need(s, shape, 3, "an H×W×C input (add a Reshape before it)")
-        if (isinstance(nxt, K.Pool2D) and nxt.kind == "max" and nxt.pool == (2, 2)
-                and nxt.strides == (2, 2) and nxt.padding == "valid"
-                and s.kernel[0] == s.kernel[1] and s.strides == (1, 1)
-                and s.padding == "valid" and s.activation == "relu" and s.use_bias
-                and min(shape[0], shape[1]) - s.kernel[0] + 1 >= 2):
+        if (
+            isinstance(nxt, K.Pool2D)
+            and nxt.kind == "max"
+            and nxt.pool == (2, 2)
+            and nxt.strides == (2, 2)
+            and nxt.padding == "valid"
+            and s.kernel[0] == s.kernel[1]
+            and s.strides == (1, 1)
+            and s.padding == "valid"
+            and s.activation == "relu"
+            and s.use_bias
+            and min(shape[0], shape[1]) - s.kernel[0] + 1 >= 2
+        ):
             return ConvPool(tuple(shape), s.filters, s.kernel[0]), 2
-        return _checked(s, lambda: L.Conv2D(tuple(shape), s.filters, s.kernel, s.strides,
-                                             s.padding, s.activation, s.use_bias)), 1
+        return _checked(
+            s,
+            lambda: L.Conv2D(
+                tuple(shape), s.filters, s.kernel, s.strides, s.padding, s.activation, s.use_bias
+            ),
+        ), 1
     if isinstance(s, K.Pool2D):
         _need(s, shape, 3, "an H×W×C input")
-        return _checked(s, lambda: L.Pool2D(tuple(shape), s.kind, s.pool, s.strides,
-                                             s.padding)), 1
+        return _checked(s, lambda: L.Pool2D(tuple(shape), s.kind, s.pool, s.strides, s.padding)), 1
     if isinstance(s, K.Dense):
         _need(s, shape, 1, "a flat input (add Flatten before it)")
         act = "linear" if fold_softmax and s.activation == "softmax" else s.activation
@@ -242,8 +319,10 @@ def _map(s, nxt, shape, index: int, fold_softmax: bool):
             known = math.prod(d for d in t if d != -1)
             t[t.index(-1)] = math.prod(shape) // max(known, 1)
         if math.prod(t) != math.prod(shape) or t.count(-1):
-            raise InvalidSpec(f"model: layer {s.name!r} (Reshape): target_shape "
-                              f"{list(s.target_shape)} does not fit its input {shape}")
+            raise InvalidSpec(
+                f"model: layer {s.name!r} (Reshape): target_shape "
+                f"{list(s.target_shape)} does not fit its input {shape}"
+            )
         return L.Reshape(shape, tuple(t)), 1
     if isinstance(s, K.GlobalAvgPool2D):
         _need(s, shape, 3, "an H×W×C input")
@@ -290,8 +369,9 @@ def read_keras_archive(path: Path) -> tuple[dict, list[np.ndarray], KerasModel]:
             if not n:
                 continue
             if group not in f:
-                raise InvalidSpec(f"--model {path}: model.weights.h5 has no {group} "
-                                  f"for layer {s.name!r}")
+                raise InvalidSpec(
+                    f"--model {path}: model.weights.h5 has no {group} for layer {s.name!r}"
+                )
             v = f[group]["vars"]
             weights += [np.asarray(v[str(i)]) for i in range(len(v))]
     return config, weights, spec
@@ -332,6 +412,8 @@ def load(source: str) -> KerasModel:
         except (OSError, ValueError) as e:
             raise InvalidSpec(f"--model {source}: cannot read a Keras config ({e})") from None
         return from_config(config, source)
-    raise InvalidSpec(f"--model: unknown model {source!r} (known: {', '.join(PRESETS)}; "
-                      "or a path to a .json file of model.to_json() or a .keras file, or "
-                      "model.to_json()'s text)")
+    raise InvalidSpec(
+        f"--model: unknown model {source!r} (known: {', '.join(PRESETS)}; "
+        "or a path to a .json file of model.to_json() or a .keras file, or "
+        "model.to_json()'s text)"
+    )

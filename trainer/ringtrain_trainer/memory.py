@@ -73,8 +73,9 @@ class MemoryPlan:
         return text
 
 
-def plan_memory(spec, batch: int, train: bool, itemsize: int, capacity: int,
-                optimizer_state_bytes: int) -> MemoryPlan:
+def plan_memory(
+    spec, batch: int, train: bool, itemsize: int, capacity: int, optimizer_state_bytes: int
+) -> MemoryPlan:
     """The plan of one IPU running ``spec`` on ``batch`` examples; ``optimizer_state_bytes``
     is the whole model's state *on the device* (0 when it stays on the host), shared out to
     the layers by their parameter counts."""
@@ -94,17 +95,36 @@ def plan_memory(spec, batch: int, train: bool, itemsize: int, capacity: int,
         share = state * seen // n_params - given
         given += share
         w = (hi - lo) * itemsize
-        rows.append(LayerMemory(getattr(layer, "name", "") or f"layer {i}", w,
-                                w if train else 0, acts, work, 0, share))
+        rows.append(
+            LayerMemory(
+                getattr(layer, "name", "") or f"layer {i}",
+                w,
+                w if train else 0,
+                acts,
+                work,
+                0,
+                share,
+            )
+        )
     k = spec.num_classes
-    rows.append(LayerMemory(INPUT_ROW, data=batch * math.prod(spec.input_shape) * itemsize
-                            + batch * 8))
-    rows.append(LayerMemory(LOSS_ROW, workspace=(2 * batch * k + 2 * batch) * itemsize,
-                            optimizer_state=state - given))
+    rows.append(
+        LayerMemory(INPUT_ROW, data=batch * math.prod(spec.input_shape) * itemsize + batch * 8)
+    )
+    rows.append(
+        LayerMemory(
+            LOSS_ROW,
+            workspace=(2 * batch * k + 2 * batch) * itemsize,
+            optimizer_state=state - given,
+        )
+    )
     sums = {kind: sum(getattr(r, kind) for r in rows) for kind in KINDS}
     named = [(r.name, r.total) for r in rows[:-2]]
-    return MemoryPlan(**sums, capacity=capacity,
-                      layers=tuple(sorted(named, key=lambda nb: -nb[1])), by_layer=tuple(rows))
+    return MemoryPlan(
+        **sums,
+        capacity=capacity,
+        layers=tuple(sorted(named, key=lambda nb: -nb[1])),
+        by_layer=tuple(rows),
+    )
 
 
 def host_optimizer_state(variables_on_host: bool, state_bytes: int) -> int:
@@ -114,9 +134,13 @@ def host_optimizer_state(variables_on_host: bool, state_bytes: int) -> int:
 
 def status_doc(plan: MemoryPlan, host_state_bytes: int) -> dict:
     """``/status``'s ``ipu_memory``: per IPU, bytes by kind and by layer, and the host's share."""
-    return {"capacity": plan.capacity, "total": plan.total, "kinds": plan.kinds(),
-            "layers": [asdict(r) for r in plan.by_layer],
-            "host": {"optimizer_state": host_state_bytes}}
+    return {
+        "capacity": plan.capacity,
+        "total": plan.total,
+        "kinds": plan.kinds(),
+        "layers": [asdict(r) for r in plan.by_layer],
+        "host": {"optimizer_state": host_state_bytes},
+    }
 
 
 def _mib(n: int) -> str:
@@ -135,15 +159,27 @@ def format_report(plan: MemoryPlan, host_state_bytes: int, title: str) -> str:
     lines.append(f"{'capacity':<18}{plan.capacity:>14,}{_mib(plan.capacity):>10}")
     lines.append(f"host: optimizer_state {host_state_bytes:,} bytes")
     width = max([len("layer")] + [len(r.name) for r in plan.by_layer]) + 2
-    short = {"weights": "weights", "gradients": "grads", "activations": "activ",
-             "workspace": "workspace", "data": "data", "optimizer_state": "opt_state"}
-    lines += ["", f"{'layer':<{width}}" + "".join(f"{short[k]:>12}" for k in KINDS)
-              + f"{'total':>13}{'capacity':>10}"]
+    short = {
+        "weights": "weights",
+        "gradients": "grads",
+        "activations": "activ",
+        "workspace": "workspace",
+        "data": "data",
+        "optimizer_state": "opt_state",
+    }
+    lines += [
+        "",
+        f"{'layer':<{width}}"
+        + "".join(f"{short[k]:>12}" for k in KINDS)
+        + f"{'total':>13}{'capacity':>10}",
+    ]
     for r in plan.by_layer:
-        lines.append(f"{r.name:<{width}}" + "".join(f"{getattr(r, k):>12,}" for k in KINDS)
-                     + f"{r.total:>13,}{pct(r.total):>10}")
+        lines.append(
+            f"{r.name:<{width}}"
+            + "".join(f"{getattr(r, k):>12,}" for k in KINDS)
+            + f"{r.total:>13,}{pct(r.total):>10}"
+        )
     return "\n".join(lines)
-
 
 
 def report(cfg, out) -> None:
@@ -159,22 +195,36 @@ def report(cfg, out) -> None:
     spec = model.build(cfg.model)
     params = spec.init(cfg.seed)
     state = optim.state_bytes_for(cfg.optimizer, spec.num_params)
-    ipu = IPU(spec, IPUConfig(memory_bytes=cfg.ipu_memory_mb * MB,
-                              variables_on_host=cfg.variables_on_host,
-                              replicas=cfg.ipus_per_worker, host_threads=1,
-                              optimizer_state_bytes=state), params, np.zeros_like(params))
+    ipu = IPU(
+        spec,
+        IPUConfig(
+            memory_bytes=cfg.ipu_memory_mb * MB,
+            variables_on_host=cfg.variables_on_host,
+            replicas=cfg.ipus_per_worker,
+            host_threads=1,
+            optimizer_state_bytes=state,
+        ),
+        params,
+        np.zeros_like(params),
+    )
     try:
         r = cfg.ipus_per_worker
         if cfg.batch_size % r:
             ipu.compile(cfg.batch_size)  # raises InvalidSpec: the batch does not divide
         per_ipu = cfg.batch_size // r
         where = "host" if cfg.variables_on_host else "IPU"
-        title = (f"IPU memory report: model {spec.name}, {spec.num_params:,} parameters, "
-                 f"optimizer {cfg.optimizer} (state on the {where}), batch {cfg.batch_size} = "
-                 f"{per_ipu} per IPU x {r} IPU{'s' if r > 1 else ''}; bytes per IPU")
-        print(format_report(ipu.plan(per_ipu, True),
-                            host_optimizer_state(cfg.variables_on_host, state), title),
-              file=out, flush=True)
+        title = (
+            f"IPU memory report: model {spec.name}, {spec.num_params:,} parameters, "
+            f"optimizer {cfg.optimizer} (state on the {where}), batch {cfg.batch_size} = "
+            f"{per_ipu} per IPU x {r} IPU{'s' if r > 1 else ''}; bytes per IPU"
+        )
+        print(
+            format_report(
+                ipu.plan(per_ipu, True), host_optimizer_state(cfg.variables_on_host, state), title
+            ),
+            file=out,
+            flush=True,
+        )
         ipu.compile(cfg.batch_size)
     finally:
         ipu.close()

@@ -15,8 +15,14 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from ringtrain import events
 from ringtrain_trainer import memory
@@ -27,8 +33,23 @@ from ringtrain_trainer.ring.engine import ERROR_KINDS, RingObserver
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 #: One bucket's allreduce (kilobytes) up to a whole model's at 64 MiB on a slow link.
-RING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                0.5, 1.0, 2.5, 10.0)
+RING_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+)
 
 
 class RingMetrics(RingObserver):
@@ -38,7 +59,7 @@ class RingMetrics(RingObserver):
     The control plane's reports (peers still missing at start-up, stalls) go to the metrics
     and to ``/status``."""
 
-    def __init__(self, metrics: "TrainerMetrics", transport: str | None = None) -> None:
+    def __init__(self, metrics: TrainerMetrics, transport: str | None = None) -> None:
         self._metrics = metrics
         if transport is not None:
             self.data_path(transport)
@@ -49,11 +70,11 @@ class RingMetrics(RingObserver):
         self._sent = metrics.ring_bytes.labels(direction="sent", transport=transport)
         self._received = metrics.ring_bytes.labels(direction="received", transport=transport)
         self._seconds = metrics.ring_allreduce.labels(transport=transport)
-        self._errors = {k: metrics.ring_errors.labels(kind=k, transport=transport)
-                        for k in ERROR_KINDS}
+        self._errors = {
+            k: metrics.ring_errors.labels(kind=k, transport=transport) for k in ERROR_KINDS
+        }
 
-    def collective(self, kind: str, seconds: float, sent_bytes: int,
-                   received_bytes: int) -> None:
+    def collective(self, kind: str, seconds: float, sent_bytes: int, received_bytes: int) -> None:
         self._sent.inc(sent_bytes)
         self._received.inc(received_bytes)
         if kind == "allreduce":
@@ -78,71 +99,130 @@ class RingMetrics(RingObserver):
 class TrainerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = r = registry if registry is not None else CollectorRegistry()
-        self.step_duration = Histogram("ringtrain_step_duration_seconds",
-                                       "Wall time of one training step", buckets=STEP_BUCKETS,
-                                       registry=r)
+        self.step_duration = Histogram(
+            "ringtrain_step_duration_seconds",
+            "Wall time of one training step",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
         self.steps = Counter("ringtrain_steps", "Optimizer steps completed", registry=r)
-        self.samples_per_s = Gauge("ringtrain_samples_per_second",
-                                   "Training throughput of this worker", registry=r)
+        self.samples_per_s = Gauge(
+            "ringtrain_samples_per_second", "Training throughput of this worker", registry=r
+        )
         self.loss = Gauge("ringtrain_loss", "Training loss of the last step", registry=r)
-        self.test_accuracy = Gauge("ringtrain_test_accuracy_ratio",
-                                   "Accuracy on the test split at the last evaluation", registry=r)
-        self.test_loss = Gauge("ringtrain_test_loss", "Loss on the test split at the evaluator's "
-                               "last evaluation", registry=r)
-        self.evaluations = Counter("ringtrain_evaluations", "Checkpoints the evaluator evaluated",
-                                   registry=r)
-        self.evaluated_step = Gauge("ringtrain_evaluated_step", "Training step of the checkpoint "
-                                    "the evaluator evaluated last", registry=r)
-        stream = Counter("ringtrain_ipu_stream_bytes", "Bytes streamed between host and IPU",
-                         ["direction"], registry=r)
-        self._stream = {d: stream.labels(direction=d)
-                        for d in ("weights_in", "grads_out", "data_in")}
-        mem = Gauge("ringtrain_ipu_memory_bytes", "IPU memory planned by the training "
-                    "program, per IPU, by kind (sum without kind: the total)", ["kind"],
-                    registry=r)
+        self.test_accuracy = Gauge(
+            "ringtrain_test_accuracy_ratio",
+            "Accuracy on the test split at the last evaluation",
+            registry=r,
+        )
+        self.test_loss = Gauge(
+            "ringtrain_test_loss",
+            "Loss on the test split at the evaluator's last evaluation",
+            registry=r,
+        )
+        self.evaluations = Counter(
+            "ringtrain_evaluations", "Checkpoints the evaluator evaluated", registry=r
+        )
+        self.evaluated_step = Gauge(
+            "ringtrain_evaluated_step",
+            "Training step of the checkpoint the evaluator evaluated last",
+            registry=r,
+        )
+        stream = Counter(
+            "ringtrain_ipu_stream_bytes",
+            "Bytes streamed between host and IPU",
+            ["direction"],
+            registry=r,
+        )
+        self._stream = {
+            d: stream.labels(direction=d) for d in ("weights_in", "grads_out", "data_in")
+        }
+        mem = Gauge(
+            "ringtrain_ipu_memory_bytes",
+            "IPU memory planned by the training "
+            "program, per IPU, by kind (sum without kind: the total)",
+            ["kind"],
+            registry=r,
+        )
         self._ipu_memory = {k: mem.labels(kind=k) for k in KINDS}
-        self._host_state = Gauge("ringtrain_host_memory_bytes", "Host memory the trainer holds "
-                                 "beside the model, by kind (optimizer_state: on the host unless "
-                                 "--no-variables-on-host)", ["kind"],
-                                 registry=r).labels(kind="optimizer_state")
-        self.ipu_capacity = Gauge("ringtrain_ipu_memory_capacity_bytes",
-                                  "Emulated IPU memory size", registry=r)
-        self.ipu_compute = Counter("ringtrain_ipu_compute_seconds",
-                                   "Seconds the IPU spent computing", registry=r)
-        self.ipu_flops = Counter("ringtrain_ipu_flops", "Floating point operations executed",
-                                 registry=r)
-        self.recompiles = Counter("ringtrain_ipu_recompiles", "Program recompilations (shape "
-                                  "changes)", registry=r)
-        self.allreduce = Counter("ringtrain_allreduce_seconds",
-                                 "Seconds spent in gradient allreduce", registry=r)
-        self.allreduce_hidden = Counter("ringtrain_allreduce_hidden_seconds",
-                                        "Allreduce seconds that ran while backward was still "
-                                        "computing here and were not spent waiting for a peer",
-                                        registry=r)
-        self.allreduce_peer_wait = Counter("ringtrain_allreduce_peer_wait_seconds",
-                                           "Allreduce seconds spent blocked on a peer (never "
-                                           "counted as hidden)", registry=r)
-        self.overlap = Gauge("ringtrain_allreduce_overlap_ratio",
-                             "Fraction of the last step's allreduce hidden behind backward "
-                             "(hidden seconds / allreduce seconds; peer waiting is exposed)",
-                             registry=r)
-        self.ring_bytes = Counter("ringtrain_ring_bytes", "Bytes this worker's ring member sent "
-                                  "to its right neighbour or received from its left",
-                                  ["direction", "transport"], registry=r)
-        self.ring_allreduce = Histogram("ringtrain_ring_allreduce_seconds",
-                                        "Wall time of one ring allreduce (barriers excluded)",
-                                        ["transport"], buckets=RING_BUCKETS, registry=r)
-        self.ring_errors = Counter("ringtrain_ring_errors", "Times the ring broke, by kind "
-                                   "(timeout, link, interrupted)", ["kind", "transport"],
-                                   registry=r)
-        self.ring_stalls = Counter("ringtrain_ring_stalls", "Times a collective waited past the "
-                                   "stall threshold (each report)", ["transport"], registry=r)
-        self.ring_peer_missing = Gauge("ringtrain_ring_peer_missing", "1 while this worker waits "
-                                       "at start-up for the ring member named by peer",
-                                       ["peer"], registry=r)
-        self.rejoins = Gauge("ringtrain_ring_rejoins", "Times this container's worker rejoined "
-                             "the ring in place after a peer's failure (carried across its "
-                             "re-execs)", registry=r)
+        self._host_state = Gauge(
+            "ringtrain_host_memory_bytes",
+            "Host memory the trainer holds "
+            "beside the model, by kind (optimizer_state: on the host unless "
+            "--no-variables-on-host)",
+            ["kind"],
+            registry=r,
+        ).labels(kind="optimizer_state")
+        self.ipu_capacity = Gauge(
+            "ringtrain_ipu_memory_capacity_bytes", "Emulated IPU memory size", registry=r
+        )
+        self.ipu_compute = Counter(
+            "ringtrain_ipu_compute_seconds", "Seconds the IPU spent computing", registry=r
+        )
+        self.ipu_flops = Counter(
+            "ringtrain_ipu_flops", "Floating point operations executed", registry=r
+        )
+        self.recompiles = Counter(
+            "ringtrain_ipu_recompiles", "Program recompilations (shape changes)", registry=r
+        )
+        self.allreduce = Counter(
+            "ringtrain_allreduce_seconds", "Seconds spent in gradient allreduce", registry=r
+        )
+        self.allreduce_hidden = Counter(
+            "ringtrain_allreduce_hidden_seconds",
+            "Allreduce seconds that ran while backward was still "
+            "computing here and were not spent waiting for a peer",
+            registry=r,
+        )
+        self.allreduce_peer_wait = Counter(
+            "ringtrain_allreduce_peer_wait_seconds",
+            "Allreduce seconds spent blocked on a peer (never counted as hidden)",
+            registry=r,
+        )
+        self.overlap = Gauge(
+            "ringtrain_allreduce_overlap_ratio",
+            "Fraction of the last step's allreduce hidden behind backward "
+            "(hidden seconds / allreduce seconds; peer waiting is exposed)",
+            registry=r,
+        )
+        self.ring_bytes = Counter(
+            "ringtrain_ring_bytes",
+            "Bytes this worker's ring member sent to its right neighbour or received from its left",
+            ["direction", "transport"],
+            registry=r,
+        )
+        self.ring_allreduce = Histogram(
+            "ringtrain_ring_allreduce_seconds",
+            "Wall time of one ring allreduce (barriers excluded)",
+            ["transport"],
+            buckets=RING_BUCKETS,
+            registry=r,
+        )
+        self.ring_errors = Counter(
+            "ringtrain_ring_errors",
+            "Times the ring broke, by kind (timeout, link, interrupted)",
+            ["kind", "transport"],
+            registry=r,
+        )
+        self.ring_stalls = Counter(
+            "ringtrain_ring_stalls",
+            "Times a collective waited past the stall threshold (each report)",
+            ["transport"],
+            registry=r,
+        )
+        self.ring_peer_missing = Gauge(
+            "ringtrain_ring_peer_missing",
+            "1 while this worker waits at start-up for the ring member named by peer",
+            ["peer"],
+            registry=r,
+        )
+        self.rejoins = Gauge(
+            "ringtrain_ring_rejoins",
+            "Times this container's worker rejoined "
+            "the ring in place after a peer's failure (carried across its "
+            "re-execs)",
+            registry=r,
+        )
         self.waiting_names: list[str] = []
         self._last = IPUStats()
         self._status = events.Status()
@@ -166,8 +246,16 @@ class TrainerMetrics:
         self.ipu_capacity.set(plan.capacity)
         self.update_status(ipu_memory=memory.status_doc(plan, host_state_bytes))
 
-    def observe_step(self, step: int, epoch: int, seconds: float, loss: float,
-                     samples_per_s: float, ipu: IPUStats, comm: StepCommStats) -> None:
+    def observe_step(
+        self,
+        step: int,
+        epoch: int,
+        seconds: float,
+        loss: float,
+        samples_per_s: float,
+        ipu: IPUStats,
+        comm: StepCommStats,
+    ) -> None:
         self.step_duration.observe(seconds)
         self.steps.inc()
         self.loss.set(loss)
@@ -185,8 +273,9 @@ class TrainerMetrics:
             self.allreduce_hidden.inc(comm.hidden_s)
             self.allreduce_peer_wait.inc(comm.peer_wait_s)
             self.overlap.set(comm.overlap_fraction)
-        self.update_status(step=step, epoch=epoch, loss=loss, samples_per_s=samples_per_s,
-                           phase="Training")
+        self.update_status(
+            step=step, epoch=epoch, loss=loss, samples_per_s=samples_per_s, phase="Training"
+        )
 
     def observe_eval(self, accuracy: float) -> None:
         self.test_accuracy.set(accuracy)
@@ -224,7 +313,7 @@ class MetricsServer:
         class Handler(BaseHTTPRequestHandler):
             timeout = IDLE_TIMEOUT_S
 
-            def do_GET(self):  # noqa: N802 (http.server's naming)
+            def do_GET(self):
                 if self.path.split("?")[0] == "/metrics":
                     body, ctype = generate_latest(m.registry), CONTENT_TYPE_LATEST
                 elif self.path.split("?")[0] == "/status":
@@ -244,8 +333,9 @@ class MetricsServer:
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="ringtrain-metrics",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="ringtrain-metrics", daemon=True
+        )
         self._thread.start()
 
     def close(self) -> None:

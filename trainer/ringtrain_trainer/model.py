@@ -16,8 +16,8 @@ Dense) and the general Keras layers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -74,15 +74,20 @@ class ModelSpec:
         self.layer_ranges = []
         for li in range(len(layers)):
             mine = [s for s in slots if s.spec.layer == li]
-            self.layer_ranges.append((min(s.start for s in mine), max(s.stop for s in mine))
-                                     if mine else (offset, offset))
+            self.layer_ranges.append(
+                (min(s.start for s in mine), max(s.stop for s in mine))
+                if mine
+                else (offset, offset)
+            )
             offset = self.layer_ranges[-1][0]
         at = {(s.spec.layer, s.spec.name): s.start for s in slots}
         #: the gradient pieces backward streams, in order, as (start, stop) of the flat buffer:
         #: last layer first; within a layer as its ``grad_plan`` says
-        self.grad_pieces = [(at[li, name] + lo, at[li, name] + hi)
-                            for li in reversed(range(len(layers)))
-                            for name, lo, hi in layers[li].grad_plan()]
+        self.grad_pieces = [
+            (at[li, name] + lo, at[li, name] + hi)
+            for li in reversed(range(len(layers)))
+            for name, lo, hi in layers[li].grad_plan()
+        ]
         #: the same pieces as sizes, grouped by parameter in arrival order: what the reducer
         #: plans its buckets from, so a bucket always ends where a streamed piece ends
         self.param_pieces: list[list[int]] = []
@@ -100,19 +105,21 @@ class ModelSpec:
         """Per layer, name → view into ``flat`` shaped like the parameter."""
         out: list[dict[str, np.ndarray]] = [{} for _ in self.layers]
         for s in self.slots:
-            out[s.spec.layer][s.spec.name] = flat[s.start:s.stop].reshape(s.spec.shape)
+            out[s.spec.layer][s.spec.name] = flat[s.start : s.stop].reshape(s.spec.shape)
         return out
 
     def init_state(self, dtype=np.float32) -> np.ndarray:
-        return np.concatenate([np.full(n, v, dtype) for specs in self.state_specs
-                               for _, n, v in specs] or [np.zeros(0, dtype)])
+        return np.concatenate(
+            [np.full(n, v, dtype) for specs in self.state_specs for _, n, v in specs]
+            or [np.zeros(0, dtype)]
+        )
 
     def state_views(self, state: np.ndarray) -> list[dict[str, np.ndarray]]:
         out, at = [], 0
         for specs in self.state_specs:
             out.append({})
             for name, n, _ in specs:
-                out[-1][name], at = state[at:at + n], at + n
+                out[-1][name], at = state[at : at + n], at + n
         return out
 
     def init(self, seed: int, dtype=np.float32) -> np.ndarray:
@@ -122,9 +129,9 @@ class ModelSpec:
         for s in sorted(self.slots, key=lambda s: (s.spec.layer, s.spec.name != "kernel")):
             if s.spec.glorot:
                 limit = math.sqrt(6.0 / (s.spec.fan_in + s.spec.fan_out))
-                flat[s.start:s.stop] = rng.uniform(-limit, limit, s.spec.size)
+                flat[s.start : s.stop] = rng.uniform(-limit, limit, s.spec.size)
             elif s.spec.ones:
-                flat[s.start:s.stop] = 1
+                flat[s.start : s.stop] = 1
         return flat
 
     def flops_per_example(self, train: bool = True) -> int:
@@ -135,12 +142,14 @@ def build(name: str) -> ModelSpec:
     """A preset name, a ``.json`` file of ``model.to_json()`` or a ``.keras`` file
     (``keras_model.load``); the presets are Keras configs shipped with the package."""
     from ringtrain_trainer import keras_model
+
     return keras_model.load(name)
 
 
 def build_handwritten(name: str) -> ModelSpec:
     """``cnn``: the seeds' CNN; ``cnn2``: the TensorFlow tutorial's two-conv variant."""
     from ringtrain_trainer.layers.fused import ConvPool, Dense
+
     if name == "cnn":
         c1 = ConvPool((28, 28, 1), 32)
         flat = math.prod(c1.out_shape)
@@ -161,8 +170,15 @@ class Program:
     streams gradients out while backward continues.
     """
 
-    def __init__(self, spec: ModelSpec, batch: int, train: bool, dtype=np.float32,
-                 grads_first: bool = False, state: np.ndarray | None = None):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        batch: int,
+        train: bool,
+        dtype=np.float32,
+        grads_first: bool = False,
+        state: np.ndarray | None = None,
+    ):
         self.spec, self.batch, self.train, self.dtype = spec, batch, train, np.dtype(dtype)
         #: set by the IPU before each run: what Dropout's masks depend on (``layers``)
         self.ctx = {"seed": 0, "step": 0, "example0": 0}
@@ -174,12 +190,14 @@ class Program:
         self.ws: list[dict] = []
         for i, layer in enumerate(spec.layers):
             bufs = layer.buffers(batch, train, need_dx=i > 0)
-            ws = {k: np.zeros(shape, self.dtype if t == "f" else np.bool_)
-                  for k, (shape, t) in bufs.items()}
+            ws = {
+                k: np.zeros(shape, self.dtype if t == "f" else np.bool_)
+                for k, (shape, t) in bufs.items()
+            }
             ws.update(state_views[i], ctx=self.ctx)
             layer.bind(ws, batch)
             self.ws.append(ws)
-        self.x = np.zeros((batch,) + spec.input_shape, self.dtype)
+        self.x = np.zeros((batch, *spec.input_shape), self.dtype)
         self.labels = np.zeros(batch, np.int64)
         k = spec.num_classes
         self.probs = np.zeros((batch, k), self.dtype)
@@ -204,8 +222,9 @@ class Program:
         work += (2 * batch * k + 2 * batch) * itemsize
         return {"activations": acts, "workspace": work, "data": data}
 
-    def forward(self, params: list[dict[str, np.ndarray]],
-                on_layer: Callable[[int], None] | None = None) -> np.ndarray:
+    def forward(
+        self, params: list[dict[str, np.ndarray]], on_layer: Callable[[int], None] | None = None
+    ) -> np.ndarray:
         """Logits; ``on_layer(i)`` (a tracer's lap) after each layer ``i``."""
         h = self.x
         for i, (layer, ws, p) in enumerate(zip(self.spec.layers, self.ws, params)):
@@ -231,9 +250,12 @@ class Program:
         np.multiply(d, self.dtype.type(1.0 / self.batch), out=d)
         return loss
 
-    def backward_pieces(self, params: list[dict[str, np.ndarray]],
-                        grads: list[dict[str, np.ndarray]],
-                        on_layer: Callable[[int], None] | None = None):
+    def backward_pieces(
+        self,
+        params: list[dict[str, np.ndarray]],
+        grads: list[dict[str, np.ndarray]],
+        on_layer: Callable[[int], None] | None = None,
+    ):
         """Generator: backward (last layer first), yielding each ``(start, stop)`` of
         ``spec.grad_pieces`` once those gradients are written, so replicas and shards can run
         in lock step piece by piece."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from ringtrain.cluster import ClusterSpec
-from ringtrain_trainer.collective import Collective
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.collective import Collective
 
 _FLOAT = np.dtype(np.float32)
 
@@ -60,6 +60,8 @@ def connect(spec: ClusterSpec | None = None) -> Collective:
     try:
         from mpi4py import MPI
     except ImportError as e:
-        raise InvalidSpec(f"--collective mpi needs mpi4py and Open MPI ({e}); install "
-                          "ringtrain[mpi] and Debian's openmpi-bin libopenmpi-dev") from None
+        raise InvalidSpec(
+            f"--collective mpi needs mpi4py and Open MPI ({e}); install "
+            "ringtrain[mpi] and Debian's openmpi-bin libopenmpi-dev"
+        ) from None
     return MpiCollective(MPI.COMM_WORLD)

@@ -106,9 +106,9 @@ class Momentum(Optimizer):
 class Adam(Optimizer):
     """tf.keras Adam (beta1 0.9, beta2 0.999, epsilon 1e-7), the "epsilon hat" form::
 
-        alpha = lr * sqrt(1 - beta2**t) / (1 - beta1**t)
-        m += (g - m) * (1 - beta1);  v += (g*g - v) * (1 - beta2)
-        w -= alpha * m / (sqrt(v) + epsilon)
+    alpha = lr * sqrt(1 - beta2**t) / (1 - beta1**t)
+    m += (g - m) * (1 - beta1);  v += (g*g - v) * (1 - beta2)
+    w -= alpha * m / (sqrt(v) + epsilon)
     """
 
     name = "adam"

@@ -44,7 +44,7 @@ class Rejoins:
     step: int = -1
 
     @classmethod
-    def from_env(cls, environ=os.environ) -> "Rejoins":
+    def from_env(cls, environ=os.environ) -> Rejoins:
         """Garbage or absence is "no rejoin yet": the variable is ours, never the user's."""
         try:
             total, streak, step = (int(v) for v in environ.get(ENV, "").split(","))
@@ -52,13 +52,14 @@ class Rejoins:
             return cls()
         return cls(max(total, 0), max(streak, 0), step)
 
-    def after(self, step: int) -> "Rejoins":
+    def after(self, step: int) -> Rejoins:
         """The count once this process, having reached ``step``, rejoins."""
         return Rejoins(self.total + 1, 1 if step > self.step else self.streak + 1, step)
 
 
-def decide(error: BaseException, *, ring_formed: bool, step: int | None, limit: int,
-           previous: Rejoins) -> Rejoins | None:
+def decide(
+    error: BaseException, *, ring_formed: bool, step: int | None, limit: int, previous: Rejoins
+) -> Rejoins | None:
     """The rejoin to make instead of exiting, or None (exit with the error's code). ``step``:
     the trainer's, None before there is a trainer."""
     if not (isinstance(error, RingError) and error.exit_code == EXIT_RETRYABLE):

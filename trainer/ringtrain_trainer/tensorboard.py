@@ -67,8 +67,7 @@ class _Writer:
         resumed chief repeats the steps after its checkpoint)."""
         if self.path is not None and self._w is None:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._w = summary_writer()(str(self.path), purge_step=purge_step,
-                                       flush_secs=FLUSH_S)
+            self._w = summary_writer()(str(self.path), purge_step=purge_step, flush_secs=FLUSH_S)
 
     @property
     def on(self) -> bool:
@@ -130,19 +129,25 @@ class TrainWriter(_Writer):
             return
         n = max(1, self.steps)
         values: dict[str, Any] = {
-            "train/loss": loss, "train/learning_rate": lr, "train/samples_per_s": samples_per_s,
-            "step_time/total_s": self.step_s / n, "step_time/ipu_compute_s": self.compute_s / n,
+            "train/loss": loss,
+            "train/learning_rate": lr,
+            "train/samples_per_s": samples_per_s,
+            "step_time/total_s": self.step_s / n,
+            "step_time/ipu_compute_s": self.compute_s / n,
             "step_time/exposed_allreduce_s": self.exposed_s / n,
             "step_time/other_s": max(0.0, self.step_s - self.compute_s - self.exposed_s) / n,
         }
         if self.allreduce_s > 0:
-            values.update({
-                "allreduce/time_s": self.allreduce_s / n, "allreduce/hidden_s": self.hidden_s / n,
-                "allreduce/peer_wait_s": self.peer_wait_s / n,
-                "allreduce/overlap_fraction": self.hidden_s / self.allreduce_s,
-                "allreduce/busbw_gbps": bus_bandwidth(self.world, self.nbytes,
-                                                      self.allreduce_s) / 1e9,
-            })
+            values.update(
+                {
+                    "allreduce/time_s": self.allreduce_s / n,
+                    "allreduce/hidden_s": self.hidden_s / n,
+                    "allreduce/peer_wait_s": self.peer_wait_s / n,
+                    "allreduce/overlap_fraction": self.hidden_s / self.allreduce_s,
+                    "allreduce/busbw_gbps": bus_bandwidth(self.world, self.nbytes, self.allreduce_s)
+                    / 1e9,
+                }
+            )
         self.scalars(step, values)
         self._reset()
 

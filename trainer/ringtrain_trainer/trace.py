@@ -20,8 +20,9 @@ import itertools
 import json
 import re
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,12 +32,25 @@ from ringtrain.errors import InvalidSpec
 #: ``FORWARD + 2j`` and ``BACKWARD + 2j``.
 STEP, DATA, WEIGHTS, FORWARD, BACKWARD = 1, 2, 3, 10, 11
 GRADS, ALLREDUCE, OPTIMIZER, CHECKPOINT = 60, 61, 62, 63
-LANES = {STEP: "step", DATA: "data loading", WEIGHTS: "weights in", GRADS: "gradients out",
-         ALLREDUCE: "allreduce", OPTIMIZER: "optimizer", CHECKPOINT: "checkpoint"}
+LANES = {
+    STEP: "step",
+    DATA: "data loading",
+    WEIGHTS: "weights in",
+    GRADS: "gradients out",
+    ALLREDUCE: "allreduce",
+    OPTIMIZER: "optimizer",
+    CHECKPOINT: "checkpoint",
+}
 #: what the value column means, per slice name (the slice's ``args``)
-VALUE_ARGS = {"allreduce bucket": "bytes", "grad piece": "bytes", "weights in": "bytes",
-              "data to IPU": "bytes", "apply": "elements", "reduce-scatter": "phase",
-              "allgather": "phase"}
+VALUE_ARGS = {
+    "allreduce bucket": "bytes",
+    "grad piece": "bytes",
+    "weights in": "bytes",
+    "data to IPU": "bytes",
+    "apply": "elements",
+    "reduce-scatter": "phase",
+    "allgather": "phase",
+}
 #: rows reserved per step of the window; the cnn with 2 workers records about 80
 EVENTS_PER_STEP = 512
 #: the longest window, so the table stays a few MB (a longer one is refused)
@@ -67,12 +81,12 @@ def lane_name(lane: int) -> str:
 
 
 class _Span:
-    __slots__ = ("tracer", "lane", "name", "index", "value", "t0")
+    __slots__ = ("index", "lane", "name", "t0", "tracer", "value")
 
-    def __init__(self, tracer: "Tracer", lane: int, name: str, index: int, value: int):
+    def __init__(self, tracer: Tracer, lane: int, name: str, index: int, value: int):
         self.tracer, self.lane, self.name, self.index, self.value = tracer, lane, name, index, value
 
-    def __enter__(self) -> "_Span":
+    def __enter__(self) -> _Span:
         self.t0 = time.perf_counter_ns()
         return self
 
@@ -99,15 +113,20 @@ class Tracer:
     Safe from several threads: each slice claims its row with one ``next()`` of a counter
     (atomic under the GIL) and writes only that row."""
 
-    def __init__(self, window: tuple[int, int] | None = None, rank: int = 0,
-                 events_per_step: int = EVENTS_PER_STEP):
+    def __init__(
+        self,
+        window: tuple[int, int] | None = None,
+        rank: int = 0,
+        events_per_step: int = EVENTS_PER_STEP,
+    ):
         self.window, self.rank = window, rank
         self.first, self.last = window if window else (1, 0)
         self.on = False
         self.step = 0
         self.recorded = self.collected = False
-        self._rows = np.zeros((max(0, self.last - self.first + 1) * events_per_step, _COLS),
-                              np.int64)
+        self._rows = np.zeros(
+            (max(0, self.last - self.first + 1) * events_per_step, _COLS), np.int64
+        )
         self._count = itertools.count()
         self._names: dict[str, int] = {}
         self._step_args: dict[int, dict] = {}
@@ -124,8 +143,9 @@ class Tracer:
     def now(self) -> int:
         return time.perf_counter_ns() if self.on else 0
 
-    def add(self, lane: int, name: str, t0: int, index: int = -1, value: int = -1,
-            t1: int = 0) -> None:
+    def add(
+        self, lane: int, name: str, t0: int, index: int = -1, value: int = -1, t1: int = 0
+    ) -> None:
         """A slice from ``t0`` (:meth:`now`) to ``t1`` (default: now)."""
         if not self.on:
             return
@@ -150,6 +170,7 @@ class Tracer:
             t = time.perf_counter_ns()
             self.add(lane, names[i], last[0], t1=t)
             last[0] = t
+
         return lap
 
     def end_step(self, t0: int, **args: float) -> None:
@@ -169,19 +190,42 @@ class Tracer:
         """This rank's trace as a Chrome trace-event document."""
         claimed = next(self._count)
         self._count = itertools.count(claimed)  # reading the counter advanced it
-        rows = self._rows[:min(claimed, len(self._rows))]
+        rows = self._rows[: min(claimed, len(self._rows))]
         names = {v: k for k, v in self._names.items()}
         pid = self.rank
         out: list[dict[str, Any]] = [
-            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-             "args": {"name": "rank"}},  # Perfetto shows "rank 0"
-            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-             "args": {"sort_index": pid}}]
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": pid,
+                "tid": 0,
+                "args": {"name": "rank"},
+            },  # Perfetto shows "rank 0"
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": pid,
+                "tid": 0,
+                "args": {"sort_index": pid},
+            },
+        ]
         for lane in sorted({int(r[2]) for r in rows}):
-            out += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": lane,
-                     "args": {"name": lane_name(lane)}},
-                    {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": lane,
-                     "args": {"sort_index": lane}}]
+            out += [
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": pid,
+                    "tid": lane,
+                    "args": {"name": lane_name(lane)},
+                },
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": pid,
+                    "tid": lane,
+                    "args": {"sort_index": lane},
+                },
+            ]
         for t0, t1, lane, name_id, index, step, value in rows.tolist():
             name = names[name_id]
             ts, end = (t0 + self._epoch_ns) // 1000, (t1 + self._epoch_ns) // 1000
@@ -190,14 +234,31 @@ class Tracer:
                 args[VALUE_ARGS.get(name, "value")] = value
             if lane == STEP and name == "step":
                 args.update(self._step_args.get(step, {}))
-            out.append({"ph": "X", "name": f"{name} {index}" if index >= 0 else name,
-                        "cat": lane_name(lane), "ts": ts, "dur": end - ts, "pid": pid,
-                        "tid": lane, "args": args})
+            out.append(
+                {
+                    "ph": "X",
+                    "name": f"{name} {index}" if index >= 0 else name,
+                    "cat": lane_name(lane),
+                    "ts": ts,
+                    "dur": end - ts,
+                    "pid": pid,
+                    "tid": lane,
+                    "args": args,
+                }
+            )
         dropped = max(0, claimed - len(self._rows))
-        return {"traceEvents": out, "displayTimeUnit": "ms",
-                "otherData": {"ringtrain": {"rank": pid, "steps": [self.first, self.last],
-                                            "clock": "unix epoch microseconds",
-                                            "dropped": dropped}}}
+        return {
+            "traceEvents": out,
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "ringtrain": {
+                    "rank": pid,
+                    "steps": [self.first, self.last],
+                    "clock": "unix epoch microseconds",
+                    "dropped": dropped,
+                }
+            },
+        }
 
 
 #: the tracer of a worker without ``--trace-steps``: never on, no table
@@ -212,8 +273,11 @@ def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for d in docs:
         events += d.get("traceEvents", [])
         meta.append((d.get("otherData") or {}).get("ringtrain", {}))
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"ringtrain": {"ranks": meta, "clock": "unix epoch microseconds"}}}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"ringtrain": {"ranks": meta, "clock": "unix epoch microseconds"}},
+    }
 
 
 def gather(collective, payload: bytes, tag: int = -3) -> list[bytes]:
@@ -226,17 +290,19 @@ def gather(collective, payload: bytes, tag: int = -3) -> list[bytes]:
     if n == 1:
         return [payload]
     sizes = np.zeros(2 * n, np.float32)
-    sizes[2 * rank:2 * rank + 2] = divmod(len(payload), 1 << 16)
+    sizes[2 * rank : 2 * rank + 2] = divmod(len(payload), 1 << 16)
     collective.allreduce_mean_(sizes, step=-1, tag=tag)
-    lengths = [int(hi) * (1 << 16) + int(lo)
-               for hi, lo in np.rint(sizes.astype(np.float64) * n).reshape(n, 2)]
+    lengths = [
+        int(hi) * (1 << 16) + int(lo)
+        for hi, lo in np.rint(sizes.astype(np.float64) * n).reshape(n, 2)
+    ]
     width = (max(lengths) + 1) // 2
     buf = np.zeros((n, width), np.float32)
     own = np.frombuffer(payload + b"\0" * (2 * width - len(payload)), np.uint16)
     buf[rank] = own
     collective.allreduce_mean_(buf.reshape(-1), step=-1, tag=tag - 1)
     words = np.rint(buf.astype(np.float64) * n).astype(np.uint16)
-    return [words[r].tobytes()[:lengths[r]] for r in range(n)]
+    return [words[r].tobytes()[: lengths[r]] for r in range(n)]
 
 
 def collect(tracer: Tracer, collective, directory: str | Path) -> str | None:

@@ -22,21 +22,20 @@ from typing import TextIO
 
 import numpy as np
 
-from ringtrain_trainer import data as data_mod
-from ringtrain_trainer import model as model_mod
-from ringtrain_trainer import memory, optim, trace
-from ringtrain_trainer.keras_model import describe
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
-from ringtrain_trainer.data_npz import check_fits
-from ringtrain_trainer.evaluator import clear_done, write_done
-from ringtrain_trainer.collective import Collective
-from ringtrain_trainer.config import TrainerConfig
 from ringtrain import events
 from ringtrain.errors import CheckpointError, IPUCompileError
+from ringtrain_trainer import data as data_mod
+from ringtrain_trainer import memory, optim, tensorboard, trace
+from ringtrain_trainer import model as model_mod
+from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
+from ringtrain_trainer.collective import Collective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.data_npz import check_fits
+from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
+from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.reducer import Reducer, StepCommStats
-from ringtrain_trainer import tensorboard
 
 #: seconds between progress lines
 PROGRESS_EVERY_S = 1.0
@@ -73,9 +72,14 @@ class Trainer:
     """Everything one replica needs, built from a config; :meth:`run` trains and returns the
     final result dict."""
 
-    def __init__(self, cfg: TrainerConfig, collective: Collective,
-                 dataset: data_mod.Dataset | None = None, metrics: TrainerMetrics | None = None,
-                 out: TextIO | None = None):
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        collective: Collective,
+        dataset: data_mod.Dataset | None = None,
+        metrics: TrainerMetrics | None = None,
+        out: TextIO | None = None,
+    ):
         self.cfg, self.collective = cfg, collective
         self.rank, self.world = collective.rank, collective.size
         # the collective's rank, not ``cfg.cluster.is_chief``: under mpirun TF_CONFIG is empty
@@ -93,16 +97,31 @@ class Trainer:
         collective.tracer = self.tracer
         # the reducer owns the gradient buffer (and the stop vote after it); its thread
         # starts with the first step
-        self.reducer = Reducer(self.spec.param_pieces, collective, self.optimizer,
-                               cfg.bucket_bytes, stop_vote=True, overlap=cfg.overlap_comm,
-                               tracer=self.tracer)
+        self.reducer = Reducer(
+            self.spec.param_pieces,
+            collective,
+            self.optimizer,
+            cfg.bucket_bytes,
+            stop_vote=True,
+            overlap=cfg.overlap_comm,
+            tracer=self.tracer,
+        )
         self.grads = self.reducer.grads
-        self.ipu = IPU(self.spec, IPUConfig(
-            memory_bytes=cfg.ipu_memory_mb * MB, variables_on_host=cfg.variables_on_host,
-            replicas=cfg.ipus_per_worker, host_threads=cfg.ipu_host_threads,
-            optimizer_state_bytes=optim.state_bytes_for(cfg.optimizer, self.spec.num_params),
-            rank=self.rank, seed=cfg.seed,
-        ), self.params, self.grads, tracer=self.tracer)
+        self.ipu = IPU(
+            self.spec,
+            IPUConfig(
+                memory_bytes=cfg.ipu_memory_mb * MB,
+                variables_on_host=cfg.variables_on_host,
+                replicas=cfg.ipus_per_worker,
+                host_threads=cfg.ipu_host_threads,
+                optimizer_state_bytes=optim.state_bytes_for(cfg.optimizer, self.spec.num_params),
+                rank=self.rank,
+                seed=cfg.seed,
+            ),
+            self.params,
+            self.grads,
+            tracer=self.tracer,
+        )
         # both programs compiled (and their memory checked) before any data is loaded
         self.exe = self.ipu.compile(cfg.batch_size, train=True)
         try:
@@ -111,19 +130,29 @@ class Trainer:
         except IPUCompileError:  # a small IPU: evaluate in training-sized batches, which fit
             self.eval_batch = cfg.batch_size
             self.ipu.compile(cfg.batch_size, train=False)
-        self.metrics.set_plan(self.exe.plan, memory.host_optimizer_state(
-            cfg.variables_on_host, self.optimizer.state_bytes))
+        self.metrics.set_plan(
+            self.exe.plan,
+            memory.host_optimizer_state(cfg.variables_on_host, self.optimizer.state_bytes),
+        )
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        check_fits(self.data, self.spec.input_shape, self.spec.num_classes,
-                   cfg.data_dir if dataset is None else self.data.name)
-        self.sharder = data_mod.Sharder(len(self.data.train), cfg.batch_size, self.world,
-                                        self.rank, cfg.seed)
-        self.ckpt = CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint_keep) \
-            if cfg.checkpoint_dir else None
+        check_fits(
+            self.data,
+            self.spec.input_shape,
+            self.spec.num_classes,
+            cfg.data_dir if dataset is None else self.data.name,
+        )
+        self.sharder = data_mod.Sharder(
+            len(self.data.train), cfg.batch_size, self.world, self.rank, cfg.seed
+        )
+        self.ckpt = (
+            CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint_keep)
+            if cfg.checkpoint_dir
+            else None
+        )
         b = cfg.batch_size
-        self.x = np.zeros((b,) + self.spec.input_shape, np.float32)
+        self.x = np.zeros((b, *self.spec.input_shape), np.float32)
         self.y = np.zeros(b, np.int64)
-        self.scratch = np.zeros((b,) + self.data.train.images.shape[1:], np.uint8)
+        self.scratch = np.zeros((b, *self.data.train.images.shape[1:]), np.uint8)
         self.step = 0
         self.position = data_mod.Position(0, 0, self.sharder.global_batch)
         self.last_checkpoint: str | None = None
@@ -150,11 +179,13 @@ class Trainer:
                     raise CheckpointError(
                         f"{self.ckpt.dir}: checkpoint of model {describe(state.model)} "
                         f"({state.params.size} params) cannot resume --model "
-                        f"{describe(self.cfg.model)}")
+                        f"{describe(self.cfg.model)}"
+                    )
                 if state.optimizer != self.optimizer.name:
                     raise CheckpointError(
                         f"{self.ckpt.dir}: checkpoint used optimizer {state.optimizer!r}, "
-                        f"this run --optimizer {self.optimizer.name}")
+                        f"this run --optimizer {self.optimizer.name}"
+                    )
                 np.copyto(self.params, state.params)
                 self.optimizer.load_state(state.optimizer_state, state.optimizer_iterations)
                 if state.model_state is not None:
@@ -165,8 +196,10 @@ class Trainer:
             self.collective.broadcast_(self.params, root=0)
             for buf in self.optimizer.state.values():
                 self.collective.broadcast_(buf, root=0)
-            counters = np.array([self.step, self.position.epoch, self.position.batch,
-                                 self.optimizer.iterations], np.float32)
+            counters = np.array(
+                [self.step, self.position.epoch, self.position.batch, self.optimizer.iterations],
+                np.float32,
+            )
             self.collective.broadcast_(counters, root=0)
             if self.ipu.state.size:  # the chief's moving statistics (ringtrain_trainer.layers)
                 self.collective.broadcast_(self.ipu.state, root=0)
@@ -187,10 +220,17 @@ class Trainer:
 
     def state(self, loss: float | None) -> TrainingState:
         return TrainingState(
-            step=self.step, position=self.position, params=self.params,
-            optimizer=self.optimizer.name, optimizer_state=self.optimizer.state_dict(),
-            optimizer_iterations=self.optimizer.iterations, model=self.cfg.model,
-            world_size=self.world, loss=loss, model_state=self.ipu.state)
+            step=self.step,
+            position=self.position,
+            params=self.params,
+            optimizer=self.optimizer.name,
+            optimizer_state=self.optimizer.state_dict(),
+            optimizer_iterations=self.optimizer.iterations,
+            model=self.cfg.model,
+            world_size=self.world,
+            loss=loss,
+            model_state=self.ipu.state,
+        )
 
     def save(self, loss: float | None) -> None:
         if self.ckpt is None or not self.is_chief:
@@ -247,14 +287,22 @@ class Trainer:
         tr.begin_step(self.step + 1)
         t0_ns, pos = tr.now(), self.position
         with tr.span(trace.DATA, "load batch"):
-            data_mod.batch_into(self.data.train, self.sharder.indices(pos.epoch, pos.batch),
-                                self.x, self.y, self.scratch)
+            data_mod.batch_into(
+                self.data.train,
+                self.sharder.indices(pos.epoch, pos.batch),
+                self.x,
+                self.y,
+                self.scratch,
+            )
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
-        loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad,
-                                   step=self.step)
+        loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad, step=self.step)
         comm = self.reducer.finish()
-        tr.end_step(t0_ns, allreduce_s=comm.allreduce_s, hidden_s=comm.hidden_s,
-                    exposed_wait_s=comm.exposed_wait_s)
+        tr.end_step(
+            t0_ns,
+            allreduce_s=comm.allreduce_s,
+            hidden_s=comm.hidden_s,
+            exposed_wait_s=comm.exposed_wait_s,
+        )
         if self.reducer.vote.agreed():
             self._stop_agreed = True
         self.step += 1
@@ -279,16 +327,23 @@ class Trainer:
             train_s += dt
             ema = tput.update(dt)
             sps = self.sharder.global_batch / ema
-            self.metrics.observe_step(self.step, self.position.epoch, dt, loss, sps,
-                                      self.ipu.stats, comm)
+            self.metrics.observe_step(
+                self.step, self.position.epoch, dt, loss, sps, self.ipu.stats, comm
+            )
             self.tb.observe(dt, self.ipu.stats, comm)
             now = time.perf_counter()
             if self.step == first + 1 or now - last_report >= PROGRESS_EVERY_S or self._done():
                 last_report = now
-                self.report.emit(events.Progress(
-                    step=self.step, epoch=self.position.epoch, loss=round(loss, 6),
-                    samples_per_s=round(sps, 1),
-                    eta_s=round(max(0, total - self.step) * ema, 1), total_steps=total))
+                self.report.emit(
+                    events.Progress(
+                        step=self.step,
+                        epoch=self.position.epoch,
+                        loss=round(loss, 6),
+                        samples_per_s=round(sps, 1),
+                        eta_s=round(max(0, total - self.step) * ema, 1),
+                        total_steps=total,
+                    )
+                )
                 self.tb.progress(self.step, loss, self.optimizer.lr, sps)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.save(loss)
@@ -304,14 +359,21 @@ class Trainer:
             export = self.export(last_loss)
         done = self.step - first
         final = events.Final(
-            steps=self.step, epoch=self.position.epoch,
+            steps=self.step,
+            epoch=self.position.epoch,
             loss=None if np.isnan(loss) else round(loss, 6),
             test_accuracy=None if self.test_accuracy is None else round(self.test_accuracy, 6),
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
-            if train_s > 0 else 0.0,
-            checkpoint=self.last_checkpoint, rank=self.rank, world_size=self.world,
-            terminated=terminated, export=export, trace=self.trace_file,
-            params_sha256=hashlib.sha256(self.params.data).hexdigest())
+            if train_s > 0
+            else 0.0,
+            checkpoint=self.last_checkpoint,
+            rank=self.rank,
+            world_size=self.world,
+            terminated=terminated,
+            export=export,
+            trace=self.trace_file,
+            params_sha256=hashlib.sha256(self.params.data).hexdigest(),
+        )
         if not terminated and self.ckpt is not None and self.is_chief:
             write_done(self.ckpt.dir, final)  # the evaluator's signal to finish
         self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")
@@ -321,8 +383,9 @@ class Trainer:
     def _collect_trace(self, finished: bool = False) -> None:
         """After the window (at the same step on every rank): the chief gathers the traces."""
         if self.tracer.due(self.step, finished):
-            self.trace_file = trace.collect(self.tracer, self.collective, self.cfg.trace_dir
-                                            or self.cfg.checkpoint_dir or ".")
+            self.trace_file = trace.collect(
+                self.tracer, self.collective, self.cfg.trace_dir or self.cfg.checkpoint_dir or "."
+            )
 
     def close(self) -> None:
         self.tb.close()

@@ -17,17 +17,19 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
-from ringtrain.errors import (EXIT_OK, EXIT_RETRYABLE, EXIT_TERMINATED, RingError,
-                             exit_code_for)
+from ringtrain.errors import EXIT_OK, EXIT_RETRYABLE, EXIT_TERMINATED, RingError, exit_code_for
 from ringtrain_trainer import memory, rejoin
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.ipu import blas_limits
 from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
-from ringtrain_trainer.termlog import (own_termination_log, termination_log_flag,
-                                      write_termination_log)
+from ringtrain_trainer.termlog import (
+    own_termination_log,
+    termination_log_flag,
+    write_termination_log,
+)
 from ringtrain_trainer.worker import Trainer
 
 
@@ -51,14 +53,20 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
         from ringtrain_trainer.ring.tls import INSECURE_NOTE
 
         print(f"ringtrain worker: {INSECURE_NOTE}", file=sys.stderr)
-    return ring.connect(cfg.cluster, cfg.token, transport=cfg.ring_transport,
-                        step_timeout_s=cfg.ring_step_timeout_s,
-                        connect_timeout_s=cfg.ring_connect_timeout_s,
-                        health_timeout_s=cfg.ring_health_timeout_s,
-                        stall_s=cfg.ring_stall_warning_s, observer=observer,
-                        tls=cfg.tls, encrypt_data=cfg.ring_encrypt_data,
-                        health_port=cfg.ring_health_port,
-                        shared_memory=cfg.ring_shared_memory)
+    return ring.connect(
+        cfg.cluster,
+        cfg.token,
+        transport=cfg.ring_transport,
+        step_timeout_s=cfg.ring_step_timeout_s,
+        connect_timeout_s=cfg.ring_connect_timeout_s,
+        health_timeout_s=cfg.ring_health_timeout_s,
+        stall_s=cfg.ring_stall_warning_s,
+        observer=observer,
+        tls=cfg.tls,
+        encrypt_data=cfg.ring_encrypt_data,
+        health_port=cfg.ring_health_port,
+        shared_memory=cfg.ring_shared_memory,
+    )
 
 
 def process_main(argv: list[str] | None = None) -> int:
@@ -66,8 +74,9 @@ def process_main(argv: list[str] | None = None) -> int:
     return main(argv, rejoin_exec=rejoin.exec_again)
 
 
-def main(argv: list[str] | None = None,
-         rejoin_exec: Callable[[rejoin.Rejoins], None] | None = None) -> int:
+def main(
+    argv: list[str] | None = None, rejoin_exec: Callable[[rejoin.Rejoins], None] | None = None
+) -> int:
     """Train; returns the process exit code. With ``rejoin_exec`` a survivor of a peer's
     failure calls it (it replaces the process) once everything is closed, instead of returning."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -96,8 +105,11 @@ def main(argv: list[str] | None = None,
             server = MetricsServer(metrics, cfg.metrics_port)
         if previous.total:
             metrics.rejoins.set(previous.total)
-            print(f"ringtrain worker: rejoining the ring in place (rejoin {previous.total} of "
-                  f"this container)", file=sys.stderr)
+            print(
+                f"ringtrain worker: rejoining the ring in place (rejoin {previous.total} of "
+                f"this container)",
+                file=sys.stderr,
+            )
         collective = connect(cfg, metrics)
         metrics.watch_ring(collective)
         trainer = Trainer(cfg, collective, metrics=metrics)
@@ -114,28 +126,42 @@ def main(argv: list[str] | None = None,
         if collective is not None:  # the peers leave at once instead of timing out
             collective.fail(f"{type(e).__name__}: {e}")
         if rejoin_exec is not None and cfg is not None:
-            again = rejoin.decide(e, ring_formed=collective is not None,
-                                  step=None if trainer is None else trainer.step,
-                                  limit=cfg.ring_rejoin_limit, previous=previous)
+            again = rejoin.decide(
+                e,
+                ring_formed=collective is not None,
+                step=None if trainer is None else trainer.step,
+                limit=cfg.ring_rejoin_limit,
+                previous=previous,
+            )
             if again is not None:
                 where = "while it formed" if trainer is None else f"at step {again.step}"
-                print(f"ringtrain worker: leaving the broken ring {where}; "
-                      f"rejoining it in this container (exec, no restart; {again.streak} of "
-                      f"--ring-rejoin-limit {cfg.ring_rejoin_limit} in a row)", file=sys.stderr)
+                print(
+                    f"ringtrain worker: leaving the broken ring {where}; "
+                    f"rejoining it in this container (exec, no restart; {again.streak} of "
+                    f"--ring-rejoin-limit {cfg.ring_rejoin_limit} in a row)",
+                    file=sys.stderr,
+                )
                 return code
-            if (isinstance(e, RingError) and code == EXIT_RETRYABLE
-                    and previous.streak >= cfg.ring_rejoin_limit):
-                print(f"ringtrain worker: not rejoining in place: {previous.streak} rejoins in "
-                      f"a row without a completed step (--ring-rejoin-limit "
-                      f"{cfg.ring_rejoin_limit}); exiting {code}", file=sys.stderr)
+            if (
+                isinstance(e, RingError)
+                and code == EXIT_RETRYABLE
+                and previous.streak >= cfg.ring_rejoin_limit
+            ):
+                print(
+                    f"ringtrain worker: not rejoining in place: {previous.streak} rejoins in "
+                    f"a row without a completed step (--ring-rejoin-limit "
+                    f"{cfg.ring_rejoin_limit}); exiting {code}",
+                    file=sys.stderr,
+                )
         if trainer is not None:
             trainer.metrics.update_status(phase="Failed")
         log = own_termination_log(
-            cfg.termination_log if cfg is not None else termination_log_flag(argv), cfg,
-            collective)
+            cfg.termination_log if cfg is not None else termination_log_flag(argv), cfg, collective
+        )
         if log:
-            write_termination_log(log, {
-                "event": "error", "error": f"{type(e).__name__}: {e}", "exit_code": code})
+            write_termination_log(
+                log, {"event": "error", "error": f"{type(e).__name__}: {e}", "exit_code": code}
+            )
         if code == 1:
             raise
         return code

@@ -56,8 +56,7 @@ def pod_labels(pod: dict) -> dict[str, str]:
         f"{META}pod_host_ip": status.get("hostIP", ""),
         f"{META}pod_uid": meta.get("uid", ""),
     }
-    controller = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")),
-                      None)
+    controller = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
     if controller:
         out[f"{META}pod_controller_kind"] = controller["kind"]
         out[f"{META}pod_controller_name"] = controller["name"]
@@ -79,23 +78,33 @@ def target_groups(pods: list[dict]) -> list[dict]:
             continue
         shared = pod_labels(pod)
         spec = pod.get("spec", {})
-        for init, containers in ((False, spec.get("containers") or []),
-                                 (True, spec.get("initContainers") or [])):
+        for init, containers in (
+            (False, spec.get("containers") or []),
+            (True, spec.get("initContainers") or []),
+        ):
             for c in containers:
-                base = {**shared, f"{META}pod_container_name": c["name"],
-                        f"{META}pod_container_image": c.get("image", ""),
-                        f"{META}pod_container_init": str(init).lower()}
+                base = {
+                    **shared,
+                    f"{META}pod_container_name": c["name"],
+                    f"{META}pod_container_image": c.get("image", ""),
+                    f"{META}pod_container_init": str(init).lower(),
+                }
                 ports = c.get("ports") or []
                 if not ports:
                     groups.append({"targets": [ip], "labels": base})
                 for p in ports:
                     number = p["containerPort"]
-                    groups.append({"targets": [f"{ip}:{number}"], "labels": {
-                        **base,
-                        f"{META}pod_container_port_name": p.get("name", ""),
-                        f"{META}pod_container_port_number": str(number),
-                        f"{META}pod_container_port_protocol": p.get("protocol", "TCP"),
-                    }})
+                    groups.append(
+                        {
+                            "targets": [f"{ip}:{number}"],
+                            "labels": {
+                                **base,
+                                f"{META}pod_container_port_name": p.get("name", ""),
+                                f"{META}pod_container_port_number": str(number),
+                                f"{META}pod_container_port_protocol": p.get("protocol", "TCP"),
+                            },
+                        }
+                    )
     return groups
 
 
@@ -120,8 +129,9 @@ class PodDiscovery:
                     discovery.last_error = f"{type(e).__name__}: {e}"
                     body, code = discovery.last_error.encode(), 502
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json" if code == 200
-                                 else "text/plain")
+                self.send_header(
+                    "Content-Type", "application/json" if code == 200 else "text/plain"
+                )
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -132,13 +142,15 @@ class PodDiscovery:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/targets"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True,
-                                        name="pod-discovery")
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, daemon=True, name="pod-discovery"
+        )
 
     def list_pods(self, namespace: str) -> list[dict]:
         url = f"{self.api_server}/api/v1/namespaces/{urllib.parse.quote(namespace)}/pods"
-        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self._token}",
-                                                   "Accept": "application/json"})
+        req = urllib.request.Request(
+            url, headers={"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, context=self._tls, timeout=5) as r:
                 return json.loads(r.read())["items"]

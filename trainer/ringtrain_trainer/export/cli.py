@@ -20,8 +20,8 @@ from ringtrain.errors import CheckpointError, RingtrainError, exit_code_for
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.export.keras_file import write_keras
-from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.export.onnx_file import write_onnx
+from ringtrain_trainer.keras_model import describe
 
 FORMATS = ("keras", "onnx")
 
@@ -57,13 +57,21 @@ def load_checkpoint(target: str | Path) -> TrainingState:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ringtrain export",
-        description="Write a checkpoint's model as a Keras 3 .keras archive or an ONNX model.")
-    p.add_argument("checkpoint", metavar="CHECKPOINT_OR_DIR",
-                   help="a checkpoint manifest (ckpt-*.json) or a checkpoint directory "
-                        "(its newest good checkpoint)")
+        description="Write a checkpoint's model as a Keras 3 .keras archive or an ONNX model.",
+    )
+    p.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT_OR_DIR",
+        help="a checkpoint manifest (ckpt-*.json) or a checkpoint directory "
+        "(its newest good checkpoint)",
+    )
     p.add_argument("-o", "--output", required=True, help="the file to write")
-    p.add_argument("--format", choices=FORMATS, default=None,
-                   help="default: from the output's suffix (.onnx → onnx), else keras")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="default: from the output's suffix (.onnx → onnx), else keras",
+    )
     return p
 
 
@@ -76,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     except RingtrainError as e:
         print(f"ringtrain export: {type(e).__name__}: {e}", file=sys.stderr)
         return exit_code_for(e)
-    print(f"ringtrain export: wrote {path} ({fmt}, model {describe(state.model)}, "
-          f"step {state.step})")
+    print(
+        f"ringtrain export: wrote {path} ({fmt}, model {describe(state.model)}, step {state.step})"
+    )
     return 0
 
 

@@ -71,8 +71,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def write_keras(path: str | os.PathLike, keras_config: dict, weights: list[np.ndarray],
-                compile_config: dict | None = None) -> Path:
+def write_keras(
+    path: str | os.PathLike,
+    keras_config: dict,
+    weights: list[np.ndarray],
+    compile_config: dict | None = None,
+) -> Path:
     """Write a ``.keras`` archive that ``keras.saving.load_model`` opens.
 
     ``keras_config`` is a Keras 3 Sequential config (``json.loads(model.to_json())``),
@@ -92,8 +96,10 @@ def write_keras(path: str | os.PathLike, keras_config: dict, weights: list[np.nd
             g.attrs["name"] = layer.name
             for i, w in enumerate(layer.weights):
                 g.create_dataset(str(i), data=w)
-    metadata = {"keras_version": KERAS_VERSION,
-                "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S")}
+    metadata = {
+        "keras_version": KERAS_VERSION,
+        "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
+    }
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as zf:
         zf.writestr(METADATA, json.dumps(metadata))
@@ -113,8 +119,9 @@ def read_keras(path: str | os.PathLike) -> tuple[dict, list[np.ndarray]]:
             names = set(zf.namelist())
             for need in (CONFIG, WEIGHTS):
                 if need not in names:
-                    raise InvalidSpec(f"{path}: no {need} in the archive (not a Keras 3 "
-                                      f".keras file?)")
+                    raise InvalidSpec(
+                        f"{path}: no {need} in the archive (not a Keras 3 .keras file?)"
+                    )
             cfg = json.loads(zf.read(CONFIG))
             blob = zf.read(WEIGHTS)
     except FileNotFoundError:

@@ -19,9 +19,22 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 
 #: the layers every writer supports (the issue's list); anything else is refused by name
-SUPPORTED = ("InputLayer", "Conv2D", "MaxPooling2D", "AveragePooling2D",
-             "GlobalAveragePooling2D", "Flatten", "Reshape", "Rescaling", "Dense", "Dropout",
-             "Activation", "ReLU", "Softmax", "BatchNormalization")
+SUPPORTED = (
+    "InputLayer",
+    "Conv2D",
+    "MaxPooling2D",
+    "AveragePooling2D",
+    "GlobalAveragePooling2D",
+    "Flatten",
+    "Reshape",
+    "Rescaling",
+    "Dense",
+    "Dropout",
+    "Activation",
+    "ReLU",
+    "Softmax",
+    "BatchNormalization",
+)
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "softmax", "linear")
 
 
@@ -45,8 +58,10 @@ class Layer:
     weights: list[np.ndarray] = field(default_factory=list)
 
     def refuse(self, arg: str, value, supported: str) -> InvalidSpec:
-        return InvalidSpec(f"layer {self.name!r} ({self.cls}): {arg}={value!r} is not supported "
-                           f"(supported: {supported})")
+        return InvalidSpec(
+            f"layer {self.name!r} ({self.cls}): {arg}={value!r} is not supported "
+            f"(supported: {supported})"
+        )
 
 
 def sequential_layers(keras_config: dict) -> list[dict]:
@@ -90,8 +105,9 @@ def activation_name(layer: Layer, value) -> str:
     if value is None:
         return "linear"
     if isinstance(value, dict):
-        value = value.get("config") if isinstance(value.get("config"), str) \
-            else value.get("class_name")
+        value = (
+            value.get("config") if isinstance(value.get("config"), str) else value.get("class_name")
+        )
     if value not in ACTIVATIONS:
         raise layer.refuse("activation", value, ", ".join(ACTIVATIONS))
     return value
@@ -117,8 +133,9 @@ def _infer(layer: Layer) -> None:
     layer.out_shape = s
     if cls in ("Conv2D", "MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling2D"):
         if len(s) != 3:
-            raise InvalidSpec(f"layer {layer.name!r} ({cls}): needs (height, width, channels) "
-                              f"input, got {s}")
+            raise InvalidSpec(
+                f"layer {layer.name!r} ({cls}): needs (height, width, channels) input, got {s}"
+            )
     if cls == "Conv2D":
         kh, kw = pair(c.get("kernel_size"), "kernel_size", layer.name)
         sh, sw = pair(c.get("strides", 1), "strides", layer.name)
@@ -147,13 +164,15 @@ def _infer(layer: Layer) -> None:
             known = math.prod(t for t in target if t != -1)
             target[target.index(-1)] = math.prod(s) // known
         if math.prod(target) != math.prod(s):
-            raise InvalidSpec(f"layer {layer.name!r} (Reshape): cannot reshape {s} "
-                              f"to {tuple(c['target_shape'])}")
+            raise InvalidSpec(
+                f"layer {layer.name!r} (Reshape): cannot reshape {s} to {tuple(c['target_shape'])}"
+            )
         layer.out_shape = tuple(target)
     elif cls == "Dense":
-        layer.out_shape = s[:-1] + (int(c["units"]),)
-        layer.weight_shapes = [(s[-1], int(c["units"]))] + \
-            ([(int(c["units"]),)] if c.get("use_bias", True) else [])
+        layer.out_shape = (*s[:-1], int(c["units"]))
+        layer.weight_shapes = [(s[-1], int(c["units"]))] + (
+            [(int(c["units"]),)] if c.get("use_bias", True) else []
+        )
         activation_name(layer, c.get("activation"))
     elif cls == "BatchNormalization":
         axis = c.get("axis", -1)
@@ -161,7 +180,7 @@ def _infer(layer: Layer) -> None:
             axis = axis[0]
         if axis not in (-1, len(s)):
             raise layer.refuse("axis", axis, "-1 (the channel axis)")
-        n = (int(c.get("scale", True)) + int(c.get("center", True)) + 2)
+        n = int(c.get("scale", True)) + int(c.get("center", True)) + 2
         layer.weight_shapes = [(s[-1],)] * n
     elif cls == "Activation":
         activation_name(layer, c.get("activation"))
@@ -184,8 +203,10 @@ def parse(keras_config: dict) -> list[Layer]:
         cls, cfg = raw.get("class_name"), raw.get("config") or {}
         name = cfg.get("name") or f"layer {i}"
         if cls not in SUPPORTED:
-            raise InvalidSpec(f"layer {name!r}: class {cls!r} is not supported "
-                              f"(supported: {', '.join(SUPPORTED)})")
+            raise InvalidSpec(
+                f"layer {name!r}: class {cls!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED)})"
+            )
         if cls == "InputLayer":
             continue
         layer = Layer(cls, cfg, name, shape, shape)
@@ -207,8 +228,10 @@ def bind(keras_config: dict, weights: list[np.ndarray]) -> list[Layer]:
         for expected in layer.weight_shapes:
             w = np.asarray(next(it), dtype=np.float32)
             if tuple(w.shape) != tuple(expected):
-                raise InvalidSpec(f"layer {layer.name!r} ({layer.cls}): weight "
-                                  f"{len(layer.weights)} has shape {tuple(w.shape)}, "
-                                  f"expected {tuple(expected)}")
+                raise InvalidSpec(
+                    f"layer {layer.name!r} ({layer.cls}): weight "
+                    f"{len(layer.weights)} has shape {tuple(w.shape)}, "
+                    f"expected {tuple(expected)}"
+                )
             layer.weights.append(w)
     return layers

@@ -62,14 +62,18 @@ class _Graph:
 
     def op(self, op: str, inputs: list[str], hint: str, **attrs) -> str:
         out = self.name(hint)
-        self.nodes.append(self.h.make_node(op, [self.x] + inputs, [out], name=out, **attrs))
+        self.nodes.append(self.h.make_node(op, [self.x, *inputs], [out], name=out, **attrs))
         self.x = out
         return out
 
     def layout(self, nchw: bool) -> None:
         if self.rank == 4 and self.nchw != nchw:
-            self.op("Transpose", [], "to_nchw" if nchw else "to_nhwc",
-                    perm=list(_NCHW if nchw else _NHWC))
+            self.op(
+                "Transpose",
+                [],
+                "to_nchw" if nchw else "to_nhwc",
+                perm=list(_NCHW if nchw else _NHWC),
+            )
             self.nchw = nchw
 
     def per_channel(self, hint: str, v: np.ndarray) -> str:
@@ -96,8 +100,10 @@ def _emit(g: _Graph, layer: Layer) -> None:
         sh, sw = pair(c.get("strides", 1), "strides", n)
         pads = [0, 0, 0, 0]
         if c.get("padding", "valid") == "same":
-            (t, b), (l_, r) = (_same_pads(layer.in_shape[0], kh, sh),
-                               _same_pads(layer.in_shape[1], kw, sw))
+            (t, b), (l_, r) = (
+                _same_pads(layer.in_shape[0], kh, sh),
+                _same_pads(layer.in_shape[1], kw, sw),
+            )
             pads = [t, l_, b, r]
         inputs = [g.const(f"{n}_kernel", layer.weights[0].transpose(3, 2, 0, 1))]
         if len(layer.weights) > 1:
@@ -110,8 +116,10 @@ def _emit(g: _Graph, layer: Layer) -> None:
         sh, sw = pair(c.get("strides") or (ph, pw), "strides", n)
         pads = [0, 0, 0, 0]
         if c.get("padding", "valid") == "same":
-            (t, b), (l_, r) = (_same_pads(layer.in_shape[0], ph, sh),
-                               _same_pads(layer.in_shape[1], pw, sw))
+            (t, b), (l_, r) = (
+                _same_pads(layer.in_shape[0], ph, sh),
+                _same_pads(layer.in_shape[1], pw, sw),
+            )
             pads = [t, l_, b, r]
         op = "MaxPool" if cls == "MaxPooling2D" else "AveragePool"
         extra = {} if op == "MaxPool" else {"count_include_pad": 0}
@@ -128,8 +136,9 @@ def _emit(g: _Graph, layer: Layer) -> None:
         g.op("Reshape", [g.const(f"{n}_shape", np.array(target, np.int64))], n)
         g.rank = len(layer.out_shape) + 1
     elif cls == "Rescaling":
-        scale, offset = (np.asarray(c.get(k, d), np.float32) for k, d in
-                         (("scale", 1.0), ("offset", 0.0)))
+        scale, offset = (
+            np.asarray(c.get(k, d), np.float32) for k, d in (("scale", 1.0), ("offset", 0.0))
+        )
         g.op("Mul", [g.per_channel(f"{n}_scale", scale)], n)
         g.op("Add", [g.per_channel(f"{n}_offset", offset)], f"{n}_offset")
     elif cls == "Dense":
@@ -168,12 +177,15 @@ def to_onnx(keras_config: dict, weights: list[np.ndarray]):
     out_shape = layers[-1].out_shape if layers else shape
     f32 = onnx.TensorProto.FLOAT
     graph = onnx.helper.make_graph(
-        g.nodes, (keras_config.get("config") or {}).get("name", "sequential"),
+        g.nodes,
+        (keras_config.get("config") or {}).get("name", "sequential"),
         [onnx.helper.make_tensor_value_info(INPUT, f32, ["batch", *shape])],
         [onnx.helper.make_tensor_value_info(OUTPUT, f32, ["batch", *out_shape])],
-        initializer=g.inits)
-    model = onnx.helper.make_model(graph, producer_name="ringtrain",
-                                   opset_imports=[onnx.helper.make_opsetid("", OPSET)])
+        initializer=g.inits,
+    )
+    model = onnx.helper.make_model(
+        graph, producer_name="ringtrain", opset_imports=[onnx.helper.make_opsetid("", OPSET)]
+    )
     model.ir_version = IR_VERSION
     return model
 

@@ -25,10 +25,31 @@ Keras reads an ``ON_READ``/``MEAN`` variable). Workers keep their own; the chief
 checkpoints and exports carry.
 """
 
-from ringtrain_trainer.layers.base import (Dropout, Elementwise, Layer, Linear, Reshape,
-                                          act_backward, act_forward, masks)
+from ringtrain_trainer.layers.base import (
+    Dropout,
+    Elementwise,
+    Layer,
+    Linear,
+    Reshape,
+    act_backward,
+    act_forward,
+    masks,
+)
 from ringtrain_trainer.layers.batchnorm import BatchNorm
 from ringtrain_trainer.layers.conv import Conv2D, GlobalAvgPool2D, Pool2D, same_pad
 
-__all__ = ["BatchNorm", "Conv2D", "Dropout", "Elementwise", "GlobalAvgPool2D", "Layer", "Linear",
-           "Pool2D", "Reshape", "act_backward", "act_forward", "masks", "same_pad"]
+__all__ = [
+    "BatchNorm",
+    "Conv2D",
+    "Dropout",
+    "Elementwise",
+    "GlobalAvgPool2D",
+    "Layer",
+    "Linear",
+    "Pool2D",
+    "Reshape",
+    "act_backward",
+    "act_forward",
+    "masks",
+    "same_pad",
+]

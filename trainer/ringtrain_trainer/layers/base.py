@@ -84,12 +84,12 @@ class Reshape(Layer):
 
     def forward(self, ws, x):
         if ws.get("src") is not x:  # a fixed buffer per program: the same view every step
-            ws["out"], ws["src"] = x.reshape((x.shape[0],) + self.out_shape), x
+            ws["out"], ws["src"] = x.reshape((x.shape[0], *self.out_shape)), x
         return ws["out"]
 
     def backward_iter(self, ws, dout, grads_first=False):
         yield from ()
-        return dout.reshape((dout.shape[0],) + self.in_shape)
+        return dout.reshape((dout.shape[0], *self.in_shape))
 
 
 class Elementwise(Layer):
@@ -100,9 +100,9 @@ class Elementwise(Layer):
         self.act, self.scale, self.offset = act, scale, offset
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b,) + self.out_shape, "f")}
+        bufs = {"out": ((b, *self.out_shape), "f")}
         if train and need_dx:
-            bufs["dx"] = ((b,) + self.in_shape, "f")
+            bufs["dx"] = ((b, *self.in_shape), "f")
         return bufs
 
     def flops(self, b, train, need_dx):
@@ -138,8 +138,9 @@ class Linear(Layer):
 
     def params(self, layer):
         ps = [ParamSpec(layer, "kernel", (self.n_in, self.n_out), self.n_in, self.n_out, True)]
-        return ps + ([ParamSpec(layer, "bias", (self.n_out,), 0, 0, False)]
-                     if self.use_bias else [])
+        return ps + (
+            [ParamSpec(layer, "bias", (self.n_out,), 0, 0, False)] if self.use_bias else []
+        )
 
     def buffers(self, b, train, need_dx):
         bufs = {"out": ((b, self.n_out), "f")}
@@ -165,8 +166,7 @@ class Linear(Layer):
         act_forward(self.act, out)
         return out
 
-    def backward_iter(self, ws, dout, kernel, dkernel, bias=None, dbias=None,
-                      grads_first=False):
+    def backward_iter(self, ws, dout, kernel, dkernel, bias=None, dbias=None, grads_first=False):
         dz = ws["dz"]
         act_backward(self.act, ws["out"], dout.reshape(dz.shape), dz)
         if dbias is not None:
@@ -192,7 +192,7 @@ class Dropout(Layer):
     def buffers(self, b, train, need_dx):
         if not train:
             return {}
-        shape = (b,) + self.out_shape
+        shape = (b, *self.out_shape)
         return {"out": (shape, "f"), "keep": (shape, "f"), "dx": (shape, "f")}
 
     def forward(self, ws, x):
@@ -212,14 +212,12 @@ class Dropout(Layer):
         return ws["dx"]
 
 
-def masks(seed: int, layer: int, step: int, example0: int, rate: float,
-          out: np.ndarray) -> None:
+def masks(seed: int, layer: int, step: int, example0: int, rate: float, out: np.ndarray) -> None:
     """Per example ``e``: Philox keyed (seed, layer) at counter (0, 0, step, example0 + e),
     uniform float32 ≥ rate → ``1 / (1 - rate)``, else 0."""
     rows = out.reshape(out.shape[0], -1)
     scale = out.dtype.type(1.0 / (1.0 - rate))
     for e in range(rows.shape[0]):
-        bits = np.random.Philox(key=[seed & (2**64 - 1), layer],
-                                counter=[0, 0, step, example0 + e])
+        bits = np.random.Philox(key=[seed & (2**64 - 1), layer], counter=[0, 0, step, example0 + e])
         u = np.random.Generator(bits).random(rows.shape[1], np.float32)
         np.multiply(u >= rate, scale, out=rows[e], casting="unsafe")

@@ -32,11 +32,18 @@ class BatchNorm(Layer):
         return [("moving_mean", self.c, 0.0), ("moving_variance", self.c, 1.0)]
 
     def buffers(self, b, train, need_dx):
-        shape = (b,) + self.out_shape
+        shape = (b, *self.out_shape)
         bufs = {"out": (shape, "f"), "inv": ((self.c,), "f"), "mean": ((self.c,), "f")}
         if train:
-            bufs.update({"xhat": (shape, "f"), "dxhat": (shape, "f"), "var": ((self.c,), "f"),
-                         "s1": ((self.c,), "f"), "s2": ((self.c,), "f")})
+            bufs.update(
+                {
+                    "xhat": (shape, "f"),
+                    "dxhat": (shape, "f"),
+                    "var": ((self.c,), "f"),
+                    "s1": ((self.c,), "f"),
+                    "s2": ((self.c,), "f"),
+                }
+            )
             if need_dx:
                 bufs["dx"] = (shape, "f")
         return bufs
@@ -75,8 +82,9 @@ class BatchNorm(Layer):
             np.add(out, beta, out=out)
         return out
 
-    def backward_iter(self, ws, dout, gamma=None, dgamma=None, beta=None, dbeta=None,
-                      grads_first=False):
+    def backward_iter(
+        self, ws, dout, gamma=None, dgamma=None, beta=None, dbeta=None, grads_first=False
+    ):
         xhat, dxhat = ws["xhat"], ws["dxhat"]
         dy = dout.reshape(xhat.shape)
         axes = tuple(range(dy.ndim - 1))

@@ -37,20 +37,26 @@ class Windows(Layer):
     def _win(self, xp: np.ndarray, b: int) -> np.ndarray:
         """(b, ho, wo, kh, kw, c) view of the padded input."""
         s0, s1, s2, s3 = xp.strides
-        return as_strided(xp, (b, self.ho, self.wo, *self.k, self.cin),
-                          (s0, s1 * self.s[0], s2 * self.s[1], s1, s2, s3), writeable=False)
+        return as_strided(
+            xp,
+            (b, self.ho, self.wo, *self.k, self.cin),
+            (s0, s1 * self.s[0], s2 * self.s[1], s1, s2, s3),
+            writeable=False,
+        )
 
     def _inner(self, xp: np.ndarray) -> np.ndarray:
-        pt, pb, pl, pr = self.pad
+        pt, _pb, pl, _pr = self.pad
         h, w, _ = self.in_shape
-        return xp[:, pt:pt + h, pl:pl + w, :]
+        return xp[:, pt : pt + h, pl : pl + w, :]
 
     def _scatter(self, dxp: np.ndarray, dwin: np.ndarray) -> None:
         """Add a (b, ho, wo, kh, kw, c) window gradient back onto the padded input gradient."""
         sh, sw = self.s
         for i in range(self.k[0]):
             for j in range(self.k[1]):
-                view = dxp[:, i:i + sh * (self.ho - 1) + 1:sh, j:j + sw * (self.wo - 1) + 1:sw]
+                view = dxp[
+                    :, i : i + sh * (self.ho - 1) + 1 : sh, j : j + sw * (self.wo - 1) + 1 : sw
+                ]
                 np.add(view, dwin[:, :, :, i, j], out=view)
 
 
@@ -59,8 +65,16 @@ class Conv2D(Windows):
 
     kind = "conv"
 
-    def __init__(self, in_shape, filters, kernel, strides=(1, 1), padding="valid",
-                 activation="linear", use_bias=True):
+    def __init__(
+        self,
+        in_shape,
+        filters,
+        kernel,
+        strides=(1, 1),
+        padding="valid",
+        activation="linear",
+        use_bias=True,
+    ):
         self._geometry(in_shape, kernel, strides, padding)
         self.cout, self.act, self.use_bias = filters, activation, use_bias
         self.kk = kernel[0] * kernel[1] * self.cin
@@ -73,13 +87,13 @@ class Conv2D(Windows):
 
     def buffers(self, b, train, need_dx):
         rows = b * self.ho * self.wo
-        bufs = {"cols": ((rows, self.kk), "f"), "out": ((b,) + self.out_shape, "f")}
+        bufs = {"cols": ((rows, self.kk), "f"), "out": ((b, *self.out_shape), "f")}
         if any(self.pad):
-            bufs["xp"] = ((b,) + self.padded, "f")
+            bufs["xp"] = ((b, *self.padded), "f")
         if train:
-            bufs.update({"dz": ((b,) + self.out_shape, "f"), "ones": ((rows,), "f")})
+            bufs.update({"dz": ((b, *self.out_shape), "f"), "ones": ((rows,), "f")})
             if need_dx:
-                bufs.update({"dcols": ((rows, self.kk), "f"), "dxp": ((b,) + self.padded, "f")})
+                bufs.update({"dcols": ((rows, self.kk), "f"), "dxp": ((b, *self.padded), "f")})
         return bufs
 
     def flops(self, b, train, need_dx):
@@ -109,8 +123,7 @@ class Conv2D(Windows):
         act_forward(self.act, out)
         return ws["out"]
 
-    def backward_iter(self, ws, dout, kernel, dkernel, bias=None, dbias=None,
-                      grads_first=False):
+    def backward_iter(self, ws, dout, kernel, dkernel, bias=None, dbias=None, grads_first=False):
         dz = ws["dz"]
         act_backward(self.act, ws["out"], dout.reshape(dz.shape), dz)
         dz2 = dz.reshape(-1, self.cout)
@@ -141,14 +154,15 @@ class Pool2D(Windows):
         self.out_shape = (self.ho, self.wo, self.cin)
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b,) + self.out_shape, "f"), "xp": ((b,) + self.padded, "f")}
+        bufs = {"out": ((b, *self.out_shape), "f"), "xp": ((b, *self.padded), "f")}
         if self.kind_ == "avg":
             bufs["count"] = (self.out_shape, "f")
         if train and need_dx:
-            bufs.update({"dxp": ((b,) + self.padded, "f"), "g": ((b,) + self.out_shape, "f")})
+            bufs.update({"dxp": ((b, *self.padded), "f"), "g": ((b, *self.out_shape), "f")})
             if self.kind_ == "max":
-                bufs.update({"avail": ((b,) + self.out_shape, "?"),
-                             "eq": ((b,) + self.out_shape, "?")})
+                bufs.update(
+                    {"avail": ((b, *self.out_shape), "?"), "eq": ((b, *self.out_shape), "?")}
+                )
         return bufs
 
     def flops(self, b, train, need_dx):
@@ -157,7 +171,7 @@ class Pool2D(Windows):
     def bind(self, ws, b):
         ws["xp"].fill(-np.inf if self.kind_ == "max" else 0)
         if "count" in ws:
-            ones = np.zeros((1,) + self.padded, ws["count"].dtype)
+            ones = np.zeros((1, *self.padded), ws["count"].dtype)
             self._inner(ones)[...] = 1
             np.sum(self._win(ones, 1)[0], axis=(2, 3), out=ws["count"])
         if "dxp" in ws:
@@ -192,7 +206,9 @@ class Pool2D(Windows):
             avail.fill(True)
         for i in range(self.k[0]):
             for j in range(self.k[1]):
-                view = dxp[:, i:i + sh * (self.ho - 1) + 1:sh, j:j + sw * (self.wo - 1) + 1:sw]
+                view = dxp[
+                    :, i : i + sh * (self.ho - 1) + 1 : sh, j : j + sw * (self.wo - 1) + 1 : sw
+                ]
                 if self.kind_ == "max":  # the first maximal position takes it (TF's rule)
                     np.equal(win[:, :, :, i, j], ws["out"], out=eq)
                     np.logical_and(eq, avail, out=eq)
@@ -209,9 +225,9 @@ class GlobalAvgPool2D(Layer):
         self.n = in_shape[0] * in_shape[1]
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b,) + self.out_shape, "f")}
+        bufs = {"out": ((b, *self.out_shape), "f")}
         if train and need_dx:
-            bufs["dx"] = ((b,) + self.in_shape, "f")
+            bufs["dx"] = ((b, *self.in_shape), "f")
         return bufs
 
     def forward(self, ws, x):

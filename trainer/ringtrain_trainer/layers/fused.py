@@ -18,6 +18,7 @@ from numpy.lib.stride_tricks import as_strided
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.model import GRAD_BLOCK_ELEMS, ParamSpec
 
+
 class ConvPool:
     """Conv2D(k x k, 'valid', no stride) → MaxPool 2x2 (floor) → + bias → ReLU, NHWC."""
 
@@ -53,10 +54,16 @@ class ConvPool:
             "out": (pooled, "f"),
         }
         if train:
-            bufs.update({"mask": (pooled, "?"), "eq": (pooled, "?"),
-                         "dconv": ((rows, self.cout), "f"), "ones": ((rows,), "f")})
+            bufs.update(
+                {
+                    "mask": (pooled, "?"),
+                    "eq": (pooled, "?"),
+                    "dconv": ((rows, self.cout), "f"),
+                    "ones": ((rows,), "f"),
+                }
+            )
             if need_dx:
-                bufs.update({"dcols": ((rows, self.kk), "f"), "dx": ((b,) + self.in_shape, "f")})
+                bufs.update({"dcols": ((rows, self.kk), "f"), "dx": ((b, *self.in_shape), "f")})
         return bufs
 
     def flops(self, b: int, train: bool, need_dx: bool) -> int:
@@ -83,8 +90,12 @@ class ConvPool:
         (axes (ki, kj, di, dj, b, i, j) when transposed)."""
         sb, sh, sw, sc = x.strides
         if self.transposed:
-            return as_strided(x, shape=(self.k, self.k, 2, 2, b, self.hp, self.wp),
-                              strides=(sh, sw, sh, sw, sb, 2 * sh, 2 * sw), writeable=False)
+            return as_strided(
+                x,
+                shape=(self.k, self.k, 2, 2, b, self.hp, self.wp),
+                strides=(sh, sw, sh, sw, sb, 2 * sh, 2 * sw),
+                writeable=False,
+            )
         return as_strided(
             x,
             shape=(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin),
@@ -110,8 +121,16 @@ class ConvPool:
         ranges of that parameter. A conv's gradients are small: bias and kernel once done."""
         return [("bias", 0, self.cout), ("kernel", 0, self.kk * self.cout)]
 
-    def backward_iter(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
-                      dbias: np.ndarray, grads_first: bool = False, **_):
+    def backward_iter(
+        self,
+        ws: dict,
+        dout: np.ndarray,
+        kernel: np.ndarray,
+        dkernel: np.ndarray,
+        dbias: np.ndarray,
+        grads_first: bool = False,
+        **_,
+    ):
         """Generator: backward, yielding each piece of :meth:`grad_plan` once it is written;
         returns the input gradient (None for the first layer). See :meth:`Dense.backward_iter`
         for ``grads_first``."""
@@ -123,8 +142,9 @@ class ConvPool:
             yield from self.grad_plan()
         return dx
 
-    def _weight_grads(self, ws: dict, dout: np.ndarray, dkernel: np.ndarray,
-                      dbias: np.ndarray) -> None:
+    def _weight_grads(
+        self, ws: dict, dout: np.ndarray, dkernel: np.ndarray, dbias: np.ndarray
+    ) -> None:
         # Route each window's gradient to its first maximal position (TensorFlow's tie rule)
         # where the ReLU passed it; ``avail`` marks windows not yet claimed. Masks are bool,
         # so the only float passes are the four products.
@@ -152,7 +172,7 @@ class ConvPool:
                 for ki in range(self.k):
                     for kj in range(self.k):
                         r, c = di + ki, dj + kj
-                        view = dx[:, r:r + h2:2, c:c + w2:2, :]
+                        view = dx[:, r : r + h2 : 2, c : c + w2 : 2, :]
                         np.add(view, dc[di, dj, :, :, :, ki, kj, :], out=view)
         return dx
 
@@ -209,11 +229,20 @@ class Dense:
         ranges. The bias, then the kernel in row blocks (contiguous in the flat buffer), so
         the host can reduce the first rows of a large kernel while the rest is computed."""
         n, r = self.n_out, self.block_rows
-        return [("bias", 0, n)] + [("kernel", lo * n, min(lo + r, self.n_in) * n)
-                                   for lo in range(0, self.n_in, r)]
+        return [("bias", 0, n)] + [
+            ("kernel", lo * n, min(lo + r, self.n_in) * n) for lo in range(0, self.n_in, r)
+        ]
 
-    def backward_iter(self, ws: dict, dout: np.ndarray, kernel: np.ndarray, dkernel: np.ndarray,
-                      dbias: np.ndarray, grads_first: bool = False, **_):
+    def backward_iter(
+        self,
+        ws: dict,
+        dout: np.ndarray,
+        kernel: np.ndarray,
+        dkernel: np.ndarray,
+        dbias: np.ndarray,
+        grads_first: bool = False,
+        **_,
+    ):
         """Generator: backward, yielding each piece of :meth:`grad_plan` once it is written;
         returns the input gradient (None for the first layer).
 

@@ -8,11 +8,25 @@
 - :mod:`.pipeline`: :class:`Reducer`, which wires them for the worker's step loop
 """
 
-from ringtrain_trainer.reducer.buckets import (DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES,
-                                               Bucket, Readiness, assign_buckets)
+from ringtrain_trainer.reducer.buckets import (
+    DEFAULT_BUCKET_BYTES,
+    FIRST_BUCKET_BYTES,
+    Bucket,
+    Readiness,
+    assign_buckets,
+)
 from ringtrain_trainer.reducer.pipeline import Reducer, StepCommStats
 from ringtrain_trainer.reducer.stopvote import StopVote
 from ringtrain_trainer.reducer.switch import COMM_SWITCH_INTERVAL_S
 
-__all__ = ["COMM_SWITCH_INTERVAL_S", "DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "Bucket",
-           "Readiness", "Reducer", "StepCommStats", "StopVote", "assign_buckets"]
+__all__ = [
+    "COMM_SWITCH_INTERVAL_S",
+    "DEFAULT_BUCKET_BYTES",
+    "FIRST_BUCKET_BYTES",
+    "Bucket",
+    "Readiness",
+    "Reducer",
+    "StepCommStats",
+    "StopVote",
+    "assign_buckets",
+]

@@ -10,8 +10,8 @@ gradient buffer, reduced in place without packing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ringtrain import options
 
@@ -35,9 +35,12 @@ class Bucket:
         return self.stop - self.start
 
 
-def assign_buckets(params: Sequence[int | Sequence[int]],
-                   bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                   first_bucket_bytes: int = FIRST_BUCKET_BYTES, itemsize: int = 4) -> list[Bucket]:
+def assign_buckets(
+    params: Sequence[int | Sequence[int]],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+    itemsize: int = 4,
+) -> list[Bucket]:
     """Group streamed pieces into buckets; ``params`` holds, per parameter in arrival order,
     the sizes (elements) of the pieces it streams in, or one size for a parameter streamed
     whole.

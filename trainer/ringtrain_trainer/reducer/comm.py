@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -35,8 +35,13 @@ yield_cpu = getattr(os, "sched_yield", lambda: None)
 class CommThread:
     """Reduces submitted buckets of ``buffer`` in place, in order; :meth:`wait` collects them."""
 
-    def __init__(self, buffer: np.ndarray, collective: Collective,
-                 on_reduced: Callable[[int, int], None], tracer: trace.Tracer = trace.OFF):
+    def __init__(
+        self,
+        buffer: np.ndarray,
+        collective: Collective,
+        on_reduced: Callable[[int, int], None],
+        tracer: trace.Tracer = trace.OFF,
+    ):
         self.buffer, self.collective, self.on_reduced = buffer, collective, on_reduced
         self.tracer = tracer
         #: (start, end) perf_counter seconds of each allreduce this step
@@ -45,7 +50,8 @@ class CommThread:
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         running = threading.Event()
         self._thread: threading.Thread | None = threading.Thread(
-            target=self._run, args=(running,), name="ringtrain-comm", daemon=True)
+            target=self._run, args=(running,), name="ringtrain-comm", daemon=True
+        )
         self._thread.start()
         running.wait()
 
@@ -94,14 +100,15 @@ class CommThread:
                 self._done.put(failed)
                 continue
             try:
-                view = self.buffer[bucket.start:bucket.stop]
+                view = self.buffer[bucket.start : bucket.stop]
                 # one pair of readings serves the statistics and the trace alike
                 t0 = time.perf_counter_ns()
                 self.collective.allreduce_mean_(view, step=step, tag=bucket.index)
                 t1 = time.perf_counter_ns()
                 self.intervals.append((t0 * 1e-9, t1 * 1e-9))
-                self.tracer.add(trace.ALLREDUCE, "allreduce bucket", t0, bucket.index,
-                                view.nbytes, t1=t1)
+                self.tracer.add(
+                    trace.ALLREDUCE, "allreduce bucket", t0, bucket.index, view.nbytes, t1=t1
+                )
                 reduced.append([bucket, bucket.start])
             except BaseException as e:  # handed to the step loop, which maps it to an exit code
                 failed = e

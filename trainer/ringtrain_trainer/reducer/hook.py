@@ -15,8 +15,7 @@ from ringtrain_trainer.optim import Optimizer
 
 
 class OptimizerHook:
-    def __init__(self, optimizer: Optimizer, grads: np.ndarray,
-                 tracer: trace.Tracer = trace.OFF):
+    def __init__(self, optimizer: Optimizer, grads: np.ndarray, tracer: trace.Tracer = trace.OFF):
         self.optimizer, self.grads, self.tracer = optimizer, grads, tracer
         self.num_params = optimizer.params.size
 

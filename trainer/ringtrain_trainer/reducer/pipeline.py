@@ -13,16 +13,20 @@ each piece inline, as Horovod registers no hooks for size 1.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import astuple, dataclass
-from typing import Sequence
 
 import numpy as np
 
 from ringtrain_trainer import trace
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.optim import Optimizer
-from ringtrain_trainer.reducer.buckets import (DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES,
-                                               Readiness, assign_buckets)
+from ringtrain_trainer.reducer.buckets import (
+    DEFAULT_BUCKET_BYTES,
+    FIRST_BUCKET_BYTES,
+    Readiness,
+    assign_buckets,
+)
 from ringtrain_trainer.reducer.comm import CommThread, yield_cpu
 from ringtrain_trainer.reducer.hook import OptimizerHook
 from ringtrain_trainer.reducer.stopvote import StopVote
@@ -55,12 +59,15 @@ class StepCommStats:
         """The share of the allreduce time hidden behind backward (the live metric)."""
         return self.hidden_s / self.allreduce_s if self.allreduce_s > 0 else 0.0
 
-    def __add__(self, other: "StepCommStats") -> "StepCommStats":
+    def __add__(self, other: StepCommStats) -> StepCommStats:
         return StepCommStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
 
-def hidden_seconds(intervals: Sequence[tuple[float, float]],
-                   waits: Sequence[tuple[float, float]], compute_end: float) -> float:
+def hidden_seconds(
+    intervals: Sequence[tuple[float, float]],
+    waits: Sequence[tuple[float, float]],
+    compute_end: float,
+) -> float:
     """Collective time before ``compute_end`` that was not spent blocked on a peer.
 
     ``intervals`` are the collectives' (start, end), ``waits`` the blocked spans inside them;
@@ -84,10 +91,17 @@ class Reducer:
     what overlapping buys (``ringtrain bench step --workers N`` runs both).
     """
 
-    def __init__(self, pieces: Sequence[int | Sequence[int]], collective: Collective,
-                 optimizer: Optimizer, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, stop_vote: bool = False,
-                 overlap: bool = True, tracer: trace.Tracer = trace.OFF):
+    def __init__(
+        self,
+        pieces: Sequence[int | Sequence[int]],
+        collective: Collective,
+        optimizer: Optimizer,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+        stop_vote: bool = False,
+        overlap: bool = True,
+        tracer: trace.Tracer = trace.OFF,
+    ):
         self.collective, self.tracer = collective, tracer
         self.overlap = overlap
         n = optimizer.params.size
@@ -97,11 +111,17 @@ class Reducer:
         self.grads = self.buffer[:n]
         self.vote = StopVote(self.buffer, n) if stop_vote else None
         self.hook = OptimizerHook(optimizer, self.buffer, tracer)
-        self.buckets = assign_buckets(list(pieces) + ([[StopVote.ELEMS]] if stop_vote else []),
-                                      bucket_bytes, first_bucket_bytes, self.buffer.itemsize)
+        self.buckets = assign_buckets(
+            list(pieces) + ([[StopVote.ELEMS]] if stop_vote else []),
+            bucket_bytes,
+            first_bucket_bytes,
+            self.buffer.itemsize,
+        )
         if self.buckets and self.buckets[-1].stop != self.buffer.size:
-            raise ValueError(f"piece sizes sum to {self.buckets[-1].stop}, "
-                             f"gradient buffer has {self.buffer.size}")
+            raise ValueError(
+                f"piece sizes sum to {self.buckets[-1].stop}, "
+                f"gradient buffer has {self.buffer.size}"
+            )
         self.local = collective.size == 1
         self.ready = Readiness(self.buckets)
         self._step = 0
@@ -161,8 +181,14 @@ class Reducer:
         iv = self._comm.intervals
         total = sum(b - a for a, b in iv)
         lead = max(0.0, compute_end - iv[0][0]) if iv else 0.0
-        return StepCommStats(total, hidden_seconds(iv, self._waits, compute_end), wait,
-                             self.buffer.nbytes, sum(b - a for a, b in self._waits), lead)
+        return StepCommStats(
+            total,
+            hidden_seconds(iv, self._waits, compute_end),
+            wait,
+            self.buffer.nbytes,
+            sum(b - a for a, b in self._waits),
+            lead,
+        )
 
     def close(self) -> None:
         if self._comm is not None:

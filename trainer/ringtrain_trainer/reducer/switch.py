@@ -21,10 +21,10 @@ _users = 0
 _saved = 0.0
 
 
-class lowered_switch_interval:  # noqa: N801 - used like a function: ``with lowered_switch_interval():``
+class lowered_switch_interval:
     """Context manager: ``sys.getswitchinterval()`` at most ``COMM_SWITCH_INTERVAL_S`` inside."""
 
-    def __enter__(self) -> "lowered_switch_interval":
+    def __enter__(self) -> lowered_switch_interval:
         global _users, _saved
         with _lock:
             if _users == 0:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from ringtrain import options, pki
 from ringtrain.cluster import ClusterSpec, split_address
-from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain.errors import InvalidSpec, PeerTimeout, RingError
-from ringtrain_trainer.ring.engine import RingCollective, RingObserver
-from ringtrain_trainer.ring.transport import LinkError
+from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.ring import schedule
+from ringtrain_trainer.ring.engine import RingCollective, RingObserver
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
+from ringtrain_trainer.ring.transport import LinkError
 
 #: Accepted data path names: ``grpc+tcp`` (tensors on a raw TCP side channel opened through
 #: gRPC; the faster, default), ``grpc`` (tensors in gRPC streams) and ``tcp``, the old name of
@@ -33,8 +33,15 @@ DEFAULT_STEP_TIMEOUT_S: float = options.DEFAULTS["ring_step_timeout_s"]
 DEFAULT_HEALTH_TIMEOUT_S: float = options.DEFAULTS["ring_health_timeout_s"]
 DEFAULT_STALL_S: float = options.DEFAULTS["ring_stall_warning_s"]
 
-__all__ = ["connect", "data_path", "RingCollective", "TRANSPORTS", "DEFAULT_CHUNK_BYTES",
-           "DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_STEP_TIMEOUT_S"]
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_STEP_TIMEOUT_S",
+    "TRANSPORTS",
+    "RingCollective",
+    "connect",
+    "data_path",
+]
 
 
 def data_path(transport: str) -> str:
@@ -44,16 +51,22 @@ def data_path(transport: str) -> str:
     return ALIASES.get(transport, transport)
 
 
-def connect(spec: ClusterSpec, token: bytes, *,
-            connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-            step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
-            chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-            transport: str = "grpc+tcp",
-            health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S,
-            stall_s: float = DEFAULT_STALL_S,
-            observer: RingObserver | None = None, tls: pki.JobMaterial | None = None,
-            encrypt_data: bool = False, health_port: int = 0,
-            shared_memory: bool = True) -> Collective:
+def connect(
+    spec: ClusterSpec,
+    token: bytes,
+    *,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    transport: str = "grpc+tcp",
+    health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S,
+    stall_s: float = DEFAULT_STALL_S,
+    observer: RingObserver | None = None,
+    tls: pki.JobMaterial | None = None,
+    encrypt_data: bool = False,
+    health_port: int = 0,
+    shared_memory: bool = True,
+) -> Collective:
     """Join the ring described by ``spec``; a single-member ring is a ``LocalCollective``.
 
     Peers that are not up yet (or whose names do not resolve yet) are retried with back-off
@@ -77,8 +90,9 @@ def connect(spec: ClusterSpec, token: bytes, *,
     if chunk_bytes < 4:
         raise InvalidSpec(f"chunk_bytes must be at least 4 (one float32), got {chunk_bytes}")
     if encrypt_data and tls is None:
-        raise InvalidSpec("--ring-encrypt-data needs the job's TLS material "
-                          "(RINGTRAIN_TLS_DIR or --ring-tls-dir)")
+        raise InvalidSpec(
+            "--ring-encrypt-data needs the job's TLS material (RINGTRAIN_TLS_DIR or --ring-tls-dir)"
+        )
     from ringtrain_trainer.ring import channels
     from ringtrain_trainer.ring import tls as ring_tls
     from ringtrain_trainer.ring.control import ControlPlane, log
@@ -89,9 +103,15 @@ def connect(spec: ClusterSpec, token: bytes, *,
     data_tls = material if encrypt_data else None
     rank, addresses = spec.rank, spec.ring
     try:
-        control = ControlPlane(rank, addresses, spec.ring_names, token,
-                               split_address(addresses[rank])[1], material,
-                               health_port=health_port)
+        control = ControlPlane(
+            rank,
+            addresses,
+            spec.ring_names,
+            token,
+            split_address(addresses[rank])[1],
+            material,
+            health_port=health_port,
+        )
     except channels.BindError as e:  # our own port is taken: retryable, a new pod may get it
         raise RingError(str(e), rank=rank, step=-1, peer=addresses[rank]) from None
     listener = receiver = None
@@ -105,35 +125,54 @@ def connect(spec: ClusterSpec, token: bytes, *,
         else:
             from ringtrain_trainer.ring.grpc_transport import GrpcTransport
 
-            receiver, handler = GrpcTransport.receiver(rank, len(addresses), token,
-                                                       step_timeout_s, material)
+            receiver, handler = GrpcTransport.receiver(
+                rank, len(addresses), token, step_timeout_s, material
+            )
             control.add_handlers(handler)
         control.start()
         answers = control.rendezvous(connect_timeout_s, observer.waiting)
-        security = ("mutual TLS" + (", side channel encrypted" if encrypt_data else "")
-                    if material is not None
-                    else "TLS off: control calls and the side-channel key in the clear")
+        security = (
+            "mutual TLS" + (", side channel encrypted" if encrypt_data else "")
+            if material is not None
+            else "TLS off: control calls and the side-channel key in the clear"
+        )
         log(f"rank {rank}: all {len(addresses)} ranks answered; data path {path}, {security}")
         if listener is not None:
             right = schedule.right(rank, len(addresses))
             side = answers[right]
             if side.get("data_port") is None or not side.get("data_key"):
-                raise InvalidSpec(f"rank {rank}: {addresses[right]} announced no grpc+tcp side "
-                                  "channel (do all workers use the same --ring-transport?)")
-            wire = ShmTransport.open(listener, rank, addresses, int(side["data_port"]),
-                                     bytes.fromhex(side["data_key"]),
-                                     connect_timeout_s=connect_timeout_s,
-                                     step_timeout_s=step_timeout_s, material=data_tls,
-                                     chunk_bytes=chunk_bytes,
-                                     shared_memory=shared_memory and not encrypt_data)
+                raise InvalidSpec(
+                    f"rank {rank}: {addresses[right]} announced no grpc+tcp side "
+                    "channel (do all workers use the same --ring-transport?)"
+                )
+            wire = ShmTransport.open(
+                listener,
+                rank,
+                addresses,
+                int(side["data_port"]),
+                bytes.fromhex(side["data_key"]),
+                connect_timeout_s=connect_timeout_s,
+                step_timeout_s=step_timeout_s,
+                material=data_tls,
+                chunk_bytes=chunk_bytes,
+                shared_memory=shared_memory and not encrypt_data,
+            )
             if wire.links != ("tcp", "tcp"):
-                log(f"rank {rank}: data path {wire.name}: tensors from the left neighbour over "
+                log(
+                    f"rank {rank}: data path {wire.name}: tensors from the left neighbour over "
                     f"{wire.links[0]}, to the right over {wire.links[1]} (same-host shared "
-                    "memory, signalled over the TCP side channel)")
+                    "memory, signalled over the TCP side channel)"
+                )
         else:
-            wire = GrpcTransport.open(receiver, rank, addresses, token,
-                                      connect_timeout_s=connect_timeout_s,
-                                      step_timeout_s=step_timeout_s, material=material)
+            wire = GrpcTransport.open(
+                receiver,
+                rank,
+                addresses,
+                token,
+                connect_timeout_s=connect_timeout_s,
+                step_timeout_s=step_timeout_s,
+                material=material,
+            )
     except LinkError as e:  # our own side-channel port is taken: retryable
         control.close()
         raise RingError(str(e), rank=rank, step=-1, peer=addresses[rank]) from None
@@ -144,8 +183,14 @@ def connect(spec: ClusterSpec, token: bytes, *,
         if isinstance(e, PeerTimeout) and control.aborted is not None:
             raise control.aborted from None  # the wait ended because the ring broke
         raise
-    coll = RingCollective(wire, rank, addresses, chunk_bytes=chunk_bytes,
-                          step_timeout_s=step_timeout_s, control=control)
+    coll = RingCollective(
+        wire,
+        rank,
+        addresses,
+        chunk_bytes=chunk_bytes,
+        step_timeout_s=step_timeout_s,
+        control=control,
+    )
     coll.observer = observer
     observer.data_path(wire.name)
     control.attach(coll)

@@ -76,8 +76,7 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def server_handshake(sock: socket.socket, key: bytes, world: int,
-                     accept_rank) -> tuple[int, int]:
+def server_handshake(sock: socket.socket, key: bytes, world: int, accept_rank) -> tuple[int, int]:
     """Authenticate an incoming connection with ``key``; returns (verdict, claimed rank).
 
     ``accept_rank(rank) -> verdict`` decides, once the peer proved the key, whether this rank
@@ -86,7 +85,7 @@ def server_handshake(sock: socket.socket, key: bytes, world: int,
     nonce_s = os.urandom(_NONCE)
     sock.sendall(_HELLO + nonce_s)
     msg = recv_exact(sock, _CLIENT.size + _NONCE + _MAC)
-    ident, nonce_c, mac = msg[:_CLIENT.size], msg[_CLIENT.size:-_MAC], msg[-_MAC:]
+    ident, nonce_c, mac = msg[: _CLIENT.size], msg[_CLIENT.size : -_MAC], msg[-_MAC:]
     rank, peer_world = _CLIENT.unpack(ident)
     if not hmac.compare_digest(mac, _mac(key, b"client", _HELLO, nonce_s, nonce_c, ident)):
         verdict = REFUSED_TOKEN
@@ -99,15 +98,17 @@ def server_handshake(sock: socket.socket, key: bytes, world: int,
     return verdict, rank
 
 
-def client_handshake(sock: socket.socket, key: bytes, rank: int, world: int,
-                     peer: str) -> None:
+def client_handshake(sock: socket.socket, key: bytes, rank: int, world: int, peer: str) -> None:
     """Prove ``key`` to the server and check its proof; raises Unauthenticated (KeyRefused for
     a refused key) or ConnectionError (worth retrying: the peer may still be starting)."""
     hello = recv_exact(sock, len(_HELLO) + _NONCE)
-    if hello[:len(_HELLO)] != _HELLO:
-        raise Unauthenticated(f"{peer} does not speak the ringtrain TCP protocol (do all "
-                              "workers use the same ring transport, tcp or grpc?)", rank=rank)
-    nonce_s, nonce_c = hello[len(_HELLO):], os.urandom(_NONCE)
+    if hello[: len(_HELLO)] != _HELLO:
+        raise Unauthenticated(
+            f"{peer} does not speak the ringtrain TCP protocol (do all "
+            "workers use the same ring transport, tcp or grpc?)",
+            rank=rank,
+        )
+    nonce_s, nonce_c = hello[len(_HELLO) :], os.urandom(_NONCE)
     ident = _CLIENT.pack(rank, world)
     sock.sendall(ident + nonce_c + _mac(key, b"client", _HELLO, nonce_s, nonce_c, ident))
     verdict = recv_exact(sock, 1)[0]

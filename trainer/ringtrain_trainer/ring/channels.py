@@ -30,13 +30,15 @@ class BindError(OSError):
     """The port is taken (or not ours to take)."""
 
 
-def server(port: int, *, host: str = "0.0.0.0", max_workers: int = 12,
-           material: tls.Material | None = None) -> grpc.Server:
+def server(
+    port: int, *, host: str = "0.0.0.0", max_workers: int = 12, material: tls.Material | None = None
+) -> grpc.Server:
     """A gRPC server bound to ``host:port`` but not started (handlers are added first); with
     ``material`` it requires a client certificate of the job's CA."""
-    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
-                                                 thread_name_prefix="ring-rpc"),
-                      options=OPTIONS)
+    srv = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ring-rpc"),
+        options=OPTIONS,
+    )
     bound = tls.serve(srv, f"{host}:{port}", material)
     if not bound:
         srv.stop(None)

@@ -44,7 +44,7 @@ import secrets
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -77,9 +77,17 @@ class ControlPlane:
     :meth:`start`, :meth:`rendezvous`, then the collective :meth:`attach`-es itself, after which
     aborts from peers interrupt it. ``names`` are the ranks' task names (``worker-2``)."""
 
-    def __init__(self, rank: int, addresses: tuple[str, ...], names: tuple[str, ...],
-                 token: bytes, port: int, material: tls.Material | None = None, *,
-                 health_port: int = 0) -> None:
+    def __init__(
+        self,
+        rank: int,
+        addresses: tuple[str, ...],
+        names: tuple[str, ...],
+        token: bytes,
+        port: int,
+        material: tls.Material | None = None,
+        *,
+        health_port: int = 0,
+    ) -> None:
         self.rank, self.addresses, self.names = rank, addresses, names
         self.world = len(addresses)
         self._token = token
@@ -95,11 +103,18 @@ class ControlPlane:
                 self.server.stop(None)
                 raise
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-            "Register": grpc.unary_unary_rpc_method_handler(self._register),
-            "Abort": grpc.unary_unary_rpc_method_handler(self._abort),
-            "State": grpc.unary_unary_rpc_method_handler(self._state),
-        }),))
+        self.server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    SERVICE,
+                    {
+                        "Register": grpc.unary_unary_rpc_method_handler(self._register),
+                        "Abort": grpc.unary_unary_rpc_method_handler(self._abort),
+                        "State": grpc.unary_unary_rpc_method_handler(self._state),
+                    },
+                ),
+            )
+        )
         self._lock = threading.Lock()
         self.refused = 0
         self.data_port: int | None = None  # the TCP side channel's, announced by Register
@@ -148,11 +163,15 @@ class ControlPlane:
         elif not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
             why = (grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
         elif md.get(WORLD_KEY) != str(self.world):
-            why = (grpc.StatusCode.INVALID_ARGUMENT,
-                   f"caller's ring size {md.get(WORLD_KEY)} is not {self.world}")
+            why = (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"caller's ring size {md.get(WORLD_KEY)} is not {self.world}",
+            )
         elif not str(md.get(RANK_KEY, "")).isdigit() or not 0 <= int(md[RANK_KEY]) < self.world:
-            why = (grpc.StatusCode.PERMISSION_DENIED, f"caller rank {md.get(RANK_KEY)} is not "
-                                                      f"in the ring")
+            why = (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"caller rank {md.get(RANK_KEY)} is not in the ring",
+            )
         if why is not None:
             with self._lock:
                 self.refused += 1
@@ -170,14 +189,26 @@ class ControlPlane:
         if known is not None and theirs is not None and theirs != known:
             # the process this one registered with is gone and its successor is here: this
             # ring cannot form or go on; leave it, so that both meet in a fresh rendezvous
-            self._leave(RingError(f"{self.name(caller)} restarted (its new process registered)",
-                                  rank=self.rank, peer=self.addresses[caller]))
+            self._leave(
+                RingError(
+                    f"{self.name(caller)} restarted (its new process registered)",
+                    rank=self.rank,
+                    peer=self.addresses[caller],
+                )
+            )
         coll = self._collective
-        if (self._told or self._closed or self.aborted is not None
-                or (coll is not None and coll.broken)):
+        if (
+            self._told
+            or self._closed
+            or self.aborted is not None
+            or (coll is not None and coll.broken)
+        ):
             context.abort(grpc.StatusCode.UNAVAILABLE, f"rank {self.rank}: leaving the ring")
-        doc: dict = {"rank": self.rank, "data_port": self.data_port,
-                     "incarnation": self.incarnation}
+        doc: dict = {
+            "rank": self.rank,
+            "data_port": self.data_port,
+            "incarnation": self.incarnation,
+        }
         if self.data_key is not None and caller == schedule.left(self.rank, self.world):
             doc["data_key"] = self.data_key.hex()
         return json.dumps(doc).encode()
@@ -186,8 +217,10 @@ class ControlPlane:
         sender = self._authorise(context)
         try:
             doc = json.loads(request)
-            reason, cls = str(doc["reason"])[:2000], (PeerTimeout if doc.get("timeout")
-                                                      else RingError)
+            reason, cls = (
+                str(doc["reason"])[:2000],
+                (PeerTimeout if doc.get("timeout") else RingError),
+            )
             incarnation = str(doc["incarnation"])
         except (ValueError, TypeError, KeyError):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed abort")
@@ -199,16 +232,22 @@ class ControlPlane:
             else:
                 known = True
         if not known:
-            log(f"rank {self.rank}: an abort from {self.name(sender)}, not (yet) the process "
-                f"this worker registered with ({reason[:200]})")
+            log(
+                f"rank {self.rank}: an abort from {self.name(sender)}, not (yet) the process "
+                f"this worker registered with ({reason[:200]})"
+            )
             return b""
         with self._lock:
             coll = self._collective
             step = None if coll is None or coll.position is None else coll.position[0].step
             if coll is None:  # the ring is still forming: the peer's failure, not a deadline
                 cls = RingError
-            err = cls(f"{self.name(sender)} left the ring: {reason}", rank=self.rank,
-                      step=step, peer=self.addresses[sender])
+            err = cls(
+                f"{self.name(sender)} left the ring: {reason}",
+                rank=self.rank,
+                step=step,
+                peer=self.addresses[sender],
+            )
         log(f"rank {self.rank}: {self.name(sender)} aborted: {reason}")
         self._leave(err, tell_peers=False)
         return b""
@@ -240,8 +279,9 @@ class ControlPlane:
 
     # -- client side ----------------------------------------------------------------------------
 
-    def rendezvous(self, timeout_s: float,
-                   on_waiting: Callable[[list[str]], None] = lambda names: None) -> dict:
+    def rendezvous(
+        self, timeout_s: float, on_waiting: Callable[[list[str]], None] = lambda names: None
+    ) -> dict:
         """Register with every peer until all answered (the readiness barrier); their answers
         by rank. A peer that is not serving yet, or whose name does not resolve yet (a pod
         whose DNS record is not published), is retried with back-off until ``timeout_s``;
@@ -253,11 +293,16 @@ class ControlPlane:
         while True:
             if self.aborted is not None:
                 raise self.aborted
-            calls = {r: self.channel(r).unary_unary(f"/{SERVICE}/Register").future(
-                json.dumps({"incarnation": self.incarnation}).encode(),
-                metadata=call_metadata(self._token, self.rank, self.world),
-                timeout=max(0.2, min(2.0, deadline - time.monotonic())))
-                for r in missing}
+            calls = {
+                r: self.channel(r)
+                .unary_unary(f"/{SERVICE}/Register")
+                .future(
+                    json.dumps({"incarnation": self.incarnation}).encode(),
+                    metadata=call_metadata(self._token, self.rank, self.world),
+                    timeout=max(0.2, min(2.0, deadline - time.monotonic())),
+                )
+                for r in missing
+            }
             for r, call in calls.items():
                 try:
                     answers[r] = json.loads(call.result())
@@ -278,9 +323,13 @@ class ControlPlane:
                 return answers
             if time.monotonic() + delay >= deadline:
                 first = missing[0]
-                raise PeerTimeout(f"{', '.join(names)} did not answer within {timeout_s:g} s "
-                                  f"(last error: {last.get(first)})", rank=self.rank, step=-1,
-                                  peer=self.addresses[first])
+                raise PeerTimeout(
+                    f"{', '.join(names)} did not answer within {timeout_s:g} s "
+                    f"(last error: {last.get(first)})",
+                    rank=self.rank,
+                    step=-1,
+                    peer=self.addresses[first],
+                )
             time.sleep(delay)  # back-off between rounds
             delay = min(delay * 2, 1.0)
 
@@ -291,17 +340,24 @@ class ControlPlane:
             self.peer_incarnation[r] = incarnation
             early = self._unmatched.pop(r, None)
         if early is not None and early[0] == incarnation:
-            raise RingError(f"{self.name(r)} left the ring: {early[1]}", rank=self.rank,
-                            step=-1, peer=self.addresses[r])
+            raise RingError(
+                f"{self.name(r)} left the ring: {early[1]}",
+                rank=self.rank,
+                step=-1,
+                peer=self.addresses[r],
+            )
 
     def _refused_by(self, e: grpc.RpcError, r: int) -> None:
         code, peer = e.code(), self.addresses[r]
         if code == grpc.StatusCode.UNAUTHENTICATED:
-            raise Unauthenticated(f"{peer} refused the ring token: {e.details()}",
-                                  rank=self.rank) from None
+            raise Unauthenticated(
+                f"{peer} refused the ring token: {e.details()}", rank=self.rank
+            ) from None
         if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
-            raise InvalidSpec(f"rank {self.rank}: {peer} refused: {e.details()} (do all "
-                              "workers have the same TF_CONFIG cluster?)") from None
+            raise InvalidSpec(
+                f"rank {self.rank}: {peer} refused: {e.details()} (do all "
+                "workers have the same TF_CONFIG cluster?)"
+            ) from None
 
     def attach(self, collective) -> None:
         """From now on a peer's Abort interrupts ``collective``; one that came earlier does so
@@ -326,16 +382,31 @@ class ControlPlane:
         md = call_metadata(self._token, self.rank, self.world)
         for r in range(self.world):
             if r != self.rank:
-                self._pending.append(self.channel(r).unary_unary(f"/{SERVICE}/Abort").future(
-                    json.dumps({"reason": reason[:2000], "timeout": timeout,
-                                "incarnation": self.incarnation}).encode(),
-                    metadata=md, timeout=ABORT_GRACE_S))
+                self._pending.append(
+                    self.channel(r)
+                    .unary_unary(f"/{SERVICE}/Abort")
+                    .future(
+                        json.dumps(
+                            {
+                                "reason": reason[:2000],
+                                "timeout": timeout,
+                                "incarnation": self.incarnation,
+                            }
+                        ).encode(),
+                        metadata=md,
+                        timeout=ABORT_GRACE_S,
+                    )
+                )
 
     def states(self, ranks: list[int], timeout_s: float) -> dict[int, dict | None]:
         """Each peer's State (None where it did not answer in time)."""
         md = call_metadata(self._token, self.rank, self.world)
-        calls = {r: self.channel(r).unary_unary(f"/{SERVICE}/State").future(
-            b"", metadata=md, timeout=timeout_s) for r in ranks}
+        calls = {
+            r: self.channel(r)
+            .unary_unary(f"/{SERVICE}/State")
+            .future(b"", metadata=md, timeout=timeout_s)
+            for r in ranks
+        }
         out: dict[int, dict | None] = {}
         for r, call in calls.items():
             try:
@@ -346,8 +417,12 @@ class ControlPlane:
 
     def check(self, ranks: list[int], timeout_s: float) -> dict[int, bool]:
         """Health/Check of ``ranks`` in parallel: True where the peer answered SERVING."""
-        calls = {r: health_pb2_grpc.HealthStub(self.channel(r)).Check.future(
-            health_pb2.HealthCheckRequest(service=""), timeout=timeout_s) for r in ranks}
+        calls = {
+            r: health_pb2_grpc.HealthStub(self.channel(r)).Check.future(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
+            )
+            for r in ranks
+        }
         out = {}
         for r, call in calls.items():
             try:

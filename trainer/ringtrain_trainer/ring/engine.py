@@ -30,9 +30,9 @@ import time
 import numpy as np
 
 from ringtrain import options
+from ringtrain.errors import PeerTimeout, RingError
 from ringtrain_trainer import trace
 from ringtrain_trainer.collective import Collective
-from ringtrain.errors import PeerTimeout, RingError
 from ringtrain_trainer.ring import schedule
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
 from ringtrain_trainer.ring.sender import Sender
@@ -45,8 +45,7 @@ _BARRIER_TAG = -1
 ABORT_WAIT_S = 0.3
 
 
-def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str,
-               what: str) -> RingError:
+def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str, what: str) -> RingError:
     """A RingError (PeerTimeout for timeouts) whose message and attributes carry rank, step and
     peer, the three things an operator needs to find the broken link."""
     cls = PeerTimeout if isinstance(exc, LinkTimeout) else RingError
@@ -65,8 +64,7 @@ class RingObserver:
     as ``ringtrain_ring_*``, this default forgets it. Called on the communication thread once
     per collective with plain numbers, so the hot path builds no objects for it."""
 
-    def collective(self, kind: str, seconds: float, sent_bytes: int,
-                   received_bytes: int) -> None:
+    def collective(self, kind: str, seconds: float, sent_bytes: int, received_bytes: int) -> None:
         """A collective of ``kind`` (one of ``COLLECTIVE_KINDS``) finished."""
 
     def data_path(self, name: str) -> None:
@@ -87,10 +85,16 @@ class RingObserver:
 class RingCollective(Collective):
     """Mean allreduce and broadcast over a ring of ``size`` processes ordered by rank."""
 
-    def __init__(self, transport: Transport, rank: int, addresses: tuple[str, ...], *,
-                 chunk_bytes: int = schedule.DEFAULT_CHUNK_BYTES,
-                 step_timeout_s: float = options.DEFAULTS["ring_step_timeout_s"],
-                 control=None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        rank: int,
+        addresses: tuple[str, ...],
+        *,
+        chunk_bytes: int = schedule.DEFAULT_CHUNK_BYTES,
+        step_timeout_s: float = options.DEFAULTS["ring_step_timeout_s"],
+        control=None,
+    ) -> None:
         if chunk_bytes < _FLOAT.itemsize:
             raise ValueError(f"chunk_bytes must be >= {_FLOAT.itemsize}, got {chunk_bytes}")
         self.rank, self.size = rank, len(addresses)
@@ -160,8 +164,11 @@ class RingCollective(Collective):
     def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:
         flat = self._flat(buf, "allreduce_mean_")
         header = self._next(Kind.ALLREDUCE, step, tag, flat.size)
-        self._guarded(header, lambda finish: self._allreduce(flat, header, finish),
-                      "barrier" if tag == _BARRIER_TAG and step == -1 else "allreduce")
+        self._guarded(
+            header,
+            lambda finish: self._allreduce(flat, header, finish),
+            "barrier" if tag == _BARRIER_TAG and step == -1 else "allreduce",
+        )
 
     def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
         if not 0 <= root < self.size:
@@ -192,16 +199,23 @@ class RingCollective(Collective):
 
     def _flat(self, buf: np.ndarray, what: str) -> np.ndarray:
         if not isinstance(buf, np.ndarray) or buf.dtype != _FLOAT:
-            raise TypeError(f"{what}: needs a float32 numpy array, got "
-                            f"{getattr(buf, 'dtype', type(buf).__name__)}")
+            raise TypeError(
+                f"{what}: needs a float32 numpy array, got "
+                f"{getattr(buf, 'dtype', type(buf).__name__)}"
+            )
         if not buf.flags.c_contiguous or not buf.flags.writeable:
             raise ValueError(f"{what}: buffer must be C-contiguous and writeable (in place)")
         return buf.reshape(-1)
 
     def _next(self, kind: Kind, step: int, tag: int, nelem: int, root: int = 0) -> OpHeader:
         if self._closed:
-            raise ring_error("ring closed", rank=self.rank, step=step, peer=self.right_peer,
-                             what="collective after close()")
+            raise ring_error(
+                "ring closed",
+                rank=self.rank,
+                step=step,
+                peer=self.right_peer,
+                what="collective after close()",
+            )
         if self._broken is not None:
             raise self._broken
         header = OpHeader(kind, self._seq, step, tag, nelem, root)
@@ -245,9 +259,13 @@ class RingCollective(Collective):
             self._break(e, header, self.left_peer, "receiving")
         except BaseException as e:  # interrupted half-way: the ranks no longer agree on state
             if self._broken is None:
-                self._broken = ring_error(f"{type(e).__name__}: {e}", rank=self.rank,
-                                          step=header.step, peer=self.left_peer,
-                                          what=f"interrupted {header.describe()}")
+                self._broken = ring_error(
+                    f"{type(e).__name__}: {e}",
+                    rank=self.rank,
+                    step=header.step,
+                    peer=self.left_peer,
+                    what=f"interrupted {header.describe()}",
+                )
                 self.transport.abort()
                 self.observer.error("interrupted")
                 self._tell_peers(str(self._broken))
@@ -260,19 +278,20 @@ class RingCollective(Collective):
         t1 = time.perf_counter_ns()
         if self.peer_waits is not None:  # the right neighbour still taking our bytes
             self.peer_waits.append((t0 * 1e-9, t1 * 1e-9))
-        self.tracer.add(trace.ALLREDUCE, "wait for rank", t0, schedule.right(self.rank, self.size),
-                        t1=t1)
+        self.tracer.add(
+            trace.ALLREDUCE, "wait for rank", t0, schedule.right(self.rank, self.size), t1=t1
+        )
         if self._sender.error is not None:
             self._break(self._sender.error, header, self.right_peer, "sending")
         self.observer.collective(kind, time.perf_counter() - start, self._sent, self._received)
 
     def _break(self, exc: LinkError, header: OpHeader, peer: str, what: str) -> None:
-        if self._broken is None and self.control is not None and not isinstance(
-                exc, LinkTimeout):
+        if self._broken is None and self.control is not None and not isinstance(exc, LinkTimeout):
             self._interrupted.wait(ABORT_WAIT_S)
         if self._broken is None:
-            err = ring_error(exc, rank=self.rank, step=header.step, peer=peer,
-                             what=f"{what} {header.describe()}")
+            err = ring_error(
+                exc, rank=self.rank, step=header.step, peer=peer, what=f"{what} {header.describe()}"
+            )
             self._broken = err
             # the Aborts first: a peer whose socket to us breaks next waits for one briefly
             # (ABORT_WAIT_S) and should find it, so that it names the cause, not us
@@ -283,7 +302,7 @@ class RingCollective(Collective):
 
     def _send(self, mv: memoryview, a: int, b: int, header: OpHeader | None = None) -> None:
         self._sent += (b - a) * _FLOAT.itemsize
-        self._emit(header, mv[a * _FLOAT.itemsize:b * _FLOAT.itemsize])
+        self._emit(header, mv[a * _FLOAT.itemsize : b * _FLOAT.itemsize])
 
     def _emit(self, header: OpHeader | None, data: memoryview | None) -> None:
         """Send the collective's ``header`` and/or a chunk, in order: from this thread while
@@ -334,8 +353,7 @@ class RingCollective(Collective):
                 self._received += seg.nbytes
                 t0 = clock()  # a receive blocks until the left neighbour's chunk is here
                 # a partial sum that only passes through goes on without landing here first
-                fused = (phase.reduce and p < last_reduce and self._inline
-                         and t.recv_add_send(seg))
+                fused = phase.reduce and p < last_reduce and self._inline and t.recv_add_send(seg)
                 if fused:
                     self._sent += seg.nbytes
                 elif phase.reduce:
@@ -350,8 +368,9 @@ class RingCollective(Collective):
                     np.divide(seg, self.size, out=seg)
                 if forward and not fused:
                     self._send(mv, a, b)
-            tr.add(trace.ALLREDUCE, "reduce-scatter" if phase.reduce else "allgather",
-                   t_phase, value=p)
+            tr.add(
+                trace.ALLREDUCE, "reduce-scatter" if phase.reduce else "allgather", t_phase, value=p
+            )
         finish_sends()
         t.end_recv()
 

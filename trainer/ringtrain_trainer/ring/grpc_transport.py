@@ -21,6 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+
 import grpc
 import numpy as np
 
@@ -45,11 +46,15 @@ _MISMATCH_STATUS = {
 }
 
 
-def call_metadata(token: bytes, rank: int, world: int,
-                  header: OpHeader | None = None) -> tuple[tuple[str, str | bytes], ...]:
+def call_metadata(
+    token: bytes, rank: int, world: int, header: OpHeader | None = None
+) -> tuple[tuple[str, str | bytes], ...]:
     """What every call of this transport carries (tests use it to forge calls)."""
-    md: list[tuple[str, str | bytes]] = [(auth.TOKEN_METADATA_KEY, token),
-                                         (_RANK_KEY, str(rank)), (_WORLD_KEY, str(world))]
+    md: list[tuple[str, str | bytes]] = [
+        (auth.TOKEN_METADATA_KEY, token),
+        (_RANK_KEY, str(rank)),
+        (_WORLD_KEY, str(world)),
+    ]
     if header is not None:
         md.append((_OP_KEY, header.pack()))
     return tuple(md)
@@ -58,8 +63,14 @@ def call_metadata(token: bytes, rank: int, world: int,
 class _Receiver:
     """Server side: checks every call and hands accepted chunks to the receive thread."""
 
-    def __init__(self, token: bytes, rank: int, world: int, step_timeout_s: float,
-                 material: tls.Material | None = None) -> None:
+    def __init__(
+        self,
+        token: bytes,
+        rank: int,
+        world: int,
+        step_timeout_s: float,
+        material: tls.Material | None = None,
+    ) -> None:
         self._token, self._rank, self._world = token, rank, world
         self._tls = material
         self._left, _ = schedule.neighbours(rank, world)
@@ -80,18 +91,24 @@ class _Receiver:
 
     def _authorise(self, context: grpc.ServicerContext) -> dict:
         if not tls.peer_ok(context, self._tls):
-            self._refuse(context, grpc.StatusCode.UNAUTHENTICATED,
-                         "caller's certificate names another job")
+            self._refuse(
+                context, grpc.StatusCode.UNAUTHENTICATED, "caller's certificate names another job"
+            )
         md = dict(context.invocation_metadata())
         if not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
             self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
         if md.get(_WORLD_KEY) != str(self._world):
-            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
-                         f"caller's ring size {md.get(_WORLD_KEY)} is not {self._world}")
+            self._refuse(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"caller's ring size {md.get(_WORLD_KEY)} is not {self._world}",
+            )
         if md.get(_RANK_KEY) != str(self._left):
-            self._refuse(context, grpc.StatusCode.PERMISSION_DENIED,
-                         f"caller rank {md.get(_RANK_KEY)} is not the left neighbour "
-                         f"{self._left}")
+            self._refuse(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"caller rank {md.get(_RANK_KEY)} is not the left neighbour {self._left}",
+            )
         return md
 
     def hello_rpc(self, request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -106,22 +123,29 @@ class _Receiver:
             self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed collective header")
         with self._cond:
             ready = self._cond.wait_for(
-                lambda: self._closed or (self._current is not None
-                                         and self._current.seq >= got.seq), self._timeout)
+                lambda: (
+                    self._closed or (self._current is not None and self._current.seq >= got.seq)
+                ),
+                self._timeout,
+            )
             current, taken = self._current, self._taken
             why = None
             if self._closed:
                 why = (grpc.StatusCode.UNAVAILABLE, "ring closed")
             elif not ready:
-                why = (grpc.StatusCode.DEADLINE_EXCEEDED,
-                       f"not at {got.describe()} within {self._timeout:g} s")
+                why = (
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"not at {got.describe()} within {self._timeout:g} s",
+                )
             elif taken and current.seq == got.seq:
                 why = (grpc.StatusCode.FAILED_PRECONDITION, f"{got.describe()} already received")
             else:
                 mismatch = got.mismatch(current)
                 if mismatch is not None:
-                    why = (_MISMATCH_STATUS[mismatch],
-                           f"caller is at {got.describe()}, this rank at {current.describe()}")
+                    why = (
+                        _MISMATCH_STATUS[mismatch],
+                        f"caller is at {got.describe()}, this rank at {current.describe()}",
+                    )
             if why is None:
                 self._taken = True
                 inbox = self.inbox
@@ -158,8 +182,10 @@ class _Receiver:
 def _rpc_failure(e: BaseException, what: str, *, send_side: bool = False) -> LinkError:
     code = e.code() if hasattr(e, "code") else None
     cls = LinkTimeout if code == grpc.StatusCode.DEADLINE_EXCEEDED else LinkError
-    return cls(f"{what}: {getattr(code, 'name', code)}: "
-               f"{e.details() if hasattr(e, 'details') else e}", send_side=send_side)
+    return cls(
+        f"{what}: {getattr(code, 'name', code)}: {e.details() if hasattr(e, 'details') else e}",
+        send_side=send_side,
+    )
 
 
 class GrpcTransport(Transport):
@@ -168,8 +194,15 @@ class GrpcTransport(Transport):
 
     name = "grpc"
 
-    def __init__(self, receiver: _Receiver, channel: grpc.Channel,
-                 token: bytes, rank: int, world: int, step_timeout_s: float) -> None:
+    def __init__(
+        self,
+        receiver: _Receiver,
+        channel: grpc.Channel,
+        token: bytes,
+        rank: int,
+        world: int,
+        step_timeout_s: float,
+    ) -> None:
         self._receiver, self._channel = receiver, channel
         self._push = channel.stream_unary(_PUSH)
         self._token, self._rank, self._world = token, rank, world
@@ -187,20 +220,35 @@ class GrpcTransport(Transport):
         return self._receiver.refused
 
     @staticmethod
-    def receiver(rank: int, world: int, token: bytes, step_timeout_s: float,
-                 material: tls.Material | None = None,
-                 ) -> tuple[_Receiver, grpc.GenericRpcHandler]:
+    def receiver(
+        rank: int,
+        world: int,
+        token: bytes,
+        step_timeout_s: float,
+        material: tls.Material | None = None,
+    ) -> tuple[_Receiver, grpc.GenericRpcHandler]:
         """The server side, to be added to the worker's gRPC server before it starts."""
         receiver = _Receiver(token, rank, world, step_timeout_s, material)
-        return receiver, grpc.method_handlers_generic_handler(SERVICE, {
-            "Hello": grpc.unary_unary_rpc_method_handler(receiver.hello_rpc),
-            "Push": grpc.stream_unary_rpc_method_handler(receiver.push_rpc),
-        })
+        return receiver, grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Hello": grpc.unary_unary_rpc_method_handler(receiver.hello_rpc),
+                "Push": grpc.stream_unary_rpc_method_handler(receiver.push_rpc),
+            },
+        )
 
     @classmethod
-    def open(cls, receiver: _Receiver, rank: int, addresses: tuple[str, ...], token: bytes, *,
-             connect_timeout_s: float, step_timeout_s: float,
-             material: tls.Material | None = None) -> "GrpcTransport":
+    def open(
+        cls,
+        receiver: _Receiver,
+        rank: int,
+        addresses: tuple[str, ...],
+        token: bytes,
+        *,
+        connect_timeout_s: float,
+        step_timeout_s: float,
+        material: tls.Material | None = None,
+    ) -> GrpcTransport:
         world = len(addresses)
         left_rank, right_rank = schedule.neighbours(rank, world)
         right = addresses[right_rank]
@@ -210,9 +258,12 @@ class GrpcTransport(Transport):
             cls._hello(channel, token, rank, world, right, connect_timeout_s)
             left_wait = max(0.0, connect_timeout_s - (time.monotonic() - start))
             if not receiver.hello.wait(left_wait):
-                raise PeerTimeout(f"left neighbour did not say hello within "
-                                  f"{connect_timeout_s:g} s", rank=rank, step=-1,
-                                  peer=addresses[left_rank])
+                raise PeerTimeout(
+                    f"left neighbour did not say hello within {connect_timeout_s:g} s",
+                    rank=rank,
+                    step=-1,
+                    peer=addresses[left_rank],
+                )
         except BaseException:
             channel.close()
             receiver.close()
@@ -220,31 +271,41 @@ class GrpcTransport(Transport):
         return cls(receiver, channel, token, rank, world, step_timeout_s)
 
     @staticmethod
-    def _hello(channel: grpc.Channel, token: bytes, rank: int, world: int, peer: str,
-               timeout_s: float) -> None:
+    def _hello(
+        channel: grpc.Channel, token: bytes, rank: int, world: int, peer: str, timeout_s: float
+    ) -> None:
         """Rendezvous with the right neighbour, retrying while it is not serving yet."""
         hello = channel.unary_unary(_HELLO)
         deadline, delay = time.monotonic() + timeout_s, 0.02
         while True:
             remaining = deadline - time.monotonic()
             try:
-                hello(b"", metadata=call_metadata(token, rank, world),
-                      timeout=max(0.1, remaining), wait_for_ready=True)
+                hello(
+                    b"",
+                    metadata=call_metadata(token, rank, world),
+                    timeout=max(0.1, remaining),
+                    wait_for_ready=True,
+                )
                 return
             except grpc.RpcError as e:
                 code = e.code()
                 if code == grpc.StatusCode.UNAUTHENTICATED:
-                    raise Unauthenticated(f"{peer} refused the ring token: {e.details()}",
-                                          rank=rank) from None
-                if code in (grpc.StatusCode.INVALID_ARGUMENT,
-                            grpc.StatusCode.PERMISSION_DENIED):
-                    raise InvalidSpec(f"rank {rank}: {peer} refused: {e.details()} (do all "
-                                      "workers have the same TF_CONFIG cluster?)") from None
-                retryable = code in (grpc.StatusCode.UNAVAILABLE,
-                                     grpc.StatusCode.DEADLINE_EXCEEDED)
+                    raise Unauthenticated(
+                        f"{peer} refused the ring token: {e.details()}", rank=rank
+                    ) from None
+                if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
+                    raise InvalidSpec(
+                        f"rank {rank}: {peer} refused: {e.details()} (do all "
+                        "workers have the same TF_CONFIG cluster?)"
+                    ) from None
+                retryable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                 if time.monotonic() + delay >= deadline or not retryable:
-                    raise PeerTimeout(f"no hello within {timeout_s:g} s ({code.name}: "
-                                      f"{e.details()})", rank=rank, step=-1, peer=peer) from None
+                    raise PeerTimeout(
+                        f"no hello within {timeout_s:g} s ({code.name}: {e.details()})",
+                        rank=rank,
+                        step=-1,
+                        peer=peer,
+                    ) from None
             time.sleep(delay)  # backoff between attempts (wait_for_ready covers most waiting)
             delay = min(delay * 2, 1.0)
 
@@ -258,7 +319,8 @@ class GrpcTransport(Transport):
             self._outbox = outbox
             self._call = self._push.future(
                 iter(outbox.get, _END),
-                metadata=call_metadata(self._token, self._rank, self._world, header))
+                metadata=call_metadata(self._token, self._rank, self._world, header),
+            )
             self._ending = False
         self._call.add_done_callback(self._call_done)
 
@@ -269,8 +331,9 @@ class GrpcTransport(Transport):
         if self._ending or call.cancelled():
             return
         if call.exception() is not None:
-            self.abort(_rpc_failure(call.exception(), "right neighbour refused or lost",
-                                    send_side=True))
+            self.abort(
+                _rpc_failure(call.exception(), "right neighbour refused or lost", send_side=True)
+            )
 
     def send(self, data: memoryview) -> None:
         outbox = self._outbox
@@ -293,8 +356,9 @@ class GrpcTransport(Transport):
             call.result(timeout=self._timeout)
         except grpc.FutureTimeoutError:
             call.cancel()
-            raise LinkTimeout(f"right neighbour did not take the collective within "
-                              f"{self._timeout:g} s") from None
+            raise LinkTimeout(
+                f"right neighbour did not take the collective within {self._timeout:g} s"
+            ) from None
         except grpc.FutureCancelledError:
             raise LinkError("collective cancelled (ring aborted)") from None
         except grpc.RpcError as e:
@@ -331,8 +395,9 @@ class GrpcTransport(Transport):
         try:
             msg = self._inbox.get(timeout=self._timeout)
         except queue.Empty:
-            raise LinkTimeout(f"left neighbour's stream did not end within "
-                              f"{self._timeout:g} s") from None
+            raise LinkTimeout(
+                f"left neighbour's stream did not end within {self._timeout:g} s"
+            ) from None
         if isinstance(msg, LinkError):
             raise msg
         if msg is not _END:

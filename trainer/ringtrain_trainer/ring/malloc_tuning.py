@@ -43,8 +43,12 @@ M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 SETTINGS = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 64 << 20))
 
 #: Environment that means the user already chose malloc's settings for this process.
-USER_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-            "MALLOC_MMAP_MAX_")
+USER_ENV = (
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+)
 
 
 def glibc() -> ctypes.CDLL | None:
@@ -61,8 +65,7 @@ def glibc() -> ctypes.CDLL | None:
 
 def user_chose(env: dict | os._Environ = os.environ) -> bool:
     """True when glibc was told how to allocate from the environment."""
-    return (any(env.get(k) for k in USER_ENV)
-            or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""))
+    return any(env.get(k) for k in USER_ENV) or "glibc.malloc." in env.get("GLIBC_TUNABLES", "")
 
 
 def tune(env: dict | os._Environ = os.environ) -> bool:

@@ -30,7 +30,8 @@ def check(address: str, service: str = "", timeout_s: float = 2.0, material=None
     with channels.channel(address, material) as ch:
         try:
             resp = health_pb2_grpc.HealthStub(ch).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+            )
         except grpc.RpcError as e:
             return e.code().name
     return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
@@ -38,14 +39,22 @@ def check(address: str, service: str = "", timeout_s: float = 2.0, material=None
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ringtrain health", description=__doc__.splitlines()[0])
-    p.add_argument("--address", default=DEFAULT_ADDRESS, help="the worker's ring port "
-                   f"(default {DEFAULT_ADDRESS})")
-    p.add_argument("--service", default="", help='"" (the process) or ringtrain.Ring (joined '
-                   "the ring and not broken)")
+    p.add_argument(
+        "--address",
+        default=DEFAULT_ADDRESS,
+        help=f"the worker's ring port (default {DEFAULT_ADDRESS})",
+    )
+    p.add_argument(
+        "--service",
+        default="",
+        help='"" (the process) or ringtrain.Ring (joined the ring and not broken)',
+    )
     p.add_argument("--timeout-s", type=float, default=2.0)
-    p.add_argument("--tls-dir", default=os.environ.get("RINGTRAIN_TLS_DIR") or None,
-                   help="the job's ca.crt, tls.crt, tls.key (default $RINGTRAIN_TLS_DIR; "
-                        "neither: plaintext)")
+    p.add_argument(
+        "--tls-dir",
+        default=os.environ.get("RINGTRAIN_TLS_DIR") or None,
+        help="the job's ca.crt, tls.crt, tls.key (default $RINGTRAIN_TLS_DIR; neither: plaintext)",
+    )
     a = p.parse_args(argv)
     material = None
     if a.tls_dir:

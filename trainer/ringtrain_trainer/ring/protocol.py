@@ -45,11 +45,12 @@ class OpHeader:
     root: int = 0
 
     def pack(self) -> bytes:
-        return _HEADER.pack(MAGIC, int(self.kind), self.root, self.seq, self.step, self.tag,
-                            self.nelem)
+        return _HEADER.pack(
+            MAGIC, int(self.kind), self.root, self.seq, self.step, self.tag, self.nelem
+        )
 
     @classmethod
-    def unpack(cls, data: bytes) -> "OpHeader | None":
+    def unpack(cls, data: bytes) -> OpHeader | None:
         """Parse a header; ``None`` when it is not one (wrong length, magic or kind)."""
         if len(data) != HEADER_BYTES:
             return None
@@ -58,7 +59,7 @@ class OpHeader:
             return None
         return cls(Kind(kind), seq, step, tag, nelem, root)
 
-    def mismatch(self, expected: "OpHeader") -> Mismatch | None:
+    def mismatch(self, expected: OpHeader) -> Mismatch | None:
         """How this (received) header differs from the collective the receiver is running."""
         if self.seq != expected.seq or self.kind != expected.kind:
             return Mismatch.SEQUENCE
@@ -69,6 +70,8 @@ class OpHeader:
         return None
 
     def describe(self) -> str:
-        return (f"{self.kind.name.lower()} #{self.seq} step {self.step} tag {self.tag} "
-                f"of {self.nelem} float32" + (f" root {self.root}" if self.kind == Kind.BROADCAST
-                                              else ""))
+        return (
+            f"{self.kind.name.lower()} #{self.seq} step {self.step} tag {self.tag} "
+            f"of {self.nelem} float32"
+            + (f" root {self.root}" if self.kind == Kind.BROADCAST else "")
+        )

@@ -63,8 +63,10 @@ class Segment:
     slot_bytes: int
 
     def __post_init__(self) -> None:
-        self.floats = [np.frombuffer(self.mm, np.float32, self.slot_bytes // 4,
-                                     _PAGE + i * self.slot_bytes) for i in range(self.slots)]
+        self.floats = [
+            np.frombuffer(self.mm, np.float32, self.slot_bytes // 4, _PAGE + i * self.slot_bytes)
+            for i in range(self.slots)
+        ]
         self.bytes = [f.view(np.uint8) for f in self.floats]
 
     @staticmethod
@@ -124,12 +126,14 @@ def _send(sock: socket.socket, data: bytes, side: str) -> None:
     try:
         sock.sendall(data)
     except OSError as e:
-        raise LinkError(f"{side} neighbour: {type(e).__name__}: {e}",
-                        send_side=side == "right") from None
+        raise LinkError(
+            f"{side} neighbour: {type(e).__name__}: {e}", send_side=side == "right"
+        ) from None
 
 
-def negotiate(left: socket.socket, right: socket.socket, chunk_bytes: int,
-              enabled: bool) -> tuple[Segment | None, Segment | None]:
+def negotiate(
+    left: socket.socket, right: socket.socket, chunk_bytes: int, enabled: bool
+) -> tuple[Segment | None, Segment | None]:
     """(segment we receive from the left in, segment we send to the right through): offer the
     left neighbour our own segment, try the right neighbour's offer, then learn the left's
     verdict. Every rank writes before it reads, so the ring cannot deadlock on it."""
@@ -142,14 +146,29 @@ def negotiate(left: socket.socket, right: socket.socket, chunk_bytes: int,
         except OSError:
             mine = None
     try:
-        _send(left, _OFFER.pack(_MAGIC, mine is not None, os.getpid(),
-                                fd if fd is not None else -1, nonce, slots, slot_bytes), "left")
+        _send(
+            left,
+            _OFFER.pack(
+                _MAGIC,
+                mine is not None,
+                os.getpid(),
+                fd if fd is not None else -1,
+                nonce,
+                slots,
+                slot_bytes,
+            ),
+            "left",
+        )
         magic, on, pid, their_fd, their_nonce, n, size = _OFFER.unpack(
-            _read(right, _OFFER.size, "right"))
+            _read(right, _OFFER.size, "right")
+        )
         if magic != _MAGIC:
             raise LinkError("right neighbour sent no shared-memory offer", send_side=True)
-        theirs = (attach(pid, their_fd, their_nonce, n, size)
-                  if enabled and on and (n, size) == (slots, slot_bytes) else None)
+        theirs = (
+            attach(pid, their_fd, their_nonce, n, size)
+            if enabled and on and (n, size) == (slots, slot_bytes)
+            else None
+        )
         _send(right, b"\x01" if theirs is not None else b"\x00", "right")
         accepted = _read(left, 1, "left") == b"\x01"
     finally:
@@ -177,19 +196,35 @@ class ShmTransport(TcpTransport):
         self._frees = bytearray(4 * MAX_SLOTS)
 
     @classmethod
-    def open(cls, listener, rank: int, addresses: tuple[str, ...], *args, chunk_bytes: int,
-             shared_memory: bool, **kwargs) -> "ShmTransport":
+    def open(
+        cls,
+        listener,
+        rank: int,
+        addresses: tuple[str, ...],
+        *args,
+        chunk_bytes: int,
+        shared_memory: bool,
+        **kwargs,
+    ) -> ShmTransport:
         """``TcpTransport.open``, then the shared-memory offer on both links; a link that
         breaks meanwhile is a (retryable) RingError naming the neighbour."""
         t = super().open(listener, rank, addresses, *args, **kwargs)
         try:
-            t._in, t._out = negotiate(t._left, t._right, chunk_bytes, shared_memory and None
-                                      not in (t._left_fd, t._right_fd))
+            t._in, t._out = negotiate(
+                t._left,
+                t._right,
+                chunk_bytes,
+                shared_memory and None not in (t._left_fd, t._right_fd),
+            )
         except LinkError as e:
             t.close()
             left, right = schedule.neighbours(rank, len(addresses))
-            raise RingError(f"shared-memory offer: {e}", rank=rank, step=-1,
-                            peer=addresses[right if e.send_side else left]) from None
+            raise RingError(
+                f"shared-memory offer: {e}",
+                rank=rank,
+                step=-1,
+                peer=addresses[right if e.send_side else left],
+            ) from None
         if t._in is not None:
             t._report_at = max(1, t._in.slots // 2)
         if t._in is not None or t._out is not None:
@@ -215,9 +250,11 @@ class ShmTransport(TcpTransport):
         if got is None and block:
             try:
                 got = self._right.recv_into(view)
-            except socket.timeout:
-                raise LinkTimeout(f"right neighbour freed no slot for "
-                                  f"{self._right.gettimeout():g} s", send_side=True) from None
+            except TimeoutError:
+                raise LinkTimeout(
+                    f"right neighbour freed no slot for {self._right.gettimeout():g} s",
+                    send_side=True,
+                ) from None
             except OSError as e:
                 raise LinkError(f"{type(e).__name__}: {e}", send_side=True) from None
         if got == 0:
@@ -240,7 +277,7 @@ class ShmTransport(TcpTransport):
         if not self._room(block):
             return None
         slot = self._filled % self._out.slots
-        np.copyto(self._out.bytes[slot][:len(data)], np.frombuffer(data, np.uint8))
+        np.copyto(self._out.bytes[slot][: len(data)], np.frombuffer(data, np.uint8))
         self._filled += 1
         return bytes((slot,))
 
@@ -337,7 +374,7 @@ class ShmTransport(TcpTransport):
             return False
         slot = self._slot(out.nbytes)
         target = self._filled % self._out.slots
-        np.add(out, self._in.floats[slot][:out.size], out=self._out.floats[target][:out.size])
+        np.add(out, self._in.floats[slot][: out.size], out=self._out.floats[target][: out.size])
         self._free()
         self._filled += 1
         self._write([bytes((target,))])
@@ -347,16 +384,15 @@ class ShmTransport(TcpTransport):
         if self._in is None:
             return super().recv_copy(out)
         slot = self._slot(out.nbytes)
-        np.copyto(out, self._in.floats[slot][:out.size])
+        np.copyto(out, self._in.floats[slot][: out.size])
         self._free()
 
     def recv_add(self, out: np.ndarray) -> None:
         if self._in is None:
             return super().recv_add(out)
         slot = self._slot(out.nbytes)
-        np.add(out, self._in.floats[slot][:out.size], out=out)
+        np.add(out, self._in.floats[slot][: out.size], out=out)
         self._free()
-
 
     def end_recv(self) -> None:
         super().end_recv()

@@ -61,9 +61,16 @@ class Listener:
     (a restarted worker, the next rendezvous) has a new one, so no old handshake or key opens it.
     """
 
-    def __init__(self, port: int, world: int, left_rank: int,
-                 host: str = "0.0.0.0", *, fallback: bool = False,
-                 material: tls.Material | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        world: int,
+        left_rank: int,
+        host: str = "0.0.0.0",
+        *,
+        fallback: bool = False,
+        material: tls.Material | None = None,
+    ) -> None:
         self.key = auth.new_key()
         self._world, self._left_rank = world, left_rank
         self._tls = material
@@ -88,8 +95,7 @@ class Listener:
             raise LinkError(f"cannot listen on {host}:{port}: {e}") from None
         self.port = self._sock.getsockname()[1]
         self._sock.listen(16)
-        self._thread = threading.Thread(target=self._accept_loop, name="ring-listener",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._accept_loop, name="ring-listener", daemon=True)
         self._thread.start()
 
     def _accept_loop(self) -> None:
@@ -98,8 +104,9 @@ class Listener:
                 conn, _ = self._sock.accept()
             except OSError:
                 return  # closed
-            threading.Thread(target=self._handshake, args=(conn,), name="ring-handshake",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._handshake, args=(conn,), name="ring-handshake", daemon=True
+            ).start()
 
     def _accept_rank(self, rank: int) -> int:
         with self._lock:
@@ -160,8 +167,14 @@ class Listener:
         self._thread.join(timeout=5)
 
 
-def connect_with_backoff(address: str, key: bytes, rank: int, world: int,
-                         timeout_s: float, material: tls.Material | None = None) -> socket.socket:
+def connect_with_backoff(
+    address: str,
+    key: bytes,
+    rank: int,
+    world: int,
+    timeout_s: float,
+    material: tls.Material | None = None,
+) -> socket.socket:
     """Connect and authenticate with the peer's side-channel ``key`` (from its ``Register``
     answer) to ``address``, retrying while the peer is not up yet (refused connection,
     unresolvable name: a pod whose DNS record is not published yet) until ``timeout_s``; then
@@ -181,16 +194,19 @@ def connect_with_backoff(address: str, key: bytes, rank: int, world: int,
             if ctx is not None:
                 sock = ctx.wrap_socket(sock, server_hostname=material.server_name)
                 if not tls.ssl_peer_ok(sock, material):
-                    raise Unauthenticated(f"{address} holds another job's certificate",
-                                          rank=rank)
+                    raise Unauthenticated(f"{address} holds another job's certificate", rank=rank)
             auth.client_handshake(sock, key, rank, world, address)
             _tune(sock)
             return sock
         except auth.KeyRefused as e:
             sock.close()
-            raise RingError(f"{address} refused the side-channel key it gave at the rendezvous "
-                            f"(it restarted since?): {e.reason}", rank=rank, step=-1,
-                            peer=address) from None
+            raise RingError(
+                f"{address} refused the side-channel key it gave at the rendezvous "
+                f"(it restarted since?): {e.reason}",
+                rank=rank,
+                step=-1,
+                peer=address,
+            ) from None
         except Unauthenticated:
             if sock is not None:
                 sock.close()
@@ -198,16 +214,22 @@ def connect_with_backoff(address: str, key: bytes, rank: int, world: int,
         except ssl.SSLError as e:
             if sock is not None:
                 sock.close()
-            raise Unauthenticated(f"{address}: TLS failed ({e.reason or e}; do all workers "
-                                  "use --ring-encrypt-data and the job's certificate?)",
-                                  rank=rank) from None
+            raise Unauthenticated(
+                f"{address}: TLS failed ({e.reason or e}; do all workers "
+                "use --ring-encrypt-data and the job's certificate?)",
+                rank=rank,
+            ) from None
         except (OSError, ConnectionError) as e:
             if sock is not None:
                 sock.close()
             last = f"{type(e).__name__}: {e}"
         if time.monotonic() + delay > deadline:
-            raise PeerTimeout(f"not reachable within {timeout_s:g} s (last error: {last})",
-                              rank=rank, step=-1, peer=address)
+            raise PeerTimeout(
+                f"not reachable within {timeout_s:g} s (last error: {last})",
+                rank=rank,
+                step=-1,
+                peer=address,
+            )
         time.sleep(delay)  # backoff between connection attempts
         delay = min(delay * 2, 1.0)
 
@@ -220,7 +242,7 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
             if k == 0:
                 raise LinkError("connection closed by peer")
             got += k
-    except socket.timeout:
+    except TimeoutError:
         raise LinkTimeout(f"no data for {sock.gettimeout():g} s") from None
     except OSError as e:
         raise LinkError(f"{type(e).__name__}: {e}") from None
@@ -240,8 +262,9 @@ class TcpTransport(Transport):
 
     name = "grpc+tcp"
 
-    def __init__(self, listener: Listener, right: socket.socket, left: socket.socket,
-                 step_timeout_s: float) -> None:
+    def __init__(
+        self, listener: Listener, right: socket.socket, left: socket.socket, step_timeout_s: float
+    ) -> None:
         self.listener, self._right, self._left = listener, right, left
         for s in (right, left):
             s.settimeout(step_timeout_s)
@@ -252,19 +275,30 @@ class TcpTransport(Transport):
         self._closed = False
 
     @staticmethod
-    def listen(rank: int, addresses: tuple[str, ...],
-               material: tls.Material | None = None) -> Listener:
+    def listen(
+        rank: int, addresses: tuple[str, ...], material: tls.Material | None = None
+    ) -> Listener:
         """The side channel's listener, with a fresh key, on the ring port + 1, else on any
         free port; ``material`` encrypts what it accepts."""
         world = len(addresses)
         _, port = split_address(addresses[rank])
-        return Listener(port + 1, world, schedule.neighbours(rank, world)[0],
-                        fallback=True, material=material)
+        return Listener(
+            port + 1, world, schedule.neighbours(rank, world)[0], fallback=True, material=material
+        )
 
     @classmethod
-    def open(cls, listener: Listener, rank: int, addresses: tuple[str, ...],
-             right_data_port: int, right_key: bytes, *, connect_timeout_s: float,
-             step_timeout_s: float, material: tls.Material | None = None) -> "TcpTransport":
+    def open(
+        cls,
+        listener: Listener,
+        rank: int,
+        addresses: tuple[str, ...],
+        right_data_port: int,
+        right_key: bytes,
+        *,
+        connect_timeout_s: float,
+        step_timeout_s: float,
+        material: tls.Material | None = None,
+    ) -> TcpTransport:
         """Connect to the right neighbour's side channel (its port and key from the
         rendezvous) and wait for the left neighbour's; the listener is closed on failure."""
         world = len(addresses)
@@ -272,8 +306,9 @@ class TcpTransport(Transport):
         host, _ = split_address(addresses[right_rank])
         start = time.monotonic()
         try:
-            right = connect_with_backoff(f"{host}:{right_data_port}", right_key, rank, world,
-                                         connect_timeout_s, material)
+            right = connect_with_backoff(
+                f"{host}:{right_data_port}", right_key, rank, world, connect_timeout_s, material
+            )
         except BaseException:
             listener.close()
             raise
@@ -281,8 +316,12 @@ class TcpTransport(Transport):
         if left is None:
             right.close()
             listener.close()
-            raise PeerTimeout(f"left neighbour did not connect within {connect_timeout_s:g} s",
-                              rank=rank, step=-1, peer=addresses[left_rank])
+            raise PeerTimeout(
+                f"left neighbour did not connect within {connect_timeout_s:g} s",
+                rank=rank,
+                step=-1,
+                peer=addresses[left_rank],
+            )
         return cls(listener, right, left, step_timeout_s)
 
     @property
@@ -296,7 +335,7 @@ class TcpTransport(Transport):
     def send(self, data: memoryview) -> None:
         try:
             self._right.sendall(data)
-        except socket.timeout:
+        except TimeoutError:
             raise LinkTimeout(f"peer accepted no data for {self._right.gettimeout():g} s") from None
         except OSError as e:
             raise LinkError(f"{type(e).__name__}: {e}") from None
@@ -345,7 +384,7 @@ class TcpTransport(Transport):
                 raise LinkError(f"{type(e).__name__}: {e}") from None
             for i, view in enumerate(views):
                 if got < len(view):
-                    views = [view[got:], *views[i + 1:]]
+                    views = [view[got:], *views[i + 1 :]]
                     break
                 got -= len(view)
             else:
@@ -361,7 +400,7 @@ class TcpTransport(Transport):
     def recv_add(self, out: np.ndarray) -> None:
         if self._scratch.size < out.size:
             self._scratch = np.empty(out.size, np.float32)
-        tmp = self._scratch[:out.size]
+        tmp = self._scratch[: out.size]
         if self._expect is not None:
             self._take_header(memoryview(tmp).cast("B"))
         else:

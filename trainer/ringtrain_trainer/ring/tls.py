@@ -26,18 +26,20 @@ from __future__ import annotations
 
 import ssl
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import grpc
 
 from ringtrain import pki
 
 #: Where TLS is off, the one line the worker logs.
-INSECURE_NOTE = ("ring TLS is off (no RINGTRAIN_TLS_DIR or --ring-tls-dir): gRPC calls are "
-                 "unencrypted and carry the ring token, and the grpc+tcp side channel's "
-                 "per-rendezvous key, in cleartext")
+INSECURE_NOTE = (
+    "ring TLS is off (no RINGTRAIN_TLS_DIR or --ring-tls-dir): gRPC calls are "
+    "unencrypted and carry the ring token, and the grpc+tcp side channel's "
+    "per-rendezvous key, in cleartext"
+)
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,10 @@ class Material:
     cert: bytes
     key: bytes
     identity: str | None  # the job identity URI of ``cert``
-    server_name: str      # the name channels verify
+    server_name: str  # the name channels verify
 
     @classmethod
-    def of(cls, m: pki.JobMaterial) -> "Material":
+    def of(cls, m: pki.JobMaterial) -> Material:
         return cls(m.ca_cert, m.cert, m.key, pki.identity(m.cert), pki.verify_name(m.cert))
 
     def __repr__(self) -> str:
@@ -65,14 +67,16 @@ def load(directory: str | Path) -> Material:
 
 def server_credentials(m: Material) -> grpc.ServerCredentials:
     """Mutual TLS: clients must present a certificate signed by the job's CA."""
-    return grpc.ssl_server_credentials([(m.key, m.cert)], root_certificates=m.ca_cert,
-                                       require_client_auth=True)
+    return grpc.ssl_server_credentials(
+        [(m.key, m.cert)], root_certificates=m.ca_cert, require_client_auth=True
+    )
 
 
 def channel_credentials(m: Material) -> grpc.ChannelCredentials:
     """Verify the server against the job's CA and present the job certificate."""
-    return grpc.ssl_channel_credentials(root_certificates=m.ca_cert, private_key=m.key,
-                                        certificate_chain=m.cert)
+    return grpc.ssl_channel_credentials(
+        root_certificates=m.ca_cert, private_key=m.key, certificate_chain=m.cert
+    )
 
 
 def channel_options(m: Material | None) -> list[tuple[str, str]]:
@@ -80,13 +84,15 @@ def channel_options(m: Material | None) -> list[tuple[str, str]]:
     return [] if m is None else [("grpc.ssl_target_name_override", m.server_name)]
 
 
-def channel(target: str, m: Material | None,
-            options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
+def channel(
+    target: str, m: Material | None, options: Sequence[tuple[str, object]] = ()
+) -> grpc.Channel:
     """A channel to ``target``: mutual TLS with ``m``, insecure without."""
     if m is None:
         return grpc.insecure_channel(target, options=list(options))
-    return grpc.secure_channel(target, channel_credentials(m),
-                               options=[*options, *channel_options(m)])
+    return grpc.secure_channel(
+        target, channel_credentials(m), options=[*options, *channel_options(m)]
+    )
 
 
 def serve(server: grpc.Server, address: str, m: Material | None) -> int:

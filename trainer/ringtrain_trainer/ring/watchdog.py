@@ -28,8 +28,9 @@ PERIOD_S = 0.5
 
 
 class Watchdog:
-    def __init__(self, control: ControlPlane, collective, *, health_timeout_s: float,
-                 stall_s: float) -> None:
+    def __init__(
+        self, control: ControlPlane, collective, *, health_timeout_s: float, stall_s: float
+    ) -> None:
         self._control, self._coll = control, collective
         self._health_timeout_s, self._stall_s = health_timeout_s, stall_s
         rank, world = control.rank, control.world
@@ -61,8 +62,11 @@ class Watchdog:
                 err = PeerTimeout(
                     f"{self._control.name(r)} answered no health check for "
                     f"{now - last_ok[r]:.1f} s while this rank waited in {header.describe()} "
-                    "(frozen or cut off)", rank=self._control.rank, step=header.step,
-                    peer=self._control.addresses[r])
+                    "(frozen or cut off)",
+                    rank=self._control.rank,
+                    step=header.step,
+                    peer=self._control.addresses[r],
+                )
                 log(str(err))
                 self._coll.interrupt(err, "lost", tell_peers=True)
                 return
@@ -81,14 +85,27 @@ class Watchdog:
                 missing.append({"rank": r, "name": c.names[r], "at": "not answering"})
             elif st["started"] <= header.seq:
                 cur = st.get("current")
-                missing.append({"rank": r, "name": c.names[r],
-                                "at": "between collectives" if cur is None else
-                                f"step {cur['step']} tag {cur['tag']}"})
-        report = {"seq": header.seq, "step": header.step, "tag": header.tag,
-                  "waited_s": round(waited_s, 1), "missing": missing}
+                missing.append(
+                    {
+                        "rank": r,
+                        "name": c.names[r],
+                        "at": "between collectives"
+                        if cur is None
+                        else f"step {cur['step']} tag {cur['tag']}",
+                    }
+                )
+        report = {
+            "seq": header.seq,
+            "step": header.step,
+            "tag": header.tag,
+            "waited_s": round(waited_s, 1),
+            "missing": missing,
+        }
         who = ", ".join(f"{m['name']} ({m['at']})" for m in missing) or "nobody known"
-        log(f"rank {c.rank}: stalled {waited_s:.0f} s in {header.describe()}: not delivered by "
-            f"{who}")
+        log(
+            f"rank {c.rank}: stalled {waited_s:.0f} s in {header.describe()}: not delivered by "
+            f"{who}"
+        )
         self._coll.observer.stalled(report)
 
     def stop(self) -> None:
