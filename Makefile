@@ -1,5 +1,10 @@
-# The two commands of the README. Both set up what they need first (hack/setup).
-.PHONY: demo test unit lint
+# The two commands of the README (demo, test) set up what they need first (hack/setup), from the
+# lock (requirements/lock.txt). unit, e2e and lint are the tiers of `make test`, for a quicker loop.
+.PHONY: demo test unit e2e lint lock
+
+PYTEST := .venv/bin/python -m pytest -ra --durations=25
+# hack/'s Python scripts have no .py suffix: ruff is handed them by name.
+HACK_PY := $(shell grep -l '^\#!.*python' hack/* hack/lib/* 2>/dev/null)
 
 demo:
 	hack/setup run
@@ -7,8 +12,22 @@ demo:
 
 test:
 	hack/setup test
-	.venv/bin/python -m pytest -ra $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory lint
+	$(PYTEST) $(PYTEST_ARGS)
 
 unit:
 	hack/setup test
-	.venv/bin/python -m pytest -ra -m "not e2e" $(PYTEST_ARGS)
+	$(PYTEST) -m "not e2e and not slow" $(PYTEST_ARGS)
+
+e2e:
+	hack/setup test
+	$(PYTEST) -m e2e $(PYTEST_ARGS)
+
+lint:
+	.venv/bin/ruff check operator trainer tests hack/lib $(HACK_PY)
+	.venv/bin/ruff format --check operator trainer tests hack/lib $(HACK_PY)
+	.venv/bin/mypy
+
+# Move every pin to the newest release pyproject allows; review `git diff requirements/`.
+lock:
+	hack/lock-requirements --upgrade

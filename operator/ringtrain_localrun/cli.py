@@ -147,5 +147,5 @@ def main(argv: list[str] | None = None) -> int:
     output.event(result)
     output.message("\n" + format_summary(result))
     if reason == "Stopped":
-        return EXIT_INTERRUPTED if "SIGINT" in message else EXIT_TERMINATED
+        return EXIT_INTERRUPTED if "SIGINT" in (message or "") else EXIT_TERMINATED
     return EXIT_SUCCEEDED if phase == status.SUCCEEDED else EXIT_FAILED

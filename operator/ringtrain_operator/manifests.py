@@ -247,7 +247,7 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
             "secret": {"secretName": secret_name(job), "defaultMode": TOKEN_MODE},
         },
     ]
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "ring-token", "mountPath": TOKEN_DIR, "readOnly": True},
     ]
@@ -256,7 +256,7 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
         {"name": "RINGTRAIN_TOKEN_FILE", "value": TOKEN_FILE},
         {"name": "RINGTRAIN_TLS_DIR", "value": TLS_DIR},
     ]
-    ports = [{"name": "ring", "containerPort": RING_PORT, "protocol": "TCP"}]
+    ports: list[dict[str, Any]] = [{"name": "ring", "containerPort": RING_PORT, "protocol": "TCP"}]
 
     containers = spec.setdefault("containers", [])
     main = _main_container(containers)

@@ -81,7 +81,7 @@ class ObservedPod:
         return cls(
             name=meta.get("name", ""),
             role=role,
-            index=int(index),
+            index=int(str(index)),
             phase=phase,
             ready=ready,
             restarts=sum(int(c.get("restartCount") or 0) for c in cstats),
@@ -191,7 +191,8 @@ def ipu_memory(doc: Any) -> dict:
     the status is an API object, kept small. {} when ``doc`` is not a memory report."""
     if not isinstance(doc, Mapping) or not isinstance(doc.get("kinds"), Mapping):
         return {}
-    host = doc.get("host") if isinstance(doc.get("host"), Mapping) else {}
+    host = doc.get("host")
+    host = host if isinstance(host, Mapping) else {}
     pairs = [
         ("capacity", doc.get("capacity")),
         ("total", doc.get("total")),

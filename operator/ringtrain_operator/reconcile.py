@@ -54,8 +54,9 @@ def reconcile(
     now = now or datetime.now(UTC)
     pod_objs = kube.list_pods(namespace, name)
     previous = obj.get("status") or {}
+    job: spec.Job | None
     try:
-        job = spec.load(obj)
+        loaded = spec.load(obj)
     except InvalidSpec as e:
         job = None
         generation = int(obj.get("metadata", {}).get("generation") or 1)
@@ -63,6 +64,7 @@ def reconcile(
             observe_pods(None, pod_objs, fetch), now, previous, str(e), generation
         )
     else:
+        job = loaded
         decision = status.derive_status(job, observe_pods(job, pod_objs, fetch), now, previous)
 
     if patch := status_patch(previous, decision.status):

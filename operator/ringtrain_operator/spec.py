@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import jsonschema
 import yaml
@@ -52,11 +52,14 @@ class ReplicaSpec:
 
 #: spec.trainer, defaulted: one field per option of ``ringtrain.options`` that has a CRD field
 #: (``image``, ``checkpoint_dir`` from checkpoint.path, ``ring_transport``, ...).
-TrainerSpec = options.record(
-    "TrainerSpec",
-    options.CRD,
-    "spec.trainer: the image, the checkpoint volume and ``ringtrain worker`` flags by option name.",
-)
+if TYPE_CHECKING:  # built from the option table at import: its fields are the table's names
+    TrainerSpec: TypeAlias = Any
+else:
+    TrainerSpec = options.record(
+        "TrainerSpec",
+        options.CRD,
+        "spec.trainer: the image, the checkpoint volume and ``ringtrain worker`` flags by option name.",
+    )
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ def look_again_s(decision: Decision) -> float | None:
     (the sooner of its state's poll and its deadline/TTL); None: only a change wakes it."""
     t = min(
         decision.requeue_after_s or math.inf,
-        LOOK_AGAIN_S.get(decision.status.get("state"), math.inf),
+        LOOK_AGAIN_S.get(str(decision.status.get("state")), math.inf),
     )
     return None if t == math.inf else max(t, 0.05)
 

@@ -81,6 +81,7 @@ def reference(kubectl, ns, operator, project_image):
     return undisturbed(kubectl, ns, operator, project_image)
 
 
+@pytest.mark.slow
 def test_members_sigkilled_ten_times_in_one_job(kubectl, ns, operator, project_image):
     """Ten SIGKILLs at random moments, each of a random member (the chief too) among those
     killed least so far, each once the gang has re-formed and committed a new checkpoint.
@@ -185,6 +186,7 @@ def test_the_chief_killed_while_writing_a_checkpoint_resumes_from_the_previous_o
     )
 
 
+@pytest.mark.slow
 def test_the_operator_sigkilled_twenty_times_during_one_job(kubectl, ns, operator, project_image):
     kill_the_operator_repeatedly(kubectl, ns, operator, project_image, 20, "opkill20", 4000, RNG)
 

