@@ -7,11 +7,14 @@ operator's Pods, TF_CONFIG included), with loopback endpoints on free ports. Eac
 container becomes a :class:`Replica`:
 
 * its command and args, with ``ringtrain`` meaning this interpreter's ``ringtrain.cli`` (so the
-  worker runs the code of this checkout, whatever ``PATH`` holds);
+  worker runs the code of this checkout, whatever ``PATH`` holds) and ``python``/``python3`` this
+  interpreter (the environment `hack/setup` made stands in for the image's: a stock TensorFlow
+  script finds the TensorFlow of ``.venv``);
 * its env, ``valueFrom`` resolved from the rendered Secret and the Pod's own metadata;
 * its volumes made local: the Secret volume becomes files in a private directory, emptyDirs
   per-replica directories, a hostPath the path itself (this machine is the node), any other
-  volume (the checkpoint volume) one directory the replicas share, like a PVC. Every arg and env value under a mount path is rewritten to the local one;
+  volume (the checkpoint volume) one directory the replicas share, like a PVC. Every arg and env
+  value under a mount path is rewritten to the local one;
 * ``--metrics-port`` replaced by a free port, ``--termination-log`` by a file in the run dir.
 """
 
@@ -217,6 +220,8 @@ def _local_command(command: list[str]) -> list[str]:
     """The image's ENTRYPOINT is ``ringtrain``: run this checkout's CLI with this interpreter."""
     if command and command[0] == "ringtrain":
         return [sys.executable, "-m", "ringtrain.cli", *command[1:]]
+    if command and command[0] in ("python", "python3"):
+        return [sys.executable, *command[1:]]
     return command
 
 

@@ -17,6 +17,7 @@ then 1 s doubling to 30 s (the kubelet: 10 s to 5 min).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -410,10 +411,8 @@ def exit_status(returncode: int) -> int:
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def read_result(r: Replica) -> events.Final | None:

@@ -41,8 +41,8 @@ TOKEN_FILE = f"{TOKEN_DIR}/{TOKEN_KEY}"
 #: The job's TLS material (ca.crt, tls.crt, tls.key) sits beside the token in the same Secret.
 TLS_DIR = TOKEN_DIR
 RUN_AS_USER = 10001
-#: The Secret's files' mode (token and TLS material): owner-read only (Kubeflow #3262 shipped 0644). With the pod's fsGroup the
-#: kubelet adds group read (0440, group RUN_AS_USER), so the non-root trainer can read it; never
+#: The Secret's files' mode (token and TLS material): owner-read only (Kubeflow #3262 shipped
+#: 0644). With the pod's fsGroup the kubelet adds group read (0440, group RUN_AS_USER), so the non-root trainer can read it; never
 #: world-readable.
 TOKEN_MODE = 0o400
 

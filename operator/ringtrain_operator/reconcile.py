@@ -94,7 +94,7 @@ def act(
         if network is not None:
             kube.create(networkpolicy.network_policy(job, network))
         todo = [manifests.pod(job, m.replica, m.index) for m in decision.to_create]
-        for m, created in zip(decision.to_create, _create_all(kube, todo)):
+        for m, created in zip(decision.to_create, _create_all(kube, todo), strict=True):
             if created:
                 events.append(
                     status.Event("Normal", status.REASON_POD_CREATED, f"created pod {m.name}")

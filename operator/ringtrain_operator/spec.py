@@ -58,7 +58,8 @@ else:
     TrainerSpec = options.record(
         "TrainerSpec",
         options.CRD,
-        "spec.trainer: the image, the checkpoint volume and ``ringtrain worker`` flags by option name.",
+        "spec.trainer: the image, the checkpoint volume and ``ringtrain worker`` flags by option "
+        "name.",
     )
 
 
@@ -175,9 +176,12 @@ def validate(obj: Mapping[str, Any]) -> None:
     trainer = (
         (obj.get("spec") or {}).get("trainer") if isinstance(obj.get("spec"), Mapping) else None
     )
-    if isinstance(trainer, Mapping) and "model" in trainer:
-        if (why := model_error(trainer["model"])) is not None:
-            errors.append((["spec", "trainer", "model"], f"spec.trainer.model: {why}"))
+    if (
+        isinstance(trainer, Mapping)
+        and "model" in trainer
+        and (why := model_error(trainer["model"])) is not None
+    ):
+        errors.append((["spec", "trainer", "model"], f"spec.trainer.model: {why}"))
     if errors:
         raise InvalidSpec("; ".join(message for _, message in sorted(errors)))
 
@@ -328,7 +332,8 @@ def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | N
 
 def _check_trainer_roles(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec) -> None:
     """The built-in trainer knows chief, workers and an evaluator (the CRD allows one); the
-    evaluator reads what the chief writes, so their checkpoint volume must be one they share (an emptyDir is per pod)."""
+    evaluator reads what the chief writes, so their checkpoint volume must be one they share (an
+    emptyDir is per pod)."""
     by_role = {r.role: r for r in replicas}
     if "ps" in by_role:
         raise InvalidSpec(

@@ -4,7 +4,8 @@ human rendering.
 Pipeline position: the shared contract. The worker builds :class:`Progress`, :class:`Eval` and
 :class:`Final`, the evaluator :class:`Evaluation` and :class:`Final`, and each prints them
 (``--json``: :meth:`to_dict` as one line; otherwise :func:`format_event`); the final one is
-also its termination message. Its metrics server answers ``/status`` with a :class:`Status`. The operator reads ``/status`` and the termination message,
+also its termination message. Its metrics server answers ``/status`` with a :class:`Status`.
+The operator reads ``/status`` and the termination message,
 ``ringtrain run`` reads the chief's stdout and ``/status`` — both through this module, so a field
 is named in one place. The JSON keys are the field names (docs/contracts.md), unchanged since
 the dicts these classes replace.

@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Optional
+from typing import Any
 
 #: ``Option.crd_default`` when the CRD defaults a field exactly like the worker does.
 SAME = object()
@@ -167,8 +167,8 @@ GROUPS: tuple[Group, ...] = (
                 aliases=("--data-dir",),
                 help="a directory of MNIST-format IDX files, or a .npz with x_train, y_train, "
                 "x_test, y_test (np.savez of keras.datasets.*.load_data())",
-                description="a directory of MNIST-format IDX files or a .npz file inside the pod (the image ships "
-                "Fashion-MNIST here)",
+                description="a directory of MNIST-format IDX files or a .npz file inside the pod "
+                "(the image ships Fashion-MNIST here)",
                 schema={"minLength": 1},
             ),
             Option(
@@ -683,7 +683,7 @@ EXPORT_FORMATS = BY_NAME["export_format"].choices
 def record(name: str, options: Iterable[Option], doc: str) -> type:
     """A frozen dataclass with one field per option, defaulted from the table."""
     fields = [
-        (o.name, Optional[o.type] if o.default is None else o.type, field(default=o.default))
+        (o.name, o.type | None if o.default is None else o.type, field(default=o.default))
         for o in options
     ]
     cls = dataclasses.make_dataclass(name, fields, frozen=True, namespace={"__doc__": doc})

@@ -270,7 +270,7 @@ class IPU:
             for piece in gen:
                 q.put(piece)
             q.put(_DONE)
-        except BaseException as e:  # re-raised on the calling thread
+        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
             q.put(e)
 
     def _threaded(self, exe: Executable, group: list[int]) -> Iterator[int]:
@@ -296,7 +296,7 @@ class IPU:
             try:
                 for _ in run:
                     pass
-            except BaseException as e:
+            except BaseException as e:  # noqa: BLE001 - the first error is re-raised below
                 error = error or e
         if error is not None:
             raise error

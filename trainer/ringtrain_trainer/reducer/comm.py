@@ -110,7 +110,7 @@ class CommThread:
                     trace.ALLREDUCE, "allreduce bucket", t0, bucket.index, view.nbytes, t1=t1
                 )
                 reduced.append([bucket, bucket.start])
-            except BaseException as e:  # handed to the step loop, which maps it to an exit code
+            except BaseException as e:  # noqa: BLE001 - handed to the step loop (exit code)
                 failed = e
                 self._done.put(e)
 

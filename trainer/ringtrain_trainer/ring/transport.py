@@ -52,7 +52,7 @@ class Transport(ABC):
     def send(self, data: memoryview) -> None:
         """Send raw bytes to the right neighbour (the buffer is not modified meanwhile)."""
 
-    def end_send(self) -> None:
+    def end_send(self) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
         """The collective's last chunk has been handed to ``send``; only after ``begin_send``."""
 
     def send_now(self, parts: list[memoryview], with_header: bool = False) -> int | None:
@@ -87,7 +87,7 @@ class Transport(ABC):
         calls ``recv_add`` and sends ``out`` itself. Only while the calling thread sends."""
         return False
 
-    def end_recv(self) -> None:
+    def end_recv(self) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
         """Every chunk of the collective has been received."""
 
     @abstractmethod

@@ -1,0 +1,51 @@
+"""Every example in examples/ reaches Succeeded under `ringtrain run`, from the environment the
+README's setup makes (the test suite's .venv is that environment: `hack/setup` installs the same
+lock for `make demo` and `make test`).
+
+keras-model.yaml and evaluator.yaml are run, with more assertions, by test_keras_model_job.py and
+test_local_run.py; this module runs the rest and checks that no example is left out.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+#: examples run to Succeeded by other modules (and where)
+RUN_ELSEWHERE = {
+    "keras-model.yaml": "tests/local/test_keras_model_job.py",
+    "evaluator.yaml": "tests/local/test_local_run.py",
+}
+RUN_HERE = [
+    pytest.param("fashion-mnist-2workers.yaml", id="fashion-mnist-2workers"),
+    pytest.param("tensorflow-stock.yaml", id="tensorflow-stock"),
+    # ten epochs of Fashion-MNIST on four workers: minutes on two cores
+    pytest.param("fashion-mnist-4workers-2ipus.yaml", id="4workers-2ipus", marks=pytest.mark.slow),
+]
+
+
+def test_every_example_is_run_by_a_test():
+    here = {p.values[0] for p in RUN_HERE}
+    assert sorted(here | set(RUN_ELSEWHERE)) == sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+    for name, module in RUN_ELSEWHERE.items():
+        assert f'"{name}"' in (ROOT / module).read_text() or name in (ROOT / module).read_text()
+
+
+@pytest.mark.parametrize("name", RUN_HERE)
+def test_example_reaches_succeeded(name, tmp_path):
+    cmd = [sys.executable, "-m", "ringtrain.cli", "run", "--json", "--run-dir", str(tmp_path)]
+    out = subprocess.run(
+        [*cmd, str(EXAMPLES / name)], capture_output=True, text=True, timeout=840, check=False
+    )
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    final = [doc for doc in lines if doc.get("event") == "final"]
+    assert final, f"no final result; stderr tail:\n{out.stderr[-3000:]}"
+    assert (final[-1]["phase"], out.returncode) == ("Succeeded", 0), (
+        f"{final[-1]}\nstderr tail:\n{out.stderr[-3000:]}"
+    )
