@@ -17,6 +17,7 @@ from ringtrain_trainer.optim.adam import Adam, AdamW
 from ringtrain_trainer.optim.base import Optimizer
 from ringtrain_trainer.optim.registry import (
     OptimizerSpec,
+    for_run,
     from_compile_config,
     resolve,
     state_arrays,
@@ -42,6 +43,7 @@ __all__ = [
     "StepDecay",
     "build",
     "build_spec",
+    "for_run",
     "from_compile_config",
     "resolve",
     "state_arrays",

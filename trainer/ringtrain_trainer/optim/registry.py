@@ -90,6 +90,13 @@ class OptimizerSpec:
             out["step_decay"] = {"decay": self.step_decay[0], "every_epochs": self.step_decay[1]}
         return json.loads(json.dumps(out))
 
+    @classmethod
+    def from_record(cls, record: dict) -> OptimizerSpec:
+        """The spec a checkpoint's :meth:`record` describes."""
+        decay = record.get("step_decay")
+        step_decay = (decay["decay"], decay["every_epochs"]) if decay else None
+        return cls(record["name"], record["keras"], record.get("source", "checkpoint"), step_decay)
+
     def same_run(self, record: dict | None) -> bool:
         """Whether a checkpoint's record is this optimizer (its source may differ)."""
         if record is None:
@@ -198,6 +205,16 @@ def resolve(
         decay = (1.0 if lr_decay is None else lr_decay, lr_decay_epochs or 1)
         spec = replace(spec, step_decay=decay, notes=(*spec.notes, "--lr-decay"))
     return spec
+
+
+def for_run(cfg, model) -> OptimizerSpec:
+    """The optimizer a worker configured by ``cfg`` (a ``TrainerConfig``) runs for ``model``
+    (a ``ModelSpec``): the model's compile settings unless it is a built-in preset."""
+    from ringtrain_trainer.keras_model import PRESETS
+
+    config = getattr(model, "config", None)
+    compiled = None if model.name in PRESETS else getattr(config, "optimizer", None)
+    return resolve(compiled, cfg.optimizer, cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
 
 
 def _schedule(spec: OptimizerSpec):
