@@ -216,7 +216,7 @@ def report(cfg, out) -> None:
         where = "host" if cfg.variables_on_host else "IPU"
         title = (
             f"IPU memory report: model {spec.name}, {spec.num_params:,} parameters, "
-            f"optimizer {opt.class_name} (state on the {where}), batch {cfg.batch_size} = "
+            f"optimizer {opt.name} (state on the {where}), batch {cfg.batch_size} = "
             f"{per_ipu} per IPU x {r} IPU{'s' if r > 1 else ''}; bytes per IPU"
         )
         print(
