@@ -143,13 +143,18 @@ def test_worker_trains_a_keras_model_with_its_compile_optimizer(keras_file, tmp_
     assert worker_main.main([*argv, "--steps", "5"]) == 0
     manifest = json.loads((ck / "ckpt-0000000005.json").read_text())
     assert manifest["optimizer_iterations"] == 5
+    # a new --lr may continue it, and says so
+    assert worker_main.main([*argv, "--steps", "6", "--lr", "0.01"]) == 0
+    said = capsys.readouterr().err
+    assert "resuming a checkpoint trained with optimizer SGD(learning_rate=Exponential" in said
+    assert "this run: SGD(learning_rate=0.01" in said
     # another optimizer cannot continue this checkpoint's state
     with pytest.raises(CheckpointError, match=r"checkpoint used optimizer SGD\(.*this run Adam"):
         t = worker.Trainer(
             TrainerConfig(
                 model=str(keras_file),
                 dataset="mnist-5k",
-                steps=6,
+                steps=7,
                 optimizer="adam",
                 checkpoint_dir=str(ck),
             ),
