@@ -196,7 +196,11 @@ class Trainer:
                         f"({state.params.size} params) cannot resume --model "
                         f"{describe(self.cfg.model)}"
                     )
-                self._check_optimizer(state)
+                note = optim.check_resume(
+                    self.optimizer_spec, self.optimizer, state, str(self.ckpt.dir)
+                )
+                if note:
+                    print(f"ringtrain worker: {note}", file=sys.stderr, flush=True)
                 np.copyto(self.params, state.params)
                 self.optimizer.load_state(state.optimizer_state, state.optimizer_iterations)
                 if state.model_state is not None:
@@ -218,25 +222,6 @@ class Trainer:
             step, epoch, batch, iters = (int(v) for v in counters)
             self.step, self.optimizer.iterations = step, iters
             self.position = data_mod.Position(epoch, batch, self.sharder.global_batch)
-
-    def _check_optimizer(self, state: TrainingState) -> None:
-        """A checkpoint's optimizer state continues only in the same optimizer (class and state
-        slots); other arguments (a new --lr, say) may change, and the change is said."""
-        mine, rec = self.optimizer_spec, state.optimizer_config
-        was = state.optimizer if rec is None else optim.OptimizerSpec.from_record(rec).describe()
-        same_class = rec is None or rec["keras"]["class_name"] == mine.class_name
-        slots = set(state.optimizer_state) == set(self.optimizer.state_names)
-        if state.optimizer != self.optimizer.name or not same_class or not slots:
-            raise CheckpointError(
-                f"{self.ckpt.dir}: checkpoint used optimizer {was}, this run {mine.describe()}"
-            )
-        if not mine.same_run(rec):
-            print(
-                f"ringtrain worker: resuming a checkpoint trained with optimizer {was}; "
-                f"this run: {mine.describe()}",
-                file=sys.stderr,
-                flush=True,
-            )
 
     def _should_stop(self) -> bool:
         """Alone: as soon as asked. With peers: only once the request has travelled through

@@ -17,6 +17,7 @@ from ringtrain_trainer.optim.adam import Adam, AdamW
 from ringtrain_trainer.optim.base import Optimizer
 from ringtrain_trainer.optim.registry import (
     OptimizerSpec,
+    check_resume,
     for_run,
     from_compile_config,
     resolve,
@@ -43,6 +44,7 @@ __all__ = [
     "StepDecay",
     "build",
     "build_spec",
+    "check_resume",
     "for_run",
     "from_compile_config",
     "resolve",

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ringtrain.errors import InvalidSpec
+from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer.optim import schedules
 from ringtrain_trainer.optim.adagrad import Adagrad
 from ringtrain_trainer.optim.adam import Adam, AdamW
@@ -215,6 +215,23 @@ def for_run(cfg, model) -> OptimizerSpec:
     config = getattr(model, "config", None)
     compiled = None if model.name in PRESETS else getattr(config, "optimizer", None)
     return resolve(compiled, cfg.optimizer, cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
+
+
+def check_resume(spec: OptimizerSpec, optimizer: Optimizer, state, where: str) -> str | None:
+    """Whether a checkpoint's ``TrainingState`` may continue in this optimizer: only in the
+    same class with the same state slots (else :class:`CheckpointError` naming both). Other
+    arguments (a new ``--lr``, say) may change: the returned line says how."""
+    rec = state.optimizer_config
+    was = state.optimizer if rec is None else OptimizerSpec.from_record(rec).describe()
+    same_class = rec is None or rec["keras"]["class_name"] == spec.class_name
+    slots = set(state.optimizer_state) == set(optimizer.state_names)
+    if state.optimizer != optimizer.name or not same_class or not slots:
+        raise CheckpointError(
+            f"{where}: checkpoint used optimizer {was}, this run {spec.describe()}"
+        )
+    if spec.same_run(rec):
+        return None
+    return f"resuming a checkpoint trained with optimizer {was}; this run: {spec.describe()}"
 
 
 def _schedule(spec: OptimizerSpec):
