@@ -182,3 +182,41 @@ def test_status_and_tensorboard_rate_follow_the_schedule(keras_file, mnist5k):
     assert status["keras"]["class_name"] == "SGD" and status["source"] == "model compile_config"
     assert t.optimizer.iterations == 4
     assert t.optimizer.lr == pytest.approx(0.05 * 0.5)  # step 4 ran at iteration 3: 0.05 * 0.5
+
+
+@pytest.mark.parametrize("clip", ["clipnorm", "global_clipnorm", "clipvalue"])
+def test_clipping_is_the_same_whatever_the_buckets_cut(clip, mnist5k):
+    """Per-tensor and global norms wait for their whole tensor / gradient, so buckets that cut
+    the Dense kernel in pieces, with or without overlap, train to the same bits as one bucket."""
+    cfg = copy.deepcopy(keras_model.preset_config("cnn"))
+    cfg["config"]["name"] = "mine"  # not the preset: its compile settings run
+    plain = json.dumps(cfg)
+    cfg["compile_config"]["optimizer"]["config"][clip] = 0.05
+    clipped = json.dumps(cfg)
+    runs = []
+    for model, bucket_mb, overlap in [
+        (clipped, 25.0, True),
+        (clipped, 0.001, True),
+        (clipped, 0.001, False),
+        (plain, 25.0, True),
+    ]:
+        t = worker.Trainer(
+            TrainerConfig(
+                model=model,
+                dataset="mnist-5k",
+                steps=3,
+                batch_size=16,
+                bucket_mb=bucket_mb,
+                overlap_comm=overlap,
+            ),
+            LocalCollective(),
+            mnist5k,
+        )
+        try:
+            t.run()
+        finally:
+            t.close()
+        runs.append(t.params.copy())
+    np.testing.assert_array_equal(runs[0], runs[1])
+    np.testing.assert_array_equal(runs[0], runs[2])
+    assert not np.array_equal(runs[0], runs[3])  # the clipping did bind
