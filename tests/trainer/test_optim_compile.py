@@ -77,6 +77,21 @@ def test_flags_override_only_what_they_name():
     assert decayed.step_decay == (0.5, 2)
 
 
+def test_tf_keras_2_optimizer_configs_are_read():
+    """tf.keras 2.11+'s ``to_json``/``training_config``: extra neutral arguments, a string."""
+    doc = {
+        "class_name": "Adam",
+        "config": {"name": "Adam", "learning_rate": 0.01, "decay": 0.0, "beta_1": 0.8,
+                   "jit_compile": True, "is_legacy_optimizer": False},
+    }  # fmt: skip
+    spec = optim.from_compile_config({"optimizer": doc})
+    assert spec.config["beta_1"] == 0.8 and "decay" not in spec.config
+    doc["config"]["decay"] = 1e-4  # tf.keras 2's time decay: not implemented
+    with pytest.raises(InvalidSpec, match=r"compile_config\.optimizer\.config\.decay=0\.0001"):
+        optim.from_compile_config({"optimizer": doc})
+    assert optim.from_compile_config({"optimizer": "rmsprop"}).class_name == "RMSprop"
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

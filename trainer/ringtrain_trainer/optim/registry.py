@@ -45,6 +45,11 @@ BASE = {
 }
 #: arguments accepted only at their default (what ringtrain does not implement)
 UNSUPPORTED = ("use_ema", "loss_scale_factor", "gradient_accumulation_steps")
+#: tf.keras 2.11+ arguments that change nothing at these values (Keras 3 has none of them):
+#: dropped from the record; any other value is refused
+TF_KERAS_NEUTRAL = {"decay": (0, 0.0, None), "is_legacy_optimizer": (False,)}
+#: tf.keras 2 arguments that only steer its own loop: dropped whatever their value
+TF_KERAS_EXECUTION = ("jit_compile",)
 #: Keras class name -> (ringtrain class, class arguments with Keras' defaults, base overrides)
 KERAS: dict[str, tuple[type[Optimizer], dict[str, Any], dict[str, Any]]] = {
     "SGD": (SGD, {"momentum": 0.0, "nesterov": False}, {"learning_rate": 0.01}),
@@ -151,6 +156,14 @@ def from_compile_config(compile_config: dict | None) -> OptimizerSpec | None:
     defaults = {**BASE, **base, **own}
     given = dict(doc.get("config") or {})
     name = given.pop("name", None) or cls_name.lower()
+    for k in TF_KERAS_EXECUTION:
+        given.pop(k, None)
+    for k, neutral in TF_KERAS_NEUTRAL.items():
+        if k in given and given.pop(k) not in neutral:
+            raise InvalidSpec(
+                f"model: {WHERE}.config.{k}={doc['config'][k]!r} is not supported "
+                f"(supported: {neutral[0]!r})"
+            )
     for k, v in given.items():
         where = f"{WHERE}.config.{k}"
         if k not in defaults:
