@@ -117,15 +117,20 @@ class OptimizerSpec:
             if k == "name" or (k not in own and k != "learning_rate" and v == BASE.get(k)):
                 continue
             if isinstance(v, dict):
-                args = ", ".join(f"{a}={b!r}" for a, b in v["config"].items() if a != "name")
+                args = ", ".join(f"{a}={_fmt(b)}" for a, b in v["config"].items() if a != "name")
                 v = f"{v['class_name']}({args})"
             else:
-                v = repr(v)
+                v = _fmt(v)
             shown.append(f"{k}={v}")
         text = f"{self.class_name}({', '.join(shown)})"
         if self.step_decay:
             text += f" x {self.step_decay[0]:g} every {self.step_decay[1]} epoch(s)"
         return f"{text} [{self.source}{''.join('; ' + n for n in self.notes)}]"
+
+
+def _fmt(v: Any) -> str:
+    """A value for the log line: float32 artefacts (0.10000000149011612) as 0.1."""
+    return format(v, ".7g") if isinstance(v, float) else repr(v)
 
 
 def _serialized(class_name: str, config: dict) -> dict:
