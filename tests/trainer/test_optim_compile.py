@@ -134,7 +134,9 @@ def keras_file(tmp_path_factory):
     return path
 
 
-def test_worker_trains_a_keras_model_with_its_compile_optimizer(keras_file, tmp_path, capsys):
+def test_worker_trains_a_keras_model_with_its_compile_optimizer(
+    keras_file, tmp_path, capsys, mnist5k
+):
     keras = pytest.importorskip("keras")
     ck = tmp_path / "ck"
     argv = ["--model", str(keras_file), "--dataset", "mnist-5k", "--json"]
@@ -153,6 +155,13 @@ def test_worker_trains_a_keras_model_with_its_compile_optimizer(keras_file, tmp_
     assert isinstance(exported.optimizer, keras.optimizers.SGD) and exported.optimizer.nesterov
     lr = exported.optimizer._learning_rate
     assert isinstance(lr, keras.optimizers.schedules.ExponentialDecay) and lr.staircase
+    back = worker.Trainer(  # the export given back as --model runs the same optimizer
+        TrainerConfig(model=str(ck / "out.keras"), dataset="mnist-5k", steps=1),
+        LocalCollective(),
+        mnist5k,
+    )
+    back.close()
+    assert back.optimizer_spec.keras == manifest["optimizer_config"]["keras"]
 
     # resumed: same optimizer, state and iterations (step 4 runs at 0.05 * 0.5 ** (4 // 3))
     assert worker_main.main([*argv, "--steps", "5"]) == 0
