@@ -244,3 +244,34 @@ def test_clipping_is_the_same_whatever_the_buckets_cut(clip, mnist5k):
     np.testing.assert_array_equal(runs[0], runs[1])
     np.testing.assert_array_equal(runs[0], runs[2])
     assert not np.array_equal(runs[0], runs[3])  # the clipping did bind
+
+
+def test_two_workers_clip_the_reduced_gradient_like_one_worker_with_their_batch(mnist5k):
+    """Clipping acts on the reduced (averaged) gradient: 2 workers x batch 8 with tiny buckets
+    train like 1 worker x batch 16 (SGD nesterov, ExponentialDecay, global_clipnorm)."""
+    from test_trainer_reducer import run_ranks
+
+    cfg = copy.deepcopy(keras_model.preset_config("cnn"))
+    cfg["config"]["name"] = "mine"
+    cfg["compile_config"]["optimizer"] = sgd_nesterov_exponential()
+    cfg["compile_config"]["optimizer"]["config"]["global_clipnorm"] = 0.05
+    model = json.dumps(cfg)
+
+    def train(batch, col, bucket_mb=25.0):
+        t = worker.Trainer(
+            TrainerConfig(
+                model=model, dataset="mnist-5k", steps=4, batch_size=batch, bucket_mb=bucket_mb
+            ),
+            col,
+            mnist5k,
+        )
+        try:
+            t.run()
+        finally:
+            t.close()
+        return t.params.copy()
+
+    single = train(16, LocalCollective())
+    res, _ = run_ranks(2, lambda rank, col: train(8, col, bucket_mb=0.001))
+    for params in res:
+        np.testing.assert_allclose(params, single, rtol=1e-4, atol=1e-6)
