@@ -140,7 +140,7 @@ def _other_value(o: options.Option):
         return f"/custom/{o.name}"
     if o.type is int:
         return o.default * 2 if o.default else (o.minimum or 0) + 1
-    return o.default / 3
+    return o.default / 3 if o.default else ((o.minimum or 0) + 1) / 3
 
 
 def _spec_setting(chosen: list[options.Option]) -> dict:

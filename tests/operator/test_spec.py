@@ -22,8 +22,8 @@ def test_defaults_come_from_the_crd():
         "cnn",
         "fashion-mnist",
         64,
-        "adam",
-        0.001,
+        None,  # the model's compile settings (the presets': adam at 0.001)
+        None,
     )
     assert (t.steps, t.epochs, t.ipus_per_worker, t.ipu_memory_mb, t.variables_on_host) == (
         None,
@@ -39,7 +39,7 @@ def test_defaults_come_from_the_crd():
         30.0,
         120.0,
     )
-    assert all(isinstance(x, float) for x in (t.bucket_mb, t.ring_step_timeout_s, t.lr))
+    assert all(isinstance(x, float) for x in (t.bucket_mb, t.ring_step_timeout_s))
     assert j.run_policy == spec.RunPolicy(
         backoff_limit=6,
         active_deadline_s=None,

@@ -127,7 +127,13 @@ class Status(_Record):
 
     The evaluator's: ``step`` is the last evaluated checkpoint's, ``phase`` ``Evaluating``."""
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_loss", "waiting_for", "stalled", "ipu_memory")
+    OPTIONAL: ClassVar[tuple[str, ...]] = (
+        "test_loss",
+        "waiting_for",
+        "stalled",
+        "ipu_memory",
+        "optimizer",
+    )
     step: int | None = 0
     epoch: float | None = 0
     loss: float | None = None
@@ -144,6 +150,9 @@ class Status(_Record):
     #: (bytes by kind), ``layers`` (one row per layer, then ``(input)`` and ``(loss)``) and
     #: ``host`` (``optimizer_state`` held on the host); None until the program is compiled
     ipu_memory: dict | None = None
+    #: the optimizer that runs (Keras serialization, its source: the model's compile settings
+    #: or the flags that replaced them); None until the trainer is built
+    optimizer: dict | None = None
 
 
 Event = Progress | Eval | Evaluation | Final

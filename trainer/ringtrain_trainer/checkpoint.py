@@ -45,6 +45,9 @@ class TrainingState:
     loss: float | None = None
     #: the model's non-trainable state (BatchNormalization's moving statistics), if any
     model_state: np.ndarray | None = None
+    #: the optimizer that ran (``optim.OptimizerSpec.record``: Keras serialization, source);
+    #: None in checkpoints written before it was recorded
+    optimizer_config: dict | None = None
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -96,6 +99,7 @@ class CheckpointManager:
             "model": state.model,
             "optimizer": state.optimizer,
             "optimizer_iterations": state.optimizer_iterations,
+            "optimizer_config": state.optimizer_config,
             "world_size": state.world_size,
             "loss": state.loss,
             "arrays": {
@@ -159,6 +163,7 @@ class CheckpointManager:
             world_size=int(m["world_size"]),
             loss=m.get("loss"),
             model_state=loaded.get("model_state"),
+            optimizer_config=m.get("optimizer_config"),
         )
 
     def load_latest(self) -> tuple[TrainingState | None, list[CheckpointError]]:

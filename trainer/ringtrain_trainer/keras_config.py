@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.optim.registry import OptimizerSpec, from_compile_config
 
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "softmax", "linear")
 
@@ -100,12 +101,14 @@ class BatchNorm:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A validated Sequential model: input shape (no batch axis), layers, loss."""
+    """A validated Sequential model: input shape (no batch axis), layers, loss, and the
+    optimizer of its compile settings (None: it has none)."""
 
     name: str
     input_shape: tuple[int, ...]
     layers: tuple
     from_logits: bool
+    optimizer: OptimizerSpec | None = None
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -374,9 +377,40 @@ def _input_shape(layer: dict) -> tuple[int, ...] | None:
     return None
 
 
+#: compile_config fields that only steer Keras' own loop (how many steps per call, eager or
+#: XLA): they change no number ringtrain computes, so any value is accepted
+COMPILE_EXECUTION = ("run_eagerly", "steps_per_execution", "jit_compile", "auto_scale_loss")
+#: metrics ringtrain reports itself (loss and accuracy on /status, TensorBoard, the evaluator)
+METRICS = ("accuracy", "acc", "sparse_categorical_accuracy")
+#: the loss's own arguments at the values ringtrain computes
+LOSS_ARGS = {"reduction": ("sum_over_batch_size", "auto", None), "ignore_class": (None,)}
+
+
+def _check_compile(comp: dict) -> None:
+    """Refuse, by field, compile settings ringtrain would otherwise ignore."""
+    for k, v in comp.items():
+        where = f"model: compile_config.{k}"
+        if k in ("optimizer", "loss", *COMPILE_EXECUTION):
+            continue
+        if k in ("loss_weights", "weighted_metrics"):
+            if v not in (None, [], {}):
+                raise InvalidSpec(f"{where}={v!r} is not supported (supported: None)")
+        elif k == "metrics":
+            for m in v if isinstance(v, list) else [] if v is None else [v]:
+                name = m.get("class_name") if isinstance(m, dict) else m
+                if snake_case(str(name)) not in METRICS:
+                    raise InvalidSpec(
+                        f"{where}: metric {name!r} is not supported "
+                        f"(ringtrain reports loss and accuracy: {', '.join(METRICS)})"
+                    )
+        else:
+            raise InvalidSpec(f"{where}: this compile setting is not supported")
+
+
 def _from_logits(model: dict) -> bool | None:
     """``from_logits`` of the compile settings' loss; None where the config has none."""
     comp = model.get("compile_config") or {}
+    _check_compile(comp)
     loss = comp.get("loss")
     if loss is None:
         return None
@@ -387,7 +421,14 @@ def _from_logits(model: dict) -> bool | None:
             "(supported: sparse_categorical_crossentropy)"
         )
     if isinstance(loss, dict):
-        return bool((loss.get("config") or {}).get("from_logits", False))
+        cfg = loss.get("config") or {}
+        for arg, ok in LOSS_ARGS.items():
+            if cfg.get(arg) not in ok:
+                raise InvalidSpec(
+                    f"model: compile_config.loss.config.{arg}={cfg.get(arg)!r} is not "
+                    f"supported (supported: {' or '.join(repr(o) for o in ok)})"
+                )
+        return bool(cfg.get("from_logits", False))
     return False
 
 
@@ -455,4 +496,10 @@ def parse(model: dict) -> ModelConfig:
             "model: from_logits=False needs a model whose last layer is a "
             "softmax (supported: a softmax ending, or from_logits=True)"
         )
-    return ModelConfig(str(cfg.get("name") or "sequential"), input_shape, tuple(specs), from_logits)
+    return ModelConfig(
+        str(cfg.get("name") or "sequential"),
+        input_shape,
+        tuple(specs),
+        from_logits,
+        from_compile_config(model.get("compile_config")),
+    )

@@ -194,7 +194,8 @@ def report(cfg, out) -> None:
 
     spec = model.build(cfg.model)
     params = spec.init(cfg.seed)
-    state = optim.state_bytes_for(cfg.optimizer, spec.num_params)
+    opt = optim.for_run(cfg, spec)
+    state = optim.state_bytes_for(opt, spec.num_params)
     ipu = IPU(
         spec,
         IPUConfig(
@@ -215,7 +216,7 @@ def report(cfg, out) -> None:
         where = "host" if cfg.variables_on_host else "IPU"
         title = (
             f"IPU memory report: model {spec.name}, {spec.num_params:,} parameters, "
-            f"optimizer {cfg.optimizer} (state on the {where}), batch {cfg.batch_size} = "
+            f"optimizer {opt.name} (state on the {where}), batch {cfg.batch_size} = "
             f"{per_ipu} per IPU x {r} IPU{'s' if r > 1 else ''}; bytes per IPU"
         )
         print(

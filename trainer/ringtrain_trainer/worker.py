@@ -91,8 +91,10 @@ class Trainer:
         self._stop_agreed = False
         self.spec = model_mod.build(cfg.model)
         self.params = self.spec.init(cfg.seed)
-        schedule = optim.StepDecay(cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
-        self.optimizer = optim.build(cfg.optimizer, self.params, schedule)
+        #: what runs: the model's compile settings, each flag given overriding its part
+        self.optimizer_spec = optim.for_run(cfg, self.spec)
+        tensors = [(s.start, s.stop) for s in self.spec.slots]  # clipnorm is per tensor
+        self.optimizer = optim.build_spec(self.optimizer_spec, self.params, tensors)
         self.tracer = trace.Tracer(cfg.trace_window, self.rank) if cfg.trace_steps else trace.OFF
         collective.tracer = self.tracer
         # the reducer owns the gradient buffer (and the stop vote after it); its thread
@@ -114,7 +116,9 @@ class Trainer:
                 variables_on_host=cfg.variables_on_host,
                 replicas=cfg.ipus_per_worker,
                 host_threads=cfg.ipu_host_threads,
-                optimizer_state_bytes=optim.state_bytes_for(cfg.optimizer, self.spec.num_params),
+                optimizer_state_bytes=optim.state_bytes_for(
+                    self.optimizer_spec, self.spec.num_params
+                ),
                 rank=self.rank,
                 seed=cfg.seed,
             ),
@@ -130,6 +134,8 @@ class Trainer:
         except IPUCompileError:  # a small IPU: evaluate in training-sized batches, which fit
             self.eval_batch = cfg.batch_size
             self.ipu.compile(cfg.batch_size, train=False)
+        self.metrics.update_status(optimizer=self.optimizer_spec.record())
+        print(f"ringtrain worker: {self.training_line()}", file=sys.stderr, flush=True)
         self.metrics.set_plan(
             self.exe.plan,
             memory.host_optimizer_state(cfg.variables_on_host, self.optimizer.state_bytes),
@@ -161,6 +167,15 @@ class Trainer:
         tb_dir = tensorboard.log_dir(cfg.tensorboard_dir, cfg.checkpoint_dir, "chief")
         self.tb = tensorboard.TrainWriter(tb_dir if self.is_chief else None, self.world)
 
+    def training_line(self) -> str:
+        """What runs, said once at start-up: the optimizer, its arguments and schedule (and
+        which flags replaced the model's), and the loss."""
+        logits = getattr(getattr(self.spec, "config", None), "from_logits", True)
+        return (
+            f"optimizer {self.optimizer_spec.describe()}; loss SparseCategoricalCrossentropy"
+            f"(from_logits={logits})"
+        )
+
     @property
     def total_steps(self) -> int:
         if self.cfg.steps is not None:
@@ -181,11 +196,11 @@ class Trainer:
                         f"({state.params.size} params) cannot resume --model "
                         f"{describe(self.cfg.model)}"
                     )
-                if state.optimizer != self.optimizer.name:
-                    raise CheckpointError(
-                        f"{self.ckpt.dir}: checkpoint used optimizer {state.optimizer!r}, "
-                        f"this run --optimizer {self.optimizer.name}"
-                    )
+                note = optim.check_resume(
+                    self.optimizer_spec, self.optimizer, state, str(self.ckpt.dir)
+                )
+                if note:
+                    print(f"ringtrain worker: {note}", file=sys.stderr, flush=True)
                 np.copyto(self.params, state.params)
                 self.optimizer.load_state(state.optimizer_state, state.optimizer_iterations)
                 if state.model_state is not None:
@@ -226,6 +241,7 @@ class Trainer:
             optimizer=self.optimizer.name,
             optimizer_state=self.optimizer.state_dict(),
             optimizer_iterations=self.optimizer.iterations,
+            optimizer_config=self.optimizer_spec.record(),
             model=self.cfg.model,
             world_size=self.world,
             loss=loss,

@@ -27,9 +27,14 @@ FORMATS = ("keras", "onnx")
 
 
 def keras_model(state: TrainingState) -> tuple[dict, list[np.ndarray]]:
-    """The checkpoint's model as (Keras config, ``get_weights()``-ordered weights)."""
+    """The checkpoint's model as (Keras config, ``get_weights()``-ordered weights); its
+    compile settings name the optimizer that trained it (``TrainingState.optimizer_config``),
+    so Keras compiles the exported model with that optimizer, arguments and schedule."""
     spec = model_mod.build(state.model)
-    return spec.keras_config(), spec.keras_weights(state.params, state.model_state)
+    config = spec.keras_config()
+    if state.optimizer_config is not None and "compile_config" in config:
+        config["compile_config"]["optimizer"] = state.optimizer_config["keras"]
+    return config, spec.keras_weights(state.params, state.model_state)
 
 
 def export_state(state: TrainingState, output: str | Path, fmt: str = "keras") -> Path:

@@ -1,0 +1,74 @@
+"""Host-side optimizers with Keras' formulas, arguments and defaults.
+
+Pipeline position: between the reducer (which hands each reduced gradient slice to
+:meth:`Optimizer.apply`) and the flat parameter buffer. One module per concept: :mod:`.base`
+(the contract, weight decay), :mod:`.clip` (clipping the reduced gradient), one module per
+optimizer family, :mod:`.schedules` (learning-rate schedules) and :mod:`.registry` (which
+optimizer runs: the model's ``compile_config`` or the flags, refusing what is unsupported).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.optim.adagrad import Adagrad
+from ringtrain_trainer.optim.adam import Adam, AdamW
+from ringtrain_trainer.optim.base import Optimizer
+from ringtrain_trainer.optim.registry import (
+    OptimizerSpec,
+    check_resume,
+    for_run,
+    from_compile_config,
+    resolve,
+    state_arrays,
+)
+from ringtrain_trainer.optim.registry import build as build_spec
+from ringtrain_trainer.optim.rmsprop import RMSprop
+from ringtrain_trainer.optim.schedules import StepDecay
+from ringtrain_trainer.optim.sgd import SGD, Momentum
+
+#: ``--optimizer`` choices (ringtrain.options' table must list the same)
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+__all__ = [
+    "OPTIMIZERS",
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "Momentum",
+    "Optimizer",
+    "OptimizerSpec",
+    "RMSprop",
+    "StepDecay",
+    "build",
+    "build_spec",
+    "check_resume",
+    "for_run",
+    "from_compile_config",
+    "resolve",
+    "state_arrays",
+    "state_bytes_for",
+]
+
+
+def build(name: str, params: np.ndarray, schedule: StepDecay) -> Optimizer:
+    """``--optimizer NAME`` with ``schedule``: the built-in models' optimizers."""
+    if name == "sgd":
+        return SGD(params, schedule)
+    if name == "momentum":
+        return Momentum(params, schedule)
+    if name == "adam":
+        return Adam(params, schedule)
+    raise InvalidSpec(f"--optimizer: unknown optimizer {name!r} (known: {', '.join(OPTIMIZERS)})")
+
+
+def state_bytes_for(name: str | OptimizerSpec, num_params: int, itemsize: int = 4) -> int:
+    """Bytes of optimizer state for a model size (the IPU's plan when state is on the device)."""
+    if isinstance(name, OptimizerSpec):
+        return state_arrays(name) * num_params * itemsize
+    per = {"sgd": 0, "momentum": 1, "adam": 2}
+    if name not in per:
+        raise InvalidSpec(f"--optimizer: unknown optimizer {name!r}")
+    return per[name] * num_params * itemsize

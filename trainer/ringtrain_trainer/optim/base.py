@@ -1,0 +1,105 @@
+"""The host-side optimizer's contract: flat state, ``begin_step`` then ``apply(start, stop)``.
+
+Pipeline position: the reducer's on-reduced hook (``reducer.hook``, the only caller) begins
+each step and calls :meth:`Optimizer.apply` on a contiguous slice of the flat parameter buffer
+as soon as that slice's reduced gradient is ready, so updating the last layers overlaps with
+backward and communication of the first ones. State (momentum, Adam's m and v) lives only in
+host memory, in flat buffers with the same layout as the parameters, so a slice of parameters
+maps to the same slice of state. All updates are in-place numpy ufuncs into preallocated
+scratch buffers: nothing is allocated per step.
+
+Each step follows Keras' ``BaseOptimizer.apply``: the learning rate is the schedule's value at
+``iterations`` (the count *before* this step, Keras' ``optimizer.iterations``), the reduced
+gradient is clipped (:mod:`.clip`), decoupled weight decay ``w -= w * wd * lr`` runs before the
+update, and ``iterations`` then counts this step (Adam's bias correction uses the new count).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from ringtrain_trainer.optim.clip import Clip
+
+f32 = np.float32
+
+
+class Schedule(Protocol):
+    """A learning rate per step: Keras schedules read the iteration, the CLI's step decay the
+    epoch."""
+
+    def value(self, iteration: int, epoch: int) -> float: ...
+
+
+class Constant:
+    def __init__(self, lr: float):
+        self.lr = float(lr)
+
+    def value(self, iteration: int, epoch: int) -> float:
+        return self.lr
+
+    def __call__(self, step: int) -> float:
+        return self.lr
+
+
+class Optimizer:
+    """Base: the flat parameter buffer, per-step state, and the ``apply(start, stop)`` contract.
+
+    ``begin_step(epoch)`` is called once per step before any ``apply``; ``apply`` may then run on
+    the communication thread for disjoint slices while the IPU still computes. Subclasses
+    implement :meth:`update` on one slice; clipping and weight decay are done here.
+    """
+
+    name = "base"
+    state_names: tuple[str, ...] = ()
+
+    def __init__(self, params: np.ndarray, schedule, weight_decay: float | None = None):
+        self.params = params
+        self.schedule = schedule if hasattr(schedule, "value") else Constant(schedule)
+        self.weight_decay = weight_decay or None
+        self.iterations = 0
+        self.lr = float(self.schedule.value(0, 0))
+        self.state = {k: np.zeros_like(params) for k in self.state_names}
+        self._scratch = np.zeros_like(params)
+        self.clip = Clip(None, 0.0, [(0, params.size)])
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(a.nbytes for a in self.state.values())
+
+    def set_clip(self, clip: Clip) -> None:
+        self.clip = clip
+
+    def begin_step(self, epoch: int) -> None:
+        self.lr = float(self.schedule.value(self.iterations, epoch))
+        self.iterations += 1
+        self.clip.begin_step()
+        self.prepare()
+
+    def prepare(self) -> None:
+        """Per-step scalars (Adam's bias correction), after ``iterations`` counts this step."""
+
+    def apply(self, grads: np.ndarray, start: int, stop: int) -> None:
+        """``grads[start:stop]`` is reduced: clip it and update what is now complete (with
+        clipnorm a whole tensor, with global_clipnorm the whole gradient; see :mod:`.clip`)."""
+        for a, b in self.clip.ready(grads, start, stop):
+            s = slice(a, b)
+            if self.weight_decay:
+                w, tmp = self.params[s], self._scratch[s]
+                np.multiply(w, f32(self.weight_decay) * f32(self.lr), out=tmp)
+                np.subtract(w, tmp, out=w)
+            self.update(grads[s], self.params[s], s)
+
+    def update(self, g: np.ndarray, w: np.ndarray, s: slice) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return dict(self.state)
+
+    def load_state(self, state: dict[str, np.ndarray], iterations: int) -> None:
+        for k in self.state_names:
+            if k not in state:
+                raise KeyError(f"optimizer state {k!r} missing")
+            np.copyto(self.state[k], state[k])
+        self.iterations = iterations
