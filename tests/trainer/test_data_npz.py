@@ -29,15 +29,19 @@ def save(
 
 
 @pytest.mark.parametrize("shape", [(6, 5), (6, 5, 3)])
-def test_uint8_images_of_any_shape_are_scaled_by_1_over_255(tmp_path, shape):
+def test_uint8_images_of_any_shape_are_fed_as_stored_like_keras_fit(tmp_path, shape):
+    """0..255 reach the model (as float32), as ``model.fit(x_uint8)`` feeds them: scaling is
+    the model's business (``Rescaling``), never done a second time by the loader."""
     a = save(tmp_path / "d.npz", shape=shape, classes=4, column=True)
     ds = D.load("fashion-mnist", tmp_path / "d.npz")
     assert (ds.name, ds.num_classes, len(ds.train), len(ds.test)) == ("d", 4, 12, 5)
     assert ds.train.images.dtype == np.uint8 and ds.train.labels.dtype == np.int64
+    assert ds.train.scale == ds.test.scale == 1.0
     x, y = np.zeros((3, *shape), np.float32), np.zeros(3, np.int64)
     D.batch_into(ds.train, np.array([4, 0, 7]), x, y, np.zeros((3, *shape), np.uint8))
-    np.testing.assert_allclose(x, a["x_train"][[4, 0, 7]] / 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(x, a["x_train"][[4, 0, 7]].astype(np.float32))
     np.testing.assert_array_equal(y, a["y_train"].ravel()[[4, 0, 7]])
+    np.testing.assert_array_equal(ds.test.inputs(1, 3), a["x_test"][1:3].astype(np.float32))
 
 
 def test_float_images_are_used_as_they_are(tmp_path):

@@ -4,10 +4,11 @@ Pipeline position: :func:`ringtrain_trainer.data.load` hands a path ending in ``
 the worker then calls :func:`check_fits` before the first step. The file is what
 ``np.savez(path, x_train=..., ...)`` writes after ``keras.datasets.*.load_data()``: images
 ``(n, H, W)`` or ``(n, H, W, C)``, uint8 or float, labels ``(n,)`` or ``(n, 1)`` (CIFAR's
-shape) of any number of classes. uint8 images stay uint8 and are scaled by ``1/255`` per batch,
-as the seeds do (``x / 255``); float images are used exactly as stored (as float32). The model
-ringtrain exports expects exactly what it was fed, so a model trained on a uint8 file expects
-pixels already divided by 255.
+shape) of any number of classes. The model is fed the numbers exactly as the file holds them,
+cast to float32, as Keras' ``model.fit(x)`` does (``data.Split``'s rule, ``scale`` 1): uint8
+pixels stay 0..255 (stored as uint8, cast per batch), so a model that starts with
+``Rescaling(1/255)`` scales them once, in training, evaluation and its export alike; a model
+without one wants a file of ``x / 255`` as float. The exported model expects what the file holds.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _images(path: Path, key: str, x: np.ndarray) -> np.ndarray:
     if np.issubdtype(x.dtype, np.floating):
         return np.ascontiguousarray(x, np.float32)
     raise DataError(
-        f"{path}: {key} has dtype {x.dtype}; expected uint8 (scaled by 1/255) or float (used as is)"
+        f"{path}: {key} has dtype {x.dtype}; expected uint8 or float (fed to the model as stored)"
     )
 
 

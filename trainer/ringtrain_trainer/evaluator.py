@@ -123,7 +123,8 @@ class Evaluator:
         print(line, file=self.out, flush=True)
 
     def evaluate(self, state: TrainingState) -> tuple[float, float]:
-        """(mean loss, accuracy) of ``state``'s parameters on the whole test split."""
+        """(mean loss, accuracy) of ``state``'s parameters *and* non-trainable state (the
+        moving statistics) on the whole test split, fed as training fed it (``Split.scale``)."""
         if state.model != self.cfg.model or state.params.shape != (self.spec.num_params,):
             raise CheckpointError(
                 f"checkpoint of model {describe(state.model)} "
@@ -132,7 +133,7 @@ class Evaluator:
             )
         views = self.spec.views(np.asarray(state.params, self.program.dtype))
         images, labels = self.data.test.images, self.data.test.labels
-        scale = np.float32(1 / 255) if images.dtype == np.uint8 else np.float32(1)
+        scale = self.program.dtype.type(self.data.test.scale)
         from_logits = getattr(self.spec, "from_logits", True)
         loss = 0.0
         correct = 0

@@ -152,7 +152,9 @@ class Trainer:
         b = cfg.batch_size
         self.x = np.zeros((b, *self.spec.input_shape), np.float32)
         self.y = np.zeros(b, np.int64)
-        self.scratch = np.zeros((b, *self.data.train.images.shape[1:]), np.uint8)
+        self.scratch = np.zeros(
+            (b, *self.data.train.images.shape[1:]), self.data.train.images.dtype
+        )
         self.step = 0
         self.position = data_mod.Position(0, 0, self.sharder.global_batch)
         self.last_checkpoint: str | None = None
@@ -261,12 +263,13 @@ class Trainer:
         idles. The result is the same number as one worker evaluating everything (counts are
         integers, exact in float32 up to 2**24 examples). Checkpoints stay the chief's alone:
         writing a few MB takes milliseconds, far inside the step timeout."""
-        images, labels = self.data.test.images, self.data.test.labels
+        test = self.data.test
+        images, labels = test.images, test.labels
         lo = len(labels) * self.rank // self.world
         hi = len(labels) * (self.rank + 1) // self.world
         correct = 0
         if hi > lo:
-            acc = self.ipu.evaluate(images[lo:hi], labels[lo:hi], self.eval_batch)
+            acc = self.ipu.evaluate(images[lo:hi], labels[lo:hi], self.eval_batch, test.scale)
             correct = round(acc * (hi - lo))
         if self.world > 1:
             counts = np.array([correct], np.float32)
