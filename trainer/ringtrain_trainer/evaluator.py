@@ -131,6 +131,7 @@ class Evaluator:
                 f"({state.params.size} params) cannot be evaluated as "
                 f"--model {describe(self.cfg.model)}"
             )
+        np.copyto(self.program.state, state.model_state_for(self.spec))
         views = self.spec.views(np.asarray(state.params, self.program.dtype))
         images, labels = self.data.test.images, self.data.test.labels
         scale = self.program.dtype.type(self.data.test.scale)

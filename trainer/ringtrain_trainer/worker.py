@@ -188,10 +188,10 @@ class Trainer:
                         f"{self.ckpt.dir}: checkpoint used optimizer {state.optimizer!r}, "
                         f"this run --optimizer {self.optimizer.name}"
                     )
+                model_state = state.model_state_for(self.spec)  # refused before any change
                 np.copyto(self.params, state.params)
                 self.optimizer.load_state(state.optimizer_state, state.optimizer_iterations)
-                if state.model_state is not None:
-                    self.ipu.load_state(state.model_state)
+                self.ipu.load_state(model_state)
                 self.step = state.step
                 self.position = state.position.rescale(self.sharder.global_batch)
         if self.world > 1:

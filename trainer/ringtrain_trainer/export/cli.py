@@ -30,7 +30,7 @@ FORMATS = ("keras", "onnx")
 def keras_model(state: TrainingState) -> tuple[dict, list[np.ndarray]]:
     """The checkpoint's model as (Keras config, ``get_weights()``-ordered weights)."""
     spec = model_mod.build(state.model)
-    return spec.keras_config(), spec.keras_weights(state.params, state.model_state)
+    return spec.keras_config(), spec.keras_weights(state.params, state.model_state_for(spec))
 
 
 def export_state(state: TrainingState, output: str | Path, fmt: str = "keras") -> Path:
