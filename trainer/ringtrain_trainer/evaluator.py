@@ -38,7 +38,7 @@ from ringtrain_trainer import model as model_mod
 from ringtrain_trainer import tensorboard
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data_npz import check_fits
+from ringtrain_trainer.data_npz import check_fits, raw_pixels_note
 from ringtrain_trainer.ipu import EVAL_BATCH
 from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.metrics import TrainerMetrics
@@ -103,12 +103,11 @@ class Evaluator:
         self.out = out if out is not None else sys.stdout
         self.spec = model_mod.build(cfg.model)
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        check_fits(
-            self.data,
-            self.spec.input_shape,
-            self.spec.num_classes,
-            cfg.data_dir if dataset is None else self.data.name,
-        )
+        source = cfg.data_dir if dataset is None else self.data.name
+        check_fits(self.data, self.spec.input_shape, self.spec.num_classes, source)
+        note = raw_pixels_note(self.data, self.spec, source)
+        if note:
+            print(f"ringtrain evaluator: note: {note}", file=sys.stderr)
         self.batch = min(EVAL_BATCH, max(1, len(self.data.test)))
         self.program = model_mod.Program(self.spec, self.batch, train=False)
         self.ckpt = CheckpointManager(cfg.checkpoint_dir)

@@ -30,7 +30,7 @@ from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data_npz import check_fits
+from ringtrain_trainer.data_npz import check_fits, raw_pixels_note
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
 from ringtrain_trainer.keras_model import describe
@@ -135,12 +135,11 @@ class Trainer:
             memory.host_optimizer_state(cfg.variables_on_host, self.optimizer.state_bytes),
         )
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        check_fits(
-            self.data,
-            self.spec.input_shape,
-            self.spec.num_classes,
-            cfg.data_dir if dataset is None else self.data.name,
-        )
+        source = cfg.data_dir if dataset is None else self.data.name
+        check_fits(self.data, self.spec.input_shape, self.spec.num_classes, source)
+        note = raw_pixels_note(self.data, self.spec, source)
+        if note and self.is_chief:
+            print(f"ringtrain worker: note: {note}", file=sys.stderr)
         self.sharder = data_mod.Sharder(
             len(self.data.train), cfg.batch_size, self.world, self.rank, cfg.seed
         )
