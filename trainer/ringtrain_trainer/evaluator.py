@@ -104,7 +104,8 @@ class Evaluator:
         self.spec = model_mod.build(cfg.model)
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
         source = cfg.data_dir if dataset is None else self.data.name
-        check_fits(self.data, self.spec.input_shape, self.spec.num_classes, source)
+        dtype = getattr(getattr(self.spec, "config", None), "input_dtype", "float32")
+        check_fits(self.data, self.spec.input_shape, self.spec.num_classes, source, dtype)
         note = raw_pixels_note(self.data, self.spec, source)
         if note:
             print(f"ringtrain evaluator: note: {note}", file=sys.stderr)
