@@ -148,3 +148,11 @@ def raw_pixels_note(dataset: Dataset, spec, source: str | os.PathLike) -> str | 
         "model.fit(x) feeds them, and the model has no Rescaling layer; store x / 255 as "
         "float, or start the model with Rescaling(1/255)"
     )
+
+
+def check_model_fit(dataset: Dataset, spec, source: str | os.PathLike) -> str | None:
+    """:func:`check_fits` against a ``model.ModelSpec`` (refusals raise), then the
+    :func:`raw_pixels_note` to print, if any: what the worker and the evaluator both run."""
+    dtype = getattr(getattr(spec, "config", None), "input_dtype", "float32")
+    check_fits(dataset, spec.input_shape, spec.num_classes, source, dtype)
+    return raw_pixels_note(dataset, spec, source)

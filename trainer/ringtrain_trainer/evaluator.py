@@ -38,7 +38,7 @@ from ringtrain_trainer import model as model_mod
 from ringtrain_trainer import tensorboard
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data_npz import check_fits, raw_pixels_note
+from ringtrain_trainer.data_npz import check_model_fit
 from ringtrain_trainer.ipu import EVAL_BATCH
 from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.metrics import TrainerMetrics
@@ -103,10 +103,9 @@ class Evaluator:
         self.out = out if out is not None else sys.stdout
         self.spec = model_mod.build(cfg.model)
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        source = cfg.data_dir if dataset is None else self.data.name
-        dtype = getattr(getattr(self.spec, "config", None), "input_dtype", "float32")
-        check_fits(self.data, self.spec.input_shape, self.spec.num_classes, source, dtype)
-        note = raw_pixels_note(self.data, self.spec, source)
+        note = check_model_fit(
+            self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
+        )
         if note:
             print(f"ringtrain evaluator: note: {note}", file=sys.stderr)
         self.batch = min(EVAL_BATCH, max(1, len(self.data.test)))

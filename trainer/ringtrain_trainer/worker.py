@@ -30,7 +30,7 @@ from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data_npz import check_fits, raw_pixels_note
+from ringtrain_trainer.data_npz import check_model_fit
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
 from ringtrain_trainer.keras_model import describe
@@ -135,10 +135,9 @@ class Trainer:
             memory.host_optimizer_state(cfg.variables_on_host, self.optimizer.state_bytes),
         )
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        source = cfg.data_dir if dataset is None else self.data.name
-        dtype = getattr(getattr(self.spec, "config", None), "input_dtype", "float32")
-        check_fits(self.data, self.spec.input_shape, self.spec.num_classes, source, dtype)
-        note = raw_pixels_note(self.data, self.spec, source)
+        note = check_model_fit(
+            self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
+        )
         if note and self.is_chief:
             print(f"ringtrain worker: note: {note}", file=sys.stderr)
         self.sharder = data_mod.Sharder(
