@@ -138,19 +138,6 @@ def test_worker_trains_on_a_npz_via_data_and_data_dir(tmp_path, capsys):
         assert "mine.npz: uint8 pixels are fed to the model as stored" in capsys.readouterr().err
 
 
-def test_a_uint8_input_takes_only_uint8_pixels_fed_as_stored(tmp_path):
-    """Keras would cast float (or x / 255) data to uint8 for such a model: refused instead."""
-    save(tmp_path / "u.npz", shape=(28, 28))
-    save(tmp_path / "f.npz", shape=(28, 28), dtype=np.float32)
-    check_fits(load_npz(tmp_path / "u.npz"), (28, 28, 1), 10, "u.npz", "uint8")
-    with pytest.raises(
-        DataError, match=r"f\.npz: float32 images, but the model's InputLayer takes"
-    ):
-        check_fits(load_npz(tmp_path / "f.npz"), (28, 28, 1), 10, "f.npz", "uint8")
-    with pytest.raises(DataError, match=r"mnist-5k: uint8 images fed as x \* 0.00392157, but"):
-        check_fits(D.load_mnist5k(), (28, 28, 1), 10, "mnist-5k", "uint8")
-
-
 def test_the_raw_pixels_note_is_only_for_uint8_into_a_model_without_rescaling(tmp_path):
     from ringtrain_trainer import keras_model as KM
 

@@ -99,27 +99,12 @@ def load_npz(path: str | os.PathLike) -> Dataset:
 
 
 def check_fits(
-    dataset: Dataset,
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    source: str | os.PathLike,
-    input_dtype: str = "float32",
+    dataset: Dataset, input_shape: tuple[int, ...], num_classes: int, source: str | os.PathLike
 ) -> None:
     """Refuse data the model cannot take, before anything runs: images must have the model's
     input shape (``(H, W)`` fits ``(H, W, 1)``, and any shape fits a model that takes the same
-    number of values, read row-major like Keras' ``Reshape``), every label must be one of its
-    classes, and a model whose input is uint8 must get uint8 pixels fed as stored (Keras would
-    cast anything else to uint8, wrapping and truncating; ringtrain computes in float32)."""
-    if input_dtype == "uint8" and (
-        dataset.train.images.dtype != np.uint8 or dataset.train.scale != 1.0
-    ):
-        held = f"{dataset.train.images.dtype} images" + (
-            f" fed as x * {dataset.train.scale:.6g}" if dataset.train.scale != 1.0 else ""
-        )
-        raise DataError(
-            f"{source}: {held}, but the model's InputLayer takes uint8: give it a .npz of "
-            "uint8 pixels, or the model a float32 input"
-        )
+    number of values, read row-major like Keras' ``Reshape``) and every label must be one of its
+    classes."""
     shape = tuple(dataset.train.images.shape[1:])
     if shape != tuple(input_shape) and math.prod(shape) != math.prod(input_shape):
         raise DataError(
@@ -153,6 +138,5 @@ def raw_pixels_note(dataset: Dataset, spec, source: str | os.PathLike) -> str | 
 def check_model_fit(dataset: Dataset, spec, source: str | os.PathLike) -> str | None:
     """:func:`check_fits` against a ``model.ModelSpec`` (refusals raise), then the
     :func:`raw_pixels_note` to print, if any: what the worker and the evaluator both run."""
-    dtype = getattr(getattr(spec, "config", None), "input_dtype", "float32")
-    check_fits(dataset, spec.input_shape, spec.num_classes, source, dtype)
+    check_fits(dataset, spec.input_shape, spec.num_classes, source)
     return raw_pixels_note(dataset, spec, source)

@@ -25,8 +25,6 @@ from typing import Any
 from ringtrain.errors import InvalidSpec
 
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "softmax", "linear")
-#: an InputLayer may take raw pixels (``keras.Input(shape, dtype="uint8")`` + ``Rescaling``)
-INPUT_DTYPES = ("float32", "uint8")
 
 
 @dataclass(frozen=True)
@@ -110,8 +108,6 @@ class ModelConfig:
     input_shape: tuple[int, ...]
     layers: tuple
     from_logits: bool
-    #: the InputLayer's dtype: data are cast to it, as Keras casts ``fit``'s ``x``
-    input_dtype: str = "float32"
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -131,7 +127,7 @@ class _Args:
 
     IGNORED = ("name", "trainable", "dtype")
 
-    def __init__(self, layer: dict, index: int, dtypes: tuple[str, ...] = ("float32",)):
+    def __init__(self, layer: dict, index: int):
         self.cls = layer.get("class_name", "?")
         self.cfg = dict(layer.get("config") or {})
         self.name = str(self.cfg.get("name") or f"layer {index}")
@@ -139,9 +135,8 @@ class _Args:
         dtype = self.cfg.get("dtype")
         if isinstance(dtype, dict):
             dtype = (dtype.get("config") or {}).get("name")
-        if dtype not in (None, *dtypes):
-            self.refuse("dtype", dtype, " or ".join(dtypes))
-        self.dtype = dtype or "float32"
+        if dtype not in (None, "float32"):
+            self.refuse("dtype", dtype, "float32")
 
     def refuse(self, arg: str, value: Any, supported: str) -> None:
         raise InvalidSpec(
@@ -424,7 +419,7 @@ def parse(model: dict) -> ModelConfig:
     layers = cfg.get("layers")
     if not isinstance(layers, list) or not layers:
         raise InvalidSpec("model: the Sequential config has no layers")
-    input_shape, input_dtype = None, "float32"
+    input_shape = None
     for key in ("build_input_shape",):
         if cfg.get(key):
             input_shape = tuple(cfg[key][1:])
@@ -432,8 +427,8 @@ def parse(model: dict) -> ModelConfig:
     for i, layer in enumerate(layers):
         cls = layer.get("class_name") if isinstance(layer, dict) else None
         if cls == "InputLayer":
-            a = _Args(layer, i, INPUT_DTYPES)
-            input_shape, input_dtype = _input_shape(layer) or input_shape, a.dtype
+            a = _Args(layer, i)
+            input_shape = _input_shape(layer) or input_shape
             for k in (
                 "batch_shape",
                 "batch_input_shape",
@@ -476,6 +471,4 @@ def parse(model: dict) -> ModelConfig:
             "model: from_logits=False needs a model whose last layer is a "
             "softmax (supported: a softmax ending, or from_logits=True)"
         )
-    return ModelConfig(
-        str(cfg.get("name") or "sequential"), input_shape, tuple(specs), from_logits, input_dtype
-    )
+    return ModelConfig(str(cfg.get("name") or "sequential"), input_shape, tuple(specs), from_logits)

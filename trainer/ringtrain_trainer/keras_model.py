@@ -118,7 +118,7 @@ class KerasModel(ModelSpec):
                 "class_name": "InputLayer",
                 "config": {
                     "batch_shape": [None, *cfg.input_shape],
-                    "dtype": cfg.input_dtype,
+                    "dtype": "float32",
                     "name": "input_layer",
                 },
                 "registered_name": None,
