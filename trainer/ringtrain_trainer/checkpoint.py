@@ -182,27 +182,27 @@ class CheckpointManager:
             )
         return None, errors
 
+    @staticmethod
+    def require_model_state(state: TrainingState, spec) -> np.ndarray:
+        """The non-trainable state ``spec`` (a ``model.ModelSpec``) needs, from ``state``.
 
-def require_model_state(state: TrainingState, spec) -> np.ndarray:
-    """The non-trainable state ``spec`` (a ``model.ModelSpec``) needs, from ``state``.
-
-    Every reader (resume, the evaluator, export) goes through here, so none of them runs a
-    BatchNormalization model with fresh moving statistics — the evaluator once reported ≈10 %
-    for a 74 % model that way. A checkpoint without the state is refused, naming the file, the
-    missing array and what the model needs it for."""
-    if not spec.state_size:
-        return spec.init_state()
-    got = state.model_state
-    if got is not None and got.shape == (spec.state_size,):
-        return got
-    needs = ", ".join(
-        f"{getattr(layer, 'name', f'layer {i}')}.{name}"
-        for i, (layer, specs) in enumerate(zip(spec.layers, spec.state_specs, strict=True))
-        for name, _, _ in specs
-    )
-    have = "no 'model_state' array" if got is None else f"'model_state' of shape {got.shape}"
-    raise CheckpointError(
-        f"{state.source or 'checkpoint'}: {have}, but model {spec.name!r} needs "
-        f"{spec.state_size} values of non-trainable state ({needs}); refusing to use fresh "
-        "statistics in their place"
-    )
+        Every reader (resume, the evaluator, export) goes through here, so none of them runs a
+        BatchNormalization model with fresh moving statistics — the evaluator once reported ≈10 %
+        for a 74 % model that way. A checkpoint without the state is refused, naming the file, the
+        missing array and what the model needs it for."""
+        if not spec.state_size:
+            return spec.init_state()
+        got = state.model_state
+        if got is not None and got.shape == (spec.state_size,):
+            return got
+        needs = ", ".join(
+            f"{getattr(layer, 'name', f'layer {i}')}.{name}"
+            for i, (layer, specs) in enumerate(zip(spec.layers, spec.state_specs, strict=True))
+            for name, _, _ in specs
+        )
+        have = "no 'model_state' array" if got is None else f"'model_state' of shape {got.shape}"
+        raise CheckpointError(
+            f"{state.source or 'checkpoint'}: {have}, but model {spec.name!r} needs "
+            f"{spec.state_size} values of non-trainable state ({needs}); refusing to use fresh "
+            "statistics in their place"
+        )

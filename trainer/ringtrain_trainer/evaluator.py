@@ -36,7 +36,7 @@ from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer import tensorboard
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, require_model_state
+from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import check_model_fit
 from ringtrain_trainer.ipu import EVAL_BATCH
@@ -130,7 +130,7 @@ class Evaluator:
                 f"({state.params.size} params) cannot be evaluated as "
                 f"--model {describe(self.cfg.model)}"
             )
-        np.copyto(self.program.state, require_model_state(state, self.spec))
+        np.copyto(self.program.state, self.ckpt.require_model_state(state, self.spec))
         views = self.spec.views(np.asarray(state.params, self.program.dtype))
         images, labels = self.data.test.images, self.data.test.labels
         scale = self.program.dtype.type(self.data.test.scale)

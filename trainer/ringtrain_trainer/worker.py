@@ -27,7 +27,7 @@ from ringtrain.errors import CheckpointError, IPUCompileError
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import memory, optim, tensorboard, trace
 from ringtrain_trainer import model as model_mod
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, require_model_state
+from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import check_model_fit
@@ -189,7 +189,7 @@ class Trainer:
                     )
                 np.copyto(self.params, state.params)
                 self.optimizer.load_state(state.optimizer_state, state.optimizer_iterations)
-                self.ipu.load_state(require_model_state(state, self.spec))
+                self.ipu.load_state(self.ckpt.require_model_state(state, self.spec))
                 self.step = state.step
                 self.position = state.position.rescale(self.sharder.global_batch)
         if self.world > 1:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ringtrain.errors import CheckpointError, RingtrainError, exit_code_for
 from ringtrain_trainer import model as model_mod
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, require_model_state
+from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.export.keras_file import write_keras
 from ringtrain_trainer.export.onnx_file import write_onnx
 from ringtrain_trainer.keras_model import describe
@@ -36,7 +36,9 @@ def keras_model(state: TrainingState) -> tuple[dict, list[np.ndarray]]:
 def export_state(state: TrainingState, output: str | Path, fmt: str = "keras") -> Path:
     """Write ``state``'s model to ``output`` as ``fmt`` (one of :data:`FORMATS`): what this
     command does with a checkpoint, and what the chief does at the end with ``--export``."""
-    require_model_state(state, model_mod.build(state.model))  # never fresh moving statistics
+    CheckpointManager.require_model_state(
+        state, model_mod.build(state.model)
+    )  # never fresh moving statistics
     config, weights = keras_model(state)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     write = write_onnx if fmt == "onnx" else write_keras
