@@ -179,7 +179,8 @@ def _rank_order_npz(tmp_path, world: int) -> tuple[str, str]:
     from ringtrain_trainer import data as data_mod
 
     ds = data_mod.load("mnist-5k")
-    x, y = ds.train.images, ds.train.labels
+    # as float x/255: a .npz is fed as stored, and this model has no Rescaling
+    x, y = ds.train.inputs(), ds.train.labels
     sharder = data_mod.Sharder(len(x), GLOBAL_BATCH // world, world, seed=7)
     xr, yr = x.copy(), y.copy()
     for k in range(STEPS):  # all within epoch 0
@@ -192,7 +193,7 @@ def _rank_order_npz(tmp_path, world: int) -> tuple[str, str]:
             tmp_path / f"{name}.npz",
             x_train=a,
             y_train=b,
-            x_test=ds.test.images,
+            x_test=ds.test.inputs(),
             y_test=ds.test.labels,
         )
         paths.append(str(tmp_path / f"{name}.npz"))

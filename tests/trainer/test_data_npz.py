@@ -9,7 +9,7 @@ import pytest
 
 from ringtrain.errors import DataError
 from ringtrain_trainer import data as D
-from ringtrain_trainer.data_npz import check_fits, load_npz
+from ringtrain_trainer.data_npz import check_fits, load_npz, raw_pixels_note
 from ringtrain_trainer.worker_main import main as worker_main
 
 
@@ -29,15 +29,19 @@ def save(
 
 
 @pytest.mark.parametrize("shape", [(6, 5), (6, 5, 3)])
-def test_uint8_images_of_any_shape_are_scaled_by_1_over_255(tmp_path, shape):
+def test_uint8_images_of_any_shape_are_fed_as_stored_like_keras_fit(tmp_path, shape):
+    """0..255 reach the model (as float32), as ``model.fit(x_uint8)`` feeds them: scaling is
+    the model's business (``Rescaling``), never done a second time by the loader."""
     a = save(tmp_path / "d.npz", shape=shape, classes=4, column=True)
     ds = D.load("fashion-mnist", tmp_path / "d.npz")
     assert (ds.name, ds.num_classes, len(ds.train), len(ds.test)) == ("d", 4, 12, 5)
     assert ds.train.images.dtype == np.uint8 and ds.train.labels.dtype == np.int64
+    assert ds.train.scale == ds.test.scale == 1.0
     x, y = np.zeros((3, *shape), np.float32), np.zeros(3, np.int64)
     D.batch_into(ds.train, np.array([4, 0, 7]), x, y, np.zeros((3, *shape), np.uint8))
-    np.testing.assert_allclose(x, a["x_train"][[4, 0, 7]] / 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(x, a["x_train"][[4, 0, 7]].astype(np.float32))
     np.testing.assert_array_equal(y, a["y_train"].ravel()[[4, 0, 7]])
+    np.testing.assert_array_equal(ds.test.inputs(1, 3), a["x_test"][1:3].astype(np.float32))
 
 
 def test_float_images_are_used_as_they_are(tmp_path):
@@ -130,6 +134,26 @@ def test_worker_trains_on_a_npz_via_data_and_data_dir(tmp_path, capsys):
         final = json.loads((tmp_path / "log").read_text())
         assert (final["steps"], final["terminated"]) == (2, False)
         assert final["test_accuracy"] is not None and np.isfinite(final["loss"])
+        # uint8 pixels into the cnn preset (no Rescaling): trained as 0..255, and told so
+        assert "mine.npz: uint8 pixels are fed to the model as stored" in capsys.readouterr().err
+
+
+def test_the_raw_pixels_note_is_only_for_uint8_into_a_model_without_rescaling(tmp_path):
+    from ringtrain_trainer import keras_model as KM
+
+    save(tmp_path / "u.npz", shape=(28, 28))
+    save(tmp_path / "f.npz", shape=(28, 28), dtype=np.float32)
+    u8, f32 = load_npz(tmp_path / "u.npz"), load_npz(tmp_path / "f.npz")
+    cfg = KM.preset_config("cnn")
+    layers = cfg["config"]["layers"]
+    scaled = {"class_name": "Rescaling", "config": {"name": "s", "scale": 1 / 255}}
+    with_rescaling = KM.from_config(
+        {**cfg, "config": {**cfg["config"], "layers": [*layers[:2], scaled, *layers[2:]]}}
+    )
+    assert "Rescaling(1/255)" in raw_pixels_note(u8, KM.load("cnn"), "u.npz")
+    assert raw_pixels_note(u8, with_rescaling, "u.npz") is None
+    assert raw_pixels_note(f32, KM.load("cnn"), "f.npz") is None
+    assert raw_pixels_note(D.load_mnist5k(), KM.load("cnn"), "mnist-5k") is None
 
 
 def test_worker_refuses_data_the_model_cannot_take(tmp_path, capsys):

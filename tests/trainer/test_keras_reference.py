@@ -154,3 +154,96 @@ def test_presets_are_keras_configs_keras_itself_loads():
         assert [w.shape for w in km.get_weights()] == [
             w.shape for w in spec.keras_weights(spec.init(0))
         ]
+
+
+def test_a_rescaling_model_on_uint8_npz_sees_what_keras_fit_feeds_it(tmp_path, rng):
+    """``Rescaling(1/255)`` first and uint8 pixels in a ``.npz``: ringtrain once scaled them in
+    the loader too (0.62 against Keras' 0.82; its export 0.32 on raw pixels). Training,
+    the worker's and the evaluator's evaluation, and the exported model must all see what
+    Keras' ``fit``/``model(x)`` see: the raw uint8 batch, scaled once by the model."""
+    import io
+
+    from ringtrain_trainer.collective import LocalCollective
+    from ringtrain_trainer.config import TrainerConfig
+    from ringtrain_trainer.evaluator import Evaluator, cross_entropy
+    from ringtrain_trainer.worker import Trainer
+
+    L = keras.layers
+    km = keras.Sequential(
+        [
+            L.InputLayer(shape=(8, 8, 1)),
+            L.Rescaling(1 / 255),
+            L.Conv2D(3, 3, activation="relu"),
+            L.Flatten(),
+            L.Dense(4),
+        ]
+    )
+    lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss=lossf)
+    km.save(tmp_path / "m.keras")
+    x = rng.integers(0, 256, (48, 8, 8, 1)).astype(np.uint8)
+    y = rng.integers(0, 4, 48)
+    np.savez(tmp_path / "d.npz", x_train=x[:32], y_train=y[:32], x_test=x[32:], y_test=y[32:])
+    x_test, y_test = x[32:], y[32:]
+    common = ["--model", str(tmp_path / "m.keras"), "--data", str(tmp_path / "d.npz")]
+    common += ["--checkpoint-dir", str(tmp_path / "ck")]
+    cfg = TrainerConfig.from_args(
+        [
+            *common,
+            "--steps",
+            "6",
+            "--batch-size",
+            "8",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.1",
+            "--ipu-host-threads",
+            "1",
+            "--export",
+            str(tmp_path / "out.keras"),
+            "--json",
+        ],
+        {},
+    )
+    t = Trainer(cfg, LocalCollective(), out=io.StringIO())
+    try:
+        # the same weights, the same raw batch: the same outputs as Keras' model(x)
+        prog = M.Program(t.spec, len(x_test), False)
+        prog.x[:] = t.data.test.inputs()
+        want = km(x_test, training=False).numpy()
+        np.testing.assert_allclose(prog.forward(t.spec.views(t.params)), want, rtol=1e-4, atol=1e-5)
+        # six SGD steps on the same batches: the same losses as Keras' train_on_batch
+        for _ in range(6):
+            pos = t.position
+            idx = t.sharder.indices(pos.epoch, pos.batch).copy()
+            loss, _, _ = t.train_one_step()
+            assert loss == pytest.approx(float(km.train_on_batch(x[idx], y[idx])), rel=1e-4)
+        want = km.predict(x_test, verbose=0)
+        keras_acc = float(np.mean(want.argmax(1) == y_test))
+        keras_loss = float(lossf(y_test, want))
+        assert t.evaluate() == keras_acc
+        t.save(loss)
+        exported = keras.saving.load_model(t.export(loss), compile=False).predict(x_test, verbose=0)
+    finally:
+        t.close()
+    np.testing.assert_allclose(exported, want, rtol=1e-3, atol=1e-4)  # raw pixels in
+    ev = Evaluator(
+        TrainerConfig.from_args(common, {"TF_CONFIG": '{"task":{"type":"evaluator"}}'}),
+        out=io.StringIO(),
+    )
+    state = ev.ckpt.load(ev.ckpt.manifests()[-1])
+    assert ev.evaluate(state) == pytest.approx((keras_loss, keras_acc), rel=1e-4)
+    assert cross_entropy(exported, y_test) / len(y_test) == pytest.approx(keras_loss, rel=1e-4)
+
+
+def test_a_layer_keras_froze_is_refused_not_trained(tmp_path):
+    """``layer.trainable = False`` (fine-tuning) is in Keras' own JSON; ringtrain once trained
+    the frozen weights anyway."""
+    from ringtrain.errors import InvalidSpec
+
+    L = keras.layers
+    km = keras.Sequential([L.InputLayer(shape=(4,)), L.Dense(3, name="frozen"), L.Dense(2)])
+    km.layers[0].trainable = False
+    with pytest.raises(InvalidSpec, match=r"'frozen' \(Dense\): trainable=False is not supported"):
+        KM.from_config(json.loads(km.to_json()))

@@ -136,7 +136,8 @@ def test_replicas_must_divide_the_batch():
 
 def test_evaluate_counts_correct_predictions(mnist5k):
     ipu = make_ipu()
-    acc = ipu.evaluate(mnist5k.test.images[:700], mnist5k.test.labels[:700], batch=500)
+    test = mnist5k.test
+    acc = ipu.evaluate(test.images[:700], test.labels[:700], batch=500, scale=test.scale)
     assert 0.0 <= acc <= 0.3  # untrained: about chance, and the padded last batch is ignored
 
 
@@ -156,8 +157,8 @@ def test_host_threads_split_the_batch_and_give_the_same_gradient(rng, replicas, 
         # the plan is per IPU, whatever the host does
         assert exe.plan == par.plan(24 // replicas, True)
         acc = (
-            one.evaluate((x[..., 0] * 255).astype(np.uint8), y, batch=12),
-            par.evaluate((x[..., 0] * 255).astype(np.uint8), y, batch=12),
+            one.evaluate((x[..., 0] * 255).astype(np.uint8), y, batch=12, scale=1 / 255),
+            par.evaluate((x[..., 0] * 255).astype(np.uint8), y, batch=12, scale=1 / 255),
         )
         assert acc[0] == acc[1]
     finally:

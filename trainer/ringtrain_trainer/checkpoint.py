@@ -40,6 +40,8 @@ class TrainingState:
     optimizer: str
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
     optimizer_iterations: int = 0
+    #: the ``.npz`` it was loaded from (None: in memory), for error messages
+    source: str | None = None
     model: str = "cnn"
     world_size: int = 1
     loss: float | None = None
@@ -154,6 +156,7 @@ class CheckpointManager:
             raise CheckpointError(f"{npz}: no 'params' array")
         return TrainingState(
             step=step,
+            source=str(npz),
             position=Position(int(m["epoch"]), int(m["batch"]), int(m["global_batch"])),
             params=loaded["params"],
             optimizer=m["optimizer"],
@@ -183,3 +186,28 @@ class CheckpointManager:
                 f"{self.dir}: no usable checkpoint: " + "; ".join(str(e) for e in errors)
             )
         return None, errors
+
+    @staticmethod
+    def require_model_state(state: TrainingState, spec) -> np.ndarray:
+        """The non-trainable state ``spec`` (a ``model.ModelSpec``) needs, from ``state``.
+
+        Every reader (resume, the evaluator, export) goes through here, so none of them runs a
+        BatchNormalization model with fresh moving statistics — the evaluator once reported ≈10 %
+        for a 74 % model that way. A checkpoint without the state is refused, naming the file, the
+        missing array and what the model needs it for."""
+        if not spec.state_size:
+            return spec.init_state()
+        got = state.model_state
+        if got is not None and got.shape == (spec.state_size,):
+            return got
+        needs = ", ".join(
+            f"{getattr(layer, 'name', f'layer {i}')}.{name}"
+            for i, (layer, specs) in enumerate(zip(spec.layers, spec.state_specs, strict=True))
+            for name, _, _ in specs
+        )
+        have = "no 'model_state' array" if got is None else f"'model_state' of shape {got.shape}"
+        raise CheckpointError(
+            f"{state.source or 'checkpoint'}: {have}, but model {spec.name!r} needs "
+            f"{spec.state_size} values of non-trainable state ({needs}); refusing to use fresh "
+            "statistics in their place"
+        )

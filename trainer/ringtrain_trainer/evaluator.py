@@ -38,7 +38,7 @@ from ringtrain_trainer import model as model_mod
 from ringtrain_trainer import tensorboard
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data_npz import check_fits
+from ringtrain_trainer.data_npz import check_model_fit
 from ringtrain_trainer.ipu import EVAL_BATCH
 from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.metrics import TrainerMetrics
@@ -103,12 +103,11 @@ class Evaluator:
         self.out = out if out is not None else sys.stdout
         self.spec = model_mod.build(cfg.model)
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        check_fits(
-            self.data,
-            self.spec.input_shape,
-            self.spec.num_classes,
-            cfg.data_dir if dataset is None else self.data.name,
+        note = check_model_fit(
+            self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
         )
+        if note:
+            print(f"ringtrain evaluator: note: {note}", file=sys.stderr)
         self.batch = min(EVAL_BATCH, max(1, len(self.data.test)))
         self.program = model_mod.Program(self.spec, self.batch, train=False)
         self.ckpt = CheckpointManager(cfg.checkpoint_dir)
@@ -123,16 +122,18 @@ class Evaluator:
         print(line, file=self.out, flush=True)
 
     def evaluate(self, state: TrainingState) -> tuple[float, float]:
-        """(mean loss, accuracy) of ``state``'s parameters on the whole test split."""
+        """(mean loss, accuracy) of ``state``'s parameters *and* non-trainable state (the
+        moving statistics) on the whole test split, fed as training fed it (``Split.scale``)."""
         if state.model != self.cfg.model or state.params.shape != (self.spec.num_params,):
             raise CheckpointError(
                 f"checkpoint of model {describe(state.model)} "
                 f"({state.params.size} params) cannot be evaluated as "
                 f"--model {describe(self.cfg.model)}"
             )
+        np.copyto(self.program.state, self.ckpt.require_model_state(state, self.spec))
         views = self.spec.views(np.asarray(state.params, self.program.dtype))
         images, labels = self.data.test.images, self.data.test.labels
-        scale = np.float32(1 / 255) if images.dtype == np.uint8 else np.float32(1)
+        scale = self.program.dtype.type(self.data.test.scale)
         from_logits = getattr(self.spec, "from_logits", True)
         loss = 0.0
         correct = 0

@@ -351,16 +351,19 @@ class IPU:
         self.stats.steps += 1
         return float(exe.losses.sum()) / n
 
-    def evaluate(self, images_u8: np.ndarray, labels: np.ndarray, batch: int = EVAL_BATCH) -> float:
-        """Accuracy over a whole split, batch by batch (the last batch padded)."""
+    def evaluate(
+        self, images: np.ndarray, labels: np.ndarray, batch: int = EVAL_BATCH, scale: float = 1.0
+    ) -> float:
+        """Accuracy over a whole split, batch by batch (the last batch padded); the model sees
+        ``images * scale`` (``data.Split``'s rule: pass the split's ``scale``)."""
         exe = self.compile(batch, train=False)
         x = np.zeros((batch, *self.spec.input_shape), self.dtype)
         per = exe.programs[0].batch
         correct = 0
-        scale = self.dtype.type(1.0 / 255.0 if images_u8.dtype == np.uint8 else 1.0)
+        factor = self.dtype.type(scale)
         for s in range(0, len(labels), batch):
             n = min(batch, len(labels) - s)
-            np.multiply(images_u8[s : s + n].reshape((n, *self.spec.input_shape)), scale, out=x[:n])
+            np.multiply(images[s : s + n].reshape((n, *self.spec.input_shape)), factor, out=x[:n])
             t0 = time.perf_counter()
             self._stream_weights()
             self._load(exe, x, None)

@@ -9,9 +9,11 @@ layers. Everything is checked here, *before anything runs*: an unsupported layer
 value raises :class:`InvalidSpec` naming the layer (name and class), the argument, and what is
 supported, so ``render``, ``run`` and the operator refuse a job with the same words.
 
-Arguments that only matter for Keras bookkeeping (``name``, ``trainable``, ``dtype`` float32,
-``seed`` of an initializer) are accepted; every other argument must be one this module knows,
-with a supported value — an unknown argument is refused rather than silently ignored.
+Arguments that only matter for Keras bookkeeping (``name``, ``trainable`` of a layer without
+weights, ``dtype`` float32, ``seed`` of an initializer) are accepted; every other argument must
+be one this module knows, with a supported value — an unknown argument is refused rather than
+silently ignored. ``trainable=False`` on a layer with weights (or on the model) is refused: the
+trainer trains every weight, and a frozen BatchNormalization even runs in inference mode in Keras.
 """
 
 from __future__ import annotations
@@ -175,6 +177,12 @@ class _Args:
         ):
             self.refuse(arg, cls, f"{default} (Keras' default)")
 
+    def trainable(self) -> None:
+        """A layer with weights: frozen (Keras' fine-tuning) is refused, not trained anyway."""
+        v = self.take("trainable", True)
+        if v is not True:
+            self.refuse("trainable", v, "True: ringtrain trains every layer's weights")
+
     def nothing(self, *args: str) -> None:
         for a in args:
             v = self.take(a)
@@ -192,6 +200,7 @@ class _Args:
 
 
 def _conv(a: _Args) -> Conv2D:
+    a.trainable()
     filters = a.take("filters")
     if not isinstance(filters, int) or filters < 1:
         a.refuse("filters", filters, "a positive int")
@@ -248,6 +257,7 @@ def _pool(a: _Args) -> Pool2D:
 
 
 def _dense(a: _Args) -> Dense:
+    a.trainable()
     units = a.take("units")
     if not isinstance(units, int) or units < 1:
         a.refuse("units", units, "a positive int")
@@ -269,6 +279,7 @@ def _dense(a: _Args) -> Dense:
 
 
 def _batchnorm(a: _Args) -> BatchNorm:
+    a.trainable()
     a.must_be("axis", -1, 3, [-1], [3])
     spec = BatchNorm(
         a.name,
@@ -441,6 +452,11 @@ def parse(model: dict) -> ModelConfig:
             "(functional and subclassed models are not supported)"
         )
     cfg = model.get("config") or {}
+    if cfg.get("trainable", True) is not True:
+        raise InvalidSpec(
+            f"model: trainable={cfg['trainable']!r} is not supported "
+            "(supported: True: ringtrain trains every layer's weights)"
+        )
     layers = cfg.get("layers")
     if not isinstance(layers, list) or not layers:
         raise InvalidSpec("model: the Sequential config has no layers")

@@ -30,7 +30,7 @@ from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data_npz import check_fits
+from ringtrain_trainer.data_npz import check_model_fit
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
 from ringtrain_trainer.keras_model import describe
@@ -141,12 +141,11 @@ class Trainer:
             memory.host_optimizer_state(cfg.variables_on_host, self.optimizer.state_bytes),
         )
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        check_fits(
-            self.data,
-            self.spec.input_shape,
-            self.spec.num_classes,
-            cfg.data_dir if dataset is None else self.data.name,
+        note = check_model_fit(
+            self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
         )
+        if note and self.is_chief:
+            print(f"ringtrain worker: note: {note}", file=sys.stderr)
         self.sharder = data_mod.Sharder(
             len(self.data.train), cfg.batch_size, self.world, self.rank, cfg.seed
         )
@@ -158,7 +157,9 @@ class Trainer:
         b = cfg.batch_size
         self.x = np.zeros((b, *self.spec.input_shape), np.float32)
         self.y = np.zeros(b, np.int64)
-        self.scratch = np.zeros((b, *self.data.train.images.shape[1:]), np.uint8)
+        self.scratch = np.zeros(
+            (b, *self.data.train.images.shape[1:]), self.data.train.images.dtype
+        )
         self.step = 0
         self.position = data_mod.Position(0, 0, self.sharder.global_batch)
         self.last_checkpoint: str | None = None
@@ -203,8 +204,7 @@ class Trainer:
                     print(f"ringtrain worker: {note}", file=sys.stderr, flush=True)
                 np.copyto(self.params, state.params)
                 self.optimizer.load_state(state.optimizer_state, state.optimizer_iterations)
-                if state.model_state is not None:
-                    self.ipu.load_state(state.model_state)
+                self.ipu.load_state(self.ckpt.require_model_state(state, self.spec))
                 self.step = state.step
                 self.position = state.position.rescale(self.sharder.global_batch)
         if self.world > 1:
@@ -277,12 +277,13 @@ class Trainer:
         idles. The result is the same number as one worker evaluating everything (counts are
         integers, exact in float32 up to 2**24 examples). Checkpoints stay the chief's alone:
         writing a few MB takes milliseconds, far inside the step timeout."""
-        images, labels = self.data.test.images, self.data.test.labels
+        test = self.data.test
+        images, labels = test.images, test.labels
         lo = len(labels) * self.rank // self.world
         hi = len(labels) * (self.rank + 1) // self.world
         correct = 0
         if hi > lo:
-            acc = self.ipu.evaluate(images[lo:hi], labels[lo:hi], self.eval_batch)
+            acc = self.ipu.evaluate(images[lo:hi], labels[lo:hi], self.eval_batch, test.scale)
             correct = round(acc * (hi - lo))
         if self.world > 1:
             counts = np.array([correct], np.float32)

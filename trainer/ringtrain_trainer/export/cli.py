@@ -3,9 +3,10 @@
 Pipeline position: after training. A checkpoint (its ``ckpt-*.json`` manifest) or a checkpoint
 directory — meaning its newest good checkpoint, with :class:`CheckpointManager`'s fallback past
 corrupt ones — becomes a Keras config and ``get_weights()``-ordered weights, which the writers
-turn into a file. The model takes what the trainer fed it: float32 NHWC images, uint8 data
-already scaled to [0, 1] (``x / 255``); it outputs logits for the presets (their compile config
-says ``from_logits=True``), or whatever the model's last layer gives.
+turn into a file. The model takes what the trainer fed it (``data.Split``'s rule): a ``.npz``'s
+numbers as stored (uint8 pixels 0..255 for a model that starts with ``Rescaling``), the built-in
+data sets' pixels as ``x / 255``; it outputs logits for the presets (their compile config says
+``from_logits=True``), or whatever the model's last layer gives.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def keras_model(state: TrainingState) -> tuple[dict, list[np.ndarray]]:
 def export_state(state: TrainingState, output: str | Path, fmt: str = "keras") -> Path:
     """Write ``state``'s model to ``output`` as ``fmt`` (one of :data:`FORMATS`): what this
     command does with a checkpoint, and what the chief does at the end with ``--export``."""
+    CheckpointManager.require_model_state(
+        state, model_mod.build(state.model)
+    )  # never fresh moving statistics
     config, weights = keras_model(state)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     write = write_onnx if fmt == "onnx" else write_keras
