@@ -97,7 +97,7 @@ PINNED_BOUNDS = {
     "lr_decay": (0, False, 1),
     "lr_decay_epochs": (1, False, None),
     "ipus_per_worker": (1, False, 64),
-    "ipu_memory_mb": (1, False, 1048576),
+    "ipu_memory_mb": (1, False, 65536),
     "variables_on_host": (None, False, None),
     "bucket_mb": (0.001, False, 4096),
     "ring_transport": (None, False, None),

@@ -25,15 +25,13 @@ import numpy as np
 from ringtrain import events
 from ringtrain.errors import CheckpointError, IPUCompileError
 from ringtrain_trainer import data as data_mod
-from ringtrain_trainer import memory, optim, tensorboard, trace
-from ringtrain_trainer import model as model_mod
+from ringtrain_trainer import keras_model, memory, optim, tensorboard, trace
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import check_fits
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
-from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.reducer import Reducer, StepCommStats
 
@@ -89,7 +87,9 @@ class Trainer:
         self.report = Reporter(cfg.json, out if out is not None else sys.stdout, self.is_chief)
         self.stop_requested = threading.Event()
         self._stop_agreed = False
-        self.spec = model_mod.build(cfg.model)
+        # refused by arithmetic (budget.check) before anything proportional to its size exists
+        per_ipu = max(1, cfg.batch_size // cfg.ipus_per_worker)
+        self.spec = keras_model.load(cfg.model, budget=(cfg.ipu_memory_mb * MB, per_ipu))
         self.params = self.spec.init(cfg.seed)
         schedule = optim.StepDecay(cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
         self.optimizer = optim.build(cfg.optimizer, self.params, schedule)
@@ -177,9 +177,9 @@ class Trainer:
             if state is not None:
                 if state.model != self.cfg.model or state.params.shape != self.params.shape:
                     raise CheckpointError(
-                        f"{self.ckpt.dir}: checkpoint of model {describe(state.model)} "
+                        f"{self.ckpt.dir}: checkpoint of model {keras_model.describe(state.model)} "
                         f"({state.params.size} params) cannot resume --model "
-                        f"{describe(self.cfg.model)}"
+                        f"{keras_model.describe(self.cfg.model)}"
                     )
                 if state.optimizer != self.optimizer.name:
                     raise CheckpointError(
