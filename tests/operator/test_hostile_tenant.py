@@ -107,7 +107,7 @@ def test_a_model_that_fits_is_accepted_and_one_byte_less_is_refused():
     need = 8 * params + 4 * 2 * (1024 + 256)  # batch 4 on 2 IPUs: 2 examples per IPU
     trainer = {"model": model, "batchSize": 4, "ipusPerWorker": 2}
     assert spec.model_error(model, (need, 2)) is None
-    assert "more than one IPU's" in spec.model_error(model, (need - 1, 2))
+    assert "bytes needed per IPU" in spec.model_error(model, (need - 1, 2))
     spec.load(job_obj(trainer={**trainer, "ipuMemoryMB": 3}))
 
 

@@ -102,9 +102,9 @@ def check(cfg: K.ModelConfig, capacity_bytes: int, batch_per_ipu: int) -> None:
         return
     top = sorted(rows, key=lambda r: -r.params)[:2]
     raise InvalidSpec(
-        f"model: {params:,} parameters need {weights:,} bytes of float32 weights and "
-        f"gradients, and the input and largest activation ({largest:,} values per example) "
-        f"for {batch_per_ipu} examples per IPU {acts:,} bytes: {weights + acts:,} bytes, more "
-        f"than one IPU's {capacity_bytes:,} (ipuMemoryMB); largest layers: "
+        f"model: {weights + acts:,} bytes needed per IPU at least ({params:,} parameters: "
+        f"{weights:,} bytes of float32 weights and gradients; the input and the largest "
+        f"activation, {largest:,} values per example, for {batch_per_ipu} examples per IPU: "
+        f"{acts:,}), {capacity_bytes:,} available (ipuMemoryMB); largest layers: "
         + ", ".join(f"{r.name!r} {r.params:,} parameters" for r in top)
     )
