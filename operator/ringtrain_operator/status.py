@@ -45,6 +45,8 @@ REASON_RESUMED = "TrainingJobResumed"
 REASON_DEADLINE = "DeadlineExceeded"
 REASON_BACKOFF = "BackoffLimitExceeded"
 REASON_INVALID = "InvalidSpec"
+#: a worker exited EXIT_DIVERGED: a non-finite loss, gradient or parameter (issue 20)
+REASON_DIVERGED = "TrainingDiverged"
 
 PERMANENT_EXIT_CODES = restarts.PERMANENT_EXIT_CODES
 

@@ -132,3 +132,24 @@ def test_pooling_strides_below_one_are_invalid_spec_and_one_event_not_a_retry_lo
     kube.calls.clear()
     again = reconcile(kube, "team-a", "mnist", fetch=lambda ip: None)
     assert kube.calls == [] and again.events == ()
+
+
+def test_a_diverged_worker_fails_the_job_as_training_diverged_with_its_own_words():
+    """Before: a diverged worker exited 0 and the job Succeeded. Now it exits EXIT_DIVERGED (3,
+    permanent) and the fold names the reason and carries the worker's message (bounded)."""
+    from operator_jobs import job
+    from test_status import cond, pod, running, step
+
+    from ringtrain.errors import EXIT_DIVERGED
+
+    j = job(workers=2)
+    prev = step(j, running(j), None).status
+    said = "Diverged: step 3 rank 1: training diverged: the reduced gradient of dense/bias[0]"
+    log = json.dumps({"event": "error", "error": said + "x" * 5000, "exit_code": EXIT_DIVERGED})
+    failed = pod("mnist-worker-1", "Failed", exit_code=EXIT_DIVERGED, message=log)
+    d = step(j, running(j, **{"mnist-worker-1": failed}), prev)
+    assert d.status["state"] == status.FAILED
+    c = cond(d.status, status.FAILED)
+    assert c["reason"] == status.REASON_DIVERGED == "TrainingDiverged"
+    assert said in c["message"] and len(c["message"]) < 700
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "TrainingDiverged")]

@@ -25,7 +25,7 @@ import numpy as np
 from ringtrain import events
 from ringtrain.errors import CheckpointError, IPUCompileError
 from ringtrain_trainer import data as data_mod
-from ringtrain_trainer import keras_model, memory, optim, tensorboard, trace
+from ringtrain_trainer import divergence, keras_model, memory, optim, tensorboard, trace
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
@@ -232,7 +232,12 @@ class Trainer:
             model_state=self.ipu.state,
         )
 
+    def _where(self, step: int) -> str:
+        return f"step {step} rank {self.rank}"
+
     def save(self, loss: float | None) -> None:
+        # on every worker (the same parameters, the same verdict), before the chief writes
+        divergence.check_params(self.spec, self.params, self._where(self.step), "checkpoint")
         if self.ckpt is None or not self.is_chief:
             return
         with self.tracer.span(trace.CHECKPOINT, "checkpoint"):
@@ -245,6 +250,8 @@ class Trainer:
         if not self.cfg.export or not self.is_chief:
             return None
         from ringtrain_trainer.export.cli import export_state  # lazily: h5py, onnx
+
+        divergence.check_params(self.spec, self.params, self._where(self.step), "export")
 
         path = Path(self.cfg.export)
         if not path.is_absolute():
@@ -297,6 +304,9 @@ class Trainer:
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
         loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad, step=self.step)
         comm = self.reducer.finish()
+        divergence.check_step(
+            self.spec, self.grads, self.reducer.hook.nonfinite, loss, self._where(self.step + 1)
+        )
         tr.end_step(
             t0_ns,
             allreduce_s=comm.allreduce_s,
