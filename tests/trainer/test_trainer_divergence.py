@@ -99,3 +99,17 @@ def test_a_non_finite_reduced_slice_and_everything_after_it_is_not_applied():
     assert not np.array_equal(params[:half], before[:half])  # applied before the NaN
     hook.begin_step(0)
     assert hook.nonfinite is None
+
+
+def test_finite_is_exact_even_where_a_float32_sum_overflows():
+    from ringtrain_trainer.reducer.hook import finite
+
+    assert finite(np.full(4, 3e38, np.float32))  # the float32 sum is inf; every value finite
+    assert finite(np.zeros(0, np.float32))
+    for bad in (np.inf, -np.inf, np.nan):
+        a = np.ones(100_000, np.float32)
+        a[77_777] = bad
+        assert not finite(a)
+    a = np.ones(10, np.float32)
+    a[[2, 5]] = np.inf, -np.inf  # inf - inf is nan: still not finite
+    assert not finite(a)

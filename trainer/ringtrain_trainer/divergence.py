@@ -2,8 +2,8 @@
 
 Pipeline position: the step loop (``worker.Trainer``) asks :func:`check_step` after every step's
 reduction, and :func:`check_params` before a checkpoint or an export is written. The per-step
-test itself is in the optimizer hook (``reducer.hook``): one float64 sum per reduced slice, so
-the healthy path allocates nothing and agrees on every worker (the reduced gradient is the same
+test itself is in the optimizer hook (``reducer.hook``): one sum per reduced slice, so the
+healthy path allocates nothing and agrees on every worker (the reduced gradient is the same
 bytes everywhere). Only once something is non-finite does this module look element by element,
 to name the first non-finite tensor.
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from ringtrain.errors import Diverged
 from ringtrain_trainer.model import ModelSpec
+from ringtrain_trainer.reducer.hook import finite
 
 ADVICE = "lower the learning rate, or look for inf/NaN in the data"
 
@@ -65,7 +66,7 @@ def check_params(spec: ModelSpec, params: np.ndarray, where: str, what: str) -> 
     """Before ``what`` (a checkpoint, an export) is written: parameters that became non-finite
     from finite gradients (an overflowing learning rate) are refused, so a good checkpoint is
     never rotated out by a NaN one."""
-    if math.isfinite(np.add.reduce(params, dtype=np.float64)):
+    if finite(params):
         return
     raise Diverged(
         f"{where}: training diverged: the parameter {first_nonfinite(spec, params)} is not "

