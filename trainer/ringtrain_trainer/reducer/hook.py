@@ -11,7 +11,7 @@ is the *reduced* gradient, identical on every worker, so every worker decides th
 first non-finite slice and everything after it in the step is not applied
 (:attr:`OptimizerHook.nonfinite`) and the step loop fails the job. Backward streams the last
 layer first, and a NaN loss makes that layer's gradient NaN, so in practice nothing of such a
-step is applied. Measured on the cnn (347k parameters, batch 64, one core): 90 µs a step, under
+step is applied. Measured on the cnn (347k parameters, batch 64, one core): 120 µs a step, about
 1% of a 10 ms step; with peers it runs on the communication thread, beside backward.
 """
 
@@ -26,10 +26,11 @@ from ringtrain_trainer.optim import Optimizer
 
 
 def finite(a: np.ndarray) -> bool:
-    """Whether every element of ``a`` is finite, allocating nothing: a float32 sum (SIMD, 90 µs
+    """Whether every element of ``a`` is finite, allocating nothing: a float32 sum (SIMD; with the errstate 120 µs
     for the cnn's 347k gradients), confirmed in float64 only when it is not finite, where a sum
     of finite float32 values cannot overflow (160 µs: the exact test, for the rare case)."""
-    return math.isfinite(np.add.reduce(a)) or math.isfinite(np.add.reduce(a, dtype=np.float64))
+    with np.errstate(over="ignore", invalid="ignore"):  # inf - inf, an overflow: answers here
+        return math.isfinite(np.add.reduce(a)) or math.isfinite(np.add.reduce(a, dtype=np.float64))
 
 
 class OptimizerHook:
