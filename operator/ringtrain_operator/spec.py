@@ -23,6 +23,8 @@ import yaml
 from ringtrain import optiongen, options
 from ringtrain.errors import InvalidSpec
 
+from . import limits
+
 GROUP = "ringtrain.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -244,6 +246,7 @@ def load(obj: Mapping[str, Any]) -> Job:
     """Default, validate and convert a TrainingJob object (as from the API or a YAML file)."""
     if not isinstance(obj, Mapping):
         raise InvalidSpec("a TrainingJob must be a mapping, got " + type(obj).__name__)
+    limits.check_depth(obj)
     if obj.get("apiVersion") != API_VERSION or obj.get("kind") != KIND:
         raise InvalidSpec(
             f"apiVersion/kind: expected {API_VERSION}/{KIND}, "
@@ -318,6 +321,7 @@ def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | N
         raise InvalidSpec("spec.replicaSpecs.Worker.replicas: at least one worker is required")
     if trainer is not None:
         _check_trainer_roles(replicas, trainer)
+        limits.check_mounts(replicas, trainer)
     for r in replicas:
         field = f"spec.replicaSpecs.{r.key}"
         if r.role == "chief" and r.replicas > 1:

@@ -71,8 +71,8 @@ print(json.dumps({"verdict": verdict, "seconds": took, "peak_mib": peak}))
         text=True,
         timeout=120,
         env={**os.environ},
-        check=True,
     )
+    assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
 
@@ -153,3 +153,101 @@ def test_a_diverged_worker_fails_the_job_as_training_diverged_with_its_own_words
     assert c["reason"] == status.REASON_DIVERGED == "TrainingDiverged"
     assert said in c["message"] and len(c["message"]) < 700
     assert [(e.type, e.reason) for e in d.events] == [("Warning", "TrainingDiverged")]
+
+
+class JsonKube(FakeKube):
+    """A FakeKube that stores the job as JSON text, as the API server does: a 500-deep object
+    survives it (the C json codec), where FakeKube's own deepcopy would not."""
+
+    def __init__(self, job: dict) -> None:
+        super().__init__({})
+        self.text = json.dumps(job)
+
+    def get_job(self, namespace: str, name: str) -> dict:
+        return {**json.loads(self.text), "status": dict(self.job.get("status") or {})}
+
+
+def nested(depth: int) -> dict:
+    root = cur = {}
+    for _ in range(depth):
+        cur["x"] = {}
+        cur = cur["x"]
+    return root
+
+
+def mounts_job(path: str, **trainer) -> dict:
+    obj = job_obj(trainer={"dataset": "mnist-5k", "checkpoint": {"path": path}, **trainer})
+    return obj
+
+
+def with_template_mount(obj: dict, path: str) -> dict:
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {
+        "spec": {
+            "containers": [
+                {"name": "ringtrain", "volumeMounts": [{"name": "cfg", "mountPath": path}]}
+            ],
+            "volumes": [{"name": "cfg", "emptyDir": {}}],
+        }
+    }
+    return obj
+
+
+def deep_template() -> dict:
+    obj = job_obj()
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {
+        "metadata": {"annotations": {}},
+        "spec": {"containers": [{"name": "ringtrain", "env": [nested(500)]}]},
+    }
+    return obj
+
+
+SETTLES = {
+    "a pod template nested 500 deep": (deep_template, "nested deeper than 64 levels"),
+    "activeDeadlineSeconds 1e14": (
+        lambda: job_obj(run_policy={"activeDeadlineSeconds": 10**14}),
+        "activeDeadlineSeconds",
+    ),
+    "ttlSecondsAfterFinished 1e14": (
+        lambda: job_obj(run_policy={"ttlSecondsAfterFinished": 10**14}),
+        "ttlSecondsAfterFinished",
+    ),
+    "checkpoint.path on /tmp": (lambda: mounts_job("/tmp/"), "operator's /tmp volume"),
+    "checkpoint.path on the token's mount": (
+        lambda: mounts_job("/var/run/ringtrain/ring-token"),
+        "ring token's volume",
+    ),
+    "checkpoint.path on the data mount": (
+        lambda: mounts_job(
+            "/data", data={"volume": {"emptyDir": {}}, "file": "x.npz"}, dataset="fashion-mnist"
+        ),
+        "spec.trainer.data's volume",
+    ),
+    "checkpoint.path on a template's mount": (
+        lambda: with_template_mount(mounts_job("/ckpt"), "/ckpt"),
+        "volume 'cfg' in spec.replicaSpecs.Worker.template",
+    ),
+    "learningRate 1e308": (lambda: job_obj(trainer={"learningRate": 1e308}), "learningRate"),
+    "steps 2^53": (lambda: job_obj(trainer={"steps": 2**53}), "steps"),
+}
+
+
+@pytest.mark.parametrize("case", SETTLES)
+def test_specs_that_looped_the_reconcile_settle_as_invalid_spec_with_one_event(case):
+    """Before: an exception (RecursionError, OverflowError) or a Pod the API server refused,
+    at every reconcile, retried every 5 s forever; or a job that could never end."""
+    make, words = SETTLES[case]
+    with pytest.raises(InvalidSpec, match=words):
+        spec.load(make())
+    kube = JsonKube(make())
+    first = reconcile(kube, "team-a", "mnist", fetch=lambda ip: None)
+    assert kube.job["status"]["state"] == status.FAILED
+    assert [(e.type, e.reason) for e in first.events] == [("Warning", status.REASON_INVALID)]
+    assert kube.objects == {} and first.requeue_after_s is None
+    kube.calls.clear()
+    again = reconcile(kube, "team-a", "mnist", fetch=lambda ip: None)
+    assert kube.calls == [] and again.events == ()
+
+
+def test_a_checkpoint_path_of_its_own_is_accepted():
+    spec.load(with_template_mount(mounts_job("/ckpt"), "/config"))
+    spec.load(mounts_job("/tmp/checkpoints"))  # under another mount is fine: only equal paths
