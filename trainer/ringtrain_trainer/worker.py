@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
 import numpy as np
@@ -25,7 +24,7 @@ import numpy as np
 from ringtrain import events
 from ringtrain.errors import CheckpointError, IPUCompileError
 from ringtrain_trainer import data as data_mod
-from ringtrain_trainer import divergence, keras_model, memory, optim, tensorboard, trace
+from ringtrain_trainer import divergence, keras_model, memory, optim, preflight, tensorboard, trace
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
@@ -86,6 +85,7 @@ class Trainer:
         self.metrics = metrics if metrics is not None else TrainerMetrics()
         self.report = Reporter(cfg.json, out if out is not None else sys.stdout, self.is_chief)
         self.stop_requested = threading.Event()
+        preflight.check_outputs(cfg, self.is_chief)  # before data, compiling and any step
         self._stop_agreed = False
         # refused by arithmetic (budget.check) before anything proportional to its size exists
         per_ipu = max(1, cfg.batch_size // cfg.ipus_per_worker)
@@ -253,9 +253,7 @@ class Trainer:
 
         divergence.check_params(self.spec, self.params, self._where(self.step), "export")
 
-        path = Path(self.cfg.export)
-        if not path.is_absolute():
-            path = Path(self.cfg.checkpoint_dir or ".") / path
+        path = preflight.export_path(self.cfg.export, self.cfg.checkpoint_dir)
         return str(export_state(self.state(loss), path, self.cfg.export_format))
 
     def evaluate(self) -> float:
