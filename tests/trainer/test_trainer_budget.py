@@ -8,7 +8,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from ringtrain.errors import EXIT_PERMANENT
+from ringtrain_trainer import budget, memory
+from ringtrain_trainer import keras_config as K
+from ringtrain_trainer import keras_model as KM
 
 HUGE = {
     "class_name": "Sequential",
@@ -46,3 +51,20 @@ def test_a_worker_refuses_a_huge_inline_model_by_arithmetic_in_little_memory(tmp
     error = json.loads(log.read_text())
     assert error["exit_code"] == EXIT_PERMANENT and "InvalidSpec" in error["error"]
     print(json.dumps({"case": "worker_huge_model_refused", "peak_mib": got["peak_mib"]}))
+
+
+@pytest.mark.parametrize("model", ["cnn", "cnn2", "WIDE", "NARROW"])
+@pytest.mark.parametrize("batch", [1, 8, 64])
+def test_the_budget_never_asks_more_than_the_ipu_plan_so_it_never_refuses_what_compiles(
+    model, batch
+):
+    """The arithmetic is a lower bound of ``memory.plan_memory``: what the budget refuses, the
+    IPU would refuse at compile time too (it only refuses it earlier and without building)."""
+    from test_keras_layers import NARROW, WIDE
+
+    config = {"WIDE": WIDE, "NARROW": NARROW}.get(model) or KM.preset_config(model)
+    spec = KM.from_config(config)
+    plan = memory.plan_memory(spec, batch, True, 4, 1 << 40, 0)
+    need = budget.need_bytes(K.parse(config), batch)
+    assert 0 < need <= plan.total
+    assert need >= plan.weights + plan.gradients  # the parameters are counted exactly

@@ -89,17 +89,25 @@ def costs(cfg: K.ModelConfig) -> list[LayerCost]:
     return out
 
 
+def need_bytes(cfg: K.ModelConfig, batch_per_ipu: int) -> int:
+    """The least a training program of ``cfg`` holds on one IPU: its weights and gradients
+    (float32), the input batch and the largest layer's output for ``batch_per_ipu`` examples.
+    Never more than ``memory.plan_memory``'s total (tests/trainer/test_trainer_budget.py)."""
+    rows = costs(cfg)
+    largest = max((math.prod(r.out_shape) for r in rows), default=0)
+    acts = ITEMSIZE * batch_per_ipu * (math.prod(cfg.input_shape) + largest)
+    return 2 * ITEMSIZE * sum(r.params for r in rows) + acts
+
+
 def check(cfg: K.ModelConfig, capacity_bytes: int, batch_per_ipu: int) -> None:
-    """Refuse, with the numbers, a model that cannot fit one IPU of ``capacity_bytes``: its
-    weights and gradients (float32), the input batch and the largest layer's output for
-    ``batch_per_ipu`` examples — all of which a training program holds at once."""
+    """Refuse, with the numbers, a model whose :func:`need_bytes` exceeds ``capacity_bytes``."""
+    if need_bytes(cfg, batch_per_ipu) <= capacity_bytes:
+        return
     rows = costs(cfg)
     params = sum(r.params for r in rows)
     largest = max((math.prod(r.out_shape) for r in rows), default=0)
     weights = 2 * ITEMSIZE * params
     acts = ITEMSIZE * batch_per_ipu * (math.prod(cfg.input_shape) + largest)
-    if weights + acts <= capacity_bytes:
-        return
     top = sorted(rows, key=lambda r: -r.params)[:2]
     raise InvalidSpec(
         f"model: {weights + acts:,} bytes needed per IPU at least ({params:,} parameters: "
