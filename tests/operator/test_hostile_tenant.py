@@ -20,8 +20,11 @@ from ringtrain.errors import InvalidSpec
 from ringtrain_operator import spec, status
 from ringtrain_operator.reconcile import reconcile
 
-#: the chart's memory limit for the operator is 256Mi; imports alone are ~35 MiB
-PEAK_LIMIT_MIB = 128
+#: the chart's memory limit for the operator is 256Mi
+PEAK_LIMIT_MIB = 256
+#: what checking a hostile model may add to checking the default spec (a preset, no build):
+#: its imports and schema measured 82 MiB alone and 128 MiB beside the trainer tests (cause unknown)
+EXTRA_LIMIT_MIB = 32
 
 
 def sequential(input_shape: list[int], *layers: dict) -> dict:
@@ -82,8 +85,9 @@ def test_a_huge_inline_dense_is_refused_by_arithmetic_with_the_numbers_in_little
     assert got["verdict"] is not None
     assert "spec.trainer.model" in got["verdict"] and "ipuMemoryMB" in got["verdict"]
     assert "7,950,000,000,010 parameters" in got["verdict"]
-    assert got["peak_mib"] < PEAK_LIMIT_MIB, got
-    print(json.dumps({"case": "huge_dense_refused", **got}))
+    base = load_in_a_fresh_process({"dataset": "mnist-5k", "steps": 1})
+    assert got["peak_mib"] < PEAK_LIMIT_MIB and got["peak_mib"] - base["peak_mib"] < EXTRA_LIMIT_MIB
+    print(json.dumps({"case": "huge_dense_refused", "baseline_peak_mib": base["peak_mib"], **got}))
 
 
 def test_the_largest_model_the_budget_admits_is_checked_in_little_memory():
@@ -95,8 +99,11 @@ def test_the_largest_model_the_budget_admits_is_checked_in_little_memory():
         {"model": near, "dataset": "mnist-5k", "steps": 1, "ipuMemoryMB": top, "batchSize": 1}
     )
     assert got["verdict"] is None
-    assert got["peak_mib"] < PEAK_LIMIT_MIB, got
-    print(json.dumps({"case": "largest_admitted_model", **got}))
+    base = load_in_a_fresh_process({"dataset": "mnist-5k", "steps": 1})
+    assert got["peak_mib"] < PEAK_LIMIT_MIB and got["peak_mib"] - base["peak_mib"] < EXTRA_LIMIT_MIB
+    print(
+        json.dumps({"case": "largest_admitted_model", "baseline_peak_mib": base["peak_mib"], **got})
+    )
 
 
 def test_a_model_that_fits_is_accepted_and_one_byte_less_is_refused():
