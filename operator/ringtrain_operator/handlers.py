@@ -70,17 +70,25 @@ async def run_job(
 
 
 def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decision | None:
-    """One reconcile; a failure becomes a decision to retry, with a Warning Event saying why."""
+    """One reconcile; a failure becomes a decision to retry, with a Warning Event saying why.
+    Failures in a row back off (``status.error_retry_s``) and warn less often: never a loop."""
+    key = (namespace, name)
     try:
-        return reconcile(memo.kube, namespace, name, metrics=memo.metrics, network=memo.network)
+        decision = reconcile(memo.kube, namespace, name, metrics=memo.metrics, network=memo.network)
+        memo.failures.pop(key, None)
+        return decision
     except ApiException as e:
-        message = f"reconcile failed, retrying in {status.ERROR_RETRY_S}s: {e.status} {e.reason}"
-        log.warning("%s/%s: %s", namespace, name, message)
-    except Exception:  # a bug must not take the job's daemon (or the operator) down
-        message = f"reconcile crashed, retrying in {status.ERROR_RETRY_S}s"
-        log.exception("%s/%s: %s", namespace, name, message)
+        why, failed = f"{e.status} {e.reason}", "failed"
+    except Exception as e:  # a bug must not take the job's daemon (or the operator) down
+        log.exception("%s/%s: reconcile crashed", namespace, name)
+        why, failed = f"{type(e).__name__}", "crashed"
+    n = memo.failures[key] = memo.failures.get(key, 0) + 1
+    delay = status.error_retry_s(n)
+    message = f"reconcile {failed} ({n} in a row), retrying in {delay:g}s: {why}"
+    log.warning("%s/%s: %s", namespace, name, message)
     warning = status.Event("Warning", status.REASON_RECONCILE_FAILED, message)
-    return status.Decision(status={}, events=(warning,), requeue_after_s=status.ERROR_RETRY_S)
+    events = (warning,) if status.warn_again(n) else ()
+    return status.Decision(status={}, events=events, requeue_after_s=delay)
 
 
 def post(body: kopf.Body, events: tuple[status.Event, ...]) -> None:
@@ -92,6 +100,7 @@ def post(body: kopf.Body, events: tuple[status.Event, ...]) -> None:
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
 async def forget_job(name: str, namespace: str, memo: kopf.Memo, **_) -> None:
     memo.pokes.pop((namespace, name), None)
+    memo.failures.pop((namespace, name), None)
     memo.metrics.forget(namespace, name)
 
 
@@ -119,4 +128,4 @@ async def _wait(poke: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float
 def new_memo(
     kube: Kube, metrics: OperatorMetrics, network: networkpolicy.Settings | None = None
 ) -> kopf.Memo:
-    return kopf.Memo(kube=kube, metrics=metrics, pokes={}, network=network)
+    return kopf.Memo(kube=kube, metrics=metrics, pokes={}, network=network, failures={})

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from ringtrain import errors
+
 from . import restarts
 from .observe import ObservedPod
 from .restarts import describe_exit as _exit
@@ -21,6 +23,7 @@ from .status import (
     REASON_BACKOFF,
     REASON_CREATED,
     REASON_DEADLINE,
+    REASON_DIVERGED,
     REASON_FAILED,
     REASON_RESTARTING,
     REASON_RESUMED,
@@ -98,11 +101,13 @@ def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
         verdict = restarts.judge(replica, p)
         if verdict == "permanent":
             f.status["restarts"] -= sum(q.restarting for q in ordered)  # they will not happen
+            diverged = restarts.exit_code(p) == errors.EXIT_DIVERGED
+            error = restarts.last_error(p) if diverged else ""
             f.finish(
                 False,
-                REASON_FAILED,
+                REASON_DIVERGED if diverged else REASON_FAILED,
                 f"pod {p.name} failed with {_exit(p)}: permanent "
-                f"under restartPolicy {replica.restart_policy}",
+                f"under restartPolicy {replica.restart_policy}" + (f": {error}" if error else ""),
                 seen.live,
             )
             return True

@@ -8,6 +8,8 @@ once restarted, ``lastState.terminated`` — both carry the exit code the polici
 
 from __future__ import annotations
 
+import json
+
 from ringtrain import errors
 
 from .observe import ObservedPod
@@ -29,6 +31,21 @@ def describe_exit(p: ObservedPod) -> str:
     if code is None:
         return f"no exit code ({reason or p.phase})"
     return f"exit code {code}" + (f" ({reason})" if reason else "")
+
+
+#: characters of a worker's error carried into a condition's message
+ERROR_CHARS = 500
+
+
+def last_error(p: ObservedPod) -> str:
+    """The worker's own words for its failure, from its termination log (``{"event":
+    "error", "error": ...}``), or ""; bounded, the log is the container's to write."""
+    try:
+        doc = json.loads(p.termination_message or "")
+    except ValueError:
+        return ""
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return error[:ERROR_CHARS] if isinstance(error, str) else ""
 
 
 def judge(replica: ReplicaSpec, p: ObservedPod) -> str | None:

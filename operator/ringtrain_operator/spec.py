@@ -23,6 +23,8 @@ import yaml
 from ringtrain import optiongen, options
 from ringtrain.errors import InvalidSpec
 
+from . import limits
+
 GROUP = "ringtrain.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -179,11 +181,24 @@ def validate(obj: Mapping[str, Any]) -> None:
     if (
         isinstance(trainer, Mapping)
         and "model" in trainer
-        and (why := model_error(trainer["model"])) is not None
+        and (why := model_error(trainer["model"], _budget(trainer))) is not None
     ):
         errors.append((["spec", "trainer", "model"], f"spec.trainer.model: {why}"))
     if errors:
         raise InvalidSpec("; ".join(message for _, message in sorted(errors)))
+
+
+def _budget(trainer: Mapping[str, Any]) -> tuple[int, int]:
+    """(one IPU's bytes, examples per IPU) for ``budget.check``; the option defaults where a
+    field is invalid (the schema has already named it)."""
+
+    def field(name: str) -> int:
+        v = trainer.get(options.BY_NAME[name].crd)
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        return v if ok else options.DEFAULTS[name]
+
+    per_ipu = max(1, field("batch_size") // field("ipus_per_worker"))
+    return field("ipu_memory_mb") << 20, per_ipu
 
 
 #: Linux's limit on one command-line argument (MAX_ARG_STRLEN), the terminating NUL included:
@@ -191,11 +206,15 @@ def validate(obj: Mapping[str, Any]) -> None:
 MAX_INLINE_MODEL_BYTES = 128 * 1024 - 1
 
 
-def model_error(model: Any) -> str | None:
+def model_error(model: Any, budget: tuple[int, int] | None = None) -> str | None:
     """Why ``spec.trainer.model`` cannot run, or None: a preset or absolute ``.json``/``.keras``
     path (the file itself only the worker can read), or an inline Keras Sequential config,
     parsed and built exactly as the worker will, so an unsupported layer or argument is refused
-    before any pod exists, with the words of ``keras_config``."""
+    before any pod exists, with the words of ``keras_config``. ``budget`` (one IPU's bytes,
+    examples per IPU) refuses a model too large for it by arithmetic, before the build: this
+    runs on every reconcile, inside the operator's memory limit (issue 20); the options'
+    defaults when not given."""
+    budget = budget or _budget({})
     if isinstance(model, str):
         pattern = options.BY_NAME["model"].schema["pattern"]
         if re.match(pattern, model):
@@ -219,10 +238,10 @@ def model_error(model: Any) -> str | None:
             ".json file on a volume and give its path"
         )
     try:
-        keras_model.from_config(dict(model), "inline")
+        keras_model.from_config(dict(model), "inline", budget)
     except InvalidSpec as e:
         return str(e).removeprefix("model: ")
-    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError, ArithmeticError) as e:
         return f"not a Keras model config that model.to_json() writes ({type(e).__name__}: {e})"
     return None
 
@@ -231,6 +250,7 @@ def load(obj: Mapping[str, Any]) -> Job:
     """Default, validate and convert a TrainingJob object (as from the API or a YAML file)."""
     if not isinstance(obj, Mapping):
         raise InvalidSpec("a TrainingJob must be a mapping, got " + type(obj).__name__)
+    limits.check_depth(obj)
     if obj.get("apiVersion") != API_VERSION or obj.get("kind") != KIND:
         raise InvalidSpec(
             f"apiVersion/kind: expected {API_VERSION}/{KIND}, "
@@ -305,6 +325,7 @@ def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | N
         raise InvalidSpec("spec.replicaSpecs.Worker.replicas: at least one worker is required")
     if trainer is not None:
         _check_trainer_roles(replicas, trainer)
+        limits.check_mounts(replicas, trainer)
     for r in replicas:
         field = f"spec.replicaSpecs.{r.key}"
         if r.role == "chief" and r.replicas > 1:

@@ -45,6 +45,8 @@ REASON_RESUMED = "TrainingJobResumed"
 REASON_DEADLINE = "DeadlineExceeded"
 REASON_BACKOFF = "BackoffLimitExceeded"
 REASON_INVALID = "InvalidSpec"
+#: a worker exited EXIT_DIVERGED: a non-finite loss, gradient or parameter (issue 20)
+REASON_DIVERGED = "TrainingDiverged"
 
 PERMANENT_EXIT_CODES = restarts.PERMANENT_EXIT_CODES
 
@@ -59,6 +61,20 @@ REASON_RECONCILE_FAILED = "ReconcileFailed"
 LOOK_AGAIN_S = {CREATED: 5.0, RUNNING: 5.0, RESTARTING: 5.0}
 #: Seconds before a reconcile that failed (an API error, a bug) is tried again.
 ERROR_RETRY_S = 5.0
+#: Consecutive failed reconciles of one job back off, doubling from ERROR_RETRY_S to this: a
+#: job that fails every reconcile the same way (a spec the API server refuses, a bug) costs the
+#: operator and the API server one try in 5 minutes, not one in 5 s forever (issue 20).
+ERROR_RETRY_MAX_S = 300.0
+
+
+def error_retry_s(failures: int) -> float:
+    """The wait after the ``failures``-th failed reconcile in a row: 5, 10, 20 … 300 s."""
+    return min(ERROR_RETRY_S * 2.0 ** min(max(failures, 1) - 1, 16), ERROR_RETRY_MAX_S)
+
+
+def warn_again(failures: int) -> bool:
+    """Post the failure's Warning Event on the 1st, 2nd, 4th, 8th … failure in a row only."""
+    return failures & (failures - 1) == 0
 
 
 @dataclass(frozen=True)

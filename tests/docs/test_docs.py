@@ -90,10 +90,10 @@ def test_every_declared_field_of_the_crd_has_a_row():
     crd = gen.load_crd()
     rows = _rows(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     backoff = rows["spec.runPolicy.backoffLimit"]
-    assert (backoff.type, backoff.default, backoff.allowed) == ("integer", "`6`", "≥ 0")
+    assert (backoff.type, backoff.default, backoff.allowed) == ("integer", "`6`", "0–1000")
     assert backoff.description == "container restarts + pods recreated"
     assert rows["spec.replicaSpecs"].required and rows["spec.replicaSpecs.Worker"].required
-    assert rows["spec.trainer.learningRate"].allowed == "> 0"
+    assert rows["spec.trainer.learningRate"].allowed == "> 0; ≤ 10"
     assert rows["spec.trainer.optimizer"].allowed == "`sgd`, `momentum`, `adam`"
     assert rows["spec.trainer.checkpoint.path"].allowed == "matches `^/`"
     assert rows["status.conditions"].type == "array of object"

@@ -142,3 +142,18 @@ def test_kopf_logs_in_with_the_credentials_the_operator_loaded():
         "s3cret",
     )
     assert info.insecure is False
+
+
+def test_reconcile_failures_in_a_row_back_off_to_five_minutes_and_warn_less_often():
+    """Issue 20: a job whose every reconcile fails was retried every 5 s forever, with an
+    Event each time. Now 5, 10, 20 … 300 s, a Warning on the 1st, 2nd, 4th, 8th … failure;
+    one success resets both."""
+    memo = handlers.new_memo(kube=None, metrics=OperatorMetrics(CollectorRegistry()))
+    got = [handlers.reconcile_once(memo, "ns", "job") for _ in range(10)]
+    assert [d.requeue_after_s for d in got] == [5, 10, 20, 40, 80, 160, 300, 300, 300, 300]
+    assert [bool(d.events) for d in got] == [1, 1, 0, 1, 0, 0, 0, 1, 0, 0]
+    assert "(8 in a row), retrying in 300s: AttributeError" in got[7].events[0].message
+    memo.kube = type("Gone", (), {"get_job": lambda self, ns, name: None})()
+    assert handlers.reconcile_once(memo, "ns", "job") is None  # a success: the count resets
+    memo.kube = None
+    assert handlers.reconcile_once(memo, "ns", "job").requeue_after_s == 5

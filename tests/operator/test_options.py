@@ -81,30 +81,31 @@ def test_crd_default_and_bounds_are_the_tables(o):
         assert getattr(TrainerConfig(), o.name) == o.default
 
 
-#: What the CRD said before it was generated from the table: additions only.
+#: What the CRD said before it was generated from the table: additions only (the maxima on
+#: seed, steps, epochs, intervals and lr: issue 20's bounds on every number).
 PINNED_BOUNDS = {
     "image": (None, False, None),
     "data_dir": (None, False, None),
     "dataset": (None, False, None),
     "model": (None, False, None),
-    "seed": (0, False, None),
-    "steps": (1, False, None),
-    "epochs": (1, False, None),
+    "seed": (0, False, 2**32 - 1),
+    "steps": (1, False, 1 << 24),
+    "epochs": (1, False, 1 << 24),
     "batch_size": (1, False, 65536),
-    "eval_every": (0, False, None),
+    "eval_every": (0, False, 1 << 24),
     "optimizer": (None, False, None),
-    "lr": (0, True, None),
+    "lr": (0, True, 10.0),
     "lr_decay": (0, False, 1),
-    "lr_decay_epochs": (1, False, None),
+    "lr_decay_epochs": (1, False, 1 << 24),
     "ipus_per_worker": (1, False, 64),
-    "ipu_memory_mb": (1, False, 1048576),
+    "ipu_memory_mb": (1, False, 65536),
     "variables_on_host": (None, False, None),
     "bucket_mb": (0.001, False, 4096),
     "ring_transport": (None, False, None),
     "ring_step_timeout_s": (0, True, 86400),
     "ring_connect_timeout_s": (0, True, 86400),
     "checkpoint_dir": (None, False, None),
-    "checkpoint_every": (0, False, None),
+    "checkpoint_every": (0, False, 1 << 24),
     "checkpoint_volume": (None, False, None),
 }
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 EXIT_OK = 0
 #: Bad input the user must fix: spec, TF_CONFIG, flags, data set, model too large for the IPU.
 EXIT_PERMANENT = 2
+#: Training diverged: a non-finite loss, gradient or parameter; permanent (the same data and
+#: settings diverge again), and apart from 2 so that the operator can say so (TrainingDiverged).
+EXIT_DIVERGED = 3
 #: A peer vanished or timed out; recreating the gang and resuming will likely succeed.
 EXIT_RETRYABLE = 138
 #: SIGTERM/SIGINT (128 + 15): stopped from outside, also retryable by the ExitCode policy.
@@ -36,6 +39,13 @@ class CheckpointError(RingtrainError):
 
 class IPUCompileError(RingtrainError):
     """The program does not fit the emulated IPU; the message gives bytes needed and available."""
+
+
+class Diverged(RingtrainError):
+    """A non-finite loss, gradient or parameter; the message names the step, the worker and the
+    first non-finite tensor."""
+
+    exit_code = EXIT_DIVERGED
 
 
 class RingError(RingtrainError):

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+#: Steps, epochs and step intervals at most: the resume broadcast carries the step and epoch
+#: counters as float32, exact up to 2**24 (issue 20: unbounded numbers in a spec).
+MAX_STEPS = 1 << 24
 #: ``Option.crd_default`` when the CRD defaults a field exactly like the worker does.
 SAME = object()
 #: Where a worker without ``--termination-log`` writes its result, when that file is writable.
@@ -240,6 +243,7 @@ GROUPS: tuple[Group, ...] = (
                 0,
                 crd="seed",
                 minimum=0,
+                maximum=2**32 - 1,
                 help="model initialisation and data shuffle seed",
             ),
         ),
@@ -253,6 +257,7 @@ GROUPS: tuple[Group, ...] = (
                 None,
                 crd="steps",
                 minimum=1,
+                maximum=MAX_STEPS,
                 metavar="N",
                 exclusive_with="epochs",
                 help="stop after N optimizer steps",
@@ -264,6 +269,7 @@ GROUPS: tuple[Group, ...] = (
                 None,
                 crd="epochs",
                 minimum=1,
+                maximum=MAX_STEPS,
                 metavar="N",
                 exclusive_with="steps",
                 help="stop after N epochs (default 1)",
@@ -286,6 +292,7 @@ GROUPS: tuple[Group, ...] = (
                 0,
                 crd="evalEvery",
                 minimum=0,
+                maximum=MAX_STEPS,
                 metavar="N",
                 help="steps between evaluations (0: end only)",
                 description="steps between evaluations; 0 = at the end",
@@ -310,6 +317,7 @@ GROUPS: tuple[Group, ...] = (
                 None,
                 crd="learningRate",
                 minimum=0,
+                maximum=10.0,
                 exclusive_minimum=True,
                 metavar="F",
                 help="initial learning rate; replaces the model's (schedule included) "
@@ -334,6 +342,7 @@ GROUPS: tuple[Group, ...] = (
                 None,
                 crd="lrDecayEpochs",
                 minimum=1,
+                maximum=MAX_STEPS,
                 metavar="N",
                 help="epochs between decays (default 1)",
             ),
@@ -359,7 +368,9 @@ GROUPS: tuple[Group, ...] = (
                 900,
                 crd="ipuMemoryMB",
                 minimum=1,
-                maximum=1048576,
+                # 64 GiB, 70x a real IPU's 900 MB: what passes the operator's model budget
+                # (budget.py) builds in under 70 MiB of its memory (issue 20)
+                maximum=65536,
                 metavar="N",
                 help="on-chip memory of each emulated IPU; a model that does not fit fails at "
                 "compile time",
@@ -546,6 +557,7 @@ GROUPS: tuple[Group, ...] = (
                 0,
                 crd="checkpoint.everySteps",
                 minimum=0,
+                maximum=MAX_STEPS,
                 metavar="N",
                 help="steps between checkpoints (0: end only)",
                 description="0 = at the end only",
@@ -556,6 +568,7 @@ GROUPS: tuple[Group, ...] = (
                 3,
                 crd="checkpoint.keep",
                 minimum=1,
+                maximum=1000,
                 metavar="N",
                 help="the newest checkpoints kept; older ones are deleted after each save",
                 description="the newest checkpoints kept in the volume; older ones are deleted "

@@ -242,14 +242,9 @@ def _padding(a: _Args) -> str:
 
 def _pool(a: _Args) -> Pool2D:
     pool = a.pair("pool_size", 2)
-    strides = a.take("strides")
-    strides = (
-        pool
-        if strides is None
-        else (strides, strides)
-        if isinstance(strides, int)
-        else tuple(strides)
-    )
+    # checked like pool_size: a stride of 0 divided by zero at every reconcile (issue 20)
+    strides = pool if a.cfg.get("strides") is None else a.pair("strides", None)
+    a.take("strides")
     spec = Pool2D(a.name, "max" if a.cls == "MaxPooling2D" else "avg", pool, strides, _padding(a))
     a.channels_last()
     a.done("pool_size, strides, padding")

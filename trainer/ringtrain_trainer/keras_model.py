@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import budget as budget_mod
 from ringtrain_trainer import keras_config as K
 from ringtrain_trainer import layers as L
 from ringtrain_trainer.layers.fused import ConvPool, Dense
@@ -341,9 +342,16 @@ def _checked(s, make):
         raise InvalidSpec(f"model: layer {s.name!r} ({_class_name(s)}): {e}") from None
 
 
-def from_config(model: dict, name: str = "keras") -> KerasModel:
-    """A :class:`KerasModel` from a decoded ``model.to_json()`` dict (either Keras format)."""
-    return KerasModel(name, K.parse(model))
+def from_config(
+    model: dict, name: str = "keras", budget: tuple[int, int] | None = None
+) -> KerasModel:
+    """A :class:`KerasModel` from a decoded ``model.to_json()`` dict (either Keras format).
+    ``budget`` (one IPU's bytes, examples per IPU): refuse a model that cannot fit it by
+    arithmetic (``budget.check``) before building anything proportional to its size."""
+    config = K.parse(model)
+    if budget is not None:
+        budget_mod.check(config, *budget)
+    return KerasModel(name, config)
 
 
 def preset_config(name: str) -> dict:
@@ -351,7 +359,9 @@ def preset_config(name: str) -> dict:
     return json.loads(text)
 
 
-def read_keras_archive(path: Path) -> tuple[dict, list[np.ndarray], KerasModel]:
+def read_keras_archive(
+    path: Path, budget: tuple[int, int] | None = None
+) -> tuple[dict, list[np.ndarray], KerasModel]:
     """config, weights in ``get_weights`` order, and the model, from a ``.keras`` zip."""
     import h5py
 
@@ -361,7 +371,7 @@ def read_keras_archive(path: Path) -> tuple[dict, list[np.ndarray], KerasModel]:
             blob = z.read("model.weights.h5")
     except (OSError, KeyError, zipfile.BadZipFile) as e:
         raise InvalidSpec(f"--model {path}: not a Keras .keras archive ({e})") from None
-    spec = from_config(config, str(path))
+    spec = from_config(config, str(path), budget)
     weights = []
     with h5py.File(io.BytesIO(blob), "r") as f:
         for s, group in spec.h5_groups():
@@ -388,22 +398,23 @@ def describe(source: str) -> str:
     return f"inline Keras config {name or 'sequential'!r}"
 
 
-def load(source: str) -> KerasModel:
+def load(source: str, budget: tuple[int, int] | None = None) -> KerasModel:
     """``--model``: a preset name, a ``.json`` file of ``model.to_json()``, a ``.keras``
     file whose weights become the starting point, or ``model.to_json()``'s text itself (how the
     operator passes ``spec.trainer.model`` written inline; a checkpoint records it the same way,
-    so ``ringtrain export`` rebuilds the model from the checkpoint alone)."""
+    so ``ringtrain export`` rebuilds the model from the checkpoint alone). ``budget``: see
+    :func:`from_config`."""
     if source in PRESETS:
-        return from_config(preset_config(source), source)
+        return from_config(preset_config(source), source, budget)
     if source.lstrip().startswith("{"):
         try:
             config = json.loads(source)
         except ValueError as e:
             raise InvalidSpec(f"--model: inline Keras config is not JSON ({e})") from None
-        return from_config(config, "inline")
+        return from_config(config, "inline", budget)
     path = Path(source)
     if path.suffix == ".keras" and path.is_file():
-        _, weights, spec = read_keras_archive(path)
+        _, weights, spec = read_keras_archive(path, budget)
         spec.initial = spec.from_keras_weights(weights)
         return spec
     if path.suffix == ".json" and path.is_file():
@@ -411,7 +422,7 @@ def load(source: str) -> KerasModel:
             config = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise InvalidSpec(f"--model {source}: cannot read a Keras config ({e})") from None
-        return from_config(config, source)
+        return from_config(config, source, budget)
     raise InvalidSpec(
         f"--model: unknown model {source!r} (known: {', '.join(PRESETS)}; "
         "or a path to a .json file of model.to_json() or a .keras file, or "

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
 import numpy as np
@@ -25,15 +24,13 @@ import numpy as np
 from ringtrain import events
 from ringtrain.errors import CheckpointError, IPUCompileError
 from ringtrain_trainer import data as data_mod
-from ringtrain_trainer import memory, optim, tensorboard, trace
-from ringtrain_trainer import model as model_mod
+from ringtrain_trainer import divergence, keras_model, memory, optim, preflight, tensorboard, trace
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import check_model_fit
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
-from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.reducer import Reducer, StepCommStats
 
@@ -88,8 +85,11 @@ class Trainer:
         self.metrics = metrics if metrics is not None else TrainerMetrics()
         self.report = Reporter(cfg.json, out if out is not None else sys.stdout, self.is_chief)
         self.stop_requested = threading.Event()
+        preflight.check_outputs(cfg, self.is_chief)  # before data, compiling and any step
         self._stop_agreed = False
-        self.spec = model_mod.build(cfg.model)
+        # refused by arithmetic (budget.check) before anything proportional to its size exists
+        per_ipu = max(1, cfg.batch_size // cfg.ipus_per_worker)
+        self.spec = keras_model.load(cfg.model, budget=(cfg.ipu_memory_mb * MB, per_ipu))
         self.params = self.spec.init(cfg.seed)
         #: what runs: the model's compile settings, each flag given overriding its part
         self.optimizer_spec = optim.for_run(cfg, self.spec)
@@ -193,9 +193,9 @@ class Trainer:
             if state is not None:
                 if state.model != self.cfg.model or state.params.shape != self.params.shape:
                     raise CheckpointError(
-                        f"{self.ckpt.dir}: checkpoint of model {describe(state.model)} "
+                        f"{self.ckpt.dir}: checkpoint of model {keras_model.describe(state.model)} "
                         f"({state.params.size} params) cannot resume --model "
-                        f"{describe(self.cfg.model)}"
+                        f"{keras_model.describe(self.cfg.model)}"
                     )
                 note = optim.check_resume(
                     self.optimizer_spec, self.optimizer, state, str(self.ckpt.dir)
@@ -248,7 +248,12 @@ class Trainer:
             model_state=self.ipu.state,
         )
 
+    def _where(self, step: int) -> str:
+        return f"step {step} rank {self.rank}"
+
     def save(self, loss: float | None) -> None:
+        # on every worker (the same parameters, the same verdict), before the chief writes
+        divergence.check_params(self.spec, self.params, self._where(self.step), "checkpoint")
         if self.ckpt is None or not self.is_chief:
             return
         with self.tracer.span(trace.CHECKPOINT, "checkpoint"):
@@ -262,9 +267,9 @@ class Trainer:
             return None
         from ringtrain_trainer.export.cli import export_state  # lazily: h5py, onnx
 
-        path = Path(self.cfg.export)
-        if not path.is_absolute():
-            path = Path(self.cfg.checkpoint_dir or ".") / path
+        divergence.check_params(self.spec, self.params, self._where(self.step), "export")
+
+        path = preflight.export_path(self.cfg.export, self.cfg.checkpoint_dir)
         return str(export_state(self.state(loss), path, self.cfg.export_format))
 
     def evaluate(self) -> float:
@@ -314,6 +319,9 @@ class Trainer:
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
         loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad, step=self.step)
         comm = self.reducer.finish()
+        divergence.check_step(
+            self.spec, self.grads, self.reducer.hook.nonfinite, loss, self._where(self.step + 1)
+        )
         tr.end_step(
             t0_ns,
             allreduce_s=comm.allreduce_s,

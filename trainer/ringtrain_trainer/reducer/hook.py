@@ -4,9 +4,20 @@ DDP's ``_hook_then_optimizer`` in one small object: the only place that starts a
 step (``begin_step``, once per training step, before any gradient is final) and applies it
 (``__call__`` on each reduced slice, possibly on the communication thread while backward
 still runs). Slices past the parameters (the stop vote) are ignored.
+
+It is also where a diverged step stops (issue 20): each slice is checked for a non-finite value
+before it is applied, by one sum (:func:`finite`: exact, no allocation). With peers the slice
+is the *reduced* gradient, identical on every worker, so every worker decides the same; the
+first non-finite slice and everything after it in the step is not applied
+(:attr:`OptimizerHook.nonfinite`) and the step loop fails the job. Backward streams the last
+layer first, and a NaN loss makes that layer's gradient NaN, so in practice nothing of such a
+step is applied. Measured on the cnn (347k parameters, batch 64, one core): 120 µs a step, about
+1% of a 10 ms step; with peers it runs on the communication thread, beside backward.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -14,17 +25,31 @@ from ringtrain_trainer import trace
 from ringtrain_trainer.optim import Optimizer
 
 
+def finite(a: np.ndarray) -> bool:
+    """Whether every element of ``a`` is finite, allocating nothing: a float32 sum (SIMD;
+    120 µs for the cnn's 347k gradients, errstate included), confirmed in float64 only when it
+    is not finite, where a sum of finite float32 values cannot overflow (the exact test)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # inf - inf, an overflow: answers here
+        return math.isfinite(np.add.reduce(a)) or math.isfinite(np.add.reduce(a, dtype=np.float64))
+
+
 class OptimizerHook:
     def __init__(self, optimizer: Optimizer, grads: np.ndarray, tracer: trace.Tracer = trace.OFF):
         self.optimizer, self.grads, self.tracer = optimizer, grads, tracer
         self.num_params = optimizer.params.size
+        #: (start, stop) of this step's first slice with a non-finite gradient, or None
+        self.nonfinite: tuple[int, int] | None = None
 
     def begin_step(self, epoch: int) -> None:
+        self.nonfinite = None
         self.optimizer.begin_step(epoch)
 
     def __call__(self, start: int, stop: int) -> None:
         stop = min(stop, self.num_params)
-        if start < stop:
+        if start < stop and self.nonfinite is None:
+            if not finite(self.grads[start:stop]):
+                self.nonfinite = (start, stop)
+                return
             t = self.tracer.now()
             self.optimizer.apply(self.grads, start, stop)
             self.tracer.add(trace.OPTIMIZER, "apply", t, value=stop - start)

@@ -89,6 +89,13 @@ def connect(
         raise InvalidSpec("ring token is empty: set RINGTRAIN_TOKEN_FILE or RINGTRAIN_TOKEN")
     if chunk_bytes < 4:
         raise InvalidSpec(f"chunk_bytes must be at least 4 (one float32), got {chunk_bytes}")
+    from ringtrain_trainer.ring.channels import MAX_MESSAGE_BYTES
+
+    if chunk_bytes > MAX_MESSAGE_BYTES - (64 << 10):
+        raise InvalidSpec(
+            f"chunk_bytes {chunk_bytes} must leave 64 KiB of the largest gRPC message "
+            f"({MAX_MESSAGE_BYTES}) for framing"
+        )
     if encrypt_data and tls is None:
         raise InvalidSpec(
             "--ring-encrypt-data needs the job's TLS material (RINGTRAIN_TLS_DIR or --ring-tls-dir)"

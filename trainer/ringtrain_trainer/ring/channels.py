@@ -16,14 +16,29 @@ import grpc
 
 from ringtrain_trainer.ring import tls
 
-#: Unlimited message sizes and large HTTP/2 windows: data-path chunks are ~1 MiB.
-OPTIONS = [
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
-    ("grpc.http2.bdp_probe", 1),
-    ("grpc.so_reuseport", 0),
-]
+#: The largest gRPC message a ring server or channel takes or sends: above the grpc data
+#: path's chunks (``schedule.DEFAULT_CHUNK_BYTES``, 1 MiB; ``ring.connect`` refuses a chunk
+#: size within 64 KiB of this) and far above the control plane's JSON. gRPC refuses a larger
+#: message (RESOURCE_EXHAUSTED) by its length prefix, before the call's handler or token check
+#: sees it: unlimited, one 1 GiB message on a port that serves without the job's token (Health;
+#: the control port with TLS off) added 1.4 GB to a worker and broke its ring (issue 20).
+MAX_MESSAGE_BYTES = 16 << 20
+#: The health-only port (``--ring-health-port``) takes health checks of a few bytes.
+HEALTH_MAX_MESSAGE_BYTES = 4 << 10
+
+
+def options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """Bounded message sizes and large HTTP/2 windows: data-path chunks are ~1 MiB."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
+        ("grpc.http2.bdp_probe", 1),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+OPTIONS = options()
 
 
 class BindError(OSError):
@@ -31,13 +46,18 @@ class BindError(OSError):
 
 
 def server(
-    port: int, *, host: str = "0.0.0.0", max_workers: int = 12, material: tls.Material | None = None
+    port: int,
+    *,
+    host: str = "0.0.0.0",
+    max_workers: int = 12,
+    material: tls.Material | None = None,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
 ) -> grpc.Server:
     """A gRPC server bound to ``host:port`` but not started (handlers are added first); with
     ``material`` it requires a client certificate of the job's CA."""
     srv = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ring-rpc"),
-        options=OPTIONS,
+        options=options(max_message_bytes),
     )
     bound = tls.serve(srv, f"{host}:{port}", material)
     if not bound:

@@ -98,7 +98,9 @@ class ControlPlane:
         self.health_server = None
         if health_port:
             try:
-                self.health_server = channels.server(health_port, max_workers=2)
+                self.health_server = channels.server(
+                    health_port, max_workers=2, max_message_bytes=channels.HEALTH_MAX_MESSAGE_BYTES
+                )
             except channels.BindError:
                 self.server.stop(None)
                 raise
