@@ -26,6 +26,7 @@ checkpoints and exports carry.
 """
 
 from ringtrain_trainer.layers.base import (
+    Add,
     Dropout,
     Elementwise,
     Layer,
@@ -39,6 +40,7 @@ from ringtrain_trainer.layers.batchnorm import BatchNorm
 from ringtrain_trainer.layers.conv import Conv2D, GlobalAvgPool2D, Pool2D, same_pad
 
 __all__ = [
+    "Add",
     "BatchNorm",
     "Conv2D",
     "Dropout",

@@ -127,6 +127,33 @@ class Elementwise(Layer):
         return dx
 
 
+class Add(Layer):
+    """Keras ``Add``: the element-wise sum of its inputs, all of one shape. Its input gradients
+    are the output's gradient itself, once per input; the Program sums them into whichever
+    tensor is read twice (a residual connection)."""
+
+    def __init__(self, shape, n_inputs: int = 2):
+        self.in_shape = self.out_shape = tuple(shape)
+        self.n_inputs = n_inputs
+
+    def buffers(self, b, train, need_dx):
+        return {"out": ((b, *self.out_shape), "f")}
+
+    def flops(self, b, train, need_dx):
+        return b * math.prod(self.out_shape) * (self.n_inputs - 1)
+
+    def forward(self, ws, *xs):
+        out = ws["out"]
+        np.add(xs[0], xs[1], out=out)
+        for x in xs[2:]:
+            np.add(out, x, out=out)
+        return out
+
+    def backward_iter(self, ws, dout, grads_first=False):
+        yield from ()
+        return (dout,) * self.n_inputs
+
+
 class Linear(Layer):
     """Dense on a flat input, any supported activation, with or without bias."""
 
