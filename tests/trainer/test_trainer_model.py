@@ -24,13 +24,12 @@ def backward(prog, params, grads, on_piece=None):
 
 
 def layer_backward(layer, ws, dout, kernel, dkernel, dbias):
-    """One layer's ``backward_iter`` run to its end; returns the input gradient."""
-    steps = layer.backward_iter(ws, dout, kernel, dkernel, dbias)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+    """One layer's backward as whole products: its local gradient, each weight gradient in one
+    piece, then the input gradient (None without an input-gradient buffer)."""
+    layer.backward_local(ws, dout)
+    layer.backward_weights(ws, dout, "bias", dbias, (0, 1))
+    layer.backward_weights(ws, dout, "kernel", dkernel, (0, dkernel.size // dkernel.shape[-1]))
+    return layer.backward_input(ws, dout, kernel, None) if "dx" in ws else None
 
 
 @pytest.mark.parametrize("name", ["cnn", "cnn2"])

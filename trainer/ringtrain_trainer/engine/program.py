@@ -44,6 +44,19 @@ def _contributions(graph, fanned: set[int]) -> list[list[tuple[int, int, int]]]:
     return plan
 
 
+def _node_pieces(spec) -> list[list[tuple[str, tuple[int, int], tuple[int, int]]]]:
+    """``spec.grad_pieces`` regrouped per node as (parameter, rows of its matrix view, flat
+    range), the form the backward schedule asks each op for."""
+    out: list[list] = [[] for _ in spec.layers]
+    pieces = iter(spec.grad_pieces)
+    for i in spec.graph.backward_order():
+        shapes = {p.name: p.shape for p in spec.layers[i].params(i)}
+        for name, lo, hi in spec.layers[i].grad_plan():
+            row = shapes[name][-1]
+            out[i].append((name, (lo // row, hi // row), next(pieces)))
+    return out
+
+
 def tensor_shapes(spec) -> dict[int, tuple[int, ...]]:
     """Per-example shape of every tensor of ``spec.graph``."""
     graph = spec.graph
@@ -84,7 +97,7 @@ class Program:
         #: this program's copy of the model's non-trainable state (``ModelSpec.state_specs``)
         self.state = spec.init_state(self.dtype) if state is None else state
         state_views = spec.state_views(self.state)
-        #: stream each node's weight gradients before its input gradient (``backward_iter``)
+        #: stream each node's weight gradients before its input gradient (``backward_pieces``)
         self.grads_first = grads_first
         self.ws: list[dict] = []
         for node, layer in zip(graph.nodes, spec.layers, strict=True):
@@ -115,6 +128,8 @@ class Program:
         )
         self._contrib = _contributions(graph, set(self.acc))
         self._grads: dict[int, np.ndarray | None] = dict.fromkeys(graph.tensors)
+        #: per node: (parameter, its rows, the flat range) for each gradient piece it streams
+        self._pieces = _node_pieces(spec)
 
     @staticmethod
     def buffer_bytes(spec, batch: int, train: bool, itemsize: int = 4) -> dict[str, int]:
@@ -188,21 +203,31 @@ class Program:
     ):
         """Generator: backward in reverse topological order, yielding each ``(start, stop)`` of
         ``spec.grad_pieces`` once those gradients are written, so replicas and shards can run
-        in lock step piece by piece."""
+        in lock step piece by piece.
+
+        The order of each node's two halves is decided here, for every op alike. By default
+        the input gradient, which the node below waits for, comes first (the critical path, as
+        frameworks schedule it) — required when the weights are resident on the IPU, because
+        the host optimizer may then update a streamed kernel block at once and nothing may read
+        the kernel after it. ``grads_first`` (weights streamed in, so the optimizer never
+        touches what backward reads) streams the weight gradients first, so the host's
+        allreduce starts earlier and the input gradient hides part of it. Either way the
+        arithmetic is the same."""
         tgrads, nodes, layers = self._grads, self.graph.nodes, self.spec.layers
         tgrads[self.graph.outputs[0]] = self.dlogits
-        pieces = iter(self.spec.grad_pieces)
+        pieces, first = self._pieces, self.grads_first
         for i in self.graph.backward_order():
-            args = {**params[i], **{"d" + k: v for k, v in grads[i].items()}}
-            steps = layers[i].backward_iter(
-                self.ws[i], tgrads[nodes[i].output], grads_first=self.grads_first, **args
-            )
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    self._deliver(i, done.value)
-                    if on_layer is not None:
-                        on_layer(i)
-                    break
-                yield next(pieces)
+            layer, ws, p, dout = layers[i], self.ws[i], params[i], tgrads[nodes[i].output]
+            need_dx = self.spec.need_dx[i]
+            layer.backward_local(ws, dout)
+            if need_dx and not first:
+                dx = layer.backward_input(ws, dout, **p)
+            for name, rows, piece in pieces[i]:
+                layer.backward_weights(ws, dout, name, grads[i][name], rows)
+                yield piece
+            if need_dx:
+                if first:
+                    dx = layer.backward_input(ws, dout, **p)
+                self._deliver(i, dx)
+            if on_layer is not None:
+                on_layer(i)

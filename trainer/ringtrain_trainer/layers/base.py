@@ -69,6 +69,16 @@ class Layer:
     def bind(self, ws: dict, b: int) -> None:
         pass
 
+    def backward_local(self, ws: dict, dout: np.ndarray) -> None:
+        """The gradient through the op's own fused tail (its activation, its pooling) that both
+        :meth:`backward_input` and :meth:`backward_weights` read; run first, once."""
+
+    def backward_weights(self, ws: dict, dout, name: str, grad: np.ndarray, rows) -> None:
+        """Write rows ``rows = (lo, hi)`` of parameter ``name``'s gradient into ``grad`` (the
+        whole parameter's gradient, rows counted on its ``(size // shape[-1], shape[-1])``
+        matrix view). Only layers with parameters are asked."""
+        raise NotImplementedError(f"{type(self).__name__} has no parameters")
+
     def grad_plan(self) -> list[tuple[str, int, int]]:
         return [(p.name, 0, p.size) for p in reversed(self.params(0))]
 
@@ -87,8 +97,7 @@ class Reshape(Layer):
             ws["out"], ws["src"] = x.reshape((x.shape[0], *self.out_shape)), x
         return ws["out"]
 
-    def backward_iter(self, ws, dout, grads_first=False):
-        yield from ()
+    def backward_input(self, ws, dout):
         return dout.reshape((dout.shape[0], *self.in_shape))
 
 
@@ -116,10 +125,7 @@ class Elementwise(Layer):
         act_forward(self.act, out)
         return out
 
-    def backward_iter(self, ws, dout, grads_first=False):
-        yield from ()
-        if "dx" not in ws:
-            return None
+    def backward_input(self, ws, dout):
         dx = ws["dx"]
         act_backward(self.act, ws["out"], dout.reshape(dx.shape), dx)
         if self.scale != 1.0:
@@ -149,8 +155,7 @@ class Add(Layer):
             np.add(out, x, out=out)
         return out
 
-    def backward_iter(self, ws, dout, grads_first=False):
-        yield from ()
+    def backward_input(self, ws, dout):
         return (dout,) * self.n_inputs
 
 
@@ -193,19 +198,19 @@ class Linear(Layer):
         act_forward(self.act, out)
         return out
 
-    def backward_iter(self, ws, dout, kernel, dkernel, bias=None, dbias=None, grads_first=False):
+    def backward_local(self, ws, dout):
         dz = ws["dz"]
         act_backward(self.act, ws["out"], dout.reshape(dz.shape), dz)
-        if dbias is not None:
-            np.matmul(ws["ones"], dz, out=dbias)
-        np.matmul(ws["x"].T, dz, out=dkernel)
-        dx = ws.get("dx")
-        if dx is not None and not grads_first:  # see fused.Dense.backward_iter
-            np.matmul(dz, kernel.T, out=dx)
-        yield from self.grad_plan()
-        if dx is not None and grads_first:
-            np.matmul(dz, kernel.T, out=dx)
-        return dx
+
+    def backward_input(self, ws, dout, kernel, bias=None):
+        return np.matmul(ws["dz"], kernel.T, out=ws["dx"])
+
+    def backward_weights(self, ws, dout, name, grad, rows):
+        if name == "bias":
+            np.matmul(ws["ones"], ws["dz"], out=grad)
+        else:
+            lo, hi = rows
+            np.matmul(ws["x"].T[lo:hi], ws["dz"], out=grad[lo:hi])
 
 
 class Dropout(Layer):
@@ -231,8 +236,7 @@ class Dropout(Layer):
         np.multiply(x, keep, out=ws["out"])
         return ws["out"]
 
-    def backward_iter(self, ws, dout, grads_first=False):
-        yield from ()
+    def backward_input(self, ws, dout):
         if "keep" not in ws or self.rate == 0:
             return dout
         np.multiply(dout.reshape(ws["keep"].shape), ws["keep"], out=ws["dx"])
