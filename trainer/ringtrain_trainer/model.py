@@ -1,13 +1,14 @@
 """The seeds' CNNs with explicit forward and backward passes in numpy (im2col + BLAS).
 
-Pipeline position: :class:`ModelSpec` describes the layers and the *parameter layout*; the
-emulated IPU (``trainer.ipu``) compiles a :class:`Program` — every activation and workspace
-buffer for one batch size, allocated once — and runs it every step.
+Pipeline position: :class:`ModelSpec` describes the layers, the graph that wires them (a chain
+for Keras ``Sequential``) and the *parameter layout*; the emulated IPU (``trainer.ipu``)
+compiles an ``engine.program.Program`` — every activation and workspace buffer for one batch
+size, allocated once — and runs it every step.
 
-Parameter layout: all parameters live in one flat buffer in **reverse layer order** (last layer
-first, bias before kernel), as PyTorch DDP orders its buckets. Backward produces gradients in
-that order, so every group of finished gradients is a contiguous slice of the flat gradient
-buffer that the reducer can hand to the allreduce without copying.
+Parameter layout and streaming grid: ``engine.plan`` (reverse backward order, bias before
+kernel, as PyTorch DDP orders its buckets; row blocks of at most ``GRAD_BLOCK_ELEMS``), so every
+group of finished gradients is a contiguous slice of the flat gradient buffer that the reducer
+can hand to the allreduce without copying.
 
 The layers themselves live in ``layers/``: the fused fast path (``layers.fused``: ConvPool,
 Dense) and the general Keras layers.
@@ -16,47 +17,19 @@ Dense) and the general Keras layers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine import plan
 from ringtrain_trainer.engine.graph import Graph
+from ringtrain_trainer.engine.plan import GRAD_BLOCK_ELEMS
 from ringtrain_trainer.engine.program import Program
+from ringtrain_trainer.engine.tensor import ParamSpec, Slot
 
 __all__ = ["GRAD_BLOCK_ELEMS", "MODELS", "ModelSpec", "ParamSpec", "Program", "Slot", "build"]
 
 MODELS = ("cnn", "cnn2")
-#: weight gradients larger than this (elements) are computed and streamed in row blocks; the
-#: reducer's buckets are cut on the same grid (``ModelSpec.param_pieces``)
-GRAD_BLOCK_ELEMS = 1 << 16
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One trainable tensor: its layer, shape, and Keras' fan-in/fan-out for Glorot init."""
-
-    layer: int
-    name: str
-    shape: tuple[int, ...]
-    fan_in: int
-    fan_out: int
-    glorot: bool
-    #: initialised to ones (BatchNormalization's gamma) rather than Glorot or zeros
-    ones: bool = False
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where a parameter sits in the flat buffer."""
-
-    spec: ParamSpec
-    start: int
-    stop: int
 
 
 class ModelSpec:
@@ -79,40 +52,34 @@ class ModelSpec:
         #: per node: whether it computes an input gradient (not when it reads only the data)
         self.need_dx = [any(self.graph.needs_grad(t) for t in n.inputs) for n in self.graph.nodes]
         backward = self.graph.backward_order()
-        slots: list[Slot] = []
-        offset = 0
-        for li in backward:
-            for p in reversed(layers[li].params(li)):
-                slots.append(Slot(p, offset, offset + p.size))
-                offset += p.size
-        self.slots = slots
-        self.num_params = offset
+        self.slots, self.num_params = plan.layout(
+            backward, [layer.params(i) for i, layer in enumerate(layers)]
+        )
         #: per layer: (start, stop) of its contiguous slice of the flat buffer
         self.layer_ranges = []
+        offset = self.num_params
         for li in range(len(layers)):
-            mine = [s for s in slots if s.spec.layer == li]
+            mine = [s for s in self.slots if s.spec.layer == li]
             self.layer_ranges.append(
                 (min(s.start for s in mine), max(s.stop for s in mine))
                 if mine
                 else (offset, offset)
             )
             offset = self.layer_ranges[-1][0]
-        at = {(s.spec.layer, s.spec.name): s.start for s in slots}
-        #: the gradient pieces backward streams, in order, as (start, stop) of the flat buffer:
-        #: last layer first; within a layer as its ``grad_plan`` says
-        self.grad_pieces = [
-            (at[li, name] + lo, at[li, name] + hi)
-            for li in backward
-            for name, lo, hi in layers[li].grad_plan()
-        ]
+        #: the streamed gradient pieces (``engine.plan.piece_grid``), in the order backward
+        #: writes them: what the Program announces ready, one by one
+        self.pieces = plan.piece_grid(self.slots)
+        #: the same as (start, stop) of the flat buffer
+        self.grad_pieces = [p.range for p in self.pieces]
         #: the same pieces as sizes, grouped by parameter in arrival order: what the reducer
         #: plans its buckets from, so a bucket always ends where a streamed piece ends
         self.param_pieces: list[list[int]] = []
-        for li in backward:
-            names: dict[str, list[int]] = {}
-            for name, lo, hi in layers[li].grad_plan():
-                names.setdefault(name, []).append(hi - lo)
-            self.param_pieces += names.values()
+        last = None
+        for p in self.pieces:
+            if (p.node, p.name) != last:
+                self.param_pieces.append([])
+                last = p.node, p.name
+            self.param_pieces[-1].append(p.stop - p.start)
         #: non-trainable state (BatchNormalization's moving statistics): per layer
         #: (name, size, initial value), laid out in forward layer order; never reduced
         self.state_specs = [getattr(layer, "state_specs", list)() for layer in layers]

@@ -45,15 +45,11 @@ def _contributions(graph, fanned: set[int]) -> list[list[tuple[int, int, int]]]:
 
 
 def _node_pieces(spec) -> list[list[tuple[str, tuple[int, int], tuple[int, int]]]]:
-    """``spec.grad_pieces`` regrouped per node as (parameter, rows of its matrix view, flat
-    range), the form the backward schedule asks each op for."""
+    """The plan's piece grid (``spec.pieces``) regrouped per node as (parameter, rows of its
+    matrix view, flat range): what the backward schedule asks each op for, and announces."""
     out: list[list] = [[] for _ in spec.layers]
-    pieces = iter(spec.grad_pieces)
-    for i in spec.graph.backward_order():
-        shapes = {p.name: p.shape for p in spec.layers[i].params(i)}
-        for name, lo, hi in spec.layers[i].grad_plan():
-            row = shapes[name][-1]
-            out[i].append((name, (lo // row, hi // row), next(pieces)))
+    for p in spec.pieces:
+        out[p.node].append((p.name, p.rows, p.range))
     return out
 
 

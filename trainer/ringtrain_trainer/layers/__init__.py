@@ -4,12 +4,13 @@ Pipeline position: ``keras_model`` turns each validated Keras layer (``keras_con
 of these — or into ``fused.ConvPool`` / ``fused.Dense`` where the fast path fits — and
 ``engine.program.Program`` drives them all through one protocol: ``params(layer)``,
 ``state_specs``, ``buffers(batch, train, need_dx)``, ``flops``, ``bind(ws, batch)``,
-``forward(ws, *inputs, **params)``, ``grad_plan()``, and backward in three parts —
+``forward(ws, *inputs, **params)``, and backward in three parts —
 ``backward_local(ws, dout)`` (the gradient through the op's own activation or pooling, shared
 by the two halves), ``backward_input(ws, dout, **params)`` (the input gradient; one per input
 for a multi-input op such as ``Add``) and ``backward_weights(ws, dout, name, grad, rows)`` (one
-row block of one parameter's gradient). Which half runs first, and when a piece is streamed, is
-the Program's decision, made once for every op. Every buffer is allocated by the Program at
+row block of one parameter's gradient). Which half runs first, how a gradient is cut into
+pieces (``engine.plan``) and when a piece is announced ready is the engine's decision, made once
+for every op. Every buffer is allocated by the Program at
 compile time; a training program is recognised by its training buffers (``dz``, ``mask``, ...),
 so one class serves both kinds of program.
 

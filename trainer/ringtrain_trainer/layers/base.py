@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.model import ParamSpec
+from ringtrain_trainer.engine.tensor import ParamSpec
 
 
 def act_forward(name: str, z: np.ndarray) -> None:
@@ -50,7 +50,7 @@ def act_backward(name: str, y: np.ndarray, dy: np.ndarray, dz: np.ndarray) -> No
 
 
 class Layer:
-    """Defaults for the protocol: no parameters, no state, a whole-tensor gradient plan."""
+    """Defaults for the protocol: no parameters, no state, no fused tail in backward."""
 
     kind = "layer"
     name = ""
@@ -78,9 +78,6 @@ class Layer:
         whole parameter's gradient, rows counted on its ``(size // shape[-1], shape[-1])``
         matrix view). Only layers with parameters are asked."""
         raise NotImplementedError(f"{type(self).__name__} has no parameters")
-
-    def grad_plan(self) -> list[tuple[str, int, int]]:
-        return [(p.name, 0, p.size) for p in reversed(self.params(0))]
 
 
 class Reshape(Layer):

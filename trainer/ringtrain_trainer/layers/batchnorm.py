@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer
-from ringtrain_trainer.model import ParamSpec
 
 
 class BatchNorm(Layer):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer, act_backward, act_forward
-from ringtrain_trainer.model import ParamSpec
 
 
 def same_pad(n: int, k: int, s: int) -> tuple[int, int, int]:

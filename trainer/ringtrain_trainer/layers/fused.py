@@ -2,7 +2,8 @@
 
 Pipeline position: ``keras_model`` uses these where a Keras model fits the fast path (and
 ``model.build_handwritten`` builds the seeds' CNNs from them); the general layers of this package
-serve the rest. Both speak the layer protocol ``model.Program`` drives (see the package docstring).
+serve the rest. Both speak the layer protocol ``engine.program.Program`` drives (see the package
+docstring).
 
 Speed: a conv layer is always followed by a 2x2 max-pool, so :class:`ConvPool` builds its
 im2col matrix in *pool-window-major* order (the four positions of each pooling window are four
@@ -16,10 +17,11 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer.model import GRAD_BLOCK_ELEMS, ParamSpec
+from ringtrain_trainer.engine.tensor import ParamSpec
+from ringtrain_trainer.layers.base import Layer
 
 
-class ConvPool:
+class ConvPool(Layer):
     """Conv2D(k x k, 'valid', no stride) → MaxPool 2x2 (floor) → + bias → ReLU, NHWC."""
 
     kind = "conv"
@@ -116,11 +118,6 @@ class ConvPool:
         np.maximum(out, 0, out=out)
         return out
 
-    def grad_plan(self) -> list[tuple[str, int, int]]:
-        """The gradient pieces backward streams, in order: ``(parameter, first, stop)`` element
-        ranges of that parameter. A conv's gradients are small: bias and kernel once done."""
-        return [("bias", 0, self.cout), ("kernel", 0, self.kk * self.cout)]
-
     def backward_local(self, ws: dict, dout: np.ndarray) -> None:
         """Route each window's gradient to its first maximal position (TensorFlow's tie rule)
         where the ReLU passed it; ``avail`` marks windows not yet claimed. Masks are bool, so
@@ -164,7 +161,7 @@ class ConvPool:
         return dx
 
 
-class Dense:
+class Dense(Layer):
     """x @ W + b, optionally followed by ReLU."""
 
     kind = "dense"
@@ -172,9 +169,6 @@ class Dense:
     def __init__(self, n_in: int, n_out: int, relu: bool):
         self.n_in, self.n_out, self.relu = n_in, n_out, relu
         self.out_shape = (n_out,)
-        # the kernel gradient in about equal row blocks of at most GRAD_BLOCK_ELEMS elements
-        blocks = -(-n_in * n_out // GRAD_BLOCK_ELEMS)
-        self.block_rows = -(-n_in // blocks)
 
     def params(self, layer: int) -> list[ParamSpec]:
         return [
@@ -210,15 +204,6 @@ class Dense:
         if self.relu:
             np.maximum(out, 0, out=out)
         return out
-
-    def grad_plan(self) -> list[tuple[str, int, int]]:
-        """The gradient pieces backward streams, in order: ``(parameter, first, stop)`` element
-        ranges. The bias, then the kernel in row blocks (contiguous in the flat buffer), so
-        the host can reduce the first rows of a large kernel while the rest is computed."""
-        n, r = self.n_out, self.block_rows
-        return [("bias", 0, n)] + [
-            ("kernel", lo * n, min(lo + r, self.n_in) * n) for lo in range(0, self.n_in, r)
-        ]
 
     def backward_local(self, ws: dict, dout: np.ndarray) -> None:
         dz = ws["dz"]
