@@ -79,3 +79,13 @@ def test_the_diamond_plans_its_accumulator_as_workspace():
     train = M.Program.buffer_bytes(spec, 4, True, 8)
     assert train["workspace"] - M.Program.buffer_bytes(spec, 4, False, 8)["workspace"] >= 4 * 6 * 8
     assert not M.Program(spec, 4, False, np.float64).acc
+
+
+def test_the_memory_table_counts_the_accumulator_in_the_producers_row():
+    from ringtrain_trainer.memory import plan_memory
+
+    spec = diamond()
+    plan = plan_memory(spec, 4, True, 8, 1 << 30, 0)
+    assert plan.workspace == M.Program.buffer_bytes(spec, 4, True, 8)["workspace"]
+    evaluation = plan_memory(spec, 4, False, 8, 1 << 30, 0)
+    assert plan.by_layer[0].workspace - evaluation.by_layer[0].workspace >= 4 * 6 * 8

@@ -82,7 +82,7 @@ class ModelSpec:
             self.param_pieces[-1].append(p.stop - p.start)
         #: non-trainable state (BatchNormalization's moving statistics): per layer
         #: (name, size, initial value), laid out in forward layer order; never reduced
-        self.state_specs = [getattr(layer, "state_specs", list)() for layer in layers]
+        self.state_specs = [layer.state_specs() for layer in layers]
         self.state_size = sum(n for specs in self.state_specs for _, n, _ in specs)
 
     def views(self, flat: np.ndarray) -> list[dict[str, np.ndarray]]:

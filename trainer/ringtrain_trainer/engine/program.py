@@ -127,6 +127,11 @@ class Program:
         #: per node: (parameter, its rows, the flat range) for each gradient piece it streams
         self._pieces = _node_pieces(spec)
 
+    @property
+    def output(self) -> np.ndarray:
+        """The graph's output (the logits) as the last forward left it."""
+        return self.tensors[self.graph.outputs[0]]
+
     @staticmethod
     def buffer_bytes(spec, batch: int, train: bool, itemsize: int = 4) -> dict[str, int]:
         """Bytes of activations and workspace this program allocates (the IPU's memory plan)."""
