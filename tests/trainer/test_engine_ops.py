@@ -117,3 +117,16 @@ def test_weight_gradients_in_row_blocks_equal_the_whole(case, rng):
 def test_no_op_decides_streaming():
     """The piece grid is the plan's (``engine.plan``): no op carries a gradient plan."""
     assert not [c.__name__ for c in _registry() if hasattr(c, "grad_plan")]
+
+
+def test_the_gradcheck_helper_catches_a_wrong_gradient(rng):
+    x = rng.normal(size=(3, 2))
+
+    def f():
+        return float(np.sum(x**3))
+
+    gradcheck(f, x, 3 * x**2)
+    with pytest.raises(AssertionError, match=r"disagree at \[\(4, "):
+        gradcheck(f, x, 3 * x**2 + (np.arange(6) == 4).reshape(3, 2), what="cube")
+    with pytest.raises(ValueError, match="float64"):
+        gradcheck(f, x.astype(np.float32), 3 * x**2)
