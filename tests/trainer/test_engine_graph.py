@@ -89,3 +89,24 @@ def test_the_memory_table_counts_the_accumulator_in_the_producers_row():
     assert plan.workspace == M.Program.buffer_bytes(spec, 4, True, 8)["workspace"]
     evaluation = plan_memory(spec, 4, False, 8, 1 << 30, 0)
     assert plan.by_layer[0].workspace - evaluation.by_layer[0].workspace >= 4 * 6 * 8
+
+
+def test_the_ipu_runs_a_graph_in_shards_and_replicas_like_one_program(rng):
+    """Accumulators per shard: 2 replicas x 2 host threads give one program's gradient."""
+    from ringtrain_trainer.ipu import IPU, IPUConfig
+
+    spec = diamond()
+    x = rng.normal(size=(8, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 8)
+    ipus = []
+    for replicas, threads in ((1, 1), (2, 2)):
+        params = spec.init(1)
+        ipu = IPU(spec, IPUConfig(replicas=replicas, host_threads=threads), params, 0 * params)
+        ipu.train_step(ipu.compile(8), x, y)
+        ipus.append(ipu)
+    np.testing.assert_allclose(ipus[1].host_grads, ipus[0].host_grads, rtol=1e-5, atol=1e-7)
+    accuracy = ipus[0].evaluate(x, y, batch=4)
+    logits = ipus[0].compile(4, train=False).programs[0].output
+    assert logits.shape == (4, 3) and 0 <= accuracy <= 1
+    for ipu in ipus:
+        ipu.close()
