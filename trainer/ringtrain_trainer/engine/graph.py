@@ -12,6 +12,7 @@ time a node runs backward every consumer of its output has already contributed i
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 
@@ -67,8 +68,6 @@ class Graph:
 
     def _toposort(self) -> list[int]:
         """Kahn's algorithm, always taking the lowest ready node index: a chain keeps its order."""
-        import heapq
-
         waiting = {n.index: len({t for t in n.inputs if t in self.producer}) for n in self.nodes}
         readers: dict[int, list[int]] = {}
         for n in self.nodes:
