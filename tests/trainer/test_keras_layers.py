@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from support.gradcheck import check_model
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import keras_config as K
@@ -92,17 +93,7 @@ def fd_check(spec, rng, batch=3, dtype=np.float64, samples=10, grads_first=False
     loss()
     for _ in prog.backward_pieces(views, gviews):  # the production path, drained
         pass
-    for slot in spec.slots:
-        n = slot.stop - slot.start
-        for i in rng.choice(np.arange(slot.start, slot.stop), min(samples, n), replace=False):
-            old, eps = flat[i], 1e-6
-            flat[i] = old + eps
-            up = loss()
-            flat[i] = old - eps
-            down = loss()
-            flat[i] = old
-            fd = (up - down) / (2 * eps)
-            assert abs(fd - grad[i]) <= 1e-6 + 1e-4 * abs(fd), (slot.spec, i, fd, grad[i])
+    check_model(spec, flat, grad, loss, rng, samples)
 
 
 @pytest.mark.parametrize("grads_first", [False, True])

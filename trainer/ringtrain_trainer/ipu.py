@@ -181,7 +181,7 @@ class IPU:
             )
         # the most host threads (at most host_threads) that split each IPU's batch evenly
         t = max(d for d in range(1, min(self.host_threads, per_ipu) + 1) if per_ipu % d == 0)
-        if any(getattr(layer, "batch_coupled", False) for layer in self.spec.layers):
+        if any(layer.batch_coupled for layer in self.spec.layers):
             t = 1  # batch statistics are over the replica's whole batch, never a shard's
         shards = r * t
         # weights streamed in: the host optimizer never touches what backward reads, so each
@@ -373,7 +373,7 @@ class IPU:
             for i, p in enumerate(exe.programs):
                 lo, hi = i * per, min(n, (i + 1) * per)
                 if hi > lo:
-                    pred = np.argmax(p.ws[-1]["out"][: hi - lo], axis=1)
+                    pred = np.argmax(p.output[: hi - lo], axis=1)
                     correct += int(np.count_nonzero(pred == labels[s + lo : s + hi]))
         return correct / max(1, len(labels))
 

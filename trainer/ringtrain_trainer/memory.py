@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from ringtrain_trainer.engine.program import accumulators
+
 #: the kinds of device memory, in the order the report, the metric and the panel use
 KINDS = ("weights", "gradients", "activations", "workspace", "data", "optimizer_state")
 #: rows of the per-layer table that belong to no layer: the input batch and labels, the loss
@@ -82,10 +84,15 @@ def plan_memory(
     rows, n_params = [], max(1, spec.num_params)
     state = optimizer_state_bytes if train else 0
     given = seen = 0
+    acc = accumulators(spec) if train else {}
     for i, layer in enumerate(spec.layers):
         lo, hi = spec.layer_ranges[i]
         acts = work = 0
-        for key, (shape, t) in layer.buffers(batch, train, need_dx=i > 0).items():
+        # the gradient accumulator of this layer's output, when several nodes read it
+        out = acc.get(spec.graph.nodes[i].output)
+        if out is not None:
+            work += batch * math.prod(out) * itemsize
+        for key, (shape, t) in layer.buffers(batch, train, need_dx=spec.need_dx[i]).items():
             n = math.prod(shape) * (itemsize if t == "f" else 1)
             if key in _ACTIVATIONS:
                 acts += n
@@ -97,7 +104,7 @@ def plan_memory(
         w = (hi - lo) * itemsize
         rows.append(
             LayerMemory(
-                getattr(layer, "name", "") or f"layer {i}",
+                layer.name or f"layer {i}",
                 w,
                 w if train else 0,
                 acts,

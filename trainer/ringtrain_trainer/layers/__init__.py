@@ -2,12 +2,17 @@
 
 Pipeline position: ``keras_model`` turns each validated Keras layer (``keras_config``) into one
 of these — or into ``fused.ConvPool`` / ``fused.Dense`` where the fast path fits — and
-``model.Program`` drives them all through one protocol: ``params(layer)``, ``state_specs``,
-``buffers(batch, train, need_dx)``, ``flops``, ``bind(ws, batch)``, ``forward(ws, x, **params)``,
-``grad_plan()`` and ``backward_iter(ws, dout, grads_first=False, **params_and_grads)``, a
-generator that yields each ``grad_plan`` piece once written and returns the input gradient.
-Every buffer is allocated by the Program at compile time; a training program is recognised by
-its training buffers (``dz``, ``mask``, ...), so one class serves both kinds of program.
+``engine.program.Program`` drives them all through one protocol: ``params(layer)``,
+``state_specs``, ``buffers(batch, train, need_dx)``, ``flops``, ``bind(ws, batch)``,
+``forward(ws, *inputs, **params)``, and backward in three parts —
+``backward_local(ws, dout)`` (the gradient through the op's own activation or pooling, shared
+by the two halves), ``backward_input(ws, dout, **params)`` (the input gradient; one per input
+for a multi-input op such as ``Add``) and ``backward_weights(ws, dout, name, grad, rows)`` (one
+row block of one parameter's gradient). Which half runs first, how a gradient is cut into
+pieces (``engine.plan``) and when a piece is announced ready is the engine's decision, made once
+for every op. Every buffer is allocated by the Program at
+compile time; a training program is recognised by its training buffers (``dz``, ``mask``, ...),
+so one class serves both kinds of program.
 
 Dropout is deterministic: the mask of example ``e`` of the *global* batch (all workers, in
 rank order) at step ``s`` comes from a Philox stream keyed by (``--seed``, layer) at counter
@@ -26,6 +31,7 @@ checkpoints and exports carry.
 """
 
 from ringtrain_trainer.layers.base import (
+    Add,
     Dropout,
     Elementwise,
     Layer,
@@ -39,6 +45,7 @@ from ringtrain_trainer.layers.batchnorm import BatchNorm
 from ringtrain_trainer.layers.conv import Conv2D, GlobalAvgPool2D, Pool2D, same_pad
 
 __all__ = [
+    "Add",
     "BatchNorm",
     "Conv2D",
     "Dropout",

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.model import ParamSpec
+from ringtrain_trainer.engine.tensor import ParamSpec
 
 
 def act_forward(name: str, z: np.ndarray) -> None:
@@ -50,7 +50,7 @@ def act_backward(name: str, y: np.ndarray, dy: np.ndarray, dz: np.ndarray) -> No
 
 
 class Layer:
-    """Defaults for the protocol: no parameters, no state, a whole-tensor gradient plan."""
+    """Defaults for the protocol: no parameters, no state, no fused tail in backward."""
 
     kind = "layer"
     name = ""
@@ -69,8 +69,15 @@ class Layer:
     def bind(self, ws: dict, b: int) -> None:
         pass
 
-    def grad_plan(self) -> list[tuple[str, int, int]]:
-        return [(p.name, 0, p.size) for p in reversed(self.params(0))]
+    def backward_local(self, ws: dict, dout: np.ndarray) -> None:
+        """The gradient through the op's own fused tail (its activation, its pooling) that both
+        :meth:`backward_input` and :meth:`backward_weights` read; run first, once."""
+
+    def backward_weights(self, ws: dict, dout, name: str, grad: np.ndarray, rows) -> None:
+        """Write rows ``rows = (lo, hi)`` of parameter ``name``'s gradient into ``grad`` (the
+        whole parameter's gradient, rows counted on its ``(size // shape[-1], shape[-1])``
+        matrix view). Only layers with parameters are asked."""
+        raise NotImplementedError(f"{type(self).__name__} has no parameters")
 
 
 class Reshape(Layer):
@@ -87,8 +94,7 @@ class Reshape(Layer):
             ws["out"], ws["src"] = x.reshape((x.shape[0], *self.out_shape)), x
         return ws["out"]
 
-    def backward_iter(self, ws, dout, grads_first=False):
-        yield from ()
+    def backward_input(self, ws, dout):
         return dout.reshape((dout.shape[0], *self.in_shape))
 
 
@@ -116,15 +122,38 @@ class Elementwise(Layer):
         act_forward(self.act, out)
         return out
 
-    def backward_iter(self, ws, dout, grads_first=False):
-        yield from ()
-        if "dx" not in ws:
-            return None
+    def backward_input(self, ws, dout):
         dx = ws["dx"]
         act_backward(self.act, ws["out"], dout.reshape(dx.shape), dx)
         if self.scale != 1.0:
             np.multiply(dx, dx.dtype.type(self.scale), out=dx)
         return dx
+
+
+class Add(Layer):
+    """Keras ``Add``: the element-wise sum of its inputs, all of one shape. Its input gradients
+    are the output's gradient itself, once per input; the Program sums them into whichever
+    tensor is read twice (a residual connection)."""
+
+    def __init__(self, shape, n_inputs: int = 2):
+        self.in_shape = self.out_shape = tuple(shape)
+        self.n_inputs = n_inputs
+
+    def buffers(self, b, train, need_dx):
+        return {"out": ((b, *self.out_shape), "f")}
+
+    def flops(self, b, train, need_dx):
+        return b * math.prod(self.out_shape) * (self.n_inputs - 1)
+
+    def forward(self, ws, *xs):
+        out = ws["out"]
+        np.add(xs[0], xs[1], out=out)
+        for x in xs[2:]:
+            np.add(out, x, out=out)
+        return out
+
+    def backward_input(self, ws, dout):
+        return (dout,) * self.n_inputs
 
 
 class Linear(Layer):
@@ -166,19 +195,19 @@ class Linear(Layer):
         act_forward(self.act, out)
         return out
 
-    def backward_iter(self, ws, dout, kernel, dkernel, bias=None, dbias=None, grads_first=False):
+    def backward_local(self, ws, dout):
         dz = ws["dz"]
         act_backward(self.act, ws["out"], dout.reshape(dz.shape), dz)
-        if dbias is not None:
-            np.matmul(ws["ones"], dz, out=dbias)
-        np.matmul(ws["x"].T, dz, out=dkernel)
-        dx = ws.get("dx")
-        if dx is not None and not grads_first:  # see fused.Dense.backward_iter
-            np.matmul(dz, kernel.T, out=dx)
-        yield from self.grad_plan()
-        if dx is not None and grads_first:
-            np.matmul(dz, kernel.T, out=dx)
-        return dx
+
+    def backward_input(self, ws, dout, kernel, bias=None):
+        return np.matmul(ws["dz"], kernel.T, out=ws["dx"])
+
+    def backward_weights(self, ws, dout, name, grad, rows):
+        if name == "bias":
+            np.matmul(ws["ones"], ws["dz"], out=grad)
+        else:
+            lo, hi = rows
+            np.matmul(ws["x"].T[lo:hi], ws["dz"], out=grad[lo:hi])
 
 
 class Dropout(Layer):
@@ -204,8 +233,7 @@ class Dropout(Layer):
         np.multiply(x, keep, out=ws["out"])
         return ws["out"]
 
-    def backward_iter(self, ws, dout, grads_first=False):
-        yield from ()
+    def backward_input(self, ws, dout):
         if "keep" not in ws or self.rate == 0:
             return dout
         np.multiply(dout.reshape(ws["keep"].shape), ws["keep"], out=ws["dx"])

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer
-from ringtrain_trainer.model import ParamSpec
 
 
 class BatchNorm(Layer):
@@ -82,27 +82,20 @@ class BatchNorm(Layer):
             np.add(out, beta, out=out)
         return out
 
-    def backward_iter(
-        self, ws, dout, gamma=None, dgamma=None, beta=None, dbeta=None, grads_first=False
-    ):
+    def backward_weights(self, ws, dout, name, grad, rows):
+        xhat = ws["xhat"]
+        dy = dout.reshape(xhat.shape)
+        axes = tuple(range(dy.ndim - 1))
+        if name == "beta":
+            np.sum(dy, axis=axes, out=grad)
+        else:  # gamma
+            np.multiply(dy, xhat, out=ws["dxhat"])
+            np.sum(ws["dxhat"], axis=axes, out=grad)
+
+    def backward_input(self, ws, dout, gamma=None, beta=None):
         xhat, dxhat = ws["xhat"], ws["dxhat"]
         dy = dout.reshape(xhat.shape)
         axes = tuple(range(dy.ndim - 1))
-        if dbeta is not None:
-            np.sum(dy, axis=axes, out=dbeta)
-        if dgamma is not None:
-            np.multiply(dy, xhat, out=dxhat)
-            np.sum(dxhat, axis=axes, out=dgamma)
-        dx = None if grads_first else self._input_grad(ws, dy, gamma)
-        yield from self.grad_plan()
-        return self._input_grad(ws, dy, gamma) if grads_first else dx
-
-    def _input_grad(self, ws, dy, gamma):
-        """Before the pieces unless ``grads_first`` (a resident gamma may be updated at once)."""
-        xhat, dxhat = ws["xhat"], ws["dxhat"]
-        axes = tuple(range(dy.ndim - 1))
-        if "dx" not in ws:
-            return None
         n = dy.size // self.c
         if gamma is not None:
             np.multiply(dy, gamma, out=dxhat)

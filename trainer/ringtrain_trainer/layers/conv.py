@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer, act_backward, act_forward
-from ringtrain_trainer.model import ParamSpec
 
 
 def same_pad(n: int, k: int, s: int) -> tuple[int, int, int]:
@@ -103,6 +103,7 @@ class Conv2D(Windows):
     def bind(self, ws, b):
         if "ones" in ws:
             ws["ones"].fill(1)
+            ws["dz2"] = ws["dz"].reshape(-1, self.cout)
         ws["cols6"] = ws["cols"].reshape(b, self.ho, self.wo, *self.k, self.cin)
         ws["out2"] = ws["out"].reshape(-1, self.cout)
         if "dxp" in ws:
@@ -123,23 +124,20 @@ class Conv2D(Windows):
         act_forward(self.act, out)
         return ws["out"]
 
-    def backward_iter(self, ws, dout, kernel, dkernel, bias=None, dbias=None, grads_first=False):
+    def backward_local(self, ws, dout):
         dz = ws["dz"]
         act_backward(self.act, ws["out"], dout.reshape(dz.shape), dz)
-        dz2 = dz.reshape(-1, self.cout)
-        if dbias is not None:
-            np.matmul(ws["ones"], dz2, out=dbias)
-        np.matmul(ws["cols"].T, dz2, out=dkernel.reshape(self.kk, self.cout))
-        dx = None if grads_first else self._input_grad(ws, dz2, kernel)
-        yield from self.grad_plan()
-        return self._input_grad(ws, dz2, kernel) if grads_first else dx
 
-    def _input_grad(self, ws, dz2, kernel):
-        """Before the pieces are yielded unless ``grads_first``: a resident kernel may be
-        updated as soon as its gradient is streamed (see ``fused.Dense.backward_iter``)."""
-        if "dxp" not in ws:
-            return None
-        np.matmul(dz2, kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])
+    def backward_weights(self, ws, dout, name, grad, rows):
+        if name == "bias":
+            np.matmul(ws["ones"], ws["dz2"], out=grad)
+        else:
+            lo, hi = rows
+            g = grad.reshape(self.kk, self.cout)
+            np.matmul(ws["cols"].T[lo:hi], ws["dz2"], out=g[lo:hi])
+
+    def backward_input(self, ws, dout, kernel, bias=None):
+        np.matmul(ws["dz2"], kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])
         ws["dxp"].fill(0)
         self._scatter(ws["dxp"], ws["dcols6"])
         return ws["dx"]
@@ -189,10 +187,7 @@ class Pool2D(Windows):
             np.divide(out, ws["count"], out=out)
         return out
 
-    def backward_iter(self, ws, dout, grads_first=False):
-        if "dxp" not in ws:
-            return None
-        yield from ()
+    def backward_input(self, ws, dout):
         dxp, g = ws["dxp"], ws["g"]
         dxp.fill(0)
         b = dout.shape[0]
@@ -234,9 +229,6 @@ class GlobalAvgPool2D(Layer):
         np.mean(x, axis=(1, 2), out=ws["out"])
         return ws["out"]
 
-    def backward_iter(self, ws, dout, grads_first=False):
-        yield from ()
-        if "dx" not in ws:
-            return None
+    def backward_input(self, ws, dout):
         np.multiply(dout.reshape(-1, 1, 1, self.out_shape[0]), 1.0 / self.n, out=ws["dx"])
         return ws["dx"]

@@ -2,7 +2,8 @@
 
 Pipeline position: ``keras_model`` uses these where a Keras model fits the fast path (and
 ``model.build_handwritten`` builds the seeds' CNNs from them); the general layers of this package
-serve the rest. Both speak the layer protocol ``model.Program`` drives (see the package docstring).
+serve the rest. Both speak the layer protocol ``engine.program.Program`` drives (see the package
+docstring).
 
 Speed: a conv layer is always followed by a 2x2 max-pool, so :class:`ConvPool` builds its
 im2col matrix in *pool-window-major* order (the four positions of each pooling window are four
@@ -16,10 +17,11 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer.model import GRAD_BLOCK_ELEMS, ParamSpec
+from ringtrain_trainer.engine.tensor import ParamSpec
+from ringtrain_trainer.layers.base import Layer
 
 
-class ConvPool:
+class ConvPool(Layer):
     """Conv2D(k x k, 'valid', no stride) → MaxPool 2x2 (floor) → + bias → ReLU, NHWC."""
 
     kind = "conv"
@@ -116,38 +118,10 @@ class ConvPool:
         np.maximum(out, 0, out=out)
         return out
 
-    def grad_plan(self) -> list[tuple[str, int, int]]:
-        """The gradient pieces backward streams, in order: ``(parameter, first, stop)`` element
-        ranges of that parameter. A conv's gradients are small: bias and kernel once done."""
-        return [("bias", 0, self.cout), ("kernel", 0, self.kk * self.cout)]
-
-    def backward_iter(
-        self,
-        ws: dict,
-        dout: np.ndarray,
-        kernel: np.ndarray,
-        dkernel: np.ndarray,
-        dbias: np.ndarray,
-        grads_first: bool = False,
-        **_,
-    ):
-        """Generator: backward, yielding each piece of :meth:`grad_plan` once it is written;
-        returns the input gradient (None for the first layer). See :meth:`Dense.backward_iter`
-        for ``grads_first``."""
-        self._weight_grads(ws, dout, dkernel, dbias)
-        if grads_first:
-            yield from self.grad_plan()
-        dx = self._input_grad(ws, kernel) if "dx" in ws else None
-        if not grads_first:
-            yield from self.grad_plan()
-        return dx
-
-    def _weight_grads(
-        self, ws: dict, dout: np.ndarray, dkernel: np.ndarray, dbias: np.ndarray
-    ) -> None:
-        # Route each window's gradient to its first maximal position (TensorFlow's tie rule)
-        # where the ReLU passed it; ``avail`` marks windows not yet claimed. Masks are bool,
-        # so the only float passes are the four products.
+    def backward_local(self, ws: dict, dout: np.ndarray) -> None:
+        """Route each window's gradient to its first maximal position (TensorFlow's tie rule)
+        where the ReLU passed it; ``avail`` marks windows not yet claimed. Masks are bool, so
+        the only float passes are the four products."""
         c4, d4, pooled = ws["conv4"], ws["dconv4"], ws["pooled"]
         avail, eq = ws["mask"], ws["eq"]
         d = dout.reshape(pooled.shape)
@@ -158,11 +132,21 @@ class ConvPool:
             np.multiply(d, eq, out=d4[k])
             np.logical_xor(avail, eq, out=avail)
         np.multiply(d, avail, out=d4[3])
-        # a column sum as a matrix-vector product: BLAS is ~10x faster than add.reduce here
-        np.matmul(ws["ones"], ws["dconv"], out=dbias)
-        np.matmul(ws["A"].T, ws["dconv"], out=dkernel.reshape(self.kk, self.cout))
 
-    def _input_grad(self, ws: dict, kernel: np.ndarray) -> np.ndarray:
+    def backward_weights(
+        self, ws: dict, dout: np.ndarray, name: str, grad: np.ndarray, rows: tuple[int, int]
+    ) -> None:
+        if name == "bias":
+            # a column sum as a matrix-vector product: BLAS is ~10x faster than add.reduce here
+            np.matmul(ws["ones"], ws["dconv"], out=grad)
+        else:
+            lo, hi = rows
+            g = grad.reshape(self.kk, self.cout)
+            np.matmul(ws["A"].T[lo:hi], ws["dconv"], out=g[lo:hi])
+
+    def backward_input(
+        self, ws: dict, dout: np.ndarray, kernel: np.ndarray, bias: np.ndarray
+    ) -> np.ndarray:
         np.matmul(ws["dconv"], kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])
         dx, dc = ws["dx"], ws["dcols8"]
         dx.fill(0)
@@ -177,7 +161,7 @@ class ConvPool:
         return dx
 
 
-class Dense:
+class Dense(Layer):
     """x @ W + b, optionally followed by ReLU."""
 
     kind = "dense"
@@ -185,9 +169,6 @@ class Dense:
     def __init__(self, n_in: int, n_out: int, relu: bool):
         self.n_in, self.n_out, self.relu = n_in, n_out, relu
         self.out_shape = (n_out,)
-        # the kernel gradient in about equal row blocks of at most GRAD_BLOCK_ELEMS elements
-        blocks = -(-n_in * n_out // GRAD_BLOCK_ELEMS)
-        self.block_rows = -(-n_in // blocks)
 
     def params(self, layer: int) -> list[ParamSpec]:
         return [
@@ -224,53 +205,26 @@ class Dense:
             np.maximum(out, 0, out=out)
         return out
 
-    def grad_plan(self) -> list[tuple[str, int, int]]:
-        """The gradient pieces backward streams, in order: ``(parameter, first, stop)`` element
-        ranges. The bias, then the kernel in row blocks (contiguous in the flat buffer), so
-        the host can reduce the first rows of a large kernel while the rest is computed."""
-        n, r = self.n_out, self.block_rows
-        return [("bias", 0, n)] + [
-            ("kernel", lo * n, min(lo + r, self.n_in) * n) for lo in range(0, self.n_in, r)
-        ]
-
-    def backward_iter(
-        self,
-        ws: dict,
-        dout: np.ndarray,
-        kernel: np.ndarray,
-        dkernel: np.ndarray,
-        dbias: np.ndarray,
-        grads_first: bool = False,
-        **_,
-    ):
-        """Generator: backward, yielding each piece of :meth:`grad_plan` once it is written;
-        returns the input gradient (None for the first layer).
-
-        By default the input gradient, which the layer below waits for, comes first (the
-        critical path, as frameworks schedule it) — required when the weights are resident on
-        the IPU, because the host optimizer may then update a streamed kernel block at once
-        and nothing may read the kernel after it. ``grads_first`` (weights streamed in, so the
-        optimizer never touches what backward reads) streams the weight gradients first, so
-        the host's allreduce starts earlier and the input gradient hides part of it. Either
-        way the arithmetic is the same: each block ``dW[rows] = x[:, rows]^T dz`` is the same
-        dot products as the whole product."""
+    def backward_local(self, ws: dict, dout: np.ndarray) -> None:
         dz = ws["dz"]
         if self.relu:
             np.greater(ws["out"], 0, out=ws["mask"])
             np.multiply(dout, ws["mask"], out=dz)
         else:
             np.copyto(dz, dout)
-        np.matmul(ws["ones"], dz, out=dbias)
-        dx = ws.get("dx")
-        if dx is not None and not grads_first:
-            np.matmul(dz, kernel.T, out=dx)
-        pieces = self.grad_plan()
-        yield pieces[0]
-        xt, n = ws["x"].T, self.n_out
-        for piece in pieces[1:]:
-            lo, hi = piece[1] // n, piece[2] // n
-            np.matmul(xt[lo:hi], dz, out=dkernel[lo:hi])
-            yield piece
-        if dx is not None and grads_first:
-            np.matmul(dz, kernel.T, out=dx)
-        return dx
+
+    def backward_input(
+        self, ws: dict, dout: np.ndarray, kernel: np.ndarray, bias: np.ndarray
+    ) -> np.ndarray:
+        return np.matmul(ws["dz"], kernel.T, out=ws["dx"])
+
+    def backward_weights(
+        self, ws: dict, dout: np.ndarray, name: str, grad: np.ndarray, rows: tuple[int, int]
+    ) -> None:
+        """A row block ``dW[rows] = x[:, rows]^T dz`` is the same dot products as the whole
+        product, so streaming the kernel in blocks changes no bit of it."""
+        if name == "bias":
+            np.matmul(ws["ones"], ws["dz"], out=grad)
+        else:
+            lo, hi = rows
+            np.matmul(ws["x"].T[lo:hi], ws["dz"], out=grad[lo:hi])

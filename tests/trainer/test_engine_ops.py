@@ -1,0 +1,132 @@
+"""Every op of the engine against finite differences, through the op protocol itself:
+``forward``, ``backward_local``, ``backward_input`` and ``backward_weights`` (whole and in row
+blocks), with one shared helper (``support.gradcheck``). A new op joins by adding a case here;
+the registry test fails until it does."""
+
+import inspect
+import itertools
+import math
+
+import numpy as np
+import pytest
+from support.gradcheck import gradcheck
+
+from ringtrain_trainer import layers as L
+from ringtrain_trainer.layers import fused
+
+B = 3
+
+
+def _registry() -> set[type]:
+    """Every op class the engine ships: the general layers and the fused fast path."""
+    mods = [L, fused]
+    return {
+        c
+        for m in mods
+        for _, c in inspect.getmembers(m, inspect.isclass)
+        if hasattr(c, "forward") and c.__module__.startswith("ringtrain_trainer.layers")
+    }
+
+
+CASES = {
+    "conv-same-strided-tanh": L.Conv2D((5, 5, 2), 3, (3, 2), (2, 1), "same", "tanh", True),
+    "conv-valid-sigmoid-nobias": L.Conv2D((4, 4, 2), 2, (2, 2), (1, 1), "valid", "sigmoid", False),
+    "maxpool-same": L.Pool2D((4, 5, 2), "max", (2, 2), (2, 2), "same"),
+    "avgpool-same": L.Pool2D((5, 4, 2), "avg", (3, 2), (2, 1), "same"),
+    "global-avg": L.GlobalAvgPool2D((3, 3, 2)),
+    **{
+        f"elementwise-{a}": L.Elementwise((4,), a, scale=0.5, offset=0.1)
+        for a in ("linear", "relu", "sigmoid", "tanh", "softmax")
+    },
+    "linear-tanh": L.Linear(4, 3, "tanh", True),
+    "linear-softmax-nobias": L.Linear(4, 3, "softmax", False),
+    "dropout": L.Dropout((6,), 0.5, 1),
+    "reshape": L.Reshape((2, 3), (6,)),
+    "batchnorm": L.BatchNorm((5, 3), 0.9, 1e-3, True, True),
+    "batchnorm-center-only": L.BatchNorm((4,), 0.9, 1e-3, True, False),
+    "add": L.Add((2, 3)),
+    "add3": L.Add((4,), 3),
+    "convpool": fused.ConvPool((6, 6, 2), 3),
+    "convpool-one-channel": fused.ConvPool((7, 6, 1), 2, 2),
+    "dense-relu": fused.Dense(5, 4, True),
+    "dense": fused.Dense(5, 4, False),
+}
+
+
+def test_every_op_class_has_a_gradient_check():
+    assert _registry() - {type(op) for op in CASES.values()} == set()
+
+
+def compile_op(op, rng):
+    """What the Program does for one node, in float64: buffers, state, bind; random inputs,
+    parameters and an upstream gradient ``w`` (the loss is ``sum(out * w)``)."""
+    bufs = op.buffers(B, True, need_dx=True)
+    ws = {k: np.zeros(s, np.float64 if t == "f" else np.bool_) for k, (s, t) in bufs.items()}
+    ws.update({n: np.full(size, v) for n, size, v in op.state_specs()})
+    ws["ctx"] = {"seed": 5, "step": 2, "example0": 4}
+    op.bind(ws, B)
+    n_in = getattr(op, "n_inputs", 1)
+    shape = op.in_shape if hasattr(op, "in_shape") else (op.n_in,)
+    xs = [rng.normal(size=(B, *shape)) for _ in range(n_in)]
+    params = {p.name: rng.normal(0.5, 0.5, p.shape) for p in op.params(0)}
+    w = rng.normal(size=(B, *op.out_shape))
+    return ws, xs, params, w
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_op_gradients_match_finite_differences(case, rng):
+    op = CASES[case]
+    ws, xs, params, w = compile_op(op, rng)
+
+    def loss():
+        return float(np.sum(op.forward(ws, *xs, **params) * w))
+
+    loss()
+    dout = w.copy()
+    op.backward_local(ws, dout)
+    dxs = op.backward_input(ws, dout, **params)
+    dxs = [np.array(d) for d in (dxs if len(xs) > 1 else (dxs,))]  # copies: reruns overwrite
+    grads = {}
+    for p in op.params(0):
+        grads[p.name] = np.zeros(p.shape)
+        op.backward_weights(ws, dout, p.name, grads[p.name], (0, p.rows))
+    for k, (x, dx) in enumerate(zip(xs, dxs, strict=True)):
+        gradcheck(loss, x, dx, what=f"{case} input {k}")
+    for name, g in grads.items():
+        gradcheck(loss, params[name], g, rng=rng, samples=20, what=f"{case} {name}")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if CASES[c].params(0)])
+def test_weight_gradients_in_row_blocks_equal_the_whole(case, rng):
+    """The piece grid may cut any parameter into row blocks; every op computes a block alone."""
+    op = CASES[case]
+    ws, xs, params, w = compile_op(op, rng)
+    op.forward(ws, *xs, **params)
+    op.backward_local(ws, w)
+    for p in op.params(0):
+        whole, blocks = np.zeros(p.shape), np.full(p.shape, np.nan)
+        op.backward_weights(ws, w, p.name, whole, (0, p.rows))
+        cut = [0, *sorted({max(1, p.rows // 3), max(1, 2 * p.rows // 3)}), p.rows]
+        for lo, hi in itertools.pairwise(cut):
+            if hi > lo:
+                op.backward_weights(ws, w, p.name, blocks, (lo, hi))
+        np.testing.assert_allclose(blocks, whole, rtol=1e-12, atol=0)
+        assert math.prod(p.shape) == p.rows * p.shape[-1]
+
+
+def test_no_op_decides_streaming():
+    """The piece grid is the plan's (``engine.plan``): no op carries a gradient plan."""
+    assert not [c.__name__ for c in _registry() if hasattr(c, "grad_plan")]
+
+
+def test_the_gradcheck_helper_catches_a_wrong_gradient(rng):
+    x = rng.normal(size=(3, 2))
+
+    def f():
+        return float(np.sum(x**3))
+
+    gradcheck(f, x, 3 * x**2)
+    with pytest.raises(AssertionError, match=r"disagree at \[\(4, "):
+        gradcheck(f, x, 3 * x**2 + (np.arange(6) == 4).reshape(3, 2), what="cube")
+    with pytest.raises(ValueError, match="float64"):
+        gradcheck(f, x.astype(np.float32), 3 * x**2)

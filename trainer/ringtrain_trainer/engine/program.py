@@ -1,0 +1,234 @@
+"""One compiled (model, batch size, train/eval) program: every buffer allocated up front, the
+graph walked in topological order forward and in reverse backward.
+
+Pipeline position: the emulated IPU (``ipu``) compiles one :class:`Program` per shard and runs
+it every step; ``model.ModelSpec`` supplies the ops, the :class:`~.graph.Graph` and the
+parameter layout. Nothing here allocates per step (tests/trainer/test_trainer_model.py checks
+it): activations, workspaces and one gradient accumulator per fanned-out tensor are planned here
+once, and a step only writes into them.
+
+Gradient accumulation: a tensor read by several nodes gets the sum of their input gradients.
+Backward runs in reverse topological order, so every consumer of a tensor has run before its
+producer; the first contribution (fixed at compile time) is copied into the tensor's
+accumulator and the others are added to it. A tensor read once needs no accumulator: its
+gradient is the consumer's own input-gradient buffer, as before the graph existed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+#: how a node's input gradient reaches its tensor: dropped (the data), taken as is (fan-out 1),
+#: copied into the accumulator (first of several) or added to it
+_SKIP, _TAKE, _COPY, _ADD = range(4)
+
+
+def _contributions(graph, fanned: set[int]) -> list[list[tuple[int, int, int]]]:
+    """Per node (by index): ``(input position, tensor, mode)`` for each of its inputs, the modes
+    decided once from the backward schedule."""
+    seen: set[int] = set()
+    plan: list[list[tuple[int, int, int]]] = [[] for _ in graph.nodes]
+    for i in graph.backward_order():
+        for k, t in enumerate(graph.nodes[i].inputs):
+            if not graph.needs_grad(t):
+                mode = _SKIP
+            elif t not in fanned:
+                mode = _TAKE
+            else:
+                mode = _ADD if t in seen else _COPY
+                seen.add(t)
+            plan[i].append((k, t, mode))
+    return plan
+
+
+def _node_pieces(spec) -> list[list[tuple[str, tuple[int, int], tuple[int, int]]]]:
+    """The plan's piece grid (``spec.pieces``) regrouped per node as (parameter, rows of its
+    matrix view, flat range): what the backward schedule asks each op for, and announces."""
+    out: list[list] = [[] for _ in spec.layers]
+    for p in spec.pieces:
+        out[p.node].append((p.name, p.rows, p.range))
+    return out
+
+
+def tensor_shapes(spec) -> dict[int, tuple[int, ...]]:
+    """Per-example shape of every tensor of ``spec.graph``."""
+    graph = spec.graph
+    shapes = {t: tuple(spec.input_shape) for t in graph.inputs}
+    for n in graph.nodes:
+        shapes[n.output] = tuple(spec.layers[n.index].out_shape)
+    return shapes
+
+
+def accumulators(spec) -> dict[int, tuple[int, ...]]:
+    """The tensors whose gradients are sums (fanned out and needing a gradient), with their
+    per-example shapes: one accumulator buffer each in a training program."""
+    shapes, graph = tensor_shapes(spec), spec.graph
+    return {t: shapes[t] for t in graph.fanned_out() if graph.needs_grad(t)}
+
+
+class Program:
+    """One compiled (model, batch size, train/eval) program: every buffer allocated up front.
+
+    ``forward`` / ``backward_pieces`` allocate nothing; ``backward_pieces`` yields each gradient
+    piece of ``spec.grad_pieces`` right after it is written (last node of the backward schedule
+    first), which is how the IPU streams gradients out while backward continues.
+    """
+
+    def __init__(
+        self,
+        spec,
+        batch: int,
+        train: bool,
+        dtype=np.float32,
+        grads_first: bool = False,
+        state: np.ndarray | None = None,
+    ):
+        self.spec, self.batch, self.train, self.dtype = spec, batch, train, np.dtype(dtype)
+        self.graph = graph = spec.graph
+        #: set by the IPU before each run: what Dropout's masks depend on (``layers``)
+        self.ctx = {"seed": 0, "step": 0, "example0": 0}
+        #: this program's copy of the model's non-trainable state (``ModelSpec.state_specs``)
+        self.state = spec.init_state(self.dtype) if state is None else state
+        state_views = spec.state_views(self.state)
+        #: stream each node's weight gradients before its input gradient (``backward_pieces``)
+        self.grads_first = grads_first
+        self.ws: list[dict] = []
+        for node, layer in zip(graph.nodes, spec.layers, strict=True):
+            bufs = layer.buffers(batch, train, need_dx=spec.need_dx[node.index])
+            ws = {
+                k: np.zeros(shape, self.dtype if t == "f" else np.bool_)
+                for k, (shape, t) in bufs.items()
+            }
+            ws.update(state_views[node.index], ctx=self.ctx)
+            layer.bind(ws, batch)
+            self.ws.append(ws)
+        self.x = np.zeros((batch, *spec.input_shape), self.dtype)
+        self.labels = np.zeros(batch, np.int64)
+        k = spec.num_classes
+        self.probs = np.zeros((batch, k), self.dtype)
+        self.dlogits = np.zeros((batch, k), self.dtype)
+        self.rowtmp = np.zeros((batch, 1), self.dtype)
+        self.picked = np.zeros(batch, self.dtype)
+        self.arange = np.arange(batch)
+        #: the value of every tensor this step (views of the nodes' own buffers)
+        self.tensors: dict[int, np.ndarray | None] = dict.fromkeys(graph.tensors)
+        self.tensors[graph.inputs[0]] = self.x
+        #: gradient accumulators of the fanned-out tensors (training programs only)
+        self.acc = (
+            {t: np.zeros((batch, *s), self.dtype) for t, s in accumulators(spec).items()}
+            if train
+            else {}
+        )
+        self._contrib = _contributions(graph, set(self.acc))
+        self._grads: dict[int, np.ndarray | None] = dict.fromkeys(graph.tensors)
+        #: per node: (parameter, its rows, the flat range) for each gradient piece it streams
+        self._pieces = _node_pieces(spec)
+
+    @property
+    def output(self) -> np.ndarray:
+        """The graph's output (the logits) as the last forward left it."""
+        return self.tensors[self.graph.outputs[0]]
+
+    @staticmethod
+    def buffer_bytes(spec, batch: int, train: bool, itemsize: int = 4) -> dict[str, int]:
+        """Bytes of activations and workspace this program allocates (the IPU's memory plan)."""
+        acts = work = 0
+        for i, layer in enumerate(spec.layers):
+            for key, (shape, t) in layer.buffers(batch, train, need_dx=spec.need_dx[i]).items():
+                n = math.prod(shape) * (itemsize if t == "f" else 1)
+                if key in ("out", "pooled", "conv"):
+                    acts += n
+                else:
+                    work += n
+        if train:
+            work += sum(batch * math.prod(s) * itemsize for s in accumulators(spec).values())
+        k = spec.num_classes
+        data = batch * math.prod(spec.input_shape) * itemsize + batch * 8
+        work += (2 * batch * k + 2 * batch) * itemsize
+        return {"activations": acts, "workspace": work, "data": data}
+
+    def forward(
+        self, params: list[dict[str, np.ndarray]], on_layer: Callable[[int], None] | None = None
+    ) -> np.ndarray:
+        """Logits; ``on_layer(i)`` (a tracer's lap) after each node ``i``."""
+        tensors, layers, nodes = self.tensors, self.spec.layers, self.graph.nodes
+        for i in self.graph.order:
+            node = nodes[i]
+            tensors[node.output] = layers[i].forward(
+                self.ws[i], *[tensors[t] for t in node.inputs], **params[i]
+            )
+            if on_layer is not None:
+                on_layer(i)
+        return tensors[self.graph.outputs[0]]
+
+    def loss_and_dlogits(self, logits: np.ndarray) -> float:
+        """Softmax cross-entropy from logits, mean over the local batch; writes dloss/dlogits."""
+        p, tmp, picked = self.probs, self.rowtmp, self.picked
+        np.max(logits, axis=1, keepdims=True, out=tmp)
+        np.subtract(logits, tmp, out=p)
+        np.copyto(picked, p[self.arange, self.labels])
+        np.exp(p, out=p)
+        np.sum(p, axis=1, keepdims=True, out=tmp)
+        np.divide(p, tmp, out=p)
+        np.log(tmp, out=tmp)
+        loss = (float(tmp.sum()) - float(picked.sum())) / self.batch
+        d = self.dlogits
+        np.copyto(d, p)
+        d[self.arange, self.labels] -= 1
+        np.multiply(d, self.dtype.type(1.0 / self.batch), out=d)
+        return loss
+
+    def _deliver(self, i: int, dxs) -> None:
+        """Route node ``i``'s input gradients to their tensors (take, copy or accumulate)."""
+        if len(self.graph.nodes[i].inputs) == 1:
+            dxs = (dxs,)
+        grads, acc = self._grads, self.acc
+        for k, t, mode in self._contrib[i]:
+            if mode == _TAKE:
+                grads[t] = dxs[k]
+            elif mode == _COPY:
+                np.copyto(acc[t], dxs[k].reshape(acc[t].shape))
+                grads[t] = acc[t]
+            elif mode == _ADD:
+                a = acc[t]
+                np.add(a, dxs[k].reshape(a.shape), out=a)
+
+    def backward_pieces(
+        self,
+        params: list[dict[str, np.ndarray]],
+        grads: list[dict[str, np.ndarray]],
+        on_layer: Callable[[int], None] | None = None,
+    ):
+        """Generator: backward in reverse topological order, yielding each ``(start, stop)`` of
+        ``spec.grad_pieces`` once those gradients are written, so replicas and shards can run
+        in lock step piece by piece.
+
+        The order of each node's two halves is decided here, for every op alike. By default
+        the input gradient, which the node below waits for, comes first (the critical path, as
+        frameworks schedule it) — required when the weights are resident on the IPU, because
+        the host optimizer may then update a streamed kernel block at once and nothing may read
+        the kernel after it. ``grads_first`` (weights streamed in, so the optimizer never
+        touches what backward reads) streams the weight gradients first, so the host's
+        allreduce starts earlier and the input gradient hides part of it. Either way the
+        arithmetic is the same."""
+        tgrads, nodes, layers = self._grads, self.graph.nodes, self.spec.layers
+        tgrads[self.graph.outputs[0]] = self.dlogits
+        pieces, first = self._pieces, self.grads_first
+        for i in self.graph.backward_order():
+            layer, ws, p, dout = layers[i], self.ws[i], params[i], tgrads[nodes[i].output]
+            need_dx = self.spec.need_dx[i]
+            layer.backward_local(ws, dout)
+            if need_dx and not first:
+                dx = layer.backward_input(ws, dout, **p)
+            for name, rows, piece in pieces[i]:
+                layer.backward_weights(ws, dout, name, grads[i][name], rows)
+                yield piece
+            if need_dx:
+                if first:
+                    dx = layer.backward_input(ws, dout, **p)
+                self._deliver(i, dx)
+            if on_layer is not None:
+                on_layer(i)
