@@ -1,7 +1,7 @@
 """A real Prometheus finds and scrapes ringtrain's pods on the real local cluster.
 
 Debian's Prometheus runs on the host. Debian builds it without Kubernetes discovery, so the pods
-reach it over ``http_sd_configs`` from ``prometheus/pod_discovery.py``, which lists them from
+reach it over ``http_sd_configs`` from ``support/pod_discovery.py``, which lists them from
 this cluster's API server as a ServiceAccount the test creates with nothing but get/list/watch
 on pods in the test's namespace (what an in-cluster Prometheus would hold), TLS verified with the
 cluster's CA, and labels them exactly as Prometheus' ``kubernetes_sd_configs`` (role: pod) does.
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 from e2e_support import free_port, training_job, wait_http_ok
-from prometheus.pod_discovery import PodDiscovery, target_groups
+from support.pod_discovery import PodDiscovery, target_groups
 
 from ringtrain_operator import __version__ as OPERATOR_VERSION
 from ringtrain_operator import manifests, spec
@@ -192,7 +192,7 @@ def render_config(discovery_url: str, workdir: Path) -> Path:
 
 @pytest.fixture
 def pod_discovery(kubeconfig, namespace, scraper_token, tmp_path):
-    """Kubernetes pod discovery as the scraper's ServiceAccount (see prometheus/pod_discovery)."""
+    """Kubernetes pod discovery as the scraper's ServiceAccount (see support/pod_discovery)."""
     api_server, ca = cluster_access(kubeconfig, tmp_path)
     with PodDiscovery(api_server, ca, scraper_token, [namespace]) as sd:
         yield sd

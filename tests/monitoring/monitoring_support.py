@@ -3,15 +3,14 @@ rendered by ``ringtrain render``, and the two scrape configurations built from t
 
 Debian builds Prometheus without Kubernetes discovery, so targets reach it through
 ``file_sd_configs`` carrying exactly the ``__meta_kubernetes_*`` labels that
-``kubernetes_sd_configs`` (role: pod) gives — computed by the e2e tier's
-``tests/e2e/prometheus/pod_discovery.py`` from the rendered Pod objects. The relabel rules are
+``kubernetes_sd_configs`` (role: pod) gives — computed by the e2e tier's pod discovery
+(``tests/support/pod_discovery.py``) from the rendered Pod objects. The relabel rules are
 the chart's, unchanged.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 import socket
@@ -23,6 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from support import pod_discovery
+from support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ringtrain"
@@ -31,19 +32,6 @@ RULES = CHART / "rules" / "ringtrain.rules.yaml"
 DASHBOARD = CHART / "dashboards" / "ringtrain.json"
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
-
-_spec = importlib.util.spec_from_file_location(
-    "pod_discovery", ROOT / "tests" / "e2e" / "prometheus" / "pod_discovery.py"
-)
-pod_discovery = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pod_discovery)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 # --------------------------------------------------------------------------- objects to scrape
 

@@ -33,7 +33,6 @@ from monitoring_support import (
     Prometheus,
     annotation_job,
     fetch,
-    free_port,
     helm_template,
     operator_pod,
     podmonitor_job,
@@ -44,6 +43,7 @@ from monitoring_support import (
     write_file_sd,
 )
 from prometheus_client import CollectorRegistry
+from support.ports import free_port
 
 from ringtrain_operator import main as operator_main
 from ringtrain_operator import spec as jobspec

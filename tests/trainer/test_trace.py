@@ -4,7 +4,6 @@ Chromium (hack/lib/perfetto.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
 import subprocess
@@ -13,6 +12,7 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
+import perfetto
 import pytest
 import yaml
 
@@ -280,17 +280,10 @@ def test_ring_phases_and_waits_nest_inside_their_bucket(traced_run):
 # ---- in a real viewer ----------------------------------------------------------------------------
 
 
-def perfetto():
-    spec = importlib.util.spec_from_file_location("perfetto", ROOT / "hack" / "lib" / "perfetto.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_perfettos_ui_loads_the_merged_trace_without_error(traced_run, tmp_path):
     summary, _ = traced_run
     png = tmp_path / "trace.png"
-    seen = perfetto().screenshot(summary["trace"], png, width=1200, height=900)
+    seen = perfetto.screenshot(summary["trace"], png, width=1200, height=900)
     assert (seen["loading_errors"], seen["stats_errors"], seen["console_errors"]) == ([], [], [])
     assert seen["tracks"] >= 2 * 9, "two ranks with their lanes"
     head = png.read_bytes()[:24]

@@ -10,7 +10,7 @@ ringtrain need, from Services and Endpoints it lists and then watches on the API
 - ``<a-b-c-d>.<ns>.pod.<domain>``: the address a.b.c.d.
 
 Other names under the domain get NXDOMAIN; names outside it are forwarded to the host's resolver.
-Run with the project's virtualenv: ``.venv/bin/python hack/cluster/dns.py --kubeconfig FILE``.
+Run with the project's virtualenv: ``.venv/bin/python hack/lib/cluster_dns.py --kubeconfig FILE``.
 """
 
 from __future__ import annotations
