@@ -32,8 +32,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_support import free_port, training_job, wait_http_ok
+from e2e_support import training_job, wait_http_ok
 from support.pod_discovery import PodDiscovery, target_groups
+from support.ports import free_port
 
 from ringtrain_operator import __version__ as OPERATOR_VERSION
 from ringtrain_operator import manifests, spec

@@ -13,9 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -24,6 +22,7 @@ from pathlib import Path
 import yaml
 from support import pod_discovery
 from support.ports import free_port
+from support.procs import CLI
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ringtrain"
@@ -53,7 +52,7 @@ def helm_template(*values: str) -> list[dict]:
 def render_pods(manifest: Path, namespace: str) -> list[dict]:
     """The Pods ``ringtrain render`` prints for the job: what the operator would create."""
     out = subprocess.run(
-        [sys.executable, "-m", "ringtrain.cli", "render", str(manifest), "--namespace", namespace],
+        [*CLI, "render", str(manifest), "--namespace", namespace],
         capture_output=True,
         text=True,
         timeout=60,

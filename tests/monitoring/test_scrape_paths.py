@@ -19,7 +19,6 @@ import json
 import math
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from monitoring_support import (
 )
 from prometheus_client import CollectorRegistry
 from support.ports import free_port
+from support.procs import CLI
 
 from ringtrain_operator import main as operator_main
 from ringtrain_operator import spec as jobspec
@@ -90,9 +90,7 @@ def training(workdir):
     drain = threading.Thread()
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
+            *CLI,
             "run",
             str(manifest),
             "--json",

@@ -23,6 +23,7 @@ from fake_kube import FakeKube
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from operator_jobs import job_obj
+from support.procs import CLI
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_localrun.plan import plan
@@ -229,7 +230,7 @@ SAMPLES = {
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "ringtrain.cli", *args],
+        [*CLI, *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -9,7 +9,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ringtrain_bench.procs import loopback_addresses, new_token
+from support.ports import loopback_addresses
+from support.procs import new_token
 
 WORKER = Path(__file__).with_name("ring_worker.py")
 

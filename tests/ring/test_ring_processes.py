@@ -8,6 +8,7 @@ import grpc
 import numpy as np
 import pytest
 import ring_procs
+from support.ports import free_ports
 
 from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain.errors import EXIT_RETRYABLE, PeerTimeout
@@ -48,7 +49,6 @@ def wrong_token_joins(ring: ring_procs.Ring, transport: str) -> None:
     """connect() towards a live ring member with another job's secret: Unauthenticated (exit
     code 2, permanent) at once, not a retry until the connect timeout."""
     from ringtrain.errors import EXIT_PERMANENT, Unauthenticated
-    from ringtrain_bench.procs import free_ports
 
     spec = ClusterSpec(
         cluster={"worker": (f"127.0.0.1:{free_ports(1)[0]}", ring.addresses[0])}, task_index=0
@@ -180,7 +180,6 @@ def test_a_peer_killed_mid_allreduce_fails_the_others_with_the_retryable_code(tr
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_peer_that_never_comes_up_times_out_at_connect(transport):
-    from ringtrain_bench.procs import free_ports
 
     addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     t0 = time.monotonic()
@@ -228,8 +227,6 @@ def test_misuse_fails_loudly_and_leaves_the_ring_usable():
     clear error before any byte moves, and the ring keeps working afterwards."""
     import threading
 
-    from ringtrain_bench.procs import free_ports
-
     addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     colls = [None, None]
 
@@ -268,7 +265,6 @@ def test_close_from_another_thread_ends_a_blocked_allreduce_at_once():
     import threading
 
     from ringtrain.errors import RingError
-    from ringtrain_bench.procs import free_ports
 
     addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     colls = [None, None]

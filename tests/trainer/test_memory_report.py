@@ -4,11 +4,11 @@ and ``ringtrain worker --report``."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
+from support.procs import WORKER
 
 from ringtrain import events
 from ringtrain_trainer import memory
@@ -110,10 +110,7 @@ def test_replicas_plan_each_ipu_for_its_share_of_the_batch():
 def _report(*flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "worker",
+            *WORKER,
             "--report",
             "--termination-log",
             "",

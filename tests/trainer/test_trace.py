@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import struct
 import subprocess
-import sys
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import perfetto
 import pytest
 import yaml
+from support.procs import CLI
 
 from ringtrain import events
 from ringtrain.errors import InvalidSpec
@@ -140,9 +140,7 @@ def traced_run(tmp_path_factory):
     manifest.write_text(yaml.safe_dump(job))
     out = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
+            *CLI,
             "run",
             str(manifest),
             "--json",

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+from support.procs import WORKER
 
 from ringtrain.errors import EXIT_PERMANENT, InvalidSpec
 from ringtrain_trainer.config import TrainerConfig
@@ -137,10 +137,7 @@ def test_the_real_worker_exits_2_and_names_the_field(tmp_path, case):
     }
     p = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "worker",
+            *WORKER,
             "--steps",
             "1",
             "--dataset",

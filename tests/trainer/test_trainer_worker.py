@@ -2,11 +2,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry
+from support.procs import WORKER
 
 from ringtrain.errors import EXIT_PERMANENT, EXIT_TERMINATED, InvalidSpec
 from ringtrain_trainer import worker, worker_main
@@ -94,10 +94,7 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path):
     env.pop("TF_CONFIG", None)
     with subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "worker",
+            *WORKER,
             "--dataset",
             "mnist-5k",
             "--epochs",
