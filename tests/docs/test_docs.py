@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "gen-docs"
 REFERENCE = ROOT / "docs" / "reference.md"
 CHART = ROOT / "charts" / "ringtrain"
-# A metric name, but not the operator's package (`ringtrain_operator`, `ringtrain_operator.spec`, ...).
+# A metric name, but not a package's (`ringtrain_operator`, `ringtrain_operator.spec`, ...).
 METRIC = re.compile(
     r"\bringtrain_(?!(?:operator|trainer|bench|localrun)\b)[a-z_]+"
 )  # not a package name

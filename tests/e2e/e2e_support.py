@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import procs
 from support.ports import free_port
 from support.procs import CLI
 
@@ -167,14 +168,8 @@ class OperatorProcess:
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            procs.stop(self.proc, timeout_s=30)
 
     def tail(self, chars: int = 8000) -> str:
         try:

@@ -169,8 +169,9 @@ def test_a_deleted_chief_pod_is_recreated_alone_and_resumes_from_a_volume_that_o
     kubectl, ns, operator, project_image
 ):
     """Pod loss is what an emptyDir does not survive: the chief's pod is deleted by hand, the
-    operator recreates that pod alone, worker-1 restarts or rejoins in place, and the new chief resumes
-    from the checkpoint volume that outlives pods (hostPath here, as a PVC on a real cluster)."""
+    operator recreates that pod alone, worker-1 restarts or rejoins in place, and the new chief
+    resumes from the checkpoint volume that outlives pods (hostPath here, as a PVC on a real
+    cluster)."""
     name = "podloss"
     ckpt = Path(f"/tmp/ringtrain-e2e/{ns}/{name}")
     ckpt.mkdir(parents=True, exist_ok=True)

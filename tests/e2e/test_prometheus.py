@@ -12,7 +12,8 @@ image:
     ``manifests.desired_objects()``, so annotations and ports are exactly what the operator
     creates; it trains Fashion-MNIST until the test has what it needs, then is deleted;
   - the operator, installed with the Helm chart (namespaced RBAC) and annotated through
-    the chart's default ``metrics.scrapeAnnotations``; a suspended TrainingJob gives it something to count.
+    the chart's default ``metrics.scrapeAnnotations``; a suspended TrainingJob gives it
+    something to count.
 Everything is asserted through Prometheus' HTTP API: both targets discovered and ``up == 1``,
 real series with sane values. Failures carry Prometheus' log, its /api/v1/targets, the
 discovery endpoint's state, the pods and their logs.
@@ -33,6 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 from e2e_support import training_job, wait_http_ok
+from support import procs
 from support.pod_discovery import PodDiscovery, target_groups
 from support.ports import free_port
 
@@ -162,13 +164,7 @@ class Prometheus:
             return f"(no prometheus log: {e})"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        procs.stop(self.proc)
 
 
 def cluster_access(kubeconfig: str, workdir: Path) -> tuple[str, str]:

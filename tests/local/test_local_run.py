@@ -407,7 +407,7 @@ def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, cod
             os.kill(pid, 0)
 
 
-# ---- restart semantics: the operator's fold, carried out with processes ---------------------------
+# ---- restart semantics: the operator's fold, carried out with processes --------------------------
 
 #: Worker 1 counts its attempts in the run dir (the replicas' working directory) and fails
 #: retryably (138, the trainer's "peer lost") on the first two; on the third it tells worker 0

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from support import pod_discovery
+from support import pod_discovery, procs
 from support.ports import free_port
 from support.procs import CLI
 
@@ -248,13 +248,7 @@ class Prometheus:
         return self.log.read_text(errors="replace")[-chars:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        procs.stop(self.proc)
 
 
 def fetch(url: str) -> str:

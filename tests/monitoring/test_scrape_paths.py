@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import signal
 import subprocess
 import threading
 import time
@@ -43,7 +42,7 @@ from monitoring_support import (
 )
 from prometheus_client import CollectorRegistry
 from support.ports import free_port
-from support.procs import CLI
+from support.procs import CLI, stop
 
 from ringtrain_operator import main as operator_main
 from ringtrain_operator import spec as jobspec
@@ -86,41 +85,35 @@ def training(workdir):
     """``ringtrain run`` of job alpha; yields {replica label: metrics port}."""
     manifest = workdir / "alpha.yaml"
     manifest.write_text(yaml.safe_dump(job_manifest("alpha")))
-    log = open(workdir / "run.stderr", "w")
-    drain = threading.Thread()
-    proc = subprocess.Popen(
-        [
-            *CLI,
-            "run",
-            str(manifest),
-            "--json",
-            "--run-dir",
-            str(workdir / "run"),
-            "--progress-interval",
-            "3600",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        cwd=workdir,
-    )
-    try:
-        start = json.loads(proc.stdout.readline() or "{}")
-        assert start.get("event") == "start", (start, (workdir / "run.stderr").read_text())
-        drain = threading.Thread(target=proc.stdout.read, daemon=True)  # keep the pipe flowing
-        drain.start()
-        yield {label: r["metrics_port"] for label, r in start["replicas"].items()}
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    with open(workdir / "run.stderr", "w") as log:
+        drain = threading.Thread()
+        proc = subprocess.Popen(
+            [
+                *CLI,
+                "run",
+                str(manifest),
+                "--json",
+                "--run-dir",
+                str(workdir / "run"),
+                "--progress-interval",
+                "3600",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            cwd=workdir,
+        )
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        if drain.ident:
-            drain.join(10)
-        proc.stdout.close()
-        log.close()
+            start = json.loads(proc.stdout.readline() or "{}")
+            assert start.get("event") == "start", (start, (workdir / "run.stderr").read_text())
+            drain = threading.Thread(target=proc.stdout.read, daemon=True)  # keep the pipe flowing
+            drain.start()
+            yield {label: r["metrics_port"] for label, r in start["replicas"].items()}
+        finally:
+            stop(proc, timeout_s=30)
+            if drain.ident:
+                drain.join(10)
+            proc.stdout.close()
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +274,9 @@ def test_every_panel_shows_one_job_and_every_rule_is_healthy(prometheis, path):
 
     for job in JOBS:
         problems = prom.until(
-            f"every panel of job {job} to have data", lambda: check_panels(prom, job), deadline
+            f"every panel of job {job} to have data",
+            lambda job=job: check_panels(prom, job),
+            deadline,
         )
         assert problems == [], "\n".join(problems)
         # the stacked memory panel has one series per kind, each the training program's plan

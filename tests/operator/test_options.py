@@ -206,5 +206,5 @@ def test_upper_bounds_are_the_crds_alone():
     """The worker never had upper bounds; a local run may use a larger value than a cluster."""
     cfg = TrainerConfig.from_args(["--ring-step-timeout-s", "100000", "--lr-decay", "2"], {})
     assert (cfg.ring_step_timeout_s, cfg.lr_decay) == (100000.0, 2.0)
-    with pytest.raises(InvalidSpec, match="spec.trainer.ring.stepTimeoutSeconds"):
+    with pytest.raises(InvalidSpec, match=r"spec\.trainer\.ring\.stepTimeoutSeconds"):
         spec.load(job_obj(trainer={"ring": {"stepTimeoutSeconds": 100000}}))

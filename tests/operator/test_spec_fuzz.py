@@ -153,10 +153,7 @@ def server_schema_rejects(obj: dict) -> bool:
     """The API server's verdict, approximated: the CRD schema after defaulting, unknown fields
     pruned (not rejected), as the server does for a structural schema."""
     schema = spec._schema()
-    try:
-        doc = spec.apply_defaults(schema, {k: v for k, v in obj.items() if k != "status"})
-    except Exception:
-        return True
+    doc = spec.apply_defaults(schema, {k: v for k, v in obj.items() if k != "status"})
     return any(True for _ in jsonschema.Draft4Validator(schema).iter_errors(doc))
 
 

@@ -11,6 +11,7 @@ per-rendezvous key and refuses replays, and the job's token in place of that key
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -270,10 +271,8 @@ def attack_side_channel(landed: dict):
                 assert time.monotonic() < deadline, "worker 0's side channel never listened"
                 time.sleep(0.05)
         for fn in SIDE_CHANNEL_ATTACKS:
-            try:
-                fn(port)
-            except (ConnectionResetError, BrokenPipeError):
-                pass  # the server hung up on us: refused too
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                fn(port)  # the server hanging up on us is a refusal too
             landed[fn.__name__] = landed.get(fn.__name__, 0) + 1
 
     return before_peer
@@ -292,10 +291,8 @@ def attack(procs, ring, metrics, transport, errors: list, rounds: list, landed: 
         hits = 0
         for port, fn in plan:
             try:
-                try:
-                    fn(port)
-                except (ConnectionResetError, BrokenPipeError):
-                    pass  # the server hung up on us: refused too
+                with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                    fn(port)  # the server hanging up on us is a refusal too
                 landed[fn.__name__] = landed.get(fn.__name__, 0) + 1
                 hits += 1
             except ConnectionRefusedError:

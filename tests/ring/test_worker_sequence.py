@@ -120,7 +120,7 @@ def test_a_non_link_exception_in_the_send_thread_breaks_the_ring_at_once():
     coll = RingCollective(t, 1, ADDRS, chunk_bytes=16, step_timeout_s=20)  # forwards to 2
     try:
         t0 = time.monotonic()
-        with pytest.raises(RingError, match="rank 1 .* send thread failed: RuntimeError"):
+        with pytest.raises(RingError, match=r"rank 1 .* send thread failed: RuntimeError"):
             coll.broadcast_(np.zeros(10, np.float32), root=0)
         assert time.monotonic() - t0 < 5 and t.aborted.is_set()
         with pytest.raises(RingError):  # broken for good
@@ -241,7 +241,7 @@ def test_two_ringtrain_workers_train_over_grpc_exactly_as_over_tcp():
     accuracy) between the gRPC and the TCP ring: same seed, same data, same bitwise mean."""
     grpc_finals = run_workers("grpc", 5)
     tcp_finals = run_workers("tcp", 5)
-    for rank, (g, t) in enumerate(zip(grpc_finals, tcp_finals)):
+    for rank, (g, t) in enumerate(zip(grpc_finals, tcp_finals, strict=True)):
         assert g["rank"] == rank and g["world_size"] == 2 and g["steps"] == 5
         assert not g["terminated"]
         assert g["loss"] is not None and np.isfinite(g["loss"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -106,6 +107,19 @@ def finish(
     finally:
         kill(procs)
     return outs
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 20, sig: int = signal.SIGTERM) -> int:
+    """Ask ``proc`` to stop (``sig``), give it ``timeout_s`` to do so, then kill it; its exit
+    code. A process that already ended is left as it is."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    return proc.returncode
 
 
 def kill(procs: Sequence[subprocess.Popen | None]) -> None:

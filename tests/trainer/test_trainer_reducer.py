@@ -29,7 +29,7 @@ def test_bucket_assignment_is_ddp_like():
     assert [b.params for b in mid] == [(0,), (1, 2), (3, 4)]
     one = assign_buckets(sizes, 25 * MiB)
     for bs in (one, small, mid):
-        assert bs[0].start == 0 and all(a.stop == b.start for a, b in zip(bs, bs[1:]))
+        assert bs[0].start == 0 and all(a.stop == b.start for a, b in itertools.pairwise(bs))
         assert [b.index for b in bs] == list(range(len(bs)))
     assert assign_buckets(sizes, 25 * MiB) == one  # pure
 
@@ -38,7 +38,7 @@ def test_a_large_parameter_is_split_and_the_next_layer_gets_a_bucket_of_its_own(
     """The cnn's Dense kernel is 99.6 % of its gradients: whole, its bucket could only start
     when the whole kernel is done; in pieces the first rows are reduced while the rest is
     computed, and the conv's small gradient (computed last) is not held back with them."""
-    pieces = M.build("cnn").param_pieces + [[1]]  # + the worker's stop vote
+    pieces = [*M.build("cnn").param_pieces, [1]]  # + the worker's stop vote
     sizes = [sum(p) for p in pieces]
     assert sizes == [10, 640, 64, 346112, 32, 288, 1]
     bs = assign_buckets(pieces, 25 * MiB, first_bucket_bytes=256 << 10)

@@ -83,7 +83,7 @@ def test_config_reads_tf_config_and_token_once(tmp_path):
     cfg = TrainerConfig.from_args(["--batch-size", "32"], env)
     assert (cfg.cluster.rank, cfg.cluster.world_size, cfg.token) == (1, 2, b"s3cret")
     assert cfg.epochs == 1 and cfg.batch_size == 32 and cfg.bucket_bytes == 25 << 20
-    with pytest.raises(InvalidSpec, match="TF_CONFIG.task.index"):
+    with pytest.raises(InvalidSpec, match=r"TF_CONFIG\.task\.index"):
         TrainerConfig.from_args(
             [], {"TF_CONFIG": '{"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":4}}'}
         )

@@ -129,7 +129,7 @@ def test_tls_material_comes_from_the_env_or_the_flag_and_its_absence_is_said(
     worker_main.connect(TrainerConfig.from_args([], env))
     assert seen["tls"] is None and INSECURE_NOTE in capsys.readouterr().err
     (tmp_path / "tls.crt").unlink()
-    with pytest.raises(InvalidSpec, match="tls.crt"):
+    with pytest.raises(InvalidSpec, match=r"tls\.crt"):
         TrainerConfig.from_args([], {**env, "RINGTRAIN_TLS_DIR": str(tmp_path)})
 
 
