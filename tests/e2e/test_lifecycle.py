@@ -18,13 +18,12 @@ from e2e_support import (
     fresh_namespace,
     get_job,
     job_pods,
-    job_story,
     sleep_job,
     training_job,
     wait_for,
     wait_state,
 )
-from fault_support import REJOINED
+from fault_support import REJOINED, events, story
 
 pytestmark = pytest.mark.e2e
 
@@ -44,16 +43,6 @@ def operator(kubeconfig, ns, tmp_path_factory):
     yield op
     op.stop()
     print(op.tail(8000))
-
-
-def story(kubectl, ns, name, operator):
-    return lambda: job_story(kubectl, ns, name, operator.tail)
-
-
-def events(kubectl, ns: str, name: str) -> list[dict]:
-    return kubectl.json(
-        "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}"
-    )["items"]
 
 
 def pods_gone(kubectl, ns, name):

@@ -25,26 +25,20 @@ import base64
 import json
 import math
 import string
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
-from e2e_support import training_job, wait_http_ok
-from support import procs
+from e2e_support import training_job
 from support.pod_discovery import PodDiscovery, target_groups
-from support.ports import free_port
+from support.prometheus import Prometheus, check_config
 
 from ringtrain_operator import __version__ as OPERATOR_VERSION
 from ringtrain_operator import manifests, spec
 
 pytestmark = pytest.mark.e2e
 
-PROMETHEUS = "/usr/bin/prometheus"
-PROMTOOL = "/usr/bin/promtool"
 CONFIG_TEMPLATE = Path(__file__).parent / "prometheus" / "prometheus.yml"
 SCRAPE_INTERVAL_S = 2
 JOB = "fmnist"  # the worker's TrainingJob name (its pod: fmnist-worker-0)
@@ -113,60 +107,6 @@ def scraper_token(kubectl, namespace) -> str:
 # --------------------------------------------------------------------------- Prometheus on the host
 
 
-class Prometheus:
-    """Debian's prometheus as a child process, with its HTTP API and its log for diagnostics."""
-
-    def __init__(self, config: Path, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / "prometheus.log"
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(
-                [
-                    PROMETHEUS,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={workdir / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--storage.tsdb.retention.time=1h",
-                    "--log.level=debug",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=workdir,
-            )
-
-    def get(self, path: str, **params: str) -> dict:
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=5) as r:
-            body = json.loads(r.read())
-        assert body.get("status") == "success", body
-        return body["data"]
-
-    def query(self, promql: str) -> list[dict]:
-        """An instant query's vector: [{"metric": {...}, "value": float}]."""
-        data = self.get("/api/v1/query", query=promql)
-        assert data["resultType"] == "vector", data
-        return [{"metric": s["metric"], "value": float(s["value"][1])} for s in data["result"]]
-
-    def wait_ready(self, timeout_s: float = 30) -> None:
-        wait_http_ok("prometheus", self.proc, f"{self.url}/-/ready", timeout_s, self.tail)
-
-    def targets_json(self) -> str:
-        try:
-            return json.dumps(self.get("/api/v1/targets"), indent=1)[-8000:]
-        except (OSError, AssertionError, ValueError) as e:
-            return f"(no /api/v1/targets: {e})"
-
-    def tail(self, chars: int = 6000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError as e:
-            return f"(no prometheus log: {e})"
-
-    def stop(self) -> None:
-        procs.stop(self.proc)
-
-
 def cluster_access(kubeconfig: str, workdir: Path) -> tuple[str, str]:
     """The API server's URL and a file with the cluster's CA, from the kubeconfig."""
     cluster = yaml.safe_load(Path(kubeconfig).read_text())["clusters"][0]["cluster"]
@@ -200,18 +140,8 @@ def prometheus(pod_discovery, tmp_path):
     workdir = tmp_path / "prometheus"
     workdir.mkdir()
     config = render_config(pod_discovery.url, workdir)
-    check = subprocess.run(
-        [PROMTOOL, "check", "config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr, (
-        f"promtool check config failed (rc={check.returncode}):\n{check.stdout}{check.stderr}\n"
-        f"{config.read_text()}"
-    )
-    prom = Prometheus(config, workdir)
+    check_config(config)
+    prom = Prometheus(config, workdir, "--storage.tsdb.retention.time=1h", "--log.level=debug")
     try:
         prom.wait_ready()
         yield prom

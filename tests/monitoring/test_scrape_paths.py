@@ -38,6 +38,7 @@ from monitoring_support import (
     promtool_check_metrics,
     render_pods,
     running_on_loopback,
+    start_prometheus,
     write_file_sd,
 )
 from prometheus_client import CollectorRegistry
@@ -198,7 +199,8 @@ def prometheis(workdir, targets):
         ],
     }
     proms = {
-        name: Prometheus(prometheus_config(jobs), workdir / name) for name, jobs in setups.items()
+        name: start_prometheus(prometheus_config(jobs), workdir / name)
+        for name, jobs in setups.items()
     }
     yield proms
     for prom in proms.values():
@@ -226,7 +228,7 @@ def check_panels(prom: Prometheus, job: str) -> list[str] | None:
         if not result:
             return None
         for series in result:
-            labels, value = series["metric"], float(series["value"][1])
+            labels, value = series["metric"], series["value"]
             if "$job_name" in expr and (labels.get("job_name"), labels.get("namespace")) != (
                 job,
                 NAMESPACE,
@@ -281,10 +283,7 @@ def test_every_panel_shows_one_job_and_every_rule_is_healthy(prometheis, path):
         assert problems == [], "\n".join(problems)
         # the stacked memory panel has one series per kind, each the training program's plan
         stacked = [e for t, e in panel_queries() if t == "IPU memory by kind (per IPU)"]
-        kinds = {
-            r["metric"]["kind"]: float(r["value"][1])
-            for r in prom.query(substitute(stacked[0], job))
-        }
+        kinds = {r["metric"]["kind"]: r["value"] for r in prom.query(substitute(stacked[0], job))}
         assert sorted(kinds) == sorted(KINDS) and kinds["weights"] > 0, kinds
 
     def rules_evaluated():

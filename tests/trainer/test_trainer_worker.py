@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry
-from support.procs import WORKER
+from support.procs import WORKER, without_cluster
 
 from ringtrain.errors import EXIT_PERMANENT, EXIT_TERMINATED, InvalidSpec
 from ringtrain_trainer import worker, worker_main
@@ -90,8 +90,7 @@ def test_config_reads_tf_config_and_token_once(tmp_path):
 
 
 def test_sigterm_checkpoints_and_exits_143(tmp_path):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    env.pop("TF_CONFIG", None)
+    env = dict(without_cluster(), OPENBLAS_NUM_THREADS="1")
     with subprocess.Popen(
         [
             *WORKER,
