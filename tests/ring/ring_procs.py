@@ -40,6 +40,11 @@ class Ring:
             results.append((p.returncode, [json.loads(x) for x in out.splitlines() if x]))
         return results
 
+    def go(self, rank: int) -> None:
+        """Let ``rank`` go on where its scenario holds it (``pause``: rank 1 before step 2)."""
+        self.procs[rank].stdin.write("go\n")
+        self.procs[rank].stdin.flush()
+
     def start_rank(self, rank: int) -> None:
         env = dict(os.environ, RINGTRAIN_TOKEN=self.token.decode())
         env.pop("RINGTRAIN_TLS_DIR", None)

@@ -143,8 +143,7 @@ def test_health_stall_reports_and_strangers_on_the_control_service():
             .decode()
         )
         assert 'ringtrain_ring_stalls_total{transport="grpc+tcp"}' in metrics
-        ring.procs[1].stdin.write("go\n")
-        ring.procs[1].stdin.flush()
+        ring.go(1)
         results = ring.finish()
     finally:
         ring.kill()

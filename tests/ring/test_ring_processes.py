@@ -96,8 +96,7 @@ def test_a_stranger_on_the_tcp_side_channel_is_refused_while_the_ring_keeps_work
             auth.client_handshake(s, bytes.fromhex(answer["data_key"]), 1, 2, "rank 0")
         # 5: a worker of a job with another secret fails at once, permanently
         wrong_token_joins(ring, "tcp")
-        ring.procs[1].stdin.write("go\n")
-        ring.procs[1].stdin.flush()
+        ring.go(1)
         results = ring.finish()
     finally:
         ring.kill()
@@ -139,8 +138,7 @@ def test_grpc_calls_without_token_or_with_wrong_step_or_size_are_refused_state_u
             wrong_size = OpHeader(Kind.ALLREDUCE, seq, 2, 0, n0 + 1)
             assert refused(call_metadata(tok, 1, 2, wrong_size)) == grpc.StatusCode.INVALID_ARGUMENT
         wrong_token_joins(ring, "grpc")
-        ring.procs[1].stdin.write("go\n")
-        ring.procs[1].stdin.flush()
+        ring.go(1)
         results = ring.finish()
     finally:
         ring.kill()

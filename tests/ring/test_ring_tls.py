@@ -23,8 +23,7 @@ from ringtrain_trainer.ring.tcp import connect_with_backoff
 
 
 def _go(ring: ring_procs.Ring) -> list:
-    ring.procs[1].stdin.write("go\n")
-    ring.procs[1].stdin.flush()
+    ring.go(1)
     return ring.finish()
 
 
