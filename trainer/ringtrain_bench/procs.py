@@ -1,9 +1,10 @@
 """Starting local ring members as separate processes: ports, TF_CONFIG and token, JSON results.
 
-The benchmarks and the tests start real processes on loopback the way ``ringtrain run`` does
-(one TF_CONFIG per member, one shared token), so that what they measure or check is the
-deployed path and not an in-process shortcut. Keeping that here, apart from the trainer, means
-nothing in ``ringtrain_trainer`` depends on how it is benchmarked or tested.
+The benchmarks start real processes on loopback the way ``ringtrain run`` does (one TF_CONFIG
+per member, one shared token), so that what they measure is the deployed path and not an
+in-process shortcut. Keeping that here, apart from the trainer, means nothing in
+``ringtrain_trainer`` depends on how it is benchmarked. (The tests have their own runner,
+tests/support/procs.py; the port rule both follow is ``ringtrain.ports``.)
 """
 
 from __future__ import annotations
