@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from support.ports import loopback_addresses
-from support.procs import new_token
+from support.procs import kill, new_token, without_cluster
 
 WORKER = Path(__file__).with_name("ring_worker.py")
 
@@ -46,8 +45,7 @@ class Ring:
         self.procs[rank].stdin.flush()
 
     def start_rank(self, rank: int) -> None:
-        env = dict(os.environ, RINGTRAIN_TOKEN=self.token.decode())
-        env.pop("RINGTRAIN_TLS_DIR", None)
+        env = dict(without_cluster(), RINGTRAIN_TOKEN=self.token.decode())
         if self.tls_dir is not None:
             env["RINGTRAIN_TLS_DIR"] = str(self.tls_dir)
         self.procs[rank] = subprocess.Popen(
@@ -66,12 +64,8 @@ class Ring:
         )
 
     def kill(self) -> None:
-        for p in self.procs:
-            if p is None:
-                continue
-            if p.poll() is None:
-                p.kill()
-            p.communicate()  # also closes the pipes of one that ended by itself
+        """Kill whatever still runs; reap all (closing the pipes of those that ended)."""
+        kill(self.procs)
 
 
 def write_tls(directory: Path, name: str = "ring") -> Path:
