@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.procs import CLI
+from support.procs import CLI, ringtrain
 from support.reference import single_worker_run
 
 from ringtrain import cluster
@@ -225,9 +225,7 @@ def test_progress_line_shows_step_loss_rate_eta_and_health():
 
 
 def run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        RUN + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return ringtrain("run", *args, cwd=cwd, timeout_s=timeout)
 
 
 def json_lines(stdout: str) -> list[dict]:

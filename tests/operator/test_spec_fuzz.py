@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import re
-import subprocess
 import sys
 
 import jsonschema
@@ -23,7 +22,7 @@ from fake_kube import FakeKube
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from operator_jobs import job_obj
-from support.procs import CLI
+from support.procs import ringtrain
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_localrun.plan import plan
@@ -225,15 +224,6 @@ SAMPLES = {
 }
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @pytest.mark.parametrize("case", SAMPLES, ids=SAMPLES)
 def test_render_and_run_processes_refuse_a_bad_spec_naming_the_field(tmp_path, case):
     obj, field = SAMPLES[case]
@@ -241,7 +231,7 @@ def test_render_and_run_processes_refuse_a_bad_spec_naming_the_field(tmp_path, c
     path.write_text(yaml.safe_dump(obj))
     assert field in verdict(spec.load, obj)
     for args in (["render", str(path)], ["run", str(path), "--run-dir", str(tmp_path / "r")]):
-        p = cli(*args)
+        p = ringtrain(*args, timeout_s=60)
         assert p.returncode == 2 and field in p.stderr, (args, p.stderr)
     assert not (tmp_path / "r").exists()  # nothing started, nothing written
 
@@ -249,6 +239,6 @@ def test_render_and_run_processes_refuse_a_bad_spec_naming_the_field(tmp_path, c
 def test_render_and_run_processes_accept_a_valid_spec(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(stock_job()))
-    assert cli("render", str(path)).returncode == 0
-    p = cli("run", str(path), "--run-dir", str(tmp_path / "r"), "--json", timeout=120)
+    assert ringtrain("render", str(path), timeout_s=60).returncode == 0
+    p = ringtrain("run", str(path), "--run-dir", str(tmp_path / "r"), "--json", timeout_s=120)
     assert p.returncode == 0, p.stderr[-2000:]

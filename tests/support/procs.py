@@ -21,6 +21,16 @@ WORKER = [*CLI, "worker"]
 CLUSTER_VARS = ("TF_CONFIG", "RINGTRAIN_TOKEN", "RINGTRAIN_TOKEN_FILE", "RINGTRAIN_TLS_DIR")
 
 
+def ringtrain(
+    *args: str, cwd: str | os.PathLike | None = None, timeout_s: float = 240
+) -> subprocess.CompletedProcess:
+    """``ringtrain ARGS`` run to its end (``timeout_s``), stdout and stderr captured as text;
+    the caller judges the exit code."""
+    return subprocess.run(
+        [*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+
+
 def mpirun(n: int) -> list[str]:
     """The start of a command line that runs ``n`` ranks under Debian's Open MPI here (as root,
     on however few cores the machine has)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from support.ports import free_port
-from support.procs import CLI
+from support.procs import ringtrain
 
 from ringtrain import events
 from ringtrain_trainer import model as model_mod
@@ -191,22 +191,16 @@ def served(tmp_path_factory):
     base = f"http://127.0.0.1:{port}"
     want = {"chief": CHIEF_TAGS | RING_TAGS, "evaluator": EVAL_TAGS}
     try:
-        out = subprocess.run(
-            [
-                *CLI,
-                "run",
-                str(ROOT / "examples" / "evaluator.yaml"),
-                "--json",
-                "--run-dir",
-                str(run_dir),
-                "--progress-interval",
-                "0.05",
-            ],
+        out = ringtrain(
+            "run",
+            str(ROOT / "examples" / "evaluator.yaml"),
+            "--json",
+            "--run-dir",
+            str(run_dir),
+            "--progress-interval",
+            "0.05",
             cwd=tmp,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+            timeout_s=120,
         )
         assert out.returncode == 0, out.stderr[-3000:]
         job = [json.loads(x) for x in out.stdout.splitlines()]

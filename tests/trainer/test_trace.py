@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import perfetto
 import pytest
 import yaml
-from support.procs import CLI
+from support.procs import ringtrain
 
 from ringtrain import events
 from ringtrain.errors import InvalidSpec
@@ -138,21 +137,7 @@ def traced_run(tmp_path_factory):
     }
     manifest = tmp / "job.yaml"
     manifest.write_text(yaml.safe_dump(job))
-    out = subprocess.run(
-        [
-            *CLI,
-            "run",
-            str(manifest),
-            "--json",
-            "--run-dir",
-            str(tmp / "run"),
-        ],
-        cwd=tmp,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    out = ringtrain("run", str(manifest), "--json", "--run-dir", str(tmp / "run"), cwd=tmp)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.splitlines()[-1])
     return summary, json.loads(Path(summary["trace"]).read_text())
