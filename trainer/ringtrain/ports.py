@@ -33,6 +33,7 @@ def free_ring_ports(n: int, *, taken: Collection[int] = (), host: str = "127.0.0
     port free as well, and no port of one member (ring or side channel) a port of another or in
     ``taken``. Everything stays bound until all are chosen, so the kernel cannot offer one port
     twice; a port whose side channel is not free stays bound too, so it is not offered again."""
+    avoid = set(taken)
     held: list[socket.socket] = []
     ports: list[int] = []
     try:
@@ -41,7 +42,7 @@ def free_ring_ports(n: int, *, taken: Collection[int] = (), host: str = "127.0.0
             held += [ring, side]
             ring.bind((host, 0))
             port = ring.getsockname()[1]
-            if set(member_ports(port)) & set(taken):
+            if avoid.intersection(member_ports(port)):
                 continue
             try:
                 side.bind((host, side_channel_port(port)))
