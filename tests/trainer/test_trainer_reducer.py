@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 import pytest
+from support.reference import single_worker_run
 
 from ringtrain.errors import PeerTimeout
 from ringtrain_trainer import model as M
@@ -268,11 +269,7 @@ def config(**kw):
 @pytest.mark.parametrize("world, opt, bucket_mb", [(2, "sgd", 25.0), (4, "adam", 0.001)])
 def test_n_workers_with_batch_b_equal_one_worker_with_batch_nb(mnist5k, world, opt, bucket_mb):
     b = 8
-    single = Trainer(
-        config(batch_size=world * b, optimizer=opt), LocalCollective(), mnist5k, out=io.StringIO()
-    )
-    single.run()
-    single.close()
+    single = single_worker_run(config(batch_size=world * b, optimizer=opt), mnist5k)
 
     def rank_fn(rank, col):
         t = Trainer(
