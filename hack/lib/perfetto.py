@@ -12,7 +12,7 @@ whether Perfetto reported an error, instead of guessing with a fixed delay:
   error or data loss (a misnested slice, a JSON parse failure), uncaught exceptions and
   ``console.error`` calls, less the offline UI's known noise (it probes the network).
 
-Used by tests/trainer/test_trace_viewer.py and hack/trace-picture.
+Used by tests/trainer/test_trace.py and hack/trace-picture (both import it from hack/lib).
 """
 
 from __future__ import annotations
@@ -31,16 +31,12 @@ from pathlib import Path
 
 import websocket
 
+from ringtrain.ports import free_ring_ports
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: console errors of the offline UI that say nothing about the trace
 NOISE = ("LiveReload SSE error",)
 _STATS = "select name, value from stats where value > 0 and severity in ('error', 'data_loss')"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _poll(what: str, check, deadline: float, every_s: float = 0.05):
@@ -114,7 +110,7 @@ def screenshot(
     processor's error rows) and ``console_errors``; a trace that loads cleanly has all three
     empty. Raises TimeoutError when the UI never finishes."""
     deadline = time.monotonic() + timeout_s
-    port = _free_port()
+    (port,) = free_ring_ports(1)
     profile = tempfile.mkdtemp(prefix="perfetto-chromium-")
     viewer = browser = page = None
     try:

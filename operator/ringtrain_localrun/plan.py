@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from ringtrain import ports
 from ringtrain_operator import manifests
 from ringtrain_operator import spec as jobspec
 
@@ -58,21 +59,21 @@ class Replica:
         return f"{self.role}-{self.index}"
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on right now, nor on the port after it, where a ring
-    member's side channel listens (the kernel's choice, so parallel runs differ)."""
-    while True:
-        with socket.socket() as s, socket.socket() as nxt:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-            try:
-                nxt.bind(("127.0.0.1", port + 1))
-            except (OSError, OverflowError):
-                continue
-            return port
+def port_allocator() -> Callable[[], int]:
+    """A port allocator for one run: each call a loopback port free right now whose
+    side-channel port is free too, and neither any port an earlier call handed out or its side
+    channel's (ring and metrics ports alike; ``ringtrain.ports``)."""
+    taken: set[int] = set()
+
+    def port() -> int:
+        (p,) = ports.free_ring_ports(1, taken=taken)
+        taken.update(ports.member_ports(p))
+        return p
+
+    return port
 
 
-def loopback_endpoints(port: Callable[[], int] = free_port) -> manifests.Endpoint:
+def loopback_endpoints(port: Callable[[], int]) -> manifests.Endpoint:
     """An ``endpoint`` for :func:`manifests.desired_objects`: one stable loopback port per replica.
 
     The same (role, index) must get the same address in every replica's TF_CONFIG, so the first
@@ -80,15 +81,9 @@ def loopback_endpoints(port: Callable[[], int] = free_port) -> manifests.Endpoin
     """
     chosen: dict[tuple[str, int], str] = {}
 
-    taken: set[int] = set()
-
     def endpoint(job: jobspec.Job, role: str, index: int) -> str:
         if (role, index) not in chosen:
-            p = port()
-            while {p, p + 1} & taken:  # no replica's port is another's side-channel port
-                p = port()
-            taken.update((p, p + 1))
-            chosen[(role, index)] = f"127.0.0.1:{p}"
+            chosen[(role, index)] = f"127.0.0.1:{port()}"
         return chosen[(role, index)]
 
     return endpoint
@@ -226,12 +221,14 @@ def _local_command(command: list[str]) -> list[str]:
 
 
 def plan(
-    obj: Mapping[str, Any], run_dir: Path, *, port: Callable[[], int] = free_port
+    obj: Mapping[str, Any], run_dir: Path, *, port: Callable[[], int] | None = None
 ) -> tuple[jobspec.Job, list[Replica]]:
     """Load a TrainingJob and translate each of its Pods into a :class:`Replica`.
 
+    ``port`` (default: :func:`port_allocator`) hands out the ring and metrics ports.
     Raises :class:`jobspec.InvalidSpec` with the offending field for anything that cannot run.
     """
+    port = port or port_allocator()
     job = jobspec.load(obj)
     objs = manifests.desired_objects(job, endpoint=loopback_endpoints(port))
     secrets = _secret_data(objs)

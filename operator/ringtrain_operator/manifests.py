@@ -15,14 +15,14 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ringtrain import cluster, optiongen, options, pki
+from ringtrain import cluster, optiongen, options, pki, ports
 
 from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 
 #: The worker's gRPC server: ring control plane, Health service, the ``grpc`` data path.
 RING_PORT = 2222
 #: The ``grpc+tcp`` data path's raw TCP side channel (announced over RING_PORT as well).
-RING_DATA_PORT = RING_PORT + 1
+RING_DATA_PORT = ports.side_channel_port(RING_PORT)
 #: The Health service alone, in plaintext, for the kubelet's gRPC probe (which speaks no TLS:
 #: the ring port is mutual TLS); only with the grpc probe form.
 HEALTH_PORT = RING_PORT + 2

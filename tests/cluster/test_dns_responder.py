@@ -1,22 +1,14 @@
-"""The cluster DNS responder (hack/cluster/dns.py) as a real UDP/TCP server on loopback, fed
+"""The cluster DNS responder (hack/lib/cluster_dns.py) as a real UDP/TCP server on loopback, fed
 with Services and Endpoints the way its watch threads feed it (no cluster needed)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace as NS
 
+import cluster_dns as dns
 import pytest
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord
 from dnslib.server import BaseResolver, DNSServer
-
-DNS_PY = Path(__file__).resolve().parents[2] / "hack" / "cluster" / "dns.py"
-spec = importlib.util.spec_from_file_location("ringtrain_cluster_dns", DNS_PY)
-dns = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = dns  # dataclasses look their module up there
-spec.loader.exec_module(dns)
 
 
 def endpoints(*addrs):

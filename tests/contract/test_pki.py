@@ -6,6 +6,7 @@ import datetime
 
 import pytest
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ringtrain import pki
@@ -35,7 +36,7 @@ def test_one_p256_leaf_for_both_ends_signed_by_the_jobs_own_ca():
 def test_every_job_gets_its_own_ca_and_identity():
     a, b = pki.create("j", "ns", "j"), pki.create("j", "ns", "j")
     assert a.ca_cert != b.ca_cert and pki.identity(a.cert) != pki.identity(b.cert)
-    with pytest.raises(Exception):
+    with pytest.raises(InvalidSignature):  # same CA name, another key
         x509.load_pem_x509_certificate(a.cert).verify_directly_issued_by(
             x509.load_pem_x509_certificate(b.ca_cert)
         )

@@ -9,13 +9,12 @@ shows "no data".
 from __future__ import annotations
 
 import copy
-import importlib.machinery
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import gen_docs as gen
 import pytest
 
 from ringtrain import errors
@@ -26,23 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "gen-docs"
 REFERENCE = ROOT / "docs" / "reference.md"
 CHART = ROOT / "charts" / "ringtrain"
-# A metric name, but not the operator's package (`ringtrain_operator`, `ringtrain_operator.spec`, ...).
+# A metric name, but not a package's (`ringtrain_operator`, `ringtrain_operator.spec`, ...).
 METRIC = re.compile(
     r"\bringtrain_(?!(?:operator|trainer|bench|localrun)\b)[a-z_]+"
 )  # not a package name
-
-
-def _load_generator():
-    """hack/gen-docs has no .py suffix (it is a command), so import it through its loader."""
-    loader = importlib.machinery.SourceFileLoader("gen_docs", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("gen_docs", loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_docs"] = module  # dataclasses look their module up while the class is built
-    loader.exec_module(module)
-    return module
-
-
-gen = _load_generator()
 
 
 def test_reference_is_current():

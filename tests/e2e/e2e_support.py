@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -20,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import procs
+from support.ports import free_port
+from support.procs import CLI
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "operator" / "ringtrain_operator" / "crd" / "trainingjobs.yaml"
@@ -100,12 +101,6 @@ def sleep_job(
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_http_ok(
     what: str, proc: subprocess.Popen, url: str, timeout_s: float, tail: Callable[[], str]
 ) -> None:
@@ -140,9 +135,7 @@ class OperatorProcess:
             out.flush()
             self.proc = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "ringtrain.cli",
+                    *CLI,
                     "operator",
                     "--kubeconfig",
                     self.kubeconfig,
@@ -175,14 +168,8 @@ class OperatorProcess:
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            procs.stop(self.proc, timeout_s=30)
 
     def tail(self, chars: int = 8000) -> str:
         try:

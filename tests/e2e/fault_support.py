@@ -5,6 +5,7 @@ from the node: SIGKILL, SIGSTOP, its network namespace's link, a witness node.""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -58,10 +59,8 @@ def committed_steps(ckpt: Path) -> list[int]:
     """Steps of the checkpoints whose manifest (the commit record) is written."""
     out = []
     for f in ckpt.glob("ckpt-*.json"):
-        try:
+        with contextlib.suppress(OSError, ValueError, KeyError):  # pruned or being replaced
             out.append(json.loads(f.read_text())["step"])
-        except (OSError, ValueError, KeyError):
-            pass  # pruned or being replaced under us
     return sorted(out)
 
 
@@ -105,19 +104,15 @@ def host_pids(cid: str) -> list[int]:
         pid = todo.pop()
         pids.append(pid)
         for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
+            with contextlib.suppress(OSError):  # the task ended meanwhile
                 todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
     return pids
 
 
 def signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 class NetNS:

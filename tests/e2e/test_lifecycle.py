@@ -18,13 +18,12 @@ from e2e_support import (
     fresh_namespace,
     get_job,
     job_pods,
-    job_story,
     sleep_job,
     training_job,
     wait_for,
     wait_state,
 )
-from fault_support import REJOINED
+from fault_support import REJOINED, events, story
 
 pytestmark = pytest.mark.e2e
 
@@ -44,16 +43,6 @@ def operator(kubeconfig, ns, tmp_path_factory):
     yield op
     op.stop()
     print(op.tail(8000))
-
-
-def story(kubectl, ns, name, operator):
-    return lambda: job_story(kubectl, ns, name, operator.tail)
-
-
-def events(kubectl, ns: str, name: str) -> list[dict]:
-    return kubectl.json(
-        "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}"
-    )["items"]
 
 
 def pods_gone(kubectl, ns, name):
@@ -169,8 +158,9 @@ def test_a_deleted_chief_pod_is_recreated_alone_and_resumes_from_a_volume_that_o
     kubectl, ns, operator, project_image
 ):
     """Pod loss is what an emptyDir does not survive: the chief's pod is deleted by hand, the
-    operator recreates that pod alone, worker-1 restarts or rejoins in place, and the new chief resumes
-    from the checkpoint volume that outlives pods (hostPath here, as a PVC on a real cluster)."""
+    operator recreates that pod alone, worker-1 restarts or rejoins in place, and the new chief
+    resumes from the checkpoint volume that outlives pods (hostPath here, as a PVC on a real
+    cluster)."""
     name = "podloss"
     ckpt = Path(f"/tmp/ringtrain-e2e/{ns}/{name}")
     ckpt.mkdir(parents=True, exist_ok=True)

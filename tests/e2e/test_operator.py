@@ -1,6 +1,7 @@
 """The operator end to end on the real local cluster: the CRD applied with kubectl, the server's
 own validation, defaults and printer columns, and `ringtrain operator` as a separate process
-(exactly as the Deployment runs it) driving a 2-worker job over the ring (grpc+tcp data path) to Succeeded."""
+(exactly as the Deployment runs it) driving a 2-worker job over the ring (grpc+tcp data path) to
+Succeeded."""
 
 from __future__ import annotations
 

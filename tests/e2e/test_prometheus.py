@@ -1,7 +1,7 @@
 """A real Prometheus finds and scrapes ringtrain's pods on the real local cluster.
 
 Debian's Prometheus runs on the host. Debian builds it without Kubernetes discovery, so the pods
-reach it over ``http_sd_configs`` from ``prometheus/pod_discovery.py``, which lists them from
+reach it over ``http_sd_configs`` from ``support/pod_discovery.py``, which lists them from
 this cluster's API server as a ServiceAccount the test creates with nothing but get/list/watch
 on pods in the test's namespace (what an in-cluster Prometheus would hold), TLS verified with the
 cluster's CA, and labels them exactly as Prometheus' ``kubernetes_sd_configs`` (role: pod) does.
@@ -12,7 +12,8 @@ image:
     ``manifests.desired_objects()``, so annotations and ports are exactly what the operator
     creates; it trains Fashion-MNIST until the test has what it needs, then is deleted;
   - the operator, installed with the Helm chart (namespaced RBAC) and annotated through
-    the chart's default ``metrics.scrapeAnnotations``; a suspended TrainingJob gives it something to count.
+    the chart's default ``metrics.scrapeAnnotations``; a suspended TrainingJob gives it
+    something to count.
 Everything is asserted through Prometheus' HTTP API: both targets discovered and ``up == 1``,
 real series with sane values. Failures carry Prometheus' log, its /api/v1/targets, the
 discovery endpoint's state, the pods and their logs.
@@ -24,24 +25,20 @@ import base64
 import json
 import math
 import string
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
-from e2e_support import free_port, training_job, wait_http_ok
-from prometheus.pod_discovery import PodDiscovery, target_groups
+from e2e_support import training_job
+from support.pod_discovery import PodDiscovery, target_groups
+from support.prometheus import Prometheus, check_config
 
 from ringtrain_operator import __version__ as OPERATOR_VERSION
 from ringtrain_operator import manifests, spec
 
 pytestmark = pytest.mark.e2e
 
-PROMETHEUS = "/usr/bin/prometheus"
-PROMTOOL = "/usr/bin/promtool"
 CONFIG_TEMPLATE = Path(__file__).parent / "prometheus" / "prometheus.yml"
 SCRAPE_INTERVAL_S = 2
 JOB = "fmnist"  # the worker's TrainingJob name (its pod: fmnist-worker-0)
@@ -110,66 +107,6 @@ def scraper_token(kubectl, namespace) -> str:
 # --------------------------------------------------------------------------- Prometheus on the host
 
 
-class Prometheus:
-    """Debian's prometheus as a child process, with its HTTP API and its log for diagnostics."""
-
-    def __init__(self, config: Path, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / "prometheus.log"
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(
-                [
-                    PROMETHEUS,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={workdir / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--storage.tsdb.retention.time=1h",
-                    "--log.level=debug",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=workdir,
-            )
-
-    def get(self, path: str, **params: str) -> dict:
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=5) as r:
-            body = json.loads(r.read())
-        assert body.get("status") == "success", body
-        return body["data"]
-
-    def query(self, promql: str) -> list[dict]:
-        """An instant query's vector: [{"metric": {...}, "value": float}]."""
-        data = self.get("/api/v1/query", query=promql)
-        assert data["resultType"] == "vector", data
-        return [{"metric": s["metric"], "value": float(s["value"][1])} for s in data["result"]]
-
-    def wait_ready(self, timeout_s: float = 30) -> None:
-        wait_http_ok("prometheus", self.proc, f"{self.url}/-/ready", timeout_s, self.tail)
-
-    def targets_json(self) -> str:
-        try:
-            return json.dumps(self.get("/api/v1/targets"), indent=1)[-8000:]
-        except (OSError, AssertionError, ValueError) as e:
-            return f"(no /api/v1/targets: {e})"
-
-    def tail(self, chars: int = 6000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError as e:
-            return f"(no prometheus log: {e})"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
 def cluster_access(kubeconfig: str, workdir: Path) -> tuple[str, str]:
     """The API server's URL and a file with the cluster's CA, from the kubeconfig."""
     cluster = yaml.safe_load(Path(kubeconfig).read_text())["clusters"][0]["cluster"]
@@ -192,7 +129,7 @@ def render_config(discovery_url: str, workdir: Path) -> Path:
 
 @pytest.fixture
 def pod_discovery(kubeconfig, namespace, scraper_token, tmp_path):
-    """Kubernetes pod discovery as the scraper's ServiceAccount (see prometheus/pod_discovery)."""
+    """Kubernetes pod discovery as the scraper's ServiceAccount (see support/pod_discovery)."""
     api_server, ca = cluster_access(kubeconfig, tmp_path)
     with PodDiscovery(api_server, ca, scraper_token, [namespace]) as sd:
         yield sd
@@ -203,18 +140,8 @@ def prometheus(pod_discovery, tmp_path):
     workdir = tmp_path / "prometheus"
     workdir.mkdir()
     config = render_config(pod_discovery.url, workdir)
-    check = subprocess.run(
-        [PROMTOOL, "check", "config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr, (
-        f"promtool check config failed (rc={check.returncode}):\n{check.stdout}{check.stderr}\n"
-        f"{config.read_text()}"
-    )
-    prom = Prometheus(config, workdir)
+    check_config(config)
+    prom = Prometheus(config, workdir, "--storage.tsdb.retention.time=1h", "--log.level=debug")
     try:
         prom.wait_ready()
         yield prom

@@ -9,12 +9,11 @@ test_local_run.py; this module runs the rest and checks that no example is left 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support.procs import ringtrain
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -50,10 +49,7 @@ def test_example_reaches_succeeded(name, tmp_path):
         manifest = tmp_path / name
         manifest.write_text(yaml.safe_dump(doc))
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ringtrain.cli", "run", "--json", "--run-dir", str(run_dir)]
-    out = subprocess.run(
-        [*cmd, str(manifest)], capture_output=True, text=True, timeout=840, check=False
-    )
+    out = ringtrain("run", "--json", "--run-dir", str(run_dir), str(manifest), timeout_s=840)
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     final = [doc for doc in lines if doc.get("event") == "final"]
     assert final, f"no final result; stderr tail:\n{out.stderr[-3000:]}"

@@ -8,12 +8,12 @@ import io
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from support.procs import CLI
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -33,7 +33,7 @@ from ringtrain_trainer.worker import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "keras-model.yaml"
-RUN = [sys.executable, "-m", "ringtrain.cli", "run"]
+RUN = [*CLI, "run"]
 
 
 def _ringtrain_probabilities(manifest: str, x: np.ndarray) -> np.ndarray:

@@ -9,7 +9,6 @@ depend on training speed.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import os
 import re
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.procs import CLI, ringtrain
+from support.reference import single_worker_run
 
 from ringtrain import cluster
 from ringtrain_localrun import cli, console, plan, supervisor
@@ -28,7 +29,7 @@ from ringtrain_operator import manifests
 from ringtrain_operator import spec as jobspec
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = [sys.executable, "-m", "ringtrain.cli", "run"]
+RUN = [*CLI, "run"]
 
 
 def tiny_job(name: str = "tiny", **trainer) -> dict:
@@ -224,9 +225,7 @@ def test_progress_line_shows_step_loss_rate_eta_and_health():
 
 
 def run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        RUN + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return ringtrain("run", *args, cwd=cwd, timeout_s=timeout)
 
 
 def json_lines(stdout: str) -> list[dict]:
@@ -277,8 +276,6 @@ def test_a_grpc_ring_runs_over_mutual_tls_from_the_jobs_secret_and_matches_one_w
     """The Secret's TLS files land 0600 in the run dir, the workers load them through
     RINGTRAIN_TLS_DIR and train over mutual-TLS gRPC; the result is the single worker's with the
     global batch (the allreduce was exact)."""
-    from ringtrain_trainer import worker
-    from ringtrain_trainer.collective import LocalCollective
     from ringtrain_trainer.config import TrainerConfig
     from ringtrain_trainer.ring.tls import INSECURE_NOTE
 
@@ -302,15 +299,9 @@ def test_a_grpc_ring_runs_over_mutual_tls_from_the_jobs_secret_and_matches_one_w
         assert stat.S_IMODE((secret_dir / name).stat().st_mode) == 0o600
     key = (secret_dir / "tls.key").read_text()
     assert INSECURE_NOTE not in out.stderr and key.splitlines()[1] not in out.stderr + out.stdout
-    single = worker.Trainer(
-        TrainerConfig(dataset="mnist-5k", steps=6, batch_size=32, eval_every=3),
-        LocalCollective(),
-        out=io.StringIO(),
+    single = single_worker_run(
+        TrainerConfig(dataset="mnist-5k", steps=6, batch_size=32, eval_every=3)
     )
-    try:
-        single.run()
-    finally:
-        single.close()
     assert final["test_accuracy"] == pytest.approx(single.test_accuracy, abs=2e-3)
 
 
@@ -414,7 +405,7 @@ def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, cod
             os.kill(pid, 0)
 
 
-# ---- restart semantics: the operator's fold, carried out with processes ---------------------------
+# ---- restart semantics: the operator's fold, carried out with processes --------------------------
 
 #: Worker 1 counts its attempts in the run dir (the replicas' working directory) and fails
 #: retryably (138, the trainer's "peer lost") on the first two; on the third it tells worker 0

@@ -3,47 +3,31 @@ rendered by ``ringtrain render``, and the two scrape configurations built from t
 
 Debian builds Prometheus without Kubernetes discovery, so targets reach it through
 ``file_sd_configs`` carrying exactly the ``__meta_kubernetes_*`` labels that
-``kubernetes_sd_configs`` (role: pod) gives — computed by the e2e tier's
-``tests/e2e/prometheus/pod_discovery.py`` from the rendered Pod objects. The relabel rules are
+``kubernetes_sd_configs`` (role: pod) gives — computed by the e2e tier's pod discovery
+(``tests/support/pod_discovery.py``) from the rendered Pod objects. The relabel rules are
 the chart's, unchanged.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
-import socket
 import subprocess
-import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import yaml
+from support import pod_discovery
+from support.procs import CLI
+from support.prometheus import PROMTOOL, Prometheus, check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ringtrain"
 SNIPPET = CHART / "prometheus" / "scrape-configs.yaml"
 RULES = CHART / "rules" / "ringtrain.rules.yaml"
 DASHBOARD = CHART / "dashboards" / "ringtrain.json"
-PROMETHEUS = "/usr/bin/prometheus"
-PROMTOOL = "/usr/bin/promtool"
-
-_spec = importlib.util.spec_from_file_location(
-    "pod_discovery", ROOT / "tests" / "e2e" / "prometheus" / "pod_discovery.py"
-)
-pod_discovery = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pod_discovery)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 # --------------------------------------------------------------------------- objects to scrape
 
@@ -65,7 +49,7 @@ def helm_template(*values: str) -> list[dict]:
 def render_pods(manifest: Path, namespace: str) -> list[dict]:
     """The Pods ``ringtrain render`` prints for the job: what the operator would create."""
     out = subprocess.run(
-        [sys.executable, "-m", "ringtrain.cli", "render", str(manifest), "--namespace", namespace],
+        [*CLI, "render", str(manifest), "--namespace", namespace],
         capture_output=True,
         text=True,
         timeout=60,
@@ -201,73 +185,13 @@ def prometheus_config(jobs: list[dict], interval_s: float = 1) -> dict:
 # --------------------------------------------------------------------------- Prometheus
 
 
-class Prometheus:
-    """Debian's prometheus as a child process, asked through its HTTP API."""
-
-    def __init__(self, config: dict, workdir: Path) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.config = workdir / "prometheus.yml"
-        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
-        check = subprocess.run(
-            [PROMTOOL, "check", "config", str(self.config)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert check.returncode == 0, check.stdout + check.stderr + self.config.read_text()
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log = workdir / "prometheus.log"
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(
-                [
-                    PROMETHEUS,
-                    f"--config.file={self.config}",
-                    f"--storage.tsdb.path={workdir / 'tsdb'}",
-                    f"--web.listen-address={self.url.removeprefix('http://')}",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=workdir,
-            )
-
-    def get(self, path: str, **params) -> dict:
-        query = f"?{urllib.parse.urlencode(params, doseq=True)}" if params else ""
-        with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=5) as r:
-            body = json.loads(r.read())
-        assert body.get("status") == "success", body
-        return body["data"]
-
-    def query(self, promql: str) -> list[dict]:
-        data = self.get("/api/v1/query", query=promql)
-        assert data["resultType"] == "vector", (promql, data)
-        return data["result"]
-
-    def until(self, what: str, check, deadline: float, poll_s: float = 0.5):
-        """Poll ``check`` (None: not yet) until the deadline; fail with Prometheus' state."""
-        last = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"prometheus exited:\n{self.tail()}")
-            try:
-                last = check()
-            except (OSError, ValueError) as e:  # not ready yet, an API hiccup: poll again
-                last = e
-            if last is not None and not isinstance(last, Exception):
-                return last
-            time.sleep(poll_s)
-        raise AssertionError(f"timed out waiting for {what} (last: {last!r})\n{self.tail()}")
-
-    def tail(self, chars: int = 3000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+def start_prometheus(config: dict, workdir: Path) -> Prometheus:
+    """Prometheus with ``config`` (checked by promtool first), its files in ``workdir``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    check_config(path)
+    return Prometheus(path, workdir)
 
 
 def fetch(url: str) -> str:

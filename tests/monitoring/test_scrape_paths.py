@@ -17,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,7 +31,6 @@ from monitoring_support import (
     Prometheus,
     annotation_job,
     fetch,
-    free_port,
     helm_template,
     operator_pod,
     podmonitor_job,
@@ -41,9 +38,12 @@ from monitoring_support import (
     promtool_check_metrics,
     render_pods,
     running_on_loopback,
+    start_prometheus,
     write_file_sd,
 )
 from prometheus_client import CollectorRegistry
+from support.ports import free_port
+from support.procs import CLI, stop
 
 from ringtrain_operator import main as operator_main
 from ringtrain_operator import spec as jobspec
@@ -86,43 +86,35 @@ def training(workdir):
     """``ringtrain run`` of job alpha; yields {replica label: metrics port}."""
     manifest = workdir / "alpha.yaml"
     manifest.write_text(yaml.safe_dump(job_manifest("alpha")))
-    log = open(workdir / "run.stderr", "w")
-    drain = threading.Thread()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "run",
-            str(manifest),
-            "--json",
-            "--run-dir",
-            str(workdir / "run"),
-            "--progress-interval",
-            "3600",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        cwd=workdir,
-    )
-    try:
-        start = json.loads(proc.stdout.readline() or "{}")
-        assert start.get("event") == "start", (start, (workdir / "run.stderr").read_text())
-        drain = threading.Thread(target=proc.stdout.read, daemon=True)  # keep the pipe flowing
-        drain.start()
-        yield {label: r["metrics_port"] for label, r in start["replicas"].items()}
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    with open(workdir / "run.stderr", "w") as log:
+        drain = threading.Thread()
+        proc = subprocess.Popen(
+            [
+                *CLI,
+                "run",
+                str(manifest),
+                "--json",
+                "--run-dir",
+                str(workdir / "run"),
+                "--progress-interval",
+                "3600",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            cwd=workdir,
+        )
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        if drain.ident:
-            drain.join(10)
-        proc.stdout.close()
-        log.close()
+            start = json.loads(proc.stdout.readline() or "{}")
+            assert start.get("event") == "start", (start, (workdir / "run.stderr").read_text())
+            drain = threading.Thread(target=proc.stdout.read, daemon=True)  # keep the pipe flowing
+            drain.start()
+            yield {label: r["metrics_port"] for label, r in start["replicas"].items()}
+        finally:
+            stop(proc, timeout_s=30)
+            if drain.ident:
+                drain.join(10)
+            proc.stdout.close()
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +199,8 @@ def prometheis(workdir, targets):
         ],
     }
     proms = {
-        name: Prometheus(prometheus_config(jobs), workdir / name) for name, jobs in setups.items()
+        name: start_prometheus(prometheus_config(jobs), workdir / name)
+        for name, jobs in setups.items()
     }
     yield proms
     for prom in proms.values():
@@ -235,7 +228,7 @@ def check_panels(prom: Prometheus, job: str) -> list[str] | None:
         if not result:
             return None
         for series in result:
-            labels, value = series["metric"], float(series["value"][1])
+            labels, value = series["metric"], series["value"]
             if "$job_name" in expr and (labels.get("job_name"), labels.get("namespace")) != (
                 job,
                 NAMESPACE,
@@ -283,15 +276,14 @@ def test_every_panel_shows_one_job_and_every_rule_is_healthy(prometheis, path):
 
     for job in JOBS:
         problems = prom.until(
-            f"every panel of job {job} to have data", lambda: check_panels(prom, job), deadline
+            f"every panel of job {job} to have data",
+            lambda job=job: check_panels(prom, job),
+            deadline,
         )
         assert problems == [], "\n".join(problems)
         # the stacked memory panel has one series per kind, each the training program's plan
         stacked = [e for t, e in panel_queries() if t == "IPU memory by kind (per IPU)"]
-        kinds = {
-            r["metric"]["kind"]: float(r["value"][1])
-            for r in prom.query(substitute(stacked[0], job))
-        }
+        kinds = {r["metric"]["kind"]: r["value"] for r in prom.query(substitute(stacked[0], job))}
         assert sorted(kinds) == sorted(KINDS) and kinds["weights"] > 0, kinds
 
     def rules_evaluated():

@@ -480,7 +480,7 @@ def test_the_crd_ring_defaults_are_the_trainer_defaults():
 
 
 def test_a_zero_learning_rate_is_refused_like_the_trainer_does():
-    with pytest.raises(spec.InvalidSpec, match="spec.trainer.learningRate"):
+    with pytest.raises(spec.InvalidSpec, match=r"spec\.trainer\.learningRate"):
         spec.load(job_obj(trainer={"learningRate": 0}))
 
 
@@ -495,7 +495,7 @@ def test_checkpoint_keep_reaches_the_workers_checkpoint_manager(tmp_path):
     assert (j.trainer.checkpoint_keep, cfg.checkpoint_keep) == (5, 5)
     assert TrainerConfig.from_args([], {}).checkpoint_keep == 3
     assert CheckpointManager(tmp_path, cfg.checkpoint_keep).keep == 5
-    with pytest.raises(spec.InvalidSpec, match="spec.trainer.checkpoint.keep"):
+    with pytest.raises(spec.InvalidSpec, match=r"spec\.trainer\.checkpoint\.keep"):
         spec.load(job_obj(trainer={"checkpoint": {"keep": 0}}))
     with pytest.raises(spec.InvalidSpec, match="--checkpoint-keep must be at least 1"):
         TrainerConfig.from_args(["--checkpoint-keep", "0"], {})

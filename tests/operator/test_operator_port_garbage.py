@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from support.sockets import send_and_drain as send
 
 from ringtrain_operator.main import health_app
 from ringtrain_operator.metrics import OperatorMetrics
@@ -33,23 +34,6 @@ def port():
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
     loop.close()
-
-
-def send(port: int, data: bytes, half_close: bool = False) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        try:
-            s.sendall(data)
-            if half_close:
-                s.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except ConnectionResetError:
-            pass
-        return out
 
 
 def status(answer: bytes) -> bytes:

@@ -7,12 +7,11 @@ checked-in CRD files (the operator's and the chart's) and docs are what the tabl
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+import gen_crd
 import pytest
 import yaml
 from operator_jobs import job_obj
@@ -24,16 +23,6 @@ from ringtrain_trainer.config import TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN_CRD = ROOT / "hack" / "gen-crd"
-
-
-def _load(path: Path, name: str):
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
-    loader.exec_module(module)
-    return module
-
-
-gen_crd = _load(GEN_CRD, "gen_crd")
 
 
 def _trainer_schema(path: Path) -> dict:
@@ -218,5 +207,5 @@ def test_upper_bounds_are_the_crds_alone():
     """The worker never had upper bounds; a local run may use a larger value than a cluster."""
     cfg = TrainerConfig.from_args(["--ring-step-timeout-s", "100000", "--lr-decay", "2"], {})
     assert (cfg.ring_step_timeout_s, cfg.lr_decay) == (100000.0, 2.0)
-    with pytest.raises(InvalidSpec, match="spec.trainer.ring.stepTimeoutSeconds"):
+    with pytest.raises(InvalidSpec, match=r"spec\.trainer\.ring\.stepTimeoutSeconds"):
         spec.load(job_obj(trainer={"ring": {"stepTimeoutSeconds": 100000}}))

@@ -76,14 +76,10 @@ def test_in_place_restart_then_success_then_ttl_deletes_the_job():
     kube = FakeKube(obj)
     registry = CollectorRegistry()
     metrics = OperatorMetrics(registry)
-    run = lambda: reconcile(
-        kube,
-        "team-a",
-        "mnist",
-        now=T0,
-        fetch=lambda ip: None,  # noqa: E731
-        metrics=metrics,
-    )
+
+    def run():
+        return reconcile(kube, "team-a", "mnist", now=T0, fetch=lambda ip: None, metrics=metrics)
+
     run()
     uids = {n: kube.objects[("Pod", n)]["metadata"].get("uid") for n in pods(kube)}
     kube.set_pod_phase("mnist-worker-0", "Running")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
+from support.procs import CLI
 
 from ringtrain_operator import manifests, render, spec
 
@@ -43,7 +43,7 @@ def test_main_example_is_the_seeds_two_worker_job():
 def test_render_cli_prints_every_object_with_the_secret_redacted(tmp_path):
     path = REPO / "examples/fashion-mnist-2workers.yaml"
     out = subprocess.run(
-        [sys.executable, "-m", "ringtrain.cli", "render", str(path), "-n", "ml"],
+        [*CLI, "render", str(path), "-n", "ml"],
         capture_output=True,
         text=True,
         check=True,
@@ -68,9 +68,7 @@ def test_render_cli_reports_an_invalid_spec_with_the_field(tmp_path):
     doc = yaml.safe_load((REPO / "examples/fashion-mnist-2workers.yaml").read_text())
     doc["spec"]["trainer"]["ipusPerWorker"] = 3
     bad.write_text(yaml.safe_dump(doc))
-    r = subprocess.run(
-        [sys.executable, "-m", "ringtrain.cli", "render", str(bad)], capture_output=True, text=True
-    )
+    r = subprocess.run([*CLI, "render", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2
     assert "spec.trainer.batchSize: 64 is not divisible by spec.trainer.ipusPerWorker=3" in r.stderr
 
@@ -80,9 +78,7 @@ def test_render_refuses_an_unsupported_inline_keras_model_naming_layer_and_argum
     doc = yaml.safe_load((REPO / "examples/keras-model.yaml").read_text())
     doc["spec"]["trainer"]["model"]["config"]["layers"][2]["config"]["padding"] = "causal"
     bad.write_text(yaml.safe_dump(doc))
-    r = subprocess.run(
-        [sys.executable, "-m", "ringtrain.cli", "render", str(bad)], capture_output=True, text=True
-    )
+    r = subprocess.run([*CLI, "render", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == ""
     assert "spec.trainer.model: layer 'conv2d' (Conv2D): padding='causal'" in r.stderr
     assert "valid" in r.stderr and "same" in r.stderr
@@ -90,7 +86,7 @@ def test_render_refuses_an_unsupported_inline_keras_model_naming_layer_and_argum
 
 def test_render_crd_prints_the_packaged_crd():
     out = subprocess.run(
-        [sys.executable, "-m", "ringtrain.cli", "render", "--crd"],
+        [*CLI, "render", "--crd"],
         capture_output=True,
         text=True,
         check=True,

@@ -115,7 +115,8 @@ def test_roles_in_tf_config_order_and_zero_replicas_dropped():
         (lambda o: o.update(kind="TFJob"), "apiVersion/kind: expected ringtrain.io/v1alpha1/"),
         (
             lambda o: o["spec"].pop("trainer"),
-            "spec.replicaSpecs.Worker.template.spec.containers: required when spec.trainer is not set",
+            "spec.replicaSpecs.Worker.template.spec.containers: "
+            "required when spec.trainer is not set",
         ),
         (
             lambda o: (
@@ -233,7 +234,7 @@ def test_an_evaluator_with_a_shared_checkpoint_volume_is_accepted_but_only_one()
     shared = {"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}}
     j = job(workers=1, chief=1, evaluator=1, trainer=shared)
     assert j.replica("evaluator").replicas == 1
-    with pytest.raises(InvalidSpec, match="Evaluator.replicas: 2 is greater than the maximum"):
+    with pytest.raises(InvalidSpec, match=r"Evaluator\.replicas: 2 is greater than the maximum"):
         job(workers=1, evaluator=2, trainer=shared)
 
 

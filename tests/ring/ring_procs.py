@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ringtrain_bench.procs import loopback_addresses, new_token
+from support.ports import loopback_addresses
+from support.procs import kill, new_token, without_cluster
 
 WORKER = Path(__file__).with_name("ring_worker.py")
 
@@ -39,9 +39,13 @@ class Ring:
             results.append((p.returncode, [json.loads(x) for x in out.splitlines() if x]))
         return results
 
+    def go(self, rank: int) -> None:
+        """Let ``rank`` go on where its scenario holds it (``pause``: rank 1 before step 2)."""
+        self.procs[rank].stdin.write("go\n")
+        self.procs[rank].stdin.flush()
+
     def start_rank(self, rank: int) -> None:
-        env = dict(os.environ, RINGTRAIN_TOKEN=self.token.decode())
-        env.pop("RINGTRAIN_TLS_DIR", None)
+        env = dict(without_cluster(), RINGTRAIN_TOKEN=self.token.decode())
         if self.tls_dir is not None:
             env["RINGTRAIN_TLS_DIR"] = str(self.tls_dir)
         self.procs[rank] = subprocess.Popen(
@@ -60,12 +64,8 @@ class Ring:
         )
 
     def kill(self) -> None:
-        for p in self.procs:
-            if p is None:
-                continue
-            if p.poll() is None:
-                p.kill()
-            p.communicate()  # also closes the pipes of one that ended by itself
+        """Kill whatever still runs; reap all (closing the pipes of those that ended)."""
+        kill(self.procs)
 
 
 def write_tls(directory: Path, name: str = "ring") -> Path:

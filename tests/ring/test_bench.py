@@ -2,18 +2,16 @@
 
 import json
 import subprocess
-import sys
 
 import pytest
+from support.procs import CLI
 
 
 @pytest.mark.timeout(120)
 def test_bench_reports_every_transport_and_baseline_with_ratios():
     out = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
+            *CLI,
             "bench",
             "allreduce",
             "--workers",

@@ -4,17 +4,17 @@ callers without the job's token."""
 
 import signal
 import subprocess
-import sys
 import time
 
 import grpc
 import pytest
 import ring_procs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.ports import free_ports
+from support.procs import CLI
 
 from ringtrain import events
 from ringtrain.errors import EXIT_RETRYABLE
-from ringtrain_bench.procs import free_ports
 from ringtrain_trainer.ring import control
 
 STEP_TIMEOUT = "60"
@@ -130,7 +130,7 @@ def test_health_stall_reports_and_strangers_on_the_control_service():
                         call(b"stop", metadata=md, timeout=10)
                     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         probe = subprocess.run(
-            [sys.executable, "-m", "ringtrain.cli", "health", "--address", ring.addresses[0]],
+            [*CLI, "health", "--address", ring.addresses[0]],
             capture_output=True,
             text=True,
             timeout=30,
@@ -143,8 +143,7 @@ def test_health_stall_reports_and_strangers_on_the_control_service():
             .decode()
         )
         assert 'ringtrain_ring_stalls_total{transport="grpc+tcp"}' in metrics
-        ring.procs[1].stdin.write("go\n")
-        ring.procs[1].stdin.flush()
+        ring.go(1)
         results = ring.finish()
     finally:
         ring.kill()
@@ -152,9 +151,7 @@ def test_health_stall_reports_and_strangers_on_the_control_service():
     assert results[0][1][-1] == {"event": "done", "rank": 0, "refused": 6}
     dead = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
+            *CLI,
             "health",
             "--address",
             ring.addresses[0],

@@ -12,15 +12,12 @@ batch statistics are per replica, so N workers × B equal one worker with N repl
 """
 
 import json
-import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-
-from ringtrain.cluster import build
-from ringtrain_bench.procs import free_ports
+from support import procs as procs_mod
+from support.ports import loopback_addresses
 
 GLOBAL_BATCH = 12
 STEPS = 50
@@ -62,31 +59,17 @@ def final_weights(stdout: str, world: int) -> np.ndarray:
 
 def train(tmp_path, name: str, world: int, optimizer: str, extra: tuple = ()) -> np.ndarray:
     """Run ``world`` real worker processes over the TCP ring; the final flat weights."""
-    addrs = [f"127.0.0.1:{p}" for p in free_ports(world)]
-    procs = []
-    for i in range(world):
-        env = dict(os.environ, RINGTRAIN_TOKEN="equivalence")
-        env.pop("TF_CONFIG", None)
-        if world > 1:
-            env["TF_CONFIG"] = build({"worker": addrs}, "worker", i)
-        cmd = [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
+    commands = [
+        [
+            *procs_mod.CLI,
             *worker_args(tmp_path / name, world, optimizer, tmp_path / f"{name}-{i}.json"),
             *extra,
         ]
-        procs.append(
-            subprocess.Popen(
-                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-        )
-    outputs = []
-    for i, p in enumerate(procs):
-        stdout, stderr = p.communicate(timeout=240)
-        assert p.returncode == 0, f"{name} worker {i}: {stderr[-2000:]}"
-        outputs.append(stdout)
-    return final_weights(outputs[0], world)
+        for i in range(world)
+    ]
+    procs = procs_mod.start_members(commands, loopback_addresses(world), "equivalence")
+    outputs = procs_mod.finish(procs, timeout_s=240, what=f"{name} worker")
+    return final_weights(outputs[0][0], world)
 
 
 def assert_same(weights: np.ndarray, reference: np.ndarray, what: str) -> None:
@@ -125,20 +108,15 @@ def test_n_workers_match_one_worker_with_the_global_batch(tmp_path, reference, o
 @pytest.mark.timeout(300)
 def test_mpirun_workers_match_one_worker_with_the_global_batch(tmp_path, reference):
     cmd = [
-        "mpirun",
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-        "2",
-        sys.executable,
-        "-m",
-        "ringtrain.cli",
+        *procs_mod.mpirun(2),
+        *procs_mod.CLI,
         *worker_args(tmp_path / "mpi", 2, "adam", tmp_path / "mpi.json"),
         "--collective",
         "mpi",
     ]
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
+    out = subprocess.run(
+        cmd, env=procs_mod.without_cluster(), capture_output=True, text=True, timeout=280
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     # Rank 0's termination log, not stdout: mpirun forwards output in pieces.
     final = (tmp_path / "mpi.json").read_text()

@@ -11,6 +11,7 @@ per-rendezvous key and refuses replays, and the job's token in place of that key
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -18,7 +19,6 @@ import os
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -26,10 +26,11 @@ import urllib.request
 import grpc
 import numpy as np
 import pytest
+from support import procs as procs_mod
+from support.ports import free_ports, side_channel_port
+from support.sockets import drain, send_and_drain
 
-from ringtrain.cluster import build
 from ringtrain.errors import Unauthenticated
-from ringtrain_bench.procs import free_ports
 from ringtrain_trainer import metrics as trainer_metrics
 from ringtrain_trainer.ring import auth, control
 from ringtrain_trainer.ring.grpc_transport import _HELLO as GRPC_HELLO
@@ -41,44 +42,18 @@ MAX_ROUNDS = 25
 TIMEOUT_S = 5.0
 
 
-def _ring_ports() -> list[int]:
-    """Two ring ports whose +1 (the grpc+tcp side channel's first choice) is free too, so the
-    attacks know where the side channel listens."""
-    while True:
-        ring = free_ports(2)
-        spare = [socket.socket() for _ in ring]
-        try:
-            for sock, port in zip(spare, ring):
-                sock.bind(("127.0.0.1", port + 1))
-            if len({*ring, *(p + 1 for p in ring)}) == 4:
-                return ring
-        except OSError:
-            continue
-        finally:
-            for sock in spare:
-                sock.close()
-
-
 def start(
     tmp_path, name: str, transport: str, before_peer=None
 ) -> tuple[list[subprocess.Popen], list, list]:
     """Two workers; ``before_peer(ring_ports)`` runs after worker 0 started and before worker 1
-    does, while worker 0 waits for its peer."""
-    ring, metrics = _ring_ports(), free_ports(2)
+    does, while worker 0 waits for its peer. The ring ports' side channels are free (the attacks
+    know where they listen), and no metrics port is one of them."""
+    ports = free_ports(4)
+    ring, metrics = ports[:2], ports[2:]
     addrs = [f"127.0.0.1:{p}" for p in ring]
-    procs = []
-    for i in range(2):
-        if i == 1 and before_peer is not None:
-            before_peer(ring)
-        env = dict(
-            os.environ, RINGTRAIN_TOKEN=TOKEN, TF_CONFIG=build({"worker": addrs}, "worker", i)
-        )
-        env.pop("RINGTRAIN_TOKEN_FILE", None)
-        cmd = [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "worker",
+    commands = [
+        [
+            *procs_mod.WORKER,
             "--dataset",
             "mnist-5k",
             "--steps",
@@ -99,18 +74,18 @@ def start(
             str(tmp_path / name),
             "--json",
         ]
-        procs.append(
-            subprocess.Popen(
-                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-        )
-    return procs, ring, metrics
+        for i in range(2)
+    ]
+
+    def before(rank: int) -> None:
+        if rank == 1 and before_peer is not None:
+            before_peer(ring)
+
+    return procs_mod.start_members(commands, addrs, TOKEN, before=before), ring, metrics
 
 
 def finish(procs) -> tuple[dict, np.ndarray, str]:
-    outs = [p.communicate(timeout=180) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-2000:]
+    outs = procs_mod.finish(procs, timeout_s=180)
     final = json.loads(outs[0][0].strip().splitlines()[-1])
     with np.load(final["checkpoint"].removesuffix(".json") + ".npz") as z:
         return final, z["params"].copy(), outs[0][1] + outs[1][1]
@@ -118,17 +93,6 @@ def finish(procs) -> tuple[dict, np.ndarray, str]:
 
 def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
-
-
-def drain(s: socket.socket) -> bytes:
-    """Everything until the server closes (a socket timeout fails the test: it must close)."""
-    out = b""
-    try:
-        while chunk := s.recv(65536):
-            out += chunk
-    except ConnectionResetError:
-        pass
-    return out
 
 
 # --- the grpc+tcp side channel (ring port + 1) ------------------------------------------------
@@ -242,16 +206,7 @@ def raw_garbage(port: int) -> None:
 
 
 def http_raw(port: int, request: bytes) -> bytes:
-    with connect(port) as s:
-        try:
-            s.sendall(request)
-        except (BrokenPipeError, ConnectionResetError):
-            return b""
-        try:
-            s.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass  # the server already answered and closed
-        return drain(s)
+    return send_and_drain(port, request, half_close=True, timeout_s=TIMEOUT_S)
 
 
 def http_garbage(port: int) -> None:
@@ -307,7 +262,7 @@ SIDE_CHANNEL_ATTACKS = [
 
 def attack_side_channel(landed: dict):
     def before_peer(ring: list[int]) -> None:
-        port, deadline = ring[0] + 1, time.monotonic() + 60
+        port, deadline = side_channel_port(ring[0]), time.monotonic() + 60
         while True:  # worker 0 opens it before it starts waiting for worker 1
             try:
                 connect(port).close()
@@ -316,10 +271,8 @@ def attack_side_channel(landed: dict):
                 assert time.monotonic() < deadline, "worker 0's side channel never listened"
                 time.sleep(0.05)
         for fn in SIDE_CHANNEL_ATTACKS:
-            try:
-                fn(port)
-            except (ConnectionResetError, BrokenPipeError):
-                pass  # the server hung up on us: refused too
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                fn(port)  # the server hanging up on us is a refusal too
             landed[fn.__name__] = landed.get(fn.__name__, 0) + 1
 
     return before_peer
@@ -338,10 +291,8 @@ def attack(procs, ring, metrics, transport, errors: list, rounds: list, landed: 
         hits = 0
         for port, fn in plan:
             try:
-                try:
-                    fn(port)
-                except (ConnectionResetError, BrokenPipeError):
-                    pass  # the server hung up on us: refused too
+                with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                    fn(port)  # the server hanging up on us is a refusal too
                 landed[fn.__name__] = landed.get(fn.__name__, 0) + 1
                 hits += 1
             except ConnectionRefusedError:

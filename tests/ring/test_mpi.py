@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from support import procs as procs_mod
 
 PROGRAM = """
 import sys
@@ -29,11 +30,7 @@ def test_mpirun_two_ranks_mean_allreduce_and_broadcast(tmp_path):
     # One file per rank: mpirun forwards the ranks' stdout in pieces that may interleave.
     out = subprocess.run(
         [
-            "mpirun",
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            "2",
+            *procs_mod.mpirun(2),
             sys.executable,
             "-c",
             PROGRAM,

@@ -8,6 +8,8 @@ import grpc
 import numpy as np
 import pytest
 import ring_procs
+from support.ports import free_ports
+from support.sockets import drain
 
 from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain.errors import EXIT_RETRYABLE, PeerTimeout
@@ -48,13 +50,12 @@ def wrong_token_joins(ring: ring_procs.Ring, transport: str) -> None:
     """connect() towards a live ring member with another job's secret: Unauthenticated (exit
     code 2, permanent) at once, not a retry until the connect timeout."""
     from ringtrain.errors import EXIT_PERMANENT, Unauthenticated
-    from ringtrain_bench.procs import free_ports
 
     spec = ClusterSpec(
         cluster={"worker": (f"127.0.0.1:{free_ports(1)[0]}", ring.addresses[0])}, task_index=0
     )
     t0 = time.monotonic()
-    with pytest.raises(Unauthenticated, match="rank 0: 127.0.0.1:") as e:
+    with pytest.raises(Unauthenticated, match=r"rank 0: 127\.0\.0\.1:") as e:
         connect(spec, b"another-jobs-token", transport=transport, connect_timeout_s=20)
     assert e.value.exit_code == EXIT_PERMANENT and time.monotonic() - t0 < 10
 
@@ -71,27 +72,31 @@ def test_a_stranger_on_the_tcp_side_channel_is_refused_while_the_ring_keeps_work
         with socket.create_connection((host, port), timeout=10) as s:
             assert s.recv(21).startswith(b"RTRH")
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n".ljust(56, b"-"))
-            answer = b"".join(iter(lambda: s.recv(64), b""))
-            assert answer == bytes([auth.REFUSED_TOKEN])
+            assert drain(s) == bytes([auth.REFUSED_TOKEN])
         # 2: a proper handshake with a guessed key, claiming to be the left neighbour
-        with socket.create_connection((host, port), timeout=10) as s:
-            with pytest.raises(auth.Unauthenticated, match="wrong token"):
-                auth.client_handshake(s, b"not-the-token", 1, 2, "rank 0")
+        with (
+            socket.create_connection((host, port), timeout=10) as s,
+            pytest.raises(auth.Unauthenticated, match="wrong token"),
+        ):
+            auth.client_handshake(s, b"not-the-token", 1, 2, "rank 0")
         # 3: the job's own token is not the side channel's key
-        with socket.create_connection((host, port), timeout=10) as s:
-            with pytest.raises(auth.KeyRefused, match="wrong token"):
-                auth.client_handshake(s, ring.token, 1, 2, "rank 0")
+        with (
+            socket.create_connection((host, port), timeout=10) as s,
+            pytest.raises(auth.KeyRefused, match="wrong token"),
+        ):
+            auth.client_handshake(s, ring.token, 1, 2, "rank 0")
         # 4: the key rank 0 gives its left neighbour at the rendezvous is accepted, but the
         # left neighbour is already connected
         answer = ring_procs.register(ring, 0, as_rank=1)
         assert answer["data_port"] == port and len(answer["data_key"]) == 2 * auth.KEY_BYTES
-        with socket.create_connection((host, port), timeout=10) as s:
-            with pytest.raises(ConnectionError, match="already connected"):
-                auth.client_handshake(s, bytes.fromhex(answer["data_key"]), 1, 2, "rank 0")
+        with (
+            socket.create_connection((host, port), timeout=10) as s,
+            pytest.raises(ConnectionError, match="already connected"),
+        ):
+            auth.client_handshake(s, bytes.fromhex(answer["data_key"]), 1, 2, "rank 0")
         # 5: a worker of a job with another secret fails at once, permanently
         wrong_token_joins(ring, "tcp")
-        ring.procs[1].stdin.write("go\n")
-        ring.procs[1].stdin.flush()
+        ring.go(1)
         results = ring.finish()
     finally:
         ring.kill()
@@ -133,8 +138,7 @@ def test_grpc_calls_without_token_or_with_wrong_step_or_size_are_refused_state_u
             wrong_size = OpHeader(Kind.ALLREDUCE, seq, 2, 0, n0 + 1)
             assert refused(call_metadata(tok, 1, 2, wrong_size)) == grpc.StatusCode.INVALID_ARGUMENT
         wrong_token_joins(ring, "grpc")
-        ring.procs[1].stdin.write("go\n")
-        ring.procs[1].stdin.flush()
+        ring.go(1)
         results = ring.finish()
     finally:
         ring.kill()
@@ -180,7 +184,6 @@ def test_a_peer_killed_mid_allreduce_fails_the_others_with_the_retryable_code(tr
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_peer_that_never_comes_up_times_out_at_connect(transport):
-    from ringtrain_bench.procs import free_ports
 
     addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     t0 = time.monotonic()
@@ -228,8 +231,6 @@ def test_misuse_fails_loudly_and_leaves_the_ring_usable():
     clear error before any byte moves, and the ring keeps working afterwards."""
     import threading
 
-    from ringtrain_bench.procs import free_ports
-
     addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     colls = [None, None]
 
@@ -268,7 +269,6 @@ def test_close_from_another_thread_ends_a_blocked_allreduce_at_once():
     import threading
 
     from ringtrain.errors import RingError
-    from ringtrain_bench.procs import free_ports
 
     addrs = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     colls = [None, None]

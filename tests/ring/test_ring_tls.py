@@ -10,12 +10,12 @@ import time
 import grpc
 import pytest
 import ring_procs
+from support.ports import free_ports
 from test_ring_processes import STEP_SIZES
 
 from ringtrain import pki
 from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain.errors import EXIT_PERMANENT, PeerTimeout, Unauthenticated
-from ringtrain_bench.procs import free_ports
 from ringtrain_trainer.ring import auth, connect, tls
 from ringtrain_trainer.ring.grpc_transport import call_metadata
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
@@ -23,8 +23,7 @@ from ringtrain_trainer.ring.tcp import connect_with_backoff
 
 
 def _go(ring: ring_procs.Ring) -> list:
-    ring.procs[1].stdin.write("go\n")
-    ring.procs[1].stdin.flush()
+    ring.go(1)
     return ring.finish()
 
 
@@ -168,7 +167,6 @@ def test_servers_compare_the_callers_job_identity_after_the_handshake():
 def test_health_answers_the_jobs_certificate_on_the_ring_port_and_anyone_on_the_health_port(
     tmp_path,
 ):
-    from ringtrain_bench.procs import free_ports
     from ringtrain_trainer.ring import probe
 
     health_port = free_ports(1)[0]

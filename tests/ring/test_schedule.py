@@ -1,5 +1,7 @@
 """Pure units of the chunk schedule, and the whole algorithm simulated in memory."""
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ def test_segments_cover_buffer_and_differ_by_at_most_one(n, size):
     bounds = schedule.segment_bounds(n, size)
     assert len(bounds) == size
     assert bounds[0][0] == 0 and bounds[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert all(a[1] == b[0] for a, b in pairwise(bounds))
     lengths = [b - a for a, b in bounds]
     assert max(lengths) - min(lengths) <= 1
 
@@ -28,7 +30,7 @@ def test_each_phase_sends_what_the_previous_one_received(size):
     for rank in range(size):
         phases = schedule.allreduce_phases(rank, size)
         assert len(phases) == 2 * (size - 1)
-        assert all(nxt.send == cur.recv for cur, nxt in zip(phases, phases[1:]))
+        assert all(nxt.send == cur.recv for cur, nxt in pairwise(phases))
         assert phases[size - 2].recv == (rank + 1) % size  # the segment it then owns in full
         # a rank receives from its left exactly what the left sends in the same phase
         left = schedule.allreduce_phases(schedule.left(rank, size), size)

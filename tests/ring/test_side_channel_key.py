@@ -68,8 +68,7 @@ def test_a_side_channel_handshake_or_key_from_an_earlier_rendezvous_is_refused(t
         outcome, recorded = handshake(host, port, old_key)
         assert isinstance(outcome, ConnectionError) and "already connected" in str(outcome)
         assert len(recorded) == 8 + 16 + 32  # rank and size, client nonce, MAC
-        first.procs[1].stdin.write("go\n")
-        first.procs[1].stdin.flush()
+        first.go(1)
         assert [code for code, _ in first.finish()] == [0] * WORLD
     finally:
         first.kill()
@@ -98,8 +97,7 @@ def test_a_side_channel_handshake_or_key_from_an_earlier_rendezvous_is_refused(t
                 b"", metadata=control.call_metadata(again.token, WORLD - 1, WORLD), timeout=10
             )
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE  # no TLS, no handler ran
-        again.procs[1].stdin.write("go\n")
-        again.procs[1].stdin.flush()
+        again.go(1)
         results = again.finish()
     finally:
         again.kill()

@@ -57,7 +57,7 @@ def test_a_header_of_another_collective_is_refused_before_the_buffer_is_touched(
     tx.send_now([memoryview(_header(5, 8).pack()), memoryview(data).cast("B")])
     out = np.ones(8, np.float32)
     rx.begin_recv(_header(4, 8))
-    with pytest.raises(LinkError, match="peer is at allreduce #5 .*this rank at allreduce #4"):
+    with pytest.raises(LinkError, match=r"peer is at allreduce #5 .*this rank at allreduce #4"):
         getattr(rx, receive)(*([out] if receive != "end_recv" else []))
     assert np.array_equal(out, np.ones(8, np.float32))
 

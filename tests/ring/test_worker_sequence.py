@@ -11,8 +11,6 @@ behind to "end" again, so only a ring whose *first* collective is a broadcast (t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -21,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ring_procs
+from support import procs as procs_mod
+from support.ports import loopback_addresses
 
 from ringtrain.errors import RingError
-from ringtrain_bench.procs import free_ports
 from ringtrain_trainer.ring.engine import RingCollective
 from ringtrain_trainer.ring.protocol import HEADER_BYTES, Kind, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, Transport
@@ -121,7 +120,7 @@ def test_a_non_link_exception_in_the_send_thread_breaks_the_ring_at_once():
     coll = RingCollective(t, 1, ADDRS, chunk_bytes=16, step_timeout_s=20)  # forwards to 2
     try:
         t0 = time.monotonic()
-        with pytest.raises(RingError, match="rank 1 .* send thread failed: RuntimeError"):
+        with pytest.raises(RingError, match=r"rank 1 .* send thread failed: RuntimeError"):
             coll.broadcast_(np.zeros(10, np.float32), root=0)
         assert time.monotonic() - t0 < 5 and t.aborted.is_set()
         with pytest.raises(RingError):  # broken for good
@@ -207,54 +206,30 @@ def test_a_workers_collective_sequence_starting_with_broadcasts(world, transport
 
 
 def run_workers(transport: str, steps: int) -> list[dict]:
-    """Two real ``ringtrain worker`` processes on loopback; their final JSON events."""
+    """Two real ``ringtrain worker`` processes on loopback (the installed command); their final
+    JSON events."""
     exe = Path(sys.executable).with_name("ringtrain")
     assert exe.exists(), exe
-    ports = free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    procs = []
-    for i in range(2):
-        env = dict(
-            os.environ,
-            RINGTRAIN_TOKEN="test-token",
-            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
-        )
-        env.pop("RINGTRAIN_TOKEN_FILE", None)
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(exe),
-                    "worker",
-                    "--dataset",
-                    "mnist-5k",
-                    "--steps",
-                    str(steps),
-                    "--json",
-                    "--ring-transport",
-                    transport,
-                    "--ring-step-timeout-s",
-                    "15",
-                    "--ipu-host-threads",
-                    "1",
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-        )
+    command = [
+        str(exe),
+        "worker",
+        "--dataset",
+        "mnist-5k",
+        "--steps",
+        str(steps),
+        "--json",
+        "--ring-transport",
+        transport,
+        "--ring-step-timeout-s",
+        "15",
+        "--ipu-host-threads",
+        "1",
+    ]
+    procs = procs_mod.start_members([command] * 2, loopback_addresses(2))
     finals = []
-    try:
-        for i, p in enumerate(procs):
-            out, err = p.communicate(timeout=60)
-            assert p.returncode == 0, f"{transport} worker {i} exit {p.returncode}: {err[-2000:]}"
-            events = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-            finals.append(next(e for e in events if e.get("event") == "final"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    for out, _ in procs_mod.finish(procs, timeout_s=60, what=f"{transport} worker"):
+        events = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+        finals.append(next(e for e in events if e.get("event") == "final"))
     return finals
 
 
@@ -266,7 +241,7 @@ def test_two_ringtrain_workers_train_over_grpc_exactly_as_over_tcp():
     accuracy) between the gRPC and the TCP ring: same seed, same data, same bitwise mean."""
     grpc_finals = run_workers("grpc", 5)
     tcp_finals = run_workers("tcp", 5)
-    for rank, (g, t) in enumerate(zip(grpc_finals, tcp_finals)):
+    for rank, (g, t) in enumerate(zip(grpc_finals, tcp_finals, strict=True)):
         assert g["rank"] == rank and g["world_size"] == 2 and g["steps"] == 5
         assert not g["terminated"]
         assert g["loss"] is not None and np.isfinite(g["loss"])

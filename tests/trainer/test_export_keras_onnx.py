@@ -159,7 +159,7 @@ def test_read_keras_reads_the_file_keras_wrote(models, name, tmp_path):
     got_cfg, got = read_keras(tmp_path / "k.keras")
     assert _layers(got_cfg) == _layers(cfg)
     assert len(got) == len(weights)
-    for a, b in zip(got, weights):
+    for a, b in zip(got, weights, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -172,7 +172,7 @@ def test_written_archive_has_keras_layout(models, tmp_path):
     assert set(meta) == {"keras_version", "date_saved"}
     back_cfg, back = read_keras(path)
     assert _layers(back_cfg) == _layers(cfg)
-    for a, b in zip(back, weights):
+    for a, b in zip(back, weights, strict=True):
         np.testing.assert_array_equal(a, b)
 
 

@@ -89,11 +89,13 @@ def test_loss_and_gradients_match_keras_training(config, rng):
     assert loss == pytest.approx(float(want_loss), rel=1e-5)
     mine = [
         g
-        for (_, _, where, _), g in zip(spec._weight_refs(), spec.keras_weights(grad, state))
+        for (_, _, where, _), g in zip(
+            spec._weight_refs(), spec.keras_weights(grad, state), strict=True
+        )
         if where == "p"
     ]
     assert len(mine) == len(want)
-    for a, b, w in zip(mine, want, km.trainable_weights):
+    for a, b, w in zip(mine, want, km.trainable_weights, strict=True):
         np.testing.assert_allclose(a, b.numpy(), rtol=1e-3, atol=2e-6, err_msg=w.path)
     # the moving statistics moved like Keras' (batch mean and biased variance, momentum)
     np.testing.assert_allclose(
@@ -128,7 +130,7 @@ def test_real_to_json_of_every_supported_layer_parses(tmp_path):
     km.save(tmp_path / "m.keras")
     loaded = KM.load(str(tmp_path / "m.keras"))
     flat, state = loaded.initial
-    for a, b in zip(loaded.keras_weights(flat, state), km.get_weights()):
+    for a, b in zip(loaded.keras_weights(flat, state), km.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
 
 

@@ -4,11 +4,11 @@ and ``ringtrain worker --report``."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
+from support.procs import WORKER
 
 from ringtrain import events
 from ringtrain_trainer import memory
@@ -48,9 +48,10 @@ def test_kinds_add_up_to_the_total_and_layers_to_the_kinds(name, opt, on_host, t
     for kind in memory.KINDS:
         assert sum(getattr(r, kind) for r in p.by_layer) == getattr(p, kind), kind
     assert sum(r.total for r in p.by_layer) == p.total
-    # each layer's weights are its own parameters; the input row holds the data alone
+    # each layer's weights are its own parameters (the rows after them: input and loss); the
+    # input row holds the data alone
     item = 4
-    for (lo, hi), row in zip(spec.layer_ranges, p.by_layer):
+    for (lo, hi), row in zip(spec.layer_ranges, p.by_layer[:-2], strict=True):
         assert row.weights == (hi - lo) * item
         assert row.gradients == (row.weights if train else 0)
     assert p.by_layer[-2].data == p.data and p.data > 0
@@ -69,7 +70,7 @@ def test_optimizer_state_is_on_the_ipu_only_without_variables_on_host():
     assert adam.total - sgd.total == 2 * n * 4
     # ... shared out to the layers by their parameters
     spec = M.build("cnn")
-    for (lo, hi), row in zip(spec.layer_ranges, adam.by_layer):
+    for (lo, hi), row in zip(spec.layer_ranges, adam.by_layer[:-2], strict=True):
         assert row.optimizer_state == 2 * (hi - lo) * 4
     # an evaluation program never holds optimizer state
     assert plan(opt="adam", on_host=False, train=False).optimizer_state == 0
@@ -110,10 +111,7 @@ def test_replicas_plan_each_ipu_for_its_share_of_the_batch():
 def _report(*flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "worker",
+            *WORKER,
             "--report",
             "--termination-log",
             "",

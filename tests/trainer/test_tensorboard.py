@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -26,9 +25,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from support.ports import free_port
+from support.procs import ringtrain
 
 from ringtrain import events
 from ringtrain_trainer import model as model_mod
@@ -37,6 +35,9 @@ from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.ipu import IPUStats
 from ringtrain_trainer.worker import Trainer
+
+sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CHIEF_TAGS = {
@@ -155,12 +156,6 @@ def _get(url: str):
         return json.loads(r.read())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The real ``tensorboard`` server on the log dir of examples/evaluator.yaml run by
@@ -172,7 +167,7 @@ def served(tmp_path_factory):
     run_dir = tmp / "run"
     logdir = run_dir / "checkpoints" / "tensorboard"
     logdir.mkdir(parents=True)
-    port = _free_port()
+    port = free_port()
     p = subprocess.Popen(
         [
             sys.executable,
@@ -196,24 +191,16 @@ def served(tmp_path_factory):
     base = f"http://127.0.0.1:{port}"
     want = {"chief": CHIEF_TAGS | RING_TAGS, "evaluator": EVAL_TAGS}
     try:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ringtrain.cli",
-                "run",
-                str(ROOT / "examples" / "evaluator.yaml"),
-                "--json",
-                "--run-dir",
-                str(run_dir),
-                "--progress-interval",
-                "0.05",
-            ],
+        out = ringtrain(
+            "run",
+            str(ROOT / "examples" / "evaluator.yaml"),
+            "--json",
+            "--run-dir",
+            str(run_dir),
+            "--progress-interval",
+            "0.05",
             cwd=tmp,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+            timeout_s=120,
         )
         assert out.returncode == 0, out.stderr[-3000:]
         job = [json.loads(x) for x in out.stdout.splitlines()]

@@ -4,17 +4,16 @@ Chromium (hack/lib/perfetto.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
-import subprocess
-import sys
 import threading
 from collections import defaultdict
 from pathlib import Path
 
+import perfetto
 import pytest
 import yaml
+from support.procs import ringtrain
 
 from ringtrain import events
 from ringtrain.errors import InvalidSpec
@@ -138,23 +137,7 @@ def traced_run(tmp_path_factory):
     }
     manifest = tmp / "job.yaml"
     manifest.write_text(yaml.safe_dump(job))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "run",
-            str(manifest),
-            "--json",
-            "--run-dir",
-            str(tmp / "run"),
-        ],
-        cwd=tmp,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    out = ringtrain("run", str(manifest), "--json", "--run-dir", str(tmp / "run"), cwd=tmp)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.splitlines()[-1])
     return summary, json.loads(Path(summary["trace"]).read_text())
@@ -280,17 +263,10 @@ def test_ring_phases_and_waits_nest_inside_their_bucket(traced_run):
 # ---- in a real viewer ----------------------------------------------------------------------------
 
 
-def perfetto():
-    spec = importlib.util.spec_from_file_location("perfetto", ROOT / "hack" / "lib" / "perfetto.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_perfettos_ui_loads_the_merged_trace_without_error(traced_run, tmp_path):
     summary, _ = traced_run
     png = tmp_path / "trace.png"
-    seen = perfetto().screenshot(summary["trace"], png, width=1200, height=900)
+    seen = perfetto.screenshot(summary["trace"], png, width=1200, height=900)
     assert (seen["loading_errors"], seen["stats_errors"], seen["console_errors"]) == ([], [], [])
     assert seen["tracks"] >= 2 * 9, "two ranks with their lanes"
     head = png.read_bytes()[:24]

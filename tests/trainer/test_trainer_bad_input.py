@@ -6,11 +6,10 @@ The bulk runs ``TrainerConfig.from_args`` in process; a few run the real ``ringt
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
+from support.procs import WORKER, without_cluster
 
 from ringtrain.errors import EXIT_PERMANENT, InvalidSpec
 from ringtrain_trainer.config import TrainerConfig
@@ -130,17 +129,10 @@ PROCESS_CASES = [
 def test_the_real_worker_exits_2_and_names_the_field(tmp_path, case):
     env, flags, field = CASES[case]
     log = tmp_path / "termination.json"
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("TF_CONFIG", "RINGTRAIN_TOKEN", "RINGTRAIN_TOKEN_FILE")
-    }
+    base = without_cluster()
     p = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "worker",
+            *WORKER,
             "--steps",
             "1",
             "--dataset",

@@ -76,7 +76,7 @@ def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, rng, da
     assert len(skipped) == 1
     named = str(man) if damage == "manifest" else str(npz)
     assert named in str(skipped[0])
-    with pytest.raises(CheckpointError, match="checksum mismatch|unreadable manifest"):
+    with pytest.raises(CheckpointError, match=r"checksum mismatch|unreadable manifest"):
         m.load(man)
 
 
@@ -84,7 +84,7 @@ def test_no_usable_checkpoint_is_an_error_not_a_silent_restart(tmp_path, rng):
     m = CheckpointManager(tmp_path)
     m.save(state(1, rng))
     (tmp_path / "ckpt-0000000001.npz").write_bytes(b"x")
-    with pytest.raises(CheckpointError, match="no usable checkpoint.*ckpt-0000000001.npz"):
+    with pytest.raises(CheckpointError, match=r"no usable checkpoint.*ckpt-0000000001\.npz"):
         m.load_latest()
     assert CheckpointManager(tmp_path / "empty").load_latest() == (None, [])
 
@@ -161,7 +161,7 @@ def test_only_the_chief_needs_the_checkpoint_directory(tmp_path, mnist5k):
             mnist5k,
             out=io.StringIO(),
         )
-        for c, d in zip(cols, dirs)
+        for c, d in zip(cols, dirs, strict=True)
     ]
     finals = [None, None]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+from support.procs import WORKER
 
 from ringtrain.errors import EXIT_PERMANENT, DataError
 from ringtrain_trainer import data as D
@@ -83,10 +83,7 @@ def test_an_idx_file_cut_mid_file_is_named(tmp_path, where, gz):
 def worker(tmp_path, steps: int, ck: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "worker",
+            *WORKER,
             "--dataset",
             "mnist-5k",
             "--steps",
@@ -148,10 +145,7 @@ def test_a_worker_given_a_truncated_data_set_exits_2_naming_it(tmp_path):
     cut(p, "half")
     out = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "worker",
+            *WORKER,
             "--data",
             str(p),
             "--steps",

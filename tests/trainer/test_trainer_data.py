@@ -63,11 +63,11 @@ def test_idx_dir_checks_images_against_labels(tmp_path):
         (tmp_path / f"{prefix}-labels-idx1-ubyte.gz").write_bytes(
             gzip.compress(idx_bytes(np.zeros(4, np.uint8)))
         )
-    with pytest.raises(DataError, match="5 images but .*has 4 labels"):
+    with pytest.raises(DataError, match=r"5 images but .*has 4 labels"):
         D.load_idx_dir(tmp_path)
     (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(idx_bytes(np.zeros(5, np.uint8)))
     (tmp_path / "t10k-images-idx3-ubyte").unlink()
-    with pytest.raises(DataError, match="neither t10k-images-idx3-ubyte nor .*gz exists"):
+    with pytest.raises(DataError, match=r"neither t10k-images-idx3-ubyte nor .*\.gz exists"):
         D.load_idx_dir(tmp_path)
     with pytest.raises(DataError, match="data directory does not exist"):
         D.load_idx_dir(tmp_path / "missing")

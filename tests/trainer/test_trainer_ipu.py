@@ -1,3 +1,5 @@
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
@@ -87,7 +89,7 @@ def test_gradients_stream_out_last_layer_first_as_contiguous_slices(rng):
     assert layers == sorted(layers, reverse=True) and set(layers) == {3, 2, 1, 0}
     assert layers.count(2) > 2  # the large dense kernel streams in row blocks
     assert seen[0][0] == 0 and seen[-1][1] == ipu.spec.num_params
-    assert all(a[1] == b[0] for a, b in zip(seen, seen[1:]))
+    assert all(a[1] == b[0] for a, b in pairwise(seen))
 
 
 @pytest.mark.parametrize("on_host", [True, False])

@@ -80,7 +80,7 @@ def test_parameters_are_views_in_reverse_layer_order():
     assert flat[-32 * 9 :].sum() == 32 * 9 and flat[: -32 * 9].sum() == 0
     assert views[2]["bias"].base is flat or np.shares_memory(views[2]["bias"], flat)
     starts = [spec.layer_ranges[i] for i in (2, 1, 0)]
-    assert starts[0][0] == 0 and all(a[1] == b[0] for a, b in zip(starts, starts[1:]))
+    assert starts[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(starts))
 
 
 @pytest.mark.parametrize("name", ["cnn", "cnn2"])

@@ -1,4 +1,5 @@
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ def reference(name, w, grads, lrs, momentum=0.9, b1=0.9, b2=0.999, eps=1e-7):
     w = w.astype(np.float64).copy()
     m = np.zeros_like(w)
     v = np.zeros_like(w)
-    for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+    for t, (g, lr) in enumerate(zip(grads, lrs, strict=True), start=1):
         g = g.astype(np.float64)
         if name == "sgd":
             w = w - lr * g
@@ -38,10 +39,10 @@ def test_matches_reference_when_applied_slice_by_slice(name, rng):
     opt = O.build(name, params, schedule)
     cuts = [0, 10, 11, 400, 1000]  # uneven "layers", applied last first like the reducer does
     g = np.zeros(n, np.float32)
-    for grad, epoch in zip(grads, epochs):
+    for grad, epoch in zip(grads, epochs, strict=True):
         np.copyto(g, grad)
         opt.begin_step(epoch)
-        for a, b in reversed(list(zip(cuts, cuts[1:]))):
+        for a, b in reversed(list(pairwise(cuts))):
             opt.apply(g, a, b)
     want = reference(name, w0, grads, [schedule(e) for e in epochs])
     np.testing.assert_allclose(params, want, rtol=2e-5, atol=2e-6)

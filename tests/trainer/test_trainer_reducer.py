@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 import pytest
+from support.reference import single_worker_run
 
 from ringtrain.errors import PeerTimeout
 from ringtrain_trainer import model as M
@@ -29,7 +30,7 @@ def test_bucket_assignment_is_ddp_like():
     assert [b.params for b in mid] == [(0,), (1, 2), (3, 4)]
     one = assign_buckets(sizes, 25 * MiB)
     for bs in (one, small, mid):
-        assert bs[0].start == 0 and all(a.stop == b.start for a, b in zip(bs, bs[1:]))
+        assert bs[0].start == 0 and all(a.stop == b.start for a, b in itertools.pairwise(bs))
         assert [b.index for b in bs] == list(range(len(bs)))
     assert assign_buckets(sizes, 25 * MiB) == one  # pure
 
@@ -38,7 +39,7 @@ def test_a_large_parameter_is_split_and_the_next_layer_gets_a_bucket_of_its_own(
     """The cnn's Dense kernel is 99.6 % of its gradients: whole, its bucket could only start
     when the whole kernel is done; in pieces the first rows are reduced while the rest is
     computed, and the conv's small gradient (computed last) is not held back with them."""
-    pieces = M.build("cnn").param_pieces + [[1]]  # + the worker's stop vote
+    pieces = [*M.build("cnn").param_pieces, [1]]  # + the worker's stop vote
     sizes = [sum(p) for p in pieces]
     assert sizes == [10, 640, 64, 346112, 32, 288, 1]
     bs = assign_buckets(pieces, 25 * MiB, first_bucket_bytes=256 << 10)
@@ -268,11 +269,7 @@ def config(**kw):
 @pytest.mark.parametrize("world, opt, bucket_mb", [(2, "sgd", 25.0), (4, "adam", 0.001)])
 def test_n_workers_with_batch_b_equal_one_worker_with_batch_nb(mnist5k, world, opt, bucket_mb):
     b = 8
-    single = Trainer(
-        config(batch_size=world * b, optimizer=opt), LocalCollective(), mnist5k, out=io.StringIO()
-    )
-    single.run()
-    single.close()
+    single = single_worker_run(config(batch_size=world * b, optimizer=opt), mnist5k)
 
     def rank_fn(rank, col):
         t = Trainer(

@@ -96,7 +96,7 @@ def test_the_evaluator_is_only_in_its_own_task_never_in_cluster():
     assert (ev.task_type, ev.in_ring, ev.is_chief, ev.address) == ("evaluator", False, False, None)
     assert ev.ring == ("c:2222", "w0:2222") and ev.world_size == 2
     with pytest.raises(InvalidClusterSpec, match="does not take part in the ring"):
-        ev.rank
+        _ = ev.rank
     chief = cluster.parse(
         cluster.build(
             {"chief": ["c:2222"], "worker": ["w0:2222"], "evaluator": ["e0:2222"]}, "chief", 0

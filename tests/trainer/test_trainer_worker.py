@@ -2,11 +2,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry
+from support.procs import WORKER, without_cluster
 
 from ringtrain.errors import EXIT_PERMANENT, EXIT_TERMINATED, InvalidSpec
 from ringtrain_trainer import worker, worker_main
@@ -83,21 +83,17 @@ def test_config_reads_tf_config_and_token_once(tmp_path):
     cfg = TrainerConfig.from_args(["--batch-size", "32"], env)
     assert (cfg.cluster.rank, cfg.cluster.world_size, cfg.token) == (1, 2, b"s3cret")
     assert cfg.epochs == 1 and cfg.batch_size == 32 and cfg.bucket_bytes == 25 << 20
-    with pytest.raises(InvalidSpec, match="TF_CONFIG.task.index"):
+    with pytest.raises(InvalidSpec, match=r"TF_CONFIG\.task\.index"):
         TrainerConfig.from_args(
             [], {"TF_CONFIG": '{"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":4}}'}
         )
 
 
 def test_sigterm_checkpoints_and_exits_143(tmp_path):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    env.pop("TF_CONFIG", None)
+    env = dict(without_cluster(), OPENBLAS_NUM_THREADS="1")
     with subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "ringtrain.cli",
-            "worker",
+            *WORKER,
             "--dataset",
             "mnist-5k",
             "--epochs",

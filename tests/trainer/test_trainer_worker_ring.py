@@ -3,47 +3,35 @@ log under mpirun — each with real worker processes (ring over loopback, or a r
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import secrets
 import subprocess
-import sys
 import time
 
 import pytest
+from support import procs as procs_mod
+from support.ports import free_port, loopback_addresses
+from support.reference import single_worker_run
 
 from ringtrain import cluster
 from ringtrain.errors import EXIT_RETRYABLE, InvalidSpec
-from ringtrain_bench.procs import free_ports
-from ringtrain_trainer import worker, worker_main
+from ringtrain_trainer import worker_main
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 
-WORKER = [sys.executable, "-m", "ringtrain.cli", "worker", "--dataset", "mnist-5k", "--json"]
+WORKER = [*procs_mod.WORKER, "--dataset", "mnist-5k", "--json"]
 
 
 def start_worker(
     r: int, addresses: list[str], token: str, argv: list[str], tmp_path
 ) -> subprocess.Popen:
     """Rank ``r`` of the job on ``addresses``, a real process with its own termination log."""
-    return subprocess.Popen(
-        [*WORKER, *argv, "--termination-log", str(tmp_path / f"log-{r}")],
-        env=dict(
-            os.environ,
-            RINGTRAIN_TOKEN=token,
-            TF_CONFIG=cluster.build({"worker": addresses}, "worker", r),
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    command = [*WORKER, *argv, "--termination-log", str(tmp_path / f"log-{r}")]
+    return procs_mod.start_member(command, addresses, r, token)
 
 
 def start_gang(n: int, argv: list[str], tmp_path) -> list[subprocess.Popen]:
     """n real worker processes of one job on loopback, each with its own termination log."""
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(n)]
-    token = secrets.token_hex(16)
+    addresses, token = loopback_addresses(n), procs_mod.new_token()
     return [start_worker(r, addresses, token, argv, tmp_path) for r in range(n)]
 
 
@@ -141,7 +129,7 @@ def test_tls_material_comes_from_the_env_or_the_flag_and_its_absence_is_said(
     worker_main.connect(TrainerConfig.from_args([], env))
     assert seen["tls"] is None and INSECURE_NOTE in capsys.readouterr().err
     (tmp_path / "tls.crt").unlink()
-    with pytest.raises(InvalidSpec, match="tls.crt"):
+    with pytest.raises(InvalidSpec, match=r"tls\.crt"):
         TrainerConfig.from_args([], {**env, "RINGTRAIN_TLS_DIR": str(tmp_path)})
 
 
@@ -154,15 +142,9 @@ def test_two_workers_evaluate_together_and_match_one_worker_with_twice_the_batch
     assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
     chief = [json.loads(line) for line in outs[0][0].splitlines()]
     evals = [e["test_accuracy"] for e in chief if e["event"] == "eval"]
-    single = worker.Trainer(
-        TrainerConfig(dataset="mnist-5k", steps=6, batch_size=16, eval_every=3),
-        LocalCollective(),
-        out=io.StringIO(),
+    single = single_worker_run(
+        TrainerConfig(dataset="mnist-5k", steps=6, batch_size=16, eval_every=3)
     )
-    try:
-        single.run()
-    finally:
-        single.close()
     assert len(evals) == 2 and evals[-1] == pytest.approx(single.test_accuracy, abs=2e-3)
     assert json.loads((tmp_path / "log-0").read_text())["test_accuracy"] == evals[-1]
     logs = [json.loads((tmp_path / f"log-{r}").read_text()) for r in (0, 1)]
@@ -184,8 +166,7 @@ def test_a_worker_started_20_s_before_its_peers_waits_names_them_and_trains_once
     trains to the end with the same weights on all three."""
     from ringtrain import events
 
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
-    token, port = secrets.token_hex(16), free_ports(1)[0]
+    addresses, token, port = loopback_addresses(3), procs_mod.new_token(), free_port()
     argv = ["--steps", "4", "--batch-size", "8", "--ring-connect-timeout-s", "90"]
     procs = [start_worker(0, addresses, token, [*argv, "--metrics-port", str(port)], tmp_path)]
     started = time.monotonic()
@@ -202,10 +183,7 @@ def test_a_worker_started_20_s_before_its_peers_waits_names_them_and_trains_once
         procs += [start_worker(r, addresses, token, argv, tmp_path) for r in (1, 2)]
         outs = [p.communicate(timeout=150) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+        procs_mod.kill(procs)
     assert [p.returncode for p in procs] == [0, 0, 0], [e[-2000:] for _, e in outs]
     assert "rank 0: waiting for worker-1, worker-2" in outs[0][1]
     assert "rank 0: all 3 ranks answered" in outs[0][1]
@@ -228,10 +206,7 @@ def test_a_lost_peer_fails_the_step_within_the_step_timeout_flag(tmp_path):
         # the flag's 2 s (plus the engine's grace), far below the default 30 s
         assert time.monotonic() - killed < 20
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
+        procs_mod.kill(procs)
 
 
 @pytest.mark.timeout(240)
@@ -256,8 +231,7 @@ def test_a_survivor_rejoins_in_its_own_process_and_the_result_is_unchanged(tmp_p
     outs = [p.communicate(timeout=200) for p in calm]
     assert [p.returncode for p in calm] == [0, 0], [e[-2000:] for _, e in outs]
 
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
-    token = secrets.token_hex(16)
+    addresses, token = loopback_addresses(2), procs_mod.new_token()
     procs = [
         start_worker(r, addresses, token, argv("killed"), tmp_path / "killed") for r in range(2)
     ]
@@ -277,10 +251,7 @@ def test_a_survivor_rejoins_in_its_own_process_and_the_result_is_unchanged(tmp_p
         if (codes := (chief.returncode, procs[2].returncode)) != (0, 0):
             pytest.fail(f"exit codes {codes}\nCHIEF:\n{err[-4000:]}\nWORKER-1:\n{late[-4000:]}")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
+        procs_mod.kill(procs)
     assert step >= 50
     assert "rejoining it in this container (exec, no restart; 1 of --ring-rejoin-limit 3" in err
     assert "rejoining the ring in place (rejoin 1 of this container)" in err
@@ -299,11 +270,7 @@ def test_under_mpirun_only_rank_0_writes_the_termination_log(tmp_path):
     log = tmp_path / "log"
     out = subprocess.run(
         [
-            "mpirun",
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            "2",
+            *procs_mod.mpirun(2),
             *WORKER,
             "--collective",
             "mpi",

@@ -1,9 +1,10 @@
 """Starting local ring members as separate processes: ports, TF_CONFIG and token, JSON results.
 
-The benchmarks and the tests start real processes on loopback the way ``ringtrain run`` does
-(one TF_CONFIG per member, one shared token), so that what they measure or check is the
-deployed path and not an in-process shortcut. Keeping that here, apart from the trainer, means
-nothing in ``ringtrain_trainer`` depends on how it is benchmarked or tested.
+The benchmarks start real processes on loopback the way ``ringtrain run`` does (one TF_CONFIG
+per member, one shared token), so that what they measure is the deployed path and not an
+in-process shortcut. Keeping that here, apart from the trainer, means nothing in
+``ringtrain_trainer`` depends on how it is benchmarked. (The tests have their own runner,
+tests/support/procs.py; the port rule both follow is ``ringtrain.ports``.)
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 from collections.abc import Mapping
 
-from ringtrain import cluster
+from ringtrain import cluster, ports
 
 #: The benchmarks' data path names that are another path with shared memory on: ``grpc+shm``
 #: is ``grpc+tcp`` between processes of one host (``ring.shm``); a bench's ``grpc+tcp`` runs
@@ -24,27 +24,9 @@ SHM_VIA = {"grpc+shm": "grpc+tcp"}
 
 
 def free_ports(n: int) -> list[int]:
-    """Ports the kernel just handed out as free (bound then released together), each with the
-    port after it free too: a ring member's side channel listens on its ring port + 1, so no
-    member's ring port may be another's + 1 (seen in CI: one member's side channel took the
-    next member's ring port). Everything stays bound until all are chosen."""
-    held: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        while len(ports) < n:
-            s, nxt = socket.socket(), socket.socket()
-            held += [s, nxt]
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-            try:
-                nxt.bind(("127.0.0.1", p + 1))
-            except (OSError, OverflowError):
-                continue  # p stays held, so the kernel offers another
-            ports.append(p)
-        return ports
-    finally:
-        for s in held:
-            s.close()
+    """``n`` free loopback ring ports, each with its side-channel port free
+    (``ringtrain.ports``)."""
+    return ports.free_ring_ports(n)
 
 
 def loopback_addresses(n: int) -> list[str]:

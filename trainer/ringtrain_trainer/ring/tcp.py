@@ -2,9 +2,10 @@
 straight into numpy, opened through the gRPC control plane (the precedent is TensorFlow's own
 ``grpc+verbs`` and ``grpc+mpi`` server protocols: gRPC for control, another wire for tensors).
 
-The side channel listens on the ring port + 1 (``ring-data`` in the pod) or, where that is
-taken (several workers on one host), on any free port; either way its port is announced in the
-control plane's ``Register`` answer, so peers connect to what was actually bound.
+The side channel listens on the ring port + 1 (``ringtrain.ports.side_channel_port``, ``ring-data``
+in the pod) or, where that is taken (several workers on one host), on any free port; either way
+its port is announced in the control plane's ``Register`` answer, so peers connect to what was
+actually bound.
 
 grpcio hands every message over as a fresh ``bytes`` object, so each chunk is copied and
 allocated twice; gloo instead reduces out of reused buffers. This transport does what gloo does
@@ -38,6 +39,7 @@ import numpy as np
 
 from ringtrain.cluster import split_address
 from ringtrain.errors import PeerTimeout, RingError, Unauthenticated
+from ringtrain.ports import side_channel_port
 from ringtrain_trainer.ring import auth, schedule, tls
 from ringtrain_trainer.ring.protocol import HEADER_BYTES, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
@@ -278,12 +280,16 @@ class TcpTransport(Transport):
     def listen(
         rank: int, addresses: tuple[str, ...], material: tls.Material | None = None
     ) -> Listener:
-        """The side channel's listener, with a fresh key, on the ring port + 1, else on any
-        free port; ``material`` encrypts what it accepts."""
+        """The side channel's listener, with a fresh key, on :func:`side_channel_port` of the
+        ring port, else on any free port; ``material`` encrypts what it accepts."""
         world = len(addresses)
         _, port = split_address(addresses[rank])
         return Listener(
-            port + 1, world, schedule.neighbours(rank, world)[0], fallback=True, material=material
+            side_channel_port(port),
+            world,
+            schedule.neighbours(rank, world)[0],
+            fallback=True,
+            material=material,
         )
 
     @classmethod

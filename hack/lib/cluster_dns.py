@@ -10,7 +10,7 @@ ringtrain need, from Services and Endpoints it lists and then watches on the API
 - ``<a-b-c-d>.<ns>.pod.<domain>``: the address a.b.c.d.
 
 Other names under the domain get NXDOMAIN; names outside it are forwarded to the host's resolver.
-Run with the project's virtualenv: ``.venv/bin/python hack/cluster/dns.py --kubeconfig FILE``.
+Run with the project's virtualenv: ``.venv/bin/python hack/lib/cluster_dns.py --kubeconfig FILE``.
 """
 
 from __future__ import annotations
@@ -102,8 +102,9 @@ def watch_forever(kind: str, list_fn, on_event, records: Records) -> None:
 
 
 class ClusterResolver(BaseResolver):
-    def __init__(self, records: Records, domain: str, upstream: list[str], ttl: int,
-                 upstream_port: int = 53) -> None:
+    def __init__(
+        self, records: Records, domain: str, upstream: list[str], ttl: int, upstream_port: int = 53
+    ) -> None:
         self.records = records
         self.domain = domain.strip(".").lower()
         self.upstream = upstream
@@ -160,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=53)
     p.add_argument("--domain", default="cluster.local")
     p.add_argument("--ttl", type=int, default=5, help="answer TTL in seconds")
-    p.add_argument("--upstream", action="append",
-                   help="forwarders (default: the host's resolv.conf)")
+    p.add_argument(
+        "--upstream", action="append", help="forwarders (default: the host's resolv.conf)"
+    )
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(
@@ -184,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
             records.del_endpoints(ep.metadata.namespace, ep.metadata.name)
         else:
             records.set_endpoints(ep.metadata.namespace, ep.metadata.name, ep.subsets)
-            log.debug("endpoints %s/%s: %s", ep.metadata.namespace, ep.metadata.name,
-                      records.endpoints.get((ep.metadata.namespace, ep.metadata.name)))
+            log.debug(
+                "endpoints %s/%s: %s",
+                ep.metadata.namespace,
+                ep.metadata.name,
+                records.endpoints.get((ep.metadata.namespace, ep.metadata.name)),
+            )
 
     for kind, fn, handler in (
         ("services", v1.list_service_for_all_namespaces, on_service),
@@ -204,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for s in servers:
         s.start_thread()
-    log.info("serving %s on %s:%d (upstream %s)", args.domain, args.listen, args.port,
-             resolver.upstream)
+    log.info(
+        "serving %s on %s:%d (upstream %s)", args.domain, args.listen, args.port, resolver.upstream
+    )
     try:
         while all(s.isAlive() for s in servers):
             time.sleep(1)
