@@ -1,0 +1,209 @@
+"""`ringtrain bench step --baseline tensorflow`: the same Keras model's train step in TensorFlow.
+
+The baseline is what a Keras user runs: the model ringtrain trains, rebuilt in Keras (a preset
+or ``.json`` from ``KerasModel.keras_config()``, a ``.keras`` file loaded by Keras itself),
+given ringtrain's starting weights, the optimizer from the same Keras serialization ringtrain
+resolved, the same loss, batch and synthetic data, and trained by a compiled ``tf.function``
+step (``jit_compile=False``, oneDNN as TensorFlow ships it) with ``threads`` intra-op threads
+and one inter-op thread.
+
+Why a child process: TensorFlow fixes its thread pools when its runtime starts
+(``set_intra_op_parallelism_threads`` raises afterwards), so a process that has already run
+TensorFlow — a test session, say — cannot be given the bench's thread count, and a figure
+measured with another count would be reported under the wrong name. A fresh process can; it
+also keeps TensorFlow's Eigen/oneDNN pools and its libraries out of the process whose numpy
+and OpenBLAS are being measured. The interleaving stays with the parent: it asks for one block
+of steps at a time over a pipe (``run N``) and the child times the block itself, so the pipe
+is outside every figure, and idles blocked on its stdin while the other side runs.
+
+This is the only module that imports TensorFlow, and only in the child; nothing in the trainer
+imports it. The child refuses to report (exits non-zero, the parent raises) when what would run
+is not what was asked: another Keras backend, another thread count, other weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ringtrain.errors import InvalidSpec
+from ringtrain_bench import procs
+
+
+class TensorFlowSide:
+    """Parent end: starts the child with ringtrain's model, weights and optimizer, then
+    :meth:`run` times one block of steps there. ``info`` is what the child says it runs."""
+
+    name = "tensorflow"
+
+    def __init__(self, args, threads: int, ipu, timeout_s: float = 300.0):
+        trainer = ipu.trainer
+        spec = trainer.spec
+        if not hasattr(spec, "keras_weights"):
+            raise InvalidSpec(f"--model {args.model}: not a Keras model; TensorFlow cannot run it")
+        self.tmp = tempfile.TemporaryDirectory(prefix="ringtrain-bench-tf-")
+        weights = spec.keras_weights(trainer.params, trainer.ipu.state)
+        np.savez(Path(self.tmp.name) / "weights.npz", *weights)
+        source = args.model if str(args.model).endswith(".keras") else None
+        setup = {
+            "keras_file": str(Path(source).resolve()) if source else None,
+            "keras_config": None if source else spec.keras_config(),
+            "optimizer": trainer.optimizer_spec.keras,
+            "from_logits": spec.config.from_logits,
+            "input_shape": list(spec.config.input_shape),
+            "batch_size": args.batch_size,
+            "threads": threads,
+            "examples": max(8192, 4 * args.batch_size),
+        }
+        (Path(self.tmp.name) / "setup.json").write_text(json.dumps(setup))
+        env = procs.without_cluster()
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        env["KERAS_BACKEND"] = "tensorflow"
+        self.stderr = open(Path(self.tmp.name) / "stderr.txt", "w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ringtrain_bench.baseline_tf", self.tmp.name],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+        )
+        self.info = self._answer()
+        want = sum(w.size for w in weights)
+        if self.info.get("weights") != want or self.info.get("intra_op_threads") != threads:
+            self.close()
+            raise RuntimeError(
+                f"bench step: the TensorFlow side runs {self.info}, not the model "
+                f"with {want} weights on {threads} threads that was asked for"
+            )
+        self.loss_first: float | None = None
+        self.loss_last: float | None = None
+        #: the largest change of any weight since the start: that TensorFlow really trained
+        self.weights_moved = 0.0
+        self.version = self.info["tensorflow"]
+
+    def _answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.stderr.seek(0)
+            tail = self.stderr.read()[-2000:]
+            self.close()
+            raise RuntimeError(
+                f"bench step: the TensorFlow side exited {self.proc.returncode}: {tail}"
+            )
+        return json.loads(line)
+
+    def run(self, steps: int) -> float:
+        self.proc.stdin.write(f"run {steps}\n")
+        self.proc.stdin.flush()
+        a = self._answer()
+        self.loss_last, self.weights_moved = a["loss"], a["weights_moved"]
+        if self.loss_first is None:
+            self.loss_first = self.loss_last
+        return a["seconds"]
+
+    def close(self) -> None:
+        """End the child (stdin closed ends its loop), its pipes and the setup files."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.stderr.close()
+        self.tmp.cleanup()
+
+
+def _refuse(what: str) -> None:
+    print(f"ringtrain bench step (TensorFlow side): {what}", file=sys.stderr)
+    sys.exit(3)
+
+
+def child(directory: str) -> None:
+    """Build the model, then answer ``run N`` lines with one JSON line each until stdin ends."""
+    setup = json.loads((Path(directory) / "setup.json").read_text())
+    threads = setup["threads"]
+    try:
+        import tensorflow as tf
+    except ImportError:
+        _refuse("TensorFlow is not installed (pip install 'ringtrain[test]')")
+    # before anything runs: after the runtime starts these raise
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        _refuse(f"Keras runs the {keras.backend.backend()} backend, not TensorFlow")
+    if setup["keras_file"]:
+        model = keras.models.load_model(setup["keras_file"], compile=False)
+    else:
+        model = keras.models.model_from_json(json.dumps(setup["keras_config"]))
+    with np.load(Path(directory) / "weights.npz") as z:
+        weights = [z[f"arr_{i}"] for i in range(len(z.files))]
+    model.set_weights(weights)  # raises on any shape that differs
+    optimizer = keras.optimizers.deserialize(setup["optimizer"])
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=setup["from_logits"])
+
+    from ringtrain_bench.step import synthetic  # the IPU side's data, the same bytes
+
+    data = synthetic(setup["examples"]).train
+    n, b = len(data.labels), setup["batch_size"]
+    x = (data.images.astype(np.float32) / np.float32(255.0)).reshape(n, *setup["input_shape"])
+    batches = [
+        (tf.constant(x[i : i + b]), tf.constant(data.labels[i : i + b].astype(np.int64)))
+        for i in range(0, n - b + 1, b)
+    ]
+
+    @tf.function(jit_compile=False)
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+            if model.losses:
+                loss = loss + tf.add_n(model.losses)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    inter = tf.config.threading.get_inter_op_parallelism_threads()
+    if (intra, inter) != (threads, 1):
+        _refuse(f"TensorFlow runs {intra} intra-op / {inter} inter-op threads, not {threads} / 1")
+    ready = {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "backend": keras.backend.backend(),
+        "intra_op_threads": intra,
+        "inter_op_threads": inter,
+        "jit_compile": False,
+        "onednn_env": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+        "weights": int(sum(np.size(w) for w in model.get_weights())),
+        "optimizer": type(optimizer).__name__,
+    }
+    print(json.dumps(ready), flush=True)
+    pos = 0
+    for line in sys.stdin:
+        steps = int(line.split()[1])
+        t = time.perf_counter()
+        for _ in range(steps):
+            loss = train_step(*batches[pos])
+            pos = (pos + 1) % len(batches)
+        last = float(loss)  # inside the timing: the step has surely finished
+        seconds = time.perf_counter() - t
+        moved = max(
+            float(np.abs(w - w0).max()) for w, w0 in zip(model.get_weights(), weights, strict=True)
+        )
+        print(json.dumps({"seconds": seconds, "loss": last, "weights_moved": moved}), flush=True)
+
+
+if __name__ == "__main__":
+    child(sys.argv[1])
