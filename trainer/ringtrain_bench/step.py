@@ -363,13 +363,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     elif args.workers == 1:
         print(
-            f"emulated IPU: {result['samples_per_s']:,.0f} samples/s "
-            f"({result['gflops']} GFLOP/s, numpy matmul peak {result['matmul_peak_gflops']})"
+            f"numpy float32 matmul peak {result['matmul_peak_gflops']} GFLOP/s "
+            f"({result['threads']} threads)"
         )
-        for name, b in result["baselines"].items():
+        for name, b in [("emulated IPU", result), *result["baselines"].items()]:
             print(
-                f"{name + ':':13} {b['samples_per_s']:,.0f} samples/s ({b['gflops']} GFLOP/s)"
-                f"   ratio {b['ratio']}"
+                f"{name + ':':13} {b['samples_per_s']:,.0f} samples/s, {b['gflops']} GFLOP/s "
+                f"({b['percent_of_peak']} % of peak)"
+                + (f", ringtrain / {name} {b['ratio']}" if "ratio" in b else "")
             )
     return 0
 
