@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,7 @@ class TensorFlowSide:
     name = "tensorflow"
 
     def __init__(self, args, threads: int, ipu, timeout_s: float = 300.0):
-        trainer = ipu.trainer
+        trainer, self.timeout_s = ipu.trainer, timeout_s
         spec = trainer.spec
         if not hasattr(spec, "keras_weights"):
             raise InvalidSpec(f"--model {args.model}: not a Keras model; TensorFlow cannot run it")
@@ -90,7 +91,12 @@ class TensorFlowSide:
         self.version = self.info["tensorflow"]
 
     def _answer(self) -> dict:
-        line = self.proc.stdout.readline()
+        """The child's next JSON line; a child that exits or stays silent for ``timeout_s``
+        (TensorFlow's import and first trace included) ends the bench with its stderr."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout_s)
+        if not ready:
+            self.proc.kill()
+        line = self.proc.stdout.readline() if ready else ""
         if not line:
             self.proc.wait()
             self.stderr.seek(0)

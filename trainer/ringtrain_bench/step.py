@@ -340,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.workers < 1 or args.batch_size < 1 or args.steps < 1 or args.repeats < 1:
             raise InvalidSpec("--workers, --batch-size, --steps and --repeats must be positive")
+        if args.workers > 1 and args.baseline:
+            raise InvalidSpec("--baseline compares one worker's step; leave it out with --workers")
         if args.workers > 1:
             result = step_workers.bench_step_workers(args)
             if not args.json:
