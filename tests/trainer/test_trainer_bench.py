@@ -52,7 +52,7 @@ def test_bench_step_times_the_same_keras_model_in_tensorflow(tmp_path, capsys):
     }
     path = write_keras(tmp_path / "tiny.keras", config, spec.keras_weights(spec.init(0)))
     argv = ["--model", str(path), "--baseline", "tensorflow", "--batch-size", "32"]
-    argv += ["--steps", "3", "--warmup", "2", "--repeats", "2", "--threads", "1", "--json"]
+    argv += ["--steps", "3", "--warmup", "0", "--repeats", "2", "--threads", "1", "--json"]
     assert bench_step.main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     assert set(r["baselines"]) == {"tensorflow"} and r["torch_samples_per_s"] is None
@@ -72,7 +72,20 @@ def test_bench_step_times_the_same_keras_model_in_tensorflow(tmp_path, capsys):
     assert (rt["intra_op_threads"], rt["inter_op_threads"]) == (1, 1)
     assert rt["weights"] == spec.num_params
     assert tf["weights_moved"] > 0  # TensorFlow trained, not only ran forward
+    assert tf["tf_function_traces"] == 1  # one compiled graph, no retracing while timed
     assert any(i["internal_api"] == "openblas" and i["architecture"] for i in r["blas"])
+
+
+def test_bench_step_refuses_a_baseline_that_cannot_run_what_was_asked(tmp_path, capsys):
+    assert bench_step.main(["--model", "no-such-model", "--baseline", "tensorflow"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert bench_step.main(["--workers", "2", "--baseline", "tensorflow"]) == 2
+    assert "one worker" in capsys.readouterr().err
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(KM.preset_config("cnn")))
+    argv = ["--model", str(path), "--baseline", "torch", "--steps", "1", "--repeats", "1"]
+    assert bench_step.main([*argv, "--warmup", "0"]) == 2
+    assert "the PyTorch side has only the presets" in capsys.readouterr().err
 
 
 def test_bench_step_refuses_zero_workers(capsys):

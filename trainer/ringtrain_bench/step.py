@@ -146,6 +146,8 @@ class IPUSide:
         self.loss_last: float | None = None
 
     def run(self, steps: int) -> float:
+        if steps < 1:  # --warmup 0
+            return 0.0
         t = time.perf_counter()
         for _ in range(steps):
             loss, _, c = self.trainer.train_one_step()
@@ -197,6 +199,8 @@ class TorchSide:
         self.loss_last: float | None = None
 
     def run(self, steps: int) -> float:
+        if steps < 1:
+            return 0.0
         torch = self.torch
         t = time.perf_counter()
         for _ in range(steps):
@@ -319,7 +323,11 @@ def bench_one_worker(args) -> dict:
             "ratio": ratio,
             "version": side.version,
             **(
-                {"runtime": side.info, "weights_moved": side.weights_moved}
+                {
+                    "runtime": side.info,
+                    "weights_moved": side.weights_moved,
+                    "tf_function_traces": side.traces,
+                }
                 if side.name == "tensorflow"
                 else {}
             ),
