@@ -73,6 +73,8 @@ def test_bench_step_times_the_same_keras_model_in_tensorflow(tmp_path, capsys):
     assert rt["weights"] == spec.num_params
     assert tf["weights_moved"] > 0  # TensorFlow trained, not only ran forward
     assert tf["tf_function_traces"] == 1  # one compiled graph, no retracing while timed
+    # the same model from the same weights: the same loss on ringtrain's first batch
+    assert tf["same_start"] and tf["start_loss"] == pytest.approx(r["start_loss"], rel=1e-4)
     assert any(i["internal_api"] == "openblas" and i["architecture"] for i in r["blas"])
 
 

@@ -52,6 +52,12 @@ class TensorFlowSide:
         self.tmp = tempfile.TemporaryDirectory(prefix="ringtrain-bench-tf-")
         weights = spec.keras_weights(trainer.params, trainer.ipu.state)
         np.savez(Path(self.tmp.name) / "weights.npz", *weights)
+        # ringtrain's first batch: the child's loss on it with the starting weights must be
+        # ringtrain's first-step loss (same model, same weights), see ``start_loss``
+        pos, train = trainer.position, trainer.data.train
+        idx = trainer.sharder.indices(pos.epoch, pos.batch)
+        x0 = train.images[idx] * np.float32(1.0 / 255.0)
+        np.savez(Path(self.tmp.name) / "first_batch.npz", x=x0, y=train.labels[idx])
         source = args.model if str(args.model).endswith(".keras") else None
         setup = {
             "keras_file": str(Path(source).resolve()) if source else None,
@@ -90,6 +96,7 @@ class TensorFlowSide:
         self.weights_moved = 0.0
         self.traces = 0  # times the tf.function was traced (1: one graph ran throughout)
         self.version = self.info["tensorflow"]
+        self.start_loss = self.info["start_loss"]
 
     def _answer(self) -> dict:
         """The child's next JSON line; a child that exits or stays silent for ``timeout_s``
@@ -141,6 +148,10 @@ def _refuse(what: str) -> None:
 def child(directory: str) -> None:
     """Build the model, then answer ``run N`` lines with one JSON line each until stdin ends."""
     setup = json.loads((Path(directory) / "setup.json").read_text())
+    # the answers get their own copy of stdout; anything else printing there (a library, C
+    # code writing to fd 1) goes to stderr instead of into the parent's JSON lines
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     threads = setup["threads"]
     try:
         import tensorflow as tf
@@ -160,6 +171,9 @@ def child(directory: str) -> None:
     with np.load(Path(directory) / "weights.npz") as z:
         weights = [z[f"arr_{i}"] for i in range(len(z.files))]
     model.set_weights(weights)  # raises on any shape that differs
+    with np.load(Path(directory) / "first_batch.npz") as z:
+        x0 = z["x"].astype(np.float32).reshape(len(z["y"]), *setup["input_shape"])
+        y0 = z["y"].astype(np.int64)
     optimizer = keras.optimizers.deserialize(setup["optimizer"])
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=setup["from_logits"])
@@ -184,6 +198,8 @@ def child(directory: str) -> None:
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
+    start = loss_fn(y0, model(x0, training=True))
+    start_loss = float(start + tf.add_n(model.losses)) if model.losses else float(start)
     intra = tf.config.threading.get_intra_op_parallelism_threads()
     inter = tf.config.threading.get_inter_op_parallelism_threads()
     if (intra, inter) != (threads, 1):
@@ -198,8 +214,9 @@ def child(directory: str) -> None:
         "onednn_env": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
         "weights": int(sum(np.size(w) for w in model.get_weights())),
         "optimizer": type(optimizer).__name__,
+        "start_loss": start_loss,
     }
-    print(json.dumps(ready), flush=True)
+    print(json.dumps(ready), file=answers, flush=True)
     pos = 0
     for line in sys.stdin:
         steps = int(line.split()[1])
@@ -215,7 +232,7 @@ def child(directory: str) -> None:
         # one trace: every block ran the same compiled graph, no retracing inside the timing
         traces = train_step.experimental_get_tracing_count()
         answer = {"seconds": seconds, "loss": last, "weights_moved": moved, "traces": traces}
-        print(json.dumps(answer), flush=True)
+        print(json.dumps(answer), file=answers, flush=True)
 
 
 if __name__ == "__main__":

@@ -144,6 +144,8 @@ class IPUSide:
         self.comm = StepCommStats()
         self.loss_first: float | None = None
         self.loss_last: float | None = None
+        #: the very first step's loss: the starting weights' loss on the first batch
+        self.start_loss: float | None = None
 
     def run(self, steps: int) -> float:
         if steps < 1:  # --warmup 0
@@ -152,6 +154,8 @@ class IPUSide:
         for _ in range(steps):
             loss, _, c = self.trainer.train_one_step()
             self.comm = self.comm + c
+            if self.start_loss is None:
+                self.start_loss = float(loss)
         dt = time.perf_counter() - t
         self.loss_last = float(loss)
         if self.loss_first is None:
@@ -303,6 +307,7 @@ def bench_one_worker(args) -> dict:
         "steps": args.steps,
         "repeats": args.repeats,
         **ours,
+        "start_loss": ipu.start_loss,
         "torch_samples_per_s": None,
         "ratio_vs_torch": None,
         "matmul_peak_gflops": round(peak, 1),
@@ -327,6 +332,11 @@ def bench_one_worker(args) -> dict:
                     "runtime": side.info,
                     "weights_moved": side.weights_moved,
                     "tf_function_traces": side.traces,
+                    "start_loss": side.start_loss,
+                    # same model, same weights: the same loss on ringtrain's first batch
+                    # (training mode; Dropout would make it differ by chance)
+                    "same_start": abs(side.start_loss - ipu.start_loss)
+                    <= 1e-4 * max(1.0, abs(ipu.start_loss)),
                 }
                 if side.name == "tensorflow"
                 else {}
