@@ -25,6 +25,8 @@ def test_bench_step_reports_both_sides_and_the_blas_in_use(capsys):
     # the ratio of the unrounded rates, so recomputing it from the printed (rounded) rates may
     # differ in the last digit
     assert abs(r["ratio_vs_torch"] - r["samples_per_s"] / r["torch_samples_per_s"]) < 2e-3
+    # PyTorch starts from ringtrain's weights too: the same loss on the first batch
+    assert r["baselines"]["torch"]["same_start"]
     assert any(i["internal_api"] == "openblas" and i["num_threads"] == 1 for i in r["blas"])
 
 

@@ -54,10 +54,8 @@ class TensorFlowSide:
         np.savez(Path(self.tmp.name) / "weights.npz", *weights)
         # ringtrain's first batch: the child's loss on it with the starting weights must be
         # ringtrain's first-step loss (same model, same weights), see ``start_loss``
-        pos, train = trainer.position, trainer.data.train
-        idx = trainer.sharder.indices(pos.epoch, pos.batch)
-        x0 = train.images[idx] * np.float32(1.0 / 255.0)
-        np.savez(Path(self.tmp.name) / "first_batch.npz", x=x0, y=train.labels[idx])
+        x0, y0 = ipu.first_batch()
+        np.savez(Path(self.tmp.name) / "first_batch.npz", x=x0, y=y0)
         source = args.model if str(args.model).endswith(".keras") else None
         setup = {
             "keras_file": str(Path(source).resolve()) if source else None,

@@ -147,6 +147,13 @@ class IPUSide:
         #: the very first step's loss: the starting weights' loss on the first batch
         self.start_loss: float | None = None
 
+    def first_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """The batch the first step will train on (float32 in [0, 1], labels), so that a
+        baseline can compute its loss there with the same starting weights."""
+        t = self.trainer
+        idx = t.sharder.indices(t.position.epoch, t.position.batch)
+        return t.data.train.images[idx] * np.float32(1.0 / 255.0), t.data.train.labels[idx]
+
     def run(self, steps: int) -> float:
         if steps < 1:  # --warmup 0
             return 0.0
@@ -185,10 +192,10 @@ class TorchSide:
         torch.manual_seed(0)
         self.torch = torch
         layers = [nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2)]
-        flat = 13 * 13 * 32
+        flat, hwc = 13 * 13 * 32, (13, 13, 32)
         if args.model == "cnn2":
             layers += [nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2)]
-            flat = 5 * 5 * 64
+            flat, hwc = 5 * 5 * 64, (5, 5, 64)
         layers += [nn.Flatten(), nn.Linear(flat, 64), nn.ReLU(), nn.Linear(64, 10)]
         self.model = nn.Sequential(*layers)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, eps=1e-7)
@@ -199,6 +206,33 @@ class TorchSide:
         self.y = torch.randint(0, 10, (n,), generator=g)
         self.batch, self.n, self.pos = args.batch_size, n, 0
         self.version = torch.__version__
+        self.start_loss = None
+        if ipu is not None:
+            self._start_from(ipu, hwc)
+
+    def _start_from(self, ipu: IPUSide, hwc: tuple[int, int, int]) -> None:
+        """ringtrain's starting weights (Keras layout: HWIO kernels, (in, out) matrices, an
+        HWC flatten) in PyTorch's (OIHW, (out, in), CHW), and their loss on its first batch."""
+        torch, trainer = self.torch, ipu.trainer
+        arrays = iter(trainer.spec.keras_weights(trainer.params, trainer.ipu.state))
+        first_dense = True
+        with torch.no_grad():
+            for m in self.model:
+                if not hasattr(m, "weight"):
+                    continue
+                k, b = next(arrays), next(arrays)
+                if k.ndim == 4:
+                    k = k.transpose(3, 2, 0, 1)
+                elif first_dense:
+                    k = k.reshape(*hwc, -1).transpose(3, 2, 0, 1).reshape(k.shape[1], -1)
+                    first_dense = False
+                else:
+                    k = k.T
+                m.weight.copy_(torch.from_numpy(np.ascontiguousarray(k)))
+                m.bias.copy_(torch.from_numpy(b))
+            x0, y0 = ipu.first_batch()
+            x0 = torch.from_numpy(x0.reshape(len(y0), 1, 28, 28))
+            self.start_loss = float(self.loss(self.model(x0), torch.from_numpy(y0)))
         self.loss_first: float | None = None
         self.loss_last: float | None = None
 
@@ -327,16 +361,17 @@ def bench_one_worker(args) -> dict:
             **theirs,
             "ratio": ratio,
             "version": side.version,
+            "start_loss": side.start_loss,
+            # same model, same weights: the same loss on ringtrain's first batch (training
+            # mode; Dropout would make it differ by chance)
+            "same_start": side.start_loss is not None
+            and ipu.start_loss is not None
+            and abs(side.start_loss - ipu.start_loss) <= 1e-4 * max(1.0, abs(ipu.start_loss)),
             **(
                 {
                     "runtime": side.info,
                     "weights_moved": side.weights_moved,
                     "tf_function_traces": side.traces,
-                    "start_loss": side.start_loss,
-                    # same model, same weights: the same loss on ringtrain's first batch
-                    # (training mode; Dropout would make it differ by chance)
-                    "same_start": abs(side.start_loss - ipu.start_loss)
-                    <= 1e-4 * max(1.0, abs(ipu.start_loss)),
                 }
                 if side.name == "tensorflow"
                 else {}
