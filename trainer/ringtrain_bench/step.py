@@ -67,7 +67,8 @@ def parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=0,
-        help="CPUs for each side: torch threads, IPU host threads (0: all usable)",
+        help="CPUs for each side: IPU host threads, torch threads, TensorFlow intra-op threads "
+        "(0: all usable)",
     )
     p.add_argument("--no-torch", action="store_true", help="no PyTorch side (nor its default)")
     p.add_argument(
