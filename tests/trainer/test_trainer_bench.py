@@ -74,6 +74,9 @@ def test_bench_step_times_the_same_keras_model_in_tensorflow(tmp_path, capsys):
     assert (rt["intra_op_threads"], rt["inter_op_threads"]) == (1, 1)
     assert rt["weights"] == spec.num_params
     assert tf["weights_moved"] > 0  # TensorFlow trained, not only ran forward
+    # interleaved: each repeat one block of each side, the order rotating
+    assert r["block_order"] == ["ipu", "tensorflow", "tensorflow", "ipu"]
+    assert len(r["block_seconds"]) == len(tf["block_seconds"]) == 2
     assert tf["tf_function_traces"] == 1  # one compiled graph, no retracing while timed
     # the same model from the same weights: the same loss on ringtrain's first batch
     assert tf["same_start"] and tf["start_loss"] == pytest.approx(r["start_loss"], rel=1e-4)

@@ -122,6 +122,8 @@ class IPUSide:
     ``comm`` accumulates the reducer's per-step statistics over every timed step, so that a
     ring worker can report how much allreduce time backward hid."""
 
+    name = "ipu"
+
     def __init__(
         self, args, collective: Collective | None = None, cfg: TrainerConfig | None = None
     ):
@@ -206,7 +208,9 @@ def make_side(name: str, args, threads: int, ipu: IPUSide, explicit: bool):
         return None
 
 
-def side_report(side, t: float, args, flops_per_step: int, peak: float) -> dict:
+def side_report(side, times: list[float], args, flops_per_step: int, peak: float) -> dict:
+    """One side's figures from its block times (the median block; every block listed)."""
+    t = statistics.median(times)
     sps = args.batch_size * args.steps / t
     gflops = flops_per_step * args.steps / t / 1e9
     return {
@@ -215,6 +219,7 @@ def side_report(side, t: float, args, flops_per_step: int, peak: float) -> dict:
         "percent_of_peak": round(100 * gflops / peak, 2),
         "loss_first": side.loss_first,
         "loss_last": side.loss_last,
+        "block_seconds": [round(x, 4) for x in times],
     }
 
 
@@ -236,11 +241,12 @@ def bench_one_worker(args) -> dict:
             for side in sides:
                 side.run(args.warmup)
             times: list[list[float]] = [[] for _ in sides]
-            peaks = []
+            peaks, order = [], []
             for r in range(args.repeats):
                 # the order rotates, so no side always runs right after another
                 for i in [(r + k) % len(sides) for k in range(len(sides))]:
                     times[i].append(sides[i].run(args.steps))
+                    order.append(sides[i].name)
                 peaks.append(matmul_peak_gflops(seconds=0.1, threads=threads))
             info = blas_info()
     finally:
@@ -248,7 +254,7 @@ def bench_one_worker(args) -> dict:
             side.close()
     peak = max(peaks)
     medians = [statistics.median(t) for t in times]
-    ours = side_report(ipu, medians[0], args, ipu.flops_per_step, peak)
+    ours = side_report(ipu, times[0], args, ipu.flops_per_step, peak)
     result = {
         "model": args.model,
         "batch_size": args.batch_size,
@@ -261,6 +267,7 @@ def bench_one_worker(args) -> dict:
         "ratio_vs_torch": None,
         "matmul_peak_gflops": round(peak, 1),
         "matmul_peak_threads": threads,
+        "block_order": order,
         "blas": info,
         "openblas_env": {
             k: os.environ.get(k)
@@ -268,8 +275,8 @@ def bench_one_worker(args) -> dict:
         },
         "baselines": {},
     }
-    for side, t in zip(sides[1:], medians[1:], strict=True):
-        theirs = side_report(side, t, args, ipu.flops_per_step, peak)
+    for side, block_times, t in zip(sides[1:], times[1:], medians[1:], strict=True):
+        theirs = side_report(side, block_times, args, ipu.flops_per_step, peak)
         # the ratio of the unrounded rates: ringtrain / baseline
         ratio = round(t / medians[0], 3)
         result["baselines"][side.name] = {
