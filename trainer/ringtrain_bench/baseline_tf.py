@@ -108,8 +108,9 @@ class TensorFlowSide:
             self.stderr.seek(0)
             tail = self.stderr.read()[-2000:]
             self.close()
+            why = "exited" if ready else f"gave no answer in {self.timeout_s:g} s, killed:"
             raise RuntimeError(
-                f"bench step: the TensorFlow side exited {self.proc.returncode}: {tail}"
+                f"bench step: the TensorFlow side {why} {self.proc.returncode}: {tail}"
             )
         return json.loads(line)
 
