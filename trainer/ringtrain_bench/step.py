@@ -1,12 +1,17 @@
-"""`ringtrain bench step`: training samples/s of the emulated IPU, side by side with PyTorch.
+"""`ringtrain bench step`: training samples/s of the emulated IPU, side by side with PyTorch
+and TensorFlow.
 
-Both run the same model, batch, dtype (float32), optimizer (Adam) and thread count in the same
-process, interleaved repeat by repeat so that a noisy neighbour slows both alike; the medians
-are reported. The IPU side runs the trainer's real step (data gather, weight stream, forward,
+Every side runs the same model, batch, dtype (float32), optimizer and thread count, interleaved
+repeat by repeat (the order rotating) so that a noisy neighbour slows all alike; the medians are
+reported. The IPU side runs the trainer's real step (data gather, weight stream, forward,
 backward, per-layer optimizer through the reducer), on synthetic data so the benchmark needs no
-data set. Also reported: achieved GFLOP/s against numpy's float32 matmul peak measured in the
-same run, and which BLAS kernels ran (threadpoolctl), because OpenBLAS environment variables
-change the result (see /work/shared/notes/machine-facts.md).
+data set. ``--baseline torch`` (the default) is the presets' CNN written in PyTorch, in this
+process; ``--baseline tensorflow`` is the same Keras model, from the same weights, trained by a
+compiled ``tf.function`` in a child process (:mod:`ringtrain_bench.baseline_tf` says why).
+Also reported: each side's GFLOP/s (the model's FLOPs per step over its time) against numpy's
+float32 matmul peak with the same thread count, measured once per repeat beside the sides
+(the best kept), and which BLAS kernels ran (threadpoolctl), because OpenBLAS environment
+variables change the result (see /work/shared/notes/machine-facts.md).
 
 ``--workers N`` > 1 is :mod:`ringtrain_bench.step_workers`: N real worker processes (this
 module with the hidden ``--child`` flag) time the same steps with communication overlapped,
@@ -16,6 +21,7 @@ serialized after backward and skipped, and report what overlap hides and what sc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
 import json
@@ -34,6 +40,8 @@ from ringtrain_trainer.ipu import blas_limits, resolve_host_threads
 from ringtrain_trainer.reducer import StepCommStats
 from ringtrain_trainer.worker import Trainer
 
+BASELINES = ("torch", "tensorflow")
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ringtrain bench step", description=__doc__.split("\n")[0])
@@ -43,7 +51,13 @@ def parser() -> argparse.ArgumentParser:
         default="cnn",
         metavar="NAME_OR_PATH",
         help="a preset (cnn, cnn2; the PyTorch side knows these), a .json file of "
-        "model.to_json() or a .keras file",
+        "model.to_json() or a .keras file (the TensorFlow side runs any of them)",
+    )
+    p.add_argument(
+        "--baseline",
+        action="append",
+        choices=BASELINES,
+        help="a peer timed interleaved with the emulated IPU; repeatable (default: torch)",
     )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--steps", type=int, default=150, help="timed steps per repeat")
@@ -53,9 +67,10 @@ def parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=0,
-        help="CPUs for each side: torch threads, IPU host threads (0: all usable)",
+        help="CPUs for each side: IPU host threads, torch threads, TensorFlow intra-op threads "
+        "(0: all usable)",
     )
-    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
+    p.add_argument("--no-torch", action="store_true", help="no PyTorch side (nor its default)")
     p.add_argument(
         "--transport",
         default="grpc+tcp",
@@ -79,16 +94,27 @@ def synthetic(n: int, seed: int = 0) -> data_mod.Dataset:
     return data_mod.Dataset("synthetic", split, split)
 
 
-def matmul_peak_gflops(n: int = 512, seconds: float = 0.3) -> float:
+def matmul_peak_gflops(n: int = 512, seconds: float = 0.3, threads: int | None = None) -> float:
+    """numpy's best float32 ``n``×``n`` matmul rate (512: its operands fit in L2/L3), with
+    ``threads`` BLAS threads (None: BLAS's own count)."""
+    limits = contextlib.nullcontext()
+    if threads is not None:
+        try:
+            from threadpoolctl import threadpool_limits
+
+            limits = threadpool_limits(limits=threads, user_api="blas")
+        except ImportError:
+            pass
     a = np.random.default_rng(0).random((n, n), dtype=np.float32)
     b, c = a.copy(), np.empty_like(a)
-    np.matmul(a, b, out=c)
-    best = float("inf")
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter()
+    with limits:
         np.matmul(a, b, out=c)
-        best = min(best, time.perf_counter() - t)
+        best = float("inf")
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            np.matmul(a, b, out=c)
+            best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best / 1e9
 
 
@@ -97,6 +123,8 @@ class IPUSide:
 
     ``comm`` accumulates the reducer's per-step statistics over every timed step, so that a
     ring worker can report how much allreduce time backward hid."""
+
+    name = "ipu"
 
     def __init__(
         self, args, collective: Collective | None = None, cfg: TrainerConfig | None = None
@@ -119,61 +147,35 @@ class IPUSide:
         )
         self.flops_per_step = self.trainer.exe.flops_per_run
         self.comm = StepCommStats()
+        self.loss_first: float | None = None
+        self.loss_last: float | None = None
+        #: the very first step's loss: the starting weights' loss on the first batch
+        self.start_loss: float | None = None
+
+    def first_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """The batch the first step will train on (float32 in [0, 1], labels), so that a
+        baseline can compute its loss there with the same starting weights."""
+        t = self.trainer
+        idx = t.sharder.indices(t.position.epoch, t.position.batch)
+        return t.data.train.images[idx] * np.float32(1.0 / 255.0), t.data.train.labels[idx]
 
     def run(self, steps: int) -> float:
+        if steps < 1:  # --warmup 0
+            return 0.0
         t = time.perf_counter()
         for _ in range(steps):
-            _, _, c = self.trainer.train_one_step()
+            loss, _, c = self.trainer.train_one_step()
             self.comm = self.comm + c
-        return time.perf_counter() - t
+            if self.start_loss is None:
+                self.start_loss = float(loss)
+        dt = time.perf_counter() - t
+        self.loss_last = float(loss)
+        if self.loss_first is None:
+            self.loss_first = self.loss_last
+        return dt
 
     def close(self):
         self.trainer.close()
-
-
-class TorchSide:
-    """The same model and step in PyTorch (CPU, float32, Adam with Keras' epsilon)."""
-
-    def __init__(self, args, threads: int):
-        import torch
-        from torch import nn
-
-        if args.model not in ("cnn", "cnn2"):
-            raise InvalidSpec(
-                f"--model {args.model}: the PyTorch side has only the presets "
-                "cnn and cnn2; add --no-torch"
-            )
-        torch.set_num_threads(threads)
-        torch.manual_seed(0)
-        self.torch = torch
-        layers = [nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2)]
-        flat = 13 * 13 * 32
-        if args.model == "cnn2":
-            layers += [nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2)]
-            flat = 5 * 5 * 64
-        layers += [nn.Flatten(), nn.Linear(flat, 64), nn.ReLU(), nn.Linear(64, 10)]
-        self.model = nn.Sequential(*layers)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, eps=1e-7)
-        self.loss = nn.CrossEntropyLoss()
-        g = torch.Generator().manual_seed(0)
-        n = max(8192, 4 * args.batch_size)
-        self.x = torch.rand(n, 1, 28, 28, generator=g)
-        self.y = torch.randint(0, 10, (n,), generator=g)
-        self.batch, self.n, self.pos = args.batch_size, n, 0
-
-    def run(self, steps: int) -> float:
-        torch = self.torch
-        t = time.perf_counter()
-        for _ in range(steps):
-            if self.pos + self.batch > self.n:
-                self.pos = 0
-            idx = torch.arange(self.pos, self.pos + self.batch)
-            self.pos += self.batch
-            xb, yb = self.x[idx], self.y[idx]
-            self.opt.zero_grad(set_to_none=True)
-            self.loss(self.model(xb), yb).backward()
-            self.opt.step()
-        return time.perf_counter() - t
 
 
 def blas_info() -> list[dict]:
@@ -185,53 +187,123 @@ def blas_info() -> list[dict]:
     return [{k: i.get(k) for k in keys} for i in threadpool_info()]
 
 
+def baselines_of(args) -> list[str]:
+    """``--baseline`` as given, else PyTorch unless ``--no-torch`` (the command's old default)."""
+    if args.baseline:
+        return [b for b in dict.fromkeys(args.baseline) if not (args.no_torch and b == "torch")]
+    return [] if args.no_torch else ["torch"]
+
+
+def make_side(name: str, args, threads: int, ipu: IPUSide, explicit: bool):
+    """The baseline ``name``, or None where PyTorch is missing and nobody asked for it."""
+    if name == "tensorflow":
+        from ringtrain_bench.baseline_tf import TensorFlowSide
+
+        return TensorFlowSide(args, threads, ipu)
+    try:
+        from ringtrain_bench.baseline_torch import TorchSide
+
+        return TorchSide(args, threads, ipu)
+    except ImportError:
+        if explicit:
+            raise InvalidSpec("--baseline torch: PyTorch is not installed") from None
+        return None
+
+
+def side_report(side, times: list[float], args, flops_per_step: int, peak: float) -> dict:
+    """One side's figures from its block times (the median block; every block listed)."""
+    t = statistics.median(times)
+    sps = args.batch_size * args.steps / t
+    gflops = flops_per_step * args.steps / t / 1e9
+    return {
+        "samples_per_s": round(sps, 1),
+        "gflops": round(gflops, 2),
+        "percent_of_peak": round(100 * gflops / peak, 2),
+        "loss_first": side.loss_first,
+        "loss_last": side.loss_last,
+        "block_seconds": [round(x, 4) for x in times],
+    }
+
+
 def bench_one_worker(args) -> dict:
-    """Both sides get ``threads`` CPUs: PyTorch as intra-op threads, the emulated IPU as host
-    threads (shards) with single-threaded BLAS, as ``ringtrain worker`` runs it."""
+    """Every side gets ``threads`` CPUs: PyTorch as intra-op threads, TensorFlow as intra-op
+    threads with one inter-op thread, the emulated IPU as host threads (shards) with
+    single-threaded BLAS, as ``ringtrain worker`` runs it. GFLOP/s count the model's FLOPs
+    (the IPU's per-step count) for every side, so they compare like samples/s do."""
     threads = args.threads = resolve_host_threads(args.threads)
-    with blas_limits(threads):
-        ipu = IPUSide(args)
-        torch_side = None
-        if not args.no_torch:
-            try:
-                torch_side = TorchSide(args, threads)
-            except ImportError:
-                torch_side = None
-        ipu.run(args.warmup)
-        if torch_side:
-            torch_side.run(args.warmup)
-        ours, theirs = [], []
-        for _ in range(args.repeats):
-            ours.append(ipu.run(args.steps))
-            if torch_side:
-                theirs.append(torch_side.run(args.steps))
-        ipu.close()
-        info = blas_info()
-    peak = matmul_peak_gflops()  # numpy's own BLAS threads: the machine's matmul peak
-    t_ours = statistics.median(ours)
-    sps = args.batch_size * args.steps / t_ours
+    sides: list = []
+    try:
+        with blas_limits(threads):
+            ipu = IPUSide(args)
+            sides.append(ipu)
+            for name in baselines_of(args):
+                side = make_side(name, args, threads, ipu, bool(args.baseline))
+                if side is not None:
+                    sides.append(side)
+            for side in sides:
+                side.run(args.warmup)
+            times: list[list[float]] = [[] for _ in sides]
+            peaks, order = [], []
+            for r in range(args.repeats):
+                # the order rotates, so no side always runs right after another
+                for i in [(r + k) % len(sides) for k in range(len(sides))]:
+                    times[i].append(sides[i].run(args.steps))
+                    order.append(sides[i].name)
+                peaks.append(matmul_peak_gflops(seconds=0.1, threads=threads))
+            info = blas_info()
+    finally:
+        for side in sides:
+            side.close()
+    peak = max(peaks)
+    medians = [statistics.median(t) for t in times]
+    ours = side_report(ipu, times[0], args, ipu.flops_per_step, peak)
     result = {
         "model": args.model,
         "batch_size": args.batch_size,
         "threads": threads,
         "steps": args.steps,
         "repeats": args.repeats,
-        "samples_per_s": round(sps, 1),
+        **ours,
+        "start_loss": ipu.start_loss,
         "torch_samples_per_s": None,
         "ratio_vs_torch": None,
-        "gflops": round(ipu.flops_per_step * args.steps / t_ours / 1e9, 2),
         "matmul_peak_gflops": round(peak, 1),
+        "matmul_peak_threads": threads,
+        "block_order": order,
         "blas": info,
         "openblas_env": {
             k: os.environ.get(k)
             for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS")
         },
+        "baselines": {},
     }
-    if theirs:
-        tsps = args.batch_size * args.steps / statistics.median(theirs)
-        result["torch_samples_per_s"] = round(tsps, 1)
-        result["ratio_vs_torch"] = round(sps / tsps, 3)
-        result["torch_version"] = torch_side.torch.__version__
+    for side, block_times, t in zip(sides[1:], times[1:], medians[1:], strict=True):
+        theirs = side_report(side, block_times, args, ipu.flops_per_step, peak)
+        # the ratio of the unrounded rates: ringtrain / baseline
+        ratio = round(t / medians[0], 3)
+        result["baselines"][side.name] = {
+            **theirs,
+            "ratio": ratio,
+            "version": side.version,
+            "start_loss": side.start_loss,
+            # same model, same weights: the same loss on ringtrain's first batch (training
+            # mode; Dropout would make it differ by chance)
+            "same_start": side.start_loss is not None
+            and ipu.start_loss is not None
+            and abs(side.start_loss - ipu.start_loss) <= 1e-4 * max(1.0, abs(ipu.start_loss)),
+            **(
+                {
+                    "runtime": side.info,
+                    "weights_moved": side.weights_moved,
+                    "tf_function_traces": side.traces,
+                }
+                if side.name == "tensorflow"
+                else {}
+            ),
+        }
+        result[f"{side.name}_samples_per_s"] = theirs["samples_per_s"]
+        result[f"ratio_vs_{side.name}"] = ratio
+        result[f"{side.name}_version"] = side.version
     return result
 
 
@@ -245,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.workers < 1 or args.batch_size < 1 or args.steps < 1 or args.repeats < 1:
             raise InvalidSpec("--workers, --batch-size, --steps and --repeats must be positive")
+        if args.workers > 1 and args.baseline:
+            raise InvalidSpec("--baseline compares one worker's step; leave it out with --workers")
         if args.workers > 1:
             result = step_workers.bench_step_workers(args)
             if not args.json:
@@ -267,13 +341,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
     elif args.workers == 1:
-        t = result.get("torch_samples_per_s")
         print(
-            f"emulated IPU: {result['samples_per_s']:,.0f} samples/s "
-            f"({result['gflops']} GFLOP/s, numpy matmul peak {result['matmul_peak_gflops']})"
+            f"numpy float32 matmul peak {result['matmul_peak_gflops']} GFLOP/s "
+            f"({result['threads']} threads)"
         )
-        if t:
-            print(f"PyTorch:      {t:,.0f} samples/s   ratio {result['ratio_vs_torch']}")
+        for name, b in [("emulated IPU", result), *result["baselines"].items()]:
+            print(
+                f"{name + ':':13} {b['samples_per_s']:,.0f} samples/s, {b['gflops']} GFLOP/s "
+                f"({b['percent_of_peak']} % of peak)"
+                + (f", ringtrain / {name} {b['ratio']}" if "ratio" in b else "")
+            )
     return 0
 
 
