@@ -42,8 +42,8 @@ TOKEN_FILE = f"{TOKEN_DIR}/{TOKEN_KEY}"
 TLS_DIR = TOKEN_DIR
 RUN_AS_USER = 10001
 #: The Secret's files' mode (token and TLS material): owner-read only (Kubeflow #3262 shipped
-#: 0644). With the pod's fsGroup the kubelet adds group read (0440, group RUN_AS_USER), so the non-root trainer can read it; never
-#: world-readable.
+#: 0644). With the pod's fsGroup the kubelet adds group read (0440, group RUN_AS_USER), so the
+#: non-root trainer can read it; never world-readable.
 TOKEN_MODE = 0o400
 
 LABEL_JOB = "ringtrain.io/job-name"

@@ -193,9 +193,10 @@ def _budget(trainer: Mapping[str, Any]) -> tuple[int, int]:
     field is invalid (the schema has already named it)."""
 
     def field(name: str) -> int:
-        v = trainer.get(options.BY_NAME[name].crd)
-        ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
-        return v if ok else options.DEFAULTS[name]
+        v = trainer.get(options.BY_NAME[name].crd or "")
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v
+        return int(options.DEFAULTS[name])
 
     per_ipu = max(1, field("batch_size") // field("ipus_per_worker"))
     return field("ipu_memory_mb") << 20, per_ipu

@@ -7,8 +7,6 @@ from __future__ import annotations
 import importlib
 import re
 import shlex
-import subprocess
-import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path

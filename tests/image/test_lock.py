@@ -83,7 +83,9 @@ def all_extras() -> list[str]:
 def test_every_declared_requirement_is_satisfied_by_a_pin():
     for req in declared(all_extras()):
         name = canonicalize_name(req.name)
-        assert name in LOCK, f"{req} is declared in pyproject but not locked: hack/lock-requirements"
+        assert name in LOCK, (
+            f"{req} is declared in pyproject but not locked: hack/lock-requirements"
+        )
         version = LOCK[name][0]
         assert req.specifier.contains(version, prereleases=True), (
             f"{name}=={version} in the lock violates pyproject's {req}: hack/lock-requirements"

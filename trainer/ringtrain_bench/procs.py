@@ -64,7 +64,8 @@ def run_processes(
     Any non-zero exit fails the whole run (a half-measured ring is no figure); whatever
     still runs then is killed, so no process outlives the call."""
     procs = [
-        subprocess.Popen(c, env=e, stdout=subprocess.PIPE, text=True) for c, e in zip(cmds, envs)
+        subprocess.Popen(c, env=e, stdout=subprocess.PIPE, text=True)
+        for c, e in zip(cmds, envs, strict=True)
     ]
     outs = []
     try:

@@ -152,9 +152,9 @@ def child(args) -> dict:
 
 def run_window(side: IPUSide, steps: int, seconds: float) -> tuple[float, int]:
     """Steps for ``seconds`` (``steps`` if 0); returns the time ``steps`` took at the rate
-    achieved, and the steps run. The no-comm workers are not in lockstep: with a fixed step count the faster
-    would finish first and leave the slower the machine, so each runs for the same window and
-    every worker competes for the CPU the whole time, as on the ring."""
+    achieved, and the steps run. The no-comm workers are not in lockstep: with a fixed step count
+    the faster would finish first and leave the slower the machine, so each runs for the same
+    window and every worker competes for the CPU the whole time, as on the ring."""
     if seconds <= 0:
         return side.run(steps), steps
     t0, done = time.perf_counter(), 0

@@ -1,4 +1,5 @@
-"""From a Keras model (preset, ``model.to_json()`` file, ``.keras`` archive) to IPU layers, and back.
+"""From a Keras model (preset, ``model.to_json()`` file, ``.keras`` archive) to IPU layers, and
+back.
 
 Pipeline position: ``--model`` → :func:`load` → :class:`KerasModel`, a ``model.ModelSpec`` the
 IPU compiles like any other. The layers come from ``keras_config.parse`` (everything refused
@@ -165,7 +166,7 @@ class KerasModel(ModelSpec):
 
     def _weight_refs(self):
         """(keras layer, keras weight name, where, ipu layer, name) in get_weights order."""
-        for s, li in zip(self.config.layers, self.owner):
+        for s, li in zip(self.config.layers, self.owner, strict=True):
             for where, wname in _WEIGHTS.get(type(s), ()):
                 present = (
                     {p.name for p in self.layers[li].params(li)}
@@ -196,7 +197,7 @@ class KerasModel(ModelSpec):
             raise InvalidSpec(
                 f"model {self.name!r}: {len(weights)} weight arrays for {len(refs)} expected"
             )
-        for (s, n, w, li), arr in zip(refs, weights):
+        for (s, n, w, li), arr in zip(refs, weights, strict=True):
             dst = (pv if w == "p" else sv)[li][n]
             if tuple(np.shape(arr)) != dst.shape:
                 raise InvalidSpec(

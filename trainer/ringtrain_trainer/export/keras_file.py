@@ -91,7 +91,7 @@ def write_keras(
     buf = io.BytesIO()
     with h5py.File(buf, "w") as f:
         f.create_group("vars").attrs["name"] = cfg.get("config", {}).get("name", "sequential")
-        for layer, group in zip(layers, h5_paths(cfg)):
+        for layer, group in zip(layers, h5_paths(cfg), strict=True):
             g = f.create_group(group).create_group("vars")
             g.attrs["name"] = layer.name
             for i, w in enumerate(layer.weights):

@@ -131,11 +131,11 @@ def _infer(layer: Layer) -> None:
     c, s = layer.cfg, layer.in_shape
     cls = layer.cls
     layer.out_shape = s
-    if cls in ("Conv2D", "MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling2D"):
-        if len(s) != 3:
-            raise InvalidSpec(
-                f"layer {layer.name!r} ({cls}): needs (height, width, channels) input, got {s}"
-            )
+    spatial = ("Conv2D", "MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling2D")
+    if cls in spatial and len(s) != 3:
+        raise InvalidSpec(
+            f"layer {layer.name!r} ({cls}): needs (height, width, channels) input, got {s}"
+        )
     if cls == "Conv2D":
         kh, kw = pair(c.get("kernel_size"), "kernel_size", layer.name)
         sh, sw = pair(c.get("strides", 1), "strides", layer.name)
@@ -190,9 +190,8 @@ def _infer(layer: Layer) -> None:
         for arg in ("negative_slope", "threshold"):
             if c.get(arg) or 0:
                 raise layer.refuse(arg, c[arg], "0 (a plain ReLU)")
-    elif cls == "Softmax":
-        if c.get("axis", -1) not in (-1, len(s), [-1]):
-            raise layer.refuse("axis", c["axis"], "-1")
+    elif cls == "Softmax" and c.get("axis", -1) not in (-1, len(s), [-1]):
+        raise layer.refuse("axis", c["axis"], "-1")
 
 
 def parse(keras_config: dict) -> list[Layer]:

@@ -60,7 +60,7 @@ class StepCommStats:
         return self.hidden_s / self.allreduce_s if self.allreduce_s > 0 else 0.0
 
     def __add__(self, other: StepCommStats) -> StepCommStats:
-        return StepCommStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+        return StepCommStats(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 def hidden_seconds(

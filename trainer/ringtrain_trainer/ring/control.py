@@ -33,12 +33,14 @@ Health is the one service without the token: kubelet's gRPC probe and ``ringtrai
 carry none, and it reveals nothing but "serving". With the job's TLS material the whole server
 is mutual TLS (``channels``), Health included: ``ringtrain health`` then presents the job's
 certificate from ``RINGTRAIN_TLS_DIR``; the kubelet's own gRPC probe cannot (it speaks no TLS),
-so ``health_port`` serves the same Health service alone, in plaintext, on a port of its own. A wrong or missing token on the control
-service is refused (UNAUTHENTICATED) before any state is touched.
+so ``health_port`` serves the same Health service alone, in plaintext, on a port of its own. A
+wrong or missing token on the control service is refused (UNAUTHENTICATED) before any state is
+touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import sys
@@ -439,10 +441,10 @@ class ControlPlane:
         self._closed = True
         end = time.monotonic() + ABORT_GRACE_S
         for call in self._pending:
-            try:
+            with contextlib.suppress(
+                grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError
+            ):
                 call.result(timeout=max(0.0, end - time.monotonic()))
-            except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
-                pass
         self.health.enter_graceful_shutdown()
         for ch in list(self._channels.values()):
             ch.close()

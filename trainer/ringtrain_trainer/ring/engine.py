@@ -18,8 +18,8 @@ and this and every later call raise ``RingError`` or ``PeerTimeout`` naming rank
 peer; the worker rejoins the ring in its container (``ringtrain_trainer.rejoin``) or exits with
 the retryable code for its kubelet to restart it. The control
 plane breaks the ring from outside the same way (:meth:`RingCollective.interrupt`) when a peer
-aborts or its watchdog finds a neighbour frozen. Each finished collective and each break is reported to
-``observer`` (a :class:`RingObserver`), which the trainer's metrics replace.
+aborts or its watchdog finds a neighbour frozen. Each finished collective and each break is
+reported to ``observer`` (a :class:`RingObserver`), which the trainer's metrics replace.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ docs/ring.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
@@ -161,10 +162,8 @@ class Listener:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes accept() on Linux
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # the shutdown wakes accept() on Linux
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         self._thread.join(timeout=5)
 
@@ -419,10 +418,8 @@ class TcpTransport(Transport):
 
     def abort(self) -> None:
         for s in (self._right, self._left):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def close(self) -> None:
         if self._closed:
