@@ -15,10 +15,10 @@ import sys
 import time
 
 import grpc
-from test_hostile_traffic import TOKEN, _ring_ports
+from support.ports import free_ports
+from test_hostile_traffic import TOKEN
 
 from ringtrain.cluster import build
-from ringtrain_bench.procs import free_ports
 from ringtrain_trainer.ring import control
 
 MESSAGE = 64 << 20
@@ -68,7 +68,8 @@ def wait_serving(port: int, proc: subprocess.Popen) -> None:
 
 
 def test_oversized_calls_on_the_health_and_ring_ports_are_refused_and_the_job_trains(tmp_path):
-    ring, health = _ring_ports(), free_ports(2)
+    ports = free_ports(4)  # no port is another's side channel (+1)
+    ring, health = ports[:2], ports[2:]
     first = worker(0, ring, health[0], tmp_path)
     try:
         wait_serving(health[0], first)
