@@ -41,7 +41,7 @@ COPY operator /src/operator
 RUN /opt/ringtrain/bin/pip install --no-deps --no-build-isolation /src \
     && /opt/ringtrain/bin/ringtrain --version \
     && /opt/ringtrain/bin/pip freeze --all \
-       | awk -F'==' '{n=tolower($1); gsub(/[-_.]+/, "-", n)} n!="pip" && n!="ringtrain" {print n"=="$2}' \
+       | awk -F'==| @ ' '{n=tolower($1); gsub(/[-_.]+/, "-", n)} n!="pip" && n!="ringtrain" {print n"=="$2}' \
        | sort > /tmp/installed.txt \
     && cat /tmp/runtime.txt /tmp/image-data.txt | awk -F'[= ]+' '/^[a-z0-9]/ {print $1"=="$2}' \
        | sort > /tmp/locked.txt \
