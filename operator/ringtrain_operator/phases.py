@@ -101,7 +101,9 @@ def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
         verdict = restarts.judge(replica, p)
         if verdict == "permanent":
             f.status["restarts"] -= sum(q.restarting for q in ordered)  # they will not happen
-            diverged = restarts.exit_code(p) == errors.EXIT_DIVERGED
+            # exit 3 means "diverged" only from ringtrain's own trainer; a user's script may
+            # exit 3 for reasons of its own
+            diverged = job.trainer is not None and restarts.exit_code(p) == errors.EXIT_DIVERGED
             error = restarts.last_error(p) if diverged else ""
             f.finish(
                 False,
