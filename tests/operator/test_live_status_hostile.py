@@ -96,6 +96,7 @@ def test_a_dripping_reply_is_cut_at_the_total_deadline(monkeypatch):
     with serve(drip) as port:
         monkeypatch.setattr(manifests, "METRICS_PORT", port)
         done, took, got = call_in_thread(observe.fetch_live_status, "127.0.0.1", 1.0, wait_s=8.0)
+    print(f'{{"case": "drip", "fetch_s": {took:.3f}}}')
     assert done, "a reply dripping a byte per 0.3 s kept the read going past 8 s"
     assert took < 2.0
     assert "no complete reply within 1 s" in str(got)
