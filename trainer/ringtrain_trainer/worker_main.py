@@ -19,7 +19,14 @@ import sys
 import threading
 from collections.abc import Callable
 
-from ringtrain.errors import EXIT_OK, EXIT_RETRYABLE, EXIT_TERMINATED, RingError, exit_code_for
+from ringtrain.errors import (
+    EXIT_OK,
+    EXIT_RETRYABLE,
+    EXIT_TERMINATED,
+    RingError,
+    describe,
+    exit_code_for,
+)
 from ringtrain_trainer import memory, rejoin
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
@@ -122,7 +129,7 @@ def main(
         raise
     except BaseException as e:  # one place maps every failure to an exit code
         code = exit_code_for(e)
-        print(f"ringtrain worker: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"ringtrain worker: {describe(e)}", file=sys.stderr)
         if collective is not None:  # the peers leave at once instead of timing out
             collective.fail(f"{type(e).__name__}: {e}")
         if rejoin_exec is not None and cfg is not None:
@@ -159,9 +166,7 @@ def main(
             cfg.termination_log if cfg is not None else termination_log_flag(argv), cfg, collective
         )
         if log:
-            write_termination_log(
-                log, {"event": "error", "error": f"{type(e).__name__}: {e}", "exit_code": code}
-            )
+            write_termination_log(log, {"event": "error", "error": describe(e), "exit_code": code})
         if code == 1:
             raise
         return code
