@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from ringtrain.cluster import bind_host
 from ringtrain.errors import (
     EXIT_OK,
     EXIT_RETRYABLE,
@@ -100,16 +101,17 @@ def main(
             memory.report(cfg, sys.stdout)
             return EXIT_OK
         metrics = TrainerMetrics()
+        host = bind_host(a for role in cfg.cluster.cluster.values() for a in role)
         if cfg.cluster.task_type == "evaluator":  # beside the ring, never in it
             from ringtrain_trainer import evaluator
 
             if cfg.metrics_port:
-                server = MetricsServer(metrics, cfg.metrics_port)
+                server = MetricsServer(metrics, cfg.metrics_port, host)
             final = evaluator.run(cfg, metrics, _install_sigterm).to_dict()
             write_termination_log(cfg.termination_log, final)
             return EXIT_TERMINATED if final["terminated"] else EXIT_OK
         if cfg.metrics_port:  # up before the ring, so /status names the peers it waits for
-            server = MetricsServer(metrics, cfg.metrics_port)
+            server = MetricsServer(metrics, cfg.metrics_port, host)
         if previous.total:
             metrics.rejoins.set(previous.total)
             print(
