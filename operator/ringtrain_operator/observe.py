@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -152,9 +153,12 @@ LIVE_STATUS_TIMEOUT_S = 2.0
 LIVE_STATUS_WAIT_S = 0.25
 #: Threads reading ``/status`` replies, apart from the reconcile threads: each holds at most one
 #: reply of :data:`ringtrain.events.STATUS_MAX_BYTES` (and its parse, ≤ ~17 MiB for 1 MiB of
-#: ``[{},{},…]``); more threads than tenants with a dripping chief keep a healthy chief's
-#: progress fresh, so the operator's memory for them stays bounded whatever tenants send.
+#: ``[{},{},…]``), so the operator's memory for them stays bounded whatever tenants send; while
+#: fewer tenants than this have a dripping chief, a healthy chief's progress stays fresh.
 LIVE_STATUS_THREADS = 8
+#: Seconds the last answer of a pod IP may stand in for a read still running: a pod IP is
+#: reused by other pods, so an old answer must not outlive its pod by long.
+LIVE_STATUS_STALE_S = 30.0
 
 
 def fetch_live_status(
@@ -188,7 +192,12 @@ class LiveStatusPoller:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
-        self._last: OrderedDict[str, Mapping[str, Any] | None] = OrderedDict()
+        #: pod IP → (when its last read ended, what it gave)
+        self._last: OrderedDict[str, tuple[float, Mapping[str, Any] | None]] = OrderedDict()
+
+    def _stale(self, pod_ip: str) -> Mapping[str, Any] | None:
+        when, result = self._last.get(pod_ip, (0.0, None))
+        return result if time.monotonic() - when <= LIVE_STATUS_STALE_S else None
 
     def __call__(self, pod_ip: str) -> Mapping[str, Any] | None:
         with self._lock:
@@ -201,16 +210,16 @@ class LiveStatusPoller:
             result = fut.result(timeout=self._wait_s)
         except FutureTimeout:
             with self._lock:
-                return self._last.get(pod_ip)
+                return self._stale(pod_ip)
         except events.StatusRefused:
             result, refused = None, True
         else:
             refused = False
         with self._lock:
             if self._inflight.get(pod_ip) is not fut:
-                return self._last.get(pod_ip)  # another caller took this read's end
+                return self._stale(pod_ip)  # another caller took this read's end
             del self._inflight[pod_ip]
-            self._last[pod_ip] = result
+            self._last[pod_ip] = (time.monotonic(), result)
             self._last.move_to_end(pod_ip)
             while len(self._last) > self._remember:
                 self._last.popitem(last=False)
@@ -286,7 +295,7 @@ _INT_MAX = 2**53
 def _json_number(v: float) -> bool:
     """A number the status can carry: finite, and an int within ±2⁵³ (a chief's reply may say
     ``"step": 1e40`` as an int the API server refuses, failing the job's every status write)."""
-    return math.isfinite(v) and (not isinstance(v, int) or abs(v) <= _INT_MAX)
+    return abs(v) <= _INT_MAX if isinstance(v, int) else math.isfinite(v)
 
 
 def _camel(key: str) -> str:

@@ -162,6 +162,7 @@ def test_a_garbled_reply_is_the_jobs_named_problem_not_a_crash(monkeypatch, capl
     "doc,progress",
     [
         (b'{"step": 1' + b"0" * 40 + b', "loss": 0.5}', {"loss": 0.5}),
+        (b'{"step": 3, "epoch": 1' + b"0" * 400 + b"}", {"step": 3}),
         (b'{"step": 3, "checkpoint": "' + b"c" * 5000 + b'"}', {"step": 3}),
         (
             b'{"waiting_for": [' + b",".join([b'"w"'] * 100_000) + b"]}",
@@ -169,7 +170,13 @@ def test_a_garbled_reply_is_the_jobs_named_problem_not_a_crash(monkeypatch, capl
         ),
         (b'{"ipu_memory": {"kinds": {"weights": 1e999, "grads": ' + b"9" * 30 + b"}}}", {}),
     ],
-    ids=["an int no int64 holds", "a 5000-character path", "100 000 names", "inf and 10^30"],
+    ids=[
+        "an int no int64 holds",
+        "an int no float holds",
+        "a 5000-character path",
+        "100 000 names",
+        "inf and 10^30",
+    ],
 )
 def test_what_the_api_server_would_refuse_never_reaches_the_status(monkeypatch, doc, progress):
     kube = running_chief("mnist", "127.0.0.1")
