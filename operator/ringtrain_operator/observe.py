@@ -3,14 +3,26 @@ the evaluator's last evaluation.
 
 Parsing Pod objects lives here, next to the only I/O the observation needs (the chief's
 ``/status``), so the fold in :mod:`.status` reads plain values and never a Kubernetes object.
+
+That I/O talks to a process the tenant wrote (it chooses the image), so it is bounded and kept
+off every other job's reconcile (issue 20): each read has a total deadline and a byte cap
+(:func:`fetch_live_status`), runs on :class:`LiveStatusPoller`'s own threads, and a reconcile
+waits for it at most :data:`LIVE_STATUS_WAIT_S`, reading the last answer otherwise. A reply that
+is no status document is that job's problem: a warning naming the job and the pod, no progress.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -20,6 +32,10 @@ from ringtrain import events
 from . import manifests
 from .spec import Job
 
+log = logging.getLogger(__name__)
+
+#: pod IP → the chief's ``/status`` as a dict; None when nothing answers (yet);
+#: :class:`ringtrain.events.StatusRefused` when what answers is no status document.
 LiveStatusFetcher = Callable[[str], "Mapping[str, Any] | None"]
 
 
@@ -113,7 +129,7 @@ EVALUATOR = ("evaluator", 0)
 
 def with_live_status(job: Job, p: ObservedPod, fetch: LiveStatusFetcher) -> ObservedPod:
     """Progress comes from the chief's (and the evaluator's) own HTTP endpoint while it runs
-    (no API rights needed)."""
+    (no API rights needed). A reply that is no status is logged, naming the job and the pod."""
     if (
         (p.role, p.index) not in (job.chief, EVALUATOR)
         or p.phase != "Running"
@@ -121,13 +137,99 @@ def with_live_status(job: Job, p: ObservedPod, fetch: LiveStatusFetcher) -> Obse
         or not job.trainer
     ):
         return p
-    return dataclasses.replace(p, live_status=fetch(p.pod_ip))
+    try:
+        live = fetch(p.pod_ip)
+    except events.StatusRefused as e:
+        log.warning("%s/%s: %s's /status refused: %s", job.namespace, job.name, p.name, e)
+        live = None
+    return dataclasses.replace(p, live_status=live)
 
 
-def fetch_live_status(pod_ip: str, timeout_s: float = 1.0) -> Mapping[str, Any] | None:
-    """The chief's JSON ``/status``; None when it does not answer (yet)."""
-    st = events.fetch_status(f"http://{pod_ip}:{manifests.METRICS_PORT}/status", timeout_s)
-    return None if st is None else st.to_dict()
+#: Seconds one ``/status`` read may take in all (connect, ask, every byte of the reply).
+LIVE_STATUS_TIMEOUT_S = 2.0
+#: Seconds a reconcile waits for a fresh ``/status`` (a healthy chief answers in milliseconds)
+#: before it reads the last answer: a chief that drips its reply delays its own job's reconcile
+#: this much, and no other job's.
+LIVE_STATUS_WAIT_S = 0.25
+#: Threads reading ``/status`` replies, apart from the reconcile threads: each holds at most one
+#: reply of :data:`ringtrain.events.STATUS_MAX_BYTES` (and its parse, ≤ ~17 MiB for 1 MiB of
+#: ``[{},{},…]``), so the operator's memory for them stays bounded whatever tenants send; while
+#: fewer tenants than this have a dripping chief, a healthy chief's progress stays fresh.
+LIVE_STATUS_THREADS = 8
+#: Seconds the last answer of a pod IP may stand in for a read still running: a pod IP is
+#: reused by other pods, so an old answer must not outlive its pod by long.
+LIVE_STATUS_STALE_S = 30.0
+
+
+def fetch_live_status(
+    pod_ip: str, timeout_s: float = LIVE_STATUS_TIMEOUT_S, port: int | None = None
+) -> Mapping[str, Any] | None:
+    """The chief's JSON ``/status``; None when it does not answer (yet); StatusRefused when the
+    reply is no status document. Bounded: ``timeout_s`` in all and
+    :data:`ringtrain.events.STATUS_MAX_BYTES` (:func:`ringtrain.events.read_status`)."""
+    url = f"http://{pod_ip}:{port or manifests.METRICS_PORT}/status"
+    try:
+        return events.read_status(url, timeout_s).to_dict()
+    except OSError:
+        return None
+
+
+class LiveStatusPoller:
+    """A :data:`LiveStatusFetcher` that reads on its own threads, one read per pod IP in flight:
+    the caller gets the read it started if it ends within ``wait_s``, else the last read that
+    ended (None before the first). A refusal is raised once, by the call that sees it end, so it
+    is logged once per read and not at every reconcile that reads the stale answer."""
+
+    def __init__(
+        self,
+        fetch: LiveStatusFetcher = fetch_live_status,
+        *,
+        wait_s: float = LIVE_STATUS_WAIT_S,
+        threads: int = LIVE_STATUS_THREADS,
+        remember: int = 4096,
+    ) -> None:
+        self._fetch, self._wait_s, self._threads, self._remember = fetch, wait_s, threads, remember
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Future] = {}
+        #: pod IP → (when its last read ended, what it gave)
+        self._last: OrderedDict[str, tuple[float, Mapping[str, Any] | None]] = OrderedDict()
+
+    def _stale(self, pod_ip: str) -> Mapping[str, Any] | None:
+        when, result = self._last.get(pod_ip, (0.0, None))
+        return result if time.monotonic() - when <= LIVE_STATUS_STALE_S else None
+
+    def __call__(self, pod_ip: str) -> Mapping[str, Any] | None:
+        with self._lock:
+            fut = self._inflight.get(pod_ip)
+            if fut is None:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._threads, "live-status")
+                fut = self._inflight[pod_ip] = self._pool.submit(self._fetch, pod_ip)
+        try:
+            result = fut.result(timeout=self._wait_s)
+        except FutureTimeout:
+            with self._lock:
+                return self._stale(pod_ip)
+        except events.StatusRefused:
+            result, refused = None, True
+        else:
+            refused = False
+        with self._lock:
+            if self._inflight.get(pod_ip) is not fut:
+                return self._stale(pod_ip)  # another caller took this read's end
+            del self._inflight[pod_ip]
+            self._last[pod_ip] = (time.monotonic(), result)
+            self._last.move_to_end(pod_ip)
+            while len(self._last) > self._remember:
+                self._last.popitem(last=False)
+        if refused:
+            fut.result()  # raises the refusal, once
+        return result
+
+
+#: The operator's poller (its threads start with the first read).
+live_status = LiveStatusPoller()
 
 
 #: trainer JSON key (a field of ringtrain.events.Status or .Final) → status.progress key
@@ -152,6 +254,10 @@ _EVALUATION_KEYS = {
     "evaluations": "evaluations",
 }
 _STRINGS = ("checkpoint", "export", "trace")
+#: What of a chief's strings reaches the status (an API object, ≤ 1.5 MB in etcd): a path is at
+#: most PATH_MAX, the ring's missing members at most this many names of a DNS label's length.
+_STRING_MAX = 4096
+_WAITING_MAX = 64
 
 
 _PROGRESS = MappingProxyType(_PROGRESS_KEYS)
@@ -165,18 +271,31 @@ def read_progress(doc: Mapping[str, Any] | None, keys: Mapping[str, str] = _PROG
         v = (doc or {}).get(key)
         if isinstance(v, bool) or v is None:
             continue
-        if isinstance(v, float) and not math.isfinite(v):
-            continue  # NaN/inf are not JSON and the API would reject the status
+        if isinstance(v, (int, float)) and not _json_number(v):
+            continue  # NaN/inf are not JSON, 10⁴⁰ no int64: the API would reject the status
         if isinstance(v, (int, float)):
             out[target] = round(v, 6) if isinstance(v, float) else v
-        elif isinstance(v, str) and target in _STRINGS:
+        elif isinstance(v, str) and target in _STRINGS and len(v) <= _STRING_MAX:
             out[target] = v
     waiting = (doc or {}).get("waiting_for")
     if isinstance(waiting, list) and waiting:
-        out["waitingFor"] = [str(w) for w in waiting]
+        names = [w[:63] for w in waiting if isinstance(w, str)]
+        if len(names) > _WAITING_MAX:
+            names = [*names[:_WAITING_MAX], f"… {len(names) - _WAITING_MAX} more"]
+        out["waitingFor"] = names
     if keys is _PROGRESS and (memory := ipu_memory((doc or {}).get("ipu_memory"))):
         out["ipuMemory"] = memory
     return out
+
+
+#: The largest integer a status field carries: JSON's exact range, inside the API's int64.
+_INT_MAX = 2**53
+
+
+def _json_number(v: float) -> bool:
+    """A number the status can carry: finite, and an int within ±2⁵³ (a chief's reply may say
+    ``"step": 1e40`` as an int the API server refuses, failing the job's every status write)."""
+    return abs(v) <= _INT_MAX if isinstance(v, int) else math.isfinite(v)
 
 
 def _camel(key: str) -> str:
@@ -202,7 +321,7 @@ def ipu_memory(doc: Any) -> dict:
     return {
         f"{_camel(str(k))}Bytes": v
         for k, v in pairs
-        if isinstance(v, int) and not isinstance(v, bool)
+        if isinstance(v, int) and not isinstance(v, bool) and _json_number(v)
     }
 
 

@@ -20,7 +20,7 @@ from ringtrain.errors import InvalidSpec
 from . import manifests, networkpolicy, spec, status
 from .kube import Kube
 from .metrics import OperatorMetrics
-from .observe import LiveStatusFetcher, fetch_live_status, observe_pods
+from .observe import LiveStatusFetcher, live_status, observe_pods
 
 #: Pod creations in flight at once for one job.
 CREATE_CONCURRENCY = 8
@@ -39,7 +39,7 @@ def reconcile(
     name: str,
     *,
     now: datetime | None = None,
-    fetch: LiveStatusFetcher = fetch_live_status,
+    fetch: LiveStatusFetcher = live_status,
     metrics: OperatorMetrics | None = None,
     network: networkpolicy.Settings | None = None,
 ) -> status.Decision | None:

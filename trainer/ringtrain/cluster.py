@@ -8,8 +8,9 @@ module (Kubeflow keeps its ``TFConfig`` struct in one file) means they cannot dr
 
 from __future__ import annotations
 
+import ipaddress
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ringtrain.errors import InvalidSpec
@@ -106,6 +107,30 @@ def split_address(address: str) -> tuple[str, int]:
     port and its peers in TF_CONFIG."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+#: What a worker binds its ports to when its whole cluster is on loopback (``ringtrain run``).
+LOOPBACK = "127.0.0.1"
+#: ... and otherwise (a pod: peers reach it on its pod IP).
+ANY = "0.0.0.0"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a DNS name: a pod's
+
+
+def bind_host(addresses: Iterable[str]) -> str:
+    """Where a member of the cluster of ``addresses`` listens (ring, side channel, health and
+    metrics ports): loopback when every member is on loopback — ``ringtrain run`` on one
+    machine, whose unauthenticated ports were reachable from the LAN (issue 20) —, every
+    interface otherwise (none given, a worker started alone, keeps that)."""
+    hosts = [split_address(a)[0] for a in addresses]
+    return LOOPBACK if hosts and all(_loopback(h) for h in hosts) else ANY
 
 
 def parse(text: str | None) -> ClusterSpec:

@@ -6,6 +6,9 @@ fix something), 128+ are retryable (the gang is recreated and resumes from the l
 
 from __future__ import annotations
 
+import errno
+import os
+
 #: Training finished.
 EXIT_OK = 0
 #: Bad input the user must fix: spec, TF_CONFIG, flags, data set, model too large for the IPU.
@@ -81,8 +84,42 @@ class Unauthenticated(RingError):
     exit_code = EXIT_PERMANENT
 
 
+#: errnos that say the machine ran out of something (descriptors, disk, quota, memory), not that
+#: the user erred: retryable wherever they surface, wrapped or not. 1,500 idle connections to a
+#: worker's ring port made the chief's next checkpoint write fail with EMFILE, exit 1, which the
+#: ExitCode policy took as permanent (issue 20).
+RESOURCE_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.ENOBUFS}
+)
+
+
+def exhausted(exc: BaseException) -> OSError | None:
+    """The OSError of :data:`RESOURCE_ERRNOS` that ``exc`` is or was raised from (its
+    ``__cause__``/``__context__`` chain), else None."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in RESOURCE_ERRNOS:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` for stderr and the termination log; a resource exhaustion says so
+    first, with its errno's name, so that nobody reads it as a user error."""
+    text = f"{type(exc).__name__}: {exc}"
+    if (oserr := exhausted(exc)) is not None and oserr.errno is not None:
+        name = errno.errorcode.get(oserr.errno, str(oserr.errno))
+        return f"resource exhausted ({name}: {os.strerror(oserr.errno)}), retryable: {text}"
+    return text
+
+
 def exit_code_for(exc: BaseException) -> int:
     """The process exit code for an exception that ended training."""
+    if exhausted(exc) is not None:
+        return EXIT_RETRYABLE
     if isinstance(exc, RingtrainError):
         return exc.exit_code
     if isinstance(exc, KeyboardInterrupt):

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import urllib.request
+import socket
+import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -179,14 +181,66 @@ def parse_line(line: str) -> Event | None:
         return None
 
 
-def fetch_status(url: str, timeout_s: float = 1.0) -> Status | None:
-    """A worker's ``/status`` at ``url``; None when it does not answer (yet) or not with JSON."""
+#: The most a ``/status`` reply (header and body) may hold: a real one is a few KiB, the memory
+#: report's per-layer table included. The reader never holds more, and refuses a larger reply.
+STATUS_MAX_BYTES = 1 << 20
+
+
+class StatusRefused(ValueError):
+    """A ``/status`` reply that was answered but is no status document: too slow in all, too
+    large, not HTTP 200, not a JSON object (issue 20: the tenant chooses the image)."""
+
+
+def read_status(url: str, timeout_s: float = 1.0, max_bytes: int = STATUS_MAX_BYTES) -> Status:
+    """A worker's ``/status`` at ``url`` (``http://host:port/path``), read within ``timeout_s``
+    *in all* — connecting, asking and every byte of the reply: a reply that drips one byte per
+    timeout never ends a per-read timeout — holding at most ``max_bytes``. :class:`OSError` when
+    nothing answers, :class:`StatusRefused` saying why when what answers is no status."""
+    u = urllib.parse.urlsplit(url)
+    deadline = time.monotonic() + timeout_s
+
+    def left() -> float:
+        s = deadline - time.monotonic()
+        if s <= 0:
+            raise StatusRefused(f"no complete reply within {timeout_s:g} s")
+        return s
+
+    with socket.create_connection((u.hostname or "", u.port or 80), timeout=left()) as sock:
+        sock.sendall(f"GET {u.path or '/'} HTTP/1.0\r\nHost: {u.hostname}\r\n\r\n".encode())
+        buf = bytearray()
+        while len(buf) <= max_bytes:
+            sock.settimeout(left())
+            try:
+                chunk = sock.recv(min(1 << 16, max_bytes + 1 - len(buf)))
+            except TimeoutError:
+                raise StatusRefused(f"no complete reply within {timeout_s:g} s") from None
+            if not chunk:
+                break
+            buf += chunk
+        else:
+            raise StatusRefused(f"reply larger than {max_bytes} bytes")
+    head, sep, body = bytes(buf).partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].split()
+    if not sep or len(status_line) < 2 or not status_line[0].startswith(b"HTTP/"):
+        raise StatusRefused("not an HTTP reply")
+    if status_line[1] != b"200":
+        raise StatusRefused(f"HTTP {status_line[1][:3].decode('latin-1')}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            doc = json.load(resp)
-    except (OSError, ValueError):
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:  # RecursionError: ``[[[[…`` nested 10⁵ deep
+        raise StatusRefused(f"not JSON ({type(e).__name__})") from None
+    if not isinstance(doc, Mapping):
+        raise StatusRefused(f"a JSON {type(doc).__name__}, not an object")
+    return Status.from_dict(doc)
+
+
+def fetch_status(url: str, timeout_s: float = 1.0) -> Status | None:
+    """A worker's ``/status`` at ``url``; None when it does not answer (yet) or not with a status
+    document (:func:`read_status`, bounded in time and bytes)."""
+    try:
+        return read_status(url, timeout_s)
+    except (OSError, StatusRefused):
         return None
-    return Status.from_dict(doc) if isinstance(doc, Mapping) else None
 
 
 # ---- the one human rendering -------------------------------------------------------------------

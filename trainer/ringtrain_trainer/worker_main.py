@@ -19,7 +19,15 @@ import sys
 import threading
 from collections.abc import Callable
 
-from ringtrain.errors import EXIT_OK, EXIT_RETRYABLE, EXIT_TERMINATED, RingError, exit_code_for
+from ringtrain.cluster import bind_host
+from ringtrain.errors import (
+    EXIT_OK,
+    EXIT_RETRYABLE,
+    EXIT_TERMINATED,
+    RingError,
+    describe,
+    exit_code_for,
+)
 from ringtrain_trainer import memory, rejoin
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
@@ -93,16 +101,17 @@ def main(
             memory.report(cfg, sys.stdout)
             return EXIT_OK
         metrics = TrainerMetrics()
+        host = bind_host(a for role in cfg.cluster.cluster.values() for a in role)
         if cfg.cluster.task_type == "evaluator":  # beside the ring, never in it
             from ringtrain_trainer import evaluator
 
             if cfg.metrics_port:
-                server = MetricsServer(metrics, cfg.metrics_port)
+                server = MetricsServer(metrics, cfg.metrics_port, host)
             final = evaluator.run(cfg, metrics, _install_sigterm).to_dict()
             write_termination_log(cfg.termination_log, final)
             return EXIT_TERMINATED if final["terminated"] else EXIT_OK
         if cfg.metrics_port:  # up before the ring, so /status names the peers it waits for
-            server = MetricsServer(metrics, cfg.metrics_port)
+            server = MetricsServer(metrics, cfg.metrics_port, host)
         if previous.total:
             metrics.rejoins.set(previous.total)
             print(
@@ -122,7 +131,7 @@ def main(
         raise
     except BaseException as e:  # one place maps every failure to an exit code
         code = exit_code_for(e)
-        print(f"ringtrain worker: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"ringtrain worker: {describe(e)}", file=sys.stderr)
         if collective is not None:  # the peers leave at once instead of timing out
             collective.fail(f"{type(e).__name__}: {e}")
         if rejoin_exec is not None and cfg is not None:
@@ -159,9 +168,7 @@ def main(
             cfg.termination_log if cfg is not None else termination_log_flag(argv), cfg, collective
         )
         if log:
-            write_termination_log(
-                log, {"event": "error", "error": f"{type(e).__name__}: {e}", "exit_code": code}
-            )
+            write_termination_log(log, {"event": "error", "error": describe(e), "exit_code": code})
         if code == 1:
             raise
         return code

@@ -25,6 +25,21 @@ from ringtrain_trainer.ring import tls
 MAX_MESSAGE_BYTES = 16 << 20
 #: The health-only port (``--ring-health-port``) takes health checks of a few bytes.
 HEALTH_MAX_MESSAGE_BYTES = 4 << 10
+#: Milliseconds a connection to a ring server may take to become HTTP/2 (TLS, preface,
+#: settings) before it is closed: gRPC's default is 120 s, so 1,500 idle connections from
+#: anywhere (no token or certificate needed) held as many descriptors for two minutes and, at the
+#: common 1024 open-files limit, failed the chief's next checkpoint write (issue 20).
+HANDSHAKE_TIMEOUT_MS = 5_000
+#: Connections a server accepts at once beyond :func:`connection_limit`'s per-peer share: the
+#: operator's probes, a rejoining peer's new channel beside its old one.
+SPARE_CONNECTIONS = 32
+
+
+def connection_limit(world: int) -> int:
+    """Connections a rank's ring server keeps open at once: each peer holds one control channel
+    and at most one data-path channel to it. gRPC closes a connection over the limit as it
+    accepts it, so a flood costs descriptors only up to here."""
+    return 2 * world + SPARE_CONNECTIONS
 
 
 def options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -52,12 +67,19 @@ def server(
     max_workers: int = 12,
     material: tls.Material | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
+    max_connections: int = SPARE_CONNECTIONS,
 ) -> grpc.Server:
     """A gRPC server bound to ``host:port`` but not started (handlers are added first); with
-    ``material`` it requires a client certificate of the job's CA."""
+    ``material`` it requires a client certificate of the job's CA. It holds at most
+    ``max_connections`` connections, each unauthenticated one for at most
+    :data:`HANDSHAKE_TIMEOUT_MS`."""
     srv = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ring-rpc"),
-        options=options(max_message_bytes),
+        options=[
+            *options(max_message_bytes),
+            ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+            ("grpc.max_allowed_incoming_connections", max_connections),
+        ],
     )
     bound = tls.serve(srv, f"{host}:{port}", material)
     if not bound:

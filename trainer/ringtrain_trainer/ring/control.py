@@ -51,6 +51,7 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from ringtrain.cluster import bind_host
 from ringtrain.errors import InvalidSpec, PeerTimeout, RingError, Unauthenticated
 from ringtrain_trainer.ring import auth, channels, schedule, tls
 
@@ -94,14 +95,23 @@ class ControlPlane:
         self.world = len(addresses)
         self._token = token
         self.tls = material
-        self.server = channels.server(port, material=material)
+        host = bind_host(addresses)
+        self.server = channels.server(
+            port,
+            host=host,
+            material=material,
+            max_connections=channels.connection_limit(self.world),
+        )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.health_server = None
         if health_port:
             try:
                 self.health_server = channels.server(
-                    health_port, max_workers=2, max_message_bytes=channels.HEALTH_MAX_MESSAGE_BYTES
+                    health_port,
+                    host=host,
+                    max_workers=2,
+                    max_message_bytes=channels.HEALTH_MAX_MESSAGE_BYTES,
                 )
             except channels.BindError:
                 self.server.stop(None)

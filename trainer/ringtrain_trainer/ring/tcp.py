@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from ringtrain.cluster import split_address
+from ringtrain.cluster import bind_host, split_address
 from ringtrain.errors import PeerTimeout, RingError, Unauthenticated
 from ringtrain.ports import side_channel_port
 from ringtrain_trainer.ring import auth, schedule, tls
@@ -47,6 +47,11 @@ from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 #: How long a connecting stranger may take to complete the handshake.
 HANDSHAKE_TIMEOUT_S = 5.0
+#: Handshakes a listener runs at once (one thread and one descriptor each); a connection beyond
+#: them is closed as it is accepted and counted refused. Only the left neighbour's is wanted:
+#: 1,500 idle connections otherwise held 1,500 threads and descriptors for the handshake's 5 s
+#: (issue 20). A neighbour refused meanwhile retries (``connect_with_backoff``).
+MAX_HANDSHAKES = 16
 
 
 def _tune(sock: socket.socket) -> None:
@@ -84,6 +89,7 @@ class Listener:
         self._ready = threading.Event()
         self._closed = False
         self.refused = 0
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -107,9 +113,20 @@ class Listener:
                 conn, _ = self._sock.accept()
             except OSError:
                 return  # closed
+            if not self._handshakes.acquire(blocking=False):
+                conn.close()
+                with self._lock:
+                    self.refused += 1
+                continue
             threading.Thread(
-                target=self._handshake, args=(conn,), name="ring-handshake", daemon=True
+                target=self._handshake_one, args=(conn,), name="ring-handshake", daemon=True
             ).start()
+
+    def _handshake_one(self, conn: socket.socket) -> None:
+        try:
+            self._handshake(conn)
+        finally:
+            self._handshakes.release()
 
     def _accept_rank(self, rank: int) -> int:
         with self._lock:
@@ -287,6 +304,7 @@ class TcpTransport(Transport):
             side_channel_port(port),
             world,
             schedule.neighbours(rank, world)[0],
+            bind_host(addresses),
             fallback=True,
             material=material,
         )
