@@ -21,10 +21,10 @@ import sys
 import threading
 import time
 
-from test_hostile_traffic import TOKEN, _ring_ports
+from support.ports import free_ports
+from test_hostile_traffic import TOKEN
 
 from ringtrain.cluster import build
-from ringtrain_bench.procs import free_ports
 from ringtrain_trainer.ring import channels, tcp
 
 FLOOD = 1500
@@ -78,7 +78,8 @@ def closed_within(socks: list[socket.socket], timeout_s: float) -> tuple[int, fl
 def test_idle_connections_to_the_ring_port_are_bounded_and_the_job_trains(tmp_path):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4 * FLOOD), hard))
-    ring, metrics = _ring_ports(), free_ports(2)
+    ports = free_ports(4)  # no port is another's side channel (+1)
+    ring, metrics = ports[:2], ports[2:]
     addrs = [f"127.0.0.1:{p}" for p in ring]
     w0 = worker(0, addrs, metrics[0], tmp_path / "c")
     socks: list[socket.socket] = []

@@ -9,11 +9,10 @@ import os
 import time
 
 import pytest
+from support.ports import free_ports
 from test_connection_flood import wait_listening, worker
-from test_hostile_traffic import _ring_ports
 
 from ringtrain.cluster import ANY, LOOPBACK, bind_host
-from ringtrain_bench.procs import free_ports
 from ringtrain_localrun import plan
 
 
@@ -52,7 +51,8 @@ def listening(pid: int) -> set[str]:
 
 
 def test_a_worker_of_a_local_run_listens_on_loopback_only(tmp_path):
-    ring, metrics = _ring_ports(), free_ports(2)
+    ports = free_ports(4)  # no port is another's side channel (+1)
+    ring, metrics = ports[:2], ports[2:]
     addrs = [f"127.0.0.1:{p}" for p in ring]  # what ringtrain run's plan gives its workers
     w0 = worker(0, addrs, metrics[0], tmp_path / "c")
     try:
