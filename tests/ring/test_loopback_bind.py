@@ -69,6 +69,6 @@ def test_a_worker_of_a_local_run_listens_on_loopback_only(tmp_path):
 
 
 def test_the_local_plan_puts_every_replica_on_loopback():
-    endpoint = plan.loopback_endpoints()
+    endpoint = plan.loopback_endpoints(plan.port_allocator())
     addresses = [endpoint(None, "worker", i) for i in range(3)]  # type: ignore[arg-type]
     assert bind_host(addresses) == LOOPBACK
