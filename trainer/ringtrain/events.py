@@ -133,6 +133,7 @@ class Status(_Record):
         "stalled",
         "ipu_memory",
         "optimizer",
+        "loss_fn",
     )
     step: int | None = 0
     epoch: float | None = 0
@@ -153,6 +154,9 @@ class Status(_Record):
     #: the optimizer that runs (Keras serialization, its source: the model's compile settings
     #: or the flags that replaced them); None until the trainer is built
     optimizer: dict | None = None
+    #: the loss that runs (``engine.losses.LossSpec.record``: Keras serialization, summary);
+    #: None until the trainer is built
+    loss_fn: dict | None = None
 
 
 Event = Progress | Eval | Evaluation | Final
