@@ -240,10 +240,13 @@ class Loss:
         np.copyto(d, p)
         d[self.arange, labels] -= 1
         if self.ignore is not None:
+            # Keras masks the ignored rows and divides by the rows that count (none: 0)
             np.subtract(tmp[:, 0], picked, out=picked)
             np.multiply(picked, self.valid, out=picked)
             np.multiply(d, self.valid[:, None], out=d)
-            loss = float(picked.sum()) / self.batch
+            count = int(np.count_nonzero(self.valid))
+            np.multiply(d, self.dtype.type(1.0 / max(count, 1)), out=d)
+            return float(picked.sum()) / count if count else 0.0
         else:
             loss = (float(tmp.sum()) - float(picked.sum())) / self.batch
         np.multiply(d, self.inv, out=d)
