@@ -2,6 +2,7 @@
 labels checked against the loss, and a worker training on each family end to end. Numbers
 against real Keras are in test_losses_keras.py."""
 
+import io
 import json
 
 import numpy as np
@@ -11,9 +12,12 @@ from test_keras_layers import layer, seq
 from ringtrain.errors import DataError, InvalidSpec
 from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer.checkpoint import CheckpointManager
+from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data import Dataset, Split
 from ringtrain_trainer.data_npz import check_fits, load_npz
 from ringtrain_trainer.engine import losses as LS
+from ringtrain_trainer.evaluator import Evaluator
+from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.worker_main import main as worker_main
 
 
@@ -152,8 +156,26 @@ def test_a_worker_trains_and_evaluates_each_family_and_names_its_loss(
     argv += ["--termination-log", str(tmp_path / "log")]
     assert worker_main(argv) == 0
     final = json.loads((tmp_path / "log").read_text())
-    assert np.isfinite(final["loss"]) and final["test_accuracy"] is not None
+    assert np.isfinite(final["loss"])
+    if act == "linear":  # regression: the MAE, never an "accuracy"
+        assert final["test_accuracy"] is None and 0 < final["test_mae"] < 10
+    else:
+        assert 0 <= final["test_accuracy"] <= 1 and "test_mae" not in final
     name = LS.parse(loss).name
     assert f"loss {name}(" in capsys.readouterr().err
     state, _ = CheckpointManager(tmp_path / "ck").load_latest()
     assert state.loss_config["keras"]["class_name"] == name
+    # the Evaluator: the same registry, in float64, on the whole test split
+    tf_config = '{"cluster":{"worker":["127.0.0.1:1"]},"task":{"type":"evaluator","index":0}}'
+    ev_argv = [*argv[:4], "--checkpoint-dir", str(tmp_path / "ck")]
+    cfg = TrainerConfig.from_args(ev_argv, {"TF_CONFIG": tf_config})
+    ev = Evaluator(cfg, TrainerMetrics(), io.StringIO())
+    loss_ev, metric = ev.evaluate(state)
+    test = ev.data.test
+    out = ev.program.forward(ev.spec.views(state.params))[: len(test)]
+    lossfn = LS.Loss(ev.spec.loss, len(test), ev.spec.num_classes)
+    assert loss_ev == pytest.approx(lossfn.total(out, test.labels) / len(test), rel=1e-6)
+    assert metric == pytest.approx(final["test_mae" if act == "linear" else "test_accuracy"])
+    ev.evaluate_new()
+    assert (ev.evaluated[-1].test_mae is not None) == (act == "linear")
+    assert ("test_mae" in ev.metrics.status()) == (act == "linear")

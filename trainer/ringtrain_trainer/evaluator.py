@@ -165,15 +165,18 @@ class Evaluator:
                     print(f"ringtrain evaluator: skipping checkpoint: {e}", file=sys.stderr)
                 continue
             loss, acc = self.evaluate(state)
+            metric = self.spec.loss.metric
+            mae = metric == "mae"
             ev = events.Evaluation(
                 step=state.step,
                 test_loss=round(loss, 6),
-                test_accuracy=round(acc, 6),
+                test_accuracy=None if mae else round(acc, 6),
                 checkpoint=str(manifest),
+                test_mae=round(acc, 6) if mae else None,
             )
             self.evaluated.append(ev)
-            self.metrics.observe_evaluation(state.step, loss, acc)
-            self.tb.evaluation(state.step, loss, acc)
+            self.metrics.observe_evaluation(state.step, loss, acc, metric)
+            self.tb.evaluation(state.step, loss, acc, metric)
             self.emit(ev)
 
     def run(self) -> events.Final:
@@ -196,6 +199,7 @@ class Evaluator:
             terminated=terminated,
             test_loss=last_ev.test_loss if last_ev else None,
             evaluations=len(self.evaluated),
+            test_mae=last_ev.test_mae if last_ev else None,
         )
         self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")
         self.tb.close()

@@ -35,6 +35,13 @@ from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
 from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.reducer import Reducer, StepCommStats
 
+
+def _metric_fields(metric: str, value: float | None) -> dict:
+    """An event's ``test_accuracy``, or its ``test_mae`` after a regression loss."""
+    v = None if value is None else round(value, 6)
+    return {"test_accuracy": None, "test_mae": v} if metric == "mae" else {"test_accuracy": v}
+
+
 #: seconds between progress lines
 PROGRESS_EVERY_S = 1.0
 
@@ -301,10 +308,11 @@ class Trainer:
             correct = round(total) if exact else total
         acc = correct / max(1, len(labels))
         if self.is_chief:
+            metric = self.spec.loss.metric
             self.test_accuracy = acc
-            self.metrics.observe_eval(acc)
-            self.tb.test_accuracy(self.step, acc, self.ipu.stats)
-            self.report.emit(events.Eval(step=self.step, test_accuracy=round(acc, 6)))
+            self.metrics.observe_eval(acc, metric)
+            self.tb.test_accuracy(self.step, acc, self.ipu.stats, metric)
+            self.report.emit(events.Eval(step=self.step, **_metric_fields(metric, acc)))
         return acc
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:
@@ -391,7 +399,7 @@ class Trainer:
             steps=self.step,
             epoch=self.position.epoch,
             loss=None if np.isnan(loss) else round(loss, 6),
-            test_accuracy=None if self.test_accuracy is None else round(self.test_accuracy, 6),
+            **_metric_fields(self.spec.loss.metric, self.test_accuracy),
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
             if train_s > 0
             else 0.0,
