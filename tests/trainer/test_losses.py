@@ -179,3 +179,33 @@ def test_a_worker_trains_and_evaluates_each_family_and_names_its_loss(
     ev.evaluate_new()
     assert (ev.evaluated[-1].test_mae is not None) == (act == "linear")
     assert ("test_mae" in ev.metrics.status()) == (act == "linear")
+
+
+def _old_fused_softmax_ce(z, labels, dtype=np.float32):
+    """The trainer's softmax cross-entropy before the registry (engine/program.py at e2e0bf4)."""
+    b = len(labels)
+    p, tmp, picked, ar = np.zeros_like(z), np.zeros((b, 1), dtype), np.zeros(b, dtype), np.arange(b)
+    np.max(z, axis=1, keepdims=True, out=tmp)
+    np.subtract(z, tmp, out=p)
+    np.copyto(picked, p[ar, labels])
+    np.exp(p, out=p)
+    np.sum(p, axis=1, keepdims=True, out=tmp)
+    np.divide(p, tmp, out=p)
+    np.log(tmp, out=tmp)
+    loss = (float(tmp.sum()) - float(picked.sum())) / b
+    d = p.copy()
+    d[ar, labels] -= 1
+    np.multiply(d, np.dtype(dtype).type(1.0 / b), out=d)
+    return loss, d
+
+
+def test_the_presets_sparse_entry_is_the_old_fused_path_bit_for_bit(rng):
+    spec = KM.load("cnn").loss
+    loss = LS.Loss(spec, 64, 10)
+    for _ in range(3):
+        z = rng.normal(0, 3, (64, 10)).astype(np.float32)
+        y = rng.integers(0, 10, 64)
+        np.copyto(loss.labels, y)
+        want, want_grad = _old_fused_softmax_ce(z, y)
+        assert loss.step(z) == want
+        np.testing.assert_array_equal(loss.grad, want_grad)
