@@ -106,6 +106,11 @@ def test_a_training_step_allocates_nothing_new(rng):
 )
 def test_both_keras_spellings_name_the_same_entry(alias, cls):
     assert LS.parse(alias).name == cls
+    # compile(loss=<the function>) as Keras' compile_config records it
+    if alias[0].islower():
+        m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        m.compile("sgd", keras.losses.get(alias))
+        assert LS.parse(m.get_compile_config()["loss"]).name == cls
     # the class form as Keras itself serializes it
     doc = keras.losses.serialize(keras.losses.get(alias))
     doc = doc if isinstance(doc, dict) else {"class_name": doc}

@@ -104,8 +104,9 @@ DEFAULT = LossSpec("SparseCategoricalCrossentropy", {"from_logits": True})
 
 
 def parse(doc) -> LossSpec | None:
-    """``compile_config.loss`` (a string alias, a class name, or ``{"class_name", "config"}``)
-    → :class:`LossSpec`; None where there is none. Unsupported values raise naming the field."""
+    """``compile_config.loss`` (a string alias, a class name, ``{"class_name", "config"}``, or
+    a loss function as Keras serializes one) → :class:`LossSpec`; None where there is none.
+    Unsupported values raise naming the field."""
     if doc is None:
         return None
     if isinstance(doc, str):
@@ -118,6 +119,8 @@ def parse(doc) -> LossSpec | None:
         return LossSpec(cls)
     if not isinstance(doc, dict):
         raise InvalidSpec(f"model: {WHERE}={doc!r} is not supported (one loss, by name or class)")
+    if doc.get("class_name") == "function" and isinstance(doc.get("config"), str):
+        return parse(doc["config"])  # compile(loss=keras.losses.mean_squared_error)
     cls = doc.get("class_name")
     if cls not in _ENTRIES:
         cls = _ALIASES.get(str(cls))
