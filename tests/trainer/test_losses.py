@@ -209,3 +209,23 @@ def test_the_presets_sparse_entry_is_the_old_fused_path_bit_for_bit(rng):
         want, want_grad = _old_fused_softmax_ce(z, y)
         assert loss.step(z) == want
         np.testing.assert_array_equal(loss.grad, want_grad)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        None,
+        {"class_name": "SparseCategoricalCrossentropy", "config": {"ignore_class": 0}},
+        {"class_name": "CategoricalCrossentropy", "config": {"label_smoothing": 0.1}},
+        "binary_crossentropy",
+        "huber",
+    ],
+)
+def test_the_memory_plan_counts_what_the_loss_allocates(doc):
+    spec = LS.DEFAULT if doc is None else LS.parse(doc)
+    spec = LS.fold(spec, "sigmoid" if spec.kind == "binary" else "softmax")
+    loss = LS.Loss(spec, 8, 3)
+    arrays = [v for k, v in vars(loss).items() if isinstance(v, np.ndarray) and k != "arange"]
+    labels, work = LS.buffer_bytes(spec, 8, 3)
+    assert labels == loss.labels.nbytes
+    assert work == sum(a.nbytes for a in arrays) - labels

@@ -183,6 +183,17 @@ def label_buffer(spec: LossSpec, batch: int, k: int, dtype=np.float32) -> np.nda
     return np.zeros((batch, k), dtype)
 
 
+def buffer_bytes(spec: LossSpec, batch: int, k: int, itemsize: int = 4) -> tuple[int, int]:
+    """(labels, workspace) bytes a :class:`Loss` allocates: what the memory plan counts."""
+    labels = batch * 8 if spec.kind == "sparse" else batch * k * itemsize
+    work = (2 * batch * k + 2 * batch) * itemsize  # grad, work, rowtmp, picked
+    if spec.kind == "sparse" and spec.arg("ignore_class") is not None:
+        work += batch * 9  # valid (bool), safe (int64)
+    if spec.kind != "sparse" and spec.arg("label_smoothing"):
+        work += batch * k * itemsize  # the smoothed labels
+    return labels, work
+
+
 class Loss:
     """One program's loss: ``labels`` and ``grad`` (dloss/doutput) allocated once.
 
@@ -210,10 +221,6 @@ class Loss:
         self.smoothed = np.zeros_like(self.grad) if self.smooth[1] else None
         self.inv = self.dtype.type(1.0 / batch)
         self.inv_k = self.dtype.type(1.0 / (batch * k))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.labels, self.grad, self.work, self.rowtmp, self.picked))
 
     # -- training: preallocated, nothing allocated per step ---------------------------------
     def step(self, z: np.ndarray) -> float:

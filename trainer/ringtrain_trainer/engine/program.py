@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ringtrain_trainer.engine.losses import Loss, LossSpec
+from ringtrain_trainer.engine.losses import DEFAULT, Loss, buffer_bytes
 
 #: how a node's input gradient reaches its tensor: dropped (the data), taken as is (fan-out 1),
 #: copied into the accumulator (first of several) or added to it
@@ -109,7 +109,7 @@ class Program:
             self.ws.append(ws)
         self.x = np.zeros((batch, *spec.input_shape), self.dtype)
         #: the compiled loss (``engine.losses``): its label buffer and dloss/doutput
-        self.loss = Loss(getattr(spec, "loss", None) or LossSpec(), batch, spec.num_classes, dtype)
+        self.loss = Loss(getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, dtype)
         self.labels = self.loss.labels
         self.dlogits = self.loss.grad
         #: the value of every tensor this step (views of the nodes' own buffers)
@@ -144,9 +144,11 @@ class Program:
                     work += n
         if train:
             work += sum(batch * math.prod(s) * itemsize for s in accumulators(spec).values())
-        k = spec.num_classes
-        data = batch * math.prod(spec.input_shape) * itemsize + batch * 8
-        work += (2 * batch * k + 2 * batch) * itemsize
+        labels, loss_work = buffer_bytes(
+            getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, itemsize
+        )
+        data = batch * math.prod(spec.input_shape) * itemsize + labels
+        work += loss_work
         return {"activations": acts, "workspace": work, "data": data}
 
     def forward(
