@@ -68,7 +68,13 @@ def test_a_probability_loss_needs_its_activation_or_from_logits():
     ):
         KM.from_config(model("binary_crossentropy", out=1))
     with pytest.raises(InvalidSpec, match=r"CategoricalCrossentropy with from_logits=False .*soft"):
-        KM.from_config(model("categorical_crossentropy", act="sigmoid"))
+        KM.from_config(model("categorical_crossentropy", act="relu"))
+    # Keras would read the sigmoid's input (its _keras_logits) as softmax logits: refused
+    with pytest.raises(InvalidSpec, match="last layer is a sigmoid: Keras computes it from"):
+        KM.from_config(model({"class_name": "CategoricalCrossentropy",
+                              "config": {"from_logits": True}}, act="sigmoid"))  # fmt: skip
+    with pytest.raises(InvalidSpec, match="last layer is a softmax: Keras computes it from"):
+        KM.from_config(model("binary_crossentropy", act="softmax"))
     with pytest.raises(InvalidSpec, match="a classifier needs one score per class"):
         KM.from_config(model("sparse_categorical_crossentropy", out=1, act="softmax"))
 

@@ -168,6 +168,14 @@ def fold(spec: LossSpec, last_activation: str | None) -> LossSpec:
         return spec
     if last_activation == need:
         return LossSpec(spec.name, spec.args, need)
+    other = "sigmoid" if need == "softmax" else "softmax"
+    if last_activation == other:
+        # Keras' TensorFlow backend would read the other activation's input as its logits
+        raise InvalidSpec(
+            f"model: {WHERE} {spec.name} on a model whose last layer is a {other}: Keras "
+            f"computes it from the {other}'s input, not its output (supported: a {need} "
+            "ending, or a linear one with from_logits=True)"
+        )
     if not spec.arg("from_logits"):
         raise InvalidSpec(
             f"model: {WHERE} {spec.name} with from_logits=False needs a model whose last layer "
