@@ -298,8 +298,6 @@ class Loss:
 
     def _binary(self, z: np.ndarray) -> float:
         y, w, d = self._smoothed(), self.work, self.grad
-        if self.spec.folded is None and not self.spec.arg("from_logits"):
-            raise AssertionError("binary cross-entropy reads logits (fold refused otherwise)")
         # max(z, 0) - z*y + log1p(exp(-|z|)), as tf.nn.sigmoid_cross_entropy_with_logits
         np.abs(z, out=w)
         np.negative(w, out=w)
@@ -335,9 +333,11 @@ class Loss:
             delta = self.dtype.type(self.delta)
             np.clip(e, -delta, delta, out=d)  # the gradient, before scaling
             # 0.5 c^2 + delta (|e| - |c|) with c = clip(e): both of Keras' branches at once
-            np.abs(e, out=e)
             loss = float(np.dot(d.ravel(), d.ravel())) * 0.5
-            loss += float(self.delta) * (float(e.sum()) - float(np.abs(d).sum()))
+            np.abs(e, out=e)
+            outside = float(e.sum())
+            np.abs(d, out=e)
+            loss += float(self.delta) * (outside - float(e.sum()))
             np.multiply(d, self.inv_k, out=d)
         return loss / (self.batch * self.k)
 
