@@ -61,8 +61,10 @@ def test_float_images_are_used_as_they_are(tmp_path):
         ({"x_test": np.zeros((5, 6, 4), np.uint8)}, r"x_train images are \(6, 5\) but x_test"),
         ({"x_train": np.zeros((12, 30), np.uint8)}, r"x_train has shape \(12, 30\)"),
         ({"x_train": np.zeros((12, 6, 5), np.int32)}, "dtype int32; expected uint8"),
-        ({"y_train": np.zeros((12, 3), np.uint8)}, "not one-hot"),
-        ({"y_train": np.zeros(12, np.float32)}, "expected integer class indices"),
+        ({"y_train": np.zeros((12, 3), np.uint8)}, r"y_train labels are float32 \(3,\) per"),
+        ({"y_train": np.zeros(12, np.float32)}, r"y_train labels are float32 \(1,\) per"),
+        ({"y_train": np.zeros((12, 2, 2), np.float32)}, r"y_train has shape \(12, 2, 2\)"),
+        ({"y_train": np.full(12, np.nan, np.float32)}, "y_train has a NaN"),
         ({"y_train": np.full(12, -1, np.int64)}, "negative label -1"),
         (
             {"x_test": np.zeros((0, 6, 5), np.uint8), "y_test": np.zeros(0, np.uint8)},
@@ -107,7 +109,9 @@ def test_check_fits_compares_shapes_and_labels_with_the_model(tmp_path):
         r"\(32, 32, 3\)",
     ):
         check_fits(ds, (32, 32, 3), 10, tmp_path / "d.npz")
-    with pytest.raises(DataError, match=r"d.npz: label 9 is outside the model's 5 classes"):
+    with pytest.raises(
+        DataError, match=r"d.npz: y_train: label 9 is outside the model's 5 classes"
+    ):
         check_fits(ds, (28, 28, 1), 5, tmp_path / "d.npz")
 
 

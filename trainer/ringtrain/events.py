@@ -73,8 +73,11 @@ class Eval(_Record):
     """The chief after an evaluation of the whole test set."""
 
     KIND: ClassVar[str] = "eval"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae",)
     step: int | None
     test_accuracy: float | None
+    #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
+    test_mae: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +86,12 @@ class Evaluation(_Record):
     the whole test split."""
 
     KIND: ClassVar[str] = "evaluation"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae",)
     step: int | None
     test_loss: float | None = None
     test_accuracy: float | None = None
     checkpoint: str | None = None
+    test_mae: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +109,7 @@ class Final(_Record):
         "export",
         "trace",
         "params_sha256",
+        "test_mae",
     )
     steps: int | None
     epoch: int | None = None
@@ -121,6 +127,8 @@ class Final(_Record):
     trace: str | None = None
     #: every trainer: SHA-256 of its final weights, so a job's workers can be seen to agree
     params_sha256: str | None = None
+    #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
+    test_mae: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +143,8 @@ class Status(_Record):
         "stalled",
         "ipu_memory",
         "optimizer",
+        "loss_fn",
+        "test_mae",
     )
     step: int | None = 0
     epoch: float | None = 0
@@ -155,6 +165,11 @@ class Status(_Record):
     #: the optimizer that runs (Keras serialization, its source: the model's compile settings
     #: or the flags that replaced them); None until the trainer is built
     optimizer: dict | None = None
+    #: the loss that runs (``engine.losses.LossSpec.record``: Keras serialization, summary);
+    #: None until the trainer is built
+    loss_fn: dict | None = None
+    #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
+    test_mae: float | None = None
 
 
 Event = Progress | Eval | Evaluation | Final
@@ -258,6 +273,13 @@ def _number(v: float | None, spec: str) -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def _metric(e: Eval | Evaluation | Final) -> str:
+    """``test accuracy 0.8696``, or ``test MAE 0.1234`` after a regression loss."""
+    if e.test_mae is not None:
+        return f"test MAE {_number(e.test_mae, '.4f')}"
+    return f"test accuracy {_number(e.test_accuracy, '.4f')}"
+
+
 def format_event(e: Event) -> str:
     """One line for people.
 
@@ -285,20 +307,17 @@ def format_event(e: Event) -> str:
             parts.append(f"ETA {duration(e.eta_s)}")
         return "  ".join(parts)
     if isinstance(e, Eval):
-        return f"step {e.step}  test accuracy {_number(e.test_accuracy, '.4f')}"
+        return f"step {e.step}  {_metric(e)}"
     if isinstance(e, Evaluation):
-        return (
-            f"checkpoint step {e.step}  test loss {_number(e.test_loss, '.4f')}  "
-            f"test accuracy {_number(e.test_accuracy, '.4f')}"
-        )
+        return f"checkpoint step {e.step}  test loss {_number(e.test_loss, '.4f')}  {_metric(e)}"
     if e.evaluations is not None:
         return (
             f"done: evaluated {e.evaluations} checkpoints, last step {e.steps}, test loss "
-            f"{_number(e.test_loss, '.4f')}, test accuracy {_number(e.test_accuracy, '.4f')}"
+            f"{_number(e.test_loss, '.4f')}, {_metric(e)}"
         )
     return (
-        f"done: {e.steps} steps, loss {_number(e.loss, '.4f')}, test accuracy "
-        f"{_number(e.test_accuracy, '.4f')}, {_number(e.samples_per_s, ',.0f')} samples/s"
+        f"done: {e.steps} steps, loss {_number(e.loss, '.4f')}, {_metric(e)}, "
+        f"{_number(e.samples_per_s, ',.0f')} samples/s"
         + (f", checkpoint {e.checkpoint}" if e.checkpoint else "")
         + (f", export {e.export}" if e.export else "")
     )

@@ -50,6 +50,8 @@ class TrainingState:
     #: the optimizer that ran (``optim.OptimizerSpec.record``: Keras serialization, source);
     #: None in checkpoints written before it was recorded
     optimizer_config: dict | None = None
+    #: the loss that ran (``engine.losses.LossSpec.record``); None in older checkpoints
+    loss_config: dict | None = None
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -102,6 +104,7 @@ class CheckpointManager:
             "optimizer": state.optimizer,
             "optimizer_iterations": state.optimizer_iterations,
             "optimizer_config": state.optimizer_config,
+            "loss_config": state.loss_config,
             "world_size": state.world_size,
             "loss": state.loss,
             "arrays": {
@@ -167,6 +170,7 @@ class CheckpointManager:
             loss=m.get("loss"),
             model_state=loaded.get("model_state"),
             optimizer_config=m.get("optimizer_config"),
+            loss_config=m.get("loss_config"),
         )
 
     def load_latest(self) -> tuple[TrainingState | None, list[CheckpointError]]:

@@ -314,4 +314,4 @@ def batch_into(
     else:
         np.take(split.images, idx, axis=0, out=scratch)
         np.multiply(scratch, out.dtype.type(split.scale), out=out)
-    np.take(split.labels, idx, out=labels_out)
+    np.take(split.labels, idx, axis=0, out=labels_out)

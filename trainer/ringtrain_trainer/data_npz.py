@@ -23,6 +23,7 @@ import numpy as np
 from ringtrain.errors import DataError
 from ringtrain_trainer import keras_config as K
 from ringtrain_trainer.data import Dataset, Split
+from ringtrain_trainer.engine.losses import LossSpec
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -43,17 +44,25 @@ def _images(path: Path, key: str, x: np.ndarray) -> np.ndarray:
 
 
 def _labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.ndim != 1:
-        raise DataError(
-            f"{path}: {key} has shape {y.shape}; expected class indices (n,) or (n, 1), not one-hot"
-        )
-    if not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"{path}: {key} has dtype {y.dtype}; expected integer class indices")
-    if len(y) and y.min() < 0:
-        raise DataError(f"{path}: {key} has negative label {int(y.min())}")
-    return y.astype(np.int64)
+    """Integer class ids ``(n,)`` / ``(n, 1)`` → int64 ``(n,)``; anything else numeric (one-hot
+    or {0, 1} rows, regression targets) → float32 ``(n, k)``. Whether they suit the model's loss
+    is :func:`check_fits`'s to say, once the model is known."""
+    if y.dtype == np.bool_ or not (
+        np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)
+    ):
+        raise DataError(f"{path}: {key} has dtype {y.dtype}; expected integer or float labels")
+    if np.issubdtype(y.dtype, np.integer) and (y.ndim == 1 or (y.ndim == 2 and y.shape[1] == 1)):
+        y = y.reshape(len(y))
+        if len(y) and y.min() < 0:
+            raise DataError(f"{path}: {key} has negative label {int(y.min())}")
+        return y.astype(np.int64)
+    if y.ndim == 1:
+        y = y[:, None]
+    if y.ndim != 2:
+        raise DataError(f"{path}: {key} has shape {y.shape}; expected (n,) or (n, k) labels")
+    if not np.all(np.isfinite(y)):
+        raise DataError(f"{path}: {key} has a NaN or infinite label")
+    return np.ascontiguousarray(y, np.float32)
 
 
 def load_npz(path: str | os.PathLike) -> Dataset:
@@ -94,28 +103,64 @@ def load_npz(path: str | os.PathLike) -> Dataset:
             f"{path}: x_train images are {tr.images.shape[1:]} but x_test images "
             f"are {te.images.shape[1:]}"
         )
-    num_classes = int(max(tr.labels.max(), te.labels.max())) + 1
+    if tr.labels.ndim != te.labels.ndim or tr.labels.shape[1:] != te.labels.shape[1:]:
+        raise DataError(
+            f"{path}: y_train labels are {tr.labels.dtype} {tr.labels.shape[1:]} per example but "
+            f"y_test labels are {te.labels.dtype} {te.labels.shape[1:]}"
+        )
+    if tr.labels.ndim == 1:
+        num_classes = int(max(tr.labels.max(), te.labels.max())) + 1
+    else:
+        num_classes = tr.labels.shape[1]
     return Dataset(path.stem, tr, te, num_classes=num_classes)
 
 
 def check_fits(
-    dataset: Dataset, input_shape: tuple[int, ...], num_classes: int, source: str | os.PathLike
+    dataset: Dataset,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    source: str | os.PathLike,
+    loss: LossSpec | None = None,
 ) -> None:
     """Refuse data the model cannot take, before anything runs: images must have the model's
     input shape (``(H, W)`` fits ``(H, W, 1)``, and any shape fits a model that takes the same
-    number of values, read row-major like Keras' ``Reshape``) and every label must be one of its
-    classes."""
+    number of values, read row-major like Keras' ``Reshape``) and the labels must be what the
+    loss reads (:func:`check_labels`)."""
     shape = tuple(dataset.train.images.shape[1:])
     if shape != tuple(input_shape) and math.prod(shape) != math.prod(input_shape):
         raise DataError(
             f"{source}: images are {tuple(shape)} but the model takes {tuple(input_shape)}"
         )
-    top = max(int(dataset.train.labels.max()), int(dataset.test.labels.max()))
-    if top >= num_classes:
+    for key, split in (("y_train", dataset.train), ("y_test", dataset.test)):
+        check_labels(split.labels, num_classes, loss or LossSpec(), f"{source}: {key}")
+
+
+def check_labels(y: np.ndarray, k: int, loss: LossSpec, where: str) -> None:
+    """Integer class ids below ``k`` for sparse cross-entropy (its ``ignore_class`` too),
+    one-hot rows of ``k`` for categorical, {0, 1} rows of ``k`` for binary, float rows of ``k``
+    (the output's shape) for regression."""
+    kind, name = loss.kind, loss.name
+    if kind == "sparse":
+        if y.ndim != 1:
+            raise DataError(
+                f"{where} has {y.shape[1]} float values per example; {name} needs integer "
+                "class ids (n,) (one-hot rows need CategoricalCrossentropy)"
+            )
+        ids = y if loss.arg("ignore_class") is None else y[y != loss.arg("ignore_class")]
+        top = int(ids.max()) if len(ids) else 0
+        if top >= k:
+            raise DataError(f"{where}: label {top} is outside the model's {k} classes (0..{k - 1})")
+        return
+    if y.ndim != 2 or y.shape[1] != k:
+        got = "integer class ids" if y.ndim == 1 else f"rows of {y.shape[1]}"
         raise DataError(
-            f"{source}: label {top} is outside the model's {num_classes} classes "
-            f"(0..{num_classes - 1})"
+            f"{where} has {got}; {name} needs float rows of {k} values, the model's output "
+            + ("(one-hot rows)" if kind == "categorical" else "")
         )
+    if kind == "categorical" and not (np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1)):
+        raise DataError(f"{where}: {name} needs one-hot rows (one 1, the rest 0)")
+    if kind == "binary" and not np.all((y == 0) | (y == 1)):
+        raise DataError(f"{where}: {name} needs labels of 0 or 1")
 
 
 def raw_pixels_note(dataset: Dataset, spec, source: str | os.PathLike) -> str | None:
@@ -138,5 +183,5 @@ def raw_pixels_note(dataset: Dataset, spec, source: str | os.PathLike) -> str | 
 def check_model_fit(dataset: Dataset, spec, source: str | os.PathLike) -> str | None:
     """:func:`check_fits` against a ``model.ModelSpec`` (refusals raise), then the
     :func:`raw_pixels_note` to print, if any: what the worker and the evaluator both run."""
-    check_fits(dataset, spec.input_shape, spec.num_classes, source)
+    check_fits(dataset, spec.input_shape, spec.num_classes, source, getattr(spec, "loss", None))
     return raw_pixels_note(dataset, spec, source)

@@ -39,6 +39,7 @@ from ringtrain_trainer import tensorboard
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import check_model_fit
+from ringtrain_trainer.engine.losses import Loss
 from ringtrain_trainer.ipu import EVAL_BATCH
 from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.metrics import TrainerMetrics
@@ -110,6 +111,8 @@ class Evaluator:
             print(f"ringtrain evaluator: note: {note}", file=sys.stderr)
         self.batch = min(EVAL_BATCH, max(1, len(self.data.test)))
         self.program = model_mod.Program(self.spec, self.batch, train=False)
+        #: the model's loss (``engine.losses``), evaluated in float64
+        self.loss = Loss(self.spec.loss, self.batch, self.spec.num_classes, np.float64)
         self.ckpt = CheckpointManager(cfg.checkpoint_dir)
         self.stop_requested = threading.Event()
         self.evaluated: list[events.Evaluation] = []
@@ -122,8 +125,9 @@ class Evaluator:
         print(line, file=self.out, flush=True)
 
     def evaluate(self, state: TrainingState) -> tuple[float, float]:
-        """(mean loss, accuracy) of ``state``'s parameters *and* non-trainable state (the
-        moving statistics) on the whole test split, fed as training fed it (``Split.scale``)."""
+        """(mean loss, the loss's metric: accuracy, or MAE for regression) of ``state``'s
+        parameters *and* non-trainable state (the moving statistics) on the whole test split,
+        fed as training fed it (``Split.scale``)."""
         if state.model != self.cfg.model or state.params.shape != (self.spec.num_params,):
             raise CheckpointError(
                 f"checkpoint of model {describe(state.model)} "
@@ -134,16 +138,16 @@ class Evaluator:
         views = self.spec.views(np.asarray(state.params, self.program.dtype))
         images, labels = self.data.test.images, self.data.test.labels
         scale = self.program.dtype.type(self.data.test.scale)
-        from_logits = getattr(self.spec, "from_logits", True)
+        lossfn = self.loss
         loss = 0.0
-        correct = 0
+        correct = 0.0
         x = self.program.x
         for s in range(0, len(labels), self.batch):
             n = min(self.batch, len(labels) - s)
             np.multiply(images[s : s + n].reshape((n, *self.spec.input_shape)), scale, out=x[:n])
             out = self.program.forward(views)[:n]
-            loss += cross_entropy(out, labels[s : s + n], from_logits)
-            correct += int(np.count_nonzero(np.argmax(out, axis=1) == labels[s : s + n]))
+            loss += lossfn.total(out, labels[s : s + n])
+            correct += lossfn.score(out, labels[s : s + n])
         count = max(1, len(labels))
         return loss / count, correct / count
 
@@ -161,15 +165,18 @@ class Evaluator:
                     print(f"ringtrain evaluator: skipping checkpoint: {e}", file=sys.stderr)
                 continue
             loss, acc = self.evaluate(state)
+            metric = self.spec.loss.metric
+            mae = metric == "mae"
             ev = events.Evaluation(
                 step=state.step,
                 test_loss=round(loss, 6),
-                test_accuracy=round(acc, 6),
+                test_accuracy=None if mae else round(acc, 6),
                 checkpoint=str(manifest),
+                test_mae=round(acc, 6) if mae else None,
             )
             self.evaluated.append(ev)
-            self.metrics.observe_evaluation(state.step, loss, acc)
-            self.tb.evaluation(state.step, loss, acc)
+            self.metrics.observe_evaluation(state.step, loss, acc, metric)
+            self.tb.evaluation(state.step, loss, acc, metric)
             self.emit(ev)
 
     def run(self) -> events.Final:
@@ -192,6 +199,7 @@ class Evaluator:
             terminated=terminated,
             test_loss=last_ev.test_loss if last_ev else None,
             evaluations=len(self.evaluated),
+            test_mae=last_ev.test_mae if last_ev else None,
         )
         self.metrics.update_status(phase="Terminated" if terminated else "Succeeded")
         self.tb.close()

@@ -354,12 +354,13 @@ class IPU:
     def evaluate(
         self, images: np.ndarray, labels: np.ndarray, batch: int = EVAL_BATCH, scale: float = 1.0
     ) -> float:
-        """Accuracy over a whole split, batch by batch (the last batch padded); the model sees
+        """The loss's metric (``engine.losses.Loss.score``: accuracy, or MAE for regression)
+        over a whole split, batch by batch (the last batch padded); the model sees
         ``images * scale`` (``data.Split``'s rule: pass the split's ``scale``)."""
         exe = self.compile(batch, train=False)
         x = np.zeros((batch, *self.spec.input_shape), self.dtype)
         per = exe.programs[0].batch
-        correct = 0
+        score = 0.0
         factor = self.dtype.type(scale)
         for s in range(0, len(labels), batch):
             n = min(batch, len(labels) - s)
@@ -373,9 +374,8 @@ class IPU:
             for i, p in enumerate(exe.programs):
                 lo, hi = i * per, min(n, (i + 1) * per)
                 if hi > lo:
-                    pred = np.argmax(p.output[: hi - lo], axis=1)
-                    correct += int(np.count_nonzero(pred == labels[s + lo : s + hi]))
-        return correct / max(1, len(labels))
+                    score += p.loss.score(p.output[: hi - lo], labels[s + lo : s + hi])
+        return score / max(1, len(labels))
 
     def close(self) -> None:
         if self._pool is not None:

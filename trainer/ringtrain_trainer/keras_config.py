@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine import losses
 from ringtrain_trainer.optim.registry import OptimizerSpec, from_compile_config
 
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "softmax", "linear")
@@ -111,6 +112,9 @@ class ModelConfig:
     layers: tuple
     from_logits: bool
     optimizer: OptimizerSpec | None = None
+    #: the loss that runs (``engine.losses``): the compile settings', with any final softmax
+    #: or sigmoid folded into it
+    loss: losses.LossSpec = losses.DEFAULT
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -386,13 +390,17 @@ def _input_shape(layer: dict) -> tuple[int, ...] | None:
 #: compile_config fields that only steer Keras' own loop (how many steps per call, eager or
 #: XLA): they change no number ringtrain computes, so any value is accepted
 COMPILE_EXECUTION = ("run_eagerly", "steps_per_execution", "jit_compile", "auto_scale_loss")
-#: metrics ringtrain reports itself (loss and accuracy on /status, TensorBoard, the evaluator)
-METRICS = ("accuracy", "acc", "sparse_categorical_accuracy")
-#: the loss's own arguments at the values ringtrain computes
-LOSS_ARGS = {"reduction": ("sum_over_batch_size", "auto", None), "ignore_class": (None,)}
+#: metrics ringtrain reports itself, per kind of loss (loss and the metric on /status,
+#: TensorBoard, the evaluator): accuracy for classification, MAE for regression
+METRICS = {
+    "sparse": ("accuracy", "acc", "sparse_categorical_accuracy"),
+    "categorical": ("accuracy", "acc", "categorical_accuracy"),
+    "binary": ("accuracy", "acc", "binary_accuracy"),
+    "regression": ("mae", "mean_absolute_error"),
+}
 
 
-def _check_compile(comp: dict) -> None:
+def _check_compile(comp: dict, kind: str) -> None:
     """Refuse, by field, compile settings ringtrain would otherwise ignore."""
     for k, v in comp.items():
         where = f"model: compile_config.{k}"
@@ -404,38 +412,13 @@ def _check_compile(comp: dict) -> None:
         elif k == "metrics":
             for m in v if isinstance(v, list) else [] if v is None else [v]:
                 name = m.get("class_name") if isinstance(m, dict) else m
-                if snake_case(str(name)) not in METRICS:
+                if snake_case(str(name)) not in METRICS[kind]:
                     raise InvalidSpec(
-                        f"{where}: metric {name!r} is not supported "
-                        f"(ringtrain reports loss and accuracy: {', '.join(METRICS)})"
+                        f"{where}: metric {name!r} is not supported with a {kind} loss "
+                        f"(ringtrain reports the loss and: {', '.join(METRICS[kind])})"
                     )
         else:
             raise InvalidSpec(f"{where}: this compile setting is not supported")
-
-
-def _from_logits(model: dict) -> bool | None:
-    """``from_logits`` of the compile settings' loss; None where the config has none."""
-    comp = model.get("compile_config") or {}
-    _check_compile(comp)
-    loss = comp.get("loss")
-    if loss is None:
-        return None
-    cls = loss.get("class_name") if isinstance(loss, dict) else loss
-    if snake_case(str(cls)) not in ("sparse_categorical_crossentropy",):
-        raise InvalidSpec(
-            f"model: compile loss {cls!r} is not supported "
-            "(supported: sparse_categorical_crossentropy)"
-        )
-    if isinstance(loss, dict):
-        cfg = loss.get("config") or {}
-        for arg, ok in LOSS_ARGS.items():
-            if cfg.get(arg) not in ok:
-                raise InvalidSpec(
-                    f"model: compile_config.loss.config.{arg}={cfg.get(arg)!r} is not "
-                    f"supported (supported: {' or '.join(repr(o) for o in ok)})"
-                )
-        return bool(cfg.get("from_logits", False))
-    return False
 
 
 def parse(model: dict) -> ModelConfig:
@@ -497,20 +480,19 @@ def parse(model: dict) -> ModelConfig:
             f"model: the input shape {input_shape} must be known and fixed "
             "(give the model an InputLayer with shape=...)"
         )
-    from_logits = _from_logits(model)
-    tail = specs[-1] if specs else None
-    ends_softmax = getattr(tail, "activation", None) == "softmax"
-    if from_logits is None:
-        from_logits = not ends_softmax
-    if not from_logits and not ends_softmax:
-        raise InvalidSpec(
-            "model: from_logits=False needs a model whose last layer is a "
-            "softmax (supported: a softmax ending, or from_logits=True)"
-        )
+    comp = model.get("compile_config") or {}
+    loss = losses.parse(comp.get("loss"))
+    tail = getattr(specs[-1], "activation", None) if specs else None
+    if loss is None:  # no compile settings: sparse cross-entropy on what the model ends in
+        loss = losses.LossSpec("SparseCategoricalCrossentropy", {"from_logits": tail != "softmax"})
+    _check_compile(comp, loss.kind)
+    loss = losses.fold(loss, tail)
+    from_logits = bool(loss.arg("from_logits"))
     return ModelConfig(
         str(cfg.get("name") or "sequential"),
         input_shape,
         tuple(specs),
         from_logits,
         from_compile_config(model.get("compile_config")),
+        loss,
     )

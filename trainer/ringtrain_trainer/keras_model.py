@@ -10,10 +10,10 @@ there, before anything runs) and are mapped onto IPU layers:
   use; ``Dense`` with bias and ReLU/linear becomes ``layers.fused.Dense``. So the presets — and the
   same model written by a user — keep today's parameter layout, numbers and speed.
 * everything else becomes a layer of ``layers``.
-* a final softmax is folded into the loss, as Keras itself does: its TensorFlow backend
-  computes the cross-entropy from the softmax's input (its ``_keras_logits``) whether
-  ``from_logits`` is False or — with a warning — True. The IPU's last layer outputs logits;
-  predictions are their argmax either way.
+* a final softmax (categorical losses) or sigmoid (binary cross-entropy) is folded into the
+  loss, as Keras itself does: its TensorFlow backend computes the cross-entropy from the
+  activation's input (its ``_keras_logits``) whether ``from_logits`` is False or — with a
+  warning — True. The IPU's last layer then outputs logits (``engine.losses``).
 
 Going back, :meth:`KerasModel.keras_config` writes a Keras 3 ``Sequential`` config and
 :meth:`KerasModel.keras_weights` the arrays in ``model.get_weights()`` order, which is also the
@@ -71,7 +71,7 @@ class KerasModel(ModelSpec):
         while i < len(specs):
             s, nxt = specs[i], specs[i + 1] if i + 1 < len(specs) else None
             last = nxt is None
-            layer, used = _map(s, nxt, shape, i, last)
+            layer, used = _map(s, nxt, shape, i, config.loss.folded if last else None)
             if isinstance(layer, L.Reshape) and (
                 not layers or (len(layer.out_shape) == 1 and isinstance(nxt, K.Dense))
             ):
@@ -86,10 +86,15 @@ class KerasModel(ModelSpec):
                 shape = layer.out_shape
             owner.extend([len(layers) - 1 if layer is not None else None] * used)
             i += used
-        if len(shape) != 1 or shape[0] < 2:
+        kind = config.loss.kind
+        if len(shape) != 1 or (shape[0] < 2 and kind in ("sparse", "categorical")):
             raise InvalidSpec(
-                f"model: the output shape is {shape}; a classifier needs one "
-                "score per class (end with Dense(num_classes))"
+                f"model: the output shape is {shape}; "
+                + (
+                    "a classifier needs one score per class (end with Dense(num_classes))"
+                    if kind in ("sparse", "categorical")
+                    else f"{config.loss.name} needs a flat output (end with Dense(units))"
+                )
             )
         #: per Keras layer: the IPU layer holding its weights (None: folded away)
         self.owner = owner
@@ -97,7 +102,7 @@ class KerasModel(ModelSpec):
             raise InvalidSpec("model: the config has no layer with weights or computation")
         #: the IPU program's input shape: the Keras input after any leading Reshape/Flatten
         #: (same bytes, row-major); ``config.input_shape`` is what the Keras model takes
-        super().__init__(name, layers, tuple(ipu_input), shape[0])
+        super().__init__(name, layers, tuple(ipu_input), shape[0], loss=config.loss)
         self.initial = initial  # (flat, state) from a .keras archive, or None
 
     def init(self, seed: int, dtype=np.float32) -> np.ndarray:
@@ -135,17 +140,7 @@ class KerasModel(ModelSpec):
             }
             for s in cfg.layers
         ]
-        loss = {
-            "module": "keras.losses",
-            "class_name": "SparseCategoricalCrossentropy",
-            "config": {
-                "name": "sparse_categorical_crossentropy",
-                "reduction": "sum_over_batch_size",
-                "from_logits": cfg.from_logits,
-                "ignore_class": None,
-            },
-            "registered_name": None,
-        }
+        loss = cfg.loss.keras()
         return {
             "module": "keras",
             "class_name": "Sequential",
@@ -274,8 +269,9 @@ def _need(s, shape, rank: int, what: str) -> None:
         )
 
 
-def _map(s, nxt, shape, index: int, fold_softmax: bool):
-    """(IPU layer or None, how many Keras layers it consumes)."""
+def _map(s, nxt, shape, index: int, fold: str | None):
+    """(IPU layer or None, how many Keras layers it consumes); ``fold``: the last layer's
+    activation that the loss computes itself (``softmax`` / ``sigmoid``), or None."""
     if isinstance(s, K.Conv2D):
         _need(s, shape, 3, "an H×W×C input (add a Reshape before it)")
         if (
@@ -303,12 +299,12 @@ def _map(s, nxt, shape, index: int, fold_softmax: bool):
         return _checked(s, lambda: L.Pool2D(tuple(shape), s.kind, s.pool, s.strides, s.padding)), 1
     if isinstance(s, K.Dense):
         _need(s, shape, 1, "a flat input (add Flatten before it)")
-        act = "linear" if fold_softmax and s.activation == "softmax" else s.activation
+        act = "linear" if fold and s.activation == fold else s.activation
         if s.use_bias and act in ("relu", "linear"):
             return Dense(shape[0], s.units, act == "relu"), 1
         return L.Linear(shape[0], s.units, act, s.use_bias), 1
     if isinstance(s, K.Activation):
-        if fold_softmax and s.activation == "softmax":
+        if fold and s.activation == fold:
             return None, 1
         return L.Elementwise(shape, s.activation), 1
     if isinstance(s, K.Rescaling):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from ringtrain_trainer.engine import losses
 from ringtrain_trainer.engine.program import accumulators
 
 #: the kinds of device memory, in the order the report, the metric and the panel use
@@ -113,14 +114,16 @@ def plan_memory(
                 share,
             )
         )
-    k = spec.num_classes
+    labels, loss_work = losses.buffer_bytes(
+        getattr(spec, "loss", None) or losses.DEFAULT, batch, spec.num_classes, itemsize
+    )
     rows.append(
-        LayerMemory(INPUT_ROW, data=batch * math.prod(spec.input_shape) * itemsize + batch * 8)
+        LayerMemory(INPUT_ROW, data=batch * math.prod(spec.input_shape) * itemsize + labels)
     )
     rows.append(
         LayerMemory(
             LOSS_ROW,
-            workspace=(2 * batch * k + 2 * batch) * itemsize,
+            workspace=loss_work,
             optimizer_state=state - given,
         )
     )

@@ -277,15 +277,25 @@ class TrainerMetrics:
             step=step, epoch=epoch, loss=loss, samples_per_s=samples_per_s, phase="Training"
         )
 
-    def observe_eval(self, accuracy: float) -> None:
+    def observe_eval(self, accuracy: float, metric: str = "accuracy") -> None:
+        """The chief's evaluation: ``accuracy``, or the MAE (``metric="mae"``: a regression
+        loss's, in ``/status`` only)."""
+        if metric == "mae":
+            self.update_status(test_mae=accuracy)
+            return
         self.test_accuracy.set(accuracy)
         self.update_status(test_accuracy=accuracy)
 
-    def observe_evaluation(self, step: int, loss: float, accuracy: float) -> None:
+    def observe_evaluation(
+        self, step: int, loss: float, accuracy: float, metric: str = "accuracy"
+    ) -> None:
         """The evaluator evaluated the checkpoint of ``step``."""
         self.evaluations.inc()
         self.evaluated_step.set(step)
         self.test_loss.set(loss)
+        if metric == "mae":
+            self.update_status(step=step, test_loss=loss, test_mae=accuracy)
+            return
         self.test_accuracy.set(accuracy)
         self.update_status(step=step, test_loss=loss, test_accuracy=accuracy)
 

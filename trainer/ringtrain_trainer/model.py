@@ -23,6 +23,7 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import plan
 from ringtrain_trainer.engine.graph import Graph
+from ringtrain_trainer.engine.losses import LossSpec
 from ringtrain_trainer.engine.plan import GRAD_BLOCK_ELEMS
 from ringtrain_trainer.engine.program import Program
 from ringtrain_trainer.engine.tensor import ParamSpec, Slot
@@ -43,8 +44,11 @@ class ModelSpec:
         input_shape=(28, 28, 1),
         num_classes: int = 10,
         graph: Graph | None = None,
+        loss: LossSpec | None = None,
     ):
         self.name, self.layers = name, layers
+        #: the compiled loss (``engine.losses``); the presets' sparse cross-entropy by default
+        self.loss = loss or LossSpec("SparseCategoricalCrossentropy", {"from_logits": True})
         self.input_shape, self.num_classes = input_shape, num_classes
         self.graph = Graph.chain(len(layers)) if graph is None else graph
         if len(self.graph.nodes) != len(layers):

@@ -151,10 +151,13 @@ class TrainWriter(_Writer):
         self.scalars(step, values)
         self._reset()
 
-    def test_accuracy(self, step: int, accuracy: float, ipu: IPUStats) -> None:
-        """After an evaluation; its forward passes are not a step's compute time."""
+    def test_accuracy(
+        self, step: int, accuracy: float, ipu: IPUStats, metric: str = "accuracy"
+    ) -> None:
+        """After an evaluation (``test/accuracy``, or ``test/mae`` after a regression loss);
+        its forward passes are not a step's compute time."""
         if self._w is not None:
-            self.scalars(step, {"test/accuracy": accuracy})
+            self.scalars(step, {f"test/{metric}": accuracy})
             self._last_compute_s = ipu.compute_s
 
 
@@ -166,7 +169,7 @@ class EvalWriter(_Writer):
         super().__init__(path)
         self.open()
 
-    def evaluation(self, step: int, loss: float, accuracy: float) -> None:
+    def evaluation(self, step: int, loss: float, accuracy: float, metric: str = "accuracy") -> None:
         if self._w is not None:
-            self.scalars(step, {"eval/test_loss": loss, "eval/test_accuracy": accuracy})
+            self.scalars(step, {"eval/test_loss": loss, f"eval/test_{metric}": accuracy})
             self._w.flush()

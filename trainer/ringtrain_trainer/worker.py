@@ -29,10 +29,18 @@ from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import check_model_fit
+from ringtrain_trainer.engine.losses import label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
 from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.reducer import Reducer, StepCommStats
+
+
+def _metric_fields(metric: str, value: float | None) -> dict:
+    """An event's ``test_accuracy``, or its ``test_mae`` after a regression loss."""
+    v = None if value is None else round(value, 6)
+    return {"test_accuracy": None, "test_mae": v} if metric == "mae" else {"test_accuracy": v}
+
 
 #: seconds between progress lines
 PROGRESS_EVERY_S = 1.0
@@ -134,7 +142,9 @@ class Trainer:
         except IPUCompileError:  # a small IPU: evaluate in training-sized batches, which fit
             self.eval_batch = cfg.batch_size
             self.ipu.compile(cfg.batch_size, train=False)
-        self.metrics.update_status(optimizer=self.optimizer_spec.record())
+        self.metrics.update_status(
+            optimizer=self.optimizer_spec.record(), loss_fn=self.spec.loss.record()
+        )
         print(f"ringtrain worker: {self.training_line()}", file=sys.stderr, flush=True)
         self.metrics.set_plan(
             self.exe.plan,
@@ -156,7 +166,7 @@ class Trainer:
         )
         b = cfg.batch_size
         self.x = np.zeros((b, *self.spec.input_shape), np.float32)
-        self.y = np.zeros(b, np.int64)
+        self.y = label_buffer(self.spec.loss, b, self.spec.num_classes)
         self.scratch = np.zeros(
             (b, *self.data.train.images.shape[1:]), self.data.train.images.dtype
         )
@@ -171,11 +181,9 @@ class Trainer:
     def training_line(self) -> str:
         """What runs, said once at start-up: the optimizer, its arguments and schedule (and
         which flags replaced the model's), and the loss."""
-        logits = getattr(getattr(self.spec, "config", None), "from_logits", True)
-        return (
-            f"optimizer {self.optimizer_spec.describe()}; loss SparseCategoricalCrossentropy"
-            f"(from_logits={logits})"
-        )
+        loss = self.spec.loss
+        folded = f", {loss.folded} folded in" if loss.folded else ""
+        return f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}"
 
     @property
     def total_steps(self) -> int:
@@ -242,6 +250,7 @@ class Trainer:
             optimizer_state=self.optimizer.state_dict(),
             optimizer_iterations=self.optimizer.iterations,
             optimizer_config=self.optimizer_spec.record(),
+            loss_config=self.spec.loss.record(),
             model=self.cfg.model,
             world_size=self.world,
             loss=loss,
@@ -286,21 +295,24 @@ class Trainer:
         images, labels = test.images, test.labels
         lo = len(labels) * self.rank // self.world
         hi = len(labels) * (self.rank + 1) // self.world
-        correct = 0
+        correct = 0.0
+        exact = self.spec.loss.kind in ("sparse", "categorical")  # whole counts
         if hi > lo:
             acc = self.ipu.evaluate(images[lo:hi], labels[lo:hi], self.eval_batch, test.scale)
-            correct = round(acc * (hi - lo))
+            correct = round(acc * (hi - lo)) if exact else acc * (hi - lo)
         if self.world > 1:
             counts = np.array([correct], np.float32)
             # tag -2: never a gradient bucket's tag, so a mismatched schedule fails loudly
             self.collective.allreduce_mean_(counts, step=self.step, tag=-2)
-            correct = round(float(counts[0]) * self.world)
+            total = float(counts[0]) * self.world
+            correct = round(total) if exact else total
         acc = correct / max(1, len(labels))
         if self.is_chief:
+            metric = self.spec.loss.metric
             self.test_accuracy = acc
-            self.metrics.observe_eval(acc)
-            self.tb.test_accuracy(self.step, acc, self.ipu.stats)
-            self.report.emit(events.Eval(step=self.step, test_accuracy=round(acc, 6)))
+            self.metrics.observe_eval(acc, metric)
+            self.tb.test_accuracy(self.step, acc, self.ipu.stats, metric)
+            self.report.emit(events.Eval(step=self.step, **_metric_fields(metric, acc)))
         return acc
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:
@@ -387,7 +399,7 @@ class Trainer:
             steps=self.step,
             epoch=self.position.epoch,
             loss=None if np.isnan(loss) else round(loss, 6),
-            test_accuracy=None if self.test_accuracy is None else round(self.test_accuracy, 6),
+            **_metric_fields(self.spec.loss.metric, self.test_accuracy),
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
             if train_s > 0
             else 0.0,

@@ -21,6 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ringtrain_trainer.engine.losses import DEFAULT, Loss, buffer_bytes
+
 #: how a node's input gradient reaches its tensor: dropped (the data), taken as is (fan-out 1),
 #: copied into the accumulator (first of several) or added to it
 _SKIP, _TAKE, _COPY, _ADD = range(4)
@@ -106,13 +108,10 @@ class Program:
             layer.bind(ws, batch)
             self.ws.append(ws)
         self.x = np.zeros((batch, *spec.input_shape), self.dtype)
-        self.labels = np.zeros(batch, np.int64)
-        k = spec.num_classes
-        self.probs = np.zeros((batch, k), self.dtype)
-        self.dlogits = np.zeros((batch, k), self.dtype)
-        self.rowtmp = np.zeros((batch, 1), self.dtype)
-        self.picked = np.zeros(batch, self.dtype)
-        self.arange = np.arange(batch)
+        #: the compiled loss (``engine.losses``): its label buffer and dloss/doutput
+        self.loss = Loss(getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, dtype)
+        self.labels = self.loss.labels
+        self.dlogits = self.loss.grad
         #: the value of every tensor this step (views of the nodes' own buffers)
         self.tensors: dict[int, np.ndarray | None] = dict.fromkeys(graph.tensors)
         self.tensors[graph.inputs[0]] = self.x
@@ -145,9 +144,11 @@ class Program:
                     work += n
         if train:
             work += sum(batch * math.prod(s) * itemsize for s in accumulators(spec).values())
-        k = spec.num_classes
-        data = batch * math.prod(spec.input_shape) * itemsize + batch * 8
-        work += (2 * batch * k + 2 * batch) * itemsize
+        labels, loss_work = buffer_bytes(
+            getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, itemsize
+        )
+        data = batch * math.prod(spec.input_shape) * itemsize + labels
+        work += loss_work
         return {"activations": acts, "workspace": work, "data": data}
 
     def forward(
@@ -165,21 +166,9 @@ class Program:
         return tensors[self.graph.outputs[0]]
 
     def loss_and_dlogits(self, logits: np.ndarray) -> float:
-        """Softmax cross-entropy from logits, mean over the local batch; writes dloss/dlogits."""
-        p, tmp, picked = self.probs, self.rowtmp, self.picked
-        np.max(logits, axis=1, keepdims=True, out=tmp)
-        np.subtract(logits, tmp, out=p)
-        np.copyto(picked, p[self.arange, self.labels])
-        np.exp(p, out=p)
-        np.sum(p, axis=1, keepdims=True, out=tmp)
-        np.divide(p, tmp, out=p)
-        np.log(tmp, out=tmp)
-        loss = (float(tmp.sum()) - float(picked.sum())) / self.batch
-        d = self.dlogits
-        np.copyto(d, p)
-        d[self.arange, self.labels] -= 1
-        np.multiply(d, self.dtype.type(1.0 / self.batch), out=d)
-        return loss
+        """The model's loss (``engine.losses``), mean over the local batch in ``labels``;
+        writes dloss/doutput into ``dlogits``."""
+        return self.loss.step(logits)
 
     def _deliver(self, i: int, dxs) -> None:
         """Route node ``i``'s input gradients to their tensors (take, copy or accumulate)."""
