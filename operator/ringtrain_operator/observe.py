@@ -93,7 +93,7 @@ class ObservedPod:
             )
             or (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff"
         )
-        spec_main = next(
+        spec_main: Mapping[str, Any] = next(
             (
                 c
                 for c in (pod.get("spec") or {}).get("containers") or []
