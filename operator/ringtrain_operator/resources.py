@@ -65,7 +65,7 @@ def _model_source(model: Any) -> str | None:
     return model if model in keras_model.PRESETS or model.lstrip().startswith("{") else None
 
 
-@lru_cache(maxsize=128)
+@lru_cache(maxsize=32)  # keys hold inline configs (≤ 128 KiB each)
 def _plan(
     source: str, per_ipu: int, capacity: int, optimizer: str | None, on_host: bool
 ) -> tuple[int, int]:
