@@ -79,15 +79,8 @@ def main(argv: list[str]) -> int:
     try:
         with sys.stdin if args.file == "-" else open(args.file) as fh:
             docs = list(yaml.safe_load_all(fh))
-        sys.stdout.write(
-            dump(
-                render(
-                    docs,
-                    args.namespace,
-                    None if args.no_network_policy else networkpolicy.Settings(),
-                )
-            )
-        )
+        network = None if args.no_network_policy else networkpolicy.Settings()
+        sys.stdout.write(dump(render(docs, args.namespace, network)))
     except OSError as e:
         print(f"ringtrain render: {e}", file=sys.stderr)
         return 2
