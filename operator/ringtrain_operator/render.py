@@ -16,7 +16,7 @@ import yaml
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests, spec
+from . import manifests, spec, yamlsafe
 
 #: Shown instead of secret values (valid base64, so the output still validates).
 REDACTED = "REDACTED"
@@ -62,12 +62,13 @@ def main(argv: list[str]) -> int:
         p.error("a TrainingJob file is required (or --crd)")
     try:
         with sys.stdin if args.file == "-" else open(args.file) as fh:
-            docs = list(yaml.safe_load_all(fh))
-        sys.stdout.write(dump(render(docs, args.namespace)))
-    except OSError as e:
+            docs = yamlsafe.load_all(fh, args.file)
+    except (OSError, InvalidSpec) as e:
         print(f"ringtrain render: {e}", file=sys.stderr)
         return 2
-    except (yaml.YAMLError, InvalidSpec) as e:
+    try:
+        sys.stdout.write(dump(render(docs, args.namespace)))
+    except InvalidSpec as e:
         print(f"ringtrain render: {args.file}: {e}", file=sys.stderr)
         return 2
     return 0
