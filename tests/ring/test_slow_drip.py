@@ -1,6 +1,6 @@
 """A live peer that drips its ring bytes (issue 20, item 6): real ring members as processes, one
 link of the ring through a real TCP proxy (a thread here) that forwards the side channel's
-tensor bytes one every half second once told to. Each byte restarts the step timeout, so before
+tensor bytes one every 0.05 s once told to. Each byte restarts the step timeout, so before
 the per-collective deadline the ring hung forever; now the link is named and left, retryable.
 
 Worker-0 is told that worker-1 lives on 127.0.0.2 (loopback too), where the proxy listens on
@@ -93,14 +93,16 @@ def proxied_ring(world: int, *args: str) -> tuple[ring_procs.Ring, list[Proxy]]:
     return ring, proxies
 
 
-ARGS = ("--chunk-bytes", "4096", "--step-timeout-s", "2", "--health-timeout-s", "3")
+#: a step timeout well above a loaded machine's scheduling hiccups (2 s was seen to fire)
+ARGS = ("--chunk-bytes", "4096", "--step-timeout-s", "4", "--health-timeout-s", "3")
 
 
 @pytest.mark.timeout(60)
-def test_a_peer_dripping_one_byte_per_half_second_is_named_and_left_within_its_deadline():
-    """3 workers, 1024-float allreduces in one-float chunks: the deadline is 2 s (step
-    timeout) + 5,464 bytes at 1 MiB/s. Dripping, worker-1 gets a byte every 0.25 s and passes
-    each float on, so no rank waits 2 s for a byte (the step timeout never fires); every rank
+def test_a_peer_dripping_its_bytes_is_named_and_left_within_its_deadline():
+    """3 workers, 1024-float allreduces in one-float chunks: the deadline is 4 s (step
+    timeout) + 5,464 bytes at 1 MiB/s. Dripping, worker-1 gets a byte every 0.05 s and passes
+    each float on (a collective's 40-byte header takes 2 s), so no rank waits 4 s for a byte
+    (the step timeout never fires); every rank
     leaves with the retryable code, naming the link worker-0 → worker-1 and the bytes
     delivered, within the deadline plus the watchdog's period and one State round."""
     ring, proxies = proxied_ring(
@@ -109,7 +111,7 @@ def test_a_peer_dripping_one_byte_per_half_second_is_named_and_left_within_its_d
     try:
         assert [ring.event(r)["event"] for r in range(3)] == ["started"] * 3
         t0 = time.monotonic()
-        proxies[1].drip_s = 0.25
+        proxies[1].drip_s = 0.05
         errors = [ring.event(r) for r in range(3)]
         took = time.monotonic() - t0
         codes = [p.wait(timeout=10) for p in ring.procs]
@@ -121,7 +123,7 @@ def test_a_peer_dripping_one_byte_per_half_second_is_named_and_left_within_its_d
     assert all(e["event"] == "error" and e["type"] == "PeerTimeout" for e in errors), errors
     assert not any("no data for" in e["message"] for e in errors), errors
     assert proxies[1].dripped >= 2  # live: bytes kept coming, each one inside the step timeout
-    assert took < 2 + 0.5 + 1 + 2.5, took  # deadline + watchdog period + State round + slack
+    assert took < 4 + 0.5 + 1 + 2.5, took  # deadline + watchdog period + State round + slack
     named = [e["message"] for e in errors if "delivered" in e["message"]]
     assert named, errors
     print(json.dumps({"slow_drip_left_after_s": round(took, 2), "message": named[0]}))

@@ -151,6 +151,7 @@ def test_a_full_disk_names_the_checkpoint_removes_its_tmp_and_is_retryable(tmp_p
     assert not [n for n in left if ".tmp" in n], left
 
 
+@pytest.mark.slow  # three real workers: 31 s on the loaded 2-core machine
 def test_a_second_job_is_refused_a_checkpoint_directory_in_use_naming_its_owner(tmp_path):
     ck = tmp_path / "ck"
     a, b = new_token(), new_token()
