@@ -1,0 +1,1 @@
+"""The engine's ops, one family per file (dense, embedding, norm, attention, recurrent, ...)."""
