@@ -71,10 +71,11 @@ class MultiHeadAttention(Layer):
             ps.append(ParamSpec(layer, f"{name}_kernel", (d, h, w), d, h * w, True))
             if self.use_bias:
                 ps.append(ParamSpec(layer, f"{name}_bias", (h, w), 0, 0, False))
-        dout = self.out_shape[1]
-        ps.append(ParamSpec(layer, "output_kernel", (h, self.vd, dout), h * self.vd, dout, True))
+        dout, fan_in = self.out_shape[1], h * self.vd
+        shape = (h, self.vd, dout)
+        ps.append(ParamSpec(layer, "attention_output_kernel", shape, fan_in, dout, True))
         if self.use_bias:
-            ps.append(ParamSpec(layer, "output_bias", (dout,), 0, 0, False))
+            ps.append(ParamSpec(layer, "attention_output_bias", (dout,), 0, 0, False))
         return ps
 
     def buffers(self, b, train, need_dx):
@@ -163,10 +164,10 @@ class MultiHeadAttention(Layer):
         np.copyto(ctx.reshape(b, self.T, self.h, self.vd), ws["ctx_h"].transpose(0, 2, 1, 3))
         out = ws["out"]
         o2 = out.reshape(-1, self.out_shape[1])
-        ws["wo"] = p["output_kernel"].reshape(self.h * self.vd, -1)
-        np.matmul(ctx, p["output_kernel"].reshape(self.h * self.vd, -1), out=o2)
+        ws["wo"] = p["attention_output_kernel"].reshape(self.h * self.vd, -1)
+        np.matmul(ctx, p["attention_output_kernel"].reshape(self.h * self.vd, -1), out=o2)
         if self.use_bias:
-            np.add(o2, p["output_bias"], out=o2)
+            np.add(o2, p["attention_output_bias"], out=o2)
         return out
 
     def backward_local(self, ws, dout):
@@ -216,7 +217,7 @@ class MultiHeadAttention(Layer):
 
     def backward_weights(self, ws, dout, name, grad, rows):
         proj, part = name.rsplit("_", 1)
-        if proj == "output":
+        if proj == "attention_output":
             src, d = ws["context"], dout.reshape(-1, self.out_shape[1])
         else:
             src, d = ws["inputs"][proj], ws[f"dp_{proj}"]
