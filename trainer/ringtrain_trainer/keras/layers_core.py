@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, need_rank
+from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
 
 
 def _dense_parse(a: Args) -> dict:
@@ -42,8 +42,11 @@ def _dense_build(spec, shapes, ctx):
     from ringtrain_trainer.layers.fused import Dense
 
     a = spec.args
-    need_rank(spec, shapes[0], 1, "a flat input (add Flatten before it)")
     act = "linear" if ctx.fold and a["activation"] == ctx.fold else a["activation"]
+    if len(shapes[0]) > 1:  # Keras applies the kernel on the last axis
+        from ringtrain_trainer.engine.ops.dense import Dense as DenseAnyRank
+
+        return DenseAnyRank(shapes[0], a["units"], act, a["use_bias"])
     if a["use_bias"] and act in ("relu", "linear"):
         return Dense(shapes[0][0], a["units"], act == "relu")
     return L.Linear(shapes[0][0], a["units"], act, a["use_bias"])

@@ -1,0 +1,402 @@
+"""Registry entries of the sequence and attention layers: Embedding, LayerNormalization,
+MultiHeadAttention, LSTM, GRU. Their ops are ``engine/ops/{embedding,norm,attention,
+recurrent}.py``.
+
+Weights nested in Keras sub-layers (an RNN's ``cell``, attention's ``query_dense`` …) name
+their ``model.weights.h5`` group in :attr:`Weight.group`. Initializers are read only to refuse
+one ringtrain would not honour: training starts from the ``.keras`` file's own weights; a
+config without weights starts from Glorot kernels (``model.init``), as the trainer does for
+every layer.
+"""
+
+from __future__ import annotations
+
+from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
+
+#: what the RNN ops differentiate from their outputs (``engine.ops.recurrent.ACTIVATIONS``)
+RNN_ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
+_FREE = ("activity_regularizer", "lora_rank", "lora_alpha", "quantization_config")
+
+
+def _initializer(a: Args, arg: str, cls: str, **defaults) -> None:
+    """Keras' default initializer ``cls`` with its default arguments, or refused by name."""
+    if arg not in a.cfg:
+        return
+    v = a.take(arg)
+    name = v.get("class_name") if isinstance(v, dict) else v
+    cfg = (v.get("config") or {}) if isinstance(v, dict) else {}
+    aliases = {cls.lower(), _snake(cls), *(k.lower() for k in defaults.get("_aliases", ()))}
+    want = {k: x for k, x in defaults.items() if k != "_aliases"}
+    got = {k: x for k, x in cfg.items() if k not in ("seed",) and x is not None}
+    if (str(name).lower() not in aliases and _snake(str(name)) not in aliases) or got != want:
+        a.refuse(arg, v, f"{cls} {want or ''} (Keras' default)".strip())
+
+
+def _snake(s: str) -> str:
+    from ringtrain_trainer.keras.entry import snake_case
+
+    return snake_case(s)
+
+
+def _no(a: Args, *args: str) -> None:
+    a.nothing(*args, *_FREE)
+
+
+# -- Embedding --------------------------------------------------------------------------------
+def _embedding_parse(a: Args) -> dict:
+    a.trainable()
+    args = {"input_dim": a.positive("input_dim"), "output_dim": a.positive("output_dim")}
+    uniform = {"minval": -0.05, "maxval": 0.05, "_aliases": ["uniform"]}
+    _initializer(a, "embeddings_initializer", "RandomUniform", **uniform)
+    a.must_be("mask_zero", False)
+    a.must_be("sparse", False)
+    a.take("input_length")  # tf.keras 2's shape hint; the input shape is the InputLayer's
+    _no(a, "embeddings_regularizer", "embeddings_constraint")
+    a.done("input_dim, output_dim")
+    return args
+
+
+def _embedding_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
+    return [Weight("embeddings", (args["input_dim"], args["output_dim"]))]
+
+
+def _embedding_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.embedding import Embedding
+
+    return Embedding(shapes[0], spec.args["input_dim"], spec.args["output_dim"])
+
+
+def _embedding_onnx(g, spec, weights) -> None:
+    ids = g.op("Cast", [g.x(0, nchw=False)], f"{spec.name}_ids", to=g.onnx.TensorProto.INT64)
+    g.out(g.op("Gather", [g.const(f"{spec.name}_embeddings", weights[0]), ids], spec.name))
+
+
+# -- LayerNormalization ------------------------------------------------------------------------
+def _ln_parse(a: Args) -> dict:
+    a.trainable()
+    axis = a.take("axis", -1)
+    args = {
+        "axis": axis[0] if isinstance(axis, list) and len(axis) == 1 else axis,
+        "epsilon": float(a.take("epsilon", 1e-3)),
+        "center": bool(a.take("center", True)),
+        "scale": bool(a.take("scale", True)),
+    }
+    if not isinstance(args["axis"], int):
+        a.refuse("axis", axis, "the last axis (-1)")
+    a.must_be("rms_scaling", False)
+    _initializer(a, "beta_initializer", "Zeros")
+    _initializer(a, "gamma_initializer", "Ones")
+    _no(a, "beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint")
+    a.done("axis=-1, epsilon, center, scale")
+    return args
+
+
+def _ln_infer(args: dict, shapes: list[Shape]) -> Shape:
+    if args["axis"] not in (-1, len(shapes[0])):
+        raise ValueError(f"axis={args['axis']} is not the last axis of {shapes[0]} (supported: -1)")
+    return shapes[0]
+
+
+def _ln_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
+    c = (shapes[0][-1],)
+    return ([Weight("gamma", c)] if args["scale"] else []) + (
+        [Weight("beta", c)] if args["center"] else []
+    )
+
+
+def _ln_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.norm import LayerNorm
+
+    a = spec.args
+    return LayerNorm(shapes[0], a["epsilon"], a["center"], a["scale"])
+
+
+def _ln_onnx(g, spec, weights) -> None:
+    import numpy as np
+
+    a, n, w = spec.args, spec.name, list(weights)
+    d = spec.out_shape[-1]
+    gamma = w.pop(0) if a["scale"] else np.ones(d, np.float32)
+    beta = w.pop(0) if a["center"] else np.zeros(d, np.float32)
+    x = g.x(0, nchw=False)
+    ins = [x, g.const(f"{n}_gamma", gamma), g.const(f"{n}_beta", beta)]
+    g.out(g.op("LayerNormalization", ins, n, axis=-1, epsilon=a["epsilon"]))
+
+
+# -- MultiHeadAttention -------------------------------------------------------------------------
+_PROJ = ("query", "key", "value")
+
+
+def _mha_parse(a: Args) -> dict:
+    a.trainable()
+    args = {
+        "num_heads": a.positive("num_heads"),
+        "key_dim": a.positive("key_dim"),
+        "use_bias": bool(a.take("use_bias", True)),
+    }
+    vd = a.take("value_dim")
+    args["value_dim"] = args["key_dim"] if vd is None else vd
+    if not isinstance(args["value_dim"], int) or args["value_dim"] < 1:
+        a.refuse("value_dim", vd, "a positive int or None")
+    args["use_causal_mask"] = bool(a.take("use_causal_mask", False))  # the call's argument
+    dropout = a.take("dropout", 0.0)
+    if dropout not in (0, 0.0):
+        a.refuse("dropout", dropout, "0")
+    axes = a.take("attention_axes")
+    if axes not in (None, [1], (1,), 1, [-2]):
+        a.refuse("attention_axes", axes, "None (attention over the sequence axis)")
+    a.nothing("output_shape", "sliding_window")
+    a.must_be("use_gate", False)
+    a.must_be("flash_attention", None, False)
+    a.take("seed")
+    _initializer(a, "kernel_initializer", "GlorotUniform")
+    _initializer(a, "bias_initializer", "Zeros")
+    _no(a, "kernel_regularizer", "bias_regularizer", "kernel_constraint", "bias_constraint")
+    a.done("num_heads, key_dim, value_dim, use_bias, dropout=0; call: use_causal_mask")
+    return args
+
+
+def _mha_infer(args: dict, shapes: list[Shape]) -> Shape:
+    if len(shapes) > 3 or any(len(s) != 2 for s in shapes):
+        raise ValueError(
+            f"inputs of shapes {shapes}: supported are query, value and an optional key, "
+            "each (timesteps, features)"
+        )
+    if len(shapes) == 3 and shapes[1][0] != shapes[2][0]:
+        raise ValueError(f"key length {shapes[2][0]} differs from value length {shapes[1][0]}")
+    return shapes[0]
+
+
+def _mha_dims(shapes: list[Shape]) -> dict[str, int]:
+    v = shapes[1]
+    k = shapes[2] if len(shapes) > 2 else v
+    return {"query": shapes[0][-1], "key": k[-1], "value": v[-1]}
+
+
+def _mha_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
+    h, dims, out = args["num_heads"], _mha_dims(shapes), []
+    for p in _PROJ:
+        w = args["value_dim"] if p == "value" else args["key_dim"]
+        out.append(Weight(f"{p}_kernel", (dims[p], h, w), group=f"{p}_dense"))
+        if args["use_bias"]:
+            out.append(Weight(f"{p}_bias", (h, w), group=f"{p}_dense"))
+    d = shapes[0][-1]
+    out.append(Weight("attention_output_kernel", (h, args["value_dim"], d), group="output_dense"))
+    if args["use_bias"]:
+        out.append(Weight("attention_output_bias", (d,), group="output_dense"))
+    return out
+
+
+def _mha_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.attention import MultiHeadAttention
+
+    a = spec.args
+    return MultiHeadAttention(
+        shapes,
+        a["num_heads"],
+        a["key_dim"],
+        a["value_dim"],
+        a["use_bias"],
+        causal=a["use_causal_mask"],
+    )
+
+
+def _mha_onnx(g, spec, weights) -> None:
+    import numpy as np
+
+    a, n, shapes = spec.args, spec.name, [tuple(s) for s in spec.in_shapes]
+    h, kd, vd = a["num_heads"], a["key_dim"], a["value_dim"]
+    w = dict(zip([x.name for x in _mha_weights(a, list(shapes))], weights, strict=True))
+    xs = [g.x(k, nchw=False) for k in range(len(spec.inputs))]
+    src = {"query": xs[0], "value": xs[1], "key": xs[2] if len(xs) > 2 else xs[1]}
+    heads = {}
+    for p in _PROJ:
+        width = vd if p == "value" else kd
+        kern = w[f"{p}_kernel"].reshape(-1, h * width)
+        y = g.op("MatMul", [src[p], g.const(f"{n}_{p}_kernel", kern)], f"{n}_{p}")
+        if a["use_bias"]:
+            y = g.op("Add", [y, g.const(f"{n}_{p}_bias", w[f"{p}_bias"].reshape(-1))], f"{n}_{p}_b")
+        if p == "query":
+            y = g.op("Mul", [y, g.const(f"{n}_scale", np.float32(1 / np.sqrt(kd)))], f"{n}_q_s")
+        shape = g.const(f"{n}_{p}_shape", np.array([0, -1, h, width], np.int64))
+        y = g.op("Reshape", [y, shape], f"{n}_{p}_heads")
+        perm = [0, 2, 3, 1] if p == "key" else [0, 2, 1, 3]
+        heads[p] = g.op("Transpose", [y], f"{n}_{p}_t", perm=perm)
+    s = g.op("MatMul", [heads["query"], heads["key"]], f"{n}_scores")
+    if a["use_causal_mask"]:
+        t, k = shapes[0][0], shapes[1][0]
+        keep = np.tril(np.ones((t, k), bool))
+        s = g.op(
+            "Where",
+            [g.const(f"{n}_causal", keep), s, g.const(f"{n}_masked", np.float32(-1e9))],
+            f"{n}_masked_scores",
+        )
+    p_ = g.op("Softmax", [s], f"{n}_probs", axis=-1)
+    c = g.op("MatMul", [p_, heads["value"]], f"{n}_context")
+    c = g.op("Transpose", [c], f"{n}_context_t", perm=[0, 2, 1, 3])
+    c = g.op("Reshape", [c, g.const(f"{n}_cshape", np.array([0, 0, h * vd], np.int64))], f"{n}_c")
+    wo = w["attention_output_kernel"].reshape(h * vd, -1)
+    y = g.op("MatMul", [c, g.const(f"{n}_output_kernel", wo)], f"{n}_out")
+    if a["use_bias"]:
+        y = g.op("Add", [y, g.const(f"{n}_output_bias", w["attention_output_bias"])], f"{n}_ob")
+    g.out(y)
+
+
+# -- LSTM and GRU --------------------------------------------------------------------------------
+def _rnn_parse(a: Args) -> dict:
+    a.trainable()
+    args = {
+        "units": a.positive("units"),
+        "activation": a.activation() if "activation" in a.cfg else "tanh",
+        "recurrent_activation": a.activation("recurrent_activation")
+        if "recurrent_activation" in a.cfg
+        else "sigmoid",
+        "use_bias": bool(a.take("use_bias", True)),
+        "return_sequences": bool(a.take("return_sequences", False)),
+    }
+    for arg in ("activation", "recurrent_activation"):
+        if args[arg] not in RNN_ACTIVATIONS:
+            a.refuse(arg, args[arg], ", ".join(RNN_ACTIVATIONS))
+    for arg in ("return_state", "go_backwards", "stateful", "time_major"):
+        a.must_be(arg, False)
+    for arg in ("dropout", "recurrent_dropout"):
+        v = a.take(arg, 0.0)
+        if v not in (0, 0.0):
+            a.refuse(arg, v, "0")
+    a.take("unroll")  # the same arithmetic either way
+    a.take("implementation")  # tf.keras 2's kernel choice: the same arithmetic
+    a.take("zero_output_for_mask")  # masks are refused (Embedding mask_zero), so never used
+    a.take("seed")
+    if a.cls == "LSTM":
+        a.take("unit_forget_bias")  # an initializer: the weights come from the file or init
+    else:
+        a.must_be("reset_after", True)
+    _initializer(a, "kernel_initializer", "GlorotUniform")
+    _initializer(a, "recurrent_initializer", "Orthogonal", gain=1.0)
+    _initializer(a, "bias_initializer", "Zeros")
+    _no(
+        a,
+        "kernel_regularizer",
+        "recurrent_regularizer",
+        "bias_regularizer",
+        "kernel_constraint",
+        "recurrent_constraint",
+        "bias_constraint",
+    )
+    a.done("units, activation, recurrent_activation, use_bias, return_sequences")
+    return args
+
+
+def _gates(cls: str) -> int:
+    return 4 if cls == "LSTM" else 3
+
+
+def _rnn_infer(args: dict, shapes: list[Shape]) -> Shape:
+    if len(shapes[0]) != 2:
+        raise ValueError(f"needs an input of (timesteps, features), got {shapes[0]}")
+    u = args["units"]
+    return (shapes[0][0], u) if args["return_sequences"] else (u,)
+
+
+def _rnn_weights_of(cls: str):
+    def weights(args: dict, shapes: list[Shape]) -> list[Weight]:
+        u, g = args["units"], _gates(cls) * args["units"]
+        out = [
+            Weight("kernel", (shapes[0][-1], g), group="cell"),
+            Weight("recurrent_kernel", (u, g), group="cell"),
+        ]
+        if args["use_bias"]:
+            out.append(Weight("bias", (g,) if cls == "LSTM" else (2, g), group="cell"))
+        return out
+
+    return weights
+
+
+def _rnn_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.recurrent import GRU, LSTM
+
+    a = spec.args
+    op = LSTM if spec.cls == "LSTM" else GRU
+    return op(
+        shapes[0],
+        a["units"],
+        a["activation"],
+        a["recurrent_activation"],
+        a["use_bias"],
+        a["return_sequences"],
+    )
+
+
+_ONNX_ACT = {"tanh": "Tanh", "sigmoid": "Sigmoid", "relu": "Relu"}
+
+
+def _rnn_onnx(g, spec, weights) -> None:
+    """ONNX ``LSTM`` / ``GRU`` (time-major, one direction): gate blocks reordered from Keras'
+    i, f, c, o to ONNX's i, o, f, c (GRU's z, r, h is the same in both), kernels transposed,
+    input and recurrent biases side by side; ``linear_before_reset`` is Keras' reset_after."""
+    import numpy as np
+
+    from ringtrain.errors import InvalidSpec
+
+    a, n, u = spec.args, spec.name, spec.args["units"]
+    for arg in ("activation", "recurrent_activation"):
+        if a[arg] not in _ONNX_ACT:
+            raise InvalidSpec(f"export: layer {n!r} ({spec.cls}): {arg}={a[arg]!r} has no ONNX")
+    lstm = spec.cls == "LSTM"
+    gates = 4 if lstm else 3
+    kernel, rec = weights[0], weights[1]
+    bias = weights[2] if a["use_bias"] else np.zeros((gates * u,) if lstm else (2, gates * u))
+    order = [0, 3, 1, 2] if lstm else [0, 1, 2]
+
+    def blocks(m):
+        return np.concatenate([m[..., k * u : (k + 1) * u] for k in order], axis=-1)
+
+    wx = blocks(kernel).T[None].astype(np.float32)
+    wh = blocks(rec).T[None].astype(np.float32)
+    if lstm:
+        b = np.concatenate([blocks(bias), np.zeros(gates * u)])[None].astype(np.float32)
+    else:
+        b = np.concatenate([bias[0], bias[1]])[None].astype(np.float32)
+    x = g.op("Transpose", [g.x(0, nchw=False)], f"{n}_time_major", perm=[1, 0, 2])
+    acts = [_ONNX_ACT[a["recurrent_activation"]], *[_ONNX_ACT[a["activation"]]] * (gates - 2)]
+    ins = [x, g.const(f"{n}_W", wx), g.const(f"{n}_R", wh), g.const(f"{n}_B", b)]
+    attrs = {"hidden_size": u, "activations": acts}
+    if not lstm:
+        attrs["linear_before_reset"] = 1
+    outs = [g.name(f"{n}_Y"), g.name(f"{n}_Y_h")]
+    g.nodes.append(g.h.make_node(spec.cls, ins, outs, name=outs[0], **attrs))
+    if a["return_sequences"]:
+        y = g.op("Squeeze", [outs[0], g.const(f"{n}_ax", np.array([1], np.int64))], f"{n}_seq")
+        g.out(g.op("Transpose", [y], f"{n}_batch_major", perm=[1, 0, 2]))
+    else:
+        g.out(g.op("Squeeze", [outs[1], g.const(f"{n}_ax", np.array([0], np.int64))], n))
+
+
+ENTRIES = {
+    "Embedding": Entry(
+        _embedding_parse,
+        _embedding_build,
+        _embedding_onnx,
+        infer=lambda args, shapes: (*shapes[0], args["output_dim"]),
+        weights=_embedding_weights,
+    ),
+    "LayerNormalization": Entry(
+        _ln_parse, _ln_build, _ln_onnx, infer=_ln_infer, weights=_ln_weights
+    ),
+    "MultiHeadAttention": Entry(
+        _mha_parse,
+        _mha_build,
+        _mha_onnx,
+        infer=_mha_infer,
+        weights=_mha_weights,
+        inputs=0,
+        call_args=("use_causal_mask",),
+        positional=True,
+    ),
+    **{
+        cls: Entry(
+            _rnn_parse, _rnn_build, _rnn_onnx, infer=_rnn_infer, weights=_rnn_weights_of(cls)
+        )
+        for cls in ("LSTM", "GRU")
+    },
+}
