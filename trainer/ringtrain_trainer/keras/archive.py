@@ -30,6 +30,8 @@ from ringtrain_trainer.keras.registry import REGISTRY
 CONFIG, METADATA, WEIGHTS = "config.json", "metadata.json", "model.weights.h5"
 #: the oldest Keras that reads this layout (the saving format has not changed since 3.0)
 KERAS_VERSION = "3.0.0"
+#: the ``module`` Keras 3 writes for each model class (it deserializes Functional only from it)
+_MODULE = {"Sequential": "keras", "Functional": "keras.src.models.functional"}
 
 
 def weights_of(cfg: ModelConfig) -> list[tuple[str, list[Weight]]]:
@@ -136,7 +138,7 @@ def to_keras(cfg: ModelConfig, compile_config: dict | None = None) -> dict:
         body = {"layers": [_item("InputLayer", inp), *layers]}
         cls = "Sequential"
     out = {
-        "module": "keras",
+        "module": _MODULE[cls],
         "class_name": cls,
         "config": {"name": cfg.name, "trainable": True, "dtype": "float32", **body},
         "registered_name": None,
@@ -151,7 +153,7 @@ def normalized(keras_config: dict) -> dict:
     """A copy with the ``module`` fields and ``build_config`` Keras writes itself, so a config
     written by hand (or by tf.keras 2) deserializes like one Keras saved."""
     cfg = copy.deepcopy(keras_config)
-    cfg.setdefault("module", "keras")
+    cfg.setdefault("module", _MODULE.get(cfg.get("class_name"), "keras"))
     cfg.setdefault("registered_name", None)
     for layer in (cfg.get("config") or {}).get("layers") or []:
         layer.setdefault("module", "keras.layers")

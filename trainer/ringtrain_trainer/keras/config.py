@@ -286,9 +286,9 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     if shape is None:
         raise InvalidSpec(f"model: input_layers names {in_name!r}, which is no InputLayer")
     specs: list[LayerSpec] = []
-    while pending:
-        ready = [p for p in pending if all(h in tensors for h in p[2])]
-        if not ready:
+    while pending:  # the first layer (in config order) whose inputs exist, as Kahn's
+        p = next((p for p in pending if all(h in tensors for h in p[2])), None)
+        if p is None:
             layer, name, hist, _ = pending[0]
             missing = next(h for h in hist if h not in tensors)
             raise InvalidSpec(
@@ -296,13 +296,12 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
                 "which no layer of the model writes once (a shared layer, a layer's second "
                 "output or a cycle are not supported)"
             )
-        for p in ready:
-            layer, name, hist, call = p
-            pending.remove(p)
-            t_in = tuple(tensors[h] for h in hist)
-            s = _spec(layer, len(specs), t_in, [shapes[t] for t in t_in], call)
-            specs.append(s)
-            tensors[(name, 0, 0)], shapes[s.output] = s.output, s.out_shape
+        layer, name, hist, call = p
+        pending.remove(p)
+        t_in = tuple(tensors[h] for h in hist)
+        s = _spec(layer, len(specs), t_in, [shapes[t] for t in t_in], call)
+        specs.append(s)
+        tensors[(name, 0, 0)], shapes[s.output] = s.output, s.out_shape
     if outs[0] not in tensors:
         raise InvalidSpec(f"model: output_layers names {list(outs[0])}, which no layer writes")
     return in_name, shape, specs, tensors[outs[0]]

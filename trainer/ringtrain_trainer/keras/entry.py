@@ -20,6 +20,7 @@ from ringtrain.errors import InvalidSpec
 Shape = tuple[int, ...]
 #: the activations every layer with an ``activation`` argument accepts
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "softmax", "linear")
+ACTS_DOC = f"`activation` ({', '.join(ACTIVATIONS)})"
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ class Entry:
     when they do not fit. ``weights(args, shapes)`` lists the arrays in ``get_weights()`` order.
     ``build(spec, shapes, ctx)`` returns the engine op (``layers.base.Layer`` protocol) or None
     for the identity. ``onnx(g, spec, weights)`` appends the layer's ONNX nodes to
-    ``export.onnx_file``'s graph. ``inputs``: how many tensors it reads (0: two or more)."""
+    ``export.onnx_file``'s graph. ``inputs``: how many tensors it reads (0: two or more).
+    ``doc``: the README's line for it (``python -m ringtrain_trainer.keras.registry``)."""
 
     parse: Callable[[Args], dict]
     build: Callable[..., Any]
@@ -82,6 +84,8 @@ class Entry:
     #: several inputs are separate positional call arguments (MultiHeadAttention's query,
     #: value, key), not one list (Add's)
     positional: bool = False
+    #: what the README's generated table says is supported (arguments, limits)
+    doc: str = ""
 
 
 def snake_case(class_name: str) -> str:

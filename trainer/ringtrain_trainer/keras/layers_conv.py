@@ -3,7 +3,7 @@ GlobalAveragePooling2D (channels last, NHWC)."""
 
 from __future__ import annotations
 
-from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, need_rank, window
+from ringtrain_trainer.keras.entry import ACTS_DOC, Args, Entry, Shape, Weight, need_rank, window
 
 _FREE = (
     "kernel_regularizer",
@@ -202,8 +202,36 @@ def _gap_onnx(g, spec, weights) -> None:
 
 
 ENTRIES = {
-    "Conv2D": Entry(_conv_parse, _conv_build, _conv_onnx, infer=_conv_infer, weights=_conv_weights),
-    "MaxPooling2D": Entry(_pool_parse, _pool_build, _pool_onnx, infer=_pool_infer),
-    "AveragePooling2D": Entry(_pool_parse, _pool_build, _pool_onnx, infer=_pool_infer),
-    "GlobalAveragePooling2D": Entry(_gap_parse, _gap_build, _gap_onnx, infer=_gap_infer),
+    "Conv2D": Entry(
+        _conv_parse,
+        _conv_build,
+        _conv_onnx,
+        infer=_conv_infer,
+        weights=_conv_weights,
+        doc="`filters`, `kernel_size`, `strides`, `padding` (valid, same), "
+        + ACTS_DOC
+        + ", `use_bias`; channels last; with its only reader a "
+        "MaxPooling2D(2) (square kernel, valid, stride 1, ReLU) it runs as one fused op",
+    ),
+    "MaxPooling2D": Entry(
+        _pool_parse,
+        _pool_build,
+        _pool_onnx,
+        infer=_pool_infer,
+        doc="`pool_size`, `strides`, `padding` (valid, same)",
+    ),
+    "AveragePooling2D": Entry(
+        _pool_parse,
+        _pool_build,
+        _pool_onnx,
+        infer=_pool_infer,
+        doc="`pool_size`, `strides`, `padding` (valid, same; padding not counted)",
+    ),
+    "GlobalAveragePooling2D": Entry(
+        _gap_parse,
+        _gap_build,
+        _gap_onnx,
+        infer=_gap_infer,
+        doc="`keepdims` (False; True exports only)",
+    ),
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
+from ringtrain_trainer.keras.entry import ACTS_DOC, Args, Entry, Shape, Weight
 
 
 def _dense_parse(a: Args) -> dict:
@@ -255,15 +255,49 @@ ENTRIES = {
         _dense_onnx,
         infer=lambda args, shapes: (*shapes[0][:-1], args["units"]),
         weights=_dense_weights,
+        doc="`units`, " + ACTS_DOC + ", `use_bias`; any rank (the kernel on the last axis)",
     ),
     "BatchNormalization": Entry(
-        _bn_parse, _bn_build, _bn_onnx, infer=_bn_infer, weights=_bn_weights
+        _bn_parse,
+        _bn_build,
+        _bn_onnx,
+        infer=_bn_infer,
+        weights=_bn_weights,
+        doc="`momentum`, `epsilon`, `center`, `scale`, channel axis; batch statistics per "
+        "replica, moving statistics as state",
     ),
-    "Activation": Entry(_act_parse, _act_build, _act_onnx, activation=_act_of),
-    "ReLU": Entry(_act_parse, _act_build, _act_onnx, activation=_act_of),
-    "Softmax": Entry(_act_parse, _act_build, _act_onnx, activation=_act_of),
-    "Flatten": Entry(_flatten_parse, _reshape_build, _reshape_onnx, infer=_flatten_infer),
-    "Reshape": Entry(_reshape_parse, _reshape_build, _reshape_onnx, infer=_flatten_infer),
-    "Rescaling": Entry(_rescaling_parse, _rescaling_build, _rescaling_onnx),
-    "Dropout": Entry(_dropout_parse, _dropout_build, _identity_onnx),
+    "Activation": Entry(
+        _act_parse,
+        _act_build,
+        _act_onnx,
+        activation=_act_of,
+        doc=ACTS_DOC,
+    ),
+    "ReLU": Entry(
+        _act_parse,
+        _act_build,
+        _act_onnx,
+        activation=_act_of,
+        doc="a plain ReLU (no `max_value`, `negative_slope`, `threshold`)",
+    ),
+    "Softmax": Entry(_act_parse, _act_build, _act_onnx, activation=_act_of, doc="`axis=-1`"),
+    "Flatten": Entry(
+        _flatten_parse, _reshape_build, _reshape_onnx, infer=_flatten_infer, doc="channels last"
+    ),
+    "Reshape": Entry(
+        _reshape_parse,
+        _reshape_build,
+        _reshape_onnx,
+        infer=_flatten_infer,
+        doc="`target_shape` (one -1 inferred)",
+    ),
+    "Rescaling": Entry(
+        _rescaling_parse, _rescaling_build, _rescaling_onnx, doc="one `scale` and `offset`"
+    ),
+    "Dropout": Entry(
+        _dropout_parse,
+        _dropout_build,
+        _identity_onnx,
+        doc="`rate`; masks from `--seed`, the step and the global example (any worker count)",
+    ),
 }

@@ -91,8 +91,22 @@ def _concat_onnx(g, spec, weights) -> None:
 
 ENTRIES = {
     **{
-        cls: Entry(_merge_parse, _merge_build, _merge_onnx, infer=_merge_infer, inputs=0)
+        cls: Entry(
+            _merge_parse,
+            _merge_build,
+            _merge_onnx,
+            infer=_merge_infer,
+            inputs=0,
+            doc="2 or more inputs of one shape" if cls != "Subtract" else "2 inputs of one shape",
+        )
         for cls in _MODES
     },
-    "Concatenate": Entry(_concat_parse, _concat_build, _concat_onnx, infer=_concat_infer, inputs=0),
+    "Concatenate": Entry(
+        _concat_parse,
+        _concat_build,
+        _concat_onnx,
+        infer=_concat_infer,
+        inputs=0,
+        doc="`axis`; inputs equal off the axis",
+    ),
 }

@@ -379,9 +379,16 @@ ENTRIES = {
         _embedding_onnx,
         infer=lambda args, shapes: (*shapes[0], args["output_dim"]),
         weights=_embedding_weights,
+        doc="`input_dim`, `output_dim`; int token ids of any shape (an `int32` input); "
+        "`mask_zero=False`",
     ),
     "LayerNormalization": Entry(
-        _ln_parse, _ln_build, _ln_onnx, infer=_ln_infer, weights=_ln_weights
+        _ln_parse,
+        _ln_build,
+        _ln_onnx,
+        infer=_ln_infer,
+        weights=_ln_weights,
+        doc="`epsilon`, `center`, `scale`; the last axis; `rms_scaling=False`",
     ),
     "MultiHeadAttention": Entry(
         _mha_parse,
@@ -392,10 +399,19 @@ ENTRIES = {
         inputs=0,
         call_args=("use_causal_mask",),
         positional=True,
+        doc="`num_heads`, `key_dim`, `value_dim`, `use_bias`; query, value and optional key of "
+        "(timesteps, features); the call's `use_causal_mask`; `dropout=0`",
     ),
     **{
         cls: Entry(
-            _rnn_parse, _rnn_build, _rnn_onnx, infer=_rnn_infer, weights=_rnn_weights_of(cls)
+            _rnn_parse,
+            _rnn_build,
+            _rnn_onnx,
+            infer=_rnn_infer,
+            weights=_rnn_weights_of(cls),
+            doc="`units`, `activation`, `recurrent_activation` (tanh, sigmoid, relu, linear), "
+            "`use_bias`, `return_sequences`; backpropagation through time in the op"
+            + ("; `reset_after=True`" if cls == "GRU" else ""),
         )
         for cls in ("LSTM", "GRU")
     },

@@ -50,3 +50,31 @@ SUPPORTED = ("InputLayer", *REGISTRY)
 def entry(cls: str) -> Entry:
     """The entry of Keras class ``cls`` (the caller has checked it is in :data:`REGISTRY`)."""
     return REGISTRY[cls]
+
+
+#: the README's generated block of supported layers lies between these lines
+BEGIN = "<!-- layers: generated from keras/registry.py by "
+BEGIN += "`python -m ringtrain_trainer.keras.registry README.md`; do not edit -->"
+END = "<!-- layers: end -->"
+
+
+def markdown() -> str:
+    """The README's table of supported layers, one row per entry."""
+    rows = ["| layer | supported |", "|---|---|", "| `InputLayer` | one input of a fixed shape |"]
+    rows += [f"| `{cls}` | {e.doc} |" for cls, e in REGISTRY.items()]
+    return "\n".join(rows)
+
+
+def with_table(text: str) -> str:
+    """``text`` (the README) with the block between :data:`BEGIN` and :data:`END` rewritten."""
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{markdown()}\n{END}{tail}"
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    readme = Path(sys.argv[1])
+    readme.write_text(with_table(readme.read_text()))
