@@ -36,7 +36,8 @@ class Embedding(Layer):
 
     def params(self, layer):
         shape = (self.input_dim, self.output_dim)
-        return [ParamSpec(layer, "embeddings", shape, self.input_dim, self.output_dim, False)]
+        # Keras' default uniform(-0.05, 0.05) is the Glorot draw of fan_in + fan_out = 2400
+        return [ParamSpec(layer, "embeddings", shape, 1200, 1200, True)]
 
     def buffers(self, b, train, need_dx):
         bufs = {"out": ((b, *self.out_shape), "f")}

@@ -1,0 +1,98 @@
+"""The sequence layers' registry entries without TensorFlow: what they refuse, by argument,
+before anything runs, and what a fresh model starts from."""
+
+import numpy as np
+import pytest
+from test_keras_layers import layer, seq
+
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import keras_model as KM
+
+
+def functional(shape, *layers, dtype="int32"):
+    """A chain as a Keras 3 Functional config: each layer reads the one before it."""
+    prev, items = "inp", []
+    for cls, name, cfg, call in layers:
+        tensor = {"class_name": "__keras_tensor__", "config": {"keras_history": [prev, 0, 0]}}
+        args = [tensor, tensor] if cls == "MultiHeadAttention" else [tensor]
+        item = {"class_name": cls, "name": name, "config": {"name": name, **cfg}}
+        item["inbound_nodes"] = [{"args": args, "kwargs": call}]
+        items.append(item)
+        prev = name
+    inp = {"class_name": "InputLayer", "name": "inp"}
+    inp["config"] = {"name": "inp", "batch_shape": [None, *shape], "dtype": dtype}
+    return {
+        "class_name": "Functional",
+        "config": {
+            "name": "f",
+            "layers": [{**inp, "inbound_nodes": []}, *items],
+            "input_layers": ["inp", 0, 0],
+            "output_layers": [prev, 0, 0],
+        },
+    }
+
+
+def text(*middle):
+    return seq(
+        (6,),
+        layer("Embedding", "e", input_dim=10, output_dim=4),
+        *middle,
+        layer("Flatten", "f"),
+        layer("Dense", "d", units=3),
+    )
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (layer("LSTM", "l", units=3, go_backwards=True), "'l' (LSTM): go_backwards=True"),
+        (layer("LSTM", "l", units=3, return_state=True), "return_state=True"),
+        (layer("LSTM", "l", units=3, dropout=0.2), "'l' (LSTM): dropout=0.2"),
+        (layer("GRU", "g", units=3, reset_after=False), "'g' (GRU): reset_after=False"),
+        (layer("GRU", "g", units=3, recurrent_activation="softmax"), "recurrent_activation"),
+        (layer("LSTM", "l", units=3, recurrent_initializer="zeros"), "recurrent_initializer"),
+        (layer("LayerNormalization", "n", rms_scaling=True), "'n' (LayerNormalization): rms"),
+        (layer("LayerNormalization", "n", axis=1), "axis=1 is not the last axis"),
+    ],
+)
+def test_unsupported_sequence_arguments_are_refused_naming_them(bad, words):
+    with pytest.raises(InvalidSpec, match=words.replace("(", r"\(").replace(")", r"\)")):
+        KM.from_config(text(bad))
+
+
+def test_embedding_masks_and_attention_dropout_are_refused():
+    with pytest.raises(InvalidSpec, match=r"'e' \(Embedding\): mask_zero=True"):
+        KM.from_config(
+            seq((6,), layer("Embedding", "e", input_dim=5, output_dim=2, mask_zero=True))
+        )
+    mha = ("MultiHeadAttention", "a", {"num_heads": 2, "key_dim": 2, "dropout": 0.1}, {})
+    emb = ("Embedding", "e", {"input_dim": 5, "output_dim": 4}, {})
+    with pytest.raises(InvalidSpec, match=r"'a' \(MultiHeadAttention\): dropout=0.1"):
+        KM.from_config(functional((6,), emb, mha))
+    call = (
+        "MultiHeadAttention",
+        "a",
+        {"num_heads": 2, "key_dim": 2},
+        {"return_attention_scores": True},
+    )
+    with pytest.raises(InvalidSpec, match="call argument return_attention_scores=True"):
+        KM.from_config(functional((6,), emb, call))
+
+
+def test_an_int_input_and_a_causal_call_reach_the_ops():
+    mha = ("MultiHeadAttention", "a", {"num_heads": 2, "key_dim": 3}, {"use_causal_mask": True})
+    emb = ("Embedding", "e", {"input_dim": 5, "output_dim": 4}, {})
+    dense = ("Dense", "d", {"units": 2}, {})
+    spec = KM.from_config(functional((6,), emb, mha, ("Flatten", "f", {}, {}), dense))
+    assert spec.config.input_dtype == "int32"
+    att = next(op for op in spec.layers if type(op).__name__ == "MultiHeadAttention")
+    assert att.causal and att.in_shapes == [(6, 4), (6, 4)]
+    with pytest.raises(InvalidSpec, match="dtype='float16'"):
+        KM.from_config(functional((6,), emb, dtype="float16"))
+
+
+def test_a_fresh_embedding_starts_from_keras_uniform_range():
+    spec = KM.from_config(text())
+    slot = next(s for s in spec.slots if s.spec.name == "embeddings")
+    w = spec.init(0)[slot.start : slot.stop]
+    assert 0.04 < np.abs(w).max() <= 0.05 and np.abs(w.mean()) < 0.01
