@@ -45,7 +45,7 @@ def text(*middle):
 @pytest.mark.parametrize(
     "bad, words",
     [
-        (layer("LSTM", "l", units=3, go_backwards=True), "'l' (LSTM): go_backwards=True"),
+        (layer("LSTM", "l", units=3, stateful=True), "'l' (LSTM): stateful=True"),
         (layer("LSTM", "l", units=3, return_state=True), "return_state=True"),
         (layer("LSTM", "l", units=3, dropout=0.2), "'l' (LSTM): dropout=0.2"),
         (layer("GRU", "g", units=3, reset_after=False), "'g' (GRU): reset_after=False"),

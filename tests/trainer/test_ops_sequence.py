@@ -63,6 +63,11 @@ CASES = {
     "lstm-seq-nobias": (LSTM((4, 2), 3, use_bias=False, return_sequences=True), [_float((4, 2))]),
     "lstm-relu-tanh": (LSTM((3, 2), 2, "relu", "tanh", return_sequences=True), [_float((3, 2))]),
     "gru-last": (GRU((5, 3), 4), [_float((5, 3))]),
+    "lstm-backwards-seq": (
+        LSTM((4, 2), 3, return_sequences=True, go_backwards=True),
+        [_float((4, 2))],
+    ),
+    "gru-backwards": (GRU((4, 2), 3, go_backwards=True), [_float((4, 2))]),
     "gru-seq-nobias": (GRU((4, 2), 3, use_bias=False, return_sequences=True), [_float((4, 2))]),
 }
 DATA = {"embedding", "embedding-2d-ids"}

@@ -88,6 +88,18 @@ CASES = {
         lambda rng: [_x(rng, 6, 3)],
         1e-4,
     ),
+    "lstm-backwards": (
+        lambda: LSTM((6, 3), 4, return_sequences=True, go_backwards=True),
+        lambda: keras.layers.LSTM(4, return_sequences=True, go_backwards=True),
+        lambda rng: [_x(rng, 6, 3)],
+        1e-4,
+    ),
+    "gru-backwards": (
+        lambda: GRU((6, 3), 4, go_backwards=True),
+        lambda: keras.layers.GRU(4, go_backwards=True),
+        lambda rng: [_x(rng, 6, 3)],
+        1e-4,
+    ),
     "gru": (
         lambda: GRU((7, 5), 6),
         lambda: keras.layers.GRU(6),

@@ -257,7 +257,8 @@ def _rnn_parse(a: Args) -> dict:
     for arg in ("activation", "recurrent_activation"):
         if args[arg] not in RNN_ACTIVATIONS:
             a.refuse(arg, args[arg], ", ".join(RNN_ACTIVATIONS))
-    for arg in ("return_state", "go_backwards", "stateful", "time_major"):
+    args["go_backwards"] = bool(a.take("go_backwards", False))
+    for arg in ("return_state", "stateful", "time_major"):
         a.must_be(arg, False)
     for arg in ("dropout", "recurrent_dropout"):
         v = a.take(arg, 0.0)
@@ -283,7 +284,7 @@ def _rnn_parse(a: Args) -> dict:
         "recurrent_constraint",
         "bias_constraint",
     )
-    a.done("units, activation, recurrent_activation, use_bias, return_sequences")
+    a.done("units, activation, recurrent_activation, use_bias, return_sequences, go_backwards")
     return args
 
 
@@ -324,9 +325,12 @@ def _rnn_build(spec, shapes, ctx):
         a["recurrent_activation"],
         a["use_bias"],
         a["return_sequences"],
+        a["go_backwards"],
     )
 
 
+#: Slice's starts, ends, axes, steps that reverse the time axis of a time-major tensor
+_FLIP = {"start": -1, "end": -(2**62), "axis": 0, "step": -1}
 _ONNX_ACT = {"tanh": "Tanh", "sigmoid": "Sigmoid", "relu": "Relu"}
 
 
@@ -361,12 +365,17 @@ def _rnn_onnx(g, spec, weights) -> None:
     acts = [_ONNX_ACT[a["recurrent_activation"]], *[_ONNX_ACT[a["activation"]]] * (gates - 2)]
     ins = [x, g.const(f"{n}_W", wx), g.const(f"{n}_R", wh), g.const(f"{n}_B", b)]
     attrs = {"hidden_size": u, "activations": acts}
+    if a["go_backwards"]:
+        attrs["direction"] = "reverse"
     if not lstm:
         attrs["linear_before_reset"] = 1
     outs = [g.name(f"{n}_Y"), g.name(f"{n}_Y_h")]
     g.nodes.append(g.h.make_node(spec.cls, ins, outs, name=outs[0], **attrs))
     if a["return_sequences"]:
         y = g.op("Squeeze", [outs[0], g.const(f"{n}_ax", np.array([1], np.int64))], f"{n}_seq")
+        if a["go_backwards"]:  # ONNX keeps outputs at their timesteps; Keras, in step order
+            flip = [g.const(f"{n}_{k}", np.array([v], np.int64)) for k, v in _FLIP.items()]
+            y = g.op("Slice", [y, *flip], f"{n}_steps")
         g.out(g.op("Transpose", [y], f"{n}_batch_major", perm=[1, 0, 2]))
     else:
         g.out(g.op("Squeeze", [outs[1], g.const(f"{n}_ax", np.array([0], np.int64))], n))
@@ -410,7 +419,7 @@ ENTRIES = {
             infer=_rnn_infer,
             weights=_rnn_weights_of(cls),
             doc="`units`, `activation`, `recurrent_activation` (tanh, sigmoid, relu, linear), "
-            "`use_bias`, `return_sequences`; backpropagation through time in the op"
+            "`use_bias`, `return_sequences`, `go_backwards`; backpropagation through time in the op"
             + ("; `reset_after=True`" if cls == "GRU" else ""),
         )
         for cls in ("LSTM", "GRU")

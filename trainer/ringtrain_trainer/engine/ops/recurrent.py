@@ -43,6 +43,7 @@ class _Recurrent(Layer):
         recurrent_activation: str = "sigmoid",
         use_bias: bool = True,
         return_sequences: bool = False,
+        go_backwards: bool = False,
     ):
         for arg, v in (("activation", activation), ("recurrent_activation", recurrent_activation)):
             if v not in ACTIVATIONS:
@@ -54,6 +55,10 @@ class _Recurrent(Layer):
         self.u, self.act, self.rec_act = units, activation, recurrent_activation
         self.use_bias, self.return_sequences = use_bias, return_sequences
         self.out_shape = (self.T, units) if return_sequences else (units,)
+        #: the timestep each step reads (reversed for ``go_backwards``); per-timestep buffers
+        #: are indexed by timestep, the output by step, as Keras returns it
+        self.order = list(range(self.T))[:: -1 if go_backwards else 1]
+        self.go_backwards = go_backwards
 
     def _bias_shape(self) -> tuple[int, ...]:
         return (self.gates * self.u,)
@@ -92,24 +97,24 @@ class _Recurrent(Layer):
     def bind(self, ws, b):
         if "ones" in ws:
             ws["ones"].fill(1)
-        ws["h_prev"][:, 0] = 0
+        ws["h_prev"][:, self.order[0]] = 0
 
-    def _emit(self, ws, t):
-        """Step ``t``'s state in ``ws["h"]`` → the output and the next step's ``h_prev``."""
+    def _emit(self, ws, s):
+        """Step ``s``'s state in ``ws["h"]`` → the output and the next step's ``h_prev``."""
         h = ws["h"]
-        if t + 1 < self.T:
-            np.copyto(ws["h_prev"][:, t + 1], h)
+        if s + 1 < self.T:
+            np.copyto(ws["h_prev"][:, self.order[s + 1]], h)
         if self.return_sequences:
-            np.copyto(ws["out"][:, t], h)
-        elif t + 1 == self.T:
+            np.copyto(ws["out"][:, s], h)
+        elif s + 1 == self.T:
             np.copyto(ws["out"], h)
 
-    def _dh_from_output(self, ws, dout, t):
-        """Add the output's gradient at step ``t`` to the running state gradient ``dh``."""
+    def _dh_from_output(self, ws, dout, s):
+        """Add the output's gradient at step ``s`` to the running state gradient ``dh``."""
         dh = ws["dh"]
         if self.return_sequences:
-            np.add(dh, dout[:, t], out=dh)
-        elif t + 1 == self.T:
+            np.add(dh, dout[:, s], out=dh)
+        elif s + 1 == self.T:
             np.add(dh, dout.reshape(dh.shape), out=dh)
 
     def _dz_x(self, ws):
@@ -160,9 +165,9 @@ class LSTM(_Recurrent):
         u, gates, c, act_c, h, tmp = self.u, ws["gates"], ws["c"], ws["act_c"], ws["h"], ws["tmp"]
         ws["U"] = recurrent_kernel
         self._project(ws, x, kernel, bias, gates)
-        for t in range(self.T):
+        for s, t in enumerate(self.order):
             g = gates[:, t]
-            if t:
+            if s:
                 np.matmul(ws["h_prev"][:, t], recurrent_kernel, out=ws["rec"])
                 np.add(g, ws["rec"], out=g)
             act_forward(self.rec_act, g[:, : 2 * u])
@@ -171,13 +176,13 @@ class LSTM(_Recurrent):
             i, f, cc, o = g[:, :u], g[:, u : 2 * u], g[:, 2 * u : 3 * u], g[:, 3 * u :]
             ct = c[:, t]
             np.multiply(i, cc, out=ct)
-            if t:
-                np.multiply(f, c[:, t - 1], out=tmp)
+            if s:
+                np.multiply(f, c[:, self.order[s - 1]], out=tmp)
                 np.add(ct, tmp, out=ct)
             np.copyto(act_c[:, t], ct)
             act_forward(self.act, act_c[:, t])
             np.multiply(o, act_c[:, t], out=h)
-            self._emit(ws, t)
+            self._emit(ws, s)
         return ws["out"]
 
     def backward_local(self, ws, dout):
@@ -185,8 +190,9 @@ class LSTM(_Recurrent):
         dh, dc, tmp, dz = ws["dh"], ws["h"], ws["tmp"], ws["dz"]  # forward's h: free now
         dh.fill(0)
         dc.fill(0)
-        for t in range(self.T - 1, -1, -1):
-            self._dh_from_output(ws, dout, t)
+        for s in range(self.T - 1, -1, -1):
+            t = self.order[s]
+            self._dh_from_output(ws, dout, s)
             g, dzt = gates[:, t], dz[:, t]
             i, f, cc, o = g[:, :u], g[:, u : 2 * u], g[:, 2 * u : 3 * u], g[:, 3 * u :]
             np.multiply(dh, act_c[:, t], out=tmp)
@@ -198,8 +204,8 @@ class LSTM(_Recurrent):
             act_backward(self.rec_act, i, tmp, dzt[:, :u])
             np.multiply(dc, i, out=tmp)
             act_backward(self.act, cc, tmp, dzt[:, 2 * u : 3 * u])
-            if t:
-                np.multiply(dc, c[:, t - 1], out=tmp)
+            if s:
+                np.multiply(dc, c[:, self.order[s - 1]], out=tmp)
                 act_backward(self.rec_act, f, tmp, dzt[:, u : 2 * u])
                 np.multiply(dc, f, out=dc)
                 np.matmul(dzt, ws["U"].T, out=dh)
@@ -228,7 +234,7 @@ class GRU(_Recurrent):
         u, gates, xw, rec, h = self.u, ws["gates"], ws["xw"], ws["rec"], ws["h"]
         ws["U"] = recurrent_kernel
         self._project(ws, x, kernel, None if bias is None else bias[0], xw)
-        for t in range(self.T):
+        for s, t in enumerate(self.order):
             g, rt = gates[:, t], rec[:, t]
             h_prev = ws["h_prev"][:, t]
             np.matmul(h_prev, recurrent_kernel, out=rt)
@@ -243,15 +249,16 @@ class GRU(_Recurrent):
             np.subtract(h_prev, hh, out=h)
             np.multiply(h, z, out=h)
             np.add(h, hh, out=h)
-            self._emit(ws, t)
+            self._emit(ws, s)
         return ws["out"]
 
     def backward_local(self, ws, dout):
         u, gates, rec, dh, tmp = self.u, ws["gates"], ws["rec"], ws["dh"], ws["tmp"]
         dz, drec = ws["dz"], ws["drec"]
         dh.fill(0)
-        for t in range(self.T - 1, -1, -1):
-            self._dh_from_output(ws, dout, t)
+        for s in range(self.T - 1, -1, -1):
+            t = self.order[s]
+            self._dh_from_output(ws, dout, s)
             g, dzt, drt = gates[:, t], dz[:, t], drec[:, t]
             z, r, hh = g[:, :u], g[:, u : 2 * u], g[:, 2 * u :]
             np.subtract(1, z, out=tmp)
