@@ -12,6 +12,7 @@ from support.gradcheck import gradcheck
 from support.ophost import backward, compile_op
 
 from ringtrain_trainer.engine.ops.attention import MultiHeadAttention
+from ringtrain_trainer.engine.ops.bidirectional import Bidirectional
 from ringtrain_trainer.engine.ops.dense import Dense, product_rows
 from ringtrain_trainer.engine.ops.embedding import Embedding
 from ringtrain_trainer.engine.ops.norm import LayerNorm
@@ -69,6 +70,18 @@ CASES = {
     ),
     "gru-backwards": (GRU((4, 2), 3, go_backwards=True), [_float((4, 2))]),
     "gru-seq-nobias": (GRU((4, 2), 3, use_bias=False, return_sequences=True), [_float((4, 2))]),
+    **{
+        f"bidirectional-{mode}-{'seq' if seq else 'last'}": (
+            Bidirectional(
+                LSTM((4, 2), 3, return_sequences=seq),
+                (LSTM if seq else GRU)((4, 2), 3, return_sequences=seq, go_backwards=True),
+                mode,
+            ),
+            [_float((4, 2))],
+        )
+        for mode, seq in [("concat", True), ("concat", False), ("sum", True), ("ave", False)]
+        + [("mul", True)]
+    },
 }
 DATA = {"embedding", "embedding-2d-ids"}
 

@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from ringtrain_trainer.engine.ops.attention import MultiHeadAttention
+from ringtrain_trainer.engine.ops.bidirectional import Bidirectional
 from ringtrain_trainer.engine.ops.dense import Dense
 from ringtrain_trainer.engine.ops.embedding import Embedding
 from ringtrain_trainer.engine.ops.norm import LayerNorm
@@ -100,6 +101,21 @@ CASES = {
         lambda rng: [_x(rng, 6, 3)],
         1e-4,
     ),
+    "bidirectional-concat": (
+        lambda: Bidirectional(
+            LSTM((6, 3), 4, return_sequences=True),
+            LSTM((6, 3), 4, return_sequences=True, go_backwards=True),
+        ),
+        lambda: keras.layers.Bidirectional(keras.layers.LSTM(4, return_sequences=True)),
+        lambda rng: [_x(rng, 6, 3)],
+        1e-4,
+    ),
+    "bidirectional-mul": (
+        lambda: Bidirectional(GRU((6, 3), 4), GRU((6, 3), 4, go_backwards=True), "mul"),
+        lambda: keras.layers.Bidirectional(keras.layers.GRU(4), merge_mode="mul"),
+        lambda rng: [_x(rng, 6, 3)],
+        1e-4,
+    ),
     "gru": (
         lambda: GRU((7, 5), 6),
         lambda: keras.layers.GRU(6),
@@ -140,10 +156,17 @@ def test_forward_and_gradients_match_keras(case, rng):
     tx = [tf.constant(x) for x in xs]
     _keras_call(case, layer, tx)  # builds the layer
     specs = op.params(0)
-    mha = case.startswith("mha")
-    assert [("/".join(s.name.rsplit("_", 1)) if mha else s.name) for s in specs] == _keras_names(
-        layer
-    )
+    mha, bi = case.startswith("mha"), case.startswith("bidirectional")
+    cell = "lstm" if "concat" in case else "gru"
+    ours = [
+        "/".join(s.name.rsplit("_", 1))
+        if mha
+        else s.name.replace("_", f"_{cell}/", 1)
+        if bi
+        else s.name
+        for s in specs
+    ]
+    assert ours == _keras_names(layer)
     params = {s.name: rng.normal(0, 0.4, s.shape).astype(F32) for s in specs}
     layer.set_weights([params[s.name] for s in specs])
 
