@@ -1,8 +1,8 @@
 """Registry entries of the sequence and attention layers: Embedding, LayerNormalization,
-MultiHeadAttention, LSTM, GRU. Their ops are ``engine/ops/{embedding,norm,attention,
-recurrent}.py``.
+MultiHeadAttention (the recurrent ones are ``layers_recurrent``). Their ops are
+``engine/ops/{embedding,norm,attention}.py``.
 
-Weights nested in Keras sub-layers (an RNN's ``cell``, attention's ``query_dense`` …) name
+Weights nested in Keras sub-layers (attention's ``query_dense``, an RNN's ``cell``) name
 their ``model.weights.h5`` group in :attr:`Weight.group`. Initializers are read only to refuse
 one ringtrain would not honour: training starts from the ``.keras`` file's own weights; a
 config without weights starts from Glorot kernels (``model.init``), as the trainer does for
@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
 
-#: what the RNN ops differentiate from their outputs (``engine.ops.recurrent.ACTIVATIONS``)
-RNN_ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
 _FREE = ("activity_regularizer", "lora_rank", "lora_alpha", "quantization_config")
 
 
-def _initializer(a: Args, arg: str, cls: str, **defaults) -> None:
+def initializer(a: Args, arg: str, cls: str, **defaults) -> None:
     """Keras' default initializer ``cls`` with its default arguments, or refused by name."""
     if arg not in a.cfg:
         return
@@ -38,7 +36,7 @@ def _snake(s: str) -> str:
     return snake_case(s)
 
 
-def _no(a: Args, *args: str) -> None:
+def no(a: Args, *args: str) -> None:
     a.nothing(*args, *_FREE)
 
 
@@ -47,11 +45,11 @@ def _embedding_parse(a: Args) -> dict:
     a.trainable()
     args = {"input_dim": a.positive("input_dim"), "output_dim": a.positive("output_dim")}
     uniform = {"minval": -0.05, "maxval": 0.05, "_aliases": ["uniform"]}
-    _initializer(a, "embeddings_initializer", "RandomUniform", **uniform)
+    initializer(a, "embeddings_initializer", "RandomUniform", **uniform)
     a.must_be("mask_zero", False)
     a.must_be("sparse", False)
     a.take("input_length")  # tf.keras 2's shape hint; the input shape is the InputLayer's
-    _no(a, "embeddings_regularizer", "embeddings_constraint")
+    no(a, "embeddings_regularizer", "embeddings_constraint")
     a.done("input_dim, output_dim")
     return args
 
@@ -84,9 +82,9 @@ def _ln_parse(a: Args) -> dict:
     if not isinstance(args["axis"], int):
         a.refuse("axis", axis, "the last axis (-1)")
     a.must_be("rms_scaling", False)
-    _initializer(a, "beta_initializer", "Zeros")
-    _initializer(a, "gamma_initializer", "Ones")
-    _no(a, "beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint")
+    initializer(a, "beta_initializer", "Zeros")
+    initializer(a, "gamma_initializer", "Ones")
+    no(a, "beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint")
     a.done("axis=-1, epsilon, center, scale")
     return args
 
@@ -149,9 +147,9 @@ def _mha_parse(a: Args) -> dict:
     a.must_be("use_gate", False)
     a.must_be("flash_attention", None, False)
     a.take("seed")
-    _initializer(a, "kernel_initializer", "GlorotUniform")
-    _initializer(a, "bias_initializer", "Zeros")
-    _no(a, "kernel_regularizer", "bias_regularizer", "kernel_constraint", "bias_constraint")
+    initializer(a, "kernel_initializer", "GlorotUniform")
+    initializer(a, "bias_initializer", "Zeros")
+    no(a, "kernel_regularizer", "bias_regularizer", "kernel_constraint", "bias_constraint")
     a.done("num_heads, key_dim, value_dim, use_bias, dropout=0; call: use_causal_mask")
     return args
 
@@ -242,145 +240,6 @@ def _mha_onnx(g, spec, weights) -> None:
     g.out(y)
 
 
-# -- LSTM and GRU --------------------------------------------------------------------------------
-def _rnn_parse(a: Args) -> dict:
-    a.trainable()
-    args = {
-        "units": a.positive("units"),
-        "activation": a.activation() if "activation" in a.cfg else "tanh",
-        "recurrent_activation": a.activation("recurrent_activation")
-        if "recurrent_activation" in a.cfg
-        else "sigmoid",
-        "use_bias": bool(a.take("use_bias", True)),
-        "return_sequences": bool(a.take("return_sequences", False)),
-    }
-    for arg in ("activation", "recurrent_activation"):
-        if args[arg] not in RNN_ACTIVATIONS:
-            a.refuse(arg, args[arg], ", ".join(RNN_ACTIVATIONS))
-    args["go_backwards"] = bool(a.take("go_backwards", False))
-    for arg in ("return_state", "stateful", "time_major"):
-        a.must_be(arg, False)
-    for arg in ("dropout", "recurrent_dropout"):
-        v = a.take(arg, 0.0)
-        if v not in (0, 0.0):
-            a.refuse(arg, v, "0")
-    a.take("unroll")  # the same arithmetic either way
-    a.take("implementation")  # tf.keras 2's kernel choice: the same arithmetic
-    a.take("zero_output_for_mask")  # masks are refused (Embedding mask_zero), so never used
-    a.take("seed")
-    if a.cls == "LSTM":
-        a.take("unit_forget_bias")  # an initializer: the weights come from the file or init
-    else:
-        a.must_be("reset_after", True)
-    _initializer(a, "kernel_initializer", "GlorotUniform")
-    _initializer(a, "recurrent_initializer", "Orthogonal", gain=1.0)
-    _initializer(a, "bias_initializer", "Zeros")
-    _no(
-        a,
-        "kernel_regularizer",
-        "recurrent_regularizer",
-        "bias_regularizer",
-        "kernel_constraint",
-        "recurrent_constraint",
-        "bias_constraint",
-    )
-    a.done("units, activation, recurrent_activation, use_bias, return_sequences, go_backwards")
-    return args
-
-
-def _gates(cls: str) -> int:
-    return 4 if cls == "LSTM" else 3
-
-
-def _rnn_infer(args: dict, shapes: list[Shape]) -> Shape:
-    if len(shapes[0]) != 2:
-        raise ValueError(f"needs an input of (timesteps, features), got {shapes[0]}")
-    u = args["units"]
-    return (shapes[0][0], u) if args["return_sequences"] else (u,)
-
-
-def _rnn_weights_of(cls: str):
-    def weights(args: dict, shapes: list[Shape]) -> list[Weight]:
-        u, g = args["units"], _gates(cls) * args["units"]
-        out = [
-            Weight("kernel", (shapes[0][-1], g), group="cell"),
-            Weight("recurrent_kernel", (u, g), group="cell"),
-        ]
-        if args["use_bias"]:
-            out.append(Weight("bias", (g,) if cls == "LSTM" else (2, g), group="cell"))
-        return out
-
-    return weights
-
-
-def _rnn_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.recurrent import GRU, LSTM
-
-    a = spec.args
-    op = LSTM if spec.cls == "LSTM" else GRU
-    return op(
-        shapes[0],
-        a["units"],
-        a["activation"],
-        a["recurrent_activation"],
-        a["use_bias"],
-        a["return_sequences"],
-        a["go_backwards"],
-    )
-
-
-#: Slice's starts, ends, axes, steps that reverse the time axis of a time-major tensor
-_FLIP = {"start": -1, "end": -(2**62), "axis": 0, "step": -1}
-_ONNX_ACT = {"tanh": "Tanh", "sigmoid": "Sigmoid", "relu": "Relu"}
-
-
-def _rnn_onnx(g, spec, weights) -> None:
-    """ONNX ``LSTM`` / ``GRU`` (time-major, one direction): gate blocks reordered from Keras'
-    i, f, c, o to ONNX's i, o, f, c (GRU's z, r, h is the same in both), kernels transposed,
-    input and recurrent biases side by side; ``linear_before_reset`` is Keras' reset_after."""
-    import numpy as np
-
-    from ringtrain.errors import InvalidSpec
-
-    a, n, u = spec.args, spec.name, spec.args["units"]
-    for arg in ("activation", "recurrent_activation"):
-        if a[arg] not in _ONNX_ACT:
-            raise InvalidSpec(f"export: layer {n!r} ({spec.cls}): {arg}={a[arg]!r} has no ONNX")
-    lstm = spec.cls == "LSTM"
-    gates = 4 if lstm else 3
-    kernel, rec = weights[0], weights[1]
-    bias = weights[2] if a["use_bias"] else np.zeros((gates * u,) if lstm else (2, gates * u))
-    order = [0, 3, 1, 2] if lstm else [0, 1, 2]
-
-    def blocks(m):
-        return np.concatenate([m[..., k * u : (k + 1) * u] for k in order], axis=-1)
-
-    wx = blocks(kernel).T[None].astype(np.float32)
-    wh = blocks(rec).T[None].astype(np.float32)
-    if lstm:
-        b = np.concatenate([blocks(bias), np.zeros(gates * u)])[None].astype(np.float32)
-    else:
-        b = np.concatenate([bias[0], bias[1]])[None].astype(np.float32)
-    x = g.op("Transpose", [g.x(0, nchw=False)], f"{n}_time_major", perm=[1, 0, 2])
-    acts = [_ONNX_ACT[a["recurrent_activation"]], *[_ONNX_ACT[a["activation"]]] * (gates - 2)]
-    ins = [x, g.const(f"{n}_W", wx), g.const(f"{n}_R", wh), g.const(f"{n}_B", b)]
-    attrs = {"hidden_size": u, "activations": acts}
-    if a["go_backwards"]:
-        attrs["direction"] = "reverse"
-    if not lstm:
-        attrs["linear_before_reset"] = 1
-    outs = [g.name(f"{n}_Y"), g.name(f"{n}_Y_h")]
-    g.nodes.append(g.h.make_node(spec.cls, ins, outs, name=outs[0], **attrs))
-    if a["return_sequences"]:
-        y = g.op("Squeeze", [outs[0], g.const(f"{n}_ax", np.array([1], np.int64))], f"{n}_seq")
-        if a["go_backwards"]:  # ONNX keeps outputs at their timesteps; Keras, in step order
-            flip = [g.const(f"{n}_{k}", np.array([v], np.int64)) for k, v in _FLIP.items()]
-            y = g.op("Slice", [y, *flip], f"{n}_steps")
-        g.out(g.op("Transpose", [y], f"{n}_batch_major", perm=[1, 0, 2]))
-    else:
-        g.out(g.op("Squeeze", [outs[1], g.const(f"{n}_ax", np.array([0], np.int64))], n))
-
-
 ENTRIES = {
     "Embedding": Entry(
         _embedding_parse,
@@ -411,17 +270,4 @@ ENTRIES = {
         doc="`num_heads`, `key_dim`, `value_dim`, `use_bias`; query, value and optional key of "
         "(timesteps, features); the call's `use_causal_mask`; `dropout=0`",
     ),
-    **{
-        cls: Entry(
-            _rnn_parse,
-            _rnn_build,
-            _rnn_onnx,
-            infer=_rnn_infer,
-            weights=_rnn_weights_of(cls),
-            doc="`units`, `activation`, `recurrent_activation` (tanh, sigmoid, relu, linear), "
-            "`use_bias`, `return_sequences`, `go_backwards`; backpropagation through time in the op"
-            + ("; `reset_after=True`" if cls == "GRU" else ""),
-        )
-        for cls in ("LSTM", "GRU")
-    },
 }
