@@ -96,3 +96,56 @@ def test_a_fresh_embedding_starts_from_keras_uniform_range():
     slot = next(s for s in spec.slots if s.spec.name == "embeddings")
     w = spec.init(0)[slot.start : slot.stop]
     assert 0.04 < np.abs(w).max() <= 0.05 and np.abs(w.mean()) < 0.01
+
+
+def _rnn(cls, name, units, **cfg):
+    return (cls, name, {"units": units, **cfg}, {})
+
+
+def _bi(name, inner, **cfg):
+    cls, _, icfg, _ = inner
+    return ("Bidirectional", name, {"layer": {"class_name": cls, "config": icfg}, **cfg}, {})
+
+
+@pytest.mark.parametrize(
+    "middle",
+    [
+        [_rnn("LSTM", "l", 4, return_sequences=True, go_backwards=True), _rnn("GRU", "g", 3)],
+        [_bi("b", _rnn("LSTM", "l", 3, return_sequences=True)), _rnn("GRU", "g", 2)],
+        [_bi("b", _rnn("GRU", "g", 3, return_sequences=True), merge_mode="sum")],
+        [_bi("b", _rnn("LSTM", "l", 3), merge_mode="ave")],
+        [_bi("b", _rnn("GRU", "g", 3), merge_mode="mul")],
+    ],
+    ids=["backwards", "bi-concat-seq", "bi-sum-seq", "bi-ave", "bi-mul"],
+)
+def test_the_onnx_export_computes_what_the_ipu_computes(middle, rng):
+    """Every RNN direction and merge mode through onnxruntime, from ringtrain's own weights."""
+    import onnxruntime as ort
+
+    from ringtrain_trainer import model as M
+    from ringtrain_trainer.export.onnx_file import to_onnx
+
+    emb = ("Embedding", "e", {"input_dim": 7, "output_dim": 4}, {})
+    top = middle[-1][2]
+    seq = top.get("layer", {"config": top})["config"].get("return_sequences")
+    last = [("Flatten", "f", {}, {})] if seq else []
+    spec = KM.from_config(functional((5,), emb, *middle, *last, ("Dense", "d", {"units": 3}, {})))
+    flat = spec.init(1) + rng.normal(0, 0.3, spec.num_params).astype(np.float32)
+    x = rng.integers(0, 7, (4, 5)).astype(np.float32)
+    prog = M.Program(spec, 4, False)
+    prog.x[:] = x
+    want = prog.forward(spec.views(flat))
+    model = to_onnx(spec.keras_config(), spec.keras_weights(flat))
+    sess = ort.InferenceSession(model.SerializeToString())
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_bidirectional_layer_onnx_cannot_express_is_refused_on_export(rng):
+    from ringtrain_trainer.export.onnx_file import to_onnx
+
+    emb = ("Embedding", "e", {"input_dim": 7, "output_dim": 4}, {})
+    bi = _bi("b", _rnn("LSTM", "l", 2, go_backwards=True))
+    spec = KM.from_config(functional((5,), emb, bi, ("Dense", "d", {"units": 3}, {})))
+    with pytest.raises(InvalidSpec, match=r"'b' \(Bidirectional\): ONNX needs two halves"):
+        to_onnx(spec.keras_config(), spec.keras_weights(spec.init(0)))
