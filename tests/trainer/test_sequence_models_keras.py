@@ -1,5 +1,5 @@
 """Sequence models end to end against real Keras: a text classifier (int token ids →
-Embedding → LSTM → GRU → Dense) and a transformer block (Functional: Embedding, causal
+Embedding → Bidirectional LSTM → GRU → Dense) and a transformer block (Functional: Embedding, causal
 MultiHeadAttention, residual Adds, LayerNormalization, a per-position Dense), each saved by
 Keras as a ``.keras`` file and trained by ringtrain's worker (1 worker) from those weights on
 the same batches as ``train_on_batch``: the same loss at every step, and an export that Keras
@@ -33,7 +33,7 @@ def text_rnn():
         [
             L.Input((SEQ,), dtype="int32"),
             L.Embedding(VOCAB, 8),
-            L.LSTM(6, return_sequences=True),
+            L.Bidirectional(L.LSTM(6, return_sequences=True)),
             L.GRU(5),
             L.Dense(CLASSES),
         ]
