@@ -38,6 +38,8 @@ def _mask(t, s):
     return make
 
 
+#: Bidirectional's merge modes, each with sequences or the last state
+BIDIRECTIONAL = [("concat", True), ("concat", False), ("sum", True), ("ave", False), ("mul", True)]
 #: name → (op, input makers; a maker of data marks an input without a gradient)
 CASES = {
     "dense-3d-tanh": (Dense((4, 5), 3, "tanh"), [_float((4, 5))]),
@@ -79,8 +81,7 @@ CASES = {
             ),
             [_float((4, 2))],
         )
-        for mode, seq in [("concat", True), ("concat", False), ("sum", True), ("ave", False)]
-        + [("mul", True)]
+        for mode, seq in BIDIRECTIONAL
     },
 }
 DATA = {"embedding", "embedding-2d-ids"}
@@ -173,3 +174,8 @@ def test_forward_and_backward_allocate_nothing_per_step(rng):
         dx = op.backward_input(ws, w, **params)
         for d in dx if isinstance(dx, tuple) else (dx,):
             assert d is None or (d.dtype == np.float32 and any(d is v for v in ws.values())), case
+
+
+def test_dense_refuses_an_activation_it_would_not_apply():
+    with pytest.raises(ValueError, match="activation='gelu'"):
+        Dense((3, 4), 2, "gelu")

@@ -22,6 +22,9 @@ import numpy as np
 from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer, act_backward, act_forward
 
+#: what ``act_forward`` / ``act_backward`` compute
+ACTIVATIONS = ("linear", "relu", "sigmoid", "tanh", "softmax")
+
 
 def product_rows(a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.ndarray) -> None:
     """Write rows ``rows = (lo, hi)`` of ``grad``'s matrix view, where the whole gradient is
@@ -47,6 +50,8 @@ class Dense(Layer):
     kind = "dense"
 
     def __init__(self, in_shape, units: int, activation: str = "linear", use_bias: bool = True):
+        if activation not in ACTIVATIONS:  # layers.base's; anything else would run as linear
+            raise ValueError(f"activation={activation!r} is not one of {ACTIVATIONS}")
         self.in_shape = tuple(in_shape)
         self.n_in, self.n_out = self.in_shape[-1], units
         self.out_shape = (*self.in_shape[:-1], units)
