@@ -4,6 +4,7 @@ every input gradient in full, every weight gradient on a sample, and weight grad
 row blocks equal to the whole. Their agreement with the real Keras layers is
 ``test_ops_sequence_keras.py``'s (TensorFlow is slow to import)."""
 
+import inspect
 import itertools
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from support.gradcheck import gradcheck
 from support.ophost import backward, compile_op
 
+from ringtrain_trainer.engine.ops import attention, bidirectional, dense, embedding, norm, recurrent
 from ringtrain_trainer.engine.ops.attention import MultiHeadAttention
 from ringtrain_trainer.engine.ops.bidirectional import Bidirectional
 from ringtrain_trainer.engine.ops.dense import Dense, product_rows
@@ -85,6 +87,18 @@ CASES = {
     },
 }
 DATA = {"embedding", "embedding-2d-ids"}
+
+
+def test_every_sequence_op_class_has_a_gradient_check():
+    mods = [attention, bidirectional, dense, embedding, norm, recurrent]
+    ops = {
+        c
+        for m in mods
+        for _, c in inspect.getmembers(m, inspect.isclass)
+        if hasattr(c, "forward") and c.__module__ == m.__name__ and not c.__name__.startswith("_")
+    }
+    assert len(ops) == 7
+    assert ops - {type(op) for op, _ in CASES.values()} == set()
 
 
 def _setup(case, rng):
