@@ -149,3 +149,68 @@ def test_a_bidirectional_layer_onnx_cannot_express_is_refused_on_export(rng):
     spec = KM.from_config(functional((5,), emb, bi, ("Dense", "d", {"units": 3}, {})))
     with pytest.raises(InvalidSpec, match=r"'b' \(Bidirectional\): ONNX needs two halves"):
         to_onnx(spec.keras_config(), spec.keras_weights(spec.init(0)))
+
+
+def _graph(shape, nodes, dtype="int32"):
+    """A Functional config from ``(cls, name, cfg, inputs, call)`` nodes, inputs by name; Add
+    takes its inputs as one list, the others positionally."""
+
+    def tensor(name):
+        return {"class_name": "__keras_tensor__", "config": {"keras_history": [name, 0, 0]}}
+
+    items = []
+    for cls, name, cfg, inputs, call in nodes:
+        ts = [tensor(i) for i in inputs]
+        args = [ts] if cls == "Add" else ts
+        item = {"class_name": cls, "name": name, "config": {"name": name, **cfg}}
+        items.append({**item, "inbound_nodes": [{"args": args, "kwargs": call}]})
+    cfg = {"name": "inp", "batch_shape": [None, *shape], "dtype": dtype}
+    inp = {"class_name": "InputLayer", "name": "inp", "config": cfg, "inbound_nodes": []}
+    return {
+        "class_name": "Functional",
+        "config": {
+            "name": "g",
+            "layers": [inp, *items],
+            "input_layers": ["inp", 0, 0],
+            "output_layers": [nodes[-1][1], 0, 0],
+        },
+    }
+
+
+@pytest.mark.parametrize("grads_first", [False, True])
+def test_a_whole_sequence_graph_matches_finite_differences(grads_first, rng):
+    """Fan-out included: attention reads its input twice and the residual Add reads it again;
+    every parameter through the Program's own backward schedule, in float64."""
+    from support.gradcheck import check_model
+
+    from ringtrain_trainer import model as M
+
+    lstm = {"class_name": "LSTM", "config": {"units": 3, "return_sequences": True}}
+    spec = KM.from_config(
+        _graph(
+            (5,),
+            [
+                ("Embedding", "e", {"input_dim": 7, "output_dim": 4}, ["inp"], {}),
+                ("MultiHeadAttention", "a", {"num_heads": 2, "key_dim": 3}, ["e", "e"], {}),
+                ("Add", "r", {}, ["e", "a"], {}),
+                ("LayerNormalization", "n", {}, ["r"], {}),
+                ("Bidirectional", "b", {"layer": lstm}, ["n"], {}),
+                ("GRU", "g", {"units": 3}, ["b"], {}),
+                ("Dense", "d", {"units": 3}, ["g"], {}),
+            ],
+        )
+    )
+    flat = spec.init(3, np.float64) + rng.normal(0, 0.2, spec.num_params)
+    grad = np.zeros_like(flat)
+    views, gviews = spec.views(flat), spec.views(grad)
+    prog = M.Program(spec, 3, True, np.float64, grads_first=grads_first)
+    prog.x[:] = rng.integers(0, 7, prog.x.shape)
+    prog.labels[:] = rng.integers(0, 3, 3)
+
+    def loss():
+        return prog.loss_and_dlogits(prog.forward(views))
+
+    loss()
+    for _ in prog.backward_pieces(views, gviews):
+        pass
+    check_model(spec, flat, grad, loss, rng, samples=8)
