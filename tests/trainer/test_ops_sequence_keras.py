@@ -19,7 +19,7 @@ from ringtrain_trainer.engine.ops.bidirectional import Bidirectional
 from ringtrain_trainer.engine.ops.dense import Dense
 from ringtrain_trainer.engine.ops.embedding import Embedding
 from ringtrain_trainer.engine.ops.norm import LayerNorm
-from ringtrain_trainer.engine.ops.recurrent import GRU, LSTM
+from ringtrain_trainer.engine.ops.recurrent import GRU, LSTM, SimpleRNN
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword"
@@ -113,6 +113,12 @@ CASES = {
     "bidirectional-mul": (
         lambda: Bidirectional(GRU((6, 3), 4), GRU((6, 3), 4, go_backwards=True), "mul"),
         lambda: keras.layers.Bidirectional(keras.layers.GRU(4), merge_mode="mul"),
+        lambda rng: [_x(rng, 6, 3)],
+        1e-4,
+    ),
+    "simple-rnn-backwards": (
+        lambda: SimpleRNN((6, 3), 4, return_sequences=True, go_backwards=True),
+        lambda: keras.layers.SimpleRNN(4, return_sequences=True, go_backwards=True),
         lambda rng: [_x(rng, 6, 3)],
         1e-4,
     ),

@@ -1,5 +1,6 @@
-"""Keras ``LSTM`` and ``GRU`` (Keras 3's ``reset_after=True``): one op per layer that runs the
-whole sequence, forward and backpropagation through time, on buffers planned at compile time.
+"""Keras ``LSTM``, ``GRU`` (Keras 3's ``reset_after=True``) and ``SimpleRNN``: one op per
+layer that runs the whole sequence, forward and backpropagation through time, on buffers
+planned at compile time.
 
 Layout: every per-timestep tensor is kept batch-major, ``(b, T, ·)``, so the input projection
 for all timesteps is one matmul on the ``(b·T, d)`` view before the loop, the weight gradients
@@ -147,6 +148,39 @@ class _Recurrent(Layer):
         np.matmul(x2, kernel, out=i2)
         if bias is not None:
             np.add(i2, bias, out=i2)
+
+
+class SimpleRNN(_Recurrent):
+    """``h = act(x W + h U + b)``: the one-gate cell (its ``recurrent_activation`` unused)."""
+
+    gates = 1
+
+    def buffers(self, b, train, need_dx):
+        return {**super().buffers(b, train, need_dx), "rec": ((b, self.u), "f")}
+
+    def forward(self, ws, x, kernel, recurrent_kernel, bias=None):
+        gates = ws["gates"]
+        ws["U"] = recurrent_kernel
+        self._project(ws, x, kernel, bias, gates)
+        for s, t in enumerate(self.order):
+            g = gates[:, t]
+            if s:
+                np.matmul(ws["h_prev"][:, t], recurrent_kernel, out=ws["rec"])
+                np.add(g, ws["rec"], out=g)
+            act_forward(self.act, g)
+            np.copyto(ws["h"], g)
+            self._emit(ws, s)
+        return ws["out"]
+
+    def backward_local(self, ws, dout):
+        dh, dz = ws["dh"], ws["dz"]
+        dh.fill(0)
+        for s in range(self.T - 1, -1, -1):
+            t = self.order[s]
+            self._dh_from_output(ws, dout, s)
+            act_backward(self.act, ws["gates"][:, t], dh, dz[:, t])
+            if s:
+                np.matmul(dz[:, t], ws["U"].T, out=dh)
 
 
 class LSTM(_Recurrent):
