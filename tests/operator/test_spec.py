@@ -316,7 +316,7 @@ def test_an_unsupported_inline_config_names_layer_argument_and_what_is_supported
                 "config": {
                     "layers": [
                         {
-                            "class_name": "SimpleRNN",
+                            "class_name": "ConvLSTM2D",
                             "config": {
                                 "name": "rnn",
                                 "units": 3,
@@ -326,7 +326,7 @@ def test_an_unsupported_inline_config_names_layer_argument_and_what_is_supported
                     ]
                 },
             },
-            "layer 'rnn' (SimpleRNN) is not supported (supported layers: InputLayer, Conv2D",
+            "layer 'rnn' (ConvLSTM2D) is not supported (supported layers: InputLayer, Conv2D",
         ),
         (
             ["cnn"],

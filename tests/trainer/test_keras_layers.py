@@ -175,8 +175,8 @@ def test_glorot_kernels_and_batchnorm_ones_and_zeros():
         ),
         (layer("Dense", "dx", units=3, kernel_initializer="he_normal"), "kernel_initializer"),
         (
-            layer("SimpleRNN", "lx", units=3),
-            "layer 'lx' (SimpleRNN) is not supported (supported layers: ",
+            layer("ConvLSTM2D", "lx", filters=3),
+            "layer 'lx' (ConvLSTM2D) is not supported (supported layers: ",
         ),
         (layer("BatchNormalization", "bx", axis=1), "layer 'bx' (BatchNormalization): axis=1"),
         (layer("BatchNormalization", "bx", synchronized=True), "synchronized=True"),
@@ -415,9 +415,9 @@ def test_the_worker_refuses_an_unsupported_keras_json_before_running(tmp_path, c
     from ringtrain_trainer import worker_main
 
     path = tmp_path / "model.json"
-    path.write_text(json.dumps(seq((28, 28), layer("SimpleRNN", "rnn_1", units=3))))
+    path.write_text(json.dumps(seq((28, 28), layer("ConvLSTM2D", "rnn_1", filters=3))))
     assert worker_main.main(["--model", str(path), "--termination-log", ""]) == EXIT_PERMANENT
-    assert "layer 'rnn_1' (SimpleRNN) is not supported" in capsys.readouterr().err
+    assert "layer 'rnn_1' (ConvLSTM2D) is not supported" in capsys.readouterr().err
 
 
 def test_moving_statistics_are_checkpointed_and_restored(tmp_path, mnist5k):

@@ -114,9 +114,11 @@ def _bi(name, inner, **cfg):
         [_bi("b", _rnn("LSTM", "l", 3, return_sequences=True)), _rnn("GRU", "g", 2)],
         [_bi("b", _rnn("GRU", "g", 3, return_sequences=True), merge_mode="sum")],
         [_bi("b", _rnn("LSTM", "l", 3), merge_mode="ave")],
+        [_rnn("SimpleRNN", "s", 3, return_sequences=True, go_backwards=True), _rnn("GRU", "g", 2)],
+        [_bi("b", _rnn("SimpleRNN", "s", 3, activation="relu"), merge_mode="concat")],
         [_bi("b", _rnn("GRU", "g", 3), merge_mode="mul")],
     ],
-    ids=["backwards", "bi-concat-seq", "bi-sum-seq", "bi-ave", "bi-mul"],
+    ids=["backwards", "bi-concat-seq", "bi-sum-seq", "bi-ave", "simple", "bi-simple", "bi-mul"],
 )
 def test_the_onnx_export_computes_what_the_ipu_computes(middle, rng):
     """Every RNN direction and merge mode through onnxruntime, from ringtrain's own weights."""

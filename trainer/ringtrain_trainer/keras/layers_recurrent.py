@@ -1,7 +1,8 @@
-"""Registry entries of the recurrent layers: LSTM, GRU (Keras 3's ``reset_after=True``) and
-the ``Bidirectional`` wrapper around either. Their ops are ``engine/ops/recurrent.py`` and
-``engine/ops/bidirectional.py``; the weights sit in the ``cell`` sub-group of
-``model.weights.h5`` (a wrapper's in ``forward_layer/cell`` and ``backward_layer/cell``).
+"""Registry entries of the recurrent layers: LSTM, GRU (Keras 3's ``reset_after=True``),
+SimpleRNN and the ``Bidirectional`` wrapper around any of them. Their ops are
+``engine/ops/recurrent.py`` and ``engine/ops/bidirectional.py``; the weights sit in the
+``cell`` sub-group of ``model.weights.h5`` (a wrapper's in ``forward_layer/cell`` and
+``backward_layer/cell``).
 
 Initializers are read only to refuse one ringtrain would not honour (``layers_sequence``):
 training starts from the ``.keras`` file's weights.
@@ -44,8 +45,10 @@ def _rnn_parse(a: Args) -> dict:
     a.take("seed")
     if a.cls == "LSTM":
         a.take("unit_forget_bias")  # an initializer: the weights come from the file or init
-    else:
+    elif a.cls == "GRU":
         a.must_be("reset_after", True)
+    else:  # SimpleRNN has no gates; its op ignores the argument
+        del args["recurrent_activation"]
     initializer(a, "kernel_initializer", "GlorotUniform")
     initializer(a, "recurrent_initializer", "Orthogonal", gain=1.0)
     initializer(a, "bias_initializer", "Zeros")
@@ -62,8 +65,13 @@ def _rnn_parse(a: Args) -> dict:
     return args
 
 
+#: Keras class → the gate blocks of its kernels (the ONNX op has the same name but SimpleRNN's)
+GATES = {"LSTM": 4, "GRU": 3, "SimpleRNN": 1}
+_ONNX_OP = {"LSTM": "LSTM", "GRU": "GRU", "SimpleRNN": "RNN"}
+
+
 def _gates(cls: str) -> int:
-    return 4 if cls == "LSTM" else 3
+    return GATES[cls]
 
 
 def _rnn_infer(args: dict, shapes: list[Shape]) -> Shape:
@@ -81,21 +89,20 @@ def _rnn_weights_of(cls: str):
             Weight("recurrent_kernel", (u, g), group="cell"),
         ]
         if args["use_bias"]:
-            out.append(Weight("bias", (g,) if cls == "LSTM" else (2, g), group="cell"))
+            out.append(Weight("bias", (2, g) if cls == "GRU" else (g,), group="cell"))
         return out
 
     return weights
 
 
 def _rnn_op(cls: str, a: dict, shape: Shape):
-    from ringtrain_trainer.engine.ops.recurrent import GRU, LSTM
+    from ringtrain_trainer.engine.ops import recurrent
 
-    op = LSTM if cls == "LSTM" else GRU
-    return op(
+    return getattr(recurrent, cls)(
         shape,
         a["units"],
         a["activation"],
-        a["recurrent_activation"],
+        a.get("recurrent_activation", "sigmoid"),
         a["use_bias"],
         a["return_sequences"],
         a["go_backwards"],
@@ -120,34 +127,33 @@ def _onnx_direction(cls: str, a: dict, weights, where: str):
     from ringtrain.errors import InvalidSpec
 
     for arg in ("activation", "recurrent_activation"):
-        if a[arg] not in _ONNX_ACT:
-            raise InvalidSpec(f"export: {where}: {arg}={a[arg]!r} has no ONNX")
-    u, lstm = a["units"], cls == "LSTM"
-    gates = 4 if lstm else 3
+        if a.get(arg, "sigmoid") not in _ONNX_ACT:
+            raise InvalidSpec(f"export: {where}: {arg}={a.get(arg)!r} has no ONNX")
+    u, lstm, gates = a["units"], cls == "LSTM", GATES[cls]
     kernel, rec = weights[0], weights[1]
-    bias = weights[2] if a["use_bias"] else np.zeros((gates * u,) if lstm else (2, gates * u))
-    order = [0, 3, 1, 2] if lstm else [0, 1, 2]
+    bias = weights[2] if a["use_bias"] else np.zeros((2, gates * u) if cls == "GRU" else gates * u)
+    order = [0, 3, 1, 2] if lstm else list(range(gates))
 
     def blocks(m):
         return np.concatenate([m[..., k * u : (k + 1) * u] for k in order], axis=-1)
 
     wx, wh = (blocks(m).T[None].astype(np.float32) for m in (kernel, rec))
-    pair = [blocks(bias), np.zeros(gates * u)] if lstm else [bias[0], bias[1]]
+    pair = [bias[0], bias[1]] if cls == "GRU" else [blocks(bias), np.zeros(gates * u)]
     return wx, wh, np.concatenate(pair)[None].astype(np.float32)
 
 
 def _onnx_rnn(g, n: str, cls: str, a: dict, wrb, direction: str) -> tuple[str, str]:
     """The ONNX LSTM/GRU node on the current layer's input made time-major: (Y, Y_h)."""
     x = g.op("Transpose", [g.x(0, nchw=False)], f"{n}_time_major", perm=[1, 0, 2])
-    gates = 4 if cls == "LSTM" else 3
-    acts = [_ONNX_ACT[a["recurrent_activation"]], *[_ONNX_ACT[a["activation"]]] * (gates - 2)]
+    gates, act = GATES[cls], _ONNX_ACT[a["activation"]]
+    acts = [_ONNX_ACT[a["recurrent_activation"]], *[act] * (gates - 2)] if gates > 1 else [act]
     dirs = 2 if direction == "bidirectional" else 1
     ins = [x, *(g.const(f"{n}_{k}", v) for k, v in zip("WRB", wrb, strict=True))]
     attrs = {"hidden_size": a["units"], "activations": acts * dirs, "direction": direction}
     if cls == "GRU":
         attrs["linear_before_reset"] = 1  # Keras' reset_after=True
     outs = [g.name(f"{n}_Y"), g.name(f"{n}_Y_h")]
-    g.nodes.append(g.h.make_node(cls, ins, outs, name=outs[0], **attrs))
+    g.nodes.append(g.h.make_node(_ONNX_OP[cls], ins, outs, name=outs[0], **attrs))
     return outs[0], outs[1]
 
 
@@ -179,8 +185,8 @@ _HALVES = (("forward", "layer"), ("backward", "backward_layer"))
 
 def _inner(a: Args, arg: str, v) -> dict:
     cls = v.get("class_name") if isinstance(v, dict) else v
-    if cls not in ("LSTM", "GRU"):
-        a.refuse(arg, cls, "an LSTM or GRU")
+    if cls not in GATES:
+        a.refuse(arg, cls, ", ".join(GATES))
     inner = Args(v, 0)
     args = _rnn_parse(inner)
     return _layer(cls, {"name": inner.name, **args})
@@ -248,7 +254,7 @@ def _bi_onnx(g, spec, weights) -> None:
 
     a, n = spec.args, spec.name
     f, b = a["layer"], a["backward_layer"]
-    same = ("units", "activation", "recurrent_activation", "return_sequences")
+    same = ("units", "activation", "return_sequences")
     if (
         f["class_name"] != b["class_name"]
         or f["config"]["go_backwards"]
@@ -292,12 +298,22 @@ ENTRIES = {
         )
         for cls in ("LSTM", "GRU")
     },
+    "SimpleRNN": Entry(
+        _rnn_parse,
+        _rnn_build,
+        _rnn_onnx,
+        infer=_rnn_infer,
+        weights=_rnn_weights_of("SimpleRNN"),
+        doc="`units`, `activation` (tanh, sigmoid, relu, linear), `use_bias`, "
+        "`return_sequences`, `go_backwards`",
+    ),
     "Bidirectional": Entry(
         _bi_parse,
         _bi_build,
         _bi_onnx,
         infer=_bi_infer,
         weights=_bi_weights,
-        doc="an LSTM or GRU (and its `backward_layer`), `merge_mode` (concat, sum, ave, mul)",
+        doc="an LSTM, GRU or SimpleRNN (and its `backward_layer`), `merge_mode` "
+        "(concat, sum, ave, mul)",
     ),
 }
