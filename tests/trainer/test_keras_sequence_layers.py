@@ -83,7 +83,8 @@ def test_an_int_input_and_a_causal_call_reach_the_ops():
     mha = ("MultiHeadAttention", "a", {"num_heads": 2, "key_dim": 3}, {"use_causal_mask": True})
     emb = ("Embedding", "e", {"input_dim": 5, "output_dim": 4}, {})
     dense = ("Dense", "d", {"units": 2}, {})
-    spec = KM.from_config(functional((6,), emb, mha, ("Flatten", "f", {}, {}), dense))
+    rnn = ("LSTM", "l", {"units": 3}, {"training": False, "mask": None})  # as Keras writes it
+    spec = KM.from_config(functional((6,), emb, mha, rnn, dense))
     assert spec.config.input_dtype == "int32"
     att = next(op for op in spec.layers if type(op).__name__ == "MultiHeadAttention")
     assert att.causal and att.in_shapes == [(6, 4), (6, 4)]

@@ -213,6 +213,13 @@ def _history(v: Any, where: str) -> list[tuple[str, int, int]]:
     return []
 
 
+def _holds_tensor(v: Any) -> bool:
+    """Whether a call argument is (or holds) a Keras tensor, however nested."""
+    if isinstance(v, dict):
+        return v.get("class_name") == "__keras_tensor__" or any(map(_holds_tensor, v.values()))
+    return isinstance(v, (list, tuple)) and any(map(_holds_tensor, v))
+
+
 def _node_inputs(layer: dict, where: str) -> tuple[list[tuple[str, int, int]], dict]:
     """The tensors a layer's one node reads, and its call arguments that are set (Keras 3;
     a call argument holding a tensor is refused: one model input only)."""
@@ -226,7 +233,7 @@ def _node_inputs(layer: dict, where: str) -> tuple[list[tuple[str, int, int]], d
     if isinstance(node, dict):  # Keras 3
         kwargs = {}
         for k, v in (node.get("kwargs") or {}).items():
-            if _history(v, where):
+            if _holds_tensor(v):
                 raise InvalidSpec(
                     f"model: {where}: call argument {k} is a tensor (supported: none)"
                 )
