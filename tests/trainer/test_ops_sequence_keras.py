@@ -106,13 +106,15 @@ CASES = {
             LSTM((6, 3), 4, return_sequences=True),
             LSTM((6, 3), 4, return_sequences=True, go_backwards=True),
         ),
-        lambda: keras.layers.Bidirectional(keras.layers.LSTM(4, return_sequences=True)),
+        lambda: keras.layers.Bidirectional(
+            keras.layers.LSTM(4, return_sequences=True, name="lstm")  # Keras numbers names
+        ),
         lambda rng: [_x(rng, 6, 3)],
         1e-4,
     ),
     "bidirectional-mul": (
         lambda: Bidirectional(GRU((6, 3), 4), GRU((6, 3), 4, go_backwards=True), "mul"),
-        lambda: keras.layers.Bidirectional(keras.layers.GRU(4), merge_mode="mul"),
+        lambda: keras.layers.Bidirectional(keras.layers.GRU(4, name="gru"), merge_mode="mul"),
         lambda rng: [_x(rng, 6, 3)],
         1e-4,
     ),
