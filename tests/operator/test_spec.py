@@ -314,10 +314,19 @@ def test_an_unsupported_inline_config_names_layer_argument_and_what_is_supported
             {
                 "class_name": "Sequential",
                 "config": {
-                    "layers": [{"class_name": "LSTM", "config": {"name": "lstm", "units": 3}}]
+                    "layers": [
+                        {
+                            "class_name": "ConvLSTM2D",
+                            "config": {
+                                "name": "rnn",
+                                "units": 3,
+                                "batch_input_shape": [None, 4, 3],
+                            },
+                        }
+                    ]
                 },
             },
-            "layer 'lstm' (LSTM) is not supported (supported layers: InputLayer, Conv2D",
+            "layer 'rnn' (ConvLSTM2D) is not supported (supported layers: InputLayer, Conv2D",
         ),
         (
             ["cnn"],

@@ -72,6 +72,18 @@ def h5_paths(cfg: ModelConfig) -> list[str | None]:
     return paths
 
 
+def _slots(group: str, ws: list[Weight]) -> list[tuple[str, int]]:
+    """Where each of a layer's arrays lives in ``model.weights.h5``: (its ``vars`` group, its
+    index there); a weight of a Keras sub-layer (``Weight.group``) is numbered within it."""
+    seen: dict[str, int] = {}
+    out = []
+    for w in ws:
+        where = f"{group}/{w.group}/vars" if w.group else f"{group}/vars"
+        seen[where] = seen.get(where, -1) + 1
+        out.append((where, seen[where]))
+    return out
+
+
 def _item(cls: str, config: dict, **extra) -> dict:
     return {
         "module": "keras.layers",
@@ -84,10 +96,16 @@ def _item(cls: str, config: dict, **extra) -> dict:
 
 def to_keras(cfg: ModelConfig, compile_config: dict | None = None) -> dict:
     """A Keras 3 config (``model.to_json()``'s shape) that ``model_from_json`` loads."""
-    inp = {"batch_shape": [None, *cfg.input_shape], "dtype": "float32", "name": cfg.input_name}
+    inp = {"batch_shape": [None, *cfg.input_shape], "dtype": cfg.input_dtype}
+    inp["name"] = cfg.input_name
+    calls = [REGISTRY[s.cls].call_args for s in cfg.layers]
     layers = [
-        _item(s.cls, {"name": s.name, "trainable": True, "dtype": "float32", **s.args})
-        for s in cfg.layers
+        _item(
+            s.cls,
+            {"name": s.name, "trainable": True, "dtype": "float32"}
+            | {k: v for k, v in s.args.items() if k not in call},
+        )
+        for s, call in zip(cfg.layers, calls, strict=True)
     ]
     if cfg.functional:
         names = {0: cfg.input_name, **{s.output: s.name for s in cfg.layers}}
@@ -98,15 +116,17 @@ def to_keras(cfg: ModelConfig, compile_config: dict | None = None) -> dict:
                 "class_name": "__keras_tensor__",
                 "config": {
                     "shape": [None, *shapes[t]],
-                    "dtype": "float32",
+                    "dtype": cfg.input_dtype if t == 0 else "float32",
                     "keras_history": [names[t], 0, 0],
                 },
             }
 
-        for item, s in zip(layers, cfg.layers, strict=True):
+        for item, s, call in zip(layers, cfg.layers, calls, strict=True):
             ts = [tensor(t) for t in s.inputs]
             item["name"] = s.name
-            item["inbound_nodes"] = [{"args": [ts if len(ts) > 1 else ts[0]], "kwargs": {}}]
+            args = ts if REGISTRY[s.cls].positional else [ts if len(ts) > 1 else ts[0]]
+            kwargs = {k: s.args[k] for k in call if s.args.get(k)}
+            item["inbound_nodes"] = [{"args": args, "kwargs": kwargs}]
         first = _item("InputLayer", inp, name=cfg.input_name, inbound_nodes=[])
         body = {
             "layers": [first, *layers],
@@ -172,11 +192,12 @@ def write_keras(
         f.create_group("vars").attrs["name"] = cfg.name
         if cfg.functional:
             f.create_group("layers/input_layer/vars")
-        for s, group, ws in zip(cfg.layers, h5_paths(cfg), arrays, strict=True):
-            g = f.create_group(f"{group}/vars")
-            g.attrs["name"] = s.name
-            for i, w in enumerate(ws):
-                g.create_dataset(str(i), data=w)
+        for s, group, ws, (_, specs) in zip(
+            cfg.layers, h5_paths(cfg), arrays, weights_of(cfg), strict=True
+        ):
+            f.create_group(f"{group}/vars").attrs["name"] = s.name
+            for (where, i), w in zip(_slots(group, specs), ws, strict=True):
+                f.require_group(where).create_dataset(str(i), data=w)
     metadata = {
         "keras_version": KERAS_VERSION,
         "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
@@ -220,11 +241,13 @@ def read_keras(path: str | os.PathLike) -> tuple[dict, list[np.ndarray]]:
     try:
         with h5py.File(io.BytesIO(blob), "r") as f:
             for (name, ws), group in zip(weights_of(cfg), h5_paths(cfg), strict=True):
-                g = f.get(f"{group}/vars")
-                if g is None and ws:
-                    raise InvalidSpec(f"{path}: {WEIGHTS} has no {group} for layer {name!r}")
-                if g is not None:
-                    weights += [np.asarray(g[k]) for k in sorted(g.keys(), key=int)]
+                for where, i in _slots(group, ws):
+                    g = f.get(where)
+                    if g is None or str(i) not in g:
+                        raise InvalidSpec(
+                            f"{path}: {WEIGHTS} has no {where}/{i} for layer {name!r}"
+                        )
+                    weights.append(np.asarray(g[str(i)]))
     except OSError as e:
         raise InvalidSpec(f"{path}: {WEIGHTS} is not readable HDF5 ({e})") from None
     try:

@@ -64,6 +64,8 @@ class ModelConfig:
     functional: bool = False
     input_name: str = "input_layer"
     output: int = 0
+    #: the InputLayer's dtype (``INPUT_DTYPES``)
+    input_dtype: str = "float32"
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -93,8 +95,24 @@ def _shape_of(cfg: dict) -> Shape | None:
     return None
 
 
+#: what a model's input may hold: floats, or integer ids (an Embedding's tokens; fed as float32
+#: like every input, exact below 2**24)
+INPUT_DTYPES = ("float32", "int32", "int64")
+
+
+def _input_dtype(layer: dict) -> str:
+    v = (layer.get("config") or {}).get("dtype") or "float32"
+    if isinstance(v, dict):
+        v = (v.get("config") or {}).get("name") or "float32"
+    return str(v)
+
+
 def _input_layer(layer: dict, index: int) -> tuple[str, Shape | None]:
-    a = Args(layer, index)
+    dtype = _input_dtype(layer)
+    cfg = {k: v for k, v in (layer.get("config") or {}).items() if k != "dtype"}
+    a = Args({**layer, "config": cfg}, index)
+    if dtype not in INPUT_DTYPES:
+        a.refuse("dtype", dtype, ", ".join(INPUT_DTYPES))
     shape = _shape_of(a.cfg)
     for k in (*_INPUT_ARGS, "sparse", "ragged", "input_tensor"):
         v = a.take(k)
@@ -121,13 +139,28 @@ def _unsupported(layer: Any, index: int) -> InvalidSpec:
     )
 
 
-def _spec(layer: dict, index: int, inputs: tuple[int, ...], shapes: list[Shape]) -> LayerSpec:
-    """Parse one layer's arguments through its entry and infer its output shape."""
+def _spec(
+    layer: dict,
+    index: int,
+    inputs: tuple[int, ...],
+    shapes: list[Shape],
+    call: dict | None = None,
+) -> LayerSpec:
+    """Parse one layer's arguments through its entry and infer its output shape; ``call``:
+    the Functional node's call arguments, read by the entry if it takes them (``call_args``)."""
     cls = layer.get("class_name")
     entry = REGISTRY.get(cls) if isinstance(cls, str) else None
     if entry is None:
         raise _unsupported(layer, index)
     a = Args(layer, index)
+    for k, v in (call or {}).items():
+        if k not in entry.call_args:
+            supported = ", ".join(entry.call_args) or "none"
+            raise InvalidSpec(
+                f"model: {a.where}: call argument {k}={v!r} is not supported "
+                f"(supported: {supported})"
+            )
+        a.cfg[k] = v
     for k in ("batch_input_shape", "input_shape", "batch_size"):
         a.take(k)
     args = entry.parse(a)
@@ -155,8 +188,6 @@ def _sequential(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
             in_name, got = _input_layer(layer, i)
             shape = got or shape
             continue
-        if layer.get("class_name") not in REGISTRY:
-            raise _unsupported(layer, i)
         if not specs and shape is None:
             shape = _shape_of(layer.get("config") or {})
         if not specs:
@@ -182,7 +213,16 @@ def _history(v: Any, where: str) -> list[tuple[str, int, int]]:
     return []
 
 
-def _node_inputs(layer: dict, where: str) -> list[tuple[str, int, int]]:
+def _holds_tensor(v: Any) -> bool:
+    """Whether a call argument is (or holds) a Keras tensor, however nested."""
+    if isinstance(v, dict):
+        return v.get("class_name") == "__keras_tensor__" or any(map(_holds_tensor, v.values()))
+    return isinstance(v, (list, tuple)) and any(map(_holds_tensor, v))
+
+
+def _node_inputs(layer: dict, where: str) -> tuple[list[tuple[str, int, int]], dict]:
+    """The tensors a layer's one node reads, and its call arguments that are set (Keras 3;
+    a call argument holding a tensor is refused: one model input only)."""
     nodes = layer.get("inbound_nodes") or []
     if len(nodes) != 1:
         raise InvalidSpec(
@@ -191,12 +231,15 @@ def _node_inputs(layer: dict, where: str) -> list[tuple[str, int, int]]:
         )
     node = nodes[0]
     if isinstance(node, dict):  # Keras 3
+        kwargs = {}
         for k, v in (node.get("kwargs") or {}).items():
-            if v not in (None, False) or _history(v, where):
+            if _holds_tensor(v):
                 raise InvalidSpec(
-                    f"model: {where}: call argument {k}={v!r} is not supported (supported: none)"
+                    f"model: {where}: call argument {k} is a tensor (supported: none)"
                 )
-        return _history(node.get("args") or [], where)
+            if v not in (None, False):
+                kwargs[k] = v
+        return _history(node.get("args") or [], where), kwargs
     out = []  # tf.keras 2: [[layer, node, tensor, kwargs], ...]
     for t in node if isinstance(node, list) else []:
         if not isinstance(t, list) or len(t) < 3:
@@ -206,7 +249,7 @@ def _node_inputs(layer: dict, where: str) -> list[tuple[str, int, int]]:
                 f"model: {where}: call arguments {t[3]!r} are not supported (supported: none)"
             )
         out.append((str(t[0]), int(t[1]), int(t[2])))
-    return out
+    return out, {}
 
 
 def _ends(v: Any, what: str) -> list[tuple[str, int, int]]:
@@ -248,24 +291,24 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
             tensors[(name, 0, 0)], shapes[0] = 0, shape
         elif layer.get("inbound_nodes"):  # a layer never called is not part of the model
             where = f"layer {name!r} ({layer.get('class_name')})"
-            pending.append((layer, name, _node_inputs(layer, where)))
+            pending.append((layer, name, *_node_inputs(layer, where)))
     if shape is None:
         raise InvalidSpec(f"model: input_layers names {in_name!r}, which is no InputLayer")
     specs: list[LayerSpec] = []
     while pending:  # the first layer (in config order) whose inputs exist, as Kahn's
         p = next((p for p in pending if all(h in tensors for h in p[2])), None)
         if p is None:
-            layer, name, hist = pending[0]
+            layer, name, hist, _ = pending[0]
             missing = next(h for h in hist if h not in tensors)
             raise InvalidSpec(
                 f"model: layer {name!r} ({layer.get('class_name')}) reads {list(missing)}, "
                 "which no layer of the model writes once (a shared layer, a layer's second "
                 "output or a cycle are not supported)"
             )
-        layer, name, hist = p
+        layer, name, hist, call = p
         pending.remove(p)
         t_in = tuple(tensors[h] for h in hist)
-        s = _spec(layer, len(specs), t_in, [shapes[t] for t in t_in])
+        s = _spec(layer, len(specs), t_in, [shapes[t] for t in t_in], call)
         specs.append(s)
         tensors[(name, 0, 0)], shapes[s.output] = s.output, s.out_shape
     if outs[0] not in tensors:
@@ -330,6 +373,9 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
     if not specs or output == 0:
         raise InvalidSpec("model: the config has no layer with weights or computation")
     tail = next(s for s in specs if s.output == output)
+    first = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
+    first = [x for x in first if x.get("class_name") == "InputLayer"]
+    dtype = _input_dtype(first[0]) if first else "float32"
     loss, optimizer = (
         compile_mod.read(model.get("compile_config"), REGISTRY[tail.cls].activation(tail.args))
         if compiled
@@ -345,4 +391,5 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
         functional,
         in_name,
         output,
+        dtype,
     )

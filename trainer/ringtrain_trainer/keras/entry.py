@@ -31,6 +31,9 @@ class Weight:
     name: str
     shape: Shape
     trainable: bool = True
+    #: the Keras sub-layer holding it in ``model.weights.h5`` (an RNN's ``cell``, attention's
+    #: ``query_dense``), "" for the layer's own ``vars``
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,12 @@ class Entry:
     weights: Callable[[dict, list[Shape]], list[Weight]] = _no_weights
     activation: Callable[[dict], str | None] = _activation
     inputs: int = 1
+    #: call arguments of a Functional node that ``parse`` reads like config arguments
+    #: (MultiHeadAttention's ``use_causal_mask``); any other call argument is refused
+    call_args: tuple[str, ...] = ()
+    #: several inputs are separate positional call arguments (MultiHeadAttention's query,
+    #: value, key), not one list (Add's)
+    positional: bool = False
     #: what the README's generated table says is supported (arguments, limits)
     doc: str = ""
 

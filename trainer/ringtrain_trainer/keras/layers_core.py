@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ringtrain_trainer.keras.entry import ACTS_DOC, Args, Entry, Shape, Weight, need_rank
+from ringtrain_trainer.keras.entry import ACTS_DOC, Args, Entry, Shape, Weight
 
 
 def _dense_parse(a: Args) -> dict:
@@ -42,8 +42,11 @@ def _dense_build(spec, shapes, ctx):
     from ringtrain_trainer.layers.fused import Dense
 
     a = spec.args
-    need_rank(spec, shapes[0], 1, "a flat input (add Flatten before it)")
     act = "linear" if ctx.fold and a["activation"] == ctx.fold else a["activation"]
+    if len(shapes[0]) > 1:  # Keras applies the kernel on the last axis
+        from ringtrain_trainer.engine.ops.dense import Dense as DenseAnyRank
+
+        return DenseAnyRank(shapes[0], a["units"], act, a["use_bias"])
     if a["use_bias"] and act in ("relu", "linear"):
         return Dense(shapes[0][0], a["units"], act == "relu")
     return L.Linear(shapes[0][0], a["units"], act, a["use_bias"])
@@ -252,7 +255,7 @@ ENTRIES = {
         _dense_onnx,
         infer=lambda args, shapes: (*shapes[0][:-1], args["units"]),
         weights=_dense_weights,
-        doc="`units`, " + ACTS_DOC + ", `use_bias`; on a flat input (export: any rank)",
+        doc="`units`, " + ACTS_DOC + ", `use_bias`; any rank (the kernel on the last axis)",
     ),
     "BatchNormalization": Entry(
         _bn_parse,

@@ -33,7 +33,13 @@ How to add a layer (one entry + its op):
 
 from __future__ import annotations
 
-from ringtrain_trainer.keras import layers_conv, layers_core, layers_merge
+from ringtrain_trainer.keras import (
+    layers_conv,
+    layers_core,
+    layers_merge,
+    layers_recurrent,
+    layers_sequence,
+)
 from ringtrain_trainer.keras.entry import Entry
 
 #: every layer ringtrain trains and exports, by Keras class name (order: the README's)
@@ -41,6 +47,8 @@ REGISTRY: dict[str, Entry] = {
     **layers_conv.ENTRIES,
     **layers_core.ENTRIES,
     **layers_merge.ENTRIES,
+    **layers_sequence.ENTRIES,
+    **layers_recurrent.ENTRIES,
 }
 #: what refusals list as supported (InputLayer is read by ``config`` itself)
 SUPPORTED = ("InputLayer", *REGISTRY)

@@ -1,0 +1,88 @@
+"""Keras ``Embedding``: integer token ids ``(b, *lead)`` → vectors ``(b, *lead, dim)``.
+
+The data pipeline hands every input over as the program's float array, so the op casts the ids
+into its own integer buffer (exact for ids below 2**24 in float32; ``data_npz`` checks the
+ids are integers) and refuses an id outside ``[0, input_dim)`` — Keras on CPU refuses it too,
+rather than reading a wrong row.
+
+The gradient is a scatter-add of the output gradient into the rows the batch read. It is
+streamed in row blocks like any weight (``engine.plan``), so each step sorts the (id, position)
+pairs once (in place, one packed int64 key each) in ``backward_local``; a block of rows
+``[lo, hi)`` is then one ``searchsorted`` and one ``np.add.at`` over the ids inside it. No
+buffer scales with the vocabulary beyond the parameter itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ringtrain_trainer.engine.tensor import ParamSpec
+from ringtrain_trainer.layers.base import Layer
+
+
+class Embedding(Layer):
+    """Lookup of ``input_dim`` rows of width ``output_dim``; ``in_shape`` is the per-example
+    shape of the id tensor (``(T,)`` for a sequence)."""
+
+    kind = "embedding"
+
+    def __init__(self, in_shape, input_dim: int, output_dim: int):
+        self.in_shape = tuple(in_shape)
+        self.out_shape = (*self.in_shape, output_dim)
+        self.input_dim, self.output_dim = input_dim, output_dim
+        self.per = math.prod(self.in_shape)
+
+    def params(self, layer):
+        shape = (self.input_dim, self.output_dim)
+        # Keras' default uniform(-0.05, 0.05) is the Glorot draw of fan_in + fan_out = 2400
+        return [ParamSpec(layer, "embeddings", shape, 1200, 1200, True)]
+
+    def buffers(self, b, train, need_dx):
+        bufs = {"out": ((b, *self.out_shape), "f")}
+        if train:
+            bufs["gathered"] = ((b * self.per, self.output_dim), "f")
+        return bufs
+
+    def flops(self, b, train, need_dx):
+        return b * self.per * self.output_dim * (1 + 2 * train)
+
+    def bind(self, ws, b):
+        n = b * self.per
+        # integer buffers: the Program plans float and bool ones; these are as small as the ids
+        ws["ids"] = np.zeros(n, np.int64)
+        if "gathered" in ws:
+            ws["keys"], ws["sorted"], ws["pos"] = (np.zeros(n, np.int64) for _ in range(3))
+            ws["iota"] = np.arange(n, dtype=np.int64)
+
+    def forward(self, ws, x, embeddings):
+        ids = ws["ids"]
+        np.copyto(ids, x.reshape(-1), casting="unsafe")
+        lo, hi = ids.min(), ids.max()
+        if lo < 0 or hi >= self.input_dim:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"Embedding: token id {bad} is outside [0, {self.input_dim}) (input_dim)"
+            )
+        out = ws["out"]
+        np.take(embeddings, ids, axis=0, out=out.reshape(-1, self.output_dim))
+        return out
+
+    def backward_local(self, ws, dout):
+        keys, n = ws["keys"], ws["ids"].size
+        np.multiply(ws["ids"], n, out=keys)
+        np.add(keys, ws["iota"], out=keys)
+        keys.sort()
+        np.floor_divide(keys, n, out=ws["sorted"])
+        np.remainder(keys, n, out=ws["pos"])
+        np.take(dout.reshape(-1, self.output_dim), ws["pos"], axis=0, out=ws["gathered"])
+
+    def backward_input(self, ws, dout, embeddings):
+        return None  # the ids are data: nothing upstream takes a gradient
+
+    def backward_weights(self, ws, dout, name, grad, rows):
+        lo, hi = rows
+        grad[lo:hi] = 0
+        s, e = np.searchsorted(ws["sorted"], (lo, hi))
+        np.add.at(grad, ws["sorted"][s:e], ws["gathered"][s:e])
