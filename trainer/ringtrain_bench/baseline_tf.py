@@ -202,6 +202,9 @@ def child(directory: str) -> None:
 
     start = loss_fn(y0, model(x0, training=True))
     start_loss = float(start + tf.add_n(model.losses)) if model.losses else float(start)
+    # traced here, not in the first timed block (a trace takes ~1 s: with --warmup 0 it was the
+    # median of two blocks); tracing runs nothing, so the weights stay the starting ones
+    train_step.get_concrete_function(*batches[0])
     intra = tf.config.threading.get_intra_op_parallelism_threads()
     inter = tf.config.threading.get_inter_op_parallelism_threads()
     if (intra, inter) != (threads, 1):
