@@ -17,6 +17,7 @@ from typing import Any
 
 from ringtrain import cluster, optiongen, options, pki, ports
 
+from . import resources
 from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 
 #: The worker's gRPC server: ring control plane, Health service, the ``grpc`` data path.
@@ -272,6 +273,7 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
         env += [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
         ports.append({"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"})
         main.setdefault("image", job.trainer.image)
+        resources.apply(main, t)  # from the memory plan, unless the template set them
         main["command"] = ["ringtrain", "worker"]
         main["args"] = trainer_args(job.trainer)
         if _ring_size(job) > 1 and getattr(t, "collective", "ring") == "ring":

@@ -61,6 +61,9 @@ class ObservedPod:
     last_exit_reason: str | None = None
     termination_message: str | None = None
     pod_ip: str | None = None
+    #: The main container's ``resources.limits.memory`` (``1374Mi``): what an OOMKilled exit
+    #: names (:func:`.restarts.describe_exit`).
+    memory_limit: str | None = None
     #: The chief's JSON ``/status`` (fetched by the caller; pods get no API permissions).
     live_status: Mapping[str, Any] | None = None
 
@@ -90,6 +93,15 @@ class ObservedPod:
             )
             or (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff"
         )
+        spec_main: Mapping[str, Any] = next(
+            (
+                c
+                for c in (pod.get("spec") or {}).get("containers") or []
+                if c.get("name") == main.get("name", manifests.MAIN_CONTAINER)
+            ),
+            {},
+        )
+        limit = ((spec_main.get("resources") or {}).get("limits") or {}).get("memory")
         ready = any(
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in st.get("conditions") or []
@@ -109,6 +121,7 @@ class ObservedPod:
             last_exit_reason=last.get("reason"),
             termination_message=term.get("message"),
             pod_ip=st.get("podIP"),
+            memory_limit=str(limit)[:64] if limit is not None else None,
         )
 
 

@@ -130,10 +130,13 @@ def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
             )
             return True
     if f.status["restarts"] > limit:
+        # restarts seen only afterwards (restartCount): name the likely cause, an OOMKilled too
+        causes = restarts.likely_causes(ordered)
+        who = f"pod {causes[0].name} failed with {_exit(causes[0])}: " if causes else ""
         f.finish(
             False,
             REASON_BACKOFF,
-            f"{f.status['restarts']} restarts exceed backoffLimit={limit}",
+            f"{who}{f.status['restarts']} restarts exceed backoffLimit={limit}",
             seen.live,
         )
         return True

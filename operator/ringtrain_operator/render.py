@@ -2,7 +2,10 @@
 
 The objects come from the very functions the operator uses (:mod:`.spec`, :mod:`.manifests`), so
 what is printed is what the cluster gets — except the ring token, which is random per job and is
-redacted, and the ownerReferences, which need the uid the API server assigns on creation.
+redacted, and the ownerReferences, which need the uid the API server assigns on creation. The
+NetworkPolicy comes last: the one the chart's default (``networkPolicy.enabled``, Prometheus in
+the ``monitoring`` namespace) makes the operator create; ``--no-network-policy`` leaves it out,
+as an operator installed without it creates none.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import yaml
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests, spec
+from . import manifests, networkpolicy, spec
 
 #: Shown instead of secret values (valid base64, so the output still validates).
 REDACTED = "REDACTED"
@@ -30,8 +33,13 @@ def redact(obj: dict) -> dict:
     return out
 
 
-def render(docs: Iterable[dict], namespace: str | None = None) -> list[dict]:
-    """Every object for every TrainingJob in ``docs``, secrets redacted."""
+def render(
+    docs: Iterable[dict],
+    namespace: str | None = None,
+    network: networkpolicy.Settings | None = networkpolicy.Settings(),  # noqa: B008 (frozen)
+) -> list[dict]:
+    """Every object for every TrainingJob in ``docs``, secrets redacted; with ``network``, the
+    job's NetworkPolicy after them."""
     objects: list[dict] = []
     for doc in docs:
         if doc is None:
@@ -40,6 +48,8 @@ def render(docs: Iterable[dict], namespace: str | None = None) -> list[dict]:
             doc = {**doc, "metadata": {**(doc.get("metadata") or {}), "namespace": namespace}}
         job = spec.load(doc)
         objects += [redact(o) for o in manifests.desired_objects(job, token="")]
+        if network is not None:
+            objects.append(networkpolicy.network_policy(job, network))
     return objects
 
 
@@ -54,6 +64,12 @@ def main(argv: list[str]) -> int:
         "--namespace", "-n", help="namespace to render for (default: the file's, else 'default')"
     )
     p.add_argument("--crd", action="store_true", help="print the TrainingJob CRD instead")
+    p.add_argument(
+        "--no-network-policy",
+        action="store_true",
+        help="leave out the NetworkPolicy (as an operator installed with "
+        "networkPolicy.enabled=false creates none)",
+    )
     args = p.parse_args(argv)
     if args.crd:
         sys.stdout.write(dump([spec.crd()]))
@@ -63,7 +79,8 @@ def main(argv: list[str]) -> int:
     try:
         with sys.stdin if args.file == "-" else open(args.file) as fh:
             docs = list(yaml.safe_load_all(fh))
-        sys.stdout.write(dump(render(docs, args.namespace)))
+        network = None if args.no_network_policy else networkpolicy.Settings()
+        sys.stdout.write(dump(render(docs, args.namespace, network)))
     except OSError as e:
         print(f"ringtrain render: {e}", file=sys.stderr)
         return 2

@@ -24,12 +24,21 @@ def exit_code(p: ObservedPod) -> int | None:
     return p.exit_code if p.exit_code is not None else p.last_exit_code
 
 
+#: The kubelet's reason for a container the kernel killed at its cgroup's memory limit.
+OOM_KILLED = "OOMKilled"
+
+
 def describe_exit(p: ObservedPod) -> str:
-    """``exit code 137 (Error)``, or why there is none (``no exit code (Evicted)``)."""
+    """``exit code 137 (Error)``, or why there is none (``no exit code (Evicted)``). A container
+    killed for memory says so with its limit (issue 20): ``exit code 137 (OOMKilled: out of
+    memory at its limit of 1374Mi)``, so the job's Event tells what to raise."""
     code = exit_code(p)
     reason = p.exit_reason if p.exit_code is not None else p.last_exit_reason or p.exit_reason
     if code is None:
         return f"no exit code ({reason or p.phase})"
+    if reason == OOM_KILLED:
+        where = f"at its limit of {p.memory_limit}" if p.memory_limit else "(no memory limit)"
+        reason = f"{OOM_KILLED}: out of memory {where}"
     return f"exit code {code}" + (f" ({reason})" if reason else "")
 
 

@@ -131,3 +131,14 @@ def test_virtualenv_holds_exactly_the_lock():
     extra = {n: v for n, v in installed.items() if locked.get(n) != v}
     missing = {n: v for n, v in locked.items() if installed.get(n) != v}
     assert (extra, missing) == ({}, {}), "run hack/setup test (it installs exactly the lock)"
+
+
+def test_checkov_is_locked_on_its_own_with_hashes():
+    """The chart tests' scanner has a lock of its own (requirements/checkov.in says why), which
+    ``hack/tools checkov`` installs with --require-hashes into a virtualenv of its own."""
+    lock = pins(REQUIREMENTS / "checkov.txt")
+    lines = (REQUIREMENTS / "checkov.in").read_text().splitlines()
+    (wanted,) = [Requirement(x) for x in lines if x.strip() and not x.startswith("#")]
+    assert wanted.specifier.contains(lock["checkov"][0])
+    assert [name for name, (_, hashes) in lock.items() if not hashes] == []
+    assert "checkov" not in LOCK

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from support.procs import CLI
 
-from ringtrain_operator import manifests, render, spec
+from ringtrain_operator import manifests, networkpolicy, render, spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -56,7 +56,9 @@ def test_render_cli_prints_every_object_with_the_secret_redacted(tmp_path):
         }
     )
     expected = manifests.desired_objects(job, token="x")
+    expected.append(networkpolicy.network_policy(job, networkpolicy.Settings()))
     assert [o["metadata"]["name"] for o in objects] == [o["metadata"]["name"] for o in expected]
+    assert objects[-1] == expected[-1]  # the NetworkPolicy the chart's default has created
     assert objects[1]["data"] == dict.fromkeys(
         ("token", "ca.crt", "tls.crt", "tls.key"), render.REDACTED
     )
@@ -92,3 +94,20 @@ def test_render_crd_prints_the_packaged_crd():
         check=True,
     ).stdout
     assert yaml.safe_load(out) == spec.crd()
+
+
+def test_render_without_network_policy_leaves_it_out():
+    path = REPO / "examples/fashion-mnist-2workers.yaml"
+    kinds = [
+        [o["kind"] for o in yaml.safe_load_all(out.stdout)]
+        for args in ([], ["--no-network-policy"])
+        if (
+            out := subprocess.run(
+                [*CLI, "render", str(path), *args], capture_output=True, text=True, check=True
+            )
+        )
+    ]
+    assert kinds == [
+        ["Service", "Secret", "Pod", "Pod", "NetworkPolicy"],
+        ["Service", "Secret", "Pod", "Pod"],
+    ]

@@ -795,3 +795,39 @@ def test_the_running_message_names_the_ring_members_the_chief_still_waits_for():
     d2 = step(j, running(j, **{"mnist-worker-0": pod("mnist-worker-0", live=trained)}), d1.status)
     assert cond(d2.status, st.RUNNING)["message"] == "all pods are running"
     assert "waitingFor" not in d2.status["progress"] and d2.status["progress"]["step"] == 5
+
+
+def test_a_worker_killed_for_memory_is_named_oomkilled_with_its_limit():
+    """Issue 20: an OOMKilled container is named as such, with the limit it hit, in the
+    Restarting condition and Event (in place) and in the Failed one (backoffLimit reached). The
+    pod as the kubelet reports it: ``lastState.terminated.reason`` and the spec's limit."""
+    from ringtrain_operator import manifests
+
+    j = job(workers=2)
+    obj = manifests.pod(j, j.replica("worker"), 1)
+    limit = obj["spec"]["containers"][0]["resources"]["limits"]["memory"]
+    obj["status"] = {
+        "phase": "Running",
+        "containerStatuses": [
+            {
+                "name": "ringtrain",
+                "restartCount": 1,
+                "state": {"running": {}},
+                "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+            }
+        ],
+    }
+    oom = ObservedPod.from_pod(obj)
+    assert (oom.memory_limit, oom.last_exit_reason) == (limit, "OOMKilled")
+    prev = step(j, running(j), None).status
+    d = step(j, [pod("mnist-worker-0"), oom], prev)
+    said = (
+        "pod mnist-worker-1 failed with exit code 137 "
+        f"(OOMKilled: out of memory at its limit of {limit})"
+    )
+    assert d.status["state"] == st.RESTARTING
+    assert d.events[0].message.startswith(said + ": restarting in place")
+    assert cond(d.status, st.RESTARTING)["message"].startswith(said)
+    capped = job(workers=2, run_policy={"backoffLimit": 0})
+    d = step(capped, [pod("mnist-worker-0"), oom], step(capped, running(capped), None).status)
+    assert d.status["state"] == st.FAILED and said in d.events[-1].message

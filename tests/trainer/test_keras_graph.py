@@ -83,8 +83,10 @@ def test_tf_keras_2_and_keras_3_functional_configs_parse_alike():
     a = K.parse(functional((4,), RESIDUAL, "out"))
     b = K.parse(functional((4,), RESIDUAL, "out", fmt="tf2"))
     assert a.layers == b.layers and a.functional and a.input_shape == (4,)
+    names = {0: "in", **{s.output: s.name for s in a.layers}}
     add = next(s for s in a.layers if s.cls == "Add")
-    assert add.inputs == (1, 3) and a.consumers(1) == [a.layers[1], add, a.layers[5], a.layers[9]]
+    assert [names[t] for t in add.inputs] == ["a", "bn"]
+    assert sorted(s.name for s in a.consumers(add.inputs[0])) == ["add", "b", "cat", "d"]
     assert next(s for s in a.layers if s.cls == "Concatenate").out_shape == (13,)
 
 
@@ -124,6 +126,13 @@ def _kwargs(**kw):
     return cfg
 
 
+def _positional(value):
+    cfg = functional((4,), [("Dense", "d", ["in"], {"units": 3})], "d")
+    node = cfg["config"]["layers"][1]["inbound_nodes"][0]
+    node["args"] = [*node["args"], value]
+    return cfg
+
+
 @pytest.mark.parametrize(
     "cfg, words",
     [
@@ -142,6 +151,7 @@ def _kwargs(**kw):
             "2 outputs ('a', 'b'): a model with several outputs is not supported",
         ),
         (_kwargs(training=True), "layer 'd' (Dense): call argument training=True"),
+        (_positional(True), "layer 'd' (Dense): call argument True is not supported"),
         (
             functional((4,), [("Dense", "d", ["ghost"], {"units": 3})], "d"),
             "layer 'd' (Dense) reads ['ghost', 0, 0], which no layer of the model writes",
