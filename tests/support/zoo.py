@@ -31,6 +31,9 @@ class Entry:
     data: Callable[[np.random.Generator], dict[str, np.ndarray]]
     #: a layer mixes the examples of a batch (BatchNormalization): per-worker batches differ
     batch_coupled: bool = False
+    #: a measured disagreement with Keras, once ringtrain accepts the model: its comparison is
+    #: a strict xfail (it fails the suite the day it passes, so the note cannot go stale)
+    known_gap: str | None = None
 
 
 def _splits(x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
@@ -300,10 +303,25 @@ ZOO: dict[str, Entry] = {
         Entry("bn_cnn", "cnn", bn_cnn, quadrant_images, batch_coupled=True),
         Entry("resnet_add", "resnet", resnet_add, quadrant_images),
         Entry("mobilenet_block", "mobilenet", mobilenet_block, quadrant_images),
-        Entry("embedding_text", "text", embedding_text, token_ids),
+        Entry(
+            "embedding_text",
+            "text",
+            embedding_text,
+            token_ids,
+            known_gap="Adam on an Embedding: Keras (TensorFlow) updates only the rows a batch "
+            "used (sparse gradients); ringtrain's dense update moves the others by their "
+            "momentum: 1.5e-2 relative by step 8 (SGD: within 1e-4)",
+        ),
         Entry("conv1d_text", "text", conv1d_text, token_ids),
         Entry("lstm_regression", "rnn", lstm_regression, sequences),
-        Entry("gru_classifier", "rnn", gru_classifier, token_classes),
+        Entry(
+            "gru_classifier",
+            "rnn",
+            gru_classifier,
+            token_classes,
+            known_gap="RMSprop on Embedding + GRU: 7e-4 relative after the first step, 1.6e-3 "
+            "by step 8 (SGD: within 1e-4)",
+        ),
         Entry("transformer_block", "transformer", transformer_block, token_classes),
     )
 }

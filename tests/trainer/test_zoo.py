@@ -66,8 +66,19 @@ with tempfile.TemporaryDirectory(prefix="zoo-") as _d, warnings.catch_warnings()
     VERDICTS = zoo.acceptance(_d)
 
 
-def _accepted(coupled: bool) -> list[str]:
-    return [n for n, r in VERDICTS.items() if r is None and zoo.ZOO[n].batch_coupled == coupled]
+def _accepted(coupled: bool) -> list:
+    """The accepted models with(out) batch-coupled layers; one with a measured ``known_gap``
+    a strict xfail naming it."""
+    return [
+        pytest.param(
+            n,
+            marks=[pytest.mark.xfail(strict=True, reason=zoo.ZOO[n].known_gap)]
+            if zoo.ZOO[n].known_gap
+            else [],
+        )
+        for n, r in VERDICTS.items()
+        if r is None and zoo.ZOO[n].batch_coupled == coupled
+    ]
 
 
 def test_which_zoo_models_are_accepted(capsys):
