@@ -243,6 +243,7 @@ def fit_model(dataset: Dataset, spec, source: str | os.PathLike) -> tuple[Datase
         spec.num_classes,
         source,
         loss,
-        getattr(spec, "input_dtype", None),
+        # the InputLayer's dtype (``keras.config``'s ``input_dtype``), where the front end reads it
+        getattr(getattr(spec, "config", None), "input_dtype", None),
     )
     return dataset, raw_pixels_note(dataset, spec, source)
