@@ -28,10 +28,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ringtrain import ports
-from ringtrain_operator import manifests
+from ringtrain_operator import manifests, yamlsafe
 from ringtrain_operator import spec as jobspec
 
 #: The Pod volume manifests.pod() mounts at spec.trainer.checkpoint.path.
@@ -310,11 +308,9 @@ def read_job(path: str) -> dict:
     """The single TrainingJob in a YAML file (other kinds in a multi-document file are ignored)."""
     try:
         with open(path) as f:
-            docs = [d for d in yaml.safe_load_all(f) if d]
+            docs = [d for d in yamlsafe.load_all(f, path) if d]
     except OSError as e:
         raise jobspec.InvalidSpec(f"{path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise jobspec.InvalidSpec(f"{path}: not valid YAML: {e}") from None
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == jobspec.KIND]
     if len(jobs) != 1:
         raise jobspec.InvalidSpec(

@@ -19,7 +19,7 @@ import yaml
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests, networkpolicy, spec
+from . import manifests, networkpolicy, spec, yamlsafe
 
 #: Shown instead of secret values (valid base64, so the output still validates).
 REDACTED = "REDACTED"
@@ -78,13 +78,14 @@ def main(argv: list[str]) -> int:
         p.error("a TrainingJob file is required (or --crd)")
     try:
         with sys.stdin if args.file == "-" else open(args.file) as fh:
-            docs = list(yaml.safe_load_all(fh))
-        network = None if args.no_network_policy else networkpolicy.Settings()
-        sys.stdout.write(dump(render(docs, args.namespace, network)))
-    except OSError as e:
+            docs = yamlsafe.load_all(fh, args.file)
+    except (OSError, InvalidSpec) as e:
         print(f"ringtrain render: {e}", file=sys.stderr)
         return 2
-    except (yaml.YAMLError, InvalidSpec) as e:
+    try:
+        network = None if args.no_network_policy else networkpolicy.Settings()
+        sys.stdout.write(dump(render(docs, args.namespace, network)))
+    except InvalidSpec as e:
         print(f"ringtrain render: {args.file}: {e}", file=sys.stderr)
         return 2
     return 0

@@ -178,6 +178,8 @@ def test_trainer_pod_runs_ringtrain_worker_with_every_flag():
         "grpc+tcp",
         "--ring-step-timeout-s",
         "30",
+        "--ring-min-bytes-per-s",
+        "1048576",
         "--ring-connect-timeout-s",
         "120",
         "--ring-health-timeout-s",

@@ -141,6 +141,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--health-timeout-s", type=float, default=3.0)
     p.add_argument("--health-port", type=int, default=0)
     p.add_argument("--stall-s", type=float, default=60.0)
+    p.add_argument("--min-bytes-per-s", type=float, default=1 << 20)
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -171,6 +172,7 @@ def main(argv: list[str]) -> int:
             connect_timeout_s=a.connect_timeout_s,
             health_timeout_s=a.health_timeout_s,
             stall_s=a.stall_s,
+            min_bytes_per_s=a.min_bytes_per_s,
             observer=observer,
             encrypt_data=a.encrypt_data,
             health_port=a.health_port,

@@ -486,6 +486,22 @@ GROUPS: tuple[Group, ...] = (
                 help="a collective fails (retryable exit 138) when a peer is silent this long",
             ),
             Option(
+                "ring_min_bytes_per_s",
+                float,
+                1048576.0,
+                crd="ring.minBytesPerSecond",
+                minimum=0,
+                exclusive_minimum=True,
+                maximum=1 << 40,
+                metavar="F",
+                help="a collective's deadline is the step timeout plus its bytes at this rate; "
+                "one past it is left naming the slow link (retryable exit 138): a peer that "
+                "drips a byte every few seconds never trips the step timeout",
+                description="the bytes/s floor of a collective: its deadline is "
+                "stepTimeoutSeconds plus its bytes at this rate; past it the slow link is "
+                "named and left (retryable), as a frozen peer is",
+            ),
+            Option(
                 "ring_connect_timeout_s",
                 float,
                 120.0,

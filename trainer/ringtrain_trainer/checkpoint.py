@@ -7,17 +7,27 @@ rename, fsync of the directory) and the manifest — written last — is the com
 checkpoint without a manifest does not exist. Loading verifies the SHA-256 recorded in the
 manifest; a corrupt checkpoint is reported by name and the previous one is used.
 
+Checkpoints are read defensively (issue 20): a forged manifest pointed its ``.npz`` at a FIFO
+(the chief hung in ``open``) or a device (``/dev/zero``: read forever), so only regular files
+are read, never through a symbolic link, opened non-blocking, and only up to a size cap; the
+``.npz`` must be the manifest's own sibling. A checksum-valid checkpoint that does not fit the
+run (another model, wrong shapes) is skipped like a corrupt one (``load_latest``'s ``check``).
+A write that fails (a full disk) removes its temporary file and names the checkpoint.
+
 What is saved does not depend on the world size (the flat parameters, the optimizer state and
 the data position counted in examples), so N workers can resume what M workers wrote.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
 import re
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +38,42 @@ from ringtrain_trainer.data import Position
 
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{10})\.json$")
+#: A manifest is a page of JSON; anything larger is not one.
+MAX_MANIFEST_BYTES = 1 << 20
+
+
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_regular(path: Path, cap: int, what: str = "file") -> bytes:
+    """The bytes of ``path`` if it is a regular file (not a symbolic link, FIFO, device or
+    directory) of at most ``cap`` bytes; else a :class:`CheckpointError` naming it. Opened
+    non-blocking, so a FIFO cannot hang the open."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: {what} does not exist") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckpointError(f"{path}: a symbolic link; refused (regular files only)") from e
+        raise CheckpointError(f"{path}: cannot open ({e})") from e
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+            raise CheckpointError(f"{path}: {kind}; refused (regular files only)")
+        os.set_blocking(fd, True)
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise CheckpointError(f"{path}: larger than the cap of {cap} bytes; refused")
+    return data
 
 
 @dataclass
@@ -55,12 +101,20 @@ class TrainingState:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file, fsync, rename over ``path``. On failure (a full
+    disk: ENOSPC) the temporary file is removed and a CheckpointError names ``path``, raised
+    from the OSError, so that ``errors.exit_code_for`` still finds the exhaustion (retryable)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        why = e.strerror or str(e)
+        raise CheckpointError(f"{path}: cannot write ({why}); removed {tmp.name}") from e
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dfd)
@@ -68,12 +122,20 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.close(dfd)
 
 
+def checkpoint_cap(params_bytes: int, state_bytes: int = 0) -> int:
+    """The largest ``.npz`` a run of ``params_bytes`` of parameters reads: parameters and up to
+    three optimizer slots of their size (Adam keeps two), the model's state, 1 MiB of headers."""
+    return 4 * params_bytes + state_bytes + (1 << 20)
+
+
 class CheckpointManager:
     """Save, list, verify and prune the checkpoints of one directory."""
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, max_bytes: int | None = None):
         self.dir = Path(directory)
         self.keep = max(1, keep)
+        #: the largest ``.npz`` read (None: only what its manifest says it holds)
+        self.max_bytes = max_bytes
 
     def manifests(self) -> list[Path]:
         """Committed checkpoints, oldest first."""
@@ -128,22 +190,29 @@ class CheckpointManager:
     def load(self, manifest_path: str | os.PathLike) -> TrainingState:
         """Load and verify one checkpoint; any problem is a :class:`CheckpointError` naming it."""
         mp = Path(manifest_path)
+        text = read_regular(mp, MAX_MANIFEST_BYTES, "manifest")
         try:
-            m = json.loads(mp.read_text())
+            m = json.loads(text)
             arrays = m["arrays"]
             npz = mp.parent / arrays["file"]
             expected = arrays["sha256"]
             step = int(m["step"])
-        except FileNotFoundError:
-            raise CheckpointError(f"{mp}: manifest does not exist") from None
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            size = int(arrays.get("bytes", -1))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise CheckpointError(f"{mp}: unreadable manifest ({type(e).__name__}: {e})") from None
         if m.get("format") != FORMAT:
             raise CheckpointError(f"{mp}: format {m.get('format')!r}, this trainer reads {FORMAT}")
-        try:
-            blob = npz.read_bytes()
-        except OSError as e:
-            raise CheckpointError(f"{npz}: cannot read ({e})") from None
+        if npz.name != mp.with_suffix(".npz").name or npz.parent != mp.parent:
+            raise CheckpointError(
+                f"{mp}: names {arrays['file']!r} as its arrays; only its own "
+                f"{mp.with_suffix('.npz').name} is read"
+            )
+        cap = size if size >= 0 else self.max_bytes
+        if cap is None or (self.max_bytes is not None and cap > self.max_bytes):
+            raise CheckpointError(
+                f"{mp}: says its arrays are {size} bytes, over the cap of {self.max_bytes}"
+            )
+        blob = read_regular(npz, cap)
         actual = hashlib.sha256(blob).hexdigest()
         if actual != expected:
             raise CheckpointError(
@@ -173,8 +242,12 @@ class CheckpointManager:
             loss_config=m.get("loss_config"),
         )
 
-    def load_latest(self) -> tuple[TrainingState | None, list[CheckpointError]]:
-        """The newest good checkpoint (or None if there is none) and the corrupt ones skipped.
+    def load_latest(
+        self, check: Callable[[TrainingState], None] | None = None
+    ) -> tuple[TrainingState | None, list[CheckpointError]]:
+        """The newest good checkpoint (or None if there is none) and the corrupt ones skipped;
+        ``check`` raises :class:`CheckpointError` for a checkpoint that is intact but does not
+        fit the run (another model, wrong shapes), which is skipped the same way.
 
         Raises :class:`CheckpointError` when checkpoints exist but none of them is good:
         silently starting over would throw the run's progress away.
@@ -182,7 +255,10 @@ class CheckpointManager:
         errors: list[CheckpointError] = []
         for mp in reversed(self.manifests()):
             try:
-                return self.load(mp), errors
+                state = self.load(mp)
+                if check is not None:
+                    check(state)
+                return state, errors
             except CheckpointError as e:
                 errors.append(e)
         if errors:

@@ -312,6 +312,35 @@ class TrainerMetrics:
 #: A connection that sends no complete request for this long is closed, so idle or trickling
 #: clients cannot pin the server's threads (a scrape takes milliseconds).
 IDLE_TIMEOUT_S = 10.0
+#: Connections served at once (a thread and a descriptor each, for up to IDLE_TIMEOUT_S); one
+#: more is closed as it is accepted. Unbounded, 2,000 idle connections to a worker's metrics
+#: port held 2,000 of both and, at the common 1024 open-files limit, failed the chief's next
+#: checkpoint write (issue 20).
+MAX_CONNECTIONS = 32
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    #: socketserver's default backlog of 5 dropped the SYN of a scrape arriving among a flood
+    #: (retried by the client only after 1 s, then 3 s...); refusals are the server's job
+    request_queue_size = 512
+
+    def __init__(self, address, handler) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused = 0
+
+    def verify_request(self, request, client_address) -> bool:
+        if self._slots.acquire(blocking=False):
+            return True
+        self.refused += 1  # socketserver closes it
+        return False
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class MetricsServer:
@@ -340,8 +369,7 @@ class MetricsServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _BoundedHTTPServer((host, port), Handler)
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, name="ringtrain-metrics", daemon=True

@@ -23,9 +23,18 @@ import numpy as np
 
 from ringtrain import events
 from ringtrain.errors import CheckpointError, IPUCompileError
+from ringtrain_trainer import (
+    ckpt_owner,
+    divergence,
+    keras_model,
+    memory,
+    optim,
+    preflight,
+    tensorboard,
+    trace,
+)
 from ringtrain_trainer import data as data_mod
-from ringtrain_trainer import divergence, keras_model, memory, optim, preflight, tensorboard, trace
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
+from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, checkpoint_cap
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import fit_model
@@ -94,6 +103,11 @@ class Trainer:
         self.report = Reporter(cfg.json, out if out is not None else sys.stdout, self.is_chief)
         self.stop_requested = threading.Event()
         preflight.check_outputs(cfg, self.is_chief)  # before data, compiling and any step
+        self._owner = (
+            ckpt_owner.claim(cfg.checkpoint_dir, cfg.token)
+            if cfg.checkpoint_dir and self.is_chief
+            else None
+        )
         self._stop_agreed = False
         # refused by arithmetic (budget.check) before anything proportional to its size exists
         per_ipu = max(1, cfg.batch_size // cfg.ipus_per_worker)
@@ -160,7 +174,11 @@ class Trainer:
             len(self.data.train), cfg.batch_size, self.world, self.rank, cfg.seed
         )
         self.ckpt = (
-            CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint_keep)
+            CheckpointManager(
+                cfg.checkpoint_dir,
+                cfg.checkpoint_keep,
+                max_bytes=checkpoint_cap(self.params.nbytes, self.ipu.state.nbytes),
+            )
             if cfg.checkpoint_dir
             else None
         )
@@ -195,16 +213,10 @@ class Trainer:
         """Rank 0 resumes from the newest good checkpoint and broadcasts its state, so only the
         chief needs to see the checkpoint directory."""
         if self.ckpt is not None and self.is_chief:
-            state, skipped = self.ckpt.load_latest()
+            state, skipped = self.ckpt.load_latest(self._fits)
             for e in skipped:
                 print(f"ringtrain worker: skipping corrupt checkpoint: {e}", file=sys.stderr)
             if state is not None:
-                if state.model != self.cfg.model or state.params.shape != self.params.shape:
-                    raise CheckpointError(
-                        f"{self.ckpt.dir}: checkpoint of model {keras_model.describe(state.model)} "
-                        f"({state.params.size} params) cannot resume --model "
-                        f"{keras_model.describe(self.cfg.model)}"
-                    )
                 note = optim.check_resume(
                     self.optimizer_spec, self.optimizer, state, str(self.ckpt.dir)
                 )
@@ -230,6 +242,27 @@ class Trainer:
             step, epoch, batch, iters = (int(v) for v in counters)
             self.step, self.optimizer.iterations = step, iters
             self.position = data_mod.Position(epoch, batch, self.sharder.global_batch)
+
+    def _fits(self, state: TrainingState) -> None:
+        """A CheckpointError naming the file unless ``state`` (intact: its checksum held)
+        fits this run: the model, every array's shape, the optimizer. One that does not is
+        skipped for the previous one, as a corrupt one is, instead of crashing in a copy."""
+        where = state.source or str(self.ckpt.dir if self.ckpt else "checkpoint")
+        if state.model != self.cfg.model or state.params.shape != self.params.shape:
+            raise CheckpointError(
+                f"{where}: checkpoint of model {keras_model.describe(state.model)} "
+                f"({state.params.size} params, shape {state.params.shape}) cannot resume --model "
+                f"{keras_model.describe(self.cfg.model)} ({self.params.size} params)"
+            )
+        for k, buf in self.optimizer.state.items():
+            got = state.optimizer_state.get(k)
+            if got is not None and got.shape != buf.shape:
+                raise CheckpointError(
+                    f"{where}: optimizer state {k!r} has shape {got.shape}, this run {buf.shape}"
+                )
+        optim.check_resume(self.optimizer_spec, self.optimizer, state, where)
+        if self.ckpt is not None:
+            self.ckpt.require_model_state(state, self.spec)
 
     def _should_stop(self) -> bool:
         """Alone: as soon as asked. With peers: only once the request has travelled through
@@ -425,6 +458,8 @@ class Trainer:
             )
 
     def close(self) -> None:
+        if self._owner is not None:
+            ckpt_owner.release(self._owner)
         self.tb.close()
         self.reducer.close()
         self.ipu.close()

@@ -69,6 +69,7 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
         connect_timeout_s=cfg.ring_connect_timeout_s,
         health_timeout_s=cfg.ring_health_timeout_s,
         stall_s=cfg.ring_stall_warning_s,
+        min_bytes_per_s=cfg.ring_min_bytes_per_s,
         observer=observer,
         tls=cfg.tls,
         encrypt_data=cfg.ring_encrypt_data,

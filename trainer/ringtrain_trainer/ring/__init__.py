@@ -32,6 +32,7 @@ DEFAULT_CONNECT_TIMEOUT_S: float = options.DEFAULTS["ring_connect_timeout_s"]
 DEFAULT_STEP_TIMEOUT_S: float = options.DEFAULTS["ring_step_timeout_s"]
 DEFAULT_HEALTH_TIMEOUT_S: float = options.DEFAULTS["ring_health_timeout_s"]
 DEFAULT_STALL_S: float = options.DEFAULTS["ring_stall_warning_s"]
+DEFAULT_MIN_BYTES_PER_S: float = options.DEFAULTS["ring_min_bytes_per_s"]
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -61,6 +62,7 @@ def connect(
     transport: str = "grpc+tcp",
     health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S,
     stall_s: float = DEFAULT_STALL_S,
+    min_bytes_per_s: float = DEFAULT_MIN_BYTES_PER_S,
     observer: RingObserver | None = None,
     tls: pki.JobMaterial | None = None,
     encrypt_data: bool = False,
@@ -73,7 +75,9 @@ def connect(
     until ``connect_timeout_s`` (then ``PeerTimeout`` naming the missing ranks), reported to
     ``observer.waiting`` meanwhile. During collectives a peer that aborts breaks the ring at
     once, a neighbour silent to health checks for ``health_timeout_s`` within seconds, and a
-    silent data path after ``step_timeout_s``; a collective waiting ``stall_s`` is reported.
+    silent data path after ``step_timeout_s``; a collective waiting ``stall_s`` is reported, and
+    one past ``step_timeout_s`` plus its bytes at ``min_bytes_per_s`` is left naming the slow
+    link (``Watchdog``).
     With the job's ``tls`` material every gRPC server and channel is mutual TLS;
     ``encrypt_data`` wraps the TCP side channel in it too (without material it is refused).
     ``health_port`` (non-zero) serves the Health service alone in plaintext there as well.
@@ -196,6 +200,7 @@ def connect(
         addresses,
         chunk_bytes=chunk_bytes,
         step_timeout_s=step_timeout_s,
+        min_bytes_per_s=min_bytes_per_s,
         control=control,
     )
     coll.observer = observer

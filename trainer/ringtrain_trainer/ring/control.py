@@ -288,7 +288,13 @@ class ControlPlane:
             pos = coll.position
             if pos is not None:
                 h = pos[0]
-                doc["current"] = {"seq": h.seq, "step": h.step, "tag": h.tag}
+                doc["current"] = {
+                    "seq": h.seq,
+                    "step": h.step,
+                    "tag": h.tag,
+                    "received": coll.received,
+                    "expected": coll.expected_bytes(h),
+                }
         return json.dumps(doc).encode()
 
     # -- client side ----------------------------------------------------------------------------

@@ -93,6 +93,7 @@ class RingCollective(Collective):
         *,
         chunk_bytes: int = schedule.DEFAULT_CHUNK_BYTES,
         step_timeout_s: float = options.DEFAULTS["ring_step_timeout_s"],
+        min_bytes_per_s: float = options.DEFAULTS["ring_min_bytes_per_s"],
         control=None,
     ) -> None:
         if chunk_bytes < _FLOAT.itemsize:
@@ -102,6 +103,7 @@ class RingCollective(Collective):
         self._addresses = addresses
         self._chunk = chunk_bytes // _FLOAT.itemsize
         self._step_timeout_s = step_timeout_s
+        self.min_bytes_per_s = min_bytes_per_s
         self._seq = 0
         self._broken: RingError | None = None
         self._sender = Sender(transport)
@@ -119,6 +121,25 @@ class RingCollective(Collective):
     def started(self) -> int:
         """Collectives begun so far on this rank (the next one's ``seq``)."""
         return self._seq
+
+    @property
+    def received(self) -> int:
+        """Bytes the collective in flight has received so far, chunk by chunk."""
+        return self._received
+
+    def expected_bytes(self, header: OpHeader) -> int:
+        """Bytes this rank receives in the collective of ``header``."""
+        if header.kind == Kind.BROADCAST:
+            return 0 if self.rank == header.root else header.nelem * _FLOAT.itemsize
+        bounds = schedule.segment_bounds(header.nelem, self.size)
+        phases = schedule.allreduce_phases(self.rank, self.size)
+        return sum(bounds[p.recv][1] - bounds[p.recv][0] for p in phases) * _FLOAT.itemsize
+
+    def deadline_s(self, header: OpHeader) -> float:
+        """The collective's wall-clock budget: the step timeout (a peer may still compute)
+        plus its bytes at the floor rate. The step timeout alone restarts on every byte, so a
+        peer dripping one byte every few seconds would hold the ring forever (issue 20)."""
+        return self._step_timeout_s + self.expected_bytes(header) / self.min_bytes_per_s
 
     @property
     def broken(self) -> bool:
@@ -350,7 +371,6 @@ class RingCollective(Collective):
             t_phase = tr.now()
             for a, b in schedule.chunks(*bounds[phase.recv], self._chunk):
                 seg = flat[a:b]
-                self._received += seg.nbytes
                 t0 = clock()  # a receive blocks until the left neighbour's chunk is here
                 # a partial sum that only passes through goes on without landing here first
                 fused = phase.reduce and p < last_reduce and self._inline and t.recv_add_send(seg)
@@ -360,6 +380,7 @@ class RingCollective(Collective):
                     t.recv_add(seg)
                 else:
                     t.recv_copy(seg)
+                self._received += seg.nbytes
                 t1 = clock()
                 if waits is not None:
                     waits.append((t0 * 1e-9, t1 * 1e-9))

@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from ringtrain.cluster import bind_host, split_address
-from ringtrain.errors import PeerTimeout, RingError, Unauthenticated
+from ringtrain.errors import RESOURCE_ERRNOS, PeerTimeout, RingError, Unauthenticated
 from ringtrain.ports import side_channel_port
 from ringtrain_trainer.ring import auth, schedule, tls
 from ringtrain_trainer.ring.protocol import HEADER_BYTES, OpHeader
@@ -103,7 +103,7 @@ class Listener:
             self._sock.close()
             raise LinkError(f"cannot listen on {host}:{port}: {e}") from None
         self.port = self._sock.getsockname()[1]
-        self._sock.listen(16)
+        self._sock.listen(512)  # a short queue drops the neighbour's SYN among a flood
         self._thread = threading.Thread(target=self._accept_loop, name="ring-listener", daemon=True)
         self._thread.start()
 
@@ -111,8 +111,11 @@ class Listener:
         while True:
             try:
                 conn, _ = self._sock.accept()
-            except OSError:
-                return  # closed
+            except OSError as e:
+                if self._closed or e.errno not in RESOURCE_ERRNOS:
+                    return  # closed
+                time.sleep(0.05)  # out of descriptors: the left neighbour retries meanwhile
+                continue
             if not self._handshakes.acquire(blocking=False):
                 conn.close()
                 with self._lock:

@@ -9,6 +9,13 @@ interrupted with a ``PeerTimeout`` naming it and the other peers are told. Betwe
 nothing is declared (a peer that finished training and exited is not a failure), and the step
 timeout stays the last resort for a peer that answers health checks but sends nothing.
 
+A peer that answers health checks and sends one byte every few seconds restarts the step
+timeout on every byte and would hold the ring forever (issue 20), so each collective also has a
+deadline (``RingCollective.deadline_s``: the step timeout plus its bytes at the
+``ring_min_bytes_per_s`` floor). Past it the watchdog asks every peer how many of its bytes it
+has received (``State``); the rank with the smallest share is the one starved at the source, so
+every rank names the same link, its left neighbour → it, and leaves as from a frozen peer.
+
 Horovod's stall check: a collective in flight longer than ``stall_s`` is logged, counted
 (``observer.stalled``) and reported in ``/status`` with the ranks that have not started it yet,
 asked over the control channel (``State``); a rank that does not answer is listed too.
@@ -70,9 +77,38 @@ class Watchdog:
                 log(str(err))
                 self._coll.interrupt(err, "lost", tell_peers=True)
                 return
+            if now - since > self._coll.deadline_s(header):
+                err = self._too_slow(header, now - since)
+                log(str(err))
+                self._coll.interrupt(err, "timeout", tell_peers=True)
+                return
             if now - since >= self._stall_s and (stalled_seq != header.seq or now >= next_report):
                 stalled_seq, next_report = header.seq, now + self._stall_s
                 self._report(header, now - since)
+
+    def _too_slow(self, header, waited_s: float) -> PeerTimeout:
+        """The PeerTimeout for a collective past its deadline, naming the slowest link: the
+        rank that has received the smallest share of its bytes (ties: the lowest rank) and the
+        left neighbour that should have sent them."""
+        c, coll = self._control, self._coll
+        shares = {c.rank: (coll.received, coll.expected_bytes(header))}
+        peers = [r for r in range(c.world) if r != c.rank]
+        for r, st in c.states(peers, 1.0).items():
+            cur = (st or {}).get("current") or {}
+            if cur.get("seq") == header.seq and isinstance(cur.get("received"), int):
+                shares[r] = (cur["received"], int(cur.get("expected") or 0))
+        victim = min(shares, key=lambda r: (shares[r][0] / shares[r][1] if shares[r][1] else 1, r))
+        got, want = shares[victim]
+        src = schedule.left(victim, c.world)
+        return PeerTimeout(
+            f"{c.name(src)} delivered {got} of {want} bytes to {c.name(victim)} in "
+            f"{waited_s:.1f} s of {header.describe()}, past its deadline of "
+            f"{coll.deadline_s(header):.1f} s (the step timeout plus its bytes at "
+            f"{coll.min_bytes_per_s:,.0f} B/s, ring.minBytesPerSecond): a live but too slow link",
+            rank=c.rank,
+            step=header.step,
+            peer=c.addresses[src],
+        )
 
     def _report(self, header, waited_s: float) -> None:
         """Ask every peer where it is; those that have not started this collective (or do
