@@ -57,10 +57,10 @@ def test_float_images_are_used_as_they_are(tmp_path):
     "override, problem",
     [
         ({"y_test": None}, r"missing y_test \(has x_train, y_train, x_test; needs"),
-        ({"y_train": np.zeros(11, np.uint8)}, "x_train has 12 images but y_train has 11 labels"),
-        ({"x_test": np.zeros((5, 6, 4), np.uint8)}, r"x_train images are \(6, 5\) but x_test"),
-        ({"x_train": np.zeros((12, 30), np.uint8)}, r"x_train has shape \(12, 30\)"),
-        ({"x_train": np.zeros((12, 6, 5), np.int32)}, "dtype int32; expected uint8"),
+        ({"y_train": np.zeros(11, np.uint8)}, "x_train has 12 examples but y_train has 11 labels"),
+        ({"x_test": np.zeros((5, 6, 4), np.uint8)}, r"x_train examples are \(6, 5\) but x_test"),
+        ({"x_train": np.full((12, 6, 5), 2**25, np.int64)}, r"x_train \(int64, shape \(12, 6, 5"),
+        ({"x_train": np.zeros((12, 6, 5), np.bool_)}, "dtype bool; expected uint8, integer"),
         ({"y_train": np.zeros((12, 3), np.uint8)}, r"y_train labels are float32 \(3,\) per"),
         ({"y_train": np.zeros(12, np.float32)}, r"y_train labels are float32 \(1,\) per"),
         ({"y_train": np.zeros((12, 2, 2), np.float32)}, r"y_train has shape \(12, 2, 2\)"),
@@ -105,8 +105,8 @@ def test_check_fits_compares_shapes_and_labels_with_the_model(tmp_path):
     check_fits(ds, (28, 28, 1), 10, tmp_path / "d.npz")
     with pytest.raises(
         DataError,
-        match=r"d.npz: images are \(28, 28\) but the model takes "
-        r"\(32, 32, 3\)",
+        match=r"d.npz: x_train is uint8 \(12, 28, 28\), examples of \(28, 28\), but the "
+        r"model's input takes \(batch, 32, 32, 3\)",
     ):
         check_fits(ds, (32, 32, 3), 10, tmp_path / "d.npz")
     with pytest.raises(
@@ -168,4 +168,63 @@ def test_worker_refuses_data_the_model_cannot_take(tmp_path, capsys):
         == 2
     )
     err = capsys.readouterr().err
-    assert f"{p}: images are (32, 32, 3) but the model takes (28, 28, 1)" in err
+    assert f"{p}: x_train is uint8 (32, 32, 32, 3), examples of (32, 32, 3), but the" in err
+
+
+def _loss(name: str, act: str | None = None):
+    from ringtrain_trainer.engine import losses as LS
+
+    return LS.fold(LS.parse(name), act)
+
+
+def test_tables_token_ids_and_every_label_form_load_and_conform_to_the_loss(tmp_path):
+    """2-D tables, int token ids, and the labels each loss reads as Keras' ``fit`` takes them:
+    0/1 ints ``(n,)`` for a one-output binary model, float class ids ``(n, 1)`` for sparse
+    cross-entropy, float targets ``(n,)`` for a one-output regression."""
+    from ringtrain_trainer.data_npz import conform
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50, (20, 7)).astype(np.int32)
+    save(tmp_path / "t.npz", x_train=ids[:12], x_test=ids[12:17])
+    ds = load_npz(tmp_path / "t.npz")
+    assert ds.train.images.dtype == np.int32
+    x = np.zeros((3, 7), np.float32)
+    scratch = np.zeros((3, 7), np.int32)
+    D.batch_into(ds.train, np.array([2, 0, 5]), x, np.zeros(3, np.int64), scratch)
+    np.testing.assert_array_equal(x, ids[[2, 0, 5]].astype(np.float32))
+    check_fits(ds, (7,), 3, "t.npz", _loss("sparse_categorical_crossentropy", "softmax"), "int32")
+
+    table = rng.normal(0, 1, (17, 4))
+    bits = (np.arange(17) % 2).astype(np.int64)
+    save(tmp_path / "b.npz", x_train=table[:12], x_test=table[12:], y_train=bits[:12],
+         y_test=bits[12:])  # fmt: skip
+    binary = _loss("binary_crossentropy", "sigmoid")
+    ds = conform(load_npz(tmp_path / "b.npz"), binary, 1)
+    assert ds.train.labels.shape == (12, 1) and ds.train.labels.dtype == np.float32
+    check_fits(ds, (4,), 1, "b.npz", binary)
+    with pytest.raises(DataError, match=r"b.npz: y_train \(int64 \(12,\)\) has integer class ids"):
+        check_fits(conform(load_npz(tmp_path / "b.npz"), binary, 2), (4,), 2, "b.npz", binary)
+    with pytest.raises(
+        DataError,
+        match=r"b.npz: x_train is float32 \(12, 4\), examples of \(4,\), but the model's "
+        r"input takes \(batch, 5\)",
+    ):
+        check_fits(ds, (5,), 1, "b.npz", binary)
+    with pytest.raises(DataError, match=r"x_train is float32 \(12, 4\) with fractional values"):
+        check_fits(ds, (4,), 1, "b.npz", binary, "int32")
+
+    floats = (np.arange(17) % 3).astype(np.float32).reshape(17, 1)
+    save(tmp_path / "f.npz", y_train=floats[:12], y_test=floats[12:])
+    sparse = _loss("sparse_categorical_crossentropy", "softmax")
+    ds = conform(load_npz(tmp_path / "f.npz"), sparse, 3)
+    np.testing.assert_array_equal(ds.train.labels, np.arange(12) % 3)
+    assert ds.train.labels.dtype == np.int64
+
+    targets = rng.normal(0, 1, 17).astype(np.float32)
+    save(tmp_path / "r.npz", x_train=table[:12], x_test=table[12:], y_train=targets[:12],
+         y_test=targets[12:])  # fmt: skip
+    mse = _loss("mse")
+    ds = conform(load_npz(tmp_path / "r.npz"), mse, 1)
+    check_fits(ds, (4,), 1, "r.npz", mse)
+    with pytest.raises(DataError, match=r"r.npz: y_train \(float32 \(12, 1\)\) has rows of 1; "):
+        check_fits(ds, (4,), 2, "r.npz", mse)

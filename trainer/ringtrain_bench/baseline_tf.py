@@ -61,7 +61,8 @@ class TensorFlowSide:
             "keras_file": str(Path(source).resolve()) if source else None,
             "keras_config": None if source else spec.keras_config(),
             "optimizer": trainer.optimizer_spec.keras,
-            "from_logits": spec.config.from_logits,
+            "loss": spec.loss.keras(),
+            "model": None if source else args.model,
             "input_shape": list(spec.config.input_shape),
             "batch_size": args.batch_size,
             "threads": threads,
@@ -172,18 +173,20 @@ def child(directory: str) -> None:
     model.set_weights(weights)  # raises on any shape that differs
     with np.load(Path(directory) / "first_batch.npz") as z:
         x0 = z["x"].astype(np.float32).reshape(len(z["y"]), *setup["input_shape"])
-        y0 = z["y"].astype(np.int64)
+        y0 = z["y"]
     optimizer = keras.optimizers.deserialize(setup["optimizer"])
     optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=setup["from_logits"])
+    # the loss ringtrain runs, as Keras serializes it (a folded softmax/sigmoid reads the
+    # model's own output here, which is the same loss)
+    loss_fn = keras.losses.deserialize(setup["loss"])
 
-    from ringtrain_bench.step import synthetic  # the IPU side's data, the same bytes
+    from ringtrain_bench.step import data_spec, synthetic  # the IPU side's data, same bytes
 
-    data = synthetic(setup["examples"]).train
+    data = synthetic(setup["examples"], 0, data_spec(setup["keras_file"] or setup["model"])).train
     n, b = len(data.labels), setup["batch_size"]
-    x = (data.images.astype(np.float32) / np.float32(255.0)).reshape(n, *setup["input_shape"])
+    x = (data.images * np.float32(data.scale)).reshape(n, *setup["input_shape"])
     batches = [
-        (tf.constant(x[i : i + b]), tf.constant(data.labels[i : i + b].astype(np.int64)))
+        (tf.constant(x[i : i + b]), tf.constant(data.labels[i : i + b]))
         for i in range(0, n - b + 1, b)
     ]
 
@@ -199,6 +202,9 @@ def child(directory: str) -> None:
 
     start = loss_fn(y0, model(x0, training=True))
     start_loss = float(start + tf.add_n(model.losses)) if model.losses else float(start)
+    # traced here, not in the first timed block (a trace takes ~1 s: with --warmup 0 it was the
+    # median of two blocks); tracing runs nothing, so the weights stay the starting ones
+    train_step.get_concrete_function(*batches[0])
     intra = tf.config.threading.get_intra_op_parallelism_threads()
     inter = tf.config.threading.get_inter_op_parallelism_threads()
     if (intra, inter) != (threads, 1):

@@ -34,9 +34,11 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec, RingtrainError
 from ringtrain_trainer import data as data_mod
+from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.ipu import blas_limits, resolve_host_threads
+from ringtrain_trainer.keras_model import PRESETS
 from ringtrain_trainer.reducer import StepCommStats
 from ringtrain_trainer.worker import Trainer
 
@@ -84,13 +86,30 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def synthetic(n: int, seed: int = 0) -> data_mod.Dataset:
+def data_spec(model: str):
+    """What :func:`synthetic` shapes its data for: None for a preset (the 28×28 images the
+    benchmark has always used), else the model's spec."""
+    return None if model in PRESETS else model_mod.build(model)
+
+
+def synthetic(n: int, seed: int = 0, spec=None) -> data_mod.Dataset:
+    """``n`` random examples shaped for ``spec`` (None: the presets' 28×28 images, 10
+    classes): uint8 values fed as ``x / 255`` (as Fashion-MNIST is) in the model's input shape,
+    and labels in the form its loss reads (class ids, one-hot rows, 0/1 rows, float targets)."""
     rng = np.random.default_rng(seed)
-    split = data_mod.Split(  # stands in for Fashion-MNIST, so it is fed as x / 255 too
-        rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
-        rng.integers(0, 10, n),
-        data_mod.BUILTIN_SCALE,
-    )
+    shape = (28, 28) if spec is None else tuple(spec.input_shape)
+    k = 10 if spec is None else spec.num_classes
+    kind = "sparse" if spec is None else spec.loss.kind
+    images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+    if kind == "sparse":
+        labels = rng.integers(0, k, n)
+    elif kind == "categorical":
+        labels = np.eye(k, dtype=np.float32)[rng.integers(0, k, n)]
+    elif kind == "binary":
+        labels = rng.integers(0, 2, (n, k)).astype(np.float32)
+    else:
+        labels = rng.normal(0, 1, (n, k)).astype(np.float32)
+    split = data_mod.Split(images, labels, data_mod.BUILTIN_SCALE)
     return data_mod.Dataset("synthetic", split, split)
 
 
@@ -139,12 +158,10 @@ class IPUSide:
             steps=10**9,
             ipu_host_threads=args.threads,
         )
-        self.trainer = Trainer(
-            cfg,
-            collective or LocalCollective(),
-            synthetic(max(8192, 4 * self.batch)),
-            out=io.StringIO(),
-        )
+        #: the model's own input shape and labels (a zoo model is no 28×28 classifier)
+        self.examples = max(8192, 4 * self.batch)
+        data = synthetic(self.examples, 0, data_spec(args.model))
+        self.trainer = Trainer(cfg, collective or LocalCollective(), data, out=io.StringIO())
         self.flops_per_step = self.trainer.exe.flops_per_run
         self.comm = StepCommStats()
         self.loss_first: float | None = None
@@ -153,11 +170,12 @@ class IPUSide:
         self.start_loss: float | None = None
 
     def first_batch(self) -> tuple[np.ndarray, np.ndarray]:
-        """The batch the first step will train on (float32 in [0, 1], labels), so that a
-        baseline can compute its loss there with the same starting weights."""
+        """The batch the first step will train on (float32 as the model sees it, labels), so
+        that a baseline can compute its loss there with the same starting weights."""
         t = self.trainer
         idx = t.sharder.indices(t.position.epoch, t.position.batch)
-        return t.data.train.images[idx] * np.float32(1.0 / 255.0), t.data.train.labels[idx]
+        train = t.data.train
+        return train.images[idx] * np.float32(train.scale), train.labels[idx]
 
     def run(self, steps: int) -> float:
         if steps < 1:  # --warmup 0

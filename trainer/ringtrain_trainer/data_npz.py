@@ -1,14 +1,18 @@
 """Your data: a ``.npz`` of ``x_train, y_train, x_test, y_test``, and its fit to the model.
 
 Pipeline position: :func:`ringtrain_trainer.data.load` hands a path ending in ``.npz`` here;
-the worker then calls :func:`check_fits` before the first step. The file is what
-``np.savez(path, x_train=..., ...)`` writes after ``keras.datasets.*.load_data()``: images
-``(n, H, W)`` or ``(n, H, W, C)``, uint8 or float, labels ``(n,)`` or ``(n, 1)`` (CIFAR's
-shape) of any number of classes. The model is fed the numbers exactly as the file holds them,
-cast to float32, as Keras' ``model.fit(x)`` does (``data.Split``'s rule, ``scale`` 1): uint8
-pixels stay 0..255 (stored as uint8, cast per batch), so a model that starts with
-``Rescaling(1/255)`` scales them once, in training, evaluation and its export alike; a model
-without one wants a file of ``x / 255`` as float. The exported model expects what the file holds.
+the worker and the evaluator then call :func:`fit_model` before the first step. The file is
+what ``np.savez(path, x_train=..., ...)`` writes: examples of any shape and dtype the model's
+input declares — images ``(n, H, W[, C])`` uint8 or float, 2-D tables ``(n, features)``, int
+token ids ``(n, seq)`` — and labels as the model's loss reads them: integer class ids ``(n,)``
+/ ``(n, 1)`` (sparse cross-entropy), one-hot rows ``(n, classes)`` (categorical), 0/1 labels
+``(n,)`` / ``(n, k)`` (binary), float targets ``(n,)`` / ``(n, k)`` (regression). Every
+mismatch with the model is refused before training, naming the array, its dtype and shape and
+what the model expects. The model is fed the numbers exactly as the file holds them, cast to
+float32, as Keras' ``model.fit(x)`` does (``data.Split``'s rule, ``scale`` 1): uint8 pixels stay
+0..255 (stored as uint8, cast per batch), so a model that starts with ``Rescaling(1/255)``
+scales them once, in training, evaluation and its export alike; a model without one wants a
+file of ``x / 255`` as float. The exported model expects what the file holds.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,25 +32,38 @@ from ringtrain_trainer.engine.losses import LossSpec
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-def _images(path: Path, key: str, x: np.ndarray) -> np.ndarray:
-    if x.ndim not in (3, 4):
-        raise DataError(
-            f"{path}: {key} has shape {x.shape}; expected (n, height, width) or "
-            f"(n, height, width, channels)"
-        )
+#: the largest integer float32 holds exactly: token ids and integer features beyond it would
+#: reach the model rounded
+EXACT_INT = 2**24
+
+
+def _features(path: Path, key: str, x: np.ndarray) -> np.ndarray:
+    """Examples of any shape ``(n, ...)``: images, 2-D tables, int token ids. uint8 and other
+    integers are stored as they are (cast to float32 per batch, exactly: ids below 2**24),
+    floats as float32."""
+    if x.ndim < 1:
+        raise DataError(f"{path}: {key} is a scalar; expected one row per example (n, ...)")
     if x.dtype == np.uint8:
         return np.ascontiguousarray(x)
     if np.issubdtype(x.dtype, np.floating):
         return np.ascontiguousarray(x, np.float32)
+    if np.issubdtype(x.dtype, np.integer) and x.dtype != np.bool_:
+        if x.size and max(abs(int(x.min())), abs(int(x.max()))) > EXACT_INT:
+            raise DataError(
+                f"{path}: {key} ({x.dtype}, shape {x.shape}) holds {int(np.abs(x).max())}; "
+                f"integer inputs must stay within ±{EXACT_INT} (exact in float32)"
+            )
+        return np.ascontiguousarray(x)
     raise DataError(
-        f"{path}: {key} has dtype {x.dtype}; expected uint8 or float (fed to the model as stored)"
+        f"{path}: {key} has dtype {x.dtype}; expected uint8, integer (token ids) or float "
+        "(fed to the model as stored)"
     )
 
 
 def _labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
     """Integer class ids ``(n,)`` / ``(n, 1)`` → int64 ``(n,)``; anything else numeric (one-hot
     or {0, 1} rows, regression targets) → float32 ``(n, k)``. Whether they suit the model's loss
-    is :func:`check_fits`'s to say, once the model is known."""
+    is :func:`conform`'s and :func:`check_labels`' to say, once the model is known."""
     if y.dtype == np.bool_ or not (
         np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)
     ):
@@ -87,11 +105,11 @@ def load_npz(path: str | os.PathLike) -> Dataset:
         raise DataError(f"{path}: not a readable .npz archive ({e})") from None
     splits = {}
     for split in ("train", "test"):
-        x = _images(path, f"x_{split}", arrays[f"x_{split}"])
+        x = _features(path, f"x_{split}", arrays[f"x_{split}"])
         y = _labels(path, f"y_{split}", arrays[f"y_{split}"])
         if len(x) != len(y):
             raise DataError(
-                f"{path}: x_{split} has {len(x)} images but y_{split} has {len(y)} labels"
+                f"{path}: x_{split} has {len(x)} examples but y_{split} has {len(y)} labels"
             )
         if len(x) == 0:
             raise DataError(f"{path}: x_{split} is empty")
@@ -99,7 +117,7 @@ def load_npz(path: str | os.PathLike) -> Dataset:
     tr, te = splits["train"], splits["test"]
     if tr.images.shape[1:] != te.images.shape[1:]:
         raise DataError(
-            f"{path}: x_train images are {tr.images.shape[1:]} but x_test images "
+            f"{path}: x_train examples are {tr.images.shape[1:]} but x_test examples "
             f"are {te.images.shape[1:]}"
         )
     if tr.labels.ndim != te.labels.ndim or tr.labels.shape[1:] != te.labels.shape[1:]:
@@ -120,18 +138,51 @@ def check_fits(
     num_classes: int,
     source: str | os.PathLike,
     loss: LossSpec | None = None,
+    input_dtype: str | None = None,
 ) -> None:
-    """Refuse data the model cannot take, before anything runs: images must have the model's
-    input shape (``(H, W)`` fits ``(H, W, 1)``, and any shape fits a model that takes the same
-    number of values, read row-major like Keras' ``Reshape``) and the labels must be what the
-    loss reads (:func:`check_labels`)."""
-    shape = tuple(dataset.train.images.shape[1:])
-    if shape != tuple(input_shape) and math.prod(shape) != math.prod(input_shape):
-        raise DataError(
-            f"{source}: images are {tuple(shape)} but the model takes {tuple(input_shape)}"
-        )
+    """Refuse data the model cannot take, before anything runs: the examples must have the
+    model's input shape (``(H, W)`` fits ``(H, W, 1)``, and any shape fits a model that takes
+    the same number of values, read row-major like Keras' ``Reshape``), integer values where
+    the model's input is declared integer (token ids for an ``Embedding``), and the labels
+    must be what the loss reads (:func:`check_labels`)."""
+    for key, split in (("x_train", dataset.train), ("x_test", dataset.test)):
+        x = split.images
+        shape = tuple(x.shape[1:])
+        if shape != tuple(input_shape) and math.prod(shape) != math.prod(input_shape):
+            raise DataError(
+                f"{source}: {key} is {x.dtype} {tuple(x.shape)}, examples of {shape}, but the "
+                f"model's input takes (batch, {', '.join(map(str, input_shape))})"
+            )
+        if (
+            input_dtype
+            and "int" in str(input_dtype)
+            and not np.issubdtype(x.dtype, np.integer)
+            and not np.array_equal(x, np.round(x))
+        ):
+            raise DataError(
+                f"{source}: {key} is {x.dtype} {tuple(x.shape)} with fractional values, but the "
+                f"model's input is {input_dtype} (token ids): store integers"
+            )
     for key, split in (("y_train", dataset.train), ("y_test", dataset.test)):
         check_labels(split.labels, num_classes, loss or LossSpec(), f"{source}: {key}")
+
+
+def conform(dataset: Dataset, loss: LossSpec, k: int) -> Dataset:
+    """The labels in the form the loss reads, where Keras' ``fit`` takes the file's form too:
+    float class ids ``(n, 1)`` for sparse cross-entropy become int64 ``(n,)``; integer labels
+    ``(n,)`` (binary 0/1, integer targets) for a one-output binary or regression model become
+    float32 ``(n, 1)``. Anything else stays as loaded, for :func:`check_labels` to judge."""
+
+    def labels(y: np.ndarray) -> np.ndarray:
+        ids = loss.kind == "sparse" and y.ndim == 2 and y.shape[1] == 1 and len(y) > 0
+        if ids and y.min() >= 0 and np.array_equal(y, np.round(y)):
+            return y.reshape(len(y)).astype(np.int64)
+        if loss.kind in ("binary", "regression") and y.ndim == 1 and k == 1:
+            return y.astype(np.float32).reshape(len(y), 1)
+        return y
+
+    train, test = (replace(s, labels=labels(s.labels)) for s in (dataset.train, dataset.test))
+    return replace(dataset, train=train, test=test)
 
 
 def check_labels(y: np.ndarray, k: int, loss: LossSpec, where: str) -> None:
@@ -139,10 +190,11 @@ def check_labels(y: np.ndarray, k: int, loss: LossSpec, where: str) -> None:
     one-hot rows of ``k`` for categorical, {0, 1} rows of ``k`` for binary, float rows of ``k``
     (the output's shape) for regression."""
     kind, name = loss.kind, loss.name
+    what = f"{where} ({y.dtype} {tuple(y.shape)})"
     if kind == "sparse":
         if y.ndim != 1:
             raise DataError(
-                f"{where} has {y.shape[1]} float values per example; {name} needs integer "
+                f"{what} has {y.shape[1]} float values per example; {name} needs integer "
                 "class ids (n,) (one-hot rows need CategoricalCrossentropy)"
             )
         ids = y if loss.arg("ignore_class") is None else y[y != loss.arg("ignore_class")]
@@ -153,13 +205,13 @@ def check_labels(y: np.ndarray, k: int, loss: LossSpec, where: str) -> None:
     if y.ndim != 2 or y.shape[1] != k:
         got = "integer class ids" if y.ndim == 1 else f"rows of {y.shape[1]}"
         raise DataError(
-            f"{where} has {got}; {name} needs float rows of {k} values, the model's output "
+            f"{what} has {got}; {name} needs float rows of {k} values, the model's output "
             + ("(one-hot rows)" if kind == "categorical" else "")
         )
     if kind == "categorical" and not (np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1)):
-        raise DataError(f"{where}: {name} needs one-hot rows (one 1, the rest 0)")
+        raise DataError(f"{what}: {name} needs one-hot rows (one 1, the rest 0)")
     if kind == "binary" and not np.all((y == 0) | (y == 1)):
-        raise DataError(f"{where}: {name} needs labels of 0 or 1")
+        raise DataError(f"{what}: {name} needs labels of 0 or 1")
 
 
 def raw_pixels_note(dataset: Dataset, spec, source: str | os.PathLike) -> str | None:
@@ -179,8 +231,19 @@ def raw_pixels_note(dataset: Dataset, spec, source: str | os.PathLike) -> str | 
     )
 
 
-def check_model_fit(dataset: Dataset, spec, source: str | os.PathLike) -> str | None:
-    """:func:`check_fits` against a ``model.ModelSpec`` (refusals raise), then the
+def fit_model(dataset: Dataset, spec, source: str | os.PathLike) -> tuple[Dataset, str | None]:
+    """The data set with its labels :func:`conform`-ed to ``spec``'s loss, checked by
+    :func:`check_fits` against a ``model.ModelSpec`` (refusals raise), and the
     :func:`raw_pixels_note` to print, if any: what the worker and the evaluator both run."""
-    check_fits(dataset, spec.input_shape, spec.num_classes, source, getattr(spec, "loss", None))
-    return raw_pixels_note(dataset, spec, source)
+    loss = getattr(spec, "loss", None) or LossSpec()
+    dataset = conform(dataset, loss, spec.num_classes)
+    check_fits(
+        dataset,
+        spec.input_shape,
+        spec.num_classes,
+        source,
+        loss,
+        # the InputLayer's dtype (``keras.config``'s ``input_dtype``), where the front end reads it
+        getattr(getattr(spec, "config", None), "input_dtype", None),
+    )
+    return dataset, raw_pixels_note(dataset, spec, source)

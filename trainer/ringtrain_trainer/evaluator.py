@@ -38,7 +38,7 @@ from ringtrain_trainer import model as model_mod
 from ringtrain_trainer import tensorboard
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data_npz import check_model_fit
+from ringtrain_trainer.data_npz import fit_model
 from ringtrain_trainer.engine.losses import Loss
 from ringtrain_trainer.ipu import EVAL_BATCH
 from ringtrain_trainer.keras_model import describe
@@ -104,7 +104,7 @@ class Evaluator:
         self.out = out if out is not None else sys.stdout
         self.spec = model_mod.build(cfg.model)
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        note = check_model_fit(
+        self.data, note = fit_model(
             self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
         )
         if note:

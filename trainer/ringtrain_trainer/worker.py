@@ -37,7 +37,7 @@ from ringtrain_trainer import data as data_mod
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, checkpoint_cap
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data_npz import check_model_fit
+from ringtrain_trainer.data_npz import fit_model
 from ringtrain_trainer.engine.losses import label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
@@ -165,7 +165,7 @@ class Trainer:
             memory.host_optimizer_state(cfg.variables_on_host, self.optimizer.state_bytes),
         )
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        note = check_model_fit(
+        self.data, note = fit_model(
             self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
         )
         if note and self.is_chief:
