@@ -305,7 +305,11 @@ def test_an_unsupported_inline_config_names_layer_argument_and_what_is_supported
 @pytest.mark.parametrize(
     "model, words",
     [
-        ({"class_name": "Functional", "config": {}}, "a Keras Sequential config is needed"),
+        ({"class_name": "Functional", "config": {}}, "the Functional config has no layers"),
+        (
+            {"class_name": "MyModel", "config": {}},
+            "a Keras Sequential or Functional config is needed, got 'MyModel'",
+        ),
         (
             {
                 "class_name": "Sequential",

@@ -12,19 +12,22 @@ import pytest
 from support.gradcheck import gradcheck
 
 from ringtrain_trainer import layers as L
+from ringtrain_trainer.engine.ops import merge
 from ringtrain_trainer.layers import fused
 
 B = 3
 
 
 def _registry() -> set[type]:
-    """Every op class the engine ships: the general layers and the fused fast path."""
-    mods = [L, fused]
+    """Every op class the engine ships: the general layers, the fused fast path and the
+    ``engine/ops`` families."""
+    mods = [L, fused, merge]
     return {
         c
         for m in mods
         for _, c in inspect.getmembers(m, inspect.isclass)
-        if hasattr(c, "forward") and c.__module__.startswith("ringtrain_trainer.layers")
+        if hasattr(c, "forward")
+        and c.__module__.startswith(("ringtrain_trainer.layers", "ringtrain_trainer.engine.ops"))
     }
 
 
@@ -50,6 +53,10 @@ CASES = {
     "convpool-one-channel": fused.ConvPool((7, 6, 1), 2, 2),
     "dense-relu": fused.Dense(5, 4, True),
     "dense": fused.Dense(5, 4, False),
+    **{f"merge-{m}": merge.Merge((2, 3), m) for m in merge.MODES},
+    **{f"merge3-{m}": merge.Merge((4,), m, 3) for m in merge.MODES if m != "subtract"},
+    "concatenate-last": merge.Concatenate([(2, 3), (2, 1)], -1),
+    "concatenate-first3": merge.Concatenate([(1, 3), (2, 3), (3, 3)], 0),
 }
 
 
@@ -66,8 +73,11 @@ def compile_op(op, rng):
     ws["ctx"] = {"seed": 5, "step": 2, "example0": 4}
     op.bind(ws, B)
     n_in = getattr(op, "n_inputs", 1)
-    shape = op.in_shape if hasattr(op, "in_shape") else (op.n_in,)
-    xs = [rng.normal(size=(B, *shape)) for _ in range(n_in)]
+    shapes = (
+        getattr(op, "in_shapes", None)
+        or [op.in_shape if hasattr(op, "in_shape") else (op.n_in,)] * n_in
+    )
+    xs = [rng.normal(size=(B, *s)) for s in shapes]
     params = {p.name: rng.normal(0.5, 0.5, p.shape) for p in op.params(0)}
     w = rng.normal(size=(B, *op.out_shape))
     return ws, xs, params, w

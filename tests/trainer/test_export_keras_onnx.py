@@ -180,9 +180,7 @@ def test_unsupported_layer_is_refused_naming_layer_and_class(tmp_path):
     m = keras.Sequential([L.Input((8, 8, 1)), L.Conv2D(2, 3), L.UpSampling2D(name="grow")])
     cfg = json.loads(m.to_json())
     for write in (write_keras, write_onnx):
-        with pytest.raises(
-            InvalidSpec, match=r"layer 'grow': class 'UpSampling2D' is not supported"
-        ):
+        with pytest.raises(InvalidSpec, match=r"layer 'grow' \(UpSampling2D\) is not supported"):
             write(tmp_path / "x", cfg, m.get_weights())
     assert not (tmp_path / "x").exists()
 

@@ -11,11 +11,11 @@ import pytest
 from support.gradcheck import check_model
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
-from ringtrain_trainer import keras_config as K
 from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer import layers as L
 from ringtrain_trainer import model as M
 from ringtrain_trainer.ipu import IPU, MB, IPUConfig
+from ringtrain_trainer.keras import config as K
 from ringtrain_trainer.layers import fused
 
 
@@ -215,8 +215,10 @@ def test_shape_and_loss_mistakes_are_refused_before_anything_runs():
         KM.from_config(seq((8, 8, 1), layer("Dense", "dd", units=2)))
     with pytest.raises(InvalidSpec, match="from_logits=False needs a model whose last layer"):
         KM.from_config(seq((4,), layer("Dense", units=2), from_logits=False))
-    with pytest.raises(InvalidSpec, match="a Keras Sequential config is needed, got 'Functional'"):
-        KM.from_config({"class_name": "Functional", "config": {}})
+    with pytest.raises(
+        InvalidSpec, match="a Keras Sequential or Functional config is needed, got 'MyModel'"
+    ):
+        KM.from_config({"class_name": "MyModel", "config": {}})
     with pytest.raises(InvalidSpec, match="--model: unknown model 'vgg'"):
         M.build("vgg")
 

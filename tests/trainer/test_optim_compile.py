@@ -11,10 +11,11 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from ringtrain.errors import CheckpointError, InvalidSpec
-from ringtrain_trainer import keras_config, keras_model, optim, worker, worker_main
+from ringtrain_trainer import keras_model, optim, worker, worker_main
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.keras import config as keras_config
 from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.optim.registry import BASE
 

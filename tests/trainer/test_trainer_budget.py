@@ -12,8 +12,8 @@ import pytest
 
 from ringtrain.errors import EXIT_PERMANENT
 from ringtrain_trainer import budget, memory
-from ringtrain_trainer import keras_config as K
 from ringtrain_trainer import keras_model as KM
+from ringtrain_trainer.keras import config as K
 
 HUGE = {
     "class_name": "Sequential",

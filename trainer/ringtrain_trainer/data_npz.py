@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import DataError
-from ringtrain_trainer import keras_config as K
 from ringtrain_trainer.data import Dataset, Split
 from ringtrain_trainer.engine.losses import LossSpec
 
@@ -171,7 +170,7 @@ def raw_pixels_note(dataset: Dataset, spec, source: str | os.PathLike) -> str | 
     if dataset.train.images.dtype != np.uint8 or dataset.train.scale != 1.0:
         return None
     layers = getattr(getattr(spec, "config", None), "layers", ())
-    if any(isinstance(layer, K.Rescaling) for layer in layers):
+    if any(layer.cls == "Rescaling" for layer in layers):
         return None
     return (
         f"{source}: uint8 pixels are fed to the model as stored (0..255), as Keras' "

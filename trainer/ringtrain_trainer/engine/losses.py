@@ -1,7 +1,7 @@
 """The loss registry: Keras loss class name → one entry, its value and its gradient with respect
 to the model's output side by side, used by training, the worker's evaluation and the Evaluator.
 
-Pipeline position: ``keras_config.parse`` calls :func:`parse` on ``compile_config.loss`` (refusing
+Pipeline position: ``keras.compile.read`` calls :func:`parse` on ``compile_config.loss`` (refusing
 what is unsupported, naming the field, before anything runs); ``engine.program.Program`` builds
 one :class:`Loss` per compiled program (labels, gradient and workspace allocated once; a training
 step allocates nothing) and the evaluators call :meth:`Loss.total` / :meth:`Loss.score` on whole

@@ -20,8 +20,8 @@ import numpy as np
 from ringtrain.errors import CheckpointError, RingtrainError, exit_code_for
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
-from ringtrain_trainer.export.keras_file import write_keras
 from ringtrain_trainer.export.onnx_file import write_onnx
+from ringtrain_trainer.keras.archive import write_keras
 from ringtrain_trainer.keras_model import describe
 
 FORMATS = ("keras", "onnx")

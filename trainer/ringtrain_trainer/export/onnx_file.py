@@ -1,11 +1,13 @@
-"""An ONNX model from a Keras Sequential config and its weights (`ringtrain export --format onnx`).
+"""An ONNX model from a Keras config and its weights (`ringtrain export --format onnx`).
 
-Pipeline position: beside :mod:`keras_file`, from the same ``(config, weights)``. The graph
-takes what the Keras model takes — float32 ``(batch, H, W, C)``, channels last, the batch
-dynamic — and returns what it returns. ONNX convolutions and pools are channels-first, so the
-writer tracks the layout: a run of spatial layers is wrapped in one transpose to NCHW and one
-back (before Flatten, Reshape, Dense, Softmax or the output), which keeps Keras' NHWC flatten
-order. ``padding="same"`` becomes TensorFlow's explicit pads (the extra one at the end);
+Pipeline position: beside ``keras.archive``, from the same ``(config, weights)``, parsed by
+``keras.config`` into a layer graph whose every layer appends its own nodes (its registry
+entry's ``onnx``). The graph takes what the Keras model takes — float32 ``(batch, …)``,
+channels last, the batch dynamic — and returns what it returns. ONNX convolutions and pools
+are channels-first, so the writer tracks each tensor's layout: a layer asks for its input as
+NCHW or NHWC (or either, for element-wise layers), a transpose is added only where the layout
+changes and at most once per tensor (a residual branch reuses it), and the output is NHWC, which
+keeps Keras' flatten order. ``padding="same"`` becomes TensorFlow's explicit pads;
 BatchNormalization is folded to ``x * a + b`` with its moving statistics (inference).
 
 Opset 17 (IR version 8): every operator used here is stable at that version and it is read by
@@ -20,12 +22,15 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer.export.layers import Layer, activation_name, bind, input_shape, pair
+from ringtrain_trainer.keras.archive import bind
+from ringtrain_trainer.keras.config import parse
+from ringtrain_trainer.keras.registry import REGISTRY
 
 OPSET = 17
 IR_VERSION = 8
 INPUT, OUTPUT = "input", "output"
 _NCHW, _NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
+_ACT = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh"}
 
 
 def _onnx():
@@ -36,151 +41,93 @@ def _onnx():
     return onnx
 
 
-def _same_pads(n: int, k: int, s: int) -> tuple[int, int]:
-    total = max((-(-n // s) - 1) * s + k - n, 0)
-    return total // 2, total - total // 2
-
-
-class _Graph:
-    """Nodes and initializers being built, and the current tensor with its layout."""
+class OnnxGraph:
+    """Nodes and initializers being built; per Keras tensor its ONNX name, layout and rank.
+    An entry's ``onnx(g, spec, weights)`` reads its inputs with :meth:`x`, adds nodes with
+    :meth:`op` / :meth:`const` and names its output with :meth:`out`; :attr:`nchw` is the
+    layout of what it is computing (set by :meth:`x`)."""
 
     def __init__(self, onnx, rank: int):
         self.onnx, self.h = onnx, onnx.helper
         self.nodes: list = []
         self.inits: list = []
-        self.x, self.nchw, self.rank = INPUT, False, rank
+        self.tensors: dict[int, tuple[str, bool, int]] = {0: (INPUT, False, rank)}
+        self._moved: dict[tuple[str, bool], str] = {}
+        self.spec = None
+        self.nchw = False
         self._n = 0
 
     def name(self, hint: str) -> str:
         self._n += 1
         return f"{hint}_{self._n}"
 
-    def const(self, hint: str, value: np.ndarray) -> str:
+    def const(self, hint: str, value) -> str:
         name = self.name(hint)
         self.inits.append(self.onnx.numpy_helper.from_array(np.asarray(value), name))
         return name
 
     def op(self, op: str, inputs: list[str], hint: str, **attrs) -> str:
         out = self.name(hint)
-        self.nodes.append(self.h.make_node(op, [self.x, *inputs], [out], name=out, **attrs))
-        self.x = out
+        self.nodes.append(self.h.make_node(op, inputs, [out], name=out, **attrs))
         return out
 
-    def layout(self, nchw: bool) -> None:
-        if self.rank == 4 and self.nchw != nchw:
-            self.op(
-                "Transpose",
-                [],
-                "to_nchw" if nchw else "to_nhwc",
-                perm=list(_NCHW if nchw else _NHWC),
+    def x(self, k: int = 0, nchw: bool | None = None) -> str:
+        """Input ``k`` of the current layer, in layout ``nchw`` (None: as it is)."""
+        name, is_nchw, rank = self.tensors[self.spec.inputs[k]]
+        if rank != 4 or nchw is None or nchw == is_nchw:
+            self.nchw = is_nchw and rank == 4
+            return name
+        key = (name, nchw)
+        if key not in self._moved:
+            perm = list(_NCHW if nchw else _NHWC)
+            self._moved[key] = self.op(
+                "Transpose", [name], "to_nchw" if nchw else "to_nhwc", perm=perm
             )
-            self.nchw = nchw
+        self.nchw = nchw
+        return self._moved[key]
 
-    def per_channel(self, hint: str, v: np.ndarray) -> str:
+    def xs(self) -> list[str]:
+        """Every input of the current layer, in the first one's layout."""
+        first = self.x(0)
+        layout = self.nchw
+        rest = [self.x(k, layout) for k in range(1, len(self.spec.inputs))]
+        self.nchw = layout
+        return [first, *rest]
+
+    def out(self, name: str) -> None:
+        self.tensors[self.spec.output] = (name, self.nchw, len(self.spec.out_shape) + 1)
+
+    def per_channel(self, hint: str, v) -> str:
         """A per-channel constant broadcast along the channel axis of the current layout."""
         v = np.asarray(v, np.float32)
         return self.const(hint, v.reshape(-1, 1, 1) if self.nchw and v.size > 1 else v)
 
-    def activation(self, act: str, hint: str) -> None:
+    def act(self, x: str, act: str, hint: str | None = None) -> str:
+        hint = hint or f"{self.spec.name}_act"
         if act == "linear":
-            return
+            return x
         if act == "softmax":
-            self.layout(False)
-            self.op("Softmax", [], hint, axis=-1)
-        else:
-            self.op({"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh"}[act], [], hint)
-
-
-def _emit(g: _Graph, layer: Layer) -> None:
-    c, n = layer.cfg, layer.name
-    cls = layer.cls
-    if cls == "Conv2D":
-        g.layout(True)
-        kh, kw, _, _ = layer.weight_shapes[0]
-        sh, sw = pair(c.get("strides", 1), "strides", n)
-        pads = [0, 0, 0, 0]
-        if c.get("padding", "valid") == "same":
-            (t, b), (l_, r) = (
-                _same_pads(layer.in_shape[0], kh, sh),
-                _same_pads(layer.in_shape[1], kw, sw),
-            )
-            pads = [t, l_, b, r]
-        inputs = [g.const(f"{n}_kernel", layer.weights[0].transpose(3, 2, 0, 1))]
-        if len(layer.weights) > 1:
-            inputs.append(g.const(f"{n}_bias", layer.weights[1]))
-        g.op("Conv", inputs, n, kernel_shape=[kh, kw], strides=[sh, sw], pads=pads)
-        g.activation(activation_name(layer, c.get("activation")), f"{n}_act")
-    elif cls in ("MaxPooling2D", "AveragePooling2D"):
-        g.layout(True)
-        ph, pw = pair(c.get("pool_size", 2), "pool_size", n)
-        sh, sw = pair(c.get("strides") or (ph, pw), "strides", n)
-        pads = [0, 0, 0, 0]
-        if c.get("padding", "valid") == "same":
-            (t, b), (l_, r) = (
-                _same_pads(layer.in_shape[0], ph, sh),
-                _same_pads(layer.in_shape[1], pw, sw),
-            )
-            pads = [t, l_, b, r]
-        op = "MaxPool" if cls == "MaxPooling2D" else "AveragePool"
-        extra = {} if op == "MaxPool" else {"count_include_pad": 0}
-        g.op(op, [], n, kernel_shape=[ph, pw], strides=[sh, sw], pads=pads, **extra)
-    elif cls == "GlobalAveragePooling2D":
-        g.layout(True)
-        g.op("GlobalAveragePool", [], n)
-        if not c.get("keepdims"):
-            g.op("Flatten", [], f"{n}_squeeze", axis=1)
-            g.rank, g.nchw = 2, False
-    elif cls in ("Flatten", "Reshape"):
-        g.layout(False)
-        target = [0, -1] if cls == "Flatten" else [0, *layer.out_shape]
-        g.op("Reshape", [g.const(f"{n}_shape", np.array(target, np.int64))], n)
-        g.rank = len(layer.out_shape) + 1
-    elif cls == "Rescaling":
-        scale, offset = (
-            np.asarray(c.get(k, d), np.float32) for k, d in (("scale", 1.0), ("offset", 0.0))
-        )
-        g.op("Mul", [g.per_channel(f"{n}_scale", scale)], n)
-        g.op("Add", [g.per_channel(f"{n}_offset", offset)], f"{n}_offset")
-    elif cls == "Dense":
-        g.layout(False)
-        g.op("MatMul", [g.const(f"{n}_kernel", layer.weights[0])], n)
-        if len(layer.weights) > 1:
-            g.op("Add", [g.const(f"{n}_bias", layer.weights[1])], f"{n}_bias")
-        g.activation(activation_name(layer, c.get("activation")), f"{n}_act")
-    elif cls == "BatchNormalization":
-        w = list(layer.weights)
-        gamma = w.pop(0) if c.get("scale", True) else 1.0
-        beta = w.pop(0) if c.get("center", True) else 0.0
-        mean, var = w
-        a = gamma / np.sqrt(var + np.float32(c.get("epsilon", 1e-3)))
-        g.op("Mul", [g.per_channel(f"{n}_a", a)], n)
-        g.op("Add", [g.per_channel(f"{n}_b", beta - mean * a)], f"{n}_b")
-    elif cls == "Activation":
-        g.activation(activation_name(layer, c.get("activation")), n)
-    elif cls == "ReLU":
-        g.activation("relu", n)
-    elif cls == "Softmax":
-        g.activation("softmax", n)
-    # Dropout: the identity at inference
+            return self.op("Softmax", [x], hint, axis=1 if self.nchw else -1)
+        return self.op(_ACT[act], [x], hint)
 
 
 def to_onnx(keras_config: dict, weights: list[np.ndarray]):
     """The ``onnx.ModelProto``; :func:`write_onnx` checks and saves it."""
     onnx = _onnx()
-    layers = bind(keras_config, weights)
-    shape = input_shape(keras_config)
-    g = _Graph(onnx, len(shape) + 1)
-    for layer in layers:
-        _emit(g, layer)
-    g.layout(False)
-    g.nodes.append(onnx.helper.make_node("Identity", [g.x], [OUTPUT], name=OUTPUT))
-    out_shape = layers[-1].out_shape if layers else shape
+    cfg = parse(keras_config, compiled=False)
+    arrays = bind(cfg, weights)
+    g = OnnxGraph(onnx, len(cfg.input_shape) + 1)
+    for s, ws in zip(cfg.layers, arrays, strict=True):
+        g.spec = s
+        REGISTRY[s.cls].onnx(g, s, ws)
+    g.spec = type("Out", (), {"inputs": (cfg.output,)})()
+    g.nodes.append(onnx.helper.make_node("Identity", [g.x(0, False)], [OUTPUT], name=OUTPUT))
     f32 = onnx.TensorProto.FLOAT
     graph = onnx.helper.make_graph(
         g.nodes,
-        (keras_config.get("config") or {}).get("name", "sequential"),
-        [onnx.helper.make_tensor_value_info(INPUT, f32, ["batch", *shape])],
-        [onnx.helper.make_tensor_value_info(OUTPUT, f32, ["batch", *out_shape])],
+        cfg.name,
+        [onnx.helper.make_tensor_value_info(INPUT, f32, ["batch", *cfg.input_shape])],
+        [onnx.helper.make_tensor_value_info(OUTPUT, f32, ["batch", *cfg.output_shape])],
         initializer=g.inits,
     )
     model = onnx.helper.make_model(

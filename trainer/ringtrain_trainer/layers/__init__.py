@@ -1,7 +1,8 @@
 """IPU layers for Keras models beyond the fused fast path: numpy, NHWC float32, in place.
 
-Pipeline position: ``keras_model`` turns each validated Keras layer (``keras_config``) into one
-of these — or into ``fused.ConvPool`` / ``fused.Dense`` where the fast path fits — and
+Pipeline position: ``keras_model`` turns each validated Keras layer (``keras.config``) into one
+of these through its ``keras.registry`` entry — or into ``fused.ConvPool`` / ``fused.Dense``
+where the fast path fits — and
 ``engine.program.Program`` drives them all through one protocol: ``params(layer)``,
 ``state_specs``, ``buffers(batch, train, need_dx)``, ``flops``, ``bind(ws, batch)``,
 ``forward(ws, *inputs, **params)``, and backward in three parts —

@@ -1,6 +1,6 @@
 """Which optimizer runs: the model's ``compile_config``, or the flags that override it.
 
-Pipeline position: ``keras_config.parse`` calls :func:`from_compile_config` while it validates
+Pipeline position: ``keras.compile.read`` calls :func:`from_compile_config` while it validates
 the model (so ``render``, ``run`` and the operator refuse an unsupported optimizer before
 anything runs, naming the field: ``compile_config.optimizer.config.use_ema``); the worker calls
 :func:`resolve` with its flags and builds the optimizer with :func:`build`.

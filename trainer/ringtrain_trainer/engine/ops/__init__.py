@@ -1,9 +1,11 @@
-"""The engine's ops, one family per file, all in the layer protocol of ``layers.base``
-(``params``, ``buffers``, ``bind``, ``forward``, ``backward_local``, ``backward_input``,
-``backward_weights``, ``flops``): ``conv`` (Conv1D/Conv2D), ``depthwise`` (Depthwise and
-Separable convolution), ``pool`` (window and global pooling), ``shape`` (zero padding, cropping,
-up-sampling), ``activations`` (every Keras activation in common use, one table),
-``initializers`` and ``regularizers``. ``window`` holds the padding arithmetic they share.
+"""The engine's ops, one family per file, in the ``layers.base.Layer`` protocol: ``params``,
+``buffers``, ``bind``, ``forward``, ``backward_local``, ``backward_input`` (one gradient per
+input), ``backward_weights`` and ``flops``. Each op is built by its Keras registry entry
+(``keras/registry.py``) and checked against finite differences (``support.gradcheck``).
 
-Channels-last only; every op is dtype-agnostic (the Program chooses float32, the gradient
-checks float64) and allocates nothing per step beyond a few row-sized reductions."""
+Families: ``conv`` (Conv1D/Conv2D), ``depthwise`` (Depthwise and Separable convolution),
+``pool`` (window and global pooling), ``shape`` (zero padding, cropping, up-sampling),
+``merge`` (Add, Concatenate, ...), ``activations`` (every Keras activation in common use, one
+table), ``initializers`` and ``regularizers``; ``window`` holds the padding arithmetic the
+window ops share. Channels-last only; every op is dtype-agnostic (the Program chooses float32,
+the gradient checks float64) and allocates nothing per step beyond row-sized reductions."""

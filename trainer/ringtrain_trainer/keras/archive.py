@@ -1,0 +1,234 @@
+"""Keras configs and ``.keras`` archives out of a :class:`~.config.ModelConfig`, and back.
+
+Pipeline position: ``--model model.keras`` reads an archive here (its weights become the
+starting point); ``ringtrain export`` writes one. The layout is Keras' own ``saving_lib``: a
+zip of ``metadata.json``, ``config.json`` (with ``compile_config`` when present) and
+``model.weights.h5``, where a model's layer list is saved as a container — each layer's arrays
+under ``layers/<snake_case(class)>[_k]/vars/0..n``, numbered per class in layer order. A
+Sequential model's list leaves out its InputLayer; a Functional model's includes it (Keras
+3.15's ``model.layers``). Arrays are in ``get_weights()`` order, the registry entries'
+``weights``. Checked against files Keras 3.15 writes and by ``keras.saving.load_model``.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.keras.config import ModelConfig, parse
+from ringtrain_trainer.keras.entry import Weight, snake_case
+from ringtrain_trainer.keras.registry import REGISTRY
+
+CONFIG, METADATA, WEIGHTS = "config.json", "metadata.json", "model.weights.h5"
+#: the oldest Keras that reads this layout (the saving format has not changed since 3.0)
+KERAS_VERSION = "3.0.0"
+#: the ``module`` Keras 3 writes for each model class (it deserializes Functional only from it)
+_MODULE = {"Sequential": "keras", "Functional": "keras.src.models.functional"}
+
+
+def weights_of(cfg: ModelConfig) -> list[tuple[str, list[Weight]]]:
+    """Each layer's name with its arrays, in ``get_weights()`` order."""
+    return [(s.name, REGISTRY[s.cls].weights(s.args, list(s.in_shapes))) for s in cfg.layers]
+
+
+def bind(cfg: ModelConfig, weights: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """``weights`` (``get_weights()`` order) split per layer, the count and every shape checked
+    so a mismatch names the layer instead of corrupting a file."""
+    want = weights_of(cfg)
+    need = sum(len(w) for _, w in want)
+    if len(weights) != need:
+        raise InvalidSpec(f"model has {need} weight arrays but {len(weights)} were given")
+    it, out = iter(weights), []
+    for s, (_, ws) in zip(cfg.layers, want, strict=True):
+        out.append([])
+        for i, w in enumerate(ws):
+            arr = np.asarray(next(it), dtype=np.float32)
+            if tuple(arr.shape) != tuple(w.shape):
+                raise InvalidSpec(
+                    f"layer {s.name!r} ({s.cls}): weight {i} has shape {tuple(arr.shape)}, "
+                    f"expected {tuple(w.shape)}"
+                )
+            out[-1].append(arr)
+    return out
+
+
+def h5_paths(cfg: ModelConfig) -> list[str | None]:
+    """Per layer of ``cfg.layers``, its ``model.weights.h5`` group."""
+    used: dict[str, int] = {"input_layer": 0} if cfg.functional else {}
+    paths: list[str | None] = []
+    for s in cfg.layers:
+        base = snake_case(s.cls)
+        n = used.get(base, -1) + 1
+        used[base] = n
+        paths.append(f"layers/{base}" + (f"_{n}" if n else ""))
+    return paths
+
+
+def _item(cls: str, config: dict, **extra) -> dict:
+    return {
+        "module": "keras.layers",
+        "class_name": cls,
+        "config": config,
+        "registered_name": None,
+        **extra,
+    }
+
+
+def to_keras(cfg: ModelConfig, compile_config: dict | None = None) -> dict:
+    """A Keras 3 config (``model.to_json()``'s shape) that ``model_from_json`` loads."""
+    inp = {"batch_shape": [None, *cfg.input_shape], "dtype": "float32", "name": cfg.input_name}
+    layers = [
+        _item(s.cls, {"name": s.name, "trainable": True, "dtype": "float32", **s.args})
+        for s in cfg.layers
+    ]
+    if cfg.functional:
+        names = {0: cfg.input_name, **{s.output: s.name for s in cfg.layers}}
+        shapes = {0: cfg.input_shape, **{s.output: s.out_shape for s in cfg.layers}}
+
+        def tensor(t: int) -> dict:
+            return {
+                "class_name": "__keras_tensor__",
+                "config": {
+                    "shape": [None, *shapes[t]],
+                    "dtype": "float32",
+                    "keras_history": [names[t], 0, 0],
+                },
+            }
+
+        for item, s in zip(layers, cfg.layers, strict=True):
+            ts = [tensor(t) for t in s.inputs]
+            item["name"] = s.name
+            item["inbound_nodes"] = [{"args": [ts if len(ts) > 1 else ts[0]], "kwargs": {}}]
+        first = _item("InputLayer", inp, name=cfg.input_name, inbound_nodes=[])
+        body = {
+            "layers": [first, *layers],
+            "input_layers": [cfg.input_name, 0, 0],
+            "output_layers": [names[cfg.output], 0, 0],
+        }
+        cls = "Functional"
+    else:
+        body = {"layers": [_item("InputLayer", inp), *layers]}
+        cls = "Sequential"
+    out = {
+        "module": _MODULE[cls],
+        "class_name": cls,
+        "config": {"name": cfg.name, "trainable": True, "dtype": "float32", **body},
+        "registered_name": None,
+        "build_config": {"input_shape": [None, *cfg.input_shape]},
+    }
+    if compile_config is not None:
+        out["compile_config"] = compile_config
+    return out
+
+
+def normalized(keras_config: dict) -> dict:
+    """A copy with the ``module`` fields and ``build_config`` Keras writes itself, so a config
+    written by hand (or by tf.keras 2) deserializes like one Keras saved."""
+    cfg = copy.deepcopy(keras_config)
+    cfg.setdefault("module", _MODULE.get(cfg.get("class_name"), "keras"))
+    cfg.setdefault("registered_name", None)
+    for layer in (cfg.get("config") or {}).get("layers") or []:
+        layer.setdefault("module", "keras.layers")
+        layer.setdefault("registered_name", None)
+    cfg.setdefault(
+        "build_config", {"input_shape": [None, *parse(keras_config, compiled=False).input_shape]}
+    )
+    return cfg
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError:
+        raise InvalidSpec("the .keras format needs the h5py package (pip install h5py)") from None
+    return h5py
+
+
+def write_keras(
+    path: str | os.PathLike,
+    keras_config: dict,
+    weights: list[np.ndarray],
+    compile_config: dict | None = None,
+) -> Path:
+    """Write a ``.keras`` archive that ``keras.saving.load_model`` opens: ``keras_config`` as
+    ``json.loads(model.to_json())``, ``weights`` in ``get_weights()`` order; ``compile_config``
+    (or the config's own) makes Keras compile the loaded model with that loss and optimizer."""
+    cfg = parse(keras_config, compiled=False)
+    arrays = bind(cfg, weights)
+    doc = normalized(keras_config)
+    if compile_config is not None:
+        doc["compile_config"] = compile_config
+    h5py = _h5py()
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as f:
+        f.create_group("vars").attrs["name"] = cfg.name
+        if cfg.functional:
+            f.create_group("layers/input_layer/vars")
+        for s, group, ws in zip(cfg.layers, h5_paths(cfg), arrays, strict=True):
+            g = f.create_group(f"{group}/vars")
+            g.attrs["name"] = s.name
+            for i, w in enumerate(ws):
+                g.create_dataset(str(i), data=w)
+    metadata = {
+        "keras_version": KERAS_VERSION,
+        "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
+    }
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf:
+        zf.writestr(METADATA, json.dumps(metadata))
+        zf.writestr(CONFIG, json.dumps(doc))
+        zf.writestr(WEIGHTS, buf.getvalue())
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(out.getvalue())
+    os.replace(tmp, path)
+    return path
+
+
+def read_keras(path: str | os.PathLike) -> tuple[dict, list[np.ndarray]]:
+    """The inverse of :func:`write_keras` for any ``.keras`` file of a supported model (Keras'
+    own included): its config and weights in ``get_weights()`` order."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            for need in (CONFIG, WEIGHTS):
+                if need not in names:
+                    raise InvalidSpec(
+                        f"{path}: no {need} in the archive (not a Keras 3 .keras file?)"
+                    )
+            doc = json.loads(zf.read(CONFIG))
+            blob = zf.read(WEIGHTS)
+    except FileNotFoundError:
+        raise InvalidSpec(f"{path}: no such file") from None
+    except (OSError, zipfile.BadZipFile, ValueError) as e:
+        raise InvalidSpec(f"{path}: not a readable .keras archive ({e})") from None
+    try:
+        cfg = parse(doc, compiled=False)
+    except InvalidSpec as e:
+        raise InvalidSpec(f"--model {path}: {e}") from None
+    h5py = _h5py()
+    weights: list[np.ndarray] = []
+    try:
+        with h5py.File(io.BytesIO(blob), "r") as f:
+            for (name, ws), group in zip(weights_of(cfg), h5_paths(cfg), strict=True):
+                g = f.get(f"{group}/vars")
+                if g is None and ws:
+                    raise InvalidSpec(f"{path}: {WEIGHTS} has no {group} for layer {name!r}")
+                if g is not None:
+                    weights += [np.asarray(g[k]) for k in sorted(g.keys(), key=int)]
+    except OSError as e:
+        raise InvalidSpec(f"{path}: {WEIGHTS} is not readable HDF5 ({e})") from None
+    try:
+        bind(cfg, weights)
+    except InvalidSpec as e:
+        raise InvalidSpec(f"{path}: {e}") from None
+    return doc, weights

@@ -1,0 +1,57 @@
+"""``compile_config`` → the loss, optimizer and metrics that run, through their registries.
+
+The loss registry is ``engine.losses`` (training and evaluation alike), the optimizer and
+schedule registry ``optim.registry``; this module only reads the Keras fields, refuses by field
+what ringtrain would otherwise ignore, and folds a final softmax/sigmoid into the loss.
+"""
+
+from __future__ import annotations
+
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine import losses
+from ringtrain_trainer.keras.entry import snake_case
+from ringtrain_trainer.optim.registry import OptimizerSpec, from_compile_config
+
+#: compile_config fields that only steer Keras' own loop (how many steps per call, eager or
+#: XLA): they change no number ringtrain computes, so any value is accepted
+COMPILE_EXECUTION = ("run_eagerly", "steps_per_execution", "jit_compile", "auto_scale_loss")
+#: metrics ringtrain reports itself, per kind of loss (loss and the metric on /status,
+#: TensorBoard, the evaluator): accuracy for classification, MAE for regression
+METRICS = {
+    "sparse": ("accuracy", "acc", "sparse_categorical_accuracy"),
+    "categorical": ("accuracy", "acc", "categorical_accuracy"),
+    "binary": ("accuracy", "acc", "binary_accuracy"),
+    "regression": ("mae", "mean_absolute_error"),
+}
+
+
+def _check(comp: dict, kind: str) -> None:
+    """Refuse, by field, compile settings ringtrain would otherwise ignore."""
+    for k, v in comp.items():
+        where = f"model: compile_config.{k}"
+        if k in ("optimizer", "loss", *COMPILE_EXECUTION):
+            continue
+        if k in ("loss_weights", "weighted_metrics"):
+            if v not in (None, [], {}):
+                raise InvalidSpec(f"{where}={v!r} is not supported (supported: None)")
+        elif k == "metrics":
+            for m in v if isinstance(v, list) else [] if v is None else [v]:
+                name = m.get("class_name") if isinstance(m, dict) else m
+                if snake_case(str(name)) not in METRICS[kind]:
+                    raise InvalidSpec(
+                        f"{where}: metric {name!r} is not supported with a {kind} loss "
+                        f"(ringtrain reports the loss and: {', '.join(METRICS[kind])})"
+                    )
+        else:
+            raise InvalidSpec(f"{where}: this compile setting is not supported")
+
+
+def read(comp: dict | None, tail: str | None) -> tuple[losses.LossSpec, OptimizerSpec | None]:
+    """The loss that runs (``tail``: the model's last activation, folded into it where it is
+    the loss's own) and the compiled optimizer (None: the model has none)."""
+    comp = comp or {}
+    loss = losses.parse(comp.get("loss"))
+    if loss is None:  # no compile settings: sparse cross-entropy on what the model ends in
+        loss = losses.LossSpec("SparseCategoricalCrossentropy", {"from_logits": tail != "softmax"})
+    _check(comp, loss.kind)
+    return losses.fold(loss, tail), from_compile_config(comp)

@@ -1,0 +1,310 @@
+"""Parse a Keras ``Sequential`` or ``Functional`` config into a validated layer graph.
+
+Pipeline position: the first step of ``--model`` / ``spec.trainer.model`` and of both
+exporters. Input is what ``model.to_json()`` writes — Keras 3 (``module``, ``class_name``,
+``config``, ``registered_name``, ``build_config``; a Functional node is ``{"args": [...],
+"kwargs": {...}}`` whose tensors carry ``keras_history``) or tf.keras 2 (``batch_input_shape``;
+a node is ``[[layer, node, tensor, kwargs], ...]``) — already decoded to a dict. Output is a
+:class:`ModelConfig`: one :class:`LayerSpec` per layer with its input tensors, output tensor and
+shapes, the loss and the compiled optimizer. Everything is checked here, *before anything
+runs*, by shape arithmetic only (a 2 KB spec may describe a 40 GB model): an unsupported layer,
+argument, value or graph feature raises :class:`InvalidSpec` naming it, so ``render``, ``run``,
+the operator and ``ringtrain export`` refuse with the same words.
+
+Tensors are small integers: the model's input is 0, and layer ``i`` (in topological order)
+writes tensor ``i + 1`` — so a Sequential model is the chain every earlier tool expects.
+Layers are built from the nodes as Keras' ``functional_from_config`` does: each once its inputs
+exist. ``trainable=False`` on a layer with weights (or on the model) is refused: the trainer
+trains every weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine import losses
+from ringtrain_trainer.keras import compile as compile_mod
+from ringtrain_trainer.keras.entry import Args, Shape
+from ringtrain_trainer.keras.registry import REGISTRY, SUPPORTED
+from ringtrain_trainer.optim.registry import OptimizerSpec
+
+FUNCTIONAL = ("Functional", "Model")
+_INPUT_ARGS = ("batch_shape", "batch_input_shape", "input_shape", "shape", "batch_size", "optional")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One Keras layer: class, name, its normalized arguments (the registry entry's parse),
+    the tensors it reads and writes, and their per-example shapes."""
+
+    cls: str
+    name: str
+    args: dict = field(hash=False)
+    inputs: tuple[int, ...]
+    output: int
+    in_shapes: tuple[Shape, ...]
+    out_shape: Shape
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A validated model: its input (name, shape without the batch axis), layers in
+    topological order, the output tensor, the loss that runs and the compiled optimizer."""
+
+    name: str
+    input_shape: Shape
+    layers: tuple[LayerSpec, ...]
+    from_logits: bool
+    optimizer: OptimizerSpec | None = None
+    #: the loss that runs (``engine.losses``): the compile settings', with any final softmax
+    #: or sigmoid folded into it
+    loss: losses.LossSpec = losses.DEFAULT
+    functional: bool = False
+    input_name: str = "input_layer"
+    output: int = 0
+
+    @property
+    def ends_in_softmax(self) -> bool:
+        return self.tail == "softmax"
+
+    @property
+    def tail(self) -> str | None:
+        """The activation of the layer that writes the model's output."""
+        last = next((s for s in self.layers if s.output == self.output), None)
+        return None if last is None else REGISTRY[last.cls].activation(last.args)
+
+    @property
+    def output_shape(self) -> Shape:
+        return next(s.out_shape for s in self.layers if s.output == self.output)
+
+    def consumers(self, tensor: int) -> list[LayerSpec]:
+        return [s for s in self.layers if tensor in s.inputs]
+
+
+def _shape_of(cfg: dict) -> Shape | None:
+    for key in ("batch_shape", "batch_input_shape"):
+        if cfg.get(key) is not None:
+            return tuple(cfg[key][1:])
+    for key in ("input_shape", "shape"):
+        if cfg.get(key) is not None:
+            return tuple(cfg[key])
+    return None
+
+
+def _input_layer(layer: dict, index: int) -> tuple[str, Shape | None]:
+    a = Args(layer, index)
+    shape = _shape_of(a.cfg)
+    for k in (*_INPUT_ARGS, "sparse", "ragged", "input_tensor"):
+        v = a.take(k)
+        if k in ("sparse", "ragged", "input_tensor") and v:
+            a.refuse(k, v, "False")
+    a.done("shape")
+    return a.name, shape
+
+
+def _check_shape(shape: Any) -> Shape:
+    if shape is None or any(not isinstance(d, int) or d < 1 for d in shape):
+        raise InvalidSpec(
+            f"model: the input shape {shape} must be known and fixed "
+            "(give the model an InputLayer with shape=...)"
+        )
+    return tuple(shape)
+
+
+def _unsupported(layer: Any, index: int) -> InvalidSpec:
+    cls = layer.get("class_name") if isinstance(layer, dict) else None
+    name = ((layer.get("config") or {}).get("name") if isinstance(layer, dict) else None) or index
+    return InvalidSpec(
+        f"model: layer {name!r} ({cls}) is not supported (supported layers: {', '.join(SUPPORTED)})"
+    )
+
+
+def _spec(layer: dict, index: int, inputs: tuple[int, ...], shapes: list[Shape]) -> LayerSpec:
+    """Parse one layer's arguments through its entry and infer its output shape."""
+    cls = layer.get("class_name")
+    entry = REGISTRY.get(cls) if isinstance(cls, str) else None
+    if entry is None:
+        raise _unsupported(layer, index)
+    a = Args(layer, index)
+    for k in ("batch_input_shape", "input_shape", "batch_size"):
+        a.take(k)
+    args = entry.parse(a)
+    n = len(inputs)
+    if (entry.inputs and n != entry.inputs) or (not entry.inputs and n < 2):
+        want = entry.inputs or "2 or more"
+        raise InvalidSpec(f"model: {a.where}: called on {n} tensors (supported: {want})")
+    try:
+        out = tuple(entry.infer(args, shapes))
+    except ValueError as e:
+        raise InvalidSpec(f"model: {a.where}: {e}") from None
+    return LayerSpec(cls, a.name, args, inputs, index + 1, tuple(shapes), out)
+
+
+def _sequential(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
+    layers = cfg.get("layers")
+    if not isinstance(layers, list) or not layers:
+        raise InvalidSpec("model: the Sequential config has no layers")
+    shape = tuple(cfg["build_input_shape"][1:]) if cfg.get("build_input_shape") else None
+    in_name, specs = "input_layer", []
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict):
+            raise _unsupported(layer, i)
+        if layer.get("class_name") == "InputLayer":
+            in_name, got = _input_layer(layer, i)
+            shape = got or shape
+            continue
+        if layer.get("class_name") not in REGISTRY:
+            raise _unsupported(layer, i)
+        if not specs and shape is None:
+            shape = _shape_of(layer.get("config") or {})
+        if not specs:
+            shape = _check_shape(shape)
+        t = len(specs)
+        specs.append(_spec(layer, t, (t,), [specs[-1].out_shape if specs else shape]))
+    return in_name, _check_shape(shape), specs, len(specs)
+
+
+def _history(v: Any, where: str) -> list[tuple[str, int, int]]:
+    """Every ``keras_history`` in a Keras 3 node's args, in order, however nested."""
+    if isinstance(v, dict):
+        if v.get("class_name") == "__keras_tensor__":
+            h = (v.get("config") or {}).get("keras_history")
+            if not isinstance(h, list) or len(h) != 3:
+                raise InvalidSpec(f"model: {where}: a tensor without keras_history")
+            return [(str(h[0]), int(h[1]), int(h[2]))]
+        return [t for x in v.values() for t in _history(x, where)]
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in _history(x, where)]
+    return []
+
+
+def _node_inputs(layer: dict, where: str) -> list[tuple[str, int, int]]:
+    nodes = layer.get("inbound_nodes") or []
+    if len(nodes) != 1:
+        raise InvalidSpec(
+            f"model: {where} is called {len(nodes)} times: shared layers are not supported "
+            "(supported: each layer called once)"
+        )
+    node = nodes[0]
+    if isinstance(node, dict):  # Keras 3
+        for k, v in (node.get("kwargs") or {}).items():
+            if v not in (None, False) or _history(v, where):
+                raise InvalidSpec(
+                    f"model: {where}: call argument {k}={v!r} is not supported (supported: none)"
+                )
+        return _history(node.get("args") or [], where)
+    out = []  # tf.keras 2: [[layer, node, tensor, kwargs], ...]
+    for t in node if isinstance(node, list) else []:
+        if not isinstance(t, list) or len(t) < 3:
+            raise InvalidSpec(f"model: {where}: an inbound node entry {t!r} is not readable")
+        if len(t) > 3 and t[3]:
+            raise InvalidSpec(
+                f"model: {where}: call arguments {t[3]!r} are not supported (supported: none)"
+            )
+        out.append((str(t[0]), int(t[1]), int(t[2])))
+    return out
+
+
+def _ends(v: Any, what: str) -> list[tuple[str, int, int]]:
+    """``input_layers`` / ``output_layers``: one ``[name, node, tensor]`` or a list of them."""
+    if isinstance(v, list) and len(v) == 3 and isinstance(v[0], str):
+        v = [v]
+    if not isinstance(v, list) or not v or not all(isinstance(x, list) and len(x) == 3 for x in v):
+        raise InvalidSpec(f"model: {what}={v!r} is not readable")
+    return [(str(x[0]), int(x[1]), int(x[2])) for x in v]
+
+
+def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
+    layers = cfg.get("layers")
+    if not isinstance(layers, list) or not layers:
+        raise InvalidSpec("model: the Functional config has no layers")
+    ins, outs = (
+        _ends(cfg.get("input_layers"), "input_layers"),
+        _ends(cfg.get("output_layers"), "output_layers"),
+    )
+    for what, ends in (("inputs", ins), ("outputs", outs)):
+        if len(ends) != 1:
+            names = ", ".join(repr(e[0]) for e in ends)
+            raise InvalidSpec(
+                f"model: {len(ends)} {what} ({names}): a model with several {what} is not "
+                f"supported (supported: one input and one output)"
+            )
+    tensors: dict[tuple[str, int, int], int] = {}
+    shapes: dict[int, Shape] = {}
+    in_name, shape = ins[0][0], None
+    pending = []
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict):
+            raise _unsupported(layer, i)
+        name = str(layer.get("name") or (layer.get("config") or {}).get("name") or i)
+        if layer.get("class_name") == "InputLayer":
+            if name != in_name:
+                raise InvalidSpec(f"model: InputLayer {name!r} is not the model's input")
+            shape = _check_shape(_input_layer(layer, i)[1])
+            tensors[(name, 0, 0)], shapes[0] = 0, shape
+        elif layer.get("inbound_nodes"):  # a layer never called is not part of the model
+            where = f"layer {name!r} ({layer.get('class_name')})"
+            pending.append((layer, name, _node_inputs(layer, where)))
+    if shape is None:
+        raise InvalidSpec(f"model: input_layers names {in_name!r}, which is no InputLayer")
+    specs: list[LayerSpec] = []
+    while pending:  # the first layer (in config order) whose inputs exist, as Kahn's
+        p = next((p for p in pending if all(h in tensors for h in p[2])), None)
+        if p is None:
+            layer, name, hist = pending[0]
+            missing = next(h for h in hist if h not in tensors)
+            raise InvalidSpec(
+                f"model: layer {name!r} ({layer.get('class_name')}) reads {list(missing)}, "
+                "which no layer of the model writes once (a shared layer, a layer's second "
+                "output or a cycle are not supported)"
+            )
+        layer, name, hist = p
+        pending.remove(p)
+        t_in = tuple(tensors[h] for h in hist)
+        s = _spec(layer, len(specs), t_in, [shapes[t] for t in t_in])
+        specs.append(s)
+        tensors[(name, 0, 0)], shapes[s.output] = s.output, s.out_shape
+    if outs[0] not in tensors:
+        raise InvalidSpec(f"model: output_layers names {list(outs[0])}, which no layer writes")
+    return in_name, shape, specs, tensors[outs[0]]
+
+
+def parse(model: dict, compiled: bool = True) -> ModelConfig:
+    """Validate a Keras Sequential or Functional config (Keras 3 or tf.keras 2 ``to_json``).
+    ``compiled`` False (the exporters, which copy ``compile_config`` as it is): the layers
+    only, with the default loss."""
+    cls = model.get("class_name") if isinstance(model, dict) else type(model).__name__
+    if cls not in ("Sequential", *FUNCTIONAL):
+        raise InvalidSpec(
+            f"model: a Keras Sequential or Functional config is needed, got {cls!r} "
+            "(subclassed models are not supported)"
+        )
+    cfg = model.get("config") or {}
+    if cfg.get("trainable", True) is not True:
+        raise InvalidSpec(
+            f"model: trainable={cfg['trainable']!r} is not supported "
+            "(supported: True: ringtrain trains every layer's weights)"
+        )
+    functional = cls != "Sequential"
+    in_name, shape, specs, output = (_functional if functional else _sequential)(cfg)
+    if not specs or output == 0:
+        raise InvalidSpec("model: the config has no layer with weights or computation")
+    tail = next(s for s in specs if s.output == output)
+    loss, optimizer = (
+        compile_mod.read(model.get("compile_config"), REGISTRY[tail.cls].activation(tail.args))
+        if compiled
+        else (losses.DEFAULT, None)
+    )
+    return ModelConfig(
+        str(cfg.get("name") or ("functional" if functional else "sequential")),
+        shape,
+        tuple(specs),
+        bool(loss.arg("from_logits")),
+        optimizer,
+        loss,
+        functional,
+        in_name,
+        output,
+    )

@@ -1,0 +1,189 @@
+"""What one registry entry is, and the argument reader every entry's ``parse`` uses.
+
+Why one record per Keras class: the trainer and the exporters used to read each layer's config
+separately (≈11 edits in 5 files per new layer). An :class:`Entry` says, in one place, which
+arguments the layer accepts (everything else is refused by name), its output shape from its
+input shapes, its weights in ``get_weights()`` order, the engine op it becomes and its ONNX
+nodes. Parsing and shape inference are pure Python; ``build`` and ``onnx`` import numpy and the
+engine lazily, so the operator's spec check stays cheap.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ringtrain.errors import InvalidSpec
+
+Shape = tuple[int, ...]
+#: the activations every layer with an ``activation`` argument accepts
+ACTIVATIONS = ("relu", "sigmoid", "tanh", "softmax", "linear")
+ACTS_DOC = f"`activation` ({', '.join(ACTIVATIONS)})"
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One array of a layer in ``get_weights()`` order; ``trainable`` False: non-trainable
+    state (BatchNormalization's moving statistics), outside the flat parameter buffer."""
+
+    name: str
+    shape: Shape
+    trainable: bool = True
+
+
+@dataclass(frozen=True)
+class Build:
+    """What a layer's ``build`` needs besides its own spec: its position among the model's
+    layers (Dropout keys its masks on it) and the activation the loss computes itself
+    (``softmax``/``sigmoid`` of the model's last layer, or None)."""
+
+    index: int
+    fold: str | None = None
+
+
+def _no_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
+    return []
+
+
+def _activation(args: dict) -> str | None:
+    return args.get("activation")
+
+
+def same_shape(args: dict, shapes: list[Shape]) -> Shape:
+    return shapes[0]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Everything about one Keras layer class (see ``registry``'s docstring for an example).
+
+    ``parse(a)`` consumes the config through :class:`Args` and returns the normalized Keras
+    arguments (they are also what the exported config carries). ``infer(args, shapes)`` is the
+    output shape (no batch axis) from the input shapes, raising ``ValueError`` with the reason
+    when they do not fit. ``weights(args, shapes)`` lists the arrays in ``get_weights()`` order.
+    ``build(spec, shapes, ctx)`` returns the engine op (``layers.base.Layer`` protocol) or None
+    for the identity. ``onnx(g, spec, weights)`` appends the layer's ONNX nodes to
+    ``export.onnx_file``'s graph. ``inputs``: how many tensors it reads (0: two or more).
+    ``doc``: the README's line for it (``python -m ringtrain_trainer.keras.registry``)."""
+
+    parse: Callable[[Args], dict]
+    build: Callable[..., Any]
+    onnx: Callable[..., None]
+    infer: Callable[[dict, list[Shape]], Shape] = same_shape
+    weights: Callable[[dict, list[Shape]], list[Weight]] = _no_weights
+    activation: Callable[[dict], str | None] = _activation
+    inputs: int = 1
+    #: what the README's generated table says is supported (arguments, limits)
+    doc: str = ""
+
+
+def snake_case(class_name: str) -> str:
+    """Keras' ``naming.to_snake_case`` — how ``model.weights.h5`` names a layer's group."""
+    name = re.sub(r"\W+", "", class_name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def need_rank(spec, shape: Shape, rank: int, what: str) -> None:
+    """A build's refusal of an input its engine op cannot take (the shape fits Keras)."""
+    if len(shape) != rank:
+        raise InvalidSpec(
+            f"model: layer {spec.name!r} ({spec.cls}) got an input of shape {shape}; "
+            f"it needs {what}"
+        )
+
+
+def window(n: int, k: int, s: int, padding: str) -> int:
+    """Output length of a window of ``k`` at stride ``s`` ('same': ``ceil(n / s)``)."""
+    return -(-n // s) if padding == "same" else (n - k) // s + 1
+
+
+class Args:
+    """One layer's config, consumed argument by argument; leftovers are refused.
+
+    Arguments that only matter for Keras bookkeeping (``name``, ``trainable`` of a layer
+    without weights, ``dtype`` float32) are accepted; every other argument must be one the
+    entry takes, with a supported value — an unknown argument is refused rather than silently
+    ignored."""
+
+    IGNORED = ("name", "trainable", "dtype")
+
+    def __init__(self, layer: dict, index: int):
+        self.cls = layer.get("class_name", "?")
+        self.cfg = dict(layer.get("config") or {})
+        self.name = str(self.cfg.get("name") or layer.get("name") or f"layer {index}")
+        self.where = f"layer {self.name!r} ({self.cls})"
+        dtype = self.cfg.get("dtype")
+        if isinstance(dtype, dict):
+            dtype = (dtype.get("config") or {}).get("name")
+        if dtype not in (None, "float32"):
+            self.refuse("dtype", dtype, "float32")
+
+    def refuse(self, arg: str, value: Any, supported: str) -> None:
+        raise InvalidSpec(
+            f"model: {self.where}: {arg}={value!r} is not supported (supported: {supported})"
+        )
+
+    def take(self, arg: str, default: Any = None) -> Any:
+        return self.cfg.pop(arg, default)
+
+    def must_be(self, arg: str, *allowed: Any) -> Any:
+        v = self.take(arg, allowed[0])
+        if v not in allowed:
+            self.refuse(arg, v, " or ".join(repr(a) for a in allowed))
+        return v
+
+    def positive(self, arg: str) -> int:
+        v = self.take(arg)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            self.refuse(arg, v, "a positive int")
+        return v
+
+    def pair(self, arg: str, default: Any) -> list[int]:
+        v = self.take(arg, default)
+        v = [v, v] if isinstance(v, int) else list(v) if isinstance(v, (list, tuple)) else [v]
+        if len(v) != 2 or not all(isinstance(i, int) and i >= 1 for i in v):
+            self.refuse(arg, v, "a positive int or a pair of them")
+        return v
+
+    def activation(self, arg: str = "activation") -> str:
+        v = self.take(arg, "linear")
+        if isinstance(v, dict):  # a serialized function: {"class_name": "function", ...}
+            v = v.get("config") if isinstance(v.get("config"), str) else v.get("class_name")
+        v = "linear" if v is None else v
+        if v not in ACTIVATIONS:
+            self.refuse(arg, v, ", ".join(ACTIVATIONS))
+        return v
+
+    def initializer(self, arg: str, default: str) -> None:
+        v = self.take(arg, default)
+        cls = v.get("class_name") if isinstance(v, dict) else v
+        cfg = v.get("config") or {} if isinstance(v, dict) else {}
+        if snake_case(str(cls)).replace("_", "") != default.replace("_", "") or any(
+            cfg.get(k) is not None for k in cfg if k != "seed"
+        ):
+            self.refuse(arg, cls, f"{default} (Keras' default)")
+
+    def trainable(self) -> None:
+        """A layer with weights: frozen (Keras' fine-tuning) is refused, not trained anyway."""
+        v = self.take("trainable", True)
+        if v is not True:
+            self.refuse("trainable", v, "True: ringtrain trains every layer's weights")
+
+    def nothing(self, *args: str) -> None:
+        for a in args:
+            v = self.take(a)
+            if v is not None:
+                self.refuse(a, v, "None")
+
+    def channels_last(self) -> str:
+        self.must_be("data_format", "channels_last", None)
+        return "channels_last"
+
+    def done(self, supported: str) -> None:
+        for k in self.IGNORED:
+            self.cfg.pop(k, None)
+        for k, v in self.cfg.items():
+            self.refuse(k, v, f"the arguments {supported}")

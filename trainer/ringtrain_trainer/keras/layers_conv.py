@@ -1,0 +1,237 @@
+"""Registry entries of the 2-D window layers: Conv2D, Max/AveragePooling2D,
+GlobalAveragePooling2D (channels last, NHWC)."""
+
+from __future__ import annotations
+
+from ringtrain_trainer.keras.entry import ACTS_DOC, Args, Entry, Shape, Weight, need_rank, window
+
+_FREE = (
+    "kernel_regularizer",
+    "bias_regularizer",
+    "activity_regularizer",
+    "kernel_constraint",
+    "bias_constraint",
+    "lora_rank",
+    "lora_alpha",
+)
+
+
+def _padding(a: Args) -> str:
+    v = a.take("padding", "valid")
+    if v not in ("valid", "same"):
+        a.refuse("padding", v, "'valid' or 'same'")
+    return v
+
+
+def _windowed(shape: Shape, kernel, strides, padding) -> tuple[int, int]:
+    if len(shape) != 3:
+        raise ValueError(f"needs an input of (height, width, channels), got {shape}")
+    ho, wo = (window(n, k, s, padding) for n, k, s in zip(shape[:2], kernel, strides, strict=True))
+    if ho < 1 or wo < 1:
+        raise ValueError(f"input {shape} is smaller than the {kernel[0]}x{kernel[1]} window")
+    return ho, wo
+
+
+def _conv_parse(a: Args) -> dict:
+    a.trainable()
+    args = {
+        "filters": a.positive("filters"),
+        "kernel_size": a.pair("kernel_size", None),
+        "strides": a.pair("strides", 1),
+        "padding": _padding(a),
+        "data_format": a.channels_last(),
+        "activation": a.activation(),
+        "use_bias": bool(a.take("use_bias", True)),
+    }
+    dilation = a.take("dilation_rate", 1)
+    if dilation not in (1, [1, 1], (1, 1)):
+        a.refuse("dilation_rate", dilation, "1")
+    a.must_be("groups", 1)
+    a.initializer("kernel_initializer", "glorot_uniform")
+    a.initializer("bias_initializer", "zeros")
+    a.nothing(*_FREE)
+    a.done("filters, kernel_size, strides, padding, activation, use_bias")
+    return args
+
+
+def _conv_infer(args: dict, shapes: list[Shape]) -> Shape:
+    return (
+        *_windowed(shapes[0], args["kernel_size"], args["strides"], args["padding"]),
+        args["filters"],
+    )
+
+
+def _conv_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
+    kh, kw = args["kernel_size"]
+    f = args["filters"]
+    w = [Weight("kernel", (kh, kw, shapes[0][-1], f))]
+    return w + ([Weight("bias", (f,))] if args["use_bias"] else [])
+
+
+def _conv_build(spec, shapes, ctx):
+    from ringtrain_trainer import layers as L
+
+    a = spec.args
+    need_rank(spec, shapes[0], 3, "an H×W×C input (add a Reshape before it)")
+    return L.Conv2D(
+        tuple(shapes[0]),
+        a["filters"],
+        tuple(a["kernel_size"]),
+        tuple(a["strides"]),
+        a["padding"],
+        a["activation"],
+        a["use_bias"],
+    )
+
+
+def _pads(spec, kernel, strides) -> list[int]:
+    if spec.args["padding"] != "same":
+        return [0, 0, 0, 0]
+    (t, b), (l_, r) = (
+        _same_pads(n, k, s) for n, k, s in zip(spec.in_shapes[0][:2], kernel, strides, strict=True)
+    )
+    return [t, l_, b, r]
+
+
+def _same_pads(n: int, k: int, s: int) -> tuple[int, int]:
+    total = max((-(-n // s) - 1) * s + k - n, 0)
+    return total // 2, total - total // 2
+
+
+def _conv_onnx(g, spec, weights) -> None:
+    a = spec.args
+    x = g.x(0, nchw=True)
+    inputs = [x, g.const(f"{spec.name}_kernel", weights[0].transpose(3, 2, 0, 1))]
+    if a["use_bias"]:
+        inputs.append(g.const(f"{spec.name}_bias", weights[1]))
+    y = g.op(
+        "Conv",
+        inputs,
+        spec.name,
+        kernel_shape=a["kernel_size"],
+        strides=a["strides"],
+        pads=_pads(spec, a["kernel_size"], a["strides"]),
+    )
+    g.out(g.act(y, a["activation"]))
+
+
+def _pool_parse(a: Args) -> dict:
+    pool = a.pair("pool_size", 2)
+    # checked like pool_size: a stride of 0 divided by zero at every reconcile (issue 20)
+    strides = pool if a.cfg.get("strides") is None else a.pair("strides", None)
+    a.take("strides")
+    args = {
+        "pool_size": pool,
+        "strides": strides,
+        "padding": _padding(a),
+        "data_format": a.channels_last(),
+    }
+    a.done("pool_size, strides, padding")
+    return args
+
+
+def _pool_infer(args: dict, shapes: list[Shape]) -> Shape:
+    return (
+        *_windowed(shapes[0], args["pool_size"], args["strides"], args["padding"]),
+        shapes[0][-1],
+    )
+
+
+def _pool_build(spec, shapes, ctx):
+    from ringtrain_trainer import layers as L
+
+    a = spec.args
+    need_rank(spec, shapes[0], 3, "an H×W×C input")
+    kind = "max" if spec.cls == "MaxPooling2D" else "avg"
+    return L.Pool2D(
+        tuple(shapes[0]), kind, tuple(a["pool_size"]), tuple(a["strides"]), a["padding"]
+    )
+
+
+def _pool_onnx(g, spec, weights) -> None:
+    a = spec.args
+    x = g.x(0, nchw=True)
+    op = "MaxPool" if spec.cls == "MaxPooling2D" else "AveragePool"
+    extra = {} if op == "MaxPool" else {"count_include_pad": 0}
+    pads = _pads(spec, a["pool_size"], a["strides"])
+    g.out(
+        g.op(
+            op,
+            [x],
+            spec.name,
+            kernel_shape=a["pool_size"],
+            strides=a["strides"],
+            pads=pads,
+            **extra,
+        )
+    )
+
+
+def _gap_parse(a: Args) -> dict:
+    args = {"data_format": a.channels_last(), "keepdims": bool(a.must_be("keepdims", False, True))}
+    a.done("keepdims")
+    return args
+
+
+def _gap_infer(args: dict, shapes: list[Shape]) -> Shape:
+    if len(shapes[0]) != 3:
+        raise ValueError(f"needs an input of (height, width, channels), got {shapes[0]}")
+    c = shapes[0][-1]
+    return (1, 1, c) if args["keepdims"] else (c,)
+
+
+def _gap_build(spec, shapes, ctx):
+    from ringtrain.errors import InvalidSpec
+    from ringtrain_trainer import layers as L
+
+    need_rank(spec, shapes[0], 3, "an H×W×C input")
+    if spec.args["keepdims"]:
+        raise InvalidSpec(
+            f"model: layer {spec.name!r} ({spec.cls}): keepdims=True is not supported for "
+            "training (supported: False; export supports both)"
+        )
+    return L.GlobalAvgPool2D(tuple(shapes[0]))
+
+
+def _gap_onnx(g, spec, weights) -> None:
+    y = g.op("GlobalAveragePool", [g.x(0, nchw=True)], spec.name)
+    if not spec.args["keepdims"]:
+        g.nchw = False
+        y = g.op("Flatten", [y], f"{spec.name}_squeeze", axis=1)
+    g.out(y)
+
+
+ENTRIES = {
+    "Conv2D": Entry(
+        _conv_parse,
+        _conv_build,
+        _conv_onnx,
+        infer=_conv_infer,
+        weights=_conv_weights,
+        doc="`filters`, `kernel_size`, `strides`, `padding` (valid, same), "
+        + ACTS_DOC
+        + ", `use_bias`; channels last; with its only reader a "
+        "MaxPooling2D(2) (square kernel, valid, stride 1, ReLU) it runs as one fused op",
+    ),
+    "MaxPooling2D": Entry(
+        _pool_parse,
+        _pool_build,
+        _pool_onnx,
+        infer=_pool_infer,
+        doc="`pool_size`, `strides`, `padding` (valid, same)",
+    ),
+    "AveragePooling2D": Entry(
+        _pool_parse,
+        _pool_build,
+        _pool_onnx,
+        infer=_pool_infer,
+        doc="`pool_size`, `strides`, `padding` (valid, same; padding not counted)",
+    ),
+    "GlobalAveragePooling2D": Entry(
+        _gap_parse,
+        _gap_build,
+        _gap_onnx,
+        infer=_gap_infer,
+        doc="`keepdims` (False; True exports only)",
+    ),
+}

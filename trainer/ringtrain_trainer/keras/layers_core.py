@@ -1,0 +1,300 @@
+"""Registry entries of the layers that act on any shape: Dense, the activation layers,
+Rescaling, Flatten, Reshape, Dropout, BatchNormalization."""
+
+from __future__ import annotations
+
+import math
+
+from ringtrain_trainer.keras.entry import ACTS_DOC, Args, Entry, Shape, Weight, need_rank
+
+
+def _dense_parse(a: Args) -> dict:
+    a.trainable()
+    args = {
+        "units": a.positive("units"),
+        "activation": a.activation(),
+        "use_bias": bool(a.take("use_bias", True)),
+    }
+    a.initializer("kernel_initializer", "glorot_uniform")
+    a.initializer("bias_initializer", "zeros")
+    a.nothing(
+        "kernel_regularizer",
+        "bias_regularizer",
+        "activity_regularizer",
+        "kernel_constraint",
+        "bias_constraint",
+        "lora_rank",
+        "lora_alpha",
+        "quantization_config",
+    )
+    a.done("units, activation, use_bias")
+    return args
+
+
+def _dense_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
+    n = args["units"]
+    w = [Weight("kernel", (shapes[0][-1], n))]
+    return w + ([Weight("bias", (n,))] if args["use_bias"] else [])
+
+
+def _dense_build(spec, shapes, ctx):
+    from ringtrain_trainer import layers as L
+    from ringtrain_trainer.layers.fused import Dense
+
+    a = spec.args
+    need_rank(spec, shapes[0], 1, "a flat input (add Flatten before it)")
+    act = "linear" if ctx.fold and a["activation"] == ctx.fold else a["activation"]
+    if a["use_bias"] and act in ("relu", "linear"):
+        return Dense(shapes[0][0], a["units"], act == "relu")
+    return L.Linear(shapes[0][0], a["units"], act, a["use_bias"])
+
+
+def _dense_onnx(g, spec, weights) -> None:
+    n = spec.name
+    y = g.op("MatMul", [g.x(0, nchw=False), g.const(f"{n}_kernel", weights[0])], n)
+    if spec.args["use_bias"]:
+        y = g.op("Add", [y, g.const(f"{n}_bias", weights[1])], f"{n}_bias")
+    g.out(g.act(y, spec.args["activation"]))
+
+
+def _act_parse(a: Args) -> dict:
+    if a.cls == "Activation":
+        args = {"activation": a.activation()}
+        a.done("activation")
+    elif a.cls == "ReLU":
+        a.nothing("max_value")
+        a.must_be("negative_slope", 0.0, 0)
+        a.must_be("threshold", 0.0, 0)
+        args = {}
+        a.done("max_value=None, negative_slope=0, threshold=0")
+    else:
+        a.must_be("axis", -1, [-1])
+        args = {"axis": -1}
+        a.done("axis=-1")
+    return args
+
+
+def _act_of(args: dict) -> str:
+    """Activation: its argument; ReLU: relu; Softmax (it has ``axis``): softmax."""
+    return args.get("activation") or ("softmax" if "axis" in args else "relu")
+
+
+def _act_build(spec, shapes, ctx):
+    from ringtrain_trainer import layers as L
+
+    act = _act_of(spec.args)
+    if ctx.fold and act == ctx.fold:
+        return None
+    return L.Elementwise(tuple(shapes[0]), act)
+
+
+def _act_onnx(g, spec, weights) -> None:
+    act = _act_of(spec.args)
+    g.out(g.act(g.x(0, nchw=False if act == "softmax" else None), act, spec.name))
+
+
+def _rescaling_parse(a: Args) -> dict:
+    scale, offset = a.take("scale", 1.0), a.take("offset", 0.0)
+    if not all(isinstance(v, (int, float)) for v in (scale, offset)):
+        a.refuse("scale", scale, "one number for every channel (and one offset)")
+    a.done("scale, offset")
+    return {"scale": float(scale), "offset": float(offset)}
+
+
+def _rescaling_build(spec, shapes, ctx):
+    from ringtrain_trainer import layers as L
+
+    return L.Elementwise(tuple(shapes[0]), scale=spec.args["scale"], offset=spec.args["offset"])
+
+
+def _rescaling_onnx(g, spec, weights) -> None:
+    n = spec.name
+    y = g.op("Mul", [g.x(0), g.per_channel(f"{n}_scale", spec.args["scale"])], n)
+    g.out(g.op("Add", [y, g.per_channel(f"{n}_offset", spec.args["offset"])], f"{n}_offset"))
+
+
+def _flatten_parse(a: Args) -> dict:
+    a.channels_last()
+    a.done("none")
+    return {"data_format": "channels_last"}
+
+
+def _flatten_infer(args: dict, shapes: list[Shape]) -> Shape:
+    if "target_shape" not in args:
+        return (math.prod(shapes[0]),)
+    t, shape = list(args["target_shape"]), shapes[0]
+    if t.count(-1) == 1:
+        known = math.prod(d for d in t if d != -1)
+        t[t.index(-1)] = math.prod(shape) // max(known, 1)
+    if t.count(-1) or any(d < 1 for d in t) or math.prod(t) != math.prod(shape):
+        want = list(args["target_shape"])
+        raise ValueError(f"target_shape {want} does not fit its input {shape}")
+    return tuple(t)
+
+
+def _reshape_parse(a: Args) -> dict:
+    t = a.take("target_shape")
+    if not isinstance(t, (list, tuple)) or not all(isinstance(i, int) for i in t):
+        a.refuse("target_shape", t, "a list of ints (-1 for one inferred axis)")
+    a.done("target_shape")
+    return {"target_shape": list(t)}
+
+
+def _reshape_build(spec, shapes, ctx):
+    from ringtrain_trainer import layers as L
+
+    return L.Reshape(tuple(shapes[0]), spec.out_shape)
+
+
+def _reshape_onnx(g, spec, weights) -> None:
+    target = [0, *spec.out_shape] if "target_shape" in spec.args else [0, -1]
+    g.nchw = False
+    shape = g.const(f"{spec.name}_shape", _int64(target))
+    g.out(g.op("Reshape", [g.x(0, nchw=False), shape], spec.name))
+
+
+def _int64(v):
+    import numpy as np
+
+    return np.array(v, np.int64)
+
+
+def _dropout_parse(a: Args) -> dict:
+    rate = a.take("rate")
+    if not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        a.refuse("rate", rate, "a number in [0, 1)")
+    a.nothing("noise_shape")
+    a.take("seed")  # ringtrain's masks come from --seed, the step and the example
+    a.done("rate")
+    return {"rate": float(rate)}
+
+
+def _dropout_build(spec, shapes, ctx):
+    from ringtrain_trainer import layers as L
+
+    return L.Dropout(tuple(shapes[0]), spec.args["rate"], ctx.index)
+
+
+def _identity_onnx(g, spec, weights) -> None:
+    g.out(g.x(0))  # the identity at inference
+
+
+def _bn_parse(a: Args) -> dict:
+    a.trainable()
+    axis = a.must_be("axis", -1, 3, [-1], [3])
+    args = {
+        "axis": axis[0] if isinstance(axis, list) else axis,
+        "momentum": float(a.take("momentum", 0.99)),
+        "epsilon": float(a.take("epsilon", 1e-3)),
+        "center": bool(a.take("center", True)),
+        "scale": bool(a.take("scale", True)),
+    }
+    for arg, default in (
+        ("beta_initializer", "zeros"),
+        ("gamma_initializer", "ones"),
+        ("moving_mean_initializer", "zeros"),
+        ("moving_variance_initializer", "ones"),
+    ):
+        a.initializer(arg, default)
+    a.nothing(
+        "beta_regularizer",
+        "gamma_regularizer",
+        "beta_constraint",
+        "gamma_constraint",
+        "renorm_clipping",
+        "adjustment",
+        "virtual_batch_size",
+    )
+    a.must_be("synchronized", False)
+    a.must_be("renorm", False)
+    a.must_be("fused", None, True, False)
+    a.take("renorm_momentum")
+    a.done("axis=-1, momentum, epsilon, center, scale")
+    return args
+
+
+def _bn_infer(args: dict, shapes: list[Shape]) -> Shape:
+    if args["axis"] not in (-1, len(shapes[0])):
+        raise ValueError(f"axis={args['axis']} is not the channel axis of {shapes[0]}")
+    return shapes[0]
+
+
+def _bn_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
+    c = (shapes[0][-1],)
+    w = [Weight("gamma", c)] if args["scale"] else []
+    w += [Weight("beta", c)] if args["center"] else []
+    return [*w, Weight("moving_mean", c, False), Weight("moving_variance", c, False)]
+
+
+def _bn_build(spec, shapes, ctx):
+    from ringtrain_trainer import layers as L
+
+    a = spec.args
+    return L.BatchNorm(tuple(shapes[0]), a["momentum"], a["epsilon"], a["center"], a["scale"])
+
+
+def _bn_onnx(g, spec, weights) -> None:
+    import numpy as np
+
+    a, n, w = spec.args, spec.name, list(weights)
+    gamma = w.pop(0) if a["scale"] else 1.0
+    beta = w.pop(0) if a["center"] else 0.0
+    mean, var = w
+    k = gamma / np.sqrt(var + np.float32(a["epsilon"]))
+    y = g.op("Mul", [g.x(0), g.per_channel(f"{n}_a", k)], n)
+    g.out(g.op("Add", [y, g.per_channel(f"{n}_b", beta - mean * k)], f"{n}_b"))
+
+
+ENTRIES = {
+    "Dense": Entry(
+        _dense_parse,
+        _dense_build,
+        _dense_onnx,
+        infer=lambda args, shapes: (*shapes[0][:-1], args["units"]),
+        weights=_dense_weights,
+        doc="`units`, " + ACTS_DOC + ", `use_bias`; on a flat input (export: any rank)",
+    ),
+    "BatchNormalization": Entry(
+        _bn_parse,
+        _bn_build,
+        _bn_onnx,
+        infer=_bn_infer,
+        weights=_bn_weights,
+        doc="`momentum`, `epsilon`, `center`, `scale`, channel axis; batch statistics per "
+        "replica, moving statistics as state",
+    ),
+    "Activation": Entry(
+        _act_parse,
+        _act_build,
+        _act_onnx,
+        activation=_act_of,
+        doc=ACTS_DOC,
+    ),
+    "ReLU": Entry(
+        _act_parse,
+        _act_build,
+        _act_onnx,
+        activation=_act_of,
+        doc="a plain ReLU (no `max_value`, `negative_slope`, `threshold`)",
+    ),
+    "Softmax": Entry(_act_parse, _act_build, _act_onnx, activation=_act_of, doc="`axis=-1`"),
+    "Flatten": Entry(
+        _flatten_parse, _reshape_build, _reshape_onnx, infer=_flatten_infer, doc="channels last"
+    ),
+    "Reshape": Entry(
+        _reshape_parse,
+        _reshape_build,
+        _reshape_onnx,
+        infer=_flatten_infer,
+        doc="`target_shape` (one -1 inferred)",
+    ),
+    "Rescaling": Entry(
+        _rescaling_parse, _rescaling_build, _rescaling_onnx, doc="one `scale` and `offset`"
+    ),
+    "Dropout": Entry(
+        _dropout_parse,
+        _dropout_build,
+        _identity_onnx,
+        doc="`rate`; masks from `--seed`, the step and the global example (any worker count)",
+    ),
+}

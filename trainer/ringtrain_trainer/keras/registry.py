@@ -1,0 +1,79 @@
+"""Keras class name → :class:`~.entry.Entry`: the one table of the layers ringtrain runs.
+
+Everything about a layer is its entry, so the trainer (``keras_model``), the spec check
+(``config``), the memory budget, the ``.keras`` writer and the ONNX writer can never disagree.
+
+How to add a layer (one entry + its op):
+
+1. The op, if the engine has none yet: a class in ``engine/ops/<family>.py`` in the
+   ``layers.base.Layer`` protocol (``buffers``, ``forward``, ``backward_input``, and for weights
+   ``params`` + ``backward_weights``), and a case in tests/trainer/test_engine_ops.py (the
+   shared finite-difference check fails until it has one).
+2. The entry, in a ``keras/layers_<family>.py`` module's ``ENTRIES`` (listed below)::
+
+       def _parse(a: Args) -> dict:          # consume every argument, refuse the rest
+           args = {"units": a.positive("units"), "activation": a.activation()}
+           a.done("units, activation")        # anything left is refused by name
+           return args                        # also what the exported config carries
+
+       "MyDense": Entry(
+           _parse,
+           build=lambda spec, shapes, ctx: MyDenseOp(shapes[0], **spec.args),
+           onnx=_onnx,                        # g.x(0) → g.op(...) → g.out(name)
+           infer=lambda args, shapes: (*shapes[0][:-1], args["units"]),
+           weights=lambda args, shapes: [Weight("kernel", (shapes[0][-1], args["units"]))],
+       )
+
+   ``weights`` is ``get_weights()``'s order and names the op's ``params`` (trainable) or
+   ``state_specs`` (``Weight(..., trainable=False)``). ``build``/``onnx`` import numpy and the
+   engine inside the function: parsing must stay numpy-free for the operator.
+3. A model using it in tests/trainer/test_keras_reference.py (against real Keras) and in
+   test_export_keras_onnx.py; ``hack/gen-docs`` lists it in the README.
+"""
+
+from __future__ import annotations
+
+from ringtrain_trainer.keras import layers_conv, layers_core, layers_merge
+from ringtrain_trainer.keras.entry import Entry
+
+#: every layer ringtrain trains and exports, by Keras class name (order: the README's)
+REGISTRY: dict[str, Entry] = {
+    **layers_conv.ENTRIES,
+    **layers_core.ENTRIES,
+    **layers_merge.ENTRIES,
+}
+#: what refusals list as supported (InputLayer is read by ``config`` itself)
+SUPPORTED = ("InputLayer", *REGISTRY)
+
+
+def entry(cls: str) -> Entry:
+    """The entry of Keras class ``cls`` (the caller has checked it is in :data:`REGISTRY`)."""
+    return REGISTRY[cls]
+
+
+#: the README's generated block of supported layers lies between these lines
+BEGIN = "<!-- layers: generated from keras/registry.py by "
+BEGIN += "`python -m ringtrain_trainer.keras.registry README.md`; do not edit -->"
+END = "<!-- layers: end -->"
+
+
+def markdown() -> str:
+    """The README's table of supported layers, one row per entry."""
+    rows = ["| layer | supported |", "|---|---|", "| `InputLayer` | one input of a fixed shape |"]
+    rows += [f"| `{cls}` | {e.doc} |" for cls, e in REGISTRY.items()]
+    return "\n".join(rows)
+
+
+def with_table(text: str) -> str:
+    """``text`` (the README) with the block between :data:`BEGIN` and :data:`END` rewritten."""
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{markdown()}\n{END}{tail}"
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    readme = Path(sys.argv[1])
+    readme.write_text(with_table(readme.read_text()))
