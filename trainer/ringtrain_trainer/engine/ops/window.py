@@ -5,12 +5,16 @@ three things — the output size and the padding of ``valid`` / ``same`` / ``cau
 strides and dilation as TensorFlow computes them, a strided *view* of the padded input with one
 axis per kernel offset (im2col without a copy), and the scatter of a window gradient back onto
 the input. A 1-D op is the 2-D case with a height of one, so there is one implementation.
+The arithmetic (:func:`pad_1d`) is pure Python: the Keras registry's shapes use it without
+numpy (imported only inside the methods that touch arrays).
 """
 
 from __future__ import annotations
 
-import numpy as np
-from numpy.lib.stride_tricks import as_strided
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PADDINGS = ("valid", "same", "causal")
 
@@ -87,6 +91,8 @@ class Window:
 
     def windows(self, xp: np.ndarray) -> np.ndarray:
         """(b, ho, wo, kh, kw, c) read-only view of the padded (b, *padded) input."""
+        from numpy.lib.stride_tricks import as_strided
+
         s0, s1, s2, s3 = xp.strides
         (sh, sw), (dh, dw) = self.s, self.d
         return as_strided(
@@ -111,6 +117,8 @@ class Window:
 
     def scatter(self, dxp: np.ndarray, dwin: np.ndarray) -> None:
         """Add a (b, ho, wo, kh, kw, c) window gradient onto the padded input gradient."""
+        import numpy as np
+
         for i, j in self.taps():
             view = self.tap(dxp, i, j)
             np.add(view, dwin[:, :, :, i, j], out=view)
