@@ -153,8 +153,8 @@ def test_glorot_kernels_and_batchnorm_ones_and_zeros():
     "bad, words",
     [
         (
-            layer("Conv2D", "cx", filters=2, kernel_size=3, dilation_rate=2),
-            "layer 'cx' (Conv2D): dilation_rate=2 is not supported (supported: 1)",
+            layer("Conv2D", "cx", filters=2, kernel_size=3, strides=2, dilation_rate=2),
+            "layer 'cx' (Conv2D): dilation_rate=[2, 2] is not supported (supported: 1 when strides",
         ),
         (
             layer("Conv2D", "cx", filters=2, kernel_size=3, data_format="channels_first"),

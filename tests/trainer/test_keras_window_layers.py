@@ -1,5 +1,5 @@
-"""Keras models built from the window and shape layers (Conv1D, Depthwise/SeparableConv 1-D and
-2-D, 1-D pooling, global max/average pooling, zero padding, cropping, up-sampling, activations
+"""Keras models built from the window and shape layers (Conv1D, a dilated Conv2D,
+Depthwise/SeparableConv 1-D and 2-D, 1-D pooling, global max/average pooling, zero padding, cropping, up-sampling, activations
 beyond relu) trained by ringtrain and by Keras from the same ``.keras`` starting weights on the
 same batches: the same loss at every step, the same predictions after, and exports that Keras
 and onnxruntime load and that predict what ringtrain predicts.
@@ -60,6 +60,7 @@ def _mobile():
             L.SeparableConv2D(6, 3, padding="same", dilation_rate=2, activation="hard_swish"),
             L.Cropping2D(((1, 0), (0, 1))),
             L.UpSampling2D(2),
+            L.Conv2D(4, 3, padding="same", dilation_rate=2, activation="gelu"),
             L.DepthwiseConv2D(3, strides=2, padding="same", activation="selu"),
             L.GlobalMaxPooling2D(),
             L.Dense(4, activation="softmax"),
