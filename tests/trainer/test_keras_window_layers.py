@@ -1,8 +1,9 @@
 """Keras models built from the window and shape layers (Conv1D, a dilated Conv2D,
-Depthwise/SeparableConv 1-D and 2-D, 1-D pooling, global max/average pooling, zero padding, cropping, up-sampling, activations
-beyond relu) trained by ringtrain and by Keras from the same ``.keras`` starting weights on the
-same batches: the same loss at every step, the same predictions after, and exports that Keras
-and onnxruntime load and that predict what ringtrain predicts.
+Depthwise/SeparableConv 1-D and 2-D, 1-D pooling, global max/average pooling, zero padding,
+cropping, up-sampling) and from activations beyond relu, as arguments and as layers (ReLU(6.),
+LeakyReLU, ELU, Activation("gelu")), trained by ringtrain and by Keras from the same ``.keras``
+starting weights on the same batches: the same loss at every step, the same predictions after,
+and exports that Keras and onnxruntime load and that predict what ringtrain predicts.
 
 Imports TensorFlow (slow): one module holds these comparisons.
 """
@@ -38,10 +39,13 @@ def _sequence():
             L.Input((16, 3)),
             L.Conv1D(6, 3, padding="causal", dilation_rate=2, activation="gelu"),
             L.MaxPooling1D(2, padding="same"),
+            L.LeakyReLU(0.1),
             L.ZeroPadding1D((1, 2)),
             L.SeparableConv1D(5, 3, strides=2, padding="same", activation="swish"),
             L.DepthwiseConv1D(3, depth_multiplier=2, padding="same", activation="elu"),
             L.Cropping1D((1, 0)),
+            L.ReLU(negative_slope=0.1, threshold=0.05),
+            L.ELU(0.5),
             L.UpSampling1D(2),
             L.AveragePooling1D(3, strides=2, padding="same"),
             L.Conv1D(4, 2, kernel_initializer="he_normal", activation="mish"),
@@ -56,12 +60,14 @@ def _mobile():
         [
             L.Input((8, 8, 2)),
             L.ZeroPadding2D(1),
-            L.DepthwiseConv2D(3, depth_multiplier=2, activation="relu6"),
+            L.DepthwiseConv2D(3, depth_multiplier=2),
+            L.ReLU(6.0),
             L.SeparableConv2D(6, 3, padding="same", dilation_rate=2, activation="hard_swish"),
             L.Cropping2D(((1, 0), (0, 1))),
             L.UpSampling2D(2),
             L.Conv2D(4, 3, padding="same", dilation_rate=2, activation="gelu"),
             L.DepthwiseConv2D(3, strides=2, padding="same", activation="selu"),
+            L.Activation("gelu"),
             L.GlobalMaxPooling2D(),
             L.Dense(4, activation="softmax"),
         ]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from support.gradcheck import gradcheck
+from support.opcheck import check_gradients
 
 from ringtrain_trainer.engine.ops import activations as A
 
@@ -87,3 +88,9 @@ def test_unknown_names_and_arguments_are_refused():
         A.get("relu", threshold=-1.0)
     assert A.get("swish") is A.ACTIVATIONS["silu"]
     assert A.get("relu", negative_slope=0.0) is A.ACTIVATIONS["relu"]
+
+
+@pytest.mark.parametrize("name", ["gelu", "relu6", "softmax", "linear", "elu", "mish"])
+def test_the_activation_op_passes_the_gradient_check(name, rng):
+    check_gradients(A.Act((3, 4), name), rng)
+    check_gradients(A.Act((5,), A.get("relu", max_value=2.0, negative_slope=0.2)), rng)

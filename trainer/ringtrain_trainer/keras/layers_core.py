@@ -1,5 +1,5 @@
-"""Registry entries of the layers that act on any shape: Dense, the activation layers,
-Rescaling, Flatten, Reshape, Dropout, BatchNormalization."""
+"""Registry entries of the layers that act on any shape: Dense, Rescaling, Flatten, Reshape,
+Dropout, BatchNormalization (the activation layers: ``layers_activation``)."""
 
 from __future__ import annotations
 
@@ -55,42 +55,6 @@ def _dense_onnx(g, spec, weights) -> None:
     if spec.args["use_bias"]:
         y = g.op("Add", [y, g.const(f"{n}_bias", weights[1])], f"{n}_bias")
     g.out(g.act(y, spec.args["activation"]))
-
-
-def _act_parse(a: Args) -> dict:
-    if a.cls == "Activation":
-        args = {"activation": a.activation()}
-        a.done("activation")
-    elif a.cls == "ReLU":
-        a.nothing("max_value")
-        a.must_be("negative_slope", 0.0, 0)
-        a.must_be("threshold", 0.0, 0)
-        args = {}
-        a.done("max_value=None, negative_slope=0, threshold=0")
-    else:
-        a.must_be("axis", -1, [-1])
-        args = {"axis": -1}
-        a.done("axis=-1")
-    return args
-
-
-def _act_of(args: dict) -> str:
-    """Activation: its argument; ReLU: relu; Softmax (it has ``axis``): softmax."""
-    return args.get("activation") or ("softmax" if "axis" in args else "relu")
-
-
-def _act_build(spec, shapes, ctx):
-    from ringtrain_trainer import layers as L
-
-    act = _act_of(spec.args)
-    if ctx.fold and act == ctx.fold:
-        return None
-    return L.Elementwise(tuple(shapes[0]), act)
-
-
-def _act_onnx(g, spec, weights) -> None:
-    act = _act_of(spec.args)
-    g.out(g.act(g.x(0, nchw=False if act == "softmax" else None), act, spec.name))
 
 
 def _rescaling_parse(a: Args) -> dict:
@@ -263,21 +227,6 @@ ENTRIES = {
         doc="`momentum`, `epsilon`, `center`, `scale`, channel axis; batch statistics per "
         "replica, moving statistics as state",
     ),
-    "Activation": Entry(
-        _act_parse,
-        _act_build,
-        _act_onnx,
-        activation=_act_of,
-        doc=ACTS_DOC,
-    ),
-    "ReLU": Entry(
-        _act_parse,
-        _act_build,
-        _act_onnx,
-        activation=_act_of,
-        doc="a plain ReLU (no `max_value`, `negative_slope`, `threshold`)",
-    ),
-    "Softmax": Entry(_act_parse, _act_build, _act_onnx, activation=_act_of, doc="`axis=-1`"),
     "Flatten": Entry(
         _flatten_parse, _reshape_build, _reshape_onnx, infer=_flatten_infer, doc="channels last"
     ),

@@ -25,9 +25,12 @@ def _c(g, v: float) -> str:
     return g.const("c", np.asarray(v, np.float32))
 
 
-def act(g, y: str, name: str) -> str:
-    """``name`` applied to ``y`` (either layout: the soft-maxes take the channel axis)."""
-    h = f"{g.spec.name}_{name}"
+def act(g, y: str, name: str, params: dict | None = None) -> str:
+    """``name`` applied to ``y`` (either layout: the soft-maxes take the channel axis), with
+    Keras' arguments ``params`` (``relu``'s, ``leaky_relu``'s slope, ``elu``'s alpha)."""
+    h, p = f"{g.spec.name}_{name}", params or {}
+    if name == "relu" and p and any(p.get(k) for k in ("negative_slope", "max_value", "threshold")):
+        return _relu(g, y, h, **p)
     if name == "linear":
         return y
     if name in _SIMPLE:
@@ -39,9 +42,9 @@ def act(g, y: str, name: str) -> str:
         lo, hi = (0.0, 6.0) if name == "relu6" else (-1.0, 1.0)
         return g.op("Clip", [y, _c(g, lo), _c(g, hi)], h)
     if name == "leaky_relu":
-        return g.op("LeakyRelu", [y], h, alpha=0.2)
+        return g.op("LeakyRelu", [y], h, alpha=float(p.get("negative_slope", 0.2)))
     if name in ("elu", "celu"):
-        return g.op(name.capitalize(), [y], h, alpha=1.0)
+        return g.op(name.capitalize(), [y], h, alpha=float(p.get("alpha", 1.0)))
     if name == "selu":
         return g.op("Selu", [y], h, alpha=1.6732632423543772, gamma=1.0507009873554805)
     if name == "hard_sigmoid":
@@ -59,6 +62,16 @@ def act(g, y: str, name: str) -> str:
         half = g.op("Mul", [y, _c(g, 0.5)], f"{h}_h")
         return g.op("Mul", [half, g.op("Add", [e, _c(g, 1.0)], f"{h}_a")], h)
     raise ValueError(f"activation {name!r} has no ONNX form")
+
+
+def _relu(g, y, h, negative_slope=0.0, max_value=None, threshold=0.0) -> str:
+    """Keras' ``relu(x, negative_slope, max_value, threshold)``: ``min(x, max_value)`` above
+    the threshold, ``negative_slope * (x - threshold)`` below."""
+    pos = y if max_value is None else g.op("Min", [y, _c(g, max_value)], f"{h}_max")
+    neg = g.op(
+        "Mul", [g.op("Sub", [y, _c(g, threshold)], f"{h}_t"), _c(g, negative_slope)], f"{h}_n"
+    )
+    return g.op("Where", [g.op("Greater", [y, _c(g, threshold)], f"{h}_gt"), pos, neg], h)
 
 
 def channels_first(g, spec) -> str:

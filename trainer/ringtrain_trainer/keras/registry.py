@@ -34,6 +34,7 @@ How to add a layer (one entry + its op):
 from __future__ import annotations
 
 from ringtrain_trainer.keras import (
+    layers_activation,
     layers_conv,
     layers_core,
     layers_merge,
@@ -48,6 +49,7 @@ REGISTRY: dict[str, Entry] = {
     **layers_window.ENTRIES,
     **layers_shape.ENTRIES,
     **layers_core.ENTRIES,
+    **layers_activation.ENTRIES,
     **layers_merge.ENTRIES,
 }
 #: what refusals list as supported (InputLayer is read by ``config`` itself)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ringtrain_trainer.layers.base import Layer
+
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 #: erfc(z) = t exp(-z² + P(2t - 1)), t = 2 / (2 + z), z ≥ 0: a degree-20 fit (error < 3e-13)
@@ -525,3 +527,32 @@ def get(name: str, **params) -> Activation:
 def resolve(act: str | Activation) -> Activation:
     """An entry from a Keras activation name, or the entry itself."""
     return act if isinstance(act, Activation) else get(act)
+
+
+class Act(Layer):
+    """An activation as an op of its own (Keras ``Activation``, ``ReLU``, ``LeakyReLU``,
+    ``ELU``, ``Softmax``): the table's entry on a tensor of any shape. Where backward reads the
+    input, the op keeps a reference to it (the producer's buffer, unchanged until backward)
+    rather than a copy."""
+
+    def __init__(self, shape, activation: str | Activation):
+        self.in_shape = self.out_shape = tuple(shape)
+        self.act = resolve(activation)
+
+    def buffers(self, b, train, need_dx):
+        bufs = {"out": ((b, *self.out_shape), "f"), **self.act.buffers((b, *self.out_shape), train)}
+        bufs.pop("z", None)
+        return bufs
+
+    def flops(self, b, train, need_dx):
+        return b * math.prod(self.out_shape) * (4 + 4 * train)
+
+    def forward(self, ws, x):
+        if self.act.needs_input:
+            ws["z"] = x.reshape(ws["out"].shape)
+        else:
+            np.copyto(ws["out"], x.reshape(ws["out"].shape))
+        return self.act.run(ws)
+
+    def backward_input(self, ws, dout):
+        return self.act.grad(ws, dout)
