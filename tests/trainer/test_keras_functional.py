@@ -122,3 +122,25 @@ def test_read_keras_reads_a_functional_file_keras_wrote(tmp_path):
     _, got = read_keras(tmp_path / "k.keras")
     for a, b in zip(got, km.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_hand_ordered_functional_config_exports_in_keras_own_layer_order(tmp_path):
+    """Keras lists a Functional model's layers deepest first, ties in depth-first order from
+    the output, whatever order a config lists them in; ``get_weights()`` and the ``.keras``
+    groups follow that order, so the writer must too or two Dense layers swap weights."""
+    i = L.Input((4,), name="img")
+    a = L.Dense(3, name="zz_b")(i)
+    b = L.Dense(3, name="aa_a")(i)
+    km = keras.Model(i, L.Dense(2, name="head")(L.Add(name="sum")([b, a])))
+    rng = np.random.default_rng(5)
+    km.set_weights([rng.normal(size=w.shape).astype(np.float32) for w in km.get_weights()])
+    cfg = json.loads(km.to_json())
+    assert [x["name"] for x in cfg["config"]["layers"]] == ["img", "aa_a", "zz_b", "sum", "head"]
+    cfg["config"]["layers"] = cfg["config"]["layers"][::-1]  # as a person might write it
+    path = write_keras(tmp_path / "m.keras", cfg, km.get_weights())
+    x = rng.random((5, 4)).astype(np.float32)
+    want = km.predict(x, verbose=0)
+    np.testing.assert_allclose(keras.saving.load_model(path).predict(x, verbose=0), want, rtol=1e-5)
+    write_onnx(tmp_path / "m.onnx", cfg, km.get_weights())
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"input": x})[0], want, rtol=1e-5, atol=1e-6)

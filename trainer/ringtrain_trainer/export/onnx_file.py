@@ -73,15 +73,19 @@ class OnnxGraph:
 
     def x(self, k: int = 0, nchw: bool | None = None) -> str:
         """Input ``k`` of the current layer, in layout ``nchw`` (None: as it is)."""
-        name, is_nchw, rank = self.tensors[self.spec.inputs[k]]
+        return self.tensor(self.spec.inputs[k], nchw)
+
+    def tensor(self, t: int, nchw: bool | None = None) -> str:
+        """Keras tensor ``t`` in layout ``nchw`` (None: as it is); a transpose is made once."""
+        name, is_nchw, rank = self.tensors[t]
         if rank != 4 or nchw is None or nchw == is_nchw:
             self.nchw = is_nchw and rank == 4
             return name
         key = (name, nchw)
         if key not in self._moved:
-            perm = list(_NCHW if nchw else _NHWC)
+            hint = "to_nchw" if nchw else "to_nhwc"
             self._moved[key] = self.op(
-                "Transpose", [name], "to_nchw" if nchw else "to_nhwc", perm=perm
+                "Transpose", [name], hint, perm=list(_NCHW if nchw else _NHWC)
             )
         self.nchw = nchw
         return self._moved[key]
@@ -120,8 +124,9 @@ def to_onnx(keras_config: dict, weights: list[np.ndarray]):
     for s, ws in zip(cfg.layers, arrays, strict=True):
         g.spec = s
         REGISTRY[s.cls].onnx(g, s, ws)
-    g.spec = type("Out", (), {"inputs": (cfg.output,)})()
-    g.nodes.append(onnx.helper.make_node("Identity", [g.x(0, False)], [OUTPUT], name=OUTPUT))
+    g.nodes.append(
+        onnx.helper.make_node("Identity", [g.tensor(cfg.output, False)], [OUTPUT], name=OUTPUT)
+    )
     f32 = onnx.TensorProto.FLOAT
     graph = onnx.helper.make_graph(
         g.nodes,

@@ -20,7 +20,7 @@ trains every weight.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ringtrain.errors import InvalidSpec
@@ -268,7 +268,43 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
         tensors[(name, 0, 0)], shapes[s.output] = s.output, s.out_shape
     if outs[0] not in tensors:
         raise InvalidSpec(f"model: output_layers names {list(outs[0])}, which no layer writes")
-    return in_name, shape, specs, tensors[outs[0]]
+    specs = _keras_order(specs, tensors[outs[0]])
+    return in_name, shape, specs, len(specs)
+
+
+def _keras_order(specs: list[LayerSpec], output: int) -> list[LayerSpec]:
+    """The layers reachable from the output in Keras' own ``model.layers`` order (what
+    ``get_weights()`` and ``model.weights.h5`` follow), tensors renumbered to match.
+
+    Keras 3 (``ops/function.py`` ``map_graph``) walks depth-first from the output, numbering
+    each layer at its first visit; a layer's depth is one more than its deepest reader's; layers
+    are listed deepest first, ties by that number. A config Keras wrote is already in this
+    order; a hand-written one is put in it, so an export loads with each weight in its place."""
+    by_output = {s.output: s for s in specs}
+    first: dict[int, int] = {output: 0}
+    post: list[int] = []
+    stack = [(output, iter(by_output[output].inputs))]
+    while stack:  # depth-first, without recursion (a model may be thousands of layers deep)
+        t, rest = stack[-1]
+        x = next((x for x in rest if x in by_output and x not in first), None)
+        if x is None:
+            post.append(t)
+            stack.pop()
+        else:
+            first[x] = len(first)
+            stack.append((x, iter(by_output[x].inputs)))
+    depth: dict[int, int] = {}
+    for t in reversed(post):
+        d = depth.setdefault(t, 0)
+        for x in by_output[t].inputs:
+            if x in by_output:
+                depth[x] = max(depth.get(x, 0), d + 1)
+    order = sorted(post, key=lambda t: (-depth[t], first[t]))
+    new = {0: 0, **{t: k + 1 for k, t in enumerate(order)}}
+    return [
+        replace(by_output[t], inputs=tuple(new[x] for x in by_output[t].inputs), output=new[t])
+        for t in order
+    ]
 
 
 def parse(model: dict, compiled: bool = True) -> ModelConfig:
