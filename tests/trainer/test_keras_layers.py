@@ -170,8 +170,8 @@ def test_glorot_kernels_and_batchnorm_ones_and_zeros():
             "layer 'dx' (Dense): kernel_regularizer=",
         ),
         (
-            layer("Dense", "dx", units=3, activation="gelu"),
-            "activation='gelu' is not supported (supported: relu, sigmoid, tanh, softmax, linear)",
+            layer("Dense", "dx", units=3, activation="sparsemax"),
+            "activation='sparsemax' is not supported (supported: linear, relu, relu6,",
         ),
         (layer("Dense", "dx", units=3, kernel_initializer="he_normal"), "kernel_initializer"),
         (layer("LSTM", "lx", units=3), "layer 'lx' (LSTM) is not supported (supported layers: "),

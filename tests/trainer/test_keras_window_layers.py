@@ -1,9 +1,10 @@
 """Keras models built from the window and shape layers (Conv1D, a dilated Conv2D,
 Depthwise/SeparableConv 1-D and 2-D, 1-D pooling, global max/average pooling, zero padding,
-cropping, up-sampling) and from activations beyond relu, as arguments and as layers (ReLU(6.),
-LeakyReLU, ELU, Activation("gelu")), trained by ringtrain and by Keras from the same ``.keras``
-starting weights on the same batches: the same loss at every step, the same predictions after,
-and exports that Keras and onnxruntime load and that predict what ringtrain predicts.
+cropping, up-sampling) and from activations beyond relu, as arguments and as layers
+(ReLU(6.), LeakyReLU, ELU, Activation("gelu"), Dense(gelu)), trained by ringtrain and by Keras
+from the same ``.keras`` starting weights on the same batches: the same loss at every step,
+the same predictions after, and exports that Keras and onnxruntime load and that predict what
+ringtrain predicts.
 
 Imports TensorFlow (slow): one module holds these comparisons.
 """
@@ -50,6 +51,7 @@ def _sequence():
             L.AveragePooling1D(3, strides=2, padding="same"),
             L.Conv1D(4, 2, kernel_initializer="he_normal", activation="mish"),
             L.GlobalAveragePooling1D(),
+            L.Dense(8, activation="gelu"),
             L.Dense(4, activation="softmax"),
         ]
     )

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import math
 
-from ringtrain_trainer.keras.entry import ACTS_DOC, Args, Entry, Shape, Weight, need_rank
+from ringtrain_trainer.keras import onnx_acts
+from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, need_rank
+from ringtrain_trainer.keras.layers_window import ACTS, _activation
 
 
 def _dense_parse(a: Args) -> dict:
     a.trainable()
     args = {
         "units": a.positive("units"),
-        "activation": a.activation(),
+        "activation": _activation(a),
         "use_bias": bool(a.take("use_bias", True)),
     }
     a.initializer("kernel_initializer", "glorot_uniform")
@@ -54,7 +56,7 @@ def _dense_onnx(g, spec, weights) -> None:
     y = g.op("MatMul", [g.x(0, nchw=False), g.const(f"{n}_kernel", weights[0])], n)
     if spec.args["use_bias"]:
         y = g.op("Add", [y, g.const(f"{n}_bias", weights[1])], f"{n}_bias")
-    g.out(g.act(y, spec.args["activation"]))
+    g.out(onnx_acts.act(g, y, spec.args["activation"]))
 
 
 def _rescaling_parse(a: Args) -> dict:
@@ -216,7 +218,7 @@ ENTRIES = {
         _dense_onnx,
         infer=lambda args, shapes: (*shapes[0][:-1], args["units"]),
         weights=_dense_weights,
-        doc="`units`, " + ACTS_DOC + ", `use_bias`; on a flat input (export: any rank)",
+        doc="`units`, " + ACTS + ", `use_bias`; on a flat input (export: any rank)",
     ),
     "BatchNormalization": Entry(
         _bn_parse,

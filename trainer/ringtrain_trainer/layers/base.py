@@ -157,12 +157,16 @@ class Add(Layer):
 
 
 class Linear(Layer):
-    """Dense on a flat input, any supported activation, with or without bias."""
+    """Dense on a flat input, any activation of ``engine.ops.activations`` (the table keeps the
+    pre-activation where its gradient reads it: gelu, swish, ...), with or without bias."""
 
     kind = "dense"
 
     def __init__(self, n_in, n_out, activation="linear", use_bias=True):
-        self.n_in, self.n_out, self.act, self.use_bias = n_in, n_out, activation, use_bias
+        from ringtrain_trainer.engine.ops.activations import resolve  # it imports this module
+
+        self.n_in, self.n_out, self.use_bias = n_in, n_out, use_bias
+        self.act = resolve(activation)
         self.out_shape = (n_out,)
 
     def params(self, layer):
@@ -172,9 +176,9 @@ class Linear(Layer):
         )
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b, self.n_out), "f")}
+        bufs = {"out": ((b, self.n_out), "f"), **self.act.buffers((b, self.n_out), train)}
         if train:
-            bufs.update({"dz": ((b, self.n_out), "f"), "ones": ((b,), "f")})
+            bufs["ones"] = ((b,), "f")
             if need_dx:
                 bufs["dx"] = ((b, self.n_in), "f")
         return bufs
@@ -188,26 +192,24 @@ class Linear(Layer):
 
     def forward(self, ws, x, kernel, bias=None):
         ws["x"] = x2 = x.reshape(x.shape[0], self.n_in)
-        out = ws["out"]
-        np.matmul(x2, kernel, out=out)
+        z = self.act.pre(ws)
+        np.matmul(x2, kernel, out=z)
         if bias is not None:
-            np.add(out, bias, out=out)
-        act_forward(self.act, out)
-        return out
+            np.add(z, bias, out=z)
+        return self.act.run(ws)
 
     def backward_local(self, ws, dout):
-        dz = ws["dz"]
-        act_backward(self.act, ws["out"], dout.reshape(dz.shape), dz)
+        ws["g"] = self.act.grad(ws, dout)
 
     def backward_input(self, ws, dout, kernel, bias=None):
-        return np.matmul(ws["dz"], kernel.T, out=ws["dx"])
+        return np.matmul(ws["g"], kernel.T, out=ws["dx"])
 
     def backward_weights(self, ws, dout, name, grad, rows):
         if name == "bias":
-            np.matmul(ws["ones"], ws["dz"], out=grad)
+            np.matmul(ws["ones"], ws["g"], out=grad)
         else:
             lo, hi = rows
-            np.matmul(ws["x"].T[lo:hi], ws["dz"], out=grad[lo:hi])
+            np.matmul(ws["x"].T[lo:hi], ws["g"], out=grad[lo:hi])
 
 
 class Dropout(Layer):
