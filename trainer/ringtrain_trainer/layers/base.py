@@ -10,43 +10,24 @@ import numpy as np
 from ringtrain_trainer.engine.tensor import ParamSpec
 
 
+def _in_place(name: str):
+    from ringtrain_trainer.engine.ops.activations import ACTIVATIONS  # it imports this module
+
+    entry = ACTIVATIONS[name]
+    if entry.needs_input or entry.scratch:
+        raise ValueError(f"activation {name!r} needs planned buffers: use the table's API")
+    return entry
+
+
 def act_forward(name: str, z: np.ndarray) -> None:
-    """Apply an activation to ``z`` in place."""
-    if name == "relu":
-        np.maximum(z, 0, out=z)
-    elif name == "sigmoid":
-        np.negative(z, out=z)
-        np.exp(z, out=z)
-        np.add(z, 1, out=z)
-        np.reciprocal(z, out=z)
-    elif name == "tanh":
-        np.tanh(z, out=z)
-    elif name == "softmax":
-        z2 = z.reshape(-1, z.shape[-1])
-        z2 -= z2.max(axis=1, keepdims=True)
-        np.exp(z2, out=z2)
-        z2 /= z2.sum(axis=1, keepdims=True)
+    """Apply an activation of ``engine.ops.activations`` that runs in place (relu, sigmoid,
+    tanh, softmax, linear, ...) to ``z``."""
+    _in_place(name).forward(z, z, None)
 
 
 def act_backward(name: str, y: np.ndarray, dy: np.ndarray, dz: np.ndarray) -> None:
-    """``dz = dy * activation'`` written into ``dz``, from the activation's output ``y``."""
-    if name == "relu":
-        np.multiply(dy, y > 0, out=dz)
-    elif name == "sigmoid":
-        np.subtract(1, y, out=dz)
-        np.multiply(dz, y, out=dz)
-        np.multiply(dz, dy, out=dz)
-    elif name == "tanh":
-        np.multiply(y, y, out=dz)
-        np.subtract(1, dz, out=dz)
-        np.multiply(dz, dy, out=dz)
-    elif name == "softmax":
-        y2, dy2 = y.reshape(-1, y.shape[-1]), dy.reshape(-1, y.shape[-1])
-        s = np.einsum("ij,ij->i", y2, dy2)[:, None]
-        np.subtract(dy2, s, out=dz.reshape(y2.shape))
-        np.multiply(dz, y, out=dz)
-    elif dz is not dy:
-        np.copyto(dz, dy)
+    """``dz = dy * activation'`` written into ``dz`` (not ``dy``), from the output ``y``."""
+    _in_place(name).backward(None, y, dy, dz, None)
 
 
 class Layer:
