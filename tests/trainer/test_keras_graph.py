@@ -126,6 +126,13 @@ def _kwargs(**kw):
     return cfg
 
 
+def _positional(value):
+    cfg = functional((4,), [("Dense", "d", ["in"], {"units": 3})], "d")
+    node = cfg["config"]["layers"][1]["inbound_nodes"][0]
+    node["args"] = [*node["args"], value]
+    return cfg
+
+
 @pytest.mark.parametrize(
     "cfg, words",
     [
@@ -144,6 +151,7 @@ def _kwargs(**kw):
             "2 outputs ('a', 'b'): a model with several outputs is not supported",
         ),
         (_kwargs(training=True), "layer 'd' (Dense): call argument training=True"),
+        (_positional(True), "layer 'd' (Dense): call argument True is not supported"),
         (
             functional((4,), [("Dense", "d", ["ghost"], {"units": 3})], "d"),
             "layer 'd' (Dense) reads ['ghost', 0, 0], which no layer of the model writes",

@@ -177,6 +177,8 @@ def _history(v: Any, where: str) -> list[tuple[str, int, int]]:
         return [t for x in v.values() for t in _history(x, where)]
     if isinstance(v, (list, tuple)):
         return [t for x in v for t in _history(x, where)]
+    if v is not None:  # layer(x, True): an argument the layer would get and ringtrain would not
+        raise InvalidSpec(f"model: {where}: call argument {v!r} is not supported (supported: none)")
     return []
 
 
