@@ -51,15 +51,13 @@ class Depthwise(Window, Layer):
     def buffers(self, b, train, need_dx):
         out = (b, *self.out_shape)
         bufs = {"out": (out, "f"), **self.act.buffers(out, train)}
-        bufs["prod"] = ((b, self.ho, self.wo, self.cin, self.m), "f")
+        bufs["tap"] = ((b, self.ho, self.wo, self.cin), "f")
         if any(self.pad):
             bufs["xp"] = ((b, *self.padded), "f")
         if train:
             bufs["ones"] = ((b * self.ho * self.wo,), "f")
             if need_dx:
                 bufs["dxp"] = ((b, *self.padded), "f")
-                if self.m > 1:
-                    bufs["tap"] = ((b, self.ho, self.wo, self.cin), "f")
         return bufs
 
     def flops(self, b, train, need_dx):
@@ -81,43 +79,53 @@ class Depthwise(Window, Layer):
             xp = self.as2d(x)
         else:
             np.copyto(self.inner(xp), self.as2d(x))
-        ws["xin"], k, prod = xp, self._k(kernel), ws["prod"]
+        ws["xin"], k, t = xp, self._k(kernel), ws["tap"]
         z = self.act.pre(ws)
-        z5 = z.reshape(prod.shape)
-        for n, (i, j) in enumerate(self.taps()):
-            np.multiply(self.tap(xp, i, j)[..., None], k[i, j], out=z5 if n == 0 else prod)
-            if n:
-                np.add(z5, prod, out=z5)
+        z5 = z.reshape(*t.shape, self.m)
+        for n, (i, j) in enumerate(self.taps()):  # one (b, ho, wo, c) pass per tap and filter
+            v = self.tap(xp, i, j)
+            for m in range(self.m):
+                if n == 0:
+                    np.multiply(v, k[i, j, :, m], out=z5[..., m])
+                else:
+                    np.multiply(v, k[i, j, :, m], out=t)
+                    np.add(z5[..., m], t, out=z5[..., m])
         if bias is not None:
             np.add(z, bias, out=z)
         return self.act.run(ws)
 
     def backward_local(self, ws, dout):
         dz = self.act.grad(ws, dout)
-        ws["dz5"], ws["dz2"] = dz.reshape(ws["prod"].shape), dz.reshape(-1, self.cout)
+        ws["dz5"] = dz.reshape(*ws["tap"].shape, self.m)
+        ws["dz2"] = dz.reshape(-1, self.cout)
 
     def backward_weights(self, ws, dout, name, grad, rows):
         if name == "bias":
             np.matmul(ws["ones"], ws["dz2"], out=grad)
             return
         lo, hi = rows
-        c, g, prod, dz5 = self.cin, grad.reshape(-1, self.cin, self.m), ws["prod"], ws["dz5"]
+        c, g, t4, dz5 = self.cin, grad.reshape(-1, self.cin, self.m), ws["tap"], ws["dz5"]
         for p, (i, j) in enumerate(self.taps()):
             c0, c1 = max(lo - p * c, 0), min(hi - p * c, c)
             if c1 <= c0:
                 continue
-            t = prod[..., : c1 - c0, :]
-            np.multiply(self.tap(ws["xin"], i, j)[..., c0:c1, None], dz5[..., c0:c1, :], out=t)
-            np.sum(t, axis=(0, 1, 2), out=g[p, c0:c1])
+            v = self.tap(ws["xin"], i, j)
+            for m in range(self.m):
+                t = t4[..., : c1 - c0]
+                np.multiply(v[..., c0:c1], dz5[..., c0:c1, m], out=t)
+                if c1 - c0 == c:  # a whole tap: the column sums as one BLAS product
+                    np.matmul(ws["ones"], t4.reshape(len(ws["ones"]), c), out=g[p, :, m])
+                else:
+                    np.sum(t, axis=(0, 1, 2), out=g[p, c0:c1, m])
 
     def backward_input(self, ws, dout, kernel, bias=None):
-        k, prod, dxp = self._k(kernel), ws["prod"], ws["dxp"]
+        k, t, dxp, dz5 = self._k(kernel), ws["tap"], ws["dxp"], ws["dz5"]
         dxp.fill(0)
         for i, j in self.taps():
-            np.multiply(ws["dz5"], k[i, j], out=prod)
-            t = np.sum(prod, axis=-1, out=ws["tap"]) if self.m > 1 else prod[..., 0]
             view = self.tap(dxp, i, j)
-            np.add(view, t, out=view)
+            for m in range(self.m):
+                np.multiply(dz5[..., m], k[i, j, :, m], out=t)
+                np.add(view, t, out=view)
         return ws["dx"]
 
 
