@@ -43,6 +43,8 @@ CASES = {
     },
     "linear-tanh": L.Linear(4, 3, "tanh", True),
     "linear-softmax-nobias": L.Linear(4, 3, "softmax", False),
+    "linear-gelu": L.Linear(4, 3, "gelu", True),
+    "linear-identity": L.Linear(4, 3, "linear", True),
     "dropout": L.Dropout((6,), 0.5, 1),
     "reshape": L.Reshape((2, 3), (6,)),
     "batchnorm": L.BatchNorm((5, 3), 0.9, 1e-3, True, True),

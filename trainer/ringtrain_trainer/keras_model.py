@@ -54,6 +54,7 @@ def _fuses(conv: LayerSpec, readers: list[LayerSpec]) -> bool:
         and c["strides"] == [1, 1]
         and c["padding"] == "valid"
         and c["activation"] == "relu"
+        and c.get("dilation_rate", [1, 1]) == [1, 1]
         and c["use_bias"]
         and len(shape) == 3
         and min(shape[0], shape[1]) - k[0] + 1 >= 2

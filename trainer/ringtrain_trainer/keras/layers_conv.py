@@ -1,9 +1,20 @@
 """Registry entries of the 2-D window layers: Conv2D, Max/AveragePooling2D,
-GlobalAveragePooling2D (channels last, NHWC)."""
+GlobalAveragePooling2D (channels last, NHWC). A Conv2D with a dilation or an activation beyond
+``entry.ACTIVATIONS`` runs on ``engine.ops.conv.Conv`` (``layers_window``'s op)."""
 
 from __future__ import annotations
 
-from ringtrain_trainer.keras.entry import ACTS_DOC, Args, Entry, Shape, Weight, need_rank, window
+from ringtrain_trainer.keras import onnx_acts
+from ringtrain_trainer.keras.entry import (
+    ACTIVATIONS,
+    Args,
+    Entry,
+    Shape,
+    Weight,
+    need_rank,
+    window,
+)
+from ringtrain_trainer.keras.layers_window import ACTS, _activation
 
 _FREE = (
     "kernel_regularizer",
@@ -40,25 +51,28 @@ def _conv_parse(a: Args) -> dict:
         "strides": a.pair("strides", 1),
         "padding": _padding(a),
         "data_format": a.channels_last(),
-        "activation": a.activation(),
+        "dilation_rate": a.pair("dilation_rate", 1),
+        "activation": _activation(a),
         "use_bias": bool(a.take("use_bias", True)),
     }
-    dilation = a.take("dilation_rate", 1)
-    if dilation not in (1, [1, 1], (1, 1)):
-        a.refuse("dilation_rate", dilation, "1")
+    if max(args["strides"]) > 1 and max(args["dilation_rate"]) > 1:
+        a.refuse("dilation_rate", args["dilation_rate"], "1 when strides > 1 (as Keras)")
     a.must_be("groups", 1)
     a.initializer("kernel_initializer", "glorot_uniform")
     a.initializer("bias_initializer", "zeros")
     a.nothing(*_FREE)
-    a.done("filters, kernel_size, strides, padding, activation, use_bias")
+    a.done("filters, kernel_size, strides, padding, dilation_rate, activation, use_bias")
     return args
 
 
+def _span(args: dict) -> list[int]:
+    """The dilated kernel's extent per axis."""
+    d = args.get("dilation_rate", [1, 1])
+    return [(k - 1) * r + 1 for k, r in zip(args["kernel_size"], d, strict=True)]
+
+
 def _conv_infer(args: dict, shapes: list[Shape]) -> Shape:
-    return (
-        *_windowed(shapes[0], args["kernel_size"], args["strides"], args["padding"]),
-        args["filters"],
-    )
+    return (*_windowed(shapes[0], _span(args), args["strides"], args["padding"]), args["filters"])
 
 
 def _conv_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
@@ -73,6 +87,11 @@ def _conv_build(spec, shapes, ctx):
 
     a = spec.args
     need_rank(spec, shapes[0], 3, "an H×W×C input (add a Reshape before it)")
+    if a.get("dilation_rate", [1, 1]) != [1, 1] or a["activation"] not in ACTIVATIONS:
+        from ringtrain_trainer.engine.ops.conv import Conv
+
+        geo = (a["kernel_size"], a["strides"], a["padding"], a["dilation_rate"])
+        return Conv(shapes[0], a["filters"], *geo, a["activation"], a["use_bias"])
     return L.Conv2D(
         tuple(shapes[0]),
         a["filters"],
@@ -110,9 +129,10 @@ def _conv_onnx(g, spec, weights) -> None:
         spec.name,
         kernel_shape=a["kernel_size"],
         strides=a["strides"],
-        pads=_pads(spec, a["kernel_size"], a["strides"]),
+        dilations=a.get("dilation_rate", [1, 1]),
+        pads=_pads(spec, _span(a), a["strides"]),
     )
-    g.out(g.act(y, a["activation"]))
+    g.out(onnx_acts.act(g, y, a["activation"]))
 
 
 def _pool_parse(a: Args) -> dict:
@@ -208,8 +228,8 @@ ENTRIES = {
         _conv_onnx,
         infer=_conv_infer,
         weights=_conv_weights,
-        doc="`filters`, `kernel_size`, `strides`, `padding` (valid, same), "
-        + ACTS_DOC
+        doc="`filters`, `kernel_size`, `strides`, `padding` (valid, same), `dilation_rate`, "
+        + ACTS
         + ", `use_bias`; channels last; with its only reader a "
         "MaxPooling2D(2) (square kernel, valid, stride 1, ReLU) it runs as one fused op",
     ),

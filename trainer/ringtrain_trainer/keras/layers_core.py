@@ -1,18 +1,20 @@
-"""Registry entries of the layers that act on any shape: Dense, the activation layers,
-Rescaling, Flatten, Reshape, Dropout, BatchNormalization."""
+"""Registry entries of the layers that act on any shape: Dense, Rescaling, Flatten, Reshape,
+Dropout, BatchNormalization (the activation layers: ``layers_activation``)."""
 
 from __future__ import annotations
 
 import math
 
-from ringtrain_trainer.keras.entry import ACTS_DOC, Args, Entry, Shape, Weight
+from ringtrain_trainer.keras import onnx_acts
+from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
+from ringtrain_trainer.keras.layers_window import ACTS, _activation
 
 
 def _dense_parse(a: Args) -> dict:
     a.trainable()
     args = {
         "units": a.positive("units"),
-        "activation": a.activation(),
+        "activation": _activation(a),
         "use_bias": bool(a.take("use_bias", True)),
     }
     a.initializer("kernel_initializer", "glorot_uniform")
@@ -57,43 +59,7 @@ def _dense_onnx(g, spec, weights) -> None:
     y = g.op("MatMul", [g.x(0, nchw=False), g.const(f"{n}_kernel", weights[0])], n)
     if spec.args["use_bias"]:
         y = g.op("Add", [y, g.const(f"{n}_bias", weights[1])], f"{n}_bias")
-    g.out(g.act(y, spec.args["activation"]))
-
-
-def _act_parse(a: Args) -> dict:
-    if a.cls == "Activation":
-        args = {"activation": a.activation()}
-        a.done("activation")
-    elif a.cls == "ReLU":
-        a.nothing("max_value")
-        a.must_be("negative_slope", 0.0, 0)
-        a.must_be("threshold", 0.0, 0)
-        args = {}
-        a.done("max_value=None, negative_slope=0, threshold=0")
-    else:
-        a.must_be("axis", -1, [-1])
-        args = {"axis": -1}
-        a.done("axis=-1")
-    return args
-
-
-def _act_of(args: dict) -> str:
-    """Activation: its argument; ReLU: relu; Softmax (it has ``axis``): softmax."""
-    return args.get("activation") or ("softmax" if "axis" in args else "relu")
-
-
-def _act_build(spec, shapes, ctx):
-    from ringtrain_trainer import layers as L
-
-    act = _act_of(spec.args)
-    if ctx.fold and act == ctx.fold:
-        return None
-    return L.Elementwise(tuple(shapes[0]), act)
-
-
-def _act_onnx(g, spec, weights) -> None:
-    act = _act_of(spec.args)
-    g.out(g.act(g.x(0, nchw=False if act == "softmax" else None), act, spec.name))
+    g.out(onnx_acts.act(g, y, spec.args["activation"]))
 
 
 def _rescaling_parse(a: Args) -> dict:
@@ -255,7 +221,7 @@ ENTRIES = {
         _dense_onnx,
         infer=lambda args, shapes: (*shapes[0][:-1], args["units"]),
         weights=_dense_weights,
-        doc="`units`, " + ACTS_DOC + ", `use_bias`; any rank (the kernel on the last axis)",
+        doc="`units`, " + ACTS + ", `use_bias`; any rank (the kernel on the last axis)",
     ),
     "BatchNormalization": Entry(
         _bn_parse,
@@ -266,21 +232,6 @@ ENTRIES = {
         doc="`momentum`, `epsilon`, `center`, `scale`, channel axis; batch statistics per "
         "replica, moving statistics as state",
     ),
-    "Activation": Entry(
-        _act_parse,
-        _act_build,
-        _act_onnx,
-        activation=_act_of,
-        doc=ACTS_DOC,
-    ),
-    "ReLU": Entry(
-        _act_parse,
-        _act_build,
-        _act_onnx,
-        activation=_act_of,
-        doc="a plain ReLU (no `max_value`, `negative_slope`, `threshold`)",
-    ),
-    "Softmax": Entry(_act_parse, _act_build, _act_onnx, activation=_act_of, doc="`axis=-1`"),
     "Flatten": Entry(
         _flatten_parse, _reshape_build, _reshape_onnx, infer=_flatten_infer, doc="channels last"
     ),

@@ -34,18 +34,24 @@ How to add a layer (one entry + its op):
 from __future__ import annotations
 
 from ringtrain_trainer.keras import (
+    layers_activation,
     layers_conv,
     layers_core,
     layers_merge,
     layers_recurrent,
     layers_sequence,
+    layers_shape,
+    layers_window,
 )
 from ringtrain_trainer.keras.entry import Entry
 
 #: every layer ringtrain trains and exports, by Keras class name (order: the README's)
 REGISTRY: dict[str, Entry] = {
     **layers_conv.ENTRIES,
+    **layers_window.ENTRIES,
+    **layers_shape.ENTRIES,
     **layers_core.ENTRIES,
+    **layers_activation.ENTRIES,
     **layers_merge.ENTRIES,
     **layers_sequence.ENTRIES,
     **layers_recurrent.ENTRIES,

@@ -10,43 +10,24 @@ import numpy as np
 from ringtrain_trainer.engine.tensor import ParamSpec
 
 
+def _in_place(name: str):
+    from ringtrain_trainer.engine.ops.activations import ACTIVATIONS  # it imports this module
+
+    entry = ACTIVATIONS[name]
+    if entry.needs_input or entry.scratch:
+        raise ValueError(f"activation {name!r} needs planned buffers: use the table's API")
+    return entry
+
+
 def act_forward(name: str, z: np.ndarray) -> None:
-    """Apply an activation to ``z`` in place."""
-    if name == "relu":
-        np.maximum(z, 0, out=z)
-    elif name == "sigmoid":
-        np.negative(z, out=z)
-        np.exp(z, out=z)
-        np.add(z, 1, out=z)
-        np.reciprocal(z, out=z)
-    elif name == "tanh":
-        np.tanh(z, out=z)
-    elif name == "softmax":
-        z2 = z.reshape(-1, z.shape[-1])
-        z2 -= z2.max(axis=1, keepdims=True)
-        np.exp(z2, out=z2)
-        z2 /= z2.sum(axis=1, keepdims=True)
+    """Apply an activation of ``engine.ops.activations`` that runs in place (relu, sigmoid,
+    tanh, softmax, linear, ...) to ``z``."""
+    _in_place(name).forward(z, z, None)
 
 
 def act_backward(name: str, y: np.ndarray, dy: np.ndarray, dz: np.ndarray) -> None:
-    """``dz = dy * activation'`` written into ``dz``, from the activation's output ``y``."""
-    if name == "relu":
-        np.multiply(dy, y > 0, out=dz)
-    elif name == "sigmoid":
-        np.subtract(1, y, out=dz)
-        np.multiply(dz, y, out=dz)
-        np.multiply(dz, dy, out=dz)
-    elif name == "tanh":
-        np.multiply(y, y, out=dz)
-        np.subtract(1, dz, out=dz)
-        np.multiply(dz, dy, out=dz)
-    elif name == "softmax":
-        y2, dy2 = y.reshape(-1, y.shape[-1]), dy.reshape(-1, y.shape[-1])
-        s = np.einsum("ij,ij->i", y2, dy2)[:, None]
-        np.subtract(dy2, s, out=dz.reshape(y2.shape))
-        np.multiply(dz, y, out=dz)
-    elif dz is not dy:
-        np.copyto(dz, dy)
+    """``dz = dy * activation'`` written into ``dz`` (not ``dy``), from the output ``y``."""
+    _in_place(name).backward(None, y, dy, dz, None)
 
 
 class Layer:
@@ -157,12 +138,18 @@ class Add(Layer):
 
 
 class Linear(Layer):
-    """Dense on a flat input, any supported activation, with or without bias."""
+    """Dense on a flat input, any activation of ``engine.ops.activations`` (the table keeps the
+    pre-activation where its gradient reads it: gelu, swish, ...), with or without bias."""
 
     kind = "dense"
 
     def __init__(self, n_in, n_out, activation="linear", use_bias=True):
-        self.n_in, self.n_out, self.act, self.use_bias = n_in, n_out, activation, use_bias
+        from ringtrain_trainer.engine.ops.activations import resolve  # it imports this module
+
+        self.n_in, self.n_out, self.use_bias = n_in, n_out, use_bias
+        self.fn = resolve(activation)
+        #: the activation's name (what the loss folding and the tests read)
+        self.act = self.fn.name
         self.out_shape = (n_out,)
 
     def params(self, layer):
@@ -172,9 +159,9 @@ class Linear(Layer):
         )
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b, self.n_out), "f")}
+        bufs = {"out": ((b, self.n_out), "f"), **self.fn.buffers((b, self.n_out), train)}
         if train:
-            bufs.update({"dz": ((b, self.n_out), "f"), "ones": ((b,), "f")})
+            bufs["ones"] = ((b,), "f")
             if need_dx:
                 bufs["dx"] = ((b, self.n_in), "f")
         return bufs
@@ -188,26 +175,24 @@ class Linear(Layer):
 
     def forward(self, ws, x, kernel, bias=None):
         ws["x"] = x2 = x.reshape(x.shape[0], self.n_in)
-        out = ws["out"]
-        np.matmul(x2, kernel, out=out)
+        z = self.fn.pre(ws)
+        np.matmul(x2, kernel, out=z)
         if bias is not None:
-            np.add(out, bias, out=out)
-        act_forward(self.act, out)
-        return out
+            np.add(z, bias, out=z)
+        return self.fn.run(ws)
 
     def backward_local(self, ws, dout):
-        dz = ws["dz"]
-        act_backward(self.act, ws["out"], dout.reshape(dz.shape), dz)
+        ws["g"] = self.fn.grad(ws, dout)
 
     def backward_input(self, ws, dout, kernel, bias=None):
-        return np.matmul(ws["dz"], kernel.T, out=ws["dx"])
+        return np.matmul(ws["g"], kernel.T, out=ws["dx"])
 
     def backward_weights(self, ws, dout, name, grad, rows):
         if name == "bias":
-            np.matmul(ws["ones"], ws["dz"], out=grad)
+            np.matmul(ws["ones"], ws["g"], out=grad)
         else:
             lo, hi = rows
-            np.matmul(ws["x"].T[lo:hi], ws["dz"], out=grad[lo:hi])
+            np.matmul(ws["x"].T[lo:hi], ws["g"], out=grad[lo:hi])
 
 
 class Dropout(Layer):

@@ -6,15 +6,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ringtrain_trainer.engine.ops.window import same_pad
 from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer, act_backward, act_forward
-
-
-def same_pad(n: int, k: int, s: int) -> tuple[int, int, int]:
-    """(output size, pad before, pad after) of TensorFlow's 'same' padding."""
-    out = -(-n // s)
-    total = max((out - 1) * s + k - n, 0)
-    return out, total // 2, total - total // 2
 
 
 class Windows(Layer):

@@ -20,11 +20,7 @@ import math
 import numpy as np
 
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer, act_backward, act_forward
-
-#: what ``act_forward`` / ``act_backward`` compute
-ACTIVATIONS = ("linear", "relu", "sigmoid", "tanh", "softmax")
-
+from ringtrain_trainer.layers.base import Layer
 
 def product_rows(a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.ndarray) -> None:
     """Write rows ``rows = (lo, hi)`` of ``grad``'s matrix view, where the whole gradient is
@@ -45,18 +41,20 @@ def product_rows(a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.n
 
 
 class Dense(Layer):
-    """Keras ``Dense`` on input ``(b, *lead, n_in)``; any activation of ``layers.base``."""
+    """Keras ``Dense`` on input ``(b, *lead, n_in)``; any activation of
+    ``engine.ops.activations`` (the table plans the pre-activation where its gradient reads it)."""
 
     kind = "dense"
 
     def __init__(self, in_shape, units: int, activation: str = "linear", use_bias: bool = True):
-        if activation not in ACTIVATIONS:  # layers.base's; anything else would run as linear
-            raise ValueError(f"activation={activation!r} is not one of {ACTIVATIONS}")
+        from ringtrain_trainer.engine.ops.activations import resolve
+
+        self.fn = resolve(activation)
         self.in_shape = tuple(in_shape)
         self.n_in, self.n_out = self.in_shape[-1], units
         self.out_shape = (*self.in_shape[:-1], units)
         self.lead = math.prod(self.in_shape[:-1])
-        self.act, self.use_bias = activation, use_bias
+        self.act, self.use_bias = self.fn.name, use_bias
 
     def params(self, layer):
         ps = [ParamSpec(layer, "kernel", (self.n_in, self.n_out), self.n_in, self.n_out, True)]
@@ -66,9 +64,9 @@ class Dense(Layer):
 
     def buffers(self, b, train, need_dx):
         n = b * self.lead
-        bufs = {"out": ((b, *self.out_shape), "f")}
+        bufs = {"out": ((b, *self.out_shape), "f"), **self.fn.buffers((b, *self.out_shape), train)}
         if train:
-            bufs.update({"dz": ((n, self.n_out), "f"), "ones": ((n,), "f")})
+            bufs["ones"] = ((n,), "f")
             bufs["row"] = ((self.n_out,), "f")
             if need_dx:
                 bufs["dx"] = ((b, *self.in_shape), "f")
@@ -83,25 +81,22 @@ class Dense(Layer):
 
     def forward(self, ws, x, kernel, bias=None):
         ws["x"] = x2 = x.reshape(-1, self.n_in)
-        out = ws["out"]
-        o2 = out.reshape(-1, self.n_out)
-        np.matmul(x2, kernel, out=o2)
+        z2 = self.fn.pre(ws).reshape(-1, self.n_out)
+        np.matmul(x2, kernel, out=z2)
         if bias is not None:
-            np.add(o2, bias, out=o2)
-        act_forward(self.act, out)
-        return out
+            np.add(z2, bias, out=z2)
+        return self.fn.run(ws)
 
     def backward_local(self, ws, dout):
-        dz = ws["dz"]
-        act_backward(self.act, ws["out"].reshape(dz.shape), dout.reshape(dz.shape), dz)
+        ws["g"] = self.fn.grad(ws, dout).reshape(-1, self.n_out)
 
     def backward_input(self, ws, dout, kernel, bias=None):
         dx = ws["dx"]
-        np.matmul(ws["dz"], kernel.T, out=dx.reshape(-1, self.n_in))
+        np.matmul(ws["g"], kernel.T, out=dx.reshape(-1, self.n_in))
         return dx
 
     def backward_weights(self, ws, dout, name, grad, rows):
         if name == "bias":
-            np.matmul(ws["ones"], ws["dz"], out=grad)
+            np.matmul(ws["ones"], ws["g"], out=grad)
         else:
-            product_rows(ws["x"], ws["dz"], grad, rows, ws["row"])
+            product_rows(ws["x"], ws["g"], grad, rows, ws["row"])

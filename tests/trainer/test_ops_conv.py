@@ -1,0 +1,167 @@
+"""Conv1D/Conv2D, DepthwiseConv1D/2D and SeparableConv1D/2D (``engine.ops.conv`` and
+``engine.ops.depthwise``): every geometry against finite differences (input and weights, whole
+and in row blocks), the forward against the real Keras layer with the same weights, and a
+training step that allocates nothing in proportion to the tensors."""
+
+import tracemalloc
+
+import keras
+import numpy as np
+import pytest
+from support.opcheck import check_gradients, compile_op, forward, random_params
+
+from ringtrain_trainer.engine.ops.conv import Conv
+from ringtrain_trainer.engine.ops.depthwise import Depthwise, Separable
+from ringtrain_trainer.engine.ops.window import pad_1d
+
+#: (padding, strides, dilation) combinations Keras accepts (strides and dilation not both > 1)
+GEOMETRY = [
+    ("valid", 1, 1),
+    ("same", 1, 1),
+    ("valid", 2, 1),
+    ("same", 2, 1),
+    ("same", 3, 1),
+    ("valid", 1, 2),
+    ("same", 1, 2),
+]
+GEOMETRY_1D = [*GEOMETRY, ("causal", 1, 1), ("causal", 2, 1), ("causal", 1, 3)]
+
+
+def keras_forward(layer, in_shape, weights, x) -> np.ndarray:
+    layer.build((None, *in_shape))
+    layer.set_weights([w.astype(np.float32) for w in weights])
+    return np.asarray(layer(x.astype(np.float32)))
+
+
+def match_keras(op, layer, rng, b=2):
+    x = rng.normal(size=(b, *op.in_shape))
+    params = random_params(op, rng)
+    ours = forward(op, x, params)
+    theirs = keras_forward(layer, op.in_shape, list(params.values()), x)
+    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_arithmetic_matches_tensorflow():
+    assert pad_1d(7, 3, 2, 1, "same") == (4, 1, 1)
+    assert pad_1d(6, 3, 2, 1, "same") == (3, 0, 1)  # the odd pixel goes after
+    assert pad_1d(9, 3, 1, 2, "same") == (9, 2, 2)
+    assert pad_1d(9, 3, 1, 2, "valid") == (5, 0, 0)
+    assert pad_1d(9, 3, 2, 2, "causal") == (5, 4, 0)
+    with pytest.raises(ValueError, match="padding='full'"):
+        pad_1d(9, 3, 1, 1, "full")
+
+
+@pytest.mark.parametrize("padding,strides,dilation", GEOMETRY_1D)
+def test_conv1d(padding, strides, dilation, rng):
+    op = Conv((9, 3), 4, 3, strides, padding, dilation, "tanh")
+    check_gradients(op, rng)
+    layer = keras.layers.Conv1D(4, 3, strides, padding, dilation_rate=dilation, activation="tanh")
+    match_keras(op, layer, rng)
+
+
+@pytest.mark.parametrize("padding,strides,dilation", GEOMETRY)
+def test_conv2d(padding, strides, dilation, rng):
+    op = Conv((7, 6, 2), 3, (3, 2), strides, padding, dilation, "relu", use_bias=False)
+    check_gradients(op, rng)
+    layer = keras.layers.Conv2D(
+        3, (3, 2), strides, padding, dilation_rate=dilation, activation="relu", use_bias=False
+    )
+    match_keras(op, layer, rng)
+
+
+@pytest.mark.parametrize("strides,padding", [((1, 1), "valid"), ((2, 1), "same")])
+def test_conv2d_one_by_one(strides, padding, rng):
+    op = Conv((4, 5, 3), 6, 1, strides, padding, 1, "gelu")
+    assert op.pointwise == (strides == (1, 1))
+    check_gradients(op, rng)
+    match_keras(op, keras.layers.Conv2D(6, 1, strides, padding, activation="gelu"), rng)
+
+
+@pytest.mark.parametrize("padding,strides,dilation", GEOMETRY)
+@pytest.mark.parametrize("multiplier", [1, 2])
+def test_depthwise_conv2d(padding, strides, dilation, multiplier, rng):
+    op = Depthwise((7, 6, 3), (3, 2), strides, padding, dilation, multiplier, "relu6")
+    check_gradients(op, rng)
+    layer = keras.layers.DepthwiseConv2D(
+        (3, 2), strides, padding, multiplier, dilation_rate=dilation, activation="relu6"
+    )
+    match_keras(op, layer, rng)
+
+
+@pytest.mark.parametrize("padding,strides,dilation", GEOMETRY[::2])
+def test_depthwise_conv1d(padding, strides, dilation, rng):
+    op = Depthwise((9, 2), 3, strides, padding, dilation, 2, "linear", use_bias=False)
+    check_gradients(op, rng)
+    layer = keras.layers.DepthwiseConv1D(
+        3, strides, padding, 2, dilation_rate=dilation, use_bias=False
+    )
+    match_keras(op, layer, rng)
+
+
+@pytest.mark.parametrize("padding,strides,dilation", GEOMETRY[::2])
+def test_separable_conv2d(padding, strides, dilation, rng):
+    op = Separable((7, 6, 3), 4, 3, strides, padding, dilation, 2, "swish")
+    assert [p.name for p in op.params(0)] == ["depthwise_kernel", "pointwise_kernel", "bias"]
+    check_gradients(op, rng)
+    layer = keras.layers.SeparableConv2D(
+        4, 3, strides, padding, dilation_rate=dilation, depth_multiplier=2, activation="swish"
+    )
+    match_keras(op, layer, rng)
+
+
+def test_separable_conv1d(rng):
+    op = Separable((9, 3), 5, 3, 1, "same", 2, 1, "elu", use_bias=False)
+    check_gradients(op, rng)
+    layer = keras.layers.SeparableConv1D(
+        5, 3, padding="same", dilation_rate=2, activation="elu", use_bias=False
+    )
+    match_keras(op, layer, rng)
+
+
+def test_refusals_name_the_argument():
+    with pytest.raises(ValueError, match="causal"):
+        Conv((5, 5, 2), 3, 3, padding="causal")
+    with pytest.raises(ValueError, match="smaller than"):
+        Conv((4, 2), 3, 3, dilation=3)
+    with pytest.raises(ValueError, match="strides"):
+        Conv((5, 5, 2), 3, 3, strides=(1, 0))
+    with pytest.raises(ValueError, match="activation 'swishy'"):
+        Conv((5, 2), 3, 3, activation="swishy")
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        Conv((32, 32, 8), 16, 3, 1, "same", 1, "gelu"),
+        Conv((1024, 16), 32, 5, 1, "causal", 2, "relu"),
+        Depthwise((32, 32, 8), 3, 1, "same", 1, 2, "relu6"),
+        Separable((32, 32, 8), 16, 3, 1, "same", 1, 1, "swish"),
+    ],
+    ids=["conv2d", "conv1d", "depthwise", "separable"],
+)
+def test_a_training_step_allocates_nothing_proportional(op, rng):
+    """After the first step, forward + backward allocate at most numpy's fixed iteration
+    buffers (~100 KB, whatever the size), far below one activation (≥ 512 KiB here)."""
+    b = 8
+    ws = compile_op(op, b, dtype=np.float32)
+    x = rng.normal(size=(b, *op.in_shape)).astype(np.float32)
+    params = {k: v.astype(np.float32) for k, v in random_params(op, rng).items()}
+    grads = {p.name: np.zeros(p.shape, np.float32) for p in op.params(0)}
+
+    def step():
+        out = op.forward(ws, x, **params)
+        op.backward_local(ws, out)
+        op.backward_input(ws, out, **params)
+        for p in op.params(0):
+            op.backward_weights(ws, out, p.name, grads[p.name], (0, p.rows))
+
+    step()
+    tracemalloc.start()
+    try:
+        step()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ws["out"].nbytes >= 2**19
+    assert peak < 2**17, peak

@@ -1,0 +1,135 @@
+"""Pooling, 1-D and 2-D: Max/AveragePooling (any pool, strides, ``valid``/``same``) and
+GlobalMax/GlobalAveragePooling (``keepdims``), channels last.
+
+Gradients follow TensorFlow: a window's maximum sends its gradient to the *first* maximal
+position (``MaxPoolGrad``); a global maximum splits it evenly among ties (``reduce_max``);
+``same`` averages count only the real pixels under the window."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ringtrain_trainer.engine.ops.window import Window
+from ringtrain_trainer.layers.base import Layer
+
+KINDS = ("max", "avg")
+
+
+class Pool(Window, Layer):
+    """Keras ``MaxPooling1D/2D`` and ``AveragePooling1D/2D``; ``strides=None`` is the pool."""
+
+    def __init__(self, in_shape, kind: str, pool, strides=None, padding: str = "valid"):
+        if kind not in KINDS:
+            raise ValueError(f"pooling kind {kind!r} (supported: {KINDS})")
+        if padding == "causal":
+            raise ValueError("padding='causal' is for convolutions only")
+        self._geometry(in_shape, pool, pool if strides is None else strides, padding)
+        self.kind_ = kind
+        self.out_shape = (*self.out_hw, self.cin)
+
+    def buffers(self, b, train, need_dx):
+        out4 = (b, self.ho, self.wo, self.cin)
+        bufs = {"out": ((b, *self.out_shape), "f")}
+        if any(self.pad):
+            bufs["xp"] = ((b, *self.padded), "f")
+        if self.kind_ == "avg":
+            bufs["count"] = ((self.ho, self.wo, 1), "f")
+        if train and need_dx:
+            bufs.update({"dxp": ((b, *self.padded), "f"), "g": (out4, "f")})
+            if self.kind_ == "max":
+                bufs.update({"avail": (out4, "?"), "eq": (out4, "?")})
+        return bufs
+
+    def flops(self, b, train, need_dx):
+        return b * self.ho * self.wo * self.cin * math.prod(self.k) * (1 + train)
+
+    def bind(self, ws, b):
+        if "xp" in ws:
+            ws["xp"].fill(-np.inf if self.kind_ == "max" else 0)
+        if "count" in ws:
+            ones = np.zeros((1, *self.padded[:2], 1), ws["count"].dtype)
+            self.inner(ones)[...] = 1
+            np.sum(self.windows(ones)[0], axis=(2, 3), out=ws["count"])
+        ws["out4"] = ws["out"].reshape(b, self.ho, self.wo, self.cin)
+        if "dxp" in ws:
+            ws["dx"] = self.inner(ws["dxp"]).reshape(b, *self.in_shape)
+
+    def forward(self, ws, x):
+        xp = ws.get("xp")
+        if xp is None:
+            xp = self.as2d(x)
+        else:
+            np.copyto(self.inner(xp), self.as2d(x))
+        ws["xin"], win, out = xp, self.windows(xp), ws["out4"]
+        if self.kind_ == "max":
+            np.max(win, axis=(3, 4), out=out)
+        else:
+            np.sum(win, axis=(3, 4), out=out)
+            np.divide(out, ws["count"], out=out)
+        return ws["out"]
+
+    def backward_input(self, ws, dout):
+        dxp, g, out = ws["dxp"], ws["g"], ws["out4"]
+        dxp.fill(0)
+        dout = dout.reshape(g.shape)
+        if self.kind_ == "avg":
+            np.divide(dout, ws["count"], out=g)
+        else:
+            avail, eq = ws["avail"], ws["eq"]
+            avail.fill(True)
+        for i, j in self.taps():
+            view = self.tap(dxp, i, j)
+            if self.kind_ == "max":  # the first maximal position takes it (TF's rule)
+                np.equal(self.tap(ws["xin"], i, j), out, out=eq)
+                np.logical_and(eq, avail, out=eq)
+                np.logical_xor(avail, eq, out=avail)
+                np.multiply(dout, eq, out=g)
+            np.add(view, g, out=view)
+        return ws["dx"]
+
+
+class GlobalPool(Layer):
+    """Keras ``GlobalMax/GlobalAveragePooling1D/2D``: over every axis but batch and channels;
+    ``keepdims`` keeps them as ones."""
+
+    def __init__(self, in_shape, kind: str, keepdims: bool = False):
+        if kind not in KINDS:
+            raise ValueError(f"pooling kind {kind!r} (supported: {KINDS})")
+        self.in_shape, self.kind_ = tuple(in_shape), kind
+        self.c, self.n = self.in_shape[-1], math.prod(self.in_shape[:-1])
+        self.out_shape = (*(1,) * (len(self.in_shape) - 1), self.c) if keepdims else (self.c,)
+
+    def buffers(self, b, train, need_dx):
+        bufs = {"out": ((b, *self.out_shape), "f")}
+        if train and need_dx:
+            bufs["dx"] = ((b, *self.in_shape), "f")
+            if self.kind_ == "max":
+                bufs.update({"eq": ((b, self.n, self.c), "?"), "cnt": ((b, self.c), "f")})
+        return bufs
+
+    def flops(self, b, train, need_dx):
+        return b * self.n * self.c * (1 + train)
+
+    def bind(self, ws, b):
+        ws["out2"] = ws["out"].reshape(b, self.c)
+        if "dx" in ws:
+            ws["dx3"] = ws["dx"].reshape(b, self.n, self.c)
+
+    def forward(self, ws, x):
+        ws["x3"] = x3 = x.reshape(x.shape[0], self.n, self.c)
+        (np.max if self.kind_ == "max" else np.mean)(x3, axis=1, out=ws["out2"])
+        return ws["out"]
+
+    def backward_input(self, ws, dout):
+        d = dout.reshape(dout.shape[0], 1, self.c)
+        if self.kind_ == "avg":
+            np.multiply(d, 1.0 / self.n, out=ws["dx3"])
+        else:  # split among ties, as reduce_max's gradient
+            eq, cnt = ws["eq"], ws["cnt"]
+            np.equal(ws["x3"], ws["out2"][:, None, :], out=eq)
+            np.sum(eq, axis=1, out=cnt)
+            np.divide(d, cnt[:, None, :], out=cnt[:, None, :])
+            np.multiply(eq, cnt[:, None, :], out=ws["dx3"])
+        return ws["dx"]

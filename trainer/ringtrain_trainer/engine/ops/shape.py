@@ -1,0 +1,118 @@
+"""Ops that move values without arithmetic, 1-D and 2-D, channels last: ZeroPadding and
+Cropping (one :class:`Border` op: the smaller tensor is a window of the larger) and nearest
+UpSampling. Each copies into its own planned buffer, so what follows reads a contiguous tensor
+(a view would make the next reshape copy every step)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ringtrain_trainer.layers.base import Layer
+
+
+def borders(spec, rank: int, what: str) -> tuple[tuple[int, int], ...]:
+    """Keras' ``padding`` / ``cropping`` argument → ((before, after),) per spatial axis: an int
+    (all sides), a pair (1-D: before/after; 2-D: symmetric per axis) or a pair of pairs."""
+    if isinstance(spec, int):
+        out = ((spec, spec),) * rank
+    elif rank == 1 and len(spec) == 2 and all(isinstance(v, int) for v in spec):
+        out = (tuple(spec),)
+    elif all(isinstance(v, int) for v in spec):
+        out = tuple((v, v) for v in spec)
+    else:
+        out = tuple(tuple(v) for v in spec)
+    if len(out) != rank or any(len(p) != 2 or min(p) < 0 for p in out):
+        raise ValueError(f"{what}={spec!r}: expected {rank} non-negative (before, after) pairs")
+    return tuple((int(a), int(b)) for a, b in out)
+
+
+class Border(Layer):
+    """Keras ``ZeroPadding1D/2D`` (``mode='pad'``) and ``Cropping1D/2D`` (``mode='crop'``)."""
+
+    def __init__(self, in_shape, sides, mode: str):
+        self.in_shape = tuple(in_shape)
+        rank = len(self.in_shape) - 1
+        self.sides, self.mode = (
+            borders(sides, rank, "cropping" if mode == "crop" else "padding"),
+            mode,
+        )
+        sign = 1 if mode == "pad" else -1
+        spatial = tuple(
+            n + sign * (a + b) for n, (a, b) in zip(self.in_shape, self.sides, strict=False)
+        )
+        if min(spatial) < 1:
+            raise ValueError(f"cropping {self.sides} leaves nothing of input {self.in_shape}")
+        self.out_shape = (*spatial, self.in_shape[-1])
+        small = self.in_shape if mode == "pad" else self.out_shape
+        self.window = tuple(
+            slice(a, a + n) for (a, _), n in zip(self.sides, small[:-1], strict=False)
+        )
+
+    def _inner(self, big):
+        return big[(slice(None), *self.window)]
+
+    def buffers(self, b, train, need_dx):
+        bufs = {"out": ((b, *self.out_shape), "f")}
+        if train and need_dx:
+            bufs["dx"] = ((b, *self.in_shape), "f")
+        return bufs
+
+    def bind(self, ws, b):
+        ws["out"].fill(0)
+        if "dx" in ws:
+            ws["dx"].fill(0)
+
+    def forward(self, ws, x):
+        if self.mode == "pad":  # the border stays as bind's zeros
+            np.copyto(self._inner(ws["out"]), x)
+        else:
+            np.copyto(ws["out"], self._inner(x))
+        return ws["out"]
+
+    def backward_input(self, ws, dout):
+        dout = dout.reshape(ws["out"].shape)
+        if self.mode == "pad":
+            np.copyto(ws["dx"], self._inner(dout))
+        else:  # the cropped border's gradient stays zero
+            np.copyto(self._inner(ws["dx"]), dout)
+        return ws["dx"]
+
+
+class UpSampling(Layer):
+    """Keras ``UpSampling1D`` (``size``) and ``UpSampling2D`` (``size``, nearest): every value
+    repeated ``size`` times along each spatial axis."""
+
+    def __init__(self, in_shape, size):
+        self.in_shape = tuple(in_shape)
+        rank = len(self.in_shape) - 1
+        size = (size,) * rank if isinstance(size, int) else tuple(size)
+        if rank not in (1, 2) or len(size) != rank or min(size) < 1:
+            raise ValueError(f"UpSampling size={size!r} for input {self.in_shape}")
+        self.size = (1, *size) if rank == 1 else size
+        self.hw = (1, self.in_shape[0]) if rank == 1 else self.in_shape[:2]
+        self.out_shape = (
+            *(n * s for n, s in zip(self.in_shape, size, strict=False)),
+            self.in_shape[-1],
+        )
+
+    def _six(self, a):
+        """(b, h, sh, w, sw, c) view of an output-shaped array."""
+        (h, w), (sh, sw) = self.hw, self.size
+        return a.reshape(a.shape[0], h, sh, w, sw, a.shape[-1])
+
+    def buffers(self, b, train, need_dx):
+        bufs = {"out": ((b, *self.out_shape), "f")}
+        if train and need_dx:
+            bufs["dx"] = ((b, *self.in_shape), "f")
+        return bufs
+
+    def forward(self, ws, x):
+        x4 = x.reshape(x.shape[0], *self.hw, x.shape[-1])
+        np.copyto(self._six(ws["out"]), x4[:, :, None, :, None, :])
+        return ws["out"]
+
+    def backward_input(self, ws, dout):
+        dx = ws["dx"]
+        d4 = dx.reshape(dx.shape[0], *self.hw, dx.shape[-1])
+        np.sum(self._six(dout.reshape(ws["out"].shape)), axis=(2, 4), out=d4)
+        return dx

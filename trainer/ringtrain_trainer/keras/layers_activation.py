@@ -1,0 +1,82 @@
+"""Registry entries of the activation layers: ``Activation`` (every activation of
+``engine.ops.activations``), ``ReLU`` (``max_value``, ``negative_slope``, ``threshold``:
+MobileNet's ``ReLU(6.)``), ``LeakyReLU``, ``ELU`` and ``Softmax``. Each runs as
+``engine.ops.activations.Act``; a final softmax or sigmoid is folded into the loss (the build
+returns the identity)."""
+
+from __future__ import annotations
+
+from ringtrain_trainer.keras import onnx_acts
+from ringtrain_trainer.keras.entry import Args, Entry
+from ringtrain_trainer.keras.layers_window import ACTS, _activation
+
+
+def _number(a: Args, arg: str, default, low: float = 0.0):
+    v = a.take(arg, default)
+    if v is None and default is None:
+        return None
+    if not isinstance(v, int | float) or isinstance(v, bool) or v < low:
+        a.refuse(arg, v, f"a number ≥ {low}")
+    return float(v)
+
+
+def _parse(a: Args) -> dict:
+    if a.cls == "Activation":
+        args = {"activation": _activation(a)}
+    elif a.cls == "ReLU":
+        args = {
+            "max_value": _number(a, "max_value", None),
+            "negative_slope": _number(a, "negative_slope", 0.0),
+            "threshold": _number(a, "threshold", 0.0),
+        }
+    elif a.cls == "LeakyReLU":
+        a.take("alpha")  # Keras 2's name, which Keras 3 still writes beside negative_slope
+        args = {"negative_slope": _number(a, "negative_slope", 0.3)}
+    elif a.cls == "ELU":
+        args = {"alpha": _number(a, "alpha", 1.0)}
+    else:
+        a.must_be("axis", -1, [-1])
+        args = {"axis": -1}
+    a.done(", ".join(args))
+    return args
+
+
+def activation_of(args: dict) -> tuple[str, dict]:
+    """(table name, its arguments) of a layer's normalized Keras arguments."""
+    if "activation" in args:
+        return args["activation"], {}
+    if "axis" in args:
+        return "softmax", {}
+    if "alpha" in args:
+        return "elu", {"alpha": args["alpha"]}
+    if "max_value" in args:  # ReLU
+        return "relu", {k: v for k, v in args.items() if v}
+    return "leaky_relu", dict(args)
+
+
+def _build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops import activations
+
+    name, params = activation_of(spec.args)
+    if ctx.fold and name == ctx.fold:
+        return None
+    return activations.Act(shapes[0], activations.get(name, **params))
+
+
+def _onnx(g, spec, weights) -> None:
+    name, params = activation_of(spec.args)
+    x = g.x(0, nchw=False if name in ("softmax", "log_softmax") else None)
+    g.out(onnx_acts.act(g, x, name, params))
+
+
+def _entry(doc: str) -> Entry:
+    return Entry(_parse, _build, _onnx, activation=lambda args: activation_of(args)[0], doc=doc)
+
+
+ENTRIES = {
+    "Activation": _entry(ACTS),
+    "ReLU": _entry("`max_value`, `negative_slope`, `threshold` (≥ 0)"),
+    "LeakyReLU": _entry("`negative_slope`"),
+    "ELU": _entry("`alpha`"),
+    "Softmax": _entry("`axis=-1`"),
+}

@@ -1,0 +1,147 @@
+"""Registry entries of the layers that move values without arithmetic, 1-D and 2-D:
+ZeroPadding, Cropping and UpSampling (nearest). Ops: ``engine/ops/shape.py``. ONNX: ``Pad``,
+``Slice`` and ``Resize`` on the channels-last tensor (no transpose needed)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ringtrain_trainer.keras.entry import Args, Entry, Shape
+
+
+def _sides(a: Args, arg: str, rank: int) -> list[list[int]]:
+    """Keras' int / pair / pair of pairs → [[before, after]] per spatial axis."""
+    v = a.take(arg, 1 if arg == "padding" else 0)
+    try:
+        if isinstance(v, int):
+            out = [[v, v]] * rank
+        elif rank == 1 and all(isinstance(i, int) for i in v):
+            out = [list(v)]
+        elif all(isinstance(i, int) for i in v):
+            out = [[i, i] for i in v]
+        else:
+            out = [list(p) for p in v]
+        ok = len(out) == rank and all(len(p) == 2 and min(p) >= 0 for p in out)
+    except TypeError:
+        ok = False
+    if not ok:
+        a.refuse(arg, v, f"an int, a pair or {rank} (before, after) pairs")
+    return out
+
+
+def _border_parse(a: Args) -> dict:
+    rank, arg = int(a.cls[-2]), "padding" if a.cls.startswith("Zero") else "cropping"
+    sides = _sides(a, arg, rank)
+    args: dict = {arg: sides[0] if rank == 1 else sides}  # Keras' own forms
+    if rank == 2 or arg == "padding":
+        args["data_format"] = a.channels_last()
+    a.done(arg)
+    return args
+
+
+def _of(args: dict) -> list[list[int]]:
+    """[[before, after]] per spatial axis, from either form."""
+    v = args["padding"] if "padding" in args else args["cropping"]
+    return [v] if isinstance(v[0], int) else v
+
+
+def _border_infer(args: dict, shapes: list[Shape]) -> Shape:
+    sides = _of(args)
+    sign = 1 if "padding" in args else -1
+    shape = shapes[0]
+    if len(shape) != len(sides) + 1:
+        raise ValueError(f"needs an input of {len(sides)} spatial axes and channels, got {shape}")
+    out = tuple(n + sign * (p + q) for n, (p, q) in zip(shape, sides, strict=False))
+    if min(out) < 1:
+        raise ValueError(f"cropping {sides} leaves nothing of input {shape}")
+    return (*out, shape[-1])
+
+
+def _border_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.shape import Border
+
+    pad = "padding" in spec.args
+    return Border(shapes[0], tuple(map(tuple, _of(spec.args))), "pad" if pad else "crop")
+
+
+def _i64(g, v) -> str:
+    import numpy as np
+
+    return g.const("i", np.asarray(v, np.int64))
+
+
+def _border_onnx(g, spec, weights) -> None:
+    x = g.x(0, nchw=False)
+    if "padding" in spec.args:
+        sides = _of(spec.args)
+        pads = [0, *(p for p, _ in sides), 0, 0, *(q for _, q in sides), 0]
+        g.out(g.op("Pad", [x, _i64(g, pads)], spec.name))
+        return
+    sides, shape = _of(spec.args), spec.in_shapes[0]
+    starts = [p for p, _ in sides]
+    ends = [n - q for n, (_, q) in zip(shape, sides, strict=False)]
+    axes = list(range(1, len(sides) + 1))
+    g.out(g.op("Slice", [x, _i64(g, starts), _i64(g, ends), _i64(g, axes)], spec.name))
+
+
+def _up_parse(a: Args) -> dict:
+    rank = int(a.cls[-2])
+    v = a.take("size", 2)
+    size = [v] * rank if isinstance(v, int) else list(v) if isinstance(v, list | tuple) else v
+    if (
+        not isinstance(size, list)
+        or len(size) != rank
+        or not all(isinstance(i, int) and i >= 1 for i in size)
+    ):
+        a.refuse("size", v, f"a positive int or {rank} of them")
+    if rank == 1:
+        a.done("size")
+        return {"size": size[0]}
+    args = {"size": size, "data_format": a.channels_last()}
+    args["interpolation"] = a.must_be("interpolation", "nearest")
+    a.done("size, interpolation")
+    return args
+
+
+def _up_infer(args: dict, shapes: list[Shape]) -> Shape:
+    size = args["size"] if isinstance(args["size"], list) else [args["size"]]
+    shape = shapes[0]
+    if len(shape) != len(size) + 1:
+        raise ValueError(f"needs an input of {len(size)} spatial axes and channels, got {shape}")
+    return (*(n * s for n, s in zip(shape, size, strict=False)), shape[-1])
+
+
+def _up_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.shape import UpSampling
+
+    size = spec.args["size"]
+    return UpSampling(shapes[0], tuple(size) if isinstance(size, list) else size)
+
+
+def _up_onnx(g, spec, weights) -> None:
+    import numpy as np
+
+    size = spec.args["size"] if isinstance(spec.args["size"], list) else [spec.args["size"]]
+    scales = g.const("scales", np.asarray([1, *size, 1], np.float32))
+    y = g.op(
+        "Resize",
+        [g.x(0, nchw=False), "", scales],
+        spec.name,
+        mode="nearest",
+        coordinate_transformation_mode="asymmetric",
+        nearest_mode="floor",
+    )
+    g.out(y)
+
+
+_BORDER = Entry(_border_parse, _border_build, _border_onnx, infer=_border_infer)
+ENTRIES = {
+    "ZeroPadding1D": replace(_BORDER, doc="`padding` (an int or a pair)"),
+    "ZeroPadding2D": replace(_BORDER, doc="`padding` (int, pair, pairs)"),
+    "Cropping1D": replace(_BORDER, doc="`cropping` (an int or a pair)"),
+    "Cropping2D": replace(_BORDER, doc="`cropping` (int, pair, pairs)"),
+    "UpSampling1D": Entry(_up_parse, _up_build, _up_onnx, infer=_up_infer, doc="`size`"),
+    "UpSampling2D": Entry(
+        _up_parse, _up_build, _up_onnx, infer=_up_infer, doc="`size`, `interpolation` (nearest)"
+    ),
+}
