@@ -46,6 +46,8 @@ BIDIRECTIONAL = [("concat", True), ("concat", False), ("sum", True), ("ave", Fal
 CASES = {
     "dense-3d-tanh": (Dense((4, 5), 3, "tanh"), [_float((4, 5))]),
     "dense-4d-nobias-relu": (Dense((2, 3, 4), 2, "relu", False), [_float((2, 3, 4))]),
+    "dense-3d-gelu": (Dense((4, 5), 3, "gelu"), [_float((4, 5))]),
+    "dense-3d-softmax": (Dense((4, 5), 3, "softmax"), [_float((4, 5))]),
     "embedding": (Embedding((6,), 5, 3), [_ids((6,), 5)]),
     "embedding-2d-ids": (Embedding((2, 3), 4, 2), [_ids((2, 3), 4)]),
     "layernorm": (LayerNorm((4, 5), 1e-3), [_float((4, 5))]),
@@ -195,6 +197,6 @@ def test_forward_and_backward_allocate_nothing_per_step(rng):
             assert d is None or (d.dtype == np.float32 and any(d is v for v in ws.values())), case
 
 
-def test_dense_refuses_an_activation_it_would_not_apply():
-    with pytest.raises(ValueError, match="activation='gelu'"):
-        Dense((3, 4), 2, "gelu")
+def test_dense_refuses_an_activation_the_table_does_not_have():
+    with pytest.raises(ValueError, match="no_such_activation"):
+        Dense((3, 4), 2, "no_such_activation")

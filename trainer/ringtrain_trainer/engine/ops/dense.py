@@ -22,6 +22,7 @@ import numpy as np
 from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer
 
+
 def product_rows(a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.ndarray) -> None:
     """Write rows ``rows = (lo, hi)`` of ``grad``'s matrix view, where the whole gradient is
     ``a.T @ d`` (``a``: (n, R), ``d``: (n, C); ``grad.size == R·C``). ``tmp``: a (C,) buffer
