@@ -16,7 +16,7 @@ import yaml
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests, spec
+from . import manifests, mpi, spec
 
 #: Shown instead of secret values (valid base64, so the output still validates).
 REDACTED = "REDACTED"
@@ -39,7 +39,12 @@ def render(docs: Iterable[dict], namespace: str | None = None) -> list[dict]:
         if namespace:
             doc = {**doc, "metadata": {**(doc.get("metadata") or {}), "namespace": namespace}}
         job = spec.load(doc)
-        objects += [redact(o) for o in manifests.desired_objects(job, token="")]
+        objs = (
+            mpi.desired_objects(job, key_pair=(b"", b""))
+            if job.mpi
+            else manifests.desired_objects(job, token="")
+        )
+        objects += [redact(o) for o in objs]
     return objects
 
 
