@@ -281,7 +281,7 @@ def plan(
         args = list(container.get("args") or [])
         if job.mpi and role == "worker":
             command, args = list(SSHD_STAND_IN), []
-        elif job.mpi and command[:1] == ["mpirun"] and (program := mpi.rank_command(job, True)):
+        elif job.mpi and role == "launcher" and (program := mpi.rank_command(job, True)):
             full = mpi.mpirun_command(job, True, _local_command(program))
             command, args = [full[0], *MPIRUN_LOCAL], full[1:]  # args: paths made local below
         if not command:

@@ -67,6 +67,8 @@ SSHD_SCRIPT = (
 _RING_ENV = ("TF_CONFIG", "RINGTRAIN_TOKEN_FILE", "RINGTRAIN_TLS_DIR")
 _RING_PORTS = ("ring", "ring-data", "health")
 _RING_VOLUMES = ("ring-token",)
+#: The launcher's main process with the built-in trainer (:mod:`.mpilaunch`).
+LAUNCH = ("python3", "-m", "ringtrain_operator.mpilaunch")
 #: The ranks' environment that mpirun forwards (sshd gives a session almost none).
 EXPORTED_ENV = ("PATH", "HOME", "PYTHONUNBUFFERED")
 
@@ -404,7 +406,8 @@ def launcher_pod(job: Job, replica: ReplicaSpec, local: bool = False) -> dict:
     if not annotations:
         p["metadata"].pop("annotations", None)
     if command := mpirun_command(job, local):
-        main["command"] = command
+        # the built-in trainer's rank 0 result becomes the launcher's termination message
+        main["command"] = [*LAUNCH, *command] if job.trainer and not local else command
     # the launcher neither trains nor checkpoints: it needs no checkpoint or data volume
     drop = (manifests.CHECKPOINT_VOLUME, manifests.DATA_VOLUME) if job.trainer and not local else ()
     main["volumeMounts"] = [m for m in main["volumeMounts"] if m["name"] not in drop]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
+import os
 from datetime import UTC, datetime
 
 import pytest
@@ -136,8 +138,8 @@ def test_the_launcher_runs_mpirun_with_the_trainer_over_mpi_and_openmpis_setting
     pod = mpi.pod(job, job.replica("launcher"), 0)
     assert pod["metadata"]["name"] == "hvd-launcher" and "annotations" not in pod["metadata"]
     c = main(pod)
-    command = c["command"]
-    assert command[:3] == ["mpirun", "-np", "2"]
+    launch, command = c["command"][:3], c["command"][3:]
+    assert launch == list(mpi.LAUNCH) and command[:3] == ["mpirun", "-np", "2"]
     program = command[command.index("ringtrain") :]
     assert program[:4] == ["ringtrain", "worker", "--collective", "mpi"]
     assert program[4:] == manifests.trainer_args(job.trainer)
@@ -304,3 +306,21 @@ def test_network_policy_sshd_only_from_the_launcher_mpi_ports_only_within_the_jo
     # nothing else may reach the job's pods but the ring policy's metrics rule
     others = [r for r in rules if r not in ssh and r is not between]
     assert all(p["port"] == manifests.METRICS_PORT for r in others for p in r["ports"])
+
+
+def test_the_launcher_keeps_rank_0s_final_event_as_its_termination_message(tmp_path):
+    """mpilaunch runs a real mpirun (--tag-output): rank 1's final event does not count."""
+    import sys
+
+    from ringtrain_operator import mpilaunch
+
+    code = (
+        "import json, os; r = int(os.environ['OMPI_COMM_WORLD_RANK']); "
+        "print(json.dumps({'event': 'final', 'steps': 5 + r, 'loss': 0.5, 'terminated': False}))"
+    )
+    log = tmp_path / "termination-log"
+    mpirun = ["mpirun", "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+    assert mpilaunch.main([*mpirun, "-np", "2", sys.executable, "-c", code], str(log)) == 0
+    assert json.loads(log.read_text())["steps"] == 5
+    assert mpilaunch.main([*mpirun, "-np", "1", "false"], str(log)) == 1
+    assert mpilaunch.rank0_final("[3,1]<stdout>:{}") is None
