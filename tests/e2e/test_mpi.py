@@ -56,6 +56,19 @@ def with_image(doc: dict, image: str) -> dict:
     return doc
 
 
+def apply(kubectl, doc: dict, ns: str) -> None:
+    """Apply once the API server's OpenAPI knows spec.mpi: it is published a few seconds after
+    the CRD changes, and kubectl validates against it (another session's CRD apply may also
+    have just replaced it, so the fixture's apply is repeated)."""
+
+    def applied() -> bool:
+        kubectl("apply", "-f", str(CRD))
+        body = json.dumps(doc)
+        return kubectl("apply", "-n", ns, "-f", "-", input=body, check=False).returncode == 0
+
+    wait_for("the TrainingJob with spec.mpi to be accepted", applied, 90, lambda: "")
+
+
 def owned(kubectl, ns: str, name: str) -> dict[str, list[str]]:
     out = {}
     for kind in ("pods", "secrets", "configmaps", "services"):
@@ -69,7 +82,7 @@ def test_a_two_worker_mpi_job_succeeds_and_deleting_it_leaves_nothing(
 ):
     doc = with_image(yaml.safe_load((EXAMPLES / "mpi-horovod-style.yaml").read_text()), image)
     name = doc["metadata"]["name"]
-    kubectl.apply(doc, namespace)
+    apply(kubectl, doc, namespace)
     job = wait_state(kubectl, namespace, name, "Succeeded", 420, operator.tail)
     st = job["status"]
     assert st["progress"]["step"] == doc["spec"]["trainer"]["steps"]
@@ -99,7 +112,7 @@ def test_a_two_worker_mpi_job_succeeds_and_deleting_it_leaves_nothing(
 def test_a_stock_mpi4py_script_job_succeeds(kubectl, namespace, operator, image):
     doc = with_image(yaml.safe_load((EXAMPLES / "mpi4py-allreduce.yaml").read_text()), image)
     name = doc["metadata"]["name"]
-    kubectl.apply(doc, namespace)
+    apply(kubectl, doc, namespace)
     wait_state(kubectl, namespace, name, "Succeeded", 300, operator.tail)
     logs = kubectl("logs", "-n", namespace, f"{name}-launcher").stdout
     for rank in range(4):

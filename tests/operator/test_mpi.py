@@ -252,9 +252,13 @@ def test_the_jobs_outcome_is_the_launchers_and_the_running_workers_are_cleaned_u
     launcher = observed("hvd-launcher", "launcher", 0, phase="Running", ready=True)
     d = status.derive_status(job, [*workers_up(), launcher], T0, {})
     assert d.status["state"] == status.RUNNING
-    done = observed("hvd-launcher", "launcher", 0, phase="Succeeded", exit_code=0)
+    final = json.dumps({"event": "final", "steps": 4, "loss": 0.25, "terminated": False})
+    done = observed(
+        "hvd-launcher", "launcher", 0, phase="Succeeded", exit_code=0, termination_message=final
+    )
     d = status.derive_status(job, [*workers_up(), done], T0, d.status)
     assert d.status["state"] == status.SUCCEEDED
+    assert d.status["progress"]["step"] == 4  # rank 0's result, kept by the launcher
     assert set(d.delete) == {"hvd-worker-0", "hvd-worker-1"}  # cleanPodPolicy Running
 
 
