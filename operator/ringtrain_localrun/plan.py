@@ -282,8 +282,10 @@ def plan(
         if job.mpi and role == "worker":
             command, args = list(SSHD_STAND_IN), []
         elif job.mpi and role == "launcher" and (program := mpi.rank_command(job, True)):
+            # rank 0's output alone reaches the supervisor; rank 0 writes its own result
             full = mpi.mpirun_command(job, True, _local_command(program))
-            command, args = [full[0], *MPIRUN_LOCAL], full[1:]  # args: paths made local below
+            command = [*_local_command(list(mpi.LAUNCH)), "--no-termination-log", full[0]]
+            args = [*MPIRUN_LOCAL, *full[1:]]  # args: paths made local below
         if not command:
             if not str(container.get("image", "")).split("/")[-1].startswith("ringtrain"):
                 raise jobspec.InvalidSpec(

@@ -72,7 +72,13 @@ def test_locally_the_hostfile_is_this_host_and_the_key_a_file_of_the_run(tmp_pat
     hostfile = launcher.env["OMPI_MCA_orte_default_hostfile"]
     assert Path(hostfile).is_relative_to(tmp_path)
     assert launcher.files[hostfile] == b"localhost slots=4\n"
-    assert launcher.argv[0] == "mpirun" and launcher.argv[launcher.argv.index("-np") + 1] == "4"
+    assert launcher.argv[1:5] == (
+        "-m",
+        "ringtrain_operator.mpilaunch",
+        "--no-termination-log",
+        "mpirun",
+    )
+    assert launcher.argv[launcher.argv.index("-np") + 1] == "4"
     assert not any(k.startswith("OMPI_MCA_btl_tcp_port") for k in launcher.env)
     keys = [p for p in launcher.files if p.endswith(mpi.KEY_FILE)]
     assert len(keys) == 1 and b"PRIVATE KEY" in launcher.files[keys[0]]

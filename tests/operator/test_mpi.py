@@ -328,3 +328,7 @@ def test_the_launcher_keeps_rank_0s_final_event_as_its_termination_message(tmp_p
     assert json.loads(log.read_text())["steps"] == 5
     assert mpilaunch.main([*mpirun, "-np", "1", "false"], str(log)) == 1
     assert mpilaunch.rank0_final("[3,1]<stdout>:{}") is None
+    # the log: rank 0 as it is, other ranks' log lines named, their events dropped
+    assert mpilaunch.shown("[3,0]<stdout>:hello") == "hello"
+    assert mpilaunch.shown("[3,1]<stdout>:hello") == "[rank 1] hello"
+    assert mpilaunch.shown('[3,1]<stdout>:{"event": "final", "steps": 1}') is None
