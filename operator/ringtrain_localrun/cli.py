@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         label: None if p.returncode is None else exit_status(p.returncode)
         for label, p in runner.procs.items()
     }
-    chief = next(r for r in replicas if (r.role, r.index) == job.chief)
+    chief = next(r for r in replicas if r.label == runner.chief_label)
     result = summary(
         job,
         phase,

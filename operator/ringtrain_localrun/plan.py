@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import os
 import socket
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -29,11 +30,22 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain import ports
-from ringtrain_operator import manifests, yamlsafe
+from ringtrain_operator import manifests, mpi, yamlsafe
 from ringtrain_operator import spec as jobspec
 
 #: The Pod volume manifests.pod() mounts at spec.trainer.checkpoint.path.
 CHECKPOINT_VOLUME = manifests.CHECKPOINT_VOLUME
+#: An MPI job's worker pod locally: on one host mpirun starts every rank itself (its hostfile
+#: is ``localhost``), so the workers' sshd has nothing to serve; this idle process stands in
+#: for it, as long-lived as sshd and ended by SIGTERM with 0.
+SSHD_STAND_IN = (
+    sys.executable,
+    "-c",
+    "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); signal.pause()",
+)
+#: mpirun's flags on one host: as root too (this machine's tests run as root), and more ranks
+#: than cores.
+MPIRUN_LOCAL = ("--oversubscribe", *(("--allow-run-as-root",) if os.geteuid() == 0 else ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +100,24 @@ def loopback_endpoints(port: Callable[[], int]) -> manifests.Endpoint:
 
 
 def _secret_data(objs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, bytes]]:
+    """Secrets and ConfigMaps by kind and name: their files, as the kubelet writes them."""
     out: dict[str, dict[str, bytes]] = {}
     for o in objs:
         if o.get("kind") == "Secret":
             data = {k: base64.b64decode(v) for k, v in (o.get("data") or {}).items()}
             data.update({k: v.encode() for k, v in (o.get("stringData") or {}).items()})
             out[o["metadata"]["name"]] = data
+        elif o.get("kind") == "ConfigMap":
+            data = {k: v.encode() for k, v in (o.get("data") or {}).items()}
+            out[f"configmap/{o['metadata']['name']}"] = data
     return out
+
+
+def _items(source: Mapping[str, Any], data: Mapping[str, bytes]) -> dict[str, bytes]:
+    """A Secret or ConfigMap volume's files: every key, or only its ``items`` at their paths."""
+    if not source.get("items"):
+        return dict(data)
+    return {i["path"]: data[i["key"]] for i in source["items"] if i["key"] in data}
 
 
 def _field_ref(pod: Mapping[str, Any], path: str) -> str:
@@ -166,7 +189,12 @@ def _volume_dirs(
                     f"pod {pod_name}: volume {name} mounts secret {v['secret']['secretName']}, "
                     "which the job does not create"
                 )
-            for key, content in data.items():
+            for key, content in _items(v["secret"], data).items():
+                files[str(local / key)] = content
+        elif "configMap" in v:
+            local = run_dir / "pods" / pod_name / "configmaps" / name
+            cm = v["configMap"]["name"]
+            for key, content in _items(v["configMap"], secrets.get(f"configmap/{cm}", {})).items():
                 files[str(local / key)] = content
         elif name == CHECKPOINT_VOLUME:
             # Shared and kept whatever its source: the chief writes, a rerun with the same
@@ -228,7 +256,11 @@ def plan(
     """
     port = port or port_allocator()
     job = jobspec.load(obj)
-    objs = manifests.desired_objects(job, endpoint=loopback_endpoints(port))
+    objs = (
+        mpi.desired_objects(job, local=True)
+        if job.mpi
+        else manifests.desired_objects(job, endpoint=loopback_endpoints(port))
+    )
     secrets = _secret_data(objs)
     replicas = []
     for pod in (o for o in objs if o["kind"] == "Pod"):
@@ -245,6 +277,13 @@ def plan(
             )
         command = list(container.get("command") or [])
         args = list(container.get("args") or [])
+        if job.mpi and role == "worker":
+            command, args = list(SSHD_STAND_IN), []
+        elif job.mpi and role == "launcher" and (program := mpi.rank_command(job, True)):
+            # rank 0's output alone reaches the supervisor; rank 0 writes its own result
+            full = mpi.mpirun_command(job, True, _local_command(program))
+            command = [*_local_command(list(mpi.LAUNCH)), "--no-termination-log", full[0]]
+            args = [*MPIRUN_LOCAL, *full[1:]]  # args: paths made local below
         if not command:
             if not str(container.get("image", "")).split("/")[-1].startswith("ringtrain"):
                 raise jobspec.InvalidSpec(
@@ -265,7 +304,9 @@ def plan(
         env = {k: _rewrite(v, mounts) for k, v in _env(pod, container, secrets).items()}
         args = [_rewrite(a, mounts) for a in args]
         metrics_port = None
-        if any(p.get("name") == "metrics" for p in container.get("ports") or []):
+        if any(p.get("name") == "metrics" for p in container.get("ports") or []) and not (
+            job.mpi and role == "worker"  # the stand-in serves nothing
+        ):
             metrics_port = port()
             _set_flag(args, "--metrics-port", str(metrics_port))
         termination_log = None

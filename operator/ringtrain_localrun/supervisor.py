@@ -143,7 +143,8 @@ class Runner:
             started_s=time.monotonic(),
             workers={r.label: WorkerState() for r in replicas},
         )
-        self.chief_label = f"{job.chief[0]}-{job.chief[1]}"
+        # an MPI job's rank 0 prints through its launcher's mpirun
+        self.chief_label = "launcher-0" if job.mpi else f"{job.chief[0]}-{job.chief[1]}"
         #: The TrainingJob's status as the operator would write it (state, conditions, restarts).
         self.status: dict[str, Any] = {}
         self.started = False
@@ -175,7 +176,9 @@ class Runner:
         todo = [self.by_name[n] for n in names]
         for r in todo:
             self._materialize(r)
-        if self.started and todo:  # a new gang after a restart: old progress no longer applies
+        # a new gang after a restart: old progress no longer applies (an MPI job's launcher,
+        # created after its workers, starts the first)
+        if self.started and todo and any(r.label in self.restart_counts for r in todo):
             self.state.new_gang([r.label for r in todo], time.monotonic())
             resume = (
                 f", resuming from the latest checkpoint in {self.run_dir / CHECKPOINT_VOLUME}"
@@ -385,7 +388,7 @@ class Runner:
                     pass
                 now = time.monotonic()
                 self.output.progress(self.progress(now), now)
-            if self.phase == status.SUCCEEDED:
+            if self.phase == status.SUCCEEDED and not self.job.mpi:
                 self._let_ring_finish()
             return self.phase
         finally:

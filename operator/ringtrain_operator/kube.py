@@ -61,6 +61,7 @@ class Kube:
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "Secret": self.core.create_namespaced_secret,
+            "ConfigMap": self.core.create_namespaced_config_map,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
         }[obj["kind"]]
         try:

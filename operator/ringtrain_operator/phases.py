@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ringtrain import errors
 
-from . import restarts
+from . import mpi, restarts
 from .observe import ObservedPod
 from .restarts import describe_exit as _exit
 from .spec import Job
@@ -157,13 +157,22 @@ def _running(f: _Fold, job: Job, seen: _Seen) -> bool:
     """Create the missing members' pods (a replaced one once the old is gone): Created, or
     Restarting, until every member's pod is up and no container waits for its restart."""
     present = {p.name for p in seen.pods}
-    f.create += [m for name, m in seen.desired.items() if name not in present]
+    live = {p.name: p for p in seen.live}
+    wait = mpi.launcher_wait(job, live)  # an MPI job's launcher waits for its workers' sshd
+    f.create += [
+        m
+        for name, m in seen.desired.items()
+        if name not in present and not (wait and m.replica.role == mpi.LAUNCHER)
+    ]
     f.status.setdefault("startTime", format_time(f.now))
     if f.state is None:
         f.condition(CREATED, True, REASON_CREATED, f"{len(seen.desired)} pods created")
         f.emit(False, REASON_CREATED, f"TrainingJob created: {len(seen.desired)} pods")
         f.status["state"] = CREATED
-    live = {p.name: p for p in seen.live}
+    if wait:
+        f.condition(CREATED, True, mpi.REASON_WAITING, wait)
+    elif job.mpi is not None and f.state == CREATED and job.pod_name(mpi.LAUNCHER, 0) in present:
+        f.condition(CREATED, True, REASON_CREATED, f"{len(seen.desired)} pods created")
     all_up = all(
         n in live and live[n].phase in ("Running", "Succeeded") and not live[n].restarting
         for n in seen.desired
@@ -234,7 +243,9 @@ def _suspend(f: _Fold, live: list[ObservedPod]) -> None:
 def _succeeded(job: Job, live: Mapping[str, ObservedPod]) -> bool:
     """successPolicy's pods, and the built-in trainer's evaluator (it exits 0 after the last
     checkpoint; cleanPodPolicy would delete it first). A stock one may never exit (Kubeflow)."""
-    if job.run_policy.success_policy == "AllWorkers":
+    if job.mpi is not None:  # mpi-operator's rule: the job's outcome is the launcher's
+        names = [job.pod_name(mpi.LAUNCHER, 0)]
+    elif job.run_policy.success_policy == "AllWorkers":
         names = [job.pod_name(r.role, i) for r, i in job.members() if r.role in ("chief", "worker")]
     else:
         names = [job.pod_name(*job.chief)]

@@ -17,7 +17,7 @@ from typing import Any
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests, networkpolicy, spec, status
+from . import manifests, mpi, networkpolicy, spec, status
 from .kube import Kube
 from .metrics import OperatorMetrics
 from .observe import LiveStatusFetcher, live_status, observe_pods
@@ -89,11 +89,17 @@ def act(
     (``--network-policy``) the job's NetworkPolicy is created with its Service."""
     events = list(decision.events)
     if decision.to_create and job is not None:
-        kube.create(manifests.service(job))
-        kube.create(manifests.secret(job))  # 409 keeps the first token and keys: created once
+        # each created once: a 409 keeps the first token and keys
+        shared = (
+            mpi.job_objects(job) if job.mpi else [manifests.service(job), manifests.secret(job)]
+        )
+        for obj in shared:
+            kube.create(obj)
         if network is not None:
-            kube.create(networkpolicy.network_policy(job, network))
-        todo = [manifests.pod(job, m.replica, m.index) for m in decision.to_create]
+            policy = mpi.network_policy if job.mpi else networkpolicy.network_policy
+            kube.create(policy(job, network))
+        build = mpi.pod if job.mpi else manifests.pod
+        todo = [build(job, m.replica, m.index) for m in decision.to_create]
         for m, created in zip(decision.to_create, _create_all(kube, todo), strict=True):
             if created:
                 events.append(

@@ -19,7 +19,7 @@ import yaml
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests, networkpolicy, spec, yamlsafe
+from . import manifests, mpi, networkpolicy, spec, yamlsafe
 
 #: Shown instead of secret values (valid base64, so the output still validates).
 REDACTED = "REDACTED"
@@ -47,9 +47,15 @@ def render(
         if namespace:
             doc = {**doc, "metadata": {**(doc.get("metadata") or {}), "namespace": namespace}}
         job = spec.load(doc)
-        objects += [redact(o) for o in manifests.desired_objects(job, token="")]
+        objs = (
+            mpi.desired_objects(job, key_pair=(b"", b""))
+            if job.mpi
+            else manifests.desired_objects(job, token="")
+        )
+        objects += [redact(o) for o in objs]
         if network is not None:
-            objects.append(networkpolicy.network_policy(job, network))
+            policy = mpi.network_policy if job.mpi else networkpolicy.network_policy
+            objects.append(policy(job, network))
     return objects
 
 

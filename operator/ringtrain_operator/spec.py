@@ -32,13 +32,29 @@ KIND = "TrainingJob"
 PLURAL = "trainingjobs"
 
 #: spec.replicaSpecs keys → TF_CONFIG role names, in TF_CONFIG order.
-ROLE_KEYS = {"Chief": "chief", "Worker": "worker", "PS": "ps", "Evaluator": "evaluator"}
+#: The Launcher (MPI jobs only, spec.mpi) is in no TF_CONFIG: it comes last.
+ROLE_KEYS = {
+    "Chief": "chief",
+    "Worker": "worker",
+    "PS": "ps",
+    "Evaluator": "evaluator",
+    "Launcher": "launcher",
+}
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 #: Longest pod name suffix: "-evaluator-" plus up to four index digits.
 _LONGEST_SUFFIX = len("-evaluator-") + 4
 
-__all__ = ["InvalidSpec", "Job", "ReplicaSpec", "RunPolicy", "TrainerSpec", "crd", "load"]
+__all__ = [
+    "InvalidSpec",
+    "Job",
+    "MPISpec",
+    "ReplicaSpec",
+    "RunPolicy",
+    "TrainerSpec",
+    "crd",
+    "load",
+]
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,17 @@ class RunPolicy:
 
 
 @dataclass(frozen=True)
+class MPISpec:
+    """spec.mpi, defaulted: the job is an MPIJob (:mod:`.mpi` builds its objects)."""
+
+    implementation: str
+    slots_per_worker: int
+    launcher_creation_policy: str
+    ssh_auth_mount_path: str
+    command: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
 class Job:
     """A validated, defaulted TrainingJob."""
 
@@ -86,6 +113,7 @@ class Job:
     replicas: tuple[ReplicaSpec, ...]  # TF_CONFIG order, roles with replicas > 0 only
     trainer: TrainerSpec | None
     run_policy: RunPolicy
+    mpi: MPISpec | None = None
 
     def replica(self, role: str) -> ReplicaSpec | None:
         return next((r for r in self.replicas if r.role == role), None)
@@ -100,6 +128,8 @@ class Job:
         return ("chief", 0) if self.replica("chief") else ("worker", 0)
 
     def pod_name(self, role: str, index: int) -> str:
+        if role == "launcher":  # one per job, named as mpi-operator names it
+            return f"{self.name}-launcher"
         return f"{self.name}-{role}-{index}"
 
     def members(self) -> list[tuple[ReplicaSpec, int]]:
@@ -284,6 +314,19 @@ def load(obj: Mapping[str, Any]) -> Job:
         if (rs := spec["replicaSpecs"].get(key)) is not None and rs["replicas"] > 0
     )
     trainer = _trainer(spec["trainer"]) if "trainer" in spec else None
+    mpi = None
+    if "mpi" in spec:
+        mpi, replicas = _mpi(spec["mpi"], replicas, trainer)
+        if spec["runPolicy"]["successPolicy"] != "ChiefOrWorker0":
+            raise InvalidSpec(
+                "spec.runPolicy.successPolicy: an MPI job's outcome is its launcher's "
+                "(mpirun's exit); remove successPolicy"
+            )
+    elif "Launcher" in spec["replicaSpecs"]:
+        raise InvalidSpec(
+            "spec.replicaSpecs.Launcher: a launcher runs mpirun and belongs to an MPI job; set "
+            "spec.mpi or remove the Launcher"
+        )
     _check_semantics(replicas, trainer)
     rp = spec["runPolicy"]
     return Job(
@@ -301,6 +344,7 @@ def load(obj: Mapping[str, Any]) -> Job:
             suspend=rp["suspend"],
             success_policy=rp["successPolicy"],
         ),
+        mpi=mpi,
     )
 
 
@@ -318,6 +362,26 @@ def _trainer(t: Mapping[str, Any]) -> TrainerSpec:
             f"spec.trainer.ipusPerWorker={t['ipusPerWorker']} (each IPU gets an equal share)"
         )
     return TrainerSpec(**optiongen.from_crd(t))
+
+
+def _mpi(
+    m: Mapping[str, Any], replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | None
+) -> tuple[MPISpec, tuple[ReplicaSpec, ...]]:
+    """spec.mpi, checked against the replicas (:func:`.mpi.check`), and the replicas with the
+    Launcher (a default one, restartPolicy OnFailure, when replicaSpecs has none)."""
+    from . import mpi  # it builds on this module's Job
+
+    if not any(r.role == "launcher" for r in replicas):
+        replicas += (ReplicaSpec("Launcher", "launcher", 1, "OnFailure", {}),)
+    out = MPISpec(
+        implementation=m["mpiImplementation"],
+        slots_per_worker=m["slotsPerWorker"],
+        launcher_creation_policy=m["launcherCreationPolicy"],
+        ssh_auth_mount_path=m["sshAuthMountPath"],
+        command=tuple(m["command"]) if "command" in m else None,
+    )
+    mpi.check(out, replicas, trainer)
+    return out, replicas
 
 
 def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | None) -> None:

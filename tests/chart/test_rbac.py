@@ -56,6 +56,8 @@ GRANTS = {
     ("", "pods", "watch"): ("handlers.py", "pod_changed", '@kopf.on.event("", "v1", "pods"'),
     ("", "services", "create"): ("kube.py", "Kube.create", "create_namespaced_service"),
     ("", "secrets", "create"): ("kube.py", "Kube.create", "create_namespaced_secret"),
+    # an MPI job's hostfile and sshd configuration (spec.mpi)
+    ("", "configmaps", "create"): ("kube.py", "Kube.create", "create_namespaced_config_map"),
     ("networking.k8s.io", "networkpolicies", "create"): (
         "kube.py",
         "Kube.create",
@@ -123,7 +125,9 @@ def client_calls() -> set[tuple[str, str, str]]:
             out.add(("ringtrain.io", resource, VERBS[verb]))
             continue
         group = {"core": "", "networking": "networking.k8s.io"}[api]
-        out.add((group, rest.replace("network_policy", "networkpolicie") + "s", VERBS[verb]))
+        resource = rest.replace("network_policy", "networkpolicie")
+        resource = resource.replace("config_map", "configmap")
+        out.add((group, resource + "s", VERBS[verb]))
     return out
 
 

@@ -174,7 +174,13 @@ def test_image_installs_the_lock_s_runtime_part_with_hashes():
     and the build itself compares the installed set with them."""
     runs = [a for w, a in instructions() if w == "RUN"]
     (install,) = [r for r in runs if "-r /tmp/runtime.txt" in r]
-    for flag in ("--no-deps", "--require-hashes", "--only-binary=:all:", "-r /tmp/image-data.txt"):
+    for flag in (
+        "--no-deps",
+        "--require-hashes",
+        "--only-binary=:all:",
+        "-r /tmp/image-data.txt",
+        "-r /tmp/image-mpi.txt",
+    ):
         assert flag in install
     assert any("diff /tmp/locked.txt /tmp/installed.txt" in r for r in runs)
     assert "MLXTEND_VERSION" not in DOCKERFILE.read_text()

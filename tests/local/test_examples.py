@@ -21,6 +21,8 @@ EXAMPLES = ROOT / "examples"
 RUN_ELSEWHERE = {
     "keras-model.yaml": "tests/local/test_keras_model_job.py",
     "evaluator.yaml": "tests/local/test_local_run.py",
+    "mpi-horovod-style.yaml": "tests/local/test_mpi_run.py",
+    "mpi4py-allreduce.yaml": "tests/local/test_mpi_run.py",
 }
 RUN_HERE = [
     pytest.param("fashion-mnist-2workers.yaml", id="fashion-mnist-2workers"),

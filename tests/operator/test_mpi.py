@@ -1,0 +1,334 @@
+"""MPI jobs (spec.mpi): the objects, the refusals, the launcher's readiness gate and the fold's
+verdicts, all as pure functions of the spec (issue 21); the real mpirun runs in
+tests/local/test_mpi_run.py."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+from datetime import UTC, datetime
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from fake_kube import FakeKube
+
+from ringtrain.errors import InvalidSpec
+from ringtrain_operator import manifests, mpi, networkpolicy, reconcile, render, status
+from ringtrain_operator import spec as jobspec
+from ringtrain_operator.observe import ObservedPod
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def mpi_job(workers: int = 2, mpi_spec: dict | None = None, **spec) -> dict:
+    return {
+        "apiVersion": jobspec.API_VERSION,
+        "kind": jobspec.KIND,
+        "metadata": {"name": "hvd", "namespace": "team", "uid": "u-1"},
+        "spec": {
+            "mpi": mpi_spec if mpi_spec is not None else {},
+            "replicaSpecs": {"Worker": {"replicas": workers}},
+            "trainer": {"dataset": "mnist-5k", "steps": 4},
+            **spec,
+        },
+    }
+
+
+def load(obj: dict) -> jobspec.Job:
+    return jobspec.load(obj)
+
+
+def by_kind(objs: list[dict], kind: str) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def main(pod: dict) -> dict:
+    return pod["spec"]["containers"][0]
+
+
+def test_defaults_are_mpi_operators_and_the_launcher_is_added():
+    job = load(mpi_job())
+    assert job.mpi == jobspec.MPISpec(
+        "OpenMPI", 1, "WaitForWorkersReady", "/home/ringtrain/.ssh", None
+    )
+    launcher = job.replica("launcher")
+    assert launcher is not None and launcher.restart_policy == "OnFailure"
+    assert [job.pod_name(r.role, i) for r, i in job.members()] == [
+        "hvd-worker-0",
+        "hvd-worker-1",
+        "hvd-launcher",
+    ]
+
+
+def test_every_object_of_the_job_with_the_hostfile_and_the_ssh_secret():
+    job = load(mpi_job(mpi_spec={"slotsPerWorker": 2}))
+    objs = mpi.desired_objects(job)
+    assert [o["kind"] for o in objs] == ["Service", "Secret", "ConfigMap", "Pod", "Pod", "Pod"]
+    for o in objs:  # every child is owned: the garbage collector deletes it with the job
+        assert o["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    (svc,) = by_kind(objs, "Service")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    assert [p["port"] for p in svc["spec"]["ports"]] == [mpi.SSHD_PORT]
+    (secret,) = by_kind(objs, "Secret")
+    assert secret["type"] == "kubernetes.io/ssh-auth"
+    assert set(secret["data"]) == {"ssh-privatekey", "ssh-publickey"}
+    (cm,) = by_kind(objs, "ConfigMap")
+    assert cm["data"]["hostfile"] == (
+        "hvd-worker-0.hvd.team.svc slots=2\nhvd-worker-1.hvd.team.svc slots=2\n"
+    )
+    assert f"Port {mpi.SSHD_PORT}" in cm["data"]["sshd_config"]
+    assert "PasswordAuthentication no" in cm["data"]["sshd_config"]
+    assert "AuthorizedKeysFile /home/ringtrain/.ssh/authorized_keys" in cm["data"]["sshd_config"]
+
+
+def test_the_key_pair_is_fresh_per_job_valid_and_its_public_half_is_the_authorized_key():
+    job = load(mpi_job())
+    a, b = mpi.ssh_secret(job), mpi.ssh_secret(job)
+    pa, pb = (base64.b64decode(s["data"]["ssh-privatekey"]) for s in (a, b))
+    assert pa != pb
+    key = serialization.load_ssh_private_key(pa, password=None)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    assert base64.b64decode(a["data"]["ssh-publickey"]).strip() == public
+    # another job's workers authorise only their own key: its public key is not this one
+    assert base64.b64decode(b["data"]["ssh-publickey"]).strip() != public
+
+
+def test_render_shows_every_object_and_no_key():
+    objs = render.render([mpi_job()])
+    assert [o["kind"] for o in objs] == ["Service", "Secret", "ConfigMap", "Pod", "Pod", "Pod"]
+    (secret,) = by_kind(objs, "Secret")
+    assert set(secret["data"].values()) == {render.REDACTED}
+    assert "PRIVATE KEY" not in render.dump(objs)
+
+
+def test_workers_run_sshd_non_root_unprivileged_read_only_and_are_ready_when_it_answers():
+    job = load(mpi_job())
+    pod = mpi.pod(job, job.replica("worker"), 1)
+    c = main(pod)
+    assert c["command"][-1].endswith(f"exec /usr/sbin/sshd -D -e -f {mpi.SSHD_CONFIG}")
+    assert mpi.SSHD_PORT >= 1024
+    assert {"containerPort": mpi.SSHD_PORT, "name": "ssh", "protocol": "TCP"} in c["ports"]
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    psc = pod["spec"]["securityContext"]
+    assert psc["runAsNonRoot"] and psc["runAsUser"] == manifests.RUN_AS_USER
+    assert c["readinessProbe"]["tcpSocket"] == {"port": mpi.SSHD_PORT}
+    assert "livenessProbe" not in c and "args" not in c
+    # no ring: no TF_CONFIG, no ring token, no ring ports
+    assert not {e["name"] for e in c["env"]} & {"TF_CONFIG", "RINGTRAIN_TOKEN_FILE"}
+    assert {p["name"] for p in c["ports"]} == {"ssh", "metrics"}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert "ring-token" not in volumes
+    assert volumes[mpi.SSH_VOLUME]["secret"]["defaultMode"] == 0o400
+    assert volumes[mpi.SSHD_VOLUME] == {"name": mpi.SSHD_VOLUME, "emptyDir": {"medium": "Memory"}}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/home/ringtrain/.ssh"]["readOnly"] and mounts[mpi.SSHD_RUN_DIR]
+    assert mounts["/checkpoints"]["name"] == manifests.CHECKPOINT_VOLUME  # rank 0 writes here
+
+
+def test_the_launcher_runs_mpirun_with_the_trainer_over_mpi_and_openmpis_settings():
+    job = load(mpi_job(mpi_spec={"slotsPerWorker": 1}, trainer={"steps": 4, "seed": 3}))
+    pod = mpi.pod(job, job.replica("launcher"), 0)
+    assert pod["metadata"]["name"] == "hvd-launcher" and "annotations" not in pod["metadata"]
+    c = main(pod)
+    launch, command = c["command"][:3], c["command"][3:]
+    assert launch == list(mpi.LAUNCH) and command[:3] == ["mpirun", "-np", "2"]
+    program = command[command.index("ringtrain") :]
+    assert program[:4] == ["ringtrain", "worker", "--collective", "mpi"]
+    assert program[4:] == manifests.trainer_args(job.trainer)
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["OMPI_MCA_orte_default_hostfile"] == mpi.HOSTFILE
+    assert f"-p {mpi.SSHD_PORT} -i /home/ringtrain/.ssh/id_ed25519" in env["OMPI_MCA_plm_rsh_args"]
+    assert "TF_CONFIG" not in env and "ports" not in c and "readinessProbe" not in c
+    names = {v["name"] for v in pod["spec"]["volumes"]}
+    assert manifests.CHECKPOINT_VOLUME not in names and mpi.SSH_VOLUME in names
+
+
+def test_a_stock_script_runs_under_mpirun_with_slots_and_no_trainer():
+    obj = mpi_job(workers=3, mpi_spec={"slotsPerWorker": 2, "command": ["python3", "/app/a.py"]})
+    del obj["spec"]["trainer"]
+    template = {"spec": {"containers": [{"name": "main", "image": "my/mpi4py:1"}]}}
+    obj["spec"]["replicaSpecs"] = {
+        "Worker": {"replicas": 3, "template": template},
+        "Launcher": {"template": copy.deepcopy(template)},
+    }
+    job = load(obj)
+    c = main(mpi.pod(job, job.replica("launcher"), 0))
+    assert c["image"] == "my/mpi4py:1"
+    assert c["command"][:3] == ["mpirun", "-np", "6"]
+    assert c["command"][-2:] == ["python3", "/app/a.py"]
+    # a launcher template with its own mpirun line runs as written (mpi-operator's way)
+    obj["spec"]["mpi"] = {}
+    obj["spec"]["replicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"] = [
+        "mpirun",
+        "python3",
+        "/app/a.py",
+    ]
+    job = load(obj)
+    assert main(mpi.pod(job, job.replica("launcher"), 0))["command"] == [
+        "mpirun",
+        "python3",
+        "/app/a.py",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda s: s["replicaSpecs"].update(Evaluator={"replicas": 1}), "Evaluator"),
+        (lambda s: s["replicaSpecs"].update(PS={"replicas": 1}), "PS"),
+        (lambda s: s["replicaSpecs"].update(Chief={"replicas": 1}), "Chief"),
+        (lambda s: s["replicaSpecs"]["Worker"].update(replicas=0), "Worker.replicas"),
+        (lambda s: s["mpi"].update(command=["python3", "a.py"]), "spec.mpi.command"),
+        (lambda s: s["mpi"].update(slotsPerWorker=0), "spec.mpi.slotsPerWorker"),
+        (lambda s: s["mpi"].update(mpiImplementation="MPICH"), "spec.mpi.mpiImplementation"),
+        (lambda s: s["mpi"].update(launcherCreationPolicy="Later"), "launcherCreationPolicy"),
+        (lambda s: s["runPolicy"].update(successPolicy="AllWorkers"), "successPolicy"),
+        (
+            lambda s: s["replicaSpecs"]["Worker"].update(
+                template={"spec": {"containers": [{"name": "ringtrain", "command": ["x"]}]}}
+            ),
+            "Worker.template.spec.containers[].command",
+        ),
+        (lambda s: s.pop("mpi"), "spec.replicaSpecs.Launcher"),
+    ],
+)
+def test_specs_that_cannot_run_are_refused_naming_the_field(edit, field):
+    obj = mpi_job()
+    obj["spec"]["runPolicy"] = {}
+    obj["spec"]["replicaSpecs"]["Launcher"] = {"replicas": 1}
+    edit(obj["spec"])
+    with pytest.raises(InvalidSpec, match=field.replace(".", r"\.").replace("[", r"\[")):
+        load(obj)
+
+
+def test_a_stock_mpi_job_needs_a_command():
+    obj = mpi_job()
+    del obj["spec"]["trainer"]
+    template = {"spec": {"containers": [{"name": "main", "image": "my/mpi4py:1"}]}}
+    obj["spec"]["replicaSpecs"] = {"Worker": {"replicas": 1, "template": template}}
+    obj["spec"]["replicaSpecs"]["Launcher"] = {"template": template}
+    with pytest.raises(InvalidSpec, match=r"spec\.mpi\.command: required"):
+        load(obj)
+
+
+def observed(name: str, role: str, index: int, **kw) -> ObservedPod:
+    return ObservedPod(name=name, role=role, index=index, **kw)
+
+
+def workers_up(ready: bool = True) -> list[ObservedPod]:
+    return [observed(f"hvd-worker-{i}", "worker", i, phase="Running", ready=ready) for i in (0, 1)]
+
+
+def test_the_launcher_waits_for_every_workers_sshd_and_status_names_the_wait():
+    job = load(mpi_job())
+    d = status.derive_status(job, [], T0, {})
+    assert d.create == ("hvd-worker-0", "hvd-worker-1")
+    pods = workers_up(ready=False)[:1] + workers_up()[1:]
+    d = status.derive_status(job, pods, T0, d.status)
+    assert d.create == ()
+    (created,) = [c for c in d.status["conditions"] if c["type"] == status.CREATED]
+    assert created["reason"] == mpi.REASON_WAITING and "hvd-worker-0" in created["message"]
+    assert "hvd-worker-1" not in created["message"]
+    d = status.derive_status(job, workers_up(), T0, d.status)
+    assert d.create == ("hvd-launcher",)
+
+
+def test_at_startup_creates_the_launcher_with_the_workers():
+    job = load(mpi_job(mpi_spec={"launcherCreationPolicy": "AtStartup"}))
+    d = status.derive_status(job, [], T0, {})
+    assert d.create == ("hvd-worker-0", "hvd-worker-1", "hvd-launcher")
+
+
+def test_the_jobs_outcome_is_the_launchers_and_the_running_workers_are_cleaned_up():
+    job = load(mpi_job())
+    launcher = observed("hvd-launcher", "launcher", 0, phase="Running", ready=True)
+    d = status.derive_status(job, [*workers_up(), launcher], T0, {})
+    assert d.status["state"] == status.RUNNING
+    final = json.dumps({"event": "final", "steps": 4, "loss": 0.25, "terminated": False})
+    done = observed(
+        "hvd-launcher", "launcher", 0, phase="Succeeded", exit_code=0, termination_message=final
+    )
+    d = status.derive_status(job, [*workers_up(), done], T0, d.status)
+    assert d.status["state"] == status.SUCCEEDED
+    assert d.status["progress"]["step"] == 4  # rank 0's result, kept by the launcher
+    assert set(d.delete) == {"hvd-worker-0", "hvd-worker-1"}  # cleanPodPolicy Running
+
+
+def test_a_failed_mpirun_restarts_the_launcher_in_place_then_backoff_fails_the_job():
+    obj = mpi_job(runPolicy={"backoffLimit": 1})
+    job = load(obj)
+    up = observed("hvd-launcher", "launcher", 0, phase="Running", ready=True)
+    d = status.derive_status(job, [*workers_up(), up], T0, {})
+    # mpirun exits 1 when a worker's ranks are lost: OnFailure restarts it in place
+    failed = observed("hvd-launcher", "launcher", 0, phase="Running", exit_code=1, restarting=True)
+    d = status.derive_status(job, [*workers_up(), failed], T0, d.status)
+    assert d.status["state"] == status.RESTARTING and d.status["restarts"] == 1
+    again = observed(
+        "hvd-launcher", "launcher", 0, phase="Running", exit_code=1, restarting=True, restarts=1
+    )
+    d = status.derive_status(job, [*workers_up(), again], T0, d.status)
+    assert d.status["state"] == status.FAILED
+    assert "BackoffLimitExceeded" in [c["reason"] for c in d.status["conditions"]]
+
+
+def test_reconcile_creates_the_ssh_secret_and_hostfile_then_the_launcher_once_ready():
+    kube = FakeKube(mpi_job())
+    reconcile.reconcile(kube, "team", "hvd", now=T0, fetch=lambda ip: None)
+    assert ("create", "Secret/hvd-ssh") in kube.calls
+    assert ("create", "ConfigMap/hvd-mpi") in kube.calls
+    assert ("create", "Secret/hvd-ring-token") not in kube.calls
+    assert ("Pod", "hvd-launcher") not in kube.objects
+    for i in (0, 1):
+        kube.set_pod_phase(f"hvd-worker-{i}", "Running")
+    reconcile.reconcile(kube, "team", "hvd", now=T0, fetch=lambda ip: None)
+    assert ("Pod", "hvd-launcher") in kube.objects
+    # the key is in the Secret only: not in the status the operator wrote
+    key = kube.objects[("Secret", "hvd-ssh")]["data"]["ssh-privatekey"]
+    assert key not in repr(kube.job["status"])
+
+
+def test_network_policy_sshd_only_from_the_launcher_mpi_ports_only_within_the_job():
+    job = load(mpi_job())
+    policy = mpi.network_policy(job, networkpolicy.Settings())
+    rules = policy["spec"]["ingress"]
+    ssh = [r for r in rules if {"protocol": "TCP", "port": mpi.SSHD_PORT} in r["ports"]]
+    assert len(ssh) == 1
+    assert ssh[0]["from"] == [
+        {"podSelector": {"matchLabels": manifests.labels(job, "launcher", 0)}}
+    ]
+    (between,) = [r for r in rules if any(p.get("endPort") for p in r["ports"])]
+    assert between["from"] == [{"podSelector": {"matchLabels": manifests.labels(job)}}]
+    assert {p["port"] for p in between["ports"]} == {mpi.BTL_PORT_MIN, mpi.OOB_PORT_MIN}
+    # nothing else may reach the job's pods but the ring policy's metrics rule
+    others = [r for r in rules if r not in ssh and r is not between]
+    assert all(p["port"] == manifests.METRICS_PORT for r in others for p in r["ports"])
+
+
+def test_the_launcher_keeps_rank_0s_final_event_as_its_termination_message(tmp_path):
+    """mpilaunch runs a real mpirun (--tag-output): rank 1's final event does not count."""
+    import sys
+
+    from ringtrain_operator import mpilaunch
+
+    code = (
+        "import json, os; r = int(os.environ['OMPI_COMM_WORLD_RANK']); "
+        "print(json.dumps({'event': 'final', 'steps': 5 + r, 'loss': 0.5, 'terminated': False}))"
+    )
+    log = tmp_path / "termination-log"
+    mpirun = ["mpirun", "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+    assert mpilaunch.main([*mpirun, "-np", "2", sys.executable, "-c", code], str(log)) == 0
+    assert json.loads(log.read_text())["steps"] == 5
+    assert mpilaunch.main([*mpirun, "-np", "1", "false"], str(log)) == 1
+    assert mpilaunch.rank0_final("[3,1]<stdout>:{}") is None
+    # the log: rank 0 as it is, other ranks' log lines named, their events dropped
+    assert mpilaunch.shown("[3,0]<stdout>:hello") == "hello"
+    assert mpilaunch.shown("[3,1]<stdout>:hello") == "[rank 1] hello"
+    assert mpilaunch.shown('[3,1]<stdout>:{"event": "final", "steps": 1}') is None
