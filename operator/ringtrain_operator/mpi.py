@@ -193,16 +193,17 @@ def hostfile(job: Job, local: bool = False) -> str:
     return "".join(f"{worker_host(job, i)} slots={slots}\n" for i in range(workers(job)))
 
 
-def sshd_config(job: Job) -> str:
+def sshd_config(job: Job, port: int = SSHD_PORT, run_dir: str = SSHD_RUN_DIR) -> str:
     """sshd as the image's user: key logins with the job's key only, no forwarding, no PAM
     (it needs root). StrictModes is off because a Secret volume's directory is the kubelet's
-    (root-owned, sticky); the key files themselves are 0400 plus the pod's fsGroup read."""
+    (root-owned, sticky); the key files themselves are 0400 plus the pod's fsGroup read.
+    ``port`` and ``run_dir`` are the pod's; a test on one host gives its own."""
     auth = _mpi(job).ssh_auth_mount_path.rstrip("/")
     return "\n".join(
         [
-            f"Port {SSHD_PORT}",
-            f"HostKey {SSHD_RUN_DIR}/host_ed25519_key",
-            f"PidFile {SSHD_RUN_DIR}/sshd.pid",
+            f"Port {port}",
+            f"HostKey {run_dir}/host_ed25519_key",
+            f"PidFile {run_dir}/sshd.pid",
             f"AuthorizedKeysFile {auth}/authorized_keys",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
@@ -325,19 +326,23 @@ def _without_ring(pod_obj: dict) -> dict:
     return pod_obj
 
 
-def _ssh_volume(job: Job) -> tuple[dict, dict]:
-    """The key pair as ``id_ed25519``, its ``.pub`` and ``authorized_keys``, mode 0400."""
-    items = [
+def ssh_volume_items() -> list[dict]:
+    """The Secret volume's layout: the private key, its ``.pub`` and ``authorized_keys``."""
+    return [
         {"key": PRIVATE_KEY, "path": KEY_FILE},
         {"key": PUBLIC_KEY, "path": f"{KEY_FILE}.pub"},
         {"key": PUBLIC_KEY, "path": "authorized_keys"},
     ]
+
+
+def _ssh_volume(job: Job) -> tuple[dict, dict]:
+    """The key pair as ``id_ed25519``, its ``.pub`` and ``authorized_keys``, mode 0400."""
     volume = {
         "name": SSH_VOLUME,
         "secret": {
             "secretName": secret_name(job),
             "defaultMode": manifests.TOKEN_MODE,
-            "items": items,
+            "items": ssh_volume_items(),
         },
     }
     mount = {"name": SSH_VOLUME, "mountPath": _mpi(job).ssh_auth_mount_path, "readOnly": True}
