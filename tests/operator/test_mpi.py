@@ -99,7 +99,10 @@ def test_the_key_pair_is_fresh_per_job_valid_and_its_public_half_is_the_authoriz
 
 def test_render_shows_every_object_and_no_key():
     objs = render.render([mpi_job()])
-    assert [o["kind"] for o in objs] == ["Service", "Secret", "ConfigMap", "Pod", "Pod", "Pod"]
+    kinds = ["Service", "Secret", "ConfigMap", "Pod", "Pod", "Pod", "NetworkPolicy"]
+    assert [o["kind"] for o in objs] == kinds
+    (policy,) = by_kind(objs, "NetworkPolicy")
+    assert {"protocol": "TCP", "port": mpi.SSHD_PORT} in policy["spec"]["ingress"][0]["ports"]
     (secret,) = by_kind(objs, "Secret")
     assert set(secret["data"].values()) == {render.REDACTED}
     assert "PRIVATE KEY" not in render.dump(objs)
