@@ -23,7 +23,7 @@ import yaml
 from ringtrain import optiongen, options
 from ringtrain.errors import InvalidSpec
 
-from . import limits
+from . import limits, schedulable
 
 GROUP = "ringtrain.io"
 VERSION = "v1alpha1"
@@ -391,6 +391,7 @@ def _check_semantics(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | N
     if trainer is not None:
         _check_trainer_roles(replicas, trainer)
         limits.check_mounts(replicas, trainer)
+    schedulable.check(replicas)
     for r in replicas:
         field = f"spec.replicaSpecs.{r.key}"
         if r.role == "chief" and r.replicas > 1:

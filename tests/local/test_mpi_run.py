@@ -85,3 +85,60 @@ def test_locally_the_hostfile_is_this_host_and_the_key_a_file_of_the_run(tmp_pat
     workers = [r for r in replicas if r.role == "worker"]
     assert [r.argv for r in workers] == [plan.SSHD_STAND_IN] * 2
     assert all(r.metrics_port is None for r in workers)
+
+
+@pytest.mark.parametrize("command", ["render", "run"])
+@pytest.mark.parametrize(
+    ("replica_specs", "field"),
+    [
+        ({"Evaluator": {"replicas": 1}}, "spec.replicaSpecs.Evaluator"),
+        ({"PS": {"replicas": 1}}, "spec.replicaSpecs.PS"),
+        ({"Worker": {"replicas": 0}}, "spec.replicaSpecs.Worker.replicas"),
+        (
+            {
+                "Launcher": {
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "ringtrain",
+                                    "resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}},
+                                }
+                            ]
+                        }
+                    }
+                }
+            },
+            "spec.replicaSpecs.Launcher.template.spec.containers[0].resources.requests.cpu",
+        ),
+        (
+            {
+                "Launcher": {
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "ringtrain",
+                                    "resources": {"requests": {"memory": "100Ti"}},
+                                }
+                            ]
+                        }
+                    }
+                }
+            },
+            "spec.replicaSpecs.Launcher.template.spec.containers[0].resources.requests.memory",
+        ),
+    ],
+)
+def test_the_clis_refuse_an_mpi_job_that_cannot_run_naming_the_field(
+    tmp_path, command, replica_specs, field
+):
+    doc = yaml.safe_load((EXAMPLES / "mpi-horovod-style.yaml").read_text())
+    doc["spec"]["replicaSpecs"] = {**doc["spec"]["replicaSpecs"], **replica_specs}
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    args = ["--run-dir", str(tmp_path / "run")] if command == "run" else []
+    out = ringtrain(command, *args, str(manifest), timeout_s=60)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert field in out.stderr
+    assert not (tmp_path / "run").exists()

@@ -182,6 +182,16 @@ def test_a_stock_script_runs_under_mpirun_with_slots_and_no_trainer():
     ]
 
 
+def resources(**by_name: tuple[str | None, str | None]) -> dict:
+    """A template whose main container asks for (request, limit) of each resource."""
+    asked: dict[str, dict] = {"requests": {}, "limits": {}}
+    for name, (request, limit) in by_name.items():
+        for kind, value in (("requests", request), ("limits", limit)):
+            if value is not None:
+                asked[kind][name] = value
+    return {"spec": {"containers": [{"name": "ringtrain", "resources": asked}]}}
+
+
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
@@ -201,6 +211,24 @@ def test_a_stock_script_runs_under_mpirun_with_slots_and_no_trainer():
             "Worker.template.spec.containers[].command",
         ),
         (lambda s: s.pop("mpi"), "spec.replicaSpecs.Launcher"),
+        (
+            lambda s: s["replicaSpecs"]["Launcher"].update(template=resources(cpu=("4", "2"))),
+            "Launcher.template.spec.containers[0].resources.requests.cpu",
+        ),
+        (
+            lambda s: s["replicaSpecs"]["Launcher"].update(
+                template=resources(memory=("100Ti", None))
+            ),
+            "Launcher.template.spec.containers[0].resources.requests.memory",
+        ),
+        (
+            lambda s: s["replicaSpecs"]["Launcher"].update(template=resources(cpu=("-1", None))),
+            "Launcher.template.spec.containers[0].resources.requests.cpu",
+        ),
+        (
+            lambda s: s["replicaSpecs"]["Worker"].update(template=resources(memory=(None, "1Q"))),
+            "Worker.template.spec.containers[0].resources.limits.memory",
+        ),
     ],
 )
 def test_specs_that_cannot_run_are_refused_naming_the_field(edit, field):
@@ -210,6 +238,18 @@ def test_specs_that_cannot_run_are_refused_naming_the_field(edit, field):
     edit(obj["spec"])
     with pytest.raises(InvalidSpec, match=field.replace(".", r"\.").replace("[", r"\[")):
         load(obj)
+
+
+def test_resources_that_can_schedule_are_kept():
+    obj = mpi_job()
+    obj["spec"]["replicaSpecs"]["Launcher"] = {
+        "template": resources(cpu=("500m", "1"), memory=("1Gi", "1Gi"))
+    }
+    launcher = next(p for p in mpi.pods(load(obj)) if "launcher" in p["metadata"]["name"])
+    assert main(launcher)["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
 
 
 def test_a_stock_mpi_job_needs_a_command():
