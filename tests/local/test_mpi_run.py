@@ -5,12 +5,15 @@ ranks on this host from the launcher's pod, the workers' sshd stood in for by id
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from support.procs import ringtrain
+from support.procs import CLI, ringtrain
 
 from ringtrain_localrun import plan
 from ringtrain_operator import mpi
@@ -142,3 +145,106 @@ def test_the_clis_refuse_an_mpi_job_that_cannot_run_naming_the_field(
     assert out.returncode == 2, out.stderr[-2000:]
     assert field in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+#: long enough that rank 1 is still training when the kill lands, on a loaded machine
+KILL_STEPS, KILL_CHECKPOINT_EVERY = 200, 5
+
+
+def kill_job(tmp_path: Path) -> dict:
+    doc = yaml.safe_load((EXAMPLES / "mpi-horovod-style.yaml").read_text())
+    doc["metadata"]["name"] = "resume"
+    doc["spec"]["trainer"].update(
+        steps=KILL_STEPS, batchSize=64, checkpoint={"everySteps": KILL_CHECKPOINT_EVERY}
+    )
+    doc["spec"]["runPolicy"] = {"backoffLimit": 3}
+    return doc
+
+
+def rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of MPI rank ``rank`` among the launcher's descendants (mpirun's children), by
+    the ``OMPI_COMM_WORLD_RANK`` Open MPI gives each rank."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, mark = list(children.get(launcher, [])), f"OMPI_COMM_WORLD_RANK={rank}".encode()
+    while todo:
+        pid = todo.pop()
+        try:
+            env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if mark in env:
+            return pid
+        todo += children.get(pid, [])
+    return None
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_run_restarts_the_launcher_and_resumes_from_the_checkpoint(tmp_path):
+    """SIGKILL rank 1 once rank 0 has checkpointed: mpirun fails, the launcher (OnFailure)
+    restarts in place, rank 0 resumes from the newest checkpoint and the job ends Succeeded
+    with the undisturbed run's weights."""
+    manifest = tmp_path / "resume.yaml"
+    manifest.write_text(yaml.safe_dump(kill_job(tmp_path)))
+    run_dir = tmp_path / "run"
+    argv = [*CLI, "run", str(manifest), "--json", "--run-dir", str(run_dir)]
+    with (
+        open(tmp_path / "replicas.log", "w") as logs,
+        subprocess.Popen(
+            [*argv, "--progress-interval", "0", "--grace-period", "5"],
+            stdout=subprocess.PIPE,
+            stderr=logs,
+            text=True,
+        ) as p,
+    ):
+        events, launcher, killed_at = [], None, None
+        for line in p.stdout:
+            events.append(e := json.loads(line))
+            if e["event"] == "started" and e["replica"] == "launcher-0" and launcher is None:
+                launcher = e["pid"]
+            if launcher is not None and killed_at is None:
+                saved = sorted((run_dir / "checkpoints").glob("ckpt-*.json"))
+                if saved and (pid := rank_pid(launcher, 1)) is not None:
+                    killed_at = json.loads(saved[-1].read_text())["step"]
+                    os.kill(pid, signal.SIGKILL)
+        p.wait(timeout=240)
+    log = (tmp_path / "replicas.log").read_text()
+    assert killed_at is not None and killed_at < KILL_STEPS, log[-3000:]
+    final = events[-1]
+    assert (final["phase"], final["steps"], p.returncode) == ("Succeeded", KILL_STEPS, 0), log[
+        -3000:
+    ]
+    restarting = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
+    assert restarting and "pod resume-launcher failed" in restarting[0]["message"]
+    assert final["restarts"] >= 1
+    started = [e["replica"] for e in events if e["event"] == "started"]
+    assert started.count("launcher-0") == 1 + final["restarts"], "the launcher restarted in place"
+    assert started.count("worker-0") == started.count("worker-1") == 1
+    # rank 0 started once per launcher run; its first progress after the restart is past the
+    # checkpoint (a run from scratch reports step 1)
+    assert log.count("[1,0]<stderr>:ringtrain worker: optimizer ") == 1 + final["restarts"]
+    again = max(
+        i for i, e in enumerate(events) if e["event"] == "started" and e["replica"] == "launcher-0"
+    )
+    before = [e["step"] for e in events[:again] if e["event"] == "progress" and e["step"]]
+    stale = before[-1] if before else None
+    resumed = [
+        e["step"]
+        for e in events[again:]
+        if e["event"] == "progress" and e["step"] and e["step"] != stale
+    ]
+    assert resumed and resumed[0] > killed_at >= KILL_CHECKPOINT_EVERY, (before, resumed)
+    assert final["exit_codes"]["launcher-0"] == 0
+
+    undisturbed = tmp_path / "undisturbed.yaml"
+    undisturbed.write_text(yaml.safe_dump(kill_job(tmp_path)))
+    by_one_run, _ = run_json(undisturbed, tmp_path / "undisturbed")
+    a, b = weights(final["checkpoint"]), weights(by_one_run["checkpoint"])
+    assert a.keys() == b.keys() and a
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
