@@ -218,15 +218,21 @@ def _replace(f: _Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) 
 
 
 def _in_place(f: _Fold, job: Job, culprits: list[ObservedPod]) -> None:
-    """New container restarts: the kubelet restarts them in place, the ring re-forms."""
+    """New container restarts: the kubelet restarts them in place, the ring re-forms (an MPI
+    job's launcher runs mpirun again, its ranks resume from the last checkpoint)."""
     who = (
         f"pod {culprits[0].name} failed with {_exit(culprits[0])}"
         if culprits
         else "a container failed"
     )
+    then = (
+        "mpirun starts every rank again from the last checkpoint"
+        if job.mpi is not None
+        else "its peers rejoin the ring"
+    )
     _announce(
         f,
-        f"{who}: restarting in place, its peers rejoin the ring (restart "
+        f"{who}: restarting in place, {then} (restart "
         f"{f.status['restarts']} of {job.run_policy.backoff_limit})",
     )
 

@@ -220,7 +220,11 @@ def test_a_rank_killed_mid_run_restarts_the_launcher_and_resumes_from_the_checkp
         -3000:
     ]
     restarting = [e for e in events if e.get("reason") == "TrainingJobRestarting"]
-    assert restarting and "pod resume-launcher failed" in restarting[0]["message"]
+    assert restarting and all(
+        "pod resume-launcher failed" in e["message"]
+        and "mpirun starts every rank again from the last checkpoint" in e["message"]
+        for e in restarting
+    )
     assert final["restarts"] >= 1
     started = [e["replica"] for e in events if e["event"] == "started"]
     assert started.count("launcher-0") == 1 + final["restarts"], "the launcher restarted in place"

@@ -314,6 +314,11 @@ def test_a_failed_mpirun_restarts_the_launcher_in_place_then_backoff_fails_the_j
     failed = observed("hvd-launcher", "launcher", 0, phase="Running", exit_code=1, restarting=True)
     d = status.derive_status(job, [*workers_up(), failed], T0, d.status)
     assert d.status["state"] == status.RESTARTING and d.status["restarts"] == 1
+    (restarting,) = [c for c in d.status["conditions"] if c["type"] == status.RESTARTING]
+    assert restarting["message"] == (
+        "pod hvd-launcher failed with exit code 1: restarting in place, mpirun starts every "
+        "rank again from the last checkpoint (restart 1 of 1)"
+    )
     again = observed(
         "hvd-launcher", "launcher", 0, phase="Running", exit_code=1, restarting=True, restarts=1
     )
