@@ -343,6 +343,19 @@ def test_reconcile_creates_the_ssh_secret_and_hostfile_then_the_launcher_once_re
     assert key not in repr(kube.job["status"])
 
 
+def test_the_operator_fails_a_launcher_that_can_never_schedule_naming_the_field():
+    obj = mpi_job()
+    obj["spec"]["replicaSpecs"]["Launcher"] = {"template": resources(cpu=("8", "1"))}
+    kube = FakeKube(obj)
+    result = reconcile.reconcile(kube, "team", "hvd", now=T0, fetch=lambda ip: None)
+    field = "spec.replicaSpecs.Launcher.template.spec.containers[0].resources.requests.cpu"
+    assert kube.job["status"]["state"] == status.FAILED
+    assert field in repr(kube.job["status"])
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", status.REASON_INVALID)]
+    assert field in result.events[0].message
+    assert kube.objects == {}  # no pod, Secret or ConfigMap
+
+
 def test_network_policy_sshd_only_from_the_launcher_mpi_ports_only_within_the_job():
     job = load(mpi_job())
     policy = mpi.network_policy(job, networkpolicy.Settings())
