@@ -1,9 +1,11 @@
 """One reconcile of one TrainingJob: observe the cluster, fold, write status, act.
 
-Everything is read fresh from the API (the job and its pods), never from a cache, so a restarted
-operator — or one whose previous status write the watch has not yet delivered — decides from the
-truth. The status is written *before* the actions: a pod replacement that is recorded but whose
-deletion was cut short by a crash is finished by the next reconcile, never counted twice.
+The job is read fresh from the API, never from a cache, so a restarted operator — or one whose
+previous status write the watch has not yet delivered — decides from the truth of its status.
+Its pods come from the pod informer (:mod:`.informer`; one list call without it), which may lag
+by the watch's delay: the status is written *before* the actions, so a pod replacement that is
+recorded but not yet seen done (deletion cut short by a crash, or an informer behind) is
+finished by the next reconcile, never counted twice, and a create of a pod that exists is a 409.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,8 +24,10 @@ from .kube import Kube
 from .metrics import OperatorMetrics
 from .observe import LiveStatusFetcher, live_status, observe_pods
 
-#: Pod creations in flight at once for one job.
-CREATE_CONCURRENCY = 8
+#: Pod creations in flight at once, for all jobs: one pool for every reconcile (a pool per gang
+#: cost a thread start per pod created).
+CREATE_CONCURRENCY = 16
+_CREATE_POOL = ThreadPoolExecutor(CREATE_CONCURRENCY, "create-pods")
 
 
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict:
@@ -114,6 +118,6 @@ def _create_all(kube: Kube, objs: list[dict]) -> list[bool]:
     waiting): results in input order; the first error is raised after all calls finished."""
     if len(objs) <= 1:
         return [kube.create(o) for o in objs]
-    with ThreadPoolExecutor(max_workers=min(CREATE_CONCURRENCY, len(objs))) as ex:
-        futures = [ex.submit(kube.create, o) for o in objs]
+    futures = [_CREATE_POOL.submit(kube.create, o) for o in objs]
+    wait(futures)
     return [f.result() for f in futures]
