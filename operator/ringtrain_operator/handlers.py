@@ -89,10 +89,10 @@ def start(memo: kopf.Memo) -> Controller:
     ctl: Controller = memo.controller
     if not ctl.started:
         ctl.start()
-        if memo.informer is None:
-            memo.informer = PodInformer(memo.kube.api_client, memo.namespaces, ctl.add_threadsafe)
-            memo.kube.pod_source = memo.informer.pods
-            memo.informer.start()
+        if ctl.informer is None:
+            ctl.informer = PodInformer(memo.kube.api_client, memo.namespaces, ctl.add_threadsafe)
+            memo.kube.pod_source = ctl.informer.pods
+            ctl.informer.start()
     return ctl
 
 
@@ -160,16 +160,15 @@ def new_memo(
         network=network,
         failures={},
         namespaces=namespaces or None,
-        informer=None,
         refs={},
         generations={},
     )
 
     async def ready() -> None:
-        while memo.informer is None or not memo.informer.synced():
+        while ctl.informer is None or not ctl.informer.synced():
             await asyncio.sleep(0.05)
 
-    memo.controller = Controller(
+    ctl = memo.controller = Controller(
         lambda key: handle(memo, key), lambda key, d: after(memo, key, d), ready
     )
     return memo
@@ -178,5 +177,3 @@ def new_memo(
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_) -> None:
     await memo.controller.stop()
-    if memo.informer is not None:
-        memo.informer.stop()

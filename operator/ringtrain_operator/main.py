@@ -150,6 +150,8 @@ def main(argv: list[str]) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # kopf says "Handler 'job_event' succeeded" for every job event
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     api = load_config(args.kubeconfig)
     metrics = OperatorMetrics()
     count_requests(api, metrics.api_requests)

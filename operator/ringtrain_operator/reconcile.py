@@ -93,10 +93,11 @@ def act(
     (``--network-policy``) the job's NetworkPolicy is created with its Service."""
     events = list(decision.events)
     if decision.to_create and job is not None:
-        kube.create(manifests.service(job))
-        kube.create(manifests.secret(job))  # 409 keeps the first token and keys: created once
+        # before the pods (a pod is never left without them), together (one round trip)
+        first = [manifests.service(job), manifests.secret(job)]  # 409 keeps the first secret
         if network is not None:
-            kube.create(networkpolicy.network_policy(job, network))
+            first.append(networkpolicy.network_policy(job, network))
+        _create_all(kube, first)
         todo = [manifests.pod(job, m.replica, m.index) for m in decision.to_create]
         for m, created in zip(decision.to_create, _create_all(kube, todo), strict=True):
             if created:

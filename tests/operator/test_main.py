@@ -114,7 +114,9 @@ def test_new_jobs_and_spec_changes_are_queued_once_and_status_writes_are_not():
     import copy
 
     memo = handlers.new_memo(kube=None, metrics=OperatorMetrics(CollectorRegistry()))
-    memo.informer = type("NotSynced", (), {"synced": lambda self: False})()
+    memo.controller.informer = type(
+        "NotSynced", (), {"synced": lambda self: False, "stop": lambda self: None}
+    )()
 
     def body(generation):
         return {
