@@ -90,7 +90,13 @@ def start(memo: kopf.Memo) -> Controller:
     if not ctl.started:
         ctl.start()
         if ctl.informer is None:
-            ctl.informer = PodInformer(memo.kube.api_client, memo.namespaces, ctl.add_threadsafe)
+            refs = memo.refs  # a pod of a job not (or no longer) known wakes nothing
+
+            def wake(key: tuple[str, str]) -> None:
+                if key in refs:
+                    ctl.add_threadsafe(key)
+
+            ctl.informer = PodInformer(memo.kube, memo.namespaces, wake)
             memo.kube.pod_source = ctl.informer.pods
             ctl.informer.start()
     return ctl

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from .kube import Kube
 from .manifests import LABEL_JOB
 from .observe import ObservedPod
 
@@ -47,12 +47,9 @@ class PodInformer:
     whose pods changed in what the fold reads."""
 
     def __init__(
-        self,
-        api_client: client.ApiClient,
-        namespaces: list[str] | None,
-        on_change: Callable[[JobKey], None],
+        self, kube: Kube, namespaces: list[str] | None, on_change: Callable[[JobKey], None]
     ) -> None:
-        self.core = client.CoreV1Api(api_client)
+        self.kube = kube
         self.namespaces: list[str | None] = list(namespaces) if namespaces else [None]
         self.on_change = on_change
         self._lock = threading.Lock()
@@ -126,7 +123,7 @@ class PodInformer:
             kw: dict[str, Any] = {"label_selector": LABEL_JOB, "limit": PAGE}
             if cont:
                 kw["_continue"] = cont
-            resp = self._call(namespace, **kw)
+            resp = self.kube.pods_request(namespace, **kw)
             page = json.loads(resp.data)
             for pod in page.get("items") or []:
                 meta = pod.get("metadata") or {}
@@ -138,12 +135,6 @@ class PodInformer:
             if not cont:
                 self._replace(namespace, listed)
                 return str(page["metadata"]["resourceVersion"])
-
-    def _call(self, namespace: str | None, **kw: Any) -> Any:
-        kw["_preload_content"] = False
-        if namespace is None:
-            return self.core.list_pod_for_all_namespaces(**kw)
-        return self.core.list_namespaced_pod(namespace, **kw)
 
     def _run(self, namespace: str | None) -> None:
         rv: str | None = None
@@ -163,7 +154,7 @@ class PodInformer:
     def _watch(self, namespace: str | None, rv: str) -> str:
         """Follow the watch from ``rv``; returns the last resourceVersion seen (the request's
         time ran out); raises ApiException(410) when ``rv`` is too old: list again."""
-        resp = self._call(
+        resp = self.kube.pods_request(
             namespace,
             label_selector=LABEL_JOB,
             watch=True,

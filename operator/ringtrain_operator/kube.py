@@ -80,6 +80,14 @@ class Kube:
         )
         return json.loads(resp.data)["items"]
 
+    def pods_request(self, namespace: str | None, **kw: Any) -> Any:
+        """The pod informer's one call: a page of the pods in ``namespace`` (None: all
+        namespaces), or with ``watch=True`` their watch; the raw response, parsed by the caller."""
+        kw["_preload_content"] = False
+        if namespace is None:
+            return self.core.list_pod_for_all_namespaces(**kw)
+        return self.core.list_namespaced_pod(namespace, **kw)
+
     def create(self, obj: Mapping[str, Any]) -> bool:
         """Create a namespaced core object; False if it already existed."""
         ns = obj["metadata"]["namespace"]

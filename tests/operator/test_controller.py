@@ -10,6 +10,7 @@ from kubernetes import client
 
 from ringtrain_operator.controller import Controller, WorkQueue
 from ringtrain_operator.informer import PodInformer
+from ringtrain_operator.kube import Kube
 
 
 def test_keys_coalesce_and_a_key_added_while_handled_is_handled_again_after():
@@ -95,7 +96,7 @@ def pod(name, job="j", phase="Pending", conditions=()):
 
 def test_only_pod_changes_the_fold_reads_wake_the_job():
     woken = []
-    inf = PodInformer(client.ApiClient(), ["ns"], woken.append)
+    inf = PodInformer(Kube(client.ApiClient()), ["ns"], woken.append)
     inf.apply("ADDED", pod("j-worker-0"))
     inf.apply("ADDED", pod("j-worker-1"))
     unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
