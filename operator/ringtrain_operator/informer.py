@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes.client import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from .kube import Kube
+from .kube import Kube, body
 from .manifests import LABEL_JOB
 from .observe import ObservedPod
 
@@ -123,8 +123,7 @@ class PodInformer:
             kw: dict[str, Any] = {"label_selector": LABEL_JOB, "limit": PAGE}
             if cont:
                 kw["_continue"] = cont
-            resp = self.kube.pods_request(namespace, **kw)
-            page = json.loads(resp.data)
+            page = json.loads(body(self.kube.pods_request(namespace, **kw)))
             for pod in page.get("items") or []:
                 meta = pod.get("metadata") or {}
                 obs = ObservedPod.from_pod(pod)

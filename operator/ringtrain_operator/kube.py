@@ -40,6 +40,16 @@ def load_config(kubeconfig: str | None = None) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
+def body(resp: Any) -> bytes:
+    """Read a raw (``_preload_content=False``) response to its end and give its connection back
+    to the pool: a response left unread closes its connection, and the next call pays a new TCP
+    and TLS handshake (a quarter of the operator's CPU at 1,000 jobs, issue 22)."""
+    try:
+        return bytes(resp.data)
+    finally:
+        resp.release_conn()
+
+
 def count_requests(api_client: client.ApiClient, counter: Any) -> None:
     """Count every request ``api_client`` makes in ``counter`` (a Prometheus counter by verb):
     the API calls a job costs are then measured, not estimated (issue 22)."""
@@ -78,7 +88,7 @@ class Kube:
         resp = self.core.list_namespaced_pod(
             namespace, label_selector=f"{LABEL_JOB}={job_name}", _preload_content=False
         )
-        return json.loads(resp.data)["items"]
+        return json.loads(body(resp))["items"]
 
     def pods_request(self, namespace: str | None, **kw: Any) -> Any:
         """The pod informer's one call: a page of the pods in ``namespace`` (None: all
@@ -98,7 +108,7 @@ class Kube:
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
         }[obj["kind"]]
         try:
-            create(ns, obj, _preload_content=False)
+            body(create(ns, obj, _preload_content=False))
             return True
         except ApiException as e:
             if e.status == 409:
@@ -107,7 +117,7 @@ class Kube:
 
     def delete_pod(self, namespace: str, name: str) -> bool:
         try:
-            self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
+            body(self.core.delete_namespaced_pod(name, namespace, _preload_content=False))
             return True
         except ApiException as e:
             if e.status == 404:
