@@ -135,7 +135,7 @@ def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decisio
         return decision
     except ApiException as e:
         why, failed = f"{e.status} {e.reason}", "failed"
-    except Exception as e:  # a bug must not take the job's daemon (or the operator) down
+    except Exception as e:  # a bug must not take a worker (or the operator) down
         log.exception("%s/%s: reconcile crashed", namespace, name)
         why, failed = f"{type(e).__name__}", "crashed"
     n = memo.failures[key] = memo.failures.get(key, 0) + 1
