@@ -160,6 +160,7 @@ class PodInformer:
             resource_version=rv,
             allow_watch_bookmarks=True,
             timeout_seconds=WATCH_S,
+            _request_timeout=(10, WATCH_S + 30),  # a silently dead connection is noticed
         )
         try:
             for line in iter_resp_lines(resp):
