@@ -50,7 +50,7 @@ class SparseRows:
 
     def gather(self, spec, programs, global_batch: int) -> None:
         """This worker's share: each program's occurrences, squared, scaled to the global mean
-        and scattered into their rows."""
+        and summed into their rows (arrays of the batch's size, none of the table's)."""
         self.buffer.fill(0)
         for i, a, _ in self.tables:
             rows = self.views[a].reshape(-1, spec.layers[i].output_dim)
@@ -60,7 +60,9 @@ class SparseRows:
                 scale = g.dtype.type(p.batch / global_batch)
                 sq = np.multiply(g, scale)
                 np.multiply(sq, sq, out=sq)
-                np.add.at(rows, ws["sorted"], sq)
+                ids = ws["sorted"]  # ascending: one reduceat per run of equal ids
+                starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+                rows[ids[starts]] += np.add.reduceat(sq, starts, axis=0)
 
     def reduce(self, collective, step: int, tag: int) -> None:
         """The global batch's sums: the same on every worker."""
