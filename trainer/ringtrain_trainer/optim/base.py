@@ -63,6 +63,9 @@ class Optimizer:
         self.state = {k: np.zeros_like(params) for k in self.state_names}
         self._scratch = np.zeros_like(params)
         self.clip = Clip(None, 0.0, [(0, params.size)])
+        #: Embedding tables whose squared gradient is Keras' per-occurrence sum (see
+        #: :mod:`.sparse_rows`); set by :meth:`set_sparse` when the update squares ``g``
+        self.sparse = None
 
     @property
     def state_bytes(self) -> int:
@@ -70,6 +73,24 @@ class Optimizer:
 
     def set_clip(self, clip: Clip) -> None:
         self.clip = clip
+
+    #: whether :meth:`update` squares the gradient (Adam, RMSprop, Adagrad): only then do an
+    #: Embedding's duplicate ids change the update (:mod:`.sparse_rows`)
+    squares = False
+
+    def set_sparse(self, rows) -> None:
+        if self.squares and rows:
+            self.sparse = rows
+
+    def square(self, g: np.ndarray, s: slice, out: np.ndarray) -> None:
+        """``out = g * g``, except on Embedding rows: the sum of each occurrence's square."""
+        np.multiply(g, g, out=out)
+        if self.sparse is None:
+            return
+        for a, b in self.sparse.ranges:
+            lo, hi = max(a, s.start), min(b, s.stop)
+            if lo < hi:
+                out[lo - s.start : hi - s.start] = self.sparse.views[a][lo - a : hi - a]
 
     def begin_step(self, epoch: int) -> None:
         self.lr = float(self.schedule.value(self.iterations, epoch))
