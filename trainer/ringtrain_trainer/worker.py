@@ -117,6 +117,9 @@ class Trainer:
         self.optimizer_spec = optim.for_run(cfg, self.spec)
         tensors = [(s.start, s.stop) for s in self.spec.slots]  # clipnorm is per tensor
         self.optimizer = optim.build_spec(self.optimizer_spec, self.params, tensors)
+        self.optimizer.set_regularizers(
+            [(s.start, s.stop, s.spec.reg) for s in self.spec.slots if s.spec.reg is not None]
+        )
         self.tracer = trace.Tracer(cfg.trace_window, self.rank) if cfg.trace_steps else trace.OFF
         collective.tracer = self.tracer
         # the reducer owns the gradient buffer (and the stop vote after it); its thread
@@ -363,6 +366,7 @@ class Trainer:
             )
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
         loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad, step=self.step)
+        loss += self.optimizer.penalty  # Keras' loss includes the regularizers' penalty
         comm = self.reducer.finish()
         divergence.check_step(
             self.spec, self.grads, self.reducer.hook.nonfinite, loss, self._where(self.step + 1)
