@@ -125,6 +125,11 @@ class ModelSpec:
                 flat[s.start : s.stop] = 1
         return flat
 
+    def penalty(self, flat: np.ndarray) -> float:
+        """The weight regularizers' penalty at ``flat`` (what Keras adds to its loss); the
+        training step's own comes from the optimizer, without allocating."""
+        return sum(s.spec.reg.loss(flat[s.start : s.stop]) for s in self.slots if s.spec.reg)
+
     def flops_per_example(self, train: bool = True) -> int:
         return sum(layer.flops(1, train, self.need_dx[i]) for i, layer in enumerate(self.layers))
 
