@@ -165,3 +165,58 @@ def test_regularized_model_trains_like_keras_and_exports_its_regularizers(tmp_pa
     assert isinstance(dense.kernel_regularizer, R.L2)
     assert float(dense.kernel_regularizer.l2) == pytest.approx(0.05)
     assert float(dense.bias_regularizer.l2) == pytest.approx(0.01)
+
+
+def _everywhere():
+    r = {"kernel_regularizer": R.L2(0.01), "bias_regularizer": R.L1(0.02)}
+    return [
+        L.Input((12,), dtype="int32"),
+        L.Embedding(30, 8, embeddings_regularizer=R.L1(0.003)),
+        L.Conv1D(8, 3, padding="same", **r),
+        L.SeparableConv1D(
+            8,
+            3,
+            padding="same",
+            depthwise_regularizer="l1",
+            pointwise_regularizer="l2",
+            bias_regularizer="l2",
+        ),
+        L.LayerNormalization(gamma_regularizer=R.L2(0.1), beta_regularizer=R.L1(0.1)),
+        L.LSTM(6, return_sequences=True, recurrent_regularizer=R.L1L2(0.01, 0.02), **r),
+        L.Bidirectional(L.GRU(4, return_sequences=True, kernel_regularizer=R.L2(0.3))),
+        L.MultiHeadAttention(2, 4, kernel_regularizer=R.L2(0.05)),
+        L.Flatten(),
+        L.BatchNormalization(gamma_regularizer="l2"),
+        L.Dense(3, **r),
+    ]
+
+
+def test_every_layers_penalty_is_keras_penalty(tmp_path, rng):
+    """Each layer kind's regularizers reach its weights: ringtrain's penalty at the file's
+    weights is the sum of Keras' ``model.losses``."""
+    inp = _everywhere()
+    x = inp[0]
+    h = inp[1](x)
+    for layer in inp[2:]:
+        h = layer(h, h) if isinstance(layer, L.MultiHeadAttention) else layer(h)
+    km = keras.Model(x, h)
+    km.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    for w in km.trainable_weights:  # away from zero, where L1 is flat
+        w.assign(rng.normal(0, 0.5, w.shape).astype(np.float32))
+    km.save(tmp_path / "m.keras")
+    spec = keras_model.load(str(tmp_path / "m.keras"))
+    km(np.zeros((1, 12), np.int32))  # Keras computes its penalties on a call
+    want = float(sum(float(v) for v in km.losses))
+    assert spec.penalty(spec.initial[0]) == pytest.approx(want, rel=1e-5)
+    regs = {s.spec.name for s in spec.slots if s.spec.reg is not None}
+    assert {
+        "embeddings",
+        "depthwise_kernel",
+        "pointwise_kernel",
+        "recurrent_kernel",
+        "gamma",
+        "beta",
+        "forward_kernel",
+        "backward_kernel",
+        "query_kernel",
+    } <= regs
