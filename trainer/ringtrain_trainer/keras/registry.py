@@ -84,7 +84,7 @@ def markdown() -> str:
         "`gamma_`, `beta_` + `initializer` (any of "
         + ", ".join(initializers.SUPPORTED)
         + "; fresh weights draw from it, the export writes it back) and + `regularizer` "
-        "(`L1`, `L2`, `L1L2`, `\"l1\"`, `\"l2\"`: the penalty is in the reported training and "
+        '(`L1`, `L2`, `L1L2`, `"l1"`, `"l2"`: the penalty is in the reported training and '
         "test loss, its gradient added once to the reduced gradient before clipping, the "
         "export writes it back). Refused, by name: `activity_regularizer`, weight "
         "constraints, non-default `moving_*_initializer`.",
