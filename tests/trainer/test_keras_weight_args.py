@@ -133,7 +133,8 @@ def test_regularized_model_trains_like_keras_and_exports_its_regularizers(tmp_pa
     args += ["--checkpoint-dir", str(tmp_path / "ck"), "--json"]
     t = Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())
     try:
-        assert t.optimizer.regs, "the regularizers reach the optimizer"
+        assert len(t.optimizer.regs) == 4, "the regularizers reach the optimizer"
+        assert "+ the L1/L2 penalty of 4 weight tensors" in t.training_line()
         for step in range(STEPS):
             pos = t.position
             idx = t.sharder.indices(pos.epoch, pos.batch).copy()

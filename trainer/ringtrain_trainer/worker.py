@@ -204,7 +204,9 @@ class Trainer:
         which flags replaced the model's), and the loss."""
         loss = self.spec.loss
         folded = f", {loss.folded} folded in" if loss.folded else ""
-        return f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}"
+        regs = sum(s.spec.reg is not None for s in self.spec.slots)
+        plus = f" + the L1/L2 penalty of {regs} weight tensors" if regs else ""
+        return f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}{plus}"
 
     @property
     def total_steps(self) -> int:
