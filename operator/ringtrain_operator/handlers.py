@@ -1,9 +1,11 @@
 """kopf handlers: thin wiring from cluster events to :func:`reconcile.reconcile`.
 
-One async daemon per TrainingJob owns that job: every reconcile of a job runs in its daemon, one
-at a time, so two decisions about the same job can never race. Pod and spec changes only *poke*
-the daemon; deadlines, TTL and progress polling are the daemon's timeout. After a restart kopf
-resumes a daemon for every existing job, which then reconciles from cluster state.
+kopf watches the TrainingJobs; :class:`.informer.PodInformer` watches their pods (one watch for
+the namespace set, indexed by job); both only *queue* a job's key on :class:`.controller.
+Controller`'s work queue, whose bounded pool of workers reconciles each job, one reconcile of a
+job at a time, so two decisions about the same job can never race. Deadlines, TTL, progress
+polling and failure backoff are the job's timer on that queue. After a restart kopf lists every
+existing job, each is queued and reconciles from cluster state once the pod informer has listed.
 
 Each handler only wires: the decisions are :mod:`.status`'s, the API calls :mod:`.reconcile`'s,
 when to look again :func:`status.look_again_s`, and every Event goes out through :func:`post`.
@@ -18,7 +20,9 @@ import logging
 import kopf
 from kubernetes.client import ApiException
 
-from . import manifests, networkpolicy, status
+from . import networkpolicy, status
+from .controller import Controller
+from .informer import PodInformer
 from .kube import Kube
 from .metrics import OperatorMetrics
 from .reconcile import reconcile
@@ -55,18 +59,70 @@ def connection_info(cfg) -> kopf.ConnectionInfo:
     )
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def run_job(
-    name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def job_event(
+    event: kopf.RawEvent, body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_
 ) -> None:
-    poke = memo.pokes.setdefault((namespace, name), asyncio.Event())
-    while not stopped:
-        poke.clear()
-        decision = await asyncio.to_thread(reconcile_once, memo, namespace, name)
-        if decision is None or decision.delete_job:
-            return
-        post(body, decision.events)
-        await _wait(poke, stopped, status.look_again_s(decision))
+    """Every TrainingJob event, the listing at start-up included: a new job, a job found after
+    a restart, or a changed spec (a new generation) queues the job; our own status writes
+    (same generation) do not."""
+    key = (namespace, name)
+    ctl = start(memo)
+    if event.get("type") == "DELETED":
+        forget(memo, key)
+        return
+    meta = body.get("metadata", {})
+    generation = meta.get("generation")
+    memo.refs[key] = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {"name": name, "namespace": namespace, "uid": meta.get("uid")},
+    }
+    seen, memo.generations[key] = memo.generations.get(key), generation
+    if event.get("type") in (None, "ADDED") or seen != generation:
+        ctl.queue.add(key)
+
+
+def start(memo: kopf.Memo) -> Controller:
+    """The pod informer and the workers, started once, from the first job event (the workers
+    inherit kopf's Event queue from its context)."""
+    ctl: Controller = memo.controller
+    if not ctl.started:
+        ctl.start()
+        if ctl.informer is None:
+            refs = memo.refs  # a pod of a job not (or no longer) known wakes nothing
+
+            def wake(key: tuple[str, str]) -> None:
+                if key in refs:
+                    ctl.add_threadsafe(key)
+
+            ctl.informer = PodInformer(memo.kube, memo.namespaces, wake)
+            memo.kube.pod_source = ctl.informer.pods
+            ctl.informer.start()
+    return ctl
+
+
+def forget(memo: kopf.Memo, key: tuple[str, str]) -> None:
+    memo.controller.queue.forget(key)
+    for d in (memo.refs, memo.generations, memo.failures):
+        d.pop(key, None)
+    memo.metrics.forget(*key)
+
+
+def handle(memo: kopf.Memo, key: tuple[str, str]) -> status.Decision | None:
+    """One reconcile of a queued job, on a worker thread."""
+    return reconcile_once(memo, *key)
+
+
+def after(memo: kopf.Memo, key: tuple[str, str], decision: status.Decision | None) -> float | None:
+    """On the loop, after a reconcile: post its Events, say when to look again."""
+    if decision is None or decision.delete_job:
+        forget(memo, key)
+        return None
+    if (ref := memo.refs.get(key)) and decision.events:
+        post(ref, decision.events)
+        memo.metrics.api_requests.labels("POST").inc(len(decision.events))  # kopf posts them
+    return status.look_again_s(decision)
 
 
 def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decision | None:
@@ -79,7 +135,7 @@ def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decisio
         return decision
     except ApiException as e:
         why, failed = f"{e.status} {e.reason}", "failed"
-    except Exception as e:  # a bug must not take the job's daemon (or the operator) down
+    except Exception as e:  # a bug must not take a worker (or the operator) down
         log.exception("%s/%s: reconcile crashed", namespace, name)
         why, failed = f"{type(e).__name__}", "crashed"
     n = memo.failures[key] = memo.failures.get(key, 0) + 1
@@ -91,41 +147,39 @@ def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decisio
     return status.Decision(status={}, events=events, requeue_after_s=delay)
 
 
-def post(body: kopf.Body, events: tuple[status.Event, ...]) -> None:
+def post(body: kopf.Body | dict, events: tuple[status.Event, ...]) -> None:
     """The one place Events about a TrainingJob are posted."""
     for ev in events:
         kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-async def forget_job(name: str, namespace: str, memo: kopf.Memo, **_) -> None:
-    memo.pokes.pop((namespace, name), None)
-    memo.failures.pop((namespace, name), None)
-    memo.metrics.forget(namespace, name)
-
-
-@kopf.on.event("", "v1", "pods", labels={manifests.LABEL_JOB: kopf.PRESENT})
-async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_) -> None:
-    if poke := memo.pokes.get((namespace, labels[manifests.LABEL_JOB])):
-        poke.set()
-
-
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def spec_changed(name: str, namespace: str, memo: kopf.Memo, **_) -> None:
-    if poke := memo.pokes.get((namespace, name)):
-        poke.set()
-
-
-async def _wait(poke: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float | None) -> None:
-    tasks = {asyncio.ensure_future(poke.wait()), asyncio.ensure_future(stopped.wait())}
-    try:
-        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-
-
 def new_memo(
-    kube: Kube, metrics: OperatorMetrics, network: networkpolicy.Settings | None = None
+    kube: Kube,
+    metrics: OperatorMetrics,
+    network: networkpolicy.Settings | None = None,
+    namespaces: list[str] | None = None,
 ) -> kopf.Memo:
-    return kopf.Memo(kube=kube, metrics=metrics, pokes={}, network=network, failures={})
+    """The operator's state, shared by every handler (kopf hands each a shallow copy)."""
+    memo = kopf.Memo(
+        kube=kube,
+        metrics=metrics,
+        network=network,
+        failures={},
+        namespaces=namespaces or None,
+        refs={},
+        generations={},
+    )
+
+    async def ready() -> None:
+        while ctl.informer is None or not ctl.informer.synced():
+            await asyncio.sleep(0.05)
+
+    ctl = memo.controller = Controller(
+        lambda key: handle(memo, key), lambda key, d: after(memo, key, d), ready
+    )
+    return memo
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_) -> None:
+    await memo.controller.stop()

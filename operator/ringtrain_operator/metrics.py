@@ -43,6 +43,12 @@ class OperatorMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        self.api_requests = Counter(
+            "ringtrain_operator_api_requests",
+            "requests to the Kubernetes API server (reconciles, pod informer, Events), by verb",
+            ["verb"],
+            registry=r,
+        )
         Gauge("ringtrain_operator_info", "operator build", ["version"], registry=r).labels(
             __version__
         ).set(1)

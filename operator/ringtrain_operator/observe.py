@@ -126,11 +126,16 @@ class ObservedPod:
 
 
 def observe_pods(
-    job: Job | None, objs: Iterable[Mapping[str, Any]], fetch: LiveStatusFetcher
+    job: Job | None, objs: Iterable[Mapping[str, Any] | ObservedPod], fetch: LiveStatusFetcher
 ) -> list[ObservedPod]:
-    """The job's Pod objects as ObservedPods (unlabelled ones skipped), the running chief's
-    ``/status`` attached when the job runs ringtrain's trainer (``job`` None: spec invalid)."""
-    observed = [o for p in objs if (o := ObservedPod.from_pod(p)) is not None]
+    """The job's Pod objects (or the informer's ObservedPods) as ObservedPods (unlabelled ones
+    skipped), the running chief's ``/status`` attached when the job runs ringtrain's trainer
+    (``job`` None: spec invalid)."""
+    observed = [
+        o
+        for p in objs
+        if (o := p if isinstance(p, ObservedPod) else ObservedPod.from_pod(p)) is not None
+    ]
     if job is None:
         return observed
     return [with_live_status(job, p, fetch) for p in observed]

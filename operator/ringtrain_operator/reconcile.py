@@ -1,9 +1,11 @@
 """One reconcile of one TrainingJob: observe the cluster, fold, write status, act.
 
-Everything is read fresh from the API (the job and its pods), never from a cache, so a restarted
-operator — or one whose previous status write the watch has not yet delivered — decides from the
-truth. The status is written *before* the actions: a pod replacement that is recorded but whose
-deletion was cut short by a crash is finished by the next reconcile, never counted twice.
+The job is read fresh from the API, never from a cache, so a restarted operator — or one whose
+previous status write the watch has not yet delivered — decides from the truth of its status.
+Its pods come from the pod informer (:mod:`.informer`; one list call without it), which may lag
+by the watch's delay: the status is written *before* the actions, so a pod replacement that is
+recorded but not yet seen done (deletion cut short by a crash, or an informer behind) is
+finished by the next reconcile, never counted twice, and a create of a pod that exists is a 409.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,8 +24,10 @@ from .kube import Kube
 from .metrics import OperatorMetrics
 from .observe import LiveStatusFetcher, live_status, observe_pods
 
-#: Pod creations in flight at once for one job.
-CREATE_CONCURRENCY = 8
+#: Pod creations in flight at once, for all jobs: one pool for every reconcile (a pool per gang
+#: cost a thread start per pod created).
+CREATE_CONCURRENCY = 16
+_CREATE_POOL = ThreadPoolExecutor(CREATE_CONCURRENCY, "create-pods")
 
 
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict:
@@ -89,15 +93,13 @@ def act(
     (``--network-policy``) the job's NetworkPolicy is created with its Service."""
     events = list(decision.events)
     if decision.to_create and job is not None:
+        # before the pods (a pod is never left without them), together (one round trip);
         # each created once: a 409 keeps the first token and keys
-        shared = (
-            mpi.job_objects(job) if job.mpi else [manifests.service(job), manifests.secret(job)]
-        )
-        for obj in shared:
-            kube.create(obj)
+        first = mpi.job_objects(job) if job.mpi else [manifests.service(job), manifests.secret(job)]
         if network is not None:
             policy = mpi.network_policy if job.mpi else networkpolicy.network_policy
-            kube.create(policy(job, network))
+            first.append(policy(job, network))
+        _create_all(kube, first)
         build = mpi.pod if job.mpi else manifests.pod
         todo = [build(job, m.replica, m.index) for m in decision.to_create]
         for m, created in zip(decision.to_create, _create_all(kube, todo), strict=True):
@@ -120,6 +122,6 @@ def _create_all(kube: Kube, objs: list[dict]) -> list[bool]:
     waiting): results in input order; the first error is raised after all calls finished."""
     if len(objs) <= 1:
         return [kube.create(o) for o in objs]
-    with ThreadPoolExecutor(max_workers=min(CREATE_CONCURRENCY, len(objs))) as ex:
-        futures = [ex.submit(kube.create, o) for o in objs]
+    futures = [_CREATE_POOL.submit(kube.create, o) for o in objs]
+    wait(futures)
     return [f.result() for f in futures]

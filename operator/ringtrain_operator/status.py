@@ -111,6 +111,10 @@ class Decision:
     events: tuple[Event, ...] = ()
     #: Look again after this long at the latest (deadline, TTL), even if nothing changes.
     requeue_after_s: float | None = None
+    #: A pod of the job runs, so its progress can change unseen by any watch: poll it at the
+    #: state's :data:`LOOK_AGAIN_S`. Without one, only a pod event, the spec or a deadline can
+    #: change the decision, and 10,000 pending jobs cost nothing while they wait (issue 22).
+    polls: bool = True
 
     @property
     def create(self) -> tuple[str, ...]:
@@ -121,10 +125,8 @@ class Decision:
 def look_again_s(decision: Decision) -> float | None:
     """The one requeue policy: seconds until the job is looked at again even if nothing changes
     (the sooner of its state's poll and its deadline/TTL); None: only a change wakes it."""
-    t = min(
-        decision.requeue_after_s or math.inf,
-        LOOK_AGAIN_S.get(str(decision.status.get("state")), math.inf),
-    )
+    poll = LOOK_AGAIN_S.get(str(decision.status.get("state")), math.inf)
+    t = min(decision.requeue_after_s or math.inf, poll if decision.polls else math.inf)
     return None if t == math.inf else max(t, 0.05)
 
 
@@ -150,6 +152,7 @@ class _Fold:
     requeue: list[float] = field(default_factory=list)
     #: status.restarts as the previous derivation left it: more now means a new restart.
     restarts_before: int = 0
+    polls: bool = True
 
     @property
     def state(self) -> str | None:
@@ -231,6 +234,7 @@ class _Fold:
             delete_job=self.delete_job,
             events=tuple(self.events),
             requeue_after_s=min(self.requeue) if self.requeue else None,
+            polls=self.polls,
         )
 
 
@@ -254,6 +258,7 @@ def derive_status(
     f.status["observedGeneration"] = job.generation
     pods = list(pods)
     seen = _Seen(pods, [p for p in pods if not p.deleting], members(job))
+    f.polls = any(p.phase == "Running" for p in seen.pods)
     _count(f, job, seen.live)
     _progress(f, job, seen.pods)
     from .phases import PHASES  # phases imports this module's vocabulary

@@ -25,9 +25,9 @@ GRANTS = {
         "Kube.get_job",
         "get_namespaced_custom_object",
     ),
-    ("ringtrain.io", "trainingjobs", "list"): ("handlers.py", "run_job", "@kopf.daemon(GROUP"),
-    ("ringtrain.io", "trainingjobs", "watch"): ("handlers.py", "run_job", "@kopf.daemon(GROUP"),
-    # kopf adds its finalizer and progress annotations with a merge patch of the object.
+    ("ringtrain.io", "trainingjobs", "list"): ("handlers.py", "job_event", "@kopf.on.event(GROUP"),
+    ("ringtrain.io", "trainingjobs", "watch"): ("handlers.py", "job_event", "@kopf.on.event(GROUP"),
+    # kopf removes an older operator's finalizer with a merge patch of the object.
     ("ringtrain.io", "trainingjobs", "patch"): (
         "main.py",
         "operator_settings",
@@ -52,8 +52,8 @@ GRANTS = {
     ),
     ("", "pods", "create"): ("kube.py", "Kube.create", "create_namespaced_pod"),
     ("", "pods", "delete"): ("kube.py", "Kube.delete_pod", "delete_namespaced_pod"),
-    ("", "pods", "list"): ("kube.py", "Kube.list_pods", "list_namespaced_pod"),
-    ("", "pods", "watch"): ("handlers.py", "pod_changed", '@kopf.on.event("", "v1", "pods"'),
+    ("", "pods", "list"): ("kube.py", "Kube.pods_request", "list_namespaced_pod"),
+    ("", "pods", "watch"): ("informer.py", "PodInformer._watch", "watch=True"),
     ("", "services", "create"): ("kube.py", "Kube.create", "create_namespaced_service"),
     ("", "secrets", "create"): ("kube.py", "Kube.create", "create_namespaced_secret"),
     # an MPI job's hostfile and sshd configuration (spec.mpi)
@@ -119,7 +119,7 @@ def client_calls() -> set[tuple[str, str, str]]:
     out = set()
     for api, method in re.findall(r"self\.(core|custom|networking)\.(\w+)", text):
         verb, _, rest = method.partition("_")
-        rest = rest.removeprefix("namespaced_")
+        rest = rest.removeprefix("namespaced_").removesuffix("_for_all_namespaces")
         if api == "custom":
             resource = "trainingjobs/status" if rest.endswith("_status") else "trainingjobs"
             out.add(("ringtrain.io", resource, VERBS[verb]))

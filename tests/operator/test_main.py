@@ -108,18 +108,48 @@ def test_kopf_bookkeeping_lives_under_ringtrain_io():
     assert not hasattr(handlers, "configure")  # kopf settings are made in one place
 
 
-def test_memo_is_shared_by_the_daemon_and_the_pod_handler():
+def test_new_jobs_and_spec_changes_are_queued_once_and_status_writes_are_not():
+    """kopf relays TrainingJob events; a job is queued when it appears (or is listed after a
+    restart) and when its spec changes (a new generation), not for the status we write."""
     import copy
 
     memo = handlers.new_memo(kube=None, metrics=OperatorMetrics(CollectorRegistry()))
-    per_object = copy.copy(memo)  # what kopf hands each handler
-    event = asyncio.Event()
-    per_object.pokes[("ns", "job")] = event
+    memo.controller.informer = type(
+        "NotSynced", (), {"synced": lambda self: False, "stop": lambda self: None}
+    )()
 
-    asyncio.run(
-        handlers.pod_changed(namespace="ns", labels={"ringtrain.io/job-name": "job"}, memo=memo)
-    )
-    assert event.is_set()
+    def body(generation):
+        return {
+            "apiVersion": "ringtrain.io/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "job", "namespace": "ns", "uid": "u1", "generation": generation},
+        }
+
+    added = []
+    memo.controller.queue.add = added.append
+
+    async def scenario():
+        for kind, gen in [(None, 1), ("MODIFIED", 1), ("MODIFIED", 2), ("MODIFIED", 2)]:
+            await handlers.job_event(
+                event={"type": kind},
+                body=body(gen),
+                name="job",
+                namespace="ns",
+                memo=copy.copy(memo),
+            )
+        assert memo.refs[("ns", "job")]["metadata"]["uid"] == "u1"
+        await handlers.job_event(
+            event={"type": "DELETED"},
+            body=body(2),
+            name="job",
+            namespace="ns",
+            memo=copy.copy(memo),
+        )
+        await memo.controller.stop()
+
+    asyncio.run(scenario())
+    assert added == [("ns", "job"), ("ns", "job")]  # listed, then generation 2
+    assert memo.refs == {} and memo.generations == {}  # a deleted job is forgotten
 
 
 def test_namespaced_mode_needs_no_cluster_wide_scanning():

@@ -42,6 +42,7 @@ from ringtrain_trainer.engine.losses import label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
 from ringtrain_trainer.metrics import TrainerMetrics
+from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
 
 
@@ -120,6 +121,8 @@ class Trainer:
         self.optimizer.set_regularizers(
             [(s.start, s.stop, s.spec.reg) for s in self.spec.slots if s.spec.reg is not None]
         )
+        # Keras' squared gradient of an Embedding row: the sum over its occurrences
+        self.optimizer.set_sparse(SparseRows(self.spec, self.params.dtype))
         self.tracer = trace.Tracer(cfg.trace_window, self.rank) if cfg.trace_steps else trace.OFF
         collective.tracer = self.tracer
         # the reducer owns the gradient buffer (and the stop vote after it); its thread
@@ -370,6 +373,11 @@ class Trainer:
         loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad, step=self.step)
         loss += self.optimizer.penalty  # Keras' loss includes the regularizers' penalty
         comm = self.reducer.finish()
+        rows = self.optimizer.sparse
+        if rows is not None:  # the Embedding rows, once the global batch's squares are known
+            rows.gather(self.spec, self.exe.programs, self.cfg.batch_size * self.world)
+            rows.reduce(self.collective, self.step, tag=len(self.reducer.buckets))
+            self.reducer.hook.apply_deferred()
         divergence.check_step(
             self.spec, self.grads, self.reducer.hook.nonfinite, loss, self._where(self.step + 1)
         )

@@ -14,6 +14,7 @@ from ringtrain_trainer.optim.base import Optimizer, f32
 class Adagrad(Optimizer):
     name = "adagrad"
     state_names = ("accumulator",)
+    squares = True
 
     def __init__(
         self, params, schedule, initial_accumulator_value=0.1, epsilon=1e-7, weight_decay=None
@@ -25,7 +26,7 @@ class Adagrad(Optimizer):
 
     def update(self, g, w, s):
         acc, a = self.state["accumulator"][s], self._scratch[s]
-        np.multiply(g, g, out=a)
+        self.square(g, s, out=a)
         np.add(acc, a, out=acc)
         np.add(acc, f32(self.epsilon), out=a)
         np.sqrt(a, out=a)

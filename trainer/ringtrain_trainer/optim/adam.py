@@ -19,6 +19,7 @@ from ringtrain_trainer.optim.base import Optimizer, f32
 
 class Adam(Optimizer):
     name = "adam"
+    squares = True
 
     def __init__(
         self,
@@ -47,7 +48,7 @@ class Adam(Optimizer):
         np.subtract(g, m, out=a)
         np.multiply(a, f32(1 - self.beta_1), out=a)
         np.add(m, a, out=m)
-        np.multiply(g, g, out=a)
+        self.square(g, s, out=a)
         np.subtract(a, v, out=a)
         np.multiply(a, f32(1 - self.beta_2), out=a)
         np.add(v, a, out=v)

@@ -69,6 +69,9 @@ class Optimizer:
         self.regs: list[tuple[int, int, Any]] = []
         #: this step's regularization penalty: what the reported loss adds, as Keras' does
         self.penalty = 0.0
+        #: Embedding tables whose squared gradient is Keras' per-occurrence sum (see
+        #: :mod:`.sparse_rows`); set by :meth:`set_sparse` when the update squares ``g``
+        self.sparse = None
 
     @property
     def state_bytes(self) -> int:
@@ -83,6 +86,24 @@ class Optimizer:
         once: :meth:`apply` adds it once to the reduced gradient, before clipping (Keras
         clips the gradient of the loss that includes the penalty)."""
         self.regs = sorted(((int(a), int(b), r) for a, b, r in regs), key=lambda t: t[0])
+
+    #: whether :meth:`update` squares the gradient (Adam, RMSprop, Adagrad): only then do an
+    #: Embedding's duplicate ids change the update (:mod:`.sparse_rows`)
+    squares = False
+
+    def set_sparse(self, rows) -> None:
+        if self.squares and rows:
+            self.sparse = rows
+
+    def square(self, g: np.ndarray, s: slice, out: np.ndarray) -> None:
+        """``out = g * g``, except on Embedding rows: the sum of each occurrence's square."""
+        np.multiply(g, g, out=out)
+        if self.sparse is None:
+            return
+        for a, b in self.sparse.ranges:
+            lo, hi = max(a, s.start), min(b, s.stop)
+            if lo < hi:
+                out[lo - s.start : hi - s.start] = self.sparse.views[a][lo - a : hi - a]
 
     def begin_step(self, epoch: int) -> None:
         p, tmp = self.params, self._scratch

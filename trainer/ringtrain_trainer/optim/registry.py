@@ -232,7 +232,25 @@ def for_run(cfg, model) -> OptimizerSpec:
 
     config = getattr(model, "config", None)
     compiled = None if model.name in PRESETS else getattr(config, "optimizer", None)
-    return resolve(compiled, cfg.optimizer, cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
+    spec = resolve(compiled, cfg.optimizer, cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
+    _refuse_clipped_embedding(spec, model)
+    return spec
+
+
+def _refuse_clipped_embedding(spec: OptimizerSpec, model) -> None:
+    """Keras clips an Embedding's ``IndexedSlices`` gradient per token occurrence (the norm,
+    the value) before duplicate ids are summed; ringtrain reduces the summed gradient, so it
+    cannot clip the same way: refused, not approximated (README, "Decisions and known limits":
+    1e-2 to 1.3 relative weight differences measured in 3 steps)."""
+    from ringtrain_trainer.engine.ops.embedding import Embedding
+
+    kind = next((k for k in KINDS if spec.config.get(k) is not None), None)
+    if kind and any(isinstance(layer, Embedding) for layer in getattr(model, "layers", ())):
+        raise InvalidSpec(
+            f"model: {WHERE}.config.{kind}={spec.config[kind]!r} is not supported with an "
+            "Embedding layer (Keras clips each token occurrence's gradient before summing "
+            "duplicate ids; ringtrain reduces the summed gradient)"
+        )
 
 
 def check_resume(spec: OptimizerSpec, optimizer: Optimizer, state, where: str) -> str | None:

@@ -15,6 +15,7 @@ from ringtrain_trainer.optim.base import Optimizer, f32
 
 class RMSprop(Optimizer):
     name = "rmsprop"
+    squares = True
 
     def __init__(
         self, params, schedule, rho=0.9, momentum=0.0, epsilon=1e-7, centered=False,
@@ -35,7 +36,7 @@ class RMSprop(Optimizer):
         v, a, d = self.state["velocity"][s], self._scratch[s], self._scratch2[s]
         rho = f32(self.rho)
         np.multiply(v, rho, out=v)
-        np.multiply(g, g, out=a)
+        self.square(g, s, out=a)
         np.multiply(a, f32(1 - self.rho), out=a)
         np.add(v, a, out=v)
         if self.centered:

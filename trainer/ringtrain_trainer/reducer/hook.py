@@ -39,13 +39,35 @@ class OptimizerHook:
         self.num_params = optimizer.params.size
         #: (start, stop) of this step's first slice with a non-finite gradient, or None
         self.nonfinite: tuple[int, int] | None = None
+        #: this step's slices of Embedding rows, held until their squares are reduced
+        self.deferred: list[tuple[int, int]] = []
 
     def begin_step(self, epoch: int) -> None:
         self.nonfinite = None
+        self.deferred.clear()
         self.optimizer.begin_step(epoch)
 
     def __call__(self, start: int, stop: int) -> None:
         stop = min(stop, self.num_params)
+        sparse = self.optimizer.sparse
+        if sparse is None:
+            self._apply(start, stop)
+            return
+        for a, b in sparse.ranges:  # Embedding rows wait for their squares (apply_deferred)
+            lo, hi = max(a, start), min(b, stop)
+            if lo < hi:
+                self._apply(start, lo)
+                self.deferred.append((lo, hi))
+                start = hi
+        self._apply(start, stop)
+
+    def apply_deferred(self) -> None:
+        """The Embedding rows' slices, once ``optimizer.sparse`` holds this step's squares."""
+        for start, stop in self.deferred:
+            self._apply(start, stop)
+        self.deferred.clear()
+
+    def _apply(self, start: int, stop: int) -> None:
         if start < stop and self.nonfinite is None:
             if not finite(self.grads[start:stop]):
                 self.nonfinite = (start, stop)

@@ -1,0 +1,111 @@
+"""The work queue and the pod informer's cache (issue 22): events for one job coalesce, one
+reconcile of a job at a time, and only changes the fold can see wake a job."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from kubernetes import client
+
+from ringtrain_operator.controller import Controller, WorkQueue
+from ringtrain_operator.informer import PodInformer
+from ringtrain_operator.kube import Kube
+
+
+def test_keys_coalesce_and_a_key_added_while_handled_is_handled_again_after():
+    async def scenario():
+        q = WorkQueue()
+        for key in ["a", "b", "a", "a"]:
+            q.add(key)
+        assert len(q) == 2
+        first = await q.get()
+        q.add(first)  # an event while "a" is being reconciled: not a second worker on it
+        assert len(q) == 1 and await q.get() == "b"
+        q.done("b")
+        assert len(q) == 0
+        q.done(first)  # ... but handled again right after
+        assert len(q) == 1 and await q.get() == "a"
+
+    asyncio.run(scenario())
+
+
+def test_a_later_look_replaces_the_earlier_timer_and_forget_cancels_it():
+    async def scenario():
+        q = WorkQueue()
+        q.add_after("a", 0.01)
+        q.add_after("a", 30)  # the last reconcile's decision stands, as the daemon's timeout did
+        q.add_after("b", 0.01)
+        assert await asyncio.wait_for(q.get(), 5) == "b"
+        q.add_after("c", 0.01)
+        q.forget("c")
+        await asyncio.sleep(0.05)
+        return len(q)
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_the_pool_bounds_reconciles_and_never_runs_one_key_twice_at_once():
+    running: dict[str, int] = {}
+    peak = {"all": 0, "same": 0}
+    lock = threading.Lock()
+    gate = threading.Event()
+
+    def handle(key):
+        with lock:
+            running[key] = running.get(key, 0) + 1
+            peak["all"] = max(peak["all"], sum(running.values()))
+            peak["same"] = max(peak["same"], running[key])
+        gate.wait(5)
+        with lock:
+            running[key] -= 1
+
+    async def ready():
+        return None
+
+    async def scenario():
+        ctl = Controller(handle, lambda key, result: None, ready, workers=3)
+        ctl.start()
+        for i in range(10):
+            ctl.queue.add(f"job-{i}")
+        await asyncio.sleep(0.2)
+        ctl.queue.add("job-0")
+        gate.set()
+        while len(ctl.queue) or any(running.values()):
+            await asyncio.sleep(0.01)
+        await ctl.stop()
+
+    asyncio.run(scenario())
+    assert peak == {"all": 3, "same": 1}
+
+
+def pod(name, job="j", phase="Pending", conditions=()):
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {
+                "ringtrain.io/job-name": job,
+                "ringtrain.io/replica-type": "worker",
+                "ringtrain.io/replica-index": name[-1],
+            },
+        },
+        "status": {"phase": phase, "conditions": list(conditions)},
+    }
+
+
+def test_only_pod_changes_the_fold_reads_wake_the_job():
+    woken = []
+    inf = PodInformer(Kube(client.ApiClient()), ["ns"], woken.append)
+    inf.apply("ADDED", pod("j-worker-0"))
+    inf.apply("ADDED", pod("j-worker-1"))
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    inf.apply("MODIFIED", pod("j-worker-0", conditions=[unschedulable]))  # nothing for the fold
+    inf.apply("MODIFIED", pod("j-worker-1", phase="Running"))
+    inf.apply("ADDED", pod("k-worker-0", job="k"))
+    assert [p.name for p in inf.pods("ns", "j")] == ["j-worker-0", "j-worker-1"]
+    assert inf.pods("ns", "j")[1].phase == "Running"
+    inf.apply("DELETED", pod("j-worker-0"))
+    assert [p.name for p in inf.pods("ns", "j")] == ["j-worker-1"]
+    # added, added, (unschedulable: no), running
+    assert woken == [("ns", "j")] * 3 + [("ns", "k"), ("ns", "j")]
