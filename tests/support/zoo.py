@@ -115,6 +115,22 @@ def regression_mlp():
     return m
 
 
+def regularized_mlp():
+    """Keras' L1/L2 weight regularizers: their penalty in the loss, their gradient once."""
+    keras = _seeded()
+    L, R = keras.layers, keras.regularizers
+    m = keras.Sequential(
+        [
+            L.Input((6,)),
+            L.Dense(16, "relu", kernel_initializer="he_normal", kernel_regularizer=R.L2(0.02)),
+            L.Dense(8, "tanh", kernel_regularizer=R.L1(0.01), bias_regularizer="l2"),
+            L.Dense(2, kernel_regularizer=R.L1L2(0.001, 0.01)),
+        ]
+    )
+    m.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9, clipnorm=1.0), loss="mse")
+    return m
+
+
 def huber_mlp():
     keras = _seeded()
     L, S = keras.layers, keras.optimizers.schedules
@@ -298,6 +314,7 @@ ZOO: dict[str, Entry] = {
         Entry("huber_mlp", "mlp", huber_mlp, table_scalar_target),
         Entry("mae_mlp", "mlp", mae_mlp, table_scalar_target),
         Entry("binary_mlp", "mlp", binary_mlp, table_binary),
+        Entry("regularized_mlp", "mlp", regularized_mlp, table_regression),
         Entry("onehot_mlp", "mlp", onehot_mlp, blobs_onehot),
         Entry("seeds_cnn", "cnn", seeds_cnn, quadrant_images),
         Entry("bn_cnn", "cnn", bn_cnn, quadrant_images, batch_coupled=True),

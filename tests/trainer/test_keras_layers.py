@@ -166,14 +166,18 @@ def test_glorot_kernels_and_batchnorm_ones_and_zeros():
             "padding='causal' is not supported (supported: 'valid' or 'same')",
         ),
         (
-            layer("Dense", "dx", units=3, kernel_regularizer={"class_name": "L2"}),
+            layer("Dense", "dx", units=3, kernel_regularizer={"class_name": "Orthogonal"}),
             "layer 'dx' (Dense): kernel_regularizer=",
+        ),
+        (
+            layer("Dense", "dx", units=3, activity_regularizer={"class_name": "L2"}),
+            "layer 'dx' (Dense): activity_regularizer=",
         ),
         (
             layer("Dense", "dx", units=3, activation="sparsemax"),
             "activation='sparsemax' is not supported (supported: linear, relu, relu6,",
         ),
-        (layer("Dense", "dx", units=3, kernel_initializer="he_normal"), "kernel_initializer"),
+        (layer("Dense", "dx", units=3, kernel_initializer="my_init"), "kernel_initializer"),
         (
             layer("ConvLSTM2D", "lx", filters=3),
             "layer 'lx' (ConvLSTM2D) is not supported (supported layers: ",

@@ -50,7 +50,7 @@ def text(*middle):
         (layer("LSTM", "l", units=3, dropout=0.2), "'l' (LSTM): dropout=0.2"),
         (layer("GRU", "g", units=3, reset_after=False), "'g' (GRU): reset_after=False"),
         (layer("GRU", "g", units=3, recurrent_activation="softmax"), "recurrent_activation"),
-        (layer("LSTM", "l", units=3, recurrent_initializer="zeros"), "recurrent_initializer"),
+        (layer("LSTM", "l", units=3, recurrent_initializer="my_init"), "recurrent_initializer"),
         (layer("LayerNormalization", "n", rms_scaling=True), "'n' (LayerNormalization): rms"),
         (layer("LayerNormalization", "n", axis=1), "axis=1 is not the last axis"),
     ],

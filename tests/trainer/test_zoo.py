@@ -58,7 +58,7 @@ WORKERS, BATCH, STEPS, SEED = 2, 8, 8, 3
 #: listed with their refusals, not hidden
 MUST_ACCEPT = {
     "regression_mlp", "huber_mlp", "mae_mlp", "binary_mlp", "onehot_mlp", "seeds_cnn", "bn_cnn",
-    "resnet_add",
+    "resnet_add", "regularized_mlp",
 }  # fmt: skip
 with tempfile.TemporaryDirectory(prefix="zoo-") as _d, warnings.catch_warnings():
     warnings.simplefilter("ignore")  # Keras' own, at collection where pytestmark does not reach

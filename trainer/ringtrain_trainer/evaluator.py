@@ -149,7 +149,8 @@ class Evaluator:
             loss += lossfn.total(out, labels[s : s + n])
             correct += lossfn.score(out, labels[s : s + n])
         count = max(1, len(labels))
-        return loss / count, correct / count
+        # Keras' test loss includes the weight regularizers' penalty, as its training loss
+        return loss / count + self.spec.penalty(state.params), correct / count
 
     def _new_checkpoints(self) -> list[Path]:
         last = self.evaluated[-1].step if self.evaluated else -1

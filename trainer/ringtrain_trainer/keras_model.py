@@ -23,6 +23,7 @@ Going back, :meth:`KerasModel.keras_config` writes a Keras 3 config of the same 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from ringtrain_trainer.keras import archive
 from ringtrain_trainer.keras.config import LayerSpec, ModelConfig, parse
 from ringtrain_trainer.keras.entry import Build
 from ringtrain_trainer.keras.registry import REGISTRY
-from ringtrain_trainer.model import ModelSpec
+from ringtrain_trainer.model import ModelSpec, Slot
 
 PRESETS = ("cnn", "cnn2")
 
@@ -59,6 +60,51 @@ def _fuses(conv: LayerSpec, readers: list[LayerSpec]) -> bool:
         and len(shape) == 3
         and min(shape[0], shape[1]) - k[0] + 1 >= 2
     )
+
+
+def _weight_arg(weight: str) -> str:
+    """The Keras argument prefix that initializes/regularizes a weight (``query_kernel`` and
+    ``kernel`` ← ``kernel_*``, ``recurrent_kernel`` ← ``recurrent_*``)."""
+    for kind in ("recurrent", "depthwise", "pointwise"):
+        if weight.endswith(f"{kind}_kernel"):
+            return kind
+    for kind in ("kernel", "bias"):
+        if weight == kind or weight.endswith(f"_{kind}"):
+            return kind
+    return weight
+
+
+def _with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list[Slot]:
+    """The slots with each parameter's non-default initializer and regularizer (the layer's
+    ``*_initializer``/``*_regularizer`` arguments, kept by ``Args``); one that names no
+    trainable weight of its layer is refused rather than ignored."""
+    from ringtrain_trainer.engine.ops import initializers, regularizers
+
+    extra: dict[tuple[int, str], dict] = {}
+    readers = {"init": initializers.parse, "reg": regularizers.parse}
+    for s, li in zip(layers, owner, strict=True):
+        used: set[str] = set()
+        entry = REGISTRY[s.cls]
+        for w in entry.weights(s.args, list(s.in_shapes)):
+            args, own = entry.weight_args(s.args, w.name)
+            for field, suffix in (("init", "initializer"), ("reg", "regularizer")):
+                arg = f"{_weight_arg(own)}_{suffix}"
+                if arg in args and w.trainable and li is not None:
+                    used.add(arg)
+                    extra.setdefault((li, w.name), {})[field] = readers[field](args[arg], arg)
+        for k in s.args:
+            optional = k.split("_")[0] in ("bias", "gamma", "beta")  # absent when switched off
+            if k.endswith(("_initializer", "_regularizer")) and k not in used and not optional:
+                raise InvalidSpec(
+                    f"model: layer {s.name!r} ({s.cls}): {k}={s.args[k]!r} is not supported "
+                    "(supported: Keras' default; no trainable weight of this layer takes it)"
+                )
+    return [
+        Slot(replace(x.spec, **extra[(x.spec.layer, x.spec.name)]), x.start, x.stop)
+        if (x.spec.layer, x.spec.name) in extra
+        else x
+        for x in slots
+    ]
 
 
 class KerasModel(ModelSpec):
@@ -135,6 +181,7 @@ class KerasModel(ModelSpec):
         #: the IPU program's input shape: the Keras input after any leading Reshape/Flatten
         #: (same bytes, row-major); ``config.input_shape`` is what the Keras model takes
         super().__init__(name, ops, tuple(ipu_input), shape[0], graph=graph, loss=config.loss)
+        self.slots = _with_weight_args(self.slots, config.layers, owner)
         self.initial = initial  # (flat, state) from a .keras archive, or None
 
     def init(self, seed: int, dtype=np.float32) -> np.ndarray:

@@ -111,16 +111,24 @@ class ModelSpec:
         return out
 
     def init(self, seed: int, dtype=np.float32) -> np.ndarray:
-        """Keras defaults: Glorot-uniform kernels, zero biases, drawn in forward layer order."""
+        """Each parameter's Keras initializer (default: Glorot-uniform kernels, zero biases),
+        drawn in forward layer order."""
         flat = np.zeros(self.num_params, dtype)
         rng = np.random.Generator(np.random.PCG64(seed))
         for s in sorted(self.slots, key=lambda s: (s.spec.layer, s.spec.name != "kernel")):
-            if s.spec.glorot:
+            if s.spec.init is not None:
+                flat[s.start : s.stop] = s.spec.init(s.spec.shape, rng, dtype).ravel()
+            elif s.spec.glorot:
                 limit = math.sqrt(6.0 / (s.spec.fan_in + s.spec.fan_out))
                 flat[s.start : s.stop] = rng.uniform(-limit, limit, s.spec.size)
             elif s.spec.ones:
                 flat[s.start : s.stop] = 1
         return flat
+
+    def penalty(self, flat: np.ndarray) -> float:
+        """The weight regularizers' penalty at ``flat`` (what Keras adds to its loss); the
+        training step's own comes from the optimizer, without allocating."""
+        return sum(s.spec.reg.loss(flat[s.start : s.stop]) for s in self.slots if s.spec.reg)
 
     def flops_per_example(self, train: bool = True) -> int:
         return sum(layer.flops(1, train, self.need_dx[i]) for i, layer in enumerate(self.layers))

@@ -118,6 +118,9 @@ class Trainer:
         self.optimizer_spec = optim.for_run(cfg, self.spec)
         tensors = [(s.start, s.stop) for s in self.spec.slots]  # clipnorm is per tensor
         self.optimizer = optim.build_spec(self.optimizer_spec, self.params, tensors)
+        self.optimizer.set_regularizers(
+            [(s.start, s.stop, s.spec.reg) for s in self.spec.slots if s.spec.reg is not None]
+        )
         # Keras' squared gradient of an Embedding row: the sum over its occurrences
         self.optimizer.set_sparse(SparseRows(self.spec, self.params.dtype))
         self.tracer = trace.Tracer(cfg.trace_window, self.rank) if cfg.trace_steps else trace.OFF
@@ -204,7 +207,9 @@ class Trainer:
         which flags replaced the model's), and the loss."""
         loss = self.spec.loss
         folded = f", {loss.folded} folded in" if loss.folded else ""
-        return f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}"
+        regs = sum(s.spec.reg is not None for s in self.spec.slots)
+        plus = f" + the L1/L2 penalty of {regs} weight tensors" if regs else ""
+        return f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}{plus}"
 
     @property
     def total_steps(self) -> int:
@@ -366,6 +371,7 @@ class Trainer:
             )
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
         loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad, step=self.step)
+        loss += self.optimizer.penalty  # Keras' loss includes the regularizers' penalty
         comm = self.reducer.finish()
         rows = self.optimizer.sparse
         if rows is not None:  # the Embedding rows, once the global batch's squares are known

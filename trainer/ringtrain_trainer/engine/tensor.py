@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,11 @@ class ParamSpec:
     glorot: bool
     #: initialised to ones (BatchNormalization's gamma) rather than Glorot or zeros
     ones: bool = False
+    #: the Keras initializer (``ops.initializers.Initializer``) when not Keras' default,
+    #: which the ``glorot``/``ones`` flags describe; None: those flags
+    init: Any = None
+    #: the Keras weight regularizer (``ops.regularizers.Regularizer``), or None
+    reg: Any = None
 
     @property
     def size(self) -> int:

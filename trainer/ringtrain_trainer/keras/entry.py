@@ -77,6 +77,9 @@ class Entry:
     infer: Callable[[dict, list[Shape]], Shape] = same_shape
     weights: Callable[[dict, list[Shape]], list[Weight]] = _no_weights
     activation: Callable[[dict], str | None] = _activation
+    #: (the arguments, the weight's own name) whose ``*_initializer``/``*_regularizer`` set a
+    #: weight: the layer's own by default, a wrapped layer's for Bidirectional
+    weight_args: Callable[[dict, str], tuple[dict, str]] = lambda args, weight: (args, weight)
     inputs: int = 1
     #: call arguments of a Functional node that ``parse`` reads like config arguments
     #: (MultiHeadAttention's ``use_causal_mask``); any other call argument is refused
@@ -124,6 +127,9 @@ class Args:
         self.cfg = dict(layer.get("config") or {})
         self.name = str(self.cfg.get("name") or layer.get("name") or f"layer {index}")
         self.where = f"layer {self.name!r} ({self.cls})"
+        #: non-default initializers and the regularizers, by Keras argument: merged into the
+        #: parsed arguments (``keras.config``), so the export writes them back
+        self.extra: dict[str, Any] = {}
         dtype = self.cfg.get("dtype")
         if isinstance(dtype, dict):
             dtype = (dtype.get("config") or {}).get("name")
@@ -166,14 +172,41 @@ class Args:
             self.refuse(arg, v, ", ".join(ACTIVATIONS))
         return v
 
-    def initializer(self, arg: str, default: str) -> None:
-        v = self.take(arg, default)
-        cls = v.get("class_name") if isinstance(v, dict) else v
-        cfg = v.get("config") or {} if isinstance(v, dict) else {}
-        if snake_case(str(cls)).replace("_", "") != default.replace("_", "") or any(
-            cfg.get(k) is not None for k in cfg if k != "seed"
-        ):
-            self.refuse(arg, cls, f"{default} (Keras' default)")
+    def initializer(self, arg: str, default: str | None = None) -> None:
+        """Any initializer ``engine.ops.initializers`` knows. One that the parameter's
+        ``glorot``/``ones`` flags do not describe (not Keras' ``default`` or a default such as
+        LSTM's Orthogonal) is kept in :attr:`extra`: fresh weights draw from it and the export
+        carries it back."""
+        from ringtrain_trainer.engine.ops import initializers as I
+
+        v = self.take(arg)
+        flagged = default is not None and I.parse(default).name in (
+            "GlorotUniform",
+            "Zeros",
+            "Ones",
+        )
+        if v is None and flagged:
+            return
+        v = default if v is None else v
+        try:
+            got = I.parse(v, arg)
+        except ValueError as e:
+            self.refuse(arg, v, f"{', '.join(I.SUPPORTED)} ({e})")
+        if not flagged or I.full(got) != I.full(I.parse(default)):
+            self.extra[arg] = v
+
+    def regularizer(self, arg: str) -> None:
+        """Keras' ``L1``/``L2``/``L1L2`` (or ``"l1"``/``"l2"``), kept in :attr:`extra` in the
+        serialized form Keras reloads; the trainer adds its penalty (``KerasModel``)."""
+        from ringtrain_trainer.engine.ops import regularizers as R
+
+        v = self.take(arg)
+        try:
+            reg = R.parse(v, arg)
+        except ValueError as e:
+            self.refuse(arg, v, f"L1, L2, L1L2 ({e})")
+        if reg is not None:
+            self.extra[arg] = R.keras(reg)
 
     def trainable(self) -> None:
         """A layer with weights: frozen (Keras' fine-tuning) is refused, not trained anyway."""
@@ -182,7 +215,12 @@ class Args:
             self.refuse("trainable", v, "True: ringtrain trains every layer's weights")
 
     def nothing(self, *args: str) -> None:
+        """Arguments that must be absent; a weight regularizer among them is read instead
+        (:meth:`regularizer`), so every layer with weights takes them in one place."""
         for a in args:
+            if a.endswith("_regularizer") and a != "activity_regularizer":
+                self.regularizer(a)
+                continue
             v = self.take(a)
             if v is not None:
                 self.refuse(a, v, "None")

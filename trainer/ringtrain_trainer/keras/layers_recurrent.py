@@ -11,7 +11,7 @@ training starts from the ``.keras`` file's weights.
 from __future__ import annotations
 
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
-from ringtrain_trainer.keras.layers_sequence import initializer, no
+from ringtrain_trainer.keras.layers_sequence import no
 
 #: what the RNN ops differentiate from their outputs (``engine.ops.recurrent.ACTIVATIONS``)
 RNN_ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
@@ -49,9 +49,9 @@ def _rnn_parse(a: Args) -> dict:
         a.must_be("reset_after", True)
     else:  # SimpleRNN has no gates; its op ignores the argument
         del args["recurrent_activation"]
-    initializer(a, "kernel_initializer", "GlorotUniform")
-    initializer(a, "recurrent_initializer", "Orthogonal", gain=1.0)
-    initializer(a, "bias_initializer", "Zeros")
+    a.initializer("kernel_initializer", "GlorotUniform")
+    a.initializer("recurrent_initializer", "Orthogonal")
+    a.initializer("bias_initializer", "Zeros")
     no(
         a,
         "kernel_regularizer",
@@ -188,7 +188,7 @@ def _inner(a: Args, arg: str, v) -> dict:
     if cls not in GATES:
         a.refuse(arg, cls, ", ".join(GATES))
     inner = Args(v, 0)
-    args = _rnn_parse(inner)
+    args = {**_rnn_parse(inner), **inner.extra}
     return _layer(cls, {"name": inner.name, **args})
 
 
@@ -234,6 +234,12 @@ def _bi_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
             group = ("forward_layer" if half == "forward" else key) + "/cell"
             out.append(Weight(f"{half}_{w.name}", w.shape, group=group))
     return out
+
+
+def _bi_weight_args(args: dict, weight: str) -> tuple[dict, str]:
+    """A half's weight (``forward_kernel``) takes its wrapped layer's arguments."""
+    half, _, name = weight.partition("_")
+    return args[dict(_HALVES)[half]]["config"], name
 
 
 def _bi_build(spec, shapes, ctx):
@@ -313,6 +319,7 @@ ENTRIES = {
         _bi_onnx,
         infer=_bi_infer,
         weights=_bi_weights,
+        weight_args=_bi_weight_args,
         doc="an LSTM, GRU or SimpleRNN (and its `backward_layer`), `merge_mode` "
         "(concat, sum, ave, mul)",
     ),

@@ -16,26 +16,6 @@ from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
 _FREE = ("activity_regularizer", "lora_rank", "lora_alpha", "quantization_config")
 
 
-def initializer(a: Args, arg: str, cls: str, **defaults) -> None:
-    """Keras' default initializer ``cls`` with its default arguments, or refused by name."""
-    if arg not in a.cfg:
-        return
-    v = a.take(arg)
-    name = v.get("class_name") if isinstance(v, dict) else v
-    cfg = (v.get("config") or {}) if isinstance(v, dict) else {}
-    aliases = {cls.lower(), _snake(cls), *(k.lower() for k in defaults.get("_aliases", ()))}
-    want = {k: x for k, x in defaults.items() if k != "_aliases"}
-    got = {k: x for k, x in cfg.items() if k not in ("seed",) and x is not None}
-    if (str(name).lower() not in aliases and _snake(str(name)) not in aliases) or got != want:
-        a.refuse(arg, v, f"{cls} {want or ''} (Keras' default)".strip())
-
-
-def _snake(s: str) -> str:
-    from ringtrain_trainer.keras.entry import snake_case
-
-    return snake_case(s)
-
-
 def no(a: Args, *args: str) -> None:
     a.nothing(*args, *_FREE)
 
@@ -44,8 +24,7 @@ def no(a: Args, *args: str) -> None:
 def _embedding_parse(a: Args) -> dict:
     a.trainable()
     args = {"input_dim": a.positive("input_dim"), "output_dim": a.positive("output_dim")}
-    uniform = {"minval": -0.05, "maxval": 0.05, "_aliases": ["uniform"]}
-    initializer(a, "embeddings_initializer", "RandomUniform", **uniform)
+    a.initializer("embeddings_initializer", "RandomUniform")
     a.must_be("mask_zero", False)
     a.must_be("sparse", False)
     a.take("input_length")  # tf.keras 2's shape hint; the input shape is the InputLayer's
@@ -82,8 +61,8 @@ def _ln_parse(a: Args) -> dict:
     if not isinstance(args["axis"], int):
         a.refuse("axis", axis, "the last axis (-1)")
     a.must_be("rms_scaling", False)
-    initializer(a, "beta_initializer", "Zeros")
-    initializer(a, "gamma_initializer", "Ones")
+    a.initializer("beta_initializer", "Zeros")
+    a.initializer("gamma_initializer", "Ones")
     no(a, "beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint")
     a.done("axis=-1, epsilon, center, scale")
     return args
@@ -147,8 +126,8 @@ def _mha_parse(a: Args) -> dict:
     a.must_be("use_gate", False)
     a.must_be("flash_attention", None, False)
     a.take("seed")
-    initializer(a, "kernel_initializer", "GlorotUniform")
-    initializer(a, "bias_initializer", "Zeros")
+    a.initializer("kernel_initializer", "GlorotUniform")
+    a.initializer("bias_initializer", "Zeros")
     no(a, "kernel_regularizer", "bias_regularizer", "kernel_constraint", "bias_constraint")
     a.done("num_heads, key_dim, value_dim, use_bias, dropout=0; call: use_causal_mask")
     return args

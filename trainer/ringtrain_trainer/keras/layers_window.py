@@ -46,21 +46,6 @@ def _activation(a: Args) -> str:
     return v
 
 
-def _initializer(a: Args, arg: str, args: dict) -> None:
-    """Any initializer ``engine.ops.initializers`` knows: the starting weights come from the
-    ``.keras`` file, the initializer is carried into the export as it was."""
-    from ringtrain_trainer.engine.ops import initializers
-
-    v = a.take(arg)
-    if v is None:
-        return
-    try:
-        initializers.parse(v, arg)
-    except ValueError as e:
-        a.refuse(arg, v, f"{', '.join(initializers.SUPPORTED)} ({e})")
-    args[arg] = v
-
-
 def _conv_parse(a: Args) -> dict:
     rank = int(a.cls[-2])
     depthwise, separable = a.cls.startswith("Depthwise"), a.cls.startswith("Separable")
@@ -88,9 +73,9 @@ def _conv_parse(a: Args) -> dict:
         a.must_be("groups", 1)
     kernels = ["depthwise", "pointwise"] if separable else ["depthwise" if depthwise else "kernel"]
     for k in kernels:
-        _initializer(a, f"{k}_initializer", args)
+        a.initializer(f"{k}_initializer", "glorot_uniform")
         a.nothing(f"{k}_regularizer", f"{k}_constraint")
-    _initializer(a, "bias_initializer", args)
+    a.initializer("bias_initializer", "zeros")
     a.nothing(*_CONSTRAINTS)
     a.done(
         "filters, kernel_size, strides, padding, dilation_rate, depth_multiplier, "

@@ -75,6 +75,20 @@ def markdown() -> str:
     """The README's table of supported layers, one row per entry."""
     rows = ["| layer | supported |", "|---|---|", "| `InputLayer` | one input of a fixed shape |"]
     rows += [f"| `{cls}` | {e.doc} |" for cls, e in REGISTRY.items()]
+    from ringtrain_trainer.engine.ops import initializers
+
+    rows += [
+        "",
+        "Every layer with weights (also the LSTM/GRU inside `Bidirectional`) takes, per weight, "
+        "`kernel_`, `bias_`, `recurrent_`, `depthwise_`, `pointwise_`, `embeddings_`, "
+        "`gamma_`, `beta_` + `initializer` (any of "
+        + ", ".join(initializers.SUPPORTED)
+        + "; fresh weights draw from it, the export writes it back) and + `regularizer` "
+        '(`L1`, `L2`, `L1L2`, `"l1"`, `"l2"`: the penalty is in the reported training and '
+        "test loss, its gradient added once to the reduced gradient before clipping, the "
+        "export writes it back). Refused, by name: `activity_regularizer`, weight "
+        "constraints, non-default `moving_*_initializer`.",
+    ]
     return "\n".join(rows)
 
 

@@ -10,13 +10,15 @@ scratch buffers: nothing is allocated per step.
 
 Each step follows Keras' ``BaseOptimizer.apply``: the learning rate is the schedule's value at
 ``iterations`` (the count *before* this step, Keras' ``optimizer.iterations``), the reduced
-gradient is clipped (:mod:`.clip`), decoupled weight decay ``w -= w * wd * lr`` runs before the
+gradient (with the weight regularizers' gradient added, :meth:`Optimizer.set_regularizers`)
+is clipped (:mod:`.clip`), decoupled weight decay ``w -= w * wd * lr`` runs before the
 update, and ``iterations`` then counts this step (Adam's bias correction uses the new count).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -63,6 +65,10 @@ class Optimizer:
         self.state = {k: np.zeros_like(params) for k in self.state_names}
         self._scratch = np.zeros_like(params)
         self.clip = Clip(None, 0.0, [(0, params.size)])
+        #: (start, stop, regularizer) of the regularized tensors (``set_regularizers``)
+        self.regs: list[tuple[int, int, Any]] = []
+        #: this step's regularization penalty: what the reported loss adds, as Keras' does
+        self.penalty = 0.0
         #: Embedding tables whose squared gradient is Keras' per-occurrence sum (see
         #: :mod:`.sparse_rows`); set by :meth:`set_sparse` when the update squares ``g``
         self.sparse = None
@@ -73,6 +79,13 @@ class Optimizer:
 
     def set_clip(self, clip: Clip) -> None:
         self.clip = clip
+
+    def set_regularizers(self, regs: Sequence[tuple[int, int, Any]]) -> None:
+        """Keras' ``kernel_regularizer`` & co. on ranges of the flat buffer. Every replica's
+        loss carries the whole penalty, so the replicas' mean gradient carries its gradient
+        once: :meth:`apply` adds it once to the reduced gradient, before clipping (Keras
+        clips the gradient of the loss that includes the penalty)."""
+        self.regs = sorted(((int(a), int(b), r) for a, b, r in regs), key=lambda t: t[0])
 
     #: whether :meth:`update` squares the gradient (Adam, RMSprop, Adagrad): only then do an
     #: Embedding's duplicate ids change the update (:mod:`.sparse_rows`)
@@ -93,6 +106,9 @@ class Optimizer:
                 out[lo - s.start : hi - s.start] = self.sparse.views[a][lo - a : hi - a]
 
     def begin_step(self, epoch: int) -> None:
+        p, tmp = self.params, self._scratch
+        # the weights this step's forward reads, before any slice is updated
+        self.penalty = sum(r.loss(p[a:b], tmp[a:b]) for a, b, r in self.regs)
         self.lr = float(self.schedule.value(self.iterations, epoch))
         self.iterations += 1
         self.clip.begin_step()
@@ -104,6 +120,10 @@ class Optimizer:
     def apply(self, grads: np.ndarray, start: int, stop: int) -> None:
         """``grads[start:stop]`` is reduced: clip it and update what is now complete (with
         clipnorm a whole tensor, with global_clipnorm the whole gradient; see :mod:`.clip`)."""
+        for a, b, r in self.regs:
+            lo, hi = max(a, start), min(b, stop)
+            if lo < hi:
+                r.add_grad(self.params[lo:hi], grads[lo:hi], self._scratch[lo:hi])
         for a, b in self.clip.ready(grads, start, stop):
             s = slice(a, b)
             if self.weight_decay:

@@ -35,7 +35,11 @@ class SparseRows:
             (i, s.start, s.stop)
             for s in spec.slots
             for i in [s.spec.layer]
-            if isinstance(spec.layers[i], Embedding) and s.spec.name == "embeddings"
+            if isinstance(spec.layers[i], Embedding)
+            and s.spec.name == "embeddings"
+            # a regularized table's gradient is dense in Keras (the penalty's gradient is added
+            # to the IndexedSlices, summing duplicate ids first): squared like any other
+            and s.spec.reg is None
         ]
         self.ranges = [(a, b) for _, a, b in self.tables]
         self.buffer = np.zeros(sum(b - a for a, b in self.ranges), dtype)

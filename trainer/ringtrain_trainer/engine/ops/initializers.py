@@ -97,6 +97,8 @@ _ALIASES = {
     "IdentityInitializer": "Identity",
     "random_normal": "RandomNormal",
     "random_uniform": "RandomUniform",
+    "uniform": "RandomUniform",
+    "normal": "RandomNormal",
 }
 #: config keys that change no distribution (the seed: ringtrain seeds from ``--seed``)
 _BOOKKEEPING = ("seed", "input_axes", "output_axes")
@@ -119,6 +121,11 @@ class Initializer:
     def __call__(self, shape, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
         fn, defaults = _SAMPLERS[self.name]
         return np.asarray(fn(rng, tuple(shape), **{**defaults, **self.args}), dtype)
+
+
+def full(init: Initializer) -> tuple[str, dict]:
+    """The initializer with its defaults filled in: equal for equal distributions."""
+    return init.name, {**_SAMPLERS[init.name][1], **init.args}
 
 
 def parse(doc, where: str = "initializer") -> Initializer:

@@ -23,10 +23,12 @@ class Regularizer:
     l1: float = 0.0
     l2: float = 0.0
 
-    def loss(self, w: np.ndarray) -> float:
+    def loss(self, w: np.ndarray, scratch: np.ndarray | None = None) -> float:
+        """The penalty; with ``scratch`` (shaped like ``w``) nothing is allocated."""
         total = 0.0
         if self.l1:
-            total += self.l1 * float(np.abs(w, dtype=np.float64).sum())
+            a = np.abs(w, out=scratch) if scratch is not None else np.abs(w)
+            total += self.l1 * float(a.sum(dtype=np.float64))
         if self.l2:
             total += self.l2 * float(np.dot(w.ravel(), w.ravel()))
         return total
@@ -61,3 +63,15 @@ def parse(doc, where: str = "kernel_regularizer") -> Regularizer | None:
     if l1 < 0 or l2 < 0:
         raise ValueError(f"{where}: l1={l1}, l2={l2} must not be negative")
     return Regularizer(l1, l2)
+
+
+def keras(reg: Regularizer) -> dict:
+    """The regularizer serialized as Keras writes it (``keras.regularizers.serialize``)."""
+    cls = "L1L2" if reg.l1 and reg.l2 else "L1" if reg.l1 else "L2" if reg.l2 else "L1L2"
+    cfg = {"L1": {"l1": reg.l1}, "L2": {"l2": reg.l2}, "L1L2": {"l1": reg.l1, "l2": reg.l2}}
+    return {
+        "module": "keras.regularizers",
+        "class_name": cls,
+        "config": cfg[cls],
+        "registered_name": None,
+    }
