@@ -382,6 +382,16 @@ def worker_pod(job: Job, replica: ReplicaSpec, index: int) -> dict:
         "periodSeconds": 2,
         "failureThreshold": 3,
     }
+    # an sshd that stops accepting is restarted, as a ring worker whose health port stops is
+    main.setdefault(
+        "livenessProbe",
+        {
+            "tcpSocket": {"port": SSHD_PORT},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+    )
     return p
 
 

@@ -34,6 +34,8 @@ ALLOWED = {
     "CKV_K8S_15": "imagePullPolicy stays the template's (IfNotPresent by default: side-loaded "
     "images on kind and the local cluster never pull)",
 }
+#: the MPI launcher runs mpirun and serves nothing: judged by its exit code (docs/reliability.md)
+LAUNCHER_ALLOWED = {"CKV_K8S_8", "CKV_K8S_9"}
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 RELIABILITY = (ROOT / "docs" / "reliability.md").read_text()
 NAMESPACE = "team-a"
@@ -89,12 +91,19 @@ def test_the_scan_covers_every_rendered_object(scan):
     assert summary["passed"] > 1000
 
 
+def _decided(f: dict) -> bool:
+    if not f["resource"].startswith(f"Pod.{NAMESPACE}."):
+        return False
+    launcher = f["resource"].endswith("-launcher") and f["check_id"] in LAUNCHER_ALLOWED
+    return launcher or f["check_id"] in ALLOWED
+
+
 def test_checkov_finds_nothing_but_the_written_decisions(scan):
     report, _ = scan
     unexpected = sorted(
         f"{f['check_id']} {f['check_name']}: {f['resource']} in {Path(f['file_path']).name}"
         for f in report["results"]["failed_checks"]
-        if f["check_id"] not in ALLOWED or not f["resource"].startswith(f"Pod.{NAMESPACE}.")
+        if not _decided(f)
     )
     assert unexpected == []
 
@@ -105,16 +114,21 @@ def test_every_decision_is_written_down_with_its_reason(scan):
     assert {s["check_id"] for s in skipped} >= {"CKV_K8S_43", "CKV_K8S_15", "CKV_K8S_38"}
     for s in skipped:
         assert s["check_result"]["suppress_comment"].strip(), s["check_id"]
-    for check in {s["check_id"] for s in skipped} | set(ALLOWED):
+    for check in {s["check_id"] for s in skipped} | set(ALLOWED) | LAUNCHER_ALLOWED:
         assert f"`{check}`" in RELIABILITY, f"{check}: no decision in docs/reliability.md"
 
 
 def test_rendered_trainer_pods_are_bounded_and_fenced(scan):
     """The fixes themselves, as the scanner saw them: no resource-, probe- or NetworkPolicy
-    check failed anywhere."""
+    check failed anywhere (probes: anywhere but on an MPI launcher, which serves nothing)."""
     report, _ = scan
     fixed = {"CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_12", "CKV_K8S_13", "CKV_K8S_8", "CKV_K8S_9"}
     fixed |= {"CKV2_K8S_6", "CKV_K8S_21"}
     passed = {p["check_id"] for p in report["results"]["passed_checks"]}
     assert fixed <= passed
-    assert not fixed & {f["check_id"] for f in report["results"]["failed_checks"]}
+    failed = {
+        f["check_id"]
+        for f in report["results"]["failed_checks"]
+        if not (f["resource"].endswith("-launcher") and f["check_id"] in LAUNCHER_ALLOWED)
+    }
+    assert not fixed & failed

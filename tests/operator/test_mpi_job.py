@@ -123,7 +123,7 @@ def test_workers_run_sshd_non_root_unprivileged_read_only_and_are_ready_when_it_
     psc = pod["spec"]["securityContext"]
     assert psc["runAsNonRoot"] and psc["runAsUser"] == manifests.RUN_AS_USER
     assert c["readinessProbe"]["tcpSocket"] == {"port": mpi.SSHD_PORT}
-    assert "livenessProbe" not in c and "args" not in c
+    assert c["livenessProbe"]["tcpSocket"] == {"port": mpi.SSHD_PORT} and "args" not in c
     # no ring: no TF_CONFIG, no ring token, no ring ports
     assert not {e["name"] for e in c["env"]} & {"TF_CONFIG", "RINGTRAIN_TOKEN_FILE"}
     assert {p["name"] for p in c["ports"]} == {"ssh", "metrics"}
