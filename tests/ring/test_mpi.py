@@ -43,3 +43,31 @@ def test_mpirun_two_ranks_mean_allreduce_and_broadcast(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     results = sorted(p.read_text() for p in tmp_path.glob("rank-*"))
     assert results == ["ok 0 2", "ok 1 2"], out.stdout + out.stderr
+
+
+FAILING = """
+import numpy as np
+from ringtrain_trainer.mpi import connect
+c = connect()
+if c.rank == 0:  # fails before its first collective, as a refused checkpoint directory does
+    c.fail("InvalidSpec: refused", 2)
+    c.close()
+    raise SystemExit(2)
+c.allreduce_mean_(np.ones(4, np.float32))  # would wait for rank 0 for ever
+raise SystemExit(0)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_a_rank_that_fails_outside_a_collective_ends_the_world_with_its_exit_code():
+    """MPI has no "leave": without the abort, rank 1 spins in Allreduce for ever (seen in the
+    MPI kill test when a restarted rank 0 was refused its checkpoint directory)."""
+    out = subprocess.run(
+        [*procs_mod.mpirun(2), sys.executable, "-c", FAILING],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "MPI_ABORT" in out.stderr + out.stdout

@@ -199,3 +199,42 @@ def test_the_owner_file_is_taken_over_by_the_same_job_or_a_dead_claim_and_refuse
     assert json.loads(path.read_text())["pid"] == os.getpid()
     ckpt_owner.release(path)
     assert not path.exists()
+
+
+def test_a_token_less_chief_takes_over_from_a_predecessor_that_exits_and_not_from_one_that_stays(
+    tmp_path, monkeypatch
+):
+    """A restarted MPI rank 0 (no ring token) can start while mpirun still reaps the rank it
+    replaces: it waits for that process (at most ``STALE_WAIT_S``), then claims; a token-less
+    owner that stays alive is still refused."""
+    import socket
+    import sys
+    import threading
+
+    from ringtrain.errors import InvalidSpec
+    from ringtrain_trainer import ckpt_owner
+
+    def owner(pid: int) -> None:
+        (tmp_path / ckpt_owner.OWNER_FILE).write_text(
+            json.dumps({"job": None, "host": socket.gethostname(), "pid": pid, "since": "x"})
+        )
+
+    dying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    owner(dying.pid)
+    reaper = threading.Thread(target=dying.wait)
+    reaper.start()
+    path = ckpt_owner.claim(tmp_path, None)
+    reaper.join()
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+
+    staying = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        owner(staying.pid)
+        monkeypatch.setattr(ckpt_owner, "STALE_WAIT_S", 0.3)
+        with pytest.raises(InvalidSpec, match="in use by another job"):
+            ckpt_owner.claim(tmp_path, None)
+    finally:
+        staying.stdin.close()
+        staying.wait()

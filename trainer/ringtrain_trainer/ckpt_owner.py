@@ -55,6 +55,23 @@ def describe(owner: dict) -> str:
     )
 
 
+#: how long a chief without a token waits for a previous owner on its own host to exit: a
+#: restarted MPI rank 0 (no ring token) can start while mpirun still reaps the rank it replaces
+STALE_WAIT_S = 10.0
+
+
+def _gone_soon(owner: dict, me: dict) -> bool:
+    """Whether a token-less owner on this host exits within :data:`STALE_WAIT_S`."""
+    if owner.get("host") != me["host"] or owner.get("job") or me["job"]:
+        return False
+    deadline = time.monotonic() + STALE_WAIT_S
+    while time.monotonic() < deadline:
+        if not _alive_here(owner):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def claim(directory: str | os.PathLike, token: bytes | None) -> Path:
     """Make this process the owner of ``directory`` or refuse, naming the owner."""
     path = Path(directory) / OWNER_FILE
@@ -71,7 +88,7 @@ def claim(directory: str | os.PathLike, token: bytes | None) -> Path:
     if isinstance(owner, dict):
         same_job = me["job"] is not None and owner.get("job") == me["job"]
         same_process = owner.get("host") == me["host"] and owner.get("pid") == me["pid"]
-        if not (same_job or same_process) and _alive_here(owner):
+        if not (same_job or same_process) and _alive_here(owner) and not _gone_soon(owner, me):
             raise InvalidSpec(
                 f"--checkpoint-dir {directory}: in use by another job ({describe(owner)}); one "
                 "job per checkpoint directory: give this job its own, or remove "

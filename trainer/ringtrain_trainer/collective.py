@@ -44,9 +44,10 @@ class Collective(ABC):
         """Return once every rank has called it."""
         self.broadcast_(np.zeros(1, np.float32))
 
-    def fail(self, reason: str) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
-        """This member leaves because of a failure: tell the others, so that they leave at
-        once instead of waiting for a timeout (the ring does; nothing to tell here)."""
+    def fail(self, reason: str, exit_code: int = 1) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
+        """This member leaves because of a failure (``exit_code``: the one it exits with): tell
+        the others, so that they leave at once instead of waiting for a timeout (the ring
+        does; nothing to tell here)."""
 
     def close(self) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
         """Release sockets and threads; idempotent."""

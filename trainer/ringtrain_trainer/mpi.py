@@ -26,6 +26,7 @@ class MpiCollective(Collective):
         self._mpi = MPI
         self._comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._abort: int | None = None
 
     @staticmethod
     def _check(buf: np.ndarray, what: str) -> None:
@@ -47,8 +48,19 @@ class MpiCollective(Collective):
     def barrier(self) -> None:
         self._comm.Barrier()
 
+    def fail(self, reason: str, exit_code: int = 1) -> None:
+        """MPI has no way to leave a world: a rank that fails outside a collective leaves its
+        peers blocked in their next one for ever (a restarted rank 0 refused its checkpoint
+        directory did, its peer spinning in Allreduce). So the whole world is aborted with this
+        rank's exit code — at :meth:`close`, once the rank has written its termination log —
+        and mpirun ends every rank and exits with that code."""
+        self._abort = exit_code
+
     def close(self) -> None:
-        """MPI itself is finalised by mpi4py at interpreter exit; nothing to release here."""
+        """MPI itself is finalised by mpi4py at interpreter exit; a failed rank aborts the
+        world here (:meth:`fail`)."""
+        if self._abort is not None and self.size > 1:
+            self._comm.Abort(self._abort)
 
 
 def connect(spec: ClusterSpec | None = None) -> Collective:

@@ -134,7 +134,7 @@ def main(
         code = exit_code_for(e)
         print(f"ringtrain worker: {describe(e)}", file=sys.stderr)
         if collective is not None:  # the peers leave at once instead of timing out
-            collective.fail(f"{type(e).__name__}: {e}")
+            collective.fail(f"{type(e).__name__}: {e}", code)
         if rejoin_exec is not None and cfg is not None:
             again = rejoin.decide(
                 e,

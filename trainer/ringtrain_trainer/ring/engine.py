@@ -163,7 +163,7 @@ class RingCollective(Collective):
             self._tell_peers(str(err), isinstance(err, PeerTimeout))
         self.transport.abort()
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, exit_code: int = 1) -> None:
         """This worker is leaving because of a failure outside the ring (an exception in the
         step loop): tell the peers so that they leave at once too."""
         self._tell_peers(reason)
