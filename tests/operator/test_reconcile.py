@@ -167,7 +167,7 @@ def test_an_unsupported_inline_keras_model_fails_the_job_with_an_event_naming_th
                 {"class_name": "Flatten", "config": {"name": "flatten"}},
                 {
                     "class_name": "Dense",
-                    "config": {"name": "out", "units": 10, "activation": "gelu"},
+                    "config": {"name": "out", "units": 10, "activation": "sparsemax"},
                 },
             ]
         },
@@ -177,5 +177,5 @@ def test_an_unsupported_inline_keras_model_fails_the_job_with_an_event_naming_th
     assert kube.job["status"]["state"] == st.FAILED
     assert [(e.type, e.reason) for e in d.events] == [("Warning", st.REASON_INVALID)]
     message = kube.job["status"]["conditions"][0]["message"]
-    assert "spec.trainer.model: layer 'out' (Dense): activation='gelu'" in message
+    assert "spec.trainer.model: layer 'out' (Dense): activation='sparsemax'" in message
     assert "relu" in d.events[0].message and pods(kube) == []
