@@ -22,12 +22,15 @@ from ringtrain import events, options
 
 #: Open MPI's --tag-output prefix: [jobid,rank]<stream>:
 _TAG = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:(.*)$")
+#: the same prefix inside a line: Open MPI tags every chunk a rank writes, so a line written in
+#: two chunks (its newline apart, under load) reads ``[1,0]<stdout>:{...}[1,0]<stdout>:``
+_INNER_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
 
 
 def untag(line: str) -> tuple[int | None, str]:
     """(rank, the rank's own line) of one tagged line; (None, line) for mpirun's own."""
     m = _TAG.match(line)
-    return (int(m.group(1)), m.group(2)) if m else (None, line)
+    return (int(m.group(1)), _INNER_TAG.sub("", m.group(2))) if m else (None, line)
 
 
 def rank0_final(line: str) -> events.Final | None:

@@ -393,3 +393,19 @@ def test_the_launcher_keeps_rank_0s_final_event_as_its_termination_message(tmp_p
     assert mpilaunch.shown("[3,0]<stdout>:hello") == "hello"
     assert mpilaunch.shown("[3,1]<stdout>:hello") == "[rank 1] hello"
     assert mpilaunch.shown('[3,1]<stdout>:{"event": "final", "steps": 1}') is None
+
+
+def test_a_final_event_written_in_two_chunks_is_still_rank_0s_final():
+    """Open MPI tags every chunk a rank writes: a line whose newline (or middle) came in its own
+    write reads ``[1,0]<stdout>:{...}[1,0]<stdout>:`` — seen in a loaded CI run, where the MPI
+    job Succeeded with no progress in its status."""
+    from ringtrain_operator import mpilaunch
+
+    event = '{"event": "final", "steps": 20, "loss": 0.5, "terminated": false}'
+    for line in (
+        f"[1,0]<stdout>:{event}[1,0]<stdout>:",
+        f"[1,0]<stdout>:{event[:17]}[1,0]<stdout>:{event[17:]}",
+    ):
+        final = mpilaunch.rank0_final(line)
+        assert final is not None and final.steps == 20, line
+    assert mpilaunch.untag("[1,0]<stderr>:warning[1,0]<stderr>:") == (0, "warning")
