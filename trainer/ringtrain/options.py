@@ -395,6 +395,26 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
+        "ipu numerics",
+        (
+            Option(
+                "gradient_accumulation_steps",
+                int,
+                1,
+                crd="gradientAccumulationSteps",
+                minimum=1,
+                maximum=4096,
+                metavar="K",
+                help="micro-batches per optimizer step (Graphcore's gradient_accumulation_count): "
+                "the IPU sums their gradients and streams once, the ring reduces once; global "
+                "batch = batch size x K x workers",
+                description="micro-batches per optimizer step (Graphcore's "
+                "gradient_accumulation_count): gradients summed on the IPU, one allreduce and one "
+                "optimizer step per K micro-batches",
+            ),
+        ),
+    ),
+    Group(
         "allreduce",
         (
             Option(

@@ -38,6 +38,7 @@ import numpy as np
 from ringtrain import options
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import trace
+from ringtrain_trainer.accumulate import Accumulator, accumulator_bytes, with_accumulator
 from ringtrain_trainer.memory import MemoryPlan, plan_memory
 from ringtrain_trainer.model import ModelSpec, Program
 
@@ -58,6 +59,8 @@ class IPUConfig:
     #: this worker's rank and the run's seed: with the step, what Dropout's masks depend on
     rank: int = 0
     seed: int = 0
+    #: micro-batches whose gradients the IPU sums before streaming once (``accumulate``)
+    accumulation: int = 1
 
 
 def resolve_host_threads(requested: int) -> int:
@@ -145,12 +148,17 @@ class IPU:
         self._shard_grads: list[np.ndarray] = []  # gradients of shards 1.. (shard 0: host's)
         self.host_threads = resolve_host_threads(config.host_threads)
         self._pool: ThreadPoolExecutor | None = None
+        self.accumulator = Accumulator(config.accumulation, spec.num_params, self.dtype)
 
     def plan(self, batch: int, train: bool) -> MemoryPlan:
         """The memory one IPU needs for ``batch`` examples *per replica* (:mod:`.memory`)."""
         state = 0 if self.config.variables_on_host else self.config.optimizer_state_bytes
-        return plan_memory(
+        plan = plan_memory(
             self.spec, batch, train, self.dtype.itemsize, self.config.memory_bytes, state
+        )
+        k = self.config.accumulation if train else 1
+        return with_accumulator(
+            plan, accumulator_bytes(k, self.spec.num_params, self.dtype.itemsize)
         )
 
     def load_state(self, state: np.ndarray) -> None:
@@ -308,12 +316,15 @@ class IPU:
         labels: np.ndarray,
         on_grad: Callable[[int, int], None] | None = None,
         step: int | None = None,
+        micro: int = 0,
     ) -> float:
         """Forward + backward on one per-worker batch; returns the mean loss.
 
         Gradients land in the host gradient buffer; ``on_grad(start, stop)`` fires per piece
         of ``spec.grad_pieces`` (last layer first; large kernels in row blocks) while the rest
-        of backward is still being computed.
+        of backward is still being computed. With gradient accumulation (``accumulation`` K)
+        this is micro-batch ``micro`` of K: only the last one streams its pieces, each the
+        mean over the K micro-batches (:mod:`.accumulate`).
         """
         t0 = time.perf_counter()
         self._stream_weights()
@@ -334,6 +345,8 @@ class IPU:
                     for g in self._shard_grads[: n - 1]:
                         np.add(out, g[start:stop], out=out)
                     np.multiply(out, self.dtype.type(1.0 / n), out=out)
+                if not self.accumulator.fold(self.host_grads, start, stop, micro):
+                    continue
                 self.stats.grads_out_bytes += (stop - start) * self.dtype.itemsize
                 if on_grad is not None:
                     on_grad(start, stop)

@@ -22,7 +22,7 @@ from typing import TextIO
 import numpy as np
 
 from ringtrain import events
-from ringtrain.errors import CheckpointError, IPUCompileError
+from ringtrain.errors import CheckpointError, InvalidSpec, IPUCompileError
 from ringtrain_trainer import (
     ckpt_owner,
     divergence,
@@ -149,6 +149,7 @@ class Trainer:
                 ),
                 rank=self.rank,
                 seed=cfg.seed,
+                accumulation=cfg.gradient_accumulation_steps,
             ),
             self.params,
             self.grads,
@@ -176,9 +177,17 @@ class Trainer:
         )
         if note and self.is_chief:
             print(f"ringtrain worker: note: {note}", file=sys.stderr)
+        #: micro-batches per step: the sharder hands each worker K of them at once
+        self.micro = cfg.gradient_accumulation_steps
+        if self.micro > 1 and self.optimizer.sparse is not None:
+            raise InvalidSpec(
+                "--gradient-accumulation-steps > 1 is not supported with Embedding rows' "
+                f"sparse optimizer state ({self.optimizer_spec.describe()})"
+            )
         self.sharder = data_mod.Sharder(
-            len(self.data.train), cfg.batch_size, self.world, self.rank, cfg.seed
+            len(self.data.train), cfg.batch_size * self.micro, self.world, self.rank, cfg.seed
         )
+        print(f"ringtrain worker: {self.batch_line()}", file=sys.stderr, flush=True)
         self.ckpt = (
             CheckpointManager(
                 cfg.checkpoint_dir,
@@ -188,7 +197,7 @@ class Trainer:
             if cfg.checkpoint_dir
             else None
         )
-        b = cfg.batch_size
+        b = cfg.batch_size * self.micro
         self.x = np.zeros((b, *self.spec.input_shape), np.float32)
         self.y = label_buffer(self.spec.loss, b, self.spec.num_classes)
         self.scratch = np.zeros(
@@ -210,6 +219,15 @@ class Trainer:
         regs = sum(s.spec.reg is not None for s in self.spec.slots)
         plus = f" + the L1/L2 penalty of {regs} weight tensors" if regs else ""
         return f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}{plus}"
+
+    def batch_line(self) -> str:
+        """The global batch and its factors, said once at start-up."""
+        r, k = self.cfg.ipus_per_worker, self.micro
+        b = self.cfg.batch_size // r
+        return (
+            f"global batch {b * k * r * self.world} = micro-batch {b} x gradient accumulation "
+            f"{k} x replicas {r} x workers {self.world}"
+        )
 
     @property
     def total_steps(self) -> int:
@@ -370,7 +388,18 @@ class Trainer:
                 self.scratch,
             )
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
-        loss = self.ipu.train_step(self.exe, self.x, self.y, self.reducer.on_grad, step=self.step)
+        b, k = self.cfg.batch_size, self.micro
+        loss = 0.0
+        for m in range(k):  # the last micro-batch streams the mean of all k (accumulate)
+            loss += self.ipu.train_step(
+                self.exe,
+                self.x[m * b : (m + 1) * b],
+                self.y[m * b : (m + 1) * b],
+                self.reducer.on_grad if m == k - 1 else None,
+                step=self.step,
+                micro=m,
+            )
+        loss /= k
         loss += self.optimizer.penalty  # Keras' loss includes the regularizers' penalty
         comm = self.reducer.finish()
         rows = self.optimizer.sparse
