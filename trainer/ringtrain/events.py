@@ -145,6 +145,8 @@ class Status(_Record):
         "optimizer",
         "loss_fn",
         "test_mae",
+        "numerics",
+        "accumulation",
     )
     step: int | None = 0
     epoch: float | None = 0
@@ -170,6 +172,10 @@ class Status(_Record):
     loss_fn: dict | None = None
     #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
     test_mae: float | None = None
+    #: precision, stochastic rounding and the loss scale now (``numerics.Numerics.record``)
+    numerics: dict | None = None
+    #: gradient accumulation steps (micro-batches per optimizer step)
+    accumulation: int | None = None
 
 
 Event = Progress | Eval | Evaluation | Final

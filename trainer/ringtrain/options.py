@@ -412,6 +412,60 @@ GROUPS: tuple[Group, ...] = (
                 "gradient_accumulation_count): gradients summed on the IPU, one allreduce and one "
                 "optimizer step per K micro-batches",
             ),
+            Option(
+                "precision",
+                str,
+                None,
+                crd="precision",
+                choices=("fp32", "fp16"),
+                help="fp16: forward and backward in float16 on the IPU, float32 master weights "
+                "and optimizer state on the host (default: the model's dtype policy, "
+                "mixed_float16 -> fp16, else fp32)",
+                description="fp16: float16 forward and backward on the IPU with float32 master "
+                "weights on the host (default: the model's Keras dtype policy)",
+            ),
+            Option(
+                "loss_scaling",
+                str,
+                None,
+                crd="lossScaling",
+                choices=("dynamic", "static", "off"),
+                help="Keras LossScaleOptimizer semantics: dynamic skips a step with a non-finite "
+                "reduced gradient and halves the scale, doubles it after --loss-scale-growth-steps "
+                "clean steps (default: dynamic under fp16 unless the model's auto_scale_loss is "
+                "false, else off)",
+            ),
+            Option(
+                "initial_loss_scale",
+                float,
+                32768.0,
+                crd="initialLossScale",
+                minimum=0,
+                exclusive_minimum=True,
+                maximum=2.0**64,
+                metavar="F",
+                help="the loss scale to start with (Keras' initial_scale, 2**15)",
+            ),
+            Option(
+                "loss_scale_growth_steps",
+                int,
+                2000,
+                crd="lossScaleGrowthSteps",
+                minimum=1,
+                maximum=MAX_STEPS,
+                metavar="N",
+                help="clean steps after which a dynamic loss scale doubles (Keras' "
+                "dynamic_growth_steps)",
+            ),
+            Option(
+                "stochastic_rounding",
+                str,
+                "OFF",
+                crd="stochasticRounding",
+                choices=("OFF", "ON", "REPLICA_IDENTICAL_ONLY"),
+                help="Graphcore's stochastic_rounding of float16 results: ON everywhere, "
+                "REPLICA_IDENTICAL_ONLY only the weights' float16 copy (replicas stay identical)",
+            ),
         ),
     ),
     Group(

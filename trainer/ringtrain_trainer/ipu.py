@@ -26,6 +26,7 @@ independent shards, and shards also parallelise the element-wise work BLAS never
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import time
@@ -39,6 +40,8 @@ from ringtrain import options
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import trace
 from ringtrain_trainer.accumulate import Accumulator, accumulator_bytes, with_accumulator
+from ringtrain_trainer.engine.precision import Precision
+from ringtrain_trainer.engine.program import tensor_shapes
 from ringtrain_trainer.memory import MemoryPlan, plan_memory
 from ringtrain_trainer.model import ModelSpec, Program
 
@@ -61,6 +64,9 @@ class IPUConfig:
     seed: int = 0
     #: micro-batches whose gradients the IPU sums before streaming once (``accumulate``)
     accumulation: int = 1
+    #: ``fp16``: float16 forward and backward (:mod:`.engine.precision`), or ``fp32``
+    precision: str = "fp32"
+    stochastic_rounding: str = "OFF"
 
 
 def resolve_host_threads(requested: int) -> int:
@@ -149,17 +155,23 @@ class IPU:
         self.host_threads = resolve_host_threads(config.host_threads)
         self._pool: ThreadPoolExecutor | None = None
         self.accumulator = Accumulator(config.accumulation, spec.num_params, self.dtype)
+        self.precision = Precision(config.precision, config.stochastic_rounding)
+        if self.precision.half and not config.variables_on_host:
+            raise InvalidSpec(
+                "--precision fp16 keeps float32 master weights and optimizer state on the host: "
+                "it needs variables on the host (drop --no-variables-on-host)"
+            )
+        n, seed, rank = spec.num_params, config.seed, config.rank
+        self._round_weights = self.precision.weight_rounder(n, seed, rank)
+        self._round_grads = self.precision.program_rounder(n, seed, rank, -1)
 
     def plan(self, batch: int, train: bool) -> MemoryPlan:
         """The memory one IPU needs for ``batch`` examples *per replica* (:mod:`.memory`)."""
         state = 0 if self.config.variables_on_host else self.config.optimizer_state_bytes
-        plan = plan_memory(
-            self.spec, batch, train, self.dtype.itemsize, self.config.memory_bytes, state
-        )
+        size = self.precision.itemsize
+        plan = plan_memory(self.spec, batch, train, size, self.config.memory_bytes, state)
         k = self.config.accumulation if train else 1
-        return with_accumulator(
-            plan, accumulator_bytes(k, self.spec.num_params, self.dtype.itemsize)
-        )
+        return with_accumulator(plan, accumulator_bytes(k, self.spec.num_params, size))
 
     def load_state(self, state: np.ndarray) -> None:
         """Set the model's non-trainable state (a checkpoint's, the chief's) everywhere."""
@@ -206,8 +218,12 @@ class IPU:
             )
             for _ in range(shards)
         ]
+        cap = programs[0].batch * max(math.prod(s) for s in tensor_shapes(self.spec).values())
         for i, p in enumerate(programs):
             p.ctx.update(seed=self.config.seed, example0=self.config.rank * batch + i * p.batch)
+            p.rounder = self.precision.program_rounder(
+                max(cap, p.dlogits.size), self.config.seed, self.config.rank, i
+            )
         grads = []
         if train:
             while len(self._shard_grads) < shards - 1:
@@ -238,6 +254,8 @@ class IPU:
             np.copyto(p.x, images[i * per : (i + 1) * per].reshape(p.x.shape))
             if labels is not None:
                 np.copyto(p.labels, labels[i * per : (i + 1) * per])
+            if p.rounder is not None:
+                p.rounder(p.x)
         self.stats.data_in_bytes += images.nbytes + (0 if labels is None else labels.nbytes)
         self.tracer.add(trace.DATA, "data to IPU", t, value=images.nbytes)
 
@@ -245,6 +263,8 @@ class IPU:
         if self.config.variables_on_host:
             t = self.tracer.now()
             np.copyto(self.weights, self.host_params)
+            if self._round_weights is not None:  # the float16 copy of the fp32 masters
+                self._round_weights(self.weights)
             self.stats.weights_in_bytes += self.weights.nbytes
             self.tracer.add(trace.WEIGHTS, "weights in", t, value=self.weights.nbytes)
 
@@ -259,6 +279,7 @@ class IPU:
             logits = p.forward(self.weight_views, lap)
             if exe.train:
                 exe.losses[i] = p.loss_and_dlogits(logits)
+                self._scale_loss(p)
         if not exe.train:
             return
         lap = self.tracer.laps(trace.BACKWARD + tile, self._trace_names[1])
@@ -272,6 +293,14 @@ class IPU:
             for w in walkers[1:]:
                 next(w)
             yield piece
+
+    def _scale_loss(self, p: Program) -> None:
+        """dloss/doutput times the loss scale, then float16 like every gradient."""
+        scale = self.precision.loss_scale
+        if scale != 1.0:
+            np.multiply(p.dlogits, self.dtype.type(scale), out=p.dlogits)
+        if p.rounder is not None:
+            p.rounder(p.dlogits)
 
     def _pump(self, gen: Iterator[int], q: queue.SimpleQueue) -> None:
         try:
@@ -345,6 +374,8 @@ class IPU:
                     for g in self._shard_grads[: n - 1]:
                         np.add(out, g[start:stop], out=out)
                     np.multiply(out, self.dtype.type(1.0 / n), out=out)
+                if self._round_grads is not None:  # streamed out as float16
+                    self._round_grads(self.host_grads[start:stop])
                 if not self.accumulator.fold(self.host_grads, start, stop, micro):
                     continue
                 self.stats.grads_out_bytes += (stop - start) * self.dtype.itemsize

@@ -22,12 +22,13 @@ from typing import TextIO
 import numpy as np
 
 from ringtrain import events
-from ringtrain.errors import CheckpointError, InvalidSpec, IPUCompileError
+from ringtrain.errors import CheckpointError, Diverged, InvalidSpec, IPUCompileError
 from ringtrain_trainer import (
     ckpt_owner,
     divergence,
     keras_model,
     memory,
+    numerics,
     optim,
     preflight,
     tensorboard,
@@ -42,8 +43,10 @@ from ringtrain_trainer.engine.losses import label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
 from ringtrain_trainer.metrics import TrainerMetrics
+from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
 from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
+from ringtrain_trainer.reducer.hook import finite
 
 
 def _metric_fields(metric: str, value: float | None) -> dict:
@@ -137,6 +140,15 @@ class Trainer:
             tracer=self.tracer,
         )
         self.grads = self.reducer.grads
+        #: precision, loss scaling, stochastic rounding (``numerics``)
+        self.numerics = numerics.for_run(cfg, self.spec)
+        self.loss_scale = self.numerics.loss_scale
+        self.reducer.hook.hold = self.loss_scale.active
+        if self.loss_scale.active and self.optimizer.sparse is not None:
+            raise InvalidSpec(
+                f"--loss-scaling {self.loss_scale.mode} is not supported with Embedding rows' "
+                f"sparse optimizer state ({self.optimizer_spec.describe()})"
+            )
         self.ipu = IPU(
             self.spec,
             IPUConfig(
@@ -150,6 +162,8 @@ class Trainer:
                 rank=self.rank,
                 seed=cfg.seed,
                 accumulation=cfg.gradient_accumulation_steps,
+                precision=self.numerics.precision,
+                stochastic_rounding=self.numerics.stochastic_rounding,
             ),
             self.params,
             self.grads,
@@ -164,7 +178,10 @@ class Trainer:
             self.eval_batch = cfg.batch_size
             self.ipu.compile(cfg.batch_size, train=False)
         self.metrics.update_status(
-            optimizer=self.optimizer_spec.record(), loss_fn=self.spec.loss.record()
+            optimizer=self.optimizer_spec.record(),
+            loss_fn=self.spec.loss.record(),
+            numerics=self.numerics.record(),
+            accumulation=cfg.gradient_accumulation_steps,
         )
         print(f"ringtrain worker: {self.training_line()}", file=sys.stderr, flush=True)
         self.metrics.set_plan(
@@ -218,7 +235,10 @@ class Trainer:
         folded = f", {loss.folded} folded in" if loss.folded else ""
         regs = sum(s.spec.reg is not None for s in self.spec.slots)
         plus = f" + the L1/L2 penalty of {regs} weight tensors" if regs else ""
-        return f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}{plus}"
+        return (
+            f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}{plus}; "
+            f"{self.numerics.describe()}"
+        )
 
     def batch_line(self) -> str:
         """The global batch and its factors, said once at start-up."""
@@ -389,6 +409,7 @@ class Trainer:
             )
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
         b, k = self.cfg.batch_size, self.micro
+        self.ipu.precision.loss_scale = self.loss_scale.scale
         loss = 0.0
         for m in range(k):  # the last micro-batch streams the mean of all k (accumulate)
             loss += self.ipu.train_step(
@@ -407,9 +428,10 @@ class Trainer:
             rows.gather(self.spec, self.exe.programs, self.cfg.batch_size * self.world)
             rows.reduce(self.collective, self.step, tag=len(self.reducer.buckets))
             self.reducer.hook.apply_deferred()
-        divergence.check_step(
-            self.spec, self.grads, self.reducer.hook.nonfinite, loss, self._where(self.step + 1)
-        )
+        if not self._loss_scale_verdict():
+            divergence.check_step(
+                self.spec, self.grads, self.reducer.hook.nonfinite, loss, self._where(self.step + 1)
+            )
         tr.end_step(
             t0_ns,
             allreduce_s=comm.allreduce_s,
@@ -421,6 +443,39 @@ class Trainer:
         self.step += 1
         self.position = self.sharder.advance(pos)
         return loss, time.perf_counter() - t0, comm
+
+    def _loss_scale_verdict(self) -> bool:
+        """With loss scaling, the held updates are applied (unscaled) or the step is skipped,
+        by the reduced gradient: the same verdict on every worker. True: skipped."""
+        ls, hook = self.loss_scale, self.reducer.hook
+        if not ls.active:
+            return False
+        scale = ls.scale
+        ok = finite(self.grads)
+        applied = ls.update(ok)
+        if ls.scale != scale:
+            self.metrics.update_status(numerics=self.numerics.record())
+        if applied:
+            np.multiply(self.grads, np.float32(1.0 / scale), out=self.grads)
+            hook.apply_deferred()
+            return False
+        hook.deferred.clear()
+        if not ls.dynamic:  # static: a non-finite gradient fails the job, as in fp32
+            hook.nonfinite = (0, self.grads.size)
+            return False
+        self.optimizer.iterations -= 1  # Keras: a skipped step is not an iteration
+        print(
+            f"ringtrain worker: step {self.step + 1}: non-finite reduced gradient: step skipped, "
+            f"loss scale {scale:g} -> {ls.scale:g}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if ls.skips_in_a_row >= MAX_SKIPS_IN_A_ROW:
+            raise Diverged(
+                f"{self._where(self.step + 1)}: training diverged: {ls.skips_in_a_row} steps in a "
+                f"row had non-finite gradients (loss scale now {ls.scale:g})"
+            )
+        return True
 
     def run(self) -> dict:
         self._restore()

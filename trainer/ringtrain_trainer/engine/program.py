@@ -125,6 +125,9 @@ class Program:
         self._grads: dict[int, np.ndarray | None] = dict.fromkeys(graph.tensors)
         #: per node: (parameter, its rows, the flat range) for each gradient piece it streams
         self._pieces = _node_pieces(spec)
+        #: mixed precision (``engine.precision``): rounds every node's output and input
+        #: gradient to float16 in place; None in float32
+        self.rounder: Callable[[np.ndarray], None] | None = None
 
     @property
     def output(self) -> np.ndarray:
@@ -161,6 +164,8 @@ class Program:
             tensors[node.output] = layers[i].forward(
                 self.ws[i], *[tensors[t] for t in node.inputs], **params[i]
             )
+            if self.rounder is not None:
+                self.rounder(tensors[node.output])
             if on_layer is not None:
                 on_layer(i)
         return tensors[self.graph.outputs[0]]
@@ -174,6 +179,10 @@ class Program:
         """Route node ``i``'s input gradients to their tensors (take, copy or accumulate)."""
         if len(self.graph.nodes[i].inputs) == 1:
             dxs = (dxs,)
+        if self.rounder is not None:
+            for d in dxs:
+                if d is not None:
+                    self.rounder(d)
         grads, acc = self._grads, self.acc
         for k, t, mode in self._contrib[i]:
             if mode == _TAKE:

@@ -41,6 +41,8 @@ class OptimizerHook:
         self.nonfinite: tuple[int, int] | None = None
         #: this step's slices of Embedding rows, held until their squares are reduced
         self.deferred: list[tuple[int, int]] = []
+        #: hold every slice until the step's verdict (loss scaling: ``apply_deferred`` or drop)
+        self.hold = False
 
     def begin_step(self, epoch: int) -> None:
         self.nonfinite = None
@@ -49,6 +51,10 @@ class OptimizerHook:
 
     def __call__(self, start: int, stop: int) -> None:
         stop = min(stop, self.num_params)
+        if self.hold:
+            if start < stop:
+                self.deferred.append((start, stop))
+            return
         sparse = self.optimizer.sparse
         if sparse is None:
             self._apply(start, stop)

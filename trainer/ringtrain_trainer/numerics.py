@@ -1,0 +1,67 @@
+"""What numbers a run computes in: precision, loss scaling and stochastic rounding, resolved once
+from the flags and the model's own Keras settings (each flag given overriding its part).
+
+The model's side (``keras.compile``): a ``mixed_float16`` dtype policy means fp16; a
+``LossScaleOptimizer`` in ``compile_config`` gives the loss scaling (dynamic, its
+``initial_scale`` and ``dynamic_growth_steps``); ``auto_scale_loss`` false means none — as
+``Model.compile`` wraps the optimizer in a LossScaleOptimizer under mixed_float16 unless
+``auto_scale_loss=False``. A preset (cnn, cnn2) has no policy: fp32 unless ``--precision``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ringtrain_trainer.optim.loss_scale import LossScale
+
+
+@dataclass(frozen=True)
+class ModelNumerics:
+    """The model's own mixed-precision settings (``keras.compile.numerics``)."""
+
+    policy: str = "float32"
+    #: a LossScaleOptimizer's (initial_scale, dynamic_growth_steps), or None
+    loss_scale: tuple[float, int] | None = None
+    auto_scale_loss: bool = True
+
+
+@dataclass
+class Numerics:
+    precision: str
+    stochastic_rounding: str
+    loss_scale: LossScale
+
+    def describe(self) -> str:
+        ls = self.loss_scale
+        scaling = "no loss scaling" if not ls.active else f"{ls.mode} loss scale {ls.scale:g}"
+        if ls.dynamic:
+            scaling += f" (x2 after {ls.growth_steps} clean steps, /2 and skip on inf/nan)"
+        sr = f", stochastic rounding {self.stochastic_rounding}" if self.precision == "fp16" else ""
+        master = " (float32 master weights on the host)" if self.precision == "fp16" else ""
+        return f"precision {self.precision}{master}, {scaling}{sr}"
+
+    def record(self) -> dict:
+        return {
+            "precision": self.precision,
+            "stochastic_rounding": self.stochastic_rounding,
+            "loss_scale": self.loss_scale.record(),
+        }
+
+
+def for_run(cfg, model) -> Numerics:
+    """The run's numerics: ``cfg`` (a ``TrainerConfig``) over ``model``'s :class:`ModelNumerics`."""
+    own = getattr(model, "numerics", None) or ModelNumerics()
+    precision = cfg.precision or ("fp16" if own.policy == "mixed_float16" else "fp32")
+    initial, growth = own.loss_scale or (cfg.initial_loss_scale, cfg.loss_scale_growth_steps)
+    if cfg.initial_loss_scale != 32768.0:  # given: the flag wins over the model's
+        initial = cfg.initial_loss_scale
+    if cfg.loss_scale_growth_steps != 2000:
+        growth = cfg.loss_scale_growth_steps
+    mode = cfg.loss_scaling
+    if mode is None:
+        if own.loss_scale is not None:
+            mode = "dynamic"
+        else:
+            mode = "dynamic" if precision == "fp16" and own.auto_scale_loss else "off"
+    scale = LossScale(mode, float(initial), int(growth))
+    return Numerics(precision, cfg.stochastic_rounding, scale)

@@ -1,0 +1,79 @@
+"""Loss scaling with Keras' ``LossScaleOptimizer`` semantics, decided alike on every worker.
+
+Float16 gradients underflow; the loss (its gradient, dloss/doutput) is multiplied by a scale S
+before backward and the reduced gradient divided by S before the optimizer. ``dynamic`` (Keras'
+default, ``initial_scale`` 2**15, ``dynamic_growth_steps`` 2000): a step whose reduced gradient
+has an inf or NaN is skipped (no update, the optimizer's ``iterations`` not counted) and S
+halves; after ``growth_steps`` applied steps in a row S doubles (Keras 3: the step that reaches
+the count is applied with the old scale, then S doubles). ``static``: S never changes and a
+non-finite gradient fails the job as in fp32. ``off``: S = 1.
+
+Every worker decides alike because the decision reads the *reduced* gradient: an inf on one
+worker is an inf (or NaN) in the sum every worker receives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Keras' LossScaleOptimizer defaults
+INITIAL_SCALE = 2.0**15
+GROWTH_STEPS = 2000
+#: the modes of ``--loss-scaling``
+MODES = ("dynamic", "static", "off")
+#: skipped steps in a row after which the run is diverged, not unlucky (S has fallen 2**64)
+MAX_SKIPS_IN_A_ROW = 64
+
+
+@dataclass
+class LossScale:
+    mode: str = "off"
+    scale: float = 1.0
+    growth_steps: int = GROWTH_STEPS
+    #: applied steps since the last change of scale (Keras' ``step_counter``)
+    counter: int = 0
+    skipped: int = 0
+    skips_in_a_row: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"loss scaling must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "off":
+            self.scale = 1.0
+
+    @property
+    def dynamic(self) -> bool:
+        return self.mode == "dynamic"
+
+    @property
+    def active(self) -> bool:
+        """Whether gradients arrive scaled (and updates wait for the step's verdict)."""
+        return self.mode != "off"
+
+    def update(self, finite: bool) -> bool:
+        """The step's verdict (its reduced gradient finite or not): whether to apply it, with
+        the scale as it was in backward; then the scale for the next step (Keras 3 order)."""
+        if not self.dynamic:
+            return finite
+        if not finite:
+            self.counter = 0
+            self.scale *= 0.5
+            self.skipped += 1
+            self.skips_in_a_row += 1
+            return False
+        self.skips_in_a_row = 0
+        if self.counter == self.growth_steps - 1:
+            self.counter = 0
+            self.scale *= 2.0
+        else:
+            self.counter += 1
+        return True
+
+    def record(self) -> dict:
+        """For /status and the start-up line."""
+        return {
+            "mode": self.mode,
+            "scale": self.scale,
+            "growth_steps": self.growth_steps,
+            "skipped_steps": self.skipped,
+        }
