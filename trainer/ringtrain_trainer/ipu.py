@@ -163,7 +163,7 @@ class IPU:
             )
         n, seed, rank = spec.num_params, config.seed, config.rank
         self._round_weights = self.precision.weight_rounder(n, seed, rank)
-        self._round_grads = self.precision.program_rounder(n, seed, rank, -1)
+        self._round_grads = self.precision.program_rounder(n, seed, rank, 0)
 
     def plan(self, batch: int, train: bool) -> MemoryPlan:
         """The memory one IPU needs for ``batch`` examples *per replica* (:mod:`.memory`)."""
@@ -222,7 +222,7 @@ class IPU:
         for i, p in enumerate(programs):
             p.ctx.update(seed=self.config.seed, example0=self.config.rank * batch + i * p.batch)
             p.rounder = self.precision.program_rounder(
-                max(cap, p.dlogits.size), self.config.seed, self.config.rank, i
+                max(cap, p.dlogits.size), self.config.seed, self.config.rank, i + 1
             )
         grads = []
         if train:

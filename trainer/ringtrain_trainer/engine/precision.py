@@ -58,7 +58,7 @@ class Rounder:
             raise ValueError(f"rounding {n} elements with a buffer of {self.half.size}")
         if self.stochastic:
             u, r = self.uniform[:n], self.bits[:n]
-            self.rng.random(out=u)
+            self.rng.random(out=u, dtype=np.float32)
             np.multiply(u, np.float32(1 << _DROPPED), out=u)
             np.copyto(r, u, casting="unsafe")
             b = flat.view(np.uint32)
