@@ -102,3 +102,47 @@ def test_an_overflow_on_one_worker_is_skipped_by_every_worker(tmp_path, mnist5k)
             "loss scale 32768 -> 16384"
         ]
     assert finals[0]["params_sha256"] == finals[1]["params_sha256"]
+
+
+def test_a_keras_mixed_float16_model_trains_in_fp16_with_its_loss_scale(tmp_path, mnist5k):
+    import keras
+    from support.reference import single_worker_run
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        m = keras.Sequential(
+            [
+                keras.Input((28, 28)),
+                keras.layers.Flatten(),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dense(10),
+                keras.layers.Activation("softmax", dtype="float32"),
+            ]
+        )
+        inner = keras.optimizers.SGD(0.05)
+        m.compile(
+            optimizer=keras.optimizers.LossScaleOptimizer(inner, 1024.0, 7),
+            loss="sparse_categorical_crossentropy",
+        )
+        path = tmp_path / "m.json"
+        path.write_text(m.to_json())
+        m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", auto_scale_loss=False)
+        doc = json.loads(m.to_json())
+        # this Keras does not serialize auto_scale_loss; a config that carries it is honoured
+        doc["compile_config"]["auto_scale_loss"] = False
+        off = tmp_path / "off.json"
+        off.write_text(json.dumps(doc))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    cfg = TrainerConfig.from_args(["--model", str(path), "--steps", "3", "--eval-every", "0"], {})
+    t = single_worker_run(cfg, mnist5k)
+    assert t.numerics.precision == "fp16" and t.ipu.precision.half
+    assert (t.loss_scale.mode, t.loss_scale.scale, t.loss_scale.growth_steps) == (
+        "dynamic",
+        1024.0,
+        7,
+    )
+    assert t.optimizer_spec.describe().startswith("SGD(learning_rate=0.05")
+    assert t.exe.plan.weights == t.spec.num_params * 2
+    cfg = TrainerConfig.from_args(["--model", str(off), "--steps", "1", "--eval-every", "0"], {})
+    assert single_worker_run(cfg, mnist5k).loss_scale.mode == "off"

@@ -114,6 +114,8 @@ class KerasModel(ModelSpec):
         from ringtrain_trainer.layers.fused import ConvPool
 
         self.config = config
+        #: the model's mixed-precision settings (``ringtrain_trainer.numerics``)
+        self.numerics = config.numerics
         self.loss_from_logits = True  # the IPU's loss always reads logits (see module doc)
         specs = config.layers
         ops: list = []

@@ -22,6 +22,8 @@ class ModelNumerics:
     policy: str = "float32"
     #: a LossScaleOptimizer's (initial_scale, dynamic_growth_steps), or None
     loss_scale: tuple[float, int] | None = None
+    #: tf.keras 2's ``LossScaleOptimizer(dynamic=False)``: a fixed scale
+    static: bool = False
     auto_scale_loss: bool = True
 
 
@@ -60,7 +62,7 @@ def for_run(cfg, model) -> Numerics:
     mode = cfg.loss_scaling
     if mode is None:
         if own.loss_scale is not None:
-            mode = "dynamic"
+            mode = "static" if own.static else "dynamic"
         else:
             mode = "dynamic" if precision == "fp16" and own.auto_scale_loss else "off"
     scale = LossScale(mode, float(initial), int(growth))

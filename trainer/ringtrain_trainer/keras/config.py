@@ -28,6 +28,7 @@ from ringtrain_trainer.engine import losses
 from ringtrain_trainer.keras import compile as compile_mod
 from ringtrain_trainer.keras.entry import Args, Shape
 from ringtrain_trainer.keras.registry import REGISTRY, SUPPORTED
+from ringtrain_trainer.numerics import ModelNumerics
 from ringtrain_trainer.optim.registry import OptimizerSpec
 
 FUNCTIONAL = ("Functional", "Model")
@@ -66,6 +67,8 @@ class ModelConfig:
     output: int = 0
     #: the InputLayer's dtype (``INPUT_DTYPES``)
     input_dtype: str = "float32"
+    #: the dtype policy and loss scaling of the model (``keras.compile.numerics``)
+    numerics: ModelNumerics = field(default_factory=ModelNumerics)
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -392,4 +395,5 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
         in_name,
         output,
         dtype,
+        compile_mod.numerics(model) if compiled else ModelNumerics(),
     )

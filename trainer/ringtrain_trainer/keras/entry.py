@@ -133,8 +133,8 @@ class Args:
         dtype = self.cfg.get("dtype")
         if isinstance(dtype, dict):
             dtype = (dtype.get("config") or {}).get("name")
-        if dtype not in (None, "float32"):
-            self.refuse("dtype", dtype, "float32")
+        if dtype not in (None, "float32", "mixed_float16"):  # the policy: keras.compile
+            self.refuse("dtype", dtype, "float32 or mixed_float16")
 
     def refuse(self, arg: str, value: Any, supported: str) -> None:
         raise InvalidSpec(
