@@ -83,6 +83,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--numerics",
+        action="store_true",
+        help="fp32 vs fp16 step time and gradient accumulation K=1 vs K=4 allreduce time per "
+        "sample (ringtrain_bench.step_numerics)",
+    )
+    p.add_argument("--numerics-child", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -327,10 +334,26 @@ def bench_one_worker(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from ringtrain_bench import step_workers
+    from ringtrain_bench import step_numerics, step_workers
 
     if args.child:
         print(json.dumps(step_workers.child(args)), flush=True)
+        return 0
+    if args.numerics_child:
+        print(json.dumps(step_numerics.child(args)), flush=True)
+        return 0
+    if args.numerics:
+        result = step_numerics.bench(args)
+        if not args.json:
+            acc = result["accumulation"]
+            print(
+                f"ms per step: fp32 {result['step_ms']['fp32']}, fp16 {result['step_ms']['fp16']}"
+                f"; allreduce per sample ({acc['workers']} workers): K=1 "
+                f"{acc['K=1']['allreduce_us_per_sample']} us, K=4 "
+                f"{acc['K=4']['allreduce_us_per_sample']} us\n# {result['note']}"
+            )
+        else:
+            print(json.dumps(result))
         return 0
     try:
         if args.workers < 1 or args.batch_size < 1 or args.steps < 1 or args.repeats < 1:
