@@ -91,3 +91,29 @@ def test_an_fp16_step_computes_on_float16_values(mnist5k):
     ref.train_step(ref.compile(16), x, mnist5k.train.labels[:16])
     assert not np.array_equal(grads, ref_grads)
     np.testing.assert_allclose(grads, ref_grads, rtol=5e-2, atol=3e-3)
+
+
+def test_status_metrics_and_tensorboard_say_what_runs(mnist5k, tmp_path):
+    from support.reference import single_worker_run
+
+    from ringtrain_trainer.config import TrainerConfig
+
+    argv = ["--steps", "2", "--eval-every", "0", "--precision", "fp16", "--batch-size", "8"]
+    argv += ["--gradient-accumulation-steps", "2", "--ipus-per-worker", "2"]
+    argv += ["--tensorboard-dir", str(tmp_path / "tb")]
+    t = single_worker_run(TrainerConfig.from_args(argv, {}), mnist5k)
+    status = t.metrics.status()
+    assert status["accumulation"] == 2
+    assert status["numerics"]["precision"] == "fp16"
+    assert status["numerics"]["loss_scale"]["scale"] == 32768.0
+    reg = t.metrics.registry
+    for ipu in ("0", "1"):
+        labels = {"ipu": ipu}
+        assert reg.get_sample_value("ringtrain_ipu_precision_bits", labels) == 16
+        assert reg.get_sample_value("ringtrain_ipu_gradient_accumulation_steps", labels) == 2
+        assert reg.get_sample_value("ringtrain_ipu_loss_scale", labels) == 32768.0
+    assert t.batch_line() == (
+        "global batch 16 = micro-batch 4 x gradient accumulation 2 x replicas 2 x workers 1"
+    )
+    assert t._numerics_scalars()["numerics/loss_scale"] == 32768.0
+    assert any((tmp_path / "tb").rglob("events.out.tfevents.*"))

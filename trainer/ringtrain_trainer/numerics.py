@@ -67,3 +67,42 @@ def for_run(cfg, model) -> Numerics:
             mode = "dynamic" if precision == "fp16" and own.auto_scale_loss else "off"
     scale = LossScale(mode, float(initial), int(growth))
     return Numerics(precision, cfg.stochastic_rounding, scale)
+
+
+class NumericsMetrics:
+    """``ringtrain_ipu_*`` gauges of what each IPU computes in (``ipu`` label: the replica),
+    registered on the trainer's metrics registry: accumulation, precision, loss scale."""
+
+    def __init__(self, registry, replicas: int, accumulation: int, numerics: Numerics):
+        from prometheus_client import Counter, Gauge
+
+        ipus = [str(i) for i in range(replicas)]
+        acc = Gauge(
+            "ringtrain_ipu_gradient_accumulation_steps",
+            "Micro-batches per optimizer step",
+            ["ipu"],
+            registry=registry,
+        )
+        bits = Gauge(
+            "ringtrain_ipu_precision_bits",
+            "Bits of the IPU's forward and backward values (16: fp16, 32: fp32)",
+            ["ipu"],
+            registry=registry,
+        )
+        scale = Gauge("ringtrain_ipu_loss_scale", "The loss scale now", ["ipu"], registry=registry)
+        self._skipped = Counter(
+            "ringtrain_ipu_skipped_steps",
+            "Steps skipped for a non-finite gradient (dynamic loss scaling)",
+            registry=registry,
+        )
+        self._scale = [scale.labels(ipu=i) for i in ipus]
+        for i in ipus:
+            acc.labels(ipu=i).set(accumulation)
+            bits.labels(ipu=i).set(16 if numerics.precision == "fp16" else 32)
+        self.observe(numerics.loss_scale, 0)
+
+    def observe(self, loss_scale: LossScale, skipped: int) -> None:
+        for g in self._scale:
+            g.set(loss_scale.scale)
+        if skipped:
+            self._skipped.inc(skipped)

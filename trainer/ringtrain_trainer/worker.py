@@ -184,6 +184,12 @@ class Trainer:
             accumulation=cfg.gradient_accumulation_steps,
         )
         print(f"ringtrain worker: {self.training_line()}", file=sys.stderr, flush=True)
+        self.numerics_metrics = numerics.NumericsMetrics(
+            self.metrics.registry,
+            cfg.ipus_per_worker,
+            cfg.gradient_accumulation_steps,
+            self.numerics,
+        )
         self.metrics.set_plan(
             self.exe.plan,
             memory.host_optimizer_state(cfg.variables_on_host, self.optimizer.state_bytes),
@@ -455,6 +461,7 @@ class Trainer:
         applied = ls.update(ok)
         if ls.scale != scale:
             self.metrics.update_status(numerics=self.numerics.record())
+            self.numerics_metrics.observe(ls, 0 if applied else 1)
         if applied:
             np.multiply(self.grads, np.float32(1.0 / scale), out=self.grads)
             hook.apply_deferred()
@@ -476,6 +483,16 @@ class Trainer:
                 f"row had non-finite gradients (loss scale now {ls.scale:g})"
             )
         return True
+
+    def _numerics_scalars(self) -> dict[str, float]:
+        """TensorBoard's ``numerics/*``: what the IPU computes in, at each progress point."""
+        ls = self.loss_scale
+        return {
+            "numerics/loss_scale": ls.scale,
+            "numerics/skipped_steps": ls.skipped,
+            "numerics/gradient_accumulation_steps": self.micro,
+            "numerics/precision_bits": 16 if self.numerics.precision == "fp16" else 32,
+        }
 
     def run(self) -> dict:
         self._restore()
@@ -513,6 +530,8 @@ class Trainer:
                     )
                 )
                 self.tb.progress(self.step, loss, self.optimizer.lr, sps)
+                if self.tb.on:
+                    self.tb.scalars(self.step, self._numerics_scalars())
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.save(loss)
             if cfg.eval_every and self.step % cfg.eval_every == 0 and not self._done():
