@@ -490,6 +490,17 @@ GROUPS: tuple[Group, ...] = (
                 description="gradient fusion bucket size for the allreduce (DDP-style buckets)",
             ),
             Option(
+                "allreduce_dtype",
+                str,
+                None,
+                crd="allreduceDtype",
+                choices=("float32", "float16"),
+                help="the gradients' dtype on the ring: float16 halves its bytes (default: "
+                "float16 under --precision fp16 on the ring, else float32)",
+                description="the gradients' dtype on the ring: float16 halves its bytes "
+                "(default: float16 under fp16 precision on the ring)",
+            ),
+            Option(
                 "overlap_comm",
                 bool,
                 True,

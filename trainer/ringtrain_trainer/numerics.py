@@ -106,3 +106,16 @@ class NumericsMetrics:
             g.set(loss_scale.scale)
         if skipped:
             self._skipped.inc(skipped)
+
+
+def wire_half(cfg, run: Numerics) -> bool:
+    """Whether the ring reduces float16 gradients: ``--allreduce-dtype``, by default float16
+    under fp16 on the ring. Open MPI has no standard float16 type: refused there."""
+    from ringtrain.errors import InvalidSpec
+
+    want = cfg.allreduce_dtype or ("float16" if run.precision == "fp16" else "float32")
+    if want == "float16" and cfg.collective != "ring":
+        if cfg.allreduce_dtype:
+            raise InvalidSpec("--allreduce-dtype float16 needs --collective ring (MPI has none)")
+        return False
+    return want == "float16"

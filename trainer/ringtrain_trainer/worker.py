@@ -144,6 +144,7 @@ class Trainer:
         self.numerics = numerics.for_run(cfg, self.spec)
         self.loss_scale = self.numerics.loss_scale
         self.reducer.hook.hold = self.loss_scale.active
+        self.reducer.wire_half = numerics.wire_half(cfg, self.numerics)
         if self.loss_scale.active and self.optimizer.sparse is not None:
             raise InvalidSpec(
                 f"--loss-scaling {self.loss_scale.mode} is not supported with Embedding rows' "

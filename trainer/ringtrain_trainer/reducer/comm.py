@@ -41,8 +41,13 @@ class CommThread:
         collective: Collective,
         on_reduced: Callable[[int, int], None],
         tracer: trace.Tracer = trace.OFF,
+        half: bool = False,
     ):
         self.buffer, self.collective, self.on_reduced = buffer, collective, on_reduced
+        #: float16 on the wire: each bucket is cast into this buffer, reduced there (half the
+        #: bytes; the sum and mean in float16, so an overflow is an inf the loss scale sees)
+        #: and cast back; allocated once
+        self.half = np.zeros(buffer.size, np.float16) if half else None
         self.tracer = tracer
         #: (start, end) perf_counter seconds of each allreduce this step
         self.intervals: list[tuple[float, float]] = []
@@ -101,13 +106,20 @@ class CommThread:
                 continue
             try:
                 view = self.buffer[bucket.start : bucket.stop]
+                wire = view
+                if self.half is not None:
+                    wire = self.half[bucket.start : bucket.stop]
+                    with np.errstate(over="ignore"):
+                        np.copyto(wire, view, casting="same_kind")
                 # one pair of readings serves the statistics and the trace alike
                 t0 = time.perf_counter_ns()
-                self.collective.allreduce_mean_(view, step=step, tag=bucket.index)
+                self.collective.allreduce_mean_(wire, step=step, tag=bucket.index)
                 t1 = time.perf_counter_ns()
+                if wire is not view:
+                    np.copyto(view, wire)
                 self.intervals.append((t0 * 1e-9, t1 * 1e-9))
                 self.tracer.add(
-                    trace.ALLREDUCE, "allreduce bucket", t0, bucket.index, view.nbytes, t1=t1
+                    trace.ALLREDUCE, "allreduce bucket", t0, bucket.index, wire.nbytes, t1=t1
                 )
                 reduced.append([bucket, bucket.start])
             except BaseException as e:  # noqa: BLE001 - handed to the step loop (exit code)

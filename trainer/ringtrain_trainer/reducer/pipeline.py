@@ -126,6 +126,9 @@ class Reducer:
         self.ready = Readiness(self.buckets)
         self._step = 0
         self._comm: CommThread | None = None  # started by the first step, not at construction
+        #: reduce float16 copies of the buckets (half the ring's bytes); set before the first
+        #: step (``--allreduce-dtype``)
+        self.wire_half = False
         #: the collective's blocked spans this step (see ``Collective.peer_waits``)
         self._waits: list[tuple[float, float]] = []
 
@@ -136,7 +139,9 @@ class Reducer:
         if self.local:
             return
         if self._comm is None:
-            self._comm = CommThread(self.buffer, self.collective, self.hook, self.tracer)
+            self._comm = CommThread(
+                self.buffer, self.collective, self.hook, self.tracer, half=self.wire_half
+            )
         self.ready.reset()
         self._comm.intervals.clear()
         self._waits.clear()
@@ -185,7 +190,7 @@ class Reducer:
             total,
             hidden_seconds(iv, self._waits, compute_end),
             wait,
-            self.buffer.nbytes,
+            self.buffer.nbytes // 2 if self.wire_half else self.buffer.nbytes,
             sum(b - a for a, b in self._waits),
             lead,
         )

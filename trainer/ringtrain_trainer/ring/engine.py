@@ -39,6 +39,7 @@ from ringtrain_trainer.ring.sender import Sender
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 _FLOAT = np.dtype(np.float32)
+_HALF = np.dtype(np.float16)
 _BARRIER_TAG = -1
 #: How long a broken link waits for the peer's own Abort, which names the root cause (the peer
 #: may have closed the link because *its* neighbour died) before blaming that peer.
@@ -102,6 +103,8 @@ class RingCollective(Collective):
         self.transport = transport
         self._addresses = addresses
         self._chunk = chunk_bytes // _FLOAT.itemsize
+        #: bytes per element of the collective in flight (float16 allreduces: 2)
+        self._itemsize = _FLOAT.itemsize
         self._step_timeout_s = step_timeout_s
         self.min_bytes_per_s = min_bytes_per_s
         self._seq = 0
@@ -133,7 +136,8 @@ class RingCollective(Collective):
             return 0 if self.rank == header.root else header.nelem * _FLOAT.itemsize
         bounds = schedule.segment_bounds(header.nelem, self.size)
         phases = schedule.allreduce_phases(self.rank, self.size)
-        return sum(bounds[p.recv][1] - bounds[p.recv][0] for p in phases) * _FLOAT.itemsize
+        size = _HALF.itemsize if header.kind == Kind.ALLREDUCE_F16 else _FLOAT.itemsize
+        return sum(bounds[p.recv][1] - bounds[p.recv][0] for p in phases) * size
 
     def deadline_s(self, header: OpHeader) -> float:
         """The collective's wall-clock budget: the step timeout (a peer may still compute)
@@ -183,8 +187,9 @@ class RingCollective(Collective):
     # -- public collectives -------------------------------------------------------------------
 
     def allreduce_mean_(self, buf: np.ndarray, step: int = 0, tag: int = 0) -> None:
-        flat = self._flat(buf, "allreduce_mean_")
-        header = self._next(Kind.ALLREDUCE, step, tag, flat.size)
+        flat = self._flat(buf, "allreduce_mean_", half_ok=True)
+        kind = Kind.ALLREDUCE_F16 if flat.dtype == _HALF else Kind.ALLREDUCE
+        header = self._next(kind, step, tag, flat.size)
         self._guarded(
             header,
             lambda finish: self._allreduce(flat, header, finish),
@@ -218,14 +223,17 @@ class RingCollective(Collective):
 
     # -- machinery ----------------------------------------------------------------------------
 
-    def _flat(self, buf: np.ndarray, what: str) -> np.ndarray:
-        if not isinstance(buf, np.ndarray) or buf.dtype != _FLOAT:
+    def _flat(self, buf: np.ndarray, what: str, half_ok: bool = False) -> np.ndarray:
+        if not isinstance(buf, np.ndarray) or not (
+            buf.dtype == _FLOAT or (half_ok and buf.dtype == _HALF)
+        ):
             raise TypeError(
-                f"{what}: needs a float32 numpy array, got "
+                f"{what}: needs a float32{' or float16' if half_ok else ''} numpy array, got "
                 f"{getattr(buf, 'dtype', type(buf).__name__)}"
             )
         if not buf.flags.c_contiguous or not buf.flags.writeable:
             raise ValueError(f"{what}: buffer must be C-contiguous and writeable (in place)")
+        self._itemsize = buf.dtype.itemsize
         return buf.reshape(-1)
 
     def _next(self, kind: Kind, step: int, tag: int, nelem: int, root: int = 0) -> OpHeader:
@@ -322,8 +330,9 @@ class RingCollective(Collective):
         raise self._broken
 
     def _send(self, mv: memoryview, a: int, b: int, header: OpHeader | None = None) -> None:
-        self._sent += (b - a) * _FLOAT.itemsize
-        self._emit(header, mv[a * _FLOAT.itemsize : b * _FLOAT.itemsize])
+        n = self._itemsize
+        self._sent += (b - a) * n
+        self._emit(header, mv[a * n : b * n])
 
     def _emit(self, header: OpHeader | None, data: memoryview | None) -> None:
         """Send the collective's ``header`` and/or a chunk, in order: from this thread while

@@ -384,10 +384,10 @@ class GrpcTransport(Transport):
         return msg
 
     def recv_copy(self, out: np.ndarray) -> None:
-        out[...] = np.frombuffer(self._next(out.nbytes), np.float32)
+        out[...] = np.frombuffer(self._next(out.nbytes), out.dtype)
 
     def recv_add(self, out: np.ndarray) -> None:
-        np.add(out, np.frombuffer(self._next(out.nbytes), np.float32), out=out)
+        np.add(out, np.frombuffer(self._next(out.nbytes), out.dtype), out=out)
 
     def end_recv(self) -> None:
         """Wait for the stream's end marker so a late message can never spill into the next

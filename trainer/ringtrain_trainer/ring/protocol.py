@@ -20,6 +20,9 @@ HEADER_BYTES = _HEADER.size
 class Kind(enum.IntEnum):
     ALLREDUCE = 1
     BROADCAST = 2
+    #: an allreduce of float16 values (``--allreduce-dtype float16``): half the bytes; a kind
+    #: of its own so that a peer reducing float32 at that position is refused, never mixed in
+    ALLREDUCE_F16 = 3
 
 
 class Mismatch(enum.Enum):
@@ -72,6 +75,6 @@ class OpHeader:
     def describe(self) -> str:
         return (
             f"{self.kind.name.lower()} #{self.seq} step {self.step} tag {self.tag} "
-            f"of {self.nelem} float32"
+            f"of {self.nelem} {'float16' if self.kind == Kind.ALLREDUCE_F16 else 'float32'}"
             + (f" root {self.root}" if self.kind == Kind.BROADCAST else "")
         )

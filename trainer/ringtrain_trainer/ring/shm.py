@@ -54,6 +54,12 @@ def _memfd_name(nonce: bytes) -> str:
     return f"ringtrain-{nonce.hex()}"
 
 
+def _as(slot: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """A slot's (bytes) first ``out.nbytes`` as ``out``'s dtype: float32, or float16 for an
+    allreduce of float16 gradients."""
+    return slot[: out.nbytes].view(out.dtype)
+
+
 @dataclass
 class Segment:
     """A mapped segment: one page holding the nonce, then ``slots`` slots."""
@@ -374,7 +380,7 @@ class ShmTransport(TcpTransport):
             return False
         slot = self._slot(out.nbytes)
         target = self._filled % self._out.slots
-        np.add(out, self._in.floats[slot][: out.size], out=self._out.floats[target][: out.size])
+        np.add(out, _as(self._in.bytes[slot], out), out=_as(self._out.bytes[target], out))
         self._free()
         self._filled += 1
         self._write([bytes((target,))])
@@ -384,14 +390,14 @@ class ShmTransport(TcpTransport):
         if self._in is None:
             return super().recv_copy(out)
         slot = self._slot(out.nbytes)
-        np.copyto(out, self._in.floats[slot][: out.size])
+        np.copyto(out, _as(self._in.bytes[slot], out))
         self._free()
 
     def recv_add(self, out: np.ndarray) -> None:
         if self._in is None:
             return super().recv_add(out)
         slot = self._slot(out.nbytes)
-        np.add(out, self._in.floats[slot][: out.size], out=out)
+        np.add(out, _as(self._in.bytes[slot], out), out=out)
         self._free()
 
     def end_recv(self) -> None:

@@ -292,7 +292,8 @@ class TcpTransport(Transport):
         self._right_fd, self._left_fd = _raw_fd(right), _raw_fd(left)
         self._header = memoryview(bytearray(HEADER_BYTES))
         self._expect: OpHeader | None = None  # announced, not read yet (see begin_recv)
-        self._scratch = np.empty(0, np.float32)
+        #: per dtype (float32, float16 allreduces), grown to the largest chunk once
+        self._scratch: dict = {}
         self._closed = False
 
     @staticmethod
@@ -424,9 +425,10 @@ class TcpTransport(Transport):
         self._recv([memoryview(out).cast("B")])
 
     def recv_add(self, out: np.ndarray) -> None:
-        if self._scratch.size < out.size:
-            self._scratch = np.empty(out.size, np.float32)
-        tmp = self._scratch[: out.size]
+        scratch = self._scratch.get(out.dtype)
+        if scratch is None or scratch.size < out.size:
+            scratch = self._scratch[out.dtype] = np.empty(out.size, out.dtype)
+        tmp = scratch[: out.size]
         if self._expect is not None:
             self._take_header(memoryview(tmp).cast("B"))
         else:
