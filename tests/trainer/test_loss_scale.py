@@ -146,3 +146,15 @@ def test_a_keras_mixed_float16_model_trains_in_fp16_with_its_loss_scale(tmp_path
     assert t.exe.plan.weights == t.spec.num_params * 2
     cfg = TrainerConfig.from_args(["--model", str(off), "--steps", "1", "--eval-every", "0"], {})
     assert single_worker_run(cfg, mnist5k).loss_scale.mode == "off"
+
+
+def test_the_dynamic_scale_is_checkpointed_and_resumed(tmp_path, mnist5k):
+    from support.reference import single_worker_run
+
+    argv = ["--precision", "fp16", "--loss-scale-growth-steps", "2", "--eval-every", "0"]
+    argv += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--batch-size", "16"]
+    first = single_worker_run(TrainerConfig.from_args([*argv, "--steps", "2"], {}), mnist5k)
+    assert (first.loss_scale.scale, first.loss_scale.counter) == (65536.0, 0)
+    again = single_worker_run(TrainerConfig.from_args([*argv, "--steps", "3"], {}), mnist5k)
+    assert again.step == 3
+    assert (again.loss_scale.scale, again.loss_scale.counter) == (65536.0, 1)

@@ -277,6 +277,7 @@ class Trainer:
                     print(f"ringtrain worker: {note}", file=sys.stderr, flush=True)
                 np.copyto(self.params, state.params)
                 self.optimizer.load_state(state.optimizer_state, state.optimizer_iterations)
+                self.loss_scale.load(state.optimizer_state)
                 self.ipu.load_state(self.ckpt.require_model_state(state, self.spec))
                 self.step = state.step
                 self.position = state.position.rescale(self.sharder.global_batch)
@@ -284,15 +285,24 @@ class Trainer:
             self.collective.broadcast_(self.params, root=0)
             for buf in self.optimizer.state.values():
                 self.collective.broadcast_(buf, root=0)
+            ls = self.loss_scale  # powers of two and counts below 2**24: exact in float32
             counters = np.array(
-                [self.step, self.position.epoch, self.position.batch, self.optimizer.iterations],
+                [
+                    self.step,
+                    self.position.epoch,
+                    self.position.batch,
+                    self.optimizer.iterations,
+                    ls.scale,
+                    ls.counter,
+                ],
                 np.float32,
             )
             self.collective.broadcast_(counters, root=0)
             if self.ipu.state.size:  # the chief's moving statistics (ringtrain_trainer.layers)
                 self.collective.broadcast_(self.ipu.state, root=0)
                 self.ipu.load_state(self.ipu.state)
-            step, epoch, batch, iters = (int(v) for v in counters)
+            step, epoch, batch, iters = (int(v) for v in counters[:4])
+            ls.scale, ls.counter = float(counters[4]), int(counters[5])
             self.step, self.optimizer.iterations = step, iters
             self.position = data_mod.Position(epoch, batch, self.sharder.global_batch)
 
@@ -333,7 +343,7 @@ class Trainer:
             position=self.position,
             params=self.params,
             optimizer=self.optimizer.name,
-            optimizer_state=self.optimizer.state_dict(),
+            optimizer_state={**self.optimizer.state_dict(), **self.loss_scale.state()},
             optimizer_iterations=self.optimizer.iterations,
             optimizer_config=self.optimizer_spec.record(),
             loss_config=self.spec.loss.record(),

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 #: Keras' LossScaleOptimizer defaults
 INITIAL_SCALE = 2.0**15
 GROWTH_STEPS = 2000
 #: the modes of ``--loss-scaling``
 MODES = ("dynamic", "static", "off")
+#: the checkpoint's optimizer-state key of a dynamic scale: (scale, counter)
+STATE_KEY = "loss_scale"
 #: skipped steps in a row after which the run is diverged, not unlucky (S has fallen 2**64)
 MAX_SKIPS_IN_A_ROW = 64
 
@@ -68,6 +72,18 @@ class LossScale:
         else:
             self.counter += 1
         return True
+
+    def state(self) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps of a dynamic scale (Keras keeps both as variables)."""
+        if not self.dynamic:
+            return {}
+        return {STATE_KEY: np.array([self.scale, self.counter], np.float64)}
+
+    def load(self, state: dict) -> None:
+        """Resume the scale a checkpoint kept (a checkpoint without one: as configured)."""
+        v = state.get(STATE_KEY)
+        if self.dynamic and v is not None and v.shape == (2,):
+            self.scale, self.counter = float(v[0]), int(v[1])
 
     def record(self) -> dict:
         """For /status and the start-up line."""

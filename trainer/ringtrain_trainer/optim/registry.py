@@ -260,7 +260,8 @@ def check_resume(spec: OptimizerSpec, optimizer: Optimizer, state, where: str) -
     rec = state.optimizer_config
     was = state.optimizer if rec is None else OptimizerSpec.from_record(rec).describe()
     same_class = rec is None or rec["keras"]["class_name"] == spec.class_name
-    slots = set(state.optimizer_state) == set(optimizer.state_names)
+    # the dynamic loss scale rides beside the slots (``optim.loss_scale.STATE_KEY``)
+    slots = set(state.optimizer_state) - {"loss_scale"} == set(optimizer.state_names)
     if state.optimizer != optimizer.name or not same_class or not slots:
         raise CheckpointError(
             f"{where}: checkpoint used optimizer {was}, this run {spec.describe()}"
