@@ -108,6 +108,8 @@ def accumulation_comm(args) -> dict:
             "peer_wait_ms_per_step": _ms(wait),
             "global_batch": samples,
             "allreduce_us_per_sample": round(per_step / samples * 1e6, 3),
+            # the ring's own time: without the wait for a slower peer's backward
+            "ring_us_per_sample": round((per_step - wait) / samples * 1e6, 3),
         }
     return {"workers": n, **result}
 
