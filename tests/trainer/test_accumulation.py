@@ -54,6 +54,34 @@ def test_k_micro_batches_equal_one_batch_of_k_b(mnist5k):
     np.testing.assert_allclose(acc.params, big.params, rtol=1e-4, atol=1e-6)
 
 
+#: Flatten-Dense-Dropout-Dense as model.to_json() text: Dropout's masks are per example
+DROPOUT = json.dumps(
+    {
+        "class_name": "Sequential",
+        "config": {
+            "name": "dropout",
+            "layers": [
+                {"class_name": "InputLayer", "config": {"batch_shape": [None, 28, 28]}},
+                {"class_name": "Flatten", "config": {}},
+                {"class_name": "Dense", "config": {"units": 32, "activation": "relu"}},
+                {"class_name": "Dropout", "config": {"rate": 0.5}},
+                {"class_name": "Dense", "config": {"units": 10}},
+            ],
+        },
+    }
+)
+
+
+def test_with_dropout_too_each_micro_batch_gets_the_big_batchs_masks(mnist5k):
+    model = ["--model", DROPOUT]
+    big = single_worker_run(
+        TrainerConfig.from_args([*STEPS, *model, "--batch-size", "32"], {}), mnist5k
+    )
+    argv = [*STEPS, *model, "--batch-size", "8", "--gradient-accumulation-steps", "4"]
+    acc = single_worker_run(TrainerConfig.from_args(argv, {}), mnist5k)
+    np.testing.assert_allclose(acc.params, big.params, rtol=1e-4, atol=1e-6)
+
+
 def _params_of(tmp_path, argv: list[str], n: int) -> tuple[list[dict], np.ndarray]:
     addresses, token = loopback_addresses(n), procs_mod.new_token()
     ckpt = tmp_path / "ckpt"

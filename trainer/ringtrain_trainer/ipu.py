@@ -358,8 +358,12 @@ class IPU:
         t0 = time.perf_counter()
         self._stream_weights()
         self._load(exe, images, labels)
-        for p in exe.programs:
+        # the examples of micro-batch ``micro`` sit where they sit in the step's batch of K
+        # micro-batches, so Dropout's per-example masks are the big batch's (``accumulate``)
+        first = (self.config.rank * self.config.accumulation + micro) * exe.batch
+        for i, p in enumerate(exe.programs):
             p.ctx["step"] = self.stats.steps if step is None else step
+            p.ctx["example0"] = first + i * p.batch
         runs = self._launch(exe)
         n = len(exe.programs)
         try:
