@@ -46,7 +46,6 @@ from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
 from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
-from ringtrain_trainer.reducer.hook import finite
 
 
 def _metric_fields(metric: str, value: float | None) -> dict:
@@ -464,24 +463,16 @@ class Trainer:
     def _loss_scale_verdict(self) -> bool:
         """With loss scaling, the held updates are applied (unscaled) or the step is skipped,
         by the reduced gradient: the same verdict on every worker. True: skipped."""
-        ls, hook = self.loss_scale, self.reducer.hook
+        ls = self.loss_scale
         if not ls.active:
             return False
         scale = ls.scale
-        ok = finite(self.grads)
-        applied = ls.update(ok)
+        applied = ls.settle(self.grads, self.reducer.hook, self.optimizer)
         if ls.scale != scale:
             self.metrics.update_status(numerics=self.numerics.record())
-            self.numerics_metrics.observe(ls, 0 if applied else 1)
-        if applied:
-            np.multiply(self.grads, np.float32(1.0 / scale), out=self.grads)
-            hook.apply_deferred()
+            self.numerics_metrics.observe(ls, 0 if applied is not False else 1)
+        if applied is not False:
             return False
-        hook.deferred.clear()
-        if not ls.dynamic:  # static: a non-finite gradient fails the job, as in fp32
-            hook.nonfinite = (0, self.grads.size)
-            return False
-        self.optimizer.iterations -= 1  # Keras: a skipped step is not an iteration
         print(
             f"ringtrain worker: step {self.step + 1}: non-finite reduced gradient: step skipped, "
             f"loss scale {scale:g} -> {ls.scale:g}",

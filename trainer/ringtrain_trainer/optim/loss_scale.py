@@ -85,6 +85,25 @@ class LossScale:
         if self.dynamic and v is not None and v.shape == (2,):
             self.scale, self.counter = float(v[0]), int(v[1])
 
+    def settle(self, grads: np.ndarray, hook, optimizer) -> bool | None:
+        """After a step's reduction: apply the held updates unscaled, or drop them. True:
+        applied; False: skipped (dynamic); None: a static scale met a non-finite gradient
+        (``hook.nonfinite`` is set, the job fails as in fp32). ``grads``: the reduced
+        gradient, the same on every worker, so every worker settles alike."""
+        from ringtrain_trainer.reducer.hook import finite
+
+        scale = self.scale
+        if self.update(finite(grads)):
+            np.multiply(grads, np.float32(1.0 / scale), out=grads)
+            hook.apply_deferred()
+            return True
+        hook.deferred.clear()
+        if not self.dynamic:
+            hook.nonfinite = (0, grads.size)
+            return None
+        optimizer.iterations -= 1  # Keras: a skipped step is not an iteration
+        return False
+
     def record(self) -> dict:
         """For /status and the start-up line."""
         return {
