@@ -327,6 +327,27 @@ def test_a_failed_mpirun_restarts_the_launcher_in_place_then_backoff_fails_the_j
     assert "BackoffLimitExceeded" in [c["reason"] for c in d.status["conditions"]]
 
 
+def test_a_running_mpi_job_whose_spec_mpi_was_pruned_fails_naming_it():
+    """An older CRD re-applied prunes spec.mpi and the Launcher from the stored job: what is
+    left reads as a ring job of the same workers, which would run sshd for ever. Its launcher
+    pod gives it away: the job fails, naming spec.mpi, and its running pods are cleaned up."""
+    launcher = observed("hvd-launcher", "launcher", 0, phase="Running", ready=True)
+    d = status.derive_status(load(mpi_job()), [*workers_up(), launcher], T0, {})
+    assert d.status["state"] == status.RUNNING
+    pruned = mpi_job()
+    del pruned["spec"]["mpi"]
+    d = status.derive_status(load(pruned), [*workers_up(), launcher], T0, d.status)
+    assert d.status["state"] == status.FAILED
+    (failed,) = [c for c in d.status["conditions"] if c["type"] == status.FAILED]
+    assert failed["reason"] == status.REASON_INVALID
+    assert failed["message"].startswith("spec.mpi: missing, but pod hvd-launcher is")
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", status.REASON_INVALID)]
+    assert set(d.delete) == {"hvd-worker-0", "hvd-worker-1", "hvd-launcher"}
+    # a ring job of the same name and workers, without a launcher, runs on
+    ring = status.derive_status(load(pruned), workers_up(), T0, {})
+    assert ring.status["state"] != status.FAILED
+
+
 def test_reconcile_creates_the_ssh_secret_and_hostfile_then_the_launcher_once_ready():
     kube = FakeKube(mpi_job())
     reconcile.reconcile(kube, "team", "hvd", now=T0, fetch=lambda ip: None)
@@ -343,12 +364,27 @@ def test_reconcile_creates_the_ssh_secret_and_hostfile_then_the_launcher_once_re
     assert key not in repr(kube.job["status"])
 
 
-def test_the_operator_fails_a_launcher_that_can_never_schedule_naming_the_field():
+@pytest.mark.parametrize(
+    ("replica_specs", "field"),
+    [
+        (
+            {"Launcher": {"template": resources(cpu=("8", "1"))}},
+            "spec.replicaSpecs.Launcher.template.spec.containers[0].resources.requests.cpu",
+        ),
+        (
+            {"Launcher": {"template": resources(memory=("100Ti", None))}},
+            "spec.replicaSpecs.Launcher.template.spec.containers[0].resources.requests.memory",
+        ),
+        ({"Evaluator": {"replicas": 1}}, "spec.replicaSpecs.Evaluator"),
+        ({"PS": {"replicas": 1}}, "spec.replicaSpecs.PS"),
+        ({"Worker": {"replicas": 0}}, "spec.replicaSpecs.Worker.replicas"),
+    ],
+)
+def test_the_operator_fails_an_mpi_job_that_cannot_run_naming_the_field(replica_specs, field):
     obj = mpi_job()
-    obj["spec"]["replicaSpecs"]["Launcher"] = {"template": resources(cpu=("8", "1"))}
+    obj["spec"]["replicaSpecs"].update(replica_specs)
     kube = FakeKube(obj)
     result = reconcile.reconcile(kube, "team", "hvd", now=T0, fetch=lambda ip: None)
-    field = "spec.replicaSpecs.Launcher.template.spec.containers[0].resources.requests.cpu"
     assert kube.job["status"]["state"] == status.FAILED
     assert field in repr(kube.job["status"])
     assert [(e.type, e.reason) for e in result.events] == [("Warning", status.REASON_INVALID)]
