@@ -445,3 +445,22 @@ def test_a_final_event_written_in_two_chunks_is_still_rank_0s_final():
         final = mpilaunch.rank0_final(line)
         assert final is not None and final.steps == 20, line
     assert mpilaunch.untag("[1,0]<stderr>:warning[1,0]<stderr>:") == (0, "warning")
+
+
+def test_rank_0s_final_event_split_by_rank_1s_line_is_reassembled():
+    """Both ranks write their final line at once: rank 1's whole line can come between the two
+    halves of rank 0's, on mpirun's output as two lines (a loaded cluster's MPI job Succeeded
+    with its status stuck at rank 0's last live step, 17 of 20)."""
+    from ringtrain_operator import mpilaunch
+
+    event = '{"event": "final", "steps": 20, "loss": 0.5, "terminated": false}'
+    other = '{"event": "final", "steps": 20, "loss": 0.5, "terminated": false, "rank": 1}'
+    lines = mpilaunch.Lines()
+    assert lines.feed(f"[1,0]<stdout>:{event[:17]}[1,1]<stdout>:{other}") == [(1, other)]
+    assert lines.feed(f"[1,0]<stdout>:{event[17:]}") == [(0, event)]
+    final = mpilaunch.final_of(0, event)
+    assert final is not None and final.steps == 20
+    assert lines.feed("mpirun: a line of its own") == [(None, "mpirun: a line of its own")]
+    # a rank's stdout and stderr are separate lines
+    lines.feed("[1,0]<stderr>:warn[1,0]<stdout>:out")
+    assert lines.feed("[1,0]<stderr>:ing") == [(0, "warning")]
