@@ -303,11 +303,11 @@ def test_a_rank_killed_mid_run_restarts_the_launcher_and_resumes_from_worker_0s_
     reasons = [e["reason"] for e in evs]
     assert "PodDeleted" not in reasons and "TrainingJobSucceeded" in reasons
     assert sum(e.get("count", 1) for e in evs if e["reason"] == "PodCreated") == 3
-    # the killed run started from step 1; the restarted one from past worker 0's checkpoint
-    before = progress_steps(kubectl("logs", "-n", namespace, launcher, "--previous").stdout)
-    after = progress_steps(kubectl("logs", "-n", namespace, launcher).stdout)
-    assert before and before[0] < checkpoint, before[:5]
-    assert after and after[0] > checkpoint, (checkpoint, before[-3:], after[:3])
+    # rank 0 reports its first step at once: a run from scratch says step 1, the restarted
+    # one a step past worker 0's checkpoint (the killed run's log may be collected already)
+    log = kubectl("logs", "-n", namespace, launcher).stdout
+    after = progress_steps(log)
+    assert after and after[0] > checkpoint, (checkpoint, after[:3], log[-3000:])
     assert after[-1] == KILL_STEPS
     print(
         json.dumps(
@@ -316,7 +316,6 @@ def test_a_rank_killed_mid_run_restarts_the_launcher_and_resumes_from_worker_0s_
                 "steps": KILL_STEPS,
                 "checkpoint_every": KILL_EVERY,
                 "checkpoint_when_killed": checkpoint,
-                "last_progress_before": before[-1],
                 "first_progress_after": after[0],
                 "restarts": st["restarts"],
                 "kill_to_succeeded_s": round(time.monotonic() - killed, 1),
