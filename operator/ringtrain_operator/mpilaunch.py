@@ -20,32 +20,69 @@ from pathlib import Path
 
 from ringtrain import events, options
 
-#: Open MPI's --tag-output prefix: [jobid,rank]<stream>:
-_TAG = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:(.*)$")
-#: the same prefix inside a line: Open MPI tags every chunk a rank writes, so a line written in
-#: two chunks (its newline apart, under load) reads ``[1,0]<stdout>:{...}[1,0]<stdout>:``
-_INNER_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
+#: Open MPI's --tag-output prefix, [jobid,rank]<stream>:, which starts every chunk a rank writes
+#: (and every line inside a chunk): a chunk without its newline is followed on the same output
+#: line by whichever rank's chunk came next (``[1,0]<stdout>:{...}[1,0]<stdout>:`` when rank 0's
+#: newline came in a write of its own; ``[1,0]<stdout>:{"ev[1,1]<stdout>:...`` when rank 1's
+#: line came between the two halves of rank 0's, both ranks writing their final line at once)
+_TAG = re.compile(r"\[\d+,(\d+)\]<(std(?:out|err))>:")
+
+
+class Lines:
+    """Reassembles each rank's lines from mpirun's tagged output: the newline that ends an output
+    line ends the line of the rank whose chunk came last; the chunks before it on that output
+    line are parts of their ranks' lines, continued by their next chunk."""
+
+    def __init__(self) -> None:
+        self._partial: dict[tuple[int, str], str] = {}
+
+    def feed(self, line: str) -> list[tuple[int | None, str]]:
+        """The (rank, the rank's line) that one output line completes; (None, line) for
+        mpirun's own."""
+        tags = list(_TAG.finditer(line))
+        if not tags:
+            return [(None, line)]
+        out: list[tuple[int | None, str]] = []
+        if tags[0].start() > 0:
+            out.append((None, line[: tags[0].start()]))
+        for i, m in enumerate(tags):
+            last = i + 1 == len(tags)
+            key = (int(m.group(1)), m.group(2))
+            text = (
+                self._partial.pop(key, "")
+                + line[m.end() : len(line) if last else tags[i + 1].start()]
+            )
+            if last:
+                out.append((key[0], text))
+            else:
+                self._partial[key] = text
+        return out
 
 
 def untag(line: str) -> tuple[int | None, str]:
-    """(rank, the rank's own line) of one tagged line; (None, line) for mpirun's own."""
-    m = _TAG.match(line)
-    return (int(m.group(1)), _INNER_TAG.sub("", m.group(2))) if m else (None, line)
+    """(rank, the rank's own line) of one output line that holds a whole line of one rank."""
+    return Lines().feed(line)[-1]
 
 
-def rank0_final(line: str) -> events.Final | None:
-    """The final event in one tagged line of rank 0, or None."""
-    rank, text = untag(line)
+def final_of(rank: int | None, text: str) -> events.Final | None:
+    """The final event in one line of rank 0, or None."""
     event = events.parse_line(text) if rank == 0 else None
     return event if isinstance(event, events.Final) else None
 
 
-def shown(line: str) -> str | None:
-    """What the launcher's log shows of one tagged line (None: nothing)."""
-    rank, text = untag(line)
+def rank0_final(line: str) -> events.Final | None:
+    return final_of(*untag(line))
+
+
+def shown_of(rank: int | None, text: str) -> str | None:
+    """What the launcher's log shows of one rank's line (None: nothing)."""
     if rank is None or rank == 0:
         return text
     return None if events.parse_line(text) is not None else f"[rank {rank}] {text}"
+
+
+def shown(line: str) -> str | None:
+    return shown_of(*untag(line))
 
 
 def main(argv: list[str], termination_log: str | None = options.TERMINATION_LOG) -> int:
@@ -67,11 +104,12 @@ def main(argv: list[str], termination_log: str | None = options.TERMINATION_LOG)
         }
         try:
             assert proc.stdout is not None
+            lines = Lines()
             for line in proc.stdout:
-                line = line.rstrip("\n")
-                if (text := shown(line)) is not None:
-                    print(text, flush=True)
-                final = rank0_final(line) or final
+                for rank, text in lines.feed(line.rstrip("\n")):
+                    if (out := shown_of(rank, text)) is not None:
+                        print(out, flush=True)
+                    final = final_of(rank, text) or final
             code = proc.wait()
         finally:
             for sig, handler in previous.items():

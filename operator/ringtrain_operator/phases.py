@@ -25,6 +25,7 @@ from .status import (
     REASON_DEADLINE,
     REASON_DIVERGED,
     REASON_FAILED,
+    REASON_INVALID,
     REASON_RESTARTING,
     REASON_RESUMED,
     REASON_RUNNING,
@@ -49,6 +50,28 @@ def _finished(f: _Fold, job: Job, seen: _Seen) -> bool:
         return False
     f.status["restarts"] = f.restarts_before
     f.terminal(seen.live)
+    return True
+
+
+def _kind_changed(f: _Fold, job: Job, seen: _Seen) -> bool:
+    """A job with a launcher pod but no spec.mpi was an MPI job: re-applying a CRD without
+    spec.mpi makes the API server prune it (and the Launcher) from the stored job, which would
+    then pass for a ring job of sshd workers that never train. A ring job never has a launcher
+    (a Launcher without spec.mpi is refused), so the job fails, naming the field."""
+    if job.mpi is not None:
+        return False
+    launchers = [p.name for p in seen.live if p.role == mpi.LAUNCHER]
+    if not launchers:
+        return False
+    f.finish(
+        False,
+        REASON_INVALID,
+        f"spec.mpi: missing, but pod {launchers[0]} is this job's MPI launcher: the job was "
+        "created as an MPI job and cannot go on as a ring job (a CustomResourceDefinition "
+        "without spec.mpi prunes it from stored jobs: apply ringtrain's current CRD, then "
+        "the job again)",
+        seen.live,
+    )
     return True
 
 
@@ -260,4 +283,4 @@ def _succeeded(job: Job, live: Mapping[str, ObservedPod]) -> bool:
     return all(n in live and live[n].phase == "Succeeded" for n in names)
 
 
-PHASES = (_finished, _suspended, _old_pods, _deadline, _failures, _success, _running)
+PHASES = (_finished, _kind_changed, _suspended, _old_pods, _deadline, _failures, _success, _running)

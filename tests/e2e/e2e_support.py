@@ -205,6 +205,17 @@ def job_story(kubectl, ns: str, name: str, operator_log: Callable[[], str] | Non
     return "\n".join(parts)
 
 
+def newest_checkpoint_step(kubectl, ns: str, pod: str) -> int | None:
+    """The step of the newest checkpoint in the pod's own (emptyDir) checkpoint volume."""
+    code = (
+        "import glob, json; s = [json.load(open(f))['step'] for f in "
+        "glob.glob('/checkpoints/ckpt-*.json')]; print(max(s) if s else '')"
+    )
+    p = kubectl("exec", pod, "-n", ns, "-c", "ringtrain", "--", "python", "-c", code, check=False)
+    out = p.stdout.strip()
+    return int(out) if p.returncode == 0 and out.isdigit() else None
+
+
 def get_job(kubectl, ns: str, name: str) -> dict | None:
     p = kubectl("get", "tj", name, "-n", ns, "-o", "json", check=False)
     return json.loads(p.stdout) if p.returncode == 0 else None

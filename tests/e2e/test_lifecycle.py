@@ -18,6 +18,7 @@ from e2e_support import (
     fresh_namespace,
     get_job,
     job_pods,
+    newest_checkpoint_step,
     sleep_job,
     training_job,
     wait_for,
@@ -55,17 +56,6 @@ def all_running(kubectl, ns, name, n):
         return len(pods) == n and all(p["status"].get("phase") == "Running" for p in pods)
 
     return check
-
-
-def newest_checkpoint_step(kubectl, ns: str, pod: str) -> int | None:
-    """The step of the newest checkpoint in the pod's own (emptyDir) checkpoint volume."""
-    code = (
-        "import glob, json; s = [json.load(open(f))['step'] for f in "
-        "glob.glob('/checkpoints/ckpt-*.json')]; print(max(s) if s else '')"
-    )
-    p = kubectl("exec", pod, "-n", ns, "-c", "ringtrain", "--", "python", "-c", code, check=False)
-    out = p.stdout.strip()
-    return int(out) if p.returncode == 0 and out.isdigit() else None
 
 
 def test_a_killed_worker_restarts_in_place_and_resumes_from_the_default_emptydir(

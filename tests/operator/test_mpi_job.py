@@ -327,6 +327,27 @@ def test_a_failed_mpirun_restarts_the_launcher_in_place_then_backoff_fails_the_j
     assert "BackoffLimitExceeded" in [c["reason"] for c in d.status["conditions"]]
 
 
+def test_a_running_mpi_job_whose_spec_mpi_was_pruned_fails_naming_it():
+    """An older CRD re-applied prunes spec.mpi and the Launcher from the stored job: what is
+    left reads as a ring job of the same workers, which would run sshd for ever. Its launcher
+    pod gives it away: the job fails, naming spec.mpi, and its running pods are cleaned up."""
+    launcher = observed("hvd-launcher", "launcher", 0, phase="Running", ready=True)
+    d = status.derive_status(load(mpi_job()), [*workers_up(), launcher], T0, {})
+    assert d.status["state"] == status.RUNNING
+    pruned = mpi_job()
+    del pruned["spec"]["mpi"]
+    d = status.derive_status(load(pruned), [*workers_up(), launcher], T0, d.status)
+    assert d.status["state"] == status.FAILED
+    (failed,) = [c for c in d.status["conditions"] if c["type"] == status.FAILED]
+    assert failed["reason"] == status.REASON_INVALID
+    assert failed["message"].startswith("spec.mpi: missing, but pod hvd-launcher is")
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", status.REASON_INVALID)]
+    assert set(d.delete) == {"hvd-worker-0", "hvd-worker-1", "hvd-launcher"}
+    # a ring job of the same name and workers, without a launcher, runs on
+    ring = status.derive_status(load(pruned), workers_up(), T0, {})
+    assert ring.status["state"] != status.FAILED
+
+
 def test_reconcile_creates_the_ssh_secret_and_hostfile_then_the_launcher_once_ready():
     kube = FakeKube(mpi_job())
     reconcile.reconcile(kube, "team", "hvd", now=T0, fetch=lambda ip: None)
@@ -343,12 +364,27 @@ def test_reconcile_creates_the_ssh_secret_and_hostfile_then_the_launcher_once_re
     assert key not in repr(kube.job["status"])
 
 
-def test_the_operator_fails_a_launcher_that_can_never_schedule_naming_the_field():
+@pytest.mark.parametrize(
+    ("replica_specs", "field"),
+    [
+        (
+            {"Launcher": {"template": resources(cpu=("8", "1"))}},
+            "spec.replicaSpecs.Launcher.template.spec.containers[0].resources.requests.cpu",
+        ),
+        (
+            {"Launcher": {"template": resources(memory=("100Ti", None))}},
+            "spec.replicaSpecs.Launcher.template.spec.containers[0].resources.requests.memory",
+        ),
+        ({"Evaluator": {"replicas": 1}}, "spec.replicaSpecs.Evaluator"),
+        ({"PS": {"replicas": 1}}, "spec.replicaSpecs.PS"),
+        ({"Worker": {"replicas": 0}}, "spec.replicaSpecs.Worker.replicas"),
+    ],
+)
+def test_the_operator_fails_an_mpi_job_that_cannot_run_naming_the_field(replica_specs, field):
     obj = mpi_job()
-    obj["spec"]["replicaSpecs"]["Launcher"] = {"template": resources(cpu=("8", "1"))}
+    obj["spec"]["replicaSpecs"].update(replica_specs)
     kube = FakeKube(obj)
     result = reconcile.reconcile(kube, "team", "hvd", now=T0, fetch=lambda ip: None)
-    field = "spec.replicaSpecs.Launcher.template.spec.containers[0].resources.requests.cpu"
     assert kube.job["status"]["state"] == status.FAILED
     assert field in repr(kube.job["status"])
     assert [(e.type, e.reason) for e in result.events] == [("Warning", status.REASON_INVALID)]
@@ -409,3 +445,22 @@ def test_a_final_event_written_in_two_chunks_is_still_rank_0s_final():
         final = mpilaunch.rank0_final(line)
         assert final is not None and final.steps == 20, line
     assert mpilaunch.untag("[1,0]<stderr>:warning[1,0]<stderr>:") == (0, "warning")
+
+
+def test_rank_0s_final_event_split_by_rank_1s_line_is_reassembled():
+    """Both ranks write their final line at once: rank 1's whole line can come between the two
+    halves of rank 0's, on mpirun's output as two lines (a loaded cluster's MPI job Succeeded
+    with its status stuck at rank 0's last live step, 17 of 20)."""
+    from ringtrain_operator import mpilaunch
+
+    event = '{"event": "final", "steps": 20, "loss": 0.5, "terminated": false}'
+    other = '{"event": "final", "steps": 20, "loss": 0.5, "terminated": false, "rank": 1}'
+    lines = mpilaunch.Lines()
+    assert lines.feed(f"[1,0]<stdout>:{event[:17]}[1,1]<stdout>:{other}") == [(1, other)]
+    assert lines.feed(f"[1,0]<stdout>:{event[17:]}") == [(0, event)]
+    final = mpilaunch.final_of(0, event)
+    assert final is not None and final.steps == 20
+    assert lines.feed("mpirun: a line of its own") == [(None, "mpirun: a line of its own")]
+    # a rank's stdout and stderr are separate lines
+    lines.feed("[1,0]<stderr>:warn[1,0]<stdout>:out")
+    assert lines.feed("[1,0]<stderr>:ing") == [(0, "warning")]
