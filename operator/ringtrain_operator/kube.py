@@ -98,6 +98,14 @@ class Kube:
             return self.core.list_pod_for_all_namespaces(**kw)
         return self.core.list_namespaced_pod(namespace, **kw)
 
+    def jobs_request(self, namespace: str | None, **kw: Any) -> Any:
+        """The job informer's one call: a page of the TrainingJobs in ``namespace`` (None: all
+        namespaces), or with ``watch=True`` their watch; the raw response."""
+        kw["_preload_content"] = False
+        if namespace is None:
+            return self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw)
+        return self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, **kw)
+
     def create(self, obj: Mapping[str, Any]) -> bool:
         """Create a namespaced core object; False if it already existed."""
         ns = obj["metadata"]["namespace"]
@@ -127,9 +135,23 @@ class Kube:
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """JSON merge patch of the status subresource (None removes a key)."""
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": patch}
+        body(
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": patch}, _preload_content=False
+            )
         )
+
+    def patch_job(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """JSON merge patch of the job itself (an older operator's finalizer removed)."""
+        body(
+            self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, patch, _preload_content=False
+            )
+        )
+
+    def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Post one core/v1 Event (:mod:`.posting` builds it)."""
+        body(self.core.create_namespaced_event(namespace, event, _preload_content=False))
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
