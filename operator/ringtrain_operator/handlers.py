@@ -90,6 +90,7 @@ def start(memo: kopf.Memo) -> Controller:
     jobs = ctl.jobs = JobInformer(memo.kube, memo.namespaces, job_changed)
     ctl.informer = PodInformer(memo.kube, memo.namespaces, pod_changed)
     memo.kube.pod_source = ctl.informer.pods
+    memo.kube.job_source = jobs
     ctl.informer.start()
     jobs.start()
     return ctl
@@ -114,7 +115,10 @@ def after(memo: kopf.Memo, key: tuple[str, str], decision: status.Decision | Non
     jobs = memo.controller.jobs
     if decision.events and jobs is not None and (uid := jobs.uid(key)):
         posting.post(memo.kube, {"namespace": key[0], "name": key[1], "uid": uid}, decision.events)
-    return status.look_again_s(decision)
+    again = status.look_again_s(decision)
+    if again is None and not decision.to_create and not decision.delete and jobs is not None:
+        jobs.drop(key)  # nothing will look soon: keep no object for a sleeping job
+    return again
 
 
 def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decision | None:
@@ -130,6 +134,8 @@ def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decisio
     except Exception as e:  # a bug must not take a worker (or the operator) down
         log.exception("%s/%s: reconcile crashed", namespace, name)
         why, failed = f"{type(e).__name__}", "crashed"
+    if (jobs := memo.controller.jobs) is not None:
+        jobs.drop(key)  # a write may have happened unanswered: read the job again
     n = memo.failures[key] = memo.failures.get(key, 0) + 1
     delay = status.error_retry_s(n)
     message = f"reconcile {failed} ({n} in a row), retrying in {delay:g}s: {why}"

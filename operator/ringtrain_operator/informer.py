@@ -24,6 +24,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,9 @@ PAGE = 500
 WATCH_S = 300
 #: Seconds between tries after a failed list or watch.
 RETRY_S = 1.0
+#: Job objects :class:`JobInformer` keeps as raw JSON (a few KB each) so that a reconcile needs
+#: no GET: the most recently read or written, a bound on memory whatever the number of jobs.
+RECENT_JOBS = 1024
 
 
 class ListWatch:
@@ -235,9 +239,46 @@ class JobInformer(ListWatch):
         super().__init__(kube, namespaces)
         self.on_change = on_change
         self._jobs: dict[JobKey, tuple[str, int]] = {}
+        #: key → (uid, generation, raw JSON) of the job as the operator last read or wrote it
+        self._recent: OrderedDict[JobKey, tuple[str, int, bytes]] = OrderedDict()
 
     def uid(self, key: JobKey) -> str | None:
         return (self._jobs.get(key) or (None, 0))[0]
+
+    # -- the job object without a GET ----------------------------------------------------------
+    #
+    # What a reconcile last read or wrote of a job is kept (the status patch's answer is the
+    # whole job as written; one reconcile of a job at a time, so the entry is always the
+    # operator's latest). The status has no other writer, and a new spec, a new uid or a
+    # deletion changes the uid or generation the watch reports: the next reconcile uses the
+    # entry only while the watch's (uid, generation) is still the entry's, and reads the job
+    # from the API otherwise (a new spec whose event has arrived, an entry evicted). A change
+    # the watch has not delivered yet wakes the job again when it arrives. So the status a
+    # reconcile folds is never older than the operator's last write, as with a GET every time
+    # (issue 22: a pending job's second reconcile, when its pods appear, cost a GET).
+
+    def object(self, key: JobKey) -> dict[str, Any] | None:
+        """The job as last seen or written, if it is still the job (uid, generation) the watch
+        knows; None: read it from the API."""
+        with self._lock:
+            entry, current = self._recent.get(key), self._jobs.get(key)
+        if entry is None or current is None or entry[:2] != current:
+            return None
+        return json.loads(entry[2])
+
+    def remember(self, key: JobKey, raw: bytes) -> None:
+        """A job object the operator read or wrote (its raw JSON)."""
+        uid, generation = self._record(json.loads(raw))[1]
+        with self._lock:
+            self._recent[key] = (uid, generation, raw)
+            self._recent.move_to_end(key)
+            while len(self._recent) > RECENT_JOBS:
+                self._recent.popitem(last=False)
+
+    def drop(self, key: JobKey) -> None:
+        """The job sleeps until an event wakes it: its object is read again then."""
+        with self._lock:
+            self._recent.pop(key, None)
 
     def _request(self, namespace: str | None, **kw: Any) -> Any:
         return self.kube.jobs_request(namespace, **kw)
@@ -254,6 +295,8 @@ class JobInformer(ListWatch):
             old = self._jobs.pop(key, None) if kind == "DELETED" else self._jobs.get(key)
             if kind != "DELETED":
                 self._jobs[key] = new
+            else:
+                self._recent.pop(key, None)
         if kind == "DELETED":
             self.on_change(key, True)
         elif old != new:
@@ -273,6 +316,8 @@ class JobInformer(ListWatch):
                 del self._jobs[k]
             self._jobs.update(listed)
         for key in before.keys() - listed.keys():
+            with self._lock:
+                self._recent.pop(key, None)
             self.on_change(key, True)
         for key, rec in listed.items():
             if before.get(key) != rec:

@@ -72,14 +72,30 @@ class Kube:
         self.networking = client.NetworkingV1Api(api_client)
         #: Where :meth:`list_pods` reads: the pod informer's cache once it runs (``handlers``).
         self.pod_source: Callable[[str, str], list[ObservedPod]] | None = None
+        #: The job informer once it runs: :meth:`get_job` asks it first, and tells it every job
+        #: object read or written (``object(key)``, ``remember(key, raw)``).
+        self.job_source: Any = None
 
     def get_job(self, namespace: str, name: str) -> dict | None:
+        """The job: the job informer's last-known object while it is current, else a GET."""
+        if self.job_source is not None and (obj := self.job_source.object((namespace, name))):
+            return obj
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            raw = body(
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+                )
+            )
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
+        self._remember(namespace, name, raw)
+        return json.loads(raw)
+
+    def _remember(self, namespace: str, name: str, raw: bytes) -> None:
+        if self.job_source is not None:
+            self.job_source.remember((namespace, name), raw)
 
     def list_pods(self, namespace: str, job_name: str) -> list[dict] | list[ObservedPod]:
         """The job's pods: from the informer when there is one, else one list call."""
@@ -134,20 +150,23 @@ class Kube:
             raise
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        """JSON merge patch of the status subresource (None removes a key)."""
-        body(
+        """JSON merge patch of the status subresource (None removes a key); the answer, the
+        whole job as written, is kept by the job informer."""
+        raw = body(
             self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, {"status": patch}, _preload_content=False
             )
         )
+        self._remember(namespace, name, raw)
 
     def patch_job(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """JSON merge patch of the job itself (an older operator's finalizer removed)."""
-        body(
+        raw = body(
             self.custom.patch_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, patch, _preload_content=False
             )
         )
+        self._remember(namespace, name, raw)
 
     def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """Post one core/v1 Event (:mod:`.posting` builds it)."""

@@ -131,3 +131,29 @@ def test_new_jobs_and_spec_changes_wake_a_job_and_status_writes_do_not():
     a, b = ("ns", "a"), ("ns", "b")
     assert woken == [(a, False), (b, False), (a, False), (a, True), (a, False), (b, True)]
     assert inf.uid(b) is None
+
+
+def test_a_reconcile_reads_the_job_it_last_wrote_only_while_the_watch_agrees():
+    """The status patch's answer stands in for the next GET (issue 22), but never once the
+    watch reports another spec (generation) or uid, and never after the job was dropped."""
+    import json
+
+    inf = JobInformer(Kube(client.ApiClient()), ["ns"], lambda key, gone: None)
+    key = ("ns", "a")
+    inf.apply("ADDED", job("a", 1))
+    assert inf.object(key) is None  # nothing read yet: a GET
+    written = {**job("a", 1), "status": {"state": "Created"}}
+    inf.remember(key, json.dumps(written).encode())
+    assert inf.object(key) == written
+    inf.apply("MODIFIED", job("a", 1))  # our own write's event: still ours
+    assert inf.object(key) == written
+    inf.apply("MODIFIED", job("a", 2))  # a new spec: read it
+    assert inf.object(key) is None
+    inf.remember(key, json.dumps(job("a", 2)).encode())
+    assert inf.object(key) == job("a", 2)
+    inf.drop(key)
+    assert inf.object(key) is None
+    inf.remember(key, json.dumps(job("a", 2)).encode())
+    inf.apply("DELETED", job("a", 2))
+    inf.apply("ADDED", job("a", 2, uid="u9"))  # created again under the name
+    assert inf.object(key) is None
