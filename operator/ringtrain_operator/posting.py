@@ -29,7 +29,8 @@ COMPONENT = "ringtrain-operator"
 #: The API server refuses longer messages.
 MESSAGE_MAX = 1024
 #: Threads posting Events: each post is one round trip; Events of one reconcile stay in order.
-THREADS = 4
+#: Half the reconcile pool: a new job posts 2 Events against its 4 creates.
+THREADS = 8
 
 _POOL = ThreadPoolExecutor(THREADS, "events")
 
@@ -91,16 +92,16 @@ def event_body(
 
 
 def post(kube: Any, ref: Mapping[str, str], events: Iterable[status.Event]) -> None:
-    """Queue a reconcile's Events about the job ``ref`` for posting, aggregated."""
-    bodies = [event_body(ref, ev, n) for ev, n in aggregate(events)]
-    if bodies:
-        _POOL.submit(_post_all, kube, ref["namespace"], bodies)
+    """Queue a reconcile's Events about the job ``ref`` for posting, aggregated (the bodies are
+    built when posted: a backlog holds the few strings of each, not whole Events)."""
+    if groups := aggregate(events):
+        _POOL.submit(_post_all, kube, ref, groups)
 
 
-def _post_all(kube: Any, namespace: str, bodies: list[dict]) -> None:
-    for b in bodies:
+def _post_all(kube: Any, ref: Mapping[str, str], groups: list[tuple[status.Event, int]]) -> None:
+    for ev, n in groups:
         try:
-            kube.create_event(namespace, b)
+            kube.create_event(ref["namespace"], event_body(ref, ev, n))
         except Exception as e:  # noqa: BLE001 (auxiliary: logged, never raised)
-            log.warning("%s/%s: Event %s not posted: %s", namespace, b["involvedObject"]["name"],
-                        b["reason"], e)  # fmt: skip
+            log.warning("%s/%s: Event %s not posted: %s", ref["namespace"], ref["name"],
+                        ev.reason, e)  # fmt: skip

@@ -157,3 +157,28 @@ def test_reconcile_failures_in_a_row_back_off_to_five_minutes_and_warn_less_ofte
     assert handlers.reconcile_once(memo, "ns", "job") is None  # a success: the count resets
     memo.kube = None
     assert handlers.reconcile_once(memo, "ns", "job").requeue_after_s == 5
+
+
+def test_events_are_posted_off_the_reconcile_path_and_a_failed_post_is_only_logged(caplog):
+    import threading
+
+    from ringtrain_operator import posting
+
+    got, done = [], threading.Event()
+
+    class Kube:
+        def create_event(self, namespace, body):
+            got.append((namespace, body["reason"], body["count"]))
+            if body["reason"] == "Refused":
+                raise RuntimeError("403 Forbidden")
+            done.set()
+
+    evs = (
+        status.Event("Warning", "Refused", "x"),
+        status.Event("Normal", "PodCreated", "created pod j-worker-0"),
+        status.Event("Normal", "PodCreated", "created pod j-worker-1"),
+    )
+    posting.post(Kube(), {"namespace": "ns", "name": "j", "uid": "u1"}, evs)
+    assert done.wait(10)
+    assert got == [("ns", "Refused", 1), ("ns", "PodCreated", 2)]
+    assert "ns/j: Event Refused not posted: 403 Forbidden" in caplog.text
