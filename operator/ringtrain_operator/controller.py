@@ -97,16 +97,17 @@ class Controller:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._pool: ThreadPoolExecutor | None = None
-        #: The pod informer whose cache the reconciles read (set by whoever starts both).
+        #: The pod informer whose cache the reconciles read, and the job informer (set by
+        #: whoever starts them); stopped with the workers.
         self.informer: Any = None
+        self.jobs: Any = None
 
     @property
     def started(self) -> bool:
         return bool(self._tasks)
 
     def start(self) -> None:
-        """Spawn the workers from the running loop (they inherit its context: kopf's Event
-        queue when started from a kopf handler)."""
+        """Spawn the workers from the running loop."""
         if self._tasks:
             return
         self.loop = asyncio.get_running_loop()
@@ -125,8 +126,9 @@ class Controller:
         self._tasks = []
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        if self.informer is not None:
-            self.informer.stop()
+        for informer in (self.informer, self.jobs):
+            if informer is not None:
+                informer.stop()
 
     async def _work(self) -> None:
         await self.ready()

@@ -1,15 +1,19 @@
 """kopf handlers: thin wiring from cluster events to :func:`reconcile.reconcile`.
 
-kopf watches the TrainingJobs; :class:`.informer.PodInformer` watches their pods (one watch for
-the namespace set, indexed by job); both only *queue* a job's key on :class:`.controller.
-Controller`'s work queue, whose bounded pool of workers reconciles each job, one reconcile of a
-job at a time, so two decisions about the same job can never race. Deadlines, TTL, progress
-polling and failure backoff are the job's timer on that queue. After a restart kopf lists every
-existing job, each is queued and reconciles from cluster state once the pod informer has listed.
+kopf runs the operator (log-in, start-up, clean-up, its own warnings as Events);
+:class:`.informer.JobInformer` watches the TrainingJobs and :class:`.informer.PodInformer` their
+pods (one watch each for the namespace set); both only *queue* a job's key on
+:class:`.controller.Controller`'s work queue, whose bounded pool of workers reconciles each job,
+one reconcile of a job at a time, so two decisions about the same job can never race. Deadlines,
+TTL, progress polling and failure backoff are the job's timer on that queue. After a restart the
+job informer lists every existing job, each is queued and reconciles from cluster state once
+both informers have listed. kopf no longer watches TrainingJobs: its per-event pipeline (a
+worker, a memory and a handler call per event, our own status writes included) was a quarter of
+the operator's CPU at 1,000 jobs and a kopf memory per job (issue 22).
 
 Each handler only wires: the decisions are :mod:`.status`'s, the API calls :mod:`.reconcile`'s,
-when to look again :func:`status.look_again_s`, and every Event goes out through :func:`post`.
-kopf's settings are made in one place, :func:`.main.operator_settings`.
+when to look again :func:`status.look_again_s`, and every Event goes out through
+:func:`.posting.post`. kopf's settings are made in one place, :func:`.main.operator_settings`.
 """
 
 from __future__ import annotations
@@ -20,13 +24,12 @@ import logging
 import kopf
 from kubernetes.client import ApiException
 
-from . import networkpolicy, status
+from . import networkpolicy, posting, status
 from .controller import Controller
-from .informer import PodInformer
+from .informer import JobInformer, PodInformer
 from .kube import Kube
 from .metrics import OperatorMetrics
 from .reconcile import reconcile
-from .spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -59,53 +62,43 @@ def connection_info(cfg) -> kopf.ConnectionInfo:
     )
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
-async def job_event(
-    event: kopf.RawEvent, body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_
-) -> None:
-    """Every TrainingJob event, the listing at start-up included: a new job, a job found after
-    a restart, or a changed spec (a new generation) queues the job; our own status writes
-    (same generation) do not."""
-    key = (namespace, name)
-    ctl = start(memo)
-    if event.get("type") == "DELETED":
-        forget(memo, key)
-        return
-    meta = body.get("metadata", {})
-    generation = meta.get("generation")
-    memo.refs[key] = {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": {"name": name, "namespace": namespace, "uid": meta.get("uid")},
-    }
-    seen, memo.generations[key] = memo.generations.get(key), generation
-    if event.get("type") in (None, "ADDED") or seen != generation:
-        ctl.queue.add(key)
+@kopf.on.startup()
+async def startup(memo: kopf.Memo, **_) -> None:
+    start(memo)
 
 
 def start(memo: kopf.Memo) -> Controller:
-    """The pod informer and the workers, started once, from the first job event (the workers
-    inherit kopf's Event queue from its context)."""
+    """The workers and both informers, started once, on kopf's loop. The job informer wakes a
+    job that appears (or is found after a restart) or gets a new spec; our own status writes
+    (same generation) wake nothing. A pod of a job not (or no longer) known wakes nothing."""
     ctl: Controller = memo.controller
-    if not ctl.started:
-        ctl.start()
-        if ctl.informer is None:
-            refs = memo.refs  # a pod of a job not (or no longer) known wakes nothing
+    if ctl.started:
+        return ctl
+    ctl.start()
+    loop = asyncio.get_running_loop()
 
-            def wake(key: tuple[str, str]) -> None:
-                if key in refs:
-                    ctl.add_threadsafe(key)
+    def job_changed(key: tuple[str, str], gone: bool) -> None:
+        if gone:
+            loop.call_soon_threadsafe(forget, memo, key)
+        else:
+            ctl.add_threadsafe(key)
 
-            ctl.informer = PodInformer(memo.kube, memo.namespaces, wake)
-            memo.kube.pod_source = ctl.informer.pods
-            ctl.informer.start()
+    def pod_changed(key: tuple[str, str]) -> None:
+        if jobs.uid(key):
+            ctl.add_threadsafe(key)
+
+    jobs = ctl.jobs = JobInformer(memo.kube, memo.namespaces, job_changed)
+    ctl.informer = PodInformer(memo.kube, memo.namespaces, pod_changed)
+    memo.kube.pod_source = ctl.informer.pods
+    memo.kube.job_source = jobs
+    ctl.informer.start()
+    jobs.start()
     return ctl
 
 
 def forget(memo: kopf.Memo, key: tuple[str, str]) -> None:
     memo.controller.queue.forget(key)
-    for d in (memo.refs, memo.generations, memo.failures):
-        d.pop(key, None)
+    memo.failures.pop(key, None)
     memo.metrics.forget(*key)
 
 
@@ -119,10 +112,13 @@ def after(memo: kopf.Memo, key: tuple[str, str], decision: status.Decision | Non
     if decision is None or decision.delete_job:
         forget(memo, key)
         return None
-    if (ref := memo.refs.get(key)) and decision.events:
-        post(ref, decision.events)
-        memo.metrics.api_requests.labels("POST").inc(len(decision.events))  # kopf posts them
-    return status.look_again_s(decision)
+    jobs = memo.controller.jobs
+    if decision.events and jobs is not None and (uid := jobs.uid(key)):
+        posting.post(memo.kube, {"namespace": key[0], "name": key[1], "uid": uid}, decision.events)
+    again = status.look_again_s(decision)
+    if again is None and not decision.to_create and not decision.delete and jobs is not None:
+        jobs.drop(key)  # nothing will look soon: keep no object for a sleeping job
+    return again
 
 
 def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decision | None:
@@ -138,6 +134,8 @@ def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decisio
     except Exception as e:  # a bug must not take a worker (or the operator) down
         log.exception("%s/%s: reconcile crashed", namespace, name)
         why, failed = f"{type(e).__name__}", "crashed"
+    if (jobs := memo.controller.jobs) is not None:
+        jobs.drop(key)  # a write may have happened unanswered: read the job again
     n = memo.failures[key] = memo.failures.get(key, 0) + 1
     delay = status.error_retry_s(n)
     message = f"reconcile {failed} ({n} in a row), retrying in {delay:g}s: {why}"
@@ -145,12 +143,6 @@ def reconcile_once(memo: kopf.Memo, namespace: str, name: str) -> status.Decisio
     warning = status.Event("Warning", status.REASON_RECONCILE_FAILED, message)
     events = (warning,) if status.warn_again(n) else ()
     return status.Decision(status={}, events=events, requeue_after_s=delay)
-
-
-def post(body: kopf.Body | dict, events: tuple[status.Event, ...]) -> None:
-    """The one place Events about a TrainingJob are posted."""
-    for ev in events:
-        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
 
 
 def new_memo(
@@ -166,12 +158,10 @@ def new_memo(
         network=network,
         failures={},
         namespaces=namespaces or None,
-        refs={},
-        generations={},
     )
 
     async def ready() -> None:
-        while ctl.informer is None or not ctl.informer.synced():
+        while not (ctl.informer and ctl.informer.synced() and ctl.jobs.synced()):
             await asyncio.sleep(0.05)
 
     ctl = memo.controller = Controller(

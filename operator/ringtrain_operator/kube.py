@@ -72,14 +72,30 @@ class Kube:
         self.networking = client.NetworkingV1Api(api_client)
         #: Where :meth:`list_pods` reads: the pod informer's cache once it runs (``handlers``).
         self.pod_source: Callable[[str, str], list[ObservedPod]] | None = None
+        #: The job informer once it runs: :meth:`get_job` asks it first, and tells it every job
+        #: object read or written (``object(key)``, ``remember(key, raw)``).
+        self.job_source: Any = None
 
     def get_job(self, namespace: str, name: str) -> dict | None:
+        """The job: the job informer's last-known object while it is current, else a GET."""
+        if self.job_source is not None and (obj := self.job_source.object((namespace, name))):
+            return obj
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            raw = body(
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+                )
+            )
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
+        self._remember(namespace, name, raw)
+        return json.loads(raw)
+
+    def _remember(self, namespace: str, name: str, raw: bytes) -> None:
+        if self.job_source is not None:
+            self.job_source.remember((namespace, name), raw)
 
     def list_pods(self, namespace: str, job_name: str) -> list[dict] | list[ObservedPod]:
         """The job's pods: from the informer when there is one, else one list call."""
@@ -97,6 +113,14 @@ class Kube:
         if namespace is None:
             return self.core.list_pod_for_all_namespaces(**kw)
         return self.core.list_namespaced_pod(namespace, **kw)
+
+    def jobs_request(self, namespace: str | None, **kw: Any) -> Any:
+        """The job informer's one call: a page of the TrainingJobs in ``namespace`` (None: all
+        namespaces), or with ``watch=True`` their watch; the raw response."""
+        kw["_preload_content"] = False
+        if namespace is None:
+            return self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw)
+        return self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, **kw)
 
     def create(self, obj: Mapping[str, Any]) -> bool:
         """Create a namespaced core object; False if it already existed."""
@@ -126,10 +150,27 @@ class Kube:
             raise
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        """JSON merge patch of the status subresource (None removes a key)."""
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": patch}
+        """JSON merge patch of the status subresource (None removes a key); the answer, the
+        whole job as written, is kept by the job informer."""
+        raw = body(
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": patch}, _preload_content=False
+            )
         )
+        self._remember(namespace, name, raw)
+
+    def patch_job(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """JSON merge patch of the job itself (an older operator's finalizer removed)."""
+        raw = body(
+            self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, patch, _preload_content=False
+            )
+        )
+        self._remember(namespace, name, raw)
+
+    def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Post one core/v1 Event (:mod:`.posting` builds it)."""
+        body(self.core.create_namespaced_event(namespace, event, _preload_content=False))
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:

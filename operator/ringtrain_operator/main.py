@@ -116,12 +116,11 @@ def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
     )
     settings.posting.level = logging.WARNING  # kopf's own warnings about a job become Events
     settings.scanning.disabled = bool(args.namespace)
-    # kopf only relays TrainingJob events to the work queue (no daemons, no changing handlers,
-    # so no finalizer or annotation writes; an old operator's finalizer is removed). Its worker
-    # per object then lives a second after the object's last event, not 5 s: 10,000 jobs
-    # created at once leave 10,000 idle asyncio tasks for a second (issue 22).
+    # kopf watches no resource (the informers do: issue 22); these settings matter only if a
+    # resource handler is added again. Its per-object worker would live a second after the
+    # object's last event, not 5 s, and a watch is renewed every 10 minutes, so a silently dead
+    # connection is noticed.
     settings.batching.idle_timeout = 1.0
-    # A watch request is renewed every 10 minutes, so a silently dead connection is noticed.
     settings.watching.server_timeout = 600
     settings.watching.client_timeout = 660
     return settings
@@ -150,7 +149,7 @@ def main(argv: list[str]) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.verbose:  # kopf says "Handler 'job_event' succeeded" for every job event
+    if not args.verbose:  # kopf's per-object INFO lines, should a resource handler return
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     api = load_config(args.kubeconfig)
     metrics = OperatorMetrics()

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 LiveStatusFetcher = Callable[[str], "Mapping[str, Any] | None"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObservedPod:
     """What the fold needs to know about one pod of the job (see :meth:`from_pod`)."""
 

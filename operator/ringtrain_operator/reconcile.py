@@ -37,6 +37,18 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict:
     return patch
 
 
+#: The finalizer an operator before issue 22's kopf bookkeeping put on every job; nothing
+#: writes it now, so a job that still carries it could never be deleted.
+OLD_FINALIZER = "ringtrain.io/finalizer"
+
+
+def drop_old_finalizer(kube: Kube, obj: Mapping[str, Any]) -> None:
+    meta = obj.get("metadata") or {}
+    if OLD_FINALIZER in (finalizers := meta.get("finalizers") or []):
+        keep = [f for f in finalizers if f != OLD_FINALIZER]
+        kube.patch_job(meta["namespace"], meta["name"], {"metadata": {"finalizers": keep or None}})
+
+
 def reconcile(
     kube: Kube,
     namespace: str,
@@ -55,6 +67,7 @@ def reconcile(
     obj = kube.get_job(namespace, name)
     if obj is None:
         return None
+    drop_old_finalizer(kube, obj)
     now = now or datetime.now(UTC)
     pod_objs = kube.list_pods(namespace, name)
     previous = obj.get("status") or {}

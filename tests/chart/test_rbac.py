@@ -25,13 +25,17 @@ GRANTS = {
         "Kube.get_job",
         "get_namespaced_custom_object",
     ),
-    ("ringtrain.io", "trainingjobs", "list"): ("handlers.py", "job_event", "@kopf.on.event(GROUP"),
-    ("ringtrain.io", "trainingjobs", "watch"): ("handlers.py", "job_event", "@kopf.on.event(GROUP"),
-    # kopf removes an older operator's finalizer with a merge patch of the object.
+    ("ringtrain.io", "trainingjobs", "list"): (
+        "kube.py",
+        "Kube.jobs_request",
+        "list_namespaced_custom_object",
+    ),
+    ("ringtrain.io", "trainingjobs", "watch"): ("informer.py", "ListWatch._watch", "watch=True"),
+    # an older operator's finalizer is removed with a merge patch of the object
     ("ringtrain.io", "trainingjobs", "patch"): (
-        "main.py",
-        "operator_settings",
-        "persistence.finalizer",
+        "kube.py",
+        "Kube.patch_job",
+        "patch_namespaced_custom_object(",
     ),
     ("ringtrain.io", "trainingjobs", "delete"): (
         "kube.py",
@@ -53,7 +57,7 @@ GRANTS = {
     ("", "pods", "create"): ("kube.py", "Kube.create", "create_namespaced_pod"),
     ("", "pods", "delete"): ("kube.py", "Kube.delete_pod", "delete_namespaced_pod"),
     ("", "pods", "list"): ("kube.py", "Kube.pods_request", "list_namespaced_pod"),
-    ("", "pods", "watch"): ("informer.py", "PodInformer._watch", "watch=True"),
+    ("", "pods", "watch"): ("informer.py", "ListWatch._watch", "watch=True"),
     ("", "services", "create"): ("kube.py", "Kube.create", "create_namespaced_service"),
     ("", "secrets", "create"): ("kube.py", "Kube.create", "create_namespaced_secret"),
     # an MPI job's hostfile and sshd configuration (spec.mpi)
@@ -63,7 +67,7 @@ GRANTS = {
         "Kube.create",
         "create_namespaced_network_policy",
     ),
-    ("", "events", "create"): ("handlers.py", "post", "kopf.event("),
+    ("", "events", "create"): ("kube.py", "Kube.create_event", "create_namespaced_event"),
 }
 #: Only with networkPolicy.enabled (the default).
 NETWORK_POLICY_ONLY = {("networking.k8s.io", "networkpolicies", "create")}

@@ -9,7 +9,7 @@ import threading
 from kubernetes import client
 
 from ringtrain_operator.controller import Controller, WorkQueue
-from ringtrain_operator.informer import PodInformer
+from ringtrain_operator.informer import JobInformer, PodInformer
 from ringtrain_operator.kube import Kube
 
 
@@ -109,3 +109,51 @@ def test_only_pod_changes_the_fold_reads_wake_the_job():
     assert [p.name for p in inf.pods("ns", "j")] == ["j-worker-1"]
     # added, added, (unschedulable: no), running
     assert woken == [("ns", "j")] * 3 + [("ns", "k"), ("ns", "j")]
+
+
+def job(name, generation, uid="u1"):
+    return {"metadata": {"name": name, "namespace": "ns", "uid": uid, "generation": generation}}
+
+
+def test_new_jobs_and_spec_changes_wake_a_job_and_status_writes_do_not():
+    """A job is woken when it appears (or is listed after a restart), when its spec changes (a
+    new generation) and when it is created again under its name (a new uid); not for the
+    status the operator writes (same generation). A relist forgets jobs deleted meanwhile."""
+    woken = []
+    inf = JobInformer(Kube(client.ApiClient()), ["ns"], lambda key, gone: woken.append((key, gone)))
+    inf._replace("ns", {("ns", "a"): ("u1", 1), ("ns", "b"): ("u2", 1)})  # start-up list
+    inf.apply("MODIFIED", job("a", 1))  # our status write
+    inf.apply("MODIFIED", job("a", 2))  # a new spec
+    inf.apply("DELETED", job("a", 2))
+    inf.apply("ADDED", job("a", 1, uid="u3"))  # created again
+    assert inf.uid(("ns", "a")) == "u3"
+    inf._replace("ns", {("ns", "a"): ("u3", 1)})  # b deleted while the watch was down
+    a, b = ("ns", "a"), ("ns", "b")
+    assert woken == [(a, False), (b, False), (a, False), (a, True), (a, False), (b, True)]
+    assert inf.uid(b) is None
+
+
+def test_a_reconcile_reads_the_job_it_last_wrote_only_while_the_watch_agrees():
+    """The status patch's answer stands in for the next GET (issue 22), but never once the
+    watch reports another spec (generation) or uid, and never after the job was dropped."""
+    import json
+
+    inf = JobInformer(Kube(client.ApiClient()), ["ns"], lambda key, gone: None)
+    key = ("ns", "a")
+    inf.apply("ADDED", job("a", 1))
+    assert inf.object(key) is None  # nothing read yet: a GET
+    written = {**job("a", 1), "status": {"state": "Created"}}
+    inf.remember(key, json.dumps(written).encode())
+    assert inf.object(key) == written
+    inf.apply("MODIFIED", job("a", 1))  # our own write's event: still ours
+    assert inf.object(key) == written
+    inf.apply("MODIFIED", job("a", 2))  # a new spec: read it
+    assert inf.object(key) is None
+    inf.remember(key, json.dumps(job("a", 2)).encode())
+    assert inf.object(key) == job("a", 2)
+    inf.drop(key)
+    assert inf.object(key) is None
+    inf.remember(key, json.dumps(job("a", 2)).encode())
+    inf.apply("DELETED", job("a", 2))
+    inf.apply("ADDED", job("a", 2, uid="u9"))  # created again under the name
+    assert inf.object(key) is None

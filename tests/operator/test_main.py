@@ -79,19 +79,33 @@ def test_a_failed_reconcile_retries_soon_and_says_why_in_one_warning_event():
     assert "reconcile crashed" in crashed.events[0].message
 
 
-def test_events_are_posted_from_one_place(monkeypatch):
-    import kopf
+def test_a_reconciles_events_are_posted_aggregated_with_an_honest_count():
+    """One Event per (type, reason) of a reconcile, its count the number aggregated: summing
+    ``count`` still gives one PodCreated per pod (issue 22: 3 → 2 posts per new job)."""
+    from ringtrain_operator import posting
 
-    posted = []
-    monkeypatch.setattr(kopf, "event", lambda body, **kw: posted.append(kw))
-    handlers.post(
-        {"metadata": {}},
-        (status.Event("Normal", "PodCreated", "created pod p"), status.Event("Warning", "X", "y")),
+    evs = (
+        status.Event("Normal", "TrainingJobCreated", "created"),
+        status.Event("Normal", "PodCreated", "created pod j-worker-0"),
+        status.Event("Normal", "PodCreated", "created pod j-worker-1"),
+        status.Event("Warning", "X", "y"),
+        status.Event("Warning", "X", "z"),
     )
-    assert posted == [
-        {"type": "Normal", "reason": "PodCreated", "message": "created pod p"},
-        {"type": "Warning", "reason": "X", "message": "y"},
+    got = [(e.reason, e.message, n) for e, n in posting.aggregate(evs)]
+    assert got == [
+        ("TrainingJobCreated", "created", 1),
+        ("PodCreated", "created pods j-worker-0, j-worker-1", 2),
+        ("X", "y; z", 2),
     ]
+    ref = {"namespace": "ns", "name": "j", "uid": "u1"}
+    body = posting.event_body(ref, status.Event("Warning", "X", "m" * 5000), 3)
+    assert body["count"] == 3 and len(body["message"]) <= posting.MESSAGE_MAX
+    assert body["involvedObject"] == {
+        "apiVersion": "ringtrain.io/v1alpha1",
+        "kind": "TrainingJob",
+        **ref,
+    }
+    assert body["metadata"]["namespace"] == "ns" and body["metadata"]["name"].startswith("j.")
 
 
 def test_kopf_bookkeeping_lives_under_ringtrain_io():
@@ -106,50 +120,6 @@ def test_kopf_bookkeeping_lives_under_ringtrain_io():
     assert settings.persistence.diffbase_storage.prefix == "ringtrain.io"
     assert settings.posting.level == logging.WARNING
     assert not hasattr(handlers, "configure")  # kopf settings are made in one place
-
-
-def test_new_jobs_and_spec_changes_are_queued_once_and_status_writes_are_not():
-    """kopf relays TrainingJob events; a job is queued when it appears (or is listed after a
-    restart) and when its spec changes (a new generation), not for the status we write."""
-    import copy
-
-    memo = handlers.new_memo(kube=None, metrics=OperatorMetrics(CollectorRegistry()))
-    memo.controller.informer = type(
-        "NotSynced", (), {"synced": lambda self: False, "stop": lambda self: None}
-    )()
-
-    def body(generation):
-        return {
-            "apiVersion": "ringtrain.io/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": "job", "namespace": "ns", "uid": "u1", "generation": generation},
-        }
-
-    added = []
-    memo.controller.queue.add = added.append
-
-    async def scenario():
-        for kind, gen in [(None, 1), ("MODIFIED", 1), ("MODIFIED", 2), ("MODIFIED", 2)]:
-            await handlers.job_event(
-                event={"type": kind},
-                body=body(gen),
-                name="job",
-                namespace="ns",
-                memo=copy.copy(memo),
-            )
-        assert memo.refs[("ns", "job")]["metadata"]["uid"] == "u1"
-        await handlers.job_event(
-            event={"type": "DELETED"},
-            body=body(2),
-            name="job",
-            namespace="ns",
-            memo=copy.copy(memo),
-        )
-        await memo.controller.stop()
-
-    asyncio.run(scenario())
-    assert added == [("ns", "job"), ("ns", "job")]  # listed, then generation 2
-    assert memo.refs == {} and memo.generations == {}  # a deleted job is forgotten
 
 
 def test_namespaced_mode_needs_no_cluster_wide_scanning():
@@ -187,3 +157,28 @@ def test_reconcile_failures_in_a_row_back_off_to_five_minutes_and_warn_less_ofte
     assert handlers.reconcile_once(memo, "ns", "job") is None  # a success: the count resets
     memo.kube = None
     assert handlers.reconcile_once(memo, "ns", "job").requeue_after_s == 5
+
+
+def test_events_are_posted_off_the_reconcile_path_and_a_failed_post_is_only_logged(caplog):
+    import threading
+
+    from ringtrain_operator import posting
+
+    got, done = [], threading.Event()
+
+    class Kube:
+        def create_event(self, namespace, body):
+            got.append((namespace, body["reason"], body["count"]))
+            if body["reason"] == "Refused":
+                raise RuntimeError("403 Forbidden")
+            done.set()
+
+    evs = (
+        status.Event("Warning", "Refused", "x"),
+        status.Event("Normal", "PodCreated", "created pod j-worker-0"),
+        status.Event("Normal", "PodCreated", "created pod j-worker-1"),
+    )
+    posting.post(Kube(), {"namespace": "ns", "name": "j", "uid": "u1"}, evs)
+    assert done.wait(10)
+    assert got == [("ns", "Refused", 1), ("ns", "PodCreated", 2)]
+    assert "ns/j: Event Refused not posted: 403 Forbidden" in caplog.text
