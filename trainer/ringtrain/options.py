@@ -438,24 +438,25 @@ GROUPS: tuple[Group, ...] = (
             Option(
                 "initial_loss_scale",
                 float,
-                32768.0,
+                None,
                 crd="initialLossScale",
                 minimum=0,
                 exclusive_minimum=True,
                 maximum=2.0**64,
                 metavar="F",
-                help="the loss scale to start with (Keras' initial_scale, 2**15)",
+                help="the loss scale to start with (default: the model's LossScaleOptimizer's "
+                "initial_scale, else Keras' 2**15)",
             ),
             Option(
                 "loss_scale_growth_steps",
                 int,
-                2000,
+                None,
                 crd="lossScaleGrowthSteps",
                 minimum=1,
                 maximum=MAX_STEPS,
                 metavar="N",
-                help="clean steps after which a dynamic loss scale doubles (Keras' "
-                "dynamic_growth_steps)",
+                help="clean steps after which a dynamic loss scale doubles (default: the model's "
+                "LossScaleOptimizer's dynamic_growth_steps, else Keras' 2,000)",
             ),
             Option(
                 "stochastic_rounding",

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 from ringtrain_trainer.optim.loss_scale import LossScale
 
+#: Keras' ``LossScaleOptimizer`` defaults, for a model that names none
+KERAS_INITIAL_SCALE, KERAS_GROWTH_STEPS = 2.0**15, 2000
+
 
 @dataclass(frozen=True)
 class ModelNumerics:
@@ -54,10 +57,10 @@ def for_run(cfg, model) -> Numerics:
     """The run's numerics: ``cfg`` (a ``TrainerConfig``) over ``model``'s :class:`ModelNumerics`."""
     own = getattr(model, "numerics", None) or ModelNumerics()
     precision = cfg.precision or ("fp16" if own.policy == "mixed_float16" else "fp32")
-    initial, growth = own.loss_scale or (cfg.initial_loss_scale, cfg.loss_scale_growth_steps)
-    if cfg.initial_loss_scale != 32768.0:  # given: the flag wins over the model's
+    initial, growth = own.loss_scale or (KERAS_INITIAL_SCALE, KERAS_GROWTH_STEPS)
+    if cfg.initial_loss_scale is not None:  # given: the flag wins over the model's
         initial = cfg.initial_loss_scale
-    if cfg.loss_scale_growth_steps != 2000:
+    if cfg.loss_scale_growth_steps is not None:
         growth = cfg.loss_scale_growth_steps
     mode = cfg.loss_scaling
     if mode is None:
