@@ -4,7 +4,8 @@ Why one place: Conv1D, Conv2D, the depthwise convolutions and the poolings all n
 three things — the output size and the padding of ``valid`` / ``same`` / ``causal`` with
 strides and dilation as TensorFlow computes them, a strided *view* of the padded input with one
 axis per kernel offset (im2col without a copy), and one tap's view of the input, where that
-tap's gradient lands (:meth:`Window.tap`). A 1-D op is the 2-D case with a height of one, so there is one implementation.
+tap's gradient lands (:meth:`Window.tap`). A 1-D op is the 2-D case with a height of one, so
+there is one implementation.
 The arithmetic (:func:`pad_1d`) is pure Python: the Keras registry's shapes use it without
 numpy (imported only inside the methods that touch arrays).
 """
