@@ -69,6 +69,12 @@ def test_bench_step_times_the_same_keras_model_in_tensorflow(tmp_path, capsys):
             100 * side["gflops"] / r["matmul_peak_gflops"], rel=2e-2, abs=2e-2
         )
         assert side["loss_last"] != side["loss_first"]
+        # CPU time per step, the least of the blocks: every thread of the side's process
+        assert 0 < side["cpu_ms_per_step"] <= 1e3 * max(side["block_seconds"]) / 3 * 2
+    assert r["cpu_ratio_vs_tensorflow"] == tf["cpu_ratio"]
+    assert tf["cpu_ratio"] == pytest.approx(
+        tf["cpu_ms_per_step"] / r["cpu_ms_per_step"], rel=2e-3, abs=2e-3
+    )
     rt = tf["runtime"]
     assert (rt["backend"], rt["jit_compile"], rt["optimizer"]) == ("tensorflow", False, "SGD")
     assert (rt["intra_op_threads"], rt["inter_op_threads"]) == (1, 1)

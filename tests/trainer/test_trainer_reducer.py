@@ -15,6 +15,7 @@ from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.reducer import Bucket, Readiness, Reducer, StopVote, assign_buckets
 from ringtrain_trainer.reducer import comm as C
+from ringtrain_trainer.reducer.hook import OptimizerHook
 from ringtrain_trainer.worker import Trainer
 
 MiB = 1 << 20
@@ -97,6 +98,7 @@ def test_the_reducer_buffer_holds_the_gradients_then_the_vote_which_the_optimize
     r.begin_step(0, stop=True)
     for a, b in ((0, 10), (10, 22), (22, 30), (30, 31)):
         r.on_grad(a, b)
+    r.finish()
     np.testing.assert_array_equal(p, -1)
 
 
@@ -113,7 +115,7 @@ def test_the_switch_interval_context_nests_and_restores():
     assert sys.getswitchinterval() == before
 
 
-def test_single_worker_applies_each_layer_inline_without_a_thread(rng):
+def test_single_worker_applies_the_step_at_finish_without_a_thread(rng):
     p = rng.normal(size=30).astype(np.float32)
     g = rng.normal(size=30).astype(np.float32)
     want = p - 0.1 * g
@@ -121,12 +123,49 @@ def test_single_worker_applies_each_layer_inline_without_a_thread(rng):
     r.grads[:] = g
     r.begin_step(0)
     assert r._comm is None
+    r.on_grad(10, 30)  # backward: the last layer first
     r.on_grad(0, 10)
-    np.testing.assert_allclose(p[:10], want[:10])
-    assert not np.allclose(p[10:], want[10:])  # the second layer is not ready yet
-    r.on_grad(10, 30)
-    np.testing.assert_allclose(p, want)
+    assert not np.allclose(p, want)  # one worker: applied once, as one run, by finish()
     assert r.finish().allreduce_s == 0
+    np.testing.assert_allclose(p, want)
+
+
+@pytest.mark.parametrize(
+    "name,clip", [("adam", None), ("sgd", "clipnorm"), ("sgd", "global_clipnorm")]
+)
+def test_single_worker_run_equals_piece_by_piece_bit_for_bit(rng, name, clip):
+    """Coalescing a step's pieces into one optimizer pass changes no bit (elementwise updates,
+    whole-tensor norms), and a non-finite piece is still the one named."""
+    from ringtrain_trainer.optim.clip import Clip
+
+    sizes = [6, 10, 14]
+    p0 = rng.normal(size=30).astype(np.float32)
+    steps = [rng.normal(size=30).astype(np.float32) for _ in range(3)]
+    pieces = [(16, 30), (6, 16), (0, 6)]
+    ref, p = p0.copy(), p0.copy()
+    opts = [O.build(name, w, O.StepDecay(0.01)) for w in (ref, p)]
+    for o in opts:
+        o.set_clip(Clip(clip, 0.3, pieces))
+    hook = OptimizerHook(opts[0], np.zeros(30, np.float32))
+    r = Reducer(sizes[::-1], LocalCollective(), opts[1])
+    for g in steps:
+        hook.grads[:] = g
+        hook.begin_step(0)
+        for a, b in pieces:
+            hook(a, b)
+        r.grads[:] = g
+        r.begin_step(0)
+        for a, b in pieces:
+            r.on_grad(a, b)
+        r.finish()
+        assert np.array_equal(p, ref)
+    r.grads[:] = 1
+    r.grads[8] = np.nan
+    r.begin_step(0)
+    for a, b in pieces:
+        r.on_grad(a, b)
+    r.finish()
+    assert r.hook.nonfinite == (6, 16)
 
 
 def run_ranks(world, fn):

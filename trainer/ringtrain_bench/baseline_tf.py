@@ -91,6 +91,7 @@ class TensorFlowSide:
             )
         self.loss_first: float | None = None
         self.loss_last: float | None = None
+        self.cpu_seconds = 0.0  # the last run()'s CPU time, every thread of its process
         #: the largest change of any weight since the start: that TensorFlow really trained
         self.weights_moved = 0.0
         self.traces = 0  # times the tf.function was traced (1: one graph ran throughout)
@@ -122,7 +123,7 @@ class TensorFlowSide:
         self.proc.stdin.flush()
         a = self._answer()
         self.loss_last, self.weights_moved = a["loss"], a["weights_moved"]
-        self.traces = a["traces"]
+        self.traces, self.cpu_seconds = a["traces"], a["cpu_seconds"]
         if self.loss_first is None:
             self.loss_first = self.loss_last
         return a["seconds"]
@@ -225,18 +226,20 @@ def child(directory: str) -> None:
     pos = 0
     for line in sys.stdin:
         steps = int(line.split()[1])
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(steps):
             loss = train_step(*batches[pos])
             pos = (pos + 1) % len(batches)
         last = float(loss)  # inside the timing: the step has surely finished
         seconds = time.perf_counter() - t
+        cpu_seconds = time.process_time() - c  # every TensorFlow thread's CPU time
         moved = max(
             float(np.abs(w - w0).max()) for w, w0 in zip(model.get_weights(), weights, strict=True)
         )
         # one trace: every block ran the same compiled graph, no retracing inside the timing
         traces = train_step.experimental_get_tracing_count()
-        answer = {"seconds": seconds, "loss": last, "weights_moved": moved, "traces": traces}
+        answer = {"seconds": seconds, "cpu_seconds": cpu_seconds, "loss": last}
+        answer.update(weights_moved=moved, traces=traces)
         print(json.dumps(answer), file=answers, flush=True)
 
 

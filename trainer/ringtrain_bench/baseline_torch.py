@@ -78,12 +78,13 @@ class TorchSide:
             self.start_loss = float(self.loss(self.model(x0), torch.from_numpy(y0)))
         self.loss_first: float | None = None
         self.loss_last: float | None = None
+        self.cpu_seconds = 0.0  # the last run()'s CPU time, every thread of its process
 
     def run(self, steps: int) -> float:
         if steps < 1:
             return 0.0
         torch = self.torch
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(steps):
             if self.pos + self.batch > self.n:
                 self.pos = 0
@@ -95,6 +96,7 @@ class TorchSide:
             loss.backward()
             self.opt.step()
         dt = time.perf_counter() - t
+        self.cpu_seconds = time.process_time() - c
         self.loss_last = float(loss.detach())
         if self.loss_first is None:
             self.loss_first = self.loss_last

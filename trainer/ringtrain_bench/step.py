@@ -173,6 +173,7 @@ class IPUSide:
         self.comm = StepCommStats()
         self.loss_first: float | None = None
         self.loss_last: float | None = None
+        self.cpu_seconds = 0.0  # the last run()'s CPU time, every thread of its process
         #: the very first step's loss: the starting weights' loss on the first batch
         self.start_loss: float | None = None
 
@@ -187,13 +188,14 @@ class IPUSide:
     def run(self, steps: int) -> float:
         if steps < 1:  # --warmup 0
             return 0.0
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             loss, _, c = self.trainer.train_one_step()
             self.comm = self.comm + c
             if self.start_loss is None:
                 self.start_loss = float(loss)
         dt = time.perf_counter() - t
+        self.cpu_seconds = time.process_time() - cpu
         self.loss_last = float(loss)
         if self.loss_first is None:
             self.loss_first = self.loss_last
@@ -235,8 +237,12 @@ def make_side(name: str, args, threads: int, ipu: IPUSide, explicit: bool):
         return None
 
 
-def side_report(side, times: list[float], args, flops_per_step: int, peak: float) -> dict:
-    """One side's figures from its block times (the median block; every block listed)."""
+def side_report(
+    side, times: list[float], cpus: list[float], args, flops_per_step: int, peak: float
+) -> dict:
+    """One side's figures from its block times (the median block; every block listed), and
+    its CPU time per step (the least of the blocks: every thread of the side's process), the
+    figure a loaded, shared machine disturbs least."""
     t = statistics.median(times)
     sps = args.batch_size * args.steps / t
     gflops = flops_per_step * args.steps / t / 1e9
@@ -247,6 +253,7 @@ def side_report(side, times: list[float], args, flops_per_step: int, peak: float
         "loss_first": side.loss_first,
         "loss_last": side.loss_last,
         "block_seconds": [round(x, 4) for x in times],
+        "cpu_ms_per_step": round(1e3 * min(cpus) / args.steps, 4),
     }
 
 
@@ -268,11 +275,13 @@ def bench_one_worker(args) -> dict:
             for side in sides:
                 side.run(args.warmup)
             times: list[list[float]] = [[] for _ in sides]
+            cpus: list[list[float]] = [[] for _ in sides]
             peaks, order = [], []
             for r in range(args.repeats):
                 # the order rotates, so no side always runs right after another
                 for i in [(r + k) % len(sides) for k in range(len(sides))]:
                     times[i].append(sides[i].run(args.steps))
+                    cpus[i].append(sides[i].cpu_seconds)
                     order.append(sides[i].name)
                 peaks.append(matmul_peak_gflops(seconds=0.1, threads=threads))
             info = blas_info()
@@ -281,7 +290,7 @@ def bench_one_worker(args) -> dict:
             side.close()
     peak = max(peaks)
     medians = [statistics.median(t) for t in times]
-    ours = side_report(ipu, times[0], args, ipu.flops_per_step, peak)
+    ours = side_report(ipu, times[0], cpus[0], args, ipu.flops_per_step, peak)
     result = {
         "model": args.model,
         "batch_size": args.batch_size,
@@ -302,13 +311,15 @@ def bench_one_worker(args) -> dict:
         },
         "baselines": {},
     }
-    for side, block_times, t in zip(sides[1:], times[1:], medians[1:], strict=True):
-        theirs = side_report(side, block_times, args, ipu.flops_per_step, peak)
+    for side, block_times, cpu, t in zip(sides[1:], times[1:], cpus[1:], medians[1:], strict=True):
+        theirs = side_report(side, block_times, cpu, args, ipu.flops_per_step, peak)
         # the ratio of the unrounded rates: ringtrain / baseline
         ratio = round(t / medians[0], 3)
         result["baselines"][side.name] = {
             **theirs,
             "ratio": ratio,
+            # the same, by CPU time per step: their CPU ms / ours
+            "cpu_ratio": round(theirs["cpu_ms_per_step"] / ours["cpu_ms_per_step"], 3),
             "version": side.version,
             "start_loss": side.start_loss,
             # same model, same weights: the same loss on ringtrain's first batch (training
@@ -328,6 +339,7 @@ def bench_one_worker(args) -> dict:
         }
         result[f"{side.name}_samples_per_s"] = theirs["samples_per_s"]
         result[f"ratio_vs_{side.name}"] = ratio
+        result[f"cpu_ratio_vs_{side.name}"] = result["baselines"][side.name]["cpu_ratio"]
         result[f"{side.name}_version"] = side.version
     return result
 

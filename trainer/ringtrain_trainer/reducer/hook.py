@@ -43,6 +43,7 @@ class OptimizerHook:
         self.deferred: list[tuple[int, int]] = []
         #: hold every slice until the step's verdict (loss scaling: ``apply_deferred`` or drop)
         self.hold = False
+        self._checked = False  # apply_run checked the whole run: _apply need not again
 
     def begin_step(self, epoch: int) -> None:
         self.nonfinite = None
@@ -67,6 +68,24 @@ class OptimizerHook:
                 start = hi
         self._apply(start, stop)
 
+    def apply_run(self, pieces: list[tuple[int, int]]) -> None:
+        """A contiguous run of pieces (in arrival order) as one slice: one worker has nothing
+        to overlap, and a slice per piece cost a finite check and an optimizer pass per layer
+        (35 % of a small MLP's step, profiled). The updates are elementwise and the norms
+        whole-tensor, so the result is the same; a non-finite run is redone piece by piece,
+        so :attr:`nonfinite` names the same first piece as before."""
+        start, stop = min(a for a, _ in pieces), max(b for _, b in pieces)
+        stop = min(stop, self.num_params)
+        if self.nonfinite is None and start < stop and finite(self.grads[start:stop]):
+            self._checked = True
+            try:
+                self(start, stop)
+            finally:
+                self._checked = False
+            return
+        for a, b in pieces:
+            self(a, b)
+
     def apply_deferred(self) -> None:
         """The Embedding rows' slices, once ``optimizer.sparse`` holds this step's squares."""
         for start, stop in self.deferred:
@@ -75,7 +94,7 @@ class OptimizerHook:
 
     def _apply(self, start: int, stop: int) -> None:
         if start < stop and self.nonfinite is None:
-            if not finite(self.grads[start:stop]):
+            if not self._checked and not finite(self.grads[start:stop]):
                 self.nonfinite = (start, stop)
                 return
             t = self.tracer.now()

@@ -6,8 +6,9 @@ DDP's comm hook plus ``_hook_then_optimizer``: :class:`~.buckets.Readiness` says
 are complete, the :class:`~.comm.CommThread` runs the collective per ready bucket in order,
 and the on-reduced :class:`~.hook.OptimizerHook` applies the optimizer to each reduced slice.
 The reducer owns the flat buffer the IPU writes gradients into, with the :class:`~.stopvote.
-StopVote` element after them. With one worker there is nothing to reduce: the hook runs on
-each piece inline, as Horovod registers no hooks for size 1.
+StopVote` element after them. With one worker there is nothing to reduce: the pieces are
+collected and the hook runs once per contiguous run at :meth:`Reducer.finish` (Horovod
+registers no hooks for size 1).
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ class Reducer:
                 f"gradient buffer has {self.buffer.size}"
             )
         self.local = collective.size == 1
+        #: one worker: this step's pieces, applied by finish() (see OptimizerHook.apply_run)
+        self._pieces: list[tuple[int, int]] = []
         self.ready = Readiness(self.buckets)
         self._step = 0
         self._comm: CommThread | None = None  # started by the first step, not at construction
@@ -137,6 +140,7 @@ class Reducer:
         self._step = step
         self.hook.begin_step(epoch)
         if self.local:
+            self._pieces.clear()
             return
         if self._comm is None:
             self._comm = CommThread(
@@ -153,7 +157,7 @@ class Reducer:
     def on_grad(self, start: int, stop: int) -> None:
         """Called by the IPU (compute thread) when gradients [start, stop) are final."""
         if self.local:
-            self.hook(start, stop)
+            self._pieces.append((start, stop))
             return
         ready = self.ready.add(start, stop)
         if not self.overlap:
@@ -169,6 +173,7 @@ class Reducer:
     def finish(self) -> StepCommStats:
         """Wait for every bucket of this step; raises what the communication thread raised."""
         if self.local:
+            self._apply_local()
             return StepCommStats()
         t_ns = time.perf_counter_ns()  # the same reading for the statistics and the trace
         compute_end = t_ns * 1e-9
@@ -194,6 +199,18 @@ class Reducer:
             sum(b - a for a, b in self._waits),
             lead,
         )
+
+    def _apply_local(self) -> None:
+        """This step's pieces, a contiguous run (backward streams last layer first) at a time."""
+        run: list[tuple[int, int]] = []
+        for a, b in self._pieces:
+            if run and b != run[-1][0] and a != run[-1][1]:
+                self.hook.apply_run(run)
+                run = []
+            run.append((a, b))
+        if run:
+            self.hook.apply_run(run)
+        self._pieces.clear()
 
     def close(self) -> None:
         if self._comm is not None:

@@ -1,6 +1,13 @@
 """Conv1D and Conv2D with any kernel, strides, dilation and padding (``valid``, ``same``, and
 ``causal`` for 1-D): im2col as a strided view copied into one planned buffer, then one BLAS
-product forward, one per weight row block and one for the input gradient backward.
+product forward, one per weight row block, and one batched product for the input gradient.
+
+The input gradient is computed per kernel tap (``dz @ kernel[i, j].T``, one batched product
+into a ``(taps, rows, cin)`` buffer), not as one ``(rows, kh*kw*cin)`` matrix scattered back
+(col2im): each tap's block is then contiguous and adds onto the padded input gradient with
+whole image rows as the inner loop, where col2im's inner loop was ``cin`` floats at a stride of
+``kh*kw*cin``. py-spy on the zoo's ``resnet_add`` (3x3 ``same``, 6 channels): col2im was 47 %
+of the step; the scatter 4.0 -> 1.2 ms at its shape, 90 -> 63 ms at 26x26x32->64 (one core).
 
 A 1x1 convolution with unit strides and no padding (MobileNet's pointwise layers) skips
 im2col: the input already is the column matrix."""
@@ -58,7 +65,8 @@ class Conv(Window, Layer):
             if need_dx:
                 bufs["dx"] = ((b, *self.in_shape), "f")
                 if not self.pointwise:
-                    bufs.update({"dcols": ((rows, self.kk), "f"), "dxp": ((b, *self.padded), "f")})
+                    taps = (math.prod(self.k), rows, self.cin)
+                    bufs.update({"dtaps": (taps, "f"), "dxp": ((b, *self.padded), "f")})
         return bufs
 
     def flops(self, b, train, need_dx):
@@ -70,8 +78,8 @@ class Conv(Window, Layer):
             ws["ones"].fill(1)
         if "cols" in ws:
             ws["cols6"] = ws["cols"].reshape(b, self.ho, self.wo, *self.k, self.cin)
-        if "dcols" in ws:
-            ws["dcols6"] = ws["dcols"].reshape(b, self.ho, self.wo, *self.k, self.cin)
+        if "dtaps" in ws:
+            ws["dtaps5"] = ws["dtaps"].reshape(-1, b, self.ho, self.wo, self.cin)
             ws["dx"] = self.inner(ws["dxp"]).reshape(b, *self.in_shape)
 
     def forward(self, ws, x, kernel, bias=None):
@@ -107,7 +115,11 @@ class Conv(Window, Layer):
         if self.pointwise:
             np.matmul(ws["dz2"], k2.T, out=ws["dx"].reshape(-1, self.cin))
             return ws["dx"]
-        np.matmul(ws["dz2"], k2.T, out=ws["dcols"])
-        ws["dxp"].fill(0)
-        self.scatter(ws["dxp"], ws["dcols6"])
+        kt = kernel.reshape(-1, self.cin, self.cout).transpose(0, 2, 1)
+        np.matmul(ws["dz2"], kt, out=ws["dtaps"])
+        dxp, t5 = ws["dxp"], ws["dtaps5"]
+        dxp.fill(0)
+        for n, (i, j) in enumerate(self.taps()):
+            view = self.tap(dxp, i, j)
+            np.add(view, t5[n], out=view)
         return ws["dx"]

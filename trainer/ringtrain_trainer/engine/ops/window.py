@@ -3,8 +3,9 @@
 Why one place: Conv1D, Conv2D, the depthwise convolutions and the poolings all need the same
 three things — the output size and the padding of ``valid`` / ``same`` / ``causal`` with
 strides and dilation as TensorFlow computes them, a strided *view* of the padded input with one
-axis per kernel offset (im2col without a copy), and the scatter of a window gradient back onto
-the input. A 1-D op is the 2-D case with a height of one, so there is one implementation.
+axis per kernel offset (im2col without a copy), and one tap's view of the input, where that
+tap's gradient lands (:meth:`Window.tap`). A 1-D op is the 2-D case with a height of one, so
+there is one implementation.
 The arithmetic (:func:`pad_1d`) is pure Python: the Keras registry's shapes use it without
 numpy (imported only inside the methods that touch arrays).
 """
@@ -114,11 +115,3 @@ class Window:
 
     def taps(self):
         return ((i, j) for i in range(self.k[0]) for j in range(self.k[1]))
-
-    def scatter(self, dxp: np.ndarray, dwin: np.ndarray) -> None:
-        """Add a (b, ho, wo, kh, kw, c) window gradient onto the padded input gradient."""
-        import numpy as np
-
-        for i, j in self.taps():
-            view = self.tap(dxp, i, j)
-            np.add(view, dwin[:, :, :, i, j], out=view)
