@@ -12,7 +12,7 @@ import pytest
 from support.gradcheck import gradcheck
 
 from ringtrain_trainer import layers as L
-from ringtrain_trainer.engine.ops import merge
+from ringtrain_trainer.engine.ops import broadcast, dropout, merge, standardize
 from ringtrain_trainer.layers import fused
 
 B = 3
@@ -21,7 +21,7 @@ B = 3
 def _registry() -> set[type]:
     """Every op class the engine ships: the general layers, the fused fast path and the
     ``engine/ops`` families."""
-    mods = [L, fused, merge]
+    mods = [L, fused, merge, broadcast, dropout, standardize]
     return {
         c
         for m in mods
@@ -58,6 +58,15 @@ CASES = {
     **{f"merge-{m}": merge.Merge((2, 3), m) for m in merge.MODES},
     **{f"merge3-{m}": merge.Merge((4,), m, 3) for m in merge.MODES if m != "subtract"},
     "concatenate-last": merge.Concatenate([(2, 3), (2, 1)], -1),
+    **{
+        f"broadcast-{m}-{k}": broadcast.Broadcast(shapes, m)
+        for m in broadcast.UFUNCS
+        for k, shapes in {"se": [(3, 2, 4), (1, 1, 4)], "both": [(1, 3), (2, 1)]}.items()
+    },
+    "shared-dropout-spatial": dropout.SharedDropout((3, 2, 4), 0.5, 2, (1, 1, 4)),
+    "shared-dropout-example": dropout.SharedDropout((5, 2), 0.3, 2, (1, 1)),
+    "standardize-adapted": standardize.Standardize((2, 3)),
+    "standardize-fixed": standardize.Standardize((4,), [1.0, 2.0, 0.0, -1.0], [4.0, 0.25, 9, 1]),
     "concatenate-first3": merge.Concatenate([(1, 3), (2, 3), (3, 3)], 0),
 }
 
