@@ -180,3 +180,39 @@ def test_unsupported_operations_on_keras_tensors_are_refused_by_name():
     cfg = json.loads(keras.Model(inp, keras.ops.exp(inp)).to_json())
     with pytest.raises(InvalidSpec, match=r"operation 'exp\w*' \(keras\.src\.ops\.numpy\.Exp\)"):
         parse(cfg, compiled=False)
+
+
+def _efficientnet():
+    from keras.src.applications.efficientnet import EfficientNet
+
+    return EfficientNet(
+        0.25, 0.2, 32, dropout_rate=0, drop_connect_rate=0, input_shape=(32, 32, 3),
+        weights=None, classes=4,
+    )  # fmt: skip
+
+
+def _mobilenet_v3():
+    return keras.applications.MobileNetV3Small(
+        input_shape=(32, 32, 3), weights=None, classes=4, dropout_rate=0
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("build", [_efficientnet, _mobilenet_v3], ids=["efficientnet", "mnv3"])
+def test_applications_models_follow_keras_loss_curve(build, tmp_path, rng):
+    """Shrunk ``keras.applications`` models (dropout off: Keras' masks cannot be reproduced),
+    1 worker with the global batch (BatchNormalization couples the batch): the same loss at
+    every step. lr 1e-3: these BatchNorm stacks at initialization amplify float32 rounding
+    (MobileNetV2's gradients differ by up to 2.3 % between TensorFlow float32 and float64;
+    README's decisions), so a large step would compare rounding, not ringtrain."""
+    keras.utils.set_random_seed(3)
+    km = build()
+    x = rng.random((32, 32, 32, 3)).astype(np.float32) * 255
+    y = rng.integers(0, 4, 32)
+    ours, theirs, t = _train_like_keras(km, x, y, tmp_path, steps=3, batch=8, lr=1e-3)
+    try:
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4)
+        np.testing.assert_allclose(_predict(t, x[24:]), km.predict(x[24:], verbose=0), atol=1e-5)
+    finally:
+        t.close()
