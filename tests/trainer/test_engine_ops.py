@@ -151,3 +151,31 @@ def test_the_gradcheck_helper_catches_a_wrong_gradient(rng):
         gradcheck(f, x, 3 * x**2 + (np.arange(6) == 4).reshape(3, 2), what="cube")
     with pytest.raises(ValueError, match="float64"):
         gradcheck(f, x.astype(np.float32), 3 * x**2)
+
+
+def test_every_engine_op_is_finite_difference_checked_somewhere():
+    """Every op class of ``engine/ops`` goes through the one helper: a case here, or named in
+    a test module that runs ``support.opcheck``/``support.gradcheck`` on it."""
+    import importlib
+    import pkgutil
+    from pathlib import Path
+
+    from ringtrain_trainer.engine import ops
+    from ringtrain_trainer.layers.base import Layer
+
+    here = {type(op) for op in CASES.values()}
+    tests = [
+        p.read_text()
+        for p in Path(__file__).parent.glob("test_*.py")
+        if "support.opcheck" in p.read_text() or "support.gradcheck" in p.read_text()
+    ]
+    missing = []
+    for m in pkgutil.iter_modules(ops.__path__):
+        mod = importlib.import_module(f"{ops.__name__}.{m.name}")
+        for _, c in inspect.getmembers(mod, inspect.isclass):
+            private = c.__name__.startswith("_")  # a base class, checked through its heirs
+            if private or c.__module__ != mod.__name__ or not issubclass(c, Layer) or c in here:
+                continue
+            if not any(f"{c.__name__}(" in t for t in tests):
+                missing.append(f"{m.name}.{c.__name__}")
+    assert not missing, missing
