@@ -12,7 +12,7 @@ import pytest
 from support.gradcheck import gradcheck
 
 from ringtrain_trainer import layers as L
-from ringtrain_trainer.engine.ops import merge
+from ringtrain_trainer.engine.ops import broadcast, dropout, merge, standardize
 from ringtrain_trainer.layers import fused
 
 B = 3
@@ -21,7 +21,7 @@ B = 3
 def _registry() -> set[type]:
     """Every op class the engine ships: the general layers, the fused fast path and the
     ``engine/ops`` families."""
-    mods = [L, fused, merge]
+    mods = [L, fused, merge, broadcast, dropout, standardize]
     return {
         c
         for m in mods
@@ -58,6 +58,15 @@ CASES = {
     **{f"merge-{m}": merge.Merge((2, 3), m) for m in merge.MODES},
     **{f"merge3-{m}": merge.Merge((4,), m, 3) for m in merge.MODES if m != "subtract"},
     "concatenate-last": merge.Concatenate([(2, 3), (2, 1)], -1),
+    **{
+        f"broadcast-{m}-{k}": broadcast.Broadcast(shapes, m)
+        for m in broadcast.UFUNCS
+        for k, shapes in {"se": [(3, 2, 4), (1, 1, 4)], "both": [(1, 3), (2, 1)]}.items()
+    },
+    "shared-dropout-spatial": dropout.SharedDropout((3, 2, 4), 0.5, 2, (1, 1, 4)),
+    "shared-dropout-example": dropout.SharedDropout((5, 2), 0.3, 2, (1, 1)),
+    "standardize-adapted": standardize.Standardize((2, 3)),
+    "standardize-fixed": standardize.Standardize((4,), [1.0, 2.0, 0.0, -1.0], [4.0, 0.25, 9, 1]),
     "concatenate-first3": merge.Concatenate([(1, 3), (2, 3), (3, 3)], 0),
 }
 
@@ -142,3 +151,31 @@ def test_the_gradcheck_helper_catches_a_wrong_gradient(rng):
         gradcheck(f, x, 3 * x**2 + (np.arange(6) == 4).reshape(3, 2), what="cube")
     with pytest.raises(ValueError, match="float64"):
         gradcheck(f, x.astype(np.float32), 3 * x**2)
+
+
+def test_every_engine_op_is_finite_difference_checked_somewhere():
+    """Every op class of ``engine/ops`` goes through the one helper: a case here, or named in
+    a test module that runs ``support.opcheck``/``support.gradcheck`` on it."""
+    import importlib
+    import pkgutil
+    from pathlib import Path
+
+    from ringtrain_trainer.engine import ops
+    from ringtrain_trainer.layers.base import Layer
+
+    here = {type(op) for op in CASES.values()}
+    tests = [
+        p.read_text()
+        for p in Path(__file__).parent.glob("test_*.py")
+        if "support.opcheck" in p.read_text() or "support.gradcheck" in p.read_text()
+    ]
+    missing = []
+    for m in pkgutil.iter_modules(ops.__path__):
+        mod = importlib.import_module(f"{ops.__name__}.{m.name}")
+        for _, c in inspect.getmembers(mod, inspect.isclass):
+            private = c.__name__.startswith("_")  # a base class, checked through its heirs
+            if private or c.__module__ != mod.__name__ or not issubclass(c, Layer) or c in here:
+                continue
+            if not any(f"{c.__name__}(" in t for t in tests):
+                missing.append(f"{m.name}.{c.__name__}")
+    assert not missing, missing

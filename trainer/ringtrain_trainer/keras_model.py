@@ -227,9 +227,10 @@ class KerasModel(ModelSpec):
         """Arrays in ``model.get_weights()`` order (kernel HWIO / (in, out) as Keras)."""
         state = self.init_state() if state is None else state
         pv, sv = self.views(flat_params), self.state_views(state)
+        shapes = [w.shape for s in self.config.layers for w in archive.weights_of_layer(s)]
         return [
-            np.array((pv if w == "p" else sv)[li][n], np.float32)
-            for _, n, w, li in self._weight_refs()
+            np.array((pv if w == "p" else sv)[li][n], np.float32).reshape(shape)
+            for (_, n, w, li), shape in zip(self._weight_refs(), shapes, strict=True)
         ]
 
     def from_keras_weights(self, weights: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -244,7 +245,7 @@ class KerasModel(ModelSpec):
             )
         for (s, n, w, li), arr in zip(refs, weights, strict=True):
             dst = (pv if w == "p" else sv)[li][n]
-            if tuple(np.shape(arr)) != dst.shape:
+            if np.shape(arr) != dst.shape and (np.shape(arr), dst.shape) != ((), (1,)):
                 raise InvalidSpec(
                     f"model {self.name!r}: layer {s.name!r} weight {n} has "
                     f"shape {np.shape(arr)}, the config needs {dst.shape}"

@@ -34,9 +34,14 @@ KERAS_VERSION = "3.0.0"
 _MODULE = {"Sequential": "keras", "Functional": "keras.src.models.functional"}
 
 
+def weights_of_layer(s) -> list[Weight]:
+    """One layer's arrays, in ``get_weights()`` order."""
+    return REGISTRY[s.cls].weights(s.args, list(s.in_shapes))
+
+
 def weights_of(cfg: ModelConfig) -> list[tuple[str, list[Weight]]]:
     """Each layer's name with its arrays, in ``get_weights()`` order."""
-    return [(s.name, REGISTRY[s.cls].weights(s.args, list(s.in_shapes))) for s in cfg.layers]
+    return [(s.name, weights_of_layer(s)) for s in cfg.layers]
 
 
 def bind(cfg: ModelConfig, weights: list[np.ndarray]) -> list[list[np.ndarray]]:
@@ -102,7 +107,8 @@ def to_keras(cfg: ModelConfig, compile_config: dict | None = None) -> dict:
     layers = [
         _item(
             s.cls,
-            {"name": s.name, "trainable": True, "dtype": "float32"}
+            {"name": s.name, "dtype": "float32"}
+            | ({"trainable": True} if REGISTRY[s.cls].takes_trainable else {})
             | {k: v for k, v in s.args.items() if k not in call},
         )
         for s, call in zip(cfg.layers, calls, strict=True)
@@ -196,8 +202,8 @@ def write_keras(
             cfg.layers, h5_paths(cfg), arrays, weights_of(cfg), strict=True
         ):
             f.create_group(f"{group}/vars").attrs["name"] = s.name
-            for (where, i), w in zip(_slots(group, specs), ws, strict=True):
-                f.require_group(where).create_dataset(str(i), data=w)
+            for (where, i), w, spec in zip(_slots(group, specs), ws, specs, strict=True):
+                f.require_group(where).create_dataset(str(i), data=w.astype(spec.dtype))
     metadata = {
         "keras_version": KERAS_VERSION,
         "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),

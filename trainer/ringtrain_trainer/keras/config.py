@@ -26,6 +26,7 @@ from typing import Any
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import losses
 from ringtrain_trainer.keras import compile as compile_mod
+from ringtrain_trainer.keras import ops_numpy
 from ringtrain_trainer.keras.entry import Args, Shape
 from ringtrain_trainer.keras.registry import REGISTRY, SUPPORTED
 from ringtrain_trainer.numerics import ModelNumerics
@@ -286,6 +287,8 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict):
             raise _unsupported(layer, i)
+        if ops_numpy.is_operation(layer):  # ``x + 3.0`` on Keras tensors
+            layer = ops_numpy.as_layer(layer)
         name = str(layer.get("name") or (layer.get("config") or {}).get("name") or i)
         if layer.get("class_name") == "InputLayer":
             if name != in_name:

@@ -34,6 +34,8 @@ class Weight:
     #: the Keras sub-layer holding it in ``model.weights.h5`` (an RNN's ``cell``, attention's
     #: ``query_dense``), "" for the layer's own ``vars``
     group: str = ""
+    #: its dtype in the ``.keras`` file (Normalization's ``count`` is an int); held as float32
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ class Entry:
     #: several inputs are separate positional call arguments (MultiHeadAttention's query,
     #: value, key), not one list (Add's)
     positional: bool = False
+    #: whether the Keras class's constructor takes ``trainable`` (SpatialDropout's does not)
+    takes_trainable: bool = True
     #: what the README's generated table says is supported (arguments, limits)
     doc: str = ""
 

@@ -201,15 +201,13 @@ def _gap_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _gap_build(spec, shapes, ctx):
-    from ringtrain.errors import InvalidSpec
     from ringtrain_trainer import layers as L
 
     need_rank(spec, shapes[0], 3, "an H×W×C input")
-    if spec.args["keepdims"]:
-        raise InvalidSpec(
-            f"model: layer {spec.name!r} ({spec.cls}): keepdims=True is not supported for "
-            "training (supported: False; export supports both)"
-        )
+    if spec.args["keepdims"]:  # squeeze-excitation blocks keep (1, 1, C) for a Multiply
+        from ringtrain_trainer.engine.ops.pool import GlobalPool
+
+        return GlobalPool(shapes[0], "avg", True)
     return L.GlobalAvgPool2D(tuple(shapes[0]))
 
 
@@ -252,6 +250,6 @@ ENTRIES = {
         _gap_build,
         _gap_onnx,
         infer=_gap_infer,
-        doc="`keepdims` (False; True exports only)",
+        doc="`keepdims`",
     ),
 }

@@ -132,16 +132,57 @@ def _dropout_parse(a: Args) -> dict:
     rate = a.take("rate")
     if not isinstance(rate, (int, float)) or not 0 <= rate < 1:
         a.refuse("rate", rate, "a number in [0, 1)")
-    a.nothing("noise_shape")
+    args: dict = {"rate": float(rate)}
+    noise = a.take("noise_shape")
+    if noise is not None:
+        ok = isinstance(noise, (list, tuple)) and len(noise) >= 2 and noise[0] is None
+        if not ok or not all(n is None or (isinstance(n, int) and n >= 1) for n in noise[1:]):
+            a.refuse("noise_shape", noise, "None for the batch, then None or an int per axis")
+        args["noise_shape"] = list(noise)
+    if a.cls.startswith("SpatialDropout"):
+        args["data_format"] = a.channels_last()
     a.take("seed")  # ringtrain's masks come from --seed, the step and the example
-    a.done("rate")
-    return {"rate": float(rate)}
+    a.done("rate, noise_shape")
+    return args
+
+
+def _noise(spec, shape: Shape) -> tuple[int, ...] | None:
+    """The mask's per-example shape (1 on the axes it is shared along), None: one per value."""
+    if spec.cls.startswith("SpatialDropout"):
+        return (*(1,) * (len(shape) - 1), shape[-1])
+    noise = spec.args.get("noise_shape")
+    if noise is None:
+        return None
+    if len(noise) != len(shape) + 1:
+        raise ValueError(f"noise_shape {noise} has not the rank of the input {shape} + batch")
+    return tuple(d if n is None else n for n, d in zip(noise[1:], shape, strict=True))
+
+
+def _dropout_infer(args: dict, shapes: list[Shape]) -> Shape:
+    noise = args.get("noise_shape")
+    if noise is not None and len(noise) != len(shapes[0]) + 1:
+        raise ValueError(f"noise_shape {noise} has not the rank of the input {shapes[0]} + batch")
+    return shapes[0]
 
 
 def _dropout_build(spec, shapes, ctx):
     from ringtrain_trainer import layers as L
 
-    return L.Dropout(tuple(shapes[0]), spec.args["rate"], ctx.index)
+    noise = _noise(spec, tuple(shapes[0]))
+    if noise is None or noise == tuple(shapes[0]):
+        return L.Dropout(tuple(shapes[0]), spec.args["rate"], ctx.index)
+    from ringtrain_trainer.engine.ops.dropout import SharedDropout
+
+    return SharedDropout(tuple(shapes[0]), spec.args["rate"], ctx.index, noise)
+
+
+def _need_rank(rank: int):
+    def infer(args: dict, shapes: list[Shape]) -> Shape:
+        if len(shapes[0]) != rank:
+            raise ValueError(f"needs an input of {rank} axes besides the batch, got {shapes[0]}")
+        return shapes[0]
+
+    return infer
 
 
 def _identity_onnx(g, spec, weights) -> None:
@@ -249,6 +290,19 @@ ENTRIES = {
         _dropout_parse,
         _dropout_build,
         _identity_onnx,
-        doc="`rate`; masks from `--seed`, the step and the global example (any worker count)",
+        infer=_dropout_infer,
+        doc="`rate`, `noise_shape`; masks from `--seed`, the step and the global example (any "
+        "worker count)",
     ),
+    **{
+        cls: Entry(
+            _dropout_parse,
+            _dropout_build,
+            _identity_onnx,
+            infer=_need_rank(rank),
+            takes_trainable=False,
+            doc="`rate`; one mask value per example and channel, as `Dropout`'s",
+        )
+        for cls, rank in (("SpatialDropout1D", 2), ("SpatialDropout2D", 3))
+    },
 }

@@ -21,13 +21,28 @@ def _merge_parse(a: Args) -> dict:
     return {}
 
 
-def _merge_infer(args: dict, shapes: list[Shape]) -> Shape:
-    if len(set(shapes)) != 1:
+#: the merges whose two inputs may broadcast (``engine/ops/broadcast.py``), as Keras 3's do
+BROADCAST = ("Add", "Subtract", "Multiply")
+
+
+def _merge_infer(cls: str):
+    def infer(args: dict, shapes: list[Shape]) -> Shape:
+        if len(set(shapes)) == 1:
+            return shapes[0]
+        if cls in BROADCAST and len(shapes) == 2:
+            from ringtrain_trainer.engine.ops.broadcast import broadcast_shape
+
+            try:
+                return broadcast_shape(shapes)
+            except ValueError:
+                pass
         raise ValueError(
             f"inputs of shapes {', '.join(map(str, shapes))} are not supported "
-            "(supported: inputs of one shape, no broadcasting)"
+            "(supported: inputs of one shape; two inputs of one rank that broadcast for "
+            f"{', '.join(BROADCAST)})"
         )
-    return shapes[0]
+
+    return infer
 
 
 def _merge_build(spec, shapes, ctx):
@@ -35,6 +50,10 @@ def _merge_build(spec, shapes, ctx):
 
     if spec.cls == "Subtract" and len(shapes) != 2:
         raise ValueError("Subtract takes exactly 2 inputs")
+    if len(set(map(tuple, shapes))) > 1:
+        from ringtrain_trainer.engine.ops.broadcast import Broadcast
+
+        return Broadcast(shapes, _MODES[spec.cls][0])
     return Merge(shapes[0], _MODES[spec.cls][0], len(shapes))
 
 
@@ -95,9 +114,10 @@ ENTRIES = {
             _merge_parse,
             _merge_build,
             _merge_onnx,
-            infer=_merge_infer,
+            infer=_merge_infer(cls),
             inputs=0,
-            doc="2 or more inputs of one shape" if cls != "Subtract" else "2 inputs of one shape",
+            doc=("2 or more inputs of one shape" if cls != "Subtract" else "2 inputs of one shape")
+            + ("; or 2 of one rank that broadcast" if cls in BROADCAST else ""),
         )
         for cls in _MODES
     },

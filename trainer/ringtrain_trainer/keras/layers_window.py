@@ -265,16 +265,27 @@ _MULT = "`depth_multiplier`, "
 _POOL_DOC = "`pool_size`, `strides`, `padding` (valid, same; average counts real inputs only)"
 
 
-def _conv(doc: str) -> Entry:
+def _depthwise_arg(args: dict, weight: str) -> tuple[dict, str]:
+    """A DepthwiseConv's weight is Keras' ``kernel``, set by ``depthwise_*`` arguments."""
+    return args, "depthwise_kernel" if weight == "kernel" else weight
+
+
+def _conv(doc: str, **kw) -> Entry:
     return Entry(
-        _conv_parse, _conv_build, _conv_onnx, infer=_conv_infer, weights=_conv_weights, doc=doc
+        _conv_parse,
+        _conv_build,
+        _conv_onnx,
+        infer=_conv_infer,
+        weights=_conv_weights,
+        doc=doc,
+        **kw,
     )
 
 
 ENTRIES = {
     "Conv1D": _conv("`filters`, " + _CONV_DOC.format("valid, same, causal")),
-    "DepthwiseConv1D": _conv(_MULT + _CONV_DOC.format("valid, same")),
-    "DepthwiseConv2D": _conv(_MULT + _CONV_DOC.format("valid, same")),
+    "DepthwiseConv1D": _conv(_MULT + _CONV_DOC.format("valid, same"), weight_args=_depthwise_arg),
+    "DepthwiseConv2D": _conv(_MULT + _CONV_DOC.format("valid, same"), weight_args=_depthwise_arg),
     "SeparableConv1D": _conv("`filters`, " + _MULT + _CONV_DOC.format("valid, same")),
     "SeparableConv2D": _conv("`filters`, " + _MULT + _CONV_DOC.format("valid, same")),
     **{
