@@ -26,6 +26,7 @@ independent shards, and shards also parallelise the element-wise work BLAS never
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import time
@@ -38,6 +39,7 @@ import numpy as np
 from ringtrain import options
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import trace
+from ringtrain_trainer.engine import recompute
 from ringtrain_trainer.memory import MemoryPlan, plan_memory
 from ringtrain_trainer.model import ModelSpec, Program
 
@@ -58,6 +60,10 @@ class IPUConfig:
     #: this worker's rank and the run's seed: with the step, what Dropout's masks depend on
     rank: int = 0
     seed: int = 0
+    #: Graphcore's ``allow_recompute`` (``engine.recompute``), and the layers whose outputs
+    #: are the checkpoints (empty: chosen by the plan)
+    recompute: bool = False
+    recompute_checkpoints: tuple[str, ...] = ()
 
 
 def resolve_host_threads(requested: int) -> int:
@@ -93,6 +99,8 @@ class IPUStats:
     compute_s: float = 0.0
     flops: int = 0
     steps: int = 0
+    #: bytes over the inter-IPU links between pipeline stages (``pipeline_ipu``)
+    link_bytes: int = 0
 
 
 @dataclass
@@ -108,6 +116,8 @@ class Executable:
     groups: list[list[int]] = field(default_factory=list)
     flops_per_run: int = 0
     losses: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: with recomputation, the plan without it (the report shows both)
+    baseline: MemoryPlan | None = None
 
 
 _DONE = object()
@@ -173,11 +183,31 @@ class IPU:
                 f"--batch-size {batch} does not divide evenly across --ipus-per-worker {r}"
             )
         per_ipu = batch // r
-        plan = self.plan(per_ipu, train)
+        plan = baseline = self.plan(per_ipu, train)
+        itemsize, cuts = self.dtype.itemsize, []
+        if train and self.config.recompute:
+            cuts = recompute.choose(
+                self.spec, plan, per_ipu, itemsize, self.config.recompute_checkpoints
+            )
+            plan = recompute.plan(self.spec, plan, per_ipu, itemsize, cuts)
         if plan.total > plan.capacity:
+            hint = ""
+            if train and not self.config.recompute:
+                rc = recompute.plan(
+                    self.spec,
+                    plan,
+                    per_ipu,
+                    itemsize,
+                    recompute.choose(self.spec, plan, per_ipu, itemsize),
+                )
+                if rc.total <= rc.capacity:
+                    hint = (
+                        f"; it fits with recomputation: {rc.total:,} bytes "
+                        "(--allow-recompute, spec.trainer.allowRecompute: true)"
+                    )
             raise IPUCompileError(
                 f"model {self.spec.name!r} with batch {per_ipu} per IPU does not fit the IPU: "
-                f"{plan.describe()} (raise --ipu-memory-mb or lower --batch-size)"
+                f"{plan.describe()} (raise --ipu-memory-mb or lower --batch-size){hint}"
             )
         # the most host threads (at most host_threads) that split each IPU's batch evenly
         t = max(d for d in range(1, min(self.host_threads, per_ipu) + 1) if per_ipu % d == 0)
@@ -187,8 +217,11 @@ class IPU:
         # weights streamed in: the host optimizer never touches what backward reads, so each
         # layer's weight gradients may stream out before its input gradient is computed
         early = self.config.variables_on_host
+        make = (
+            functools.partial(recompute.RecomputeProgram, cut_positions=cuts) if cuts else Program
+        )
         programs = [
-            Program(
+            make(
                 self.spec,
                 batch // shards,
                 train,
@@ -217,6 +250,7 @@ class IPU:
             groups,
             self.spec.flops_per_example(train) * batch,
             np.zeros(shards),
+            baseline if cuts else None,
         )
         if any(t == train for _, t in self._cache):  # same kind of program, new shape
             self.stats.recompiles += 1

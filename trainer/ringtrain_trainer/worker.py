@@ -22,7 +22,7 @@ from typing import TextIO
 import numpy as np
 
 from ringtrain import events
-from ringtrain.errors import CheckpointError, IPUCompileError
+from ringtrain.errors import CheckpointError, InvalidSpec, IPUCompileError
 from ringtrain_trainer import (
     ckpt_owner,
     divergence,
@@ -44,6 +44,29 @@ from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
 from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
+
+
+def names(text: str | None) -> tuple[str, ...]:
+    """A comma-separated list of layer names (``recomputationCheckpoints``)."""
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
+
+
+def make_ipu(cfg: TrainerConfig, spec, config: IPUConfig, params, grads, tracer) -> IPU:
+    """The worker's IPUs: replicas, or with ``pipeline.stages`` the stages of a pipeline."""
+    if not cfg.pipeline_stages:
+        return IPU(spec, config, params, grads, tracer=tracer)
+    from ringtrain_trainer.pipeline_ipu import PipelinedIPU
+
+    return PipelinedIPU(
+        spec,
+        config,
+        params,
+        grads,
+        tracer,
+        stages=cfg.pipeline_stages,
+        schedule=cfg.pipeline_schedule,
+        depth=cfg.pipeline_depth,
+    )
 
 
 def _metric_fields(metric: str, value: float | None) -> dict:
@@ -112,7 +135,10 @@ class Trainer:
         self._stop_agreed = False
         # refused by arithmetic (budget.check) before anything proportional to its size exists
         per_ipu = max(1, cfg.batch_size // cfg.ipus_per_worker)
-        self.spec = keras_model.load(cfg.model, budget=(cfg.ipu_memory_mb * MB, per_ipu))
+        budget = (cfg.ipu_memory_mb * MB, per_ipu)
+        if cfg.pipeline_stages:  # the stages share the model: all IPUs, one micro-batch
+            budget = (cfg.ipus_per_worker * budget[0], max(1, cfg.batch_size // cfg.pipeline_depth))
+        self.spec = keras_model.load(cfg.model, budget=budget)
         self.params = self.spec.init(cfg.seed)
         #: what runs: the model's compile settings, each flag given overriding its part
         self.optimizer_spec = optim.for_run(cfg, self.spec)
@@ -137,7 +163,8 @@ class Trainer:
             tracer=self.tracer,
         )
         self.grads = self.reducer.grads
-        self.ipu = IPU(
+        self.ipu = make_ipu(
+            cfg,
             self.spec,
             IPUConfig(
                 memory_bytes=cfg.ipu_memory_mb * MB,
@@ -149,6 +176,8 @@ class Trainer:
                 ),
                 rank=self.rank,
                 seed=cfg.seed,
+                recompute=cfg.allow_recompute,
+                recompute_checkpoints=names(cfg.recomputation_checkpoints),
             ),
             self.params,
             self.grads,
@@ -160,16 +189,23 @@ class Trainer:
             self.eval_batch = EVAL_BATCH
             self.ipu.compile(EVAL_BATCH, train=False)
         except IPUCompileError:  # a small IPU: evaluate in training-sized batches, which fit
-            self.eval_batch = cfg.batch_size
-            self.ipu.compile(cfg.batch_size, train=False)
+            # (a pipeline's: its micro-batches)
+            self.eval_batch = cfg.batch_size // (cfg.pipeline_depth if cfg.pipeline_stages else 1)
+            self.ipu.compile(self.eval_batch, train=False)
         self.metrics.update_status(
             optimizer=self.optimizer_spec.record(), loss_fn=self.spec.loss.record()
         )
         print(f"ringtrain worker: {self.training_line()}", file=sys.stderr, flush=True)
+        for line in self.ipu_lines():
+            print(f"ringtrain worker: {line}", file=sys.stderr, flush=True)
         self.metrics.set_plan(
             self.exe.plan,
             memory.host_optimizer_state(cfg.variables_on_host, self.optimizer.state_bytes),
+            baseline=self.exe.baseline,
+            stages=getattr(self.exe, "stage_plans", None),
         )
+        if cfg.pipeline_stages and self.optimizer.sparse is not None:
+            raise InvalidSpec("pipeline.stages with an Embedding's sparse rows: not implemented")
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
         self.data, note = fit_model(
             self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
@@ -210,6 +246,29 @@ class Trainer:
         regs = sum(s.spec.reg is not None for s in self.spec.slots)
         plus = f" + the L1/L2 penalty of {regs} weight tensors" if regs else ""
         return f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}{plus}"
+
+    def ipu_lines(self) -> list[str]:
+        """What the IPUs run, said once: the pipeline's stages and schedule, recomputation."""
+        out, exe = [], self.exe
+        if exe.baseline is not None:
+            out.append(
+                f"recomputation: peak {exe.plan.total:,} bytes per IPU, "
+                f"{exe.baseline.total:,} without it"
+            )
+        plans = getattr(exe, "stage_plans", None)
+        if plans:
+            cfg, ipu = self.cfg, self.ipu
+            stages = "; ".join(
+                f"{st.describe(self.spec)} on IPU {st.index}: {p.total:,} bytes"
+                for st, p in zip(ipu.stages, plans, strict=True)  # type: ignore[attr-defined]
+            )
+            micro = cfg.batch_size // cfg.pipeline_depth
+            out.append(
+                f"pipeline ({cfg.pipeline_schedule} schedule; Interleaved is not implemented): "
+                f"{stages}; global batch {micro * cfg.pipeline_depth * self.world} = micro-batch "
+                f"{micro} x depth {cfg.pipeline_depth} x {self.world} workers"
+            )
+        return out
 
     @property
     def total_steps(self) -> int:

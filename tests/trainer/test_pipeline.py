@@ -1,0 +1,199 @@
+"""Pipelining across a worker's emulated IPUs (issue 23 item 3): stages cut at single-tensor
+places, each on its own IPU with its own memory plan; micro-batches through the stages on
+threads; the summed micro-batch gradients equal the unpipelined step's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from pipe_models import conv_stack, residual, text
+from support.procs import WORKER
+
+from ringtrain.errors import InvalidSpec, IPUCompileError
+from ringtrain_trainer import keras_model, trace
+from ringtrain_trainer.engine import cuts, pipeline
+from ringtrain_trainer.ipu import IPU, MB, IPUConfig
+from ringtrain_trainer.pipeline_ipu import PipelinedIPU
+
+
+def _train(spec, ipu_factory, steps=3, batch=16, lr=0.05):
+    params = spec.init(7)
+    grads = np.zeros_like(params)
+    ipu = ipu_factory(params, grads)
+    exe = ipu.compile(batch)
+    rng = np.random.default_rng(1)
+    losses = []
+    for step in range(steps):
+        x = rng.random((batch, 28, 28, 1), np.float32)
+        y = rng.integers(0, 10, batch)
+        losses.append(ipu.train_step(exe, x, y, step=step))
+        params -= lr * grads
+    ipu.close()
+    return params, losses, ipu
+
+
+@pytest.mark.parametrize("schedule", ["Grouped", "Sequential"])
+@pytest.mark.parametrize(
+    "model,stages,n",
+    [
+        (conv_stack(3, 4, dropout=True), "auto", 2),
+        (conv_stack(3, 4), "conv2,pool", 3),
+        (residual(), "d3", 2),
+    ],
+)
+def test_pipelined_equals_unpipelined(model, stages, n, schedule):
+    spec = keras_model.from_config(model, "m")
+    cfg = IPUConfig(host_threads=1, seed=3)
+    a, la, _ = _train(spec, lambda p, g: IPU(spec, cfg, p, g))
+    b, lb, ipu = _train(
+        spec,
+        lambda p, g: PipelinedIPU(
+            spec,
+            IPUConfig(host_threads=1, seed=3, replicas=n),
+            p,
+            g,
+            stages=stages,
+            schedule=schedule,
+            depth=4,
+        ),
+    )
+    assert len(ipu.stages) == n
+    assert ipu.stats.link_bytes > 0
+    np.testing.assert_allclose(lb, la, rtol=1e-5)
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+    assert not np.array_equal(a, spec.init(7))  # it trained
+
+
+def test_cuts_of_a_residual_model_are_only_between_blocks():
+    spec = keras_model.from_config(residual(), "r")
+    names = [spec.layers[i].name for i in spec.graph.order]
+    ks = cuts.single_tensor_cuts(spec.graph)
+    begins = sorted(names[k] for k in ks)
+    # before the add both d1's and d2's outputs cross: no cut there; before d2 only d1's
+    # output does (read by d2 and the add, both after the cut)
+    assert begins == ["d2", "d3", "out"]
+    with pytest.raises(InvalidSpec, match="'add'"):
+        pipeline.split(spec, IPU(spec, IPUConfig(), *_bufs(spec)).plan(4, True), 2, 2, ("add",))
+
+
+def _bufs(spec):
+    p = spec.init(0)
+    return p, np.zeros_like(p)
+
+
+def test_auto_split_balances_the_stages_and_each_stage_has_its_own_plan():
+    spec = keras_model.from_config(conv_stack(4, 16), "m")
+    ipu = PipelinedIPU(spec, IPUConfig(replicas=2), *_bufs(spec), stages="auto", depth=4)
+    exe = ipu.compile(64)
+    plans = exe.stage_plans
+    assert len(plans) == 2 and all(p.total <= p.capacity for p in plans)
+    single = IPU(spec, IPUConfig(), *_bufs(spec)).plan(64, True)
+    assert max(p.total for p in plans) < single.total
+    # every layer is on exactly one stage; the kinds of a stage add up to its total
+    seen = [i for st in ipu.stages for i in st.nodes]
+    assert sorted(seen) == list(range(len(spec.layers)))
+    for p in plans:
+        assert sum(r.total for r in p.by_layer) == p.total
+    assert any(r.name == pipeline.LINK_IN_ROW for r in plans[1].by_layer)
+    ipu.close()
+
+
+def test_a_model_that_fits_no_split_is_refused_naming_the_largest_stage():
+    spec = keras_model.from_config(conv_stack(4, 16), "m")
+    ipu = PipelinedIPU(
+        spec, IPUConfig(replicas=2, memory_bytes=20 * MB), *_bufs(spec), stages="auto", depth=2
+    )
+    with pytest.raises(
+        IPUCompileError,
+        match=r"fits no split into 2 stages: the largest stage, "
+        r"stage \d \(layers '\w+'\.\.'\w+'\)",
+    ):
+        ipu.compile(256)
+
+
+def test_refusals_before_anything_runs():
+    spec = keras_model.from_config(conv_stack(3, 4), "m")
+    with pytest.raises(InvalidSpec, match=r"Interleaved.*Grouped and Sequential run"):
+        PipelinedIPU(spec, IPUConfig(replicas=2), *_bufs(spec), schedule="Interleaved")
+    ipu = PipelinedIPU(spec, IPUConfig(replicas=2), *_bufs(spec), stages="conv2,conv3")
+    with pytest.raises(InvalidSpec, match="makes 3 stages, but ipusPerWorker is 2"):
+        ipu.compile(8)
+    ipu = PipelinedIPU(spec, IPUConfig(replicas=2), *_bufs(spec), stages="nope")
+    with pytest.raises(InvalidSpec, match="no layer named 'nope'"):
+        ipu.compile(8)
+    ipu = PipelinedIPU(spec, IPUConfig(replicas=2), *_bufs(spec), depth=3)
+    with pytest.raises(InvalidSpec, match="--pipeline-depth 3"):
+        ipu.compile(8)
+
+
+def _intervals(doc):
+    lanes = defaultdict(list)
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X" and trace.STAGE <= e["tid"] < trace.STAGE + trace.MAX_STAGES:
+            lanes[e["tid"]].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    return lanes
+
+
+def test_a_pipelined_worker_trains_and_its_trace_shows_the_stages_overlapping(tmp_path):
+    """A real `ringtrain worker` process: refused on one IPU of this size, it trains on two
+    pipelined; its trace has a lane per stage whose slices overlap in time."""
+    model = tmp_path / "m.json"
+    model.write_text(text(conv_stack(4, 8)))
+    common = [
+        *WORKER,
+        "--model",
+        str(model),
+        "--dataset",
+        "mnist-5k",
+        "--batch-size",
+        "32",
+        "--ipu-memory-mb",
+        "16",
+        "--json",
+    ]
+    alone = subprocess.run(
+        [*common, "--steps", "1"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert alone.returncode != 0 and "does not fit the IPU" in alone.stderr
+    out = subprocess.run(
+        [
+            *common,
+            "--steps",
+            "3",
+            "--ipus-per-worker",
+            "2",
+            "--pipeline-stages",
+            "auto",
+            "--pipeline-depth",
+            "4",
+            "--trace-steps",
+            "2-3",
+            "--trace-dir",
+            str(tmp_path / "trace"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "pipeline (Grouped schedule; Interleaved is not implemented): stage 1" in out.stderr
+    assert "global batch 32 = micro-batch 8 x depth 4 x 1 workers" in out.stderr
+    final = json.loads(out.stdout.strip().splitlines()[-1])
+    assert final["steps"] == 3
+    doc = json.loads((tmp_path / "trace" / "trace.json").read_text())
+    lanes = _intervals(doc)
+    assert sorted(lanes) == [trace.STAGE, trace.STAGE + 1]
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"}
+    assert {"pipeline stage 1 (IPU 0)", "pipeline stage 2 (IPU 1)"} <= names
+    overlaps = [
+        (a, b)
+        for a in lanes[trace.STAGE]
+        for b in lanes[trace.STAGE + 1]
+        if a[0] < b[1] and b[0] < a[1]
+    ]
+    assert overlaps, "no slice of stage 1 overlaps one of stage 2"
