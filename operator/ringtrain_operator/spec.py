@@ -229,6 +229,13 @@ def _budget(trainer: Mapping[str, Any]) -> tuple[int, int]:
         return int(options.DEFAULTS[name])
 
     per_ipu = max(1, field("batch_size") // field("ipus_per_worker"))
+    pipe = trainer.get("pipeline")
+    if isinstance(pipe, Mapping) and pipe.get("stages"):  # the stages share the IPUs' memory
+        depth = pipe.get("gradientAccumulationStepsPerReplica")
+        if not (isinstance(depth, int) and not isinstance(depth, bool) and depth >= 1):
+            depth = int(options.DEFAULTS["pipeline_depth"])
+        ipus = field("ipus_per_worker")
+        return ipus * (field("ipu_memory_mb") << 20), max(1, field("batch_size") // depth)
     return field("ipu_memory_mb") << 20, per_ipu
 
 

@@ -152,7 +152,7 @@ def test_a_pipelined_worker_trains_and_its_trace_shows_the_stages_overlapping(tm
         "--batch-size",
         "32",
         "--ipu-memory-mb",
-        "16",
+        "48",
         "--json",
     ]
     alone = subprocess.run(
@@ -197,3 +197,27 @@ def test_a_pipelined_worker_trains_and_its_trace_shows_the_stages_overlapping(tm
         if a[0] < b[1] and b[0] < a[1]
     ]
     assert overlaps, "no slice of stage 1 overlaps one of stage 2"
+
+
+def test_the_operator_budgets_a_pipelined_model_over_all_its_ipus():
+    """The operator's arithmetic check refuses a model whose weights do not fit one IPU, but
+    a pipeline spreads them over ipusPerWorker IPUs: it must not refuse what would train."""
+    from ringtrain_operator import spec as jobspec
+
+    model = {
+        "class_name": "Sequential",
+        "config": {
+            "name": "wide",
+            "layers": [
+                {"class_name": "InputLayer", "config": {"batch_input_shape": [None, 28, 28]}},
+                {"class_name": "Flatten", "config": {"name": "flatten"}},
+                {"class_name": "Dense", "config": {"name": "d1", "units": 512}},
+                {"class_name": "Dense", "config": {"name": "d2", "units": 10}},
+            ],
+        },
+    }
+    trainer = {"batchSize": 8, "ipusPerWorker": 4, "ipuMemoryMB": 1, "model": model}
+    assert "ipuMemoryMB" in (jobspec.model_error(model, jobspec._budget(trainer)) or "")
+    piped = {**trainer, "pipeline": {"stages": "auto", "gradientAccumulationStepsPerReplica": 2}}
+    assert jobspec._budget(piped) == (4 << 20, 4)
+    assert jobspec.model_error(model, jobspec._budget(piped)) is None

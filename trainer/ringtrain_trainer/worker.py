@@ -185,13 +185,14 @@ class Trainer:
         )
         # both programs compiled (and their memory checked) before any data is loaded
         self.exe = self.ipu.compile(cfg.batch_size, train=True)
-        try:
-            self.eval_batch = EVAL_BATCH
-            self.ipu.compile(EVAL_BATCH, train=False)
-        except IPUCompileError:  # a small IPU: evaluate in training-sized batches, which fit
-            # (a pipeline's: its micro-batches)
-            self.eval_batch = cfg.batch_size // (cfg.pipeline_depth if cfg.pipeline_stages else 1)
+        try:  # a pipeline evaluates in its micro-batches, as it trains
+            self.eval_batch = (
+                cfg.batch_size // cfg.pipeline_depth if cfg.pipeline_stages else EVAL_BATCH
+            )
             self.ipu.compile(self.eval_batch, train=False)
+        except IPUCompileError:  # a small IPU: evaluate in training-sized batches, which fit
+            self.eval_batch = cfg.batch_size
+            self.ipu.compile(cfg.batch_size, train=False)
         self.metrics.update_status(
             optimizer=self.optimizer_spec.record(), loss_fn=self.spec.loss.record()
         )

@@ -8,10 +8,11 @@ here from the compile-time memory plan: the cuts that minimise the largest stage
 
 A stage's plan (:func:`stage_plan`) is one IPU's: its layers' weights, gradients (the
 micro-batch gradients are summed into them: the accumulator) and optimizer state; the
-activations of every micro-batch in flight (the Grouped and Sequential schedules run all
-forwards before the backwards, so ``depth`` micro-batches' activations are live) and one
-workspace; the link buffers (``depth`` received activations and gradients); the input batches
-on the first stage and the loss on the last.
+activations and workspace of every micro-batch in flight (the Grouped and Sequential
+schedules run all forwards before the backwards, so ``depth`` micro-batches' saved tensors —
+im2col columns, masks — are live, as the plan counts every workspace live); the link
+buffers (``depth`` received activations and gradients); the input batches on the first stage
+and the loss on the last.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Stage:
 
 def _node_cost(base, i: int, depth: int) -> int:
     r = base.by_layer[i]
-    return r.weights + r.gradients + r.optimizer_state + depth * r.activations + r.workspace
+    return r.weights + r.gradients + r.optimizer_state + depth * (r.activations + r.workspace)
 
 
 def split(spec, base, n_stages: int, depth: int, names: tuple[str, ...] = ()) -> list[Stage]:
@@ -124,7 +125,12 @@ def stage_plan(spec, base, stage: Stage, depth: int, itemsize: int, batch: int, 
     shapes = tensor_shapes(spec)
     k = depth if train else 1
     rows = [
-        replace(base.by_layer[i], activations=k * base.by_layer[i].activations) for i in stage.nodes
+        replace(
+            base.by_layer[i],
+            activations=k * base.by_layer[i].activations,
+            workspace=k * base.by_layer[i].workspace,
+        )
+        for i in stage.nodes
     ]
     row = type(base.by_layer[0])
     if stage.receives is None:
