@@ -221,3 +221,43 @@ def test_the_operator_budgets_a_pipelined_model_over_all_its_ipus():
     piped = {**trainer, "pipeline": {"stages": "auto", "gradientAccumulationStepsPerReplica": 2}}
     assert jobspec._budget(piped) == (4 << 20, 4)
     assert jobspec.model_error(model, jobspec._budget(piped)) is None
+
+
+def test_report_status_and_metrics_show_each_stage_on_its_ipu(tmp_path):
+    import io
+
+    from prometheus_client import CollectorRegistry
+
+    from ringtrain import events
+    from ringtrain_trainer import memory
+    from ringtrain_trainer.config import TrainerConfig
+    from ringtrain_trainer.metrics import TrainerMetrics
+
+    model = tmp_path / "m.json"
+    model.write_text(text(conv_stack(4, 8)))
+    args = ["--model", str(model), "--batch-size", "32", "--ipus-per-worker", "2"]
+    args += ["--pipeline-stages", "conv3", "--pipeline-depth", "4", "--ipu-memory-mb", "48"]
+    out = io.StringIO()
+    memory.report(TrainerConfig.from_args(args, env={}), out)
+    report = out.getvalue()
+    assert "micro-batch 8 x depth 4; stage 1 (layers 'conv1'..'conv2') on IPU 0" in report
+    assert "stage 2 (layers 'conv3'..'dense') on IPU 1" in report
+    assert pipeline.LINK_IN_ROW in report
+
+    spec = keras_model.from_config(conv_stack(4, 8), "m")
+    ipu = PipelinedIPU(spec, IPUConfig(replicas=2), *_bufs(spec), stages="conv3", depth=4)
+    exe = ipu.compile(32)
+    registry = CollectorRegistry()
+    metrics = TrainerMetrics(registry)
+    metrics.set_plan(exe.plan, 0, stages=exe.stage_plans)
+    for s, p in enumerate(exe.stage_plans):
+        for kind, n in p.kinds().items():
+            labels = {"ipu": str(s), "stage": str(s + 1), "kind": kind}
+            assert registry.get_sample_value("ringtrain_ipu_stage_memory_bytes", labels) == n
+    doc = metrics.status()["ipu_memory"]
+    assert [(d["ipu"], d["stage"], d["total"]) for d in doc["stages"]] == [
+        (0, 1, exe.stage_plans[0].total),
+        (1, 2, exe.stage_plans[1].total),
+    ]
+    assert events.Status.from_dict(metrics.status()).ipu_memory == doc
+    ipu.close()

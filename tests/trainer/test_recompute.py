@@ -123,3 +123,18 @@ def test_a_worker_refused_today_trains_with_recompute(tmp_path):
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "recomputation: peak" in ok.stderr
     assert json.loads(ok.stdout.strip().splitlines()[-1])["steps"] == 3
+
+
+def test_status_shows_both_peaks():
+    from prometheus_client import CollectorRegistry
+
+    from ringtrain_trainer.metrics import TrainerMetrics
+
+    spec = keras_model.from_config(conv_stack(4, 4), "m")
+    p = spec.init(0)
+    exe = IPU(spec, IPUConfig(recompute=True), p, np.zeros_like(p)).compile(16)
+    metrics = TrainerMetrics(CollectorRegistry())
+    metrics.set_plan(exe.plan, 0, baseline=exe.baseline)
+    doc = metrics.status()["ipu_memory"]
+    assert doc["recompute"] == {"total": exe.plan.total, "without_recompute": exe.baseline.total}
+    assert doc["total"] == exe.plan.total < exe.baseline.total
