@@ -18,6 +18,9 @@ from ringtrain_trainer import keras_model, trace
 from ringtrain_trainer.engine import cuts, pipeline
 from ringtrain_trainer.ipu import IPU, MB, IPUConfig
 from ringtrain_trainer.pipeline_ipu import PipelinedIPU
+from ringtrain_trainer.reducer import StepCommStats
+
+_NO_COMM = StepCommStats()
 
 
 def _train(spec, ipu_factory, steps=3, batch=16, lr=0.05):
@@ -260,4 +263,17 @@ def test_report_status_and_metrics_show_each_stage_on_its_ipu(tmp_path):
         (1, 2, exe.stage_plans[1].total),
     ]
     assert events.Status.from_dict(metrics.status()).ipu_memory == doc
+    rng = np.random.default_rng(0)
+    x, y = rng.random((32, 28, 28, 1), np.float32), rng.integers(0, 10, 32)
+    for step in range(2):
+        ipu.train_step(exe, x, y, step=step)
+        metrics.observe_step(step + 1, 0, 0.1, 1.0, 10.0, ipu.stats, _NO_COMM)
+    busy = [
+        registry.get_sample_value(
+            "ringtrain_ipu_stage_busy_seconds_total", {"ipu": str(s), "stage": str(s + 1)}
+        )
+        for s in range(2)
+    ]
+    assert all(b > 0 for b in busy) and busy == pytest.approx(list(ipu.stats.stage_busy_s))
+    assert registry.get_sample_value("ringtrain_ipu_link_bytes_total") == ipu.stats.link_bytes > 0
     ipu.close()

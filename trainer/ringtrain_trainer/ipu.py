@@ -101,6 +101,8 @@ class IPUStats:
     steps: int = 0
     #: bytes over the inter-IPU links between pipeline stages (``pipeline_ipu``)
     link_bytes: int = 0
+    #: per pipeline stage: seconds its thread spent computing (forward, backward, links)
+    stage_busy_s: tuple[float, ...] = ()
 
 
 @dataclass

@@ -164,6 +164,12 @@ class TrainerMetrics:
             "Bytes over the inter-IPU links between pipeline stages",
             registry=r,
         )
+        self.ipu_stage_busy = Counter(
+            "ringtrain_ipu_stage_busy_seconds",
+            "Seconds each pipeline stage's IPU spent computing, by its IPU and stage",
+            ["ipu", "stage"],
+            registry=r,
+        )
         self.ipu_capacity = Gauge(
             "ringtrain_ipu_memory_capacity_bytes", "Emulated IPU memory size", registry=r
         )
@@ -287,6 +293,9 @@ class TrainerMetrics:
         self.ipu_flops.inc(ipu.flops - last.flops)
         self.recompiles.inc(ipu.recompiles - last.recompiles)
         self.ipu_link_bytes.inc(ipu.link_bytes - last.link_bytes)
+        before = last.stage_busy_s or (0.0,) * len(ipu.stage_busy_s)
+        for s, (now, then) in enumerate(zip(ipu.stage_busy_s, before, strict=True)):
+            self.ipu_stage_busy.labels(ipu=str(s), stage=str(s + 1)).inc(max(0.0, now - then))
         self._last = IPUStats(**vars(ipu))
         if comm.allreduce_s > 0:
             self.allreduce.inc(comm.allreduce_s)

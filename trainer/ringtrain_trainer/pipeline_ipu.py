@@ -71,6 +71,8 @@ class PipelinedIPU(IPU):
         self.stages: list[pipeline.Stage] = []
         self.stage_plans: list = []
         self._stage_pool: ThreadPoolExecutor | None = None
+        self._busy = [0.0] * self.n_stages
+        self._links = [0] * self.n_stages
 
     def _split(self, micro: int, train: bool):
         base = self.plan(micro, train)
@@ -163,7 +165,7 @@ class PipelinedIPU(IPU):
             if s:
                 self._get(fwd[s])
             p = self._progs[s][m]
-            t = self.tracer.now()
+            t, busy = self.tracer.now(), time.perf_counter()
             for i in st.nodes:
                 p.forward_node(i, self.weight_views)
             if last:
@@ -173,8 +175,10 @@ class PipelinedIPU(IPU):
                 t = self.tracer.now()
                 dst = self._progs[s + 1][m].tensors[st.sends]
                 np.copyto(dst, p.tensors[st.sends])
-                self.stats.link_bytes += dst.nbytes
+                self._links[s] += dst.nbytes  # one counter per thread
                 self.tracer.add(lane, "link out", t, m, dst.nbytes)
+            self._busy[s] += time.perf_counter() - busy
+            if not last:
                 fwd[s + 1].put(m)
 
     def _backward(self, s: int, bwd: list[queue.SimpleQueue]) -> None:
@@ -187,7 +191,7 @@ class PipelinedIPU(IPU):
             if not last:
                 self._get(bwd[s])
             p = self._progs[s][m]
-            t = self.tracer.now()
+            t, busy = self.tracer.now(), time.perf_counter()
             if last:
                 p._grads[self.spec.graph.outputs[0]] = p.dlogits
             for i in order:
@@ -203,8 +207,10 @@ class PipelinedIPU(IPU):
                 src = p._grads[st.receives]
                 dst = self._progs[s - 1][m]._grads[st.receives]
                 np.copyto(dst, src.reshape(dst.shape))
-                self.stats.link_bytes += dst.nbytes
+                self._links[s] += dst.nbytes  # one counter per thread
                 self.tracer.add(lane, "link back", t, m, dst.nbytes)
+            self._busy[s] += time.perf_counter() - busy
+            if s:
                 bwd[s - 1].put(m)
         np.multiply(acc, self.dtype.type(1.0 / self.depth), out=acc)
 
@@ -261,6 +267,8 @@ class PipelinedIPU(IPU):
             if on_grad is not None:
                 on_grad(start, stop)
             self.tracer.add(trace.GRADS, "grad piece", t, k, (stop - start) * self.dtype.itemsize)
+        self.stats.stage_busy_s = tuple(self._busy)
+        self.stats.link_bytes = sum(self._links)
         self.stats.compute_s += time.perf_counter() - t0
         self.stats.flops += exe.flops_per_run
         self.stats.steps += 1
