@@ -277,3 +277,33 @@ def test_report_status_and_metrics_show_each_stage_on_its_ipu(tmp_path):
     assert all(b > 0 for b in busy) and busy == pytest.approx(list(ipu.stats.stage_busy_s))
     assert registry.get_sample_value("ringtrain_ipu_link_bytes_total") == ipu.stats.link_bytes > 0
     ipu.close()
+
+
+def test_pipelined_and_unpipelined_workers_end_with_the_same_weights(tmp_path):
+    """Real `ringtrain worker` processes, same seed and data: the pipelined one (2 IPUs, 4
+    micro-batches, Grouped) and the plain one write allclose final checkpoints."""
+    from ringtrain_trainer.checkpoint import CheckpointManager
+
+    model = tmp_path / "m.json"
+    model.write_text(text(conv_stack(3, 4, dropout=True)))
+    base = [*WORKER, "--model", str(model), "--dataset", "mnist-5k", "--batch-size", "16"]
+    base += ["--steps", "4", "--optimizer", "momentum", "--json"]
+    runs = {
+        "plain": [],
+        "piped": ["--ipus-per-worker", "2", "--pipeline-stages", "auto", "--pipeline-depth", "4"],
+    }
+    params = {}
+    for name, extra in runs.items():
+        ckpt = tmp_path / name
+        out = subprocess.run(
+            [*base, *extra, "--checkpoint-dir", str(ckpt)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        state, _ = CheckpointManager(ckpt).load_latest()
+        assert state is not None and state.step == 4
+        params[name] = state.params
+    np.testing.assert_allclose(params["piped"], params["plain"], rtol=1e-4, atol=1e-6)
