@@ -15,6 +15,7 @@ from support.procs import WORKER
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import keras_model, memory
+from ringtrain_trainer.checkpoint import CheckpointManager
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine import recompute
 from ringtrain_trainer.ipu import IPU, MB, IPUConfig
@@ -123,6 +124,30 @@ def test_a_worker_refused_today_trains_with_recompute(tmp_path):
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "recomputation: peak" in ok.stderr
     assert json.loads(ok.stdout.strip().splitlines()[-1])["steps"] == 3
+
+
+@pytest.mark.slow  # two worker processes: ~30 s on 2 busy cores
+def test_a_recomputing_worker_ends_with_the_weights_of_a_plain_one(tmp_path):
+    model = tmp_path / "m.json"
+    model.write_text(text(conv_stack(4, 8)))
+    common = [*WORKER, "--model", str(model), "--dataset", "mnist-5k", "--batch-size", "32"]
+    common += ["--steps", "3", "--json"]
+    rc = [*common, "--ipu-memory-mb", "32", "--allow-recompute"]
+    ok = subprocess.run(
+        [*rc, "--checkpoint-dir", str(tmp_path / "rc")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    big = [*common, "--ipu-memory-mb", "900", "--checkpoint-dir", str(tmp_path / "plain")]
+    plain = subprocess.run(big, capture_output=True, text=True, timeout=120, check=False)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    a, _ = CheckpointManager(tmp_path / "rc").load_latest()
+    b, _ = CheckpointManager(tmp_path / "plain").load_latest()
+    assert a is not None and b is not None and a.step == b.step == 3
+    np.testing.assert_allclose(a.params, b.params, rtol=1e-5, atol=1e-7)
 
 
 def test_status_shows_both_peaks():
