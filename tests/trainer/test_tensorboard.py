@@ -49,6 +49,11 @@ CHIEF_TAGS = {
     "step_time/ipu_compute_s",
     "step_time/exposed_allreduce_s",
     "step_time/other_s",
+    # what the IPU computes in (numerics), written by every chief
+    "numerics/loss_scale",
+    "numerics/skipped_steps",
+    "numerics/gradient_accumulation_steps",
+    "numerics/precision_bits",
 }
 RING_TAGS = {
     "allreduce/time_s",
