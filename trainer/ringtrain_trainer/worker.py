@@ -31,6 +31,7 @@ from ringtrain_trainer import (
     numerics,
     optim,
     preflight,
+    startup,
     tensorboard,
     trace,
 )
@@ -277,50 +278,13 @@ class Trainer:
         self.tb = tensorboard.TrainWriter(tb_dir if self.is_chief else None, self.world)
 
     def training_line(self) -> str:
-        """What runs, said once at start-up: the optimizer, its arguments and schedule (and
-        which flags replaced the model's), and the loss."""
-        loss = self.spec.loss
-        folded = f", {loss.folded} folded in" if loss.folded else ""
-        regs = sum(s.spec.reg is not None for s in self.spec.slots)
-        plus = f" + the L1/L2 penalty of {regs} weight tensors" if regs else ""
-        return (
-            f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}{plus}; "
-            f"{self.numerics.describe()}"
-        )
+        return startup.training_line(self.optimizer_spec, self.spec, self.numerics)
 
     def batch_line(self) -> str:
-        """The global batch and its factors, said once at start-up."""
-        r, k = self.cfg.ipus_per_worker, self.micro
-        if self.cfg.pipeline_stages:  # the IPUs are stages: one replica, K the depth
-            r, depth = 1, " (the pipeline's depth)"
-        else:
-            depth = ""
-        b = self.cfg.batch_size // r
-        return (
-            f"global batch {b * k * r * self.world} = micro-batch {b} x gradient accumulation "
-            f"{k}{depth} x replicas {r} x workers {self.world}"
-        )
+        return startup.batch_line(self.cfg, self.world)
 
     def ipu_lines(self) -> list[str]:
-        """What the IPUs run, said once: the pipeline's stages and schedule, recomputation."""
-        out, exe = [], self.exe
-        if exe.baseline is not None:
-            out.append(
-                f"recomputation: peak {exe.plan.total:,} bytes per IPU, "
-                f"{exe.baseline.total:,} without it"
-            )
-        plans = getattr(exe, "stage_plans", None)
-        if plans:
-            cfg, ipu = self.cfg, self.ipu
-            stages = "; ".join(
-                f"{st.describe(self.spec)} on IPU {st.index}: {p.total:,} bytes"
-                for st, p in zip(ipu.stages, plans, strict=True)  # type: ignore[attr-defined]
-            )
-            out.append(
-                f"pipeline ({cfg.pipeline_schedule} schedule; Interleaved is not implemented): "
-                f"{stages}"
-            )
-        return out
+        return startup.ipu_lines(self.cfg, self.spec, self.ipu, self.exe)
 
     @property
     def total_steps(self) -> int:
@@ -544,14 +508,7 @@ class Trainer:
         return True
 
     def _numerics_scalars(self) -> dict[str, float]:
-        """TensorBoard's ``numerics/*``: what the IPU computes in, at each progress point."""
-        ls = self.loss_scale
-        return {
-            "numerics/loss_scale": ls.scale,
-            "numerics/skipped_steps": ls.skipped,
-            "numerics/gradient_accumulation_steps": self.micro,
-            "numerics/precision_bits": 16 if self.numerics.precision == "fp16" else 32,
-        }
+        return startup.numerics_scalars(self.loss_scale, self.numerics, self.micro)
 
     def run(self) -> dict:
         self._restore()
