@@ -71,6 +71,19 @@ def test_pipelined_equals_unpipelined(model, stages, n, schedule):
     assert not np.array_equal(a, spec.init(7))  # it trained
 
 
+def test_a_pipeline_takes_the_k_micro_batches_accumulation_takes():
+    """The unified option: K = gradient accumulation steps = the pipeline's depth, B = the
+    micro-batch; the same K*B examples per step (Dropout's masks included) either way."""
+    spec = keras_model.from_config(conv_stack(3, 4, dropout=True), "m")
+    cfg = IPUConfig(host_threads=1, seed=3, accumulation=4)
+    a, la, _ = _train(spec, lambda p, g: IPU(spec, cfg, p, g), micro=4)
+    piped = IPUConfig(host_threads=1, seed=3, accumulation=4, replicas=2)
+    b, lb, ipu = _train(spec, lambda p, g: PipelinedIPU(spec, piped, p, g), micro=4)
+    assert ipu.compile(4).batch == 16  # a training step: K*B examples
+    np.testing.assert_allclose(lb, la, rtol=1e-5)
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
 def test_cuts_of_a_residual_model_are_only_between_blocks():
     spec = keras_model.from_config(residual(), "r")
     names = [spec.layers[i].name for i in spec.graph.order]
