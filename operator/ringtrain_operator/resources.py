@@ -95,7 +95,18 @@ def estimate(t: Any) -> dict[str, int]:
     per_ipu = max(1, int(t.batch_size) // ipus)
     source = _model_source(t.model)
     plan, params = (None, 0)
-    if source is not None:
+    depth = (
+        int(getattr(t, "gradient_accumulation_steps", 1) or 1)
+        if getattr(t, "pipeline_stages", None)
+        else 0
+    )
+    if source is not None and depth:
+        # a pipeline: one model over all IPUs, ``depth`` micro-batches of batchSize in flight
+        micro = int(t.batch_size)
+        one, params = _plan(source, micro, ipus * capacity, t.optimizer, bool(t.variables_on_host))
+        weights = 2 * params * ITEMSIZE
+        plan = (weights + depth * (one - weights) + params * ITEMSIZE) // ipus
+    elif source is not None:
         plan, params = _plan(source, per_ipu, capacity, t.optimizer, bool(t.variables_on_host))
     state = params * ITEMSIZE * _slots(t.optimizer) if t.variables_on_host else 0
     data = 0 if t.data_volume else DATASET_BYTES.get(t.dataset, 0)

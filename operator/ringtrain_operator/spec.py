@@ -229,6 +229,10 @@ def _budget(trainer: Mapping[str, Any]) -> tuple[int, int]:
         return int(options.DEFAULTS[name])
 
     per_ipu = max(1, field("batch_size") // field("ipus_per_worker"))
+    pipe = trainer.get("pipeline")
+    if isinstance(pipe, Mapping) and pipe.get("stages"):  # the stages share the IPUs' memory
+        ipus = field("ipus_per_worker")  # micro-batches of batchSize through all of them
+        return ipus * (field("ipu_memory_mb") << 20), field("batch_size")
     return field("ipu_memory_mb") << 20, per_ipu
 
 

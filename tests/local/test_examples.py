@@ -23,6 +23,7 @@ RUN_ELSEWHERE = {
     "evaluator.yaml": "tests/local/test_local_run.py",
     "mpi-horovod-style.yaml": "tests/local/test_mpi_run.py",
     "mpi4py-allreduce.yaml": "tests/local/test_mpi_run.py",
+    "pipelined-model.yaml": "tests/local/test_pipelined_model_job.py",
 }
 RUN_HERE = [
     pytest.param("fashion-mnist-2workers.yaml", id="fashion-mnist-2workers"),

@@ -49,6 +49,11 @@ CHIEF_TAGS = {
     "step_time/ipu_compute_s",
     "step_time/exposed_allreduce_s",
     "step_time/other_s",
+    # what the IPU computes in (numerics), written by every chief
+    "numerics/loss_scale",
+    "numerics/skipped_steps",
+    "numerics/gradient_accumulation_steps",
+    "numerics/precision_bits",
 }
 RING_TAGS = {
     "allreduce/time_s",
@@ -104,6 +109,18 @@ def test_the_chief_writes_its_progress_points_under_the_checkpoint_dir(tmp_path,
         )
         assert got["step_time/ipu_compute_s"][step] > 0
         assert parts == pytest.approx(got["step_time/total_s"][step], rel=1e-5)
+
+
+def test_a_pipelined_chief_writes_each_stage_ipus_busy_time(tmp_path, mnist5k):
+    args = ["--checkpoint-dir", str(tmp_path), "--ipus-per-worker", "2"]
+    args += ["--pipeline-stages", "auto", "--gradient-accumulation-steps", "2"]
+    _train(tmp_path, mnist5k, *args)
+    got = scalars(tmp_path / "tensorboard" / "chief")
+    stages = {"pipeline/stage1_ipu0_busy_s", "pipeline/stage2_ipu1_busy_s"}
+    assert set(got) == CHIEF_TAGS | stages
+    for tag in stages:
+        for step, busy in got[tag].items():
+            assert 0 < busy <= got["step_time/ipu_compute_s"][step]
 
 
 def test_the_log_dir_option_wins_and_without_any_dir_nothing_is_written(tmp_path, mnist5k):

@@ -134,6 +134,12 @@ CRD_OBJECTS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "description": "A Chrome trace (Perfetto, chrome://tracing) of a window of steps "
             "on every worker (worker flags --trace-*).",
         },
+        "pipeline": {
+            "type": "object",
+            "description": "Pipelining across the worker's emulated IPUs (Graphcore's "
+            "pipeline stages): each stage on its own IPU (ipusPerWorker of them), micro-batches "
+            "through the stages on separate threads (worker flags --pipeline-*).",
+        },
         "tensorboard": {
             "type": "object",
             "description": "TensorBoard event files: the chief's training scalars and "
@@ -392,6 +398,44 @@ GROUPS: tuple[Group, ...] = (
                 description="weights and optimizer state live in host memory and stream to the "
                 "IPU (the seeds' setting)",
             ),
+            Option(
+                "allow_recompute",
+                bool,
+                False,
+                crd="allowRecompute",
+                help="recomputation (Graphcore's allow_recompute): keep only checkpoint "
+                "activations in forward and recompute the rest in backward, trading compute "
+                "for IPU memory",
+            ),
+            Option(
+                "recomputation_checkpoints",
+                str,
+                None,
+                crd="recomputationCheckpoints",
+                metavar="LAYERS",
+                help="with --allow-recompute: comma-separated Keras layer names whose outputs "
+                "are kept (PopTorch's recomputation checkpoints); absent: chosen by the memory "
+                "plan",
+            ),
+            Option(
+                "pipeline_stages",
+                str,
+                None,
+                crd="pipeline.stages",
+                metavar="LAYERS|auto",
+                help="pipeline the model over the worker's --ipus-per-worker IPUs, one stage "
+                "each: 'auto' (split by the compile-time memory plan) or comma-separated Keras "
+                "layer names that begin stages 2, 3, ...; absent: no pipelining",
+            ),
+            Option(
+                "pipeline_schedule",
+                str,
+                "Grouped",
+                crd="pipeline.schedule",
+                choices=("Grouped", "Interleaved", "Sequential"),
+                help="Graphcore's pipeline schedule: Grouped (stages overlap, on threads) and "
+                "Sequential (one stage at a time) run; Interleaved is refused",
+            ),
         ),
     ),
     Group(
@@ -407,10 +451,12 @@ GROUPS: tuple[Group, ...] = (
                 metavar="K",
                 help="micro-batches per optimizer step (Graphcore's gradient_accumulation_count): "
                 "the IPU sums their gradients and streams once, the ring reduces once; global "
-                "batch = batch size x K x workers",
+                "batch = batch size x K x workers; with --pipeline-stages also the pipeline's "
+                "depth (K micro-batches of batch size through the stages)",
                 description="micro-batches per optimizer step (Graphcore's "
                 "gradient_accumulation_count): gradients summed on the IPU, one allreduce and one "
-                "optimizer step per K micro-batches",
+                "optimizer step per K micro-batches; with pipeline.stages also the pipeline's "
+                "depth",
             ),
             Option(
                 "precision",

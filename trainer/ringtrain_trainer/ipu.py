@@ -26,6 +26,7 @@ independent shards, and shards also parallelise the element-wise work BLAS never
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import queue
@@ -40,6 +41,7 @@ from ringtrain import options
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import trace
 from ringtrain_trainer.accumulate import Accumulator, accumulator_bytes, with_accumulator
+from ringtrain_trainer.engine import recompute
 from ringtrain_trainer.engine.precision import Precision
 from ringtrain_trainer.engine.program import tensor_shapes
 from ringtrain_trainer.memory import MemoryPlan, plan_memory
@@ -67,6 +69,10 @@ class IPUConfig:
     #: ``fp16``: float16 forward and backward (:mod:`.engine.precision`), or ``fp32``
     precision: str = "fp32"
     stochastic_rounding: str = "OFF"
+    #: Graphcore's ``allow_recompute`` (``engine.recompute``), and the layers whose outputs
+    #: are the checkpoints (empty: chosen by the plan)
+    recompute: bool = False
+    recompute_checkpoints: tuple[str, ...] = ()
 
 
 def resolve_host_threads(requested: int) -> int:
@@ -102,6 +108,10 @@ class IPUStats:
     compute_s: float = 0.0
     flops: int = 0
     steps: int = 0
+    #: bytes over the inter-IPU links between pipeline stages (``pipeline_ipu``)
+    link_bytes: int = 0
+    #: per pipeline stage: seconds its thread spent computing (forward, backward, links)
+    stage_busy_s: tuple[float, ...] = ()
 
 
 @dataclass
@@ -117,6 +127,8 @@ class Executable:
     groups: list[list[int]] = field(default_factory=list)
     flops_per_run: int = 0
     losses: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: with recomputation, the plan without it (the report shows both)
+    baseline: MemoryPlan | None = None
 
 
 _DONE = object()
@@ -193,11 +205,31 @@ class IPU:
                 f"--batch-size {batch} does not divide evenly across --ipus-per-worker {r}"
             )
         per_ipu = batch // r
-        plan = self.plan(per_ipu, train)
+        plan = baseline = self.plan(per_ipu, train)
+        itemsize, cuts = self.dtype.itemsize, []
+        if train and self.config.recompute:
+            cuts = recompute.choose(
+                self.spec, plan, per_ipu, itemsize, self.config.recompute_checkpoints
+            )
+            plan = recompute.plan(self.spec, plan, per_ipu, itemsize, cuts)
         if plan.total > plan.capacity:
+            hint = ""
+            if train and not self.config.recompute:
+                rc = recompute.plan(
+                    self.spec,
+                    plan,
+                    per_ipu,
+                    itemsize,
+                    recompute.choose(self.spec, plan, per_ipu, itemsize),
+                )
+                if rc.total <= rc.capacity:
+                    hint = (
+                        f"; it fits with recomputation: {rc.total:,} bytes "
+                        "(--allow-recompute, spec.trainer.allowRecompute: true)"
+                    )
             raise IPUCompileError(
                 f"model {self.spec.name!r} with batch {per_ipu} per IPU does not fit the IPU: "
-                f"{plan.describe()} (raise --ipu-memory-mb or lower --batch-size)"
+                f"{plan.describe()} (raise --ipu-memory-mb or lower --batch-size){hint}"
             )
         # the most host threads (at most host_threads) that split each IPU's batch evenly
         t = max(d for d in range(1, min(self.host_threads, per_ipu) + 1) if per_ipu % d == 0)
@@ -207,8 +239,11 @@ class IPU:
         # weights streamed in: the host optimizer never touches what backward reads, so each
         # layer's weight gradients may stream out before its input gradient is computed
         early = self.config.variables_on_host
+        make = (
+            functools.partial(recompute.RecomputeProgram, cut_positions=cuts) if cuts else Program
+        )
         programs = [
-            Program(
+            make(
                 self.spec,
                 batch // shards,
                 train,
@@ -241,6 +276,7 @@ class IPU:
             groups,
             self.spec.flops_per_example(train) * batch,
             np.zeros(shards),
+            baseline if cuts else None,
         )
         if any(t == train for _, t in self._cache):  # same kind of program, new shape
             self.stats.recompiles += 1
@@ -398,6 +434,30 @@ class IPU:
         self.stats.flops += exe.flops_per_run
         self.stats.steps += 1
         return float(exe.losses.sum()) / n
+
+    def train_batch(
+        self,
+        exe: Executable,
+        images: np.ndarray,
+        labels: np.ndarray,
+        on_grad: Callable[[int, int], None] | None = None,
+        step: int | None = None,
+    ) -> float:
+        """One optimizer step's K·B examples (K = ``accumulation``, B = ``exe.batch``): the
+        micro-batches one after another, the last streaming the mean; the mean loss. A
+        pipeline (``pipeline_ipu``) takes the same K·B at once."""
+        b, k = exe.batch, self.config.accumulation
+        loss = 0.0
+        for m in range(k):
+            loss += self.train_step(
+                exe,
+                images[m * b : (m + 1) * b],
+                labels[m * b : (m + 1) * b],
+                on_grad if m == k - 1 else None,
+                step=step,
+                micro=m,
+            )
+        return loss / k
 
     def evaluate(
         self, images: np.ndarray, labels: np.ndarray, batch: int = EVAL_BATCH, scale: float = 1.0

@@ -142,15 +142,26 @@ def host_optimizer_state(variables_on_host: bool, state_bytes: int) -> int:
     return state_bytes if variables_on_host else 0
 
 
-def status_doc(plan: MemoryPlan, host_state_bytes: int) -> dict:
-    """``/status``'s ``ipu_memory``: per IPU, bytes by kind and by layer, and the host's share."""
-    return {
+def status_doc(
+    plan: MemoryPlan, host_state_bytes: int, baseline: MemoryPlan | None = None, stages=None
+) -> dict:
+    """``/status``'s ``ipu_memory``: per IPU, bytes by kind and by layer, and the host's share;
+    with recomputation the plan without it, with pipelining each stage's IPU."""
+    doc = {
         "capacity": plan.capacity,
         "total": plan.total,
         "kinds": plan.kinds(),
         "layers": [asdict(r) for r in plan.by_layer],
         "host": {"optimizer_state": host_state_bytes},
     }
+    if baseline is not None:
+        doc["recompute"] = {"total": plan.total, "without_recompute": baseline.total}
+    if stages:
+        doc["stages"] = [
+            {"ipu": s, "stage": s + 1, "total": p.total, "kinds": p.kinds()}
+            for s, p in enumerate(stages)
+        ]
+    return doc
 
 
 def _mib(n: int) -> str:
@@ -199,14 +210,18 @@ def report(cfg, out) -> None:
     after its table was printed, so the table shows what to cut."""
     import numpy as np
 
-    from ringtrain_trainer import model, optim
-    from ringtrain_trainer.ipu import IPU, MB, IPUConfig
+    from ringtrain_trainer import model, optim, trace
+    from ringtrain_trainer.engine import recompute
+    from ringtrain_trainer.ipu import MB, IPUConfig
+    from ringtrain_trainer.worker import make_ipu, names
 
     spec = model.build(cfg.model)
     params = spec.init(cfg.seed)
     opt = optim.for_run(cfg, spec)
     state = optim.state_bytes_for(opt, spec.num_params)
-    ipu = IPU(
+    checkpoints = names(cfg.recomputation_checkpoints)
+    ipu = make_ipu(
+        cfg,
         spec,
         IPUConfig(
             memory_bytes=cfg.ipu_memory_mb * MB,
@@ -214,28 +229,52 @@ def report(cfg, out) -> None:
             replicas=cfg.ipus_per_worker,
             host_threads=1,
             optimizer_state_bytes=state,
+            accumulation=cfg.gradient_accumulation_steps,
+            recompute=cfg.allow_recompute,
+            recompute_checkpoints=checkpoints,
         ),
         params,
         np.zeros_like(params),
+        trace.OFF,
     )
+    host = host_optimizer_state(cfg.variables_on_host, state)
     try:
         r = cfg.ipus_per_worker
+        where = "host" if cfg.variables_on_host else "IPU"
+        head = (
+            f"IPU memory report: model {spec.name}, {spec.num_params:,} parameters, "
+            f"optimizer {opt.name} (state on the {where})"
+        )
+        if cfg.pipeline_stages:  # compiled first: a refusal names the largest stage
+            exe = ipu.compile(cfg.batch_size)
+            k = cfg.gradient_accumulation_steps
+            for st, p in zip(ipu.stages, exe.stage_plans, strict=True):  # type: ignore
+                title = (
+                    f"{head}, micro-batch {cfg.batch_size} x gradient accumulation {k} (depth); "
+                    f"{st.describe(spec)} on IPU {st.index}"
+                )
+                print(format_report(p, host, title) + "\n", file=out, flush=True)
+            return
         if cfg.batch_size % r:
             ipu.compile(cfg.batch_size)  # raises InvalidSpec: the batch does not divide
         per_ipu = cfg.batch_size // r
-        where = "host" if cfg.variables_on_host else "IPU"
         title = (
-            f"IPU memory report: model {spec.name}, {spec.num_params:,} parameters, "
-            f"optimizer {opt.name} (state on the {where}), batch {cfg.batch_size} = "
+            f"{head}, batch {cfg.batch_size} = "
             f"{per_ipu} per IPU x {r} IPU{'s' if r > 1 else ''}; bytes per IPU"
         )
-        print(
-            format_report(
-                ipu.plan(per_ipu, True), host_optimizer_state(cfg.variables_on_host, state), title
-            ),
-            file=out,
-            flush=True,
-        )
+        base = shown = ipu.plan(per_ipu, True)
+        if cfg.allow_recompute:
+            size = ipu.dtype.itemsize
+            cuts = recompute.choose(spec, base, per_ipu, size, checkpoints)
+            shown = recompute.plan(spec, base, per_ipu, size, cuts)
+            title += "; with recomputation"
+        print(format_report(shown, host, title), file=out, flush=True)
+        if shown is not base:
+            print(
+                f"recomputation: peak {shown.total:,} bytes with it, {base.total:,} without",
+                file=out,
+                flush=True,
+            )
         ipu.compile(cfg.batch_size)
     finally:
         ipu.close()

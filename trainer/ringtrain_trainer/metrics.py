@@ -153,6 +153,23 @@ class TrainerMetrics:
             ["kind"],
             registry=r,
         ).labels(kind="optimizer_state")
+        self.ipu_stage_memory = Gauge(
+            "ringtrain_ipu_stage_memory_bytes",
+            "IPU memory planned for each pipeline stage, by its IPU, stage and kind",
+            ["ipu", "stage", "kind"],
+            registry=r,
+        )
+        self.ipu_link_bytes = Counter(
+            "ringtrain_ipu_link_bytes",
+            "Bytes over the inter-IPU links between pipeline stages",
+            registry=r,
+        )
+        self.ipu_stage_busy = Counter(
+            "ringtrain_ipu_stage_busy_seconds",
+            "Seconds each pipeline stage's IPU spent computing, by its IPU and stage",
+            ["ipu", "stage"],
+            registry=r,
+        )
         self.ipu_capacity = Gauge(
             "ringtrain_ipu_memory_capacity_bytes", "Emulated IPU memory size", registry=r
         )
@@ -237,14 +254,22 @@ class TrainerMetrics:
         if hasattr(collective, "observer") and transport is not None:
             collective.observer = RingMetrics(self, transport.name)
 
-    def set_plan(self, plan: MemoryPlan, host_state_bytes: int = 0) -> None:
+    def set_plan(
+        self, plan: MemoryPlan, host_state_bytes: int = 0, baseline=None, stages=None
+    ) -> None:
         """The training program's memory report: metrics by kind and ``/status``'s
-        ``ipu_memory`` (the per-layer table too)."""
+        ``ipu_memory`` (the per-layer table too); with pipelining each stage's IPU as
+        ``ringtrain_ipu_stage_memory_bytes{ipu,stage,kind}``."""
         for kind, n in plan.kinds().items():
             self._ipu_memory[kind].set(n)
+        for s, p in enumerate(stages or ()):
+            for kind, n in p.kinds().items():
+                self.ipu_stage_memory.labels(ipu=str(s), stage=str(s + 1), kind=kind).set(n)
         self._host_state.set(host_state_bytes)
         self.ipu_capacity.set(plan.capacity)
-        self.update_status(ipu_memory=memory.status_doc(plan, host_state_bytes))
+        self.update_status(
+            ipu_memory=memory.status_doc(plan, host_state_bytes, baseline=baseline, stages=stages)
+        )
 
     def observe_step(
         self,
@@ -267,6 +292,10 @@ class TrainerMetrics:
         self.ipu_compute.inc(max(0.0, ipu.compute_s - last.compute_s))
         self.ipu_flops.inc(ipu.flops - last.flops)
         self.recompiles.inc(ipu.recompiles - last.recompiles)
+        self.ipu_link_bytes.inc(ipu.link_bytes - last.link_bytes)
+        before = last.stage_busy_s or (0.0,) * len(ipu.stage_busy_s)
+        for s, (now, then) in enumerate(zip(ipu.stage_busy_s, before, strict=True)):
+            self.ipu_stage_busy.labels(ipu=str(s), stage=str(s + 1)).inc(max(0.0, now - then))
         self._last = IPUStats(**vars(ipu))
         if comm.allreduce_s > 0:
             self.allreduce.inc(comm.allreduce_s)

@@ -96,18 +96,22 @@ class TrainWriter(_Writer):
         super().__init__(path)
         self.world = world
         self._last_compute_s = 0.0
+        self._last_stage_s: tuple[float, ...] = ()
         self._reset()
 
     def start(self, step: int, ipu: IPUStats) -> None:
         """Before the first step (after a restore to ``step``)."""
         self.open(purge_step=step + 1 if step else None)
         self._last_compute_s = ipu.compute_s
+        self._last_stage_s = ipu.stage_busy_s
 
     def _reset(self) -> None:
         self.steps = 0
         self.step_s = self.compute_s = 0.0
         self.allreduce_s = self.hidden_s = self.peer_wait_s = self.exposed_s = 0.0
         self.nbytes = 0
+        #: per pipeline stage: its IPU's busy seconds in the interval
+        self.stage_s: list[float] = []
 
     def observe(self, seconds: float, ipu: IPUStats, comm: StepCommStats) -> None:
         """Every step: add its figures (cheap; nothing is written)."""
@@ -122,6 +126,13 @@ class TrainWriter(_Writer):
         self.peer_wait_s += comm.peer_wait_s
         self.exposed_s += comm.exposed_wait_s
         self.nbytes += comm.bytes
+        if ipu.stage_busy_s:
+            before = self._last_stage_s or (0.0,) * len(ipu.stage_busy_s)
+            if len(self.stage_s) != len(ipu.stage_busy_s):
+                self.stage_s = [0.0] * len(ipu.stage_busy_s)
+            for s, (now, then) in enumerate(zip(ipu.stage_busy_s, before, strict=True)):
+                self.stage_s[s] += now - then
+            self._last_stage_s = ipu.stage_busy_s
 
     def progress(self, step: int, loss: float, lr: float, samples_per_s: float) -> None:
         """At a progress line: write the point of ``step`` and start the next interval."""
@@ -137,6 +148,8 @@ class TrainWriter(_Writer):
             "step_time/exposed_allreduce_s": self.exposed_s / n,
             "step_time/other_s": max(0.0, self.step_s - self.compute_s - self.exposed_s) / n,
         }
+        for s, busy in enumerate(self.stage_s):  # a pipeline: each stage's IPU, per step
+            values[f"pipeline/stage{s + 1}_ipu{s}_busy_s"] = busy / n
         if self.allreduce_s > 0:
             values.update(
                 {

@@ -31,6 +31,8 @@ from ringtrain.errors import InvalidSpec
 #: Lanes (Chrome ``tid``, also the display order). A tile ``j`` of the emulated IPU gets
 #: ``FORWARD + 2j`` and ``BACKWARD + 2j``.
 STEP, DATA, WEIGHTS, FORWARD, BACKWARD = 1, 2, 3, 10, 11
+#: pipeline stage ``s`` (on IPU ``s``) gets lane ``STAGE + s`` (``pipeline_ipu``)
+STAGE, MAX_STAGES = 40, 20
 GRADS, ALLREDUCE, OPTIMIZER, CHECKPOINT = 60, 61, 62, 63
 LANES = {
     STEP: "step",
@@ -76,6 +78,8 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 def lane_name(lane: int) -> str:
     if lane in LANES:
         return LANES[lane]
+    if STAGE <= lane < STAGE + MAX_STAGES:
+        return f"pipeline stage {lane - STAGE + 1} (IPU {lane - STAGE})"
     tile, kind = divmod(lane - FORWARD, 2)
     return ("backward" if kind else "forward") + (f" (tile {tile})" if tile else "")
 

@@ -31,6 +31,7 @@ from ringtrain_trainer import (
     numerics,
     optim,
     preflight,
+    startup,
     tensorboard,
     trace,
 )
@@ -46,6 +47,28 @@ from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
 from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
+
+
+def names(text: str | None) -> tuple[str, ...]:
+    """A comma-separated list of layer names (``recomputationCheckpoints``)."""
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
+
+
+def make_ipu(cfg: TrainerConfig, spec, config: IPUConfig, params, grads, tracer) -> IPU:
+    """The worker's IPUs: replicas, or with ``pipeline.stages`` the stages of a pipeline."""
+    if not cfg.pipeline_stages:
+        return IPU(spec, config, params, grads, tracer=tracer)
+    from ringtrain_trainer.pipeline_ipu import PipelinedIPU
+
+    return PipelinedIPU(
+        spec,
+        config,
+        params,
+        grads,
+        tracer,
+        stages=cfg.pipeline_stages,
+        schedule=cfg.pipeline_schedule,
+    )
 
 
 def _metric_fields(metric: str, value: float | None) -> dict:
@@ -114,7 +137,10 @@ class Trainer:
         self._stop_agreed = False
         # refused by arithmetic (budget.check) before anything proportional to its size exists
         per_ipu = max(1, cfg.batch_size // cfg.ipus_per_worker)
-        self.spec = keras_model.load(cfg.model, budget=(cfg.ipu_memory_mb * MB, per_ipu))
+        budget = (cfg.ipu_memory_mb * MB, per_ipu)
+        if cfg.pipeline_stages:  # the stages share the model: all IPUs, one micro-batch
+            budget = (cfg.ipus_per_worker * budget[0], cfg.batch_size)
+        self.spec = keras_model.load(cfg.model, budget=budget)
         self.params = self.spec.init(cfg.seed)
         #: what runs: the model's compile settings, each flag given overriding its part
         self.optimizer_spec = optim.for_run(cfg, self.spec)
@@ -149,7 +175,16 @@ class Trainer:
                 f"--loss-scaling {self.loss_scale.mode} is not supported with Embedding rows' "
                 f"sparse optimizer state ({self.optimizer_spec.describe()})"
             )
-        self.ipu = IPU(
+        if cfg.pipeline_stages:
+            from ringtrain_trainer.pipeline_ipu import refuse
+
+            refuse(
+                self.numerics.precision,
+                self.numerics.stochastic_rounding,
+                self.loss_scale.mode if self.loss_scale.active else "off",
+            )
+        self.ipu = make_ipu(
+            cfg,
             self.spec,
             IPUConfig(
                 memory_bytes=cfg.ipu_memory_mb * MB,
@@ -164,6 +199,8 @@ class Trainer:
                 accumulation=cfg.gradient_accumulation_steps,
                 precision=self.numerics.precision,
                 stochastic_rounding=self.numerics.stochastic_rounding,
+                recompute=cfg.allow_recompute,
+                recompute_checkpoints=names(cfg.recomputation_checkpoints),
             ),
             self.params,
             self.grads,
@@ -171,9 +208,9 @@ class Trainer:
         )
         # both programs compiled (and their memory checked) before any data is loaded
         self.exe = self.ipu.compile(cfg.batch_size, train=True)
-        try:
-            self.eval_batch = EVAL_BATCH
-            self.ipu.compile(EVAL_BATCH, train=False)
+        try:  # a pipeline evaluates in its micro-batches, as it trains
+            self.eval_batch = cfg.batch_size if cfg.pipeline_stages else EVAL_BATCH
+            self.ipu.compile(self.eval_batch, train=False)
         except IPUCompileError:  # a small IPU: evaluate in training-sized batches, which fit
             self.eval_batch = cfg.batch_size
             self.ipu.compile(cfg.batch_size, train=False)
@@ -190,10 +227,16 @@ class Trainer:
             cfg.gradient_accumulation_steps,
             self.numerics,
         )
+        for line in self.ipu_lines():
+            print(f"ringtrain worker: {line}", file=sys.stderr, flush=True)
         self.metrics.set_plan(
             self.exe.plan,
             memory.host_optimizer_state(cfg.variables_on_host, self.optimizer.state_bytes),
+            baseline=self.exe.baseline,
+            stages=getattr(self.exe, "stage_plans", None),
         )
+        if cfg.pipeline_stages and self.optimizer.sparse is not None:
+            raise InvalidSpec("pipeline.stages with an Embedding's sparse rows: not implemented")
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
         self.data, note = fit_model(
             self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
@@ -235,25 +278,13 @@ class Trainer:
         self.tb = tensorboard.TrainWriter(tb_dir if self.is_chief else None, self.world)
 
     def training_line(self) -> str:
-        """What runs, said once at start-up: the optimizer, its arguments and schedule (and
-        which flags replaced the model's), and the loss."""
-        loss = self.spec.loss
-        folded = f", {loss.folded} folded in" if loss.folded else ""
-        regs = sum(s.spec.reg is not None for s in self.spec.slots)
-        plus = f" + the L1/L2 penalty of {regs} weight tensors" if regs else ""
-        return (
-            f"optimizer {self.optimizer_spec.describe()}; loss {loss.describe()}{folded}{plus}; "
-            f"{self.numerics.describe()}"
-        )
+        return startup.training_line(self.optimizer_spec, self.spec, self.numerics)
 
     def batch_line(self) -> str:
-        """The global batch and its factors, said once at start-up."""
-        r, k = self.cfg.ipus_per_worker, self.micro
-        b = self.cfg.batch_size // r
-        return (
-            f"global batch {b * k * r * self.world} = micro-batch {b} x gradient accumulation "
-            f"{k} x replicas {r} x workers {self.world}"
-        )
+        return startup.batch_line(self.cfg, self.world)
+
+    def ipu_lines(self) -> list[str]:
+        return startup.ipu_lines(self.cfg, self.spec, self.ipu, self.exe)
 
     @property
     def total_steps(self) -> int:
@@ -424,19 +455,9 @@ class Trainer:
                 self.scratch,
             )
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
-        b, k = self.cfg.batch_size, self.micro
         self.ipu.precision.loss_scale = self.loss_scale.scale
-        loss = 0.0
-        for m in range(k):  # the last micro-batch streams the mean of all k (accumulate)
-            loss += self.ipu.train_step(
-                self.exe,
-                self.x[m * b : (m + 1) * b],
-                self.y[m * b : (m + 1) * b],
-                self.reducer.on_grad if m == k - 1 else None,
-                step=self.step,
-                micro=m,
-            )
-        loss /= k
+        # K micro-batches; the last streams the mean of all K (accumulate)
+        loss = self.ipu.train_batch(self.exe, self.x, self.y, self.reducer.on_grad, step=self.step)
         loss += self.optimizer.penalty  # Keras' loss includes the regularizers' penalty
         comm = self.reducer.finish()
         rows = self.optimizer.sparse
@@ -487,14 +508,7 @@ class Trainer:
         return True
 
     def _numerics_scalars(self) -> dict[str, float]:
-        """TensorBoard's ``numerics/*``: what the IPU computes in, at each progress point."""
-        ls = self.loss_scale
-        return {
-            "numerics/loss_scale": ls.scale,
-            "numerics/skipped_steps": ls.skipped,
-            "numerics/gradient_accumulation_steps": self.micro,
-            "numerics/precision_bits": 16 if self.numerics.precision == "fp16" else 32,
-        }
+        return startup.numerics_scalars(self.loss_scale, self.numerics, self.micro)
 
     def run(self) -> dict:
         self._restore()

@@ -87,6 +87,7 @@ class Program:
         dtype=np.float32,
         grads_first: bool = False,
         state: np.ndarray | None = None,
+        nodes: frozenset[int] | None = None,
     ):
         self.spec, self.batch, self.train, self.dtype = spec, batch, train, np.dtype(dtype)
         self.graph = graph = spec.graph
@@ -99,6 +100,9 @@ class Program:
         self.grads_first = grads_first
         self.ws: list[dict] = []
         for node, layer in zip(graph.nodes, spec.layers, strict=True):
+            if nodes is not None and node.index not in nodes:  # another pipeline stage's
+                self.ws.append({})
+                continue
             bufs = layer.buffers(batch, train, need_dx=spec.need_dx[node.index])
             ws = {
                 k: np.zeros(shape, self.dtype if t == "f" else np.bool_)
@@ -112,12 +116,18 @@ class Program:
         self.loss = Loss(getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, dtype)
         self.labels = self.loss.labels
         self.dlogits = self.loss.grad
+        #: the nodes this program runs (``engine.pipeline``: one stage's); None: all
+        self.nodes = nodes
         #: the value of every tensor this step (views of the nodes' own buffers)
         self.tensors: dict[int, np.ndarray | None] = dict.fromkeys(graph.tensors)
         self.tensors[graph.inputs[0]] = self.x
         #: gradient accumulators of the fanned-out tensors (training programs only)
         self.acc = (
-            {t: np.zeros((batch, *s), self.dtype) for t, s in accumulators(spec).items()}
+            {
+                t: np.zeros((batch, *s), self.dtype)
+                for t, s in accumulators(spec).items()
+                if nodes is None or any(c in nodes for c in graph.consumers[t])
+            }
             if train
             else {}
         )
@@ -158,17 +168,21 @@ class Program:
         self, params: list[dict[str, np.ndarray]], on_layer: Callable[[int], None] | None = None
     ) -> np.ndarray:
         """Logits; ``on_layer(i)`` (a tracer's lap) after each node ``i``."""
-        tensors, layers, nodes = self.tensors, self.spec.layers, self.graph.nodes
         for i in self.graph.order:
-            node = nodes[i]
-            tensors[node.output] = layers[i].forward(
-                self.ws[i], *[tensors[t] for t in node.inputs], **params[i]
-            )
-            if self.rounder is not None:
-                self.rounder(tensors[node.output])
+            self.forward_node(i, params)
             if on_layer is not None:
                 on_layer(i)
-        return tensors[self.graph.outputs[0]]
+        return self.tensors[self.graph.outputs[0]]
+
+    def forward_node(self, i: int, params: list[dict[str, np.ndarray]]) -> None:
+        """Node ``i``'s forward, reading and writing :attr:`tensors` (recompute and pipeline
+        stages run the graph in parts with this)."""
+        node, tensors = self.graph.nodes[i], self.tensors
+        tensors[node.output] = self.spec.layers[i].forward(
+            self.ws[i], *[tensors[t] for t in node.inputs], **params[i]
+        )
+        if self.rounder is not None:
+            self.rounder(tensors[node.output])
 
     def loss_and_dlogits(self, logits: np.ndarray) -> float:
         """The model's loss (``engine.losses``), mean over the local batch in ``labels``;
@@ -212,21 +226,25 @@ class Program:
         touches what backward reads) streams the weight gradients first, so the host's
         allreduce starts earlier and the input gradient hides part of it. Either way the
         arithmetic is the same."""
-        tgrads, nodes, layers = self._grads, self.graph.nodes, self.spec.layers
-        tgrads[self.graph.outputs[0]] = self.dlogits
-        pieces, first = self._pieces, self.grads_first
+        self._grads[self.graph.outputs[0]] = self.dlogits
         for i in self.graph.backward_order():
-            layer, ws, p, dout = layers[i], self.ws[i], params[i], tgrads[nodes[i].output]
-            need_dx = self.spec.need_dx[i]
-            layer.backward_local(ws, dout)
-            if need_dx and not first:
-                dx = layer.backward_input(ws, dout, **p)
-            for name, rows, piece in pieces[i]:
-                layer.backward_weights(ws, dout, name, grads[i][name], rows)
-                yield piece
-            if need_dx:
-                if first:
-                    dx = layer.backward_input(ws, dout, **p)
-                self._deliver(i, dx)
+            yield from self.backward_node(i, params, grads)
             if on_layer is not None:
                 on_layer(i)
+
+    def backward_node(self, i: int, params, grads):
+        """Generator: node ``i``'s backward (see :meth:`backward_pieces`), yielding each of its
+        gradient pieces once written; its input gradients are delivered at the end."""
+        layer, ws, p = self.spec.layers[i], self.ws[i], params[i]
+        dout = self._grads[self.graph.nodes[i].output]
+        need_dx, first = self.spec.need_dx[i], self.grads_first
+        layer.backward_local(ws, dout)
+        if need_dx and not first:
+            dx = layer.backward_input(ws, dout, **p)
+        for name, rows, piece in self._pieces[i]:
+            layer.backward_weights(ws, dout, name, grads[i][name], rows)
+            yield piece
+        if need_dx:
+            if first:
+                dx = layer.backward_input(ws, dout, **p)
+            self._deliver(i, dx)

@@ -1,0 +1,68 @@
+"""What a worker says once at start-up about what runs (and the chief's ``numerics/*``
+TensorBoard scalars, the same facts per progress point).
+
+Pipeline position: the :class:`~ringtrain_trainer.worker.Trainer` prints these lines after
+compiling, before the first step. They live here, apart from the training loop, because they
+only describe: the optimizer and loss, the numerics (precision, loss scaling, rounding), the
+global batch with its factors (one line with or without pipelining: the pipeline's depth is
+the gradient accumulation steps), and the pipeline's stages or recomputation's saving.
+"""
+
+from __future__ import annotations
+
+
+def training_line(optimizer_spec, spec, numerics) -> str:
+    """The optimizer, its arguments and schedule (and which flags replaced the model's), the
+    loss, and the numerics."""
+    loss = spec.loss
+    folded = f", {loss.folded} folded in" if loss.folded else ""
+    regs = sum(s.spec.reg is not None for s in spec.slots)
+    plus = f" + the L1/L2 penalty of {regs} weight tensors" if regs else ""
+    return (
+        f"optimizer {optimizer_spec.describe()}; loss {loss.describe()}{folded}{plus}; "
+        f"{numerics.describe()}"
+    )
+
+
+def batch_line(cfg, world: int) -> str:
+    """The global batch and its factors; ``cfg``: a ``TrainerConfig``."""
+    r, k = cfg.ipus_per_worker, cfg.gradient_accumulation_steps
+    if cfg.pipeline_stages:  # the IPUs are stages: one replica, K the depth
+        r, depth = 1, " (the pipeline's depth)"
+    else:
+        depth = ""
+    b = cfg.batch_size // r
+    return (
+        f"global batch {b * k * r * world} = micro-batch {b} x gradient accumulation "
+        f"{k}{depth} x replicas {r} x workers {world}"
+    )
+
+
+def ipu_lines(cfg, spec, ipu, exe) -> list[str]:
+    """What the IPUs run: the pipeline's stages and schedule, recomputation's saving."""
+    out = []
+    if exe.baseline is not None:
+        out.append(
+            f"recomputation: peak {exe.plan.total:,} bytes per IPU, "
+            f"{exe.baseline.total:,} without it"
+        )
+    plans = getattr(exe, "stage_plans", None)
+    if plans:
+        stages = "; ".join(
+            f"{st.describe(spec)} on IPU {st.index}: {p.total:,} bytes"
+            for st, p in zip(ipu.stages, plans, strict=True)
+        )
+        out.append(
+            f"pipeline ({cfg.pipeline_schedule} schedule; Interleaved is not implemented): {stages}"
+        )
+    return out
+
+
+def numerics_scalars(loss_scale, numerics, accumulation: int) -> dict[str, float]:
+    """TensorBoard's ``numerics/*``: what the IPU computes in, at each progress point."""
+    return {
+        "numerics/loss_scale": loss_scale.scale,
+        "numerics/skipped_steps": loss_scale.skipped,
+        "numerics/gradient_accumulation_steps": accumulation,
+        "numerics/precision_bits": 16 if numerics.precision == "fp16" else 32,
+    }
