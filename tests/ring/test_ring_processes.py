@@ -246,7 +246,9 @@ def test_misuse_fails_loudly_and_leaves_the_ring_usable():
         t.join()
     try:
         c0 = colls[0]
-        with pytest.raises(TypeError, match="allreduce_mean_: needs a float32 numpy array"):
+        with pytest.raises(
+            TypeError, match="allreduce_mean_: needs a float32 or float16 numpy array"
+        ):
             c0.allreduce_mean_(np.zeros(4))
         with pytest.raises(ValueError, match="C-contiguous"):
             c0.allreduce_mean_(np.zeros(8, np.float32)[::2])

@@ -109,7 +109,8 @@ def test_status_metrics_and_tensorboard_say_what_runs(mnist5k, tmp_path):
     reg = t.metrics.registry
     for ipu in ("0", "1"):
         labels = {"ipu": ipu}
-        assert reg.get_sample_value("ringtrain_ipu_precision_bits", labels) == 16
+        info = {**labels, "precision": "fp16", "stochastic_rounding": "OFF"}
+        assert reg.get_sample_value("ringtrain_ipu_precision_info", info) == 1
         assert reg.get_sample_value("ringtrain_ipu_gradient_accumulation_steps", labels) == 2
         assert reg.get_sample_value("ringtrain_ipu_loss_scale", labels) == 32768.0
     assert t.batch_line() == (

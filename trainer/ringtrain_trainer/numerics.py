@@ -86,10 +86,11 @@ class NumericsMetrics:
             ["ipu"],
             registry=registry,
         )
-        bits = Gauge(
-            "ringtrain_ipu_precision_bits",
-            "Bits of the IPU's forward and backward values (16: fp16, 32: fp32)",
-            ["ipu"],
+        info = Gauge(
+            "ringtrain_ipu_precision_info",
+            "1, labelled with what the IPU's forward and backward compute in (fp16, fp32) "
+            "and its stochastic rounding",
+            ["ipu", "precision", "stochastic_rounding"],
             registry=registry,
         )
         scale = Gauge("ringtrain_ipu_loss_scale", "The loss scale now", ["ipu"], registry=registry)
@@ -101,7 +102,7 @@ class NumericsMetrics:
         self._scale = [scale.labels(ipu=i) for i in ipus]
         for i in ipus:
             acc.labels(ipu=i).set(accumulation)
-            bits.labels(ipu=i).set(16 if numerics.precision == "fp16" else 32)
+            info.labels(i, numerics.precision, numerics.stochastic_rounding).set(1)
         self.observe(numerics.loss_scale, 0)
 
     def observe(self, loss_scale: LossScale, skipped: int) -> None:
