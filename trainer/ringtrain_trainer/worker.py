@@ -405,7 +405,8 @@ class Trainer:
         divergence.check_params(self.spec, self.params, self._where(self.step), "export")
 
         path = preflight.export_path(self.cfg.export, self.cfg.checkpoint_dir)
-        return str(export_state(self.state(loss), path, self.cfg.export_format))
+        fmt, precision = self.cfg.export_format, self.numerics.precision
+        return str(export_state(self.state(loss), path, fmt, precision))
 
     def evaluate(self) -> float:
         """Test accuracy, computed by every worker on its contiguous share of the test set and
