@@ -313,3 +313,25 @@ def test_a_mixed_float16_model_is_exported_under_its_dtype_policies(tmp_path, mn
     path = export_cli.export_state(state, tmp_path / "m.onnx", "onnx", "fp16")
     graph = onnx.load(str(path)).graph
     assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+def test_a_float32_model_trained_with_precision_fp16_exports_as_mixed_float16(tmp_path, mnist5k):
+    """``--precision fp16`` on a preset: the checkpoint records the precision, so
+    ``ringtrain export`` gives every layer mixed_float16, predicting what ringtrain does."""
+    from support.reference import single_worker_run
+
+    from ringtrain_trainer import model as model_mod
+    from ringtrain_trainer.config import TrainerConfig
+
+    argv = ["--model", "cnn", "--steps", "2", "--eval-every", "0", "--precision", "fp16"]
+    argv += ["--checkpoint-dir", str(tmp_path / "ck")]
+    t = single_worker_run(TrainerConfig.from_args(argv, {}), mnist5k)
+    assert export_cli.main([str(tmp_path / "ck"), "-o", str(tmp_path / "m.keras")]) == 0
+    got = keras.saving.load_model(tmp_path / "m.keras")
+    assert {layer.dtype_policy.name for layer in got.layers} == {"mixed_float16"}
+    x = np.random.default_rng(5).uniform(0, 1, (8, 28, 28, 1)).astype(np.float32)
+    prog = model_mod.Program(t.spec, 8, train=False)
+    np.copyto(prog.x, x)
+    want = prog.forward(t.spec.views(t.params)).copy()
+    got_y = got.predict(x.reshape((8, *t.spec.config.input_shape)), verbose=0)
+    np.testing.assert_allclose(got_y, want, atol=2e-2, rtol=2e-2)

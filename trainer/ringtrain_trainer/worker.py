@@ -377,6 +377,7 @@ class Trainer:
             optimizer_iterations=self.optimizer.iterations,
             optimizer_config=self.optimizer_spec.record(),
             loss_config=self.spec.loss.record(),
+            precision=self.numerics.precision,
             model=self.cfg.model,
             world_size=self.world,
             loss=loss,
@@ -405,8 +406,7 @@ class Trainer:
         divergence.check_params(self.spec, self.params, self._where(self.step), "export")
 
         path = preflight.export_path(self.cfg.export, self.cfg.checkpoint_dir)
-        fmt, precision = self.cfg.export_format, self.numerics.precision
-        return str(export_state(self.state(loss), path, fmt, precision))
+        return str(export_state(self.state(loss), path, self.cfg.export_format))
 
     def evaluate(self) -> float:
         """Test accuracy, computed by every worker on its contiguous share of the test set and

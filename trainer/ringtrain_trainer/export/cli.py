@@ -50,11 +50,12 @@ def export_state(
 ) -> Path:
     """Write ``state``'s model to ``output`` as ``fmt`` (one of :data:`FORMATS`): what this
     command does with a checkpoint, and what the chief does at the end with ``--export``
-    (passing the run's ``precision``). ONNX stays float32 whatever the precision."""
+    ``precision``: default the checkpoint's (``TrainingState.precision``). ONNX stays float32
+    whatever the precision."""
     CheckpointManager.require_model_state(
         state, model_mod.build(state.model)
     )  # never fresh moving statistics
-    config, weights = keras_model(state, precision)
+    config, weights = keras_model(state, precision or state.precision)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     write = write_onnx if fmt == "onnx" else write_keras
     return write(output, config, weights)
