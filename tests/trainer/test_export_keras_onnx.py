@@ -260,3 +260,78 @@ def test_export_uses_the_newest_good_checkpoint_and_names_bad_input(tmp_path, ca
     assert export_cli.main([str(tmp_path / "nope.json"), "-o", str(tmp_path / "x.onnx")]) == 2
     assert "nope.json: manifest does not exist" in capsys.readouterr().err
     assert not (tmp_path / "x.keras").exists() and not (tmp_path / "x.onnx").exists()
+
+
+def test_a_mixed_float16_model_is_exported_under_its_dtype_policies(tmp_path, mnist5k):
+    """Trained by ringtrain in fp16, the export keeps each layer's policy (the float32
+    softmax too), float32 master weights and the LossScaleOptimizer, and predicts what
+    ringtrain's forward does within fp16 rounding; ONNX of the same run stays float32."""
+    from support.reference import single_worker_run
+
+    from ringtrain_trainer import model as model_mod
+    from ringtrain_trainer.config import TrainerConfig
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        src = keras.Sequential(
+            [
+                keras.Input((28, 28)),
+                keras.layers.Flatten(),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dense(10),
+                keras.layers.Activation("softmax", dtype="float32"),
+            ]
+        )
+        src.compile(
+            optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05), 1024.0, 7),
+            loss="sparse_categorical_crossentropy",
+        )
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    (tmp_path / "m.json").write_text(src.to_json())
+    argv = ["--model", str(tmp_path / "m.json"), "--steps", "2", "--eval-every", "0"]
+    argv += ["--checkpoint-dir", str(tmp_path / "ck"), "--export", str(tmp_path / "out.keras")]
+    t = single_worker_run(TrainerConfig.from_args(argv, {}), mnist5k)
+    assert t.numerics.precision == "fp16"
+
+    got = keras.saving.load_model(tmp_path / "out.keras")
+    want = [layer.dtype_policy.name for layer in src.layers]
+    assert [layer.dtype_policy.name for layer in got.layers] == want
+    assert want == ["mixed_float16", "mixed_float16", "mixed_float16", "float32"]
+    assert all(w.dtype == "float32" for w in got.weights)
+    assert isinstance(got.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert got.optimizer.initial_scale == 1024.0 and got.optimizer.dynamic_growth_steps == 7
+
+    x = np.random.default_rng(4).uniform(0, 1, (16, 28, 28)).astype(np.float32)
+    prog = model_mod.Program(t.spec, 16, train=False)
+    np.copyto(prog.x, x.reshape(prog.x.shape))
+    logits = prog.forward(t.spec.views(t.params)).astype(np.float64)
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got.predict(x, verbose=0), e / e.sum(1, keepdims=True), atol=1e-2)
+
+    state = CheckpointManager(tmp_path / "ck").load_latest()[0]
+    path = export_cli.export_state(state, tmp_path / "m.onnx", "onnx", "fp16")
+    graph = onnx.load(str(path)).graph
+    assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+def test_a_float32_model_trained_with_precision_fp16_exports_as_mixed_float16(tmp_path, mnist5k):
+    """``--precision fp16`` on a preset: the checkpoint records the precision, so
+    ``ringtrain export`` gives every layer mixed_float16, predicting what ringtrain does."""
+    from support.reference import single_worker_run
+
+    from ringtrain_trainer import model as model_mod
+    from ringtrain_trainer.config import TrainerConfig
+
+    argv = ["--model", "cnn", "--steps", "2", "--eval-every", "0", "--precision", "fp16"]
+    argv += ["--checkpoint-dir", str(tmp_path / "ck")]
+    t = single_worker_run(TrainerConfig.from_args(argv, {}), mnist5k)
+    assert export_cli.main([str(tmp_path / "ck"), "-o", str(tmp_path / "m.keras")]) == 0
+    got = keras.saving.load_model(tmp_path / "m.keras")
+    assert {layer.dtype_policy.name for layer in got.layers} == {"mixed_float16"}
+    x = np.random.default_rng(5).uniform(0, 1, (8, 28, 28, 1)).astype(np.float32)
+    prog = model_mod.Program(t.spec, 8, train=False)
+    np.copyto(prog.x, x)
+    want = prog.forward(t.spec.views(t.params)).copy()
+    got_y = got.predict(x.reshape((8, *t.spec.config.input_shape)), verbose=0)
+    np.testing.assert_allclose(got_y, want, atol=2e-2, rtol=2e-2)

@@ -98,6 +98,9 @@ class TrainingState:
     optimizer_config: dict | None = None
     #: the loss that ran (``engine.losses.LossSpec.record``); None in older checkpoints
     loss_config: dict | None = None
+    #: the run's precision (fp16/fp32), so an export keeps an fp16 run's dtype policy; None in
+    #: older checkpoints
+    precision: str | None = None
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -167,6 +170,7 @@ class CheckpointManager:
             "optimizer_iterations": state.optimizer_iterations,
             "optimizer_config": state.optimizer_config,
             "loss_config": state.loss_config,
+            "precision": state.precision,
             "world_size": state.world_size,
             "loss": state.loss,
             "arrays": {
@@ -240,6 +244,7 @@ class CheckpointManager:
             model_state=loaded.get("model_state"),
             optimizer_config=m.get("optimizer_config"),
             loss_config=m.get("loss_config"),
+            precision=m.get("precision"),
         )
 
     def load_latest(

@@ -197,9 +197,10 @@ class KerasModel(ModelSpec):
         return super().init_state(dtype)
 
     # -- back to Keras -------------------------------------------------------------------
-    def keras_config(self) -> dict:
+    def keras_config(self, precision: str | None = None) -> dict:
         """A Keras 3 config (``model.to_json()`` shape, Sequential or Functional as the
-        source) that Keras loads, compiled with the loss that ran."""
+        source) that Keras loads, compiled with the loss that ran; ``precision``: the run's,
+        for the layers' dtype policies (``archive.layer_dtype``)."""
         return archive.to_keras(
             self.config,
             {
@@ -212,6 +213,7 @@ class KerasModel(ModelSpec):
                 "steps_per_execution": 1,
                 "jit_compile": False,
             },
+            precision,
         )
 
     def _weight_refs(self):

@@ -377,6 +377,7 @@ class Trainer:
             optimizer_iterations=self.optimizer.iterations,
             optimizer_config=self.optimizer_spec.record(),
             loss_config=self.spec.loss.record(),
+            precision=self.numerics.precision,
             model=self.cfg.model,
             world_size=self.world,
             loss=loss,

@@ -22,29 +22,40 @@ from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.export.onnx_file import write_onnx
 from ringtrain_trainer.keras.archive import write_keras
+from ringtrain_trainer.keras.compile import wrap_loss_scale
 from ringtrain_trainer.keras_model import describe
 
 FORMATS = ("keras", "onnx")
 
 
-def keras_model(state: TrainingState) -> tuple[dict, list[np.ndarray]]:
+def keras_model(
+    state: TrainingState, precision: str | None = None
+) -> tuple[dict, list[np.ndarray]]:
     """The checkpoint's model as (Keras config, ``get_weights()``-ordered weights); its
     compile settings name the optimizer that trained it (``TrainingState.optimizer_config``),
-    so Keras compiles the exported model with that optimizer, arguments and schedule."""
+    inside the source's LossScaleOptimizer if it had one, so Keras compiles the exported model
+    with that optimizer, arguments and schedule. ``precision``: the run's, so a model trained
+    in fp16 comes back under mixed_float16 (``archive.layer_dtype``)."""
     spec = model_mod.build(state.model)
-    config = spec.keras_config()
+    config = spec.keras_config(precision)
     if state.optimizer_config is not None and "compile_config" in config:
-        config["compile_config"]["optimizer"] = state.optimizer_config["keras"]
+        own = spec.config.numerics
+        optimizer = wrap_loss_scale(state.optimizer_config["keras"], own)
+        config["compile_config"]["optimizer"] = optimizer
     return config, spec.keras_weights(state.params, state.model_state)
 
 
-def export_state(state: TrainingState, output: str | Path, fmt: str = "keras") -> Path:
+def export_state(
+    state: TrainingState, output: str | Path, fmt: str = "keras", precision: str | None = None
+) -> Path:
     """Write ``state``'s model to ``output`` as ``fmt`` (one of :data:`FORMATS`): what this
-    command does with a checkpoint, and what the chief does at the end with ``--export``."""
+    command does with a checkpoint, and what the chief does at the end with ``--export``
+    ``precision``: default the checkpoint's (``TrainingState.precision``). ONNX stays float32
+    whatever the precision."""
     CheckpointManager.require_model_state(
         state, model_mod.build(state.model)
     )  # never fresh moving statistics
-    config, weights = keras_model(state)
+    config, weights = keras_model(state, precision or state.precision)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     write = write_onnx if fmt == "onnx" else write_keras
     return write(output, config, weights)

@@ -32,6 +32,13 @@ CONFIG, METADATA, WEIGHTS = "config.json", "metadata.json", "model.weights.h5"
 KERAS_VERSION = "3.0.0"
 #: the ``module`` Keras 3 writes for each model class (it deserializes Functional only from it)
 _MODULE = {"Sequential": "keras", "Functional": "keras.src.models.functional"}
+#: a layer's ``dtype`` as Keras 3 writes it under ``set_global_policy("mixed_float16")``
+MIXED_FLOAT16 = {
+    "module": "keras",
+    "class_name": "DTypePolicy",
+    "config": {"name": "mixed_float16"},
+    "registered_name": None,
+}
 
 
 def weights_of_layer(s) -> list[Weight]:
@@ -99,15 +106,28 @@ def _item(cls: str, config: dict, **extra) -> dict:
     }
 
 
-def to_keras(cfg: ModelConfig, compile_config: dict | None = None) -> dict:
-    """A Keras 3 config (``model.to_json()``'s shape) that ``model_from_json`` loads."""
+def layer_dtype(cfg: ModelConfig, s, precision: str | None = None):
+    """The ``dtype`` a layer is exported with: a mixed_float16 model's layers keep what the
+    source said (its float32 softmax stays float32); a float32 model trained with
+    ``--precision fp16`` computed every layer in float16, so each gets mixed_float16; else
+    float32. The weights stay float32 either way: Keras' master weights under mixed_float16."""
+    if cfg.numerics.policy == "mixed_float16":
+        return copy.deepcopy(MIXED_FLOAT16 if s.dtype is None else s.dtype)
+    return copy.deepcopy(MIXED_FLOAT16) if precision == "fp16" else "float32"
+
+
+def to_keras(
+    cfg: ModelConfig, compile_config: dict | None = None, precision: str | None = None
+) -> dict:
+    """A Keras 3 config (``model.to_json()``'s shape) that ``model_from_json`` loads;
+    ``precision``: the run's (``numerics.Numerics.precision``), for :func:`layer_dtype`."""
     inp = {"batch_shape": [None, *cfg.input_shape], "dtype": cfg.input_dtype}
     inp["name"] = cfg.input_name
     calls = [REGISTRY[s.cls].call_args for s in cfg.layers]
     layers = [
         _item(
             s.cls,
-            {"name": s.name, "dtype": "float32"}
+            {"name": s.name, "dtype": layer_dtype(cfg, s, precision)}
             | ({"trainable": True} if REGISTRY[s.cls].takes_trainable else {})
             | {k: v for k, v in s.args.items() if k not in call},
         )

@@ -84,6 +84,26 @@ def _unwrap_loss_scale(comp: dict) -> tuple[dict, tuple[float, int] | None, bool
     return {**comp, "optimizer": inner}, (initial, growth), static
 
 
+def wrap_loss_scale(optimizer: Any, own: ModelNumerics) -> Any:
+    """The inverse of :func:`_unwrap_loss_scale` for an export: the optimizer that ran (a
+    Keras serialization) back inside the source's LossScaleOptimizer, with the source's
+    initial scale and growth steps (Keras 3 has no static scale: that one stays unwrapped)."""
+    if own.loss_scale is None or own.static or not isinstance(optimizer, dict):
+        return optimizer
+    initial, growth = own.loss_scale
+    return {
+        "module": "keras.optimizers",
+        "class_name": "LossScaleOptimizer",
+        "config": {
+            "name": "loss_scale_optimizer",
+            "inner_optimizer": optimizer,
+            "initial_scale": initial,
+            "dynamic_growth_steps": growth,
+        },
+        "registered_name": None,
+    }
+
+
 def numerics(model: dict) -> ModelNumerics:
     """The model's mixed-precision settings: its layers' dtype policy, a LossScaleOptimizer
     in ``compile_config`` and ``auto_scale_loss`` (``ringtrain_trainer.numerics``)."""

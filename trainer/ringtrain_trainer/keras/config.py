@@ -20,6 +20,7 @@ trains every weight.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -48,6 +49,9 @@ class LayerSpec:
     output: int
     in_shapes: tuple[Shape, ...]
     out_shape: Shape
+    #: the source config's ``dtype`` entry as written (a DTypePolicy config, a name, or None),
+    #: so an export records the user's dtype policy per layer (``archive.to_keras``)
+    dtype: Any = field(default=None, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,8 @@ def _spec(
         out = tuple(entry.infer(args, shapes))
     except ValueError as e:
         raise InvalidSpec(f"model: {a.where}: {e}") from None
-    return LayerSpec(cls, a.name, args, inputs, index + 1, tuple(shapes), out)
+    dtype = copy.deepcopy((layer.get("config") or {}).get("dtype"))
+    return LayerSpec(cls, a.name, args, inputs, index + 1, tuple(shapes), out, dtype)
 
 
 def _sequential(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
