@@ -5,12 +5,15 @@ workspace does not fit."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
-from pipe_models import conv_stack
+from pipe_models import conv_stack, text
 
-from ringtrain.errors import IPUCompileError
-from ringtrain_trainer import keras_model
+from ringtrain.errors import InvalidSpec, IPUCompileError
+from ringtrain_trainer import keras_model, memory
+from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine.ops.conv import Conv
 from ringtrain_trainer.ipu import IPU, MB, IPUConfig
 from ringtrain_trainer.pipeline_ipu import PipelinedIPU
@@ -106,3 +109,22 @@ def test_the_cap_composes_with_recompute_replicas_host_threads_and_pipelining(ex
         out.append((params, score))
     np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-5, atol=1e-7)
     assert out[1][1] == out[0][1]
+
+
+def test_the_option_reaches_the_memory_report_from_the_command_line(tmp_path):
+    model = tmp_path / "m.json"
+    model.write_text(text(conv_stack(3, 4)))
+    args = ["--model", str(model), "--batch-size", "16", "--ipu-memory-mb", "64"]
+    shown = {}
+    for extra in ([], ["--available-memory-proportion", f"{_proportion_for(5):.6f}"]):
+        out = io.StringIO()
+        memory.report(TrainerConfig.from_args([*args, *extra], env={}), out)
+        shown[bool(extra)] = out.getvalue()
+    assert "serial pieces" not in shown[False]
+    line = next(x for x in shown[True].splitlines() if "serial pieces" in x)
+    assert "conv2 x4" in line and "conv3 x4" in line
+    with pytest.raises(InvalidSpec, match="--available-memory-proportion must be positive"):
+        TrainerConfig.from_args([*args, "--available-memory-proportion", "0"], env={})
+    above = TrainerConfig.from_args([*args, "--available-memory-proportion", "1.5"], env={})
+    with pytest.raises(IPUCompileError, match=r"--available-memory-proportion .* \(0, 1\]"):
+        memory.report(above, io.StringIO())
