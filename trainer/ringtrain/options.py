@@ -418,6 +418,20 @@ GROUPS: tuple[Group, ...] = (
                 "plan",
             ),
             Option(
+                "available_memory_proportion",
+                float,
+                None,
+                crd="availableMemoryProportion",
+                minimum=0,
+                exclusive_minimum=True,
+                maximum=1,
+                metavar="P",
+                help="Graphcore's availableMemoryProportion for convolution and matmul "
+                "workspaces (Graphcore's default: 0.6): each op's temporary workspace may use at "
+                "most P of the IPU's memory, the op running over the batch in serial chunks; "
+                "absent: the emulator's whole-batch workspaces",
+            ),
+            Option(
                 "pipeline_stages",
                 str,
                 None,

@@ -41,7 +41,7 @@ from ringtrain import options
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import trace
 from ringtrain_trainer.accumulate import Accumulator, accumulator_bytes, with_accumulator
-from ringtrain_trainer.engine import recompute
+from ringtrain_trainer.engine import recompute, workspace
 from ringtrain_trainer.engine.precision import Precision
 from ringtrain_trainer.engine.program import tensor_shapes
 from ringtrain_trainer.memory import MemoryPlan, plan_memory
@@ -73,6 +73,9 @@ class IPUConfig:
     #: are the checkpoints (empty: chosen by the plan)
     recompute: bool = False
     recompute_checkpoints: tuple[str, ...] = ()
+    #: Graphcore's ``availableMemoryProportion`` (``engine.workspace``); None: whole-batch
+    #: conv workspaces
+    available_memory_proportion: float | None = None
 
 
 def resolve_host_threads(requested: int) -> int:
@@ -173,6 +176,15 @@ class IPU:
                 "--precision fp16 keeps float32 master weights and optimizer state on the host: "
                 "it needs variables on the host (drop --no-variables-on-host)"
             )
+        try:
+            self.chunks = workspace.cap_workspaces(
+                spec,
+                config.available_memory_proportion,
+                config.memory_bytes,
+                self.precision.itemsize,
+            )
+        except workspace.WorkspaceError as e:
+            raise IPUCompileError(f"model {spec.name!r}: {e}") from None
         n, seed, rank = spec.num_params, config.seed, config.rank
         self._round_weights = self.precision.weight_rounder(n, seed, rank)
         self._round_grads = self.precision.program_rounder(n, seed, rank, 0)

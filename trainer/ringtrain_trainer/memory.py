@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ringtrain_trainer.engine import losses
+from ringtrain_trainer.engine import losses, workspace
 from ringtrain_trainer.engine.program import accumulators
 
 #: the kinds of device memory, in the order the report, the metric and the panel use
@@ -38,6 +38,8 @@ class LayerMemory:
     workspace: int = 0
     data: int = 0
     optimizer_state: int = 0
+    #: serial pieces the layer runs its batch in (``engine.workspace``: a capped workspace)
+    pieces: int = 1
 
     @property
     def total(self) -> int:
@@ -112,6 +114,7 @@ def plan_memory(
                 work,
                 0,
                 share,
+                workspace.pieces(batch, getattr(layer, "chunk", None)),
             )
         )
     labels, loss_work = losses.buffer_bytes(
@@ -232,6 +235,7 @@ def report(cfg, out) -> None:
             accumulation=cfg.gradient_accumulation_steps,
             recompute=cfg.allow_recompute,
             recompute_checkpoints=checkpoints,
+            available_memory_proportion=cfg.available_memory_proportion,
         ),
         params,
         np.zeros_like(params),
@@ -269,6 +273,14 @@ def report(cfg, out) -> None:
             shown = recompute.plan(spec, base, per_ipu, size, cuts)
             title += "; with recomputation"
         print(format_report(shown, host, title), file=out, flush=True)
+        if cfg.available_memory_proportion is not None:
+            split = [f"{r.name} x{r.pieces}" for r in shown.by_layer if r.pieces > 1]
+            print(
+                f"available memory proportion {cfg.available_memory_proportion}: conv workspaces "
+                f"in serial pieces: {', '.join(split) or 'none needed'}",
+                file=out,
+                flush=True,
+            )
         if shown is not base:
             print(
                 f"recomputation: peak {shown.total:,} bytes with it, {base.total:,} without",

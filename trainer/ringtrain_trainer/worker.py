@@ -201,6 +201,7 @@ class Trainer:
                 stochastic_rounding=self.numerics.stochastic_rounding,
                 recompute=cfg.allow_recompute,
                 recompute_checkpoints=names(cfg.recomputation_checkpoints),
+                available_memory_proportion=cfg.available_memory_proportion,
             ),
             self.params,
             self.grads,

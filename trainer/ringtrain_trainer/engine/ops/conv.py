@@ -29,6 +29,28 @@ class Conv(Window, Layer):
     ``Conv2D`` (input ``(h, w, c)``, kernel ``(kh, kw, cin, filters)``)."""
 
     kind = "conv"
+    #: examples per chunk under ``available_memory_proportion`` (``engine.workspace``): the
+    #: im2col workspace is planned for one chunk and forward/backward loop over the batch;
+    #: None: the whole batch at once
+    chunk: int | None = None
+
+    def chunk_elems(self, c: int, train: bool, need_dx: bool) -> int:
+        """Elements of the batch-proportional im2col workspace for ``c`` examples."""
+        if self.pointwise:
+            return 0
+        rows = c * self.ho * self.wo
+        n = rows * self.kk + (c * math.prod(self.padded) if any(self.pad) else 0)
+        return n + (math.prod(self.k) * rows * self.cin if train and need_dx else 0)
+
+    def fixed_elems(self) -> int:
+        """Workspace a chunked conv adds whatever its chunk: one kernel-gradient partial sum."""
+        return self.kk * self.cout
+
+    def _c(self, b: int) -> int:
+        """Examples per planned chunk for batch ``b``: the fewest equal chunks that fit."""
+        if self.chunk is None or self.pointwise or self.chunk >= b:
+            return b
+        return -(-b // -(-b // self.chunk))
 
     def __init__(
         self,
@@ -54,18 +76,21 @@ class Conv(Window, Layer):
         return ps + ([ParamSpec(layer, "bias", (f,), 0, 0, False)] if self.use_bias else [])
 
     def buffers(self, b, train, need_dx):
-        rows = b * self.ho * self.wo
+        c = self._c(b)
+        rows, crows = b * self.ho * self.wo, c * self.ho * self.wo
         bufs = {"out": ((b, *self.out_shape), "f"), **self.act.buffers((b, *self.out_shape), train)}
         if not self.pointwise:
-            bufs["cols"] = ((rows, self.kk), "f")
+            bufs["cols"] = ((crows, self.kk), "f")
         if any(self.pad):
-            bufs["xp"] = ((b, *self.padded), "f")
+            bufs["xp"] = ((c, *self.padded), "f")
+        if c < b and train:
+            bufs["gpart"] = ((self.kk, self.cout), "f")
         if train:
             bufs["ones"] = ((rows,), "f")
             if need_dx:
                 bufs["dx"] = ((b, *self.in_shape), "f")
                 if not self.pointwise:
-                    taps = (math.prod(self.k), rows, self.cin)
+                    taps = (math.prod(self.k), crows, self.cin)
                     bufs.update({"dtaps": (taps, "f"), "dxp": ((b, *self.padded), "f")})
         return bufs
 
@@ -74,27 +99,42 @@ class Conv(Window, Layer):
         return mm * (1 + (1 + need_dx if train else 0))
 
     def bind(self, ws, b):
+        c = ws["c"] = self._c(b)
         if "ones" in ws:
             ws["ones"].fill(1)
         if "cols" in ws:
-            ws["cols6"] = ws["cols"].reshape(b, self.ho, self.wo, *self.k, self.cin)
+            ws["cols6"] = ws["cols"].reshape(c, self.ho, self.wo, *self.k, self.cin)
         if "dtaps" in ws:
-            ws["dtaps5"] = ws["dtaps"].reshape(-1, b, self.ho, self.wo, self.cin)
+            ws["dtaps5"] = ws["dtaps"].reshape(-1, c, self.ho, self.wo, self.cin)
             ws["dx"] = self.inner(ws["dxp"]).reshape(b, *self.in_shape)
 
+    def _slices(self, ws, b: int):
+        """The batch chunks ``(start, stop)`` this program runs the op in, in order."""
+        c = ws["c"]
+        return [(s, min(s + c, b)) for s in range(0, b, c)]
+
+    def _im2col(self, ws, x) -> np.ndarray:
+        """Fill the column buffer for the examples of ``x`` (at most one chunk); its rows."""
+        n = x.shape[0]
+        xp = ws.get("xp")
+        if xp is None:
+            xp = self.as2d(x)
+        else:
+            xp = xp[:n]
+            np.copyto(self.inner(xp), self.as2d(x))
+        np.copyto(ws["cols6"][:n], self.windows(xp))
+        return ws["cols"][: n * self.ho * self.wo]
+
     def forward(self, ws, x, kernel, bias=None):
+        z = self.act.pre(ws).reshape(-1, self.cout)
+        k2 = kernel.reshape(self.kk, self.cout)
         if self.pointwise:
             ws["cols"] = cols = x.reshape(-1, self.cin)
+            np.matmul(cols, k2, out=z)
         else:
-            xp = ws.get("xp")
-            if xp is None:
-                xp = self.as2d(x)
-            else:
-                np.copyto(self.inner(xp), self.as2d(x))
-            np.copyto(ws["cols6"], self.windows(xp))
-            cols = ws["cols"]
-        z = self.act.pre(ws).reshape(-1, self.cout)
-        np.matmul(cols, kernel.reshape(self.kk, self.cout), out=z)
+            ws["x"], r = x, self.ho * self.wo
+            for s, e in self._slices(ws, x.shape[0]):
+                np.matmul(self._im2col(ws, x[s:e]), k2, out=z[s * r : e * r])
         if bias is not None:
             np.add(z, bias, out=z)
         return self.act.run(ws)
@@ -108,7 +148,19 @@ class Conv(Window, Layer):
         else:
             lo, hi = rows
             g = grad.reshape(self.kk, self.cout)
-            np.matmul(ws["cols"].T[lo:hi], ws["dz2"], out=g[lo:hi])
+            if "gpart" not in ws:
+                np.matmul(ws["cols"].T[lo:hi], ws["dz2"], out=g[lo:hi])
+                return
+            # chunked: im2col again per chunk (the cycles the smaller workspace costs); every
+            # row is written with the first block, before any block of this kernel streams out
+            if lo:
+                return
+            x, dz2, r, part = ws["x"], ws["dz2"], self.ho * self.wo, ws["gpart"]
+            for n, (s, e) in enumerate(self._slices(ws, x.shape[0])):
+                cols = self._im2col(ws, x[s:e])
+                np.matmul(cols.T, dz2[s * r : e * r], out=g if n == 0 else part)
+                if n:
+                    np.add(g, part, out=g)
 
     def backward_input(self, ws, dout, kernel, bias=None):
         k2 = kernel.reshape(self.kk, self.cout)
@@ -116,10 +168,12 @@ class Conv(Window, Layer):
             np.matmul(ws["dz2"], k2.T, out=ws["dx"].reshape(-1, self.cin))
             return ws["dx"]
         kt = kernel.reshape(-1, self.cin, self.cout).transpose(0, 2, 1)
-        np.matmul(ws["dz2"], kt, out=ws["dtaps"])
-        dxp, t5 = ws["dxp"], ws["dtaps5"]
+        dxp, t5, dz2, r = ws["dxp"], ws["dtaps5"], ws["dz2"], self.ho * self.wo
         dxp.fill(0)
-        for n, (i, j) in enumerate(self.taps()):
-            view = self.tap(dxp, i, j)
-            np.add(view, t5[n], out=view)
+        for s, e in self._slices(ws, dxp.shape[0]):
+            m = e - s
+            np.matmul(dz2[s * r : e * r], kt, out=ws["dtaps"][:, : m * r])
+            for n, (i, j) in enumerate(self.taps()):
+                view = self.tap(dxp[s:e], i, j)
+                np.add(view, t5[n, :m], out=view)
         return ws["dx"]
