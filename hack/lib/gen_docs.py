@@ -324,8 +324,21 @@ def components() -> list[tuple[str, str, object]]:
             "trainer/ringtrain_trainer/metrics.py",
             TrainerMetrics,
         ),
+        (
+            "Trainer's IPU numerics (`ringtrain worker`, port 9400)",
+            "trainer/ringtrain_trainer/numerics.py",
+            _numerics_metrics,
+        ),
         ("Operator (port 8080)", "operator/ringtrain_operator/metrics.py", OperatorMetrics),
     ]
+
+
+def _numerics_metrics(registry):
+    """The worker registers these beside TrainerMetrics once its numerics are resolved."""
+    from ringtrain_trainer.numerics import Numerics, NumericsMetrics
+    from ringtrain_trainer.optim.loss_scale import LossScale
+
+    return NumericsMetrics(registry, 1, 1, Numerics("fp32", "OFF", LossScale()))
 
 
 def catalogue() -> list[MetricRow]:
