@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 
 def layer(cls: str, **config) -> dict:
     return {"class_name": cls, "config": config}
@@ -73,3 +75,23 @@ def residual() -> dict:
 
 def text(cfg: dict) -> str:
     return json.dumps(cfg)
+
+
+def sgd_on_ipu(spec, cfg, steps: int, batch: int, lr: float):
+    """``steps`` plain-SGD steps of ``spec`` on one emulated IPU (``ipu.IPU``) over seeded random
+    images: (params, losses, executable, ipu) — the runs the recompute and workspace-cap tests
+    compare with and without their option."""
+    from ringtrain_trainer.ipu import IPU
+
+    params = spec.init(5)
+    grads = np.zeros_like(params)
+    ipu = IPU(spec, cfg, params, grads)
+    exe = ipu.compile(batch)
+    rng = np.random.default_rng(2)
+    losses = []
+    for step in range(steps):
+        x = rng.random((batch, 28, 28, 1), np.float32)
+        losses.append(ipu.train_step(exe, x, rng.integers(0, 10, batch), step=step))
+        params -= lr * grads
+    ipu.close()
+    return params, losses, exe, ipu

@@ -10,7 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from pipe_models import conv_stack, residual, text
+from pipe_models import conv_stack, residual, sgd_on_ipu, text
 from support.procs import WORKER
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
@@ -22,18 +22,7 @@ from ringtrain_trainer.ipu import IPU, MB, IPUConfig
 
 
 def _train(spec, cfg, steps=3, batch=16, lr=0.05):
-    params = spec.init(5)
-    grads = np.zeros_like(params)
-    ipu = IPU(spec, cfg, params, grads)
-    exe = ipu.compile(batch)
-    rng = np.random.default_rng(2)
-    losses = []
-    for step in range(steps):
-        x = rng.random((batch, 28, 28, 1), np.float32)
-        losses.append(ipu.train_step(exe, x, rng.integers(0, 10, batch), step=step))
-        params -= lr * grads
-    ipu.close()
-    return params, losses, exe, ipu
+    return sgd_on_ipu(spec, cfg, steps, batch, lr)
 
 
 @pytest.mark.parametrize(

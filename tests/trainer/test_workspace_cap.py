@@ -9,7 +9,7 @@ import io
 
 import numpy as np
 import pytest
-from pipe_models import conv_stack, text
+from pipe_models import conv_stack, sgd_on_ipu, text
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import keras_model, memory
@@ -23,20 +23,10 @@ MEM = 64 * MB
 
 def _train(proportion, steps=2, batch=16, lr=0.05, dropout=True):
     spec = keras_model.from_config(conv_stack(3, 4, dropout=dropout), "m")
-    params = spec.init(5)
-    grads = np.zeros_like(params)
     cfg = IPUConfig(
         memory_bytes=MEM, host_threads=1, seed=1, available_memory_proportion=proportion
     )
-    ipu = IPU(spec, cfg, params, grads)
-    exe = ipu.compile(batch)
-    rng = np.random.default_rng(2)
-    losses = []
-    for step in range(steps):
-        x = rng.random((batch, 28, 28, 1), np.float32)
-        losses.append(ipu.train_step(exe, x, rng.integers(0, 10, batch), step=step))
-        params -= lr * grads
-    ipu.close()
+    params, losses, exe, _ = sgd_on_ipu(spec, cfg, steps, batch, lr)
     return params, losses, exe, spec
 
 
