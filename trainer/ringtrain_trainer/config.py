@@ -80,3 +80,9 @@ def _writable(path: str) -> bool:
     """Kubernetes creates the termination log file; never create it outside a pod."""
     p = Path(path)
     return p.is_file() and os.access(p, os.W_OK)
+
+
+def layer_names(text: str | None) -> tuple[str, ...]:
+    """A comma-separated list of Keras layer names (``recomputationCheckpoints``,
+    ``pipeline.stages``) as the option table carries it: one string."""
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())

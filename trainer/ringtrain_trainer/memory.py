@@ -214,15 +214,16 @@ def report(cfg, out) -> None:
     import numpy as np
 
     from ringtrain_trainer import model, optim, trace
+    from ringtrain_trainer.config import layer_names
     from ringtrain_trainer.engine import recompute
     from ringtrain_trainer.ipu import MB, IPUConfig
-    from ringtrain_trainer.worker import make_ipu, names
+    from ringtrain_trainer.worker import make_ipu
 
     spec = model.build(cfg.model)
     params = spec.init(cfg.seed)
     opt = optim.for_run(cfg, spec)
     state = optim.state_bytes_for(opt, spec.num_params)
-    checkpoints = names(cfg.recomputation_checkpoints)
+    checkpoints = layer_names(cfg.recomputation_checkpoints)
     ipu = make_ipu(
         cfg,
         spec,

@@ -31,6 +31,7 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import trace
 from ringtrain_trainer.accumulate import accumulator_bytes, with_accumulator
+from ringtrain_trainer.config import layer_names
 from ringtrain_trainer.engine import pipeline
 from ringtrain_trainer.ipu import IPU, Executable, IPUConfig
 from ringtrain_trainer.memory import plan_memory
@@ -83,11 +84,7 @@ class PipelinedIPU(IPU):
             raise InvalidSpec("allowRecompute with pipeline.stages: not implemented together")
         refuse(config.precision, config.stochastic_rounding)
         super().__init__(spec, config, host_params, host_grads, tracer)
-        names = (
-            ()
-            if stages.strip() == "auto"
-            else tuple(n.strip() for n in stages.split(",") if n.strip())
-        )
+        names = () if stages.strip() == "auto" else layer_names(stages)
         self.names, self.schedule, self.depth = names, schedule, config.accumulation
         self.n_stages = config.replicas
         self.stages: list[pipeline.Stage] = []

@@ -38,7 +38,7 @@ from ringtrain_trainer import (
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, checkpoint_cap
 from ringtrain_trainer.collective import Collective
-from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.config import TrainerConfig, layer_names
 from ringtrain_trainer.data_npz import fit_model
 from ringtrain_trainer.engine.losses import label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
@@ -47,11 +47,6 @@ from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
 from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
-
-
-def names(text: str | None) -> tuple[str, ...]:
-    """A comma-separated list of layer names (``recomputationCheckpoints``)."""
-    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
 
 
 def make_ipu(cfg: TrainerConfig, spec, config: IPUConfig, params, grads, tracer) -> IPU:
@@ -200,7 +195,7 @@ class Trainer:
                 precision=self.numerics.precision,
                 stochastic_rounding=self.numerics.stochastic_rounding,
                 recompute=cfg.allow_recompute,
-                recompute_checkpoints=names(cfg.recomputation_checkpoints),
+                recompute_checkpoints=layer_names(cfg.recomputation_checkpoints),
                 available_memory_proportion=cfg.available_memory_proportion,
             ),
             self.params,
