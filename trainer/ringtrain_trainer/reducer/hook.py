@@ -43,14 +43,14 @@ class OptimizerHook:
         self.deferred: list[tuple[int, int]] = []
         #: hold every slice until the step's verdict (loss scaling: ``apply_deferred`` or drop)
         self.hold = False
-        self._checked = False  # apply_run checked the whole run: _apply need not again
 
     def begin_step(self, epoch: int) -> None:
         self.nonfinite = None
         self.deferred.clear()
         self.optimizer.begin_step(epoch)
 
-    def __call__(self, start: int, stop: int) -> None:
+    def __call__(self, start: int, stop: int, checked: bool = False) -> None:
+        """Apply (or hold) one slice; ``checked``: its gradient is already known finite."""
         stop = min(stop, self.num_params)
         if self.hold:
             if start < stop:
@@ -58,15 +58,15 @@ class OptimizerHook:
             return
         sparse = self.optimizer.sparse
         if sparse is None:
-            self._apply(start, stop)
+            self._apply(start, stop, checked)
             return
         for a, b in sparse.ranges:  # Embedding rows wait for their squares (apply_deferred)
             lo, hi = max(a, start), min(b, stop)
             if lo < hi:
-                self._apply(start, lo)
+                self._apply(start, lo, checked)
                 self.deferred.append((lo, hi))
                 start = hi
-        self._apply(start, stop)
+        self._apply(start, stop, checked)
 
     def apply_run(self, pieces: list[tuple[int, int]]) -> None:
         """A contiguous run of pieces (in arrival order) as one slice: one worker has nothing
@@ -77,11 +77,7 @@ class OptimizerHook:
         start, stop = min(a for a, _ in pieces), max(b for _, b in pieces)
         stop = min(stop, self.num_params)
         if self.nonfinite is None and start < stop and finite(self.grads[start:stop]):
-            self._checked = True
-            try:
-                self(start, stop)
-            finally:
-                self._checked = False
+            self(start, stop, checked=True)
             return
         for a, b in pieces:
             self(a, b)
@@ -92,9 +88,9 @@ class OptimizerHook:
             self._apply(start, stop)
         self.deferred.clear()
 
-    def _apply(self, start: int, stop: int) -> None:
+    def _apply(self, start: int, stop: int, checked: bool = False) -> None:
         if start < stop and self.nonfinite is None:
-            if not self._checked and not finite(self.grads[start:stop]):
+            if not checked and not finite(self.grads[start:stop]):
                 self.nonfinite = (start, stop)
                 return
             t = self.tracer.now()
