@@ -258,10 +258,14 @@ def wait_state(
     timeout_s: float,
     operator_log: Callable[[], str] | None = None,
     reason: str | None = None,
+    observe: Callable[[], None] | None = None,
 ) -> dict:
-    """Wait for status.state (and the condition's reason); a different terminal state fails."""
+    """Wait for status.state (and the condition's reason); a different terminal state fails.
+    ``observe`` runs at every poll, to record what the cluster forgets (container exits)."""
 
     def check():
+        if observe is not None:
+            observe()
         job = get_job(kubectl, ns, name)
         st = (job or {}).get("status") or {}
         got = st.get("state")

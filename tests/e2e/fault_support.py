@@ -156,6 +156,27 @@ def container_statuses(kubectl, ns: str, name: str) -> dict[str, dict]:
     return {p["metadata"]["name"]: (p["status"].get("containerStatuses") or [{}])[0] for p in pods}
 
 
+class ExitRecorder:
+    """Every container exit the kubelet reports for a job's pods, as ``(pod, restartCount) ->
+    exitCode``, recorded at each poll. Read afterwards, ``lastState`` may be empty: once a
+    restarted container has finished too, the kubelet's container GC (one dead container kept
+    per container) may remove the earlier one, and its exit with it."""
+
+    def __init__(self, kubectl, ns: str, name: str):
+        self.kubectl, self.ns, self.name = kubectl, ns, name
+        self.exits: dict[tuple[str, int], int] = {}
+
+    def __call__(self) -> None:
+        for pod, cs in container_statuses(self.kubectl, self.ns, self.name).items():
+            last = (cs.get("lastState") or {}).get("terminated")
+            if last and cs.get("restartCount"):
+                self.exits.setdefault((pod, cs["restartCount"]), last["exitCode"])
+
+    def exit_before(self, pod: str, restart: int) -> int | None:
+        """The exit code of the container that restart number ``restart`` replaced."""
+        return self.exits.get((pod, restart))
+
+
 class WitnessNode:
     """A second Node object that stays Ready (its Lease renewed from here), tainted so that
     nothing is scheduled on it. Without it, a single-node cluster whose one node goes silent

@@ -24,6 +24,7 @@ from fault_support import (
     EVERY,
     REJOINED,
     STEPS,
+    ExitRecorder,
     NetNS,
     WitnessNode,
     assert_same_weights,
@@ -172,10 +173,11 @@ def test_the_chief_killed_while_writing_a_checkpoint_resumes_from_the_previous_o
             signal_all(pids, signal.SIGCONT)
     assert caught, f"no checkpoint write caught in 60s ({tries} tries)"
     partial, committed = caught
-    done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
+    exits = ExitRecorder(kubectl, ns, name)
+    done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail, observe=exits)
     cs = container_statuses(kubectl, ns, name)
     assert cs[chief]["restartCount"] == 1
-    assert cs[chief]["lastState"]["terminated"]["exitCode"] == 137
+    assert exits.exit_before(chief, 1) == 137, exits.exits
     resumed = progress_steps(kubectl, ns, chief)[0]
     assert committed[-1] < resumed <= committed[-1] + EVERY, (committed, resumed)
     assert done["status"]["progress"]["step"] == STEPS
@@ -205,14 +207,15 @@ def test_a_worker_pod_deleted_by_hand_is_recreated_and_the_job_resumes(
     time.sleep(RNG.uniform(0, 1.5))
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kubectl, ns, name)}
     kubectl("delete", "pod", f"{name}-worker-1", "-n", ns, "--wait=false")
-    done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
+    exits = ExitRecorder(kubectl, ns, name)
+    done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail, observe=exits)
     after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kubectl, ns, name)}
     assert after[f"{name}-worker-0"] == before[f"{name}-worker-0"]
     assert after[f"{name}-worker-1"] != before[f"{name}-worker-1"]
     assert pods_created(kubectl, ns, name) == 3
     chief = container_statuses(kubectl, ns, name)[f"{name}-worker-0"]
     how = (
-        f"exited {chief['lastState']['terminated']['exitCode']}"
+        f"exited {exits.exit_before(f'{name}-worker-0', 1)}"
         if chief["restartCount"]
         else f"rejoined {rejoins(kubectl, ns, f'{name}-worker-0')} time(s)"
     )
@@ -296,7 +299,8 @@ def test_a_frozen_worker_is_left_at_once_and_its_liveness_probe_restarts_it(
         story(kubectl, ns, name, operator),
         poll_s=0.5,
     )
-    done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail)
+    exits = ExitRecorder(kubectl, ns, name)
+    done = wait_state(kubectl, ns, name, "Succeeded", 400, operator.tail, observe=exits)
     why = container_log(kubectl, ns, f"{name}-worker-0").split(REJOINED)[0]
     cause = [line for line in why.splitlines() if "ringtrain worker: PeerTimeout" in line]
     cs = container_statuses(kubectl, ns, name)
@@ -304,7 +308,7 @@ def test_a_frozen_worker_is_left_at_once_and_its_liveness_probe_restarts_it(
     assert cause and "worker-1" in cause[-1], why[-2000:]
     assert cs[f"{name}-worker-0"]["restartCount"] == 0
     assert cs[f"{name}-worker-1"]["restartCount"] == 1
-    assert cs[f"{name}-worker-1"]["lastState"]["terminated"]["exitCode"] == 137
+    assert exits.exit_before(f"{name}-worker-1", 1) == 137, exits.exits
     assert done["status"]["restarts"] == 1
     assert progress_steps(kubectl, ns, f"{name}-worker-0")[0] > frozen_at >= past
     assert_same_weights(final_weights(ckpt), reference)
