@@ -16,19 +16,19 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-keras = pytest.importorskip("keras")
-import onnxruntime as ort  # noqa: E402
+import keras
+import onnxruntime as ort
 
-from ringtrain.errors import InvalidSpec  # noqa: E402
-from ringtrain_trainer import model as M  # noqa: E402
-from ringtrain_trainer.collective import LocalCollective  # noqa: E402
-from ringtrain_trainer.config import TrainerConfig  # noqa: E402
-from ringtrain_trainer.engine.ops.broadcast import Broadcast  # noqa: E402
-from ringtrain_trainer.engine.ops.dropout import SharedDropout  # noqa: E402
-from ringtrain_trainer.engine.ops.standardize import Standardize  # noqa: E402
-from ringtrain_trainer.export import read_keras, write_keras, write_onnx  # noqa: E402
-from ringtrain_trainer.keras.config import parse  # noqa: E402
-from ringtrain_trainer.worker import Trainer  # noqa: E402
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import model as M
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine.ops.broadcast import Broadcast
+from ringtrain_trainer.engine.ops.dropout import SharedDropout
+from ringtrain_trainer.engine.ops.standardize import Standardize
+from ringtrain_trainer.export import read_keras, write_keras, write_onnx
+from ringtrain_trainer.keras.config import parse
+from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"

@@ -14,13 +14,12 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-tf = pytest.importorskip("tensorflow")  # installed in the test environment; never absent
-keras = pytest.importorskip("keras")
+import keras
+import tensorflow as tf
+from test_keras_layers import NARROW, WIDE
 
-from test_keras_layers import NARROW, WIDE  # noqa: E402
-
-from ringtrain_trainer import keras_model as KM  # noqa: E402
-from ringtrain_trainer import model as M  # noqa: E402
+from ringtrain_trainer import keras_model as KM
+from ringtrain_trainer import model as M
 
 pytestmark = [
     # TensorFlow's own tensors under numpy 2, when Keras saves weights

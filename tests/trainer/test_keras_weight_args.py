@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-keras = pytest.importorskip("keras")
+import keras
 
-from ringtrain.errors import InvalidSpec  # noqa: E402
-from ringtrain_trainer import keras_model  # noqa: E402
-from ringtrain_trainer.collective import LocalCollective  # noqa: E402
-from ringtrain_trainer.config import TrainerConfig  # noqa: E402
-from ringtrain_trainer.export import write_keras  # noqa: E402
-from ringtrain_trainer.worker import Trainer  # noqa: E402
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import keras_model
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.export import write_keras
+from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-keras = pytest.importorskip("keras")
-import onnxruntime as ort  # noqa: E402
+import keras
+import onnxruntime as ort
 
-from ringtrain_trainer import model as M  # noqa: E402
-from ringtrain_trainer.collective import LocalCollective  # noqa: E402
-from ringtrain_trainer.config import TrainerConfig  # noqa: E402
-from ringtrain_trainer.engine.ops import activations  # noqa: E402
-from ringtrain_trainer.export import write_keras, write_onnx  # noqa: E402
-from ringtrain_trainer.keras import onnx_acts  # noqa: E402
-from ringtrain_trainer.worker import Trainer  # noqa: E402
+from ringtrain_trainer import model as M
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine.ops import activations
+from ringtrain_trainer.export import write_keras, write_onnx
+from ringtrain_trainer.keras import onnx_acts
+from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-tf = pytest.importorskip("tensorflow")  # installed in the test environment; never absent
-keras = pytest.importorskip("keras")
+import keras
+import tensorflow as tf
 
-from ringtrain_trainer import keras_model as KM  # noqa: E402
-from ringtrain_trainer.engine import losses as LS  # noqa: E402
-from ringtrain_trainer.engine.program import Program  # noqa: E402
+from ringtrain_trainer import keras_model as KM
+from ringtrain_trainer.engine import losses as LS
+from ringtrain_trainer.engine.program import Program
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword"

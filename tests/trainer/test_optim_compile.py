@@ -113,7 +113,8 @@ def test_the_model_config_refuses_unsupported_compile_settings(change, field):
 @pytest.fixture(scope="module")
 def keras_file(tmp_path_factory):
     """A small .keras model compiled with SGD(nesterov) and an ExponentialDecay schedule."""
-    keras = pytest.importorskip("keras")
+    import keras
+
     S = keras.optimizers.schedules
     m = keras.Sequential(
         [
@@ -138,7 +139,8 @@ def keras_file(tmp_path_factory):
 def test_worker_trains_a_keras_model_with_its_compile_optimizer(
     keras_file, tmp_path, capsys, mnist5k
 ):
-    keras = pytest.importorskip("keras")
+    import keras
+
     ck = tmp_path / "ck"
     argv = ["--model", str(keras_file), "--dataset", "mnist-5k", "--json"]
     argv += ["--checkpoint-dir", str(ck), "--termination-log", "", "--export", "out.keras"]

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-keras = pytest.importorskip("keras")
+import keras
 
-from ringtrain.errors import InvalidSpec  # noqa: E402
-from ringtrain_trainer import optim  # noqa: E402
-from ringtrain_trainer.optim import schedules  # noqa: E402
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import optim
+from ringtrain_trainer.optim import schedules
 
 S = keras.optimizers.schedules
 SHAPES = [(6, 4), (4,), (3,)]  # two "layers": a kernel, its bias, another bias
