@@ -12,7 +12,7 @@ import pytest
 from support.gradcheck import gradcheck
 
 from ringtrain_trainer import layers as L
-from ringtrain_trainer.engine.ops import broadcast, dropout, merge, standardize
+from ringtrain_trainer.engine.ops import broadcast, dropout, merge, score_attention, standardize
 from ringtrain_trainer.layers import fused
 
 B = 3
@@ -21,7 +21,7 @@ B = 3
 def _registry() -> set[type]:
     """Every op class the engine ships: the general layers, the fused fast path and the
     ``engine/ops`` families."""
-    mods = [L, fused, merge, broadcast, dropout, standardize]
+    mods = [L, fused, merge, broadcast, dropout, standardize, score_attention]
     return {
         c
         for m in mods
@@ -68,6 +68,14 @@ CASES = {
     "standardize-adapted": standardize.Standardize((2, 3)),
     "standardize-fixed": standardize.Standardize((4,), [1.0, 2.0, 0.0, -1.0], [4.0, 0.25, 9, 1]),
     "concatenate-first3": merge.Concatenate([(1, 3), (2, 3), (3, 3)], 0),
+    **{
+        f"attention-{m}-{'scaled' if sc else 'plain'}-{len(sh)}in{'-causal' if ca else ''}": (
+            score_attention.ScoreAttention(sh, m, sc, ca)
+        )
+        for m in score_attention.MODES
+        for sc in (False, True)
+        for sh, ca in (([(3, 4), (5, 2), (5, 4)], False), ([(4, 3), (4, 3)], True))
+    },
 }
 
 
@@ -132,7 +140,7 @@ def test_weight_gradients_in_row_blocks_equal_the_whole(case, rng):
             if hi > lo:
                 op.backward_weights(ws, w, p.name, blocks, (lo, hi))
         np.testing.assert_allclose(blocks, whole, rtol=1e-12, atol=0)
-        assert math.prod(p.shape) == p.rows * p.shape[-1]
+        assert math.prod(p.shape) == p.rows * (p.shape[-1] if p.shape else 1)
 
 
 def test_no_op_decides_streaming():

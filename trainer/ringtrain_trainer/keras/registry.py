@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from ringtrain_trainer.keras import (
     layers_activation,
+    layers_attention,
     layers_conv,
     layers_core,
     layers_merge,
@@ -57,6 +58,7 @@ REGISTRY: dict[str, Entry] = {
     **layers_merge.ENTRIES,
     **layers_sequence.ENTRIES,
     **layers_recurrent.ENTRIES,
+    **layers_attention.ENTRIES,
 }
 #: what refusals list as supported (InputLayer is read by ``config`` itself)
 SUPPORTED = ("InputLayer", *REGISTRY)
