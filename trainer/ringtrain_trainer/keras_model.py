@@ -75,26 +75,33 @@ def _weight_arg(weight: str) -> str:
 
 
 def _with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list[Slot]:
-    """The slots with each parameter's non-default initializer and regularizer (the layer's
-    ``*_initializer``/``*_regularizer`` arguments, kept by ``Args``); one that names no
-    trainable weight of its layer is refused rather than ignored."""
+    """The slots with each parameter's non-default initializer, regularizer and constraint
+    (the layer's ``*_initializer``/``*_regularizer``/``*_constraint`` arguments, kept by
+    ``Args``); one that names no trainable weight of its layer is refused, not ignored."""
     from ringtrain_trainer.engine.ops import initializers, regularizers
+    from ringtrain_trainer.optim import constraints
 
     extra: dict[tuple[int, str], dict] = {}
     readers = {"init": initializers.parse, "reg": regularizers.parse}
+    readers["constraint"] = constraints.parse
+    kinds = (("init", "initializer"), ("reg", "regularizer"), ("constraint", "constraint"))
     for s, li in zip(layers, owner, strict=True):
         used: set[str] = set()
         entry = REGISTRY[s.cls]
         for w in entry.weights(s.args, list(s.in_shapes)):
             args, own = entry.weight_args(s.args, w.name)
-            for field, suffix in (("init", "initializer"), ("reg", "regularizer")):
+            for field, suffix in kinds:
                 arg = f"{_weight_arg(own)}_{suffix}"
                 if arg in args and w.trainable and li is not None:
                     used.add(arg)
-                    extra.setdefault((li, w.name), {})[field] = readers[field](args[arg], arg)
+                    got = readers[field](args[arg], arg)
+                    if field == "constraint":  # projected over the Keras weight's axes
+                        got = replace(got, shape=tuple(w.shape))
+                    extra.setdefault((li, w.name), {})[field] = got
         for k in s.args:
             optional = k.split("_")[0] in ("bias", "gamma", "beta")  # absent when switched off
-            if k.endswith(("_initializer", "_regularizer")) and k not in used and not optional:
+            weighty = k.endswith(("_initializer", "_regularizer", "_constraint"))
+            if weighty and k not in used and not optional:
                 raise InvalidSpec(
                     f"model: layer {s.name!r} ({s.cls}): {k}={s.args[k]!r} is not supported "
                     "(supported: Keras' default; no trainable weight of this layer takes it)"

@@ -18,8 +18,11 @@ def training_line(optimizer_spec, spec, numerics) -> str:
     folded = f", {loss.folded} folded in" if loss.folded else ""
     regs = sum(s.spec.reg is not None for s in spec.slots)
     plus = f" + the L1/L2 penalty of {regs} weight tensors" if regs else ""
+    cons = [s.spec.constraint.cls for s in spec.slots if s.spec.constraint is not None]
+    projected = f"; {len(cons)} weight tensors projected ({', '.join(sorted(set(cons)))})"
     return (
-        f"optimizer {optimizer_spec.describe()}; loss {loss.describe()}{folded}{plus}; "
+        f"optimizer {optimizer_spec.describe()}{projected if cons else ''}; "
+        f"loss {loss.describe()}{folded}{plus}; "
         f"{numerics.describe()}"
     )
 

@@ -144,6 +144,9 @@ class Trainer:
         self.optimizer.set_regularizers(
             [(s.start, s.stop, s.spec.reg) for s in self.spec.slots if s.spec.reg is not None]
         )
+        self.optimizer.set_constraints(
+            [(s.start, s.stop, s.spec.constraint) for s in self.spec.slots if s.spec.constraint]
+        )
         # Keras' squared gradient of an Embedding row: the sum over its occurrences
         self.optimizer.set_sparse(SparseRows(self.spec, self.params.dtype))
         self.tracer = trace.Tracer(cfg.trace_window, self.rank) if cfg.trace_steps else trace.OFF

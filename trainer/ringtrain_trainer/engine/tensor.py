@@ -24,6 +24,8 @@ class ParamSpec:
     init: Any = None
     #: the Keras weight regularizer (``ops.regularizers.Regularizer``), or None
     reg: Any = None
+    #: the Keras weight constraint (``optim.constraints.Constraint``), or None
+    constraint: Any = None
 
     @property
     def size(self) -> int:

@@ -212,6 +212,20 @@ class Args:
         if reg is not None:
             self.extra[arg] = R.keras(reg)
 
+    def constraint(self, arg: str) -> None:
+        """Keras' ``MaxNorm``/``NonNeg``/``UnitNorm``/``MinMaxNorm``, kept in :attr:`extra`
+        in the serialized form Keras reloads; the optimizer projects the weight after each
+        update (``optim.constraints``)."""
+        from ringtrain_trainer.optim import constraints as C
+
+        v = self.take(arg)
+        try:
+            c = C.parse(v, arg)
+        except ValueError as e:
+            self.refuse(arg, v, f"{', '.join(C.SUPPORTED)} ({e})")
+        if c is not None:
+            self.extra[arg] = C.keras(c)
+
     def trainable(self) -> None:
         """A layer with weights: frozen (Keras' fine-tuning) is refused, not trained anyway."""
         v = self.take("trainable", True)
@@ -219,11 +233,15 @@ class Args:
             self.refuse("trainable", v, "True: ringtrain trains every layer's weights")
 
     def nothing(self, *args: str) -> None:
-        """Arguments that must be absent; a weight regularizer among them is read instead
-        (:meth:`regularizer`), so every layer with weights takes them in one place."""
+        """Arguments that must be absent; a weight regularizer or constraint among them is read
+        instead (:meth:`regularizer`, :meth:`constraint`), so every layer with weights takes
+        them in one place."""
         for a in args:
             if a.endswith("_regularizer") and a != "activity_regularizer":
                 self.regularizer(a)
+                continue
+            if a.endswith("_constraint"):
+                self.constraint(a)
                 continue
             v = self.take(a)
             if v is not None:

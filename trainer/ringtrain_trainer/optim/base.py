@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ringtrain_trainer.optim.clip import Clip
+from ringtrain_trainer.optim.constraints import Constraint, Tracker
 
 f32 = np.float32
 
@@ -72,6 +73,7 @@ class Optimizer:
         #: Embedding tables whose squared gradient is Keras' per-occurrence sum (see
         #: :mod:`.sparse_rows`); set by :meth:`set_sparse` when the update squares ``g``
         self.sparse = None
+        self.constraints: Tracker | None = None
 
     @property
     def state_bytes(self) -> int:
@@ -86,6 +88,11 @@ class Optimizer:
         once: :meth:`apply` adds it once to the reduced gradient, before clipping (Keras
         clips the gradient of the loss that includes the penalty)."""
         self.regs = sorted(((int(a), int(b), r) for a, b, r in regs), key=lambda t: t[0])
+
+    def set_constraints(self, ranges: Sequence[tuple[int, int, Constraint]]) -> None:
+        """Keras' ``kernel_constraint`` & co. on ranges of the flat buffer: each tensor is
+        projected once its last slice of the step is updated (:mod:`.constraints`)."""
+        self.constraints = Tracker(list(ranges)) if ranges else None
 
     #: whether :meth:`update` squares the gradient (Adam, RMSprop, Adagrad): only then do an
     #: Embedding's duplicate ids change the update (:mod:`.sparse_rows`)
@@ -112,6 +119,8 @@ class Optimizer:
         self.lr = float(self.schedule.value(self.iterations, epoch))
         self.iterations += 1
         self.clip.begin_step()
+        if self.constraints is not None:
+            self.constraints.begin_step()
         self.prepare()
 
     def prepare(self) -> None:
@@ -131,6 +140,9 @@ class Optimizer:
                 np.multiply(w, f32(self.weight_decay) * f32(self.lr), out=tmp)
                 np.subtract(w, tmp, out=w)
             self.update(grads[s], self.params[s], s)
+            if self.constraints is not None:
+                for lo, hi, c in self.constraints.applied(a, b):
+                    c.project(self.params[lo:hi], self._scratch[lo:hi])
 
     def update(self, g: np.ndarray, w: np.ndarray, s: slice) -> None:
         raise NotImplementedError
