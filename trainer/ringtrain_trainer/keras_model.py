@@ -62,6 +62,11 @@ def _fuses(conv: LayerSpec, readers: list[LayerSpec]) -> bool:
     )
 
 
+def frozen(s: LayerSpec) -> bool:
+    """Whether Keras layer ``s`` is frozen (``trainable=False`` on it or a model around it)."""
+    return s.args.get("trainable", True) is False
+
+
 def _weight_arg(weight: str) -> str:
     """The Keras argument prefix that initializes/regularizes a weight (``query_kernel`` and
     ``kernel`` ← ``kernel_*``, ``recurrent_kernel`` ← ``recurrent_*``)."""
@@ -89,7 +94,9 @@ def _with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list
             args, own = entry.weight_args(s.args, w.name)
             for field, suffix in (("init", "initializer"), ("reg", "regularizer")):
                 arg = f"{_weight_arg(own)}_{suffix}"
-                if arg in args and w.trainable and li is not None:
+                if arg in args and frozen(s):  # no gradient, no penalty: as Keras
+                    used.add(arg)
+                elif arg in args and w.trainable and li is not None:
                     used.add(arg)
                     extra.setdefault((li, w.name), {})[field] = readers[field](args[arg], arg)
         for k in s.args:
@@ -158,6 +165,10 @@ class KerasModel(ModelSpec):
             if op is None:  # the identity (an activation folded into the loss)
                 where[s.output] = where[s.inputs[0]]
                 continue
+            if frozen(s):
+                from ringtrain_trainer.engine.ops.frozen import Frozen
+
+                op = Frozen(op, inference=s.cls == "BatchNormalization")
             op.name = "+".join(x.name for x in group)
             n = len(ops)
             nodes.append(Node(n, tuple(where[t] for t in s.inputs), n + 1))
@@ -185,16 +196,36 @@ class KerasModel(ModelSpec):
         super().__init__(name, ops, tuple(ipu_input), shape[0], graph=graph, loss=config.loss)
         self.slots = _with_weight_args(self.slots, config.layers, owner)
         self.initial = initial  # (flat, state) from a .keras archive, or None
+        #: parameters held frozen (``trainable=False``): state, never trained or reduced
+        self.num_frozen = sum(getattr(op, "frozen_size", 0) for op in ops)
+        if self.num_frozen and not self.num_params:
+            raise InvalidSpec(
+                "model: every weight of the model is frozen (trainable=False): nothing to "
+                "train (supported: at least one trainable layer)"
+            )
 
     def init(self, seed: int, dtype=np.float32) -> np.ndarray:
         if self.initial is not None:
             return self.initial[0].astype(dtype)
+        self._need_start_for_frozen()
         return super().init(seed, dtype)
 
     def init_state(self, dtype=np.float32) -> np.ndarray:
         if self.initial is not None:
             return self.initial[1].astype(dtype)
         return super().init_state(dtype)
+
+    def _need_start_for_frozen(self) -> None:
+        """Frozen weights are never trained, so fresh random ones would stay random: a model
+        with a frozen layer must start from a ``.keras`` file's (or a checkpoint's) weights."""
+        first = next(
+            (s for s in self.config.layers if frozen(s) and archive.weights_of_layer(s)), None
+        )
+        if first is not None:
+            raise InvalidSpec(
+                f"model: layer {first.name!r} ({first.cls}): trainable=False needs starting "
+                "weights (give --model a .keras file; fresh frozen weights would stay random)"
+            )
 
     # -- back to Keras -------------------------------------------------------------------
     def keras_config(self, precision: str | None = None) -> dict:
@@ -221,7 +252,7 @@ class KerasModel(ModelSpec):
         (trainable, the flat buffer) or "s" (state)."""
         for s, li in zip(self.config.layers, self.owner, strict=True):
             for w in REGISTRY[s.cls].weights(s.args, list(s.in_shapes)):
-                yield s, w.name, "p" if w.trainable else "s", li
+                yield s, w.name, "p" if w.trainable and not frozen(s) else "s", li
 
     def keras_weights(
         self, flat_params: np.ndarray, state: np.ndarray | None = None
@@ -247,6 +278,8 @@ class KerasModel(ModelSpec):
             )
         for (s, n, w, li), arr in zip(refs, weights, strict=True):
             dst = (pv if w == "p" else sv)[li][n]
+            if w == "s" and np.ndim(arr) > 1 and dst.size == np.size(arr):  # a frozen kernel
+                dst = dst.reshape(np.shape(arr))
             if np.shape(arr) != dst.shape and (np.shape(arr), dst.shape) != ((), (1,)):
                 raise InvalidSpec(
                     f"model {self.name!r}: layer {s.name!r} weight {n} has "

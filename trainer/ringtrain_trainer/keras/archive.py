@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.keras import nested
 from ringtrain_trainer.keras.config import ModelConfig, parse
 from ringtrain_trainer.keras.entry import Weight, snake_case
 from ringtrain_trainer.keras.registry import REGISTRY
@@ -73,7 +74,10 @@ def bind(cfg: ModelConfig, weights: list[np.ndarray]) -> list[list[np.ndarray]]:
 
 
 def h5_paths(cfg: ModelConfig) -> list[str | None]:
-    """Per layer of ``cfg.layers``, its ``model.weights.h5`` group."""
+    """Per layer of ``cfg.layers``, its ``model.weights.h5`` group (a nested model's layers:
+    where ``keras.nested`` found them)."""
+    if cfg.nesting.h5:
+        return [cfg.nesting.h5[s.name] for s in cfg.layers]
     used: dict[str, int] = {"input_layer": 0} if cfg.functional else {}
     paths: list[str | None] = []
     for s in cfg.layers:
@@ -172,7 +176,7 @@ def to_keras(
     }
     if compile_config is not None:
         out["compile_config"] = compile_config
-    return out
+    return nested.nest(out, cfg.nesting)
 
 
 def normalized(keras_config: dict) -> dict:
@@ -218,6 +222,8 @@ def write_keras(
         f.create_group("vars").attrs["name"] = cfg.name
         if cfg.functional:
             f.create_group("layers/input_layer/vars")
+        for group in cfg.nesting.empty:
+            f.require_group(group)
         for s, group, ws, (_, specs) in zip(
             cfg.layers, h5_paths(cfg), arrays, weights_of(cfg), strict=True
         ):

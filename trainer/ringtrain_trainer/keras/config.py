@@ -27,7 +27,7 @@ from typing import Any
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import losses
 from ringtrain_trainer.keras import compile as compile_mod
-from ringtrain_trainer.keras import ops_numpy
+from ringtrain_trainer.keras import nested, ops_numpy
 from ringtrain_trainer.keras.entry import Args, Shape
 from ringtrain_trainer.keras.registry import REGISTRY, SUPPORTED
 from ringtrain_trainer.numerics import ModelNumerics
@@ -74,6 +74,8 @@ class ModelConfig:
     input_dtype: str = "float32"
     #: the dtype policy and loss scaling of the model (``keras.compile.numerics``)
     numerics: ModelNumerics = field(default_factory=ModelNumerics)
+    #: the nested models flattened into this one (``keras.nested``), for the export
+    nesting: nested.Nesting = field(default_factory=nested.Nesting)
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -373,6 +375,8 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
             f"model: a Keras Sequential or Functional config is needed, got {cls!r} "
             "(subclassed models are not supported)"
         )
+    model, nesting = nested.flatten(model)
+    cls = model.get("class_name")
     cfg = model.get("config") or {}
     if cfg.get("trainable", True) is not True:
         raise InvalidSpec(
@@ -404,4 +408,5 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
         output,
         dtype,
         compile_mod.numerics(model) if compiled else ModelNumerics(),
+        nesting,
     )
