@@ -1,11 +1,13 @@
-"""Nested models and frozen layers against real Keras 3 (same ``.keras`` start, same batches).
+"""Nested models, shared layers and frozen layers against real Keras 3 (same ``.keras`` start,
+same batches).
 
 Transfer learning as users write it: a small MobileNetV2-like base (``include_top=False``
 style: no classifier) nested in a new model, frozen with a new head, then unfrozen for
 fine-tuning; and a ConvNeXt-style block written as a ``keras.Sequential`` inside a Functional
 model. ringtrain flattens the nesting into one graph (``keras.nested``), runs frozen layers
 with their weights as state (``engine.ops.frozen``; a frozen BatchNormalization in inference
-mode, as Keras 3), and exports the nesting and ``trainable`` back for Keras.
+mode, as Keras 3), runs each call of a shared layer as its own op on one set of weights whose
+gradients are summed (``engine.ops.shared``), and exports all of it back for Keras.
 """
 
 import io
@@ -15,6 +17,7 @@ import os
 import numpy as np
 import pytest
 from support.gradcheck import gradcheck
+from test_keras_layers import fd_check
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras")
@@ -27,6 +30,7 @@ from ringtrain_trainer import model as M  # noqa: E402
 from ringtrain_trainer.collective import LocalCollective  # noqa: E402
 from ringtrain_trainer.config import TrainerConfig  # noqa: E402
 from ringtrain_trainer.engine.ops.frozen import Frozen  # noqa: E402
+from ringtrain_trainer.engine.ops.shared import Shared, Tied  # noqa: E402
 from ringtrain_trainer.export import write_keras, write_onnx  # noqa: E402
 from ringtrain_trainer.worker import Trainer  # noqa: E402
 
@@ -182,7 +186,7 @@ def test_a_nested_model_called_twice_is_refused_as_a_shared_layer():
     tower = keras.Sequential([L.Input((4,)), L.Dense(3)], name="tower")
     a, b = L.Input((4,)), L.Input((4,))
     km = keras.Model([a, b], L.Subtract()([tower(a), tower(b)]))
-    with pytest.raises(InvalidSpec, match=r"tower.*called 2 times: shared layers"):
+    with pytest.raises(InvalidSpec, match=r"'tower' is called 2 times: a shared nested model"):
         keras_model.from_config(_cfg(km))
 
 
@@ -230,3 +234,46 @@ def test_frozen_ops_input_gradients_match_finite_differences(op, rng):
     gradcheck(loss, x, dx, what=f"{op.op.kind} frozen input")
     for k, v in before.items():
         np.testing.assert_array_equal(ws[k], v)
+
+
+def _siamese():
+    """One Dense tower called three times (twice on one tensor), the calls' outputs merged."""
+    inp = L.Input((12,))
+    a = L.Dense(6, name="view_a")(inp)
+    b = L.Dense(6, activation="tanh", name="view_b")(inp)
+    tower = L.Dense(4, activation="tanh", name="tower")
+    d = L.Subtract()([tower(a), tower(b)])
+    h = L.Concatenate()([d, tower(a)])
+    return keras.Model(inp, L.Dense(3, activation="softmax", name="head")(h))
+
+
+def test_a_shared_dense_trains_like_keras_with_one_set_of_weights_and_exports_shared(tmp_path, rng):
+    km = _siamese()
+    km.compile(optimizer=keras.optimizers.SGD(0.2), loss="sparse_categorical_crossentropy")
+    x = rng.normal(0.0, 1.0, (48, 12)).astype(np.float32)
+    y = rng.integers(0, 3, 48)
+    t = _trainer(tmp_path, km, x, y, 5, "siamese")
+    try:
+        kinds = [type(op).__name__ for op in t.spec.layers]
+        assert kinds.count("Shared") == 1 and kinds.count("Tied") == 2, kinds
+        assert t.spec.num_params == sum(w.numpy().size for w in km.weights)
+        ours, theirs = _steps(t, km, x, y, 5)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+        got = t.spec.keras_weights(t.params, t.ipu.state)
+        for w, mine in zip(km.weights, got, strict=True):
+            np.testing.assert_allclose(mine, w.numpy(), atol=2e-6, err_msg=w.path)
+        want = km.predict(x[32:], verbose=0)
+        np.testing.assert_allclose(_predict(t, x[32:]), want, atol=2e-6)
+        back = _export(t, tmp_path, x[32:], want, 2e-6)
+    finally:
+        t.close()
+    assert len(back.get_layer("tower")._inbound_nodes) == 3
+
+
+@pytest.mark.parametrize("grads_first", [False, True])
+def test_shared_layer_gradients_are_summed_over_calls_by_finite_differences(grads_first, rng):
+    """The whole model's gradient through the shared check: every call's contribution reaches
+    the one weight (``Shared(`` owns it, ``Tied(`` calls add to it), in both stream orders."""
+    spec = keras_model.from_config(_cfg(_siamese()))
+    assert {type(op) for op in spec.layers} >= {Shared, Tied}
+    fd_check(spec, rng, grads_first=grads_first)

@@ -47,7 +47,7 @@ def costs(cfg: ModelConfig) -> list[LayerCost]:
     out = []
     for s in cfg.layers:
         weights = REGISTRY[s.cls].weights(s.args, list(s.in_shapes))
-        n = sum(math.prod(w.shape) for w in weights if w.trainable)
+        n = 0 if s.shares else sum(math.prod(w.shape) for w in weights if w.trainable)
         if s.args.get("trainable", True) is False:
             out.append(LayerCost(s.name, s.out_shape, 0, n))
         else:

@@ -88,6 +88,8 @@ def _with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list
     extra: dict[tuple[int, str], dict] = {}
     readers = {"init": initializers.parse, "reg": regularizers.parse}
     for s, li in zip(layers, owner, strict=True):
+        if s.shares:  # a later call of a shared layer: the layer's own arguments say it
+            continue
         used: set[str] = set()
         entry = REGISTRY[s.cls]
         for w in entry.weights(s.args, list(s.in_shapes)):
@@ -114,6 +116,30 @@ def _with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list
     ]
 
 
+def _tie(ops: list, graph: Graph, groups: list[list], specs, calls) -> dict[int, int]:
+    """Wrap each shared layer's ops (``engine.ops.shared``): the call first in forward owns
+    the weights, the others are tied to it; returns tied op → owning op."""
+    from ringtrain_trainer.engine.ops.shared import Shared, Tied
+
+    pos = {n: k for k, n in enumerate(graph.order)}
+    ties: dict[int, int] = {}
+    for name, group in zip(calls, groups, strict=True):
+        group = [i for i in group if i is not None]
+        if len(group) < 2 or not ops[group[0]].params(0):
+            continue  # folded away, or nothing to share
+        if any(frozen(specs[i]) for i in calls[name]):
+            raise InvalidSpec(
+                f"model: layer {name!r} is shared and trainable=False: not supported "
+                "(supported: a shared layer that trains, or a frozen layer called once)"
+            )
+        first = min(group, key=pos.__getitem__)
+        ops[first] = Shared(ops[first])
+        for i in group:
+            if i != first:
+                ops[i], ties[i] = Tied(ops[i]), first
+    return ties
+
+
 class KerasModel(ModelSpec):
     """A :class:`ModelSpec` built from a Keras config, which it remembers."""
 
@@ -125,6 +151,11 @@ class KerasModel(ModelSpec):
         self.numerics = config.numerics
         self.loss_from_logits = True  # the IPU's loss always reads logits (see module doc)
         specs = config.layers
+        #: every shared layer's name → its calls' spec indices (``keras.shared``)
+        calls: dict[str, list[int]] = {}
+        for i, s in enumerate(specs):
+            calls.setdefault(s.shares or s.name, []).append(i)
+        calls = {k: v for k, v in calls.items() if len(v) > 1}
         ops: list = []
         nodes: list[Node] = []
         #: Keras tensor → the IPU tensor holding it
@@ -152,7 +183,7 @@ class KerasModel(ModelSpec):
                 where[s.output] = where[s.inputs[0]]
                 continue
             group = [s]
-            if _fuses(s, readers) and not last:
+            if _fuses(s, readers) and not last and s.name not in calls:
                 group.append(readers[0])
                 done.add(specs.index(readers[0]))
                 op = ConvPool(tuple(s.in_shapes[0]), s.args["filters"], s.args["kernel_size"][0])
@@ -191,9 +222,12 @@ class KerasModel(ModelSpec):
                 )
             )
         graph = Graph(nodes, (0,), (where[config.output],))
+        ties = _tie(ops, graph, [[owner[i] for i in v] for v in calls.values()], specs, calls)
         #: the IPU program's input shape: the Keras input after any leading Reshape/Flatten
         #: (same bytes, row-major); ``config.input_shape`` is what the Keras model takes
-        super().__init__(name, ops, tuple(ipu_input), shape[0], graph=graph, loss=config.loss)
+        super().__init__(
+            name, ops, tuple(ipu_input), shape[0], graph=graph, loss=config.loss, ties=ties
+        )
         self.slots = _with_weight_args(self.slots, config.layers, owner)
         self.initial = initial  # (flat, state) from a .keras archive, or None
         #: parameters held frozen (``trainable=False``): state, never trained or reduced
@@ -251,7 +285,7 @@ class KerasModel(ModelSpec):
         """(keras layer, weight name, where, ipu op) in get_weights order; where is "p"
         (trainable, the flat buffer) or "s" (state)."""
         for s, li in zip(self.config.layers, self.owner, strict=True):
-            for w in REGISTRY[s.cls].weights(s.args, list(s.in_shapes)):
+            for w in archive.weights_of_layer(s):
                 yield s, w.name, "p" if w.trainable and not frozen(s) else "s", li
 
     def keras_weights(

@@ -45,8 +45,12 @@ class ModelSpec:
         num_classes: int = 10,
         graph: Graph | None = None,
         loss: LossSpec | None = None,
+        ties: dict[int, int] | None = None,
     ):
         self.name, self.layers = name, layers
+        #: a later call of a shared layer → the node whose parameters it uses
+        #: (``engine.ops.shared``): its views are that node's
+        self.ties = dict(ties or {})
         #: the compiled loss (``engine.losses``); the presets' sparse cross-entropy by default
         self.loss = loss or LossSpec("SparseCategoricalCrossentropy", {"from_logits": True})
         self.input_shape, self.num_classes = input_shape, num_classes
@@ -94,6 +98,8 @@ class ModelSpec:
         out: list[dict[str, np.ndarray]] = [{} for _ in self.layers]
         for s in self.slots:
             out[s.spec.layer][s.spec.name] = flat[s.start : s.stop].reshape(s.spec.shape)
+        for i, owner in self.ties.items():
+            out[i] = out[owner]
         return out
 
     def init_state(self, dtype=np.float32) -> np.ndarray:

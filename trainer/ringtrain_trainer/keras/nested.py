@@ -14,7 +14,8 @@ What the flat graph loses is kept in a :class:`Nesting`: each nested model's cla
 layers under ``layers/functional/layers/conv2d``, numbered per class inside each model; a
 Functional level counts its InputLayer, a Sequential one does not). :func:`nest` folds a flat
 exported config back into the nested models, so Keras loads the export as the user built it.
-A nested model called more than once (a shared tower) is refused with the shared layers.
+A nested model called more than once (a shared tower) is refused by name; shared plain layers
+are ``keras.shared``'s.
 """
 
 from __future__ import annotations
@@ -171,13 +172,13 @@ class _Flattener:
                 self.empty.append(f"{group}/vars")
                 continue
             nodes = x.get("inbound_nodes") or []
-            if len(nodes) > 1:
-                raise InvalidSpec(
-                    f"model: {where}: layer {_name(x, i)!r} is called {len(nodes)} times: "
-                    "shared layers are not supported (supported: each layer called once)"
-                )
             if not nodes:
                 continue
+            if is_model(x) and len(nodes) > 1:
+                raise InvalidSpec(
+                    f"model: {where}: nested model {_name(x, i)!r} is called {len(nodes)} "
+                    "times: a shared nested model is not supported (supported: shared layers)"
+                )
             if is_model(x):
                 node = nodes[0]
                 if not isinstance(node, dict):
