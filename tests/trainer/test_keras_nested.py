@@ -277,3 +277,47 @@ def test_shared_layer_gradients_are_summed_over_calls_by_finite_differences(grad
     spec = keras_model.from_config(_cfg(_siamese()))
     assert {type(op) for op in spec.layers} >= {Shared, Tied}
     fd_check(spec, rng, grads_first=grads_first)
+
+
+@pytest.mark.slow  # 38 s: TensorFlow trains MobileNetV2 on the shared 2-core machine
+def test_keras_applications_mobilenet_v2_without_top_frozen_under_a_new_head(tmp_path, rng):
+    """The day-one transfer-learning model itself: ``keras.applications.MobileNetV2(
+    include_top=False, weights=None)`` nested and frozen (moving statistics away from 0/1, so
+    inference mode shows), a new head trained: Keras' loss at every step, the base untouched."""
+    keras.utils.set_random_seed(1)
+    base = keras.applications.MobileNetV2(
+        include_top=False, weights=None, input_shape=(32, 32, 3), alpha=0.35
+    )
+    stats = []
+    for w in base.weights:
+        v = w.numpy()
+        if "moving_variance" in w.path:
+            v = np.abs(rng.normal(1.0, 0.2, v.shape))
+        elif "moving_mean" in w.path:
+            v = rng.normal(0.0, 0.1, v.shape)
+        stats.append(v.astype(np.float32))
+    base.set_weights(stats)
+    base.trainable = False
+    inp = L.Input((32, 32, 3))
+    km = keras.Model(inp, L.Dense(5, activation="softmax")(L.GlobalAveragePooling2D()(base(inp))))
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    x = rng.random((48, 32, 32, 3)).astype(np.float32)
+    y = rng.integers(0, 5, 48)
+    t = _trainer(tmp_path, km, x, y, 3, "mobilenet_v2")
+    try:
+        assert t.spec.num_params == 1280 * 5 + 5
+        assert t.spec.num_frozen == sum(
+            w.numpy().size for w in base.weights if "moving" not in w.path
+        )
+        ours, theirs = _steps(t, km, x, y, 3)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+        got = t.spec.keras_weights(t.params, t.ipu.state)
+        at = {id(w): k for k, w in enumerate(base.weights)}
+        pairs = zip(km.weights, got, strict=True)
+        frozen = [(mine, stats[at[id(w)]]) for w, mine in pairs if id(w) in at]
+        assert len(frozen) == len(base.weights)
+        for mine, start in frozen:
+            np.testing.assert_array_equal(mine, start)
+        np.testing.assert_allclose(got[-2], km.weights[-2].numpy(), atol=2e-6)
+    finally:
+        t.close()
