@@ -321,3 +321,55 @@ def test_keras_applications_mobilenet_v2_without_top_frozen_under_a_new_head(tmp
         np.testing.assert_allclose(got[-2], km.weights[-2].numpy(), atol=2e-6)
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("name", ["siamese_shared", "transfer_frozen"])
+def test_shared_and_frozen_models_split_over_replicas_and_host_threads_alike(name, tmp_path):
+    """Each replica or host thread has its own programs, accumulators and state: the weights
+    after a few steps do not depend on how one worker's batch is split."""
+    from support import zoo
+
+    model, data = zoo.save(zoo.ZOO[name], tmp_path)
+    ends = []
+    for k, split in enumerate(([], ["--ipu-host-threads", "2"], ["--ipus-per-worker", "2"])):
+        args = ["--model", model, "--data", data, "--steps", "3", "--batch-size", "16", "--json"]
+        args += [
+            "--checkpoint-dir",
+            str(tmp_path / f"ck{k}"),
+            *(split or ["--ipu-host-threads", "1"]),
+        ]
+        t = Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())
+        try:
+            for _ in range(3):
+                t.train_one_step()
+            ends.append(t.params.copy())
+        finally:
+            t.close()
+    for other in ends[1:]:
+        np.testing.assert_allclose(other, ends[0], rtol=0, atol=1e-6)
+
+
+def test_a_layer_shared_inside_a_nested_model_predicts_and_exports_like_keras(tmp_path, rng):
+    i = L.Input((5,))
+    d = L.Dense(5, activation="tanh", name="twice")
+    inner = keras.Model(i, L.Add(name="sum")([d(i), d(d(i))]), name="inner")
+    inp = L.Input((5,))
+    km = keras.Model(inp, L.Dense(3, activation="softmax", name="out")(inner(inp)))
+    km.set_weights([rng.normal(0, 0.5, w.shape).astype(np.float32) for w in km.weights])
+    km.save(tmp_path / "m.keras")
+    spec = keras_model.load(str(tmp_path / "m.keras"))
+    names = sorted(s.name for s in spec.config.layers)
+    assert names == ["inner/sum", "inner/twice", "inner/twice@1", "inner/twice@2", "out"]
+    x = rng.normal(size=(6, 5)).astype(np.float32)
+    prog = M.Program(spec, 6, False, state=spec.init_state())
+    prog.x[:] = x
+    z = prog.forward(spec.views(spec.init(0))).astype(np.float64)
+    e = np.exp(z - z.max(1, keepdims=True))
+    want = km.predict(x, verbose=0)
+    np.testing.assert_allclose(e / e.sum(1, keepdims=True), want, atol=1e-6)
+    cfg = spec.keras_config()
+    back = keras.saving.load_model(
+        write_keras(tmp_path / "o.keras", cfg, spec.keras_weights(spec.init(0)))
+    )
+    np.testing.assert_allclose(back.predict(x, verbose=0), want, atol=1e-6)
+    assert len(back.get_layer("inner").get_layer("twice")._inbound_nodes) == 3

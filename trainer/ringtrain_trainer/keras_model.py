@@ -183,7 +183,7 @@ class KerasModel(ModelSpec):
                 where[s.output] = where[s.inputs[0]]
                 continue
             group = [s]
-            if _fuses(s, readers) and not last and s.name not in calls:
+            if _fuses(s, readers) and not last and (s.shares or s.name) not in calls:
                 group.append(readers[0])
                 done.add(specs.index(readers[0]))
                 op = ConvPool(tuple(s.in_shapes[0]), s.args["filters"], s.args["kernel_size"][0])
