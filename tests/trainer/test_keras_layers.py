@@ -204,11 +204,14 @@ def test_a_frozen_model_is_refused_and_frozen_layers_are_held_as_state():
         KM.from_config(m)
     frozen = layer("Conv2D", "cx", filters=2, kernel_size=3, trainable=False)
     bn = layer("BatchNormalization", "bx", trainable=False)
-    spec = KM.from_config(seq((8, 8, 1), frozen, bn, layer("Flatten"), layer("Dense", units=2)))
+    cfg = seq((8, 8, 1), frozen, bn, layer("Flatten"), layer("Dense", units=2))
+    with pytest.raises(InvalidSpec, match=r"'cx' \(Conv2D\): trainable=False needs starting"):
+        KM.from_config(cfg)  # a config brings no weights: they would stay random
+    spec = KM.KerasModel("m", K.parse(cfg))
     assert (spec.num_params, spec.num_frozen) == (6 * 6 * 2 * 2 + 2, 3 * 3 * 2 + 2 + 2 * 2)
     every = seq((4,), layer("Dense", "dx", units=2, trainable=False))
     with pytest.raises(InvalidSpec, match="every weight of the model is frozen"):
-        KM.from_config(every)
+        KM.KerasModel("m", K.parse(every))
 
 
 def test_shape_and_loss_mistakes_are_refused_before_anything_runs():

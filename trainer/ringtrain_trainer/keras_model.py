@@ -328,15 +328,20 @@ class KerasModel(ModelSpec):
 
 
 def from_config(
-    model: dict, name: str = "keras", budget: tuple[int, int] | None = None
+    model: dict, name: str = "keras", budget: tuple[int, int] | None = None, fresh: bool = True
 ) -> KerasModel:
     """A :class:`KerasModel` from a decoded ``model.to_json()`` dict (either Keras format).
     ``budget`` (one IPU's bytes, examples per IPU): refuse a model that cannot fit it by
-    arithmetic (``budget.check``) before building anything proportional to its size."""
+    arithmetic (``budget.check``) before building anything proportional to its size.
+    ``fresh``: no starting weights come with it (a config, not a ``.keras`` file), so a frozen
+    layer is refused here — in the operator's spec check too — not at the worker's start."""
     config = parse(model)
     if budget is not None:
         budget_mod.check(config, *budget)
-    return KerasModel(name, config)
+    spec = KerasModel(name, config)
+    if fresh:
+        spec._need_start_for_frozen()
+    return spec
 
 
 def preset_config(name: str) -> dict:
@@ -349,7 +354,7 @@ def read_keras_archive(
 ) -> tuple[dict, list[np.ndarray], KerasModel]:
     """config, weights in ``get_weights`` order, and the model, from a ``.keras`` zip."""
     config, weights = archive.read_keras(path)
-    return config, weights, from_config(config, str(path), budget)
+    return config, weights, from_config(config, str(path), budget, fresh=False)
 
 
 def describe(source: str) -> str:
