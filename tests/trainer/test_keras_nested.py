@@ -334,8 +334,14 @@ def test_shared_and_frozen_models_split_over_replicas_and_host_threads_alike(nam
 
     model, data = zoo.save(zoo.ZOO[name], tmp_path)
     ends = []
-    for k, split in enumerate(([], ["--ipu-host-threads", "2"], ["--ipus-per-worker", "2"])):
-        args = ["--model", model, "--data", data, "--steps", "3", "--batch-size", "16", "--json"]
+    splits = (
+        [],
+        ["--ipu-host-threads", "2"],
+        ["--ipus-per-worker", "2"],
+        ["--ipus-per-worker", "3"],
+    )
+    for k, split in enumerate(splits):
+        args = ["--model", model, "--data", data, "--steps", "3", "--batch-size", "24", "--json"]
         args += [
             "--checkpoint-dir",
             str(tmp_path / f"ck{k}"),
@@ -346,6 +352,9 @@ def test_shared_and_frozen_models_split_over_replicas_and_host_threads_alike(nam
             for _ in range(3):
                 t.train_one_step()
             ends.append(t.params.copy())
+            if t.spec.num_frozen:  # never averaged over replicas, so never a rounding off
+                assert not t.spec.live_state
+                np.testing.assert_array_equal(t.ipu.state, t.spec.init_state())
         finally:
             t.close()
     for other in ends[1:]:

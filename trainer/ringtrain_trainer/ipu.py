@@ -438,10 +438,10 @@ class IPU:
                 )
         finally:
             self._finish(runs)
-        if self.state.size:
-            np.mean([p.state for p in exe.programs], axis=0, out=self.state)
+        for a, b in self.spec.live_state:  # frozen weights: the same everywhere, never averaged
+            np.mean([p.state[a:b] for p in exe.programs], axis=0, out=self.state[a:b])
             for p in exe.programs:
-                np.copyto(p.state, self.state)
+                np.copyto(p.state[a:b], self.state[a:b])
         self.stats.compute_s += time.perf_counter() - t0
         self.stats.flops += exe.flops_per_run
         self.stats.steps += 1

@@ -92,6 +92,18 @@ class ModelSpec:
         #: (name, size, initial value), laid out in forward layer order; never reduced
         self.state_specs = [layer.state_specs() for layer in layers]
         self.state_size = sum(n for specs in self.state_specs for _, n, _ in specs)
+        #: the ranges of the state that training updates (moving statistics), merged: what
+        #: replicas average after a step; a frozen op's state never changes (``engine.ops.frozen``)
+        self.live_state: list[tuple[int, int]] = []
+        at = 0
+        for layer, specs in zip(layers, self.state_specs, strict=True):
+            n = sum(size for _, size, _ in specs)
+            if n and not hasattr(layer, "frozen_size"):
+                if self.live_state and self.live_state[-1][1] == at:
+                    self.live_state[-1] = (self.live_state[-1][0], at + n)
+                else:
+                    self.live_state.append((at, at + n))
+            at += n
 
     def views(self, flat: np.ndarray) -> list[dict[str, np.ndarray]]:
         """Per layer, name → view into ``flat`` shaped like the parameter."""
