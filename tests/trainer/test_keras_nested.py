@@ -385,3 +385,13 @@ def test_a_layer_shared_inside_a_nested_model_predicts_and_exports_like_keras(tm
     )
     np.testing.assert_allclose(back.predict(x, verbose=0), want, atol=1e-6)
     assert len(back.get_layer("inner").get_layer("twice")._inbound_nodes) == 3
+
+
+def test_fp16_with_frozen_layers_is_refused_before_training(tmp_path):
+    from support import zoo
+
+    model, data = zoo.save(zoo.ZOO["transfer_frozen"], tmp_path)
+    args = ["--model", model, "--data", data, "--steps", "1", "--precision", "fp16"]
+    args += ["--checkpoint-dir", str(tmp_path / "ck")]
+    with pytest.raises(InvalidSpec, match=r"fp16 .* with 256 frozen parameters"):
+        Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())

@@ -89,7 +89,7 @@ def markdown() -> str:
         "as state — no gradient, not reduced over the ring, not optimized, kept by checkpoints "
         "and exports; a frozen BatchNormalization runs in inference mode (as Keras 3); the "
         "start-up log and the memory report count them; needs starting weights (a `.keras` "
-        "file): fresh frozen weights would stay random |",
+        "file): fresh frozen weights would stay random; not with `--precision fp16` |",
     ]
     rows += [f"| `{cls}` | {e.doc} |" for cls, e in REGISTRY.items()]
     from ringtrain_trainer.engine.ops import initializers
