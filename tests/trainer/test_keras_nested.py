@@ -395,3 +395,18 @@ def test_fp16_with_frozen_layers_is_refused_before_training(tmp_path):
     args += ["--checkpoint-dir", str(tmp_path / "ck")]
     with pytest.raises(InvalidSpec, match=r"fp16 .* with 256 frozen parameters"):
         Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())
+
+
+def test_the_calls_of_a_shared_layer_in_two_pipeline_stages_are_refused(tmp_path, rng):
+    i = L.Input((4,))
+    tower = L.Dense(4, activation="tanh", name="tower")
+    km = keras.Model(i, L.Dense(3, activation="softmax", name="head")(tower(tower(i))))
+    km.save(tmp_path / "m.keras")
+    x = rng.normal(size=(16, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 16)
+    np.savez(tmp_path / "d.npz", x_train=x, y_train=y, x_test=x[:8], y_test=y[:8])
+    args = ["--model", str(tmp_path / "m.keras"), "--data", str(tmp_path / "d.npz")]
+    args += ["--ipus-per-worker", "2", "--pipeline-stages", "tower@1", "--batch-size", "4"]
+    args += ["--steps", "1", "--checkpoint-dir", str(tmp_path / "ck")]
+    with pytest.raises(InvalidSpec, match=r"shared layer 'tower' is called in stages 0 and 1"):
+        Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())
