@@ -307,6 +307,69 @@ def transformer_block():
     return m
 
 
+def transfer_frozen():
+    """Transfer learning: a MobileNetV2-like base without a top (conv-BN-ReLU6, depthwise-BN-
+    ReLU6, project-BN), nested and frozen (its BatchNormalization in inference mode, so not
+    batch-coupled), under a new head."""
+    keras = _seeded()
+    L = keras.layers
+    i = L.Input((12, 12, 1))
+    h = L.Conv2D(8, 3, strides=2, padding="same", use_bias=False)(i)
+    h = L.ReLU(6.0)(L.BatchNormalization()(h))
+    h = L.DepthwiseConv2D(3, padding="same", use_bias=False)(h)
+    h = L.ReLU(6.0)(L.BatchNormalization()(h))
+    base = keras.Model(i, L.BatchNormalization()(L.Conv2D(8, 1, use_bias=False)(h)), name="base")
+    rng = np.random.default_rng(5)
+    base.set_weights(
+        [
+            np.abs(rng.normal(1, 0.3, w.shape)) if "variance" in w.path else w.numpy()
+            for w in base.weights
+        ]
+    )
+    base.trainable = False
+    inp = L.Input((12, 12, 1))
+    h = base(L.Rescaling(1 / 255)(inp))
+    m = keras.Model(inp, L.Dense(3, activation="softmax")(L.GlobalAveragePooling2D()(h)))
+    m.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
+    return m
+
+
+def siamese_shared():
+    """One Dense tower shared by two views of the input (Siamese), called three times."""
+    keras = _seeded()
+    L = keras.layers
+    inp = L.Input((8,))
+    a, b = L.Dense(6)(inp), L.Dense(6, activation="tanh")(inp)
+    tower = L.Dense(5, activation="relu")
+    d = L.Subtract()([tower(a), tower(b)])
+    out = L.Dense(4, activation="softmax")(L.Concatenate()([d, tower(a)]))
+    m = keras.Model(inp, out)
+    m.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="categorical_crossentropy")
+    return m
+
+
+def convnext_block():
+    """ConvNeXt's block as it writes it: a nested ``keras.Sequential`` in a residual."""
+    keras = _seeded()
+    L = keras.layers
+    inp = L.Input((12, 12, 1))
+    x = L.Conv2D(8, 2, strides=2)(L.Rescaling(1 / 255)(inp))
+    block = keras.Sequential(
+        [
+            L.DepthwiseConv2D(3, padding="same"),
+            L.LayerNormalization(epsilon=1e-6),
+            L.Dense(16, activation="gelu"),
+            L.Dense(8),
+        ],
+        name="block",
+    )
+    x = L.LayerNormalization(epsilon=1e-6)(L.GlobalAveragePooling2D()(L.Add()([x, block(x)])))
+    m = keras.Model(inp, L.Dense(3, activation="softmax")(x))
+    opt = keras.optimizers.AdamW(0.005, weight_decay=0.01)
+    m.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    return m
+
+
 ZOO: dict[str, Entry] = {
     e.name: e
     for e in (
@@ -325,6 +388,9 @@ ZOO: dict[str, Entry] = {
         Entry("lstm_regression", "rnn", lstm_regression, sequences),
         Entry("gru_classifier", "rnn", gru_classifier, token_classes),
         Entry("transformer_block", "transformer", transformer_block, token_classes),
+        Entry("transfer_frozen", "transfer", transfer_frozen, quadrant_images),
+        Entry("siamese_shared", "shared", siamese_shared, blobs_onehot),
+        Entry("convnext_block", "convnext", convnext_block, quadrant_images),
     )
 }
 

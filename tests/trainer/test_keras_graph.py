@@ -114,7 +114,8 @@ def test_sequential_stays_a_chain_and_a_functional_conv_pool_fuses_only_alone():
 
 
 def _called_twice():
-    cfg = functional((4,), [("Dense", "d", ["in"], {"units": 3})], "d")
+    """A tf.keras 2 layer called twice (Keras 3 shared layers run: test_keras_nested.py)."""
+    cfg = functional((4,), [("Dense", "d", ["in"], {"units": 3})], "d", fmt="tf2")
     layer = cfg["config"]["layers"][1]
     layer["inbound_nodes"] = layer["inbound_nodes"] * 2
     return cfg

@@ -238,13 +238,13 @@ def test_a_rescaling_model_on_uint8_npz_sees_what_keras_fit_feeds_it(tmp_path, r
     assert cross_entropy(exported, y_test) / len(y_test) == pytest.approx(keras_loss, rel=1e-4)
 
 
-def test_a_layer_keras_froze_is_refused_not_trained(tmp_path):
+def test_a_layer_keras_froze_is_held_frozen_not_trained(tmp_path):
     """``layer.trainable = False`` (fine-tuning) is in Keras' own JSON; ringtrain once trained
-    the frozen weights anyway."""
-    from ringtrain.errors import InvalidSpec
-
+    the frozen weights anyway. Now they are state (tests/trainer/test_keras_nested.py trains
+    such models against Keras)."""
     L = keras.layers
     km = keras.Sequential([L.InputLayer(shape=(4,)), L.Dense(3, name="frozen"), L.Dense(2)])
     km.layers[0].trainable = False
-    with pytest.raises(InvalidSpec, match=r"'frozen' \(Dense\): trainable=False is not supported"):
-        KM.from_config(json.loads(km.to_json()))
+    km.save(tmp_path / "m.keras")
+    spec = KM.load(str(tmp_path / "m.keras"))
+    assert (spec.num_params, spec.num_frozen) == (3 * 2 + 2, 4 * 3 + 3)

@@ -37,6 +37,8 @@ class LayerCost:
     name: str
     out_shape: tuple[int, ...]
     params: int
+    #: weights held frozen (``trainable=False``): on the IPU, without a gradient
+    frozen: int = 0
 
 
 def costs(cfg: ModelConfig) -> list[LayerCost]:
@@ -45,8 +47,11 @@ def costs(cfg: ModelConfig) -> list[LayerCost]:
     out = []
     for s in cfg.layers:
         weights = REGISTRY[s.cls].weights(s.args, list(s.in_shapes))
-        n = sum(math.prod(w.shape) for w in weights if w.trainable)
-        out.append(LayerCost(s.name, s.out_shape, n))
+        n = 0 if s.shares else sum(math.prod(w.shape) for w in weights if w.trainable)
+        if s.args.get("trainable", True) is False:
+            out.append(LayerCost(s.name, s.out_shape, 0, n))
+        else:
+            out.append(LayerCost(s.name, s.out_shape, n))
     return out
 
 
@@ -57,7 +62,7 @@ def need_bytes(cfg: ModelConfig, batch_per_ipu: int) -> int:
     rows = costs(cfg)
     largest = max((math.prod(r.out_shape) for r in rows), default=0)
     acts = ITEMSIZE * batch_per_ipu * (math.prod(cfg.input_shape) + largest)
-    return 2 * ITEMSIZE * sum(r.params for r in rows) + acts
+    return ITEMSIZE * sum(2 * r.params + r.frozen for r in rows) + acts
 
 
 def check(cfg: ModelConfig, capacity_bytes: int, batch_per_ipu: int) -> None:

@@ -176,6 +176,13 @@ class IPU:
                 "--precision fp16 keeps float32 master weights and optimizer state on the host: "
                 "it needs variables on the host (drop --no-variables-on-host)"
             )
+        if self.precision.half and getattr(spec, "num_frozen", 0):
+            raise InvalidSpec(
+                f"--precision fp16 (or a mixed_float16 model) with {spec.num_frozen:,} frozen "
+                "parameters (trainable=False) is not supported: frozen weights are held as "
+                "float32 state and would not be rounded to float16 as trained weights are "
+                "(supported: fp32 with frozen layers)"
+            )
         try:
             self.chunks = workspace.cap_workspaces(
                 spec,
@@ -438,10 +445,10 @@ class IPU:
                 )
         finally:
             self._finish(runs)
-        if self.state.size:
-            np.mean([p.state for p in exe.programs], axis=0, out=self.state)
+        for a, b in self.spec.live_state:  # frozen weights: the same everywhere, never averaged
+            np.mean([p.state[a:b] for p in exe.programs], axis=0, out=self.state[a:b])
             for p in exe.programs:
-                np.copyto(p.state, self.state)
+                np.copyto(p.state[a:b], self.state[a:b])
         self.stats.compute_s += time.perf_counter() - t0
         self.stats.flops += exe.flops_per_run
         self.stats.steps += 1

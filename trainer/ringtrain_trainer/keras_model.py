@@ -62,6 +62,11 @@ def _fuses(conv: LayerSpec, readers: list[LayerSpec]) -> bool:
     )
 
 
+def frozen(s: LayerSpec) -> bool:
+    """Whether Keras layer ``s`` is frozen (``trainable=False`` on it or a model around it)."""
+    return s.args.get("trainable", True) is False
+
+
 def _weight_arg(weight: str) -> str:
     """The Keras argument prefix that initializes/regularizes a weight (``query_kernel`` and
     ``kernel`` ← ``kernel_*``, ``recurrent_kernel`` ← ``recurrent_*``)."""
@@ -86,13 +91,17 @@ def _with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list
     readers["constraint"] = constraints.parse
     kinds = (("init", "initializer"), ("reg", "regularizer"), ("constraint", "constraint"))
     for s, li in zip(layers, owner, strict=True):
+        if s.shares:  # a later call of a shared layer: the layer's own arguments say it
+            continue
         used: set[str] = set()
         entry = REGISTRY[s.cls]
         for w in entry.weights(s.args, list(s.in_shapes)):
             args, own = entry.weight_args(s.args, w.name)
             for field, suffix in kinds:
                 arg = f"{_weight_arg(own)}_{suffix}"
-                if arg in args and w.trainable and li is not None:
+                if arg in args and frozen(s):  # no gradient, no penalty: as Keras
+                    used.add(arg)
+                elif arg in args and w.trainable and li is not None:
                     used.add(arg)
                     got = readers[field](args[arg], arg)
                     if field == "constraint":  # projected over the Keras weight's axes
@@ -114,6 +123,30 @@ def _with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list
     ]
 
 
+def _tie(ops: list, graph: Graph, groups: list[list], specs, calls) -> dict[int, int]:
+    """Wrap each shared layer's ops (``engine.ops.shared``): the call first in forward owns
+    the weights, the others are tied to it; returns tied op → owning op."""
+    from ringtrain_trainer.engine.ops.shared import Shared, Tied
+
+    pos = {n: k for k, n in enumerate(graph.order)}
+    ties: dict[int, int] = {}
+    for name, group in zip(calls, groups, strict=True):
+        group = [i for i in group if i is not None]
+        if len(group) < 2 or not ops[group[0]].params(0):
+            continue  # folded away, or nothing to share
+        if any(frozen(specs[i]) for i in calls[name]):
+            raise InvalidSpec(
+                f"model: layer {name!r} is shared and trainable=False: not supported "
+                "(supported: a shared layer that trains, or a frozen layer called once)"
+            )
+        first = min(group, key=pos.__getitem__)
+        ops[first] = Shared(ops[first])
+        for i in group:
+            if i != first:
+                ops[i], ties[i] = Tied(ops[i]), first
+    return ties
+
+
 class KerasModel(ModelSpec):
     """A :class:`ModelSpec` built from a Keras config, which it remembers."""
 
@@ -125,6 +158,11 @@ class KerasModel(ModelSpec):
         self.numerics = config.numerics
         self.loss_from_logits = True  # the IPU's loss always reads logits (see module doc)
         specs = config.layers
+        #: every shared layer's name → its calls' spec indices (``keras.shared``)
+        calls: dict[str, list[int]] = {}
+        for i, s in enumerate(specs):
+            calls.setdefault(s.shares or s.name, []).append(i)
+        calls = {k: v for k, v in calls.items() if len(v) > 1}
         ops: list = []
         nodes: list[Node] = []
         #: Keras tensor → the IPU tensor holding it
@@ -152,7 +190,7 @@ class KerasModel(ModelSpec):
                 where[s.output] = where[s.inputs[0]]
                 continue
             group = [s]
-            if _fuses(s, readers) and not last:
+            if _fuses(s, readers) and not last and (s.shares or s.name) not in calls:
                 group.append(readers[0])
                 done.add(specs.index(readers[0]))
                 op = ConvPool(tuple(s.in_shapes[0]), s.args["filters"], s.args["kernel_size"][0])
@@ -165,6 +203,10 @@ class KerasModel(ModelSpec):
             if op is None:  # the identity (an activation folded into the loss)
                 where[s.output] = where[s.inputs[0]]
                 continue
+            if frozen(s):
+                from ringtrain_trainer.engine.ops.frozen import Frozen
+
+                op = Frozen(op, inference=s.cls == "BatchNormalization")
             op.name = "+".join(x.name for x in group)
             n = len(ops)
             nodes.append(Node(n, tuple(where[t] for t in s.inputs), n + 1))
@@ -187,21 +229,44 @@ class KerasModel(ModelSpec):
                 )
             )
         graph = Graph(nodes, (0,), (where[config.output],))
+        ties = _tie(ops, graph, [[owner[i] for i in v] for v in calls.values()], specs, calls)
         #: the IPU program's input shape: the Keras input after any leading Reshape/Flatten
         #: (same bytes, row-major); ``config.input_shape`` is what the Keras model takes
-        super().__init__(name, ops, tuple(ipu_input), shape[0], graph=graph, loss=config.loss)
+        super().__init__(
+            name, ops, tuple(ipu_input), shape[0], graph=graph, loss=config.loss, ties=ties
+        )
         self.slots = _with_weight_args(self.slots, config.layers, owner)
         self.initial = initial  # (flat, state) from a .keras archive, or None
+        #: parameters held frozen (``trainable=False``): state, never trained or reduced
+        self.num_frozen = sum(getattr(op, "frozen_size", 0) for op in ops)
+        if self.num_frozen and not self.num_params:
+            raise InvalidSpec(
+                "model: every weight of the model is frozen (trainable=False): nothing to "
+                "train (supported: at least one trainable layer)"
+            )
 
     def init(self, seed: int, dtype=np.float32) -> np.ndarray:
         if self.initial is not None:
             return self.initial[0].astype(dtype)
+        self._need_start_for_frozen()
         return super().init(seed, dtype)
 
     def init_state(self, dtype=np.float32) -> np.ndarray:
         if self.initial is not None:
             return self.initial[1].astype(dtype)
         return super().init_state(dtype)
+
+    def _need_start_for_frozen(self) -> None:
+        """Frozen weights are never trained, so fresh random ones would stay random: a model
+        with a frozen layer must start from a ``.keras`` file's (or a checkpoint's) weights."""
+        first = next(
+            (s for s in self.config.layers if frozen(s) and archive.weights_of_layer(s)), None
+        )
+        if first is not None:
+            raise InvalidSpec(
+                f"model: layer {first.name!r} ({first.cls}): trainable=False needs starting "
+                "weights (give --model a .keras file; fresh frozen weights would stay random)"
+            )
 
     # -- back to Keras -------------------------------------------------------------------
     def keras_config(self, precision: str | None = None) -> dict:
@@ -227,8 +292,8 @@ class KerasModel(ModelSpec):
         """(keras layer, weight name, where, ipu op) in get_weights order; where is "p"
         (trainable, the flat buffer) or "s" (state)."""
         for s, li in zip(self.config.layers, self.owner, strict=True):
-            for w in REGISTRY[s.cls].weights(s.args, list(s.in_shapes)):
-                yield s, w.name, "p" if w.trainable else "s", li
+            for w in archive.weights_of_layer(s):
+                yield s, w.name, "p" if w.trainable and not frozen(s) else "s", li
 
     def keras_weights(
         self, flat_params: np.ndarray, state: np.ndarray | None = None
@@ -254,6 +319,8 @@ class KerasModel(ModelSpec):
             )
         for (s, n, w, li), arr in zip(refs, weights, strict=True):
             dst = (pv if w == "p" else sv)[li][n]
+            if w == "s" and np.ndim(arr) > 1 and dst.size == np.size(arr):  # a frozen kernel
+                dst = dst.reshape(np.shape(arr))
             if np.shape(arr) != dst.shape and (np.shape(arr), dst.shape) != ((), (1,)):
                 raise InvalidSpec(
                     f"model {self.name!r}: layer {s.name!r} weight {n} has "
@@ -268,15 +335,20 @@ class KerasModel(ModelSpec):
 
 
 def from_config(
-    model: dict, name: str = "keras", budget: tuple[int, int] | None = None
+    model: dict, name: str = "keras", budget: tuple[int, int] | None = None, fresh: bool = True
 ) -> KerasModel:
     """A :class:`KerasModel` from a decoded ``model.to_json()`` dict (either Keras format).
     ``budget`` (one IPU's bytes, examples per IPU): refuse a model that cannot fit it by
-    arithmetic (``budget.check``) before building anything proportional to its size."""
+    arithmetic (``budget.check``) before building anything proportional to its size.
+    ``fresh``: no starting weights come with it (a config, not a ``.keras`` file), so a frozen
+    layer is refused here — in the operator's spec check too — not at the worker's start."""
     config = parse(model)
     if budget is not None:
         budget_mod.check(config, *budget)
-    return KerasModel(name, config)
+    spec = KerasModel(name, config)
+    if fresh:
+        spec._need_start_for_frozen()
+    return spec
 
 
 def preset_config(name: str) -> dict:
@@ -289,7 +361,7 @@ def read_keras_archive(
 ) -> tuple[dict, list[np.ndarray], KerasModel]:
     """config, weights in ``get_weights`` order, and the model, from a ``.keras`` zip."""
     config, weights = archive.read_keras(path)
-    return config, weights, from_config(config, str(path), budget)
+    return config, weights, from_config(config, str(path), budget, fresh=False)
 
 
 def describe(source: str) -> str:

@@ -105,10 +105,11 @@ def plan_memory(
         share = state * seen // n_params - given
         given += share
         w = (hi - lo) * itemsize
+        frozen = getattr(layer, "frozen_size", 0) * itemsize  # held on the IPU, no gradient
         rows.append(
             LayerMemory(
                 layer.name or f"layer {i}",
-                w,
+                w + frozen,
                 w if train else 0,
                 acts,
                 work,
@@ -246,9 +247,11 @@ def report(cfg, out) -> None:
     try:
         r = cfg.ipus_per_worker
         where = "host" if cfg.variables_on_host else "IPU"
+        frozen = getattr(spec, "num_frozen", 0)
         head = (
             f"IPU memory report: model {spec.name}, {spec.num_params:,} parameters, "
             f"optimizer {opt.name} (state on the {where})"
+            + (f", {spec.num_frozen:,} frozen parameters held as state" if frozen else "")
         )
         if cfg.pipeline_stages:  # compiled first: a refusal names the largest stage
             exe = ipu.compile(cfg.batch_size)

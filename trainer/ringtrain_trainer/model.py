@@ -45,8 +45,12 @@ class ModelSpec:
         num_classes: int = 10,
         graph: Graph | None = None,
         loss: LossSpec | None = None,
+        ties: dict[int, int] | None = None,
     ):
         self.name, self.layers = name, layers
+        #: a later call of a shared layer → the node whose parameters it uses
+        #: (``engine.ops.shared``): its views are that node's
+        self.ties = dict(ties or {})
         #: the compiled loss (``engine.losses``); the presets' sparse cross-entropy by default
         self.loss = loss or LossSpec("SparseCategoricalCrossentropy", {"from_logits": True})
         self.input_shape, self.num_classes = input_shape, num_classes
@@ -88,12 +92,26 @@ class ModelSpec:
         #: (name, size, initial value), laid out in forward layer order; never reduced
         self.state_specs = [layer.state_specs() for layer in layers]
         self.state_size = sum(n for specs in self.state_specs for _, n, _ in specs)
+        #: the ranges of the state that training updates (moving statistics), merged: what
+        #: replicas average after a step; a frozen op's state never changes (``engine.ops.frozen``)
+        self.live_state: list[tuple[int, int]] = []
+        at = 0
+        for layer, specs in zip(layers, self.state_specs, strict=True):
+            n = sum(size for _, size, _ in specs)
+            if n and not hasattr(layer, "frozen_size"):
+                if self.live_state and self.live_state[-1][1] == at:
+                    self.live_state[-1] = (self.live_state[-1][0], at + n)
+                else:
+                    self.live_state.append((at, at + n))
+            at += n
 
     def views(self, flat: np.ndarray) -> list[dict[str, np.ndarray]]:
         """Per layer, name → view into ``flat`` shaped like the parameter."""
         out: list[dict[str, np.ndarray]] = [{} for _ in self.layers]
         for s in self.slots:
             out[s.spec.layer][s.spec.name] = flat[s.start : s.stop].reshape(s.spec.shape)
+        for i, owner in self.ties.items():
+            out[i] = out[owner]
         return out
 
     def init_state(self, dtype=np.float32) -> np.ndarray:

@@ -23,7 +23,18 @@ def training_line(optimizer_spec, spec, numerics) -> str:
     return (
         f"optimizer {optimizer_spec.describe()}{projected if cons else ''}; "
         f"loss {loss.describe()}{folded}{plus}; "
-        f"{numerics.describe()}"
+        f"{numerics.describe()}{frozen_note(spec)}"
+    )
+
+
+def frozen_note(spec) -> str:
+    """How many parameters are frozen (``trainable=False``), or "" when none are."""
+    n = getattr(spec, "num_frozen", 0)
+    if not n:
+        return ""
+    return (
+        f"; {spec.num_params:,} trainable parameters, {n:,} frozen "
+        "(trainable=False: no gradient, not reduced, not optimized)"
     )
 
 

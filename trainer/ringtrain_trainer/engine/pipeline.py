@@ -83,7 +83,7 @@ def split(spec, base, n_stages: int, depth: int, names: tuple[str, ...] = ()) ->
             )
         chosen = _balanced([_node_cost(base, i, depth) for i in order], sorted(cuts), n_stages)
     bounds = [0, *chosen, n]
-    return [
+    stages = [
         Stage(
             s,
             tuple(order[a:b]),
@@ -92,6 +92,15 @@ def split(spec, base, n_stages: int, depth: int, names: tuple[str, ...] = ()) ->
         )
         for s, (a, b) in enumerate(itertools.pairwise(bounds))
     ]
+    at = {i: st.index for st in stages for i in st.nodes}
+    for tied, owner in getattr(spec, "ties", {}).items():  # one set of weights, one IPU
+        if at[tied] != at[owner]:
+            raise InvalidSpec(
+                f"pipeline.stages: the shared layer {spec.layers[owner].name!r} is called in "
+                f"stages {at[owner]} and {at[tied]} (supported: every call of a shared layer "
+                "in one stage)"
+            )
+    return stages
 
 
 def _balanced(costs: list[int], valid: list[int], stages: int) -> list[int]:

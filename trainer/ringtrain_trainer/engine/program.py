@@ -111,6 +111,8 @@ class Program:
             ws.update(state_views[node.index], ctx=self.ctx)
             layer.bind(ws, batch)
             self.ws.append(ws)
+        for i, owner in getattr(spec, "ties", {}).items():  # a shared layer's later calls
+            self.ws[i]["owner"] = self.ws[owner]  # add their weight gradients to the owner's
         self.x = np.zeros((batch, *spec.input_shape), self.dtype)
         #: the compiled loss (``engine.losses``): its label buffer and dloss/doutput
         self.loss = Loss(getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, dtype)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.keras import nested, shared
 from ringtrain_trainer.keras.config import ModelConfig, parse
 from ringtrain_trainer.keras.entry import Weight, snake_case
 from ringtrain_trainer.keras.registry import REGISTRY
@@ -42,8 +43,9 @@ MIXED_FLOAT16 = {
 
 
 def weights_of_layer(s) -> list[Weight]:
-    """One layer's arrays, in ``get_weights()`` order."""
-    return REGISTRY[s.cls].weights(s.args, list(s.in_shapes))
+    """One layer's arrays, in ``get_weights()`` order (none for a later call of a shared
+    layer: ``keras.shared``)."""
+    return [] if s.shares else REGISTRY[s.cls].weights(s.args, list(s.in_shapes))
 
 
 def weights_of(cfg: ModelConfig) -> list[tuple[str, list[Weight]]]:
@@ -69,14 +71,21 @@ def bind(cfg: ModelConfig, weights: list[np.ndarray]) -> list[list[np.ndarray]]:
                     f"expected {tuple(w.shape)}"
                 )
             out[-1].append(arr)
-    return out
+    at = {s.name: i for i, s in enumerate(cfg.layers)}
+    return [out[at[s.shares]] if s.shares else a for s, a in zip(cfg.layers, out, strict=True)]
 
 
 def h5_paths(cfg: ModelConfig) -> list[str | None]:
-    """Per layer of ``cfg.layers``, its ``model.weights.h5`` group."""
+    """Per layer of ``cfg.layers``, its ``model.weights.h5`` group (a nested model's layers:
+    where ``keras.nested`` found them)."""
+    if cfg.nesting.h5:
+        return [None if s.shares else cfg.nesting.h5[s.name] for s in cfg.layers]
     used: dict[str, int] = {"input_layer": 0} if cfg.functional else {}
     paths: list[str | None] = []
     for s in cfg.layers:
+        if s.shares:
+            paths.append(None)
+            continue
         base = snake_case(s.cls)
         n = used.get(base, -1) + 1
         used[base] = n
@@ -134,7 +143,8 @@ def to_keras(
         for s, call in zip(cfg.layers, calls, strict=True)
     ]
     if cfg.functional:
-        names = {0: cfg.input_name, **{s.output: s.name for s in cfg.layers}}
+        names = {0: [cfg.input_name, 0, 0]}
+        names |= {s.output: shared.history(s.name, s.shares) for s in cfg.layers}
         shapes = {0: cfg.input_shape, **{s.output: s.out_shape for s in cfg.layers}}
 
         def tensor(t: int) -> dict:
@@ -143,7 +153,7 @@ def to_keras(
                 "config": {
                     "shape": [None, *shapes[t]],
                     "dtype": cfg.input_dtype if t == 0 else "float32",
-                    "keras_history": [names[t], 0, 0],
+                    "keras_history": names[t],
                 },
             }
 
@@ -155,9 +165,9 @@ def to_keras(
             item["inbound_nodes"] = [{"args": args, "kwargs": kwargs}]
         first = _item("InputLayer", inp, name=cfg.input_name, inbound_nodes=[])
         body = {
-            "layers": [first, *layers],
+            "layers": [first, *shared.fold(layers, cfg.layers)],
             "input_layers": [cfg.input_name, 0, 0],
-            "output_layers": [names[cfg.output], 0, 0],
+            "output_layers": names[cfg.output],
         }
         cls = "Functional"
     else:
@@ -172,7 +182,7 @@ def to_keras(
     }
     if compile_config is not None:
         out["compile_config"] = compile_config
-    return out
+    return nested.nest(out, cfg.nesting)
 
 
 def normalized(keras_config: dict) -> dict:
@@ -218,9 +228,13 @@ def write_keras(
         f.create_group("vars").attrs["name"] = cfg.name
         if cfg.functional:
             f.create_group("layers/input_layer/vars")
+        for group in cfg.nesting.empty:
+            f.require_group(group)
         for s, group, ws, (_, specs) in zip(
             cfg.layers, h5_paths(cfg), arrays, weights_of(cfg), strict=True
         ):
+            if group is None:  # a later call of a shared layer: its weights are the layer's
+                continue
             f.create_group(f"{group}/vars").attrs["name"] = s.name
             for (where, i), w, spec in zip(_slots(group, specs), ws, specs, strict=True):
                 f.require_group(where).create_dataset(str(i), data=w.astype(spec.dtype))
@@ -267,6 +281,8 @@ def read_keras(path: str | os.PathLike) -> tuple[dict, list[np.ndarray]]:
     try:
         with h5py.File(io.BytesIO(blob), "r") as f:
             for (name, ws), group in zip(weights_of(cfg), h5_paths(cfg), strict=True):
+                if group is None:  # a later call of a shared layer
+                    continue
                 for where, i in _slots(group, ws):
                     g = f.get(where)
                     if g is None or str(i) not in g:

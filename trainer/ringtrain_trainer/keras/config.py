@@ -27,7 +27,7 @@ from typing import Any
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import losses
 from ringtrain_trainer.keras import compile as compile_mod
-from ringtrain_trainer.keras import ops_numpy
+from ringtrain_trainer.keras import nested, ops_numpy, shared
 from ringtrain_trainer.keras.entry import Args, Shape
 from ringtrain_trainer.keras.registry import REGISTRY, SUPPORTED
 from ringtrain_trainer.numerics import ModelNumerics
@@ -52,6 +52,8 @@ class LayerSpec:
     #: the source config's ``dtype`` entry as written (a DTypePolicy config, a name, or None),
     #: so an export records the user's dtype policy per layer (``archive.to_keras``)
     dtype: Any = field(default=None, hash=False, compare=False)
+    #: a later call of a shared layer (``keras.shared``): the layer whose weights it uses
+    shares: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class ModelConfig:
     input_dtype: str = "float32"
     #: the dtype policy and loss scaling of the model (``keras.compile.numerics``)
     numerics: ModelNumerics = field(default_factory=ModelNumerics)
+    #: the nested models flattened into this one (``keras.nested``), for the export
+    nesting: nested.Nesting = field(default_factory=nested.Nesting)
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -236,7 +240,8 @@ def _node_inputs(layer: dict, where: str) -> tuple[list[tuple[str, int, int]], d
     if len(nodes) != 1:
         raise InvalidSpec(
             f"model: {where} is called {len(nodes)} times: shared layers are not supported "
-            "(supported: each layer called once)"
+            "(supported: each layer called once in a tf.keras 2 config; a Keras 3 config may "
+            "share layers)"
         )
     node = nodes[0]
     if isinstance(node, dict):  # Keras 3
@@ -373,6 +378,9 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
             f"model: a Keras Sequential or Functional config is needed, got {cls!r} "
             "(subclassed models are not supported)"
         )
+    model, nesting = nested.flatten(model)
+    model, copies = shared.expand(model)
+    cls = model.get("class_name")
     cfg = model.get("config") or {}
     if cfg.get("trainable", True) is not True:
         raise InvalidSpec(
@@ -381,6 +389,7 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
         )
     functional = cls != "Sequential"
     in_name, shape, specs, output = (_functional if functional else _sequential)(cfg)
+    specs = [replace(s, shares=copies[s.name]) if s.name in copies else s for s in specs]
     if not specs or output == 0:
         raise InvalidSpec("model: the config has no layer with weights or computation")
     tail = next(s for s in specs if s.output == output)
@@ -404,4 +413,5 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
         output,
         dtype,
         compile_mod.numerics(model) if compiled else ModelNumerics(),
+        nesting,
     )

@@ -227,10 +227,14 @@ class Args:
             self.extra[arg] = C.keras(c)
 
     def trainable(self) -> None:
-        """A layer with weights: frozen (Keras' fine-tuning) is refused, not trained anyway."""
+        """A layer with weights: ``trainable=False`` (Keras' fine-tuning) is kept in
+        :attr:`extra`, so the layer's op runs frozen (``engine.ops.frozen``) and the export
+        writes it back."""
         v = self.take("trainable", True)
-        if v is not True:
-            self.refuse("trainable", v, "True: ringtrain trains every layer's weights")
+        if v is False:
+            self.extra["trainable"] = False
+        elif v is not True:
+            self.refuse("trainable", v, "True or False")
 
     def nothing(self, *args: str) -> None:
         """Arguments that must be absent; a weight regularizer or constraint among them is read

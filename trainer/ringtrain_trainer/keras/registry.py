@@ -78,6 +78,21 @@ END = "<!-- layers: end -->"
 def markdown() -> str:
     """The README's table of supported layers, one row per entry."""
     rows = ["| layer | supported |", "|---|---|", "| `InputLayer` | one input of a fixed shape |"]
+    rows += [
+        "| nested `Functional` / `Sequential` | a model used as a layer (`x = base(inp)`, "
+        "ConvNeXt's blocks): flattened into one graph at parse time, its layers named "
+        "`base/conv1` (also in `pipeline.stages`), exported nested again; Keras 3 configs; "
+        "a nested model called twice is refused |",
+        "| shared layers | one layer called on several tensors (Siamese towers, a Dense applied "
+        "twice): one op per call on one set of weights, every call's weight gradient summed "
+        "before it streams; exported as one layer with its calls; Keras 3 configs; refused: a "
+        "shared BatchNormalization, a frozen shared layer, calls in two pipeline stages |",
+        "| `trainable=False` | on a layer, a nested model or a whole base: its weights are held "
+        "as state — no gradient, not reduced over the ring, not optimized, kept by checkpoints "
+        "and exports; a frozen BatchNormalization runs in inference mode (as Keras 3); the "
+        "start-up log and the memory report count them; needs starting weights (a `.keras` "
+        "file): fresh frozen weights would stay random; not with `--precision fp16` |",
+    ]
     rows += [f"| `{cls}` | {e.doc} |" for cls, e in REGISTRY.items()]
     from ringtrain_trainer.engine.ops import initializers
 

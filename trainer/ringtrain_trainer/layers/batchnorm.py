@@ -92,6 +92,15 @@ class BatchNorm(Layer):
             np.multiply(dy, xhat, out=ws["dxhat"])
             np.sum(ws["dxhat"], axis=axes, out=grad)
 
+    def backward_inference(self, ws, dout, gamma=None, beta=None):
+        """The input gradient of the inference-mode forward (``engine.ops.frozen``): the
+        moving statistics are constants, so ``dx = dy * gamma / sqrt(moving_var + eps)``."""
+        dx = ws["dx"]
+        np.multiply(dout.reshape(dx.shape), ws["inv"], out=dx)
+        if gamma is not None:
+            np.multiply(dx, gamma, out=dx)
+        return dx
+
     def backward_input(self, ws, dout, gamma=None, beta=None):
         xhat, dxhat = ws["xhat"], ws["dxhat"]
         dy = dout.reshape(xhat.shape)
