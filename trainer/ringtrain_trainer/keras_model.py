@@ -202,13 +202,13 @@ class KerasModel(ModelSpec):
                 where[s.output] = where[s.inputs[0]]
                 continue
             group = [s]
+            roles, extra = wiring.inputs(s)
             if _fuses(s, readers) and not last:
                 group.append(readers[0])
                 done.add(specs.index(readers[0]))
                 op = ConvPool(tuple(s.in_shapes[0]), s.args["filters"], s.args["kernel_size"][0])
             else:
                 fold = config.loss.folded if last else None
-                roles, extra = wiring.inputs(s)
                 try:
                     op = REGISTRY[s.cls].build(s, list(s.in_shapes), Build(i, fold, roles))
                 except ValueError as e:
