@@ -8,6 +8,7 @@ and an export Keras reloads with ringtrain's predictions. Also: 2 workers ≡ 1 
 masked model, and the layers that cannot honour a mask are refused by name."""
 
 import io
+import json
 import os
 
 import numpy as np
@@ -188,3 +189,40 @@ def test_a_layer_keras_drops_the_mask_at_drops_it_as_keras_does():
         cfg = {"class_name": "Sequential", "config": _config(*layers)}
     assert parse(cfg, compiled=False).layers[0].args["mask_zero"] is True
     assert masks.propagate(parse(cfg, compiled=False).layers, 3) == {1: ("zero", 0)}
+
+
+@pytest.mark.parametrize("build", [bidirectional_gru, transformer_block])
+def test_two_workers_of_a_masked_model_equal_one_worker_with_both_halves(build, rng):
+    """2 workers x batch 4 (gradients averaged as the ring does) == 1 worker x batch 8: each
+    example's mask is its own, and both workers build the same graph and layout."""
+    from ringtrain_trainer.ipu import IPU, MB, IPUConfig
+    from ringtrain_trainer.keras_model import KerasModel
+
+    keras.utils.set_random_seed(3)
+    cfg = parse(json.loads(build().to_json()), compiled=False)
+    x, y = _data(build, rng)
+    x, y = x[:8].astype(np.float32), y[:8]
+
+    def ipu(rank):
+        spec = KerasModel("m", cfg)
+        params = spec.init(1)
+        conf = IPUConfig(memory_bytes=900 * MB, replicas=1, host_threads=1, rank=rank, seed=4)
+        return spec, IPU(spec, conf, params, np.zeros_like(params))
+
+    (s1, one), halves = ipu(0), [ipu(r) for r in range(2)]
+    assert all(s.slots == s1.slots for s, _ in halves)
+    one.train_step(one.compile(8), x, y, step=1)
+    for r, (_, w) in enumerate(halves):
+        w.train_step(w.compile(4), x[4 * r : 4 * r + 4], y[4 * r : 4 * r + 4], step=1)
+    ring = (halves[0][1].host_grads + halves[1][1].host_grads) / 2
+    assert np.abs(one.host_grads).max() > 0
+    np.testing.assert_allclose(one.host_grads, ring, rtol=1e-5, atol=1e-7)
+
+
+def test_a_mask_argument_other_than_the_propagated_one_is_refused_naming_the_layer():
+    inp = keras.Input((SEQ,), dtype="int32")
+    h = L.Embedding(VOCAB, 4)(inp)
+    pooled = L.GlobalAveragePooling1D(name="pool")(h, mask=keras.ops.not_equal(inp, 0))
+    cfg = json.loads(keras.Model(inp, L.Dense(CLASSES)(pooled)).to_json())
+    with pytest.raises(InvalidSpec, match=r"'pool' \(GlobalAveragePooling1D\): its mask argument"):
+        parse(cfg, compiled=False)
