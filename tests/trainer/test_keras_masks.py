@@ -226,3 +226,33 @@ def test_a_mask_argument_other_than_the_propagated_one_is_refused_naming_the_lay
     cfg = json.loads(keras.Model(inp, L.Dense(CLASSES)(pooled)).to_json())
     with pytest.raises(InvalidSpec, match=r"'pool' \(GlobalAveragePooling1D\): its mask argument"):
         parse(cfg, compiled=False)
+
+
+@pytest.mark.parametrize("build", [bidirectional_gru, transformer_block, masking_rnn])
+def test_a_masked_model_matches_finite_differences_through_the_program(build, rng):
+    """The whole compiled program in float64 (mask nodes without backward, the ids read by
+    both the Embedding and the mask, the embedding fanned out to attention and the residual)
+    against the one finite-difference helper."""
+    from support.gradcheck import check_model
+
+    from ringtrain_trainer.engine.program import Program
+    from ringtrain_trainer.keras_model import KerasModel
+
+    keras.utils.set_random_seed(3)
+    spec = KerasModel("m", parse(json.loads(build().to_json()), compiled=False))
+    assert spec.graph.no_grad
+    x, y = _data(build, rng)
+    flat = spec.init(3, np.float64) + rng.normal(0, 0.05, spec.num_params)
+    grad = np.zeros_like(flat)
+    views, gviews = spec.views(flat), spec.views(grad)
+    prog = Program(spec, 4, True, np.float64)
+    prog.x[:] = x[:4]
+    prog.labels[:] = y[:4]
+
+    def loss():
+        return prog.loss_and_dlogits(prog.forward(views))
+
+    loss()
+    for _ in prog.backward_pieces(views, gviews):
+        pass
+    check_model(spec, flat, grad, loss, rng, samples=6)
