@@ -67,6 +67,17 @@ def transformer_block():
     return keras.Model(inp, L.Dense(CLASSES)(L.GlobalAveragePooling1D()(h)))
 
 
+def cross_attention():
+    """The query and a separate key carry the mask, the value does not: Keras ANDs the
+    query's rows with the key's columns (three heads)."""
+    inp = keras.Input((SEQ,), dtype="int32")
+    q = L.Embedding(VOCAB, 8, mask_zero=True)(inp)
+    v = L.Embedding(VOCAB, 6)(inp)
+    k = L.Dense(5)(q)
+    a = L.MultiHeadAttention(num_heads=3, key_dim=2)(q, v, k)
+    return keras.Model(inp, L.Dense(CLASSES)(L.GlobalAveragePooling1D()(a)))
+
+
 def masking_rnn():
     return keras.Sequential(
         [
@@ -131,7 +142,7 @@ def _saved(build, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "build", [lstm_classifier, bidirectional_gru, transformer_block, masking_rnn]
+    "build", [lstm_classifier, bidirectional_gru, transformer_block, cross_attention, masking_rnn]
 )
 def test_a_masked_model_trains_like_keras_step_by_step(build, tmp_path, rng):
     km = _saved(build, tmp_path)
