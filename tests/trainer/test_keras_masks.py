@@ -78,6 +78,15 @@ def cross_attention():
     return keras.Model(inp, L.Dense(CLASSES)(L.GlobalAveragePooling1D()(a)))
 
 
+def masking_residual():
+    """Functional: Keras spells the merged mask out as ``Any(NotEqual(x, 0))`` → ``LogicalOr``
+    and hands it to the average as its ``mask`` argument."""
+    inp = keras.Input((SEQ, FEAT))
+    h = L.Masking(0.0)(inp)
+    h = L.Add()([h, L.Dense(FEAT, activation="tanh")(h)])
+    return keras.Model(inp, L.Dense(CLASSES)(L.GlobalAveragePooling1D()(h)))
+
+
 def masking_rnn():
     return keras.Sequential(
         [
@@ -106,7 +115,7 @@ def padded_tokens(rng, n):
 
 
 def _data(build, rng):
-    if build is masking_rnn:
+    if build in (masking_rnn, masking_residual):
         x = rng.normal(size=(48, SEQ, FEAT)).astype(np.float32)
         x[padded_tokens(rng, 48) == 0] = 0.0
         y = (x[:, :, 0].sum(1) > 0).astype(np.int64) + (x[:, -1, 1] > 0)
@@ -142,7 +151,15 @@ def _saved(build, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "build", [lstm_classifier, bidirectional_gru, transformer_block, cross_attention, masking_rnn]
+    "build",
+    [
+        lstm_classifier,
+        bidirectional_gru,
+        transformer_block,
+        cross_attention,
+        masking_rnn,
+        masking_residual,
+    ],
 )
 def test_a_masked_model_trains_like_keras_step_by_step(build, tmp_path, rng):
     km = _saved(build, tmp_path)

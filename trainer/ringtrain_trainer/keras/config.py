@@ -292,7 +292,7 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     shapes: dict[int, Shape] = {}
     in_name, shape = ins[0][0], None
     pending = []
-    mask_ops: dict[tuple[str, int, int], tuple[str, list]] = {}
+    mask_ops: dict[tuple[str, int, int], tuple[str, list, dict]] = {}
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict):
             raise _unsupported(layer, i)
@@ -348,13 +348,14 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     return in_name, shape, specs, len(specs)
 
 
-def _mask_op(layer: dict) -> tuple[str, list]:
-    """A mask operation's class and call arguments (tensors as ``keras_history`` triples)."""
+def _mask_op(layer: dict) -> tuple[str, list, dict]:
+    """A mask operation's class, call arguments (tensors as ``keras_history`` triples) and
+    config (``Any``'s axis)."""
     nodes = layer.get("inbound_nodes") or []
     node = nodes[0] if len(nodes) == 1 and isinstance(nodes[0], dict) else {}
     where = f"operation {layer.get('name')!r} ({layer.get('class_name')})"
     args = [_history(a, where)[0] if _holds_tensor(a) else a for a in node.get("args") or []]
-    return str(layer.get("class_name")), args
+    return str(layer.get("class_name")), args, dict(layer.get("config") or {})
 
 
 def _keras_order(specs: list[LayerSpec], output: int) -> list[LayerSpec]:

@@ -17,9 +17,10 @@ each distinct mask once per batch (``keras_model``): ``("zero", t)`` ids ``t != 
 worker builds the same graph). Pure Python: the operator's spec check runs it too.
 
 A Keras 3 Functional config may spell a mask out: the ops Keras ran to merge masks
-(``NotEqual(ids, 0)``, ``LogicalOr``) appear as operation nodes and a layer's ``mask`` call
-argument names their result. :func:`key_of` reads such an expression back into a key; the
-parser accepts it only when it is the mask these rules give that layer anyway.
+(``NotEqual(ids, 0)``, ``Any(NotEqual(x, v), axis=-1)``, ``LogicalOr``) appear as operation
+nodes and a layer's ``mask`` call argument names their result. :func:`key_of` reads such an
+expression back into a key; the parser accepts it only when it is the mask these rules give
+that layer anyway.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ TAKES = sorted(PASS | MERGE | CONSUME | DROP)
 
 
 #: the Keras operations a Functional config uses to spell a mask out (:func:`key_of`)
-MASK_OPS = frozenset({"NotEqual", "LogicalOr"})
+MASK_OPS = frozenset({"NotEqual", "Any", "LogicalOr"})
 
 
 def _or(keys: list[Key]) -> Key:
@@ -82,11 +83,21 @@ def _or(keys: list[Key]) -> Key:
 
 def key_of(expr: Any, ops: dict, tensors: dict, where: str) -> Key:
     """The key of a spelled-out mask: ``expr`` a ``keras_history`` triple, ``ops`` the mask
-    operations by history (class, args), ``tensors`` history → tensor."""
-    cls, args = ops.get(expr, (None, None))
-    hist = [a for a in args or [] if isinstance(a, tuple)]
+    operations by history (class, args, config), ``tensors`` history → tensor."""
+    cls, args, cfg = ops.get(expr, (None, [], {}))
+    hist = [a for a in args if isinstance(a, tuple)]
     if cls == "NotEqual" and len(args) == 2 and len(hist) == 1 and 0 in args and hist[0] in tensors:
         return ("zero", tensors[hist[0]])
+    inner = ops.get(hist[0], (None, [], {})) if len(hist) == 1 else (None, [], {})
+    value = [a for a in inner[1] if not isinstance(a, tuple)]
+    if (
+        cls == "Any"
+        and (cfg.get("axis"), bool(cfg.get("keepdims"))) == (-1, False)
+        and inner[0] == "NotEqual"
+        and len(value) == 1
+        and inner[1][0] in tensors
+    ):
+        return ("value", tensors[inner[1][0]], float(value[0]))
     if cls == "LogicalOr" and len(args) == 2 and len(hist) == 2:
         return _or([key_of(h, ops, tensors, where) for h in hist])
     raise InvalidSpec(
