@@ -100,3 +100,20 @@ def test_mask_ops_compute_keras_masks_and_take_no_gradient():
     np.testing.assert_array_equal(got[0], [[0, 1], [0, 0], [0, 1]])
     assert att.backward_input({}, None) == (None, None)
     assert zero.backward_input({}, None) is None
+
+
+def test_masked_ops_reuse_their_planned_buffers_every_step(rng):
+    """A float32 step of every masked op writes into its planned buffers: what it hands on is
+    the same array each step, its input gradient one of its buffers."""
+    for case, op in CASES.items():
+        ws = compile_op(op, B, np.float32)
+        x = rng.normal(size=(B, *op.in_shape)).astype(np.float32)
+        m = MASK.astype(np.float32)
+        params = {p.name: rng.normal(0, 0.5, p.shape).astype(np.float32) for p in op.params(0)}
+        w = rng.normal(size=(B, *op.out_shape)).astype(np.float32)
+        outs = [op.forward(ws, x, m, **params) for _ in range(2)]
+        assert outs[0] is outs[1] and outs[0].dtype == np.float32, case
+        op.backward_local(ws, w)
+        dx, dmask = op.backward_input(ws, w, **params)
+        assert dmask is None and dx.dtype == np.float32, case
+        assert any(dx is v for v in ws.values()), case
