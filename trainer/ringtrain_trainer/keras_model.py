@@ -32,7 +32,7 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import budget as budget_mod
 from ringtrain_trainer.engine.graph import Graph, Node
-from ringtrain_trainer.keras import archive
+from ringtrain_trainer.keras import archive, masks
 from ringtrain_trainer.keras.config import LayerSpec, ModelConfig, parse
 from ringtrain_trainer.keras.entry import Build
 from ringtrain_trainer.keras.registry import REGISTRY
@@ -147,6 +147,62 @@ def _tie(ops: list, graph: Graph, groups: list[list], specs, calls) -> dict[int,
     return ties
 
 
+class _MaskWiring:
+    """Builds each Keras mask (``keras.masks``) once, as a node of the graph that writes a
+    ``no_grad`` tensor, and says which masks a layer's node reads after its inputs."""
+
+    def __init__(self, config: ModelConfig, ops: list, nodes: list[Node], where: dict[int, int]):
+        self.masks = masks.propagate(config.layers, config.output)
+        self.ops, self.nodes, self.where = ops, nodes, where
+        self.shapes = {0: tuple(config.input_shape)}
+        self.shapes.update({s.output: tuple(s.out_shape) for s in config.layers})
+        #: mask key → the IPU tensor holding it
+        self.made: dict[masks.Key, int] = {}
+        #: every tensor a mask node writes (attention's combined masks too)
+        self.no_grad: set[int] = set()
+
+    def _node(self, op, inputs: tuple[int, ...]) -> int:
+        n = len(self.ops)
+        op.name = f"mask{n}"
+        self.nodes.append(Node(n, inputs, n + 1))
+        self.ops.append(op)
+        self.no_grad.add(n + 1)
+        return n + 1
+
+    def tensor(self, key: masks.Key) -> int:
+        from ringtrain_trainer.engine.ops.mask import ComputeMask
+
+        if key not in self.made:
+            if key[0] == "or":
+                srcs = tuple(self.tensor(k) for k in key[1])
+                shape = self.ops[srcs[0] - 1].out_shape
+                self.made[key] = self._node(ComputeMask(shape, "or", n=len(srcs)), srcs)
+            else:
+                value = key[2] if key[0] == "value" else 0.0
+                op = ComputeMask(self.shapes[key[1]], key[0], value)
+                self.made[key] = self._node(op, (self.where[key[1]],))
+        return self.made[key]
+
+    def inputs(self, s: LayerSpec) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(the mask roles of ``Build.mask``, the mask tensors) layer ``s``'s node reads."""
+        from ringtrain_trainer.engine.ops.mask import AttentionMask
+
+        if s.cls == "Masking":
+            return ("input",), (self.tensor(("value", s.inputs[0], s.args["mask_value"])),)
+        if s.cls not in masks.CONSUME:
+            return (), ()
+        ins = [self.masks.get(t) for t in s.inputs]
+        if s.cls != "MultiHeadAttention":
+            return (("input",), (self.tensor(ins[0]),)) if ins[0] is not None else ((), ())
+        srcs = masks.attention_sources(s, ins)
+        if not srcs:
+            return (), ()
+        T, S = s.in_shapes[0][0], s.in_shapes[min(1, len(s.in_shapes) - 1)][0]
+        op = AttentionMask(T, S, tuple(r for r, _ in srcs))
+        made = self._node(op, tuple(self.tensor(k) for _, k in srcs))
+        return tuple(r for r, _ in srcs), (made,)
+
+
 class KerasModel(ModelSpec):
     """A :class:`ModelSpec` built from a Keras config, which it remembers."""
 
@@ -171,6 +227,7 @@ class KerasModel(ModelSpec):
         #: per Keras layer: the IPU op holding its weights (None: folded away)
         owner: list[int | None] = [None] * len(specs)
         done: set[int] = set()
+        wiring = _MaskWiring(config, ops, nodes, where)
         for i, s in enumerate(specs):
             if i in done:
                 continue
@@ -190,6 +247,7 @@ class KerasModel(ModelSpec):
                 where[s.output] = where[s.inputs[0]]
                 continue
             group = [s]
+            roles, extra = wiring.inputs(s)
             if _fuses(s, readers) and not last and (s.shares or s.name) not in calls:
                 group.append(readers[0])
                 done.add(specs.index(readers[0]))
@@ -197,7 +255,7 @@ class KerasModel(ModelSpec):
             else:
                 fold = config.loss.folded if last else None
                 try:
-                    op = REGISTRY[s.cls].build(s, list(s.in_shapes), Build(i, fold))
+                    op = REGISTRY[s.cls].build(s, list(s.in_shapes), Build(i, fold, roles))
                 except ValueError as e:
                     raise InvalidSpec(f"model: layer {s.name!r} ({s.cls}): {e}") from None
             if op is None:  # the identity (an activation folded into the loss)
@@ -209,7 +267,7 @@ class KerasModel(ModelSpec):
                 op = Frozen(op, inference=s.cls == "BatchNormalization")
             op.name = "+".join(x.name for x in group)
             n = len(ops)
-            nodes.append(Node(n, tuple(where[t] for t in s.inputs), n + 1))
+            nodes.append(Node(n, (*(where[t] for t in s.inputs), *extra), n + 1))
             ops.append(op)
             for g in group:
                 where[g.output] = n + 1
@@ -228,7 +286,7 @@ class KerasModel(ModelSpec):
                     else f"{config.loss.name} needs a flat output (end with Dense(units))"
                 )
             )
-        graph = Graph(nodes, (0,), (where[config.output],))
+        graph = Graph(nodes, (0,), (where[config.output],), frozenset(wiring.no_grad))
         ties = _tie(ops, graph, [[owner[i] for i in v] for v in calls.values()], specs, calls)
         #: the IPU program's input shape: the Keras input after any leading Reshape/Flatten
         #: (same bytes, row-major); ``config.input_shape`` is what the Keras model takes

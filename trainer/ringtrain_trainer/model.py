@@ -57,8 +57,12 @@ class ModelSpec:
         self.graph = Graph.chain(len(layers)) if graph is None else graph
         if len(self.graph.nodes) != len(layers):
             raise InvalidSpec(f"model {name!r}: {len(layers)} layers for a graph of nodes")
-        #: per node: whether it computes an input gradient (not when it reads only the data)
-        self.need_dx = [any(self.graph.needs_grad(t) for t in n.inputs) for n in self.graph.nodes]
+        #: per node: whether it computes an input gradient (not when it reads only the data,
+        #: nor when it writes a mask)
+        g = self.graph
+        self.need_dx = [
+            g.needs_grad(n.output) and any(g.needs_grad(t) for t in n.inputs) for n in g.nodes
+        ]
         backward = self.graph.backward_order()
         self.slots, self.num_params = plan.layout(
             backward, [layer.params(i) for i, layer in enumerate(layers)]

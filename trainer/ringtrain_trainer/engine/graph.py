@@ -33,10 +33,20 @@ class GraphError(ValueError):
 
 class Graph:
     """Nodes and tensors; :attr:`order` (topological, ties by node index), :attr:`consumers`
-    (the fan-out map: tensor → the nodes that read it, in forward order)."""
+    (the fan-out map: tensor → the nodes that read it, in forward order); a node writing a
+    :attr:`no_grad` tensor (a mask) passes no gradient to what it reads."""
 
-    def __init__(self, nodes: list[Node], inputs: tuple[int, ...], outputs: tuple[int, ...]):
+    def __init__(
+        self,
+        nodes: list[Node],
+        inputs: tuple[int, ...],
+        outputs: tuple[int, ...],
+        no_grad: frozenset[int] = frozenset(),
+    ):
         self.nodes, self.inputs, self.outputs = list(nodes), tuple(inputs), tuple(outputs)
+        #: tensors that take no gradient besides the inputs: Keras masks, computed once per
+        #: batch from the data (``ops.mask``); the nodes writing them run no backward
+        self.no_grad = frozenset(no_grad)
         if [n.index for n in self.nodes] != list(range(len(self.nodes))):
             raise GraphError("node indices must be 0..n-1 in list order")
         producer: dict[int, int] = {}
@@ -96,12 +106,13 @@ class Graph:
     def fanned_out(self) -> list[int]:
         """Tensors read by more than one node (or twice by one): their gradients are sums, so
         each gets one planned accumulator buffer."""
-        return [t for t in self.tensors if sum(n.inputs.count(t) for n in self.nodes) > 1]
+        grads = [n for n in self.nodes if self.needs_grad(n.output)]
+        return [t for t in self.tensors if sum(n.inputs.count(t) for n in grads) > 1]
 
     def needs_grad(self, t: int) -> bool:
         """Whether backward computes a gradient for tensor ``t``: every tensor but the graph's
-        inputs (the data)."""
-        return t not in self.inputs
+        inputs (the data) and the masks derived from them (:attr:`no_grad`)."""
+        return t not in self.inputs and t not in self.no_grad
 
     def backward_order(self) -> list[int]:
         """The backward schedule: the reverse topological order."""

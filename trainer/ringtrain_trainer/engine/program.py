@@ -35,7 +35,7 @@ def _contributions(graph, fanned: set[int]) -> list[list[tuple[int, int, int]]]:
     plan: list[list[tuple[int, int, int]]] = [[] for _ in graph.nodes]
     for i in graph.backward_order():
         for k, t in enumerate(graph.nodes[i].inputs):
-            if not graph.needs_grad(t):
+            if not graph.needs_grad(t) or not graph.needs_grad(graph.nodes[i].output):
                 mode = _SKIP
             elif t not in fanned:
                 mode = _TAKE

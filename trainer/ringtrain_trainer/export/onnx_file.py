@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.keras import masks
 from ringtrain_trainer.keras.archive import bind
 from ringtrain_trainer.keras.config import parse
 from ringtrain_trainer.keras.registry import REGISTRY
@@ -119,6 +120,13 @@ def to_onnx(keras_config: dict, weights: list[np.ndarray]):
     """The ``onnx.ModelProto``; :func:`write_onnx` checks and saves it."""
     onnx = _onnx()
     cfg = parse(keras_config, compiled=False)
+    masked = masks.readers(cfg.layers, masks.propagate(cfg.layers, cfg.output))
+    if masked:
+        s = masked[0]
+        raise InvalidSpec(
+            f"export: layer {s.name!r} ({s.cls}) reads a Keras mask (Embedding(mask_zero=True) "
+            "or Masking): ONNX export of masks is not supported (the .keras export keeps them)"
+        )
     arrays = bind(cfg, weights)
     g = OnnxGraph(onnx, len(cfg.input_shape) + 1)
     for s, ws in zip(cfg.layers, arrays, strict=True):

@@ -27,7 +27,7 @@ from typing import Any
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import losses
 from ringtrain_trainer.keras import compile as compile_mod
-from ringtrain_trainer.keras import nested, ops_numpy, shared
+from ringtrain_trainer.keras import masks, nested, ops_numpy, shared
 from ringtrain_trainer.keras.entry import Args, Shape
 from ringtrain_trainer.keras.registry import REGISTRY, SUPPORTED
 from ringtrain_trainer.numerics import ModelNumerics
@@ -247,6 +247,9 @@ def _node_inputs(layer: dict, where: str) -> tuple[list[tuple[str, int, int]], d
     if isinstance(node, dict):  # Keras 3
         kwargs = {}
         for k, v in (node.get("kwargs") or {}).items():
+            if k == "mask" and _holds_tensor(v):  # a spelled-out Keras mask: keras.masks
+                kwargs[k] = tuple(_history(v, where))
+                continue
             if _holds_tensor(v):
                 raise InvalidSpec(
                     f"model: {where}: call argument {k} is a tensor (supported: none)"
@@ -294,9 +297,13 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     shapes: dict[int, Shape] = {}
     in_name, shape = ins[0][0], None
     pending = []
+    mask_ops: dict[tuple[str, int, int], tuple[str, list, dict]] = {}
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict):
             raise _unsupported(layer, i)
+        if ops_numpy.is_operation(layer) and layer.get("class_name") in masks.MASK_OPS:
+            mask_ops[(str(layer.get("name")), 0, 0)] = _mask_op(layer)
+            continue
         if ops_numpy.is_operation(layer):  # ``x + 3.0`` on Keras tensors
             layer = ops_numpy.as_layer(layer)
         name = str(layer.get("name") or (layer.get("config") or {}).get("name") or i)
@@ -311,6 +318,7 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     if shape is None:
         raise InvalidSpec(f"model: input_layers names {in_name!r}, which is no InputLayer")
     specs: list[LayerSpec] = []
+    spelled: list[tuple[LayerSpec, tuple, str]] = []
     while pending:  # the first layer (in config order) whose inputs exist, as Kahn's
         p = next((p for p in pending if all(h in tensors for h in p[2])), None)
         if p is None:
@@ -324,13 +332,35 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
         layer, name, hist, call = p
         pending.remove(p)
         t_in = tuple(tensors[h] for h in hist)
+        mask = call.pop("mask", None)
         s = _spec(layer, len(specs), t_in, [shapes[t] for t in t_in], call)
         specs.append(s)
+        if mask is not None:
+            spelled.append((s, mask, f"layer {name!r} ({s.cls})"))
         tensors[(name, 0, 0)], shapes[s.output] = s.output, s.out_shape
     if outs[0] not in tensors:
         raise InvalidSpec(f"model: output_layers names {list(outs[0])}, which no layer writes")
+    derived = masks.propagate(specs, tensors[outs[0]])
+    for s, mask, where in spelled:
+        if len(mask) != 1 or masks.key_of(mask[0], mask_ops, tensors, where) != derived.get(
+            s.inputs[0]
+        ):
+            raise InvalidSpec(
+                f"model: {where}: its mask argument is not the mask Keras propagates to it "
+                "(supported: the propagated mask of Embedding(mask_zero=True) or Masking)"
+            )
     specs = _keras_order(specs, tensors[outs[0]])
     return in_name, shape, specs, len(specs)
+
+
+def _mask_op(layer: dict) -> tuple[str, list, dict]:
+    """A mask operation's class, call arguments (tensors as ``keras_history`` triples) and
+    config (``Any``'s axis)."""
+    nodes = layer.get("inbound_nodes") or []
+    node = nodes[0] if len(nodes) == 1 and isinstance(nodes[0], dict) else {}
+    where = f"operation {layer.get('name')!r} ({layer.get('class_name')})"
+    args = [_history(a, where)[0] if _holds_tensor(a) else a for a in node.get("args") or []]
+    return str(layer.get("class_name")), args, dict(layer.get("config") or {})
 
 
 def _keras_order(specs: list[LayerSpec], output: int) -> list[LayerSpec]:
@@ -392,6 +422,7 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
     specs = [replace(s, shares=copies[s.name]) if s.name in copies else s for s in specs]
     if not specs or output == 0:
         raise InvalidSpec("model: the config has no layer with weights or computation")
+    masks.propagate(specs, output)  # a mask no layer can honour is refused here, by name
     tail = next(s for s in specs if s.output == output)
     first = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
     first = [x for x in first if x.get("class_name") == "InputLayer"]

@@ -46,6 +46,9 @@ class Build:
 
     index: int
     fold: str | None = None
+    #: the Keras masks the node reads after its inputs (``keras.masks``): ``("input",)`` for
+    #: an RNN or a pooling, the roles ("query", "value", "key") for attention; () none
+    mask: tuple[str, ...] = ()
 
 
 def _no_weights(args: dict, shapes: list[Shape]) -> list[Weight]:

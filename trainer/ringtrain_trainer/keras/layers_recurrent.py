@@ -41,7 +41,7 @@ def _rnn_parse(a: Args) -> dict:
             a.refuse(arg, v, "0")
     a.take("unroll")  # the same arithmetic either way
     a.take("implementation")  # tf.keras 2's kernel choice: the same arithmetic
-    a.take("zero_output_for_mask")  # masks are refused (Embedding mask_zero), so never used
+    args["zero_output_for_mask"] = bool(a.take("zero_output_for_mask", False))
     a.take("seed")
     if a.cls == "LSTM":
         a.take("unit_forget_bias")  # an initializer: the weights come from the file or init
@@ -95,7 +95,7 @@ def _rnn_weights_of(cls: str):
     return weights
 
 
-def _rnn_op(cls: str, a: dict, shape: Shape):
+def _rnn_op(cls: str, a: dict, shape: Shape, masked: bool = False, zero_output: bool = False):
     from ringtrain_trainer.engine.ops import recurrent
 
     return getattr(recurrent, cls)(
@@ -106,11 +106,14 @@ def _rnn_op(cls: str, a: dict, shape: Shape):
         a["use_bias"],
         a["return_sequences"],
         a["go_backwards"],
+        masked,
+        zero_output,
     )
 
 
 def _rnn_build(spec, shapes, ctx):
-    return _rnn_op(spec.cls, spec.args, shapes[0])
+    a = spec.args
+    return _rnn_op(spec.cls, a, shapes[0], bool(ctx.mask), a.get("zero_output_for_mask", False))
 
 
 #: Slice's starts, ends, axes, steps that reverse the time axis of a time-major tensor
@@ -245,8 +248,12 @@ def _bi_weight_args(args: dict, weight: str) -> tuple[dict, str]:
 def _bi_build(spec, shapes, ctx):
     from ringtrain_trainer.engine.ops.bidirectional import Bidirectional
 
-    a = spec.args
-    halves = [_rnn_op(a[k]["class_name"], a[k]["config"], shapes[0]) for _, k in _HALVES]
+    a, m = spec.args, bool(ctx.mask)
+    # Keras' Bidirectional sets zero_output_for_mask = return_sequences on both halves
+    halves = [
+        _rnn_op(c["class_name"], c["config"], shapes[0], m, c["config"]["return_sequences"])
+        for c in (a[k] for _, k in _HALVES)
+    ]
     return Bidirectional(*halves, a["merge_mode"])
 
 
@@ -299,7 +306,8 @@ ENTRIES = {
             infer=_rnn_infer,
             weights=_rnn_weights_of(cls),
             doc="`units`, `activation`, `recurrent_activation` (tanh, sigmoid, relu, linear), "
-            "`use_bias`, `return_sequences`, `go_backwards`; backpropagation through time in the op"
+            "`use_bias`, `return_sequences`, `go_backwards`, `zero_output_for_mask`; an "
+            "incoming Keras mask skips masked timesteps; backpropagation through time in the op"
             + ("; `reset_after=True`" if cls == "GRU" else ""),
         )
         for cls in ("LSTM", "GRU")
@@ -311,7 +319,7 @@ ENTRIES = {
         infer=_rnn_infer,
         weights=_rnn_weights_of("SimpleRNN"),
         doc="`units`, `activation` (tanh, sigmoid, relu, linear), `use_bias`, "
-        "`return_sequences`, `go_backwards`",
+        "`return_sequences`, `go_backwards`, `zero_output_for_mask`; an incoming mask",
     ),
     "Bidirectional": Entry(
         _bi_parse,
@@ -321,6 +329,6 @@ ENTRIES = {
         weights=_bi_weights,
         weight_args=_bi_weight_args,
         doc="an LSTM, GRU or SimpleRNN (and its `backward_layer`), `merge_mode` "
-        "(concat, sum, ave, mul)",
+        "(concat, sum, ave, mul); an incoming mask (both halves)",
     ),
 }

@@ -25,7 +25,7 @@ def _embedding_parse(a: Args) -> dict:
     a.trainable()
     args = {"input_dim": a.positive("input_dim"), "output_dim": a.positive("output_dim")}
     a.initializer("embeddings_initializer", "RandomUniform")
-    a.must_be("mask_zero", False)
+    args["mask_zero"] = bool(a.take("mask_zero", False))  # the mask: ``keras.masks``
     a.must_be("sparse", False)
     a.take("input_length")  # tf.keras 2's shape hint; the input shape is the InputLayer's
     no(a, "embeddings_regularizer", "embeddings_constraint")
@@ -41,6 +41,33 @@ def _embedding_build(spec, shapes, ctx):
     from ringtrain_trainer.engine.ops.embedding import Embedding
 
     return Embedding(shapes[0], spec.args["input_dim"], spec.args["output_dim"])
+
+
+# -- Masking ------------------------------------------------------------------------------------
+def _masking_parse(a: Args) -> dict:
+    v = a.take("mask_value", 0.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        a.refuse("mask_value", v, "a number")
+    a.done("mask_value")
+    return {"mask_value": float(v)}
+
+
+def _masking_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.mask import ApplyMask
+
+    return ApplyMask(shapes[0])
+
+
+def _masking_infer(args: dict, shapes: list[Shape]) -> Shape:
+    if len(shapes[0]) < 2:
+        raise ValueError(f"needs an input of (timesteps, ..., features), got {shapes[0]}")
+    return shapes[0]
+
+
+def _masked_onnx(g, spec, weights) -> None:
+    from ringtrain.errors import InvalidSpec
+
+    raise InvalidSpec(f"export: layer {spec.name!r} ({spec.cls}): Keras masks have no ONNX here")
 
 
 def _embedding_onnx(g, spec, weights) -> None:
@@ -175,6 +202,7 @@ def _mha_build(spec, shapes, ctx):
         a["value_dim"],
         a["use_bias"],
         causal=a["use_causal_mask"],
+        mask_input=bool(ctx.mask),
     )
 
 
@@ -227,7 +255,16 @@ ENTRIES = {
         infer=lambda args, shapes: (*shapes[0], args["output_dim"]),
         weights=_embedding_weights,
         doc="`input_dim`, `output_dim`; int token ids of any shape (an `int32` input); "
-        "`mask_zero=False`",
+        "`mask_zero` (the mask of Keras 3: RNNs skip, GlobalAveragePooling1D and attention "
+        "ignore masked timesteps; merges AND masks; layers without Keras masking drop it)",
+    ),
+    "Masking": Entry(
+        _masking_parse,
+        _masking_build,
+        _masked_onnx,
+        infer=_masking_infer,
+        takes_trainable=True,
+        doc="`mask_value`: zeroes and masks timesteps whose features all equal it (no ONNX)",
     ),
     "LayerNormalization": Entry(
         _ln_parse,
@@ -247,6 +284,7 @@ ENTRIES = {
         call_args=("use_causal_mask",),
         positional=True,
         doc="`num_heads`, `key_dim`, `value_dim`, `use_bias`; query, value and optional key of "
-        "(timesteps, features); the call's `use_causal_mask`; `dropout=0`",
+        "(timesteps, features); the call's `use_causal_mask`; the Keras masks of query, value "
+        "and key (with the causal mask); `dropout=0`",
     ),
 }

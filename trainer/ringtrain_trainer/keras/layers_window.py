@@ -236,7 +236,7 @@ def _global_build(spec, shapes, ctx):
     from ringtrain_trainer.engine.ops.pool import GlobalPool
 
     kind = "max" if spec.cls.startswith("GlobalMax") else "avg"
-    return GlobalPool(shapes[0], kind, spec.args["keepdims"])
+    return GlobalPool(shapes[0], kind, spec.args["keepdims"], masked=bool(ctx.mask))
 
 
 def _global_onnx(g, spec, weights) -> None:

@@ -38,6 +38,14 @@ class Bidirectional(Layer):
         self.halves = {"forward": forward, "backward": backward}
         self.mode, self.seq = merge_mode, forward.return_sequences
         self.in_shape, self.uf = forward.in_shape, forward.u
+        if forward.masked != backward.masked:
+            raise ValueError("Bidirectional: both halves read the mask or neither")
+        #: a masked wrapper reads ``(x, mask)`` and hands the mask to both halves
+        self.masked, self.n_inputs, self.in_shapes = (
+            forward.masked,
+            forward.n_inputs,
+            forward.in_shapes,
+        )
         units = forward.u + backward.u if merge_mode == "concat" else forward.u
         self.out_shape = (*forward.out_shape[:-1], units)
 
@@ -79,10 +87,11 @@ class Bidirectional(Layer):
         """The backward half's per-step tensor in timestep order (a reversed view)."""
         return y[:, ::-1] if self.seq else y
 
-    def forward(self, ws, x, **p):
+    def forward(self, ws, x, mask=None, **p):
         ps, sub = self._split(p), ws["sub"]
-        yf = self.halves["forward"].forward(sub["forward"], x, **ps["forward"])
-        yb = self._aligned(self.halves["backward"].forward(sub["backward"], x, **ps["backward"]))
+        yf = self.halves["forward"].forward(sub["forward"], x, mask, **ps["forward"])
+        yb = self.halves["backward"].forward(sub["backward"], x, mask, **ps["backward"])
+        yb = self._aligned(yb)
         out = ws["out"]
         if self.mode == "concat":
             np.copyto(out[..., : self.uf], yf)
@@ -114,6 +123,8 @@ class Bidirectional(Layer):
     def backward_input(self, ws, dout, **p):
         ps, sub, d = self._split(p), ws["sub"], ws["douts"]
         dxf, dxb = (op.backward_input(sub[h], d[h], **ps[h]) for h, op in self.halves.items())
+        if self.masked:
+            return np.add(dxf[0], dxb[0], out=ws["dx"]), None
         return np.add(dxf, dxb, out=ws["dx"])
 
     def backward_weights(self, ws, dout, name, grad, rows):

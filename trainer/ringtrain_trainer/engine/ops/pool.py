@@ -92,11 +92,17 @@ class Pool(Window, Layer):
 
 class GlobalPool(Layer):
     """Keras ``GlobalMax/GlobalAveragePooling1D/2D``: over every axis but batch and channels;
-    ``keepdims`` keeps them as ones."""
+    ``keepdims`` keeps them as ones. ``masked`` (the 1-D average, ``engine.ops.mask``): reads
+    ``(x, mask)`` and averages the unmasked timesteps only, as Keras' ``GlobalAveragePooling1D``
+    (a fully masked example is NaN there too; the evaluation's zero padding rows are that)."""
 
-    def __init__(self, in_shape, kind: str, keepdims: bool = False):
+    def __init__(self, in_shape, kind: str, keepdims: bool = False, masked: bool = False):
         if kind not in KINDS:
             raise ValueError(f"pooling kind {kind!r} (supported: {KINDS})")
+        if masked and (kind != "avg" or len(in_shape) != 2):
+            raise ValueError("a masked global pooling is the 1-D average only")
+        self.masked, self.n_inputs = masked, 1 + masked
+        self.in_shapes = [tuple(in_shape), tuple(in_shape[:1])][: self.n_inputs]
         self.in_shape, self.kind_ = tuple(in_shape), kind
         self.c, self.n = self.in_shape[-1], math.prod(self.in_shape[:-1])
         self.out_shape = (*(1,) * (len(self.in_shape) - 1), self.c) if keepdims else (self.c,)
@@ -107,6 +113,8 @@ class GlobalPool(Layer):
             bufs["dx"] = ((b, *self.in_shape), "f")
             if self.kind_ == "max":
                 bufs.update({"eq": ((b, self.n, self.c), "?"), "cnt": ((b, self.c), "f")})
+        if self.masked:
+            bufs.update({"xm": ((b, self.n, self.c), "f"), "den": ((b, 1, 1), "f")})
         return bufs
 
     def flops(self, b, train, need_dx):
@@ -117,13 +125,27 @@ class GlobalPool(Layer):
         if "dx" in ws:
             ws["dx3"] = ws["dx"].reshape(b, self.n, self.c)
 
-    def forward(self, ws, x):
+    def forward(self, ws, x, mask=None):
         ws["x3"] = x3 = x.reshape(x.shape[0], self.n, self.c)
+        if self.masked:
+            m, den = mask[..., None], ws["den"]
+            np.sum(m, axis=1, keepdims=True, out=den)
+            np.multiply(x3, m, out=ws["xm"])
+            np.sum(ws["xm"], axis=1, out=ws["out2"])
+            with np.errstate(invalid="ignore"):  # a fully masked row (an evaluation's padding)
+                np.divide(ws["out2"], den[:, 0], out=ws["out2"])
+            ws["m"] = m
+            return ws["out"]
         (np.max if self.kind_ == "max" else np.mean)(x3, axis=1, out=ws["out2"])
         return ws["out"]
 
     def backward_input(self, ws, dout):
         d = dout.reshape(dout.shape[0], 1, self.c)
+        if self.masked:
+            with np.errstate(invalid="ignore"):
+                np.divide(ws["m"], ws["den"], out=ws["xm"][..., :1])
+            np.multiply(d, ws["xm"][..., :1], out=ws["dx3"])
+            return ws["dx"], None
         if self.kind_ == "avg":
             np.multiply(d, 1.0 / self.n, out=ws["dx3"])
         else:  # split among ties, as reduce_max's gradient

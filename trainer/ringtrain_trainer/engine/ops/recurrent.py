@@ -16,6 +16,13 @@ before its own backward has streamed them.
 Gate order and weights are Keras': kernel ``(d, G·u)``, recurrent kernel ``(u, G·u)``; LSTM
 gates i, f, c, o with bias ``(4u,)``; GRU gates z, r, h with bias ``(2, 3u)`` (input bias, then
 recurrent bias, which is added before the reset gate multiplies it).
+
+Masks (``masked=True``; ``engine.ops.mask``): the op reads ``(x, mask)``, the mask
+``(b, T)`` in timestep order, and runs Keras' masked loop (``backend.rnn``): a masked step
+keeps the previous state (``h``, and ``c`` for an LSTM) and returns the previous output, or
+zeros with ``zero_output_for_mask`` (what ``Bidirectional`` sets when it returns sequences).
+Backward splits each step's state gradient into the part through the new state (``× m``) and
+the part carried past the step (``× (1 - m)``).
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class _Recurrent(Layer):
         use_bias: bool = True,
         return_sequences: bool = False,
         go_backwards: bool = False,
+        masked: bool = False,
+        zero_output_for_mask: bool = False,
     ):
         for arg, v in (("activation", activation), ("recurrent_activation", recurrent_activation)):
             if v not in ACTIVATIONS:
@@ -60,6 +69,10 @@ class _Recurrent(Layer):
         #: are indexed by timestep, the output by step, as Keras returns it
         self.order = list(range(self.T))[:: -1 if go_backwards else 1]
         self.go_backwards = go_backwards
+        self.masked, self.zero_output = masked, masked and zero_output_for_mask
+        #: the inputs it reads: the sequence, and its mask when ``masked``
+        self.n_inputs = 2 if masked else 1
+        self.in_shapes = [self.in_shape, (self.T,)][: self.n_inputs]
 
     def _bias_shape(self) -> tuple[int, ...]:
         return (self.gates * self.u,)
@@ -88,6 +101,11 @@ class _Recurrent(Layer):
             bufs.update({"ones": ((b * T,), "f"), "row": ((g,), "f")})
             if need_dx:
                 bufs["dx"] = ((b, *self.in_shape), "f")
+            if self.masked:
+                bufs.update({"carry_h": ((b, u), "f"), "carry_c": ((b, u), "f")})
+        if self.masked:
+            bufs.update({"m": ((b, T, 1), "f"), "inv": ((b, T, 1), "f")})
+            bufs["h_new"] = ((b, u), "f")
         return bufs
 
     def flops(self, b, train, need_dx):
@@ -100,23 +118,62 @@ class _Recurrent(Layer):
             ws["ones"].fill(1)
         ws["h_prev"][:, self.order[0]] = 0
 
+    def _take_mask(self, ws, mask):
+        """The step masks ``m`` and ``1 - m`` as ``(b, T, 1)`` columns, once per batch."""
+        if self.masked:
+            np.copyto(ws["m"][..., 0], mask)
+            np.subtract(1, ws["m"], out=ws["inv"])
+
+    def _blend(self, ws, t, new, prev):
+        """A masked step keeps the previous state: ``new = prev + m (new - prev)`` in place;
+        ``prev`` None: the zero initial state."""
+        m = ws["m"][:, t]
+        if prev is None:
+            np.multiply(new, m, out=new)
+        else:
+            np.subtract(new, prev, out=new)
+            np.multiply(new, m, out=new)
+            np.add(new, prev, out=new)
+
     def _emit(self, ws, s):
         """Step ``s``'s state in ``ws["h"]`` → the output and the next step's ``h_prev``."""
-        h = ws["h"]
+        h, t = ws["h"], self.order[s]
+        if self.masked:
+            if self.zero_output:
+                np.multiply(h, ws["m"][:, t], out=ws["h_new"])
+            self._blend(ws, t, h, ws["h_prev"][:, t] if s else None)
+        y = ws["h_new"] if self.zero_output else h
         if s + 1 < self.T:
             np.copyto(ws["h_prev"][:, self.order[s + 1]], h)
         if self.return_sequences:
-            np.copyto(ws["out"][:, s], h)
+            np.copyto(ws["out"][:, s], y)
         elif s + 1 == self.T:
-            np.copyto(ws["out"], h)
+            np.copyto(ws["out"], y)
 
     def _dh_from_output(self, ws, dout, s):
-        """Add the output's gradient at step ``s`` to the running state gradient ``dh``."""
+        """Add the output's gradient at step ``s`` to the running state gradient ``dh``; when
+        masked, keep the part carried past a masked step in ``carry_h`` (added back by
+        :meth:`_dh_carry`) and leave in ``dh`` the gradient of the step's new state."""
         dh = ws["dh"]
-        if self.return_sequences:
-            np.add(dh, dout[:, s], out=dh)
-        elif s + 1 == self.T:
-            np.add(dh, dout.reshape(dh.shape), out=dh)
+        d = dout[:, s] if self.return_sequences else dout if s + 1 == self.T else None
+        if d is not None and not self.zero_output:
+            np.add(dh, d.reshape(dh.shape), out=dh)
+        if not self.masked:
+            return
+        t = self.order[s]
+        np.multiply(dh, ws["inv"][:, t], out=ws["carry_h"])
+        np.multiply(dh, ws["m"][:, t], out=dh)
+        if d is not None and self.zero_output:
+            np.multiply(d.reshape(dh.shape), ws["m"][:, t], out=ws["h_new"])
+            np.add(dh, ws["h_new"], out=dh)
+
+    def _dh_carry(self, ws, s):
+        """After step ``s``'s backward wrote the previous state's gradient into ``dh``."""
+        if self.masked and s:
+            np.add(ws["dh"], ws["carry_h"], out=ws["dh"])
+
+    def backward_inputs(self, dx):
+        return (dx, None) if self.masked else dx
 
     def _dz_x(self, ws):
         """The gradient of the input projection's output, ``(b·T, G·u)``."""
@@ -126,10 +183,10 @@ class _Recurrent(Layer):
         """The gradient of the recurrent projection's output, ``(b·T, G·u)``."""
         return ws["dz"].reshape(-1, self.gates * self.u)
 
-    def backward_input(self, ws, dout, kernel, recurrent_kernel, bias=None):
+    def backward_input(self, ws, dout, *, kernel, recurrent_kernel, bias=None):
         dx = ws["dx"]
         np.matmul(self._dz_x(ws), kernel.T, out=dx.reshape(-1, self.d))
-        return dx
+        return self.backward_inputs(dx)
 
     def backward_weights(self, ws, dout, name, grad, rows):
         if name == "kernel":
@@ -158,9 +215,10 @@ class SimpleRNN(_Recurrent):
     def buffers(self, b, train, need_dx):
         return {**super().buffers(b, train, need_dx), "rec": ((b, self.u), "f")}
 
-    def forward(self, ws, x, kernel, recurrent_kernel, bias=None):
+    def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
         gates = ws["gates"]
         ws["U"] = recurrent_kernel
+        self._take_mask(ws, mask)
         self._project(ws, x, kernel, bias, gates)
         for s, t in enumerate(self.order):
             g = gates[:, t]
@@ -181,6 +239,7 @@ class SimpleRNN(_Recurrent):
             act_backward(self.act, ws["gates"][:, t], dh, dz[:, t])
             if s:
                 np.matmul(dz[:, t], ws["U"].T, out=dh)
+            self._dh_carry(ws, s)
 
 
 class LSTM(_Recurrent):
@@ -195,9 +254,10 @@ class LSTM(_Recurrent):
         bufs["rec"] = ((b, 4 * self.u), "f")
         return bufs
 
-    def forward(self, ws, x, kernel, recurrent_kernel, bias=None):
+    def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
         u, gates, c, act_c, h, tmp = self.u, ws["gates"], ws["c"], ws["act_c"], ws["h"], ws["tmp"]
         ws["U"] = recurrent_kernel
+        self._take_mask(ws, mask)
         self._project(ws, x, kernel, bias, gates)
         for s, t in enumerate(self.order):
             g = gates[:, t]
@@ -216,6 +276,8 @@ class LSTM(_Recurrent):
             np.copyto(act_c[:, t], ct)
             act_forward(self.act, act_c[:, t])
             np.multiply(o, act_c[:, t], out=h)
+            if self.masked:
+                self._blend(ws, t, ct, c[:, self.order[s - 1]] if s else None)
             self._emit(ws, s)
         return ws["out"]
 
@@ -227,6 +289,9 @@ class LSTM(_Recurrent):
         for s in range(self.T - 1, -1, -1):
             t = self.order[s]
             self._dh_from_output(ws, dout, s)
+            if self.masked:  # dc: the new cell state's gradient; the rest passes the step
+                np.multiply(dc, ws["inv"][:, t], out=ws["carry_c"])
+                np.multiply(dc, ws["m"][:, t], out=dc)
             g, dzt = gates[:, t], dz[:, t]
             i, f, cc, o = g[:, :u], g[:, u : 2 * u], g[:, 2 * u : 3 * u], g[:, 3 * u :]
             np.multiply(dh, act_c[:, t], out=tmp)
@@ -243,6 +308,9 @@ class LSTM(_Recurrent):
                 act_backward(self.rec_act, f, tmp, dzt[:, u : 2 * u])
                 np.multiply(dc, f, out=dc)
                 np.matmul(dzt, ws["U"].T, out=dh)
+                if self.masked:
+                    np.add(dc, ws["carry_c"], out=dc)
+                self._dh_carry(ws, s)
             else:
                 dzt[:, u : 2 * u] = 0
 
@@ -264,9 +332,10 @@ class GRU(_Recurrent):
             bufs["drec"] = ((b, self.T, 3 * self.u), "f")
         return bufs
 
-    def forward(self, ws, x, kernel, recurrent_kernel, bias=None):
+    def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
         u, gates, xw, rec, h = self.u, ws["gates"], ws["xw"], ws["rec"], ws["h"]
         ws["U"] = recurrent_kernel
+        self._take_mask(ws, mask)
         self._project(ws, x, kernel, None if bias is None else bias[0], xw)
         for s, t in enumerate(self.order):
             g, rt = gates[:, t], rec[:, t]
@@ -308,6 +377,7 @@ class GRU(_Recurrent):
             np.multiply(dh, z, out=dh)
             np.matmul(drt, ws["U"].T, out=tmp)
             np.add(dh, tmp, out=dh)
+            self._dh_carry(ws, s)
 
     def _dz_h(self, ws):
         return ws["drec"].reshape(-1, 3 * self.u)
