@@ -6,8 +6,10 @@ to multiply; the op is memory-bound and runs as one multiply-add over the whole 
 kernel tap (``kh * kw`` vectorised passes), with one planned product buffer. The passes run
 in a *wide* layout (every padded position of the flat input is an output, the strided valid
 ones copied out once): a tap is then one contiguous slice at a fixed offset, and numpy's inner
-loop is a padded row long instead of ``c`` floats — py-spy: the depthwise block's step 8.1 →
-5.5 CPU ms, one thread (README, issue 24). Output channel
+loop is a padded row long instead of ``c`` floats. A strided op first deals the padded input
+into its ``sh * sw`` stride phases, so each tap is a stride-1 tap of one phase and no output
+is computed that the stride drops. py-spy, the zoo's depthwise block, one thread: 8.1 → 5.5
+CPU ms per step (wide) → 4.6 (phases) (README, issue 24). Output channel
 ``c * depth_multiplier + m`` is input channel ``c`` under filter ``m``, as Keras orders them.
 """
 
@@ -53,49 +55,77 @@ class Depthwise(Window, Layer):
         return ps + ([ParamSpec(layer, "bias", (self.cout,), 0, 0, False)] if self.use_bias else [])
 
     def _wide(self):
-        """(padded row length in floats, flat offset of every tap) of the wide layout."""
-        (dh, dw), hp_wp = self.d, self.padded[1] * self.cin
-        return hp_wp, [(i * dh * self.padded[1] + j * dw) * self.cin for i, j in self.taps()]
+        """The wide layout: the padded input split into ``sh * sw`` stride phases (one phase,
+        the padded input itself, at stride 1), each ``(b, hq, wq, c)``, so that every tap is
+        a stride-1 tap of one phase. Returns ((hq, wq), flat offset of every tap)."""
+        (sh, sw), (dh, dw), (hp, wp, c) = self.s, self.d, self.padded
+        hq, wq = -(-hp // sh), -(-wp // sw)
+        plane = hq * wq * c  # per example; phase k of the batch starts at k * b * plane
+        offs = [
+            (((i * dh) % sh) * sw + (j * dw) % sw, ((i * dh) // sh * wq + (j * dw) // sw) * c)
+            for i, j in self.taps()
+        ]
+        return (hq, wq), plane, offs
+
+    def _offsets(self, b):
+        _, plane, offs = self._wide()
+        return [k * b * plane + o for k, o in offs]
 
     def buffers(self, b, train, need_dx):
         out = (b, *self.out_shape)
-        row, offs = self._wide()
-        n, rows = b * math.prod(self.padded), b * self.padded[0]
+        (hq, wq), plane, offs = self._wide()
+        phases, slack = math.prod(self.s), plane
+        n, rows, row = phases * b * plane, b * hq, wq * self.cin
         bufs = {"out": (out, "f"), **self.act.buffers(out, train)}
-        bufs["xw"] = ((n + offs[-1],), "f")
+        bufs["xw"] = ((n + slack,), "f")
+        if phases > 1:
+            bufs["xp"] = ((b, *self.padded), "f")
         bufs["zw"] = ((self.m, rows, row), "f")
         bufs["tmp"] = ((rows, row), "f")
         bufs["kt"] = ((len(offs), self.m, row), "f")
         if train:
-            bufs["ones"] = ((n // self.cin,), "f")
+            bufs["ones"] = ((rows * wq,), "f")
             bufs["dzw"] = ((self.m, rows, row), "f")
             if need_dx:
-                bufs["dxw"] = ((n + offs[-1],), "f")
+                bufs["dxw"] = ((n + slack,), "f")
+                if phases > 1:
+                    bufs["dxp"] = ((b, *self.padded), "f")
         return bufs
 
     def flops(self, b, train, need_dx):
         per = 2 * b * self.ho * self.wo * self.cout * math.prod(self.kshape)
         return per * (1 + (1 + need_dx if train else 0))
 
-    def _valid(self, wide: np.ndarray, b: int) -> np.ndarray:
-        """The (b, ho, wo, c) outputs inside a wide (rows, row) buffer."""
-        (sh, sw), hp, wp = self.s, self.padded[0], self.padded[1]
-        w4 = wide.reshape(b, hp, wp, self.cin)
-        return w4[:, : sh * (self.ho - 1) + 1 : sh, : sw * (self.wo - 1) + 1 : sw]
+    def _phases(self, flat: np.ndarray, b: int):
+        """(phase plane (b, hq, wq, c) view, the padded buffer's strided view it holds)."""
+        (hq, wq), plane, _ = self._wide()
+        (sh, sw), (hp, wp, c) = self.s, self.padded
+        out = []
+        for pi in range(sh):
+            for pj in range(sw):
+                k = pi * sw + pj
+                p4 = flat[k * b * plane : (k + 1) * b * plane].reshape(b, hq, wq, c)
+                h, w = -(-(hp - pi) // sh), -(-(wp - pj) // sw)
+                out.append((p4[:, :h, :w], (slice(pi, None, sh), slice(pj, None, sw))))
+        return out
 
     def bind(self, ws, b):
-        for k in ("xw", "dzw", "dxw"):
+        for k in ("xw", "dzw", "dxw", "xp", "dxp"):
             if k in ws:
                 ws[k].fill(0)  # pads, slack and the wide gradient's unused positions stay 0
         if "ones" in ws:
             ws["ones"].fill(1)
-        n = b * math.prod(self.padded)
-        ws["x4"] = ws["xw"][:n].reshape(b, *self.padded)
-        ws["z4"] = [self._valid(ws["zw"][m], b) for m in range(self.m)]
+        (hq, wq), _, _ = self._wide()
+        valid = [w.reshape(b, hq, wq, self.cin)[:, : self.ho, : self.wo] for w in ws["zw"]]
+        ws["z4"] = valid
         if "dzw" in ws:
-            ws["dz4"] = [self._valid(ws["dzw"][m], b) for m in range(self.m)]
+            ws["dz4"] = [w.reshape(b, hq, wq, self.cin)[:, : self.ho, : self.wo] for w in ws["dzw"]]
+        ws["xphases"] = self._phases(ws["xw"], b)
+        ws["x4"] = ws["xp"] if "xp" in ws else ws["xphases"][0][0]
         if "dxw" in ws:
-            ws["dx"] = self.inner(ws["dxw"][:n].reshape(b, *self.padded)).reshape(b, *self.in_shape)
+            ws["dxphases"] = self._phases(ws["dxw"], b)
+            dxp = ws["dxp"] if "dxp" in ws else ws["dxphases"][0][0]
+            ws["dx"] = self.inner(dxp).reshape(b, *self.in_shape)
 
     def _tile(self, ws, kernel):
         """Each tap's kernel repeated along a padded row, ``(taps, m, wp * c)``."""
@@ -110,9 +140,12 @@ class Depthwise(Window, Layer):
         # the tap's kernel tiled along a padded row — long inner loops instead of
         # ``c``-float ones; the valid (strided) outputs are copied out once per filter.
         np.copyto(self.inner(ws["x4"]), self.as2d(x))
+        if "xp" in ws:  # strided: the padded input dealt into its phases
+            for plane, (ri, ci) in ws["xphases"]:
+                np.copyto(plane, ws["xp"][:, ri, ci])
         xw, zw, t, kt = ws["xw"], ws["zw"], ws["tmp"], self._tile(ws, kernel)
         rows, row = t.shape
-        offs = self._wide()[1]
+        offs = self._offsets(rows // self._wide()[0][0])
         for n, off in enumerate(offs):
             src = xw[off : off + rows * row].reshape(rows, row)
             for m in range(self.m):
@@ -150,7 +183,7 @@ class Depthwise(Window, Layer):
             ws["xw"],
         )
         size = t.size
-        for p, off in enumerate(self._wide()[1]):
+        for p, off in enumerate(self._offsets(t.shape[0] // self._wide()[0][0])):
             c0, c1 = max(lo - p * c, 0), min(hi - p * c, c)
             if c1 <= c0:
                 continue
@@ -164,7 +197,7 @@ class Depthwise(Window, Layer):
         t, kt, dzw, dxw = ws["tmp"], self._tile(ws, kernel), ws["dzw"], ws["dxw"]
         size = t.size
         dxw[size:].fill(0)
-        for n, off in enumerate(self._wide()[1]):
+        for n, off in enumerate(self._offsets(t.shape[0] // self._wide()[0][0])):
             for m in range(self.m):
                 dst = dxw[off : off + size].reshape(t.shape)
                 if n == 0 and m == 0:
@@ -172,6 +205,9 @@ class Depthwise(Window, Layer):
                 else:
                     np.multiply(dzw[m], kt[n, m], out=t)
                     np.add(dst, t, out=dst)
+        if "dxp" in ws:  # the phases partition the padded input: each lands where it came from
+            for plane, (ri, ci) in ws["dxphases"]:
+                np.copyto(ws["dxp"][:, ri, ci], plane)
         return ws["dx"]
 
 
