@@ -7,9 +7,11 @@ rather than reading a wrong row.
 
 The gradient is a scatter-add of the output gradient into the rows the batch read. It is
 streamed in row blocks like any weight (``engine.plan``), so each step sorts the (id, position)
-pairs once (in place, one packed int64 key each) in ``backward_local``; a block of rows
-``[lo, hi)`` is then one ``searchsorted`` and one ``np.add.at`` over the ids inside it. No
-buffer scales with the vocabulary beyond the parameter itself.
+pairs once (in place, one packed int64 key each) in ``backward_local`` and sums each run of
+equal ids there with one ``np.add.reduceat`` (sorted segments); a block of rows ``[lo, hi)``
+is then one ``searchsorted`` and one row assignment. Measured for 768 ids of width 8 (the zoo's
+text models): ``np.add.at`` 724 µs, 8 ``np.bincount`` columns 225 µs, sorted segments 100 µs
+(issue 24). No buffer scales with the vocabulary beyond the parameter itself.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class Embedding(Layer):
         if "gathered" in ws:
             ws["keys"], ws["sorted"], ws["pos"] = (np.zeros(n, np.int64) for _ in range(3))
             ws["iota"] = np.arange(n, dtype=np.int64)
+            ws["new"] = np.zeros(n, np.bool_)
+            ws["sums"] = np.zeros_like(ws["gathered"])
 
     def forward(self, ws, x, embeddings):
         ids = ws["ids"]
@@ -77,6 +81,13 @@ class Embedding(Layer):
         np.floor_divide(keys, n, out=ws["sorted"])
         np.remainder(keys, n, out=ws["pos"])
         np.take(dout.reshape(-1, self.output_dim), ws["pos"], axis=0, out=ws["gathered"])
+        ids, new = ws["sorted"], ws["new"]
+        new[0] = True
+        np.not_equal(ids[1:], ids[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+        ws["run_ids"] = ids[starts]
+        ws["run_sums"] = sums = ws["sums"][: starts.size]
+        np.add.reduceat(ws["gathered"], starts, axis=0, out=sums)
 
     def backward_input(self, ws, dout, embeddings):
         return None  # the ids are data: nothing upstream takes a gradient
@@ -84,5 +95,5 @@ class Embedding(Layer):
     def backward_weights(self, ws, dout, name, grad, rows):
         lo, hi = rows
         grad[lo:hi] = 0
-        s, e = np.searchsorted(ws["sorted"], (lo, hi))
-        np.add.at(grad, ws["sorted"][s:e], ws["gathered"][s:e])
+        s, e = np.searchsorted(ws["run_ids"], (lo, hi))
+        grad[ws["run_ids"][s:e]] = ws["run_sums"][s:e]
