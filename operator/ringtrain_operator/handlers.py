@@ -24,12 +24,12 @@ import logging
 import kopf
 from kubernetes.client import ApiException
 
-from . import networkpolicy, posting, status
+from . import networkpolicy, posting, spec, status
 from .controller import Controller
 from .informer import JobInformer, PodInformer
 from .kube import Kube
 from .metrics import OperatorMetrics
-from .reconcile import reconcile
+from .reconcile import forget_spec, reconcile
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ def start(memo: kopf.Memo) -> Controller:
     ctl: Controller = memo.controller
     if ctl.started:
         return ctl
+    spec.warm()  # the CRD's schema and validator, built before the first job waits on them
     ctl.start()
     loop = asyncio.get_running_loop()
 
@@ -97,6 +98,7 @@ def start(memo: kopf.Memo) -> Controller:
 
 
 def forget(memo: kopf.Memo, key: tuple[str, str]) -> None:
+    forget_spec(*key)
     memo.controller.queue.forget(key)
     memo.failures.pop(key, None)
     memo.metrics.forget(*key)
@@ -117,7 +119,8 @@ def after(memo: kopf.Memo, key: tuple[str, str], decision: status.Decision | Non
         posting.post(memo.kube, {"namespace": key[0], "name": key[1], "uid": uid}, decision.events)
     again = status.look_again_s(decision)
     if again is None and not decision.to_create and not decision.delete and jobs is not None:
-        jobs.drop(key)  # nothing will look soon: keep no object for a sleeping job
+        jobs.drop(key)  # nothing will look soon: keep no object or spec for a sleeping job
+        forget_spec(*key)
     return again
 
 

@@ -45,9 +45,11 @@ PAGE = 500
 WATCH_S = 300
 #: Seconds between tries after a failed list or watch.
 RETRY_S = 1.0
-#: Job objects :class:`JobInformer` keeps as raw JSON (a few KB each) so that a reconcile needs
-#: no GET: the most recently read or written, a bound on memory whatever the number of jobs.
-RECENT_JOBS = 1024
+#: Bytes of job objects :class:`JobInformer` keeps as raw JSON (without ``managedFields``) so
+#: that a reconcile needs no GET: the most recently seen, read or written first. A bound on
+#: memory whatever the number of jobs and their size (a 2-worker job is ~1.3 KB, one with an
+#: inline Keras config up to 128 KB): 8 MiB holds a burst of several thousand small new jobs.
+RECENT_BYTES = 8 << 20
 
 
 class ListWatch:
@@ -239,8 +241,10 @@ class JobInformer(ListWatch):
         super().__init__(kube, namespaces)
         self.on_change = on_change
         self._jobs: dict[JobKey, tuple[str, int]] = {}
-        #: key → (uid, generation, raw JSON) of the job as the operator last read or wrote it
+        #: key → (uid, generation, raw JSON) of the job as the operator last saw, read or
+        #: wrote it; ``_recent_bytes`` is the sum of their sizes (bounded: RECENT_BYTES)
         self._recent: OrderedDict[JobKey, tuple[str, int, bytes]] = OrderedDict()
+        self._recent_bytes = 0
 
     def uid(self, key: JobKey) -> str | None:
         return (self._jobs.get(key) or (None, 0))[0]
@@ -256,6 +260,12 @@ class JobInformer(ListWatch):
     # the watch has not delivered yet wakes the job again when it arrives. So the status a
     # reconcile folds is never older than the operator's last write, as with a GET every time
     # (issue 22: a pending job's second reconcile, when its pods appear, cost a GET).
+    #
+    # Two more sources need no write of ours to be older than them: the watch's ADDED event (a
+    # job just created: its first event, before anything can wake it, so before any write of
+    # ours) and the first full list at start-up (before any reconcile of this process). A new
+    # job's first reconcile and a restarted operator's look at every job then cost no GET.
+    # A later relist is not used: a write of ours may fall between its snapshot and its end.
 
     def object(self, key: JobKey) -> dict[str, Any] | None:
         """The job as last seen or written, if it is still the job (uid, generation) the watch
@@ -268,17 +278,32 @@ class JobInformer(ListWatch):
 
     def remember(self, key: JobKey, raw: bytes) -> None:
         """A job object the operator read or wrote (its raw JSON)."""
-        uid, generation = self._record(json.loads(raw))[1]
+        self._keep(key, json.loads(raw), raw)
+
+    def _keep(self, key: JobKey, obj: dict[str, Any], raw: bytes | None = None) -> None:
+        """Keep ``obj`` as the job's latest (``raw``: its JSON, re-encoded without
+        ``managedFields``, which no reconcile reads and which doubles a small job's size)."""
+        meta = obj.get("metadata") or {}
+        if raw is None or "managedFields" in meta:
+            obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+            raw = json.dumps(obj, separators=(",", ":")).encode()
+        uid, generation = self._record(obj)[1]
         with self._lock:
+            if (old := self._recent.pop(key, None)) is not None:
+                self._recent_bytes -= len(old[2])
             self._recent[key] = (uid, generation, raw)
-            self._recent.move_to_end(key)
-            while len(self._recent) > RECENT_JOBS:
-                self._recent.popitem(last=False)
+            self._recent_bytes += len(raw)
+            while self._recent_bytes > RECENT_BYTES and len(self._recent) > 1:
+                self._recent_bytes -= len(self._recent.popitem(last=False)[1][2])
 
     def drop(self, key: JobKey) -> None:
         """The job sleeps until an event wakes it: its object is read again then."""
         with self._lock:
-            self._recent.pop(key, None)
+            self._drop(key)
+
+    def _drop(self, key: JobKey) -> None:
+        if (old := self._recent.pop(key, None)) is not None:
+            self._recent_bytes -= len(old[2])
 
     def _request(self, namespace: str | None, **kw: Any) -> Any:
         return self.kube.jobs_request(namespace, **kw)
@@ -296,16 +321,22 @@ class JobInformer(ListWatch):
             if kind != "DELETED":
                 self._jobs[key] = new
             else:
-                self._recent.pop(key, None)
+                self._drop(key)
+            fresh = kind == "ADDED" and (self._recent.get(key) or ("",))[0] != new[0]
+        if fresh:  # a new job: its first reconcile needs no GET
+            self._keep(key, obj)
         if kind == "DELETED":
             self.on_change(key, True)
         elif old != new:
             self.on_change(key, False)
 
     def _read(self, namespace: str | None, items: list[dict], into: dict) -> None:
+        first = not self._synced[namespace].is_set()
         for obj in items:
             key, rec = self._record(obj)
             into[key] = rec
+            if first and self._recent_bytes < RECENT_BYTES:  # start-up: no write of ours yet
+                self._keep(key, obj)
 
     def _replace(self, namespace: str | None, listed: dict) -> None:
         """A full list replaces what the cache held of ``namespace``: jobs gone while the watch
@@ -317,7 +348,7 @@ class JobInformer(ListWatch):
             self._jobs.update(listed)
         for key in before.keys() - listed.keys():
             with self._lock:
-                self._recent.pop(key, None)
+                self._drop(key)
             self.on_change(key, True)
         for key, rec in listed.items():
             if before.get(key) != rec:

@@ -50,14 +50,30 @@ def body(resp: Any) -> bytes:
         resp.release_conn()
 
 
+def request_kind(method: str, url: str, query: Any = None) -> tuple[str, str]:
+    """(verb, resource) of a request: ``PATCH``, ``trainingjobs/status``; a GET of a collection
+    is ``LIST`` or, with ``watch``, ``WATCH``. ``url`` is the full URL, ``query`` its params."""
+    path = url.split("://", 1)[-1].partition("/")[2].partition("?")[0].strip("/").split("/")
+    # api/v1/... or apis/<group>/<version>/...; then namespaces/<ns>/ for a namespaced one
+    rest = path[2:] if path[:1] == ["api"] else path[3:]
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource = "/".join(rest[:1] + rest[2:3]) or "?"
+    verb = method
+    if method == "GET" and len(rest) == 1:
+        watch = any(k == "watch" and v for k, v in (query or []))
+        verb = "WATCH" if watch else "LIST"
+    return verb, resource
+
+
 def count_requests(api_client: client.ApiClient, counter: Any) -> None:
-    """Count every request ``api_client`` makes in ``counter`` (a Prometheus counter by verb):
-    the API calls a job costs are then measured, not estimated (issue 22)."""
+    """Count every request ``api_client`` makes in ``counter`` (a Prometheus counter by verb
+    and resource): the API calls a job costs are then measured, not estimated (issue 22)."""
     request = api_client.request
 
-    def counted(method: str, *args: Any, **kwargs: Any) -> Any:
-        counter.labels(method).inc()
-        return request(method, *args, **kwargs)
+    def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        counter.labels(*request_kind(method, url, kwargs.get("query_params"))).inc()
+        return request(method, url, *args, **kwargs)
 
     api_client.request = counted
 

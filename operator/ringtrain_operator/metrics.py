@@ -45,8 +45,9 @@ class OperatorMetrics:
         )
         self.api_requests = Counter(
             "ringtrain_operator_api_requests",
-            "requests to the Kubernetes API server (reconciles, pod informer, Events), by verb",
-            ["verb"],
+            "requests to the Kubernetes API server (reconciles, informers, Events), by verb "
+            "(the HTTP method; LIST and WATCH for a collection's GET) and resource",
+            ["verb", "resource"],
             registry=r,
         )
         Gauge("ringtrain_operator_info", "operator build", ["version"], registry=r).labels(

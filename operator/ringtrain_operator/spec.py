@@ -139,9 +139,10 @@ class Job:
 
 @lru_cache(maxsize=1)
 def crd() -> dict:
-    """The CRD manifest shipped in this package."""
+    """The CRD manifest shipped in this package (our own file: libyaml's loader where there is
+    one, 0.03 s instead of pure Python's 0.3 s, paid by the operator's first reconcile)."""
     text = resources.files(__package__).joinpath("crd/trainingjobs.yaml").read_text()
-    return yaml.safe_load(text)
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _schema() -> dict:
@@ -189,6 +190,11 @@ def _strict(schema: Mapping[str, Any]) -> dict:
 @lru_cache(maxsize=1)
 def _validator() -> jsonschema.Draft4Validator:
     return jsonschema.Draft4Validator(_strict(_schema()))
+
+
+def warm() -> None:
+    """Build the CRD's schema and validator now (a process about to load many specs)."""
+    _validator()
 
 
 def _path(error: jsonschema.ValidationError) -> str:

@@ -135,13 +135,16 @@ def test_new_jobs_and_spec_changes_wake_a_job_and_status_writes_do_not():
 
 def test_a_reconcile_reads_the_job_it_last_wrote_only_while_the_watch_agrees():
     """The status patch's answer stands in for the next GET (issue 22), but never once the
-    watch reports another spec (generation) or uid, and never after the job was dropped."""
+    watch reports another spec (generation) or uid, and never after the job was dropped. A new
+    job's ADDED event stands in for its first GET; a later event of the watch never does."""
     import json
 
     inf = JobInformer(Kube(client.ApiClient()), ["ns"], lambda key, gone: None)
     key = ("ns", "a")
-    inf.apply("ADDED", job("a", 1))
-    assert inf.object(key) is None  # nothing read yet: a GET
+    managed = {**job("a", 1), "status": {}}
+    managed["metadata"] = {**managed["metadata"], "managedFields": [{"manager": "kubectl"}]}
+    inf.apply("ADDED", managed)
+    assert inf.object(key) == {**job("a", 1), "status": {}}  # as created, managedFields left out
     written = {**job("a", 1), "status": {"state": "Created"}}
     inf.remember(key, json.dumps(written).encode())
     assert inf.object(key) == written
@@ -153,7 +156,58 @@ def test_a_reconcile_reads_the_job_it_last_wrote_only_while_the_watch_agrees():
     assert inf.object(key) == job("a", 2)
     inf.drop(key)
     assert inf.object(key) is None
+    inf.apply("MODIFIED", {**job("a", 2), "status": {"state": "Old"}})  # never from an update
+    assert inf.object(key) is None
     inf.remember(key, json.dumps(job("a", 2)).encode())
     inf.apply("DELETED", job("a", 2))
-    inf.apply("ADDED", job("a", 2, uid="u9"))  # created again under the name
     assert inf.object(key) is None
+    inf.apply("ADDED", job("a", 2, uid="u9"))  # created again under the name: its own object
+    assert inf.object(key) == job("a", 2, uid="u9")
+
+
+def test_the_start_up_list_stands_in_for_gets_and_the_kept_objects_are_bounded_in_bytes(
+    monkeypatch,
+):
+    """A restarted operator reconciles every job from its first list without a GET, as far as
+    RECENT_BYTES holds them (the first listed, which are queued first); a relist (a write of
+    ours may fall inside it) keeps nothing; the watch's new jobs evict the oldest entries."""
+    import json
+
+    from ringtrain_operator import informer
+
+    one = len(json.dumps(job("j-00", 1), separators=(",", ":")))
+    monkeypatch.setattr(informer, "RECENT_BYTES", 3 * one)
+    inf = JobInformer(Kube(client.ApiClient()), ["ns"], lambda key, gone: None)
+    listed: dict = {}
+    inf._read("ns", [job(f"j-{i:02d}", 1, uid=f"u{i}") for i in range(5)], listed)
+    inf._replace("ns", listed)
+    inf._synced["ns"].set()
+    kept = [i for i in range(5) if inf.object(("ns", f"j-{i:02d}")) is not None]
+    assert kept == [0, 1, 2]
+    assert inf._recent_bytes <= 3 * one
+    inf.drop(("ns", "j-00"))
+    inf._read("ns", [job("j-00", 1, uid="u0")], {})  # a relist
+    assert inf.object(("ns", "j-00")) is None
+    inf.apply("ADDED", job("j-05", 1, uid="u5"))
+    inf.apply("ADDED", job("j-06", 1, uid="u6"))  # j-01, the oldest, makes room
+    assert inf.object(("ns", "j-01")) is None
+    assert inf.object(("ns", "j-06")) == job("j-06", 1, uid="u6")
+    assert inf._recent_bytes <= 3 * one
+
+
+def test_each_request_is_counted_by_verb_and_resource():
+    """The benchmark's requests per job by verb and resource (issue 22) come from this."""
+    from ringtrain_operator.kube import request_kind
+
+    h = "https://10.0.0.1:6443"
+    tj = f"{h}/apis/ringtrain.io/v1alpha1/namespaces/ns/trainingjobs"
+    assert request_kind("PATCH", f"{tj}/a/status") == ("PATCH", "trainingjobs/status")
+    assert request_kind("GET", f"{tj}/a") == ("GET", "trainingjobs")
+    assert request_kind("GET", tj, [("limit", 500)]) == ("LIST", "trainingjobs")
+    watch = [("watch", True), ("resourceVersion", "7")]
+    assert request_kind("GET", f"{h}/api/v1/namespaces/ns/pods", watch) == ("WATCH", "pods")
+    assert request_kind("GET", f"{h}/api/v1/pods", watch) == ("WATCH", "pods")
+    assert request_kind("POST", f"{h}/api/v1/namespaces/ns/events") == ("POST", "events")
+    assert request_kind("DELETE", f"{h}/api/v1/namespaces/ns/pods/p") == ("DELETE", "pods")
+    path = "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies"
+    assert request_kind("POST", f"{h}{path}") == ("POST", "networkpolicies")

@@ -179,3 +179,28 @@ def test_an_unsupported_inline_keras_model_fails_the_job_with_an_event_naming_th
     message = kube.job["status"]["conditions"][0]["message"]
     assert "spec.trainer.model: layer 'out' (Dense): activation='sparsemax'" in message
     assert "relu" in d.events[0].message and pods(kube) == []
+
+
+def test_a_jobs_spec_is_loaded_once_and_again_when_it_changes_and_an_invalid_one_every_time():
+    """load_spec (issue 22): a job's later reconciles reuse its loaded spec while its spec, uid
+    and generation are the same; any change loads it again (even without a new generation),
+    and an invalid spec is refused each time."""
+    import pytest
+
+    from ringtrain.errors import InvalidSpec
+    from ringtrain_operator.reconcile import forget_spec, load_spec
+
+    obj = job_obj(workers=2)
+    first = load_spec(obj)
+    assert load_spec(obj) is first
+    obj["spec"]["replicaSpecs"]["Worker"]["replicas"] = 3
+    assert len(load_spec(obj).members()) == 3
+    obj["metadata"]["generation"] = 2
+    assert load_spec(obj).generation == 2
+    forget_spec("team-a", "mnist")
+    assert load_spec(obj) is not load_spec(job_obj(workers=3))  # another spec
+    obj["spec"]["trainer"] = {"steps": 5, "epochs": 1}
+    for _ in range(2):
+        with pytest.raises(InvalidSpec, match="steps or epochs"):
+            load_spec(obj)
+    forget_spec("team-a", "mnist")
