@@ -87,6 +87,17 @@ def masking_residual():
     return keras.Model(inp, L.Dense(CLASSES)(L.GlobalAveragePooling1D()(h)))
 
 
+def concatenated_bidirectional():
+    """Two masked embeddings concatenated (Keras spells the mask out with ExpandDims,
+    ZerosLike, LogicalOr, ops.concatenate, Any) into a Bidirectional LSTM summing its halves."""
+    inp = keras.Input((SEQ,), dtype="int32")
+    e1 = L.Embedding(VOCAB, 4, mask_zero=True)(inp)
+    e2 = L.Embedding(VOCAB, 4, mask_zero=True)(inp)
+    c = L.Concatenate()([e1, L.Dense(3)(e2)])
+    b = L.Bidirectional(L.LSTM(4), merge_mode="sum")(c)
+    return keras.Model(inp, L.Dense(CLASSES)(b))
+
+
 def masking_rnn():
     return keras.Sequential(
         [
@@ -157,6 +168,7 @@ def _saved(build, tmp_path):
         bidirectional_gru,
         transformer_block,
         cross_attention,
+        concatenated_bidirectional,
         masking_rnn,
         masking_residual,
     ],

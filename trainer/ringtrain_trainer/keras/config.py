@@ -301,7 +301,7 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict):
             raise _unsupported(layer, i)
-        if ops_numpy.is_operation(layer) and layer.get("class_name") in masks.MASK_OPS:
+        if ops_numpy.is_operation(layer) and masks.is_mask_op(*_mask_op(layer, raw=True)):
             mask_ops[(str(layer.get("name")), 0, 0)] = _mask_op(layer)
             continue
         if ops_numpy.is_operation(layer):  # ``x + 3.0`` on Keras tensors
@@ -342,7 +342,11 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
         raise InvalidSpec(f"model: output_layers names {list(outs[0])}, which no layer writes")
     derived = masks.propagate(specs, tensors[outs[0]])
     for s, mask, where in spelled:
-        if len(mask) != 1 or masks.key_of(mask[0], mask_ops, tensors, where) != derived.get(
+
+        def rank(t: int) -> int:
+            return len(shapes[t])
+
+        if len(mask) != 1 or masks.key_of(mask[0], mask_ops, tensors, rank, where) != derived.get(
             s.inputs[0]
         ):
             raise InvalidSpec(
@@ -353,14 +357,24 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     return in_name, shape, specs, len(specs)
 
 
-def _mask_op(layer: dict) -> tuple[str, list, dict]:
-    """A mask operation's class, call arguments (tensors as ``keras_history`` triples) and
-    config (``Any``'s axis)."""
+def _mask_op(layer: dict, raw: bool = False) -> tuple[str, list, dict]:
+    """A mask operation's class, call arguments (tensors as ``keras_history`` triples, a list
+    of tensors as a list of them; ``raw``: as written) and config (``Any``'s axis)."""
     nodes = layer.get("inbound_nodes") or []
     node = nodes[0] if len(nodes) == 1 and isinstance(nodes[0], dict) else {}
     where = f"operation {layer.get('name')!r} ({layer.get('class_name')})"
-    args = [_history(a, where)[0] if _holds_tensor(a) else a for a in node.get("args") or []]
-    return str(layer.get("class_name")), args, dict(layer.get("config") or {})
+
+    def conv(a):
+        if isinstance(a, list):
+            return [conv(x) for x in a]
+        return _history(a, where)[0] if _holds_tensor(a) else a
+
+    args = list(node.get("args") or [])
+    return (
+        str(layer.get("class_name")),
+        args if raw else [conv(a) for a in args],
+        dict(layer.get("config") or {}),
+    )
 
 
 def _keras_order(specs: list[LayerSpec], output: int) -> list[LayerSpec]:

@@ -17,10 +17,10 @@ each distinct mask once per batch (``keras_model``): ``("zero", t)`` ids ``t != 
 worker builds the same graph). Pure Python: the operator's spec check runs it too.
 
 A Keras 3 Functional config may spell a mask out: the ops Keras ran to merge masks
-(``NotEqual(ids, 0)``, ``Any(NotEqual(x, v), axis=-1)``, ``LogicalOr``) appear as operation
-nodes and a layer's ``mask`` call argument names their result. :func:`key_of` reads such an
-expression back into a key; the parser accepts it only when it is the mask these rules give
-that layer anyway.
+(``NotEqual(ids, 0)``, ``Any(NotEqual(x, v), axis=-1)``, ``LogicalOr``, Concatenate's
+``ExpandDims``/``ZerosLike``/``concatenate``/``Any``) appear as operation nodes and a layer's
+``mask`` call argument names their result. :func:`key_of` reads such an expression back into a
+key; the parser accepts it only when it is the mask these rules give that layer anyway.
 """
 
 from __future__ import annotations
@@ -69,8 +69,18 @@ CONSUME = RNN | {"GlobalAveragePooling1D", "MultiHeadAttention"}
 TAKES = sorted(PASS | MERGE | CONSUME | DROP)
 
 
-#: the Keras operations a Functional config uses to spell a mask out (:func:`key_of`)
+#: the Keras operations a Functional config uses to spell a mask out (:func:`key_of`); any
+#: operation on booleans is one (``is_mask_op``)
 MASK_OPS = frozenset({"NotEqual", "Any", "LogicalOr"})
+
+
+def is_mask_op(cls: str, args: list, cfg: dict) -> bool:
+    """Whether an operation node computes a mask: one of :data:`MASK_OPS`, or one on boolean
+    tensors only or making one (Concatenate's ``ExpandDims``, ``ZerosLike(dtype="bool")``,
+    ``ops.concatenate`` of masks)."""
+    flat = [a for x in args for a in (x if isinstance(x, list) else [x])]
+    dtypes = {a.get("config", {}).get("dtype") for a in flat if isinstance(a, dict)}
+    return cls in MASK_OPS or dtypes == {"bool"} or cfg.get("dtype") == "bool"
 
 
 def _or(keys: list[Key]) -> Key:
@@ -81,29 +91,68 @@ def _or(keys: list[Key]) -> Key:
     return uniq[0] if len(uniq) == 1 else ("or", tuple(uniq))
 
 
-def key_of(expr: Any, ops: dict, tensors: dict, where: str) -> Key:
-    """The key of a spelled-out mask: ``expr`` a ``keras_history`` triple, ``ops`` the mask
-    operations by history (class, args, config), ``tensors`` history → tensor."""
-    cls, args, cfg = ops.get(expr, (None, [], {}))
-    hist = [a for a in args if isinstance(a, tuple)]
-    if cls == "NotEqual" and len(args) == 2 and len(hist) == 1 and 0 in args and hist[0] in tensors:
-        return ("zero", tensors[hist[0]])
-    inner = ops.get(hist[0], (None, [], {})) if len(hist) == 1 else (None, [], {})
-    value = [a for a in inner[1] if not isinstance(a, tuple)]
-    if (
-        cls == "Any"
-        and (cfg.get("axis"), bool(cfg.get("keepdims"))) == (-1, False)
-        and inner[0] == "NotEqual"
-        and len(value) == 1
-        and inner[1][0] in tensors
-    ):
-        return ("value", tensors[inner[1][0]], float(value[0]))
-    if cls == "LogicalOr" and len(args) == 2 and len(hist) == 2:
-        return _or([key_of(h, ops, tensors, where) for h in hist])
-    raise InvalidSpec(
-        f"model: {where}: its mask argument {list(expr)} is not a mask ringtrain derives "
-        "(supported: the mask Keras propagates from Embedding(mask_zero=True) or Masking)"
-    )
+def key_of(expr: Any, ops: dict, tensors: dict, rank, where: str) -> Key | None:
+    """The key of a spelled-out mask (None: all true, Concatenate's unmasked input): ``expr``
+    a ``keras_history`` triple, ``ops`` the mask operations by history (class, args, config),
+    ``tensors`` history → tensor, ``rank(t)`` a tensor's rank without the batch axis.
+
+    Evaluated symbolically: ``("step", key)`` a ``(T,)`` mask, ``("feat", key)`` one broadcast
+    over features (``ExpandDims(m, -1)``), ``("ne", (t, v))`` ``NotEqual(x, v)`` per value
+    (``Any(·, -1)`` makes it Masking's key), ``("false"|"true", None)`` the constants."""
+
+    def refuse() -> InvalidSpec:
+        return InvalidSpec(
+            f"model: {where}: its mask argument {list(expr)} is not a mask ringtrain derives "
+            "(supported: the mask Keras propagates from Embedding(mask_zero=True) or Masking)"
+        )
+
+    def ev(h) -> tuple[str, Any]:
+        if h not in ops:
+            raise refuse()
+        cls, args, cfg = ops[h]
+        ts = [a for a in args if isinstance(a, tuple)]
+        if cls == "NotEqual" and len(args) == 2 and len(ts) == 1 and ts[0] in tensors:
+            v = next(a for a in args if not isinstance(a, tuple))
+            t = tensors[ts[0]]
+            if rank(t) == 1 and v == 0:
+                return ("step", ("zero", t))
+            if rank(t) >= 2 and isinstance(v, (int, float)):
+                return ("ne", (t, float(v)))
+        if cls in ("ZerosLike", "OnesLike") and len(ts) == 1:
+            return ("false" if cls == "ZerosLike" else "true", None)
+        if cls == "ExpandDims" and cfg.get("axis") == -1 and len(ts) == 1:
+            kind, k = ev(ts[0])
+            if kind == "step":
+                return ("feat", k)
+            if kind in ("true", "false"):
+                return (kind, None)
+        if cls == "Any" and (cfg.get("axis"), bool(cfg.get("keepdims"))) == (-1, False):
+            kind, k = ev(ts[0]) if len(ts) == 1 else ("", None)
+            if kind == "ne":
+                return ("step", ("value", *k))
+            if kind in ("feat", "true", "false"):
+                return ("step" if kind == "feat" else kind, k)
+        parts = args[0] if cls == "Concatenate" and len(args) == 1 else ts
+        if cls == "Concatenate" and cfg.get("axis") not in (-1, None):
+            raise refuse()
+        if cls in ("LogicalOr", "Concatenate") and parts:
+            vals = [ev(p) for p in parts]
+            if any(kind == "true" for kind, _ in vals):
+                return ("true", None)
+            keys = [k for kind, k in vals if kind in ("step", "feat")]
+            if len(keys) + sum(kind == "false" for kind, _ in vals) == len(vals):
+                if not keys:
+                    return ("false", None)
+                feat = any(kind == "feat" for kind, _ in vals) or cls == "Concatenate"
+                return ("feat" if feat else "step", _or(keys))
+        raise refuse()
+
+    kind, key = ev(expr)
+    if kind == "true":
+        return None
+    if kind != "step":
+        raise refuse()
+    return key
 
 
 def attention_sources(s, masks: list[Key | None]) -> list[tuple[str, Key]]:
