@@ -40,7 +40,10 @@ def test_bench_epoch_runs_both_sides_and_reports_one_json():
     assert r["ratio"] == pytest.approx(
         r["ringtrain"]["samples_per_s"] / r["tensorflow"]["samples_per_s"], abs=1e-3
     )
-    # same start, same examples, same Adam: 20 steps end at (nearly) the same model
+    assert r["same_start"] is True
+    assert r["ringtrain"]["first_loss"] == pytest.approx(r["tensorflow"]["first_loss"], abs=1e-4)
+    # same start, same examples, same update (global mean, Adam): the losses stay close
+    assert r["ringtrain"]["final_loss"] == pytest.approx(r["tensorflow"]["final_loss"], rel=0.05)
     assert abs(r["accuracy_gap"]) <= 0.03
     for k in ("load_before", "load_between", "load_after"):
         assert len(r[k]) == 3 and min(r[k]) >= 0

@@ -43,6 +43,8 @@ DEFINITIONS = {
     "ratio": "ringtrain samples_per_s / tensorflow samples_per_s",
     "test_accuracy": "the chief's accuracy on the whole test set after training",
     "final_loss": "rank 0's loss on its own last batch",
+    "first_loss": "rank 0's loss on its first batch with the starting weights",
+    "same_start": "the two sides' first_loss agree to 1e-4: same model, weights and examples",
 }
 
 
@@ -91,12 +93,14 @@ def run_ringtrain(args, threads: int) -> dict:
     if len({d["params_sha256"] for d in finals}) != 1:
         raise RuntimeError("bench epoch: the ringtrain replicas disagree at the end")
     steps = finals[0]["steps"]
+    first = next(d for d in docs if d.get("event") == "progress" and d["step"] == 1)
     sps = min(d["samples_per_s"] for d in finals)
     return {
         "steps": steps,
         "epoch_s": round(steps * WORKERS * args.batch_size / sps, 3),
         "samples_per_s": sps,
         "test_accuracy": next(d["test_accuracy"] for d in finals if d["rank"] == 0),
+        "first_loss": first["loss"],
         "final_loss": next(d["loss"] for d in finals if d["rank"] == 0),
         "process_s": round(process_s, 3),
     }
@@ -145,6 +149,7 @@ def run_tensorflow(args, cfg: TrainerConfig, threads: int) -> dict:
         "epoch_s": round(max(d["epoch_s"] for d in docs), 3),
         "samples_per_s": round((steps - 1) * WORKERS * args.batch_size / train_s, 1),
         "test_accuracy": chief["test_accuracy"],
+        "first_loss": round(chief["first_loss"], 6),
         "final_loss": round(chief["loss"], 6),
         "process_s": round(process_s, 3),
         "tensorflow": chief["tensorflow"],
@@ -183,6 +188,7 @@ def bench_epoch(args) -> dict:
         "tensorflow": tf,
         "ratio": round(ring["samples_per_s"] / tf["samples_per_s"], 3),
         "accuracy_gap": round(ring["test_accuracy"] - tf["test_accuracy"], 4),
+        "same_start": abs(ring["first_loss"] - tf["first_loss"]) <= 1e-4,
         "load_before": list(load_before),
         "load_between": list(load_between),
         "load_after": list(load_after),

@@ -5,8 +5,8 @@ exactly the examples the ringtrain worker of the same rank trains on (the traine
 :class:`~ringtrain_trainer.data.Sharder`, same seed), from the same starting weights, with the
 optimizer Keras deserializes from ringtrain's resolved serialization; gradients are summed by
 the strategy's collective (Keras' optimizer all-reduces under a strategy) with each replica's
-loss divided by the replica count, i.e. the mean over the global batch, as the ring computes
-it. The chief then evaluates the whole test set. One JSON line on stdout per worker.
+mean loss divided by the replica count, i.e. the mean over the global batch, as the ring
+computes it. The chief then evaluates the whole test set. One JSON line on stdout per worker.
 Like :mod:`ringtrain_bench.baseline_tf`, a child refuses to report what it was not asked to run.
 """
 
@@ -59,14 +59,17 @@ def main(directory: str) -> None:
     if sum(np.size(w) for w in model.get_weights()) != setup["weights"]:
         _refuse("the Keras model's weights are not ringtrain's")
     loss_fn = keras.losses.deserialize(setup["loss"])
+    # per-example values: Keras' own mean would already divide by the replica count under a
+    # strategy (``scale_loss_for_distribution``), the regularizers' penalty would not
+    loss_fn.reduction = "none"
     shape = setup["input_shape"]
 
     def replica_step(xb, yb):
         with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
+            loss = tf.reduce_mean(loss_fn(yb, model(xb, training=True)))
             if model.losses:
                 loss = loss + tf.add_n(model.losses)
-            scaled = loss / world  # summed over replicas: the global batch's mean
+            scaled = loss / world  # summed over the replicas: the global batch's mean
         grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss  # this worker's batch loss, as a ringtrain worker reports its own
@@ -84,8 +87,7 @@ def main(directory: str) -> None:
         return tf.constant(x), tf.constant(train.labels[idx])
 
     t0 = time.perf_counter()
-    loss = train_step(*batch(0))
-    float(loss)
+    first = float(train_step(*batch(0)))  # the starting weights' loss on the first batch
     t1 = time.perf_counter()
     for s in range(1, steps):
         loss = train_step(*batch(s))
@@ -108,6 +110,7 @@ def main(directory: str) -> None:
         "epoch_s": t2 - t0,
         "train_s": t2 - t1,
         "loss": last,
+        "first_loss": first,
         "test_accuracy": acc,
         "tensorflow": tf.__version__,
         "strategy": type(strategy).__name__,
