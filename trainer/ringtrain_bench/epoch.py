@@ -106,28 +106,36 @@ def run_ringtrain(args, threads: int) -> dict:
     }
 
 
-def run_tensorflow(args, cfg: TrainerConfig, threads: int) -> dict:
+def tensorflow_setup(args, cfg: TrainerConfig, threads: int) -> tuple[dict, list[np.ndarray]]:
+    """What the TensorFlow workers build, from the config the ringtrain workers run; a model
+    Keras cannot run is refused here, before either side starts."""
     from ringtrain_trainer import model as model_mod
 
     spec = model_mod.build(cfg.model)
     if not hasattr(spec, "keras_weights"):
         raise InvalidSpec(f"--model {args.model}: not a Keras model; TensorFlow cannot run it")
+    weights = spec.keras_weights(spec.init(cfg.seed))
+    source = str(args.model) if str(args.model).endswith(".keras") else None
+    setup = {
+        "keras_file": str(Path(source).resolve()) if source else None,
+        "keras_config": None if source else spec.keras_config(),
+        "optimizer": optim.for_run(cfg, spec).keras,
+        "loss": spec.loss.keras(),
+        "input_shape": list(spec.config.input_shape),
+        "dataset": cfg.dataset,
+        "data_dir": cfg.data_dir,
+        "batch_size": cfg.batch_size,
+        "steps": args.steps,
+        "seed": cfg.seed,
+        "threads": threads,
+        "weights": int(sum(w.size for w in weights)),
+    }
+    return setup, weights
+
+
+def run_tensorflow(args, setup: dict, weights: list[np.ndarray]) -> dict:
     with tempfile.TemporaryDirectory(prefix="ringtrain-bench-epoch-") as tmp:
-        weights = spec.keras_weights(spec.init(cfg.seed))
         np.savez(Path(tmp) / "weights.npz", *weights)
-        setup = {
-            "keras_config": spec.keras_config(),
-            "optimizer": optim.for_run(cfg, spec).keras,
-            "loss": spec.loss.keras(),
-            "input_shape": list(spec.config.input_shape),
-            "dataset": cfg.dataset,
-            "data_dir": cfg.data_dir,
-            "batch_size": cfg.batch_size,
-            "steps": args.steps,
-            "seed": cfg.seed,
-            "threads": threads,
-            "weights": int(sum(w.size for w in weights)),
-        }
         (Path(tmp) / "setup.json").write_text(json.dumps(setup))
         env = dict(procs.without_cluster(), KERAS_BACKEND="tensorflow")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -164,10 +172,11 @@ def bench_epoch(args) -> dict:
     cpus = resolve_host_threads(0)
     threads = args.threads or max(1, cpus // WORKERS)
     cfg = TrainerConfig.from_args(worker_args(args, threads))  # refused here, before any run
+    setup, weights = tensorflow_setup(args, cfg, threads)
     load_before = os.getloadavg()
     ring = run_ringtrain(args, threads)
     load_between = os.getloadavg()
-    tf = run_tensorflow(args, cfg, threads)
+    tf = run_tensorflow(args, setup, weights)
     load_after = os.getloadavg()
     if ring["steps"] != tf["steps"]:
         raise RuntimeError(f"bench epoch: ringtrain ran {ring['steps']} steps, TF {tf['steps']}")

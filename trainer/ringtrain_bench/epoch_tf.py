@@ -52,7 +52,10 @@ def main(directory: str) -> None:
     with np.load(Path(directory) / "weights.npz") as z:
         weights = [z[f"arr_{i}"] for i in range(len(z.files))]
     with strategy.scope():
-        model = keras.models.model_from_json(json.dumps(setup["keras_config"]))
+        if setup["keras_file"]:
+            model = keras.models.load_model(setup["keras_file"], compile=False)
+        else:
+            model = keras.models.model_from_json(json.dumps(setup["keras_config"]))
         model.set_weights(weights)  # raises on any shape that differs
         optimizer = keras.optimizers.deserialize(setup["optimizer"])
         optimizer.build(model.trainable_variables)
