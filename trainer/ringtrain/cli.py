@@ -26,6 +26,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("export",): ("ringtrain_trainer.export.cli", "write a checkpoint's model as .keras or ONNX"),
     ("bench", "step"): ("ringtrain_bench.step", "training samples/s vs PyTorch / TensorFlow"),
     ("bench", "allreduce"): ("ringtrain_bench.allreduce", "ring allreduce bandwidth vs gloo / MPI"),
+    ("bench", "epoch"): (
+        "ringtrain_bench.epoch",
+        "one epoch, 2 ring workers vs TensorFlow MultiWorkerMirroredStrategy",
+    ),
 }
 
 

@@ -16,9 +16,10 @@ and OpenBLAS are being measured. The interleaving stays with the parent: it asks
 of steps at a time over a pipe (``run N``) and the child times the block itself, so the pipe
 is outside every figure, and idles blocked on its stdin while the other side runs.
 
-This is the only module that imports TensorFlow, and only in the child; nothing in the trainer
-imports it. The child refuses to report (exits non-zero, the parent raises) when what would run
-is not what was asked: another Keras backend, another thread count, other weights.
+This module imports TensorFlow only in the child (as does ``epoch_tf``, `bench epoch`'s
+TensorFlow worker); nothing in the trainer imports it. The child refuses to report (exits
+non-zero, the parent raises) when what would run is not what was asked: another Keras
+backend, another thread count, other weights.
 """
 
 from __future__ import annotations
