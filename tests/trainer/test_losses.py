@@ -31,8 +31,8 @@ def model(loss, out=3, act="linear", metrics=None):
 @pytest.mark.parametrize(
     "loss, words",
     [
-        ("kl_divergence", r"compile_config.loss='kl_divergence' is not supported"),
-        ({"class_name": "Poisson", "config": {}}, r"compile_config.loss.class_name='Poisson'"),
+        ("binary_focal_crossentropy", r"compile_config.loss=.binary_focal_crossentropy. is not"),
+        ({"class_name": "Dice", "config": {}}, r"compile_config.loss.class_name=.Dice."),
         (
             {"class_name": "MeanSquaredError", "config": {"reduction": "sum"}},
             r"compile_config.loss.config.reduction='sum' is not supported "
