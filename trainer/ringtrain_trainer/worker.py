@@ -40,6 +40,7 @@ from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, check
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig, layer_names
 from ringtrain_trainer.data_npz import fit_model
+from ringtrain_trainer.engine import keras_metrics
 from ringtrain_trainer.engine.losses import label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
@@ -420,22 +421,30 @@ class Trainer:
         hi = len(labels) * (self.rank + 1) // self.world
         correct = 0.0
         exact = self.spec.loss.kind in ("sparse", "categorical")  # whole counts
+        compiled = keras_metrics.for_model(self.spec)
         if hi > lo:
-            acc = self.ipu.evaluate(images[lo:hi], labels[lo:hi], self.eval_batch, test.scale)
+            acc = self.ipu.evaluate(
+                images[lo:hi], labels[lo:hi], self.eval_batch, test.scale, compiled
+            )
             correct = round(acc * (hi - lo)) if exact else acc * (hi - lo)
         if self.world > 1:
-            counts = np.array([correct], np.float32)
+            # the compiled metrics' sums and counts ride along: summed, they are one pass's
+            counts = np.concatenate([[correct], compiled.state()]).astype(np.float32)
             # tag -2: never a gradient bucket's tag, so a mismatched schedule fails loudly
             self.collective.allreduce_mean_(counts, step=self.step, tag=-2)
             total = float(counts[0]) * self.world
             correct = round(total) if exact else total
+            compiled.set_state(counts[1:].astype(np.float64) * self.world)
         acc = correct / max(1, len(labels))
         if self.is_chief:
             metric = self.spec.loss.metric
             self.test_accuracy = acc
+            extra = compiled.results() or None
             self.metrics.observe_eval(acc, metric)
-            self.tb.test_accuracy(self.step, acc, self.ipu.stats, metric)
-            self.report.emit(events.Eval(step=self.step, **_metric_fields(metric, acc)))
+            self.metrics.update_status(test_metrics=extra)
+            self.tb.test_accuracy(self.step, acc, self.ipu.stats, metric, extra)
+            fields = _metric_fields(metric, acc)
+            self.report.emit(events.Eval(step=self.step, **fields, test_metrics=extra))
         return acc
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:

@@ -74,6 +74,8 @@ class ModelConfig:
     input_dtype: str = "float32"
     #: the dtype policy and loss scaling of the model (``keras.compile.numerics``)
     numerics: ModelNumerics = field(default_factory=ModelNumerics)
+    #: the compiled metrics beyond the loss's own (``keras.compile.compiled_metrics``)
+    metrics: tuple = ()
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -404,4 +406,10 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
         output,
         dtype,
         compile_mod.numerics(model) if compiled else ModelNumerics(),
+        _metrics(model, loss) if compiled else (),
     )
+
+
+def _metrics(model: dict, loss: losses.LossSpec) -> tuple:
+    comp = model.get("compile_config") or {}
+    return compile_mod.compiled_metrics(comp.get("metrics"), loss.kind)
