@@ -103,11 +103,9 @@ class Evaluator:
         self.cfg, self.poll_s = cfg, poll_s
         self.metrics = metrics if metrics is not None else TrainerMetrics()
         self.out = out if out is not None else sys.stdout
-        self.spec = model_mod.build(cfg.model)
-        self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        self.data, note = fit_model(
-            self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
-        )
+        data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
+        self.spec = model_mod.build(cfg.model, lambda: tuple(data.train.images.shape[1:]))
+        self.data, note = fit_model(data, self.spec, cfg.data_dir if dataset is None else data.name)
         if note:
             print(f"ringtrain evaluator: note: {note}", file=sys.stderr)
         self.batch = min(EVAL_BATCH, max(1, len(self.data.test)))

@@ -136,7 +136,22 @@ class Trainer:
         budget = (cfg.ipu_memory_mb * MB, per_ipu)
         if cfg.pipeline_stages:  # the stages share the model: all IPUs, one micro-batch
             budget = (cfg.ipus_per_worker * budget[0], cfg.batch_size)
-        self.spec = keras_model.load(cfg.model, budget=budget)
+        given = dataset
+
+        def x_shape() -> tuple[int, ...]:  # only for a model with None input dimensions
+            nonlocal dataset
+            if dataset is None:
+                dataset = data_mod.load(cfg.dataset, cfg.data_dir)
+            return tuple(dataset.train.images.shape[1:])
+
+        self.spec = keras_model.load(cfg.model, budget=budget, data=x_shape)
+        if self.is_chief and getattr(self.spec, "declared_input_shape", None) is not None:
+            print(
+                f"ringtrain worker: input shape {self.spec.declared_input_shape} compiled as "
+                f"{self.spec.config.input_shape}: its None dimensions fixed by the data's x "
+                "(a static graph, as Poplar compiles; the export keeps them free)",
+                file=sys.stderr,
+            )
         self.params = self.spec.init(cfg.seed)
         #: what runs: the model's compile settings, each flag given overriding its part
         self.optimizer_spec = optim.for_run(cfg, self.spec)
@@ -236,7 +251,7 @@ class Trainer:
             raise InvalidSpec("pipeline.stages with an Embedding's sparse rows: not implemented")
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
         self.data, note = fit_model(
-            self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
+            self.data, self.spec, cfg.data_dir if given is None else self.data.name
         )
         if note and self.is_chief:
             print(f"ringtrain worker: note: {note}", file=sys.stderr)
@@ -403,7 +418,8 @@ class Trainer:
         divergence.check_params(self.spec, self.params, self._where(self.step), "export")
 
         path = preflight.export_path(self.cfg.export, self.cfg.checkpoint_dir)
-        return str(export_state(self.state(loss), path, self.cfg.export_format))
+        fmt = self.cfg.export_format
+        return str(export_state(self.state(loss), path, fmt, spec=self.spec))
 
     def evaluate(self) -> float:
         """Test accuracy, computed by every worker on its contiguous share of the test set and
