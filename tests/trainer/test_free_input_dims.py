@@ -114,3 +114,34 @@ def test_data_that_cannot_fill_the_free_dims_is_refused_by_name(tmp_path):
     for bad in [(9, 4), (9,), (9, 3, 1)]:
         with pytest.raises(InvalidSpec, match=r"input shape \(None, 3\) has free .* \(9"):
             fix_input_shape(model, bad)
+
+
+def test_a_checkpoint_exports_and_the_operator_validates_without_the_data(tmp_path):
+    """No data at hand: the layers are read at any length (their weights do not depend on
+    it); the operator accepts the inline config and leaves the memory plan to the worker."""
+    from ringtrain_operator import resources
+    from ringtrain_operator.spec import model_error
+
+    keras.utils.set_random_seed(2)
+    km = _text()
+    km.save(tmp_path / "m.keras")
+    rng = np.random.default_rng(3)
+    x, y = _data("text", rng)
+    t = _trainer(tmp_path / "m.keras", x, y, io.StringIO())
+    try:
+        t.train_one_step()
+        state = t.state(None)
+        trained = t.spec.keras_weights(t.params, t.state)
+    finally:
+        t.close()
+    path = export_state(state, tmp_path / "ckpt.keras", "keras")  # rebuilt from the checkpoint
+    loaded = keras.saving.load_model(path, compile=False)
+    for got, want in zip(loaded.get_weights(), trained, strict=True):
+        np.testing.assert_array_equal(got, want)
+    km.set_weights(trained)
+    other, _ = _data("text", rng, n=3, seq=5)
+    np.testing.assert_allclose(loaded.predict(other, verbose=0), km.predict(other, verbose=0))
+    inline = json.loads(km.to_json())
+    assert model_error(inline, (1 << 20, 8)) is None
+    assert resources._model_source(inline) is None
+    assert resources._model_source(json.dumps(inline)) is None

@@ -104,7 +104,7 @@ class Evaluator:
         self.metrics = metrics if metrics is not None else TrainerMetrics()
         self.out = out if out is not None else sys.stdout
         data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        self.spec = model_mod.build(cfg.model, lambda: tuple(data.train.images.shape[1:]))
+        self.spec = model_mod.build(cfg.model, lambda _: tuple(data.train.images.shape[1:]))
         self.data, note = fit_model(data, self.spec, cfg.data_dir if dataset is None else data.name)
         if note:
             print(f"ringtrain evaluator: note: {note}", file=sys.stderr)

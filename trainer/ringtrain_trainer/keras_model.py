@@ -272,8 +272,16 @@ class KerasModel(ModelSpec):
         return list(zip(self.config.layers, archive.h5_paths(self.config), strict=True))
 
 
-#: one example's shape in the training data, asked only of a model with free input dimensions
-DataShape = Callable[[], tuple[int, ...]] | None
+#: one example's shape in the training data, asked (with the declared shape) only of a model
+#: with free input dimensions
+DataShape = Callable[[tuple], tuple[int, ...]] | None
+
+
+def any_length(declared: tuple) -> tuple[int, ...]:
+    """A :data:`DataShape` for where no data is at hand (an export from a checkpoint, the
+    operator's validation): the free dimensions at ``archive.ANY_LENGTH``; the weights'
+    shapes do not depend on them."""
+    return tuple(archive.ANY_LENGTH if d is None else d for d in declared)
 
 
 def from_config(
@@ -286,7 +294,7 @@ def from_config(
     (``keras.config.fix_input_shape``); the model remembers what it declared."""
     declared = free_input_shape(model)
     if declared is not None and data is not None:
-        model = fix_input_shape(model, data())
+        model = fix_input_shape(model, data(declared))
     config = parse(model)
     if budget is not None:
         budget_mod.check(config, *budget)

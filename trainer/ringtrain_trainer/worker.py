@@ -138,7 +138,7 @@ class Trainer:
             budget = (cfg.ipus_per_worker * budget[0], cfg.batch_size)
         given = dataset
 
-        def x_shape() -> tuple[int, ...]:  # only for a model with None input dimensions
+        def x_shape(_declared) -> tuple[int, ...]:  # only for a model with None input dims
             nonlocal dataset
             if dataset is None:
                 dataset = data_mod.load(cfg.dataset, cfg.data_dir)
