@@ -145,3 +145,16 @@ def test_a_checkpoint_exports_and_the_operator_validates_without_the_data(tmp_pa
     assert model_error(inline, (1 << 20, 8)) is None
     assert resources._model_source(inline) is None
     assert resources._model_source(json.dumps(inline)) is None
+
+
+def test_the_memory_report_plans_the_data_s_length_and_says_so(tmp_path):
+    from ringtrain_trainer import memory
+
+    keras.utils.set_random_seed(2)
+    _series().save(tmp_path / "m.keras")
+    x, y = _data("series", np.random.default_rng(1), n=16, seq=9)
+    np.savez(tmp_path / "d.npz", x_train=x, y_train=y, x_test=x, y_test=y)
+    args = ["--model", str(tmp_path / "m.keras"), "--data-dir", str(tmp_path / "d.npz")]
+    out = io.StringIO()
+    memory.report(TrainerConfig.from_args([*args, "--batch-size", "8"], {}), out)
+    assert "input (None, 3) fixed to (9, 3) by the data's x" in out.getvalue()
