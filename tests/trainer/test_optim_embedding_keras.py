@@ -35,6 +35,7 @@ OPTIMIZERS = {
     "adagrad": lambda: keras.optimizers.Adagrad(0.3, initial_accumulator_value=1e-3),
     "nadam": lambda: keras.optimizers.Nadam(0.05),
     "lion": lambda: keras.optimizers.Lion(0.02),
+    "ftrl": lambda: keras.optimizers.Ftrl(0.3, l1_regularization_strength=0.01),
 }
 
 

@@ -28,6 +28,7 @@ from ringtrain_trainer.optim.adam import Adam, AdamW
 from ringtrain_trainer.optim.adamax import Adamax
 from ringtrain_trainer.optim.base import Optimizer
 from ringtrain_trainer.optim.clip import KINDS, Clip
+from ringtrain_trainer.optim.ftrl import Ftrl
 from ringtrain_trainer.optim.lion import Lion
 from ringtrain_trainer.optim.nadam import Nadam
 from ringtrain_trainer.optim.rmsprop import RMSprop
@@ -67,6 +68,18 @@ KERAS: dict[str, tuple[type[Optimizer], dict[str, Any], dict[str, Any]]] = {
     "Nadam": (Nadam, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Adamax": (Adamax, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Lion": (Lion, {"beta_1": 0.9, "beta_2": 0.99}, {}),
+    "Ftrl": (
+        Ftrl,
+        {
+            "learning_rate_power": -0.5,
+            "initial_accumulator_value": 0.1,
+            "l1_regularization_strength": 0.0,
+            "l2_regularization_strength": 0.0,
+            "l2_shrinkage_regularization_strength": 0.0,
+            "beta": 0.0,
+        },
+        {},
+    ),
 }
 #: Keras' string shortcuts (``compile(optimizer="adam")`` in a tf.keras 2 config)
 ALIASES = {c.lower(): c for c in KERAS}
@@ -328,5 +341,6 @@ def state_arrays(spec: OptimizerSpec) -> int:
         "Nadam": lambda: 2,
         "Adamax": lambda: 2,
         "Lion": lambda: 1,
+        "Ftrl": lambda: 2,
     }
     return n[spec.class_name]()
