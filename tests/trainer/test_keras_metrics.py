@@ -148,3 +148,26 @@ def test_the_chief_reports_keras_evaluate_s_metrics(family, tmp_path, rng):
         assert f"{name} {value:.4f}" in out.getvalue()  # the chief's eval line names them
     finally:
         t.close()
+
+
+def test_replicas_summed_state_is_one_pass_over_the_whole_set(rng):
+    """What the chief's shared evaluation does: each worker's share, states summed (in float32,
+    as the ring carries them), equals one pass over everything."""
+    specs = [
+        KMET.parse(keras.metrics.serialize(keras.metrics.AUC(curve="PR")), "binary"),
+        KMET.parse("precision", "binary"),
+        KMET.parse("recall", "binary"),
+        KMET.parse("mse", "binary"),
+    ]
+    z, y = _data("bits", 3, rng)
+    whole = KMET.MetricSet(specs, "sigmoid")
+    whole.update(z, y)
+    parts = [KMET.MetricSet(specs, "sigmoid") for _ in range(2)]
+    parts[0].update(z[:40], y[:40])
+    parts[1].update(z[40:], y[40:])
+    summed = KMET.MetricSet(specs, "sigmoid")
+    summed.set_state(sum(p.state().astype(np.float32) for p in parts).astype(np.float64))
+    got, want = summed.results(), whole.results()
+    assert len(got) == 4 and list(got)[1:] == ["precision", "recall", "mse"]
+    for name in want:
+        assert got[name] == pytest.approx(want[name], rel=1e-6, abs=1e-6), name
