@@ -57,9 +57,19 @@ MAX_SLOTS = 3
 
 def _model_source(model: Any) -> str | None:
     """``--model``'s value when the operator can plan it: a preset's name or an inline config's
-    JSON (as ``optiongen`` passes it); None for a file in the pod."""
+    JSON (as ``optiongen`` passes it); None for a file in the pod, or a model whose input
+    has None dimensions (the worker fixes them from the data and checks the budget then)."""
     from ringtrain_trainer import keras_model
+    from ringtrain_trainer.keras.config import free_input_shape
 
+    doc = model
+    if isinstance(model, str) and model.lstrip().startswith("{"):
+        try:
+            doc = json.loads(model)
+        except ValueError:
+            doc = None
+    if isinstance(doc, dict) and free_input_shape(doc) is not None:
+        return None  # its None input dimensions are fixed by the data, in the pod
     if not isinstance(model, str):
         model = json.dumps(model, separators=(",", ":"))
     return model if model in keras_model.PRESETS or model.lstrip().startswith("{") else None

@@ -270,6 +270,7 @@ def model_error(model: Any, budget: tuple[int, int] | None = None) -> str | None
             f"got {type(model).__name__}"
         )
     from ringtrain_trainer import keras_model  # the worker's own parser: numpy, no TensorFlow
+    from ringtrain_trainer.keras.config import free_input_shape
 
     size = len(json.dumps(model, separators=(",", ":")).encode())
     if size > MAX_INLINE_MODEL_BYTES:
@@ -279,7 +280,12 @@ def model_error(model: Any, budget: tuple[int, int] | None = None) -> str | None
             ".json file on a volume and give its path"
         )
     try:
-        keras_model.from_config(dict(model), "inline", budget)
+        # free (None) input dimensions: the layers checked at any length, the memory budget by
+        # the worker once its data fixes them
+        free = free_input_shape(dict(model)) is not None
+        keras_model.from_config(
+            dict(model), "inline", None if free else budget, data=keras_model.any_length
+        )
     except InvalidSpec as e:
         return str(e).removeprefix("model: ")
     except (AttributeError, KeyError, TypeError, ValueError, IndexError, ArithmeticError) as e:

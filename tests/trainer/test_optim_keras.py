@@ -44,6 +44,26 @@ CASES = {
     "adagrad-args": lambda: keras.optimizers.Adagrad(
         0.05, initial_accumulator_value=0.5, epsilon=1e-3
     ),
+    "nadam": lambda: keras.optimizers.Nadam(0.01),
+    "nadam-args": lambda: keras.optimizers.Nadam(0.02, beta_1=0.8, beta_2=0.95, epsilon=1e-4),
+    "nadam-decay-clipnorm": lambda: keras.optimizers.Nadam(0.01, weight_decay=0.05, clipnorm=0.5),
+    "adamax": lambda: keras.optimizers.Adamax(0.01),
+    "adamax-args": lambda: keras.optimizers.Adamax(0.02, beta_1=0.7, beta_2=0.9, epsilon=1e-3),
+    "lion": lambda: keras.optimizers.Lion(0.01),
+    "lion-args": lambda: keras.optimizers.Lion(0.005, beta_1=0.8, beta_2=0.95, weight_decay=0.1),
+    "lion-exponential-clipvalue": lambda: keras.optimizers.Lion(
+        S.ExponentialDecay(0.01, 3, 0.7), clipvalue=0.3
+    ),
+    "ftrl": lambda: keras.optimizers.Ftrl(0.1),
+    "ftrl-args": lambda: keras.optimizers.Ftrl(
+        0.05,
+        learning_rate_power=-0.7,
+        initial_accumulator_value=0.3,
+        l1_regularization_strength=0.01,
+        l2_regularization_strength=0.02,
+        l2_shrinkage_regularization_strength=0.03,
+        beta=0.1,
+    ),
     "sgd-clipvalue": lambda: keras.optimizers.SGD(0.1, momentum=0.5, clipvalue=0.3),
     "adam-clipnorm": lambda: keras.optimizers.Adam(0.01, clipnorm=0.5),
     "sgd-global-clipnorm": lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.7),
@@ -138,7 +158,8 @@ def test_schedule_values_match_keras(schedule):
             lambda: keras.optimizers.Adam(gradient_accumulation_steps=4),
             "compile_config.optimizer.config.gradient_accumulation_steps",
         ),
-        (lambda: keras.optimizers.Nadam(), "compile_config.optimizer.class_name"),
+        (lambda: keras.optimizers.Adafactor(), "compile_config.optimizer.class_name"),
+        (lambda: keras.optimizers.Lion(use_ema=True), "compile_config.optimizer.config.use_ema"),
         (
             lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()),
             "compile_config.optimizer.class_name",
@@ -160,3 +181,27 @@ def test_unknown_schedule_and_argument_are_refused_by_field():
     doc["config"]["lookahead"] = 5
     with pytest.raises(InvalidSpec, match=r"compile_config\.optimizer\.config\.lookahead"):
         optim.from_compile_config({"optimizer": doc})
+
+
+@pytest.mark.parametrize("make", [CASES["nadam"], CASES["adamax"], CASES["lion"], CASES["ftrl"]])
+def test_a_resumed_optimizer_continues_as_if_never_stopped(make, rng):
+    """Nadam's momentum-schedule product is recomputed from ``iterations``, not stored."""
+    spec = optim.from_compile_config({"optimizer": keras.optimizers.serialize(make())})
+    w0 = rng.normal(size=20).astype(np.float32)
+    grads = [rng.normal(size=20).astype(np.float32) for _ in range(8)]
+    straight, first = w0.copy(), w0.copy()
+    a = optim.build_spec(spec, straight)
+    b = optim.build_spec(spec, first)
+    for i, g in enumerate(grads):
+        a.begin_step(0)
+        a.apply(g, 0, 20)
+        if i < 4:
+            b.begin_step(0)
+            b.apply(g, 0, 20)
+    resumed = optim.build_spec(spec, first)
+    resumed.load_state(b.state_dict(), b.iterations)
+    for g in grads[4:]:
+        resumed.begin_step(0)
+        resumed.apply(g, 0, 20)
+    np.testing.assert_array_equal(first, straight)
+    assert optim.state_bytes_for(spec, 20) == 4 * 20 * len(a.state_names)

@@ -73,11 +73,13 @@ class Eval(_Record):
     """The chief after an evaluation of the whole test set."""
 
     KIND: ClassVar[str] = "eval"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae",)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae", "test_metrics")
     step: int | None
     test_accuracy: float | None
     #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
     test_mae: float | None = None
+    #: the compiled metrics beyond accuracy/MAE, by Keras' names (``Status.test_metrics``)
+    test_metrics: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +88,13 @@ class Evaluation(_Record):
     the whole test split."""
 
     KIND: ClassVar[str] = "evaluation"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae",)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae", "test_metrics")
     step: int | None
     test_loss: float | None = None
     test_accuracy: float | None = None
     checkpoint: str | None = None
     test_mae: float | None = None
+    test_metrics: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +150,7 @@ class Status(_Record):
         "test_mae",
         "numerics",
         "accumulation",
+        "test_metrics",
     )
     step: int | None = 0
     epoch: float | None = 0
@@ -176,6 +180,9 @@ class Status(_Record):
     numerics: dict | None = None
     #: gradient accumulation steps (micro-batches per optimizer step)
     accumulation: int | None = None
+    #: the model's compiled metrics beyond accuracy/MAE (``engine.keras_metrics``), by the
+    #: name Keras reports them under (``{"auc": 0.91}``); None without any
+    test_metrics: dict | None = None
 
 
 Event = Progress | Eval | Evaluation | Final
@@ -286,6 +293,11 @@ def _metric(e: Eval | Evaluation | Final) -> str:
     return f"test accuracy {_number(e.test_accuracy, '.4f')}"
 
 
+def _compiled(metrics: dict | None) -> str:
+    """The compiled metrics after the accuracy: ``  auc 0.9132  precision 0.8750``."""
+    return "".join(f"  {k} {v:.4f}" for k, v in (metrics or {}).items())
+
+
 def format_event(e: Event) -> str:
     """One line for people.
 
@@ -313,9 +325,12 @@ def format_event(e: Event) -> str:
             parts.append(f"ETA {duration(e.eta_s)}")
         return "  ".join(parts)
     if isinstance(e, Eval):
-        return f"step {e.step}  {_metric(e)}"
+        return f"step {e.step}  {_metric(e)}{_compiled(e.test_metrics)}"
     if isinstance(e, Evaluation):
-        return f"checkpoint step {e.step}  test loss {_number(e.test_loss, '.4f')}  {_metric(e)}"
+        return (
+            f"checkpoint step {e.step}  test loss {_number(e.test_loss, '.4f')}  {_metric(e)}"
+            + _compiled(e.test_metrics)
+        )
     if e.evaluations is not None:
         return (
             f"done: evaluated {e.evaluations} checkpoints, last step {e.steps}, test loss "

@@ -39,6 +39,7 @@ from ringtrain_trainer import tensorboard
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import fit_model
+from ringtrain_trainer.engine import keras_metrics
 from ringtrain_trainer.engine.losses import Loss
 from ringtrain_trainer.ipu import EVAL_BATCH
 from ringtrain_trainer.keras_model import describe
@@ -102,17 +103,16 @@ class Evaluator:
         self.cfg, self.poll_s = cfg, poll_s
         self.metrics = metrics if metrics is not None else TrainerMetrics()
         self.out = out if out is not None else sys.stdout
-        self.spec = model_mod.build(cfg.model)
-        self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        self.data, note = fit_model(
-            self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
-        )
+        data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
+        self.spec = model_mod.build(cfg.model, lambda _: tuple(data.train.images.shape[1:]))
+        self.data, note = fit_model(data, self.spec, cfg.data_dir if dataset is None else data.name)
         if note:
             print(f"ringtrain evaluator: note: {note}", file=sys.stderr)
         self.batch = min(EVAL_BATCH, max(1, len(self.data.test)))
         self.program = model_mod.Program(self.spec, self.batch, train=False)
         #: the model's loss (``engine.losses``), evaluated in float64
         self.loss = Loss(self.spec.loss, self.batch, self.spec.num_classes, np.float64)
+        self.compiled = keras_metrics.for_model(self.spec)
         self.ckpt = CheckpointManager(cfg.checkpoint_dir)
         self.stop_requested = threading.Event()
         self.evaluated: list[events.Evaluation] = []
@@ -139,6 +139,7 @@ class Evaluator:
         images, labels = self.data.test.images, self.data.test.labels
         scale = self.program.dtype.type(self.data.test.scale)
         lossfn = self.loss
+        self.compiled = keras_metrics.for_model(self.spec)
         loss = 0.0
         correct = 0.0
         x = self.program.x
@@ -148,6 +149,7 @@ class Evaluator:
             out = self.program.forward(views)[:n]
             loss += lossfn.total(out, labels[s : s + n])
             correct += lossfn.score(out, labels[s : s + n])
+            self.compiled.update(out, labels[s : s + n])
         count = max(1, len(labels))
         # Keras' test loss includes the weight regularizers' penalty, as its training loss
         return loss / count + self.spec.penalty(state.params), correct / count
@@ -168,16 +170,19 @@ class Evaluator:
             loss, acc = self.evaluate(state)
             metric = self.spec.loss.metric
             mae = metric == "mae"
+            extra = self.compiled.results() or None
             ev = events.Evaluation(
                 step=state.step,
                 test_loss=round(loss, 6),
                 test_accuracy=None if mae else round(acc, 6),
                 checkpoint=str(manifest),
                 test_mae=round(acc, 6) if mae else None,
+                test_metrics=extra,
             )
             self.evaluated.append(ev)
             self.metrics.observe_evaluation(state.step, loss, acc, metric)
-            self.tb.evaluation(state.step, loss, acc, metric)
+            self.metrics.update_status(test_metrics=extra)
+            self.tb.evaluation(state.step, loss, acc, metric, extra)
             self.emit(ev)
 
     def run(self) -> events.Final:

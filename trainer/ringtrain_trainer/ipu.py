@@ -479,11 +479,17 @@ class IPU:
         return loss / k
 
     def evaluate(
-        self, images: np.ndarray, labels: np.ndarray, batch: int = EVAL_BATCH, scale: float = 1.0
+        self,
+        images: np.ndarray,
+        labels: np.ndarray,
+        batch: int = EVAL_BATCH,
+        scale: float = 1.0,
+        metrics=None,
     ) -> float:
         """The loss's metric (``engine.losses.Loss.score``: accuracy, or MAE for regression)
         over a whole split, batch by batch (the last batch padded); the model sees
-        ``images * scale`` (``data.Split``'s rule: pass the split's ``scale``)."""
+        ``images * scale`` (``data.Split``'s rule: pass the split's ``scale``). ``metrics``
+        (an ``engine.keras_metrics.MetricSet``) is updated with the same outputs."""
         exe = self.compile(batch, train=False)
         x = np.zeros((batch, *self.spec.input_shape), self.dtype)
         per = exe.programs[0].batch
@@ -502,6 +508,8 @@ class IPU:
                 lo, hi = i * per, min(n, (i + 1) * per)
                 if hi > lo:
                     score += p.loss.score(p.output[: hi - lo], labels[s + lo : s + hi])
+                    if metrics is not None:
+                        metrics.update(p.output[: hi - lo], labels[s + lo : s + hi])
         return score / max(1, len(labels))
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ Going back, :meth:`KerasModel.keras_config` writes a Keras 3 config of the same 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -33,7 +34,13 @@ from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import budget as budget_mod
 from ringtrain_trainer.engine.graph import Graph, Node
 from ringtrain_trainer.keras import archive, masks
-from ringtrain_trainer.keras.config import LayerSpec, ModelConfig, parse
+from ringtrain_trainer.keras.config import (
+    LayerSpec,
+    ModelConfig,
+    fix_input_shape,
+    free_input_shape,
+    parse,
+)
 from ringtrain_trainer.keras.entry import Build
 from ringtrain_trainer.keras.registry import REGISTRY
 from ringtrain_trainer.model import ModelSpec, Slot
@@ -210,6 +217,8 @@ class KerasModel(ModelSpec):
         from ringtrain_trainer.layers.fused import ConvPool
 
         self.config = config
+        #: the input shape the source declared where it has None dims (fixed from the data)
+        self.declared_input_shape: tuple | None = None
         #: the model's mixed-precision settings (``ringtrain_trainer.numerics``)
         self.numerics = config.numerics
         self.loss_from_logits = True  # the IPU's loss always reads logits (see module doc)
@@ -331,19 +340,22 @@ class KerasModel(ModelSpec):
         """A Keras 3 config (``model.to_json()`` shape, Sequential or Functional as the
         source) that Keras loads, compiled with the loss that ran; ``precision``: the run's,
         for the layers' dtype policies (``archive.layer_dtype``)."""
-        return archive.to_keras(
-            self.config,
-            {
-                "optimizer": "adam",
-                "loss": self.config.loss.keras(),
-                "metrics": None,
-                "loss_weights": None,
-                "weighted_metrics": None,
-                "run_eagerly": False,
-                "steps_per_execution": 1,
-                "jit_compile": False,
-            },
-            precision,
+        return _free_dims(
+            archive.to_keras(
+                self.config,
+                {
+                    "optimizer": "adam",
+                    "loss": self.config.loss.keras(),
+                    "metrics": None,
+                    "loss_weights": None,
+                    "weighted_metrics": None,
+                    "run_eagerly": False,
+                    "steps_per_execution": 1,
+                    "jit_compile": False,
+                },
+                precision,
+            ),
+            self.declared_input_shape,
         )
 
     def _weight_refs(self):
@@ -392,21 +404,56 @@ class KerasModel(ModelSpec):
         return list(zip(self.config.layers, archive.h5_paths(self.config), strict=True))
 
 
+#: one example's shape in the training data, asked (with the declared shape) only of a model
+#: with free input dimensions
+DataShape = Callable[[tuple], tuple[int, ...]] | None
+
+
+def any_length(declared: tuple) -> tuple[int, ...]:
+    """A :data:`DataShape` for where no data is at hand (an export from a checkpoint, the
+    operator's validation): the free dimensions at ``archive.ANY_LENGTH``; the weights'
+    shapes do not depend on them."""
+    return tuple(archive.ANY_LENGTH if d is None else d for d in declared)
+
+
 def from_config(
-    model: dict, name: str = "keras", budget: tuple[int, int] | None = None, fresh: bool = True
+    model: dict,
+    name: str = "keras",
+    budget: tuple[int, int] | None = None,
+    fresh: bool = True,
+    data: DataShape = None,
 ) -> KerasModel:
     """A :class:`KerasModel` from a decoded ``model.to_json()`` dict (either Keras format).
     ``budget`` (one IPU's bytes, examples per IPU): refuse a model that cannot fit it by
     arithmetic (``budget.check``) before building anything proportional to its size.
     ``fresh``: no starting weights come with it (a config, not a ``.keras`` file), so a frozen
-    layer is refused here — in the operator's spec check too — not at the worker's start."""
+    layer is refused here — in the operator's spec check too — not at the worker's start.
+    ``data``: where the model's input has None dimensions, they are fixed to the data's
+    (``keras.config.fix_input_shape``); the model remembers what it declared."""
+    declared = free_input_shape(model)
+    if declared is not None and data is not None:
+        model = fix_input_shape(model, data(declared))
     config = parse(model)
     if budget is not None:
         budget_mod.check(config, *budget)
     spec = KerasModel(name, config)
     if fresh:
         spec._need_start_for_frozen()
+    if declared is not None:
+        spec.declared_input_shape = declared
     return spec
+
+
+def _free_dims(doc: dict, declared: tuple | None) -> dict:
+    """An export's config with the model's declared None dimensions back on its input, so
+    Keras takes any length as the source did (the weights do not depend on it)."""
+    if declared is None:
+        return doc
+    for layer in doc["config"]["layers"]:
+        if layer.get("class_name") == "InputLayer":
+            layer["config"]["batch_shape"] = [None, *declared]
+    doc["build_config"] = {"input_shape": [None, *declared]}
+    return doc
 
 
 def preset_config(name: str) -> dict:
@@ -415,11 +462,11 @@ def preset_config(name: str) -> dict:
 
 
 def read_keras_archive(
-    path: Path, budget: tuple[int, int] | None = None
+    path: Path, budget: tuple[int, int] | None = None, data: DataShape = None
 ) -> tuple[dict, list[np.ndarray], KerasModel]:
     """config, weights in ``get_weights`` order, and the model, from a ``.keras`` zip."""
     config, weights = archive.read_keras(path)
-    return config, weights, from_config(config, str(path), budget, fresh=False)
+    return config, weights, from_config(config, str(path), budget, fresh=False, data=data)
 
 
 def describe(source: str) -> str:
@@ -433,12 +480,12 @@ def describe(source: str) -> str:
     return f"inline Keras config {name or 'sequential'!r}"
 
 
-def load(source: str, budget: tuple[int, int] | None = None) -> KerasModel:
+def load(source: str, budget: tuple[int, int] | None = None, data: DataShape = None) -> KerasModel:
     """``--model``: a preset name, a ``.json`` file of ``model.to_json()``, a ``.keras``
     file whose weights become the starting point, or ``model.to_json()``'s text itself (how the
     operator passes ``spec.trainer.model`` written inline; a checkpoint records it the same way,
     so ``ringtrain export`` rebuilds the model from the checkpoint alone). ``budget``: see
-    :func:`from_config`."""
+    :func:`from_config`, as ``data``."""
     if source in PRESETS:
         return from_config(preset_config(source), source, budget)
     if source.lstrip().startswith("{"):
@@ -446,10 +493,10 @@ def load(source: str, budget: tuple[int, int] | None = None) -> KerasModel:
             config = json.loads(source)
         except ValueError as e:
             raise InvalidSpec(f"--model: inline Keras config is not JSON ({e})") from None
-        return from_config(config, "inline", budget)
+        return from_config(config, "inline", budget, data=data)
     path = Path(source)
     if path.suffix == ".keras" and path.is_file():
-        _, weights, spec = read_keras_archive(path, budget)
+        _, weights, spec = read_keras_archive(path, budget, data)
         spec.initial = spec.from_keras_weights(weights)
         return spec
     if path.suffix == ".json" and path.is_file():
@@ -457,7 +504,7 @@ def load(source: str, budget: tuple[int, int] | None = None) -> KerasModel:
             config = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise InvalidSpec(f"--model {source}: cannot read a Keras config ({e})") from None
-        return from_config(config, source, budget)
+        return from_config(config, source, budget, data=data)
     raise InvalidSpec(
         f"--model: unknown model {source!r} (known: {', '.join(PRESETS)}; "
         "or a path to a .json file of model.to_json() or a .keras file, or "

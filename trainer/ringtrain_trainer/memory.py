@@ -214,13 +214,17 @@ def report(cfg, out) -> None:
     after its table was printed, so the table shows what to cut."""
     import numpy as np
 
+    from ringtrain_trainer import data as data_mod
     from ringtrain_trainer import model, optim, trace
     from ringtrain_trainer.config import layer_names
     from ringtrain_trainer.engine import recompute
     from ringtrain_trainer.ipu import MB, IPUConfig
     from ringtrain_trainer.worker import make_ipu
 
-    spec = model.build(cfg.model)
+    # a model with None input dimensions is planned at the data's shape, as the worker runs it
+    spec = model.build(
+        cfg.model, lambda _: data_mod.load(cfg.dataset, cfg.data_dir).train.images.shape[1:]
+    )
     params = spec.init(cfg.seed)
     opt = optim.for_run(cfg, spec)
     state = optim.state_bytes_for(opt, spec.num_params)
@@ -253,6 +257,9 @@ def report(cfg, out) -> None:
             f"optimizer {opt.name} (state on the {where})"
             + (f", {spec.num_frozen:,} frozen parameters held as state" if frozen else "")
         )
+        declared = getattr(spec, "declared_input_shape", None)
+        if declared is not None:
+            head += f", input {declared} fixed to {spec.config.input_shape} by the data's x"
         if cfg.pipeline_stages:  # compiled first: a refusal names the largest stage
             exe = ipu.compile(cfg.batch_size)
             k = cfg.gradient_accumulation_steps

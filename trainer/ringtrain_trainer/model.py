@@ -156,12 +156,13 @@ class ModelSpec:
         return sum(layer.flops(1, train, self.need_dx[i]) for i, layer in enumerate(self.layers))
 
 
-def build(name: str) -> ModelSpec:
+def build(name: str, data=None) -> ModelSpec:
     """A preset name, a ``.json`` file of ``model.to_json()`` or a ``.keras`` file
-    (``keras_model.load``); the presets are Keras configs shipped with the package."""
+    (``keras_model.load``, ``data`` as there); the presets are Keras configs shipped with the
+    package."""
     from ringtrain_trainer import keras_model
 
-    return keras_model.load(name)
+    return keras_model.load(name, data=data)
 
 
 def build_handwritten(name: str) -> ModelSpec:

@@ -165,12 +165,19 @@ class TrainWriter(_Writer):
         self._reset()
 
     def test_accuracy(
-        self, step: int, accuracy: float, ipu: IPUStats, metric: str = "accuracy"
+        self,
+        step: int,
+        accuracy: float,
+        ipu: IPUStats,
+        metric: str = "accuracy",
+        extra: dict[str, float] | None = None,
     ) -> None:
-        """After an evaluation (``test/accuracy``, or ``test/mae`` after a regression loss);
-        its forward passes are not a step's compute time."""
+        """After an evaluation (``test/accuracy``, or ``test/mae`` after a regression loss;
+        ``extra``: the compiled metrics, ``test/auc``); its forward passes are not a step's
+        compute time."""
         if self._w is not None:
-            self.scalars(step, {f"test/{metric}": accuracy})
+            more = {f"test/{k}": v for k, v in (extra or {}).items()}
+            self.scalars(step, {f"test/{metric}": accuracy, **more})
             self._last_compute_s = ipu.compute_s
 
 
@@ -182,7 +189,15 @@ class EvalWriter(_Writer):
         super().__init__(path)
         self.open()
 
-    def evaluation(self, step: int, loss: float, accuracy: float, metric: str = "accuracy") -> None:
+    def evaluation(
+        self,
+        step: int,
+        loss: float,
+        accuracy: float,
+        metric: str = "accuracy",
+        extra: dict[str, float] | None = None,
+    ) -> None:
         if self._w is not None:
-            self.scalars(step, {"eval/test_loss": loss, f"eval/test_{metric}": accuracy})
+            more = {f"eval/test_{k}": v for k, v in (extra or {}).items()}
+            self.scalars(step, {"eval/test_loss": loss, f"eval/test_{metric}": accuracy, **more})
             self._w.flush()

@@ -40,6 +40,7 @@ from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, check
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig, layer_names
 from ringtrain_trainer.data_npz import fit_model
+from ringtrain_trainer.engine import keras_metrics
 from ringtrain_trainer.engine.losses import label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
@@ -135,7 +136,22 @@ class Trainer:
         budget = (cfg.ipu_memory_mb * MB, per_ipu)
         if cfg.pipeline_stages:  # the stages share the model: all IPUs, one micro-batch
             budget = (cfg.ipus_per_worker * budget[0], cfg.batch_size)
-        self.spec = keras_model.load(cfg.model, budget=budget)
+        given = dataset
+
+        def x_shape(_declared) -> tuple[int, ...]:  # only for a model with None input dims
+            nonlocal dataset
+            if dataset is None:
+                dataset = data_mod.load(cfg.dataset, cfg.data_dir)
+            return tuple(dataset.train.images.shape[1:])
+
+        self.spec = keras_model.load(cfg.model, budget=budget, data=x_shape)
+        if self.is_chief and getattr(self.spec, "declared_input_shape", None) is not None:
+            print(
+                f"ringtrain worker: input shape {self.spec.declared_input_shape} compiled as "
+                f"{self.spec.config.input_shape}: its None dimensions fixed by the data's x "
+                "(a static graph, as Poplar compiles; the export keeps them free)",
+                file=sys.stderr,
+            )
         self.params = self.spec.init(cfg.seed)
         #: what runs: the model's compile settings, each flag given overriding its part
         self.optimizer_spec = optim.for_run(cfg, self.spec)
@@ -238,7 +254,7 @@ class Trainer:
             raise InvalidSpec("pipeline.stages with an Embedding's sparse rows: not implemented")
         self.data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
         self.data, note = fit_model(
-            self.data, self.spec, cfg.data_dir if dataset is None else self.data.name
+            self.data, self.spec, cfg.data_dir if given is None else self.data.name
         )
         if note and self.is_chief:
             print(f"ringtrain worker: note: {note}", file=sys.stderr)
@@ -405,7 +421,8 @@ class Trainer:
         divergence.check_params(self.spec, self.params, self._where(self.step), "export")
 
         path = preflight.export_path(self.cfg.export, self.cfg.checkpoint_dir)
-        return str(export_state(self.state(loss), path, self.cfg.export_format))
+        fmt = self.cfg.export_format
+        return str(export_state(self.state(loss), path, fmt, spec=self.spec))
 
     def evaluate(self) -> float:
         """Test accuracy, computed by every worker on its contiguous share of the test set and
@@ -423,22 +440,30 @@ class Trainer:
         hi = len(labels) * (self.rank + 1) // self.world
         correct = 0.0
         exact = self.spec.loss.kind in ("sparse", "categorical")  # whole counts
+        compiled = keras_metrics.for_model(self.spec)
         if hi > lo:
-            acc = self.ipu.evaluate(images[lo:hi], labels[lo:hi], self.eval_batch, test.scale)
+            acc = self.ipu.evaluate(
+                images[lo:hi], labels[lo:hi], self.eval_batch, test.scale, compiled
+            )
             correct = round(acc * (hi - lo)) if exact else acc * (hi - lo)
         if self.world > 1:
-            counts = np.array([correct], np.float32)
+            # the compiled metrics' sums and counts ride along: summed, they are one pass's
+            counts = np.concatenate([[correct], compiled.state()]).astype(np.float32)
             # tag -2: never a gradient bucket's tag, so a mismatched schedule fails loudly
             self.collective.allreduce_mean_(counts, step=self.step, tag=-2)
             total = float(counts[0]) * self.world
             correct = round(total) if exact else total
+            compiled.set_state(counts[1:].astype(np.float64) * self.world)
         acc = correct / max(1, len(labels))
         if self.is_chief:
             metric = self.spec.loss.metric
             self.test_accuracy = acc
+            extra = compiled.results() or None
             self.metrics.observe_eval(acc, metric)
-            self.tb.test_accuracy(self.step, acc, self.ipu.stats, metric)
-            self.report.emit(events.Eval(step=self.step, **_metric_fields(metric, acc)))
+            self.metrics.update_status(test_metrics=extra)
+            self.tb.test_accuracy(self.step, acc, self.ipu.stats, metric, extra)
+            fields = _metric_fields(metric, acc)
+            self.report.emit(events.Eval(step=self.step, **fields, test_metrics=extra))
         return acc
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:

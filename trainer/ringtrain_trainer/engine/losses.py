@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine import loss_fns
 
 WHERE = "compile_config.loss"
 
@@ -45,6 +46,16 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], str, dict]] = {
     "MeanSquaredError": (("mean_squared_error", "mse"), "regression", {}),
     "MeanAbsoluteError": (("mean_absolute_error", "mae"), "regression", {}),
     "Huber": (("huber", "huber_loss"), "regression", {"delta": 1.0}),
+    # engine.loss_fns: value and gradient of each, Keras' epsilons
+    "Poisson": (("poisson",), "regression", {}),
+    "LogCosh": (("log_cosh", "logcosh"), "regression", {}),
+    "KLDivergence": (("kl_divergence", "kld", "kullback_leibler_divergence"), "regression", {}),
+    "MeanSquaredLogarithmicError": (("mean_squared_logarithmic_error", "msle"), "regression", {}),
+    "MeanAbsolutePercentageError": (("mean_absolute_percentage_error", "mape"), "regression", {}),
+    "Hinge": (("hinge",), "regression", {}),
+    "SquaredHinge": (("squared_hinge",), "regression", {}),
+    "CategoricalHinge": (("categorical_hinge",), "regression", {}),
+    "CosineSimilarity": (("cosine_similarity",), "regression", {"axis": -1}),
 }
 SUPPORTED = tuple(_ENTRIES)
 #: config keys every Keras loss has that change no number ringtrain computes
@@ -199,6 +210,8 @@ def buffer_bytes(spec: LossSpec, batch: int, k: int, itemsize: int = 4) -> tuple
         work += batch * 9  # valid (bool), safe (int64)
     if spec.kind != "sparse" and spec.arg("label_smoothing"):
         work += batch * k * itemsize  # the smoothed labels
+    if spec.name in loss_fns.FNS:
+        work += loss_fns.nbytes(batch, k, itemsize)
     return labels, work
 
 
@@ -229,6 +242,8 @@ class Loss:
         self.smoothed = np.zeros_like(self.grad) if self.smooth[1] else None
         self.inv = self.dtype.type(1.0 / batch)
         self.inv_k = self.dtype.type(1.0 / (batch * k))
+        self.fn = loss_fns.FNS.get(spec.name)
+        self.fn_work = loss_fns.Work(batch, k, self.dtype) if self.fn else None
 
     # -- training: preallocated, nothing allocated per step ---------------------------------
     def step(self, z: np.ndarray) -> float:
@@ -239,6 +254,10 @@ class Loss:
             return self._categorical(z)
         if kind == "binary":
             return self._binary(z)
+        if self.fn is not None:
+            loss = self.fn(z, self.labels, self.grad, self.fn_work)
+            np.multiply(self.grad, self.inv, out=self.grad)
+            return loss / self.batch
         return self._elementwise(z, name)
 
     def _sparse(self, z: np.ndarray) -> float:
@@ -354,6 +373,9 @@ class Loss:
             lse = m + np.log(np.exp(z - m[:, None]).sum(axis=1))
             return float(np.sum((lse - z[np.arange(len(y)), y]) * valid))
         y = np.asarray(y, np.float64) * self.smooth[0] + self.smooth[1]
+        if self.fn is not None:
+            y = y.reshape(z.shape)
+            return self.fn(z, y, np.empty_like(z), loss_fns.Work(len(z), z.shape[1], np.float64))
         if kind == "categorical":
             m = z.max(axis=1, keepdims=True)
             lse = m + np.log(np.exp(z - m).sum(axis=1, keepdims=True))

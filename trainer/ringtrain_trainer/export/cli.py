@@ -23,20 +23,21 @@ from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.export.onnx_file import write_onnx
 from ringtrain_trainer.keras.archive import write_keras
 from ringtrain_trainer.keras.compile import wrap_loss_scale
-from ringtrain_trainer.keras_model import describe
+from ringtrain_trainer.keras_model import any_length, describe
 
 FORMATS = ("keras", "onnx")
 
 
 def keras_model(
-    state: TrainingState, precision: str | None = None
+    state: TrainingState, precision: str | None = None, spec=None
 ) -> tuple[dict, list[np.ndarray]]:
     """The checkpoint's model as (Keras config, ``get_weights()``-ordered weights); its
     compile settings name the optimizer that trained it (``TrainingState.optimizer_config``),
     inside the source's LossScaleOptimizer if it had one, so Keras compiles the exported model
     with that optimizer, arguments and schedule. ``precision``: the run's, so a model trained
-    in fp16 comes back under mixed_float16 (``archive.layer_dtype``)."""
-    spec = model_mod.build(state.model)
+    in fp16 comes back under mixed_float16 (``archive.layer_dtype``). ``spec``: the model as
+    the run compiled it (None dimensions fixed by its data), else rebuilt from the checkpoint."""
+    spec = spec or model_mod.build(state.model, any_length)
     config = spec.keras_config(precision)
     if state.optimizer_config is not None and "compile_config" in config:
         own = spec.config.numerics
@@ -46,19 +47,23 @@ def keras_model(
 
 
 def export_state(
-    state: TrainingState, output: str | Path, fmt: str = "keras", precision: str | None = None
+    state: TrainingState,
+    output: str | Path,
+    fmt: str = "keras",
+    precision: str | None = None,
+    spec=None,
 ) -> Path:
     """Write ``state``'s model to ``output`` as ``fmt`` (one of :data:`FORMATS`): what this
     command does with a checkpoint, and what the chief does at the end with ``--export``
     ``precision``: default the checkpoint's (``TrainingState.precision``). ONNX stays float32
     whatever the precision."""
-    CheckpointManager.require_model_state(
-        state, model_mod.build(state.model)
-    )  # never fresh moving statistics
-    config, weights = keras_model(state, precision or state.precision)
+    spec = spec or model_mod.build(state.model, any_length)
+    CheckpointManager.require_model_state(state, spec)  # never fresh moving statistics
+    config, weights = keras_model(state, precision or state.precision, spec)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
-    write = write_onnx if fmt == "onnx" else write_keras
-    return write(output, config, weights)
+    if fmt == "onnx":
+        return write_onnx(output, config, weights, getattr(spec, "config", spec).input_shape)
+    return write_keras(output, config, weights)
 
 
 def load_checkpoint(target: str | Path) -> TrainingState:

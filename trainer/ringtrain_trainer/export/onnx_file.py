@@ -24,7 +24,7 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.keras import masks
 from ringtrain_trainer.keras.archive import bind
-from ringtrain_trainer.keras.config import parse
+from ringtrain_trainer.keras.config import fix_input_shape, free_input_shape, parse
 from ringtrain_trainer.keras.registry import REGISTRY
 
 OPSET = 17
@@ -116,9 +116,14 @@ class OnnxGraph:
         return self.op(_ACT[act], [x], hint)
 
 
-def to_onnx(keras_config: dict, weights: list[np.ndarray]):
-    """The ``onnx.ModelProto``; :func:`write_onnx` checks and saves it."""
+def to_onnx(keras_config: dict, weights: list[np.ndarray], input_shape=None):
+    """The ``onnx.ModelProto``; :func:`write_onnx` checks and saves it. ``input_shape``: the
+    shape the run compiled where the config's input has None dimensions; they stay symbolic
+    in the graph's input (``dim1``, ...), so onnxruntime takes any length as Keras does."""
     onnx = _onnx()
+    declared = free_input_shape(keras_config)
+    if declared is not None and input_shape is not None:
+        keras_config = fix_input_shape(keras_config, input_shape)
     cfg = parse(keras_config, compiled=False)
     masked = masks.readers(cfg.layers, masks.propagate(cfg.layers, cfg.output))
     if masked:
@@ -127,6 +132,8 @@ def to_onnx(keras_config: dict, weights: list[np.ndarray]):
             f"export: layer {s.name!r} ({s.cls}) reads a Keras mask (Embedding(mask_zero=True) "
             "or Masking): ONNX export of masks is not supported (the .keras export keeps them)"
         )
+    dims = [f"dim{i + 1}" if declared and declared[i] is None else d for i, d in
+            enumerate(cfg.input_shape)]  # fmt: skip
     arrays = bind(cfg, weights)
     g = OnnxGraph(onnx, len(cfg.input_shape) + 1)
     for s, ws in zip(cfg.layers, arrays, strict=True):
@@ -139,7 +146,7 @@ def to_onnx(keras_config: dict, weights: list[np.ndarray]):
     graph = onnx.helper.make_graph(
         g.nodes,
         cfg.name,
-        [onnx.helper.make_tensor_value_info(INPUT, f32, ["batch", *cfg.input_shape])],
+        [onnx.helper.make_tensor_value_info(INPUT, f32, ["batch", *dims])],
         [onnx.helper.make_tensor_value_info(OUTPUT, f32, ["batch", *cfg.output_shape])],
         initializer=g.inits,
     )
@@ -150,11 +157,13 @@ def to_onnx(keras_config: dict, weights: list[np.ndarray]):
     return model
 
 
-def write_onnx(path: str | os.PathLike, keras_config: dict, weights: list[np.ndarray]) -> Path:
+def write_onnx(
+    path: str | os.PathLike, keras_config: dict, weights: list[np.ndarray], input_shape=None
+) -> Path:
     """Write the model as ONNX (opset 17, NHWC float32 input named ``input``), checked by
-    ``onnx.checker`` before it is saved."""
+    ``onnx.checker`` before it is saved (``input_shape``: see :func:`to_onnx`)."""
     onnx = _onnx()
-    model = to_onnx(keras_config, weights)
+    model = to_onnx(keras_config, weights, input_shape)
     onnx.checker.check_model(model, full_check=True)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

@@ -24,7 +24,7 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.keras import nested, shared
-from ringtrain_trainer.keras.config import ModelConfig, parse
+from ringtrain_trainer.keras.config import ModelConfig, fix_input_shape, free_input_shape, parse
 from ringtrain_trainer.keras.entry import Weight, snake_case
 from ringtrain_trainer.keras.registry import REGISTRY
 
@@ -195,7 +195,8 @@ def normalized(keras_config: dict) -> dict:
         layer.setdefault("module", "keras.layers")
         layer.setdefault("registered_name", None)
     cfg.setdefault(
-        "build_config", {"input_shape": [None, *parse(keras_config, compiled=False).input_shape]}
+        "build_config",
+        {"input_shape": [None, *parse(_any_length(keras_config), compiled=False).input_shape]},
     )
     return cfg
 
@@ -217,7 +218,7 @@ def write_keras(
     """Write a ``.keras`` archive that ``keras.saving.load_model`` opens: ``keras_config`` as
     ``json.loads(model.to_json())``, ``weights`` in ``get_weights()`` order; ``compile_config``
     (or the config's own) makes Keras compile the loaded model with that loss and optimizer."""
-    cfg = parse(keras_config, compiled=False)
+    cfg = parse(_any_length(keras_config), compiled=False)
     arrays = bind(cfg, weights)
     doc = normalized(keras_config)
     if compile_config is not None:
@@ -254,6 +255,18 @@ def write_keras(
     return path
 
 
+#: the length a free (None) input dimension takes to read a model's weights: their shapes do
+#: not depend on it (the run fixes it from the data, ``keras.config.fix_input_shape``)
+ANY_LENGTH = 1024
+
+
+def _any_length(doc: dict) -> dict:
+    free = free_input_shape(doc)
+    if free is None:
+        return doc
+    return fix_input_shape(doc, tuple(ANY_LENGTH if d is None else d for d in free))
+
+
 def read_keras(path: str | os.PathLike) -> tuple[dict, list[np.ndarray]]:
     """The inverse of :func:`write_keras` for any ``.keras`` file of a supported model (Keras'
     own included): its config and weights in ``get_weights()`` order."""
@@ -273,7 +286,7 @@ def read_keras(path: str | os.PathLike) -> tuple[dict, list[np.ndarray]]:
     except (OSError, zipfile.BadZipFile, ValueError) as e:
         raise InvalidSpec(f"{path}: not a readable .keras archive ({e})") from None
     try:
-        cfg = parse(doc, compiled=False)
+        cfg = parse(_any_length(doc), compiled=False)
     except InvalidSpec as e:
         raise InvalidSpec(f"--model {path}: {e}") from None
     h5py = _h5py()

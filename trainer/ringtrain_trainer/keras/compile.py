@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer.engine import losses
+from ringtrain_trainer.engine import keras_metrics, losses
 from ringtrain_trainer.keras.entry import snake_case
 from ringtrain_trainer.numerics import ModelNumerics
 from ringtrain_trainer.optim.registry import OptimizerSpec, from_compile_config
@@ -39,15 +39,29 @@ def _check(comp: dict, kind: str) -> None:
             if v not in (None, [], {}):
                 raise InvalidSpec(f"{where}={v!r} is not supported (supported: None)")
         elif k == "metrics":
-            for m in v if isinstance(v, list) else [] if v is None else [v]:
-                name = m.get("class_name") if isinstance(m, dict) else m
-                if snake_case(str(name)) not in METRICS[kind]:
-                    raise InvalidSpec(
-                        f"{where}: metric {name!r} is not supported with a {kind} loss "
-                        f"(ringtrain reports the loss and: {', '.join(METRICS[kind])})"
-                    )
+            compiled_metrics(v, kind)
         else:
             raise InvalidSpec(f"{where}: this compile setting is not supported")
+
+
+def compiled_metrics(v: Any, kind: str) -> tuple[keras_metrics.MetricSpec, ...]:
+    """``compile_config.metrics`` beyond the loss's own metric (``METRICS``): each an entry
+    of the metric registry (``engine.keras_metrics``), refused by name otherwise."""
+    out = []
+    for m in v if isinstance(v, list) else [] if v is None else [v]:
+        name = m.get("class_name") if isinstance(m, dict) else m
+        if name == "function" and isinstance(m, dict):
+            name = m.get("config")
+        if snake_case(str(name)) in METRICS[kind]:
+            continue
+        if not keras_metrics.known(name):
+            raise InvalidSpec(
+                f"model: compile_config.metrics: metric {name!r} is not supported with a {kind} "
+                f"loss (ringtrain reports the loss and: {', '.join(METRICS[kind])}, "
+                f"{', '.join(keras_metrics.SUPPORTED)})"
+            )
+        out.append(keras_metrics.parse(m, kind))
+    return tuple(out)
 
 
 def _policy(layers: Any) -> str:

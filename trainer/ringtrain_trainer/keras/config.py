@@ -78,6 +78,8 @@ class ModelConfig:
     numerics: ModelNumerics = field(default_factory=ModelNumerics)
     #: the nested models flattened into this one (``keras.nested``), for the export
     nesting: nested.Nesting = field(default_factory=nested.Nesting)
+    #: the compiled metrics beyond the loss's own (``keras.compile.compiled_metrics``)
+    metrics: tuple = ()
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -134,11 +136,57 @@ def _input_layer(layer: dict, index: int) -> tuple[str, Shape | None]:
     return a.name, shape
 
 
+def free_input_shape(model: dict) -> Shape | None:
+    """The model's declared per-example input shape where it has a free (None) dimension
+    (``keras.Input(shape=(None,))``), else None."""
+    cfg = (model.get("config") or {}) if isinstance(model, dict) else {}
+    layers = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
+    first = [x for x in layers if x.get("class_name") == "InputLayer"]
+    shape = _shape_of(first[0].get("config") or {}) if first else None
+    if shape is None and cfg.get("build_input_shape"):
+        shape = tuple(cfg["build_input_shape"][1:])
+    return shape if shape is not None and None in shape else None
+
+
+def fix_input_shape(model: dict, data: Shape) -> dict:
+    """The model with each free input dimension fixed to the data's (``data``: one example's
+    shape, the ``.npz``'s ``x``), as Poplar compiles a static graph; a copy, the model's own
+    config untouched (the export keeps its None dims). Refused by name where the data cannot
+    fill it: another rank, or a fixed dimension that differs."""
+    declared = free_input_shape(model)
+    if declared is None:
+        return model
+    data = tuple(int(d) for d in data)
+    if len(data) != len(declared) or any(
+        d is not None and d != x for d, x in zip(declared, data, strict=True)
+    ):
+        raise InvalidSpec(
+            f"model: the input shape {declared} has free (None) dimensions, but the data's "
+            f"examples are {data}: the data must fill the None dimensions and match the others"
+        )
+    out = copy.deepcopy(model)
+    cfg = out["config"]
+    for layer in cfg.get("layers") or []:
+        if isinstance(layer, dict) and layer.get("class_name") == "InputLayer":
+            lc = layer.setdefault("config", {})
+            for key in ("batch_shape", "batch_input_shape"):
+                if lc.get(key) is not None:
+                    lc[key] = [lc[key][0], *data]
+            for key in ("input_shape", "shape"):
+                if lc.get(key) is not None:
+                    lc[key] = list(data)
+            break
+    if cfg.get("build_input_shape"):
+        cfg["build_input_shape"] = [cfg["build_input_shape"][0], *data]
+    return out
+
+
 def _check_shape(shape: Any) -> Shape:
     if shape is None or any(not isinstance(d, int) or d < 1 for d in shape):
         raise InvalidSpec(
             f"model: the input shape {shape} must be known and fixed "
-            "(give the model an InputLayer with shape=...)"
+            "(give the model an InputLayer with shape=..., or train it on data whose x "
+            "fixes its None dimensions)"
         )
     return tuple(shape)
 
@@ -459,4 +507,10 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
         dtype,
         compile_mod.numerics(model) if compiled else ModelNumerics(),
         nesting,
+        _metrics(model, loss) if compiled else (),
     )
+
+
+def _metrics(model: dict, loss: losses.LossSpec) -> tuple:
+    comp = model.get("compile_config") or {}
+    return compile_mod.compiled_metrics(comp.get("metrics"), loss.kind)

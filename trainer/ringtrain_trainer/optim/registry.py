@@ -25,8 +25,12 @@ from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer.optim import schedules
 from ringtrain_trainer.optim.adagrad import Adagrad
 from ringtrain_trainer.optim.adam import Adam, AdamW
+from ringtrain_trainer.optim.adamax import Adamax
 from ringtrain_trainer.optim.base import Optimizer
 from ringtrain_trainer.optim.clip import KINDS, Clip
+from ringtrain_trainer.optim.ftrl import Ftrl
+from ringtrain_trainer.optim.lion import Lion
+from ringtrain_trainer.optim.nadam import Nadam
 from ringtrain_trainer.optim.rmsprop import RMSprop
 from ringtrain_trainer.optim.sgd import SGD, Momentum
 
@@ -61,6 +65,21 @@ KERAS: dict[str, tuple[type[Optimizer], dict[str, Any], dict[str, Any]]] = {
     ),
     "RMSprop": (RMSprop, {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-7, "centered": False}, {}),
     "Adagrad": (Adagrad, {"initial_accumulator_value": 0.1, "epsilon": 1e-7}, {}),
+    "Nadam": (Nadam, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
+    "Adamax": (Adamax, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
+    "Lion": (Lion, {"beta_1": 0.9, "beta_2": 0.99}, {}),
+    "Ftrl": (
+        Ftrl,
+        {
+            "learning_rate_power": -0.5,
+            "initial_accumulator_value": 0.1,
+            "l1_regularization_strength": 0.0,
+            "l2_regularization_strength": 0.0,
+            "l2_shrinkage_regularization_strength": 0.0,
+            "beta": 0.0,
+        },
+        {},
+    ),
 }
 #: Keras' string shortcuts (``compile(optimizer="adam")`` in a tf.keras 2 config)
 ALIASES = {c.lower(): c for c in KERAS}
@@ -234,7 +253,24 @@ def for_run(cfg, model) -> OptimizerSpec:
     compiled = None if model.name in PRESETS else getattr(config, "optimizer", None)
     spec = resolve(compiled, cfg.optimizer, cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
     _refuse_clipped_embedding(spec, model)
+    _refuse_abs_embedding(spec, model)
     return spec
+
+
+def _refuse_abs_embedding(spec: OptimizerSpec, model) -> None:
+    """Keras' Adamax takes ``|g|`` of an Embedding's ``IndexedSlices`` per token occurrence
+    before duplicate ids are summed (the rule :mod:`.sparse_rows` implements for squares);
+    ringtrain has only the summed gradient there: refused, not approximated."""
+    from ringtrain_trainer.engine.ops.embedding import Embedding
+
+    if spec.class_name == "Adamax" and any(
+        isinstance(layer, Embedding) for layer in getattr(model, "layers", ())
+    ):
+        raise InvalidSpec(
+            f"model: {WHERE}.class_name='Adamax' is not supported with an Embedding layer "
+            "(Keras takes each token occurrence's |gradient| before summing duplicate ids; "
+            "ringtrain reduces the summed gradient)"
+        )
 
 
 def _refuse_clipped_embedding(spec: OptimizerSpec, model) -> None:
@@ -302,5 +338,9 @@ def state_arrays(spec: OptimizerSpec) -> int:
         "AdamW": lambda: 2 + bool(c["amsgrad"]),
         "RMSprop": lambda: 1 + (c["momentum"] > 0) + bool(c["centered"]),
         "Adagrad": lambda: 1,
+        "Nadam": lambda: 2,
+        "Adamax": lambda: 2,
+        "Lion": lambda: 1,
+        "Ftrl": lambda: 2,
     }
     return n[spec.class_name]()
