@@ -43,6 +43,7 @@ from ringtrain_trainer.keras import (
     layers_sequence,
     layers_shape,
     layers_window,
+    layers_wrap,
 )
 from ringtrain_trainer.keras.entry import Entry
 
@@ -57,6 +58,7 @@ REGISTRY: dict[str, Entry] = {
     **layers_merge.ENTRIES,
     **layers_sequence.ENTRIES,
     **layers_recurrent.ENTRIES,
+    **layers_wrap.ENTRIES,
 }
 #: what refusals list as supported (InputLayer is read by ``config`` itself)
 SUPPORTED = ("InputLayer", *REGISTRY)
