@@ -18,15 +18,18 @@ from support.opcheck import check_gradients, forward
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import onnxruntime as ort
+from keras.src.applications.convnext import LayerScale
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import layers as RL
 from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine.ops.scale import ChannelScale
 from ringtrain_trainer.engine.ops.timedistributed import TimeDistributed
 from ringtrain_trainer.export import write_keras, write_onnx
 from ringtrain_trainer.keras.config import parse
+from ringtrain_trainer.keras_model import from_config
 from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(
@@ -151,3 +154,62 @@ def _config(*layers, shape=(4, 3)):
 def test_time_distributed_refusals_name_the_layer_and_argument(layer, match):
     with pytest.raises(InvalidSpec, match=match):
         parse(_config(layer), compiled=False)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        ChannelScale((3, 4), [0.5, -1.0, 2.0, 0.0], [0.1, 0.0, -0.2, 3.0]),
+        ChannelScale((2, 2, 3)),
+    ],
+    ids=["rescaling", "layer-scale"],
+)
+def test_channel_scale_gradients(op, rng):
+    check_gradients(op, rng)
+
+
+def _convnext_block():
+    """A ConvNeXt block as keras.applications builds it (depthwise 7x7 → LayerNormalization
+    → pointwise MLP → LayerScale → residual), smaller, after a per-channel Rescaling."""
+    inp = keras.Input((6, 6, 3))
+    x = L.Rescaling([0.5, 1.0, 2.0], [0.1, 0.0, -0.2])(inp)
+    x = L.Conv2D(8, 2, strides=2)(x)
+    y = L.DepthwiseConv2D(3, padding="same")(x)
+    y = L.LayerNormalization(epsilon=1e-6)(y)
+    y = L.Dense(16, activation="gelu")(y)
+    y = L.Dense(8)(y)
+    y = LayerScale(0.5, 8)(y)
+    x = L.Add()([x, y])
+    x = L.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, L.Dense(4, activation="softmax")(x))
+
+
+def test_convnext_block_with_layer_scale_trains_like_keras_and_exports(tmp_path, rng):
+    km = _convnext_block()
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    check_exports(*train_like_keras(km, tmp_path, rng), tmp_path)
+
+
+def test_layer_scale_starts_at_init_values_and_exports_its_module():
+    km = keras.Sequential([L.Input((5,)), LayerScale(0.25, 5), L.Dense(2, use_bias=False)])
+    spec = from_config(json.loads(km.to_json()))
+    (gamma,) = [x for x in spec.slots if x.spec.name == "gamma"]
+    np.testing.assert_array_equal(spec.init(3)[gamma.start : gamma.stop], np.full(5, 0.25))
+    layer = spec.keras_config()["config"]["layers"][1]
+    assert (layer["module"], layer["registered_name"]) == (LayerScale.__module__, "LayerScale")
+
+
+@pytest.mark.parametrize(
+    "layer,match",
+    [
+        (L.Rescaling([1.0, 2.0]), "scale has 2 values for 3 channels"),
+        (L.Rescaling(1.0, offset="x"), "offset='x'"),
+        (LayerScale(0.1, 3), "projection_dim=4"),
+    ],
+)
+def test_scale_refusals(layer, match):
+    config = _config(layer)
+    if isinstance(layer, LayerScale):  # Keras itself would not build it: edit the config
+        config["config"]["layers"][1]["config"]["projection_dim"] = 4
+    with pytest.raises(InvalidSpec, match=match):
+        parse(config, compiled=False)
