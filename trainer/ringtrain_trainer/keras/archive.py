@@ -106,11 +106,12 @@ def _slots(group: str, ws: list[Weight]) -> list[tuple[str, int]]:
 
 
 def _item(cls: str, config: dict, **extra) -> dict:
+    module = REGISTRY[cls].module if cls in REGISTRY else "keras.layers"
     return {
-        "module": "keras.layers",
+        "module": module,
         "class_name": cls,
         "config": config,
-        "registered_name": None,
+        "registered_name": None if module == "keras.layers" else cls,
         **extra,
     }
 

@@ -96,6 +96,8 @@ class Entry:
     takes_trainable: bool = True
     #: what the README's generated table says is supported (arguments, limits)
     doc: str = ""
+    #: the module Keras deserializes the class from (a keras.applications layer's own)
+    module: str = "keras.layers"
 
 
 def snake_case(class_name: str) -> str:

@@ -63,17 +63,37 @@ def _dense_onnx(g, spec, weights) -> None:
 
 
 def _rescaling_parse(a: Args) -> dict:
-    scale, offset = a.take("scale", 1.0), a.take("offset", 0.0)
-    if not all(isinstance(v, (int, float)) for v in (scale, offset)):
-        a.refuse("scale", scale, "one number for every channel (and one offset)")
+    args = {}
+    for arg, default in (("scale", 1.0), ("offset", 0.0)):
+        v = a.take(arg, default)
+        one = isinstance(v, (int, float)) and not isinstance(v, bool)
+        many = isinstance(v, (list, tuple)) and all(
+            isinstance(i, (int, float)) and not isinstance(i, bool) for i in v
+        )
+        if not (one or (many and v)):
+            a.refuse(arg, v, "a number or a list of one number per channel")
+        args[arg] = float(v) if one else [float(i) for i in v]
     a.done("scale, offset")
-    return {"scale": float(scale), "offset": float(offset)}
+    return args
+
+
+def _rescaling_infer(args: dict, shapes: list[Shape]) -> Shape:
+    c = shapes[0][-1] if shapes[0] else 1
+    for k in ("scale", "offset"):
+        if isinstance(args[k], list) and len(args[k]) not in (1, c):
+            raise ValueError(f"{k} has {len(args[k])} values for {c} channels")
+    return shapes[0]
 
 
 def _rescaling_build(spec, shapes, ctx):
     from ringtrain_trainer import layers as L
 
-    return L.Elementwise(tuple(shapes[0]), scale=spec.args["scale"], offset=spec.args["offset"])
+    a = spec.args
+    if isinstance(a["scale"], float) and isinstance(a["offset"], float):
+        return L.Elementwise(tuple(shapes[0]), scale=a["scale"], offset=a["offset"])
+    from ringtrain_trainer.engine.ops.scale import ChannelScale
+
+    return ChannelScale(shapes[0], a["scale"], a["offset"])
 
 
 def _rescaling_onnx(g, spec, weights) -> None:
@@ -284,7 +304,11 @@ ENTRIES = {
         doc="`target_shape` (one -1 inferred)",
     ),
     "Rescaling": Entry(
-        _rescaling_parse, _rescaling_build, _rescaling_onnx, doc="one `scale` and `offset`"
+        _rescaling_parse,
+        _rescaling_build,
+        _rescaling_onnx,
+        infer=_rescaling_infer,
+        doc="`scale`, `offset`: a number or one per channel",
     ),
     "Dropout": Entry(
         _dropout_parse,

@@ -41,9 +41,11 @@ from ringtrain_trainer.keras import (
     layers_merge,
     layers_preprocessing,
     layers_recurrent,
+    layers_scale,
     layers_sequence,
     layers_shape,
     layers_window,
+    layers_wrap,
 )
 from ringtrain_trainer.keras.entry import Entry
 
@@ -54,11 +56,13 @@ REGISTRY: dict[str, Entry] = {
     **layers_shape.ENTRIES,
     **layers_core.ENTRIES,
     **layers_preprocessing.ENTRIES,
+    **layers_scale.ENTRIES,
     **layers_activation.ENTRIES,
     **layers_merge.ENTRIES,
     **layers_sequence.ENTRIES,
     **layers_recurrent.ENTRIES,
     **layers_attention.ENTRIES,
+    **layers_wrap.ENTRIES,
 }
 #: what refusals list as supported (InputLayer is read by ``config`` itself)
 SUPPORTED = ("InputLayer", *REGISTRY)
