@@ -148,7 +148,7 @@ def _config(*layers, shape=(4, 3)):
     [
         (L.TimeDistributed(L.BatchNormalization()), "layer='BatchNormalization'"),
         (L.TimeDistributed(L.Dropout(0.5)), "layer='Dropout'"),
-        (L.TimeDistributed(L.Dense(2, kernel_constraint="non_neg")), "kernel_constraint"),
+        (L.TimeDistributed(L.Dense(2, activity_regularizer="l2")), "activity_regularizer"),
     ],
 )
 def test_time_distributed_refusals_name_the_layer_and_argument(layer, match):
