@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             output.message(f"  {r.label:<10} metrics http://127.0.0.1:{r.metrics_port}/metrics")
 
     def on_signal(signum: int, _frame: Any) -> None:
-        raise Stopped(signum)
+        runner.request_stop(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     reason = message = None

@@ -128,6 +128,8 @@ class Runner:
     ):
         self.job, self.replicas, self.run_dir, self.output = job, replicas, run_dir, output
         self.grace_s, self.clock = grace_s, clock
+        #: SIGINT/SIGTERM received (:meth:`request_stop`), raised as Stopped by :meth:`wait`
+        self.stop_signal: int | None = None
         self.by_name = {r.name: r for r in replicas}
         #: The current process of each replica (label → process); a restart replaces one.
         self.procs: dict[str, subprocess.Popen] = {}
@@ -363,6 +365,13 @@ class Runner:
     def progress(self, now_s: float) -> dict:
         return {**self.state.progress(now_s), "phase": self.phase, "restarts": self.restarts}
 
+    def request_stop(self, signum: int) -> None:
+        """From a signal handler: :meth:`wait` raises :class:`Stopped` at its next turn (within
+        0.2 s). Raising in the handler itself could land inside a queue's lock and hang the
+        stop that follows — seen once under load: SIGTERM, and the runner never exited."""
+        if self.stop_signal is None:
+            self.stop_signal = signum
+
     def wait(self) -> str:
         """Run until the job is Succeeded or Failed; returns that phase.
 
@@ -376,6 +385,8 @@ class Runner:
         ).start()
         try:
             while True:
+                if self.stop_signal is not None:
+                    raise Stopped(self.stop_signal)
                 self.reconcile()
                 if self.phase in status.TERMINAL:
                     break

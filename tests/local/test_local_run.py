@@ -385,13 +385,18 @@ def test_ctrl_c_or_sigterm_stops_every_replica_and_reports_it(tmp_path, sig, cod
         text=True,
     )
     pids = []
-    for line in p.stderr:  # wait until both replicas say they are up
-        if "ready pid=" in line:
-            pids.append(int(line.rsplit("=", 1)[1]))
-            if len(pids) == 2:
-                break
-    p.send_signal(sig)
-    stdout, _ = p.communicate(timeout=30)
+    try:
+        for line in p.stderr:  # wait until both replicas say they are up
+            if "ready pid=" in line:
+                pids.append(int(line.rsplit("=", 1)[1]))
+                if len(pids) == 2:
+                    break
+        p.send_signal(sig)
+        stdout, _ = p.communicate(timeout=30)
+    finally:  # a runner that does not stop fails this test, not the next one's warnings
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
     assert p.returncode == code
     final = json_lines(stdout)[-1]
     assert final["phase"] == "Failed"
