@@ -17,6 +17,22 @@ import numpy as np
 from ringtrain_trainer.optim.base import Optimizer, f32
 
 
+def update_moments(opt: Optimizer, g, s, beta_1: float, beta_2: float, scratch) -> tuple:
+    """Keras' ``m += (g - m) * (1 - beta_1)``; ``v += (g*g - v) * (1 - beta_2)`` on slice ``s``
+    of ``opt``'s ``m`` and ``v`` (in place, ``scratch`` as work space; ``g*g`` by
+    :meth:`Optimizer.square`, Keras' per-occurrence square on Embedding rows): Adam's and
+    Nadam's shared first step. Returns the two views."""
+    m, v = opt.state["m"][s], opt.state["v"][s]
+    np.subtract(g, m, out=scratch)
+    np.multiply(scratch, f32(1 - beta_1), out=scratch)
+    np.add(m, scratch, out=m)
+    opt.square(g, s, out=scratch)
+    np.subtract(scratch, v, out=scratch)
+    np.multiply(scratch, f32(1 - beta_2), out=scratch)
+    np.add(v, scratch, out=v)
+    return m, v
+
+
 class Adam(Optimizer):
     name = "adam"
     squares = True
@@ -43,15 +59,8 @@ class Adam(Optimizer):
         self.alpha = self.lr * math.sqrt(1 - self.beta_2**t) / (1 - self.beta_1**t)
 
     def update(self, g, w, s):
-        m, v = self.state["m"][s], self.state["v"][s]
         a, b = self._scratch[s], self._scratch2[s]
-        np.subtract(g, m, out=a)
-        np.multiply(a, f32(1 - self.beta_1), out=a)
-        np.add(m, a, out=m)
-        self.square(g, s, out=a)
-        np.subtract(a, v, out=a)
-        np.multiply(a, f32(1 - self.beta_2), out=a)
-        np.add(v, a, out=v)
+        m, v = update_moments(self, g, s, self.beta_1, self.beta_2, a)
         if self.amsgrad:
             vh = self.state["v_hat"][s]
             np.maximum(vh, v, out=vh)

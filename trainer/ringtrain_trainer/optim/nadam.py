@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.optim.adam import update_moments
 from ringtrain_trainer.optim.base import Optimizer, f32
 
 
@@ -45,15 +46,8 @@ class Nadam(Optimizer):
         self.c_v = 1.0 / (1 - self.beta_2**t)
 
     def update(self, g, w, s):
-        m, v = self.state["m"][s], self.state["v"][s]
         a, b = self._scratch[s], self._scratch2[s]
-        np.subtract(g, m, out=a)
-        np.multiply(a, f32(1 - self.beta_1), out=a)
-        np.add(m, a, out=m)
-        self.square(g, s, out=a)
-        np.subtract(a, v, out=a)
-        np.multiply(a, f32(1 - self.beta_2), out=a)
-        np.add(v, a, out=v)
+        m, v = update_moments(self, g, s, self.beta_1, self.beta_2, a)
         np.multiply(v, f32(self.c_v), out=b)
         np.sqrt(b, out=b)
         np.add(b, f32(self.epsilon), out=b)
