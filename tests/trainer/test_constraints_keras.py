@@ -5,7 +5,6 @@ is projected once, after its last slice."""
 
 from __future__ import annotations
 
-import io
 import itertools
 import os
 
@@ -14,15 +13,13 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
+from support.keras_steps import train_beside_keras
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer.collective import LocalCollective
-from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.export import write_keras
 from ringtrain_trainer.keras_model import load
 from ringtrain_trainer.optim import constraints as C
 from ringtrain_trainer.optim.sgd import SGD
-from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
@@ -49,22 +46,10 @@ def test_constrained_weights_train_like_keras_and_export(tmp_path, rng):
     km = _model()
     x = rng.normal(size=(40, 6, 6, 2)).astype(np.float32)
     y = rng.integers(0, 3, 40)
-    km.save(tmp_path / "m.keras")
-    np.savez(tmp_path / "d.npz", x_train=x[:32], y_train=y[:32], x_test=x[32:], y_test=y[32:])
-    args = ["--model", str(tmp_path / "m.keras"), "--data", str(tmp_path / "d.npz")]
-    args += ["--steps", str(STEPS), "--batch-size", str(BATCH), "--ipu-host-threads", "1"]
-    args += ["--json", "--checkpoint-dir", str(tmp_path / "ck")]
-    out = io.StringIO()
-    t = Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=out)
+    ours, theirs, t = train_beside_keras(km, x, y, tmp_path, STEPS, BATCH, n_train=32)
     try:
         line = t.training_line()
         assert "4 weight tensors projected (MaxNorm, MinMaxNorm, NonNeg, UnitNorm)" in line
-        ours, theirs = [], []
-        for _ in range(STEPS):
-            pos = t.position
-            idx = t.sharder.indices(pos.epoch, pos.batch).copy()
-            ours.append(t.train_one_step()[0])
-            theirs.append(float(km.train_on_batch(x[idx], y[idx])))
         config, weights = t.spec.keras_config(), t.spec.keras_weights(t.params, t.ipu.state)
     finally:
         t.close()

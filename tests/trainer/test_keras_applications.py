@@ -8,7 +8,6 @@ the same ``.keras`` weights on the same batches.
 Imports TensorFlow (slow), so one module holds these comparisons.
 """
 
-import io
 import json
 import os
 
@@ -18,17 +17,15 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import onnxruntime as ort
+from support.keras_steps import train_beside_keras
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import model as M
-from ringtrain_trainer.collective import LocalCollective
-from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine.ops.broadcast import Broadcast
 from ringtrain_trainer.engine.ops.dropout import SharedDropout
 from ringtrain_trainer.engine.ops.standardize import Standardize
 from ringtrain_trainer.export import read_keras, write_keras, write_onnx
 from ringtrain_trainer.keras.config import parse
-from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
@@ -59,20 +56,7 @@ def _train_like_keras(km, x, y, tmp_path, steps, batch, lr):
     """ringtrain (1 worker) and Keras from one ``.keras`` file on the same batches: both
     losses per step, and the trainer (the caller closes it)."""
     km.compile(optimizer=keras.optimizers.SGD(lr), loss="sparse_categorical_crossentropy")
-    km.save(tmp_path / "m.keras")
-    n = len(x) * 3 // 4
-    np.savez(tmp_path / "d.npz", x_train=x[:n], y_train=y[:n], x_test=x[n:], y_test=y[n:])
-    args = ["--model", str(tmp_path / "m.keras"), "--data", str(tmp_path / "d.npz")]
-    args += ["--steps", str(steps), "--batch-size", str(batch), "--ipu-host-threads", "1"]
-    args += ["--json", "--checkpoint-dir", str(tmp_path / "ck")]
-    t = Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())
-    ours, theirs = [], []
-    for _ in range(steps):
-        pos = t.position
-        idx = t.sharder.indices(pos.epoch, pos.batch).copy()
-        ours.append(t.train_one_step()[0])
-        theirs.append(float(km.train_on_batch(x[idx], y[idx])))
-    return ours, theirs, t
+    return train_beside_keras(km, x, y, tmp_path, steps, batch)
 
 
 def _predict(t, x):

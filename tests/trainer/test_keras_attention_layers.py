@@ -6,7 +6,6 @@ scale gradient shows."""
 
 from __future__ import annotations
 
-import io
 import os
 
 import numpy as np
@@ -15,15 +14,13 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import onnxruntime as ort
+from support.keras_steps import train_beside_keras
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import model as M
-from ringtrain_trainer.collective import LocalCollective
-from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine.ops.score_attention import ScoreAttention
 from ringtrain_trainer.export import write_keras, write_onnx
 from ringtrain_trainer.keras_model import load
-from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
@@ -56,20 +53,9 @@ def test_attention_layers_train_like_keras_and_export(kind, tmp_path, rng):
     km = _model(kind)
     x = rng.normal(size=(40, 6, 4)).astype(np.float32)
     y = rng.integers(0, 3, 40)
-    km.save(tmp_path / "m.keras")
-    np.savez(tmp_path / "d.npz", x_train=x[:32], y_train=y[:32], x_test=x[32:], y_test=y[32:])
-    args = ["--model", str(tmp_path / "m.keras"), "--data", str(tmp_path / "d.npz")]
-    args += ["--steps", str(STEPS), "--batch-size", str(BATCH), "--ipu-host-threads", "1"]
-    args += ["--json", "--checkpoint-dir", str(tmp_path / "ck")]
-    t = Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())
+    ours, theirs, t = train_beside_keras(km, x, y, tmp_path, STEPS, BATCH, n_train=32)
     try:
         assert any(isinstance(op, ScoreAttention) for op in t.spec.layers)
-        ours, theirs = [], []
-        for _ in range(STEPS):
-            pos = t.position
-            idx = t.sharder.indices(pos.epoch, pos.batch).copy()
-            ours.append(t.train_one_step()[0])
-            theirs.append(float(km.train_on_batch(x[idx], y[idx])))
         np.testing.assert_allclose(ours, theirs, rtol=2e-5)
         assert ours[-1] != ours[0]
         prog = M.Program(t.spec, 8, False, state=t.ipu.state)

@@ -1,0 +1,37 @@
+"""ringtrain and Keras trained side by side from one ``.keras`` file on the same batches: the
+loop the Keras comparison tests share (the model is compiled by the caller, as its user would)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.worker import Trainer
+
+
+def train_beside_keras(km, x, y, tmp_path, steps: int, batch: int, n_train: int | None = None):
+    """Save the compiled Keras model ``km`` and ``x``/``y`` (the first ``n_train`` examples
+    for training, default three quarters), start a 1-worker :class:`Trainer` on them, and take
+    ``steps`` steps on both sides, each on the batch the trainer's sharder picks. Returns both
+    losses per step and the trainer (the caller closes it)."""
+    km.save(tmp_path / "m.keras")
+    n = len(x) * 3 // 4 if n_train is None else n_train
+    np.savez(tmp_path / "d.npz", x_train=x[:n], y_train=y[:n], x_test=x[n:], y_test=y[n:])
+    args = ["--model", str(tmp_path / "m.keras"), "--data", str(tmp_path / "d.npz")]
+    args += ["--steps", str(steps), "--batch-size", str(batch), "--ipu-host-threads", "1"]
+    args += ["--json", "--checkpoint-dir", str(tmp_path / "ck")]
+    t = Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())
+    ours, theirs = [], []
+    try:
+        for _ in range(steps):
+            pos = t.position
+            idx = t.sharder.indices(pos.epoch, pos.batch).copy()
+            ours.append(t.train_one_step()[0])
+            theirs.append(float(km.train_on_batch(x[idx], y[idx])))
+    except BaseException:
+        t.close()
+        raise
+    return ours, theirs, t
