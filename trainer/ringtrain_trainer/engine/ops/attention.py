@@ -27,6 +27,16 @@ MASKED = -1e9
 _PROJ = ("query", "key", "value")
 
 
+def softmax_rows(att: np.ndarray, rowsum: np.ndarray) -> None:
+    """Scores → probabilities over the last axis, in place (``rowsum``: the scores' shape
+    with a last axis of 1, planned): max-shifted as Keras' softmax. Both attention ops."""
+    np.max(att, axis=-1, keepdims=True, out=rowsum)
+    np.subtract(att, rowsum, out=att)
+    np.exp(att, out=att)
+    np.sum(att, axis=-1, keepdims=True, out=rowsum)
+    np.divide(att, rowsum, out=att)
+
+
 class MultiHeadAttention(Layer):
     """Multi-head scaled dot-product attention; ``in_shapes``: the per-example shapes of the
     query, value and key inputs this node reads (value and key default to the query's)."""
@@ -153,12 +163,7 @@ class MultiHeadAttention(Layer):
                 np.logical_or(ws["masked"], ws["causal"], out=ws["masked"])
         if "masked" in ws:
             np.copyto(att, att.dtype.type(MASKED), where=ws["masked"][:, None])
-        rowsum = ws["rowsum"]
-        np.max(att, axis=-1, keepdims=True, out=rowsum)
-        np.subtract(att, rowsum, out=att)
-        np.exp(att, out=att)
-        np.sum(att, axis=-1, keepdims=True, out=rowsum)
-        np.divide(att, rowsum, out=att)
+        softmax_rows(att, ws["rowsum"])
         np.matmul(att, ws["h_value"], out=ws["ctx_h"])
         ctx = ws["context"]
         np.copyto(ctx.reshape(b, self.T, self.h, self.vd), ws["ctx_h"].transpose(0, 2, 1, 3))

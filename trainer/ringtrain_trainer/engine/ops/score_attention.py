@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.ops.attention import softmax_rows
 from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer
 
@@ -112,19 +113,15 @@ class ScoreAttention(Layer):
                 np.matmul(t, p["scale"], out=raw)
             else:
                 np.sum(t, axis=-1, out=raw)
-        weight = p.get("concat_score_weight", p.get("scale") if self.mode == "dot" else None)
-        if weight is not None:
+        # the scalar outside the sum: dot's scale, concat's score weight (additive has none)
+        weight = p["concat_score_weight"] if self.mode == "concat" else p.get("scale")
+        if self.mode != "additive" and weight is not None:
             np.multiply(raw, weight, out=att)
         else:
             np.copyto(att, raw)
         if self.causal:
             np.subtract(att, ws["future"], out=att)
-        rowsum = ws["rowsum"]
-        np.max(att, axis=-1, keepdims=True, out=rowsum)
-        np.subtract(att, rowsum, out=att)
-        np.exp(att, out=att)
-        np.sum(att, axis=-1, keepdims=True, out=rowsum)
-        np.divide(att, rowsum, out=att)
+        softmax_rows(att, ws["rowsum"])
         ws["qkv"] = (q, k, v)
         if self.mode == "concat":
             ws["c"] = float(p["concat_score_weight"])
