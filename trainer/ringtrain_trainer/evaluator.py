@@ -39,7 +39,7 @@ from ringtrain_trainer import tensorboard
 from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import fit_model
-from ringtrain_trainer.engine.losses import Loss
+from ringtrain_trainer.engine.multiloss import make_loss
 from ringtrain_trainer.ipu import EVAL_BATCH
 from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.metrics import TrainerMetrics
@@ -112,7 +112,7 @@ class Evaluator:
         self.batch = min(EVAL_BATCH, max(1, len(self.data.test)))
         self.program = model_mod.Program(self.spec, self.batch, train=False)
         #: the model's loss (``engine.losses``), evaluated in float64
-        self.loss = Loss(self.spec.loss, self.batch, self.spec.num_classes, np.float64)
+        self.loss = make_loss(self.spec.loss, self.batch, self.spec.num_classes, np.float64)
         self.ckpt = CheckpointManager(cfg.checkpoint_dir)
         self.stop_requested = threading.Event()
         self.evaluated: list[events.Evaluation] = []

@@ -23,6 +23,7 @@ Going back, :meth:`KerasModel.keras_config` writes a Keras 3 config of the same 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -32,6 +33,7 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import budget as budget_mod
 from ringtrain_trainer.engine.graph import Graph, Node
+from ringtrain_trainer.engine.multiloss import MultiLossSpec
 from ringtrain_trainer.keras import archive
 from ringtrain_trainer.keras.config import LayerSpec, ModelConfig, parse
 from ringtrain_trainer.keras.entry import Build
@@ -107,6 +109,40 @@ def _with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list
     ]
 
 
+def _heads(config: ModelConfig) -> dict[int, str | None]:
+    """Each output tensor → the activation its loss folds away (None: none)."""
+    loss = config.loss
+    if not isinstance(loss, MultiLossSpec):
+        return {config.output: loss.folded}
+    return {
+        t: h.loss.folded if h.loss else None
+        for t, h in zip(config.outputs, loss.heads, strict=True)
+    }
+
+
+def _output_width(config: ModelConfig, ops: list, where: dict[int, int], t: int) -> int:
+    """An output's units; refused unless flat (and ≥ 2 classes for a classifier)."""
+    shape = tuple(ops[where[t] - 1].out_shape) if where[t] > 0 else ()
+    loss = config.loss
+    name = None
+    if isinstance(loss, MultiLossSpec):
+        k = config.outputs.index(t)
+        name, loss = config.output_names[k], loss.heads[k].loss
+    kind = loss.kind if loss is not None else "regression"
+    if len(shape) != 1 or (shape[0] < 2 and kind in ("sparse", "categorical")):
+        what = f"the output {name!r}'s shape" if name else "the output shape"
+        raise InvalidSpec(
+            f"model: {what} is {shape}; "
+            + (
+                "a classifier needs one score per class (end with Dense(num_classes))"
+                if kind in ("sparse", "categorical")
+                else f"{getattr(loss, 'name', 'an output')} needs a flat output "
+                "(end with Dense(units))"
+            )
+        )
+    return shape[0]
+
+
 class KerasModel(ModelSpec):
     """A :class:`ModelSpec` built from a Keras config, which it remembers."""
 
@@ -121,7 +157,8 @@ class KerasModel(ModelSpec):
         ops: list = []
         nodes: list[Node] = []
         #: Keras tensor → the IPU tensor holding it
-        where: dict[int, int] = {0: 0}
+        where: dict[int, int] = {x.tensor: x.tensor for x in config.inputs} or {0: 0}
+        heads = _heads(config)
         ipu_input = config.input_shape
         #: per Keras layer: the IPU op holding its weights (None: folded away)
         owner: list[int | None] = [None] * len(specs)
@@ -130,9 +167,14 @@ class KerasModel(ModelSpec):
             if i in done:
                 continue
             readers = config.consumers(s.output)
-            last = s.output == config.output
+            last = s.output in heads
             if s.cls in ("Reshape", "Flatten") and (
-                (not ops and s.inputs == (0,) and len(config.consumers(0)) == 1)
+                (
+                    not ops
+                    and s.inputs == (0,)
+                    and len(config.consumers(0)) == 1
+                    and len(config.inputs) <= 1
+                )
                 or (
                     len(s.out_shape) == 1
                     and len(readers) == 1
@@ -150,7 +192,7 @@ class KerasModel(ModelSpec):
                 done.add(specs.index(readers[0]))
                 op = ConvPool(tuple(s.in_shapes[0]), s.args["filters"], s.args["kernel_size"][0])
             else:
-                fold = config.loss.folded if last else None
+                fold = heads[s.output] if last else None
                 try:
                     op = REGISTRY[s.cls].build(s, list(s.in_shapes), Build(i, fold))
                 except ValueError as e:
@@ -168,21 +210,17 @@ class KerasModel(ModelSpec):
         self.owner = owner
         if not ops:
             raise InvalidSpec("model: the config has no layer with weights or computation")
-        shape = tuple(ops[where[config.output] - 1].out_shape) if where[config.output] else ()
-        kind = config.loss.kind
-        if len(shape) != 1 or (shape[0] < 2 and kind in ("sparse", "categorical")):
-            raise InvalidSpec(
-                f"model: the output shape is {shape}; "
-                + (
-                    "a classifier needs one score per class (end with Dense(num_classes))"
-                    if kind in ("sparse", "categorical")
-                    else f"{config.loss.name} needs a flat output (end with Dense(units))"
-                )
-            )
-        graph = Graph(nodes, (0,), (where[config.output],))
+        outs = config.outputs or (config.output,)
+        widths = [_output_width(config, ops, where, t) for t in outs]
+        ins = config.inputs
+        graph = Graph(nodes, tuple(x.tensor for x in ins) or (0,), tuple(where[t] for t in outs))
+        #: several inputs: each one's own shape; the program's ``x`` packs them row-major
+        self.graph_input_shapes = [tuple(x.shape) for x in ins] if len(ins) > 1 else None
+        if self.graph_input_shapes:
+            ipu_input = (sum(math.prod(x.shape) for x in ins),)
         #: the IPU program's input shape: the Keras input after any leading Reshape/Flatten
         #: (same bytes, row-major); ``config.input_shape`` is what the Keras model takes
-        super().__init__(name, ops, tuple(ipu_input), shape[0], graph=graph, loss=config.loss)
+        super().__init__(name, ops, tuple(ipu_input), sum(widths), graph=graph, loss=config.loss)
         self.slots = _with_weight_args(self.slots, config.layers, owner)
         self.initial = initial  # (flat, state) from a .keras archive, or None
 
@@ -207,7 +245,11 @@ class KerasModel(ModelSpec):
                 "optimizer": "adam",
                 "loss": self.config.loss.keras(),
                 "metrics": None,
-                "loss_weights": None,
+                "loss_weights": (
+                    self.config.loss.keras_weights()
+                    if isinstance(self.config.loss, MultiLossSpec)
+                    else None
+                ),
                 "weighted_metrics": None,
                 "run_eagerly": False,
                 "steps_per_execution": 1,

@@ -40,7 +40,7 @@ from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, check
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig, layer_names
 from ringtrain_trainer.data_npz import fit_model
-from ringtrain_trainer.engine.losses import label_buffer
+from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
 from ringtrain_trainer.metrics import TrainerMetrics

@@ -55,6 +55,17 @@ class LayerSpec:
 
 
 @dataclass(frozen=True)
+class InputSpec:
+    """One model input: its InputLayer's name, per-example shape, dtype and tensor (``-k``
+    for the ``k``-th of ``input_layers``)."""
+
+    name: str
+    shape: Shape
+    dtype: str
+    tensor: int
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A validated model: its input (name, shape without the batch axis), layers in
     topological order, the output tensor, the loss that runs and the compiled optimizer."""
@@ -74,6 +85,20 @@ class ModelConfig:
     input_dtype: str = "float32"
     #: the dtype policy and loss scaling of the model (``keras.compile.numerics``)
     numerics: ModelNumerics = field(default_factory=ModelNumerics)
+    #: every model input in ``input_layers`` order (the first is ``input_*`` above)
+    inputs: tuple[InputSpec, ...] = ()
+    #: every output tensor and its Keras name in ``output_layers`` order (the first is
+    #: ``output``); several outputs compile an ``engine.multiloss.MultiLossSpec``
+    outputs: tuple[int, ...] = ()
+    output_names: tuple[str, ...] = ()
+
+    @property
+    def multi(self) -> bool:
+        """Several inputs or several outputs: the packed data and loss (``engine.multiloss``)."""
+        return len(self.inputs) > 1 or len(self.outputs) > 1
+
+    def out_shape_of(self, tensor: int) -> Shape:
+        return next(s.out_shape for s in self.layers if s.output == tensor)
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -278,16 +303,11 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
         _ends(cfg.get("input_layers"), "input_layers"),
         _ends(cfg.get("output_layers"), "output_layers"),
     )
-    for what, ends in (("inputs", ins), ("outputs", outs)):
-        if len(ends) != 1:
-            names = ", ".join(repr(e[0]) for e in ends)
-            raise InvalidSpec(
-                f"model: {len(ends)} {what} ({names}): a model with several {what} is not "
-                f"supported (supported: one input and one output)"
-            )
     tensors: dict[tuple[str, int, int], int] = {}
     shapes: dict[int, Shape] = {}
-    in_name, shape = ins[0][0], None
+    #: model input k is tensor -k (0 for the first, as a one-input model has always had)
+    in_ids = _input_ids(ins)
+    found: dict[int, tuple[str, Shape, str]] = {}
     pending = []
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict):
@@ -296,15 +316,18 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
             layer = ops_numpy.as_layer(layer)
         name = str(layer.get("name") or (layer.get("config") or {}).get("name") or i)
         if layer.get("class_name") == "InputLayer":
-            if name != in_name:
-                raise InvalidSpec(f"model: InputLayer {name!r} is not the model's input")
+            if (name, 0, 0) not in in_ids:
+                raise InvalidSpec(f"model: InputLayer {name!r} is not one of the model's inputs")
+            t = in_ids[(name, 0, 0)]
             shape = _check_shape(_input_layer(layer, i)[1])
-            tensors[(name, 0, 0)], shapes[0] = 0, shape
+            tensors[(name, 0, 0)], shapes[t] = t, shape
+            found[t] = (name, shape, _input_dtype(layer))
         elif layer.get("inbound_nodes"):  # a layer never called is not part of the model
             where = f"layer {name!r} ({layer.get('class_name')})"
             pending.append((layer, name, *_node_inputs(layer, where)))
-    if shape is None:
-        raise InvalidSpec(f"model: input_layers names {in_name!r}, which is no InputLayer")
+    for (in_name, _, _), t in in_ids.items():
+        if t not in found:
+            raise InvalidSpec(f"model: input_layers names {in_name!r}, which is no InputLayer")
     specs: list[LayerSpec] = []
     while pending:  # the first layer (in config order) whose inputs exist, as Kahn's
         p = next((p for p in pending if all(h in tensors for h in p[2])), None)
@@ -322,13 +345,53 @@ def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
         s = _spec(layer, len(specs), t_in, [shapes[t] for t in t_in], call)
         specs.append(s)
         tensors[(name, 0, 0)], shapes[s.output] = s.output, s.out_shape
-    if outs[0] not in tensors:
-        raise InvalidSpec(f"model: output_layers names {list(outs[0])}, which no layer writes")
-    specs = _keras_order(specs, tensors[outs[0]])
-    return in_name, shape, specs, len(specs)
+    out_ids = _output_ids(outs, tensors, specs)
+    writers = [next(s.name for s in specs if s.output == t) for t in out_ids]
+    specs = _keras_order(specs, out_ids)
+    inputs = tuple(InputSpec(*found[t], t) for t in sorted(found, reverse=True))
+    return inputs, specs, _renumbered_outputs(specs, writers), tuple(o[0] for o in outs)
 
 
-def _keras_order(specs: list[LayerSpec], output: int) -> list[LayerSpec]:
+def _input_ids(ins: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], int]:
+    """Each model input's tensor: ``-k`` for input ``k`` (``input_layers`` order), so layer
+    ``i`` keeps writing ``i + 1`` and a one-input model is numbered as it always was."""
+    if len(set(ins)) != len(ins):
+        raise InvalidSpec(f"model: input_layers={[list(e) for e in ins]} names an input twice")
+    return {e: -k for k, e in enumerate(ins)}
+
+
+def _output_ids(outs, tensors: dict, specs: list[LayerSpec]) -> list[int]:
+    """The output tensors in ``output_layers`` order, refused where ringtrain cannot give each
+    its own loss: an input as an output, one tensor named twice, an output another layer reads
+    (its gradient would need the loss's and the reader's summed)."""
+    ids = []
+    for e in outs:
+        if e not in tensors:
+            raise InvalidSpec(f"model: output_layers names {list(e)}, which no layer writes")
+        t = tensors[e]
+        if t <= 0 or t in ids:
+            raise InvalidSpec(
+                f"model: output {e[0]!r} is "
+                + ("a model input" if t <= 0 else "named twice")
+                + " (supported: each output written by its own layer)"
+            )
+        if len(outs) > 1 and any(t in s.inputs for s in specs):
+            readers = [s.name for s in specs if t in s.inputs]
+            raise InvalidSpec(
+                f"model: output {e[0]!r} is also read by {readers}: an output that other "
+                "layers read is not supported in a model with several outputs"
+            )
+        ids.append(t)
+    return ids
+
+
+def _renumbered_outputs(specs: list[LayerSpec], writers: list[str]) -> tuple[int, ...]:
+    """The output tensors after :func:`_keras_order`'s renumbering, found by their writers'
+    names (which it keeps)."""
+    return tuple(next(s.output for s in specs if s.name == n) for n in writers)
+
+
+def _keras_order(specs: list[LayerSpec], outputs: list[int]) -> list[LayerSpec]:
     """The layers reachable from the output in Keras' own ``model.layers`` order (what
     ``get_weights()`` and ``model.weights.h5`` follow), tensors renumbered to match.
 
@@ -337,18 +400,20 @@ def _keras_order(specs: list[LayerSpec], output: int) -> list[LayerSpec]:
     are listed deepest first, ties by that number. A config Keras wrote is already in this
     order; a hand-written one is put in it, so an export loads with each weight in its place."""
     by_output = {s.output: s for s in specs}
-    first: dict[int, int] = {output: 0}
+    first: dict[int, int] = {}
     post: list[int] = []
-    stack = [(output, iter(by_output[output].inputs))]
-    while stack:  # depth-first, without recursion (a model may be thousands of layers deep)
-        t, rest = stack[-1]
-        x = next((x for x in rest if x in by_output and x not in first), None)
-        if x is None:
-            post.append(t)
-            stack.pop()
-        else:
-            first[x] = len(first)
-            stack.append((x, iter(by_output[x].inputs)))
+    for output in outputs:  # Keras walks from each output in turn, sharing what it has seen
+        first[output] = len(first)
+        stack = [(output, iter(by_output[output].inputs))]
+        while stack:  # depth-first, without recursion (a model may be thousands deep)
+            t, rest = stack[-1]
+            x = next((x for x in rest if x in by_output and x not in first), None)
+            if x is None:
+                post.append(t)
+                stack.pop()
+            else:
+                first[x] = len(first)
+                stack.append((x, iter(by_output[x].inputs)))
     depth: dict[int, int] = {}
     for t in reversed(post):
         d = depth.setdefault(t, 0)
@@ -356,7 +421,8 @@ def _keras_order(specs: list[LayerSpec], output: int) -> list[LayerSpec]:
             if x in by_output:
                 depth[x] = max(depth.get(x, 0), d + 1)
     order = sorted(post, key=lambda t: (-depth[t], first[t]))
-    new = {0: 0, **{t: k + 1 for k, t in enumerate(order)}}
+    new = {t: t for s in specs for t in s.inputs if t <= 0}
+    new.update({t: k + 1 for k, t in enumerate(order)})
     return [
         replace(by_output[t], inputs=tuple(new[x] for x in by_output[t].inputs), output=new[t])
         for t in order
@@ -380,28 +446,40 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
             "(supported: True: ringtrain trains every layer's weights)"
         )
     functional = cls != "Sequential"
-    in_name, shape, specs, output = (_functional if functional else _sequential)(cfg)
-    if not specs or output == 0:
+    if functional:
+        inputs, specs, outputs, out_names = _functional(cfg)
+    else:
+        in_name, shape, specs, output = _sequential(cfg)
+        first = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
+        first = [x for x in first if x.get("class_name") == "InputLayer"]
+        dtype = _input_dtype(first[0]) if first else "float32"
+        inputs, outputs = (InputSpec(in_name, shape, dtype, 0),), (output,)
+        out_names = (specs[-1].name,) if specs else ()
+    if not specs or outputs[0] <= 0:
         raise InvalidSpec("model: the config has no layer with weights or computation")
-    tail = next(s for s in specs if s.output == output)
-    first = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
-    first = [x for x in first if x.get("class_name") == "InputLayer"]
-    dtype = _input_dtype(first[0]) if first else "float32"
-    loss, optimizer = (
-        compile_mod.read(model.get("compile_config"), REGISTRY[tail.cls].activation(tail.args))
-        if compiled
-        else (losses.DEFAULT, None)
-    )
+    tails = [next(s for s in specs if s.output == t) for t in outputs]
+    acts = [REGISTRY[t.cls].activation(t.args) for t in tails]
+    comp = model.get("compile_config")
+    if not compiled:
+        loss, optimizer = losses.DEFAULT, None
+    elif len(outputs) > 1:
+        widths = [t.out_shape[-1] if t.out_shape else 1 for t in tails]
+        loss, optimizer = compile_mod.read_heads(comp, acts, list(out_names), widths)
+    else:
+        loss, optimizer = compile_mod.read(comp, acts[0])
     return ModelConfig(
         str(cfg.get("name") or ("functional" if functional else "sequential")),
-        shape,
+        inputs[0].shape,
         tuple(specs),
         bool(loss.arg("from_logits")),
         optimizer,
         loss,
         functional,
-        in_name,
-        output,
-        dtype,
+        inputs[0].name,
+        outputs[0],
+        inputs[0].dtype,
         compile_mod.numerics(model) if compiled else ModelNumerics(),
+        inputs,
+        tuple(outputs),
+        tuple(out_names),
     )

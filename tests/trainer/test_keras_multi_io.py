@@ -1,0 +1,182 @@
+"""Functional Keras models with several inputs and several outputs, trained by ringtrain and by
+Keras from the same ``.keras`` starting weights on the same batches: the same total loss and
+the same loss per output at every step, the same predictions for every output after, and an
+export that Keras reloads predicting the same.
+
+The data file names its arrays per input and output (``x_train_<input>``,
+``y_train_<output>``: ``data_multi``). Imports TensorFlow (slow): one module for all of it.
+"""
+
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import keras
+
+from ringtrain.errors import DataError, InvalidSpec
+from ringtrain_trainer import model as M
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.export import write_keras
+from ringtrain_trainer.keras.config import parse
+from ringtrain_trainer.worker import Trainer
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
+)
+L = keras.layers
+STEPS, BATCH, N = 5, 8, 48
+#: float32 arithmetic in two orders (numpy vs TensorFlow): relative tolerance per step
+RTOL = 1e-4
+
+
+def two_in_two_out():
+    """A table and a small image, joined; a softmax classifier and a regression head."""
+    keras.utils.set_random_seed(3)
+    tab = L.Input((6,), name="tab")
+    img = L.Input((4, 4, 1), name="img")
+    a = L.Dense(5, activation="relu", name="ta")(tab)
+    b = L.Conv2D(2, 3, activation="relu", name="ic")(img)
+    b = L.Flatten(name="fl")(b)
+    h = L.Concatenate(name="cat")([a, b])
+    cls = L.Dense(3, activation="softmax", name="cls")(h)
+    reg = L.Dense(2, name="reg")(h)
+    return keras.Model([tab, img], [cls, reg])
+
+
+def _data(rng):
+    return {
+        "tab": rng.random((N, 6)).astype(np.float32),
+        "img": rng.random((N, 4, 4, 1)).astype(np.float32),
+        "cls": rng.integers(0, 3, N),
+        "reg": rng.normal(size=(N, 2)).astype(np.float32),
+    }
+
+
+def _save(path, d, names=("tab", "img", "cls", "reg")):
+    arrays = {}
+    for k in names:
+        kind = "x" if k in ("tab", "img") else "y"
+        arrays[f"{kind}_train_{k}"] = d[k][:32]
+        arrays[f"{kind}_test_{k}"] = d[k][32:]
+    np.savez(path, **arrays)
+
+
+def _trainer(tmp_path, extra=()):
+    args = ["--model", str(tmp_path / "m.keras"), "--data", str(tmp_path / "d.npz")]
+    args += ["--steps", str(STEPS), "--batch-size", str(BATCH), "--ipu-host-threads", "1"]
+    args += ["--json", "--checkpoint-dir", str(tmp_path / "ck"), *extra]
+    return Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())
+
+
+def _parts(t) -> np.ndarray:
+    progs = t.exe.programs
+    return np.mean([p.loss.parts for p in progs], axis=0)
+
+
+@pytest.mark.parametrize(
+    "loss,weights",
+    [
+        ({"cls": "sparse_categorical_crossentropy", "reg": "mse"}, {"cls": 1.0, "reg": 0.5}),
+        (["sparse_categorical_crossentropy", "huber"], [0.3, 2.0]),
+        (["sparse_categorical_crossentropy", None], None),
+    ],
+    ids=["dict", "list", "none"],
+)
+def test_two_inputs_two_outputs_train_like_keras_per_output(loss, weights, tmp_path):
+    km = two_in_two_out()
+    metrics = {"cls": ["accuracy"], "reg": ["mae"]} if isinstance(loss, dict) else None
+    km.compile(keras.optimizers.SGD(0.1), loss=loss, loss_weights=weights, metrics=metrics)
+    km.save(tmp_path / "m.keras")
+    d = _data(np.random.default_rng(0))
+    trained = ["cls", "reg"] if (loss[1] if isinstance(loss, list) else True) else ["cls"]
+    _save(tmp_path / "d.npz", d, ("tab", "img", *trained))
+    t = _trainer(tmp_path)
+    try:
+        assert len(t.spec.graph.inputs) == 2 and len(t.spec.graph.outputs) == 2
+        for _ in range(STEPS):
+            pos = t.position
+            idx = t.sharder.indices(pos.epoch, pos.batch).copy()
+            loss_, _, _ = t.train_one_step()
+            want = km.train_on_batch(
+                {k: d[k][idx] for k in ("tab", "img")},
+                {k: d[k][idx] for k in ("cls", "reg")},
+                return_dict=True,
+            )
+            assert loss_ == pytest.approx(float(want["loss"]), rel=RTOL)
+            mine = dict(zip([f"{n}_loss" for n in trained], _parts(t), strict=True))
+            for k, v in mine.items():
+                if k in want:  # Keras logs <output>_loss for every output with a loss
+                    assert v == pytest.approx(float(want[k]), rel=RTOL), k
+        prog = M.Program(t.spec, 16, False, state=t.ipu.state)
+        prog.x[:] = np.concatenate([d["tab"][32:], d["img"][32:].reshape(16, -1)], axis=1)
+        prog.forward(t.spec.views(t.params))
+        got = [prog.tensors[o].copy() for o in t.spec.graph.outputs]
+        want_cls, want_reg = km.predict([d["tab"][32:], d["img"][32:]], verbose=0)
+        p = np.exp(got[0] - got[0].max(1, keepdims=True))
+        np.testing.assert_allclose(p / p.sum(1, keepdims=True), want_cls, atol=2e-5)
+        np.testing.assert_allclose(got[1], want_reg, atol=2e-5)
+        config = t.spec.keras_config()
+        weights_ = t.spec.keras_weights(t.params, t.ipu.state)
+    finally:
+        t.close()
+    path = write_keras(tmp_path / "out.keras", config, weights_)
+    back = keras.saving.load_model(path)
+    assert back.output_names == ["cls", "reg"]
+    b_cls, b_reg = back.predict({"tab": d["tab"][32:], "img": d["img"][32:]}, verbose=0)
+    np.testing.assert_allclose(b_cls, want_cls, atol=2e-5)
+    np.testing.assert_allclose(b_reg, want_reg, atol=2e-5)
+
+
+def _cfg(km) -> dict:
+    return json.loads(km.to_json()) | {"compile_config": km.get_compile_config()}
+
+
+def test_compile_settings_per_output_are_read_or_refused_naming_the_output():
+    km = two_in_two_out()
+    km.compile("sgd", loss="mse")  # one loss for all outputs
+    cfg = parse(_cfg(km))
+    assert [h.loss.name for h in cfg.loss.heads] == ["MeanSquaredError"] * 2
+    assert [i.name for i in cfg.inputs] == ["tab", "img"] and cfg.output_names == ("cls", "reg")
+    km.compile("sgd", loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+               loss_weights={"reg": 0.25})  # fmt: skip
+    cfg = parse(_cfg(km))
+    assert [h.weight for h in cfg.loss.heads] == [1.0, 0.25]
+    assert cfg.loss.heads[0].loss.folded == "softmax"
+    bad = _cfg(km)
+    bad["compile_config"]["loss_weights"] = {"nope": 1.0}
+    with pytest.raises(InvalidSpec, match="'nope'.*outputs: cls, reg"):
+        parse(bad)
+    bad["compile_config"]["loss_weights"] = None
+    bad["compile_config"]["metrics"] = {"reg": ["accuracy"]}
+    with pytest.raises(InvalidSpec, match="metric 'accuracy' for output 'reg'"):
+        parse(bad)
+    bad["compile_config"]["metrics"] = None
+    bad["compile_config"]["loss"] = [None, None]
+    with pytest.raises(InvalidSpec, match="None for every output"):
+        parse(bad)
+
+
+def test_data_named_per_input_and_output_is_checked_naming_the_input(tmp_path):
+    km = two_in_two_out()
+    km.compile(keras.optimizers.SGD(0.1), loss=["sparse_categorical_crossentropy", "mse"])
+    km.save(tmp_path / "m.keras")
+    d = _data(np.random.default_rng(1))
+    d["img"] = d["img"][:, :3]  # the wrong shape for input 'img'
+    _save(tmp_path / "d.npz", d)
+    with pytest.raises(DataError, match="input 'img'"):
+        _trainer(tmp_path)
+    d = _data(np.random.default_rng(1))
+    _save(tmp_path / "d.npz", d, ("tab", "img", "cls"))
+    with pytest.raises(DataError, match="y_train_reg for the model's output 'reg'"):
+        _trainer(tmp_path)
+    arrays = {f"x_train_{k}": d[k][:32] for k in ("tab", "img")}
+    np.savez(tmp_path / "d.npz", **arrays, x_test_tab=d["tab"], x_test_img=d["img"],
+             y_train_cls=d["cls"][:32], y_test_cls=d["cls"], y_train_reg=d["reg"][:32],
+             y_test_reg=d["reg"], x_train_extra=d["tab"][:32])  # fmt: skip
+    with pytest.raises(DataError, match="x_train_extra name no input or output"):
+        _trainer(tmp_path)
