@@ -149,7 +149,7 @@ def test_compile_settings_per_output_are_read_or_refused_naming_the_output():
     assert cfg.loss.heads[0].loss.folded == "softmax"
     bad = _cfg(km)
     bad["compile_config"]["loss_weights"] = {"nope": 1.0}
-    with pytest.raises(InvalidSpec, match="'nope'.*outputs: cls, reg"):
+    with pytest.raises(InvalidSpec, match=r"'nope'.*outputs: cls, reg"):
         parse(bad)
     bad["compile_config"]["loss_weights"] = None
     bad["compile_config"]["metrics"] = {"reg": ["accuracy"]}
