@@ -60,12 +60,16 @@ class Progress(_Record):
     """The chief after a step (at most once a second, and after the first and the last)."""
 
     KIND: ClassVar[str] = "progress"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("outputs",)
     step: int | None
     epoch: float | None = None
     loss: float | None = None
     samples_per_s: float | None = None
     eta_s: float | None = None
     total_steps: int | None = None
+    #: a model with several outputs: each output's value by Keras' history name
+    #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
+    outputs: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +77,14 @@ class Eval(_Record):
     """The chief after an evaluation of the whole test set."""
 
     KIND: ClassVar[str] = "eval"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae",)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae", "outputs")
     step: int | None
     test_accuracy: float | None
     #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
     test_mae: float | None = None
+    #: a model with several outputs: each output's value by Keras' history name
+    #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
+    outputs: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +93,15 @@ class Evaluation(_Record):
     the whole test split."""
 
     KIND: ClassVar[str] = "evaluation"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae",)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae", "outputs")
     step: int | None
     test_loss: float | None = None
     test_accuracy: float | None = None
     checkpoint: str | None = None
     test_mae: float | None = None
+    #: a model with several outputs: each output's value by Keras' history name
+    #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
+    outputs: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +120,8 @@ class Final(_Record):
         "trace",
         "params_sha256",
         "test_mae",
+        "outputs",
+        "test_outputs",
     )
     steps: int | None
     epoch: int | None = None
@@ -129,6 +141,11 @@ class Final(_Record):
     params_sha256: str | None = None
     #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
     test_mae: float | None = None
+    #: a model with several outputs: each output's value by Keras' history name
+    #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
+    outputs: dict | None = None
+    #: a model with several outputs: the last evaluation's values per output (Keras' names)
+    test_outputs: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +164,8 @@ class Status(_Record):
         "test_mae",
         "numerics",
         "accumulation",
+        "outputs",
+        "test_outputs",
     )
     step: int | None = 0
     epoch: float | None = 0
@@ -176,6 +195,10 @@ class Status(_Record):
     numerics: dict | None = None
     #: gradient accumulation steps (micro-batches per optimizer step)
     accumulation: int | None = None
+    #: a model with several outputs: the last step's loss per output (``<output>_loss``)
+    outputs: dict | None = None
+    #: a model with several outputs: the last evaluation's values per output (Keras' names)
+    test_outputs: dict | None = None
 
 
 Event = Progress | Eval | Evaluation | Final
@@ -286,6 +309,11 @@ def _metric(e: Eval | Evaluation | Final) -> str:
     return f"test accuracy {_number(e.test_accuracy, '.4f')}"
 
 
+def _outputs(values: dict | None) -> list[str]:
+    """``cls_loss 0.4123``, one per output value of a model with several outputs."""
+    return [f"{k} {_number(v, '.4f')}" for k, v in (values or {}).items()]
+
+
 def format_event(e: Event) -> str:
     """One line for people.
 
@@ -311,9 +339,9 @@ def format_event(e: Event) -> str:
             parts.append(f"{e.samples_per_s:,.0f} samples/s")
         if e.eta_s is not None:
             parts.append(f"ETA {duration(e.eta_s)}")
-        return "  ".join(parts)
+        return "  ".join(parts + _outputs(e.outputs))
     if isinstance(e, Eval):
-        return f"step {e.step}  {_metric(e)}"
+        return "  ".join([f"step {e.step}  {_metric(e)}", *_outputs(e.outputs)])
     if isinstance(e, Evaluation):
         return f"checkpoint step {e.step}  test loss {_number(e.test_loss, '.4f')}  {_metric(e)}"
     if e.evaluations is not None:

@@ -116,6 +116,7 @@ class Evaluator:
         self.ckpt = CheckpointManager(cfg.checkpoint_dir)
         self.stop_requested = threading.Event()
         self.evaluated: list[events.Evaluation] = []
+        self.outputs: dict | None = None
         self.tb = tensorboard.EvalWriter(
             tensorboard.log_dir(cfg.tensorboard_dir, cfg.checkpoint_dir, "evaluator")
         )
@@ -139,6 +140,8 @@ class Evaluator:
         images, labels = self.data.test.images, self.data.test.labels
         scale = self.program.dtype.type(self.data.test.scale)
         lossfn = self.loss
+        trained = len(getattr(self.spec.loss, "trained", ()))
+        sums = np.zeros(2 * trained) if trained else None
         loss = 0.0
         correct = 0.0
         x = self.program.x
@@ -148,7 +151,14 @@ class Evaluator:
             out = self.program.forward(views)[:n]
             loss += lossfn.total(out, labels[s : s + n])
             correct += lossfn.score(out, labels[s : s + n])
+            if sums is not None:
+                sums += [
+                    *lossfn.totals(out, labels[s : s + n]),
+                    *lossfn.scores(out, labels[s : s + n]),
+                ]
         count = max(1, len(labels))
+        #: a model with several outputs: this evaluation's loss and metric per output
+        self.outputs = None if sums is None else self.spec.loss.named_eval(sums, len(labels))
         # Keras' test loss includes the weight regularizers' penalty, as its training loss
         return loss / count + self.spec.penalty(state.params), correct / count
 
@@ -174,10 +184,15 @@ class Evaluator:
                 test_accuracy=None if mae else round(acc, 6),
                 checkpoint=str(manifest),
                 test_mae=round(acc, 6) if mae else None,
+                outputs=self.outputs,
             )
             self.evaluated.append(ev)
             self.metrics.observe_evaluation(state.step, loss, acc, metric)
             self.tb.evaluation(state.step, loss, acc, metric)
+            if self.outputs and self.tb.on:
+                self.tb.scalars(state.step, {f"eval/test_{k}": v for k, v in self.outputs.items()})
+            if self.outputs:
+                self.metrics.update_status(test_outputs=self.outputs)
             self.emit(ev)
 
     def run(self) -> events.Final:

@@ -270,6 +270,8 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.trace_file: str | None = None
         self.test_accuracy: float | None = None
+        #: a model with several outputs: the last evaluation's values per output
+        self.test_outputs: dict | None = None
         tb_dir = tensorboard.log_dir(cfg.tensorboard_dir, cfg.checkpoint_dir, "chief")
         self.tb = tensorboard.TrainWriter(tb_dir if self.is_chief else None, self.world)
 
@@ -423,6 +425,7 @@ class Trainer:
         if hi > lo:
             acc = self.ipu.evaluate(images[lo:hi], labels[lo:hi], self.eval_batch, test.scale)
             correct = round(acc * (hi - lo)) if exact else acc * (hi - lo)
+        self._evaluate_outputs(hi - lo)
         if self.world > 1:
             counts = np.array([correct], np.float32)
             # tag -2: never a gradient bucket's tag, so a mismatched schedule fails loudly
@@ -437,6 +440,29 @@ class Trainer:
             self.tb.test_accuracy(self.step, acc, self.ipu.stats, metric)
             self.report.emit(events.Eval(step=self.step, **_metric_fields(metric, acc)))
         return acc
+
+    def _output_losses(self) -> dict | None:
+        """A model with several outputs: this worker's last step's loss per output."""
+        parts = self.ipu.output_losses
+        return None if parts is None else self.spec.loss.named(parts)
+
+    def _evaluate_outputs(self, n: int) -> None:
+        """A model with several outputs: each one's test loss and metric, summed over the
+        workers like the accuracy (tag -3), recorded and reported by the chief."""
+        trained = len(getattr(self.spec.loss, "trained", ()))
+        if not trained:
+            return
+        own = self.ipu.eval_sums
+        sums = np.array(own, np.float32) if n and own is not None else np.zeros(2 * trained)
+        sums = sums.astype(np.float32)
+        if self.world > 1:
+            self.collective.allreduce_mean_(sums, step=self.step, tag=-3)
+            sums *= self.world
+        if self.is_chief:
+            self.test_outputs = self.spec.loss.named_eval(sums, len(self.data.test))
+            self.metrics.update_status(test_outputs=self.test_outputs)
+            if self.tb.on:
+                self.tb.scalars(self.step, {f"test/{k}": v for k, v in self.test_outputs.items()})
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:
         """One synchronous step; returns (loss, seconds, its communication statistics)."""
@@ -522,6 +548,7 @@ class Trainer:
         while not self._done() and not self._should_stop():
             self._collect_trace()
             loss, dt, comm = self.train_one_step()
+            outs = self._output_losses()
             train_s += dt
             ema = tput.update(dt)
             sps = self.sharder.global_batch / ema
@@ -540,8 +567,13 @@ class Trainer:
                         samples_per_s=round(sps, 1),
                         eta_s=round(max(0, total - self.step) * ema, 1),
                         total_steps=total,
+                        outputs=outs,
                     )
                 )
+                if outs:
+                    self.metrics.update_status(outputs=outs)
+                    if self.tb.on:
+                        self.tb.scalars(self.step, {f"train/{k}": v for k, v in outs.items()})
                 self.tb.progress(self.step, loss, self.optimizer.lr, sps)
                 if self.tb.on:
                     self.tb.scalars(self.step, self._numerics_scalars())
@@ -563,6 +595,8 @@ class Trainer:
             epoch=self.position.epoch,
             loss=None if np.isnan(loss) else round(loss, 6),
             **_metric_fields(self.spec.loss.metric, self.test_accuracy),
+            outputs=self._output_losses(),
+            test_outputs=self.test_outputs,
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
             if train_s > 0
             else 0.0,

@@ -58,7 +58,9 @@ class MultiLossSpec:
 
     @property
     def metric(self) -> str:
-        return "loss"
+        """The one metric ``test_accuracy`` / ``test_mae`` carries: the first trained
+        output's (every output's is reported by name, ``named_eval``)."""
+        return self.trained[0].loss.metric
 
     @property
     def widths(self) -> list[int]:
@@ -96,6 +98,20 @@ class MultiLossSpec:
     def log_names(self) -> list[str]:
         """Keras' history keys for the per-output losses: ``<output>_loss``."""
         return [f"{h.name}_loss" for h in self.trained]
+
+    def named(self, parts) -> dict[str, float]:
+        """The per-output losses of a step by Keras' names (``<output>_loss``)."""
+        return {k: round(float(v), 6) for k, v in zip(self.log_names(), parts, strict=True)}
+
+    def named_eval(self, sums, n: int) -> dict[str, float]:
+        """``ipu.eval_sums`` over ``n`` examples as Keras names them: ``<output>_loss`` and
+        ``<output>_accuracy`` / ``<output>_mae`` (the metric its loss reports)."""
+        heads, k = self.trained, len(self.trained)
+        out = {}
+        for i, h in enumerate(heads):
+            out[f"{h.name}_loss"] = round(float(sums[i]) / max(1, n), 6)
+            out[f"{h.name}_{h.loss.metric}"] = round(float(sums[k + i]) / max(1, n), 6)
+        return out
 
 
 def label_buffer(spec: MultiLossSpec, batch: int, dtype=np.float32) -> np.ndarray:
@@ -186,9 +202,9 @@ class MultiLoss:
         return sum(h.weight * t for h, t in zip(heads, self.totals(z, y), strict=True))
 
     def score(self, z: np.ndarray, y: np.ndarray) -> float:
-        """The summed weighted loss: what one number for a multi-output model reports
-        (``metric`` "loss"); per-output metrics come from :meth:`scores`."""
-        return self.total(z, y)
+        """The first trained output's summed metric (``MultiLossSpec.metric``); every
+        output's comes from :meth:`scores`."""
+        return self.scores(z, y)[0]
 
 
 # -- one output or several: what programs, the worker and the memory plan call ---------------

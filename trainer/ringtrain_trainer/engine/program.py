@@ -165,13 +165,16 @@ class Program:
             return self._packed
         return self.tensors[self.graph.outputs[0]]
 
-    def _pack_outputs(self) -> None:
-        at = 0
-        for t in self.graph.outputs:
-            z = self.tensors[t]
-            k = z.shape[1]
-            np.copyto(self._packed[:, at : at + k], z)
-            at += k
+    def pack_outputs(self) -> np.ndarray:
+        """:attr:`output` after a forward (several outputs: copied side by side)."""
+        if self._packed is not None:
+            at = 0
+            for t in self.graph.outputs:
+                z = self.tensors[t]
+                k = z.shape[1]
+                np.copyto(self._packed[:, at : at + k], z)
+                at += k
+        return self.output
 
     @staticmethod
     def buffer_bytes(spec, batch: int, train: bool, itemsize: int = 4) -> dict[str, int]:
@@ -197,15 +200,17 @@ class Program:
         self, params: list[dict[str, np.ndarray]], on_layer: Callable[[int], None] | None = None
     ) -> np.ndarray:
         """Logits; ``on_layer(i)`` (a tracer's lap) after each node ``i``."""
-        for packed, own in self._split_in:
-            np.copyto(own, packed)
+        self.split_inputs()
         for i in self.graph.order:
             self.forward_node(i, params)
             if on_layer is not None:
                 on_layer(i)
-        if self._packed is not None:
-            self._pack_outputs()
-        return self.output
+        return self.pack_outputs()
+
+    def split_inputs(self) -> None:
+        """Several inputs: each one's columns of the packed ``x`` into its own buffer."""
+        for packed, own in self._split_in:
+            np.copyto(own, packed)
 
     def forward_node(self, i: int, params: list[dict[str, np.ndarray]]) -> None:
         """Node ``i``'s forward, reading and writing :attr:`tensors` (recompute and pipeline
