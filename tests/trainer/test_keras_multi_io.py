@@ -16,12 +16,13 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
+import onnxruntime as ort
 
 from ringtrain.errors import DataError, InvalidSpec
 from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.export import write_keras
+from ringtrain_trainer.export import write_keras, write_onnx
 from ringtrain_trainer.keras.config import parse
 from ringtrain_trainer.worker import Trainer
 
@@ -78,16 +79,21 @@ def _parts(t) -> np.ndarray:
     return np.mean([p.loss.parts for p in progs], axis=0)
 
 
+DICT = {"cls": "sparse_categorical_crossentropy", "reg": "mse"}
+RECOMPUTE = ("--allow-recompute", "--recomputation-checkpoints", "cat")
+
+
 @pytest.mark.parametrize(
-    "loss,weights",
+    "loss,weights,extra",
     [
-        ({"cls": "sparse_categorical_crossentropy", "reg": "mse"}, {"cls": 1.0, "reg": 0.5}),
-        (["sparse_categorical_crossentropy", "huber"], [0.3, 2.0]),
-        (["sparse_categorical_crossentropy", None], None),
+        (DICT, {"cls": 1.0, "reg": 0.5}, ()),
+        (["sparse_categorical_crossentropy", "huber"], [0.3, 2.0], ()),
+        (["sparse_categorical_crossentropy", None], None, ()),
+        (DICT, [2.0, 1.0], RECOMPUTE),
     ],
-    ids=["dict", "list", "none"],
+    ids=["dict", "list", "none", "recompute"],
 )
-def test_two_inputs_two_outputs_train_like_keras_per_output(loss, weights, tmp_path):
+def test_two_inputs_two_outputs_train_like_keras_per_output(loss, weights, extra, tmp_path):
     km = two_in_two_out()
     metrics = {"cls": ["accuracy"], "reg": ["mae"]} if isinstance(loss, dict) else None
     km.compile(keras.optimizers.SGD(0.1), loss=loss, loss_weights=weights, metrics=metrics)
@@ -95,7 +101,7 @@ def test_two_inputs_two_outputs_train_like_keras_per_output(loss, weights, tmp_p
     d = _data(np.random.default_rng(0))
     trained = ["cls", "reg"] if (loss[1] if isinstance(loss, list) else True) else ["cls"]
     _save(tmp_path / "d.npz", d, ("tab", "img", *trained))
-    t = _trainer(tmp_path)
+    t = _trainer(tmp_path, extra)
     try:
         assert len(t.spec.graph.inputs) == 2 and len(t.spec.graph.outputs) == 2
         for _ in range(STEPS):
@@ -124,12 +130,20 @@ def test_two_inputs_two_outputs_train_like_keras_per_output(loss, weights, tmp_p
         weights_ = t.spec.keras_weights(t.params, t.ipu.state)
     finally:
         t.close()
+    if extra:
+        assert all(p.recomputed > 0 for p in t.exe.programs)
     path = write_keras(tmp_path / "out.keras", config, weights_)
     back = keras.saving.load_model(path)
     assert back.output_names == ["cls", "reg"]
     b_cls, b_reg = back.predict({"tab": d["tab"][32:], "img": d["img"][32:]}, verbose=0)
     np.testing.assert_allclose(b_cls, want_cls, atol=2e-5)
     np.testing.assert_allclose(b_reg, want_reg, atol=2e-5)
+    write_onnx(tmp_path / "m.onnx", config, weights_)
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["tab", "img"]
+    o_cls, o_reg = sess.run(["cls", "reg"], {"tab": d["tab"][32:], "img": d["img"][32:]})
+    np.testing.assert_allclose(o_cls, want_cls, atol=2e-5)
+    np.testing.assert_allclose(o_reg, want_reg, atol=2e-5)
 
 
 def _cfg(km) -> dict:

@@ -115,26 +115,38 @@ class OnnxGraph:
         return self.op(_ACT[act], [x], hint)
 
 
+def io_names(cfg) -> tuple[list[str], list[str]]:
+    """The ONNX graph's input and output names: ``input`` / ``output`` for a model with one
+    of each (as always), the Keras input and output names where it has several."""
+    ins = [x.name for x in cfg.inputs] if len(cfg.inputs) > 1 else [INPUT]
+    outs = list(cfg.output_names) if len(cfg.outputs) > 1 else [OUTPUT]
+    return ins, outs
+
+
 def to_onnx(keras_config: dict, weights: list[np.ndarray]):
     """The ``onnx.ModelProto``; :func:`write_onnx` checks and saves it."""
     onnx = _onnx()
     cfg = parse(keras_config, compiled=False)
     arrays = bind(cfg, weights)
     g = OnnxGraph(onnx, len(cfg.input_shape) + 1)
+    ins, outs = io_names(cfg)
+    for x, name in zip(cfg.inputs, ins, strict=True):
+        g.tensors[x.tensor] = (name, False, len(x.shape) + 1)
     for s, ws in zip(cfg.layers, arrays, strict=True):
         g.spec = s
         REGISTRY[s.cls].onnx(g, s, ws)
-    g.nodes.append(
-        onnx.helper.make_node("Identity", [g.tensor(cfg.output, False)], [OUTPUT], name=OUTPUT)
-    )
     f32 = onnx.TensorProto.FLOAT
-    graph = onnx.helper.make_graph(
-        g.nodes,
-        cfg.name,
-        [onnx.helper.make_tensor_value_info(INPUT, f32, ["batch", *cfg.input_shape])],
-        [onnx.helper.make_tensor_value_info(OUTPUT, f32, ["batch", *cfg.output_shape])],
-        initializer=g.inits,
-    )
+    out_infos = []
+    for t, name in zip(cfg.outputs or (cfg.output,), outs, strict=True):
+        g.nodes.append(onnx.helper.make_node("Identity", [g.tensor(t, False)], [name], name=name))
+        out_infos.append(
+            onnx.helper.make_tensor_value_info(name, f32, ["batch", *cfg.out_shape_of(t)])
+        )
+    in_infos = [
+        onnx.helper.make_tensor_value_info(name, f32, ["batch", *x.shape])
+        for x, name in zip(cfg.inputs, ins, strict=True)
+    ]
+    graph = onnx.helper.make_graph(g.nodes, cfg.name, in_infos, out_infos, initializer=g.inits)
     model = onnx.helper.make_model(
         graph, producer_name="ringtrain", opset_imports=[onnx.helper.make_opsetid("", OPSET)]
     )
