@@ -75,7 +75,8 @@ END = "<!-- layers: end -->"
 
 def markdown() -> str:
     """The README's table of supported layers, one row per entry."""
-    rows = ["| layer | supported |", "|---|---|", "| `InputLayer` | each of the model's inputs, of a fixed shape (several: data named per input) |"]
+    inputs = "each of the model's inputs, of a fixed shape (several: data named per input)"
+    rows = ["| layer | supported |", "|---|---|", f"| `InputLayer` | {inputs} |"]
     rows += [f"| `{cls}` | {e.doc} |" for cls, e in REGISTRY.items()]
     from ringtrain_trainer.engine.ops import initializers
 
