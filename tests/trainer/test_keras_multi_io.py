@@ -194,3 +194,58 @@ def test_data_named_per_input_and_output_is_checked_naming_the_input(tmp_path):
              y_test_reg=d["reg"], x_train_extra=d["tab"][:32])  # fmt: skip
     with pytest.raises(DataError, match="x_train_extra name no input or output"):
         _trainer(tmp_path)
+
+
+def test_token_ids_and_a_table_in_binary_and_one_hot_outputs_train_like_keras(tmp_path):
+    """An int32 token input (Embedding) beside a float one; a sigmoid and a one-hot softmax
+    output, compiled with Adam and a list of losses: each output's loss as Keras'."""
+    keras.utils.set_random_seed(5)
+    words = L.Input((6,), dtype="int32", name="words")
+    num = L.Input((3,), name="num")
+    e = L.GlobalAveragePooling1D(name="avg")(L.Embedding(20, 4, name="emb")(words))
+    h = L.Concatenate(name="cat")([e, L.Dense(4, activation="relu", name="dn")(num)])
+    spam = L.Dense(1, activation="sigmoid", name="spam")(h)
+    topic = L.Dense(3, activation="softmax", name="topic")(h)
+    km = keras.Model([words, num], [spam, topic])
+    km.compile(
+        keras.optimizers.Adam(0.01),
+        loss=["binary_crossentropy", "categorical_crossentropy"],
+        metrics=[["accuracy"], ["accuracy"]],
+    )
+    km.save(tmp_path / "m.keras")
+    rng = np.random.default_rng(2)
+    d = {
+        "words": rng.integers(0, 20, (N, 6)).astype(np.int32),
+        "num": rng.random((N, 3)).astype(np.float32),
+        "spam": rng.integers(0, 2, (N, 1)).astype(np.float32),
+        "topic": np.eye(3, dtype=np.float32)[rng.integers(0, 3, N)],
+    }
+    arrays = {}
+    for k, v in d.items():
+        kind = "x" if k in ("words", "num") else "y"
+        arrays[f"{kind}_train_{k}"], arrays[f"{kind}_test_{k}"] = v[:32], v[32:]
+    np.savez(tmp_path / "d.npz", **arrays)
+    t = _trainer(tmp_path)
+    try:
+        for _ in range(STEPS):
+            pos = t.position
+            idx = t.sharder.indices(pos.epoch, pos.batch).copy()
+            loss_, _, _ = t.train_one_step()
+            want = km.train_on_batch(
+                [d["words"][idx], d["num"][idx]], [d["spam"][idx], d["topic"][idx]],
+                return_dict=True,
+            )  # fmt: skip
+            assert loss_ == pytest.approx(float(want["loss"]), rel=RTOL)
+            got = t.spec.loss.named(_parts(t))
+            assert got["spam_loss"] == pytest.approx(float(want["spam_loss"]), rel=RTOL)
+            assert got["topic_loss"] == pytest.approx(float(want["topic_loss"]), rel=RTOL)
+        t.evaluate()
+        assert set(t.test_outputs) == {"spam_loss", "spam_accuracy", "topic_loss", "topic_accuracy"}
+        logs = km.evaluate(
+            [d["words"][32:], d["num"][32:]], [d["spam"][32:], d["topic"][32:]],
+            verbose=0, return_dict=True,
+        )  # fmt: skip
+        for k in ("spam_loss", "spam_accuracy", "topic_loss", "topic_accuracy"):
+            assert t.test_outputs[k] == pytest.approx(float(logs[k]), rel=1e-4, abs=1e-6), k
+    finally:
+        t.close()
