@@ -124,6 +124,8 @@ def test_two_workers_train_a_two_input_two_output_model_like_keras(tmp_path):
 
     # the chief's export predicts every output as ringtrain does
     last = states[-1]
+    assert set(last.loss_config["outputs"]) == {"cls_loss", "reg_loss"}
+    assert set(last.loss_config["keras"]) == {"cls", "reg"}
     prog = model_mod.Program(ev.spec, 16, train=False, state=last.model_state)
     prog.x[:] = np.concatenate([d["tab"][48:], d["img"][48:].reshape(16, -1)], axis=1)
     prog.forward(ev.spec.views(last.params))

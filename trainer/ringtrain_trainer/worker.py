@@ -72,6 +72,10 @@ def _metric_fields(metric: str, value: float | None) -> dict:
     return {"test_accuracy": None, "test_mae": v} if metric == "mae" else {"test_accuracy": v}
 
 
+def _outputs_field(values: dict | None) -> dict:
+    return {} if values is None else {"outputs": values}
+
+
 #: seconds between progress lines
 PROGRESS_EVERY_S = 1.0
 
@@ -374,7 +378,8 @@ class Trainer:
             optimizer_state={**self.optimizer.state_dict(), **self.loss_scale.state()},
             optimizer_iterations=self.optimizer.iterations,
             optimizer_config=self.optimizer_spec.record(),
-            loss_config=self.spec.loss.record(),
+            # several outputs: each output's loss of the last step beside its loss function
+            loss_config={**self.spec.loss.record(), **_outputs_field(self._output_losses())},
             precision=self.numerics.precision,
             model=self.cfg.model,
             world_size=self.world,
