@@ -169,6 +169,10 @@ def test_compile_settings_per_output_are_read_or_refused_naming_the_output():
     bad["compile_config"]["metrics"] = {"reg": ["accuracy"]}
     with pytest.raises(InvalidSpec, match="metric 'accuracy' for output 'reg'"):
         parse(bad)
+    keyed = _cfg(km)
+    keyed["config"]["output_layers"] = {"y": ["cls", 0, 0], "z": ["reg", 0, 0]}
+    with pytest.raises(InvalidSpec, match="output_layers as a dict"):
+        parse(keyed)
     bad["compile_config"]["metrics"] = None
     bad["compile_config"]["loss"] = [None, None]
     with pytest.raises(InvalidSpec, match="None for every output"):

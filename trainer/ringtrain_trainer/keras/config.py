@@ -290,6 +290,11 @@ def _ends(v: Any, what: str) -> list[tuple[str, int, int]]:
     """``input_layers`` / ``output_layers``: one ``[name, node, tensor]`` or a list of them."""
     if isinstance(v, list) and len(v) == 3 and isinstance(v[0], str):
         v = [v]
+    if isinstance(v, dict):  # keras.Model({"a": a}, {"y": y}): keyed, sorted by key in Keras
+        raise InvalidSpec(
+            f"model: {what} as a dict ({', '.join(map(repr, v))}) is not supported "
+            "(supported: a list, keras.Model([a, b], [c, d]), named by the layers)"
+        )
     if not isinstance(v, list) or not v or not all(isinstance(x, list) and len(x) == 3 for x in v):
         raise InvalidSpec(f"model: {what}={v!r} is not readable")
     return [(str(x[0]), int(x[1]), int(x[2])) for x in v]
