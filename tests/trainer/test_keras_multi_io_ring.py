@@ -105,7 +105,8 @@ def test_two_workers_train_a_two_input_two_output_model_like_keras(tmp_path):
     assert [p.returncode for p in procs] == [0] * WORKERS, [e[-3000:] for _, e in outs]
     lines = [json.loads(x) for x in outs[0][0].splitlines() if x.startswith("{")]
     progress = [x for x in lines if x.get("event") == "progress"]
-    assert progress and set(progress[-1]["outputs"]) == {"cls_loss", "reg_loss"}
+    named = {"cls_loss", "reg_loss", "cls_accuracy", "reg_mae"}
+    assert progress and set(progress[-1]["outputs"]) == named
     final = json.loads((tmp_path / "log-0").read_text())
     assert set(final["test_outputs"]) == {"cls_loss", "cls_accuracy", "reg_loss", "reg_mae"}
 
@@ -124,7 +125,7 @@ def test_two_workers_train_a_two_input_two_output_model_like_keras(tmp_path):
 
     # the chief's export predicts every output as ringtrain does
     last = states[-1]
-    assert set(last.loss_config["outputs"]) == {"cls_loss", "reg_loss"}
+    assert set(last.loss_config["outputs"]) == named
     assert set(last.loss_config["keras"]) == {"cls", "reg"}
     prog = model_mod.Program(ev.spec, 16, train=False, state=last.model_state)
     prog.x[:] = np.concatenate([d["tab"][48:], d["img"][48:].reshape(16, -1)], axis=1)

@@ -100,8 +100,14 @@ class MultiLossSpec:
         return [f"{h.name}_loss" for h in self.trained]
 
     def named(self, parts) -> dict[str, float]:
-        """The per-output losses of a step by Keras' names (``<output>_loss``)."""
-        return {k: round(float(v), 6) for k, v in zip(self.log_names(), parts, strict=True)}
+        """A step's ``MultiLoss.parts`` by Keras' names: ``<output>_loss`` for every trained
+        output, ``<output>_accuracy`` / ``<output>_mae`` where that output compiled a metric."""
+        heads, k = self.trained, len(self.trained)
+        out = {f"{h.name}_loss": round(float(parts[i]), 6) for i, h in enumerate(heads)}
+        for i, h in enumerate(heads):
+            if h.metrics:
+                out[f"{h.name}_{h.loss.metric}"] = round(float(parts[k + i]), 6)
+        return out
 
     def named_eval(self, sums, n: int) -> dict[str, float]:
         """``ipu.eval_sums`` over ``n`` examples as Keras names them: ``<output>_loss`` and
@@ -131,7 +137,7 @@ def buffer_bytes(spec: MultiLossSpec, batch: int, itemsize: int = 4) -> tuple[in
 class MultiLoss:
     """The packed counterpart of :class:`~.losses.Loss`: same ``labels`` / ``grad`` /
     ``step`` / ``total`` / ``score`` contract on packed rows; :attr:`parts` holds each trained
-    output's last unweighted loss (what ``<output>_loss`` reports)."""
+    output's last unweighted loss (what ``<output>_loss`` reports), then its batch metric."""
 
     def __init__(self, spec: MultiLossSpec, batch: int, dtype=np.float32):
         self.spec, self.batch, self.dtype = spec, batch, np.dtype(dtype)
@@ -155,7 +161,8 @@ class MultiLoss:
             if sub is not None:
                 sub.grad = block
             self.subs.append(sub)
-        self.parts = np.zeros(len(spec.trained))
+        #: per trained output its last loss, then its last batch metric (mean over the rows)
+        self.parts = np.zeros(2 * len(spec.trained))
 
     def _labels_into(self, sub: Loss, y: np.ndarray) -> None:
         if sub.labels.ndim == 1:
@@ -174,6 +181,8 @@ class MultiLoss:
             part = sub.step(z[:, a:b])
             if h.weight != 1.0:
                 np.multiply(sub.grad, self.dtype.type(h.weight), out=sub.grad)
+            if h.metrics:
+                self.parts[len(self.parts) // 2 + n] = sub.score(z[:, a:b], sub.labels) / self.batch
             self.parts[n], n = part, n + 1
             total += h.weight * part
         return total
