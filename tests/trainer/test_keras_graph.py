@@ -139,17 +139,22 @@ def _positional(value):
     [
         (_called_twice(), "layer 'd' (Dense) is called 2 times: shared layers are not supported"),
         (
-            functional((4,), [("Add", "s", ["x", "y"], {})], "s", inputs=("x", "y")),
-            "2 inputs ('x', 'y'): a model with several inputs is not supported",
+            functional(
+                (4,),
+                [("Dense", "a", ["in"], {"units": 3}), ("Dense", "b", ["a"], {"units": 3})],
+                "a",
+                outputs=["a", "b"],
+            ),
+            "output 'a' is also read by ['b']",
         ),
         (
             functional(
                 (4,),
                 [("Dense", "a", ["in"], {"units": 3}), ("Dense", "b", ["in"], {"units": 3})],
                 "a",
-                outputs=["a", "b"],
+                outputs=["a", "a"],
             ),
-            "2 outputs ('a', 'b'): a model with several outputs is not supported",
+            "output 'a' is named twice",
         ),
         (_kwargs(training=True), "layer 'd' (Dense): call argument training=True"),
         (_positional(True), "layer 'd' (Dense): call argument True is not supported"),

@@ -228,7 +228,7 @@ def test_a_layer_keras_drops_the_mask_at_drops_it_as_keras_does():
         layers = [L.Embedding(VOCAB, 4, mask_zero=True), L.Flatten(), L.Dense(CLASSES)]
         cfg = {"class_name": "Sequential", "config": _config(*layers)}
     assert parse(cfg, compiled=False).layers[0].args["mask_zero"] is True
-    assert masks.propagate(parse(cfg, compiled=False).layers, 3) == {1: ("zero", 0)}
+    assert masks.propagate(parse(cfg, compiled=False).layers, (3,)) == {1: ("zero", 0)}
 
 
 @pytest.mark.parametrize("build", [bidirectional_gru, transformer_block])

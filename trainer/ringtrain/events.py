@@ -60,12 +60,16 @@ class Progress(_Record):
     """The chief after a step (at most once a second, and after the first and the last)."""
 
     KIND: ClassVar[str] = "progress"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("outputs",)
     step: int | None
     epoch: float | None = None
     loss: float | None = None
     samples_per_s: float | None = None
     eta_s: float | None = None
     total_steps: int | None = None
+    #: a model with several outputs: each output's value by Keras' history name
+    #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
+    outputs: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +77,16 @@ class Eval(_Record):
     """The chief after an evaluation of the whole test set."""
 
     KIND: ClassVar[str] = "eval"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae", "test_metrics")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae", "test_metrics", "outputs")
     step: int | None
     test_accuracy: float | None
     #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
     test_mae: float | None = None
     #: the compiled metrics beyond accuracy/MAE, by Keras' names (``Status.test_metrics``)
     test_metrics: dict | None = None
+    #: a model with several outputs: each output's value by Keras' history name
+    #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
+    outputs: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +95,16 @@ class Evaluation(_Record):
     the whole test split."""
 
     KIND: ClassVar[str] = "evaluation"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae", "test_metrics")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("test_mae", "test_metrics", "outputs")
     step: int | None
     test_loss: float | None = None
     test_accuracy: float | None = None
     checkpoint: str | None = None
     test_mae: float | None = None
     test_metrics: dict | None = None
+    #: a model with several outputs: each output's value by Keras' history name
+    #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
+    outputs: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +123,8 @@ class Final(_Record):
         "trace",
         "params_sha256",
         "test_mae",
+        "outputs",
+        "test_outputs",
     )
     steps: int | None
     epoch: int | None = None
@@ -132,6 +144,11 @@ class Final(_Record):
     params_sha256: str | None = None
     #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
     test_mae: float | None = None
+    #: a model with several outputs: each output's value by Keras' history name
+    #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
+    outputs: dict | None = None
+    #: a model with several outputs: the last evaluation's values per output (Keras' names)
+    test_outputs: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +168,8 @@ class Status(_Record):
         "numerics",
         "accumulation",
         "test_metrics",
+        "outputs",
+        "test_outputs",
     )
     step: int | None = 0
     epoch: float | None = 0
@@ -183,6 +202,10 @@ class Status(_Record):
     #: the model's compiled metrics beyond accuracy/MAE (``engine.keras_metrics``), by the
     #: name Keras reports them under (``{"auc": 0.91}``); None without any
     test_metrics: dict | None = None
+    #: a model with several outputs: the last step's loss per output (``<output>_loss``)
+    outputs: dict | None = None
+    #: a model with several outputs: the last evaluation's values per output (Keras' names)
+    test_outputs: dict | None = None
 
 
 Event = Progress | Eval | Evaluation | Final
@@ -298,6 +321,11 @@ def _compiled(metrics: dict | None) -> str:
     return "".join(f"  {k} {v:.4f}" for k, v in (metrics or {}).items())
 
 
+def _outputs(values: dict | None) -> list[str]:
+    """``cls_loss 0.4123``, one per output value of a model with several outputs."""
+    return [f"{k} {_number(v, '.4f')}" for k, v in (values or {}).items()]
+
+
 def format_event(e: Event) -> str:
     """One line for people.
 
@@ -323,9 +351,11 @@ def format_event(e: Event) -> str:
             parts.append(f"{e.samples_per_s:,.0f} samples/s")
         if e.eta_s is not None:
             parts.append(f"ETA {duration(e.eta_s)}")
-        return "  ".join(parts)
+        return "  ".join(parts + _outputs(e.outputs))
     if isinstance(e, Eval):
-        return f"step {e.step}  {_metric(e)}{_compiled(e.test_metrics)}"
+        return "  ".join(
+            [f"step {e.step}  {_metric(e)}{_compiled(e.test_metrics)}", *_outputs(e.outputs)]
+        )
     if isinstance(e, Evaluation):
         return (
             f"checkpoint step {e.step}  test loss {_number(e.test_loss, '.4f')}  {_metric(e)}"

@@ -120,6 +120,9 @@ class Dataset:
     train: Split
     test: Split
     num_classes: int = 10
+    #: a ``.npz`` named per model input/output (``x_train_<input>``, ...): its arrays by key,
+    #: packed for the model by ``data_multi.pack`` once the model is known; None otherwise
+    parts: dict | None = None
 
 
 def _find(data_dir: Path, stem: str) -> Path:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import DataError
+from ringtrain_trainer import data_multi
 from ringtrain_trainer.data import Dataset, Split
 from ringtrain_trainer.engine.losses import LossSpec
 
@@ -93,6 +94,8 @@ def load_npz(path: str | os.PathLike) -> Dataset:
                     f"{path}: a single .npy array, not a .npz archive of {', '.join(KEYS)}"
                 )
             missing = [k for k in KEYS if k not in z.files]
+            if missing and any(data_multi.NAMED.match(k) for k in z.files):
+                return data_multi.load_named(path, {k: z[k] for k in z.files})
             if missing:
                 raise DataError(
                     f"{path}: missing {', '.join(missing)} (has "
@@ -139,6 +142,7 @@ def check_fits(
     source: str | os.PathLike,
     loss: LossSpec | None = None,
     input_dtype: str | None = None,
+    labels: bool = True,
 ) -> None:
     """Refuse data the model cannot take, before anything runs: the examples must have the
     model's input shape (``(H, W)`` fits ``(H, W, 1)``, and any shape fits a model that takes
@@ -163,7 +167,7 @@ def check_fits(
                 f"{source}: {key} is {x.dtype} {tuple(x.shape)} with fractional values, but the "
                 f"model's input is {input_dtype} (token ids): store integers"
             )
-    for key, split in (("y_train", dataset.train), ("y_test", dataset.test)):
+    for key, split in (("y_train", dataset.train), ("y_test", dataset.test)) if labels else ():
         check_labels(split.labels, num_classes, loss or LossSpec(), f"{source}: {key}")
 
 
@@ -235,6 +239,9 @@ def fit_model(dataset: Dataset, spec, source: str | os.PathLike) -> tuple[Datase
     """The data set with its labels :func:`conform`-ed to ``spec``'s loss, checked by
     :func:`check_fits` against a ``model.ModelSpec`` (refusals raise), and the
     :func:`raw_pixels_note` to print, if any: what the worker and the evaluator both run."""
+    config = getattr(spec, "config", None)
+    if dataset.parts is not None or (config is not None and config.multi):
+        return data_multi.pack(dataset, config, source), None
     loss = getattr(spec, "loss", None) or LossSpec()
     dataset = conform(dataset, loss, spec.num_classes)
     check_fits(

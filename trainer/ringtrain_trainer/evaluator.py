@@ -40,7 +40,7 @@ from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data_npz import fit_model
 from ringtrain_trainer.engine import keras_metrics
-from ringtrain_trainer.engine.losses import Loss
+from ringtrain_trainer.engine.multiloss import make_loss
 from ringtrain_trainer.ipu import EVAL_BATCH
 from ringtrain_trainer.keras_model import describe
 from ringtrain_trainer.metrics import TrainerMetrics
@@ -111,11 +111,12 @@ class Evaluator:
         self.batch = min(EVAL_BATCH, max(1, len(self.data.test)))
         self.program = model_mod.Program(self.spec, self.batch, train=False)
         #: the model's loss (``engine.losses``), evaluated in float64
-        self.loss = Loss(self.spec.loss, self.batch, self.spec.num_classes, np.float64)
+        self.loss = make_loss(self.spec.loss, self.batch, self.spec.num_classes, np.float64)
         self.compiled = keras_metrics.for_model(self.spec)
         self.ckpt = CheckpointManager(cfg.checkpoint_dir)
         self.stop_requested = threading.Event()
         self.evaluated: list[events.Evaluation] = []
+        self.outputs: dict | None = None
         self.tb = tensorboard.EvalWriter(
             tensorboard.log_dir(cfg.tensorboard_dir, cfg.checkpoint_dir, "evaluator")
         )
@@ -140,6 +141,8 @@ class Evaluator:
         scale = self.program.dtype.type(self.data.test.scale)
         lossfn = self.loss
         self.compiled = keras_metrics.for_model(self.spec)
+        trained = len(getattr(self.spec.loss, "trained", ()))
+        sums = np.zeros(2 * trained) if trained else None
         loss = 0.0
         correct = 0.0
         x = self.program.x
@@ -150,7 +153,14 @@ class Evaluator:
             loss += lossfn.total(out, labels[s : s + n])
             correct += lossfn.score(out, labels[s : s + n])
             self.compiled.update(out, labels[s : s + n])
+            if sums is not None:
+                sums += [
+                    *lossfn.totals(out, labels[s : s + n]),
+                    *lossfn.scores(out, labels[s : s + n]),
+                ]
         count = max(1, len(labels))
+        #: a model with several outputs: this evaluation's loss and metric per output
+        self.outputs = None if sums is None else self.spec.loss.named_eval(sums, len(labels))
         # Keras' test loss includes the weight regularizers' penalty, as its training loss
         return loss / count + self.spec.penalty(state.params), correct / count
 
@@ -178,11 +188,16 @@ class Evaluator:
                 checkpoint=str(manifest),
                 test_mae=round(acc, 6) if mae else None,
                 test_metrics=extra,
+                outputs=self.outputs,
             )
             self.evaluated.append(ev)
             self.metrics.observe_evaluation(state.step, loss, acc, metric)
             self.metrics.update_status(test_metrics=extra)
             self.tb.evaluation(state.step, loss, acc, metric, extra)
+            if self.outputs and self.tb.on:
+                self.tb.scalars(state.step, {f"eval/test_{k}": v for k, v in self.outputs.items()})
+            if self.outputs:
+                self.metrics.update_status(test_outputs=self.outputs)
             self.emit(ev)
 
     def run(self) -> events.Final:

@@ -165,6 +165,8 @@ class IPU:
         #: mean of its training programs' copies after every step (``layers``)
         self.state = spec.init_state(self.dtype)
         self.stats = IPUStats()
+        self.output_losses: np.ndarray | None = None
+        self.eval_sums: np.ndarray | None = None
         self._cache: dict[tuple[int, bool], Executable] = {}
         self._shard_grads: list[np.ndarray] = []  # gradients of shards 1.. (shard 0: host's)
         self.host_threads = resolve_host_threads(config.host_threads)
@@ -467,6 +469,7 @@ class IPU:
         pipeline (``pipeline_ipu``) takes the same K·B at once."""
         b, k = exe.batch, self.config.accumulation
         loss = 0.0
+        parts = None
         for m in range(k):
             loss += self.train_step(
                 exe,
@@ -476,6 +479,9 @@ class IPU:
                 step=step,
                 micro=m,
             )
+            parts = _output_losses(exe, parts)
+        #: several outputs: the step's mean loss per trained output (``MultiLoss.parts``)
+        self.output_losses = None if parts is None else parts / k
         return loss / k
 
     def evaluate(
@@ -494,6 +500,8 @@ class IPU:
         x = np.zeros((batch, *self.spec.input_shape), self.dtype)
         per = exe.programs[0].batch
         score = 0.0
+        trained = len(getattr(self.spec.loss, "trained", ()))
+        sums = np.zeros(2 * trained) if trained else None
         factor = self.dtype.type(scale)
         for s in range(0, len(labels), batch):
             n = min(batch, len(labels) - s)
@@ -510,9 +518,24 @@ class IPU:
                     score += p.loss.score(p.output[: hi - lo], labels[s + lo : s + hi])
                     if metrics is not None:
                         metrics.update(p.output[: hi - lo], labels[s + lo : s + hi])
+                    if sums is not None:
+                        z, y = p.output[: hi - lo], labels[s + lo : s + hi]
+                        sums += [*p.loss.totals(z, y), *p.loss.scores(z, y)]
+        #: several outputs: per trained output the summed loss, then the summed metric
+        self.eval_sums = sums
         return score / max(1, len(labels))
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+def _output_losses(exe: Executable, parts: np.ndarray | None) -> np.ndarray | None:
+    """Adds the programs' mean per-output losses of one micro-batch to ``parts`` (None:
+    a model with one output)."""
+    first = exe.programs[0].loss
+    if not hasattr(first, "parts"):
+        return None
+    mean = sum(p.loss.parts for p in exe.programs) / len(exe.programs)
+    return mean if parts is None else parts + mean

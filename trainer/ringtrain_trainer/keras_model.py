@@ -23,8 +23,8 @@ Going back, :meth:`KerasModel.keras_config` writes a Keras 3 config of the same 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
-from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -33,7 +33,8 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import budget as budget_mod
 from ringtrain_trainer.engine.graph import Graph, Node
-from ringtrain_trainer.keras import archive, masks
+from ringtrain_trainer.engine.multiloss import MultiLossSpec
+from ringtrain_trainer.keras import archive, outputs, shared, weight_args
 from ringtrain_trainer.keras.config import (
     LayerSpec,
     ModelConfig,
@@ -42,8 +43,9 @@ from ringtrain_trainer.keras.config import (
     parse,
 )
 from ringtrain_trainer.keras.entry import Build
+from ringtrain_trainer.keras.mask_nodes import MaskWiring
 from ringtrain_trainer.keras.registry import REGISTRY
-from ringtrain_trainer.model import ModelSpec, Slot
+from ringtrain_trainer.model import ModelSpec
 
 PRESETS = ("cnn", "cnn2")
 
@@ -69,147 +71,6 @@ def _fuses(conv: LayerSpec, readers: list[LayerSpec]) -> bool:
     )
 
 
-def frozen(s: LayerSpec) -> bool:
-    """Whether Keras layer ``s`` is frozen (``trainable=False`` on it or a model around it)."""
-    return s.args.get("trainable", True) is False
-
-
-def _weight_arg(weight: str) -> str:
-    """The Keras argument prefix that initializes/regularizes a weight (``query_kernel`` and
-    ``kernel`` ← ``kernel_*``, ``recurrent_kernel`` ← ``recurrent_*``)."""
-    for kind in ("recurrent", "depthwise", "pointwise"):
-        if weight.endswith(f"{kind}_kernel"):
-            return kind
-    for kind in ("kernel", "bias"):
-        if weight == kind or weight.endswith(f"_{kind}"):
-            return kind
-    return weight
-
-
-def _with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list[Slot]:
-    """The slots with each parameter's non-default initializer, regularizer and constraint
-    (the layer's ``*_initializer``/``*_regularizer``/``*_constraint`` arguments, kept by
-    ``Args``); one that names no trainable weight of its layer is refused, not ignored."""
-    from ringtrain_trainer.engine.ops import initializers, regularizers
-    from ringtrain_trainer.optim import constraints
-
-    extra: dict[tuple[int, str], dict] = {}
-    readers = {"init": initializers.parse, "reg": regularizers.parse}
-    readers["constraint"] = constraints.parse
-    kinds = (("init", "initializer"), ("reg", "regularizer"), ("constraint", "constraint"))
-    for s, li in zip(layers, owner, strict=True):
-        if s.shares:  # a later call of a shared layer: the layer's own arguments say it
-            continue
-        used: set[str] = set()
-        entry = REGISTRY[s.cls]
-        for w in entry.weights(s.args, list(s.in_shapes)):
-            args, own = entry.weight_args(s.args, w.name)
-            for field, suffix in kinds:
-                arg = f"{_weight_arg(own)}_{suffix}"
-                if arg in args and frozen(s):  # no gradient, no penalty: as Keras
-                    used.add(arg)
-                elif arg in args and w.trainable and li is not None:
-                    used.add(arg)
-                    got = readers[field](args[arg], arg)
-                    if field == "constraint":  # projected over the Keras weight's axes
-                        got = replace(got, shape=tuple(w.shape))
-                    extra.setdefault((li, w.name), {})[field] = got
-        for k in s.args:
-            optional = k.split("_")[0] in ("bias", "gamma", "beta")  # absent when switched off
-            weighty = k.endswith(("_initializer", "_regularizer", "_constraint"))
-            if weighty and k not in used and not optional:
-                raise InvalidSpec(
-                    f"model: layer {s.name!r} ({s.cls}): {k}={s.args[k]!r} is not supported "
-                    "(supported: Keras' default; no trainable weight of this layer takes it)"
-                )
-    return [
-        Slot(replace(x.spec, **extra[(x.spec.layer, x.spec.name)]), x.start, x.stop)
-        if (x.spec.layer, x.spec.name) in extra
-        else x
-        for x in slots
-    ]
-
-
-def _tie(ops: list, graph: Graph, groups: list[list], specs, calls) -> dict[int, int]:
-    """Wrap each shared layer's ops (``engine.ops.shared``): the call first in forward owns
-    the weights, the others are tied to it; returns tied op → owning op."""
-    from ringtrain_trainer.engine.ops.shared import Shared, Tied
-
-    pos = {n: k for k, n in enumerate(graph.order)}
-    ties: dict[int, int] = {}
-    for name, group in zip(calls, groups, strict=True):
-        group = [i for i in group if i is not None]
-        if len(group) < 2 or not ops[group[0]].params(0):
-            continue  # folded away, or nothing to share
-        if any(frozen(specs[i]) for i in calls[name]):
-            raise InvalidSpec(
-                f"model: layer {name!r} is shared and trainable=False: not supported "
-                "(supported: a shared layer that trains, or a frozen layer called once)"
-            )
-        first = min(group, key=pos.__getitem__)
-        ops[first] = Shared(ops[first])
-        for i in group:
-            if i != first:
-                ops[i], ties[i] = Tied(ops[i]), first
-    return ties
-
-
-class _MaskWiring:
-    """Builds each Keras mask (``keras.masks``) once, as a node of the graph that writes a
-    ``no_grad`` tensor, and says which masks a layer's node reads after its inputs."""
-
-    def __init__(self, config: ModelConfig, ops: list, nodes: list[Node], where: dict[int, int]):
-        self.masks = masks.propagate(config.layers, config.output)
-        self.ops, self.nodes, self.where = ops, nodes, where
-        self.shapes = {0: tuple(config.input_shape)}
-        self.shapes.update({s.output: tuple(s.out_shape) for s in config.layers})
-        #: mask key → the IPU tensor holding it
-        self.made: dict[masks.Key, int] = {}
-        #: every tensor a mask node writes (attention's combined masks too)
-        self.no_grad: set[int] = set()
-
-    def _node(self, op, inputs: tuple[int, ...]) -> int:
-        n = len(self.ops)
-        op.name = f"mask{n}"
-        self.nodes.append(Node(n, inputs, n + 1))
-        self.ops.append(op)
-        self.no_grad.add(n + 1)
-        return n + 1
-
-    def tensor(self, key: masks.Key) -> int:
-        from ringtrain_trainer.engine.ops.mask import ComputeMask
-
-        if key not in self.made:
-            if key[0] == "or":
-                srcs = tuple(self.tensor(k) for k in key[1])
-                shape = self.ops[srcs[0] - 1].out_shape
-                self.made[key] = self._node(ComputeMask(shape, "or", n=len(srcs)), srcs)
-            else:
-                value = key[2] if key[0] == "value" else 0.0
-                op = ComputeMask(self.shapes[key[1]], key[0], value)
-                self.made[key] = self._node(op, (self.where[key[1]],))
-        return self.made[key]
-
-    def inputs(self, s: LayerSpec) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        """(the mask roles of ``Build.mask``, the mask tensors) layer ``s``'s node reads."""
-        from ringtrain_trainer.engine.ops.mask import AttentionMask
-
-        if s.cls == "Masking":
-            return ("input",), (self.tensor(("value", s.inputs[0], s.args["mask_value"])),)
-        if s.cls not in masks.CONSUME:
-            return (), ()
-        ins = [self.masks.get(t) for t in s.inputs]
-        if s.cls != "MultiHeadAttention":
-            return (("input",), (self.tensor(ins[0]),)) if ins[0] is not None else ((), ())
-        srcs = masks.attention_sources(s, ins)
-        if not srcs:
-            return (), ()
-        T, S = s.in_shapes[0][0], s.in_shapes[min(1, len(s.in_shapes) - 1)][0]
-        op = AttentionMask(T, S, tuple(r for r, _ in srcs))
-        made = self._node(op, tuple(self.tensor(k) for _, k in srcs))
-        return tuple(r for r, _ in srcs), (made,)
-
-
 class KerasModel(ModelSpec):
     """A :class:`ModelSpec` built from a Keras config, which it remembers."""
 
@@ -231,19 +92,25 @@ class KerasModel(ModelSpec):
         ops: list = []
         nodes: list[Node] = []
         #: Keras tensor → the IPU tensor holding it
-        where: dict[int, int] = {0: 0}
+        where: dict[int, int] = {x.tensor: x.tensor for x in config.inputs} or {0: 0}
+        heads = outputs.heads(config)
         ipu_input = config.input_shape
         #: per Keras layer: the IPU op holding its weights (None: folded away)
         owner: list[int | None] = [None] * len(specs)
         done: set[int] = set()
-        wiring = _MaskWiring(config, ops, nodes, where)
+        wiring = MaskWiring(config, ops, nodes, where)
         for i, s in enumerate(specs):
             if i in done:
                 continue
             readers = config.consumers(s.output)
-            last = s.output == config.output
+            last = s.output in heads
             if s.cls in ("Reshape", "Flatten") and (
-                (not ops and s.inputs == (0,) and len(config.consumers(0)) == 1)
+                (
+                    not ops
+                    and s.inputs == (0,)
+                    and len(config.consumers(0)) == 1
+                    and len(config.inputs) <= 1
+                )
                 or (
                     len(s.out_shape) == 1
                     and len(readers) == 1
@@ -262,7 +129,7 @@ class KerasModel(ModelSpec):
                 done.add(specs.index(readers[0]))
                 op = ConvPool(tuple(s.in_shapes[0]), s.args["filters"], s.args["kernel_size"][0])
             else:
-                fold = config.loss.folded if last else None
+                fold = heads[s.output] if last else None
                 try:
                     op = REGISTRY[s.cls].build(s, list(s.in_shapes), Build(i, fold, roles))
                 except ValueError as e:
@@ -270,7 +137,7 @@ class KerasModel(ModelSpec):
             if op is None:  # the identity (an activation folded into the loss)
                 where[s.output] = where[s.inputs[0]]
                 continue
-            if frozen(s):
+            if s.frozen:
                 from ringtrain_trainer.engine.ops.frozen import Frozen
 
                 op = Frozen(op, inference=s.cls == "BatchNormalization")
@@ -284,25 +151,26 @@ class KerasModel(ModelSpec):
         self.owner = owner
         if not ops:
             raise InvalidSpec("model: the config has no layer with weights or computation")
-        shape = tuple(ops[where[config.output] - 1].out_shape) if where[config.output] else ()
-        kind = config.loss.kind
-        if len(shape) != 1 or (shape[0] < 2 and kind in ("sparse", "categorical")):
-            raise InvalidSpec(
-                f"model: the output shape is {shape}; "
-                + (
-                    "a classifier needs one score per class (end with Dense(num_classes))"
-                    if kind in ("sparse", "categorical")
-                    else f"{config.loss.name} needs a flat output (end with Dense(units))"
-                )
-            )
-        graph = Graph(nodes, (0,), (where[config.output],), frozenset(wiring.no_grad))
-        ties = _tie(ops, graph, [[owner[i] for i in v] for v in calls.values()], specs, calls)
+        outs = config.outputs or (config.output,)
+        widths = [outputs.output_width(config, ops, where, t) for t in outs]
+        ins = config.inputs
+        graph = Graph(
+            nodes,
+            tuple(x.tensor for x in ins) or (0,),
+            tuple(where[t] for t in outs),
+            frozenset(wiring.no_grad),
+        )
+        ties = shared.tie(ops, graph, [[owner[i] for i in v] for v in calls.values()], specs, calls)
+        #: several inputs: each one's own shape; the program's ``x`` packs them row-major
+        self.graph_input_shapes = [tuple(x.shape) for x in ins] if len(ins) > 1 else None
+        if self.graph_input_shapes:
+            ipu_input = (sum(math.prod(x.shape) for x in ins),)
         #: the IPU program's input shape: the Keras input after any leading Reshape/Flatten
         #: (same bytes, row-major); ``config.input_shape`` is what the Keras model takes
         super().__init__(
-            name, ops, tuple(ipu_input), shape[0], graph=graph, loss=config.loss, ties=ties
+            name, ops, tuple(ipu_input), sum(widths), graph=graph, loss=config.loss, ties=ties
         )
-        self.slots = _with_weight_args(self.slots, config.layers, owner)
+        self.slots = weight_args.with_weight_args(self.slots, config.layers, owner)
         self.initial = initial  # (flat, state) from a .keras archive, or None
         #: parameters held frozen (``trainable=False``): state, never trained or reduced
         self.num_frozen = sum(getattr(op, "frozen_size", 0) for op in ops)
@@ -327,7 +195,7 @@ class KerasModel(ModelSpec):
         """Frozen weights are never trained, so fresh random ones would stay random: a model
         with a frozen layer must start from a ``.keras`` file's (or a checkpoint's) weights."""
         first = next(
-            (s for s in self.config.layers if frozen(s) and archive.weights_of_layer(s)), None
+            (s for s in self.config.layers if s.frozen and archive.weights_of_layer(s)), None
         )
         if first is not None:
             raise InvalidSpec(
@@ -347,7 +215,11 @@ class KerasModel(ModelSpec):
                     "optimizer": "adam",
                     "loss": self.config.loss.keras(),
                     "metrics": None,
-                    "loss_weights": None,
+                    "loss_weights": (
+                        self.config.loss.keras_weights()
+                        if isinstance(self.config.loss, MultiLossSpec)
+                        else None
+                    ),
                     "weighted_metrics": None,
                     "run_eagerly": False,
                     "steps_per_execution": 1,
@@ -363,7 +235,7 @@ class KerasModel(ModelSpec):
         (trainable, the flat buffer) or "s" (state)."""
         for s, li in zip(self.config.layers, self.owner, strict=True):
             for w in archive.weights_of_layer(s):
-                yield s, w.name, "p" if w.trainable and not frozen(s) else "s", li
+                yield s, w.name, "p" if w.trainable and not s.frozen else "s", li
 
     def keras_weights(
         self, flat_params: np.ndarray, state: np.ndarray | None = None

@@ -18,6 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ringtrain_trainer.engine import losses, workspace
+from ringtrain_trainer.engine.multiloss import loss_bytes
 from ringtrain_trainer.engine.program import accumulators
 
 #: the kinds of device memory, in the order the report, the metric and the panel use
@@ -118,7 +119,7 @@ def plan_memory(
                 workspace.pieces(batch, getattr(layer, "chunk", None)),
             )
         )
-    labels, loss_work = losses.buffer_bytes(
+    labels, loss_work = loss_bytes(
         getattr(spec, "loss", None) or losses.DEFAULT, batch, spec.num_classes, itemsize
     )
     rows.append(

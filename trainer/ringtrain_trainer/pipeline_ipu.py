@@ -83,6 +83,11 @@ class PipelinedIPU(IPU):
         if config.recompute:
             raise InvalidSpec("allowRecompute with pipeline.stages: not implemented together")
         refuse(config.precision, config.stochastic_rounding)
+        if len(spec.graph.inputs) > 1 or len(spec.graph.outputs) > 1:
+            raise InvalidSpec(
+                "pipeline.stages: a model with several inputs or outputs is not supported "
+                "(supported: one input, one output)"
+            )
         super().__init__(spec, config, host_params, host_grads, tracer)
         names = () if stages.strip() == "auto" else layer_names(stages)
         self.names, self.schedule, self.depth = names, schedule, config.accumulation

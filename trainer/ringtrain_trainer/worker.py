@@ -41,7 +41,7 @@ from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig, layer_names
 from ringtrain_trainer.data_npz import fit_model
 from ringtrain_trainer.engine import keras_metrics
-from ringtrain_trainer.engine.losses import label_buffer
+from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
 from ringtrain_trainer.metrics import TrainerMetrics
@@ -71,6 +71,10 @@ def _metric_fields(metric: str, value: float | None) -> dict:
     """An event's ``test_accuracy``, or its ``test_mae`` after a regression loss."""
     v = None if value is None else round(value, 6)
     return {"test_accuracy": None, "test_mae": v} if metric == "mae" else {"test_accuracy": v}
+
+
+def _outputs_field(values: dict | None) -> dict:
+    return {} if values is None else {"outputs": values}
 
 
 #: seconds between progress lines
@@ -289,6 +293,8 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.trace_file: str | None = None
         self.test_accuracy: float | None = None
+        #: a model with several outputs: the last evaluation's values per output
+        self.test_outputs: dict | None = None
         tb_dir = tensorboard.log_dir(cfg.tensorboard_dir, cfg.checkpoint_dir, "chief")
         self.tb = tensorboard.TrainWriter(tb_dir if self.is_chief else None, self.world)
 
@@ -391,7 +397,8 @@ class Trainer:
             optimizer_state={**self.optimizer.state_dict(), **self.loss_scale.state()},
             optimizer_iterations=self.optimizer.iterations,
             optimizer_config=self.optimizer_spec.record(),
-            loss_config=self.spec.loss.record(),
+            # several outputs: each output's loss of the last step beside its loss function
+            loss_config={**self.spec.loss.record(), **_outputs_field(self._output_losses())},
             precision=self.numerics.precision,
             model=self.cfg.model,
             world_size=self.world,
@@ -446,6 +453,7 @@ class Trainer:
                 images[lo:hi], labels[lo:hi], self.eval_batch, test.scale, compiled
             )
             correct = round(acc * (hi - lo)) if exact else acc * (hi - lo)
+        self._evaluate_outputs(hi - lo)
         if self.world > 1:
             # the compiled metrics' sums and counts ride along: summed, they are one pass's
             counts = np.concatenate([[correct], compiled.state()]).astype(np.float32)
@@ -465,6 +473,29 @@ class Trainer:
             fields = _metric_fields(metric, acc)
             self.report.emit(events.Eval(step=self.step, **fields, test_metrics=extra))
         return acc
+
+    def _output_losses(self) -> dict | None:
+        """A model with several outputs: this worker's last step's loss per output."""
+        parts = self.ipu.output_losses
+        return None if parts is None else self.spec.loss.named(parts)
+
+    def _evaluate_outputs(self, n: int) -> None:
+        """A model with several outputs: each one's test loss and metric, summed over the
+        workers like the accuracy (tag -3), recorded and reported by the chief."""
+        trained = len(getattr(self.spec.loss, "trained", ()))
+        if not trained:
+            return
+        own = self.ipu.eval_sums
+        sums = np.array(own, np.float32) if n and own is not None else np.zeros(2 * trained)
+        sums = sums.astype(np.float32)
+        if self.world > 1:
+            self.collective.allreduce_mean_(sums, step=self.step, tag=-3)
+            sums *= self.world
+        if self.is_chief:
+            self.test_outputs = self.spec.loss.named_eval(sums, len(self.data.test))
+            self.metrics.update_status(test_outputs=self.test_outputs)
+            if self.tb.on:
+                self.tb.scalars(self.step, {f"test/{k}": v for k, v in self.test_outputs.items()})
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:
         """One synchronous step; returns (loss, seconds, its communication statistics)."""
@@ -550,6 +581,7 @@ class Trainer:
         while not self._done() and not self._should_stop():
             self._collect_trace()
             loss, dt, comm = self.train_one_step()
+            outs = self._output_losses()
             train_s += dt
             ema = tput.update(dt)
             sps = self.sharder.global_batch / ema
@@ -568,8 +600,13 @@ class Trainer:
                         samples_per_s=round(sps, 1),
                         eta_s=round(max(0, total - self.step) * ema, 1),
                         total_steps=total,
+                        outputs=outs,
                     )
                 )
+                if outs:
+                    self.metrics.update_status(outputs=outs)
+                    if self.tb.on:
+                        self.tb.scalars(self.step, {f"train/{k}": v for k, v in outs.items()})
                 self.tb.progress(self.step, loss, self.optimizer.lr, sps)
                 if self.tb.on:
                     self.tb.scalars(self.step, self._numerics_scalars())
@@ -591,6 +628,8 @@ class Trainer:
             epoch=self.position.epoch,
             loss=None if np.isnan(loss) else round(loss, 6),
             **_metric_fields(self.spec.loss.metric, self.test_accuracy),
+            outputs=self._output_losses(),
+            test_outputs=self.test_outputs,
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
             if train_s > 0
             else 0.0,

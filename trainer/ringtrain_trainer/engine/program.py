@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ringtrain_trainer.engine.losses import DEFAULT, Loss, buffer_bytes
+from ringtrain_trainer.engine.losses import DEFAULT
+from ringtrain_trainer.engine.multiloss import loss_bytes, make_loss
 
 #: how a node's input gradient reaches its tensor: dropped (the data), taken as is (fan-out 1),
 #: copied into the accumulator (first of several) or added to it
@@ -58,7 +59,8 @@ def _node_pieces(spec) -> list[list[tuple[str, tuple[int, int], tuple[int, int]]
 def tensor_shapes(spec) -> dict[int, tuple[int, ...]]:
     """Per-example shape of every tensor of ``spec.graph``."""
     graph = spec.graph
-    shapes = {t: tuple(spec.input_shape) for t in graph.inputs}
+    own = getattr(spec, "graph_input_shapes", None) or [spec.input_shape] * len(graph.inputs)
+    shapes = {t: tuple(s) for t, s in zip(graph.inputs, own, strict=True)}
     for n in graph.nodes:
         shapes[n.output] = tuple(spec.layers[n.index].out_shape)
     return shapes
@@ -114,15 +116,31 @@ class Program:
         for i, owner in getattr(spec, "ties", {}).items():  # a shared layer's later calls
             self.ws[i]["owner"] = self.ws[owner]  # add their weight gradients to the owner's
         self.x = np.zeros((batch, *spec.input_shape), self.dtype)
-        #: the compiled loss (``engine.losses``): its label buffer and dloss/doutput
-        self.loss = Loss(getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, dtype)
+        #: the compiled loss (``engine.losses``, or ``engine.multiloss`` for several outputs):
+        #: its label buffer and dloss/doutput
+        self.loss = make_loss(
+            getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, dtype
+        )
         self.labels = self.loss.labels
         self.dlogits = self.loss.grad
         #: the nodes this program runs (``engine.pipeline``: one stage's); None: all
         self.nodes = nodes
         #: the value of every tensor this step (views of the nodes' own buffers)
         self.tensors: dict[int, np.ndarray | None] = dict.fromkeys(graph.tensors)
-        self.tensors[graph.inputs[0]] = self.x
+        self._split_in: list[tuple[np.ndarray, np.ndarray]] = []
+        self._pack_out: list[tuple[np.ndarray, int]] = []
+        self._packed: np.ndarray | None = None
+        if len(graph.inputs) == 1:
+            self.tensors[graph.inputs[0]] = self.x
+        else:  # several inputs: ``x`` packs them row-wise; each gets its own buffer
+            at, own = 0, tensor_shapes(spec)
+            for t in graph.inputs:
+                buf = np.zeros((batch, *own[t]), self.dtype)
+                n = math.prod(own[t])
+                self._split_in.append((self.x[:, at : at + n], buf.reshape(batch, n)))
+                self.tensors[t], at = buf, at + n
+        if len(graph.outputs) > 1:  # several outputs: packed side by side for the loss
+            self._packed = np.zeros((batch, spec.num_classes), self.dtype)
         #: gradient accumulators of the fanned-out tensors (training programs only)
         self.acc = (
             {
@@ -143,8 +161,22 @@ class Program:
 
     @property
     def output(self) -> np.ndarray:
-        """The graph's output (the logits) as the last forward left it."""
+        """The graph's output (the logits) as the last forward left it; several outputs:
+        packed side by side (``engine.multiloss``)."""
+        if self._packed is not None:
+            return self._packed
         return self.tensors[self.graph.outputs[0]]
+
+    def pack_outputs(self) -> np.ndarray:
+        """:attr:`output` after a forward (several outputs: copied side by side)."""
+        if self._packed is not None:
+            at = 0
+            for t in self.graph.outputs:
+                z = self.tensors[t]
+                k = z.shape[1]
+                np.copyto(self._packed[:, at : at + k], z)
+                at += k
+        return self.output
 
     @staticmethod
     def buffer_bytes(spec, batch: int, train: bool, itemsize: int = 4) -> dict[str, int]:
@@ -159,7 +191,7 @@ class Program:
                     work += n
         if train:
             work += sum(batch * math.prod(s) * itemsize for s in accumulators(spec).values())
-        labels, loss_work = buffer_bytes(
+        labels, loss_work = loss_bytes(
             getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, itemsize
         )
         data = batch * math.prod(spec.input_shape) * itemsize + labels
@@ -170,11 +202,17 @@ class Program:
         self, params: list[dict[str, np.ndarray]], on_layer: Callable[[int], None] | None = None
     ) -> np.ndarray:
         """Logits; ``on_layer(i)`` (a tracer's lap) after each node ``i``."""
+        self.split_inputs()
         for i in self.graph.order:
             self.forward_node(i, params)
             if on_layer is not None:
                 on_layer(i)
-        return self.tensors[self.graph.outputs[0]]
+        return self.pack_outputs()
+
+    def split_inputs(self) -> None:
+        """Several inputs: each one's columns of the packed ``x`` into its own buffer."""
+        for packed, own in self._split_in:
+            np.copyto(own, packed)
 
     def forward_node(self, i: int, params: list[dict[str, np.ndarray]]) -> None:
         """Node ``i``'s forward, reading and writing :attr:`tensors` (recompute and pipeline
@@ -228,11 +266,20 @@ class Program:
         touches what backward reads) streams the weight gradients first, so the host's
         allreduce starts earlier and the input gradient hides part of it. Either way the
         arithmetic is the same."""
-        self._grads[self.graph.outputs[0]] = self.dlogits
+        self.seed_output_grads()
         for i in self.graph.backward_order():
             yield from self.backward_node(i, params, grads)
             if on_layer is not None:
                 on_layer(i)
+
+    def seed_output_grads(self) -> None:
+        """dloss/doutput as each output tensor's gradient (several outputs: each one's block
+        of the packed loss gradient)."""
+        if len(self.graph.outputs) == 1:
+            self._grads[self.graph.outputs[0]] = self.dlogits
+        else:
+            for t, block in zip(self.graph.outputs, self.loss.blocks, strict=True):
+                self._grads[t] = block
 
     def backward_node(self, i: int, params, grads):
         """Generator: node ``i``'s backward (see :meth:`backward_pieces`), yielding each of its

@@ -147,6 +147,7 @@ class RecomputeProgram(Program):
     def forward(self, params, on_layer=None):
         if not self.train:
             return super().forward(params, on_layer)
+        self.split_inputs()
         for s, seg in enumerate(self.segments):
             for i in seg:
                 self.forward_node(i, params)
@@ -156,10 +157,10 @@ class RecomputeProgram(Program):
                 t = self.cut_tensors[s]
                 np.copyto(self.ckpt[t], self.tensors[t])
                 self.tensors[t] = self.ckpt[t]
-        return self.output
+        return self.pack_outputs()
 
     def backward_pieces(self, params, grads, on_layer=None):
-        self._grads[self.graph.outputs[0]] = self.dlogits
+        self.seed_output_grads()
         last = len(self.segments) - 1
         for s in range(last, -1, -1):
             seg = self.segments[s]

@@ -116,6 +116,14 @@ class OnnxGraph:
         return self.op(_ACT[act], [x], hint)
 
 
+def io_names(cfg) -> tuple[list[str], list[str]]:
+    """The ONNX graph's input and output names: ``input`` / ``output`` for a model with one
+    of each (as always), the Keras input and output names where it has several."""
+    ins = [x.name for x in cfg.inputs] if len(cfg.inputs) > 1 else [INPUT]
+    outs = list(cfg.output_names) if len(cfg.outputs) > 1 else [OUTPUT]
+    return ins, outs
+
+
 def to_onnx(keras_config: dict, weights: list[np.ndarray], input_shape=None):
     """The ``onnx.ModelProto``; :func:`write_onnx` checks and saves it. ``input_shape``: the
     shape the run compiled where the config's input has None dimensions; they stay symbolic
@@ -125,7 +133,7 @@ def to_onnx(keras_config: dict, weights: list[np.ndarray], input_shape=None):
     if declared is not None and input_shape is not None:
         keras_config = fix_input_shape(keras_config, input_shape)
     cfg = parse(keras_config, compiled=False)
-    masked = masks.readers(cfg.layers, masks.propagate(cfg.layers, cfg.output))
+    masked = masks.readers(cfg.layers, masks.propagate(cfg.layers, cfg.outputs))
     if masked:
         s = masked[0]
         raise InvalidSpec(
@@ -136,20 +144,24 @@ def to_onnx(keras_config: dict, weights: list[np.ndarray], input_shape=None):
             enumerate(cfg.input_shape)]  # fmt: skip
     arrays = bind(cfg, weights)
     g = OnnxGraph(onnx, len(cfg.input_shape) + 1)
+    ins, outs = io_names(cfg)
+    for x, name in zip(cfg.inputs, ins, strict=True):
+        g.tensors[x.tensor] = (name, False, len(x.shape) + 1)
     for s, ws in zip(cfg.layers, arrays, strict=True):
         g.spec = s
         REGISTRY[s.cls].onnx(g, s, ws)
-    g.nodes.append(
-        onnx.helper.make_node("Identity", [g.tensor(cfg.output, False)], [OUTPUT], name=OUTPUT)
-    )
     f32 = onnx.TensorProto.FLOAT
-    graph = onnx.helper.make_graph(
-        g.nodes,
-        cfg.name,
-        [onnx.helper.make_tensor_value_info(INPUT, f32, ["batch", *dims])],
-        [onnx.helper.make_tensor_value_info(OUTPUT, f32, ["batch", *cfg.output_shape])],
-        initializer=g.inits,
-    )
+    out_infos = []
+    for t, name in zip(cfg.outputs or (cfg.output,), outs, strict=True):
+        g.nodes.append(onnx.helper.make_node("Identity", [g.tensor(t, False)], [name], name=name))
+        out_infos.append(
+            onnx.helper.make_tensor_value_info(name, f32, ["batch", *cfg.out_shape_of(t)])
+        )
+    in_infos = [
+        onnx.helper.make_tensor_value_info(name, f32, ["batch", *(dims if k == 0 else x.shape)])
+        for k, (x, name) in enumerate(zip(cfg.inputs, ins, strict=True))
+    ]
+    graph = onnx.helper.make_graph(g.nodes, cfg.name, in_infos, out_infos, initializer=g.inits)
     model = onnx.helper.make_model(
         graph, producer_name="ringtrain", opset_imports=[onnx.helper.make_opsetid("", OPSET)]
     )

@@ -24,7 +24,13 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.keras import nested, shared
-from ringtrain_trainer.keras.config import ModelConfig, fix_input_shape, free_input_shape, parse
+from ringtrain_trainer.keras.config import (
+    InputSpec,
+    ModelConfig,
+    fix_input_shape,
+    free_input_shape,
+    parse,
+)
 from ringtrain_trainer.keras.entry import Weight, snake_case
 from ringtrain_trainer.keras.registry import REGISTRY
 
@@ -144,16 +150,18 @@ def to_keras(
         for s, call in zip(cfg.layers, calls, strict=True)
     ]
     if cfg.functional:
-        names = {0: [cfg.input_name, 0, 0]}
+        ins = cfg.inputs or (InputSpec(cfg.input_name, cfg.input_shape, cfg.input_dtype, 0),)
+        names = {x.tensor: [x.name, 0, 0] for x in ins}
         names |= {s.output: shared.history(s.name, s.shares) for s in cfg.layers}
-        shapes = {0: cfg.input_shape, **{s.output: s.out_shape for s in cfg.layers}}
+        shapes = {x.tensor: x.shape for x in ins} | {s.output: s.out_shape for s in cfg.layers}
+        dtypes = {x.tensor: x.dtype for x in ins}
 
         def tensor(t: int) -> dict:
             return {
                 "class_name": "__keras_tensor__",
                 "config": {
                     "shape": [None, *shapes[t]],
-                    "dtype": cfg.input_dtype if t == 0 else "float32",
+                    "dtype": dtypes.get(t, "float32"),
                     "keras_history": names[t],
                 },
             }
@@ -164,11 +172,22 @@ def to_keras(
             args = ts if REGISTRY[s.cls].positional else [ts if len(ts) > 1 else ts[0]]
             kwargs = {k: s.args[k] for k in call if s.args.get(k)}
             item["inbound_nodes"] = [{"args": args, "kwargs": kwargs}]
-        first = _item("InputLayer", inp, name=cfg.input_name, inbound_nodes=[])
+        firsts = [
+            _item(
+                "InputLayer",
+                {"batch_shape": [None, *x.shape], "dtype": x.dtype, "name": x.name},
+                name=x.name,
+                inbound_nodes=[],
+            )
+            for x in ins
+        ]
+        outs = cfg.outputs or (cfg.output,)
+        in_refs = [[x.name, 0, 0] for x in ins]
+        out_refs = [names[t] for t in outs]
         body = {
-            "layers": [first, *shared.fold(layers, cfg.layers)],
-            "input_layers": [cfg.input_name, 0, 0],
-            "output_layers": names[cfg.output],
+            "layers": [*firsts, *shared.fold(layers, cfg.layers)],
+            "input_layers": in_refs if len(in_refs) > 1 else in_refs[0],
+            "output_layers": out_refs if len(out_refs) > 1 else out_refs[0],
         }
         cls = "Functional"
     else:
@@ -179,11 +198,17 @@ def to_keras(
         "class_name": cls,
         "config": {"name": cfg.name, "trainable": True, "dtype": "float32", **body},
         "registered_name": None,
-        "build_config": {"input_shape": [None, *cfg.input_shape]},
+        "build_config": {"input_shape": _build_shape(cfg)},
     }
     if compile_config is not None:
         out["compile_config"] = compile_config
     return nested.nest(out, cfg.nesting)
+
+
+def _build_shape(cfg: ModelConfig) -> list:
+    """``build_config.input_shape``: one shape, or one per input as Keras writes them."""
+    shapes = [[None, *x.shape] for x in cfg.inputs] or [[None, *cfg.input_shape]]
+    return shapes if len(shapes) > 1 else shapes[0]
 
 
 def normalized(keras_config: dict) -> dict:
@@ -196,8 +221,7 @@ def normalized(keras_config: dict) -> dict:
         layer.setdefault("module", "keras.layers")
         layer.setdefault("registered_name", None)
     cfg.setdefault(
-        "build_config",
-        {"input_shape": [None, *parse(_any_length(keras_config), compiled=False).input_shape]},
+        "build_config", {"input_shape": _build_shape(parse(_any_length(keras_config), False))}
     )
     return cfg
 

@@ -137,3 +137,105 @@ def read(comp: dict | None, tail: str | None) -> tuple[losses.LossSpec, Optimize
         loss = losses.LossSpec("SparseCategoricalCrossentropy", {"from_logits": tail != "softmax"})
     _check(comp, loss.kind)
     return losses.fold(loss, tail), from_compile_config(comp)
+
+
+def _per_output(v: Any, names: list[str], field: str, default: Any) -> list[Any]:
+    """A compile setting given per output, as Keras takes it: a list in output order, a dict
+    keyed by output name (a missing name gets ``default``), or None (``default`` for all)."""
+    where = f"model: compile_config.{field}"
+    if v is None:
+        return [default] * len(names)
+    if isinstance(v, list):
+        if len(v) != len(names):
+            raise InvalidSpec(
+                f"{where} has {len(v)} entries for the model's {len(names)} outputs "
+                f"({', '.join(names)})"
+            )
+        return list(v)
+    if isinstance(v, dict):
+        unknown = [k for k in v if k not in names]
+        if unknown:
+            raise InvalidSpec(
+                f"{where} names {unknown}, which are not outputs of the model "
+                f"(outputs: {', '.join(names)})"
+            )
+        return [v.get(n, default) for n in names]
+    raise InvalidSpec(f"{where}={v!r} is not supported (a list or a dict by output name)")
+
+
+def _is_one_loss(v: Any) -> bool:
+    """A single loss (a name, or a serialized loss/function) rather than one per output."""
+    return isinstance(v, str) or (isinstance(v, dict) and "class_name" in v)
+
+
+def read_heads(
+    comp: dict | None, tails: list[str | None], names: list[str], widths: list[int]
+) -> tuple[Any, OptimizerSpec | None]:
+    """Several outputs: each output's loss (one loss for all, a list, or a dict by output
+    name; None: that output is not trained from), ``loss_weights`` (list or dict) and
+    per-output metrics, as a ``engine.multiloss.MultiLossSpec``; and the optimizer."""
+    from ringtrain_trainer.engine.multiloss import Head, MultiLossSpec
+
+    comp, _, _ = _unwrap_loss_scale(comp or {})
+    doc = comp.get("loss")
+    if doc is None:
+        raise InvalidSpec(
+            f"model: a model with several outputs ({', '.join(names)}) needs compile(loss=...) "
+            "(one loss, a list or a dict by output name)"
+        )
+    docs = [doc] * len(names) if _is_one_loss(doc) else _per_output(doc, names, "loss", None)
+    weights = _per_output(comp.get("loss_weights"), names, "loss_weights", 1.0)
+    metrics = comp.get("metrics")
+    if (
+        isinstance(metrics, list)
+        and metrics
+        and not all(isinstance(m, list) or m is None for m in metrics)
+    ):
+        raise InvalidSpec(
+            "model: compile_config.metrics: a model with several outputs needs them per "
+            "output (a list of lists or a dict by output name), as Keras does"
+        )
+    per_metrics = _per_output(metrics or None, names, "metrics", None)
+    for k, v in comp.items():
+        if k in ("optimizer", "loss", "loss_weights", "metrics", *COMPILE_EXECUTION):
+            continue
+        if k == "weighted_metrics" and v in (None, [], {}):
+            continue
+        raise InvalidSpec(f"model: compile_config.{k}={v!r}: this compile setting is not supported")
+    heads = []
+    for name, d, w, ms, tail, width in zip(
+        names, docs, weights, per_metrics, tails, widths, strict=True
+    ):
+        if not isinstance(w, int | float) or isinstance(w, bool) or w < 0:
+            raise InvalidSpec(
+                f"model: compile_config.loss_weights for output {name!r}={w!r} is not "
+                "supported (a number ≥ 0)"
+            )
+        loss = losses.parse(d)
+        ms = [ms] if isinstance(ms, str | dict) else list(ms or [])
+        if loss is None:
+            if ms:
+                raise InvalidSpec(
+                    f"model: compile_config.metrics for output {name!r}: an output with "
+                    "loss None reports no metric in ringtrain (supported: none)"
+                )
+            heads.append(Head(name, None, float(w), width))
+            continue
+        try:
+            loss = losses.fold(loss, tail)
+        except InvalidSpec as e:
+            raise InvalidSpec(f"{e} (output {name!r})") from None
+        names_ok = METRICS[loss.kind]
+        got = []
+        for m in ms:
+            mname = snake_case(str(m.get("class_name") if isinstance(m, dict) else m))
+            if mname not in names_ok:
+                raise InvalidSpec(
+                    f"model: compile_config.metrics: metric {mname!r} for output {name!r} is "
+                    f"not supported with a {loss.kind} loss (supported: {', '.join(names_ok)})"
+                )
+            got.append(loss.metric)
+        heads.append(Head(name, loss, float(w), width, tuple(got)))
+    if not any(h.loss is not None for h in heads):
+        raise InvalidSpec("model: compile_config.loss is None for every output: nothing to train")
+    return MultiLossSpec(tuple(heads)), from_compile_config(comp)

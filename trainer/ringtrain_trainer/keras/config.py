@@ -11,11 +11,12 @@ runs*, by shape arithmetic only (a 2 KB spec may describe a 40 GB model): an uns
 argument, value or graph feature raises :class:`InvalidSpec` naming it, so ``render``, ``run``,
 the operator and ``ringtrain export`` refuse with the same words.
 
-Tensors are small integers: the model's input is 0, and layer ``i`` (in topological order)
-writes tensor ``i + 1`` — so a Sequential model is the chain every earlier tool expects.
-Layers are built from the nodes as Keras' ``functional_from_config`` does: each once its inputs
-exist. ``trainable=False`` on a layer with weights (or on the model) is refused: the trainer
-trains every weight.
+Tensors are small integers: the model's inputs are 0, -1, -2 … (``input_layers`` order), and
+layer ``i`` (in topological order) writes tensor ``i + 1`` — so a Sequential model is the chain
+every earlier tool expects. A Functional config's graph is read by :mod:`.functional`; nested
+models and shared layers are first rewritten into one flat graph (:mod:`.nested`,
+:mod:`.shared`). ``trainable=False`` on the whole model is refused: there would be nothing to
+train.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import losses
 from ringtrain_trainer.keras import compile as compile_mod
-from ringtrain_trainer.keras import masks, nested, ops_numpy, shared
+from ringtrain_trainer.keras import masks, nested, shared
 from ringtrain_trainer.keras.entry import Args, Shape
 from ringtrain_trainer.keras.registry import REGISTRY, SUPPORTED
 from ringtrain_trainer.numerics import ModelNumerics
@@ -55,6 +56,22 @@ class LayerSpec:
     #: a later call of a shared layer (``keras.shared``): the layer whose weights it uses
     shares: str | None = None
 
+    @property
+    def frozen(self) -> bool:
+        """``trainable=False`` on this layer or on a model around it (``keras.nested``)."""
+        return self.args.get("trainable", True) is False
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: its InputLayer's name, per-example shape, dtype and tensor (``-k``
+    for the ``k``-th of ``input_layers``)."""
+
+    name: str
+    shape: Shape
+    dtype: str
+    tensor: int
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -80,6 +97,20 @@ class ModelConfig:
     nesting: nested.Nesting = field(default_factory=nested.Nesting)
     #: the compiled metrics beyond the loss's own (``keras.compile.compiled_metrics``)
     metrics: tuple = ()
+    #: every model input in ``input_layers`` order (the first is ``input_*`` above)
+    inputs: tuple[InputSpec, ...] = ()
+    #: every output tensor and its Keras name in ``output_layers`` order (the first is
+    #: ``output``); several outputs compile an ``engine.multiloss.MultiLossSpec``
+    outputs: tuple[int, ...] = ()
+    output_names: tuple[str, ...] = ()
+
+    @property
+    def multi(self) -> bool:
+        """Several inputs or several outputs: the packed data and loss (``engine.multiloss``)."""
+        return len(self.inputs) > 1 or len(self.outputs) > 1
+
+    def out_shape_of(self, tensor: int) -> Shape:
+        return next(s.out_shape for s in self.layers if s.output == tensor)
 
     @property
     def ends_in_softmax(self) -> bool:
@@ -142,6 +173,8 @@ def free_input_shape(model: dict) -> Shape | None:
     cfg = (model.get("config") or {}) if isinstance(model, dict) else {}
     layers = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
     first = [x for x in layers if x.get("class_name") == "InputLayer"]
+    if len(first) > 1:  # several inputs: each fixed in its InputLayer (``_check_shape``)
+        return None
     shape = _shape_of(first[0].get("config") or {}) if first else None
     if shape is None and cfg.get("build_input_shape"):
         shape = tuple(cfg["build_input_shape"][1:])
@@ -258,208 +291,6 @@ def _sequential(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     return in_name, _check_shape(shape), specs, len(specs)
 
 
-def _history(v: Any, where: str) -> list[tuple[str, int, int]]:
-    """Every ``keras_history`` in a Keras 3 node's args, in order, however nested."""
-    if isinstance(v, dict):
-        if v.get("class_name") == "__keras_tensor__":
-            h = (v.get("config") or {}).get("keras_history")
-            if not isinstance(h, list) or len(h) != 3:
-                raise InvalidSpec(f"model: {where}: a tensor without keras_history")
-            return [(str(h[0]), int(h[1]), int(h[2]))]
-        return [t for x in v.values() for t in _history(x, where)]
-    if isinstance(v, (list, tuple)):
-        return [t for x in v for t in _history(x, where)]
-    if v is not None:  # layer(x, True): an argument the layer would get and ringtrain would not
-        raise InvalidSpec(f"model: {where}: call argument {v!r} is not supported (supported: none)")
-    return []
-
-
-def _holds_tensor(v: Any) -> bool:
-    """Whether a call argument is (or holds) a Keras tensor, however nested."""
-    if isinstance(v, dict):
-        return v.get("class_name") == "__keras_tensor__" or any(map(_holds_tensor, v.values()))
-    return isinstance(v, (list, tuple)) and any(map(_holds_tensor, v))
-
-
-def _node_inputs(layer: dict, where: str) -> tuple[list[tuple[str, int, int]], dict]:
-    """The tensors a layer's one node reads, and its call arguments that are set (Keras 3;
-    a call argument holding a tensor is refused: one model input only)."""
-    nodes = layer.get("inbound_nodes") or []
-    if len(nodes) != 1:
-        raise InvalidSpec(
-            f"model: {where} is called {len(nodes)} times: shared layers are not supported "
-            "(supported: each layer called once in a tf.keras 2 config; a Keras 3 config may "
-            "share layers)"
-        )
-    node = nodes[0]
-    if isinstance(node, dict):  # Keras 3
-        kwargs = {}
-        for k, v in (node.get("kwargs") or {}).items():
-            if k == "mask" and _holds_tensor(v):  # a spelled-out Keras mask: keras.masks
-                kwargs[k] = tuple(_history(v, where))
-                continue
-            if _holds_tensor(v):
-                raise InvalidSpec(
-                    f"model: {where}: call argument {k} is a tensor (supported: none)"
-                )
-            if v not in (None, False):
-                kwargs[k] = v
-        return _history(node.get("args") or [], where), kwargs
-    out = []  # tf.keras 2: [[layer, node, tensor, kwargs], ...]
-    for t in node if isinstance(node, list) else []:
-        if not isinstance(t, list) or len(t) < 3:
-            raise InvalidSpec(f"model: {where}: an inbound node entry {t!r} is not readable")
-        if len(t) > 3 and t[3]:
-            raise InvalidSpec(
-                f"model: {where}: call arguments {t[3]!r} are not supported (supported: none)"
-            )
-        out.append((str(t[0]), int(t[1]), int(t[2])))
-    return out, {}
-
-
-def _ends(v: Any, what: str) -> list[tuple[str, int, int]]:
-    """``input_layers`` / ``output_layers``: one ``[name, node, tensor]`` or a list of them."""
-    if isinstance(v, list) and len(v) == 3 and isinstance(v[0], str):
-        v = [v]
-    if not isinstance(v, list) or not v or not all(isinstance(x, list) and len(x) == 3 for x in v):
-        raise InvalidSpec(f"model: {what}={v!r} is not readable")
-    return [(str(x[0]), int(x[1]), int(x[2])) for x in v]
-
-
-def _functional(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
-    layers = cfg.get("layers")
-    if not isinstance(layers, list) or not layers:
-        raise InvalidSpec("model: the Functional config has no layers")
-    ins, outs = (
-        _ends(cfg.get("input_layers"), "input_layers"),
-        _ends(cfg.get("output_layers"), "output_layers"),
-    )
-    for what, ends in (("inputs", ins), ("outputs", outs)):
-        if len(ends) != 1:
-            names = ", ".join(repr(e[0]) for e in ends)
-            raise InvalidSpec(
-                f"model: {len(ends)} {what} ({names}): a model with several {what} is not "
-                f"supported (supported: one input and one output)"
-            )
-    tensors: dict[tuple[str, int, int], int] = {}
-    shapes: dict[int, Shape] = {}
-    in_name, shape = ins[0][0], None
-    pending = []
-    mask_ops: dict[tuple[str, int, int], tuple[str, list, dict]] = {}
-    for i, layer in enumerate(layers):
-        if not isinstance(layer, dict):
-            raise _unsupported(layer, i)
-        if ops_numpy.is_operation(layer) and masks.is_mask_op(*_mask_op(layer, raw=True)):
-            mask_ops[(str(layer.get("name")), 0, 0)] = _mask_op(layer)
-            continue
-        if ops_numpy.is_operation(layer):  # ``x + 3.0`` on Keras tensors
-            layer = ops_numpy.as_layer(layer)
-        name = str(layer.get("name") or (layer.get("config") or {}).get("name") or i)
-        if layer.get("class_name") == "InputLayer":
-            if name != in_name:
-                raise InvalidSpec(f"model: InputLayer {name!r} is not the model's input")
-            shape = _check_shape(_input_layer(layer, i)[1])
-            tensors[(name, 0, 0)], shapes[0] = 0, shape
-        elif layer.get("inbound_nodes"):  # a layer never called is not part of the model
-            where = f"layer {name!r} ({layer.get('class_name')})"
-            pending.append((layer, name, *_node_inputs(layer, where)))
-    if shape is None:
-        raise InvalidSpec(f"model: input_layers names {in_name!r}, which is no InputLayer")
-    specs: list[LayerSpec] = []
-    spelled: list[tuple[LayerSpec, tuple, str]] = []
-    while pending:  # the first layer (in config order) whose inputs exist, as Kahn's
-        p = next((p for p in pending if all(h in tensors for h in p[2])), None)
-        if p is None:
-            layer, name, hist, _ = pending[0]
-            missing = next(h for h in hist if h not in tensors)
-            raise InvalidSpec(
-                f"model: layer {name!r} ({layer.get('class_name')}) reads {list(missing)}, "
-                "which no layer of the model writes once (a shared layer, a layer's second "
-                "output or a cycle are not supported)"
-            )
-        layer, name, hist, call = p
-        pending.remove(p)
-        t_in = tuple(tensors[h] for h in hist)
-        mask = call.pop("mask", None)
-        s = _spec(layer, len(specs), t_in, [shapes[t] for t in t_in], call)
-        specs.append(s)
-        if mask is not None:
-            spelled.append((s, mask, f"layer {name!r} ({s.cls})"))
-        tensors[(name, 0, 0)], shapes[s.output] = s.output, s.out_shape
-    if outs[0] not in tensors:
-        raise InvalidSpec(f"model: output_layers names {list(outs[0])}, which no layer writes")
-    derived = masks.propagate(specs, tensors[outs[0]])
-    for s, mask, where in spelled:
-
-        def rank(t: int) -> int:
-            return len(shapes[t])
-
-        if len(mask) != 1 or masks.key_of(mask[0], mask_ops, tensors, rank, where) != derived.get(
-            s.inputs[0]
-        ):
-            raise InvalidSpec(
-                f"model: {where}: its mask argument is not the mask Keras propagates to it "
-                "(supported: the propagated mask of Embedding(mask_zero=True) or Masking)"
-            )
-    specs = _keras_order(specs, tensors[outs[0]])
-    return in_name, shape, specs, len(specs)
-
-
-def _mask_op(layer: dict, raw: bool = False) -> tuple[str, list, dict]:
-    """A mask operation's class, call arguments (tensors as ``keras_history`` triples, a list
-    of tensors as a list of them; ``raw``: as written) and config (``Any``'s axis)."""
-    nodes = layer.get("inbound_nodes") or []
-    node = nodes[0] if len(nodes) == 1 and isinstance(nodes[0], dict) else {}
-    where = f"operation {layer.get('name')!r} ({layer.get('class_name')})"
-
-    def conv(a):
-        if isinstance(a, list):
-            return [conv(x) for x in a]
-        return _history(a, where)[0] if _holds_tensor(a) else a
-
-    args = list(node.get("args") or [])
-    return (
-        str(layer.get("class_name")),
-        args if raw else [conv(a) for a in args],
-        dict(layer.get("config") or {}),
-    )
-
-
-def _keras_order(specs: list[LayerSpec], output: int) -> list[LayerSpec]:
-    """The layers reachable from the output in Keras' own ``model.layers`` order (what
-    ``get_weights()`` and ``model.weights.h5`` follow), tensors renumbered to match.
-
-    Keras 3 (``ops/function.py`` ``map_graph``) walks depth-first from the output, numbering
-    each layer at its first visit; a layer's depth is one more than its deepest reader's; layers
-    are listed deepest first, ties by that number. A config Keras wrote is already in this
-    order; a hand-written one is put in it, so an export loads with each weight in its place."""
-    by_output = {s.output: s for s in specs}
-    first: dict[int, int] = {output: 0}
-    post: list[int] = []
-    stack = [(output, iter(by_output[output].inputs))]
-    while stack:  # depth-first, without recursion (a model may be thousands of layers deep)
-        t, rest = stack[-1]
-        x = next((x for x in rest if x in by_output and x not in first), None)
-        if x is None:
-            post.append(t)
-            stack.pop()
-        else:
-            first[x] = len(first)
-            stack.append((x, iter(by_output[x].inputs)))
-    depth: dict[int, int] = {}
-    for t in reversed(post):
-        d = depth.setdefault(t, 0)
-        for x in by_output[t].inputs:
-            if x in by_output:
-                depth[x] = max(depth.get(x, 0), d + 1)
-    order = sorted(post, key=lambda t: (-depth[t], first[t]))
-    new = {0: 0, **{t: k + 1 for k, t in enumerate(order)}}
-    return [
-        replace(by_output[t], inputs=tuple(new[x] for x in by_output[t].inputs), output=new[t])
-        for t in order
-    ]
-
-
 def parse(model: dict, compiled: bool = True) -> ModelConfig:
     """Validate a Keras Sequential or Functional config (Keras 3 or tf.keras 2 ``to_json``).
     ``compiled`` False (the exporters, which copy ``compile_config`` as it is): the layers
@@ -480,37 +311,52 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
             "(supported: True: ringtrain trains every layer's weights)"
         )
     functional = cls != "Sequential"
-    in_name, shape, specs, output = (_functional if functional else _sequential)(cfg)
+    if functional:
+        from ringtrain_trainer.keras.functional import read_graph  # it reads this module's specs
+
+        inputs, specs, outputs, out_names = read_graph(cfg)
+    else:
+        in_name, shape, specs, output = _sequential(cfg)
+        first = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
+        first = [x for x in first if x.get("class_name") == "InputLayer"]
+        dtype = _input_dtype(first[0]) if first else "float32"
+        inputs, outputs = (InputSpec(in_name, shape, dtype, 0),), (output,)
+        out_names = (specs[-1].name,) if specs else ()
     specs = [replace(s, shares=copies[s.name]) if s.name in copies else s for s in specs]
-    if not specs or output == 0:
+    if not specs or outputs[0] <= 0:
         raise InvalidSpec("model: the config has no layer with weights or computation")
-    masks.propagate(specs, output)  # a mask no layer can honour is refused here, by name
-    tail = next(s for s in specs if s.output == output)
-    first = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
-    first = [x for x in first if x.get("class_name") == "InputLayer"]
-    dtype = _input_dtype(first[0]) if first else "float32"
-    loss, optimizer = (
-        compile_mod.read(model.get("compile_config"), REGISTRY[tail.cls].activation(tail.args))
-        if compiled
-        else (losses.DEFAULT, None)
-    )
+    masks.propagate(specs, tuple(outputs))  # a mask no layer can honour is refused, by name
+    tails = [next(s for s in specs if s.output == t) for t in outputs]
+    acts = [REGISTRY[t.cls].activation(t.args) for t in tails]
+    comp = model.get("compile_config")
+    if not compiled:
+        loss, optimizer = losses.DEFAULT, None
+    elif len(outputs) > 1:
+        widths = [t.out_shape[-1] if t.out_shape else 1 for t in tails]
+        loss, optimizer = compile_mod.read_heads(comp, acts, list(out_names), widths)
+    else:
+        loss, optimizer = compile_mod.read(comp, acts[0])
     return ModelConfig(
         str(cfg.get("name") or ("functional" if functional else "sequential")),
-        shape,
+        inputs[0].shape,
         tuple(specs),
         bool(loss.arg("from_logits")),
         optimizer,
         loss,
         functional,
-        in_name,
-        output,
-        dtype,
+        inputs[0].name,
+        outputs[0],
+        inputs[0].dtype,
         compile_mod.numerics(model) if compiled else ModelNumerics(),
         nesting,
-        _metrics(model, loss) if compiled else (),
+        _metrics(model, loss) if compiled and len(outputs) == 1 else (),
+        inputs,
+        tuple(outputs),
+        tuple(out_names),
     )
 
 
 def _metrics(model: dict, loss: losses.LossSpec) -> tuple:
+    """A one-output model's compiled metrics (several outputs: ``compile.read_heads``)."""
     comp = model.get("compile_config") or {}
     return compile_mod.compiled_metrics(comp.get("metrics"), loss.kind)

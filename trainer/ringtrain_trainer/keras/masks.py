@@ -167,9 +167,10 @@ def attention_sources(s, masks: list[Key | None]) -> list[tuple[str, Key]]:
     return out
 
 
-def propagate(layers, output: int) -> dict[int, Key]:
+def propagate(layers, outputs: tuple[int, ...]) -> dict[int, Key]:
     """Tensor → the key of the mask it carries (absent: none), in Keras' rules (module doc);
-    refuses, naming the layer, what ringtrain would otherwise run without its mask."""
+    refuses, naming the layer, what ringtrain would otherwise run without its mask, and a mask
+    still on any of the model's ``outputs``."""
     masks: dict[int, Key] = {}
     for s in layers:
         ins = [masks.get(t) for t in s.inputs]
@@ -198,7 +199,7 @@ def propagate(layers, output: int) -> dict[int, Key]:
             _refuse(s, "its input's mask", f"layers that take a mask: {', '.join(TAKES)}")
         if out is not None:
             masks[s.output] = out
-    if output in masks:
+    if any(t in masks for t in outputs):
         raise InvalidSpec(
             "model: the model's output still carries a mask (a masked sequence loss); "
             "supported: a mask consumed inside the model (an RNN, GlobalAveragePooling1D)"

@@ -186,7 +186,7 @@ class _Flattener:
                         f"model: nested model {_name(x, i)!r} in a tf.keras 2 config is not "
                         "supported (supported: Keras 3 configs)"
                     )
-                from ringtrain_trainer.keras.config import _history
+                from ringtrain_trainer.keras.functional import _history
 
                 hist = [to(h) for h in _history(node.get("args") or [], where)]
                 inner = prefix + _name(x, i) + "/"

@@ -81,7 +81,8 @@ END = "<!-- layers: end -->"
 
 def markdown() -> str:
     """The README's table of supported layers, one row per entry."""
-    rows = ["| layer | supported |", "|---|---|", "| `InputLayer` | one input of a fixed shape |"]
+    inputs = "each of the model's inputs, of a fixed shape (several: data named per input)"
+    rows = ["| layer | supported |", "|---|---|", f"| `InputLayer` | {inputs} |"]
     rows += [
         "| nested `Functional` / `Sequential` | a model used as a layer (`x = base(inp)`, "
         "ConvNeXt's blocks): flattened into one graph at parse time, its layers named "

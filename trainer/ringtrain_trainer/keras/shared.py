@@ -104,3 +104,27 @@ def fold(layers: list[dict], specs) -> list[dict]:
 def history(name: str, shares: str | None) -> list:
     """The ``keras_history`` of a layer's output in the export."""
     return [shares, call_of(name), 0] if shares else [name, 0, 0]
+
+
+def tie(ops: list, graph, groups: list[list], specs, calls) -> dict[int, int]:
+    """Wrap each shared layer's ops (``engine.ops.shared``): the call first in forward owns
+    the weights, the others are tied to it; returns tied op → owning op."""
+    from ringtrain_trainer.engine.ops.shared import Shared, Tied
+
+    pos = {n: k for k, n in enumerate(graph.order)}
+    ties: dict[int, int] = {}
+    for name, group in zip(calls, groups, strict=True):
+        group = [i for i in group if i is not None]
+        if len(group) < 2 or not ops[group[0]].params(0):
+            continue  # folded away, or nothing to share
+        if any(specs[i].frozen for i in calls[name]):
+            raise InvalidSpec(
+                f"model: layer {name!r} is shared and trainable=False: not supported "
+                "(supported: a shared layer that trains, or a frozen layer called once)"
+            )
+        first = min(group, key=pos.__getitem__)
+        ops[first] = Shared(ops[first])
+        for i in group:
+            if i != first:
+                ops[i], ties[i] = Tied(ops[i]), first
+    return ties

@@ -1,0 +1,72 @@
+"""Each weight's initializer, regularizer and constraint from its layer's Keras arguments.
+
+Apart from ``keras_model`` because one rule — which ``*_initializer`` / ``*_regularizer`` /
+``*_constraint`` argument belongs to which weight (``kernel``, ``recurrent_kernel``,
+``depthwise_kernel`` …) — serves every layer, and an argument that names no trainable weight is
+refused here rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.keras.config import LayerSpec
+from ringtrain_trainer.keras.registry import REGISTRY
+from ringtrain_trainer.model import Slot
+
+
+def _weight_arg(weight: str) -> str:
+    """The Keras argument prefix that initializes/regularizes a weight (``query_kernel`` and
+    ``kernel`` ← ``kernel_*``, ``recurrent_kernel`` ← ``recurrent_*``)."""
+    for kind in ("recurrent", "depthwise", "pointwise"):
+        if weight.endswith(f"{kind}_kernel"):
+            return kind
+    for kind in ("kernel", "bias"):
+        if weight == kind or weight.endswith(f"_{kind}"):
+            return kind
+    return weight
+
+
+def with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list[Slot]:
+    """The slots with each parameter's non-default initializer, regularizer and constraint
+    (the layer's ``*_initializer``/``*_regularizer``/``*_constraint`` arguments, kept by
+    ``Args``); one that names no trainable weight of its layer is refused, not ignored."""
+    from ringtrain_trainer.engine.ops import initializers, regularizers
+    from ringtrain_trainer.optim import constraints
+
+    extra: dict[tuple[int, str], dict] = {}
+    readers = {"init": initializers.parse, "reg": regularizers.parse}
+    readers["constraint"] = constraints.parse
+    kinds = (("init", "initializer"), ("reg", "regularizer"), ("constraint", "constraint"))
+    for s, li in zip(layers, owner, strict=True):
+        if s.shares:  # a later call of a shared layer: the layer's own arguments say it
+            continue
+        used: set[str] = set()
+        entry = REGISTRY[s.cls]
+        for w in entry.weights(s.args, list(s.in_shapes)):
+            args, own = entry.weight_args(s.args, w.name)
+            for field, suffix in kinds:
+                arg = f"{_weight_arg(own)}_{suffix}"
+                if arg in args and s.frozen:  # no gradient, no penalty: as Keras
+                    used.add(arg)
+                elif arg in args and w.trainable and li is not None:
+                    used.add(arg)
+                    got = readers[field](args[arg], arg)
+                    if field == "constraint":  # projected over the Keras weight's axes
+                        got = replace(got, shape=tuple(w.shape))
+                    extra.setdefault((li, w.name), {})[field] = got
+        for k in s.args:
+            optional = k.split("_")[0] in ("bias", "gamma", "beta")  # absent when switched off
+            weighty = k.endswith(("_initializer", "_regularizer", "_constraint"))
+            if weighty and k not in used and not optional:
+                raise InvalidSpec(
+                    f"model: layer {s.name!r} ({s.cls}): {k}={s.args[k]!r} is not supported "
+                    "(supported: Keras' default; no trainable weight of this layer takes it)"
+                )
+    return [
+        Slot(replace(x.spec, **extra[(x.spec.layer, x.spec.name)]), x.start, x.stop)
+        if (x.spec.layer, x.spec.name) in extra
+        else x
+        for x in slots
+    ]
