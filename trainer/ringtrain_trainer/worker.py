@@ -616,6 +616,8 @@ class Trainer:
                 self.evaluate()
         terminated = self._should_stop() and not self._done()
         last_loss = None if np.isnan(loss) else loss
+        if not terminated:
+            self.optimizer.finalize()  # use_ema: the weights become their average, as fit's end
         self.save(last_loss)
         export = None
         self._collect_trace(finished=True)
