@@ -157,7 +157,7 @@ def test_schedule_values_match_keras(schedule):
             lambda: keras.optimizers.Adam(gradient_accumulation_steps=4),
             "compile_config.optimizer.config.gradient_accumulation_steps",
         ),
-        (lambda: keras.optimizers.Adafactor(), "compile_config.optimizer.class_name"),
+        (lambda: keras.optimizers.Lamb(), "compile_config.optimizer.class_name"),
         (
             lambda: keras.optimizers.Lion(use_ema=True, ema_overwrite_frequency=0),
             "compile_config.optimizer.config.ema_overwrite_frequency",

@@ -237,6 +237,16 @@ class KerasModel(ModelSpec):
             for w in archive.weights_of_layer(s):
                 yield s, w.name, "p" if w.trainable and not s.frozen else "s", li
 
+    def keras_shapes(self) -> list[tuple[int, int, tuple[int, ...]]]:
+        """Each trainable slot's (start, stop) in the flat buffer and its Keras shape (the
+        flat data is in that shape's row-major order: :meth:`keras_weights` only reshapes)."""
+        shapes = {
+            (li, w.name): tuple(w.shape)
+            for s, li in zip(self.config.layers, self.owner, strict=True)
+            for w in archive.weights_of_layer(s)
+        }
+        return [(x.start, x.stop, shapes[(x.spec.layer, x.spec.name)]) for x in self.slots]
+
     def keras_weights(
         self, flat_params: np.ndarray, state: np.ndarray | None = None
     ) -> list[np.ndarray]:

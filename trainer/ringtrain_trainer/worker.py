@@ -161,6 +161,8 @@ class Trainer:
         self.optimizer_spec = optim.for_run(cfg, self.spec)
         tensors = [(s.start, s.stop) for s in self.spec.slots]  # clipnorm is per tensor
         self.optimizer = optim.build_spec(self.optimizer_spec, self.params, tensors)
+        if self.optimizer.whole_tensors:  # Adafactor: its moments factor Keras' shapes
+            self.optimizer.set_shapes(self.spec.keras_shapes())
         self.optimizer.set_regularizers(
             [(s.start, s.stop, s.spec.reg) for s in self.spec.slots if s.spec.reg is not None]
         )

@@ -81,8 +81,15 @@ class Optimizer:
     def state_bytes(self) -> int:
         return sum(a.nbytes for a in self.state.values())
 
+    #: whether :meth:`update` needs a whole weight tensor at once (Adafactor's factored moments)
+    whole_tensors = False
+
     def set_clip(self, clip: Clip) -> None:
         self.clip = clip
+
+    def set_shapes(self, tensors: Sequence[tuple[int, int, tuple[int, ...]]]) -> None:
+        """Each weight tensor's range and Keras shape: read only by an optimizer whose update
+        works on a whole tensor's axes (:attr:`whole_tensors`)."""
 
     def set_regularizers(self, regs: Sequence[tuple[int, int, Any]]) -> None:
         """Keras' ``kernel_regularizer`` & co. on ranges of the flat buffer. Every replica's

@@ -23,6 +23,7 @@ from typing import Any
 
 from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer.optim import schedules
+from ringtrain_trainer.optim.adafactor import Adafactor
 from ringtrain_trainer.optim.adagrad import Adagrad
 from ringtrain_trainer.optim.adam import Adam, AdamW
 from ringtrain_trainer.optim.adamax import Adamax
@@ -68,6 +69,17 @@ KERAS: dict[str, tuple[type[Optimizer], dict[str, Any], dict[str, Any]]] = {
     "Nadam": (Nadam, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Adamax": (Adamax, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Lion": (Lion, {"beta_1": 0.9, "beta_2": 0.99}, {}),
+    "Adafactor": (
+        Adafactor,
+        {
+            "beta_2_decay": -0.8,
+            "epsilon_1": 1e-30,
+            "epsilon_2": 1e-3,
+            "clip_threshold": 1.0,
+            "relative_step": True,
+        },
+        {},
+    ),
     "Ftrl": (
         Ftrl,
         {
@@ -340,8 +352,9 @@ def build(spec: OptimizerSpec, params, tensors=None) -> Optimizer:
     c = spec.config
     opt = cls(params, _schedule(spec), **{k: c[k] for k in own}, weight_decay=c["weight_decay"])
     kind = next((k for k in KINDS if c[k] is not None), None)
-    if kind is not None:
-        opt.set_clip(Clip(kind, c[kind], tensors or [(0, params.size)]))
+    if kind is not None or opt.whole_tensors:
+        value = c[kind] if kind is not None else 0.0
+        opt.set_clip(Clip(kind, value, tensors or [(0, params.size)], opt.whole_tensors))
     if c.get("use_ema"):
         opt.set_ema(c["ema_momentum"], c["ema_overwrite_frequency"])
     return opt
@@ -360,5 +373,6 @@ def state_arrays(spec: OptimizerSpec) -> int:
         "Adamax": lambda: 2,
         "Lion": lambda: 1,
         "Ftrl": lambda: 2,
+        "Adafactor": lambda: 1,  # at most: r + c of a matrix are far smaller than it
     }
     return n[spec.class_name]() + bool(c.get("use_ema"))
