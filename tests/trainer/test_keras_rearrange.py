@@ -1,5 +1,5 @@
-"""Keras ``Permute`` and ``RepeatVector``: the ops' gradients against finite differences, and
-models built by real Keras trained by ringtrain and by Keras from the same ``.keras`` weights on
+"""Keras ``Permute``, ``RepeatVector`` and ``PReLU``: the ops' gradients against finite
+differences, and models built by real Keras trained by ringtrain and by Keras from the same ``.keras`` weights on
 the same batches (loss at every step, predictions after), the export reloaded by Keras and run
 by onnxruntime."""
 
@@ -15,6 +15,7 @@ import keras
 from test_keras_wrap_layers import _config, check_exports, train_like_keras
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.ops.prelu import PReLU
 from ringtrain_trainer.engine.ops.rearrange import Permute, RepeatVector
 from ringtrain_trainer.keras.config import parse
 
@@ -82,3 +83,28 @@ def test_rearranging_layers_that_do_not_fit_are_refused_naming_them(
     config["config"]["layers"][1]["config"][arg] = value
     with pytest.raises(InvalidSpec, match=match):
         parse(config, compiled=False)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [PReLU((3, 4, 2), (1, 1, 2)), PReLU((5,), (5,))],
+    ids=["shared_hw", "per_unit"],
+)
+def test_prelu_gradients(op, rng):
+    check_gradients(op, rng)
+
+
+def test_prelu_trains_like_keras_and_exports(tmp_path, rng):
+    km = keras.Sequential(
+        [
+            L.Input((6, 6, 2)),
+            L.Conv2D(3, 3),
+            L.PReLU(alpha_initializer=keras.initializers.Constant(0.25), shared_axes=[1, 2]),
+            L.Flatten(),
+            L.Dense(5),
+            L.PReLU(alpha_initializer="random_uniform"),
+            L.Dense(4, activation="softmax"),
+        ]
+    )
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    check_exports(*train_like_keras(km, tmp_path, rng), tmp_path)
