@@ -1,7 +1,7 @@
 """Keras ``Permute``, ``RepeatVector`` and ``PReLU``: the ops' gradients against finite
-differences, and models built by real Keras trained by ringtrain and by Keras from the same ``.keras`` weights on
-the same batches (loss at every step, predictions after), the export reloaded by Keras and run
-by onnxruntime."""
+differences, and models built by real Keras trained by ringtrain and by Keras from the same
+``.keras`` weights on the same batches (loss at every step, predictions after), the export
+reloaded by Keras and run by onnxruntime."""
 
 from __future__ import annotations
 
