@@ -37,6 +37,7 @@ from ringtrain_trainer.keras import (
     layers_activation,
     layers_attention,
     layers_conv,
+    layers_convtranspose,
     layers_core,
     layers_merge,
     layers_preprocessing,
@@ -53,6 +54,7 @@ from ringtrain_trainer.keras.entry import Entry
 REGISTRY: dict[str, Entry] = {
     **layers_conv.ENTRIES,
     **layers_window.ENTRIES,
+    **layers_convtranspose.ENTRIES,
     **layers_shape.ENTRIES,
     **layers_core.ENTRIES,
     **layers_preprocessing.ENTRIES,
