@@ -71,6 +71,26 @@ def _fuses(conv: LayerSpec, readers: list[LayerSpec]) -> bool:
     )
 
 
+#: Dropout draws are keyed by layer index; an RNN's input dropout uses its index plus this
+RNN_DROPOUT_KEY = 1 << 20
+
+
+def _input_dropout(s: LayerSpec, i: int, ops: list, nodes: list[Node], src: int) -> int:
+    """An RNN's ``dropout`` as Keras 3 runs it without ``recurrent_dropout``: one mask per
+    sequence over the input features, the same at every step (``LSTM.call`` draws it from
+    the first step), scaled by ``1 / (1 - rate)``: a shared-mask Dropout node before the RNN,
+    the identity outside training."""
+    from ringtrain_trainer.engine.ops.dropout import SharedDropout
+
+    shape = tuple(s.in_shapes[0])
+    op = SharedDropout(shape, s.args["dropout"], RNN_DROPOUT_KEY + i, (1, shape[-1]))
+    op.name = f"{s.name}/input_dropout"
+    n = len(ops)
+    nodes.append(Node(n, (src,), n + 1))
+    ops.append(op)
+    return n + 1
+
+
 class KerasModel(ModelSpec):
     """A :class:`ModelSpec` built from a Keras config, which it remembers."""
 
@@ -142,8 +162,11 @@ class KerasModel(ModelSpec):
 
                 op = Frozen(op, inference=s.cls == "BatchNormalization")
             op.name = "+".join(x.name for x in group)
+            srcs = [where[t] for t in s.inputs]
+            if s.args.get("dropout") and s.cls in ("LSTM", "GRU", "SimpleRNN"):
+                srcs[0] = _input_dropout(s, i, ops, nodes, srcs[0])
             n = len(ops)
-            nodes.append(Node(n, (*(where[t] for t in s.inputs), *extra), n + 1))
+            nodes.append(Node(n, (*srcs, *extra), n + 1))
             ops.append(op)
             for g in group:
                 where[g.output] = n + 1

@@ -35,10 +35,18 @@ def _rnn_parse(a: Args) -> dict:
     args["go_backwards"] = bool(a.take("go_backwards", False))
     for arg in ("return_state", "stateful", "time_major"):
         a.must_be(arg, False)
-    for arg in ("dropout", "recurrent_dropout"):
-        v = a.take(arg, 0.0)
-        if v not in (0, 0.0):
-            a.refuse(arg, v, "0")
+    v = a.take("dropout", 0.0)
+    if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v < 1:
+        a.refuse("dropout", v, "a rate in [0, 1)")
+    if v:  # one mask per sequence on the inputs (engine.ops.dropout.SharedDropout), as Keras
+        args["dropout"] = float(v)
+    v = a.take("recurrent_dropout", 0.0)
+    if v not in (0, 0.0):
+        a.refuse(
+            "recurrent_dropout",
+            v,
+            "0 (Keras then draws four input masks per gate and masks the state at every step)",
+        )
     a.take("unroll")  # the same arithmetic either way
     a.take("implementation")  # tf.keras 2's kernel choice: the same arithmetic
     args["zero_output_for_mask"] = bool(a.take("zero_output_for_mask", False))
@@ -192,6 +200,8 @@ def _inner(a: Args, arg: str, v) -> dict:
         a.refuse(arg, cls, ", ".join(GATES))
     inner = Args(v, 0)
     args = {**_rnn_parse(inner), **inner.extra}
+    if args.get("dropout"):  # Keras draws a mask per half; one node before both would share it
+        a.refuse(f"{arg}.dropout", args["dropout"], "0 inside Bidirectional")
     return _layer(cls, {"name": inner.name, **args})
 
 
@@ -306,7 +316,8 @@ ENTRIES = {
             infer=_rnn_infer,
             weights=_rnn_weights_of(cls),
             doc="`units`, `activation`, `recurrent_activation` (tanh, sigmoid, relu, linear), "
-            "`use_bias`, `return_sequences`, `go_backwards`, `zero_output_for_mask`; an "
+            "`use_bias`, `return_sequences`, `go_backwards`, `zero_output_for_mask`, `dropout` "
+            "(one input mask per sequence, as Keras; `recurrent_dropout` 0); an "
             "incoming Keras mask skips masked timesteps; backpropagation through time in the op"
             + ("; `reset_after=True`" if cls == "GRU" else ""),
         )
@@ -319,7 +330,7 @@ ENTRIES = {
         infer=_rnn_infer,
         weights=_rnn_weights_of("SimpleRNN"),
         doc="`units`, `activation` (tanh, sigmoid, relu, linear), `use_bias`, "
-        "`return_sequences`, `go_backwards`, `zero_output_for_mask`; an incoming mask",
+        "`return_sequences`, `go_backwards`, `zero_output_for_mask`, `dropout`; an incoming mask",
     ),
     "Bidirectional": Entry(
         _bi_parse,
@@ -328,7 +339,7 @@ ENTRIES = {
         infer=_bi_infer,
         weights=_bi_weights,
         weight_args=_bi_weight_args,
-        doc="an LSTM, GRU or SimpleRNN (and its `backward_layer`), `merge_mode` "
-        "(concat, sum, ave, mul); an incoming mask (both halves)",
+        doc="an LSTM, GRU or SimpleRNN (and its `backward_layer`; `dropout` 0: Keras draws a "
+        "mask per half), `merge_mode` (concat, sum, ave, mul); an incoming mask (both halves)",
     ),
 }
