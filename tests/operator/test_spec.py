@@ -291,12 +291,13 @@ def test_an_inline_keras_config_is_accepted_and_reaches_the_worker_as_compact_js
 def test_an_unsupported_inline_config_names_layer_argument_and_what_is_supported_with_the_rest():
     model = _inline_models()["keras3"]
     conv = next(x for x in model["config"]["layers"] if x["class_name"] == "Conv2D")
-    conv["config"]["groups"] = 2
+    conv["config"]["padding"] = "full"
     obj = job_obj(trainer={"model": model, "optimizer": "lamb"})
     with pytest.raises(InvalidSpec) as e:
         spec.load(obj)
     assert (
-        "spec.trainer.model: layer 'conv2d' (Conv2D): groups=2 is not supported (supported: 1)"
+        "spec.trainer.model: layer 'conv2d' (Conv2D): padding='full' is not supported "
+        "(supported: 'valid' or 'same')"
     ) in str(e.value)
     assert "spec.trainer.optimizer" in str(e.value)
 
