@@ -12,7 +12,14 @@ import pytest
 from support.gradcheck import gradcheck
 
 from ringtrain_trainer import layers as L
-from ringtrain_trainer.engine.ops import broadcast, dropout, merge, score_attention, standardize
+from ringtrain_trainer.engine.ops import (
+    broadcast,
+    dropout,
+    merge,
+    noise,
+    score_attention,
+    standardize,
+)
 from ringtrain_trainer.layers import fused
 
 B = 3
@@ -21,7 +28,7 @@ B = 3
 def _registry() -> set[type]:
     """Every op class the engine ships: the general layers, the fused fast path and the
     ``engine/ops`` families."""
-    mods = [L, fused, merge, broadcast, dropout, standardize, score_attention]
+    mods = [L, fused, merge, broadcast, dropout, noise, standardize, score_attention]
     return {
         c
         for m in mods
@@ -65,6 +72,7 @@ CASES = {
     },
     "shared-dropout-spatial": dropout.SharedDropout((3, 2, 4), 0.5, 2, (1, 1, 4)),
     "shared-dropout-example": dropout.SharedDropout((5, 2), 0.3, 2, (1, 1)),
+    **{f"noise-{m}": noise.Noise((2, 3), m, 0.3, 2) for m in noise.MODES},
     "standardize-adapted": standardize.Standardize((2, 3)),
     "standardize-fixed": standardize.Standardize((4,), [1.0, 2.0, 0.0, -1.0], [4.0, 0.25, 9, 1]),
     "concatenate-first3": merge.Concatenate([(1, 3), (2, 3), (3, 3)], 0),
