@@ -13,6 +13,7 @@ from support.gradcheck import gradcheck
 
 from ringtrain_trainer import layers as L
 from ringtrain_trainer.engine.ops import (
+    activity,
     broadcast,
     dropout,
     merge,
@@ -28,7 +29,7 @@ B = 3
 def _registry() -> set[type]:
     """Every op class the engine ships: the general layers, the fused fast path and the
     ``engine/ops`` families."""
-    mods = [L, fused, merge, broadcast, dropout, noise, standardize, score_attention]
+    mods = [L, fused, merge, broadcast, dropout, noise, activity, standardize, score_attention]
     return {
         c
         for m in mods
@@ -72,6 +73,7 @@ CASES = {
     },
     "shared-dropout-spatial": dropout.SharedDropout((3, 2, 4), 0.5, 2, (1, 1, 4)),
     "shared-dropout-example": dropout.SharedDropout((5, 2), 0.3, 2, (1, 1)),
+    "activity-l1-l2": activity.ActivityPenalty((2, 3), 0.3, 0.2),
     **{f"noise-{m}": noise.Noise((2, 3), m, 0.3, 2) for m in noise.MODES},
     "standardize-adapted": standardize.Standardize((2, 3)),
     "standardize-fixed": standardize.Standardize((4,), [1.0, 2.0, 0.0, -1.0], [4.0, 0.25, 9, 1]),
@@ -116,7 +118,8 @@ def test_op_gradients_match_finite_differences(case, rng):
     ws, xs, params, w = compile_op(op, rng)
 
     def loss():
-        return float(np.sum(op.forward(ws, *xs, **params) * w))
+        out = float(np.sum(op.forward(ws, *xs, **params) * w))
+        return out + (op.penalty(ws) if hasattr(op, "penalty") else 0.0)  # a loss term
 
     loss()
     dout = w.copy()

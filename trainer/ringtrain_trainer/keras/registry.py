@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from ringtrain_trainer.keras import (
     layers_activation,
+    layers_activity,
     layers_attention,
     layers_conv,
     layers_core,
@@ -61,6 +62,7 @@ REGISTRY: dict[str, Entry] = {
     **layers_activation.ENTRIES,
     **layers_merge.ENTRIES,
     **layers_noise.ENTRIES,
+    **layers_activity.ENTRIES,
     **layers_sequence.ENTRIES,
     **layers_recurrent.ENTRIES,
     **layers_attention.ENTRIES,
