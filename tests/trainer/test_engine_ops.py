@@ -74,6 +74,7 @@ CASES = {
     "shared-dropout-spatial": dropout.SharedDropout((3, 2, 4), 0.5, 2, (1, 1, 4)),
     "shared-dropout-example": dropout.SharedDropout((5, 2), 0.3, 2, (1, 1)),
     "activity-l1-l2": activity.ActivityPenalty((2, 3), 0.3, 0.2),
+    "activity-on-linear": activity.WithActivity(L.Linear(4, 3, "tanh", True), 0.2, 0.3),
     **{f"noise-{m}": noise.Noise((2, 3), m, 0.3, 2) for m in noise.MODES},
     "standardize-adapted": standardize.Standardize((2, 3)),
     "standardize-fixed": standardize.Standardize((4,), [1.0, 2.0, 0.0, -1.0], [4.0, 0.25, 9, 1]),

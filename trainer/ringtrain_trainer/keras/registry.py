@@ -114,8 +114,10 @@ def markdown() -> str:
         + "; fresh weights draw from it, the export writes it back) and + `regularizer` "
         '(`L1`, `L2`, `L1L2`, `"l1"`, `"l2"`: the penalty is in the reported training and '
         "test loss, its gradient added once to the reduced gradient before clipping, the "
-        "export writes it back). Refused, by name: `activity_regularizer`, weight "
-        "constraints, non-default `moving_*_initializer`.",
+        "export writes it back). Any layer takes `activity_regularizer` (`L1`, `L2`, `L1L2`: "
+        "`(l1·Σ|x| + l2·Σx²) / batch` of its output joins the training loss, as Keras 3 adds "
+        "it; refused inside a wrapper and on an output whose activation the loss computes). "
+        "Refused, by name: weight constraints, non-default `moving_*_initializer`.",
     ]
     return "\n".join(rows)
 

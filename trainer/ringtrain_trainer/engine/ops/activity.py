@@ -57,3 +57,56 @@ class ActivityPenalty(Layer):
             np.multiply(x, s.dtype.type(2 * self.l2 * k), out=s)
             dx += s
         return dx
+
+
+class WithActivity(Layer):
+    """Any op with Keras' ``activity_regularizer=`` (``L1``/``L2``/``L1L2``): the op, then the
+    term of :class:`ActivityPenalty` on its output; the term's gradient is added to the
+    upstream gradient before the op's own backward reads it (``backward_local``)."""
+
+    def __init__(self, op, l1: float, l2: float):
+        self.op, self.act = op, ActivityPenalty(op.out_shape, l1, l2)
+        self.out_shape, self.kind = op.out_shape, op.kind
+        self.batch_coupled = op.batch_coupled
+        for k in ("in_shape", "in_shapes", "n_inputs", "n_in"):
+            if hasattr(op, k):
+                setattr(self, k, getattr(op, k))
+
+    def params(self, layer):
+        return self.op.params(layer)
+
+    def state_specs(self):
+        return self.op.state_specs()
+
+    def flops(self, b, train, need_dx):
+        return self.op.flops(b, train, need_dx)
+
+    def buffers(self, b, train, need_dx):
+        own = {f"act_{k}": v for k, v in self.act.buffers(b, train, need_dx).items()}
+        return {**self.op.buffers(b, train, need_dx), **own}
+
+    def bind(self, ws, b):
+        self.op.bind(ws, b)
+
+    def _own(self, ws) -> dict:
+        return {"x": ws.get("act_x"), "scratch": ws.get("act_scratch"), "dx": ws.get("act_dx")}
+
+    def forward(self, ws, *xs, **params):
+        out = self.op.forward(ws, *xs, **params)
+        ws["act_x"] = out
+        return out
+
+    def penalty(self, ws) -> float:
+        return self.act.penalty(self._own(ws))
+
+    def backward_local(self, ws, dout):
+        own = self._own(ws)
+        own["ctx"] = ws["ctx"]
+        np.copyto(dout, self.act.backward_input(own, dout).reshape(dout.shape))
+        self.op.backward_local(ws, dout)
+
+    def backward_input(self, ws, dout, **params):
+        return self.op.backward_input(ws, dout, **params)
+
+    def backward_weights(self, ws, dout, name, grad, rows):
+        self.op.backward_weights(ws, dout, name, grad, rows)
