@@ -15,11 +15,16 @@ from ringtrain_trainer.worker import Trainer
 def train_beside_keras(km, x, y, tmp_path, steps: int, batch: int, n_train: int | None = None):
     """Save the compiled Keras model ``km`` and ``x``/``y`` (the first ``n_train`` examples
     for training, default three quarters), start a 1-worker :class:`Trainer` on them, and take
-    ``steps`` steps on both sides, each on the batch the trainer's sharder picks. Returns both
-    losses per step and the trainer (the caller closes it)."""
+    ``steps`` steps on both sides, each on the batch the trainer's sharder picks. ``x`` may be
+    a dict by input name (a model with several inputs: ``x_train_<input>`` in the file, the
+    dict given to Keras). Returns both losses per step and the trainer (the caller closes it)."""
     km.save(tmp_path / "m.keras")
-    n = len(x) * 3 // 4 if n_train is None else n_train
-    np.savez(tmp_path / "d.npz", x_train=x[:n], y_train=y[:n], x_test=x[n:], y_test=y[n:])
+    n = len(y) * 3 // 4 if n_train is None else n_train
+    if isinstance(x, dict):
+        xs = {f"x_{split}_{k}": v[sl] for k, v in x.items() for split, sl in _splits(n)}
+    else:
+        xs = {"x_train": x[:n], "x_test": x[n:]}
+    np.savez(tmp_path / "d.npz", **xs, y_train=y[:n], y_test=y[n:])
     args = ["--model", str(tmp_path / "m.keras"), "--data", str(tmp_path / "d.npz")]
     args += ["--steps", str(steps), "--batch-size", str(batch), "--ipu-host-threads", "1"]
     args += ["--json", "--checkpoint-dir", str(tmp_path / "ck")]
@@ -30,8 +35,13 @@ def train_beside_keras(km, x, y, tmp_path, steps: int, batch: int, n_train: int 
             pos = t.position
             idx = t.sharder.indices(pos.epoch, pos.batch).copy()
             ours.append(t.train_one_step()[0])
-            theirs.append(float(km.train_on_batch(x[idx], y[idx])))
+            xb = {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
+            theirs.append(float(km.train_on_batch(xb, y[idx])))
     except BaseException:
         t.close()
         raise
     return ours, theirs, t
+
+
+def _splits(n: int) -> list[tuple[str, slice]]:
+    return [("train", slice(None, n)), ("test", slice(n, None))]

@@ -17,23 +17,24 @@ import os
 import numpy as np
 import pytest
 from support.gradcheck import gradcheck
+from support.keras_steps import train_beside_keras
 from test_keras_layers import fd_check
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-keras = pytest.importorskip("keras")
-import onnxruntime as ort  # noqa: E402
+import keras
+import onnxruntime as ort
 
-from ringtrain.errors import InvalidSpec  # noqa: E402
-from ringtrain_trainer import budget, keras_model, memory  # noqa: E402
-from ringtrain_trainer import layers as RL  # noqa: E402
-from ringtrain_trainer import model as M  # noqa: E402
-from ringtrain_trainer.collective import LocalCollective  # noqa: E402
-from ringtrain_trainer.config import TrainerConfig  # noqa: E402
-from ringtrain_trainer.engine.ops.frozen import Frozen  # noqa: E402
-from ringtrain_trainer.engine.ops.shared import Shared, Tied  # noqa: E402
-from ringtrain_trainer.export import write_keras, write_onnx  # noqa: E402
-from ringtrain_trainer.keras.config import parse  # noqa: E402
-from ringtrain_trainer.worker import Trainer  # noqa: E402
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import budget, keras_model, memory
+from ringtrain_trainer import layers as RL
+from ringtrain_trainer import model as M
+from ringtrain_trainer.collective import LocalCollective
+from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine.ops.frozen import Frozen
+from ringtrain_trainer.engine.ops.shared import Shared, Tied
+from ringtrain_trainer.export import write_keras, write_onnx
+from ringtrain_trainer.keras.config import parse
+from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
@@ -181,14 +182,6 @@ def test_a_convnext_style_nested_sequential_trains_like_keras_and_exports_nested
 
 def _cfg(km) -> dict:
     return json.loads(km.to_json())
-
-
-def test_a_nested_model_called_twice_is_refused_as_a_shared_layer():
-    tower = keras.Sequential([L.Input((4,)), L.Dense(3)], name="tower")
-    a, b = L.Input((4,)), L.Input((4,))
-    km = keras.Model([a, b], L.Subtract()([tower(a), tower(b)]))
-    with pytest.raises(InvalidSpec, match=r"'tower' is called 2 times: a shared nested model"):
-        keras_model.from_config(_cfg(km))
 
 
 def test_a_frozen_layer_without_starting_weights_is_refused_naming_it():
@@ -410,3 +403,49 @@ def test_the_calls_of_a_shared_layer_in_two_pipeline_stages_are_refused(tmp_path
     args += ["--steps", "1", "--checkpoint-dir", str(tmp_path / "ck")]
     with pytest.raises(InvalidSpec, match=r"shared layer 'tower' is called in stages 0 and 1"):
         Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())
+
+
+def _siamese_tower() -> keras.Model:
+    """keras.io's Siamese pattern: one tower model applied to two inputs, the embeddings
+    compared by a head."""
+    tower = keras.Sequential(
+        [L.Input((8,)), L.Dense(6, "relu", name="d1"), L.Dense(4, name="d2")], name="tower"
+    )
+    a, b = L.Input((8,), name="left"), L.Input((8,), name="right")
+    diff = L.Subtract(name="diff")([tower(a), tower(b)])
+    out = L.Dense(1, "sigmoid", name="head")(L.Multiply(name="sq")([diff, diff]))
+    m = keras.Model([a, b], out)
+    m.compile(optimizer=keras.optimizers.SGD(0.2, momentum=0.5), loss="binary_crossentropy")
+    return m
+
+
+def test_a_nested_model_called_twice_trains_as_one_shared_tower_like_keras(tmp_path, rng):
+    km = _siamese_tower()
+    x = {k: rng.normal(size=(40, 8)).astype(np.float32) for k in ("left", "right")}
+    y = rng.integers(0, 2, 40).astype(np.float32)
+    ours, theirs, t = train_beside_keras(km, x, y, tmp_path, 5, 8, n_train=32)
+    try:
+        names = [s.name for s in t.spec.config.layers]
+        config, weights = t.spec.keras_config(), t.spec.keras_weights(t.params, t.ipu.state)
+    finally:
+        t.close()
+    assert {"tower/d1", "tower/d1@1", "tower/d2", "tower/d2@1"} <= set(names)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+    for a, b in zip(weights, km.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))
+    (tower,) = [layer for layer in back.layers if layer.name == "tower"]
+    assert isinstance(tower, keras.Sequential) and len(tower._inbound_nodes) == 2
+    probe = {k: v[32:] for k, v in x.items()}
+    np.testing.assert_allclose(back.predict(probe, verbose=0), km.predict(probe, verbose=0),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def test_a_layer_shared_inside_a_shared_nested_model_is_refused_by_name():
+    inner = L.Dense(3, name="twice")
+    i = L.Input((3,))
+    tower = keras.Model(i, inner(inner(i)), name="tower")
+    a, b = L.Input((3,)), L.Input((3,))
+    m = keras.Model([a, b], L.Add()([tower(a), tower(b)]))
+    with pytest.raises(InvalidSpec, match=r"'twice' is called 2 times inside a nested model"):
+        parse(json.loads(m.to_json()), compiled=False)

@@ -25,6 +25,7 @@ from ringtrain_trainer import layers as RL
 from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine.ops.groupconv import GroupConv
 from ringtrain_trainer.engine.ops.scale import ChannelScale
 from ringtrain_trainer.engine.ops.timedistributed import TimeDistributed
 from ringtrain_trainer.export import write_keras, write_onnx
@@ -212,4 +213,46 @@ def test_scale_refusals(layer, match):
     if isinstance(layer, LayerScale):  # Keras itself would not build it: edit the config
         config["config"]["layers"][1]["config"]["projection_dim"] = 4
     with pytest.raises(InvalidSpec, match=match):
+        parse(config, compiled=False)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        GroupConv((5, 5, 4), 6, (3, 3), (1, 1), "same", (1, 1), "tanh", True, 2),
+        GroupConv((7, 6), 4, (3,), (2,), "valid", (1,), "linear", False, 2),
+        GroupConv((4, 4, 6), 3, (1, 1), (1, 1), "valid", (1, 1), "relu", True, 3),
+    ],
+    ids=["2d-same", "1d-strided", "pointwise"],
+)
+def test_group_conv_gradients(op, rng):
+    check_gradients(op, rng)
+
+
+def _grouped():
+    return keras.Sequential(
+        [
+            L.Input((12, 4)),
+            L.Conv1D(6, 3, groups=2, padding="causal", activation="relu"),
+            L.Conv1D(6, 3, groups=3, strides=2, padding="same", use_bias=False),
+            L.Reshape((3, 2, 6)),
+            L.Conv2D(4, 2, groups=2, padding="same", activation="gelu"),
+            L.Conv2D(4, 3, groups=4, padding="same", kernel_initializer="he_normal"),
+            L.Conv2D(8, (2, 1), groups=4, dilation_rate=(1, 1)),
+            L.Flatten(),
+            L.Dense(4, activation="softmax"),
+        ]
+    )
+
+
+def test_grouped_convolutions_train_like_keras_and_export(tmp_path, rng):
+    km = _grouped()
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    check_exports(*train_like_keras(km, tmp_path, rng), tmp_path)
+
+
+def test_groups_that_do_not_divide_are_refused():
+    config = _config(L.Conv1D(4, 2, groups=2), shape=(5, 4))
+    config["config"]["layers"][1]["config"]["groups"] = 3
+    with pytest.raises(InvalidSpec, match="groups=3 must divide"):
         parse(config, compiled=False)

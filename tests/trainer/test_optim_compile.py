@@ -96,7 +96,10 @@ def test_tf_keras_2_optimizer_configs_are_read():
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        (lambda c: c["optimizer"]["config"].update(use_ema=True), "optimizer.config.use_ema"),
+        (
+            lambda c: c["optimizer"]["config"].update(loss_scale_factor=2.0),
+            "optimizer.config.loss_scale_factor",
+        ),
         (lambda c: c.update(loss_weights=[2.0]), "compile_config.loss_weights"),
         (lambda c: c.update(metrics=["mse"]), "compile_config.metrics"),
         (lambda c: c["loss"]["config"].update(reduction="sum"), "loss.config.reduction"),

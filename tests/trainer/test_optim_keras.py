@@ -149,7 +149,6 @@ def test_schedule_values_match_keras(schedule):
 @pytest.mark.parametrize(
     ("make", "field"),
     [
-        (lambda: keras.optimizers.Adam(use_ema=True), "compile_config.optimizer.config.use_ema"),
         (
             lambda: keras.optimizers.SGD(loss_scale_factor=128.0),
             "compile_config.optimizer.config.loss_scale_factor",
@@ -158,8 +157,11 @@ def test_schedule_values_match_keras(schedule):
             lambda: keras.optimizers.Adam(gradient_accumulation_steps=4),
             "compile_config.optimizer.config.gradient_accumulation_steps",
         ),
-        (lambda: keras.optimizers.Adafactor(), "compile_config.optimizer.class_name"),
-        (lambda: keras.optimizers.Lion(use_ema=True), "compile_config.optimizer.config.use_ema"),
+        (lambda: keras.optimizers.Lamb(), "compile_config.optimizer.class_name"),
+        (
+            lambda: keras.optimizers.Lion(use_ema=True, ema_overwrite_frequency=0),
+            "compile_config.optimizer.config.ema_overwrite_frequency",
+        ),
         (
             lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()),
             "compile_config.optimizer.class_name",

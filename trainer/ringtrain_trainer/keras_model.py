@@ -258,6 +258,16 @@ class KerasModel(ModelSpec):
             for w in archive.weights_of_layer(s):
                 yield s, w.name, "p" if w.trainable and not s.frozen else "s", li
 
+    def keras_shapes(self) -> list[tuple[int, int, tuple[int, ...]]]:
+        """Each trainable slot's (start, stop) in the flat buffer and its Keras shape (the
+        flat data is in that shape's row-major order: :meth:`keras_weights` only reshapes)."""
+        shapes = {
+            (li, w.name): tuple(w.shape)
+            for s, li in zip(self.config.layers, self.owner, strict=True)
+            for w in archive.weights_of_layer(s)
+        }
+        return [(x.start, x.stop, shapes[(x.spec.layer, x.spec.name)]) for x in self.slots]
+
     def keras_weights(
         self, flat_params: np.ndarray, state: np.ndarray | None = None
     ) -> list[np.ndarray]:
@@ -284,6 +294,8 @@ class KerasModel(ModelSpec):
             dst = (pv if w == "p" else sv)[li][n]
             if w == "s" and np.ndim(arr) > 1 and dst.size == np.size(arr):  # a frozen kernel
                 dst = dst.reshape(np.shape(arr))
+            elif _squeezed(np.shape(arr)) == _squeezed(dst.shape):  # the same bytes in order
+                dst = dst.reshape(np.shape(arr))  # ConvNeXt's Conv2D(groups=C): (*k, 1, C)
             if np.shape(arr) != dst.shape and (np.shape(arr), dst.shape) != ((), (1,)):
                 raise InvalidSpec(
                     f"model {self.name!r}: layer {s.name!r} weight {n} has "
@@ -295,6 +307,10 @@ class KerasModel(ModelSpec):
     def h5_groups(self) -> list[tuple[LayerSpec, str | None]]:
         """Each Keras layer with its ``model.weights.h5`` group (``keras.archive``)."""
         return list(zip(self.config.layers, archive.h5_paths(self.config), strict=True))
+
+
+def _squeezed(shape: tuple) -> tuple:
+    return tuple(d for d in shape if d != 1)
 
 
 #: one example's shape in the training data, asked (with the declared shape) only of a model

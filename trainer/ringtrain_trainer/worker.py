@@ -161,6 +161,8 @@ class Trainer:
         self.optimizer_spec = optim.for_run(cfg, self.spec)
         tensors = [(s.start, s.stop) for s in self.spec.slots]  # clipnorm is per tensor
         self.optimizer = optim.build_spec(self.optimizer_spec, self.params, tensors)
+        if self.optimizer.whole_tensors:  # Adafactor: its moments factor Keras' shapes
+            self.optimizer.set_shapes(self.spec.keras_shapes())
         self.optimizer.set_regularizers(
             [(s.start, s.stop, s.spec.reg) for s in self.spec.slots if s.spec.reg is not None]
         )
@@ -616,6 +618,8 @@ class Trainer:
                 self.evaluate()
         terminated = self._should_stop() and not self._done()
         last_loss = None if np.isnan(loss) else loss
+        if not terminated:
+            self.optimizer.finalize()  # use_ema: the weights become their average, as fit's end
         self.save(last_loss)
         export = None
         self._collect_trace(finished=True)

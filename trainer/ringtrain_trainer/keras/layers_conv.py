@@ -4,7 +4,7 @@ GlobalAveragePooling2D (channels last, NHWC). A Conv2D with a dilation or an act
 
 from __future__ import annotations
 
-from ringtrain_trainer.keras import onnx_acts
+from ringtrain_trainer.keras import layers_window, onnx_acts
 from ringtrain_trainer.keras.entry import (
     ACTIVATIONS,
     Args,
@@ -14,7 +14,7 @@ from ringtrain_trainer.keras.entry import (
     need_rank,
     window,
 )
-from ringtrain_trainer.keras.layers_window import ACTS, _activation
+from ringtrain_trainer.keras.layers_window import ACTS, _activation, check_groups, groups
 
 _FREE = (
     "kernel_regularizer",
@@ -57,11 +57,11 @@ def _conv_parse(a: Args) -> dict:
     }
     if max(args["strides"]) > 1 and max(args["dilation_rate"]) > 1:
         a.refuse("dilation_rate", args["dilation_rate"], "1 when strides > 1 (as Keras)")
-    a.must_be("groups", 1)
+    groups(a, args)
     a.initializer("kernel_initializer", "glorot_uniform")
     a.initializer("bias_initializer", "zeros")
     a.nothing(*_FREE)
-    a.done("filters, kernel_size, strides, padding, dilation_rate, activation, use_bias")
+    a.done("filters, kernel_size, strides, padding, dilation_rate, groups, activation, use_bias")
     return args
 
 
@@ -72,13 +72,15 @@ def _span(args: dict) -> list[int]:
 
 
 def _conv_infer(args: dict, shapes: list[Shape]) -> Shape:
+    if len(shapes[0]) == 3:
+        check_groups(args, shapes[0])
     return (*_windowed(shapes[0], _span(args), args["strides"], args["padding"]), args["filters"])
 
 
 def _conv_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
     kh, kw = args["kernel_size"]
     f = args["filters"]
-    w = [Weight("kernel", (kh, kw, shapes[0][-1], f))]
+    w = [Weight("kernel", (kh, kw, shapes[0][-1] // args.get("groups", 1), f))]
     return w + ([Weight("bias", (f,))] if args["use_bias"] else [])
 
 
@@ -87,6 +89,8 @@ def _conv_build(spec, shapes, ctx):
 
     a = spec.args
     need_rank(spec, shapes[0], 3, "an H×W×C input (add a Reshape before it)")
+    if a.get("groups", 1) > 1:
+        return layers_window._conv_build(spec, shapes, ctx)
     if a.get("dilation_rate", [1, 1]) != [1, 1] or a["activation"] not in ACTIVATIONS:
         from ringtrain_trainer.engine.ops.conv import Conv
 
@@ -119,6 +123,9 @@ def _same_pads(n: int, k: int, s: int) -> tuple[int, int]:
 
 def _conv_onnx(g, spec, weights) -> None:
     a = spec.args
+    if a.get("groups", 1) > 1:
+        layers_window._conv_onnx(g, spec, weights)
+        return
     x = g.x(0, nchw=True)
     inputs = [x, g.const(f"{spec.name}_kernel", weights[0].transpose(3, 2, 0, 1))]
     if a["use_bias"]:
@@ -227,6 +234,7 @@ ENTRIES = {
         infer=_conv_infer,
         weights=_conv_weights,
         doc="`filters`, `kernel_size`, `strides`, `padding` (valid, same), `dilation_rate`, "
+        "`groups` (one group per channel, ConvNeXt's: run as a depthwise convolution), "
         + ACTS
         + ", `use_bias`; channels last; with its only reader a "
         "MaxPooling2D(2) (square kernel, valid, stride 1, ReLU) it runs as one fused op",

@@ -46,6 +46,25 @@ def _activation(a: Args) -> str:
     return v
 
 
+def groups(a: Args, args: dict) -> None:
+    """Keras' ``groups``: kept in ``args`` only when > 1 (what 1 exports stays unchanged)."""
+    v = a.take("groups", 1)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        a.refuse("groups", v, "a positive int dividing the input channels and filters")
+    if v > 1:
+        args["groups"] = v
+
+
+def check_groups(args: dict, shape: Shape) -> None:
+    """The shape check ``groups`` needs (Keras refuses the same at build)."""
+    n = args.get("groups", 1)
+    if shape[-1] % n or args["filters"] % n:
+        raise ValueError(
+            f"groups={n} must divide the input channels ({shape[-1]}) and filters "
+            f"({args['filters']})"
+        )
+
+
 def _conv_parse(a: Args) -> dict:
     rank = int(a.cls[-2])
     depthwise, separable = a.cls.startswith("Depthwise"), a.cls.startswith("Separable")
@@ -70,7 +89,7 @@ def _conv_parse(a: Args) -> dict:
     if max(args["strides"]) > 1 and max(args["dilation_rate"]) > 1:
         a.refuse("dilation_rate", args["dilation_rate"], "1 when strides > 1 (as Keras)")
     if not (depthwise or separable):
-        a.must_be("groups", 1)
+        groups(a, args)
     kernels = ["depthwise", "pointwise"] if separable else ["depthwise" if depthwise else "kernel"]
     for k in kernels:
         a.initializer(f"{k}_initializer", "glorot_uniform")
@@ -101,13 +120,15 @@ def _conv_infer(args: dict, shapes: list[Shape]) -> Shape:
     a = args
     hw = _spatial(shapes[0], a["kernel_size"], a["strides"], a["padding"], a["dilation_rate"])
     c = a["filters"] if "filters" in a else shapes[0][-1] * a["depth_multiplier"]
+    if "depth_multiplier" not in a:
+        check_groups(a, shapes[0])
     return (*hw, c)
 
 
 def _conv_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
     k, c = tuple(args["kernel_size"]), shapes[0][-1]
     if "depth_multiplier" not in args:
-        w = [Weight("kernel", (*k, c, args["filters"]))]
+        w = [Weight("kernel", (*k, c // args.get("groups", 1), args["filters"]))]
         out = args["filters"]
     elif "filters" not in args:
         w = [Weight("kernel", (*k, c, args["depth_multiplier"]))]
@@ -129,6 +150,10 @@ def _conv_build(spec, shapes, ctx):
     a = spec.args
     act = "linear" if ctx.fold and a["activation"] == ctx.fold else a["activation"]
     geo = (a["kernel_size"], a["strides"], a["padding"], a["dilation_rate"])
+    if a.get("groups", 1) > 1:
+        from ringtrain_trainer.engine.ops.groupconv import depthwise_or_grouped
+
+        return depthwise_or_grouped(shapes[0], a["filters"], *geo, act, a["use_bias"], a["groups"])
     if "depth_multiplier" not in a:
         return Conv(shapes[0], a["filters"], *geo, act, a["use_bias"])
     if "filters" not in a:
@@ -160,7 +185,8 @@ def _conv_onnx(g, spec, weights) -> None:
     c = spec.in_shapes[0][-1]
     if "depth_multiplier" not in a:
         k = g.const(f"{n}_kernel", weights[0].transpose(to_oihw))
-        y = g.op("Conv", [x, k, *bias], n, kernel_shape=a["kernel_size"], **geo)
+        group = a.get("groups", 1)
+        y = g.op("Conv", [x, k, *bias], n, kernel_shape=a["kernel_size"], group=group, **geo)
     else:
         m = a["depth_multiplier"]
         dw = weights[0].transpose(rank, rank + 1, *range(rank)).reshape(c * m, 1, *a["kernel_size"])
@@ -257,7 +283,7 @@ def _global(rank: int):
 
 
 _CONV_DOC = (
-    "`kernel_size`, `strides`, `padding` ({}), `dilation_rate`, "
+    "`kernel_size`, `strides`, `padding` ({}), `dilation_rate`, `groups`, "
     + ACTS
     + ", `use_bias`, any initializer; channels last"
 )

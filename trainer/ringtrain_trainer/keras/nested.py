@@ -14,14 +14,16 @@ What the flat graph loses is kept in a :class:`Nesting`: each nested model's cla
 layers under ``layers/functional/layers/conv2d``, numbered per class inside each model; a
 Functional level counts its InputLayer, a Sequential one does not). :func:`nest` folds a flat
 exported config back into the nested models, so Keras loads the export as the user built it.
-A nested model called more than once (a shared tower) is refused by name; shared plain layers
-are ``keras.shared``'s.
+A nested model called more than once (a Siamese tower) is expanded once per call: its layers
+appear once, with one inbound node per call (call ``j`` reads and writes node ``j``), which is
+exactly a shared layer for ``keras.shared`` to run (one op per call, the weight gradients
+summed); :func:`nest` folds it back into one nested model with one inbound node per call.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ringtrain.errors import InvalidSpec
@@ -40,6 +42,8 @@ class Group:
     cls: str
     trainable: bool
     input_name: str
+    #: how many times the model is called (a Siamese tower: 2)
+    calls: int = 1
 
 
 @dataclass(frozen=True)
@@ -101,10 +105,17 @@ class _Flattener:
             layer.setdefault("config", {})["trainable"] = False
         return layer
 
-    def _add(self, layer: dict, prefix: str, frozen: bool, group: str, nodes: list) -> Ref:
-        """One plain layer, renamed and rewired; returns the reference to its output."""
-        out = self._frozen(layer, frozen)
+    def _add(
+        self, layer: dict, prefix: str, frozen: bool, group: str, nodes: list, call: int = 0
+    ) -> Ref:
+        """One plain layer, renamed and rewired; returns the reference to its output. Call
+        ``call`` > 0 of a shared nested model adds its node to the layer the first call added."""
         name = prefix + _name(layer, len(self.layers))
+        if call:
+            (out,) = [x for x in self.layers if x["name"] == name]
+            out["inbound_nodes"].extend(nodes)
+            return (name, call, 0)
+        out = self._frozen(layer, frozen)
         out["name"] = name
         out.setdefault("config", {})["name"] = name
         out["inbound_nodes"] = nodes
@@ -112,27 +123,36 @@ class _Flattener:
         self.h5[name] = group
         return (name, 0, 0)
 
-    def model(self, item: dict, prefix: str, inputs: list[Ref], frozen: bool, path: str) -> Ref:
-        """Expand nested model ``item`` called on ``inputs``; returns its output reference."""
+    def model(
+        self, item: dict, prefix: str, inputs: list[Ref], frozen: bool, path: str, call: int = 0
+    ) -> Ref:
+        """Expand nested model ``item`` called (its ``call``-th call) on ``inputs``; returns
+        its output reference."""
         cfg = item.get("config") or {}
         where = f"nested model {prefix[:-1]!r} ({item.get('class_name')})"
         frozen = frozen or cfg.get("trainable", True) is False
         layers = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
         if item.get("class_name") == "Sequential":
-            return self._sequential(layers, prefix, inputs, frozen, path, where, item)
-        return self._functional(cfg, layers, prefix, inputs, frozen, path, where, item)
+            return self._sequential(layers, prefix, inputs, frozen, path, where, item, call)
+        return self._functional(cfg, layers, prefix, inputs, frozen, path, where, item, call)
 
-    def _group(self, item: dict, prefix: str, frozen: bool, path: str, input_name: str) -> None:
+    def _group(
+        self, item: dict, prefix: str, frozen: bool, path: str, input_name: str, call: int
+    ) -> None:
+        if call:  # a later call of a shared nested model: the first one recorded it
+            k = next(i for i, g in enumerate(self.groups) if g.prefix == prefix)
+            self.groups[k] = replace(self.groups[k], calls=max(self.groups[k].calls, call + 1))
+            return
         cls = "Functional" if item.get("class_name") == "Model" else str(item.get("class_name"))
         trainable = (item.get("config") or {}).get("trainable", True) is not False
         self.groups.append(Group(prefix, cls, trainable and not frozen, input_name))
         self.empty.append(f"{path}vars")
 
-    def _sequential(self, layers, prefix, inputs, frozen, path, where, item) -> Ref:
+    def _sequential(self, layers, prefix, inputs, frozen, path, where, item, call=0) -> Ref:
         if len(inputs) != 1:
             raise InvalidSpec(f"model: {where} is called on {len(inputs)} tensors (supported: 1)")
         inp = next((x for x in layers if x.get("class_name") == "InputLayer"), None)
-        self._group(item, prefix, frozen, path, _name(inp, 0) if inp else "input_layer")
+        self._group(item, prefix, frozen, path, _name(inp, 0) if inp else "input_layer", call)
         ref, counts = inputs[0], {}
         for x in layers:
             if x.get("class_name") == "InputLayer":
@@ -141,58 +161,61 @@ class _Flattener:
             nodes = [{"args": [_tensor(ref)], "kwargs": {}}]
             if is_model(x):
                 inner = prefix + _name(x, 0) + "/"
-                ref = self.model(x, inner, [ref], frozen, group + "/")
+                ref = self.model(x, inner, [ref], frozen, group + "/", call)
             else:
-                ref = self._add(x, prefix, frozen, group, nodes)
+                ref = self._add(x, prefix, frozen, group, nodes, call)
         return ref
 
-    def _functional(self, cfg, layers, prefix, inputs, frozen, path, where, item) -> Ref:
+    def _functional(self, cfg, layers, prefix, inputs, frozen, path, where, item, call=0) -> Ref:
         ins = cfg.get("input_layers")
         ins = [ins] if isinstance(ins, list) and ins and isinstance(ins[0], str) else ins or []
         if len(ins) != len(inputs):
             raise InvalidSpec(
                 f"model: {where} takes {len(ins)} inputs and is called on {len(inputs)}"
             )
-        self._group(item, prefix, frozen, path, str(ins[0][0]) if ins else "input_layer")
+        self._group(item, prefix, frozen, path, str(ins[0][0]) if ins else "input_layer", call)
         refs: dict[Ref, Ref] = {(str(i[0]), 0, 0): r for i, r in zip(ins, inputs, strict=True)}
-        outs: dict[str, Ref] = {}
+        outs: dict[str, dict[int, Ref]] = {}
         counts: dict[str, int] = {}
 
         def to(h: Ref) -> Ref:
             if h in refs:
                 return refs[h]
             if h[0] in outs:
-                return outs[h[0]]
-            return (prefix + h[0], h[1], h[2])
+                return outs[h[0]][h[1]]
+            return (prefix + h[0], h[1] + call, h[2])
 
         for i, x in enumerate(layers):
             cls = str(x.get("class_name"))
             group = self._h5(path, counts, cls)
             if cls == "InputLayer":
-                self.empty.append(f"{group}/vars")
+                if not call:
+                    self.empty.append(f"{group}/vars")
                 continue
             nodes = x.get("inbound_nodes") or []
             if not nodes:
                 continue
-            if is_model(x) and len(nodes) > 1:
+            if len(nodes) > 1 and call:
                 raise InvalidSpec(
-                    f"model: {where}: nested model {_name(x, i)!r} is called {len(nodes)} "
-                    "times: a shared nested model is not supported (supported: shared layers)"
+                    f"model: {where}: {_name(x, i)!r} is called {len(nodes)} times inside a "
+                    "nested model: not supported (supported: layers and nested models shared "
+                    "at the top level, a nested model shared as a whole)"
                 )
             if is_model(x):
-                node = nodes[0]
-                if not isinstance(node, dict):
-                    raise InvalidSpec(
-                        f"model: nested model {_name(x, i)!r} in a tf.keras 2 config is not "
-                        "supported (supported: Keras 3 configs)"
-                    )
                 from ringtrain_trainer.keras.functional import _history
 
-                hist = [to(h) for h in _history(node.get("args") or [], where)]
                 inner = prefix + _name(x, i) + "/"
-                outs[_name(x, i)] = self.model(x, inner, hist, frozen, group + "/")
+                for j, node in enumerate(nodes):
+                    if not isinstance(node, dict):
+                        raise InvalidSpec(
+                            f"model: nested model {_name(x, i)!r} in a tf.keras 2 config is "
+                            "not supported (supported: Keras 3 configs)"
+                        )
+                    hist = [to(h) for h in _history(node.get("args") or [], where)]
+                    out = self.model(x, inner, hist, frozen, group + "/", call + j)
+                    outs.setdefault(_name(x, i), {})[j] = out
             else:
-                self._add(x, prefix, frozen, group, _remap(nodes, to))
+                self._add(x, prefix, frozen, group, _remap(nodes, to), call)
         o = cfg.get("output_layers")
         o = o[0] if isinstance(o, list) and o and isinstance(o[0], list) else o
         if not isinstance(o, list) or len(o) != 3:
@@ -255,37 +278,31 @@ def nest(flat: dict, nesting: Nesting) -> dict:
         mine = [x for x in layers if x["name"].startswith(g.prefix)]
         mine = [x for x in mine if "/" not in x["name"][len(g.prefix) :]]
         names = {x["name"] for x in mine}
-        outside = {
-            a["config"]["keras_history"][0]: a
-            for x in mine
-            for node in x["inbound_nodes"]
-            for a in _walk(node.get("args"))
-            if a["config"]["keras_history"][0] not in names
-        }
+        srcs = [_source(mine, names, j, g.calls) for j in range(g.calls)]
         read = {
             a["config"]["keras_history"][0]
             for x in layers
             if x["name"] not in names
             for node in x.get("inbound_nodes") or []
             for a in _walk(node.get("args"))
-        } | {flat["config"]["output_layers"][0]}
+        } | {o[0] for o in _ends(flat["config"]["output_layers"])}
         (out,) = [n for n in names if n in read]
-        (src,) = outside.values()
         strip = len(g.prefix)
 
-        def inner(h: Ref, src_name=src["config"]["keras_history"][0], g=g, k=strip) -> Ref:
+        def inner(h: Ref, src_name=srcs[0]["config"]["keras_history"][0], g=g, k=strip) -> Ref:
             return (g.input_name, 0, 0) if h[0] == src_name else (h[0][k:], h[1], h[2])
 
         body = []
         for x in mine:
             y = copy.deepcopy(x)
             y["name"] = y["config"]["name"] = x["name"][strip:]
-            y["inbound_nodes"] = _remap(x["inbound_nodes"], inner)
+            nodes = x["inbound_nodes"][: len(x["inbound_nodes"]) // g.calls]
+            y["inbound_nodes"] = _remap(nodes, inner)
             if g.cls == "Sequential":
                 y.pop("inbound_nodes")
                 y.pop("name")
             body.append(y)
-        shape = src["config"].get("shape")
+        shape = srcs[0]["config"].get("shape")
         inp = {
             "module": "keras.layers",
             "class_name": "InputLayer",
@@ -305,19 +322,39 @@ def nest(flat: dict, nesting: Nesting) -> dict:
             "registered_name": None,
             "build_config": {"input_shape": shape},
             "name": name,
-            "inbound_nodes": [{"args": [copy.deepcopy(src)], "kwargs": {}}],
+            "inbound_nodes": [{"args": [copy.deepcopy(src)], "kwargs": {}} for src in srcs],
         }
         at = layers.index(mine[0])
         layers[:] = [*layers[:at], item, *[x for x in layers[at:] if x["name"] not in names]]
 
         def outer(h: Ref, out=out, name=name) -> Ref:
-            return (name, 0, 0) if h[0] == out else h
+            return (name, h[1], 0) if h[0] == out else h
 
         for x in layers:
             x["inbound_nodes"] = _remap(x.get("inbound_nodes") or [], outer)
         o = flat["config"]["output_layers"]
-        flat["config"]["output_layers"] = list(outer((o[0], o[1], o[2])))
+        ends = [list(outer((e[0], e[1], e[2]))) for e in _ends(o)]
+        flat["config"]["output_layers"] = ends if isinstance(o[0], list) else ends[0]
     return flat
+
+
+def _ends(v: list) -> list[list]:
+    """``output_layers``: one ``[name, node, tensor]`` or a list of them, as a list."""
+    return v if v and isinstance(v[0], list) else [v]
+
+
+def _source(mine: list[dict], names: set[str], call: int, calls: int) -> dict:
+    """The one tensor from outside a nested model's layers that its ``call``-th call reads
+    (a shared model's layers have one node per call; a model called once may share a layer
+    inside: every node is then its only call's)."""
+    (src,) = {
+        tuple(a["config"]["keras_history"]): a
+        for x in mine
+        for node in x["inbound_nodes"][call::calls]
+        for a in _walk(node.get("args"))
+        if a["config"]["keras_history"][0] not in names
+    }.values()
+    return src
 
 
 def _walk(v: Any):

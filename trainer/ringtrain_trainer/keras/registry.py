@@ -91,7 +91,9 @@ def markdown() -> str:
         "| nested `Functional` / `Sequential` | a model used as a layer (`x = base(inp)`, "
         "ConvNeXt's blocks): flattened into one graph at parse time, its layers named "
         "`base/conv1` (also in `pipeline.stages`), exported nested again; Keras 3 configs; "
-        "a nested model called twice is refused |",
+        "a nested model called several times (a Siamese tower) is one shared layer per call, "
+        "exported as one nested model with a node per call; refused: a layer shared inside "
+        "a nested model that is itself called several times |",
         "| shared layers | one layer called on several tensors (Siamese towers, a Dense applied "
         "twice): one op per call on one set of weights, every call's weight gradient summed "
         "before it streams; exported as one layer with its calls; Keras 3 configs; refused: a "

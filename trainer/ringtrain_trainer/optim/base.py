@@ -74,13 +74,22 @@ class Optimizer:
         #: :mod:`.sparse_rows`); set by :meth:`set_sparse` when the update squares ``g``
         self.sparse = None
         self.constraints: Tracker | None = None
+        #: Keras' ``use_ema``: (ema_momentum, ema_overwrite_frequency), set by :meth:`set_ema`
+        self.ema: tuple[np.float32, int | None] | None = None
 
     @property
     def state_bytes(self) -> int:
         return sum(a.nbytes for a in self.state.values())
 
+    #: whether :meth:`update` needs a whole weight tensor at once (Adafactor's factored moments)
+    whole_tensors = False
+
     def set_clip(self, clip: Clip) -> None:
         self.clip = clip
+
+    def set_shapes(self, tensors: Sequence[tuple[int, int, tuple[int, ...]]]) -> None:
+        """Each weight tensor's range and Keras shape: read only by an optimizer whose update
+        works on a whole tensor's axes (:attr:`whole_tensors`)."""
 
     def set_regularizers(self, regs: Sequence[tuple[int, int, Any]]) -> None:
         """Keras' ``kernel_regularizer`` & co. on ranges of the flat buffer. Every replica's
@@ -93,6 +102,33 @@ class Optimizer:
         """Keras' ``kernel_constraint`` & co. on ranges of the flat buffer: each tensor is
         projected once its last slice of the step is updated (:mod:`.constraints`)."""
         self.constraints = Tracker(list(ranges)) if ranges else None
+
+    def set_ema(self, momentum: float, overwrite_every: int | None) -> None:
+        """Keras' ``use_ema``: an exponential moving average of the weights kept beside them
+        (``average``: one more flat state buffer, so checkpoints and the ring's broadcast carry
+        it like Adam's moments), updated after each slice's update and before its constraint,
+        as ``BaseOptimizer._backend_apply_gradients`` does; every ``overwrite_every`` steps the
+        weights take the average, and :meth:`finalize` gives them it at the end of training."""
+        self.ema = (f32(momentum), overwrite_every)
+        self.state_names = (*self.state_names, "average")
+        self.state["average"] = np.zeros_like(self.params)
+
+    def finalize(self) -> None:
+        """Keras' ``finalize_variable_values`` (what ``fit`` calls when training ends): with
+        ``use_ema`` the weights become their moving average; otherwise nothing."""
+        if self.ema is not None:
+            np.copyto(self.params, self.state["average"])
+
+    def _average(self, s: slice) -> None:
+        assert self.ema is not None
+        momentum, every = self.ema
+        avg, w, tmp = self.state["average"][s], self.params[s], self._scratch[s]
+        m = momentum if self.iterations > 1 else f32(0.0)  # Keras: iterations != 0 before +1
+        np.multiply(avg, m, out=avg)
+        np.multiply(w, f32(1.0) - m, out=tmp)
+        np.add(avg, tmp, out=avg)
+        if every and self.iterations % every == 0:
+            np.copyto(w, avg)
 
     #: whether :meth:`update` squares the gradient (Adam, RMSprop, Adagrad): only then do an
     #: Embedding's duplicate ids change the update (:mod:`.sparse_rows`)
@@ -140,6 +176,8 @@ class Optimizer:
                 np.multiply(w, f32(self.weight_decay) * f32(self.lr), out=tmp)
                 np.subtract(w, tmp, out=w)
             self.update(grads[s], self.params[s], s)
+            if self.ema is not None:
+                self._average(s)
             if self.constraints is not None:
                 for lo, hi, c in self.constraints.applied(a, b):
                     c.project(self.params[lo:hi], self._scratch[lo:hi])

@@ -31,10 +31,18 @@ class Clip:
     """One step's clipping state; ``tensors`` are the (start, stop) ranges of the flat buffer
     that are Keras variables (``ModelSpec.slots``), sorted by start."""
 
-    def __init__(self, kind: str | None, value: float, tensors: Sequence[tuple[int, int]]):
+    def __init__(
+        self,
+        kind: str | None,
+        value: float,
+        tensors: Sequence[tuple[int, int]],
+        whole: bool = False,
+    ):
+        """``whole``: yield only whole tensors, whatever the clipping (an optimizer whose update
+        reads a whole tensor: ``adafactor``)."""
         if kind not in (None, *KINDS):
             raise ValueError(f"unknown clipping {kind!r}")
-        self.kind, self.value = kind, float(value)
+        self.kind, self.value, self.whole = kind, float(value), whole
         ranges = sorted((int(a), int(b)) for a, b in tensors)
         self.starts = np.array([a for a, _ in ranges], np.int64)
         self.stops = np.array([b for _, b in ranges], np.int64)
@@ -48,20 +56,19 @@ class Clip:
 
     def ready(self, grads: np.ndarray, start: int, stop: int) -> Iterator[tuple[int, int]]:
         """Clip what ``grads[start:stop]`` completes, in place, and yield the ranges to apply."""
-        if self.kind is None:
-            yield start, stop
-        elif self.kind == "clipvalue":
+        if self.kind == "clipvalue":
             g = grads[start:stop]
             np.clip(g, -self.value, self.value, out=g)
+        if self.kind in (None, "clipvalue") and not self.whole:
             yield start, stop
-        elif self.kind == "clipnorm":
+        elif self.kind in (None, "clipvalue", "clipnorm"):
             t = max(0, int(np.searchsorted(self.starts, start, "right")) - 1)
             while t < len(self.starts) and self.starts[t] < stop:
                 a, b = int(self.starts[t]), int(self.stops[t])
                 self.covered[t] += max(0, min(b, stop) - max(a, start))
                 if self.covered[t] == b - a:
                     g = grads[a:b]
-                    norm = math.sqrt(float(np.dot(g, g)))
+                    norm = math.sqrt(float(np.dot(g, g))) if self.kind == "clipnorm" else 0.0
                     if norm > self.value:
                         np.multiply(g, np.float32(self.value / norm), out=g)
                     yield a, b

@@ -2,8 +2,8 @@
 
 Pipeline position: ``keras.compile.read`` calls :func:`from_compile_config` while it validates
 the model (so ``render``, ``run`` and the operator refuse an unsupported optimizer before
-anything runs, naming the field: ``compile_config.optimizer.config.use_ema``); the worker calls
-:func:`resolve` with its flags and builds the optimizer with :func:`build`.
+anything runs, naming the field: ``compile_config.optimizer.config.loss_scale_factor``); the
+worker calls :func:`resolve` with its flags and builds the optimizer with :func:`build`.
 
 An :class:`OptimizerSpec` is the effective optimizer as Keras serializes it (every argument,
 defaults filled in): the start-up line, ``/status``, the checkpoint and the export all say that
@@ -23,6 +23,7 @@ from typing import Any
 
 from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer.optim import schedules
+from ringtrain_trainer.optim.adafactor import Adafactor
 from ringtrain_trainer.optim.adagrad import Adagrad
 from ringtrain_trainer.optim.adam import Adam, AdamW
 from ringtrain_trainer.optim.adamax import Adamax
@@ -48,7 +49,7 @@ BASE = {
     "gradient_accumulation_steps": None,
 }
 #: arguments accepted only at their default (what ringtrain does not implement)
-UNSUPPORTED = ("use_ema", "loss_scale_factor", "gradient_accumulation_steps")
+UNSUPPORTED = ("loss_scale_factor", "gradient_accumulation_steps")
 #: tf.keras 2.11+ arguments that change nothing at these values (Keras 3 has none of them):
 #: dropped from the record; any other value is refused
 TF_KERAS_NEUTRAL = {"decay": (0, 0.0, None), "is_legacy_optimizer": (False,)}
@@ -68,6 +69,17 @@ KERAS: dict[str, tuple[type[Optimizer], dict[str, Any], dict[str, Any]]] = {
     "Nadam": (Nadam, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Adamax": (Adamax, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Lion": (Lion, {"beta_1": 0.9, "beta_2": 0.99}, {}),
+    "Adafactor": (
+        Adafactor,
+        {
+            "beta_2_decay": -0.8,
+            "epsilon_1": 1e-30,
+            "epsilon_2": 1e-3,
+            "clip_threshold": 1.0,
+            "relative_step": True,
+        },
+        {},
+    ),
     "Ftrl": (
         Ftrl,
         {
@@ -195,6 +207,7 @@ def from_compile_config(compile_config: dict | None) -> OptimizerSpec | None:
         if k in UNSUPPORTED and v != defaults[k]:
             raise InvalidSpec(f"model: {where}={v!r} is not supported (supported: {defaults[k]!r})")
     config = {"name": name, **defaults, **given}
+    _check_ema(config)
     if sum(config[k] is not None for k in KINDS) > 1:
         raise InvalidSpec(
             f"model: {WHERE}.config: only one of clipnorm, clipvalue and global_clipnorm "
@@ -206,6 +219,21 @@ def from_compile_config(compile_config: dict | None) -> OptimizerSpec | None:
     elif not isinstance(lr, int | float) or isinstance(lr, bool) or lr <= 0:
         raise InvalidSpec(f"model: {WHERE}.config.learning_rate={lr!r} must be a positive number")
     return OptimizerSpec(cls_name.lower(), _serialized(cls_name, config), "model compile_config")
+
+
+def _check_ema(config: dict) -> None:
+    """Keras' own checks of ``ema_momentum`` and ``ema_overwrite_frequency`` (only with
+    ``use_ema``, as in Keras), so a model Keras would not build is refused here too."""
+    if not config["use_ema"]:
+        return
+    m, every = config["ema_momentum"], config["ema_overwrite_frequency"]
+    if not isinstance(m, int | float) or isinstance(m, bool) or not 0 <= m <= 1:
+        raise InvalidSpec(f"model: {WHERE}.config.ema_momentum={m!r} must be in [0, 1]")
+    if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+        raise InvalidSpec(
+            f"model: {WHERE}.config.ema_overwrite_frequency={every!r} must be an integer "
+            ">= 1 or None"
+        )
 
 
 def resolve(
@@ -324,8 +352,11 @@ def build(spec: OptimizerSpec, params, tensors=None) -> Optimizer:
     c = spec.config
     opt = cls(params, _schedule(spec), **{k: c[k] for k in own}, weight_decay=c["weight_decay"])
     kind = next((k for k in KINDS if c[k] is not None), None)
-    if kind is not None:
-        opt.set_clip(Clip(kind, c[kind], tensors or [(0, params.size)]))
+    if kind is not None or opt.whole_tensors:
+        value = c[kind] if kind is not None else 0.0
+        opt.set_clip(Clip(kind, value, tensors or [(0, params.size)], opt.whole_tensors))
+    if c.get("use_ema"):
+        opt.set_ema(c["ema_momentum"], c["ema_overwrite_frequency"])
     return opt
 
 
@@ -342,5 +373,6 @@ def state_arrays(spec: OptimizerSpec) -> int:
         "Adamax": lambda: 2,
         "Lion": lambda: 1,
         "Ftrl": lambda: 2,
+        "Adafactor": lambda: 1,  # at most: r + c of a matrix are far smaller than it
     }
-    return n[spec.class_name]()
+    return n[spec.class_name]() + bool(c.get("use_ema"))

@@ -23,7 +23,7 @@ class SGD(Optimizer):
     def update(self, g, w, s):
         tmp = self._scratch[s]
         np.multiply(g, f32(self.lr), out=tmp)
-        if not self.state_names:
+        if "momentum" not in self.state:
             np.subtract(w, tmp, out=w)
             return
         m = self.state["momentum"][s]
