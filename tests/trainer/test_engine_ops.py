@@ -14,6 +14,7 @@ from support.gradcheck import gradcheck
 from ringtrain_trainer import layers as L
 from ringtrain_trainer.engine.ops import (
     activity,
+    augment,
     broadcast,
     dropout,
     merge,
@@ -29,7 +30,18 @@ B = 3
 def _registry() -> set[type]:
     """Every op class the engine ships: the general layers, the fused fast path and the
     ``engine/ops`` families."""
-    mods = [L, fused, merge, broadcast, dropout, noise, activity, standardize, score_attention]
+    mods = [
+        L,
+        fused,
+        merge,
+        broadcast,
+        dropout,
+        noise,
+        activity,
+        augment,
+        standardize,
+        score_attention,
+    ]
     return {
         c
         for m in mods
@@ -74,6 +86,7 @@ CASES = {
     "shared-dropout-spatial": dropout.SharedDropout((3, 2, 4), 0.5, 2, (1, 1, 4)),
     "shared-dropout-example": dropout.SharedDropout((5, 2), 0.3, 2, (1, 1)),
     "activity-l1-l2": activity.ActivityPenalty((2, 3), 0.3, 0.2),
+    **{f"flip-{m}": augment.RandomFlip((3, 2, 2), m, 1) for m in augment.FLIP_MODES},
     "activity-on-linear": activity.WithActivity(L.Linear(4, 3, "tanh", True), 0.2, 0.3),
     **{f"noise-{m}": noise.Noise((2, 3), m, 0.3, 2) for m in noise.MODES},
     "standardize-adapted": standardize.Standardize((2, 3)),
