@@ -86,7 +86,8 @@ CASES = {
     "shared-dropout-spatial": dropout.SharedDropout((3, 2, 4), 0.5, 2, (1, 1, 4)),
     "shared-dropout-example": dropout.SharedDropout((5, 2), 0.3, 2, (1, 1)),
     "activity-l1-l2": activity.ActivityPenalty((2, 3), 0.3, 0.2),
-    **{f"flip-{m}": augment.RandomFlip((3, 2, 2), m, 1) for m in augment.FLIP_MODES},
+    # layer 0 at compile_op's seed, step and examples: the first and last image flip
+    **{f"flip-{m}": augment.RandomFlip((3, 2, 2), m, 0) for m in augment.FLIP_MODES},
     "activity-on-linear": activity.WithActivity(L.Linear(4, 3, "tanh", True), 0.2, 0.3),
     **{f"noise-{m}": noise.Noise((2, 3), m, 0.3, 2) for m in noise.MODES},
     "standardize-adapted": standardize.Standardize((2, 3)),
