@@ -88,6 +88,11 @@ CASES = {
     "activity-l1-l2": activity.ActivityPenalty((2, 3), 0.3, 0.2),
     # layer 0 at compile_op's seed, step and examples: the first and last image flip
     **{f"flip-{m}": augment.RandomFlip((3, 2, 2), m, 0) for m in augment.FLIP_MODES},
+    **{
+        f"rotation-{f}-{i}": augment.RandomRotation((4, 3, 2), (-0.3, 0.3), f, i, 0.5, 0)
+        for f in augment.FILL_MODES
+        for i in augment.INTERPOLATIONS
+    },
     "activity-on-linear": activity.WithActivity(L.Linear(4, 3, "tanh", True), 0.2, 0.3),
     **{f"noise-{m}": noise.Noise((2, 3), m, 0.3, 2) for m in noise.MODES},
     "standardize-adapted": standardize.Standardize((2, 3)),

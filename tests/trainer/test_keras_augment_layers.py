@@ -1,14 +1,18 @@
-"""Keras' ``RandomFlip``: the identity in predict and in the exports (ringtrain predicts what
-Keras predicts from the same ``.keras``); in training each image is flipped or not with Keras'
-draw (about half of them, both axes at once for "horizontal_and_vertical"), anew each step and
-the same for any split over workers; the model trains (the gradient through it: the op's
-gradcheck in test_engine_ops). The other augmentation layers are refused by name.
+"""Keras' ``RandomFlip`` and ``RandomRotation``: the identity in predict and in the exports
+(ringtrain predicts what Keras predicts from the same ``.keras``); in training each image is
+flipped or not with Keras' draw (about half of them, both axes at once for
+"horizontal_and_vertical"), anew each step and the same for any split over workers; the model
+trains (the gradient through it: the op's gradcheck in test_engine_ops). Each rotated image is
+Keras' ``ops.image.affine_transform`` of the input with the rotation Keras builds from the drawn
+angle, for every fill mode and interpolation; the angles spread over ``factor`` × 360°. The
+other augmentation layers are refused by name.
 
 Imports TensorFlow (slow): one module holds these comparisons.
 """
 
 import io
 import json
+import math
 import os
 
 import numpy as np
@@ -22,7 +26,7 @@ from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.engine.ops.augment import RandomFlip
+from ringtrain_trainer.engine.ops.augment import RandomFlip, RandomRotation
 from ringtrain_trainer.export import write_keras, write_onnx
 from ringtrain_trainer.keras.config import parse
 from ringtrain_trainer.worker import Trainer
@@ -107,9 +111,80 @@ def test_flip_model_predicts_like_keras_trains_and_exports_the_identity(tmp_path
 
 
 @pytest.mark.parametrize(
-    "layer", [L.RandomRotation(0.1), L.RandomZoom(0.1), L.RandomContrast(0.2), L.RandomCrop(4, 4)]
+    "layer",
+    [L.RandomZoom(0.1), L.RandomContrast(0.2), L.RandomCrop(4, 4), L.RandomTranslation(0.1, 0.1)],
 )
 def test_other_augmentation_layers_are_refused_by_name(layer):
     config = json.loads(keras.Sequential([L.Input((6, 6, 1)), layer, L.Flatten()]).to_json())
     with pytest.raises(InvalidSpec, match=type(layer).__name__):
         parse(config, compiled=False)
+
+
+def _rotate(x, factor, fill_mode, interpolation, step=1, example0=0):
+    op = RandomRotation(x.shape[1:], factor, fill_mode, interpolation, 0.3, 1)
+    bufs = op.buffers(len(x), True, need_dx=False)
+    ws = {k: np.zeros(s, np.float32) for k, (s, _) in bufs.items()}
+    ws["ctx"] = {"seed": 3, "step": step, "example0": example0}
+    return op.forward(ws, x).copy(), ws["angles"].copy()
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "nearest"])
+@pytest.mark.parametrize("fill_mode", ["reflect", "wrap", "constant", "nearest"])
+def test_rotation_is_keras_affine_transform_of_the_drawn_angle(fill_mode, interpolation, rng):
+    x = rng.random((6, 7, 5, 2)).astype(np.float32)
+    out, degrees = _rotate(x, (-0.4, 0.4), fill_mode, interpolation)
+    t = degrees.astype(np.float32) * np.float32(math.pi / 180)
+    cx, cy, c, s = 0.5 * (5 - 1), 0.5 * (7 - 1), np.cos(t), np.sin(t)
+    matrix = np.stack([c, -s, cx - cx * c + cy * s, s, c, cy - cx * s - cy * c, 0 * c, 0 * c], 1)
+    want = keras.ops.image.affine_transform(x, matrix, interpolation, fill_mode, 0.3)
+    np.testing.assert_allclose(out, np.asarray(want), atol=2e-6)
+
+
+def test_rotation_angles_spread_over_the_factor_anew_each_step_for_any_split(rng):
+    x = rng.random((300, 4, 4, 1)).astype(np.float32)
+    out, degrees = _rotate(x, (-0.1, 0.2), "reflect", "bilinear")
+    assert -36 <= degrees.min() < -30 and 60 < degrees.max() <= 72
+    assert abs(degrees.mean() - 18) < 3
+    assert not np.array_equal(_rotate(x, (-0.1, 0.2), "reflect", "bilinear", step=2)[1], degrees)
+    halves = [_rotate(x[:100], (-0.1, 0.2), "reflect", "bilinear")[0]]
+    halves.append(_rotate(x[100:], (-0.1, 0.2), "reflect", "bilinear", example0=100)[0])
+    np.testing.assert_array_equal(np.concatenate(halves), out)
+
+
+def test_image_from_scratch_augmentation_predicts_like_keras_and_trains(tmp_path, rng):
+    """keras.io "Image classification from scratch": a nested Sequential of RandomFlip and
+    RandomRotation in front of the network."""
+    aug = keras.Sequential([L.RandomFlip("horizontal"), L.RandomRotation(0.1)])
+    inp = keras.Input((6, 6, 1))
+    x = L.Rescaling(1.0 / 255)(aug(inp))
+    x = L.Conv2D(3, 3, activation="relu")(x)
+    out = L.Dense(3, activation="softmax")(L.Flatten()(x))
+    km = keras.Model(inp, out)
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    x = (rng.random((64, 6, 6, 1)) * 255).astype(np.float32)
+    y = rng.integers(0, 3, 64)
+    t = _trainer(km, x, y, tmp_path)
+    try:
+        ev = M.Program(t.spec, 16, False, state=t.ipu.state)
+        ev.x[:] = x[48:]
+        logits = ev.forward(t.spec.views(t.params)).copy()
+        mine = np.exp(logits - logits.max(1, keepdims=True))
+        want = km.predict(x[48:], verbose=0)
+        np.testing.assert_allclose(mine / mine.sum(1, keepdims=True), want, atol=2e-5)
+        tr = M.Program(t.spec, 16, True, state=t.ipu.state)
+        tr.x[:] = x[48:]
+        tr.ctx.update(seed=1, step=0, example0=0)
+        assert not np.allclose(tr.forward(t.spec.views(t.params)), logits, atol=1e-4)
+        before = t.params.copy()
+        losses = [t.train_one_step()[0] for _ in range(4)]
+        assert np.all(np.isfinite(losses)) and not np.array_equal(t.params, before)
+        config = t.spec.keras_config()
+        weights = t.spec.keras_weights(t.params, t.ipu.state)
+    finally:
+        t.close()
+    back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))
+    write_onnx(tmp_path / "m.onnx", config, weights)
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(
+        sess.run(None, {"input": x[48:]})[0], back.predict(x[48:], verbose=0), atol=2e-5
+    )

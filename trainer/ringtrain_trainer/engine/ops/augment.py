@@ -1,6 +1,6 @@
-"""Keras' image augmentation layers that ringtrain runs: ``RandomFlip``. Training only (the
-identity in predict and in the export, as Keras' ``training=False``). A flip is a permutation,
-so its backward is the same flip of the upstream gradient and it may sit anywhere.
+"""Keras' image augmentation layers that ringtrain runs: ``RandomFlip``, ``RandomRotation``.
+Training only (the identity in predict and in the export, as Keras' ``training=False``). Both
+are linear in the image, so they have a backward and may sit anywhere.
 
 Keras 3.15's draw: one uniform per image, ``u <= 0.5`` flips it — along the width
 ("horizontal"), the height ("vertical"), or both at once ("horizontal_and_vertical": the same
@@ -52,4 +52,121 @@ class RandomFlip(Layer):
         dx, dout = ws["dx"], dout.reshape(ws["dx"].shape)
         for e, flipped in enumerate(ws["flips"]):
             np.copyto(dx[e], np.flip(dout[e], self.axes) if flipped else dout[e])
+        return dx
+
+
+FILL_MODES = ("reflect", "wrap", "constant", "nearest")
+INTERPOLATIONS = ("bilinear", "nearest")
+
+
+def _map(c: np.ndarray, n: int, mode: str) -> np.ndarray:
+    """TensorFlow's ``ImageProjectiveTransformV3`` coordinate map for a fill mode (what
+    Keras' ``ops.image.affine_transform`` runs), in place on ``c``."""
+    if mode == "constant":
+        return c
+    if n <= 1:
+        c[:] = 0
+        return c
+    if mode == "reflect":
+        s2 = 2 * n
+        lo = c < 0
+        big = lo & (c < -s2)
+        c[big] += s2 * np.trunc(-c[big] / s2)
+        c[lo] = np.where(c[lo] < -n, c[lo] + s2, -c[lo] - 1)
+        hi = c > n - 1
+        c[hi] -= s2 * np.trunc(c[hi] / s2)
+        c[hi] = np.where(c[hi] >= n, s2 - c[hi] - 1, c[hi])
+    elif mode == "wrap":
+        lo, hi = c < 0, c > n - 1
+        c[lo] += n * (np.trunc(-c[lo] / (n - 1)) + 1)
+        c[hi] -= n * np.trunc(c[hi] / (n - 1))
+    return np.clip(c, 0, n - 1, out=c)
+
+
+class RandomRotation(Layer):
+    """Keras 3's ``RandomRotation``: per image an angle uniform in ``factor`` × 360°, the
+    rotation about the image centre (``_compute_affine_matrix``), sampled as TensorFlow's
+    affine transform samples (``fill_mode``, ``interpolation``, ``fill_value``). Training only.
+    The sampling is linear in the image: the backward scatters the upstream gradient back
+    through the same taps."""
+
+    def __init__(self, shape, factor, fill_mode, interpolation, fill_value, layer_index):
+        if len(shape) != 3 or fill_mode not in FILL_MODES or interpolation not in INTERPOLATIONS:
+            raise ValueError("RandomRotation needs (H, W, C), a fill mode and an interpolation")
+        self.in_shape = self.out_shape = tuple(shape)
+        self.lower, self.upper = float(factor[0]) * 360.0, float(factor[1]) * 360.0
+        self.fill_mode, self.interpolation = fill_mode, interpolation
+        self.fill_value, self.index = float(fill_value), layer_index
+        h, w = shape[0], shape[1]
+        self.rows, self.cols = np.mgrid[0:h, 0:w].astype(np.float64)
+
+    def buffers(self, b, train, need_dx):
+        if not train:
+            return {}
+        shape = (b, *self.out_shape)
+        own = {"out": (shape, "f"), "angles": ((b,), "f")}
+        return {**own, "dx": (shape, "f")} if need_dx else own
+
+    def forward(self, ws, x):
+        if "angles" not in ws:
+            return x
+        ctx, out, angles = ws["ctx"], ws["out"], ws["angles"]
+        for e in range(len(x)):
+            bits = np.random.Philox(
+                key=[ctx["seed"] & (2**64 - 1), self.index],
+                counter=[0, 0, ctx["step"], ctx["example0"] + e],
+            )
+            u = np.random.Generator(bits).random(dtype=np.float32)
+            angles[e] = self.lower + (self.upper - self.lower) * float(u)
+            self._rotate(x[e], float(angles[e]), out[e])
+        return out
+
+    def _taps(self, degrees: float):
+        """The rotation's samples: per tap (flat source index, in-bounds mask, weight), each
+        shaped (H, W); ``out = Σ weight · (in bounds ? x[index] : fill_value)``."""
+        h, w = self.in_shape[0], self.in_shape[1]
+        t = np.float32(degrees) * np.float32(np.pi / 180.0)
+        cos, sin = float(np.cos(t)), float(np.sin(t))
+        cx, cy = 0.5 * (w - 1), 0.5 * (h - 1)
+        a2 = cx - cx * cos + cy * sin
+        b2 = cy - cx * sin - cy * cos
+        sx = _map(cos * self.cols - sin * self.rows + a2, w, self.fill_mode)
+        sy = _map(sin * self.cols + cos * self.rows + b2, h, self.fill_mode)
+
+        def tap(yy, xx, weight):
+            ok = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+            flat = np.clip(yy, 0, h - 1).astype(np.intp) * w + np.clip(xx, 0, w - 1).astype(np.intp)
+            return flat, ok, weight
+
+        if self.interpolation == "nearest":
+            rnd = lambda c: np.sign(c) * np.floor(np.abs(c) + 0.5)  # noqa: E731 (std::round)
+            return [tap(rnd(sy), rnd(sx), np.ones_like(sx))]
+        y0, x0 = np.floor(sy), np.floor(sx)
+        wy, wx = sy - y0, sx - x0
+        return [
+            tap(y0, x0, (1 - wy) * (1 - wx)),
+            tap(y0, x0 + 1, (1 - wy) * wx),
+            tap(y0 + 1, x0, wy * (1 - wx)),
+            tap(y0 + 1, x0 + 1, wy * wx),
+        ]
+
+    def _rotate(self, img: np.ndarray, degrees: float, out: np.ndarray) -> None:
+        flat_img = img.reshape(-1, img.shape[-1])
+        acc = np.zeros(out.shape, np.float64)
+        for flat, ok, weight in self._taps(degrees):
+            v = np.where(ok[..., None], flat_img[flat], self.fill_value)
+            acc += weight[..., None] * v
+        out[:] = acc
+
+    def backward_input(self, ws, dout):
+        if "angles" not in ws:
+            return dout
+        dx, dout = ws["dx"], dout.reshape(ws["dx"].shape)
+        dx.fill(0)
+        c = self.in_shape[-1]
+        for e, degrees in enumerate(ws["angles"]):
+            flat_dx = dx[e].reshape(-1, c)
+            for flat, ok, weight in self._taps(float(degrees)):
+                contrib = (weight * ok)[..., None] * dout[e]
+                np.add.at(flat_dx, flat.reshape(-1), contrib.reshape(-1, c))
         return dx
