@@ -2,12 +2,12 @@
 ``engine.ops.activations``), ``ReLU`` (``max_value``, ``negative_slope``, ``threshold``:
 MobileNet's ``ReLU(6.)``), ``LeakyReLU``, ``ELU`` and ``Softmax``. Each runs as
 ``engine.ops.activations.Act``; a final softmax or sigmoid is folded into the loss (the build
-returns the identity)."""
+returns the identity). ``PReLU`` has a trainable slope: its own op (``engine/ops/prelu.py``)."""
 
 from __future__ import annotations
 
 from ringtrain_trainer.keras import onnx_acts
-from ringtrain_trainer.keras.entry import Args, Entry
+from ringtrain_trainer.keras.entry import Args, Entry, Weight
 from ringtrain_trainer.keras.layers_window import ACTS, _activation
 
 
@@ -80,3 +80,43 @@ ENTRIES = {
     "ELU": _entry("`alpha`"),
     "Softmax": _entry("`axis=-1`"),
 }
+
+
+def _prelu_parse(a: Args) -> dict:
+    axes = a.take("shared_axes")
+    if axes is not None and (
+        not isinstance(axes, list | tuple)
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 1 for i in axes)
+    ):
+        a.refuse("shared_axes", axes, "None or axes 1..rank (the batch axis is 0)")
+    a.initializer("alpha_initializer", "zeros")
+    a.nothing("alpha_regularizer", "alpha_constraint")
+    a.done("shared_axes, alpha_initializer, alpha_regularizer, alpha_constraint")
+    return {"shared_axes": None if axes is None else list(axes)}
+
+
+def _alpha_shape(args: dict, shape: tuple) -> tuple[int, ...]:
+    axes = args["shared_axes"] or []
+    if any(i > len(shape) for i in axes):
+        raise ValueError(f"shared_axes={axes} for an input of {len(shape)} axes")
+    return tuple(1 if i + 1 in axes else n for i, n in enumerate(shape))
+
+
+def _prelu_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.prelu import PReLU
+
+    return PReLU(shapes[0], _alpha_shape(spec.args, shapes[0]))
+
+
+def _prelu_onnx(g, spec, weights) -> None:
+    g.out(g.op("PRelu", [g.x(0, nchw=False), g.const(f"{spec.name}_alpha", weights[0])], spec.name))
+
+
+ENTRIES["PReLU"] = Entry(
+    _prelu_parse,
+    _prelu_build,
+    _prelu_onnx,
+    weights=lambda args, shapes: [Weight("alpha", _alpha_shape(args, shapes[0]))],
+    doc="`shared_axes`, `alpha_initializer` (any), `alpha_regularizer`, `alpha_constraint`: a "
+    "trainable slope per position (shared along `shared_axes`)",
+)

@@ -1,6 +1,7 @@
 """Registry entries of the layers that move values without arithmetic, 1-D and 2-D:
-ZeroPadding, Cropping and UpSampling (nearest). Ops: ``engine/ops/shape.py``. ONNX: ``Pad``,
-``Slice`` and ``Resize`` on the channels-last tensor (no transpose needed)."""
+ZeroPadding, Cropping and UpSampling (nearest) (ops: ``engine/ops/shape.py``; ONNX ``Pad``,
+``Slice`` and ``Resize`` on the channels-last tensor, no transpose needed), Permute and
+RepeatVector (ops: ``engine/ops/rearrange.py``; ONNX ``Transpose``, ``Unsqueeze`` + ``Tile``)."""
 
 from __future__ import annotations
 
@@ -134,6 +135,56 @@ def _up_onnx(g, spec, weights) -> None:
     g.out(y)
 
 
+def _permute_parse(a: Args) -> dict:
+    dims = a.take("dims", None)
+    if not isinstance(dims, list | tuple) or not all(isinstance(d, int) for d in dims):
+        a.refuse("dims", dims, "a permutation of the axes 1..rank")
+    a.done("dims")
+    return {"dims": list(dims)}
+
+
+def _permute_infer(args: dict, shapes: list[Shape]) -> Shape:
+    dims, shape = args["dims"], shapes[0]
+    if sorted(dims) != list(range(1, len(shape) + 1)):
+        raise ValueError(f"dims={dims} is no permutation of axes 1..{len(shape)} of {shape}")
+    return tuple(shape[d - 1] for d in dims)
+
+
+def _permute_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.rearrange import Permute
+
+    return Permute(shapes[0], spec.args["dims"])
+
+
+def _permute_onnx(g, spec, weights) -> None:
+    g.out(g.op("Transpose", [g.x(0, nchw=False)], spec.name, perm=[0, *spec.args["dims"]]))
+
+
+def _repeat_parse(a: Args) -> dict:
+    n = a.take("n", None)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        a.refuse("n", n, "a positive int")
+    a.done("n")
+    return {"n": n}
+
+
+def _repeat_infer(args: dict, shapes: list[Shape]) -> Shape:
+    if len(shapes[0]) != 1:
+        raise ValueError(f"needs a flat input (features,), got {shapes[0]}")
+    return (args["n"], shapes[0][0])
+
+
+def _repeat_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.rearrange import RepeatVector
+
+    return RepeatVector(shapes[0], spec.args["n"])
+
+
+def _repeat_onnx(g, spec, weights) -> None:
+    y = g.op("Unsqueeze", [g.x(0, nchw=False), _i64(g, [1])], f"{spec.name}_unsq")
+    g.out(g.op("Tile", [y, _i64(g, [1, spec.args["n"], 1])], spec.name))
+
+
 _BORDER = Entry(_border_parse, _border_build, _border_onnx, infer=_border_infer)
 ENTRIES = {
     "ZeroPadding1D": replace(_BORDER, doc="`padding` (an int or a pair)"),
@@ -143,5 +194,11 @@ ENTRIES = {
     "UpSampling1D": Entry(_up_parse, _up_build, _up_onnx, infer=_up_infer, doc="`size`"),
     "UpSampling2D": Entry(
         _up_parse, _up_build, _up_onnx, infer=_up_infer, doc="`size`, `interpolation` (nearest)"
+    ),
+    "Permute": Entry(
+        _permute_parse, _permute_build, _permute_onnx, infer=_permute_infer, doc="`dims`"
+    ),
+    "RepeatVector": Entry(
+        _repeat_parse, _repeat_build, _repeat_onnx, infer=_repeat_infer, doc="`n`"
     ),
 }

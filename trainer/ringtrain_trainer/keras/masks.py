@@ -41,6 +41,7 @@ PASS = frozenset(
         "ReLU",
         "LeakyReLU",
         "ELU",
+        "PReLU",
         "Rescaling",
         "Normalization",
         "LayerNormalization",
@@ -60,6 +61,8 @@ DROP = frozenset(
         "UpSampling1D",
         "Flatten",
         "Reshape",
+        "Permute",
+        "RepeatVector",
     }
 )
 MERGE = frozenset({"Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum", "Concatenate"})

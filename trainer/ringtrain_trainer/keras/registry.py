@@ -39,6 +39,7 @@ from ringtrain_trainer.keras import (
     layers_attention,
     layers_augment,
     layers_conv,
+    layers_convtranspose,
     layers_core,
     layers_merge,
     layers_noise,
@@ -56,6 +57,7 @@ from ringtrain_trainer.keras.entry import Entry
 REGISTRY: dict[str, Entry] = {
     **layers_conv.ENTRIES,
     **layers_window.ENTRIES,
+    **layers_convtranspose.ENTRIES,
     **layers_shape.ENTRIES,
     **layers_core.ENTRIES,
     **layers_preprocessing.ENTRIES,

@@ -155,6 +155,8 @@ class _Recurrent(Layer):
         masked, keep the part carried past a masked step in ``carry_h`` (added back by
         :meth:`_dh_carry`) and leave in ``dh`` the gradient of the step's new state."""
         dh = ws["dh"]
+        if self.return_sequences:  # a folded Flatten hands it over as (b, T·u)
+            dout = dout.reshape(dout.shape[0], self.T, -1)
         d = dout[:, s] if self.return_sequences else dout if s + 1 == self.T else None
         if d is not None and not self.zero_output:
             np.add(dh, d.reshape(dh.shape), out=dh)

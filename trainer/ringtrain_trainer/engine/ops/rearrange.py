@@ -1,0 +1,62 @@
+"""Ops that rearrange or repeat values without arithmetic on them: Keras ``Permute`` (axes
+reordered; its backward is the inverse permutation) and ``RepeatVector`` (a vector repeated
+``n`` times; its backward sums the ``n`` copies' gradients). Each writes its own planned buffer,
+so the next op reads a contiguous tensor."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ringtrain_trainer.layers.base import Layer
+
+
+class Permute(Layer):
+    """``Permute(dims)``: ``dims`` the 1-based order of the non-batch axes, as Keras'."""
+
+    def __init__(self, in_shape, dims):
+        self.in_shape, self.dims = tuple(in_shape), tuple(int(d) for d in dims)
+        if sorted(self.dims) != list(range(1, len(self.in_shape) + 1)):
+            raise ValueError(f"dims={list(dims)} is no permutation of axes 1..{len(in_shape)}")
+        self.perm = (0, *self.dims)
+        self.inverse = tuple(int(i) for i in np.argsort(self.perm))
+        self.out_shape = tuple(self.in_shape[d - 1] for d in self.dims)
+
+    def buffers(self, b, train, need_dx):
+        bufs = {"out": ((b, *self.out_shape), "f")}
+        if train and need_dx:
+            bufs["dx"] = ((b, *self.in_shape), "f")
+        return bufs
+
+    def forward(self, ws, x):
+        x = x.reshape(x.shape[0], *self.in_shape)
+        np.copyto(ws["out"], x.transpose(self.perm))
+        return ws["out"]
+
+    def backward_input(self, ws, dout):
+        dout = dout.reshape(ws["out"].shape)
+        np.copyto(ws["dx"], dout.transpose(self.inverse))
+        return ws["dx"]
+
+
+class RepeatVector(Layer):
+    """``RepeatVector(n)``: ``(features,)`` → ``(n, features)``."""
+
+    def __init__(self, in_shape, n: int):
+        self.in_shape, self.n = tuple(in_shape), int(n)
+        if len(self.in_shape) != 1 or self.n < 1:
+            raise ValueError(f"needs a flat input and n >= 1, got {self.in_shape} and n={n}")
+        self.out_shape = (self.n, self.in_shape[0])
+
+    def buffers(self, b, train, need_dx):
+        bufs = {"out": ((b, *self.out_shape), "f")}
+        if train and need_dx:
+            bufs["dx"] = ((b, *self.in_shape), "f")
+        return bufs
+
+    def forward(self, ws, x):
+        np.copyto(ws["out"], x.reshape(x.shape[0], 1, -1))
+        return ws["out"]
+
+    def backward_input(self, ws, dout):
+        np.sum(dout.reshape(ws["out"].shape), axis=1, out=ws["dx"])
+        return ws["dx"]
