@@ -93,6 +93,11 @@ def test_activity_regularizer_on_layers_trains_like_keras(tmp_path, rng):
             [L.TimeDistributed(L.Dense(3, activity_regularizer="l2")), L.Flatten()],
             "activity_regularizer",
         ),
+        (
+            [L.TimeDistributed(L.ActivityRegularization(0.1)), L.Flatten()],
+            "layer='ActivityRegularization'",
+        ),
+        ([L.TimeDistributed(L.GaussianNoise(0.1)), L.Flatten()], "layer='GaussianNoise'"),
     ],
 )
 def test_activity_regularizer_refusals_name_the_layer(layers, match, tmp_path):
