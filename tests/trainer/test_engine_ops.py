@@ -89,10 +89,15 @@ CASES = {
     # layer 0 at compile_op's seed, step and examples: the first and last image flip
     **{f"flip-{m}": augment.RandomFlip((3, 2, 2), m, 0) for m in augment.FLIP_MODES},
     **{
-        f"rotation-{f}-{i}": augment.RandomRotation((4, 3, 2), (-0.3, 0.3), f, i, 0.5, 0)
+        f"rotation-{f}-{i}": augment.RandomAffine(
+            (4, 3, 2), "rotation", [(-0.3, 0.3)], f, i, 0.5, 0
+        )
         for f in augment.FILL_MODES
         for i in augment.INTERPOLATIONS
     },
+    "translation": augment.RandomAffine(
+        (4, 3, 2), "translation", [(-0.4, 0.4), (-0.5, 0.2)], "reflect", "bilinear", 0.0, 0
+    ),
     "activity-on-linear": activity.WithActivity(L.Linear(4, 3, "tanh", True), 0.2, 0.3),
     **{f"noise-{m}": noise.Noise((2, 3), m, 0.3, 2) for m in noise.MODES},
     "standardize-adapted": standardize.Standardize((2, 3)),

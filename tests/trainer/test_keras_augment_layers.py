@@ -26,7 +26,7 @@ from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.engine.ops.augment import RandomFlip, RandomRotation
+from ringtrain_trainer.engine.ops.augment import RandomAffine, RandomFlip
 from ringtrain_trainer.export import write_keras, write_onnx
 from ringtrain_trainer.keras.config import parse
 from ringtrain_trainer.worker import Trainer
@@ -112,7 +112,7 @@ def test_flip_model_predicts_like_keras_trains_and_exports_the_identity(tmp_path
 
 @pytest.mark.parametrize(
     "layer",
-    [L.RandomZoom(0.1), L.RandomContrast(0.2), L.RandomCrop(4, 4), L.RandomTranslation(0.1, 0.1)],
+    [L.RandomZoom(0.1), L.RandomContrast(0.2), L.RandomCrop(4, 4), L.RandomBrightness(0.1)],
 )
 def test_other_augmentation_layers_are_refused_by_name(layer):
     config = json.loads(keras.Sequential([L.Input((6, 6, 1)), layer, L.Flatten()]).to_json())
@@ -120,12 +120,17 @@ def test_other_augmentation_layers_are_refused_by_name(layer):
         parse(config, compiled=False)
 
 
-def _rotate(x, factor, fill_mode, interpolation, step=1, example0=0):
-    op = RandomRotation(x.shape[1:], factor, fill_mode, interpolation, 0.3, 1)
+def _affine(x, kind, factors, fill_mode="reflect", interpolation="bilinear", step=1, example0=0):
+    op = RandomAffine(x.shape[1:], kind, factors, fill_mode, interpolation, 0.3, 1)
     bufs = op.buffers(len(x), True, need_dx=False)
     ws = {k: np.zeros(s, np.float32) for k, (s, _) in bufs.items()}
     ws["ctx"] = {"seed": 3, "step": step, "example0": example0}
-    return op.forward(ws, x).copy(), ws["angles"].copy()
+    return op.forward(ws, x).copy(), ws["matrix"].copy()
+
+
+def _rotate(x, factor, *args, **kw):
+    out, m = _affine(x, "rotation", [factor], *args, **kw)
+    return out, np.degrees(np.arctan2(m[:, 3], m[:, 0]))
 
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "nearest"])
@@ -138,6 +143,18 @@ def test_rotation_is_keras_affine_transform_of_the_drawn_angle(fill_mode, interp
     matrix = np.stack([c, -s, cx - cx * c + cy * s, s, c, cy - cx * s - cy * c, 0 * c, 0 * c], 1)
     want = keras.ops.image.affine_transform(x, matrix, interpolation, fill_mode, 0.3)
     np.testing.assert_allclose(out, np.asarray(want), atol=2e-6)
+
+
+@pytest.mark.parametrize("fill_mode", ["reflect", "constant"])
+def test_translation_is_keras_affine_transform_of_the_drawn_shifts(fill_mode, rng):
+    x = rng.random((200, 7, 5, 2)).astype(np.float32)
+    out, m = _affine(x, "translation", [(-0.2, 0.3), (-0.4, 0.1)], fill_mode)
+    want = keras.ops.image.affine_transform(x, m, "bilinear", fill_mode, 0.3)
+    np.testing.assert_allclose(out, np.asarray(want), atol=2e-6)
+    dy, dx = -m[:, 5] / 7, -m[:, 2] / 5
+    assert -0.2 <= dy.min() < -0.15 and 0.25 < dy.max() <= 0.3
+    assert -0.4 <= dx.min() < -0.35 and 0.05 < dx.max() <= 0.1
+    assert np.all(m[:, [0, 4]] == 1) and np.all(m[:, [1, 3, 6, 7]] == 0)
 
 
 def test_rotation_angles_spread_over_the_factor_anew_each_step_for_any_split(rng):
@@ -154,7 +171,9 @@ def test_rotation_angles_spread_over_the_factor_anew_each_step_for_any_split(rng
 def test_image_from_scratch_augmentation_predicts_like_keras_and_trains(tmp_path, rng):
     """keras.io "Image classification from scratch": a nested Sequential of RandomFlip and
     RandomRotation in front of the network."""
-    aug = keras.Sequential([L.RandomFlip("horizontal"), L.RandomRotation(0.1)])
+    aug = keras.Sequential(
+        [L.RandomFlip("horizontal"), L.RandomRotation(0.1), L.RandomTranslation(0.1, 0.2)]
+    )
     inp = keras.Input((6, 6, 1))
     x = L.Rescaling(1.0 / 255)(aug(inp))
     x = L.Conv2D(3, 3, activation="relu")(x)

@@ -1,6 +1,7 @@
-"""Registry entries of Keras' ``RandomFlip`` and ``RandomRotation`` (``engine/ops/augment.py``):
+"""Registry entries of Keras' ``RandomFlip``, ``RandomRotation`` and ``RandomTranslation``
+(``engine/ops/augment.py``):
 training only (both linear in the image, with a backward); the identity in predict and in the
-ONNX export. The other image augmentation layers (RandomZoom, RandomTranslation, RandomContrast,
+ONNX export. The other image augmentation layers (RandomZoom, RandomContrast,
 RandomBrightness, RandomCrop) are not registered, so they are refused by name."""
 
 from __future__ import annotations
@@ -26,45 +27,47 @@ def _flip_build(spec, shapes, ctx):
     return RandomFlip(tuple(shapes[0]), spec.args["mode"], ctx.index)
 
 
-def _rotation_parse(a: Args) -> dict:
-    f = a.take("factor")
+def _factor(a: Args, arg: str) -> list[float]:
+    """Keras' ``factor``: a number ``f`` is ``(-f, f)``, else ``(lower, upper)``."""
+    f = a.take(arg)
     num = (int, float)
     if isinstance(f, num) and not isinstance(f, bool) and f >= 0:
-        factor = [-float(f), float(f)]
-    elif isinstance(f, (list, tuple)) and len(f) == 2 and all(isinstance(v, num) for v in f):
-        factor = [float(f[0]), float(f[1])]
-    else:
-        a.refuse("factor", f, "a number ≥ 0 or (lower, upper)")
-    fill = a.must_be("fill_mode", "reflect", "wrap", "constant", "nearest")
-    interp = a.must_be("interpolation", "bilinear", "nearest")
-    value = a.take("fill_value", 0.0)
-    if not isinstance(value, num) or isinstance(value, bool):
-        a.refuse("fill_value", value, "a number")
-    a.channels_last()
-    a.take("seed")
-    a.done("factor, fill_mode, interpolation, fill_value")
-    return {
-        "factor": factor,
-        "fill_mode": fill,
-        "interpolation": interp,
-        "fill_value": float(value),
-        "data_format": "channels_last",
-    }
+        return [-float(f), float(f)]
+    if isinstance(f, (list, tuple)) and len(f) == 2 and all(isinstance(v, num) for v in f):
+        return [float(f[0]), float(f[1])]
+    a.refuse(arg, f, "a number ≥ 0 or (lower, upper)")
+    raise AssertionError  # refuse raises
 
 
-def _rotation_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.augment import RandomRotation
+def _affine_parse(*factors: str):
+    def parse(a: Args) -> dict:
+        args: dict = {k: _factor(a, k) for k in factors}
+        args["fill_mode"] = a.must_be("fill_mode", "reflect", "wrap", "constant", "nearest")
+        args["interpolation"] = a.must_be("interpolation", "bilinear", "nearest")
+        value = a.take("fill_value", 0.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            a.refuse("fill_value", value, "a number")
+        args["fill_value"] = float(value)
+        args["data_format"] = a.channels_last()
+        a.take("seed")
+        a.done(", ".join((*factors, "fill_mode", "interpolation", "fill_value")))
+        return args
+
+    return parse
+
+
+def _affine_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.augment import RandomAffine
 
     need_rank(spec, tuple(shapes[0]), 3, "(height, width, channels) images")
     a = spec.args
-    return RandomRotation(
-        tuple(shapes[0]),
-        a["factor"],
-        a["fill_mode"],
-        a["interpolation"],
-        a["fill_value"],
-        ctx.index,
+    kind, factors = (
+        ("rotation", [a["factor"]])
+        if spec.cls == "RandomRotation"
+        else ("translation", [a["height_factor"], a["width_factor"]])
     )
+    fill = (a["fill_mode"], a["interpolation"], a["fill_value"])
+    return RandomAffine(tuple(shapes[0]), kind, factors, *fill, ctx.index)
 
 
 def _identity_onnx(g, spec, weights) -> None:
@@ -81,12 +84,21 @@ ENTRIES = {
         "and the global example; identity in predict and export",
     ),
     "RandomRotation": Entry(
-        _rotation_parse,
-        _rotation_build,
+        _affine_parse("factor"),
+        _affine_build,
         _identity_onnx,
         doc="`factor`, `fill_mode`, `interpolation` (nearest, bilinear), `fill_value`; training "
-        "only; Keras 3's angle (uniform in "
-        "factor × 360°) from `--seed`, the step and the global example, sampled as Keras' "
-        "`ops.image.affine_transform`; identity in predict and export",
+        "only; Keras 3's angle (uniform in factor × 360°) from `--seed`, the step and the "
+        "global example, sampled as Keras' `ops.image.affine_transform`; identity in predict "
+        "and export",
+    ),
+    "RandomTranslation": Entry(
+        _affine_parse("height_factor", "width_factor"),
+        _affine_build,
+        _identity_onnx,
+        doc="`height_factor`, `width_factor`, `fill_mode`, `interpolation`, `fill_value`; "
+        "training only; Keras 3's shifts (uniform in the factors × the side) from `--seed`, "
+        "the step and the global example, sampled as Keras' `ops.image.affine_transform`; "
+        "identity in predict and export",
     ),
 }

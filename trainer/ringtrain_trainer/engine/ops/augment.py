@@ -1,4 +1,5 @@
-"""Keras' image augmentation layers that ringtrain runs: ``RandomFlip``, ``RandomRotation``.
+"""Keras' image augmentation layers that ringtrain runs: ``RandomFlip``, ``RandomRotation``,
+``RandomTranslation``.
 Training only (the identity in predict and in the export, as Keras' ``training=False``). Both
 are linear in the image, so they have a backward and may sit anywhere.
 
@@ -83,18 +84,22 @@ def _map(c: np.ndarray, n: int, mode: str) -> np.ndarray:
     return np.clip(c, 0, n - 1, out=c)
 
 
-class RandomRotation(Layer):
-    """Keras 3's ``RandomRotation``: per image an angle uniform in ``factor`` × 360°, the
-    rotation about the image centre (``_compute_affine_matrix``), sampled as TensorFlow's
-    affine transform samples (``fill_mode``, ``interpolation``, ``fill_value``). Training only.
-    The sampling is linear in the image: the backward scatters the upstream gradient back
-    through the same taps."""
+class RandomAffine(Layer):
+    """Keras 3's ``RandomRotation`` (``kind`` "rotation": per image an angle uniform in
+    ``factor`` × 360°, about the image centre, ``_compute_affine_matrix``) and
+    ``RandomTranslation`` ("translation": per image a height then a width shift uniform in
+    the factors × the side, the matrix ``[1 0 -dx; 0 1 -dy]``), sampled as TensorFlow's affine
+    transform samples (``fill_mode``, ``interpolation``, ``fill_value``). Training only. The
+    sampling is linear in the image: the backward scatters the upstream gradient back through
+    the same taps. ``ws["matrix"]`` holds each image's drawn transform (Keras' 8 numbers)."""
 
-    def __init__(self, shape, factor, fill_mode, interpolation, fill_value, layer_index):
+    def __init__(self, shape, kind, factors, fill_mode, interpolation, fill_value, layer_index):
         if len(shape) != 3 or fill_mode not in FILL_MODES or interpolation not in INTERPOLATIONS:
-            raise ValueError("RandomRotation needs (H, W, C), a fill mode and an interpolation")
+            raise ValueError(f"{kind} needs (H, W, C), a fill mode and an interpolation")
+        if kind not in ("rotation", "translation"):
+            raise ValueError(f"unknown affine augmentation {kind!r}")
         self.in_shape = self.out_shape = tuple(shape)
-        self.lower, self.upper = float(factor[0]) * 360.0, float(factor[1]) * 360.0
+        self.kind, self.factors = kind, [(float(lo), float(hi)) for lo, hi in factors]
         self.fill_mode, self.interpolation = fill_mode, interpolation
         self.fill_value, self.index = float(fill_value), layer_index
         h, w = shape[0], shape[1]
@@ -104,34 +109,43 @@ class RandomRotation(Layer):
         if not train:
             return {}
         shape = (b, *self.out_shape)
-        own = {"out": (shape, "f"), "angles": ((b,), "f")}
+        own = {"out": (shape, "f"), "matrix": ((b, 8), "f")}
         return {**own, "dx": (shape, "f")} if need_dx else own
 
+    def _draw(self, g: np.random.Generator, m: np.ndarray) -> None:
+        u = g.random(len(self.factors), dtype=np.float32)
+        v = [lo + (hi - lo) * float(x) for (lo, hi), x in zip(self.factors, u, strict=True)]
+        h, w = self.in_shape[0], self.in_shape[1]
+        m[:] = 0
+        if self.kind == "translation":
+            m[[0, 4]] = 1
+            m[2], m[5] = -np.float32(v[1] * w), -np.float32(v[0] * h)
+            return
+        t = np.float32(v[0] * 360.0) * np.float32(np.pi / 180.0)
+        cos, sin = float(np.cos(t)), float(np.sin(t))
+        cx, cy = 0.5 * (w - 1), 0.5 * (h - 1)
+        m[:6] = [cos, -sin, cx - cx * cos + cy * sin, sin, cos, cy - cx * sin - cy * cos]
+
     def forward(self, ws, x):
-        if "angles" not in ws:
+        if "matrix" not in ws:
             return x
-        ctx, out, angles = ws["ctx"], ws["out"], ws["angles"]
+        ctx, out, matrix = ws["ctx"], ws["out"], ws["matrix"]
         for e in range(len(x)):
             bits = np.random.Philox(
                 key=[ctx["seed"] & (2**64 - 1), self.index],
                 counter=[0, 0, ctx["step"], ctx["example0"] + e],
             )
-            u = np.random.Generator(bits).random(dtype=np.float32)
-            angles[e] = self.lower + (self.upper - self.lower) * float(u)
-            self._rotate(x[e], float(angles[e]), out[e])
+            self._draw(np.random.Generator(bits), matrix[e])
+            self._sample(x[e], matrix[e], out[e])
         return out
 
-    def _taps(self, degrees: float):
-        """The rotation's samples: per tap (flat source index, in-bounds mask, weight), each
-        shaped (H, W); ``out = Σ weight · (in bounds ? x[index] : fill_value)``."""
+    def _taps(self, m: np.ndarray):
+        """The samples of transform ``m``: per tap (flat source index, in-bounds mask,
+        weight), each shaped (H, W); ``out = Σ weight · (in bounds ? x[index] : fill)``."""
         h, w = self.in_shape[0], self.in_shape[1]
-        t = np.float32(degrees) * np.float32(np.pi / 180.0)
-        cos, sin = float(np.cos(t)), float(np.sin(t))
-        cx, cy = 0.5 * (w - 1), 0.5 * (h - 1)
-        a2 = cx - cx * cos + cy * sin
-        b2 = cy - cx * sin - cy * cos
-        sx = _map(cos * self.cols - sin * self.rows + a2, w, self.fill_mode)
-        sy = _map(sin * self.cols + cos * self.rows + b2, h, self.fill_mode)
+        a0, a1, a2, b0, b1, b2 = (float(v) for v in m[:6])
+        sx = _map(a0 * self.cols + a1 * self.rows + a2, w, self.fill_mode)
+        sy = _map(b0 * self.cols + b1 * self.rows + b2, h, self.fill_mode)
 
         def tap(yy, xx, weight):
             ok = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
@@ -150,23 +164,23 @@ class RandomRotation(Layer):
             tap(y0 + 1, x0 + 1, wy * wx),
         ]
 
-    def _rotate(self, img: np.ndarray, degrees: float, out: np.ndarray) -> None:
+    def _sample(self, img: np.ndarray, m: np.ndarray, out: np.ndarray) -> None:
         flat_img = img.reshape(-1, img.shape[-1])
         acc = np.zeros(out.shape, np.float64)
-        for flat, ok, weight in self._taps(degrees):
+        for flat, ok, weight in self._taps(m):
             v = np.where(ok[..., None], flat_img[flat], self.fill_value)
             acc += weight[..., None] * v
         out[:] = acc
 
     def backward_input(self, ws, dout):
-        if "angles" not in ws:
+        if "matrix" not in ws:
             return dout
         dx, dout = ws["dx"], dout.reshape(ws["dx"].shape)
         dx.fill(0)
         c = self.in_shape[-1]
-        for e, degrees in enumerate(ws["angles"]):
+        for e, m in enumerate(ws["matrix"]):
             flat_dx = dx[e].reshape(-1, c)
-            for flat, ok, weight in self._taps(float(degrees)):
+            for flat, ok, weight in self._taps(m):
                 contrib = (weight * ok)[..., None] * dout[e]
                 np.add.at(flat_dx, flat.reshape(-1), contrib.reshape(-1, c))
         return dx
