@@ -95,6 +95,7 @@ CASES = {
         for f in augment.FILL_MODES
         for i in augment.INTERPOLATIONS
     },
+    "zoom": augment.RandomAffine((4, 3, 2), "zoom", [(-0.4, 0.3)], "wrap", "bilinear", 0.0, 0),
     "translation": augment.RandomAffine(
         (4, 3, 2), "translation", [(-0.4, 0.4), (-0.5, 0.2)], "reflect", "bilinear", 0.0, 0
     ),

@@ -112,7 +112,7 @@ def test_flip_model_predicts_like_keras_trains_and_exports_the_identity(tmp_path
 
 @pytest.mark.parametrize(
     "layer",
-    [L.RandomZoom(0.1), L.RandomContrast(0.2), L.RandomCrop(4, 4), L.RandomBrightness(0.1)],
+    [L.RandomContrast(0.2), L.RandomCrop(4, 4), L.RandomBrightness(0.1)],
 )
 def test_other_augmentation_layers_are_refused_by_name(layer):
     config = json.loads(keras.Sequential([L.Input((6, 6, 1)), layer, L.Flatten()]).to_json())
@@ -172,7 +172,12 @@ def test_image_from_scratch_augmentation_predicts_like_keras_and_trains(tmp_path
     """keras.io "Image classification from scratch": a nested Sequential of RandomFlip and
     RandomRotation in front of the network."""
     aug = keras.Sequential(
-        [L.RandomFlip("horizontal"), L.RandomRotation(0.1), L.RandomTranslation(0.1, 0.2)]
+        [
+            L.RandomFlip("horizontal"),
+            L.RandomRotation(0.1),
+            L.RandomTranslation(0.1, 0.2),
+            L.RandomZoom(0.2),
+        ]
     )
     inp = keras.Input((6, 6, 1))
     x = L.Rescaling(1.0 / 255)(aug(inp))
@@ -207,3 +212,18 @@ def test_image_from_scratch_augmentation_predicts_like_keras_and_trains(tmp_path
     np.testing.assert_allclose(
         sess.run(None, {"input": x[48:]})[0], back.predict(x[48:], verbose=0), atol=2e-5
     )
+
+
+@pytest.mark.parametrize("factors", [[(-0.3, 0.2)], [(-0.3, 0.2), (0.1, 0.4)]])
+def test_zoom_is_keras_affine_transform_of_the_drawn_zooms(factors, rng):
+    x = rng.random((200, 7, 5, 2)).astype(np.float32)
+    out, m = _affine(x, "zoom", factors, "reflect")
+    want = keras.ops.image.affine_transform(x, m, "bilinear", "reflect", 0.3)
+    np.testing.assert_allclose(out, np.asarray(want), atol=2e-6)
+    zy, zx = m[:, 4] - 1, m[:, 0] - 1
+    assert -0.3 <= zy.min() < -0.25 and 0.15 < zy.max() <= 0.2
+    np.testing.assert_allclose(m[:, 2], 2 * (1 - m[:, 0]), rtol=1e-6)
+    if len(factors) == 1:
+        np.testing.assert_array_equal(zx, zy)
+    else:
+        assert 0.1 <= zx.min() < 0.15 and 0.35 < zx.max() <= 0.4

@@ -1,8 +1,8 @@
-"""Registry entries of Keras' ``RandomFlip``, ``RandomRotation`` and ``RandomTranslation``
-(``engine/ops/augment.py``):
-training only (both linear in the image, with a backward); the identity in predict and in the
-ONNX export. The other image augmentation layers (RandomZoom, RandomContrast,
-RandomBrightness, RandomCrop) are not registered, so they are refused by name."""
+"""Registry entries of Keras' ``RandomFlip``, ``RandomRotation``, ``RandomTranslation`` and
+``RandomZoom`` (``engine/ops/augment.py``): training only (all linear in the image, with a
+backward); the identity in predict and in the ONNX export. The other image augmentation layers
+(RandomContrast, RandomBrightness, RandomCrop) are not registered, so they are refused by
+name."""
 
 from __future__ import annotations
 
@@ -33,15 +33,21 @@ def _factor(a: Args, arg: str) -> list[float]:
     num = (int, float)
     if isinstance(f, num) and not isinstance(f, bool) and f >= 0:
         return [-float(f), float(f)]
-    if isinstance(f, (list, tuple)) and len(f) == 2 and all(isinstance(v, num) for v in f):
+    pair = isinstance(f, (list, tuple)) and len(f) == 2 and all(isinstance(v, num) for v in f)
+    if pair and f[0] <= f[1]:
         return [float(f[0]), float(f[1])]
-    a.refuse(arg, f, "a number ≥ 0 or (lower, upper)")
+    a.refuse(arg, f, "a number ≥ 0 or (lower, upper) with lower ≤ upper")
     raise AssertionError  # refuse raises
 
 
 def _affine_parse(*factors: str):
     def parse(a: Args) -> dict:
-        args: dict = {k: _factor(a, k) for k in factors}
+        optional = "width_factor" if a.cls == "RandomZoom" else None
+        args: dict = {
+            k: None if k == optional and a.cfg.get(k) is None else _factor(a, k) for k in factors
+        }
+        if args.get(optional or "") is None:
+            a.take(optional or "width_factor")
         args["fill_mode"] = a.must_be("fill_mode", "reflect", "wrap", "constant", "nearest")
         args["interpolation"] = a.must_be("interpolation", "bilinear", "nearest")
         value = a.take("fill_value", 0.0)
@@ -61,11 +67,9 @@ def _affine_build(spec, shapes, ctx):
 
     need_rank(spec, tuple(shapes[0]), 3, "(height, width, channels) images")
     a = spec.args
-    kind, factors = (
-        ("rotation", [a["factor"]])
-        if spec.cls == "RandomRotation"
-        else ("translation", [a["height_factor"], a["width_factor"]])
-    )
+    kind = {"RandomRotation": "rotation", "RandomTranslation": "translation"}.get(spec.cls, "zoom")
+    names = ("factor",) if kind == "rotation" else ("height_factor", "width_factor")
+    factors = [a[k] for k in names if a[k] is not None]
     fill = (a["fill_mode"], a["interpolation"], a["fill_value"])
     return RandomAffine(tuple(shapes[0]), kind, factors, *fill, ctx.index)
 
@@ -100,5 +104,14 @@ ENTRIES = {
         "training only; Keras 3's shifts (uniform in the factors × the side) from `--seed`, "
         "the step and the global example, sampled as Keras' `ops.image.affine_transform`; "
         "identity in predict and export",
+    ),
+    "RandomZoom": Entry(
+        _affine_parse("height_factor", "width_factor"),
+        _affine_build,
+        _identity_onnx,
+        doc="`height_factor`, `width_factor` (None: the height's draw), `fill_mode`, "
+        "`interpolation`, `fill_value`; training only; Keras 3's zooms (1 + uniform in the "
+        "factors) from `--seed`, the step and the global example, sampled as Keras' "
+        "`ops.image.affine_transform`; identity in predict and export",
     ),
 }

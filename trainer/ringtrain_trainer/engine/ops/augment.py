@@ -1,5 +1,5 @@
 """Keras' image augmentation layers that ringtrain runs: ``RandomFlip``, ``RandomRotation``,
-``RandomTranslation``.
+``RandomTranslation``, ``RandomZoom``.
 Training only (the identity in predict and in the export, as Keras' ``training=False``). Both
 are linear in the image, so they have a backward and may sit anywhere.
 
@@ -88,7 +88,9 @@ class RandomAffine(Layer):
     """Keras 3's ``RandomRotation`` (``kind`` "rotation": per image an angle uniform in
     ``factor`` × 360°, about the image centre, ``_compute_affine_matrix``) and
     ``RandomTranslation`` ("translation": per image a height then a width shift uniform in
-    the factors × the side, the matrix ``[1 0 -dx; 0 1 -dy]``), sampled as TensorFlow's affine
+    the factors × the side, the matrix ``[1 0 -dx; 0 1 -dy]``) and ``RandomZoom`` ("zoom":
+    per image a height then a width zoom ``1 + U(factor)``, one draw for both without a width
+    factor, about the centre), sampled as TensorFlow's affine
     transform samples (``fill_mode``, ``interpolation``, ``fill_value``). Training only. The
     sampling is linear in the image: the backward scatters the upstream gradient back through
     the same taps. ``ws["matrix"]`` holds each image's drawn transform (Keras' 8 numbers)."""
@@ -96,7 +98,7 @@ class RandomAffine(Layer):
     def __init__(self, shape, kind, factors, fill_mode, interpolation, fill_value, layer_index):
         if len(shape) != 3 or fill_mode not in FILL_MODES or interpolation not in INTERPOLATIONS:
             raise ValueError(f"{kind} needs (H, W, C), a fill mode and an interpolation")
-        if kind not in ("rotation", "translation"):
+        if kind not in ("rotation", "translation", "zoom"):
             raise ValueError(f"unknown affine augmentation {kind!r}")
         self.in_shape = self.out_shape = tuple(shape)
         self.kind, self.factors = kind, [(float(lo), float(hi)) for lo, hi in factors]
@@ -117,6 +119,11 @@ class RandomAffine(Layer):
         v = [lo + (hi - lo) * float(x) for (lo, hi), x in zip(self.factors, u, strict=True)]
         h, w = self.in_shape[0], self.in_shape[1]
         m[:] = 0
+        if self.kind == "zoom":  # one draw for both sides when there is one factor
+            zy, zx = 1.0 + v[0], 1.0 + v[-1]
+            m[0], m[4] = zx, zy
+            m[2], m[5] = (w - 1) / 2 * (1 - m[0]), (h - 1) / 2 * (1 - m[4])
+            return
         if self.kind == "translation":
             m[[0, 4]] = 1
             m[2], m[5] = -np.float32(v[1] * w), -np.float32(v[0] * h)
