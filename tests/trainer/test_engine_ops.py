@@ -12,7 +12,16 @@ import pytest
 from support.gradcheck import gradcheck
 
 from ringtrain_trainer import layers as L
-from ringtrain_trainer.engine.ops import broadcast, dropout, merge, score_attention, standardize
+from ringtrain_trainer.engine.ops import (
+    activity,
+    augment,
+    broadcast,
+    dropout,
+    merge,
+    noise,
+    score_attention,
+    standardize,
+)
 from ringtrain_trainer.layers import fused
 
 B = 3
@@ -21,7 +30,18 @@ B = 3
 def _registry() -> set[type]:
     """Every op class the engine ships: the general layers, the fused fast path and the
     ``engine/ops`` families."""
-    mods = [L, fused, merge, broadcast, dropout, standardize, score_attention]
+    mods = [
+        L,
+        fused,
+        merge,
+        broadcast,
+        dropout,
+        noise,
+        activity,
+        augment,
+        standardize,
+        score_attention,
+    ]
     return {
         c
         for m in mods
@@ -65,6 +85,22 @@ CASES = {
     },
     "shared-dropout-spatial": dropout.SharedDropout((3, 2, 4), 0.5, 2, (1, 1, 4)),
     "shared-dropout-example": dropout.SharedDropout((5, 2), 0.3, 2, (1, 1)),
+    "activity-l1-l2": activity.ActivityPenalty((2, 3), 0.3, 0.2),
+    # layer 0 at compile_op's seed, step and examples: the first and last image flip
+    **{f"flip-{m}": augment.RandomFlip((3, 2, 2), m, 0) for m in augment.FLIP_MODES},
+    **{
+        f"rotation-{f}-{i}": augment.RandomAffine(
+            (4, 3, 2), "rotation", [(-0.3, 0.3)], f, i, 0.5, 0
+        )
+        for f in augment.FILL_MODES
+        for i in augment.INTERPOLATIONS
+    },
+    "zoom": augment.RandomAffine((4, 3, 2), "zoom", [(-0.4, 0.3)], "wrap", "bilinear", 0.0, 0),
+    "translation": augment.RandomAffine(
+        (4, 3, 2), "translation", [(-0.4, 0.4), (-0.5, 0.2)], "reflect", "bilinear", 0.0, 0
+    ),
+    "activity-on-linear": activity.WithActivity(L.Linear(4, 3, "tanh", True), 0.2, 0.3),
+    **{f"noise-{m}": noise.Noise((2, 3), m, 0.3, 2) for m in noise.MODES},
     "standardize-adapted": standardize.Standardize((2, 3)),
     "standardize-fixed": standardize.Standardize((4,), [1.0, 2.0, 0.0, -1.0], [4.0, 0.25, 9, 1]),
     "concatenate-first3": merge.Concatenate([(1, 3), (2, 3), (3, 3)], 0),
@@ -108,7 +144,8 @@ def test_op_gradients_match_finite_differences(case, rng):
     ws, xs, params, w = compile_op(op, rng)
 
     def loss():
-        return float(np.sum(op.forward(ws, *xs, **params) * w))
+        out = float(np.sum(op.forward(ws, *xs, **params) * w))
+        return out + (op.penalty(ws) if hasattr(op, "penalty") else 0.0)  # a loss term
 
     loss()
     dout = w.copy()

@@ -170,7 +170,9 @@ def test_glorot_kernels_and_batchnorm_ones_and_zeros():
             "layer 'dx' (Dense): kernel_regularizer=",
         ),
         (
-            layer("Dense", "dx", units=3, activity_regularizer={"class_name": "L2"}),
+            layer(
+                "Dense", "dx", units=3, activity_regularizer={"class_name": "OrthogonalRegularizer"}
+            ),
             "layer 'dx' (Dense): activity_regularizer=",
         ),
         (

@@ -354,6 +354,7 @@ class IPU:
     def _scale_loss(self, p: Program) -> None:
         """dloss/doutput times the loss scale, then float16 like every gradient."""
         scale = self.precision.loss_scale
+        p.ctx["loss_scale"] = scale  # the activity regularizers scale their gradient too
         if scale != 1.0:
             np.multiply(p.dlogits, self.dtype.type(scale), out=p.dlogits)
         if p.rounder is not None:

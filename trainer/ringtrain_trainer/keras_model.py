@@ -124,18 +124,23 @@ class KerasModel(ModelSpec):
                 continue
             readers = config.consumers(s.output)
             last = s.output in heads
-            if s.cls in ("Reshape", "Flatten") and (
-                (
-                    not ops
-                    and s.inputs == (0,)
-                    and len(config.consumers(0)) == 1
-                    and len(config.inputs) <= 1
-                )
-                or (
-                    len(s.out_shape) == 1
-                    and len(readers) == 1
-                    and readers[0].cls == "Dense"
-                    and not last
+            reg = s.args.get("activity_regularizer")
+            if (
+                reg is None
+                and s.cls in ("Reshape", "Flatten")
+                and (
+                    (
+                        not ops
+                        and s.inputs == (0,)
+                        and len(config.consumers(0)) == 1
+                        and len(config.inputs) <= 1
+                    )
+                    or (
+                        len(s.out_shape) == 1
+                        and len(readers) == 1
+                        and readers[0].cls == "Dense"
+                        and not last
+                    )
                 )
             ):
                 if not ops:
@@ -144,7 +149,12 @@ class KerasModel(ModelSpec):
                 continue
             group = [s]
             roles, extra = wiring.inputs(s)
-            if _fuses(s, readers) and not last and (s.shares or s.name) not in calls:
+            if (
+                reg is None
+                and _fuses(s, readers)
+                and not last
+                and (s.shares or s.name) not in calls
+            ):
                 group.append(readers[0])
                 done.add(specs.index(readers[0]))
                 op = ConvPool(tuple(s.in_shapes[0]), s.args["filters"], s.args["kernel_size"][0])
@@ -154,6 +164,11 @@ class KerasModel(ModelSpec):
                     op = REGISTRY[s.cls].build(s, list(s.in_shapes), Build(i, fold, roles))
                 except ValueError as e:
                     raise InvalidSpec(f"model: layer {s.name!r} ({s.cls}): {e}") from None
+            if reg is not None and (op is None or fold is not None):
+                raise InvalidSpec(
+                    f"model: layer {s.name!r} ({s.cls}): activity_regularizer on an output "
+                    "whose activation the loss computes is not supported"
+                )
             if op is None:  # the identity (an activation folded into the loss)
                 where[s.output] = where[s.inputs[0]]
                 continue
@@ -161,6 +176,12 @@ class KerasModel(ModelSpec):
                 from ringtrain_trainer.engine.ops.frozen import Frozen
 
                 op = Frozen(op, inference=s.cls == "BatchNormalization")
+            if reg is not None:
+                from ringtrain_trainer.engine.ops import activity, regularizers
+
+                r = regularizers.parse(reg, "activity_regularizer")
+                assert r is not None
+                op = activity.WithActivity(op, r.l1, r.l2)
             op.name = "+".join(x.name for x in group)
             srcs = [where[t] for t in s.inputs]
             if s.args.get("dropout") and s.cls in ("LSTM", "GRU", "SimpleRNN"):

@@ -226,8 +226,13 @@ class Program:
 
     def loss_and_dlogits(self, logits: np.ndarray) -> float:
         """The model's loss (``engine.losses``), mean over the local batch in ``labels``;
-        writes dloss/doutput into ``dlogits``."""
-        return self.loss.step(logits)
+        writes dloss/doutput into ``dlogits``; plus the activity regularizers' terms
+        (``ops.activity``), as Keras' loss includes them."""
+        loss = self.loss.step(logits)
+        for layer, ws in zip(self.spec.layers, self.ws, strict=True):
+            if hasattr(layer, "penalty"):
+                loss += layer.penalty(ws)
+        return loss
 
     def _deliver(self, i: int, dxs) -> None:
         """Route node ``i``'s input gradients to their tensors (take, copy or accumulate)."""

@@ -256,6 +256,7 @@ def _spec(
         a.cfg[k] = v
     for k in ("batch_input_shape", "input_shape", "batch_size"):
         a.take(k)
+    a.activity()
     args = {**entry.parse(a), **a.extra}
     n = len(inputs)
     if (entry.inputs and n != entry.inputs) or (not entry.inputs and n < 2):

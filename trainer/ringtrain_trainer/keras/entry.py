@@ -217,6 +217,16 @@ class Args:
         if reg is not None:
             self.extra[arg] = R.keras(reg)
 
+    def activity(self) -> None:
+        """Any layer's ``activity_regularizer`` (``L1``/``L2``/``L1L2``), kept in
+        :attr:`extra` like a weight regularizer; the op is wrapped in
+        ``engine.ops.activity.WithActivity`` (``keras_model``). A layer nested in a wrapper
+        (TimeDistributed, Bidirectional) is not read here and still refuses it."""
+        if self.cfg.get("activity_regularizer") is not None:
+            self.regularizer("activity_regularizer")
+        else:
+            self.take("activity_regularizer")
+
     def constraint(self, arg: str) -> None:
         """Keras' ``MaxNorm``/``NonNeg``/``UnitNorm``/``MinMaxNorm``, kept in :attr:`extra`
         in the serialized form Keras reloads; the optimizer projects the weight after each

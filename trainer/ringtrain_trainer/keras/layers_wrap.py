@@ -20,6 +20,13 @@ _NOT_PER_EXAMPLE = (
     "SpatialDropout1D",
     "SpatialDropout2D",
     "TimeDistributed",
+    # draws keyed on the example, and a loss term the wrapper would not pass on
+    "GaussianNoise",
+    "GaussianDropout",
+    "AlphaDropout",
+    "RandomFlip",
+    "RandomRotation",
+    "ActivityRegularization",
 )
 
 

@@ -35,11 +35,14 @@ from __future__ import annotations
 
 from ringtrain_trainer.keras import (
     layers_activation,
+    layers_activity,
     layers_attention,
+    layers_augment,
     layers_conv,
     layers_convtranspose,
     layers_core,
     layers_merge,
+    layers_noise,
     layers_preprocessing,
     layers_recurrent,
     layers_scale,
@@ -61,6 +64,9 @@ REGISTRY: dict[str, Entry] = {
     **layers_scale.ENTRIES,
     **layers_activation.ENTRIES,
     **layers_merge.ENTRIES,
+    **layers_noise.ENTRIES,
+    **layers_activity.ENTRIES,
+    **layers_augment.ENTRIES,
     **layers_sequence.ENTRIES,
     **layers_recurrent.ENTRIES,
     **layers_attention.ENTRIES,
@@ -114,8 +120,10 @@ def markdown() -> str:
         + "; fresh weights draw from it, the export writes it back) and + `regularizer` "
         '(`L1`, `L2`, `L1L2`, `"l1"`, `"l2"`: the penalty is in the reported training and '
         "test loss, its gradient added once to the reduced gradient before clipping, the "
-        "export writes it back). Refused, by name: `activity_regularizer`, weight "
-        "constraints, non-default `moving_*_initializer`.",
+        "export writes it back). Any layer takes `activity_regularizer` (`L1`, `L2`, `L1L2`: "
+        "`(l1·Σ|x| + l2·Σx²) / batch` of its output joins the training loss, as Keras 3 adds "
+        "it; refused inside a wrapper and on an output whose activation the loss computes). "
+        "Refused, by name: weight constraints, non-default `moving_*_initializer`.",
     ]
     return "\n".join(rows)
 

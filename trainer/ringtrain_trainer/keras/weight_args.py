@@ -59,6 +59,7 @@ def with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list[
         for k in s.args:
             optional = k.split("_")[0] in ("bias", "gamma", "beta")  # absent when switched off
             weighty = k.endswith(("_initializer", "_regularizer", "_constraint"))
+            weighty = weighty and k != "activity_regularizer"  # the op's (keras_model)
             if weighty and k not in used and not optional:
                 raise InvalidSpec(
                     f"model: layer {s.name!r} ({s.cls}): {k}={s.args[k]!r} is not supported "
