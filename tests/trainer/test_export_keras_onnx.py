@@ -187,9 +187,12 @@ def test_unsupported_layer_is_refused_naming_layer_and_class(tmp_path):
 
 def test_unsupported_argument_is_refused_naming_it(tmp_path):
     m = keras.Sequential(
-        [L.Input((8, 8, 1)), L.Conv2D(2, 3, activity_regularizer="l2", name="wide")]
+        [
+            L.Input((8, 8, 1)),
+            L.Conv2D(2, 3, kernel_regularizer=keras.regularizers.OrthogonalRegularizer(), name="w"),
+        ]
     )
-    with pytest.raises(InvalidSpec, match=r"layer 'wide' \(Conv2D\): activity_regularizer="):
+    with pytest.raises(InvalidSpec, match=r"layer 'w' \(Conv2D\): kernel_regularizer="):
         write_onnx(tmp_path / "x.onnx", json.loads(m.to_json()), m.get_weights())
 
 
