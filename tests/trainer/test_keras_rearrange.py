@@ -1,4 +1,4 @@
-"""Keras ``Permute``, ``RepeatVector`` and ``PReLU``: the ops' gradients against finite
+"""Keras ``Permute``, ``RepeatVector``, ``PReLU``, ``CenterCrop``: the ops' gradients against finite
 differences, and models built by real Keras trained by ringtrain and by Keras from the same
 ``.keras`` weights on the same batches (loss at every step, predictions after), the export
 reloaded by Keras and run by onnxruntime."""
@@ -108,3 +108,24 @@ def test_prelu_trains_like_keras_and_exports(tmp_path, rng):
     )
     km.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
     check_exports(*train_like_keras(km, tmp_path, rng), tmp_path)
+
+
+def test_center_crop_trains_like_keras_and_exports(tmp_path, rng):
+    km = keras.Sequential(
+        [
+            L.Input((9, 8, 2)),
+            L.CenterCrop(6, 5),
+            L.Conv2D(3, 3, activation="relu"),
+            L.Flatten(),
+            L.Dense(4, activation="softmax"),
+        ]
+    )
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    check_exports(*train_like_keras(km, tmp_path, rng), tmp_path)
+
+
+def test_a_center_crop_larger_than_its_input_is_refused_naming_it():
+    config = _config(L.CenterCrop(4, 4), shape=(6, 6, 1))
+    config["config"]["layers"][1]["config"]["height"] = 8
+    with pytest.raises(InvalidSpec, match=r"height=8 is larger than the input's 6"):
+        parse(config, compiled=False)

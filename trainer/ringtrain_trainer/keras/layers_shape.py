@@ -1,6 +1,7 @@
 """Registry entries of the layers that move values without arithmetic, 1-D and 2-D:
 ZeroPadding, Cropping and UpSampling (nearest) (ops: ``engine/ops/shape.py``; ONNX ``Pad``,
-``Slice`` and ``Resize`` on the channels-last tensor, no transpose needed), Permute and
+``Slice`` and ``Resize`` on the channels-last tensor, no transpose needed; CenterCrop of a
+larger input is a crop and shares the op), Permute and
 RepeatVector (ops: ``engine/ops/rearrange.py``; ONNX ``Transpose``, ``Unsqueeze`` + ``Tile``)."""
 
 from __future__ import annotations
@@ -135,6 +136,49 @@ def _up_onnx(g, spec, weights) -> None:
     g.out(y)
 
 
+def _center_parse(a: Args) -> dict:
+    args = {"height": a.positive("height"), "width": a.positive("width")}
+    args["data_format"] = a.channels_last()
+    a.done("height, width")
+    return args
+
+
+def _center_sides(args: dict, shape: Shape) -> list[list[int]]:
+    """Keras' CenterCrop offsets (``(H - height) // 2`` first); an input smaller than the crop
+    is resized by Keras (``smart_resize``), which ringtrain refuses."""
+    if len(shape) != 3:
+        raise ValueError(f"needs an (H, W, C) input, got {shape}")
+    sides = []
+    for n, want, what in ((shape[0], args["height"], "height"), (shape[1], args["width"], "width")):
+        if n < want:
+            raise ValueError(
+                f"{what}={want} is larger than the input's {n}: Keras would resize "
+                "(smart_resize), which is not supported (supported: a crop of a larger input)"
+            )
+        sides.append([(n - want) // 2, n - want - (n - want) // 2])
+    return sides
+
+
+def _center_infer(args: dict, shapes: list[Shape]) -> Shape:
+    _center_sides(args, shapes[0])
+    return (args["height"], args["width"], shapes[0][-1])
+
+
+def _center_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.shape import Border
+
+    sides = _center_sides(spec.args, shapes[0])
+    return Border(shapes[0], tuple(map(tuple, sides)), "crop")
+
+
+def _center_onnx(g, spec, weights) -> None:
+    sides, shape = _center_sides(spec.args, spec.in_shapes[0]), spec.in_shapes[0]
+    starts = [p for p, _ in sides]
+    ends = [n - q for n, (_, q) in zip(shape, sides, strict=False)]
+    x = g.x(0, nchw=False)
+    g.out(g.op("Slice", [x, _i64(g, starts), _i64(g, ends), _i64(g, [1, 2])], spec.name))
+
+
 def _permute_parse(a: Args) -> dict:
     dims = a.take("dims", None)
     if not isinstance(dims, list | tuple) or not all(isinstance(d, int) for d in dims):
@@ -194,6 +238,13 @@ ENTRIES = {
     "UpSampling1D": Entry(_up_parse, _up_build, _up_onnx, infer=_up_infer, doc="`size`"),
     "UpSampling2D": Entry(
         _up_parse, _up_build, _up_onnx, infer=_up_infer, doc="`size`, `interpolation` (nearest)"
+    ),
+    "CenterCrop": Entry(
+        _center_parse,
+        _center_build,
+        _center_onnx,
+        infer=_center_infer,
+        doc="`height`, `width` (an input at least that large: Keras resizes a smaller one)",
     ),
     "Permute": Entry(
         _permute_parse, _permute_build, _permute_onnx, infer=_permute_infer, doc="`dims`"
