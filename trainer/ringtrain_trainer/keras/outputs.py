@@ -35,8 +35,8 @@ def output_width(config: ModelConfig, ops: list, where: dict[int, int], t: int) 
     what = f"the output {name!r}'s shape" if name else "the output shape"
     if len(shape) > 1:
         raise InvalidSpec(
-            f"model: {what} is {shape}; a loss per position (sequence tagging, per-pixel "
-            f"segmentation, {getattr(loss, 'name', 'a loss')} over every timestep) is not "
+            f"model: {what} is {shape}; a loss per position ({getattr(loss, 'name', 'a loss')} "
+            "on every timestep or pixel: sequence tagging, segmentation, autoencoders) is not "
             "supported yet: the loss reads one flat vector per example (end with "
             "Flatten/GlobalPooling and Dense(units))"
         )
