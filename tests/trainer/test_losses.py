@@ -80,6 +80,17 @@ def test_a_probability_loss_needs_its_activation_or_from_logits():
 
 
 @pytest.mark.parametrize(
+    "loss, act", [("sparse_categorical_crossentropy", "softmax"), ("mse", "linear")]
+)
+def test_a_per_timestep_output_is_refused_naming_its_shape(loss, act):
+    # a tagger's head, Dense(num_tags, softmax) on (batch, T, features); issue 19
+    m = seq((20, 4), layer("Dense", "o", units=5, activation=act))
+    m["compile_config"] = {"loss": loss, "metrics": None}
+    with pytest.raises(InvalidSpec, match=r"output shape is \(20, 5\); a loss per position"):
+        KM.from_config(m)
+
+
+@pytest.mark.parametrize(
     "loss, metric",
     [
         ("mse", "accuracy"),

@@ -32,8 +32,15 @@ def output_width(config: ModelConfig, ops: list, where: dict[int, int], t: int) 
         k = config.outputs.index(t)
         name, loss = config.output_names[k], loss.heads[k].loss
     kind = loss.kind if loss is not None else "regression"
+    what = f"the output {name!r}'s shape" if name else "the output shape"
+    if len(shape) > 1:
+        raise InvalidSpec(
+            f"model: {what} is {shape}; a loss per position ({getattr(loss, 'name', 'a loss')} "
+            "on every timestep or pixel: sequence tagging, segmentation, autoencoders) is not "
+            "supported yet: the loss reads one flat vector per example (end with "
+            "Flatten/GlobalPooling and Dense(units))"
+        )
     if len(shape) != 1 or (shape[0] < 2 and kind in ("sparse", "categorical")):
-        what = f"the output {name!r}'s shape" if name else "the output shape"
         raise InvalidSpec(
             f"model: {what} is {shape}; "
             + (
