@@ -12,7 +12,16 @@ import pytest
 from support.gradcheck import gradcheck
 from support.ophost import backward, compile_op
 
-from ringtrain_trainer.engine.ops import attention, bidirectional, dense, embedding, norm, recurrent
+from ringtrain_trainer.engine.ops import (
+    attention,
+    bidirectional,
+    dense,
+    embedding,
+    norm,
+    recurrent,
+    recurrent_gru,
+    recurrent_lstm,
+)
 from ringtrain_trainer.engine.ops.attention import MultiHeadAttention
 from ringtrain_trainer.engine.ops.bidirectional import Bidirectional
 from ringtrain_trainer.engine.ops.dense import Dense, product_rows
@@ -97,7 +106,8 @@ DATA = {"embedding", "embedding-2d-ids"}
 
 
 def test_every_sequence_op_class_has_a_gradient_check():
-    mods = [attention, bidirectional, dense, embedding, norm, recurrent]
+    mods = [attention, bidirectional, dense, embedding, norm]
+    mods += [recurrent, recurrent_gru, recurrent_lstm]
     ops = {
         c
         for m in mods

@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from ringtrain_trainer.engine.ops.recurrent import _Recurrent
+from ringtrain_trainer.engine.ops.recurrent_loop import _Recurrent
 from ringtrain_trainer.layers.base import Layer
 
 MERGE_MODES = ("concat", "sum", "ave", "mul")

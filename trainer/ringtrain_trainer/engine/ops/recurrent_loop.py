@@ -1,0 +1,209 @@
+"""The loop shared by Keras' ``LSTM``, ``GRU`` and ``SimpleRNN`` ops (``_Recurrent``): one op per
+layer that runs the whole sequence, forward and backpropagation through time, on buffers
+planned at compile time.
+
+Layout: every per-timestep tensor is kept batch-major, ``(b, T, ·)``, so the input projection
+for all timesteps is one matmul on the ``(b·T, d)`` view before the loop, the weight gradients
+are one matmul each after it (``x.T @ dz``, ``h_prev.T @ dz``), and a ``return_sequences``
+output is contiguous for the next op. A timestep's slice ``[:, t]`` is strided by whole rows,
+which BLAS takes as is. ``h_prev`` (``(b, T, u)``: the state each step read, zeros first) is
+kept separately from the output so the recurrent kernel's gradient is one product too.
+
+The recurrent kernel used by backward is the one forward read (``ws["U"]``): backward through
+time runs in ``backward_local``, before either half, and nothing updates a node's weights
+before its own backward has streamed them.
+
+Gate order and weights are Keras': kernel ``(d, G·u)``, recurrent kernel ``(u, G·u)``; LSTM
+gates i, f, c, o with bias ``(4u,)``; GRU gates z, r, h with bias ``(2, 3u)`` (input bias, then
+recurrent bias, which is added before the reset gate multiplies it).
+
+Masks (``masked=True``; ``engine.ops.mask``): the op reads ``(x, mask)``, the mask
+``(b, T)`` in timestep order, and runs Keras' masked loop (``backend.rnn``): a masked step
+keeps the previous state (``h``, and ``c`` for an LSTM) and returns the previous output, or
+zeros with ``zero_output_for_mask`` (what ``Bidirectional`` sets when it returns sequences).
+Backward splits each step's state gradient into the part through the new state (``× m``) and
+the part carried past the step (``× (1 - m)``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ringtrain_trainer.engine.ops.dense import product_rows
+from ringtrain_trainer.engine.tensor import ParamSpec
+from ringtrain_trainer.layers.base import Layer
+
+#: the activations an RNN cell may use: element-wise ones whose derivative comes from the output
+ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
+
+
+class _Recurrent(Layer):
+    """What LSTM and GRU share: shapes, parameters, the input projection, weight gradients."""
+
+    kind = "recurrent"
+    gates = 0
+
+    def __init__(
+        self,
+        in_shape,
+        units: int,
+        activation: str = "tanh",
+        recurrent_activation: str = "sigmoid",
+        use_bias: bool = True,
+        return_sequences: bool = False,
+        go_backwards: bool = False,
+        masked: bool = False,
+        zero_output_for_mask: bool = False,
+    ):
+        for arg, v in (("activation", activation), ("recurrent_activation", recurrent_activation)):
+            if v not in ACTIVATIONS:
+                raise ValueError(f"{type(self).__name__}: {arg}={v!r} is not one of {ACTIVATIONS}")
+        self.in_shape = tuple(in_shape)
+        if len(self.in_shape) != 2:
+            raise ValueError(f"{type(self).__name__}: input must be (timesteps, features)")
+        self.T, self.d = self.in_shape
+        self.u, self.act, self.rec_act = units, activation, recurrent_activation
+        self.use_bias, self.return_sequences = use_bias, return_sequences
+        self.out_shape = (self.T, units) if return_sequences else (units,)
+        #: the timestep each step reads (reversed for ``go_backwards``); per-timestep buffers
+        #: are indexed by timestep, the output by step, as Keras returns it
+        self.order = list(range(self.T))[:: -1 if go_backwards else 1]
+        self.go_backwards = go_backwards
+        self.masked, self.zero_output = masked, masked and zero_output_for_mask
+        #: the inputs it reads: the sequence, and its mask when ``masked``
+        self.n_inputs = 2 if masked else 1
+        self.in_shapes = [self.in_shape, (self.T,)][: self.n_inputs]
+
+    def _bias_shape(self) -> tuple[int, ...]:
+        return (self.gates * self.u,)
+
+    def params(self, layer):
+        d, u, g = self.d, self.u, self.gates * self.u
+        ps = [
+            ParamSpec(layer, "kernel", (d, g), d, g, True),
+            ParamSpec(layer, "recurrent_kernel", (u, g), u, g, True),
+        ]
+        if self.use_bias:
+            ps.append(ParamSpec(layer, "bias", self._bias_shape(), 0, 0, False))
+        return ps
+
+    def buffers(self, b, train, need_dx):
+        T, u, g = self.T, self.u, self.gates * self.u
+        bufs = {
+            "out": ((b, *self.out_shape), "f"),
+            "gates": ((b, T, g), "f"),
+            "h_prev": ((b, T, u), "f"),
+            "h": ((b, u), "f"),
+            "tmp": ((b, u), "f"),
+        }
+        if train:
+            bufs.update({"dz": ((b, T, g), "f"), "dh": ((b, u), "f"), "tmp2": ((b, u), "f")})
+            bufs.update({"ones": ((b * T,), "f"), "row": ((g,), "f")})
+            if need_dx:
+                bufs["dx"] = ((b, *self.in_shape), "f")
+            if self.masked:
+                bufs.update({"carry_h": ((b, u), "f"), "carry_c": ((b, u), "f")})
+        if self.masked:
+            bufs.update({"m": ((b, T, 1), "f"), "inv": ((b, T, 1), "f")})
+            bufs["h_new"] = ((b, u), "f")
+        return bufs
+
+    def flops(self, b, train, need_dx):
+        g = self.gates * self.u
+        fwd = 2 * b * self.T * (self.d + self.u) * g
+        return fwd * (1 + (1 + need_dx if train else 0)) + (fwd if train else 0) // 2
+
+    def bind(self, ws, b):
+        if "ones" in ws:
+            ws["ones"].fill(1)
+        ws["h_prev"][:, self.order[0]] = 0
+
+    def _take_mask(self, ws, mask):
+        """The step masks ``m`` and ``1 - m`` as ``(b, T, 1)`` columns, once per batch."""
+        if self.masked:
+            np.copyto(ws["m"][..., 0], mask)
+            np.subtract(1, ws["m"], out=ws["inv"])
+
+    def _blend(self, ws, t, new, prev):
+        """A masked step keeps the previous state: ``new = prev + m (new - prev)`` in place;
+        ``prev`` None: the zero initial state."""
+        m = ws["m"][:, t]
+        if prev is None:
+            np.multiply(new, m, out=new)
+        else:
+            np.subtract(new, prev, out=new)
+            np.multiply(new, m, out=new)
+            np.add(new, prev, out=new)
+
+    def _emit(self, ws, s):
+        """Step ``s``'s state in ``ws["h"]`` → the output and the next step's ``h_prev``."""
+        h, t = ws["h"], self.order[s]
+        if self.masked:
+            if self.zero_output:
+                np.multiply(h, ws["m"][:, t], out=ws["h_new"])
+            self._blend(ws, t, h, ws["h_prev"][:, t] if s else None)
+        y = ws["h_new"] if self.zero_output else h
+        if s + 1 < self.T:
+            np.copyto(ws["h_prev"][:, self.order[s + 1]], h)
+        if self.return_sequences:
+            np.copyto(ws["out"][:, s], y)
+        elif s + 1 == self.T:
+            np.copyto(ws["out"], y)
+
+    def _dh_from_output(self, ws, dout, s):
+        """Add the output's gradient at step ``s`` to the running state gradient ``dh``; when
+        masked, keep the part carried past a masked step in ``carry_h`` (added back by
+        :meth:`_dh_carry`) and leave in ``dh`` the gradient of the step's new state."""
+        dh = ws["dh"]
+        if self.return_sequences:  # a folded Flatten hands it over as (b, T·u)
+            dout = dout.reshape(dout.shape[0], self.T, -1)
+        d = dout[:, s] if self.return_sequences else dout if s + 1 == self.T else None
+        if d is not None and not self.zero_output:
+            np.add(dh, d.reshape(dh.shape), out=dh)
+        if not self.masked:
+            return
+        t = self.order[s]
+        np.multiply(dh, ws["inv"][:, t], out=ws["carry_h"])
+        np.multiply(dh, ws["m"][:, t], out=dh)
+        if d is not None and self.zero_output:
+            np.multiply(d.reshape(dh.shape), ws["m"][:, t], out=ws["h_new"])
+            np.add(dh, ws["h_new"], out=dh)
+
+    def _dh_carry(self, ws, s):
+        """After step ``s``'s backward wrote the previous state's gradient into ``dh``."""
+        if self.masked and s:
+            np.add(ws["dh"], ws["carry_h"], out=ws["dh"])
+
+    def backward_inputs(self, dx):
+        return (dx, None) if self.masked else dx
+
+    def _dz_x(self, ws):
+        """The gradient of the input projection's output, ``(b·T, G·u)``."""
+        return ws["dz"].reshape(-1, self.gates * self.u)
+
+    def _dz_h(self, ws):
+        """The gradient of the recurrent projection's output, ``(b·T, G·u)``."""
+        return ws["dz"].reshape(-1, self.gates * self.u)
+
+    def backward_input(self, ws, dout, *, kernel, recurrent_kernel, bias=None):
+        dx = ws["dx"]
+        np.matmul(self._dz_x(ws), kernel.T, out=dx.reshape(-1, self.d))
+        return self.backward_inputs(dx)
+
+    def backward_weights(self, ws, dout, name, grad, rows):
+        if name == "kernel":
+            product_rows(ws["x"], self._dz_x(ws), grad, rows, ws["row"])
+        elif name == "recurrent_kernel":
+            h_prev = ws["h_prev"].reshape(-1, self.u)
+            product_rows(h_prev, self._dz_h(ws), grad, rows, ws["row"])
+        else:
+            ones = ws["ones"].reshape(-1, 1)
+            product_rows(ones, self._dz_x(ws), grad, rows, ws["row"])
+
+    def _project(self, ws, x, kernel, bias, into):
+        """``into (b, T, G·u) = x @ kernel + bias`` for every timestep at once."""
+        ws["x"] = x2 = x.reshape(-1, self.d)
+        i2 = into.reshape(x2.shape[0], -1)
+        np.matmul(x2, kernel, out=i2)
+        if bias is not None:
+            np.add(i2, bias, out=i2)
