@@ -16,7 +16,6 @@ import hashlib
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import TextIO
 
 import numpy as np
@@ -48,6 +47,13 @@ from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
 from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
+from ringtrain_trainer.reporting import (
+    PROGRESS_EVERY_S,
+    Reporter,
+    Throughput,
+    metric_fields,
+    outputs_field,
+)
 
 
 def make_ipu(cfg: TrainerConfig, spec, config: IPUConfig, params, grads, tracer) -> IPU:
@@ -65,47 +71,6 @@ def make_ipu(cfg: TrainerConfig, spec, config: IPUConfig, params, grads, tracer)
         stages=cfg.pipeline_stages,
         schedule=cfg.pipeline_schedule,
     )
-
-
-def _metric_fields(metric: str, value: float | None) -> dict:
-    """An event's ``test_accuracy``, or its ``test_mae`` after a regression loss."""
-    v = None if value is None else round(value, 6)
-    return {"test_accuracy": None, "test_mae": v} if metric == "mae" else {"test_accuracy": v}
-
-
-def _outputs_field(values: dict | None) -> dict:
-    return {} if values is None else {"outputs": values}
-
-
-#: seconds between progress lines
-PROGRESS_EVERY_S = 1.0
-
-
-class Reporter:
-    """Progress for people (:func:`events.format_event`) or machines (one JSON object per line).
-
-    Only the chief reports progress; every worker prints its final line, so each pod's log
-    ends with that worker's result."""
-
-    def __init__(self, as_json: bool, out: TextIO, chief: bool = True):
-        self.as_json, self.out, self.chief = as_json, out, chief
-
-    def emit(self, event: events.Event) -> None:
-        if not self.chief and not isinstance(event, events.Final):
-            return
-        line = event.to_json() if self.as_json else events.format_event(event)
-        print(line, file=self.out, flush=True)
-
-
-@dataclass
-class _Throughput:
-    """Samples/s and ETA from an exponential moving average of step time."""
-
-    ema_s: float = 0.0
-
-    def update(self, seconds: float) -> float:
-        self.ema_s = seconds if self.ema_s == 0.0 else 0.9 * self.ema_s + 0.1 * seconds
-        return self.ema_s
 
 
 class Trainer:
@@ -400,7 +365,7 @@ class Trainer:
             optimizer_iterations=self.optimizer.iterations,
             optimizer_config=self.optimizer_spec.record(),
             # several outputs: each output's loss of the last step beside its loss function
-            loss_config={**self.spec.loss.record(), **_outputs_field(self._output_losses())},
+            loss_config={**self.spec.loss.record(), **outputs_field(self._output_losses())},
             precision=self.numerics.precision,
             model=self.cfg.model,
             world_size=self.world,
@@ -472,7 +437,7 @@ class Trainer:
             self.metrics.observe_eval(acc, metric)
             self.metrics.update_status(test_metrics=extra)
             self.tb.test_accuracy(self.step, acc, self.ipu.stats, metric, extra)
-            fields = _metric_fields(metric, acc)
+            fields = metric_fields(metric, acc)
             self.report.emit(events.Eval(step=self.step, **fields, test_metrics=extra))
         return acc
 
@@ -575,7 +540,7 @@ class Trainer:
         cfg, total = self.cfg, self.total_steps
         first = self.step
         loss = float("nan")
-        tput = _Throughput()
+        tput = Throughput()
         train_s = 0.0
         last_report = 0.0
         self.metrics.update_status(phase="Training", step=self.step, epoch=self.position.epoch)
@@ -631,7 +596,7 @@ class Trainer:
             steps=self.step,
             epoch=self.position.epoch,
             loss=None if np.isnan(loss) else round(loss, 6),
-            **_metric_fields(self.spec.loss.metric, self.test_accuracy),
+            **metric_fields(self.spec.loss.metric, self.test_accuracy),
             outputs=self._output_losses(),
             test_outputs=self.test_outputs,
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
