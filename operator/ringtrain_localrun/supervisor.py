@@ -18,8 +18,6 @@ then 1 s doubling to 30 s (the kubelet: 10 s to 5 min).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
 import queue
 import signal
@@ -32,70 +30,24 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ringtrain import events
-from ringtrain_operator import observe, status
 from ringtrain_operator import spec as jobspec
+from ringtrain_operator import status
 
 from .console import Output
 from .jobstate import JobState, WorkerState
 from .plan import CHECKPOINT_VOLUME, Replica
+from .pods import (  # noqa: F401 (re-exported: cli and tests import them from here)
+    exit_status,
+    observed_pod,
+    read_result,
+    restarts_in_place,
+)
 
 #: How long replicas get between SIGTERM and SIGKILL (Kubernetes' default grace period is 30 s;
 #: locally nobody wants to wait that long for a process that ignores SIGTERM).
 DEFAULT_GRACE_S = 10.0
 #: Restart back-off of one replica: (first delay, cap) in seconds; the first restart is at once.
 RESTART_BACKOFF_S = (1.0, 30.0)
-
-
-def restarts_in_place(replica: Replica, returncode: int) -> bool:
-    """Whether the kubelet would start this exited container again in its Pod."""
-    return replica.restart_policy == "Always" or (
-        replica.restart_policy == "OnFailure" and returncode != 0
-    )
-
-
-def observed_pod(
-    replica: Replica,
-    proc: subprocess.Popen,
-    restarts: int = 0,
-    last: subprocess.Popen | None = None,
-) -> observe.ObservedPod:
-    """A replica's process as the Pod the operator's fold would observe.
-
-    It is Running until it exits; then, if its restartPolicy restarts it in place, still Running
-    with the exit as ``state.terminated`` (``restarting``), else Succeeded (exit 0) or Failed.
-    Exit codes are what Kubernetes reports (a signal n becomes 128 + n, named like the kubelet's
-    reason); ``restarts`` and ``last`` (the previous process) are restartCount and lastState.
-    """
-    code = proc.poll()
-    last_code = last.returncode if last is not None else None
-    pod = observe.ObservedPod(
-        name=replica.name,
-        role=replica.role,
-        index=replica.index,
-        phase="Running",
-        ready=True,
-        restarts=restarts,
-        last_exit_code=None if last_code is None else exit_status(last_code),
-        last_exit_reason=_reason(last_code),
-    )
-    if code is None:
-        return pod
-    return dataclasses.replace(
-        pod,
-        ready=False,
-        exit_code=exit_status(code),
-        exit_reason=_reason(code),
-        restarting=restarts_in_place(replica, code),
-        phase="Running"
-        if restarts_in_place(replica, code)
-        else "Succeeded"
-        if code == 0
-        else "Failed",
-    )
-
-
-def _reason(returncode: int | None) -> str | None:
-    return signal.Signals(-returncode).name if returncode is not None and returncode < 0 else None
 
 
 class Stopped(Exception):
@@ -419,23 +371,6 @@ class Runner:
                 return
 
 
-def exit_status(returncode: int) -> int:
-    """A container's exit code as Kubernetes reports it: a signal n becomes 128 + n."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, sig)
-
-
-def read_result(r: Replica) -> events.Final | None:
-    """A replica's final event from its termination log (None: none, or an error record)."""
-    if not r.termination_log:
-        return None
-    try:
-        doc = json.loads(Path(r.termination_log).read_text())
-    except (OSError, ValueError):
-        return None
-    event = events.parse(doc)
-    return event if isinstance(event, events.Final) else None

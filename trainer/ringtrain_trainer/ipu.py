@@ -25,10 +25,8 @@ independent shards, and shards also parallelise the element-wise work BLAS never
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import os
 import queue
 import time
 from collections.abc import Callable, Iterator
@@ -37,84 +35,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ringtrain import options
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import trace
 from ringtrain_trainer.accumulate import Accumulator, accumulator_bytes, with_accumulator
 from ringtrain_trainer.engine import recompute, workspace
 from ringtrain_trainer.engine.precision import Precision
 from ringtrain_trainer.engine.program import tensor_shapes
+from ringtrain_trainer.ipu_config import (  # noqa: F401 (re-exported: callers import them from here)
+    EVAL_BATCH,
+    MB,
+    IPUConfig,
+    IPUStats,
+    blas_limits,
+    resolve_host_threads,
+)
 from ringtrain_trainer.memory import MemoryPlan, plan_memory
 from ringtrain_trainer.model import ModelSpec, Program
-
-MB = 1 << 20
-#: examples per evaluation program run
-EVAL_BATCH = 500
-
-
-@dataclass(frozen=True)
-class IPUConfig:
-    memory_bytes: int = options.DEFAULTS["ipu_memory_mb"] * MB
-    variables_on_host: bool = options.DEFAULTS["variables_on_host"]
-    replicas: int = options.DEFAULTS["ipus_per_worker"]
-    #: bytes of optimizer state the program must hold when variables are *not* on the host
-    optimizer_state_bytes: int = 0
-    #: host threads standing in for the IPU's tiles (0: the CPUs this process may use)
-    host_threads: int = 1
-    #: this worker's rank and the run's seed: with the step, what Dropout's masks depend on
-    rank: int = 0
-    seed: int = 0
-    #: micro-batches whose gradients the IPU sums before streaming once (``accumulate``)
-    accumulation: int = 1
-    #: ``fp16``: float16 forward and backward (:mod:`.engine.precision`), or ``fp32``
-    precision: str = "fp32"
-    stochastic_rounding: str = "OFF"
-    #: Graphcore's ``allow_recompute`` (``engine.recompute``), and the layers whose outputs
-    #: are the checkpoints (empty: chosen by the plan)
-    recompute: bool = False
-    recompute_checkpoints: tuple[str, ...] = ()
-    #: Graphcore's ``availableMemoryProportion`` (``engine.workspace``); None: whole-batch
-    #: conv workspaces
-    available_memory_proportion: float | None = None
-
-
-def resolve_host_threads(requested: int) -> int:
-    """``requested``, or for 0 the CPUs this process may run on (at most 8)."""
-    if requested > 0:
-        return requested
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(8, cpus))
-
-
-def blas_limits(host_threads: int) -> contextlib.AbstractContextManager:
-    """Single-threaded BLAS inside the shards, so the emulated IPU uses ``host_threads`` CPUs
-    and no more (needs threadpoolctl; without it BLAS keeps its own thread count)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
-
-
-@dataclass
-class IPUStats:
-    """Cumulative counters, read by the metrics exporter."""
-
-    compiles: int = 0
-    recompiles: int = 0
-    weights_in_bytes: int = 0
-    grads_out_bytes: int = 0
-    data_in_bytes: int = 0
-    compute_s: float = 0.0
-    flops: int = 0
-    steps: int = 0
-    #: bytes over the inter-IPU links between pipeline stages (``pipeline_ipu``)
-    link_bytes: int = 0
-    #: per pipeline stage: seconds its thread spent computing (forward, backward, links)
-    stage_busy_s: tuple[float, ...] = ()
 
 
 @dataclass

@@ -16,7 +16,6 @@ import hashlib
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import TextIO
 
 import numpy as np
@@ -40,7 +39,6 @@ from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, check
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig, layer_names
 from ringtrain_trainer.data_npz import fit_model
-from ringtrain_trainer.engine import keras_metrics
 from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
@@ -48,6 +46,14 @@ from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
 from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
+from ringtrain_trainer.reporting import (
+    PROGRESS_EVERY_S,
+    Reporter,
+    Throughput,
+    metric_fields,
+    outputs_field,
+)
+from ringtrain_trainer.worker_eval import SharedEvaluation
 
 
 def make_ipu(cfg: TrainerConfig, spec, config: IPUConfig, params, grads, tracer) -> IPU:
@@ -67,48 +73,7 @@ def make_ipu(cfg: TrainerConfig, spec, config: IPUConfig, params, grads, tracer)
     )
 
 
-def _metric_fields(metric: str, value: float | None) -> dict:
-    """An event's ``test_accuracy``, or its ``test_mae`` after a regression loss."""
-    v = None if value is None else round(value, 6)
-    return {"test_accuracy": None, "test_mae": v} if metric == "mae" else {"test_accuracy": v}
-
-
-def _outputs_field(values: dict | None) -> dict:
-    return {} if values is None else {"outputs": values}
-
-
-#: seconds between progress lines
-PROGRESS_EVERY_S = 1.0
-
-
-class Reporter:
-    """Progress for people (:func:`events.format_event`) or machines (one JSON object per line).
-
-    Only the chief reports progress; every worker prints its final line, so each pod's log
-    ends with that worker's result."""
-
-    def __init__(self, as_json: bool, out: TextIO, chief: bool = True):
-        self.as_json, self.out, self.chief = as_json, out, chief
-
-    def emit(self, event: events.Event) -> None:
-        if not self.chief and not isinstance(event, events.Final):
-            return
-        line = event.to_json() if self.as_json else events.format_event(event)
-        print(line, file=self.out, flush=True)
-
-
-@dataclass
-class _Throughput:
-    """Samples/s and ETA from an exponential moving average of step time."""
-
-    ema_s: float = 0.0
-
-    def update(self, seconds: float) -> float:
-        self.ema_s = seconds if self.ema_s == 0.0 else 0.9 * self.ema_s + 0.1 * seconds
-        return self.ema_s
-
-
-class Trainer:
+class Trainer(SharedEvaluation):
     """Everything one replica needs, built from a config; :meth:`run` trains and returns the
     final result dict."""
 
@@ -400,7 +365,7 @@ class Trainer:
             optimizer_iterations=self.optimizer.iterations,
             optimizer_config=self.optimizer_spec.record(),
             # several outputs: each output's loss of the last step beside its loss function
-            loss_config={**self.spec.loss.record(), **_outputs_field(self._output_losses())},
+            loss_config={**self.spec.loss.record(), **outputs_field(self._output_losses())},
             precision=self.numerics.precision,
             model=self.cfg.model,
             world_size=self.world,
@@ -433,71 +398,10 @@ class Trainer:
         fmt = self.cfg.export_format
         return str(export_state(self.state(loss), path, fmt, spec=self.spec))
 
-    def evaluate(self) -> float:
-        """Test accuracy, computed by every worker on its contiguous share of the test set and
-        summed over the collective; the chief records and reports it.
-
-        Why not the chief alone: its peers would wait in the next step's allreduce for the
-        whole evaluation, and an evaluation longer than ``--ring-step-timeout-s`` would fail
-        the job with a retryable ring error. Shared, it takes 1/N of the time and no worker
-        idles. The result is the same number as one worker evaluating everything (counts are
-        integers, exact in float32 up to 2**24 examples). Checkpoints stay the chief's alone:
-        writing a few MB takes milliseconds, far inside the step timeout."""
-        test = self.data.test
-        images, labels = test.images, test.labels
-        lo = len(labels) * self.rank // self.world
-        hi = len(labels) * (self.rank + 1) // self.world
-        correct = 0.0
-        exact = self.spec.loss.kind in ("sparse", "categorical")  # whole counts
-        compiled = keras_metrics.for_model(self.spec)
-        if hi > lo:
-            acc = self.ipu.evaluate(
-                images[lo:hi], labels[lo:hi], self.eval_batch, test.scale, compiled
-            )
-            correct = round(acc * (hi - lo)) if exact else acc * (hi - lo)
-        self._evaluate_outputs(hi - lo)
-        if self.world > 1:
-            # the compiled metrics' sums and counts ride along: summed, they are one pass's
-            counts = np.concatenate([[correct], compiled.state()]).astype(np.float32)
-            # tag -2: never a gradient bucket's tag, so a mismatched schedule fails loudly
-            self.collective.allreduce_mean_(counts, step=self.step, tag=-2)
-            total = float(counts[0]) * self.world
-            correct = round(total) if exact else total
-            compiled.set_state(counts[1:].astype(np.float64) * self.world)
-        acc = correct / max(1, len(labels))
-        if self.is_chief:
-            metric = self.spec.loss.metric
-            self.test_accuracy = acc
-            extra = compiled.results() or None
-            self.metrics.observe_eval(acc, metric)
-            self.metrics.update_status(test_metrics=extra)
-            self.tb.test_accuracy(self.step, acc, self.ipu.stats, metric, extra)
-            fields = _metric_fields(metric, acc)
-            self.report.emit(events.Eval(step=self.step, **fields, test_metrics=extra))
-        return acc
-
     def _output_losses(self) -> dict | None:
         """A model with several outputs: this worker's last step's loss per output."""
         parts = self.ipu.output_losses
         return None if parts is None else self.spec.loss.named(parts)
-
-    def _evaluate_outputs(self, n: int) -> None:
-        """A model with several outputs: each one's test loss and metric, summed over the
-        workers like the accuracy (tag -3), recorded and reported by the chief."""
-        trained = len(getattr(self.spec.loss, "trained", ()))
-        if not trained:
-            return
-        own = self.ipu.eval_sums
-        sums = np.array(own, np.float32) if n and own is not None else np.zeros(2 * trained)
-        sums = sums.astype(np.float32)
-        if self.world > 1:
-            self.collective.allreduce_mean_(sums, step=self.step, tag=-3)
-            sums *= self.world
-        if self.is_chief:
-            self.test_outputs = self.spec.loss.named_eval(sums, len(self.data.test))
-            self.metrics.update_status(test_outputs=self.test_outputs)
-            if self.tb.on:
-                self.tb.scalars(self.step, {f"test/{k}": v for k, v in self.test_outputs.items()})
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:
         """One synchronous step; returns (loss, seconds, its communication statistics)."""
@@ -575,7 +479,7 @@ class Trainer:
         cfg, total = self.cfg, self.total_steps
         first = self.step
         loss = float("nan")
-        tput = _Throughput()
+        tput = Throughput()
         train_s = 0.0
         last_report = 0.0
         self.metrics.update_status(phase="Training", step=self.step, epoch=self.position.epoch)
@@ -631,7 +535,7 @@ class Trainer:
             steps=self.step,
             epoch=self.position.epoch,
             loss=None if np.isnan(loss) else round(loss, 6),
-            **_metric_fields(self.spec.loss.metric, self.test_accuracy),
+            **metric_fields(self.spec.loss.metric, self.test_accuracy),
             outputs=self._output_losses(),
             test_outputs=self.test_outputs,
             samples_per_s=round(done * self.sharder.global_batch / train_s, 1)
