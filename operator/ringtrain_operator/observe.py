@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import math
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -37,6 +38,12 @@ log = logging.getLogger(__name__)
 #: pod IP → the chief's ``/status`` as a dict; None when nothing answers (yet);
 #: :class:`ringtrain.events.StatusRefused` when what answers is no status document.
 LiveStatusFetcher = Callable[[str], "Mapping[str, Any] | None"]
+
+
+def _intern(value: Any) -> Any:
+    """One shared copy of a short repeated string: the pod informer keeps an ObservedPod per pod,
+    and each watch event parses role, phase, limit and reason anew (issue 22, memory per job)."""
+    return sys.intern(value) if isinstance(value, str) and len(value) <= 64 else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,20 +115,20 @@ class ObservedPod:
         )
         return cls(
             name=meta.get("name", ""),
-            role=role,
+            role=_intern(role),
             index=int(str(index)),
-            phase=phase,
+            phase=_intern(phase),
             ready=ready,
             restarts=sum(int(c.get("restartCount") or 0) for c in cstats),
             exit_code=term.get("exitCode"),
-            exit_reason=term.get("reason") or st.get("reason"),
+            exit_reason=_intern(term.get("reason") or st.get("reason")),
             deleting=bool(meta.get("deletionTimestamp")),
             restarting=restarting,
             last_exit_code=last.get("exitCode"),
-            last_exit_reason=last.get("reason"),
+            last_exit_reason=_intern(last.get("reason")),
             termination_message=term.get("message"),
             pod_ip=st.get("podIP"),
-            memory_limit=str(limit)[:64] if limit is not None else None,
+            memory_limit=_intern(str(limit)[:64]) if limit is not None else None,
         )
 
 
