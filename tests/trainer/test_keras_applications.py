@@ -183,7 +183,7 @@ def _mobilenet_v3():
 
 def _convnext():
     return keras.applications.ConvNeXtTiny(
-        weights=None, include_top=True, input_shape=(32, 32, 3), classes=4
+        weights=None, include_top=True, input_shape=(32, 32, 3), classes=10
     )
 
 
