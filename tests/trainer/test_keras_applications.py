@@ -181,9 +181,17 @@ def _mobilenet_v3():
     )
 
 
+def _convnext():
+    return keras.applications.ConvNeXtTiny(
+        weights=None, include_top=True, input_shape=(32, 32, 3), classes=10
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("build", [_efficientnet, _mobilenet_v3], ids=["efficientnet", "mnv3"])
+@pytest.mark.parametrize(
+    "build", [_efficientnet, _mobilenet_v3, _convnext], ids=["efficientnet", "mnv3", "convnext"]
+)
 def test_applications_models_follow_keras_loss_curve(build, tmp_path, rng):
     """Shrunk ``keras.applications`` models (dropout off: Keras' masks cannot be reproduced),
     1 worker with the global batch (BatchNormalization couples the batch): the same loss at
