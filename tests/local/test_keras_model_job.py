@@ -96,7 +96,7 @@ def test_the_keras_model_example_trains_and_keras_loads_what_it_exports(tmp_path
 def test_ringtrain_run_refuses_an_unsupported_inline_model_before_starting_anything(tmp_path):
     doc = yaml.safe_load(EXAMPLE.read_text())
     dense = doc["spec"]["trainer"]["model"]["config"]["layers"][-2]["config"]
-    dense["activity_regularizer"] = {"class_name": "L2", "config": {"l2": 0.01}}
+    dense["kernel_regularizer"] = {"class_name": "OrthogonalRegularizer", "config": {}}
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(doc))
     proc = subprocess.run(
@@ -106,5 +106,5 @@ def test_ringtrain_run_refuses_an_unsupported_inline_model_before_starting_anyth
         timeout=120,
     )
     assert proc.returncode == 2
-    assert "spec.trainer.model: layer 'dense' (Dense): activity_regularizer=" in proc.stderr
+    assert "spec.trainer.model: layer 'dense' (Dense): kernel_regularizer=" in proc.stderr
     assert not (tmp_path / "run" / "pods").exists()  # no process was started
