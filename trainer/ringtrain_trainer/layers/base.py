@@ -41,6 +41,9 @@ class Layer:
 
     kind = "layer"
     name = ""
+    #: one example's input and output shapes (set by each op's constructor)
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
     #: batch statistics: the replica's batch must not be split across host threads
     batch_coupled = False
 
@@ -55,6 +58,15 @@ class Layer:
 
     def bind(self, ws: dict, b: int) -> None:
         pass
+
+    def out_and_dx(self, b: int, train: bool, need_dx: bool) -> dict:
+        """The buffers of an op that writes one output and, when trained with an input
+        gradient, one input-shaped gradient: what ``buffers`` of most shape and elementwise
+        ops is, or starts from."""
+        bufs = {"out": ((b, *self.out_shape), "f")}
+        if train and need_dx:
+            bufs["dx"] = ((b, *self.in_shape), "f")
+        return bufs
 
     def backward_local(self, ws: dict, dout: np.ndarray) -> None:
         """The gradient through the op's own fused tail (its activation, its pooling) that both
@@ -93,10 +105,7 @@ class Elementwise(Layer):
         self.act, self.scale, self.offset = act, scale, offset
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b, *self.out_shape), "f")}
-        if train and need_dx:
-            bufs["dx"] = ((b, *self.in_shape), "f")
-        return bufs
+        return self.out_and_dx(b, train, need_dx)
 
     def flops(self, b, train, need_dx):
         return b * math.prod(self.out_shape) * (1 + train)

@@ -23,11 +23,9 @@ class PReLU(Layer):
         return [ParamSpec(layer, "alpha", self.alpha_shape, 0, 0, False)]
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b, *self.out_shape), "f"), "m": ((b, *self.in_shape), "f")}
+        bufs = {**self.out_and_dx(b, train, need_dx), "m": ((b, *self.in_shape), "f")}
         if train:
             bufs["neg"] = ((b, *self.in_shape), "f")
-        if train and need_dx:
-            bufs["dx"] = ((b, *self.in_shape), "f")
         return bufs
 
     def forward(self, ws, x, alpha):

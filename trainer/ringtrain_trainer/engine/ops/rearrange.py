@@ -22,10 +22,7 @@ class Permute(Layer):
         self.out_shape = tuple(self.in_shape[d - 1] for d in self.dims)
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b, *self.out_shape), "f")}
-        if train and need_dx:
-            bufs["dx"] = ((b, *self.in_shape), "f")
-        return bufs
+        return self.out_and_dx(b, train, need_dx)
 
     def forward(self, ws, x):
         x = x.reshape(x.shape[0], *self.in_shape)
@@ -48,10 +45,7 @@ class RepeatVector(Layer):
         self.out_shape = (self.n, self.in_shape[0])
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b, *self.out_shape), "f")}
-        if train and need_dx:
-            bufs["dx"] = ((b, *self.in_shape), "f")
-        return bufs
+        return self.out_and_dx(b, train, need_dx)
 
     def forward(self, ws, x):
         np.copyto(ws["out"], x.reshape(x.shape[0], 1, -1))

@@ -28,9 +28,7 @@ class ChannelScale(Layer):
         return [ParamSpec(layer, "gamma", (c,), 0, 0, False)] if self.trained else []
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b, *self.out_shape), "f")}
-        if train and need_dx:
-            bufs["dx"] = ((b, *self.in_shape), "f")
+        bufs = self.out_and_dx(b, train, need_dx)
         if train and self.trained:
             bufs["prod"] = ((b, *self.in_shape), "f")
         return bufs

@@ -52,10 +52,7 @@ class Border(Layer):
         return big[(slice(None), *self.window)]
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b, *self.out_shape), "f")}
-        if train and need_dx:
-            bufs["dx"] = ((b, *self.in_shape), "f")
-        return bufs
+        return self.out_and_dx(b, train, need_dx)
 
     def bind(self, ws, b):
         ws["out"].fill(0)
@@ -101,10 +98,7 @@ class UpSampling(Layer):
         return a.reshape(a.shape[0], h, sh, w, sw, a.shape[-1])
 
     def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b, *self.out_shape), "f")}
-        if train and need_dx:
-            bufs["dx"] = ((b, *self.in_shape), "f")
-        return bufs
+        return self.out_and_dx(b, train, need_dx)
 
     def forward(self, ws, x):
         x4 = x.reshape(x.shape[0], *self.hw, x.shape[-1])
