@@ -7,6 +7,7 @@ import io
 
 import numpy as np
 
+from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.worker import Trainer
@@ -45,3 +46,17 @@ def train_beside_keras(km, x, y, tmp_path, steps: int, batch: int, n_train: int 
 
 def _splits(n: int) -> list[tuple[str, slice]]:
     return [("train", slice(None, n)), ("test", slice(n, None))]
+
+
+def logits(t, x) -> np.ndarray:
+    """What trainer ``t``'s model outputs for ``x`` in inference (its IPU program, outside
+    training: no dropout, noise or augmentation), before the softmax the loss folds in."""
+    prog = M.Program(t.spec, len(x), False, state=t.ipu.state)
+    prog.x[:] = x.reshape(prog.x.shape)
+    return prog.forward(t.spec.views(t.params)).copy()
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    """Rows of ``z`` as Keras' predict returns a softmax model's output."""
+    e = np.exp(z - z.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)

@@ -21,6 +21,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import onnxruntime as ort
+from support.keras_steps import logits, softmax
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import model as M
@@ -85,23 +86,16 @@ def test_flip_model_predicts_like_keras_trains_and_exports_the_identity(tmp_path
     y = rng.integers(0, 3, 64)
     t = _trainer(km, x, y, tmp_path)
     try:
-        ev = M.Program(t.spec, 16, False, state=t.ipu.state)
-        ev.x[:] = x[48:]
-        logits = ev.forward(t.spec.views(t.params)).copy()
-        mine = np.exp(logits - logits.max(1, keepdims=True))
-        want = km.predict(x[48:], verbose=0)
-        np.testing.assert_allclose(mine / mine.sum(1, keepdims=True), want, atol=2e-5)
+        z = logits(t, x[48:])
+        np.testing.assert_allclose(softmax(z), km.predict(x[48:], verbose=0), atol=2e-5)
         before = t.params.copy()
         losses = [t.train_one_step()[0] for _ in range(4)]
         assert np.all(np.isfinite(losses)) and not np.array_equal(t.params, before)
-        ev.x[:] = x[48:]
-        logits = ev.forward(t.spec.views(t.params)).copy()
+        want = softmax(logits(t, x[48:]))
         config = t.spec.keras_config()
         weights = t.spec.keras_weights(t.params, t.ipu.state)
     finally:
         t.close()
-    want = np.exp(logits - logits.max(1, keepdims=True))
-    want /= want.sum(1, keepdims=True)
     back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))
     assert back.layers[1].get_config()["mode"] == "horizontal"
     np.testing.assert_allclose(back.predict(x[48:], verbose=0), want, atol=2e-5)
@@ -189,16 +183,12 @@ def test_image_from_scratch_augmentation_predicts_like_keras_and_trains(tmp_path
     y = rng.integers(0, 3, 64)
     t = _trainer(km, x, y, tmp_path)
     try:
-        ev = M.Program(t.spec, 16, False, state=t.ipu.state)
-        ev.x[:] = x[48:]
-        logits = ev.forward(t.spec.views(t.params)).copy()
-        mine = np.exp(logits - logits.max(1, keepdims=True))
-        want = km.predict(x[48:], verbose=0)
-        np.testing.assert_allclose(mine / mine.sum(1, keepdims=True), want, atol=2e-5)
+        z = logits(t, x[48:])
+        np.testing.assert_allclose(softmax(z), km.predict(x[48:], verbose=0), atol=2e-5)
         tr = M.Program(t.spec, 16, True, state=t.ipu.state)
         tr.x[:] = x[48:]
         tr.ctx.update(seed=1, step=0, example0=0)
-        assert not np.allclose(tr.forward(t.spec.views(t.params)), logits, atol=1e-4)
+        assert not np.allclose(tr.forward(t.spec.views(t.params)), z, atol=1e-4)
         before = t.params.copy()
         losses = [t.train_one_step()[0] for _ in range(4)]
         assert np.all(np.isfinite(losses)) and not np.array_equal(t.params, before)

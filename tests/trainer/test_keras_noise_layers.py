@@ -18,6 +18,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import onnxruntime as ort
+from support.keras_steps import logits, softmax
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import model as M
@@ -123,28 +124,20 @@ def test_noise_models_predict_like_keras_train_and_export_the_identity(tmp_path,
     args += ["--ipu-host-threads", "1", "--json", "--checkpoint-dir", str(tmp_path / "ck")]
     t = Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), out=io.StringIO())
     try:
-        ev = M.Program(t.spec, 16, False, state=t.ipu.state)
-        ev.x[:] = x[32:]
-        logits = ev.forward(t.spec.views(t.params)).copy()
-        mine = np.exp(logits - logits.max(1, keepdims=True))
-        np.testing.assert_allclose(
-            mine / mine.sum(1, keepdims=True), km.predict(x[32:], verbose=0), atol=2e-5
-        )
+        z = logits(t, x[32:])
+        np.testing.assert_allclose(softmax(z), km.predict(x[32:], verbose=0), atol=2e-5)
         tr = M.Program(t.spec, 16, True, state=t.ipu.state)
         tr.x[:] = x[32:]
         tr.ctx.update(seed=1, step=0, example0=0)
-        assert not np.allclose(tr.forward(t.spec.views(t.params)), logits, atol=1e-3)
+        assert not np.allclose(tr.forward(t.spec.views(t.params)), z, atol=1e-3)
         before = t.params.copy()
         losses = [t.train_one_step()[0] for _ in range(4)]
         assert np.all(np.isfinite(losses)) and not np.array_equal(t.params, before)
-        ev.x[:] = x[32:]
-        logits = ev.forward(t.spec.views(t.params)).copy()
+        want = softmax(logits(t, x[32:]))
         config = t.spec.keras_config()
         weights = t.spec.keras_weights(t.params, t.ipu.state)
     finally:
         t.close()
-    want = np.exp(logits - logits.max(1, keepdims=True))
-    want /= want.sum(1, keepdims=True)
     back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))
     assert [type(layer).__name__ for layer in back.layers][1:3] == ["GaussianNoise", "AlphaDropout"]
     np.testing.assert_allclose(back.predict(x[32:], verbose=0), want, atol=2e-5)
