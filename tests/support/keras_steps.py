@@ -48,11 +48,14 @@ def _splits(n: int) -> list[tuple[str, slice]]:
     return [("train", slice(None, n)), ("test", slice(n, None))]
 
 
-def logits(t, x) -> np.ndarray:
+def logits(t, x, training: bool = False) -> np.ndarray:
     """What trainer ``t``'s model outputs for ``x`` in inference (its IPU program, outside
-    training: no dropout, noise or augmentation), before the softmax the loss folds in."""
-    prog = M.Program(t.spec, len(x), False, state=t.ipu.state)
+    training: no dropout, noise or augmentation), before the softmax the loss folds in;
+    ``training``: its training program's forward at seed 1, step 0 (the random layers drawn)."""
+    prog = M.Program(t.spec, len(x), training, state=t.ipu.state)
     prog.x[:] = x.reshape(prog.x.shape)
+    if training:
+        prog.ctx.update(seed=1, step=0, example0=0)
     return prog.forward(t.spec.views(t.params)).copy()
 
 
