@@ -37,7 +37,8 @@ def train_beside_keras(km, x, y, tmp_path, steps: int, batch: int, n_train: int 
             idx = t.sharder.indices(pos.epoch, pos.batch).copy()
             ours.append(t.train_one_step()[0])
             xb = {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
-            theirs.append(float(km.train_on_batch(xb, y[idx])))
+            got = km.train_on_batch(xb, y[idx])  # [loss, *metrics] where compiled with some
+            theirs.append(float(got[0] if isinstance(got, list) else got))
     except BaseException:
         t.close()
         raise

@@ -63,7 +63,7 @@ def test_float_images_are_used_as_they_are(tmp_path):
         ({"x_train": np.zeros((12, 6, 5), np.bool_)}, "dtype bool; expected uint8, integer"),
         ({"y_train": np.zeros((12, 3), np.uint8)}, r"y_train labels are float32 \(3,\) per"),
         ({"y_train": np.zeros(12, np.float32)}, r"y_train labels are float32 \(1,\) per"),
-        ({"y_train": np.zeros((12, 2, 2), np.float32)}, r"y_train has shape \(12, 2, 2\)"),
+        ({"y_train": np.zeros((12, 2, 2), np.float32)}, r"y_train labels are float32 \(2, 2\) per"),
         ({"y_train": np.full(12, np.nan, np.float32)}, "y_train has a NaN"),
         ({"y_train": np.full(12, -1, np.int64)}, "negative label -1"),
         (
@@ -172,9 +172,9 @@ def test_worker_refuses_data_the_model_cannot_take(tmp_path, capsys):
 
 
 def _loss(name: str, act: str | None = None):
-    from ringtrain_trainer.engine import losses as LS
+    from ringtrain_trainer.engine import loss_spec as LSP
 
-    return LS.fold(LS.parse(name), act)
+    return LSP.fold(LSP.parse(name), act)
 
 
 def test_tables_token_ids_and_every_label_form_load_and_conform_to_the_loss(tmp_path):

@@ -217,9 +217,9 @@ def test_a_frozen_model_is_refused_and_frozen_layers_are_held_as_state():
 
 
 def test_shape_and_loss_mistakes_are_refused_before_anything_runs():
-    # Dense runs on any rank (the last axis, as Keras), so this model is valid; its output isn't
-    with pytest.raises(InvalidSpec, match=r"the output shape is \(8, 8, 2\); a loss per position"):
-        KM.from_config(seq((8, 8, 1), layer("Dense", "dd", units=2)))
+    # Dense runs on any rank (the last axis, as Keras); one unit is no classifier's output
+    with pytest.raises(InvalidSpec, match=r"the output shape is \(8, 8, 1\); a classifier needs"):
+        KM.from_config(seq((8, 8, 1), layer("Dense", "dd", units=1)))
     with pytest.raises(InvalidSpec, match="from_logits=False needs a model whose last layer"):
         KM.from_config(seq((4,), layer("Dense", units=2), from_logits=False))
     with pytest.raises(

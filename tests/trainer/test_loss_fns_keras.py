@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer.engine import loss_fns
+from ringtrain_trainer.engine import loss_spec as LSP
 from ringtrain_trainer.engine import losses as LS
 from ringtrain_trainer.engine.program import Program
 
@@ -59,8 +60,8 @@ def values(kind, rng, shape=(B, K)):
 
 @pytest.mark.parametrize("cls, alias, zkind, ykind", CASES, ids=lambda v: str(v))
 def test_value_and_gradient_equal_keras(cls, alias, zkind, ykind, rng):
-    spec = LS.fold(LS.parse(alias), None)
-    assert spec.name == cls and LS.parse({"class_name": cls, "config": {}}).name == cls
+    spec = LSP.fold(LSP.parse(alias), None)
+    assert spec.name == cls and LSP.parse({"class_name": cls, "config": {}}).name == cls
     z, y = values(zkind, rng), values(ykind, rng)
     zt = tf.Variable(z)
     with tf.GradientTape() as tape:
@@ -80,9 +81,9 @@ def test_value_and_gradient_equal_keras(cls, alias, zkind, ykind, rng):
 
 def test_unsupported_loss_arguments_are_refused_by_name():
     with pytest.raises(Exception, match=r"compile_config.loss.config.axis=0"):
-        LS.parse({"class_name": "CosineSimilarity", "config": {"axis": 0}})
+        LSP.parse({"class_name": "CosineSimilarity", "config": {"axis": 0}})
     with pytest.raises(Exception, match=r"compile_config.loss='binary_focal_crossentropy'"):
-        LS.parse("binary_focal_crossentropy")
+        LSP.parse("binary_focal_crossentropy")
 
 
 @pytest.mark.parametrize(
@@ -105,7 +106,7 @@ def test_ten_sgd_steps_equal_keras_train_on_batch(loss, act, ykind, tmp_path, rn
     km.save(path)
     assert zipfile.is_zipfile(path)
     spec = KM.load(str(path))
-    assert spec.config.loss.name == LS.parse(loss).name
+    assert spec.config.loss.name == LSP.parse(loss).name
     flat = spec.init(0)
     views, grads = spec.views(flat), np.zeros_like(flat)
     gviews = spec.views(grads)

@@ -15,6 +15,7 @@ from ringtrain_trainer.checkpoint import CheckpointManager
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data import Dataset, Split
 from ringtrain_trainer.data_npz import check_fits, load_npz
+from ringtrain_trainer.engine import loss_spec as LSP
 from ringtrain_trainer.engine import losses as LS
 from ringtrain_trainer.evaluator import Evaluator
 from ringtrain_trainer.metrics import TrainerMetrics
@@ -82,19 +83,22 @@ def test_a_probability_loss_needs_its_activation_or_from_logits():
 @pytest.mark.parametrize(
     "loss, act", [("sparse_categorical_crossentropy", "softmax"), ("mse", "linear")]
 )
-def test_a_per_timestep_output_is_refused_naming_its_shape(loss, act):
+def test_a_per_timestep_output_reads_a_loss_per_position(loss, act):
     # a tagger's head, Dense(num_tags, softmax) on (batch, T, features); issue 19
     m = seq((20, 4), layer("Dense", "o", units=5, activation=act))
     m["compile_config"] = {"loss": loss, "metrics": None}
-    with pytest.raises(InvalidSpec, match=r"output shape is \(20, 5\); a loss per position"):
-        KM.from_config(m)
+    spec = KM.from_config(m).loss
+    assert (spec.out_shape, spec.positions) == ((20, 5), 20)
+    loss_ = LS.Loss(spec, 3, 5)
+    assert loss_.labels.shape == ((3, 20) if spec.kind == "sparse" else (3, 100))
+    assert loss_.grad.shape == (3, 20, 5)  # shaped like the output, for its backward
 
 
 @pytest.mark.parametrize(
     "loss, metric",
     [
         ("mse", "accuracy"),
-        ("binary_crossentropy", "mae"),
+        ("binary_crossentropy", "logcosh"),
         ("categorical_crossentropy", "cosine_similarity"),
     ],
 )
@@ -112,7 +116,7 @@ def test_the_folded_activation_leaves_the_model_and_a_regression_output_keeps_it
     assert mse.loss.folded is None and mse.layers[-1].act == "sigmoid"
     assert mse.loss.describe() == "MeanSquaredError()"
     cnn = KM.load("cnn").loss  # the presets: sparse cross-entropy from logits, as before
-    assert (cnn.name, cnn.arg("from_logits"), cnn.folded) == (LS.DEFAULT.name, True, None)
+    assert (cnn.name, cnn.arg("from_logits"), cnn.folded) == (LSP.DEFAULT.name, True, None)
 
 
 def _ds(y_train, y_test=None):
@@ -127,12 +131,12 @@ def _ds(y_train, y_test=None):
         ("sparse_categorical_crossentropy", np.eye(3, dtype=np.float32), "needs integer class"),
         ("categorical_crossentropy", np.arange(3), "has integer class ids; Categorical"),
         ("categorical_crossentropy", np.full((3, 3), 1 / 3, np.float32), "needs one-hot rows"),
-        ("binary_crossentropy", np.full((3, 3), 0.5, np.float32), "needs labels of 0 or 1"),
+        ("binary_crossentropy", np.full((3, 3), 1.5, np.float32), "needs labels between 0 and 1"),
         ("mse", np.zeros((3, 2), np.float32), "has rows of 2; MeanSquaredError needs float rows"),
     ],
 )
 def test_labels_that_do_not_suit_the_loss_are_refused_naming_file_and_array(loss, y, words):
-    spec = LS.fold(LS.parse(loss), {"binary_crossentropy": "sigmoid"}.get(loss, "softmax"))
+    spec = LSP.fold(LSP.parse(loss), {"binary_crossentropy": "sigmoid"}.get(loss, "softmax"))
     with pytest.raises(DataError, match=f"d.npz: y_train.*{words}"):
         check_fits(_ds(y), (4,), 3, "d.npz", spec)
 
@@ -182,7 +186,7 @@ def test_a_worker_trains_and_evaluates_each_family_and_names_its_loss(
         assert final["test_accuracy"] is None and 0 < final["test_mae"] < 10
     else:
         assert 0 <= final["test_accuracy"] <= 1 and "test_mae" not in final
-    name = LS.parse(loss).name
+    name = LSP.parse(loss).name
     assert f"loss {name}(" in capsys.readouterr().err
     state, _ = CheckpointManager(tmp_path / "ck").load_latest()
     assert state.loss_config["keras"]["class_name"] == name
@@ -243,10 +247,14 @@ def test_the_presets_sparse_entry_is_the_old_fused_path_bit_for_bit(rng):
     ],
 )
 def test_the_memory_plan_counts_what_the_loss_allocates(doc):
-    spec = LS.DEFAULT if doc is None else LS.parse(doc)
-    spec = LS.fold(spec, "sigmoid" if spec.kind == "binary" else "softmax")
+    spec = LSP.DEFAULT if doc is None else LSP.parse(doc)
+    spec = LSP.fold(spec, "sigmoid" if spec.kind == "binary" else "softmax")
     loss = LS.Loss(spec, 8, 3)
-    arrays = [v for k, v in vars(loss).items() if isinstance(v, np.ndarray) and k != "arange"]
+    arrays = [
+        v
+        for k, v in vars(loss).items()
+        if isinstance(v, np.ndarray) and k != "arange" and v.base is None  # views own nothing
+    ]
     labels, work = LS.buffer_bytes(spec, 8, 3)
     assert labels == loss.labels.nbytes
     assert work == sum(a.nbytes for a in arrays) - labels

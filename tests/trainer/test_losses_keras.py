@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from ringtrain_trainer import keras_model as KM
+from ringtrain_trainer.engine import loss_spec as LSP
 from ringtrain_trainer.engine import losses as LS
 from ringtrain_trainer.engine.program import Program
 
@@ -64,7 +65,7 @@ def keras_value_and_grad(cls, cfg, act, z, y):
 
 @pytest.mark.parametrize("cls, cfg, act, kind, k", CASES, ids=lambda v: str(v))
 def test_value_and_gradient_equal_keras(cls, cfg, act, kind, k, rng):
-    spec = LS.fold(LS.parse({"class_name": cls, "config": cfg}), act)
+    spec = LSP.fold(LSP.parse({"class_name": cls, "config": cfg}), act)
     assert spec.folded == act
     z = rng.normal(0, 2, (B, k)).astype(np.float32)
     y = labels(kind, k, rng)
@@ -98,7 +99,7 @@ def test_a_training_step_allocates_nothing_proportional_to_the_batch(rng):
     """numpy's reductions keep a fixed-size buffer (8192 elements) whatever the batch; the
     sparse entries' fancy-indexed pick is one value per row, as before the registry."""
     for cls, cfg, act, kind, _ in CASES:
-        spec = LS.fold(LS.parse({"class_name": cls, "config": cfg}), act)
+        spec = LSP.fold(LSP.parse({"class_name": cls, "config": cfg}), act)
         small = _step_peak_bytes(spec, kind, 256, 64, rng)
         big = _step_peak_bytes(spec, kind, 4096, 64, rng)
         assert big - small < 24 * (4096 - 256), (cls, small, big)  # not the 64 values a row
@@ -106,7 +107,7 @@ def test_a_training_step_allocates_nothing_proportional_to_the_batch(rng):
 
 def test_a_training_step_allocates_nothing_new(rng):
     for cls, cfg, act, kind, k in CASES:
-        loss = LS.Loss(LS.fold(LS.parse({"class_name": cls, "config": cfg}), act), B, k)
+        loss = LS.Loss(LSP.fold(LSP.parse({"class_name": cls, "config": cfg}), act), B, k)
         np.copyto(loss.labels, labels(kind, k, rng))
         z = rng.normal(0, 1, (B, k)).astype(np.float32)
         before = {id(v) for v in vars(loss).values() if isinstance(v, np.ndarray)}
@@ -130,17 +131,17 @@ def test_a_training_step_allocates_nothing_new(rng):
     ],
 )
 def test_both_keras_spellings_name_the_same_entry(alias, cls):
-    assert LS.parse(alias).name == cls
+    assert LSP.parse(alias).name == cls
     # compile(loss=<the function>) as Keras' compile_config records it
     if alias[0].islower():
         m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
         m.compile("sgd", keras.losses.get(alias))
-        assert LS.parse(m.get_compile_config()["loss"]).name == cls
+        assert LSP.parse(m.get_compile_config()["loss"]).name == cls
     # the class form as Keras itself serializes it
     doc = keras.losses.serialize(keras.losses.get(alias))
     doc = doc if isinstance(doc, dict) else {"class_name": doc}
-    if isinstance(doc, dict) and doc.get("class_name") in LS.SUPPORTED:
-        assert LS.parse(doc).name == cls
+    if isinstance(doc, dict) and doc.get("class_name") in LSP.SUPPORTED:
+        assert LSP.parse(doc).name == cls
 
 
 # -- end to end: a tiny .keras model, ten SGD steps, the same losses as train_on_batch ----------

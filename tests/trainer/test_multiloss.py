@@ -7,7 +7,8 @@ from support.gradcheck import check_model, gradcheck
 
 from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer import model as M
-from ringtrain_trainer.engine.losses import Loss, LossSpec
+from ringtrain_trainer.engine.loss_spec import LossSpec
+from ringtrain_trainer.engine.losses import Loss
 from ringtrain_trainer.engine.multiloss import Head, MultiLoss, MultiLossSpec
 
 SPARSE = LossSpec("SparseCategoricalCrossentropy", {"from_logits": True})

@@ -190,7 +190,7 @@ class Status(_Record):
     #: the optimizer that runs (Keras serialization, its source: the model's compile settings
     #: or the flags that replaced them); None until the trainer is built
     optimizer: dict | None = None
-    #: the loss that runs (``engine.losses.LossSpec.record``: Keras serialization, summary);
+    #: the loss that runs (``engine.loss_spec.LossSpec.record``: Keras serialization, summary);
     #: None until the trainer is built
     loss_fn: dict | None = None
     #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``

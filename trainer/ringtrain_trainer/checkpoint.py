@@ -96,7 +96,7 @@ class TrainingState:
     #: the optimizer that ran (``optim.OptimizerSpec.record``: Keras serialization, source);
     #: None in checkpoints written before it was recorded
     optimizer_config: dict | None = None
-    #: the loss that ran (``engine.losses.LossSpec.record``); None in older checkpoints
+    #: the loss that ran (``engine.loss_spec.LossSpec.record``); None in older checkpoints
     loss_config: dict | None = None
     #: the run's precision (fp16/fp32), so an export keeps an fp16 run's dtype policy; None in
     #: older checkpoints

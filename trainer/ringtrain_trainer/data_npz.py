@@ -28,7 +28,7 @@ import numpy as np
 from ringtrain.errors import DataError
 from ringtrain_trainer import data_multi
 from ringtrain_trainer.data import Dataset, Split
-from ringtrain_trainer.engine.losses import LossSpec
+from ringtrain_trainer.engine.loss_spec import LossSpec
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -63,7 +63,8 @@ def _features(path: Path, key: str, x: np.ndarray) -> np.ndarray:
 
 def _labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
     """Integer class ids ``(n,)`` / ``(n, 1)`` → int64 ``(n,)``; anything else numeric (one-hot
-    or {0, 1} rows, regression targets) → float32 ``(n, k)``. Whether they suit the model's loss
+    or {0, 1} rows, regression targets) → float32 ``(n, k)``, or ``(n, *shape)`` for a loss per
+    position (a tag per timestep, a value per pixel). Whether they suit the model's loss
     is :func:`conform`'s and :func:`check_labels`' to say, once the model is known."""
     if y.dtype == np.bool_ or not (
         np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)
@@ -76,8 +77,6 @@ def _labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
         return y.astype(np.int64)
     if y.ndim == 1:
         y = y[:, None]
-    if y.ndim != 2:
-        raise DataError(f"{path}: {key} has shape {y.shape}; expected (n,) or (n, k) labels")
     if not np.all(np.isfinite(y)):
         raise DataError(f"{path}: {key} has a NaN or infinite label")
     return np.ascontiguousarray(y, np.float32)
@@ -178,6 +177,8 @@ def conform(dataset: Dataset, loss: LossSpec, k: int) -> Dataset:
     float32 ``(n, 1)``. Anything else stays as loaded, for :func:`check_labels` to judge."""
 
     def labels(y: np.ndarray) -> np.ndarray:
+        if loss.positions > 1:
+            return _per_position(y, loss, k)
         ids = loss.kind == "sparse" and y.ndim == 2 and y.shape[1] == 1 and len(y) > 0
         if ids and y.min() >= 0 and np.array_equal(y, np.round(y)):
             return y.reshape(len(y)).astype(np.int64)
@@ -189,12 +190,39 @@ def conform(dataset: Dataset, loss: LossSpec, k: int) -> Dataset:
     return replace(dataset, train=train, test=test)
 
 
+def _per_position(y: np.ndarray, loss: LossSpec, k: int) -> np.ndarray:
+    """Labels for a loss per position, one row per example as the loss's buffer holds them:
+    class ids ``(n, *positions)`` or ``(n, *positions, 1)`` → int64 ``(n, P)``; values shaped
+    like the output ``(n, *positions, k)`` (or ``(n, *positions)`` for one unit, which Keras
+    expands) → float32 ``(n, P * k)``. Anything else stays, for :func:`check_labels`."""
+    n, where = len(y), loss.out_shape[:-1]
+    if loss.kind == "sparse":
+        ids = y.shape[1:] in (where, (*where, 1)) and n and y.min() >= 0
+        if ids and np.array_equal(y, np.round(y)):
+            return y.reshape(n, loss.positions).astype(np.int64)
+        return y
+    if y.shape[1:] == loss.out_shape or (k == 1 and y.shape[1:] == where):
+        return np.ascontiguousarray(y.reshape(n, loss.positions * k), np.float32)
+    return y
+
+
 def check_labels(y: np.ndarray, k: int, loss: LossSpec, where: str) -> None:
     """Integer class ids below ``k`` for sparse cross-entropy (its ``ignore_class`` too),
-    one-hot rows of ``k`` for categorical, {0, 1} rows of ``k`` for binary, float rows of ``k``
-    (the output's shape) for regression."""
+    one-hot rows of ``k`` for categorical, rows of ``k`` in [0, 1] for binary, float rows of ``k``
+    (the output's shape) for regression; a per-position loss: the same at every position."""
     kind, name = loss.kind, loss.name
     what = f"{where} ({y.dtype} {tuple(y.shape)})"
+    if loss.positions > 1:
+        shape = ", ".join(map(str, loss.out_shape[:-1] if kind == "sparse" else loss.out_shape))
+        width = loss.positions * (1 if kind == "sparse" else k)
+        if y.ndim != 2 or y.shape[1] != width or (kind == "sparse" and y.dtype != np.int64):
+            raise DataError(
+                f"{what}: {name} on the model's output (batch, "
+                f"{', '.join(map(str, loss.out_shape))}) reads a loss per position and needs "
+                + ("integer class ids " if kind == "sparse" else "labels ")
+                + f"(n, {shape})"
+            )
+        y = y.reshape(-1) if kind == "sparse" else y.reshape(-1, k)
     if kind == "sparse":
         if y.ndim != 1:
             raise DataError(
@@ -207,15 +235,22 @@ def check_labels(y: np.ndarray, k: int, loss: LossSpec, where: str) -> None:
             raise DataError(f"{where}: label {top} is outside the model's {k} classes (0..{k - 1})")
         return
     if y.ndim != 2 or y.shape[1] != k:
-        got = "integer class ids" if y.ndim == 1 else f"rows of {y.shape[1]}"
+        got = (
+            "integer class ids"
+            if y.ndim == 1
+            else f"rows of {y.shape[1]}"
+            if y.ndim == 2
+            else f"{tuple(y.shape[1:])} per example"
+        )
         raise DataError(
             f"{what} has {got}; {name} needs float rows of {k} values, the model's output "
             + ("(one-hot rows)" if kind == "categorical" else "")
         )
     if kind == "categorical" and not (np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1)):
         raise DataError(f"{what}: {name} needs one-hot rows (one 1, the rest 0)")
-    if kind == "binary" and not np.all((y == 0) | (y == 1)):
-        raise DataError(f"{what}: {name} needs labels of 0 or 1")
+    if kind == "binary" and not np.all((y >= 0) & (y <= 1)):
+        # Keras takes any target in [0, 1] (an autoencoder's pixels), not only 0 and 1
+        raise DataError(f"{what}: {name} needs labels between 0 and 1")
 
 
 def raw_pixels_note(dataset: Dataset, spec, source: str | os.PathLike) -> str | None:

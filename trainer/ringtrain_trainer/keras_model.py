@@ -22,6 +22,7 @@ Going back, :meth:`KerasModel.keras_config` writes a Keras 3 config of the same 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -42,7 +43,7 @@ from ringtrain_trainer.keras.config import (
     free_input_shape,
     parse,
 )
-from ringtrain_trainer.keras.entry import Build
+from ringtrain_trainer.keras.entry import Build, without_folded
 from ringtrain_trainer.keras.mask_nodes import MaskWiring
 from ringtrain_trainer.keras.registry import REGISTRY
 from ringtrain_trainer.model import ModelSpec
@@ -161,7 +162,8 @@ class KerasModel(ModelSpec):
             else:
                 fold = heads[s.output] if last else None
                 try:
-                    op = REGISTRY[s.cls].build(s, list(s.in_shapes), Build(i, fold, roles))
+                    built = without_folded(s, fold)
+                    op = REGISTRY[s.cls].build(built, list(s.in_shapes), Build(i, fold, roles))
                 except ValueError as e:
                     raise InvalidSpec(f"model: layer {s.name!r} ({s.cls}): {e}") from None
             if reg is not None and (op is None or fold is not None):
@@ -196,7 +198,11 @@ class KerasModel(ModelSpec):
         if not ops:
             raise InvalidSpec("model: the config has no layer with weights or computation")
         outs = config.outputs or (config.output,)
-        widths = [outputs.output_width(config, ops, where, t) for t in outs]
+        shapes = [outputs.output_shape(config, ops, where, t) for t in outs]
+        widths = [s[-1] for s in shapes]
+        loss = config.loss
+        if len(shapes[0]) > 1:  # a loss per position: the loss reads every position's row
+            loss = dataclasses.replace(loss, out_shape=shapes[0])
         ins = config.inputs
         graph = Graph(
             nodes,
@@ -212,7 +218,7 @@ class KerasModel(ModelSpec):
         #: the IPU program's input shape: the Keras input after any leading Reshape/Flatten
         #: (same bytes, row-major); ``config.input_shape`` is what the Keras model takes
         super().__init__(
-            name, ops, tuple(ipu_input), sum(widths), graph=graph, loss=config.loss, ties=ties
+            name, ops, tuple(ipu_input), sum(widths), graph=graph, loss=loss, ties=ties
         )
         self.slots = weight_args.with_weight_args(self.slots, config.layers, owner)
         self.initial = initial  # (flat, state) from a .keras archive, or None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ringtrain_trainer.engine import losses, workspace
+from ringtrain_trainer.engine import loss_spec, workspace
 from ringtrain_trainer.engine.multiloss import loss_bytes
 from ringtrain_trainer.engine.program import accumulators
 
@@ -120,7 +120,7 @@ def plan_memory(
             )
         )
     labels, loss_work = loss_bytes(
-        getattr(spec, "loss", None) or losses.DEFAULT, batch, spec.num_classes, itemsize
+        getattr(spec, "loss", None) or loss_spec.DEFAULT, batch, spec.num_classes, itemsize
     )
     rows.append(
         LayerMemory(INPUT_ROW, data=batch * math.prod(spec.input_shape) * itemsize + labels)

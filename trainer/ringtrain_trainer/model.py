@@ -23,7 +23,7 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import plan
 from ringtrain_trainer.engine.graph import Graph
-from ringtrain_trainer.engine.losses import LossSpec
+from ringtrain_trainer.engine.loss_spec import LossSpec
 from ringtrain_trainer.engine.plan import GRAD_BLOCK_ELEMS
 from ringtrain_trainer.engine.program import Program
 from ringtrain_trainer.engine.tensor import ParamSpec, Slot

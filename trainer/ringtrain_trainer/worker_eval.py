@@ -32,7 +32,11 @@ class SharedEvaluation:
         lo = len(labels) * self.rank // self.world
         hi = len(labels) * (self.rank + 1) // self.world
         correct = 0.0
-        exact = self.spec.loss.kind in ("sparse", "categorical")  # whole counts
+        # whole counts (a per-position accuracy is a fraction of each example)
+        exact = (
+            self.spec.loss.kind in ("sparse", "categorical")
+            and getattr(self.spec.loss, "positions", 1) == 1
+        )
         compiled = keras_metrics.for_model(self.spec)
         if hi > lo:
             acc = self.ipu.evaluate(

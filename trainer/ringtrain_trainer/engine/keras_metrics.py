@@ -9,7 +9,7 @@ batch by batch with the program's output and the labels, and report ``results()`
 loss (``/status``, TensorBoard, the events). Metrics change no gradient. Numpy only.
 
 The program's output is the logits where the loss folded the model's final activation
-(``engine.losses.fold``); Keras' metrics read the model's output, so :meth:`MetricSet.update`
+(``engine.loss_spec.fold``); Keras' metrics read the model's output, so :meth:`MetricSet.update`
 applies that activation first. Each entry keeps Keras' running state (confusion counts per
 threshold, sums and counts) in float64 and its ``result`` is Keras' formula on it: AUC with
 Keras' 200 evenly spaced thresholds and its bucketing (``ceil(p * (T - 1)) - 1``), ROC or PR
@@ -86,6 +86,11 @@ class _Mean(_Metric):
 class MeanSquaredError(_Mean):
     def per_example(self, y, p):
         return np.mean((p - y) ** 2, axis=-1)
+
+
+class MeanAbsoluteError(_Mean):
+    def per_example(self, y, p):
+        return np.mean(np.abs(p - y), axis=-1)
 
 
 class MeanAbsolutePercentageError(_Mean):
@@ -265,6 +270,12 @@ ENTRIES: dict[str, tuple[type[_Metric], tuple[str, ...], dict, tuple[str, ...]]]
         {},
         ("regression", "binary", "categorical"),
     ),
+    "MeanAbsoluteError": (  # a regression loss reports it as its own metric
+        MeanAbsoluteError,
+        ("mean_absolute_error", "mae"),
+        {},
+        ("binary", "categorical"),
+    ),
     "MeanAbsolutePercentageError": (
         MeanAbsolutePercentageError,
         ("mean_absolute_percentage_error", "mape"),
@@ -297,7 +308,7 @@ def known(doc) -> bool:
 def parse(doc, kind: str) -> MetricSpec:
     """One ``compile_config.metrics`` entry (a string, or Keras' serialization of a metric)
     → :class:`MetricSpec`; refused naming the field where unsupported or where its labels are
-    not the loss's (``kind``: ``engine.losses.LossSpec.kind``)."""
+    not the loss's (``kind``: ``engine.loss_spec.LossSpec.kind``)."""
     if isinstance(doc, dict) and doc.get("class_name") == "function":
         doc = doc.get("config")
     if isinstance(doc, str):
@@ -343,9 +354,16 @@ class MetricSet:
     """The compiled metrics of one evaluation pass: ``update`` per batch, ``results`` at the
     end (``{name: value}``, Keras' names)."""
 
-    def __init__(self, specs: tuple[MetricSpec, ...] | list[MetricSpec], folded: str | None):
+    def __init__(
+        self,
+        specs: tuple[MetricSpec, ...] | list[MetricSpec],
+        folded: str | None,
+        per_position: bool = False,
+    ):
         self.specs = tuple(specs)
         self.folded = folded
+        #: a loss per position: every position of an example is a sample, as in Keras
+        self.per_position = per_position
         self.reset()
 
     def reset(self) -> None:
@@ -361,6 +379,9 @@ class MetricSet:
             p = np.exp(p - p.max(axis=-1, keepdims=True))
             p /= p.sum(axis=-1, keepdims=True)
         y = np.asarray(y)
+        if self.per_position:
+            p = p.reshape(-1, p.shape[-1])
+            y = y.reshape(len(p)) if y.size == len(p) else y.reshape(p.shape)
         for m in self.metrics:
             yy = y if isinstance(m, SparseTopKCategoricalAccuracy) else y.reshape(p.shape)
             m.update(yy.astype(np.float64) if yy.dtype.kind != "f" else yy, p)
@@ -387,4 +408,5 @@ def for_model(spec) -> MetricSet:
     """A fresh pass of a model's compiled metrics (``spec``: a ``keras_model.KerasModel``,
     whose ``config.metrics`` the compile settings gave; none for the presets)."""
     config = getattr(spec, "config", None)
-    return MetricSet(getattr(config, "metrics", ()), spec.loss.folded)
+    positions = getattr(spec.loss, "positions", 1)
+    return MetricSet(getattr(config, "metrics", ()), spec.loss.folded, positions > 1)

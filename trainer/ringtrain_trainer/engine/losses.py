@@ -1,8 +1,8 @@
-"""The loss registry: Keras loss class name → one entry, its value and its gradient with respect
-to the model's output side by side, used by training, the worker's evaluation and the Evaluator.
+"""The losses that run: each registry entry's (``engine.loss_spec``) value and its gradient with
+respect to the model's output side by side, used by training, the worker's evaluation and the
+Evaluator.
 
-Pipeline position: ``keras.compile.read`` calls :func:`parse` on ``compile_config.loss`` (refusing
-what is unsupported, naming the field, before anything runs); ``engine.program.Program`` builds
+Pipeline position: ``engine.program.Program`` builds
 one :class:`Loss` per compiled program (labels, gradient and workspace allocated once; a training
 step allocates nothing) and the evaluators call :meth:`Loss.total` / :meth:`Loss.score` on whole
 batches. Numpy only.
@@ -16,194 +16,25 @@ element-wise losses) summed and divided by the batch size.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import loss_fns
-
-WHERE = "compile_config.loss"
-
-#: Keras class name → (its string aliases, kind, the accepted config keys and their defaults)
-_ENTRIES: dict[str, tuple[tuple[str, ...], str, dict]] = {
-    "SparseCategoricalCrossentropy": (
-        ("sparse_categorical_crossentropy",),
-        "sparse",
-        {"from_logits": False, "ignore_class": None},
-    ),
-    "CategoricalCrossentropy": (
-        ("categorical_crossentropy",),
-        "categorical",
-        {"from_logits": False, "label_smoothing": 0.0, "axis": -1},
-    ),
-    "BinaryCrossentropy": (
-        ("binary_crossentropy",),
-        "binary",
-        {"from_logits": False, "label_smoothing": 0.0, "axis": -1},
-    ),
-    "MeanSquaredError": (("mean_squared_error", "mse"), "regression", {}),
-    "MeanAbsoluteError": (("mean_absolute_error", "mae"), "regression", {}),
-    "Huber": (("huber", "huber_loss"), "regression", {"delta": 1.0}),
-    # engine.loss_fns: value and gradient of each, Keras' epsilons
-    "Poisson": (("poisson",), "regression", {}),
-    "LogCosh": (("log_cosh", "logcosh"), "regression", {}),
-    "KLDivergence": (("kl_divergence", "kld", "kullback_leibler_divergence"), "regression", {}),
-    "MeanSquaredLogarithmicError": (("mean_squared_logarithmic_error", "msle"), "regression", {}),
-    "MeanAbsolutePercentageError": (("mean_absolute_percentage_error", "mape"), "regression", {}),
-    "Hinge": (("hinge",), "regression", {}),
-    "SquaredHinge": (("squared_hinge",), "regression", {}),
-    "CategoricalHinge": (("categorical_hinge",), "regression", {}),
-    "CosineSimilarity": (("cosine_similarity",), "regression", {"axis": -1}),
-}
-SUPPORTED = tuple(_ENTRIES)
-#: config keys every Keras loss has that change no number ringtrain computes
-_BOOKKEEPING = ("name", "dtype")
-REDUCTIONS = ("sum_over_batch_size", "auto", None)
-
-
-def _snake(name: str) -> str:
-    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
-    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
-
-
-_ALIASES = {a: cls for cls, (aliases, _, _) in _ENTRIES.items() for a in aliases}
-
-
-@dataclass(frozen=True)
-class LossSpec:
-    """A validated loss: its Keras class name and arguments (``from_logits`` as compiled;
-    ``folded``: the activation the loss reads through, folded away from the model)."""
-
-    name: str = "SparseCategoricalCrossentropy"
-    args: dict = field(default_factory=dict)
-    folded: str | None = None
-
-    @property
-    def kind(self) -> str:
-        """``sparse``, ``categorical``, ``binary`` or ``regression``."""
-        return _ENTRIES[self.name][1]
-
-    def arg(self, key: str):
-        return self.args.get(key, _ENTRIES[self.name][2].get(key))
-
-    @property
-    def metric(self) -> str:
-        """What the evaluators report beside the loss."""
-        return "mae" if self.kind == "regression" else "accuracy"
-
-    def describe(self) -> str:
-        """``CategoricalCrossentropy(from_logits=False, label_smoothing=0.1)`` for the log."""
-        args = {k: self.arg(k) for k in _ENTRIES[self.name][2] if k != "axis"}
-        return f"{self.name}({', '.join(f'{k}={v}' for k, v in args.items())})"
-
-    def keras(self) -> dict:
-        """The Keras serialization (``compile_config.loss``)."""
-        cfg = {"name": _ENTRIES[self.name][0][0], "reduction": "sum_over_batch_size"}
-        cfg.update({k: self.arg(k) for k in _ENTRIES[self.name][2]})
-        return {"module": "keras.losses", "class_name": self.name, "config": cfg,
-                "registered_name": None}  # fmt: skip
-
-    def record(self) -> dict:
-        """What ``/status`` and the checkpoint keep: the Keras serialization and the summary."""
-        return {"keras": self.keras(), "describe": self.describe()}
-
-
-#: what runs without compile settings (the presets): sparse cross-entropy from logits
-DEFAULT = LossSpec("SparseCategoricalCrossentropy", {"from_logits": True})
-
-
-def parse(doc) -> LossSpec | None:
-    """``compile_config.loss`` (a string alias, a class name, ``{"class_name", "config"}``, or
-    a loss function as Keras serializes one) → :class:`LossSpec`; None where there is none.
-    Unsupported values raise naming the field."""
-    if doc is None:
-        return None
-    if isinstance(doc, str):
-        cls = _ALIASES.get(doc) or _ALIASES.get(_snake(doc)) or (doc if doc in _ENTRIES else None)
-        if cls is None:
-            raise InvalidSpec(
-                f"model: {WHERE}={doc!r} is not supported (supported: {', '.join(SUPPORTED)} "
-                "or their snake_case names)"
-            )
-        return LossSpec(cls)
-    if not isinstance(doc, dict):
-        raise InvalidSpec(f"model: {WHERE}={doc!r} is not supported (one loss, by name or class)")
-    if doc.get("class_name") == "function" and isinstance(doc.get("config"), str):
-        return parse(doc["config"])  # compile(loss=keras.losses.mean_squared_error)
-    cls = doc.get("class_name")
-    if cls not in _ENTRIES:
-        cls = _ALIASES.get(str(cls))
-    if cls is None:
-        raise InvalidSpec(
-            f"model: {WHERE}.class_name={doc.get('class_name')!r} is not supported "
-            f"(supported: {', '.join(SUPPORTED)})"
-        )
-    known = _ENTRIES[cls][2]
-    args = {}
-    for k, v in (doc.get("config") or {}).items():
-        at = f"model: {WHERE}.config.{k}={v!r}"
-        if k in _BOOKKEEPING:
-            continue
-        if k == "reduction":
-            if v not in REDUCTIONS:
-                raise InvalidSpec(f"{at} is not supported (supported: 'sum_over_batch_size')")
-        elif k not in known:
-            raise InvalidSpec(f"model: {WHERE}.config.{k}: {cls} argument not supported")
-        elif k == "axis":
-            if v not in (-1, None):
-                raise InvalidSpec(f"{at} is not supported (supported: -1)")
-        elif k == "from_logits":
-            args[k] = bool(v)
-        elif k == "ignore_class":
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-                raise InvalidSpec(f"{at} is not supported (supported: None or a class id)")
-            args[k] = v
-        elif k == "label_smoothing":
-            if not isinstance(v, int | float) or not 0 <= v <= 1:
-                raise InvalidSpec(f"{at} is not supported (supported: 0 to 1)")
-            args[k] = float(v)
-        elif k == "delta":
-            if not isinstance(v, int | float) or v <= 0:
-                raise InvalidSpec(f"{at} is not supported (supported: a positive number)")
-            args[k] = float(v)
-    return LossSpec(cls, args)
-
-
-def fold(spec: LossSpec, last_activation: str | None) -> LossSpec:
-    """The activation folded into the loss (``softmax`` / ``sigmoid``), or a refusal where a
-    probability loss would read something that is not one."""
-    need = {"sparse": "softmax", "categorical": "softmax", "binary": "sigmoid"}.get(spec.kind)
-    if need is None:
-        return spec
-    if last_activation == need:
-        return LossSpec(spec.name, spec.args, need)
-    other = "sigmoid" if need == "softmax" else "softmax"
-    if last_activation == other:
-        # Keras' TensorFlow backend would read the other activation's input as its logits
-        raise InvalidSpec(
-            f"model: {WHERE} {spec.name} on a model whose last layer is a {other}: Keras "
-            f"computes it from the {other}'s input, not its output (supported: a {need} "
-            "ending, or a linear one with from_logits=True)"
-        )
-    if not spec.arg("from_logits"):
-        raise InvalidSpec(
-            f"model: {WHERE} {spec.name} with from_logits=False needs a model whose last layer "
-            f"is a {need} (supported: a {need} ending, or from_logits=True)"
-        )
-    return spec
+from ringtrain_trainer.engine.loss_spec import LossSpec
 
 
 def label_buffer(spec: LossSpec, batch: int, k: int, dtype=np.float32) -> np.ndarray:
-    """One batch of labels as the loss reads them: class ids, or rows like the output."""
+    """One batch of labels as the loss reads them: class ids, or rows like the output; one
+    row per example either way (``(batch, positions)`` ids or ``(batch, positions * k)``
+    values for a per-position loss), so that batches slice by example."""
+    p = spec.positions
     if spec.kind == "sparse":
-        return np.zeros(batch, np.int64)
-    return np.zeros((batch, k), dtype)
+        return np.zeros(batch if p == 1 else (batch, p), np.int64)
+    return np.zeros((batch, p * k), dtype)
 
 
 def buffer_bytes(spec: LossSpec, batch: int, k: int, itemsize: int = 4) -> tuple[int, int]:
     """(labels, workspace) bytes a :class:`Loss` allocates: what the memory plan counts."""
+    batch *= spec.positions
     labels = batch * 8 if spec.kind == "sparse" else batch * k * itemsize
     work = (2 * batch * k + 2 * batch) * itemsize  # grad, work, rowtmp, picked
     if spec.kind == "sparse" and spec.arg("ignore_class") is not None:
@@ -220,14 +51,24 @@ class Loss:
 
     ``step(z)`` is the training path: the mean loss of the batch in ``labels``, the gradient
     written into ``grad`` (already divided by the batch size). ``total`` / ``score`` are the
-    evaluation path on any number of rows (float64): the summed loss and the summed metric
-    (correct predictions, or absolute error) of those rows."""
+    evaluation path on any number of examples (float64): the summed loss and the summed
+    metric (correct predictions, or absolute error) of those examples.
+
+    A per-position loss (``LossSpec.out_shape``) reads every position of every example as one
+    row — ``batch * positions`` rows — through reshaped views of the same buffers: Keras'
+    ``sum_over_batch_size`` is then the mean over rows, and an example's evaluation value the
+    mean over its positions."""
 
     def __init__(self, spec: LossSpec, batch: int, k: int, dtype=np.float32):
-        self.spec, self.batch, self.k = spec, batch, k
+        self.positions = spec.positions
+        self.spec, self.k = spec, k
+        self.batch = batch * self.positions  # rows
         self.dtype = np.dtype(dtype)
         self.labels = label_buffer(spec, batch, k, self.dtype)
-        self.grad = np.zeros((batch, k), self.dtype)
+        self.grad = np.zeros((batch, *(spec.out_shape or (k,))), self.dtype)
+        #: the rows the math reads: a view of ``labels`` (and ``_g`` of ``grad``)
+        self._y = self.labels.reshape(self.batch, *(() if spec.kind == "sparse" else (k,)))
+        batch = self.batch
         self.work = np.zeros((batch, k), self.dtype)
         self.rowtmp = np.zeros((batch, 1), self.dtype)
         self.picked = np.zeros(batch, self.dtype)
@@ -239,15 +80,26 @@ class Loss:
         ls = spec.arg("label_smoothing") or 0.0
         self.smooth = (1.0 - ls, ls / k if spec.kind == "categorical" else 0.5 * ls)
         self.delta = spec.arg("delta")
-        self.smoothed = np.zeros_like(self.grad) if self.smooth[1] else None
+        self.smoothed = np.zeros_like(self._g) if self.smooth[1] else None
         self.inv = self.dtype.type(1.0 / batch)
         self.inv_k = self.dtype.type(1.0 / (batch * k))
         self.fn = loss_fns.FNS.get(spec.name)
         self.fn_work = loss_fns.Work(batch, k, self.dtype) if self.fn else None
 
+    @property
+    def grad(self) -> np.ndarray:
+        """dloss/doutput, shaped like the output (``engine.multiloss`` points it into its
+        packed buffer)."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, buffer: np.ndarray) -> None:
+        self._grad, self._g = buffer, buffer.reshape(self.batch, self.k)
+
     # -- training: preallocated, nothing allocated per step ---------------------------------
     def step(self, z: np.ndarray) -> float:
         kind, name = self.spec.kind, self.spec.name
+        z = z.reshape(self.batch, self.k)
         if kind == "sparse":
             return self._sparse(z)
         if kind == "categorical":
@@ -255,13 +107,13 @@ class Loss:
         if kind == "binary":
             return self._binary(z)
         if self.fn is not None:
-            loss = self.fn(z, self.labels, self.grad, self.fn_work)
-            np.multiply(self.grad, self.inv, out=self.grad)
+            loss = self.fn(z, self._y, self._g, self.fn_work)
+            np.multiply(self._g, self.inv, out=self._g)
             return loss / self.batch
         return self._elementwise(z, name)
 
     def _sparse(self, z: np.ndarray) -> float:
-        p, tmp, picked, labels = self.work, self.rowtmp, self.picked, self.labels
+        p, tmp, picked, labels = self.work, self.rowtmp, self.picked, self._y
         if self.ignore is not None:
             np.not_equal(labels, self.ignore, out=self.valid)
             np.multiply(labels, self.valid, out=self.safe)
@@ -273,7 +125,7 @@ class Loss:
         np.sum(p, axis=1, keepdims=True, out=tmp)
         np.divide(p, tmp, out=p)
         np.log(tmp, out=tmp)
-        d = self.grad
+        d = self._g
         np.copyto(d, p)
         d[self.arange, labels] -= 1
         if self.ignore is not None:
@@ -292,14 +144,14 @@ class Loss:
     def _smoothed(self) -> np.ndarray:
         """The labels, or the smoothed labels in ``smoothed``."""
         if self.smoothed is None:
-            return self.labels
+            return self._y
         y = self.smoothed
-        np.multiply(self.labels, self.dtype.type(self.smooth[0]), out=y)
+        np.multiply(self._y, self.dtype.type(self.smooth[0]), out=y)
         np.add(y, self.dtype.type(self.smooth[1]), out=y)
         return y
 
     def _categorical(self, z: np.ndarray) -> float:
-        p, tmp, d = self.work, self.rowtmp, self.grad
+        p, tmp, d = self.work, self.rowtmp, self._g
         y = self._smoothed()
         np.max(z, axis=1, keepdims=True, out=tmp)
         np.subtract(z, tmp, out=p)  # z - max
@@ -316,7 +168,7 @@ class Loss:
         return loss
 
     def _binary(self, z: np.ndarray) -> float:
-        y, w, d = self._smoothed(), self.work, self.grad
+        y, w, d = self._smoothed(), self.work, self._g
         # max(z, 0) - z*y + log1p(exp(-|z|)), as tf.nn.sigmoid_cross_entropy_with_logits
         np.abs(z, out=w)
         np.negative(w, out=w)
@@ -337,8 +189,8 @@ class Loss:
         return loss
 
     def _elementwise(self, z: np.ndarray, name: str) -> float:
-        e, d = self.work, self.grad
-        np.subtract(z, self.labels, out=e)
+        e, d = self.work, self._g
+        np.subtract(z, self._y, out=e)
         if name == "MeanSquaredError":
             np.multiply(e, e, out=d)
             loss = float(d.sum())
@@ -360,9 +212,27 @@ class Loss:
             np.multiply(d, self.inv_k, out=d)
         return loss / (self.batch * self.k)
 
-    # -- evaluation: whole rows, float64 -----------------------------------------------------
+    # -- evaluation: whole examples, float64 -------------------------------------------------
+    def rows(self, z: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``z`` (the program's output) and ``y`` (labels) of some examples as the loss's rows:
+        one per position of each example (the arrays themselves for a flat output)."""
+        if self.positions == 1:
+            return z, y
+        z = z.reshape(-1, self.k)
+        return z, y.reshape(len(z), *(() if self.spec.kind == "sparse" else (self.k,)))
+
     def total(self, z: np.ndarray, y: np.ndarray) -> float:
-        """The summed per-example loss of the rows of ``z`` (the program's output) and ``y``."""
+        """The summed per-example loss of some examples (each the mean over its positions)."""
+        return self._total(*self.rows(z, y)) / self.positions
+
+    def score(self, z: np.ndarray, y: np.ndarray) -> float:
+        """The summed metric of some examples: correct predictions (Keras' ``accuracy`` for
+        this loss: sparse/categorical argmax, binary at 0.5, a row's mean over its outputs), or
+        for regression the absolute error (each row's mean over its outputs); per position
+        for a per-position loss, each example's the mean over its positions."""
+        return self._score(*self.rows(z, y)) / self.positions
+
+    def _total(self, z: np.ndarray, y: np.ndarray) -> float:
         z = np.asarray(z, np.float64)
         kind, name = self.spec.kind, self.spec.name
         if kind == "sparse":
@@ -393,10 +263,7 @@ class Loss:
             per = np.where(a <= self.delta, 0.5 * e * e, self.delta * a - 0.5 * self.delta**2)
         return float(per.mean(axis=1).sum())
 
-    def score(self, z: np.ndarray, y: np.ndarray) -> float:
-        """The summed metric of the rows: correct predictions (Keras' ``accuracy`` for this
-        loss: sparse/categorical argmax, binary at 0.5, a row's mean over its outputs), or for
-        regression the absolute error (each row's mean over its outputs)."""
+    def _score(self, z: np.ndarray, y: np.ndarray) -> float:
         kind = self.spec.kind
         if kind == "sparse":
             return float(np.count_nonzero(np.argmax(z, axis=1) == y))
@@ -405,5 +272,6 @@ class Loss:
         if kind == "binary":
             # Keras thresholds the model's output at 0.5: sigmoid(z) > 0.5 is z > 0 when folded
             pred = z > (0.0 if self.spec.folded else 0.5)
-            return float(np.sum(np.mean(pred == (np.asarray(y) > 0.5), axis=1)))
+            # and compares with the label itself, as Keras: a soft target never counts
+            return float(np.sum(np.mean(pred == np.asarray(y), axis=1)))
         return float(np.sum(np.mean(np.abs(np.asarray(z, np.float64) - y), axis=1)))

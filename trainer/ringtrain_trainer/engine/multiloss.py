@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ringtrain_trainer.engine import losses
-from ringtrain_trainer.engine.losses import Loss, LossSpec
+from ringtrain_trainer.engine.loss_spec import LossSpec
+from ringtrain_trainer.engine.losses import Loss
 
 
 @dataclass(frozen=True)

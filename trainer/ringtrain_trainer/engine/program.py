@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ringtrain_trainer.engine.losses import DEFAULT
+from ringtrain_trainer.engine.loss_spec import DEFAULT
 from ringtrain_trainer.engine.multiloss import loss_bytes, make_loss
 
 #: how a node's input gradient reaches its tensor: dropped (the data), taken as is (fan-out 1),

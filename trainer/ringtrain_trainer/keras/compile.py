@@ -1,6 +1,6 @@
 """``compile_config`` → the loss, optimizer and metrics that run, through their registries.
 
-The loss registry is ``engine.losses`` (training and evaluation alike), the optimizer and
+The loss registry is ``engine.loss_spec`` (training and evaluation alike), the optimizer and
 schedule registry ``optim.registry``; this module only reads the Keras fields, refuses by field
 what ringtrain would otherwise ignore, and folds a final softmax/sigmoid into the loss.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer.engine import keras_metrics, losses
+from ringtrain_trainer.engine import keras_metrics, loss_spec
 from ringtrain_trainer.keras.entry import snake_case
 from ringtrain_trainer.numerics import ModelNumerics
 from ringtrain_trainer.optim.registry import OptimizerSpec, from_compile_config
@@ -128,15 +128,17 @@ def numerics(model: dict) -> ModelNumerics:
     return ModelNumerics(policy, scale, static=static, auto_scale_loss=auto)
 
 
-def read(comp: dict | None, tail: str | None) -> tuple[losses.LossSpec, OptimizerSpec | None]:
+def read(comp: dict | None, tail: str | None) -> tuple[loss_spec.LossSpec, OptimizerSpec | None]:
     """The loss that runs (``tail``: the model's last activation, folded into it where it is
     the loss's own) and the compiled optimizer (None: the model has none)."""
     comp, _, _ = _unwrap_loss_scale(comp or {})
-    loss = losses.parse(comp.get("loss"))
+    loss = loss_spec.parse(comp.get("loss"))
     if loss is None:  # no compile settings: sparse cross-entropy on what the model ends in
-        loss = losses.LossSpec("SparseCategoricalCrossentropy", {"from_logits": tail != "softmax"})
+        loss = loss_spec.LossSpec(
+            "SparseCategoricalCrossentropy", {"from_logits": tail != "softmax"}
+        )
     _check(comp, loss.kind)
-    return losses.fold(loss, tail), from_compile_config(comp)
+    return loss_spec.fold(loss, tail), from_compile_config(comp)
 
 
 def _per_output(v: Any, names: list[str], field: str, default: Any) -> list[Any]:
@@ -211,7 +213,7 @@ def read_heads(
                 f"model: compile_config.loss_weights for output {name!r}={w!r} is not "
                 "supported (a number ≥ 0)"
             )
-        loss = losses.parse(d)
+        loss = loss_spec.parse(d)
         ms = [ms] if isinstance(ms, str | dict) else list(ms or [])
         if loss is None:
             if ms:
@@ -222,7 +224,7 @@ def read_heads(
             heads.append(Head(name, None, float(w), width))
             continue
         try:
-            loss = losses.fold(loss, tail)
+            loss = loss_spec.fold(loss, tail)
         except InvalidSpec as e:
             raise InvalidSpec(f"{e} (output {name!r})") from None
         names_ok = METRICS[loss.kind]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer.engine import losses
+from ringtrain_trainer.engine import loss_spec
 from ringtrain_trainer.keras import compile as compile_mod
 from ringtrain_trainer.keras import masks, nested, shared
 from ringtrain_trainer.keras.entry import Args, Shape
@@ -83,9 +83,9 @@ class ModelConfig:
     layers: tuple[LayerSpec, ...]
     from_logits: bool
     optimizer: OptimizerSpec | None = None
-    #: the loss that runs (``engine.losses``): the compile settings', with any final softmax
+    #: the loss that runs (``engine.loss_spec``): the compile settings', with any final softmax
     #: or sigmoid folded into it
-    loss: losses.LossSpec = losses.DEFAULT
+    loss: loss_spec.LossSpec = loss_spec.DEFAULT
     functional: bool = False
     input_name: str = "input_layer"
     output: int = 0
@@ -331,7 +331,7 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
     acts = [REGISTRY[t.cls].activation(t.args) for t in tails]
     comp = model.get("compile_config")
     if not compiled:
-        loss, optimizer = losses.DEFAULT, None
+        loss, optimizer = loss_spec.DEFAULT, None
     elif len(outputs) > 1:
         widths = [t.out_shape[-1] if t.out_shape else 1 for t in tails]
         loss, optimizer = compile_mod.read_heads(comp, acts, list(out_names), widths)
@@ -357,7 +357,7 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
     )
 
 
-def _metrics(model: dict, loss: losses.LossSpec) -> tuple:
+def _metrics(model: dict, loss: loss_spec.LossSpec) -> tuple:
     """A one-output model's compiled metrics (several outputs: ``compile.read_heads``)."""
     comp = model.get("compile_config") or {}
     return compile_mod.compiled_metrics(comp.get("metrics"), loss.kind)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ringtrain.errors import InvalidSpec
@@ -57,6 +57,17 @@ def _no_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 def _activation(args: dict) -> str | None:
     return args.get("activation")
+
+
+def without_folded(spec, fold: str | None):
+    """The layer to build where the loss folds its ``activation`` argument away: the same
+    layer with ``activation="linear"``. One rule for every layer with that argument, so that
+    no entry's build can forget it (a ``Conv2D(..., activation="sigmoid")`` ending an
+    autoencoder once applied the sigmoid twice). The ``Activation`` layer itself builds to
+    nothing instead (``layers_activation``); the export keeps the layer as written."""
+    if fold and spec.cls != "Activation" and spec.args.get("activation") == fold:
+        return replace(spec, args={**spec.args, "activation": "linear"})
+    return spec
 
 
 def same_shape(args: dict, shapes: list[Shape]) -> Shape:

@@ -307,6 +307,12 @@ def _bi_onnx(g, spec, weights) -> None:
     g.out(g.op("Transpose", [r], f"{n}_batch_major", perm=[1, 0, 2]) if seq else r)
 
 
+def _cell_activation(args: dict) -> None:
+    """None: ``activation`` is the cell's, inside the recurrence; the layer's output is no
+    activation's output that a loss could fold (Keras' backend finds no logits on it either)."""
+    return None
+
+
 ENTRIES = {
     **{
         cls: Entry(
@@ -315,6 +321,7 @@ ENTRIES = {
             _rnn_onnx,
             infer=_rnn_infer,
             weights=_rnn_weights_of(cls),
+            activation=_cell_activation,
             doc="`units`, `activation`, `recurrent_activation` (tanh, sigmoid, relu, linear), "
             "`use_bias`, `return_sequences`, `go_backwards`, `zero_output_for_mask`, `dropout` "
             "(one input mask per sequence, as Keras; `recurrent_dropout` 0); an "
@@ -329,6 +336,7 @@ ENTRIES = {
         _rnn_onnx,
         infer=_rnn_infer,
         weights=_rnn_weights_of("SimpleRNN"),
+        activation=_cell_activation,
         doc="`units`, `activation` (tanh, sigmoid, relu, linear), `use_bias`, "
         "`return_sequences`, `go_backwards`, `zero_output_for_mask`, `dropout`; an incoming mask",
     ),

@@ -11,7 +11,7 @@ dropout layers (ringtrain keys masks on the example) are refused by name.
 
 from __future__ import annotations
 
-from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
+from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, without_folded
 
 #: wrapped classes refused: their result depends on which examples share a call
 _NOT_PER_EXAMPLE = (
@@ -104,7 +104,7 @@ def _build(spec, shapes, ctx):
     from ringtrain_trainer.engine.ops.timedistributed import TimeDistributed
 
     entry, _, _ = _inner(spec.args)
-    inner = _inner_spec(spec, spec.inputs, spec.output)
+    inner = without_folded(_inner_spec(spec, spec.inputs, spec.output), ctx.fold)
     op = entry.build(inner, [tuple(shapes[0][1:])], ctx)
     if op is None:
         return None

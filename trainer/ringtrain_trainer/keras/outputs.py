@@ -23,8 +23,10 @@ def heads(config: ModelConfig) -> dict[int, str | None]:
     }
 
 
-def output_width(config: ModelConfig, ops: list, where: dict[int, int], t: int) -> int:
-    """An output's units; refused unless flat (and ≥ 2 classes for a classifier)."""
+def output_shape(config: ModelConfig, ops: list, where: dict[int, int], t: int) -> tuple:
+    """An output's shape per example, checked against its loss: ``(units,)``, or for a single
+    output ``(*positions, units)`` (a loss per timestep or pixel: sequence tagging,
+    segmentation, autoencoders); ≥ 2 classes for a classifier."""
     shape = tuple(ops[where[t] - 1].out_shape) if where[t] > 0 else ()
     loss = config.loss
     name = None
@@ -33,21 +35,21 @@ def output_width(config: ModelConfig, ops: list, where: dict[int, int], t: int) 
         name, loss = config.output_names[k], loss.heads[k].loss
     kind = loss.kind if loss is not None else "regression"
     what = f"the output {name!r}'s shape" if name else "the output shape"
-    if len(shape) > 1:
+    if len(shape) > 1 and name:
         raise InvalidSpec(
             f"model: {what} is {shape}; a loss per position ({getattr(loss, 'name', 'a loss')} "
-            "on every timestep or pixel: sequence tagging, segmentation, autoencoders) is not "
-            "supported yet: the loss reads one flat vector per example (end with "
+            "on every timestep or pixel) is supported on a model with one output, not yet on "
+            "one of several: the heads read one flat vector per example (end this output with "
             "Flatten/GlobalPooling and Dense(units))"
         )
-    if len(shape) != 1 or (shape[0] < 2 and kind in ("sparse", "categorical")):
+    if not shape or (shape[-1] < 2 and kind in ("sparse", "categorical")):
         raise InvalidSpec(
             f"model: {what} is {shape}; "
             + (
                 "a classifier needs one score per class (end with Dense(num_classes))"
                 if kind in ("sparse", "categorical")
-                else f"{getattr(loss, 'name', 'an output')} needs a flat output "
+                else f"{getattr(loss, 'name', 'an output')} needs an output with units "
                 "(end with Dense(units))"
             )
         )
-    return shape[0]
+    return shape
