@@ -7,7 +7,8 @@ Used by tests/trainer/test_zoo.py (ringtrain over a real ring against Keras itse
 and whether a layer couples the examples of a batch (BatchNormalization: N workers × B is then
 not 1 worker × N·B). Together the entries compile every optimizer ringtrain reads (SGD with
 momentum and nesterov, Adam with amsgrad, AdamW, RMSprop, Adagrad) and every schedule, and
-every loss family (sparse/categorical/binary cross-entropy, MSE, MAE, Huber).
+every loss family (sparse/categorical/binary cross-entropy, MSE, MAE, Huber), on flat outputs
+and on a tag per timestep (a loss per position).
 
 Keras is imported inside the builders: importing this module costs nothing.
 """
@@ -91,6 +92,13 @@ def token_ids(rng, vocab=40, seq=12):
 def token_classes(rng, vocab=30, seq=8, k=3):
     x = rng.integers(0, vocab, (_n(), seq)).astype(np.int32)
     return _splits(x, (x[:, 0] % k).astype(np.int64))
+
+
+def token_tags(rng, vocab=30, seq=8, k=3):
+    """Int token ids and a tag per token, from the token and its left neighbour."""
+    x = rng.integers(0, vocab, (_n(), seq)).astype(np.int32)
+    left = np.concatenate([np.zeros((_n(), 1), np.int32), x[:, :-1]], axis=1)
+    return _splits(x, ((x + left) % k).astype(np.int64))
 
 
 def sequences(rng, steps=10, features=3):
@@ -291,6 +299,19 @@ def gru_classifier():
     return m
 
 
+def gru_tagger():
+    """A sequence tagger: a tag per timestep, a loss per position (Keras' rule)."""
+    keras = _seeded()
+    L = keras.layers
+    dense = L.Dense(3, activation="softmax")
+    m = keras.Sequential(
+        [L.Input((8,), dtype="int32"), L.Embedding(30, 8), L.GRU(8, return_sequences=True),
+         L.TimeDistributed(dense)]
+    )  # fmt: skip
+    m.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
+    return m
+
+
 def transformer_block():
     keras = _seeded()
     L = keras.layers
@@ -387,6 +408,7 @@ ZOO: dict[str, Entry] = {
         Entry("conv1d_text", "text", conv1d_text, token_ids),
         Entry("lstm_regression", "rnn", lstm_regression, sequences),
         Entry("gru_classifier", "rnn", gru_classifier, token_classes),
+        Entry("gru_tagger", "tagger", gru_tagger, token_tags),
         Entry("transformer_block", "transformer", transformer_block, token_classes),
         Entry("transfer_frozen", "transfer", transfer_frozen, quadrant_images),
         Entry("siamese_shared", "shared", siamese_shared, blobs_onehot),

@@ -139,8 +139,8 @@ def _predict(spec, state, x: np.ndarray) -> np.ndarray:
     np.copyto(prog.x, x.reshape(prog.x.shape))
     z = prog.forward(spec.views(state.params)).astype(np.float64)
     if spec.loss.folded == "softmax":
-        e = np.exp(z - z.max(1, keepdims=True))
-        return e / e.sum(1, keepdims=True)
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
     if spec.loss.folded == "sigmoid":
         return 1 / (1 + np.exp(-z))
     return z
