@@ -1,8 +1,9 @@
-"""Keras' noise layers (GaussianNoise, GaussianDropout, AlphaDropout): the identity in predict
-and in the exports (ringtrain predicts what Keras predicts from the same ``.keras``), and in
-training the noise of Keras' formula — the mean and variance of many draws against the formula
-and against Keras' own layer called with ``training=True`` — a new draw each step, the same
-draws for any split of the batch over workers (as ``Dropout``'s masks).
+"""Keras' noise layers (GaussianNoise, GaussianDropout, AlphaDropout) and MultiHeadAttention's
+attention dropout: the identity in predict and in the exports (ringtrain predicts what Keras
+predicts from the same ``.keras``), and in training the noise of Keras' formula — the mean and
+variance of many draws against the formula and against Keras' own layer called with
+``training=True`` — a new draw each step, the same draws for any split of the batch over
+workers (as ``Dropout``'s masks).
 
 Imports TensorFlow (slow): one module holds these comparisons.
 """
@@ -21,6 +22,8 @@ import onnxruntime as ort
 from support.keras_steps import logits, softmax
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import keras_model
+from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine.ops.noise import Noise
@@ -147,3 +150,33 @@ def test_alpha_dropout_noise_shape_is_refused_by_name():
     config = json.loads(keras.Sequential(layers).to_json())
     with pytest.raises(InvalidSpec, match=r"AlphaDropout.*noise_shape=\[None, 1, 3\]"):
         parse(config, compiled=False)
+
+
+def test_attention_dropout_drops_probabilities_in_training_only(tmp_path, rng):
+    """``MultiHeadAttention(dropout=0.5)``: predict equals Keras' (no dropout); in training the
+    attention probabilities are dropped at the rate and the rest scaled by 1 / (1 - rate), a
+    mask per example, so a batch split over workers draws the same masks."""
+    inp = L.Input((6, 4))
+    att = L.MultiHeadAttention(num_heads=2, key_dim=3, dropout=0.5)(inp, inp)
+    km = keras.Model(inp, L.Dense(3)(L.Flatten()(att)))
+    km.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    km.save(tmp_path / "m.keras")
+    spec = keras_model.load(str(tmp_path / "m.keras"))
+    views = spec.views(spec.initial[0].astype(np.float32))
+    x = rng.normal(size=(4, 6, 4)).astype(np.float32)
+
+    def run(xs, train, example0=0):
+        prog = M.Program(spec, len(xs), train, state=spec.init_state())
+        prog.x[:] = xs
+        prog.ctx.update(seed=5, step=1, example0=example0)
+        return prog.forward(views).copy(), prog
+
+    predicted, _ = run(x, False)
+    np.testing.assert_allclose(predicted, km.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    trained, prog = run(x, True)
+    keep = next(ws["keep"] for ws in prog.ws if "keep" in ws)
+    assert set(np.unique(keep)) == {0.0, 2.0}
+    assert (keep == 0).mean() == pytest.approx(0.5, abs=0.08)
+    assert not np.allclose(trained, predicted)
+    halves = np.concatenate([run(x[:2], True)[0], run(x[2:], True, example0=2)[0]])
+    np.testing.assert_allclose(halves, trained, rtol=1e-6, atol=1e-7)

@@ -60,14 +60,14 @@ def test_unsupported_sequence_arguments_are_refused_naming_them(bad, words):
         KM.from_config(text(bad))
 
 
-def test_a_mask_left_on_the_output_and_attention_dropout_are_refused():
+def test_a_mask_left_on_the_output_and_an_attention_dropout_out_of_range_are_refused():
     with pytest.raises(InvalidSpec, match=r"the model's output still carries a mask"):
         KM.from_config(
             seq((6,), layer("Embedding", "e", input_dim=5, output_dim=2, mask_zero=True))
         )
-    mha = ("MultiHeadAttention", "a", {"num_heads": 2, "key_dim": 2, "dropout": 0.1}, {})
+    mha = ("MultiHeadAttention", "a", {"num_heads": 2, "key_dim": 2, "dropout": 1.5}, {})
     emb = ("Embedding", "e", {"input_dim": 5, "output_dim": 4}, {})
-    with pytest.raises(InvalidSpec, match=r"'a' \(MultiHeadAttention\): dropout=0.1"):
+    with pytest.raises(InvalidSpec, match=r"'a' \(MultiHeadAttention\): dropout=1.5"):
         KM.from_config(functional((6,), emb, mha))
     call = (
         "MultiHeadAttention",

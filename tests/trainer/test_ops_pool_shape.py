@@ -66,10 +66,11 @@ def test_max_pooling_gives_a_tie_to_the_first_maximum():
 @pytest.mark.parametrize("kind", ["max", "avg"])
 @pytest.mark.parametrize("in_shape", [(7, 3), (4, 5, 2)])
 @pytest.mark.parametrize("keepdims", [False, True])
-def test_global_pooling(kind, in_shape, keepdims, rng):
-    op = GlobalPool(in_shape, kind, keepdims)
+@pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
+def test_global_pooling(kind, in_shape, keepdims, fmt, rng):
+    op = GlobalPool(in_shape, kind, keepdims, channels_first=fmt == "channels_first")
     check_gradients(op, rng)
-    match_keras(op, KERAS_GLOBAL[kind, len(in_shape) - 1](keepdims=keepdims), rng)
+    match_keras(op, KERAS_GLOBAL[kind, len(in_shape) - 1](keepdims=keepdims, data_format=fmt), rng)
 
 
 def test_global_max_splits_a_tie_evenly():

@@ -67,6 +67,10 @@ CASES = {
         MultiHeadAttention([(5, 4)], 3, 2, use_bias=False, causal=True),
         [_float((5, 4))],
     ),
+    "mha-self-dropout": (
+        MultiHeadAttention([(4, 6)], 2, 3, dropout=0.4, index=3),
+        [_float((4, 6))],
+    ),
     "mha-query-value": (
         MultiHeadAttention([(3, 4), (5, 6)], 2, 3, value_dim=2),
         [_float((3, 4)), _float((5, 6))],

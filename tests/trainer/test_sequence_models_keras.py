@@ -50,7 +50,21 @@ def transformer_block():
     return keras.Model(inp, L.Dense(CLASSES)(L.Flatten()(h)))
 
 
-@pytest.mark.parametrize("build", [text_rnn, transformer_block])
+def timeseries_transformer():
+    """keras.io's "Timeseries classification with a Transformer" encoder: pre-norm attention
+    and a Conv1D(kernel 1) feed-forward, pooled with ``data_format="channels_first"`` (the
+    mean of each timestep's features)."""
+    inp = keras.Input((SEQ,), dtype="int32")
+    x = L.Embedding(VOCAB, 4)(inp)
+    a = L.MultiHeadAttention(num_heads=2, key_dim=4)(L.LayerNormalization(epsilon=1e-6)(x), x)
+    res = L.Add()([a, x])
+    f = L.Conv1D(6, 1, activation="relu")(L.LayerNormalization(epsilon=1e-6)(res))
+    x = L.Add()([L.Conv1D(4, 1)(f), res])
+    x = L.GlobalAveragePooling1D(data_format="channels_first")(x)
+    return keras.Model(inp, L.Dense(CLASSES)(L.Dense(8, activation="relu")(x)))
+
+
+@pytest.mark.parametrize("build", [text_rnn, transformer_block, timeseries_transformer])
 def test_training_from_a_keras_file_matches_keras_step_by_step(build, tmp_path, rng):
     keras.utils.set_random_seed(3)
     km = build()

@@ -144,8 +144,9 @@ def _mha_parse(a: Args) -> dict:
         a.refuse("value_dim", vd, "a positive int or None")
     args["use_causal_mask"] = bool(a.take("use_causal_mask", False))  # the call's argument
     dropout = a.take("dropout", 0.0)
-    if dropout not in (0, 0.0):
-        a.refuse("dropout", dropout, "0")
+    if not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        a.refuse("dropout", dropout, "a rate in [0, 1)")
+    args["dropout"] = float(dropout)
     axes = a.take("attention_axes")
     if axes not in (None, [1], (1,), 1, [-2]):
         a.refuse("attention_axes", axes, "None (attention over the sequence axis)")
@@ -156,7 +157,7 @@ def _mha_parse(a: Args) -> dict:
     a.initializer("kernel_initializer", "GlorotUniform")
     a.initializer("bias_initializer", "Zeros")
     no(a, "kernel_regularizer", "bias_regularizer", "kernel_constraint", "bias_constraint")
-    a.done("num_heads, key_dim, value_dim, use_bias, dropout=0; call: use_causal_mask")
+    a.done("num_heads, key_dim, value_dim, use_bias, dropout; call: use_causal_mask")
     return args
 
 
@@ -203,6 +204,8 @@ def _mha_build(spec, shapes, ctx):
         a["use_bias"],
         causal=a["use_causal_mask"],
         mask_input=bool(ctx.mask),
+        dropout=a.get("dropout", 0.0),
+        index=ctx.index,
     )
 
 
@@ -285,6 +288,7 @@ ENTRIES = {
         positional=True,
         doc="`num_heads`, `key_dim`, `value_dim`, `use_bias`; query, value and optional key of "
         "(timesteps, features); the call's `use_causal_mask`; the Keras masks of query, value "
-        "and key (with the causal mask); `dropout=0`",
+        "and key (with the causal mask); `dropout` (on the attention probabilities, training "
+        "only)",
     ),
 }

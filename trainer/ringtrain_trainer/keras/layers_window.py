@@ -253,21 +253,30 @@ def _pool_onnx(g, spec, weights) -> None:
 
 
 def _global_parse(a: Args) -> dict:
-    args = {"data_format": a.channels_last(), "keepdims": bool(a.must_be("keepdims", False, True))}
-    a.done("keepdims")
+    fmt = a.must_be("data_format", "channels_last", "channels_first", None) or "channels_last"
+    args = {"data_format": fmt, "keepdims": bool(a.must_be("keepdims", False, True))}
+    a.done("data_format, keepdims")
     return args
+
+
+def _first(args: dict) -> bool:
+    return args["data_format"] == "channels_first"
 
 
 def _global_build(spec, shapes, ctx):
     from ringtrain_trainer.engine.ops.pool import GlobalPool
 
     kind = "max" if spec.cls.startswith("GlobalMax") else "avg"
-    return GlobalPool(shapes[0], kind, spec.args["keepdims"], masked=bool(ctx.mask))
+    first = _first(spec.args)
+    if first and ctx.mask:
+        raise ValueError("data_format='channels_first' on a masked sequence is not supported")
+    return GlobalPool(shapes[0], kind, spec.args["keepdims"], bool(ctx.mask), first)
 
 
 def _global_onnx(g, spec, weights) -> None:
     op = "ReduceMax" if spec.cls.startswith("GlobalMax") else "ReduceMean"
-    axes = list(range(1, len(spec.in_shapes[0])))
+    rank = len(spec.in_shapes[0])
+    axes = list(range(2, rank + 1)) if _first(spec.args) else list(range(1, rank))
     y = g.op(op, [g.x(0, nchw=False)], spec.name, axes=axes, keepdims=int(spec.args["keepdims"]))
     g.out(y)
 
@@ -276,6 +285,9 @@ def _global(rank: int):
     def infer(args: dict, shapes: list[Shape]) -> Shape:
         if len(shapes[0]) != rank + 1:
             raise ValueError(f"needs an input of {rank} spatial axes and channels, got {shapes[0]}")
+        if _first(args):
+            c = shapes[0][0]
+            return (c, *(1,) * rank) if args["keepdims"] else (c,)
         c = shapes[0][-1]
         return (*(1,) * rank, c) if args["keepdims"] else (c,)
 
@@ -324,7 +336,7 @@ ENTRIES = {
             _global_build,
             _global_onnx,
             infer=_global(int(cls[-2])),
-            doc="`keepdims`",
+            doc="`keepdims`, `data_format` (channels_last; channels_first pools the last axes)",
         )
         for cls in ("GlobalMaxPooling1D", "GlobalAveragePooling1D", "GlobalMaxPooling2D")
     },

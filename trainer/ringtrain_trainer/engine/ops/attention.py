@@ -12,6 +12,11 @@ fully masked row attends uniformly, as Keras' does), context ``p·v``, project o
 projection is one matmul on the ``(b·T, d)`` view; the per-head products run on
 ``(b, heads, T, ·)`` copies so every batched matmul is a BLAS call, not numpy's strided loop.
 Backward keeps all of it (probabilities included) from forward, the price of no recomputation.
+
+``dropout`` is Keras' attention dropout: in training the probabilities are multiplied by an
+inverted-dropout mask before ``p·v`` (one mask per example over heads × queries × keys, drawn
+as every ringtrain Dropout draws it: keyed on the run's seed, the layer, the step and the
+global example, so any worker count draws the same masks); inference runs without it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 
 from ringtrain_trainer.engine.ops.dense import product_rows
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.layers.base import Layer, masks
 
 #: Keras' ``_large_negative_number`` for float32 and float64 scores
 MASKED = -1e9
@@ -52,6 +57,8 @@ class MultiHeadAttention(Layer):
         use_bias: bool = True,
         causal: bool = False,
         mask_input: bool = False,
+        dropout: float = 0.0,
+        index: int = 0,
     ):
         shapes = [tuple(s) for s in in_shapes]
         if not 1 <= len(shapes) <= 3 or any(len(s) != 2 for s in shapes):
@@ -70,6 +77,7 @@ class MultiHeadAttention(Layer):
         self.out_shape = q
         self.use_bias, self.causal, self.mask_input = use_bias, causal, mask_input
         self.n_data = len(shapes)
+        self.rate, self.index = float(dropout), index
 
     def _width(self, name):
         return self.vd if name == "value" else self.kd
@@ -102,6 +110,8 @@ class MultiHeadAttention(Layer):
             bufs["causal"] = ((1, T, S), "b")
         if self.causal or self.mask_input:
             bufs["masked"] = (((b if self.mask_input else 1), T, S), "b")
+        if train and self.rate:
+            bufs.update({"keep": ((b, h, T, S), "f"), "dropped": ((b, h, T, S), "f")})
         if train:
             bufs.update({"d_ctx": ((b * T, h * vd), "f"), "d_att": ((b, h, T, S), "f")})
             bufs["ones"] = ((b * max(T, S),), "f")
@@ -164,7 +174,11 @@ class MultiHeadAttention(Layer):
         if "masked" in ws:
             np.copyto(att, att.dtype.type(MASKED), where=ws["masked"][:, None])
         softmax_rows(att, ws["rowsum"])
-        np.matmul(att, ws["h_value"], out=ws["ctx_h"])
+        if "keep" in ws:
+            c, keep = ws["ctx"], ws["keep"]
+            masks(c["seed"], self.index, c["step"], c["example0"], self.rate, keep)
+            np.multiply(att, keep, out=ws["dropped"])
+        np.matmul(ws.get("dropped", att), ws["h_value"], out=ws["ctx_h"])
         ctx = ws["context"]
         np.copyto(ctx.reshape(b, self.T, self.h, self.vd), ws["ctx_h"].transpose(0, 2, 1, 3))
         out = ws["out"]
@@ -184,8 +198,10 @@ class MultiHeadAttention(Layer):
         np.matmul(dout.reshape(-1, self.out_shape[1]), ws["wo"].T, out=d_ctx)
         dch = ws["ctx_h"]  # free after forward: reused for the context's per-head gradient
         np.copyto(dch, d_ctx.reshape(b, T, h, vd).transpose(0, 2, 1, 3))
-        np.matmul(att.transpose(0, 1, 3, 2), dch, out=ws["dh_value"])
+        np.matmul(ws.get("dropped", att).transpose(0, 1, 3, 2), dch, out=ws["dh_value"])
         np.matmul(dch, ws["h_value"].transpose(0, 1, 3, 2), out=d_att)
+        if "keep" in ws:  # through the dropout mask to the probabilities
+            np.multiply(d_att, ws["keep"], out=d_att)
         rowsum = ws["rowsum"]
         np.multiply(d_att, att, out=d_att)
         np.sum(d_att, axis=-1, keepdims=True, out=rowsum)

@@ -94,18 +94,39 @@ class GlobalPool(Layer):
     """Keras ``GlobalMax/GlobalAveragePooling1D/2D``: over every axis but batch and channels;
     ``keepdims`` keeps them as ones. ``masked`` (the 1-D average, ``engine.ops.mask``): reads
     ``(x, mask)`` and averages the unmasked timesteps only, as Keras' ``GlobalAveragePooling1D``
-    (a fully masked example is NaN there too; the evaluation's zero padding rows are that)."""
+    (a fully masked example is NaN there too; the evaluation's zero padding rows are that).
+    ``channels_first``: Keras' ``data_format="channels_first"``, the first axis the channels
+    and the rest pooled (the time-series transformer of keras.io averages each timestep's
+    features so); the same arithmetic on a transposed view of the input."""
 
-    def __init__(self, in_shape, kind: str, keepdims: bool = False, masked: bool = False):
+    def __init__(
+        self,
+        in_shape,
+        kind: str,
+        keepdims: bool = False,
+        masked: bool = False,
+        channels_first: bool = False,
+    ):
         if kind not in KINDS:
             raise ValueError(f"pooling kind {kind!r} (supported: {KINDS})")
-        if masked and (kind != "avg" or len(in_shape) != 2):
-            raise ValueError("a masked global pooling is the 1-D average only")
+        if masked and (kind != "avg" or len(in_shape) != 2 or channels_first):
+            raise ValueError("a masked global pooling is the 1-D channels-last average only")
         self.masked, self.n_inputs = masked, 1 + masked
         self.in_shapes = [tuple(in_shape), tuple(in_shape[:1])][: self.n_inputs]
-        self.in_shape, self.kind_ = tuple(in_shape), kind
-        self.c, self.n = self.in_shape[-1], math.prod(self.in_shape[:-1])
-        self.out_shape = (*(1,) * (len(self.in_shape) - 1), self.c) if keepdims else (self.c,)
+        self.in_shape, self.kind_, self.first = tuple(in_shape), kind, channels_first
+        ones = (1,) * (len(self.in_shape) - 1)
+        if channels_first:
+            self.c, self.n = self.in_shape[0], math.prod(self.in_shape[1:])
+            self.out_shape = (self.c, *ones) if keepdims else (self.c,)
+        else:
+            self.c, self.n = self.in_shape[-1], math.prod(self.in_shape[:-1])
+            self.out_shape = (*ones, self.c) if keepdims else (self.c,)
+
+    def _rows(self, a: np.ndarray) -> np.ndarray:
+        """``(b, pooled positions, channels)``: a view of the input (or its gradient)."""
+        if self.first:
+            return a.reshape(a.shape[0], self.c, self.n).transpose(0, 2, 1)
+        return a.reshape(a.shape[0], self.n, self.c)
 
     def buffers(self, b, train, need_dx):
         bufs = {"out": ((b, *self.out_shape), "f")}
@@ -132,10 +153,10 @@ class GlobalPool(Layer):
         if "col" in ws:
             ws["col"].fill(1.0 / self.n)
         if "dx" in ws:
-            ws["dx3"] = ws["dx"].reshape(b, self.n, self.c)
+            ws["dx3"] = self._rows(ws["dx"])
 
     def forward(self, ws, x, mask=None):
-        ws["x3"] = x3 = x.reshape(x.shape[0], self.n, self.c)
+        ws["x3"] = x3 = self._rows(x)
         if self.masked:
             m, den = mask[..., None], ws["den"]
             np.sum(m, axis=1, keepdims=True, out=den)
