@@ -204,8 +204,10 @@ def propagate(layers, outputs: tuple[int, ...]) -> dict[int, Key]:
             masks[s.output] = out
     if any(t in masks for t in outputs):
         raise InvalidSpec(
-            "model: the model's output still carries a mask (a masked sequence loss); "
-            "supported: a mask consumed inside the model (an RNN, GlobalAveragePooling1D)"
+            "model: the model's output still carries a mask (a masked sequence loss: Keras "
+            "weights the loss at each position by it, which ringtrain does not yet); "
+            "supported: a mask consumed inside the model (an RNN, GlobalAveragePooling1D), or "
+            "a loss per position without mask_zero/Masking"
         )
     return masks
 
