@@ -22,9 +22,7 @@ Going back, :meth:`KerasModel.keras_config` writes a Keras 3 config of the same 
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -33,9 +31,8 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import budget as budget_mod
-from ringtrain_trainer.engine.graph import Graph, Node
 from ringtrain_trainer.engine.multiloss import MultiLossSpec
-from ringtrain_trainer.keras import archive, outputs, shared, weight_args
+from ringtrain_trainer.keras import archive, weight_args
 from ringtrain_trainer.keras.config import (
     LayerSpec,
     ModelConfig,
@@ -43,187 +40,43 @@ from ringtrain_trainer.keras.config import (
     free_input_shape,
     parse,
 )
-from ringtrain_trainer.keras.entry import Build, without_folded
-from ringtrain_trainer.keras.mask_nodes import MaskWiring
-from ringtrain_trainer.keras.registry import REGISTRY
+from ringtrain_trainer.keras.lowering import lower
 from ringtrain_trainer.model import ModelSpec
 
 PRESETS = ("cnn", "cnn2")
-
-
-def _fuses(conv: LayerSpec, readers: list[LayerSpec]) -> bool:
-    """Whether ``conv`` and its only reader run as one ``fused.ConvPool``."""
-    if conv.cls != "Conv2D" or len(readers) != 1 or readers[0].cls != "MaxPooling2D":
-        return False
-    c, p, shape = conv.args, readers[0].args, conv.in_shapes[0]
-    k = c["kernel_size"]
-    return (
-        p["pool_size"] == [2, 2]
-        and p["strides"] == [2, 2]
-        and p["padding"] == "valid"
-        and k[0] == k[1]
-        and c["strides"] == [1, 1]
-        and c["padding"] == "valid"
-        and c["activation"] == "relu"
-        and c.get("dilation_rate", [1, 1]) == [1, 1]
-        and c["use_bias"]
-        and len(shape) == 3
-        and min(shape[0], shape[1]) - k[0] + 1 >= 2
-    )
-
-
-#: Dropout draws are keyed by layer index; an RNN's input dropout uses its index plus this
-RNN_DROPOUT_KEY = 1 << 20
-
-
-def _input_dropout(s: LayerSpec, i: int, ops: list, nodes: list[Node], src: int) -> int:
-    """An RNN's ``dropout`` as Keras 3 runs it without ``recurrent_dropout``: one mask per
-    sequence over the input features, the same at every step (``LSTM.call`` draws it from
-    the first step), scaled by ``1 / (1 - rate)``: a shared-mask Dropout node before the RNN,
-    the identity outside training."""
-    from ringtrain_trainer.engine.ops.dropout import SharedDropout
-
-    shape = tuple(s.in_shapes[0])
-    op = SharedDropout(shape, s.args["dropout"], RNN_DROPOUT_KEY + i, (1, shape[-1]))
-    op.name = f"{s.name}/input_dropout"
-    n = len(ops)
-    nodes.append(Node(n, (src,), n + 1))
-    ops.append(op)
-    return n + 1
 
 
 class KerasModel(ModelSpec):
     """A :class:`ModelSpec` built from a Keras config, which it remembers."""
 
     def __init__(self, name: str, config: ModelConfig, initial=None):
-        from ringtrain_trainer.layers.fused import ConvPool
-
         self.config = config
         #: the input shape the source declared where it has None dims (fixed from the data)
         self.declared_input_shape: tuple | None = None
         #: the model's mixed-precision settings (``ringtrain_trainer.numerics``)
         self.numerics = config.numerics
         self.loss_from_logits = True  # the IPU's loss always reads logits (see module doc)
-        specs = config.layers
-        #: every shared layer's name → its calls' spec indices (``keras.shared``)
-        calls: dict[str, list[int]] = {}
-        for i, s in enumerate(specs):
-            calls.setdefault(s.shares or s.name, []).append(i)
-        calls = {k: v for k, v in calls.items() if len(v) > 1}
-        ops: list = []
-        nodes: list[Node] = []
-        #: Keras tensor → the IPU tensor holding it
-        where: dict[int, int] = {x.tensor: x.tensor for x in config.inputs} or {0: 0}
-        heads = outputs.heads(config)
-        ipu_input = config.input_shape
-        #: per Keras layer: the IPU op holding its weights (None: folded away)
-        owner: list[int | None] = [None] * len(specs)
-        done: set[int] = set()
-        wiring = MaskWiring(config, ops, nodes, where)
-        for i, s in enumerate(specs):
-            if i in done:
-                continue
-            readers = config.consumers(s.output)
-            last = s.output in heads
-            reg = s.args.get("activity_regularizer")
-            if (
-                reg is None
-                and s.cls in ("Reshape", "Flatten")
-                and (
-                    (
-                        not ops
-                        and s.inputs == (0,)
-                        and len(config.consumers(0)) == 1
-                        and len(config.inputs) <= 1
-                    )
-                    or (
-                        len(s.out_shape) == 1
-                        and len(readers) == 1
-                        and readers[0].cls == "Dense"
-                        and not last
-                    )
-                )
-            ):
-                if not ops:
-                    ipu_input = s.out_shape
-                where[s.output] = where[s.inputs[0]]
-                continue
-            group = [s]
-            roles, extra = wiring.inputs(s)
-            if (
-                reg is None
-                and _fuses(s, readers)
-                and not last
-                and (s.shares or s.name) not in calls
-            ):
-                group.append(readers[0])
-                done.add(specs.index(readers[0]))
-                op = ConvPool(tuple(s.in_shapes[0]), s.args["filters"], s.args["kernel_size"][0])
-            else:
-                fold = heads[s.output] if last else None
-                try:
-                    built = without_folded(s, fold)
-                    op = REGISTRY[s.cls].build(built, list(s.in_shapes), Build(i, fold, roles))
-                except ValueError as e:
-                    raise InvalidSpec(f"model: layer {s.name!r} ({s.cls}): {e}") from None
-            if reg is not None and (op is None or fold is not None):
-                raise InvalidSpec(
-                    f"model: layer {s.name!r} ({s.cls}): activity_regularizer on an output "
-                    "whose activation the loss computes is not supported"
-                )
-            if op is None:  # the identity (an activation folded into the loss)
-                where[s.output] = where[s.inputs[0]]
-                continue
-            if s.frozen:
-                from ringtrain_trainer.engine.ops.frozen import Frozen
-
-                op = Frozen(op, inference=s.cls == "BatchNormalization")
-            if reg is not None:
-                from ringtrain_trainer.engine.ops import activity, regularizers
-
-                r = regularizers.parse(reg, "activity_regularizer")
-                assert r is not None
-                op = activity.WithActivity(op, r.l1, r.l2)
-            op.name = "+".join(x.name for x in group)
-            srcs = [where[t] for t in s.inputs]
-            if s.args.get("dropout") and s.cls in ("LSTM", "GRU", "SimpleRNN"):
-                srcs[0] = _input_dropout(s, i, ops, nodes, srcs[0])
-            n = len(ops)
-            nodes.append(Node(n, (*srcs, *extra), n + 1))
-            ops.append(op)
-            for g in group:
-                where[g.output] = n + 1
-            owner[i] = n
-        self.owner = owner
-        if not ops:
-            raise InvalidSpec("model: the config has no layer with weights or computation")
-        outs = config.outputs or (config.output,)
-        shapes = [outputs.output_shape(config, ops, where, t) for t in outs]
-        widths = [s[-1] for s in shapes]
-        loss = config.loss
-        if len(shapes[0]) > 1:  # a loss per position: the loss reads every position's row
-            loss = dataclasses.replace(loss, out_shape=shapes[0])
+        low = lower(config)
+        #: per Keras layer: the op holding its weights (None: folded away)
+        self.owner = low.owner
         ins = config.inputs
-        graph = Graph(
-            nodes,
-            tuple(x.tensor for x in ins) or (0,),
-            tuple(where[t] for t in outs),
-            frozenset(wiring.no_grad),
-        )
-        ties = shared.tie(ops, graph, [[owner[i] for i in v] for v in calls.values()], specs, calls)
         #: several inputs: each one's own shape; the program's ``x`` packs them row-major
         self.graph_input_shapes = [tuple(x.shape) for x in ins] if len(ins) > 1 else None
-        if self.graph_input_shapes:
-            ipu_input = (sum(math.prod(x.shape) for x in ins),)
         #: the IPU program's input shape: the Keras input after any leading Reshape/Flatten
         #: (same bytes, row-major); ``config.input_shape`` is what the Keras model takes
         super().__init__(
-            name, ops, tuple(ipu_input), sum(widths), graph=graph, loss=loss, ties=ties
+            name,
+            low.ops,
+            low.ipu_input,
+            sum(low.widths),
+            graph=low.graph,
+            loss=low.loss,
+            ties=low.ties,
         )
-        self.slots = weight_args.with_weight_args(self.slots, config.layers, owner)
+        self.slots = weight_args.with_weight_args(self.slots, config.layers, low.owner)
         self.initial = initial  # (flat, state) from a .keras archive, or None
         #: parameters held frozen (``trainable=False``): state, never trained or reduced
-        self.num_frozen = sum(getattr(op, "frozen_size", 0) for op in ops)
+        self.num_frozen = sum(getattr(op, "frozen_size", 0) for op in low.ops)
         if self.num_frozen and not self.num_params:
             raise InvalidSpec(
                 "model: every weight of the model is frozen (trainable=False): nothing to "
