@@ -35,7 +35,46 @@ CASES = [
     (lambda: keras.metrics.MeanSquaredError(), "regression", None, "float", 2),
     (lambda: "mse", "regression", None, "float", 3),
     (lambda: keras.metrics.MeanAbsolutePercentageError(), "regression", None, "float", 1),
-]
+    (lambda: keras.metrics.LogCoshError(), "regression", None, "float", 2),
+    (lambda: "msle", "regression", None, "float", 2),
+    (lambda: keras.metrics.CosineSimilarity(), "regression", None, "float", 3),
+    (lambda: keras.metrics.KLDivergence(), "binary", "sigmoid", "bits", 3),
+    (lambda: keras.metrics.Poisson(), "binary", "sigmoid", "bits", 2),
+    (lambda: keras.metrics.Hinge(), "binary", None, "logits", 2),
+    (lambda: "squared_hinge", "binary", None, "logits", 2),
+    (lambda: keras.metrics.CategoricalHinge(), "categorical", "softmax", "onehot", 4),
+    (lambda: keras.metrics.BinaryCrossentropy(), "binary", None, "bits", 2),
+    (
+        lambda: keras.metrics.BinaryCrossentropy(from_logits=True, label_smoothing=0.1),
+        "binary", None, "logits", 1,
+    ),
+    (
+        lambda: keras.metrics.CategoricalCrossentropy(label_smoothing=0.1),
+        "categorical", "softmax", "onehot", 5,
+    ),
+    (lambda: keras.metrics.SparseCategoricalCrossentropy(), "sparse", "softmax", "ids", 5),
+    (lambda: "sparse_categorical_crossentropy", "sparse", "softmax", "ids", 4),
+    (lambda: keras.metrics.TruePositives(), "binary", "sigmoid", "bits", 2),
+    (lambda: keras.metrics.FalsePositives(), "binary", "sigmoid", "bits", 2),
+    (lambda: keras.metrics.TrueNegatives(), "binary", "sigmoid", "bits", 1),
+    (lambda: keras.metrics.FalseNegatives(), "binary", "sigmoid", "bits", 2),
+    (lambda: keras.metrics.F1Score(average="macro", threshold=0.5), "binary", "sigmoid", "bits", 3),
+    (lambda: keras.metrics.F1Score(average="micro"), "categorical", "softmax", "onehot", 4),
+    (
+        lambda: keras.metrics.FBetaScore(beta=2.0, average="weighted"),
+        "categorical", "softmax", "onehot", 4,
+    ),
+    (lambda: keras.metrics.R2Score(), "regression", None, "float", 2),
+    (
+        lambda: keras.metrics.R2Score(class_aggregation="variance_weighted_average"),
+        "regression", None, "float", 3,
+    ),
+    (lambda: keras.metrics.MeanIoU(5, sparse_y_pred=False), "sparse", "softmax", "ids", 5),
+    (
+        lambda: keras.metrics.MeanIoU(4, sparse_y_true=False, sparse_y_pred=False),
+        "categorical", "softmax", "onehot", 4,
+    ),
+]  # fmt: skip
 
 
 def _data(kind, k, rng):
@@ -71,7 +110,7 @@ def test_results_equal_keras_stateful_metrics(make, kind, act, labels, k, rng):
     if not isinstance(theirs, keras.metrics.Metric):
         theirs = keras.metrics.MeanMetricWrapper(theirs, name=given)
     z, y = _data(labels, k, rng)
-    ours = KMET.MetricSet([spec], act)
+    ours = KMET.MetricSet([spec], act, width=k)
     out = _keras_output(z, act)
     for s in range(0, N, BATCH):
         ours.update(z[s : s + BATCH], y[s : s + BATCH])
@@ -91,7 +130,8 @@ def test_results_equal_keras_stateful_metrics(make, kind, act, labels, k, rng):
         ("precision", "sparse", "with a sparse loss"),
         ("top_k_categorical_accuracy", "sparse", "with a sparse loss"),
         (keras.metrics.serialize(keras.metrics.F1Score()), "binary", "F1Score"),
-        ("cosine_similarity", "regression", "cosine_similarity"),
+        (keras.metrics.serialize(keras.metrics.IoU(2, target_class_ids=[0])), "sparse", "IoU"),
+        (keras.metrics.serialize(keras.metrics.R2Score(num_regressors=2)), "regression", "num_reg"),
     ],
 )
 def test_what_is_not_implemented_is_refused_by_name(doc, kind, words):
@@ -125,11 +165,13 @@ def test_the_chief_reports_keras_evaluate_s_metrics(family, tmp_path, rng):
     if family == "binary":
         y = (x[:, :1] + 0.5 * rng.normal(size=(101, 1)) > 0).astype(np.float32)
         metrics = [keras.metrics.AUC(), keras.metrics.AUC(curve="PR", name="pr"), "precision"]
-        metrics += [keras.metrics.Recall()]
+        metrics += [keras.metrics.Recall(), "binary_crossentropy", keras.metrics.TruePositives()]
+        metrics += [keras.metrics.F1Score(average="micro", threshold=0.5)]
         last, loss = keras.layers.Dense(1, activation="sigmoid"), "binary_crossentropy"
     else:
         y = (x[:, :2] * 2 + 3).astype(np.float32)
         metrics = ["mse", keras.metrics.RootMeanSquaredError(), "mape", "mae"]
+        metrics += [keras.metrics.R2Score(), keras.metrics.LogCoshError()]
         last, loss = keras.layers.Dense(2), "log_cosh"
     km = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, activation="relu"), last])
     km.compile(optimizer=keras.optimizers.Nadam(0.01), loss=loss, metrics=metrics)

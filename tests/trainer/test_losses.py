@@ -98,8 +98,8 @@ def test_a_per_timestep_output_reads_a_loss_per_position(loss, act):
     "loss, metric",
     [
         ("mse", "accuracy"),
-        ("binary_crossentropy", "logcosh"),
-        ("categorical_crossentropy", "cosine_similarity"),
+        ("binary_crossentropy", "precision_at_recall"),
+        ("categorical_crossentropy", "iou"),
     ],
 )
 def test_metrics_other_than_the_losss_own_are_refused_naming_compile_config_metrics(loss, metric):

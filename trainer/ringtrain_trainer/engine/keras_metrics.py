@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine import metric_classes as C
 
 WHERE = "compile_config.metrics"
 
@@ -38,190 +39,25 @@ class MetricSpec:
     args: dict = field(default_factory=dict)
 
 
-class _Metric:
-    """Keras' stateful metric protocol: ``update(y_true, y_pred)``, ``result()``."""
-
-    def __init__(self, spec: MetricSpec):
-        self.spec = spec
-
-    def update(self, y: np.ndarray, p: np.ndarray) -> None:
-        raise NotImplementedError
-
-    def result(self) -> float:
-        raise NotImplementedError
-
-    def state(self) -> np.ndarray:
-        """The running state as one float64 vector: what replicas sum (``MetricSet.merge``)."""
-        raise NotImplementedError
-
-    def set_state(self, v: np.ndarray) -> None:
-        raise NotImplementedError
-
-
-class _Mean(_Metric):
-    """Keras' ``MeanMetricWrapper``: the mean over examples of a per-example value."""
-
-    def __init__(self, spec: MetricSpec):
-        super().__init__(spec)
-        self.total, self.count = 0.0, 0
-
-    def per_example(self, y: np.ndarray, p: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def update(self, y, p):
-        v = self.per_example(y, p)
-        self.total += float(v.sum())
-        self.count += v.size
-
-    def result(self):
-        return self.total / self.count if self.count else 0.0
-
-    def state(self):
-        return np.array([self.total, self.count], np.float64)
-
-    def set_state(self, v):
-        self.total, self.count = float(v[0]), round(float(v[1]))
-
-
-class MeanSquaredError(_Mean):
-    def per_example(self, y, p):
-        return np.mean((p - y) ** 2, axis=-1)
-
-
-class MeanAbsoluteError(_Mean):
-    def per_example(self, y, p):
-        return np.mean(np.abs(p - y), axis=-1)
-
-
-class MeanAbsolutePercentageError(_Mean):
-    def per_example(self, y, p):
-        return 100.0 * np.mean(np.abs((y - p) / np.maximum(np.abs(y), 1e-7)), axis=-1)
-
-
-class RootMeanSquaredError(_Mean):
-    """``sqrt`` of the mean squared error over every element (Keras' ``Mean`` of the squared
-    error tensor)."""
-
-    def per_example(self, y, p):
-        return ((p - y) ** 2).ravel()
-
-    def result(self):
-        return float(np.sqrt(super().result()))
-
-
-class TopKCategoricalAccuracy(_Mean):
-    """Whether the label's class is among the ``k`` largest outputs (one-hot labels)."""
-
-    sparse = False
-
-    def per_example(self, y, p):
-        ids = np.asarray(y).reshape(len(p), -1)[:, 0] if self.sparse else np.argmax(y, axis=-1)
-        ids = ids.astype(np.int64)
-        k = int(self.spec.args["k"])
-        picked = p[np.arange(len(p)), ids]
-        # in_top_k: fewer than k outputs strictly larger than the label's
-        return (np.sum(p > picked[:, None], axis=-1) < k).astype(np.float64)
-
-
-class SparseTopKCategoricalAccuracy(TopKCategoricalAccuracy):
-    sparse = True
-
-
-class _Confusion(_Metric):
-    """Confusion counts per threshold over every output (``multi_label=False``: flattened)."""
-
-    def __init__(self, spec: MetricSpec, thresholds: int):
-        super().__init__(spec)
-        self.t = thresholds
-        self.tp = np.zeros(thresholds)
-        self.fp = np.zeros(thresholds)
-        self.pos = 0.0
-        self.neg = 0.0
-
-    def update(self, y, p):
-        truth = np.asarray(y, np.float64).ravel() != 0
-        p = np.asarray(p, np.float64).ravel()
-        self.pos += float(truth.sum())
-        self.neg += float(truth.size - truth.sum())
-        self._count(truth, p)
-
-    def _count(self, truth: np.ndarray, p: np.ndarray) -> None:
-        raise NotImplementedError
-
-    def state(self):
-        return np.concatenate([self.tp, self.fp, [self.pos, self.neg]])
-
-    def set_state(self, v):
-        t = self.t
-        self.tp[:], self.fp[:] = v[:t], v[t : 2 * t]
-        self.pos, self.neg = float(v[2 * t]), float(v[2 * t + 1])
-
-
-class AUC(_Confusion):
-    def __init__(self, spec: MetricSpec):
-        super().__init__(spec, int(spec.args["num_thresholds"]))
-
-    def _count(self, truth, p):
-        if self.spec.args["from_logits"]:
-            p = 1.0 / (1.0 + np.exp(-p))
-        # Keras' evenly-spaced fast path: bucket max(ceil(p (T-1)) - 1, 0) of p in [0, 1]
-        b = np.ceil(np.clip(p, 0.0, 1.0) * (self.t - 1)).astype(np.int64) - 1
-        np.maximum(b, 0, out=b)
-        tp = np.bincount(b[truth], minlength=self.t)[: self.t]
-        fp = np.bincount(b[~truth], minlength=self.t)[: self.t]
-        self.tp += np.cumsum(tp[::-1])[::-1]
-        self.fp += np.cumsum(fp[::-1])[::-1]
-
-    def result(self):
-        tp, fp = self.tp, self.fp
-        fn, tn = self.pos - tp, self.neg - fp
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if self.spec.args["curve"] == "PR":
-                dtp = tp[:-1] - tp[1:]
-                pp = tp + fp
-                slope = _div(dtp, np.maximum(pp[:-1] - pp[1:], 0))
-                intercept = tp[1:] - slope * pp[1:]
-                both = (pp[:-1] > 0) & (pp[1:] > 0)
-                ratio = np.where(both, _div(pp[:-1], np.maximum(pp[1:], 0)), 1.0)
-                inc = slope * (dtp + intercept * np.log(ratio))
-                inc = _div(inc, np.maximum(tp[1:] + fn[1:], 0))
-                return float(inc.sum())
-            x, y = _div(fp, fp + tn), _div(tp, tp + fn)
-        return float(np.sum((x[:-1] - x[1:]) * (y[:-1] + y[1:]) / 2.0))
-
-
-class _AtHalf(_Confusion):
-    def __init__(self, spec: MetricSpec):
-        super().__init__(spec, 1)
-
-    def _count(self, truth, p):
-        above = p > 0.5
-        self.tp += np.count_nonzero(above & truth)
-        self.fp += np.count_nonzero(above & ~truth)
-
-
-class Precision(_AtHalf):
-    def result(self):
-        d = self.tp[0] + self.fp[0]
-        return float(self.tp[0] / d) if d else 0.0
-
-
-class Recall(_AtHalf):
-    def result(self):
-        return float(self.tp[0] / self.pos) if self.pos else 0.0
-
-
-def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Keras' ``divide_no_nan``: 0 where the divisor is 0."""
-    return np.where(b == 0, 0.0, a / np.where(b == 0, 1.0, b))
-
-
 #: Keras class name -> (implementation, string aliases, accepted arguments and their defaults,
 #: the loss kinds whose labels it reads)
 _CONFUSION_KINDS = ("binary", "categorical", "regression")
-ENTRIES: dict[str, tuple[type[_Metric], tuple[str, ...], dict, tuple[str, ...]]] = {
+_ANY = ("regression", "binary", "categorical")
+_LOSS_VALUES = {
+    "LogCoshError": ("logcosh", "log_cosh", "log_cosh_error"),
+    "KLDivergence": ("kl_divergence", "kld", "kullback_leibler_divergence"),
+    "MeanSquaredLogarithmicError": ("mean_squared_logarithmic_error", "msle"),
+    "Poisson": ("poisson",),
+    "CosineSimilarity": ("cosine_similarity",),
+    "Hinge": ("hinge",),
+    "SquaredHinge": ("squared_hinge",),
+    "CategoricalHinge": ("categorical_hinge",),
+}
+_COUNTS = ("TruePositives", "FalsePositives", "TrueNegatives", "FalseNegatives")
+_FBETA = {"average": None, "threshold": None}
+ENTRIES: dict[str, tuple[type[C.Metric], tuple[str, ...], dict, tuple[str, ...]]] = {
     "AUC": (
-        AUC,
+        C.AUC,
         ("auc",),
         {
             "num_thresholds": 200,
@@ -235,54 +71,90 @@ ENTRIES: dict[str, tuple[type[_Metric], tuple[str, ...], dict, tuple[str, ...]]]
         _CONFUSION_KINDS,
     ),
     "Precision": (
-        Precision,
+        C.Precision,
         ("precision",),
         {"thresholds": None, "top_k": None, "class_id": None},
         _CONFUSION_KINDS,
     ),
     "Recall": (
-        Recall,
+        C.Recall,
         ("recall",),
         {"thresholds": None, "top_k": None, "class_id": None},
         _CONFUSION_KINDS,
     ),
     "TopKCategoricalAccuracy": (
-        TopKCategoricalAccuracy,
+        C.TopKCategoricalAccuracy,
         ("top_k_categorical_accuracy",),
         {"k": 5},
         ("categorical",),
     ),
     "SparseTopKCategoricalAccuracy": (
-        SparseTopKCategoricalAccuracy,
+        C.SparseTopKCategoricalAccuracy,
         ("sparse_top_k_categorical_accuracy",),
         {"k": 5, "from_sorted_ids": False},
         ("sparse",),
     ),
     "RootMeanSquaredError": (
-        RootMeanSquaredError,
+        C.RootMeanSquaredError,
         ("root_mean_squared_error",),
         {},
         ("regression", "binary", "categorical"),
     ),
     "MeanSquaredError": (
-        MeanSquaredError,
+        C.MeanSquaredError,
         ("mean_squared_error", "mse"),
         {},
         ("regression", "binary", "categorical"),
     ),
     "MeanAbsoluteError": (  # a regression loss reports it as its own metric
-        MeanAbsoluteError,
+        C.MeanAbsoluteError,
         ("mean_absolute_error", "mae"),
         {},
         ("binary", "categorical"),
     ),
     "MeanAbsolutePercentageError": (
-        MeanAbsolutePercentageError,
+        C.MeanAbsolutePercentageError,
         ("mean_absolute_percentage_error", "mape"),
         {},
         ("regression", "binary", "categorical"),
     ),
-}
+    **{cls: (C.LossValue, aliases, {"axis": -1} if cls == "CosineSimilarity" else {}, _ANY)
+       for cls, aliases in _LOSS_VALUES.items()},
+    "BinaryCrossentropy": (
+        C.BinaryCrossentropy,
+        ("binary_crossentropy",),
+        {"from_logits": False, "label_smoothing": 0},
+        ("binary", "regression"),
+    ),
+    "CategoricalCrossentropy": (
+        C.CategoricalCrossentropy,
+        ("categorical_crossentropy",),
+        {"from_logits": False, "label_smoothing": 0, "axis": -1},
+        ("categorical",),
+    ),
+    "SparseCategoricalCrossentropy": (
+        C.SparseCategoricalCrossentropy,
+        ("sparse_categorical_crossentropy",),
+        {"from_logits": False, "ignore_class": None, "axis": -1},
+        ("sparse",),
+    ),
+    **{cls: (C.Count, (), {"thresholds": None}, _CONFUSION_KINDS) for cls in _COUNTS},
+    "F1Score": (C.FBetaScore, (), _FBETA, ("binary", "categorical")),
+    "FBetaScore": (C.FBetaScore, (), {**_FBETA, "beta": 1.0}, ("binary", "categorical")),
+    "R2Score": (
+        C.R2Score,
+        (),
+        {"class_aggregation": "uniform_average", "num_regressors": 0},
+        ("regression",),
+    ),
+    "MeanIoU": (
+        C.MeanIoU,
+        (),
+        {"num_classes": None, "ignore_class": None, "sparse_y_true": True,
+         "sparse_y_pred": True, "axis": -1},
+        ("sparse", "categorical"),
+    ),
+}  # fmt: skip
 SUPPORTED = tuple(ENTRIES)
 _ALIASES = {a: cls for cls, (_, aliases, _, _) in ENTRIES.items() for a in aliases}
 #: the arguments supported only at their default (what is not implemented)
@@ -291,6 +163,12 @@ _ONLY_DEFAULT = {
     "Precision": ("thresholds", "top_k", "class_id"),
     "Recall": ("thresholds", "top_k", "class_id"),
     "SparseTopKCategoricalAccuracy": ("from_sorted_ids",),
+    "CosineSimilarity": ("axis",),
+    "CategoricalCrossentropy": ("axis",),
+    "SparseCategoricalCrossentropy": ("axis", "ignore_class"),
+    "R2Score": ("num_regressors",),
+    "MeanIoU": ("axis",),
+    **dict.fromkeys(_COUNTS, ("thresholds",)),
 }
 
 
@@ -347,6 +225,21 @@ def parse(doc, kind: str) -> MetricSpec:
             f"model: {WHERE}.AUC: curve={args['curve']!r}, num_thresholds="
             f"{args['num_thresholds']!r} is not supported (supported: 'ROC' or 'PR', > 1)"
         )
+    if cls in ("F1Score", "FBetaScore") and args["average"] not in ("micro", "macro", "weighted"):
+        raise InvalidSpec(
+            f"model: {WHERE}.{cls}.average={args['average']!r} is not supported (supported: "
+            "'micro', 'macro' or 'weighted': one number; None reports one per class)"
+        )
+    if cls == "R2Score" and args["class_aggregation"] not in (
+        "uniform_average",
+        "variance_weighted_average",
+    ):
+        raise InvalidSpec(
+            f"model: {WHERE}.R2Score.class_aggregation={args['class_aggregation']!r} is not "
+            "supported (supported: 'uniform_average', 'variance_weighted_average')"
+        )
+    if cls == "MeanIoU" and not (isinstance(args["num_classes"], int) and args["num_classes"] > 1):
+        raise InvalidSpec(f"model: {WHERE}.MeanIoU.num_classes: a number of classes is needed")
     return MetricSpec(cls, str(name), args)
 
 
@@ -359,20 +252,25 @@ class MetricSet:
         specs: tuple[MetricSpec, ...] | list[MetricSpec],
         folded: str | None,
         per_position: bool = False,
+        width: int = 1,
     ):
         self.specs = tuple(specs)
         self.folded = folded
         #: a loss per position: every position of an example is a sample, as in Keras
         self.per_position = per_position
+        #: the output's last axis: the size of a per-class state
+        self.width = width
         self.reset()
 
     def reset(self) -> None:
         self.metrics = [ENTRIES[s.cls][0](s) for s in self.specs]
+        for m in self.metrics:
+            m.width = self.width
 
     def update(self, z: np.ndarray, y: np.ndarray) -> None:
         if not self.metrics:
             return
-        p = np.asarray(z, np.float64)
+        p = logits = np.asarray(z, np.float64)
         if self.folded == "sigmoid":
             p = 1.0 / (1.0 + np.exp(-p))
         elif self.folded == "softmax":
@@ -380,10 +278,11 @@ class MetricSet:
             p /= p.sum(axis=-1, keepdims=True)
         y = np.asarray(y)
         if self.per_position:
-            p = p.reshape(-1, p.shape[-1])
+            p, logits = p.reshape(-1, p.shape[-1]), logits.reshape(-1, p.shape[-1])
             y = y.reshape(len(p)) if y.size == len(p) else y.reshape(p.shape)
         for m in self.metrics:
-            yy = y if isinstance(m, SparseTopKCategoricalAccuracy) else y.reshape(p.shape)
+            m.logits = logits if self.folded else None
+            yy = y if m.ids else y.reshape(p.shape)
             m.update(yy.astype(np.float64) if yy.dtype.kind != "f" else yy, p)
 
     def state(self) -> np.ndarray:
@@ -409,4 +308,5 @@ def for_model(spec) -> MetricSet:
     whose ``config.metrics`` the compile settings gave; none for the presets)."""
     config = getattr(spec, "config", None)
     positions = getattr(spec.loss, "positions", 1)
-    return MetricSet(getattr(config, "metrics", ()), spec.loss.folded, positions > 1)
+    metrics = getattr(config, "metrics", ())
+    return MetricSet(metrics, spec.loss.folded, positions > 1, spec.num_classes)
