@@ -65,6 +65,8 @@ CASES = [
         "categorical", "softmax", "onehot", 4,
     ),
     (lambda: keras.metrics.R2Score(), "regression", None, "float", 2),
+    (lambda: keras.metrics.F1Score(), "categorical", "softmax", "onehot", 3),
+    (lambda: keras.metrics.R2Score(class_aggregation=None), "regression", None, "float", 2),
     (
         lambda: keras.metrics.R2Score(class_aggregation="variance_weighted_average"),
         "regression", None, "float", 3,
@@ -117,8 +119,13 @@ def test_results_equal_keras_stateful_metrics(make, kind, act, labels, k, rng):
         theirs.update_state(y[s : s + BATCH], out[s : s + BATCH])
     got = ours.results()
     name = given if isinstance(given, str) else theirs.name  # compile names a string metric so
+    want = np.asarray(theirs.result())
+    if want.ndim:  # one value per class, reported as name_0, name_1, ...
+        assert list(got) == [f"{name}_{i}" for i in range(len(want))]
+        np.testing.assert_allclose(list(got.values()), want, rtol=1e-5, atol=1e-6)
+        return
     assert list(got) == [name]
-    assert got[name] == pytest.approx(float(theirs.result()), rel=1e-5, abs=1e-6)
+    assert got[name] == pytest.approx(float(want), rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -129,7 +136,7 @@ def test_results_equal_keras_stateful_metrics(make, kind, act, labels, k, rng):
         (keras.metrics.serialize(keras.metrics.Recall(top_k=2)), "binary", "top_k"),
         ("precision", "sparse", "with a sparse loss"),
         ("top_k_categorical_accuracy", "sparse", "with a sparse loss"),
-        (keras.metrics.serialize(keras.metrics.F1Score()), "binary", "F1Score"),
+        (keras.metrics.serialize(keras.metrics.BinaryIoU()), "binary", "BinaryIoU"),
         (keras.metrics.serialize(keras.metrics.IoU(2, target_class_ids=[0])), "sparse", "IoU"),
         (keras.metrics.serialize(keras.metrics.R2Score(num_regressors=2)), "regression", "num_reg"),
     ],

@@ -225,18 +225,24 @@ def parse(doc, kind: str) -> MetricSpec:
             f"model: {WHERE}.AUC: curve={args['curve']!r}, num_thresholds="
             f"{args['num_thresholds']!r} is not supported (supported: 'ROC' or 'PR', > 1)"
         )
-    if cls in ("F1Score", "FBetaScore") and args["average"] not in ("micro", "macro", "weighted"):
+    if cls in ("F1Score", "FBetaScore") and args["average"] not in (
+        None,
+        "micro",
+        "macro",
+        "weighted",
+    ):
         raise InvalidSpec(
             f"model: {WHERE}.{cls}.average={args['average']!r} is not supported (supported: "
-            "'micro', 'macro' or 'weighted': one number; None reports one per class)"
+            "None, 'micro', 'macro' or 'weighted')"
         )
     if cls == "R2Score" and args["class_aggregation"] not in (
+        None,
         "uniform_average",
         "variance_weighted_average",
     ):
         raise InvalidSpec(
             f"model: {WHERE}.R2Score.class_aggregation={args['class_aggregation']!r} is not "
-            "supported (supported: 'uniform_average', 'variance_weighted_average')"
+            "supported (supported: None, 'uniform_average', 'variance_weighted_average')"
         )
     if cls == "MeanIoU" and not (isinstance(args["num_classes"], int) and args["num_classes"] > 1):
         raise InvalidSpec(f"model: {WHERE}.MeanIoU.num_classes: a number of classes is needed")
@@ -300,7 +306,16 @@ class MetricSet:
             at += n
 
     def results(self) -> dict[str, float]:
-        return {m.spec.name: round(m.result(), 6) for m in self.metrics}
+        """``{name: value}``; a metric with one value per class (``F1Score(average=None)``,
+        an array in Keras' logs) as ``name_0``, ``name_1``, ...: every report takes numbers."""
+        out: dict[str, float] = {}
+        for m in self.metrics:
+            r = m.result()
+            if np.ndim(r):
+                out.update({f"{m.spec.name}_{i}": round(float(v), 6) for i, v in enumerate(r)})
+            else:
+                out[m.spec.name] = round(float(r), 6)
+        return out
 
 
 def for_model(spec) -> MetricSet:

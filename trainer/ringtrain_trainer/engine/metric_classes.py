@@ -38,7 +38,8 @@ class Metric:
     def update(self, y: np.ndarray, p: np.ndarray) -> None:
         raise NotImplementedError
 
-    def result(self) -> float:
+    def result(self) -> float | np.ndarray:
+        """Keras' result: a number, or one per class (``F1Score(average=None)``)."""
         raise NotImplementedError
 
     def state(self) -> np.ndarray:
@@ -292,7 +293,7 @@ class FBetaScore(Metric):
     """Keras' ``FBetaScore``/``F1Score`` on ``(n, classes)`` labels: per class the true
     positives, false positives and false negatives of the thresholded output (the row's
     maximum when ``threshold`` is None), then F-beta averaged ``micro``, ``macro`` or
-    ``weighted`` by each class's support."""
+    ``weighted`` by each class's support; ``average=None``: one per class (a vector)."""
 
     def __init__(self, spec: MetricSpec):
         super().__init__(spec)
@@ -318,7 +319,7 @@ class FBetaScore(Metric):
         f = precision * recall / (b2 * precision + recall + EPS) * (1 + b2)
         if avg == "weighted":
             return float(np.sum(f * support / (support.sum() + EPS)))
-        return float(np.mean(f))
+        return float(np.mean(f)) if avg else f
 
     def state(self):
         return np.zeros(4 * self.width) if self.counts is None else self.counts.ravel()
@@ -347,9 +348,10 @@ class R2Score(Metric):
             total = syy - sy * (sy / n)
             r2 = 1.0 - res / total
         r2[np.isinf(r2)] = 0.0  # Keras': a constant target with any error scores 0
-        if self.spec.args["class_aggregation"] == "variance_weighted_average":
+        agg = self.spec.args["class_aggregation"]
+        if agg == "variance_weighted_average":
             return float(np.sum(total * r2) / np.sum(total))
-        return float(np.mean(r2))
+        return float(np.mean(r2)) if agg else r2
 
     def state(self):
         return np.zeros(4 * self.width) if self.sums is None else self.sums.ravel()
