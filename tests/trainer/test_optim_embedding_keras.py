@@ -110,11 +110,13 @@ def test_clipping_an_embedding_gradient_is_refused_before_anything_runs(clip, tm
         Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), data, out=io.StringIO())
 
 
-def test_adamax_on_an_embedding_is_refused_before_anything_runs(tmp_path):
-    """Keras' Adamax takes |g| of each occurrence's slice; ringtrain has only the sum."""
-    _model(keras.optimizers.Adamax(0.1)).save(tmp_path / "m.keras")
+@pytest.mark.parametrize("name", ["Adamax", "Adadelta"])
+def test_adamax_or_adadelta_on_an_embedding_is_refused_before_anything_runs(name, tmp_path):
+    """Keras' Adamax takes |g| of each occurrence's slice, Adadelta squares each occurrence's
+    update; ringtrain has only the sum."""
+    _model(getattr(keras.optimizers, name)(0.1)).save(tmp_path / "m.keras")
     args = ["--model", str(tmp_path / "m.keras"), "--steps", "1", "--batch-size", "8"]
     x = np.zeros((16, SEQ), np.float32)
     data = Dataset("tokens", Split(x, np.zeros(16, np.int64)), Split(x, np.zeros(16)), CLASSES)
-    with pytest.raises(InvalidSpec, match=r"compile_config\.optimizer\.class_name='Adamax'"):
+    with pytest.raises(InvalidSpec, match=rf"compile_config\.optimizer\.class_name='{name}'"):
         Trainer(TrainerConfig.from_args(args, {}), LocalCollective(), data, out=io.StringIO())

@@ -47,6 +47,8 @@ CASES = {
     "nadam": lambda: keras.optimizers.Nadam(0.01),
     "nadam-args": lambda: keras.optimizers.Nadam(0.02, beta_1=0.8, beta_2=0.95, epsilon=1e-4),
     "nadam-decay-clipnorm": lambda: keras.optimizers.Nadam(0.01, weight_decay=0.05, clipnorm=0.5),
+    "adadelta": lambda: keras.optimizers.Adadelta(0.5),
+    "adadelta-args": lambda: keras.optimizers.Adadelta(1.0, rho=0.8, epsilon=1e-4),
     "adamax": lambda: keras.optimizers.Adamax(0.01),
     "adamax-args": lambda: keras.optimizers.Adamax(0.02, beta_1=0.7, beta_2=0.9, epsilon=1e-3),
     "lion": lambda: keras.optimizers.Lion(0.01),

@@ -23,6 +23,7 @@ from typing import Any
 
 from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer.optim import schedules
+from ringtrain_trainer.optim.adadelta import Adadelta
 from ringtrain_trainer.optim.adafactor import Adafactor
 from ringtrain_trainer.optim.adagrad import Adagrad
 from ringtrain_trainer.optim.adam import Adam, AdamW
@@ -66,6 +67,7 @@ KERAS: dict[str, tuple[type[Optimizer], dict[str, Any], dict[str, Any]]] = {
     ),
     "RMSprop": (RMSprop, {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-7, "centered": False}, {}),
     "Adagrad": (Adagrad, {"initial_accumulator_value": 0.1, "epsilon": 1e-7}, {}),
+    "Adadelta": (Adadelta, {"rho": 0.95, "epsilon": 1e-7}, {}),
     "Nadam": (Nadam, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Adamax": (Adamax, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Lion": (Lion, {"beta_1": 0.9, "beta_2": 0.99}, {}),
@@ -285,19 +287,27 @@ def for_run(cfg, model) -> OptimizerSpec:
     return spec
 
 
+#: optimizers whose Keras update takes a per-token-occurrence value of an Embedding's
+#: ``IndexedSlices`` that :mod:`.sparse_rows` (squares of ``g`` only) does not reproduce
+_PER_OCCURRENCE = {
+    "Adamax": "each token occurrence's |gradient|",
+    "Adadelta": "the square of each token occurrence's update",
+}
+
+
 def _refuse_abs_embedding(spec: OptimizerSpec, model) -> None:
     """Keras' Adamax takes ``|g|`` of an Embedding's ``IndexedSlices`` per token occurrence
-    before duplicate ids are summed (the rule :mod:`.sparse_rows` implements for squares);
-    ringtrain has only the summed gradient there: refused, not approximated."""
+    before duplicate ids are summed (the rule :mod:`.sparse_rows` implements for squares), and
+    Adadelta squares its per-occurrence update; ringtrain has only the summed gradient there:
+    refused, not approximated."""
     from ringtrain_trainer.engine.ops.embedding import Embedding
 
-    if spec.class_name == "Adamax" and any(
-        isinstance(layer, Embedding) for layer in getattr(model, "layers", ())
-    ):
+    what = _PER_OCCURRENCE.get(spec.class_name)
+    if what and any(isinstance(layer, Embedding) for layer in getattr(model, "layers", ())):
         raise InvalidSpec(
-            f"model: {WHERE}.class_name='Adamax' is not supported with an Embedding layer "
-            "(Keras takes each token occurrence's |gradient| before summing duplicate ids; "
-            "ringtrain reduces the summed gradient)"
+            f"model: {WHERE}.class_name={spec.class_name!r} is not supported with an "
+            f"Embedding layer (Keras takes {what} before summing duplicate ids; ringtrain "
+            "reduces the summed gradient)"
         )
 
 
@@ -369,6 +379,7 @@ def state_arrays(spec: OptimizerSpec) -> int:
         "AdamW": lambda: 2 + bool(c["amsgrad"]),
         "RMSprop": lambda: 1 + (c["momentum"] > 0) + bool(c["centered"]),
         "Adagrad": lambda: 1,
+        "Adadelta": lambda: 2,
         "Nadam": lambda: 2,
         "Adamax": lambda: 2,
         "Lion": lambda: 1,
