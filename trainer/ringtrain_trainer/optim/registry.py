@@ -31,6 +31,7 @@ from ringtrain_trainer.optim.adamax import Adamax
 from ringtrain_trainer.optim.base import Optimizer
 from ringtrain_trainer.optim.clip import KINDS, Clip
 from ringtrain_trainer.optim.ftrl import Ftrl
+from ringtrain_trainer.optim.lamb import Lamb
 from ringtrain_trainer.optim.lion import Lion
 from ringtrain_trainer.optim.nadam import Nadam
 from ringtrain_trainer.optim.rmsprop import RMSprop
@@ -71,6 +72,7 @@ KERAS: dict[str, tuple[type[Optimizer], dict[str, Any], dict[str, Any]]] = {
     "Nadam": (Nadam, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Adamax": (Adamax, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Lion": (Lion, {"beta_1": 0.9, "beta_2": 0.99}, {}),
+    "Lamb": (Lamb, {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}, {}),
     "Adafactor": (
         Adafactor,
         {
@@ -383,6 +385,7 @@ def state_arrays(spec: OptimizerSpec) -> int:
         "Nadam": lambda: 2,
         "Adamax": lambda: 2,
         "Lion": lambda: 1,
+        "Lamb": lambda: 2,
         "Ftrl": lambda: 2,
         "Adafactor": lambda: 1,  # at most: r + c of a matrix are far smaller than it
     }
