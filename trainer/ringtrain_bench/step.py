@@ -113,14 +113,16 @@ def synthetic(n: int, seed: int = 0, spec=None) -> data_mod.Dataset:
             "(its synthetic data would need one array per input and output)"
         )
     images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+    #: a loss per position reads a label per timestep or pixel (as Keras takes them)
+    at = () if spec is None or spec.loss.positions == 1 else spec.loss.out_shape[:-1]
     if kind == "sparse":
-        labels = rng.integers(0, k, n)
+        labels = rng.integers(0, k, (n, *at))
     elif kind == "categorical":
-        labels = np.eye(k, dtype=np.float32)[rng.integers(0, k, n)]
+        labels = np.eye(k, dtype=np.float32)[rng.integers(0, k, (n, *at))]
     elif kind == "binary":
-        labels = rng.integers(0, 2, (n, k)).astype(np.float32)
+        labels = rng.integers(0, 2, (n, *at, k)).astype(np.float32)
     else:
-        labels = rng.normal(0, 1, (n, k)).astype(np.float32)
+        labels = rng.normal(0, 1, (n, *at, k)).astype(np.float32)
     split = data_mod.Split(images, labels, data_mod.BUILTIN_SCALE)
     return data_mod.Dataset("synthetic", split, split)
 
