@@ -110,3 +110,16 @@ def test_the_ipu_runs_a_graph_in_shards_and_replicas_like_one_program(rng):
     assert logits.shape == (4, 3) and 0 <= accuracy <= 1
     for ipu in ipus:
         ipu.close()
+
+
+def test_backward_stops_where_nothing_upstream_trains():
+    """A frozen base (nodes 0, 1) under a trainable head (2) fed by a side branch (3 reads
+    the input, trains): no gradient for the base's tensors, so the head computes no input
+    gradient toward it and the base runs no backward; the branch keeps its own."""
+    g = Graph(
+        [Node(0, (0,), 1), Node(1, (1,), 2), Node(2, (2, 4), 3), Node(3, (0,), 4)], (0,), (3,)
+    )
+    h = g.without_grad_before({2, 3})
+    assert [h.needs_grad(t) for t in (1, 2, 3, 4)] == [False, False, True, True]
+    assert h.no_grad == {1, 2} and g.no_grad == frozenset()
+    assert Graph.chain(3).without_grad_before({0}).no_grad == frozenset()

@@ -54,11 +54,14 @@ class ModelSpec:
         #: the compiled loss (``engine.losses``); the presets' sparse cross-entropy by default
         self.loss = loss or LossSpec("SparseCategoricalCrossentropy", {"from_logits": True})
         self.input_shape, self.num_classes = input_shape, num_classes
-        self.graph = Graph.chain(len(layers)) if graph is None else graph
-        if len(self.graph.nodes) != len(layers):
+        graph = Graph.chain(len(layers)) if graph is None else graph
+        if len(graph.nodes) != len(layers):
             raise InvalidSpec(f"model {name!r}: {len(layers)} layers for a graph of nodes")
+        #: a shared layer's later calls (``ties``) train the owner's parameters
+        trainable = {i for i, layer in enumerate(layers) if layer.params(i)} | set(self.ties)
+        self.graph = graph.without_grad_before(trainable)
         #: per node: whether it computes an input gradient (not when it reads only the data,
-        #: nor when it writes a mask)
+        #: nor when it writes a mask, nor when nothing before it trains)
         g = self.graph
         self.need_dx = [
             g.needs_grad(n.output) and any(g.needs_grad(t) for t in n.inputs) for n in g.nodes

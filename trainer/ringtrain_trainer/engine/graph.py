@@ -109,6 +109,18 @@ class Graph:
         grads = [n for n in self.nodes if self.needs_grad(n.output)]
         return [t for t in self.tensors if sum(n.inputs.count(t) for n in grads) > 1]
 
+    def without_grad_before(self, trainable: set[int]) -> Graph:
+        """This graph with every tensor that no trainable node (``trainable``: node indices
+        with parameters to train) produces or precedes added to :attr:`no_grad`: backward
+        stops where nothing upstream trains, as a tape records no gradient there (a frozen
+        base under a new head: its layers run forward only)."""
+        upstream: dict[int, bool] = dict.fromkeys(self.inputs, False)
+        for i in self.order:
+            n = self.nodes[i]
+            upstream[n.output] = i in trainable or any(upstream[t] for t in n.inputs)
+        free = {t for t, up in upstream.items() if not up and t not in self.inputs}
+        return Graph(self.nodes, self.inputs, self.outputs, self.no_grad | free)
+
     def needs_grad(self, t: int) -> bool:
         """Whether backward computes a gradient for tensor ``t``: every tensor but the graph's
         inputs (the data) and the masks derived from them (:attr:`no_grad`)."""

@@ -289,6 +289,8 @@ class Program:
     def backward_node(self, i: int, params, grads):
         """Generator: node ``i``'s backward (see :meth:`backward_pieces`), yielding each of its
         gradient pieces once written; its input gradients are delivered at the end."""
+        if not self.graph.needs_grad(self.graph.nodes[i].output):
+            return  # a mask, or nothing before it trains: no backward at all
         layer, ws, p = self.spec.layers[i], self.ws[i], params[i]
         dout = self._grads[self.graph.nodes[i].output]
         need_dx, first = self.spec.need_dx[i], self.grads_first
