@@ -89,6 +89,7 @@ def test_a_per_timestep_output_reads_a_loss_per_position(loss, act):
     m["compile_config"] = {"loss": loss, "metrics": None}
     spec = KM.from_config(m).loss
     assert (spec.out_shape, spec.positions) == ((20, 5), 20)
+    assert spec.describe().endswith(" per position of (20,)")  # the start-up log says so
     loss_ = LS.Loss(spec, 3, 5)
     assert loss_.labels.shape == ((3, 20) if spec.kind == "sparse" else (3, 100))
     assert loss_.grad.shape == (3, 20, 5)  # shaped like the output, for its backward

@@ -94,9 +94,13 @@ class LossSpec:
         return "mae" if self.kind == "regression" else "accuracy"
 
     def describe(self) -> str:
-        """``CategoricalCrossentropy(from_logits=False, label_smoothing=0.1)`` for the log."""
+        """``CategoricalCrossentropy(from_logits=False, label_smoothing=0.1)`` for the log;
+        a loss per position says over which positions (``... per position of (20,)``)."""
         args = {k: self.arg(k) for k in _ENTRIES[self.name][2] if k != "axis"}
-        return f"{self.name}({', '.join(f'{k}={v}' for k, v in args.items())})"
+        text = f"{self.name}({', '.join(f'{k}={v}' for k, v in args.items())})"
+        if self.positions > 1:
+            text += f" per position of {self.out_shape[:-1]}"
+        return text
 
     def keras(self) -> dict:
         """The Keras serialization (``compile_config.loss``)."""
