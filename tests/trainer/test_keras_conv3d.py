@@ -1,8 +1,9 @@
-"""Keras ``Conv3D``, ``Max/AveragePooling3D`` and ``GlobalMax/GlobalAveragePooling3D`` (the
-video / CT-scan models of keras.io): the ops (``engine.ops.conv``/``pool`` on the N-d
-``Window``) against finite differences and the real Keras layers for each geometry, a small
-3-D CNN trained by ringtrain and by Keras from the same ``.keras`` weights on the same batches,
-its export reloaded by Keras and run by onnxruntime, and what stays refused named."""
+"""Keras ``Conv3D``, ``Max/AveragePooling3D``, ``GlobalMax/GlobalAveragePooling3D`` and
+``ZeroPadding3D``/``Cropping3D``/``UpSampling3D`` (the video / CT-scan models of keras.io): the
+ops (``engine.ops.conv``/``pool``/``shape`` on the N-d ``Window``) against finite differences
+and the real Keras layers for each geometry, small 3-D models trained by ringtrain and by Keras
+from the same ``.keras`` weights on the same batches, their export reloaded by Keras and run by
+onnxruntime, and what stays refused named."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import keras_model
 from ringtrain_trainer.engine.ops.conv import Conv
 from ringtrain_trainer.engine.ops.pool import GlobalPool, Pool
+from ringtrain_trainer.engine.ops.shape import Border, UpSampling
 from ringtrain_trainer.export import write_keras, write_onnx
 
 pytestmark = pytest.mark.filterwarnings(
@@ -72,6 +74,33 @@ def test_global_pool3d_gradients_and_forward(kind, rng):
     _match(op, cls(), rng)
 
 
+@pytest.mark.parametrize(
+    "op",
+    [
+        Border(IN, ((1, 0), (0, 2), (1, 1)), "pad"),
+        Border(IN, ((1, 0), (1, 2), (0, 1)), "crop"),
+        UpSampling(IN, (2, 1, 3)),
+    ],
+    ids=["zeropadding3d", "cropping3d", "upsampling3d"],
+)
+def test_shape3d_gradients(op, rng):
+    check_gradients(op, rng)
+
+
+def _shapes() -> keras.Model:
+    return keras.Sequential(
+        [
+            L.Input((4, 4, 4, 2)),
+            L.ZeroPadding3D((1, 0, 1)),
+            L.Conv3D(3, 2, activation="relu"),
+            L.Cropping3D(((0, 1), (1, 0), (0, 0))),
+            L.UpSampling3D((1, 2, 1)),
+            L.GlobalMaxPooling3D(),
+            L.Dense(3, activation="softmax"),
+        ]
+    )
+
+
 def _cnn() -> keras.Model:
     return keras.Sequential(
         [
@@ -86,10 +115,11 @@ def _cnn() -> keras.Model:
     )
 
 
-def test_conv3d_cnn_trains_like_keras_and_exports(tmp_path, rng):
-    km = _cnn()
+@pytest.mark.parametrize("make", [_cnn, _shapes], ids=["cnn", "shape_layers"])
+def test_conv3d_models_train_like_keras_and_export(make, tmp_path, rng):
+    km = make()
     km.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
-    x = rng.normal(size=(40, 8, 8, 8, 1)).astype(np.float32)
+    x = rng.normal(size=(40, *km.input_shape[1:])).astype(np.float32)
     y = rng.integers(0, 3, 40)
     ours, theirs, t = train_beside_keras(km, x, y, tmp_path, 4, 8, n_train=32)
     try:
