@@ -137,8 +137,9 @@ def test_refusals_name_the_argument():
         Conv((1024, 16), 32, 5, 1, "causal", 2, "relu"),
         Depthwise((32, 32, 8), 3, 1, "same", 1, 2, "relu6"),
         Separable((32, 32, 8), 16, 3, 1, "same", 1, 1, "swish"),
+        Conv((8, 16, 16, 8), 16, 3, 1, "same", 1, "gelu"),
     ],
-    ids=["conv2d", "conv1d", "depthwise", "separable"],
+    ids=["conv2d", "conv1d", "depthwise", "separable", "conv3d"],
 )
 def test_a_training_step_allocates_nothing_proportional(op, rng):
     """After the first step, forward + backward allocate at most numpy's fixed iteration

@@ -1,4 +1,4 @@
-"""Registry entries of the layers that move values without arithmetic, 1-D and 2-D:
+"""Registry entries of the layers that move values without arithmetic, 1-D, 2-D and 3-D:
 ZeroPadding, Cropping and UpSampling (nearest) (ops: ``engine/ops/shape.py``; ONNX ``Pad``,
 ``Slice`` and ``Resize`` on the channels-last tensor, no transpose needed; CenterCrop of a
 larger input is a crop and shares the op), Permute and
@@ -35,7 +35,7 @@ def _border_parse(a: Args) -> dict:
     rank, arg = int(a.cls[-2]), "padding" if a.cls.startswith("Zero") else "cropping"
     sides = _sides(a, arg, rank)
     args: dict = {arg: sides[0] if rank == 1 else sides}  # Keras' own forms
-    if rank == 2 or arg == "padding":
+    if rank >= 2 or arg == "padding":
         args["data_format"] = a.channels_last()
     a.done(arg)
     return args
@@ -100,7 +100,8 @@ def _up_parse(a: Args) -> dict:
         a.done("size")
         return {"size": size[0]}
     args = {"size": size, "data_format": a.channels_last()}
-    args["interpolation"] = a.must_be("interpolation", "nearest")
+    if rank == 2:  # UpSampling3D has no such argument
+        args["interpolation"] = a.must_be("interpolation", "nearest")
     a.done("size, interpolation")
     return args
 
@@ -239,6 +240,9 @@ ENTRIES = {
     "UpSampling2D": Entry(
         _up_parse, _up_build, _up_onnx, infer=_up_infer, doc="`size`, `interpolation` (nearest)"
     ),
+    "ZeroPadding3D": replace(_BORDER, doc="`padding` (int, triple, pairs)"),
+    "Cropping3D": replace(_BORDER, doc="`cropping` (int, triple, pairs)"),
+    "UpSampling3D": Entry(_up_parse, _up_build, _up_onnx, infer=_up_infer, doc="`size`"),
     "CenterCrop": Entry(
         _center_parse,
         _center_build,

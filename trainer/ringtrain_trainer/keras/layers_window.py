@@ -1,11 +1,11 @@
-"""Registry entries of the window layers beyond Conv2D and the 2-D poolings: Conv1D,
+"""Registry entries of the window layers beyond Conv2D and the 2-D poolings: Conv1D, Conv3D,
 DepthwiseConv1D/2D, SeparableConv1D/2D (any padding, strides, dilation, every activation of
-``engine.ops.activations``), Max/AveragePooling1D and GlobalMax/GlobalAveragePooling1D/2D.
+``engine.ops.activations``), Max/AveragePooling1D/3D and GlobalMax/GlobalAveragePooling1D/2D/3D.
 
 Channels last; their ops live in ``engine/ops/{conv,depthwise,pool}.py``, whose padding
 arithmetic (``engine.ops.window.pad_1d``, pure Python) also gives the shapes here. ONNX: a
-1-D layer is transposed to (N, C, L) around its node; depthwise convolution is ``Conv`` with
-``group`` = channels; the global poolings reduce the channels-last tensor directly.
+1-D or 3-D layer is transposed to channels first around its node; depthwise convolution is
+``Conv`` with ``group`` = channels; the global poolings reduce the channels-last tensor directly.
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ def _conv_parse(a: Args) -> dict:
         a.refuse("dilation_rate", args["dilation_rate"], "1 when strides > 1 (as Keras)")
     if not (depthwise or separable):
         groups(a, args)
+        if rank == 3 and args.get("groups", 1) > 1:
+            a.refuse("groups", args["groups"], "1 for Conv3D")
     kernels = ["depthwise", "pointwise"] if separable else ["depthwise" if depthwise else "kernel"]
     for k in kernels:
         a.initializer(f"{k}_initializer", "glorot_uniform")
@@ -322,13 +324,16 @@ def _conv(doc: str, **kw) -> Entry:
 
 ENTRIES = {
     "Conv1D": _conv("`filters`, " + _CONV_DOC.format("valid, same, causal")),
+    "Conv3D": _conv(
+        "`filters`, " + _CONV_DOC.format("valid, same").replace("`groups`", "`groups` (1)")
+    ),
     "DepthwiseConv1D": _conv(_MULT + _CONV_DOC.format("valid, same"), weight_args=_depthwise_arg),
     "DepthwiseConv2D": _conv(_MULT + _CONV_DOC.format("valid, same"), weight_args=_depthwise_arg),
     "SeparableConv1D": _conv("`filters`, " + _MULT + _CONV_DOC.format("valid, same")),
     "SeparableConv2D": _conv("`filters`, " + _MULT + _CONV_DOC.format("valid, same")),
     **{
         cls: Entry(_pool_parse, _pool_build, _pool_onnx, infer=_pool_infer, doc=_POOL_DOC)
-        for cls in ("MaxPooling1D", "AveragePooling1D")
+        for cls in ("MaxPooling1D", "AveragePooling1D", "MaxPooling3D", "AveragePooling3D")
     },
     **{
         cls: Entry(
@@ -338,6 +343,12 @@ ENTRIES = {
             infer=_global(int(cls[-2])),
             doc="`keepdims`, `data_format` (channels_last; channels_first pools the last axes)",
         )
-        for cls in ("GlobalMaxPooling1D", "GlobalAveragePooling1D", "GlobalMaxPooling2D")
+        for cls in (
+            "GlobalMaxPooling1D",
+            "GlobalAveragePooling1D",
+            "GlobalMaxPooling2D",
+            "GlobalMaxPooling3D",
+            "GlobalAveragePooling3D",
+        )
     },
 }

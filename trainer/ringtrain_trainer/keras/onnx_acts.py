@@ -75,17 +75,21 @@ def _relu(g, y, h, negative_slope=0.0, max_value=None, threshold=0.0) -> str:
 
 
 def channels_first(g, spec) -> str:
-    """The layer's input as ONNX's convolutions read it: NCHW, or (N, C, L) for 1-D."""
-    if len(spec.in_shapes[0]) == 3:
+    """The layer's input as ONNX's convolutions read it: NCHW, (N, C, L) for 1-D, (N, C, D, H,
+    W) for 3-D."""
+    r = len(spec.in_shapes[0])
+    if r == 3:
         return g.x(0, nchw=True)
     x = g.x(0, nchw=False)
-    return g.op("Transpose", [x], f"{spec.name}_ncl", perm=[0, 2, 1])
+    return g.op("Transpose", [x], f"{spec.name}_ncl", perm=[0, r, *range(1, r)])
 
 
 def channels_last(g, spec, y: str) -> str:
-    """A 1-D result back to (N, L, C); a 2-D one stays NCHW (the writer tracks it)."""
-    if len(spec.in_shapes[0]) == 3:
+    """A 1-D or 3-D result back to channels last; a 2-D one stays NCHW (the writer tracks
+    it)."""
+    r = len(spec.in_shapes[0])
+    if r == 3:
         g.nchw = True
         return y
     g.nchw = False
-    return g.op("Transpose", [y], f"{spec.name}_nlc", perm=[0, 2, 1])
+    return g.op("Transpose", [y], f"{spec.name}_nlc", perm=[0, *range(2, r + 1), 1])

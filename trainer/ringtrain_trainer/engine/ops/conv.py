@@ -1,6 +1,7 @@
-"""Conv1D and Conv2D with any kernel, strides, dilation and padding (``valid``, ``same``, and
-``causal`` for 1-D): im2col as a strided view copied into one planned buffer, then one BLAS
-product forward, one per weight row block, and one batched product for the input gradient.
+"""Conv1D, Conv2D and Conv3D with any kernel, strides, dilation and padding (``valid``,
+``same``, and ``causal`` for 1-D): im2col as a strided view copied into one planned buffer,
+then one BLAS product forward, one per weight row block, and one batched product for the input
+gradient.
 
 The input gradient is computed per kernel tap (``dz @ kernel[i, j].T``, one batched product
 into a ``(taps, rows, cin)`` buffer), not as one ``(rows, kh*kw*cin)`` matrix scattered back
@@ -25,8 +26,9 @@ from ringtrain_trainer.layers.base import Layer
 
 
 class Conv(Window, Layer):
-    """Keras ``Conv1D`` (input ``(steps, channels)``, kernel ``(k, cin, filters)``) and
-    ``Conv2D`` (input ``(h, w, c)``, kernel ``(kh, kw, cin, filters)``)."""
+    """Keras ``Conv1D`` (input ``(steps, channels)``, kernel ``(k, cin, filters)``),
+    ``Conv2D`` (input ``(h, w, c)``, kernel ``(kh, kw, cin, filters)``) and ``Conv3D`` (input
+    ``(d, h, w, c)``, kernel ``(kd, kh, kw, cin, filters)``)."""
 
     kind = "conv"
     #: examples per chunk under ``available_memory_proportion`` (``engine.workspace``): the
@@ -38,7 +40,7 @@ class Conv(Window, Layer):
         """Elements of the batch-proportional im2col workspace for ``c`` examples."""
         if self.pointwise:
             return 0
-        rows = c * self.ho * self.wo
+        rows = c * self.npos
         n = rows * self.kk + (c * math.prod(self.padded) if any(self.pad) else 0)
         return n + (math.prod(self.k) * rows * self.cin if train and need_dx else 0)
 
@@ -68,7 +70,7 @@ class Conv(Window, Layer):
         self.kshape = self.k[1:] if self.rank == 1 else self.k
         self.kk = math.prod(self.kshape) * self.cin
         self.out_shape = (*self.out_hw, self.cout)
-        self.pointwise = self.kk == self.cin and self.s == (1, 1) and not any(self.pad)
+        self.pointwise = self.kk == self.cin and max(self.s) == 1 and not any(self.pad)
 
     def params(self, layer: int) -> list[ParamSpec]:
         r, c, f = math.prod(self.kshape), self.cin, self.cout
@@ -77,7 +79,7 @@ class Conv(Window, Layer):
 
     def buffers(self, b, train, need_dx):
         c = self._c(b)
-        rows, crows = b * self.ho * self.wo, c * self.ho * self.wo
+        rows, crows = b * self.npos, c * self.npos
         bufs = {"out": ((b, *self.out_shape), "f"), **self.act.buffers((b, *self.out_shape), train)}
         if not self.pointwise:
             bufs["cols"] = ((crows, self.kk), "f")
@@ -95,7 +97,7 @@ class Conv(Window, Layer):
         return bufs
 
     def flops(self, b, train, need_dx):
-        mm = 2 * b * self.ho * self.wo * self.kk * self.cout
+        mm = 2 * b * self.npos * self.kk * self.cout
         return mm * (1 + (1 + need_dx if train else 0))
 
     def bind(self, ws, b):
@@ -103,9 +105,9 @@ class Conv(Window, Layer):
         if "ones" in ws:
             ws["ones"].fill(1)
         if "cols" in ws:
-            ws["cols6"] = ws["cols"].reshape(c, self.ho, self.wo, *self.k, self.cin)
+            ws["cols6"] = ws["cols"].reshape(c, *self.osp, *self.k, self.cin)
         if "dtaps" in ws:
-            ws["dtaps5"] = ws["dtaps"].reshape(-1, c, self.ho, self.wo, self.cin)
+            ws["dtaps5"] = ws["dtaps"].reshape(-1, c, *self.osp, self.cin)
             ws["dx"] = self.inner(ws["dxp"]).reshape(b, *self.in_shape)
 
     def _slices(self, ws, b: int):
@@ -123,7 +125,7 @@ class Conv(Window, Layer):
             xp = xp[:n]
             np.copyto(self.inner(xp), self.as2d(x))
         np.copyto(ws["cols6"][:n], self.windows(xp))
-        return ws["cols"][: n * self.ho * self.wo]
+        return ws["cols"][: n * self.npos]
 
     def forward(self, ws, x, kernel, bias=None):
         z = self.act.pre(ws).reshape(-1, self.cout)
@@ -132,7 +134,7 @@ class Conv(Window, Layer):
             ws["cols"] = cols = x.reshape(-1, self.cin)
             np.matmul(cols, k2, out=z)
         else:
-            ws["x"], r = x, self.ho * self.wo
+            ws["x"], r = x, self.npos
             for s, e in self._slices(ws, x.shape[0]):
                 np.matmul(self._im2col(ws, x[s:e]), k2, out=z[s * r : e * r])
         if bias is not None:
@@ -155,7 +157,7 @@ class Conv(Window, Layer):
             # row is written with the first block, before any block of this kernel streams out
             if lo:
                 return
-            x, dz2, r, part = ws["x"], ws["dz2"], self.ho * self.wo, ws["gpart"]
+            x, dz2, r, part = ws["x"], ws["dz2"], self.npos, ws["gpart"]
             for n, (s, e) in enumerate(self._slices(ws, x.shape[0])):
                 cols = self._im2col(ws, x[s:e])
                 np.matmul(cols.T, dz2[s * r : e * r], out=g if n == 0 else part)
@@ -168,12 +170,12 @@ class Conv(Window, Layer):
             np.matmul(ws["dz2"], k2.T, out=ws["dx"].reshape(-1, self.cin))
             return ws["dx"]
         kt = kernel.reshape(-1, self.cin, self.cout).transpose(0, 2, 1)
-        dxp, t5, dz2, r = ws["dxp"], ws["dtaps5"], ws["dz2"], self.ho * self.wo
+        dxp, t5, dz2, r = ws["dxp"], ws["dtaps5"], ws["dz2"], self.npos
         dxp.fill(0)
         for s, e in self._slices(ws, dxp.shape[0]):
             m = e - s
             np.matmul(dz2[s * r : e * r], kt, out=ws["dtaps"][:, : m * r])
-            for n, (i, j) in enumerate(self.taps()):
-                view = self.tap(dxp[s:e], i, j)
+            for n, t in enumerate(self.taps()):
+                view = self.tap(dxp[s:e], *t)
                 np.add(view, t5[n, :m], out=view)
         return ws["dx"]

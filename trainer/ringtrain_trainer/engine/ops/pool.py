@@ -1,4 +1,4 @@
-"""Pooling, 1-D and 2-D: Max/AveragePooling (any pool, strides, ``valid``/``same``) and
+"""Pooling, 1-D, 2-D and 3-D: Max/AveragePooling (any pool, strides, ``valid``/``same``) and
 GlobalMax/GlobalAveragePooling (``keepdims``), channels last.
 
 Gradients follow TensorFlow: a window's maximum sends its gradient to the *first* maximal
@@ -18,7 +18,8 @@ KINDS = ("max", "avg")
 
 
 class Pool(Window, Layer):
-    """Keras ``MaxPooling1D/2D`` and ``AveragePooling1D/2D``; ``strides=None`` is the pool."""
+    """Keras ``MaxPooling1D/2D/3D`` and ``AveragePooling1D/2D/3D``; ``strides=None`` is the
+    pool."""
 
     def __init__(self, in_shape, kind: str, pool, strides=None, padding: str = "valid"):
         if kind not in KINDS:
@@ -30,12 +31,12 @@ class Pool(Window, Layer):
         self.out_shape = (*self.out_hw, self.cin)
 
     def buffers(self, b, train, need_dx):
-        out4 = (b, self.ho, self.wo, self.cin)
+        out4 = (b, *self.osp, self.cin)
         bufs = {"out": ((b, *self.out_shape), "f")}
         if any(self.pad):
             bufs["xp"] = ((b, *self.padded), "f")
         if self.kind_ == "avg":
-            bufs["count"] = ((self.ho, self.wo, 1), "f")
+            bufs["count"] = ((*self.osp, 1), "f")
         if train and need_dx:
             bufs.update({"dxp": ((b, *self.padded), "f"), "g": (out4, "f")})
             if self.kind_ == "max":
@@ -43,18 +44,23 @@ class Pool(Window, Layer):
         return bufs
 
     def flops(self, b, train, need_dx):
-        return b * self.ho * self.wo * self.cin * math.prod(self.k) * (1 + train)
+        return b * self.npos * self.cin * math.prod(self.k) * (1 + train)
 
     def bind(self, ws, b):
         if "xp" in ws:
             ws["xp"].fill(-np.inf if self.kind_ == "max" else 0)
         if "count" in ws:
-            ones = np.zeros((1, *self.padded[:2], 1), ws["count"].dtype)
+            ones = np.zeros((1, *self.padded[:-1], 1), ws["count"].dtype)
             self.inner(ones)[...] = 1
-            np.sum(self.windows(ones)[0], axis=(2, 3), out=ws["count"])
-        ws["out4"] = ws["out"].reshape(b, self.ho, self.wo, self.cin)
+            np.sum(self.windows(ones)[0], axis=self._kaxes(0), out=ws["count"])
+        ws["out4"] = ws["out"].reshape(b, *self.osp, self.cin)
         if "dxp" in ws:
             ws["dx"] = self.inner(ws["dxp"]).reshape(b, *self.in_shape)
+
+    def _kaxes(self, lead: int) -> tuple[int, ...]:
+        """The kernel axes of :meth:`windows`' view after ``lead`` leading axes."""
+        r = len(self.osp)
+        return tuple(range(lead + r, lead + 2 * r))
 
     def forward(self, ws, x):
         xp = ws.get("xp")
@@ -64,9 +70,9 @@ class Pool(Window, Layer):
             np.copyto(self.inner(xp), self.as2d(x))
         ws["xin"], win, out = xp, self.windows(xp), ws["out4"]
         if self.kind_ == "max":
-            np.max(win, axis=(3, 4), out=out)
+            np.max(win, axis=self._kaxes(1), out=out)
         else:
-            np.sum(win, axis=(3, 4), out=out)
+            np.sum(win, axis=self._kaxes(1), out=out)
             np.divide(out, ws["count"], out=out)
         return ws["out"]
 
@@ -79,10 +85,10 @@ class Pool(Window, Layer):
         else:
             avail, eq = ws["avail"], ws["eq"]
             avail.fill(True)
-        for i, j in self.taps():
-            view = self.tap(dxp, i, j)
+        for t in self.taps():
+            view = self.tap(dxp, *t)
             if self.kind_ == "max":  # the first maximal position takes it (TF's rule)
-                np.equal(self.tap(ws["xin"], i, j), out, out=eq)
+                np.equal(self.tap(ws["xin"], *t), out, out=eq)
                 np.logical_and(eq, avail, out=eq)
                 np.logical_xor(avail, eq, out=avail)
                 np.multiply(dout, eq, out=g)
@@ -91,7 +97,7 @@ class Pool(Window, Layer):
 
 
 class GlobalPool(Layer):
-    """Keras ``GlobalMax/GlobalAveragePooling1D/2D``: over every axis but batch and channels;
+    """Keras ``GlobalMax/GlobalAveragePooling1D/2D/3D``: over every axis but batch and channels;
     ``keepdims`` keeps them as ones. ``masked`` (the 1-D average, ``engine.ops.mask``): reads
     ``(x, mask)`` and averages the unmasked timesteps only, as Keras' ``GlobalAveragePooling1D``
     (a fully masked example is NaN there too; the evaluation's zero padding rows are that).

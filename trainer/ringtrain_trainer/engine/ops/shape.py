@@ -1,4 +1,4 @@
-"""Ops that move values without arithmetic, 1-D and 2-D, channels last: ZeroPadding and
+"""Ops that move values without arithmetic, 1-D, 2-D and 3-D, channels last: ZeroPadding and
 Cropping (one :class:`Border` op: the smaller tensor is a window of the larger) and nearest
 UpSampling. Each copies into its own planned buffer, so what follows reads a contiguous tensor
 (a view would make the next reshape copy every step)."""
@@ -27,7 +27,8 @@ def borders(spec, rank: int, what: str) -> tuple[tuple[int, int], ...]:
 
 
 class Border(Layer):
-    """Keras ``ZeroPadding1D/2D`` (``mode='pad'``) and ``Cropping1D/2D`` (``mode='crop'``)."""
+    """Keras ``ZeroPadding1D/2D/3D`` (``mode='pad'``) and ``Cropping1D/2D/3D``
+    (``mode='crop'``)."""
 
     def __init__(self, in_shape, sides, mode: str):
         self.in_shape = tuple(in_shape)
@@ -76,37 +77,43 @@ class Border(Layer):
 
 
 class UpSampling(Layer):
-    """Keras ``UpSampling1D`` (``size``) and ``UpSampling2D`` (``size``, nearest): every value
-    repeated ``size`` times along each spatial axis."""
+    """Keras ``UpSampling1D`` (``size``), ``UpSampling2D`` (``size``, nearest) and
+    ``UpSampling3D``: every value repeated ``size`` times along each spatial axis."""
 
     def __init__(self, in_shape, size):
         self.in_shape = tuple(in_shape)
         rank = len(self.in_shape) - 1
         size = (size,) * rank if isinstance(size, int) else tuple(size)
-        if rank not in (1, 2) or len(size) != rank or min(size) < 1:
+        if rank not in (1, 2, 3) or len(size) != rank or min(size) < 1:
             raise ValueError(f"UpSampling size={size!r} for input {self.in_shape}")
-        self.size = (1, *size) if rank == 1 else size
-        self.hw = (1, self.in_shape[0]) if rank == 1 else self.in_shape[:2]
+        self.size = size
+        self.hw = self.in_shape[:-1]
         self.out_shape = (
             *(n * s for n, s in zip(self.in_shape, size, strict=False)),
             self.in_shape[-1],
         )
 
     def _six(self, a):
-        """(b, h, sh, w, sw, c) view of an output-shaped array."""
-        (h, w), (sh, sw) = self.hw, self.size
-        return a.reshape(a.shape[0], h, sh, w, sw, a.shape[-1])
+        """(b, h, sh, w, sw, c) view of an output-shaped array (every spatial axis and its
+        repeat)."""
+        pairs = (v for n, s in zip(self.hw, self.size, strict=True) for v in (n, s))
+        return a.reshape(a.shape[0], *pairs, a.shape[-1])
+
+    @property
+    def _reps(self) -> tuple[int, ...]:
+        """The repeat axes of :meth:`_six`'s view."""
+        return tuple(range(2, 2 * len(self.hw) + 1, 2))
 
     def buffers(self, b, train, need_dx):
         return self.out_and_dx(b, train, need_dx)
 
     def forward(self, ws, x):
         x4 = x.reshape(x.shape[0], *self.hw, x.shape[-1])
-        np.copyto(self._six(ws["out"]), x4[:, :, None, :, None, :])
+        np.copyto(self._six(ws["out"]), np.expand_dims(x4, self._reps))
         return ws["out"]
 
     def backward_input(self, ws, dout):
         dx = ws["dx"]
         d4 = dx.reshape(dx.shape[0], *self.hw, dx.shape[-1])
-        np.sum(self._six(dout.reshape(ws["out"].shape)), axis=(2, 4), out=d4)
+        np.sum(self._six(dout.reshape(ws["out"].shape)), axis=self._reps, out=d4)
         return dx

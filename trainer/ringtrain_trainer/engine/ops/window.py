@@ -4,14 +4,16 @@ Why one place: Conv1D, Conv2D, the depthwise convolutions and the poolings all n
 three things — the output size and the padding of ``valid`` / ``same`` / ``causal`` with
 strides and dilation as TensorFlow computes them, a strided *view* of the padded input with one
 axis per kernel offset (im2col without a copy), and one tap's view of the input, where that
-tap's gradient lands (:meth:`Window.tap`). A 1-D op is the 2-D case with a height of one, so
-there is one implementation.
+tap's gradient lands (:meth:`Window.tap`). A 1-D op is the 2-D case with a height of one, and
+the views take any number of spatial axes (Conv3D), so there is one implementation.
 The arithmetic (:func:`pad_1d`) is pure Python: the Keras registry's shapes use it without
 numpy (imported only inside the methods that touch arrays).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -50,15 +52,20 @@ def pair(v, rank: int, what: str) -> tuple[int, ...]:
 
 
 class Window:
-    """Geometry of a window op on a channels-last input of rank 1 (``(L, C)``) or 2
-    (``(H, W, C)``): kernel, strides, dilation, padding. Internally always 2-D (a 1-D input
-    is one row), so views and scatters are written once."""
+    """Geometry of a window op on a channels-last input of rank 1 (``(L, C)``), 2
+    (``(H, W, C)``) or 3 (``(D, H, W, C)``, Conv3D and the 3-D poolings): kernel, strides,
+    dilation, padding. Internally at least 2-D (a 1-D input is one row), so views and scatters
+    are written once for every rank; ``sp``/``osp`` are the internal input/output spatial
+    shapes, ``npos`` the output positions per example. ``ho``, ``wo`` and the 4-tuple ``pad``
+    are the last two axes' (what the 1-D/2-D-only ops read)."""
 
     def _geometry(self, in_shape, kernel, strides=1, padding="valid", dilation=1):
         in_shape = tuple(int(i) for i in in_shape)
         self.rank = rank = len(in_shape) - 1
-        if rank not in (1, 2):
-            raise ValueError(f"input {in_shape}: window ops take (steps, channels) or (h, w, c)")
+        if rank not in (1, 2, 3):
+            raise ValueError(
+                f"input {in_shape}: window ops take (steps, channels), (h, w, c) or (d, h, w, c)"
+            )
         k, s, d = (
             pair(v, rank, w)
             for v, w in ((kernel, "kernel"), (strides, "strides"), (dilation, "dilation_rate"))
@@ -71,47 +78,53 @@ class Window:
         ]
         if min(g[0] for g in geo) < 1:
             raise ValueError(f"input {in_shape} is smaller than the {k} window")
+        sp = in_shape[:-1]
         if rank == 1:  # a height-one 2-D problem
-            geo, k, s, d = [(1, 0, 0), *geo], (1, *k), (1, *s), (1, *d)
+            geo, k, s, d, sp = [(1, 0, 0), *geo], (1, *k), (1, *s), (1, *d), (1, *sp)
         self.in_shape, self.cin = in_shape, in_shape[-1]
-        self.hw = (1, in_shape[0]) if rank == 1 else in_shape[:2]
+        self.sp, self.osp = sp, tuple(g[0] for g in geo)
+        self.npos = math.prod(self.osp)
+        self.hw = sp[-2:]
         self.k, self.s, self.d = k, s, d
-        self.ho, self.wo = geo[0][0], geo[1][0]
-        self.pad = (geo[0][1], geo[0][2], geo[1][1], geo[1][2])
-        self.padded = (self.hw[0] + sum(self.pad[:2]), self.hw[1] + sum(self.pad[2:]), self.cin)
-        self.out_hw = (self.wo,) if rank == 1 else (self.ho, self.wo)
+        self.ho, self.wo = self.osp[-2:]
+        self.pad = tuple(p for g in geo for p in g[1:])
+        self.padded = (*(n + g[1] + g[2] for n, g in zip(sp, geo, strict=True)), self.cin)
+        self.out_hw = self.osp[1:] if rank == 1 else self.osp
 
     def as2d(self, a: np.ndarray) -> np.ndarray:
-        """A (b, *in_shape) array as (b, h, w, c) (a view)."""
-        return a.reshape(a.shape[0], *self.hw, a.shape[-1])
+        """A (b, *in_shape) array as (b, *sp, c) (a view; (b, h, w, c) below 3-D)."""
+        return a.reshape(a.shape[0], *self.sp, a.shape[-1])
 
     def inner(self, xp: np.ndarray) -> np.ndarray:
         """The unpadded input inside a (b, *padded) buffer."""
-        pt, _, pl, _ = self.pad
-        return xp[:, pt : pt + self.hw[0], pl : pl + self.hw[1], :]
+        cut = (slice(p, p + n) for p, n in zip(self.pad[::2], self.sp, strict=True))
+        return xp[(slice(None), *cut)]
 
     def windows(self, xp: np.ndarray) -> np.ndarray:
-        """(b, ho, wo, kh, kw, c) read-only view of the padded (b, *padded) input."""
+        """(b, *osp, *k, c) read-only view of the padded (b, *padded) input."""
         from numpy.lib.stride_tricks import as_strided
 
-        s0, s1, s2, s3 = xp.strides
-        (sh, sw), (dh, dw) = self.s, self.d
+        st = xp.strides[1:-1]
         return as_strided(
             xp,
-            (xp.shape[0], self.ho, self.wo, *self.k, xp.shape[3]),
-            (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3),
+            (xp.shape[0], *self.osp, *self.k, xp.shape[-1]),
+            (
+                xp.strides[0],
+                *(a * b for a, b in zip(st, self.s, strict=True)),
+                *(a * b for a, b in zip(st, self.d, strict=True)),
+                xp.strides[-1],
+            ),
             writeable=False,
         )
 
-    def tap(self, xp: np.ndarray, i: int, j: int) -> np.ndarray:
-        """(b, ho, wo, c) view of the padded input under kernel offset (i, j): what that tap
-        multiplies, and where its gradient lands."""
-        (sh, sw), (dh, dw) = self.s, self.d
-        return xp[
-            :,
-            i * dh : i * dh + sh * (self.ho - 1) + 1 : sh,
-            j * dw : j * dw + sw * (self.wo - 1) + 1 : sw,
-        ]
+    def tap(self, xp: np.ndarray, *t: int) -> np.ndarray:
+        """(b, *osp, c) view of the padded input under kernel offset ``t`` (one index per
+        axis): what that tap multiplies, and where its gradient lands."""
+        cut = (
+            slice(i * d, i * d + s * (o - 1) + 1, s)
+            for i, d, s, o in zip(t, self.d, self.s, self.osp, strict=True)
+        )
+        return xp[(slice(None), *cut)]
 
     def taps(self):
-        return ((i, j) for i in range(self.k[0]) for j in range(self.k[1]))
+        return itertools.product(*(range(k) for k in self.k))
