@@ -41,6 +41,7 @@ from ringtrain_trainer.keras import (
     layers_conv,
     layers_convtranspose,
     layers_core,
+    layers_identity,
     layers_merge,
     layers_noise,
     layers_preprocessing,
@@ -71,6 +72,7 @@ REGISTRY: dict[str, Entry] = {
     **layers_recurrent.ENTRIES,
     **layers_attention.ENTRIES,
     **layers_wrap.ENTRIES,
+    **layers_identity.ENTRIES,
 }
 #: what refusals list as supported (InputLayer is read by ``config`` itself)
 SUPPORTED = ("InputLayer", *REGISTRY)

