@@ -17,8 +17,12 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 from support.keras_steps import train_beside_keras
+from support.opcheck import check_gradients, forward
 
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.ops.unitnorm import UnitNorm
 from ringtrain_trainer.export import write_keras, write_onnx
+from ringtrain_trainer.keras.config import parse
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
@@ -59,3 +63,35 @@ def test_identity_builds_to_nothing_trains_like_keras_and_exports(tmp_path, rng)
     import onnx
 
     assert "Identity" in {n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node}
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 4)])
+def test_unit_norm_gradients(shape, rng):
+    check_gradients(UnitNorm(shape), rng)
+
+
+def test_unit_norm_is_keras_formula_also_on_a_zero_vector(rng):
+    x = rng.normal(size=(3, 2, 4)).astype(np.float32)
+    x[1, 0] = 0.0
+    want = np.asarray(L.UnitNormalization()(x))
+    np.testing.assert_allclose(forward(UnitNorm((2, 4)), x, {}, np.float32), want, atol=1e-6)
+    assert np.all(want[1, 0] == 0)
+
+
+def test_unit_normalization_trains_like_keras_and_exports(tmp_path, rng):
+    km = keras.Sequential([L.Input((8,)), L.Dense(4), L.UnitNormalization(), L.Dense(1)])
+    km.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    x = rng.normal(size=(40, 8)).astype(np.float32)
+    y = (x[:, :1] > 0).astype(np.float32)
+    _beside(km, x, y, tmp_path)
+
+
+def _config(*layers) -> dict:
+    import json
+
+    return json.loads(keras.Sequential([*layers]).to_json())
+
+
+def test_unit_normalization_off_the_last_axis_is_refused_by_name():
+    with pytest.raises(InvalidSpec, match=r"UnitNormalization.*axis=\[1, 2\]"):
+        parse(_config(L.Input((3, 4)), L.UnitNormalization(axis=[1, 2])), compiled=False)

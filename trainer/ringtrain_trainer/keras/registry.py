@@ -44,6 +44,7 @@ from ringtrain_trainer.keras import (
     layers_identity,
     layers_merge,
     layers_noise,
+    layers_norm,
     layers_preprocessing,
     layers_recurrent,
     layers_scale,
@@ -73,6 +74,7 @@ REGISTRY: dict[str, Entry] = {
     **layers_attention.ENTRIES,
     **layers_wrap.ENTRIES,
     **layers_identity.ENTRIES,
+    **layers_norm.ENTRIES,
 }
 #: what refusals list as supported (InputLayer is read by ``config`` itself)
 SUPPORTED = ("InputLayer", *REGISTRY)
