@@ -20,6 +20,7 @@ from support.keras_steps import train_beside_keras
 from support.opcheck import check_gradients, forward
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.ops.groupnorm import GroupNorm
 from ringtrain_trainer.engine.ops.unitnorm import UnitNorm
 from ringtrain_trainer.export import write_keras, write_onnx
 from ringtrain_trainer.keras.config import parse
@@ -95,3 +96,37 @@ def _config(*layers) -> dict:
 def test_unit_normalization_off_the_last_axis_is_refused_by_name():
     with pytest.raises(InvalidSpec, match=r"UnitNormalization.*axis=\[1, 2\]"):
         parse(_config(L.Input((3, 4)), L.UnitNormalization(axis=[1, 2])), compiled=False)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [GroupNorm((3, 3, 4), 2), GroupNorm((5, 6), 3, 1e-3, False, True), GroupNorm((4,), 4)],
+    ids=["2d-2groups", "1d-scale-only", "one-per-channel"],
+)
+def test_group_norm_gradients(op, rng):
+    check_gradients(op, rng)
+
+
+@pytest.mark.parametrize("groups, center", [(4, True), (-1, False), (1, True)])
+def test_group_normalization_trains_like_keras_and_exports(groups, center, tmp_path, rng):
+    km = keras.Sequential(
+        [
+            L.Input((6, 6, 2)),
+            L.Conv2D(8, 3),
+            L.GroupNormalization(groups=groups, center=center, epsilon=1e-2),
+            L.Activation("relu"),
+            L.GlobalAveragePooling2D(),
+            L.Dense(1),
+        ]
+    )
+    # SGD: with one channel per group the conv's bias has no gradient but rounding, which
+    # Adam would blow up into full steps
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = rng.normal(size=(40, 6, 6, 2)).astype(np.float32)
+    y = x.mean((1, 2, 3))[:, None].astype(np.float32)
+    _beside(km, x, y, tmp_path)
+
+
+def test_group_normalization_refusals_name_the_argument():
+    with pytest.raises(InvalidSpec, match=r"GroupNormalization.*axis=1"):
+        parse(_config(L.Input((4, 6)), L.GroupNormalization(2, axis=1)), compiled=False)
