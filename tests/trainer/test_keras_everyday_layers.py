@@ -8,6 +8,7 @@ Imports TensorFlow (slow): one module holds these comparisons."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -16,10 +17,12 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
+from support.gradcheck import gradcheck
 from support.keras_steps import train_beside_keras
-from support.opcheck import check_gradients, forward
+from support.opcheck import check_gradients, compile_op, forward
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.ops.dot import Dot
 from ringtrain_trainer.engine.ops.groupnorm import GroupNorm
 from ringtrain_trainer.engine.ops.unitnorm import UnitNorm
 from ringtrain_trainer.export import write_keras, write_onnx
@@ -50,6 +53,10 @@ def _beside(km, x, y, tmp_path, steps=4, batch=8, n=32, rtol=1e-4, onnx=True):
         write_onnx(tmp_path / "m.onnx", config, weights)
         sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
         feed = dict(xt) if isinstance(xt, dict) else {sess.get_inputs()[0].name: xt}
+        types = {i.name: i.type for i in sess.get_inputs()}  # the writer's inputs are float
+        feed = {
+            k: v.astype(np.float32) if types[k] == "tensor(float)" else v for k, v in feed.items()
+        }
         np.testing.assert_allclose(sess.run(None, feed)[0], want, atol=2e-5)
     return back
 
@@ -88,8 +95,6 @@ def test_unit_normalization_trains_like_keras_and_exports(tmp_path, rng):
 
 
 def _config(*layers) -> dict:
-    import json
-
     return json.loads(keras.Sequential([*layers]).to_json())
 
 
@@ -130,3 +135,71 @@ def test_group_normalization_trains_like_keras_and_exports(groups, center, tmp_p
 def test_group_normalization_refusals_name_the_argument():
     with pytest.raises(InvalidSpec, match=r"GroupNormalization.*axis=1"):
         parse(_config(L.Input((4, 6)), L.GroupNormalization(2, axis=1)), compiled=False)
+
+
+@pytest.mark.parametrize(
+    "shapes, axes, normalize",
+    [
+        ([(5,), (5,)], (0, 0), False),
+        ([(5,), (5,)], (0, 0), True),
+        ([(3, 4), (2, 4)], (1, 1), False),
+        ([(3, 4), (2, 4)], (1, 1), True),
+        ([(3, 4), (3, 2)], (0, 0), False),
+        ([(3, 4), (2, 3)], (0, 1), False),
+    ],
+    ids=["vectors", "cosine", "last-axes", "last-axes-cosine", "first-axes", "first-second"],
+)
+def test_dot_gradients_of_both_inputs_and_keras_forward(shapes, axes, normalize, rng):
+    op = Dot(shapes, axes, normalize)
+    ws = compile_op(op, 3)
+    xs = [rng.normal(size=(3, *s)) for s in shapes]
+    w = rng.normal(size=(3, *op.out_shape))
+
+    def loss() -> float:
+        return float(np.sum(op.forward(ws, *xs) * w))
+
+    keras_axes = [a + 1 for a in axes]
+    want = L.Dot(axes=keras_axes, normalize=normalize)([x.astype(np.float32) for x in xs])
+    np.testing.assert_allclose(op.forward(ws, *xs), np.asarray(want), rtol=1e-5, atol=1e-5)
+    loss()
+    grads = [np.array(g) for g in op.backward_input(ws, w)]
+    for k in range(2):
+        gradcheck(loss, xs[k], grads[k], what=f"Dot input {k}")
+
+
+def _recommender(normalize: bool) -> keras.Model:
+    u, i = (
+        keras.Input((1,), dtype="int32", name="user"),
+        keras.Input((1,), dtype="int32", name="item"),
+    )
+    ue = L.Flatten()(L.Embedding(20, 4)(u))
+    ie = L.Flatten()(L.Embedding(30, 4)(i))
+    return keras.Model([u, i], L.Dot(axes=1, normalize=normalize)([ue, ie]))
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_dot_recommender_trains_like_keras_and_exports(normalize, tmp_path, rng):
+    km = _recommender(normalize)
+    km.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    x = {"user": rng.integers(0, 20, (40, 1)).astype(np.int32)}
+    x["item"] = rng.integers(0, 30, (40, 1)).astype(np.int32)
+    y = ((x["user"] + x["item"]) % 2).astype(np.float32)
+    _beside(km, x, y, tmp_path)
+
+
+def test_dot_batch_matmul_trains_like_keras_and_exports(tmp_path, rng):
+    a, b = keras.Input((3, 4), name="a"), keras.Input((2, 4), name="b")
+    scores = L.Dot(axes=2)([L.Dense(4)(a), b])  # (3, 2)
+    km = keras.Model([a, b], L.Dense(1)(L.Flatten()(scores)))
+    km.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    x = {"a": rng.normal(size=(40, 3, 4)).astype(np.float32)}
+    x["b"] = rng.normal(size=(40, 2, 4)).astype(np.float32)
+    y = x["a"].sum((1, 2))[:, None].astype(np.float32)
+    _beside(km, x, y, tmp_path)
+
+
+def test_dot_of_unsupported_shapes_is_refused_by_name():
+    a, b = keras.Input((3, 4)), keras.Input((4,))
+    km = keras.Model([a, b], L.Dot(axes=(2, 1))([a, b]))
+    with pytest.raises(InvalidSpec, match=r"Dot.*\(3, 4\), \(4,\)"):
+        parse(json.loads(km.to_json()), compiled=False)

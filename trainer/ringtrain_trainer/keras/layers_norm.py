@@ -35,16 +35,21 @@ def _unit_build(spec, shapes, ctx):
     return UnitNorm(shapes[0])
 
 
-def _unit_onnx(g, spec, weights) -> None:
+def unit_nodes(g, x: str, n: str, epsilon: float) -> str:
+    """ONNX nodes of ``x * min(rsqrt(sum(x²)), 1 / epsilon)`` over the last axis (also
+    ``Dot(normalize=True)``'s)."""
     import numpy as np
 
-    from ringtrain_trainer.engine.ops.unitnorm import EPSILON
-
-    n, x = spec.name, g.x(0, nchw=False)
     ss = g.op("ReduceSumSquare", [x], f"{n}_ss", axes=[-1], keepdims=1)
     inv = g.op("Reciprocal", [g.op("Sqrt", [ss], f"{n}_norm")], f"{n}_inv")
-    inv = g.op("Min", [inv, g.const(f"{n}_clip", np.float32(1.0 / EPSILON))], f"{n}_clipped")
-    g.out(g.op("Mul", [x, inv], n))
+    inv = g.op("Min", [inv, g.const(f"{n}_clip", np.float32(1.0 / epsilon))], f"{n}_clipped")
+    return g.op("Mul", [x, inv], n)
+
+
+def _unit_onnx(g, spec, weights) -> None:
+    from ringtrain_trainer.engine.ops.unitnorm import EPSILON
+
+    g.out(unit_nodes(g, g.x(0, nchw=False), spec.name, EPSILON))
 
 
 ENTRIES = {

@@ -41,6 +41,7 @@ from ringtrain_trainer.keras import (
     layers_conv,
     layers_convtranspose,
     layers_core,
+    layers_dot,
     layers_identity,
     layers_merge,
     layers_noise,
@@ -75,6 +76,7 @@ REGISTRY: dict[str, Entry] = {
     **layers_wrap.ENTRIES,
     **layers_identity.ENTRIES,
     **layers_norm.ENTRIES,
+    **layers_dot.ENTRIES,
 }
 #: what refusals list as supported (InputLayer is read by ``config`` itself)
 SUPPORTED = ("InputLayer", *REGISTRY)

@@ -20,12 +20,14 @@ EPSILON = 1e-12
 
 
 class UnitNorm(Layer):
-    """``x / max(‖x‖₂, 1e-12)`` along the last axis of ``(b, *lead, d)``."""
+    """``x / max(‖x‖₂, epsilon)`` along the last axis of ``(b, *lead, d)`` (``Dot``'s
+    ``normalize=True`` uses it with Keras' default epsilon, 1e-7)."""
 
     kind = "unit_norm"
 
-    def __init__(self, shape):
+    def __init__(self, shape, epsilon: float = EPSILON):
         self.in_shape = self.out_shape = tuple(shape)
+        self.epsilon = epsilon
         self.d, self.lead = self.in_shape[-1], math.prod(self.in_shape[:-1])
 
     def buffers(self, b, train, need_dx):
@@ -42,11 +44,11 @@ class UnitNorm(Layer):
     def forward(self, ws, x):
         x2, inv, free = x.reshape(-1, self.d), ws["inv"], ws["free"]
         np.einsum("ij,ij->i", x2, x2, out=inv[:, 0])
-        np.greater(inv, EPSILON * EPSILON, out=free)  # norm > eps: rsqrt below the clip
+        np.greater(inv, self.epsilon**2, out=free)  # norm > eps: rsqrt below the clip
         np.sqrt(inv, out=inv)
         with np.errstate(divide="ignore"):
             np.reciprocal(inv, out=inv)
-        np.minimum(inv, 1.0 / EPSILON, out=inv)
+        np.minimum(inv, 1.0 / self.epsilon, out=inv)
         out = ws["out"]
         np.multiply(x2, inv, out=out.reshape(-1, self.d))
         return out
