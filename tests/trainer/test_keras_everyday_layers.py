@@ -22,6 +22,8 @@ from support.keras_steps import train_beside_keras
 from support.opcheck import check_gradients, compile_op, forward
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import keras_model
+from ringtrain_trainer.engine.ops.category import CategoryEncode
 from ringtrain_trainer.engine.ops.dot import Dot
 from ringtrain_trainer.engine.ops.groupnorm import GroupNorm
 from ringtrain_trainer.engine.ops.unitnorm import UnitNorm
@@ -203,3 +205,44 @@ def test_dot_of_unsupported_shapes_is_refused_by_name():
     km = keras.Model([a, b], L.Dot(axes=(2, 1))([a, b]))
     with pytest.raises(InvalidSpec, match=r"Dot.*\(3, 4\), \(4,\)"):
         parse(json.loads(km.to_json()), compiled=False)
+
+
+@pytest.mark.parametrize(
+    "mode, k", [("one_hot", 1), ("one_hot", 3), ("multi_hot", 3), ("count", 4)]
+)
+def test_category_encoding_equals_keras(mode, k, rng):
+    ids = rng.integers(0, 5, (6, k))
+    want = np.asarray(L.CategoryEncoding(num_tokens=5, output_mode=mode)(ids))
+    got = forward(CategoryEncode((k,), 5, mode), ids.astype(np.float32), {}, np.float32)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match=r"outside \[0, 5\)"):
+        forward(CategoryEncode((k,), 5, mode), np.full((2, k), 5.0), {})
+
+
+@pytest.mark.parametrize("mode, k", [("one_hot", 1), ("multi_hot", 3), ("count", 3)])
+def test_category_encoding_trains_like_keras_and_exports(mode, k, tmp_path, rng):
+    km = keras.Sequential(
+        [
+            L.Input((k,), dtype="int64"),
+            L.CategoryEncoding(num_tokens=10, output_mode=mode),
+            *([L.Flatten()] if k > 1 and mode == "one_hot" else []),
+            L.Dense(1),
+        ]
+    )
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = rng.integers(0, 10, (40, k)).astype(np.int64)
+    y = (x[:, :1] % 3).astype(np.float32)
+    _beside(km, x, y, tmp_path)
+
+
+def test_category_encoding_off_a_model_input_or_sparse_is_refused_by_name(tmp_path):
+    km = keras.Sequential([L.Input((2,)), L.Dense(2), L.CategoryEncoding(num_tokens=4), L.Dense(1)])
+    km.compile("sgd", "mse")
+    km.save(tmp_path / "m.keras")
+    with pytest.raises(
+        InvalidSpec, match=r"'category_encoding\w*' \(CategoryEncoding\).*model input"
+    ):
+        keras_model.load(str(tmp_path / "m.keras"))
+    sparse = _config(L.Input((2,), dtype="int32"), L.CategoryEncoding(4, sparse=True))
+    with pytest.raises(InvalidSpec, match=r"CategoryEncoding.*sparse=True"):
+        parse(sparse, compiled=False)

@@ -42,6 +42,7 @@ from ringtrain_trainer.keras import (
     layers_convtranspose,
     layers_core,
     layers_dot,
+    layers_encoding,
     layers_identity,
     layers_merge,
     layers_noise,
@@ -77,6 +78,7 @@ REGISTRY: dict[str, Entry] = {
     **layers_identity.ENTRIES,
     **layers_norm.ENTRIES,
     **layers_dot.ENTRIES,
+    **layers_encoding.ENTRIES,
 }
 #: what refusals list as supported (InputLayer is read by ``config`` itself)
 SUPPORTED = ("InputLayer", *REGISTRY)
