@@ -1,6 +1,7 @@
 """Registry entry of Keras' ``CategoryEncoding`` (``engine/ops/category.py``): integer ids of a
 model input encoded one-hot, multi-hot or as counts. Only right after a model input (ids
-have no gradient, the op has no backward); elsewhere, ``sparse=True`` and ids of more than one
+have no gradient, the op has no backward); elsewhere, ``sparse=True`` (Keras 3 does not save it;
+tf.keras 2 configs carry it) and ids of more than one
 axis are refused by name. Exported as ONNX ``Equal`` against the token range, cast to float
 and reduced over the ids for multi_hot / count."""
 
