@@ -248,3 +248,24 @@ def test_category_encoding_off_a_model_input_or_sparse_is_refused_by_name(tmp_pa
     sparse["config"]["layers"][-1]["config"]["sparse"] = True
     with pytest.raises(InvalidSpec, match=r"CategoryEncoding.*sparse=True"):
         parse(sparse, compiled=False)
+
+
+def test_the_mask_passes_through_identity_and_the_normalizations_as_in_keras(tmp_path, rng):
+    """Keras 3 gives all three ``supports_masking`` and ignores the mask in ``call``: an
+    ``Embedding(mask_zero=True)``'s mask still reaches the LSTM behind them."""
+    km = keras.Sequential(
+        [
+            L.Input((6,), dtype="int32"),
+            L.Embedding(12, 4, mask_zero=True),
+            L.Identity(),
+            L.UnitNormalization(),
+            L.GroupNormalization(2),
+            L.LSTM(3),
+            L.Dense(1),
+        ]
+    )
+    km.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = rng.integers(1, 12, (40, 6)).astype(np.int32)
+    x[:, 4:] = 0  # padding: masked steps
+    y = (x[:, :1] % 2).astype(np.float32)
+    _beside(km, x, y, tmp_path, steps=3, onnx=False)
