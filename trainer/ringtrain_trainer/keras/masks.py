@@ -45,6 +45,9 @@ PASS = frozenset(
         "Rescaling",
         "Normalization",
         "LayerNormalization",
+        "Identity",
+        "UnitNormalization",
+        "GroupNormalization",
     }
 )
 #: Keras 3 layers without ``supports_masking``: Keras drops the mask there (with its warning)

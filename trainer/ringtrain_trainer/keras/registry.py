@@ -41,8 +41,12 @@ from ringtrain_trainer.keras import (
     layers_conv,
     layers_convtranspose,
     layers_core,
+    layers_dot,
+    layers_encoding,
+    layers_identity,
     layers_merge,
     layers_noise,
+    layers_norm,
     layers_preprocessing,
     layers_recurrent,
     layers_scale,
@@ -71,6 +75,10 @@ REGISTRY: dict[str, Entry] = {
     **layers_recurrent.ENTRIES,
     **layers_attention.ENTRIES,
     **layers_wrap.ENTRIES,
+    **layers_identity.ENTRIES,
+    **layers_norm.ENTRIES,
+    **layers_dot.ENTRIES,
+    **layers_encoding.ENTRIES,
 }
 #: what refusals list as supported (InputLayer is read by ``config`` itself)
 SUPPORTED = ("InputLayer", *REGISTRY)
