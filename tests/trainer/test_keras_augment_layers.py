@@ -105,7 +105,7 @@ def test_flip_model_predicts_like_keras_trains_and_exports_the_identity(tmp_path
 
 @pytest.mark.parametrize(
     "layer",
-    [L.RandomContrast(0.2), L.RandomCrop(4, 4), L.RandomBrightness(0.1)],
+    [L.RandomCrop(4, 4)],  # RandomContrast, RandomBrightness: test_keras_augment_pixel
 )
 def test_other_augmentation_layers_are_refused_by_name(layer):
     config = json.loads(keras.Sequential([L.Input((6, 6, 1)), layer, L.Flatten()]).to_json())

@@ -1,8 +1,7 @@
 """Registry entries of Keras' ``RandomFlip``, ``RandomRotation``, ``RandomTranslation`` and
 ``RandomZoom`` (``engine/ops/augment.py``): training only (all linear in the image, with a
-backward); the identity in predict and in the ONNX export. The other image augmentation layers
-(RandomContrast, RandomBrightness, RandomCrop) are not registered, so they are refused by
-name."""
+backward); the identity in predict and in the ONNX export. RandomContrast and RandomBrightness:
+``layers_augment_pixel``; RandomCrop is not registered, so it is refused by name."""
 
 from __future__ import annotations
 
