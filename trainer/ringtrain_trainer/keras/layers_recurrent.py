@@ -41,12 +41,10 @@ def _rnn_parse(a: Args) -> dict:
     if v:  # one mask per sequence on the inputs (engine.ops.dropout.SharedDropout), as Keras
         args["dropout"] = float(v)
     v = a.take("recurrent_dropout", 0.0)
-    if v not in (0, 0.0):
-        a.refuse(
-            "recurrent_dropout",
-            v,
-            "0 (Keras then draws four input masks per gate and masks the state at every step)",
-        )
+    if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v < 1:
+        a.refuse("recurrent_dropout", v, "a rate in [0, 1)")
+    if v:  # a state mask per gate and sequence in the op (engine.ops.recurrent_loop)
+        args["recurrent_dropout"] = float(v)
     a.take("unroll")  # the same arithmetic either way
     a.take("implementation")  # tf.keras 2's kernel choice: the same arithmetic
     args["zero_output_for_mask"] = bool(a.take("zero_output_for_mask", False))
@@ -103,7 +101,21 @@ def _rnn_weights_of(cls: str):
     return weights
 
 
-def _rnn_op(cls: str, a: dict, shape: Shape, masked: bool = False, zero_output: bool = False):
+def in_op_dropout(cls: str, args: dict) -> bool:
+    """Whether the op itself draws the input masks: with ``recurrent_dropout`` Keras runs an
+    LSTM's or GRU's cell with a mask per gate (``implementation=1``), which no one node before
+    the op draws; else a SharedDropout node before it does (``lowering._input_dropout``)."""
+    return bool(args.get("recurrent_dropout")) and cls != "SimpleRNN"
+
+
+def _rnn_op(
+    cls: str,
+    a: dict,
+    shape: Shape,
+    masked: bool = False,
+    zero_output: bool = False,
+    index: int = 0,
+):
     from ringtrain_trainer.engine.ops import recurrent
 
     return getattr(recurrent, cls)(
@@ -116,12 +128,16 @@ def _rnn_op(cls: str, a: dict, shape: Shape, masked: bool = False, zero_output: 
         a["go_backwards"],
         masked,
         zero_output,
+        a.get("dropout", 0.0),
+        a.get("recurrent_dropout", 0.0),
+        index,
     )
 
 
 def _rnn_build(spec, shapes, ctx):
     a = spec.args
-    return _rnn_op(spec.cls, a, shapes[0], bool(ctx.mask), a.get("zero_output_for_mask", False))
+    zero = a.get("zero_output_for_mask", False)
+    return _rnn_op(spec.cls, a, shapes[0], bool(ctx.mask), zero, ctx.index)
 
 
 #: Slice's starts, ends, axes, steps that reverse the time axis of a time-major tensor
@@ -200,8 +216,9 @@ def _inner(a: Args, arg: str, v) -> dict:
         a.refuse(arg, cls, ", ".join(GATES))
     inner = Args(v, 0)
     args = {**_rnn_parse(inner), **inner.extra}
-    if args.get("dropout"):  # Keras draws a mask per half; one node before both would share it
-        a.refuse(f"{arg}.dropout", args["dropout"], "0 inside Bidirectional")
+    for rate in ("dropout", "recurrent_dropout"):  # Keras draws masks per half
+        if args.get(rate):
+            a.refuse(f"{arg}.{rate}", args[rate], "0 inside Bidirectional")
     return _layer(cls, {"name": inner.name, **args})
 
 
@@ -324,7 +341,8 @@ ENTRIES = {
             activation=_cell_activation,
             doc="`units`, `activation`, `recurrent_activation` (tanh, sigmoid, relu, linear), "
             "`use_bias`, `return_sequences`, `go_backwards`, `zero_output_for_mask`, `dropout` "
-            "(one input mask per sequence, as Keras; `recurrent_dropout` 0); an "
+            "(one input mask per sequence, as Keras), `recurrent_dropout` (a state mask per gate "
+            "and sequence, with `dropout` then an input mask per gate, as Keras); an "
             "incoming Keras mask skips masked timesteps; backpropagation through time in the op"
             + ("; `reset_after=True`" if cls == "GRU" else ""),
         )
@@ -338,7 +356,8 @@ ENTRIES = {
         weights=_rnn_weights_of("SimpleRNN"),
         activation=_cell_activation,
         doc="`units`, `activation` (tanh, sigmoid, relu, linear), `use_bias`, "
-        "`return_sequences`, `go_backwards`, `zero_output_for_mask`, `dropout`; an incoming mask",
+        "`return_sequences`, `go_backwards`, `zero_output_for_mask`, `dropout`, "
+        "`recurrent_dropout`; an incoming mask",
     ),
     "Bidirectional": Entry(
         _bi_parse,
@@ -347,7 +366,8 @@ ENTRIES = {
         infer=_bi_infer,
         weights=_bi_weights,
         weight_args=_bi_weight_args,
-        doc="an LSTM, GRU or SimpleRNN (and its `backward_layer`; `dropout` 0: Keras draws a "
-        "mask per half), `merge_mode` (concat, sum, ave, mul); an incoming mask (both halves)",
+        doc="an LSTM, GRU or SimpleRNN (and its `backward_layer`; `dropout` and "
+        "`recurrent_dropout` 0: Keras draws masks per half), `merge_mode` (concat, sum, ave, "
+        "mul); an incoming mask (both halves)",
     ),
 }

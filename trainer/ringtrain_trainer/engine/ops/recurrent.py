@@ -31,7 +31,7 @@ class SimpleRNN(_Recurrent):
         for s, t in enumerate(self.order):
             g = gates[:, t]
             if s:
-                np.matmul(ws["h_prev"][:, t], recurrent_kernel, out=ws["rec"])
+                self._rec(ws, t, recurrent_kernel, ws["rec"])
                 np.add(g, ws["rec"], out=g)
             act_forward(self.act, g)
             np.copyto(ws["h"], g)
@@ -46,5 +46,5 @@ class SimpleRNN(_Recurrent):
             self._dh_from_output(ws, dout, s)
             act_backward(self.act, ws["gates"][:, t], dh, dz[:, t])
             if s:
-                np.matmul(dz[:, t], ws["U"].T, out=dh)
+                self._rec_back(ws, dz[:, t], dh)
             self._dh_carry(ws, s)

@@ -33,7 +33,7 @@ class GRU(_Recurrent):
         for s, t in enumerate(self.order):
             g, rt = gates[:, t], rec[:, t]
             h_prev = ws["h_prev"][:, t]
-            np.matmul(h_prev, recurrent_kernel, out=rt)
+            self._rec(ws, t, recurrent_kernel, rt)
             if bias is not None:
                 np.add(rt, bias[1], out=rt)
             np.add(xw[:, t, : 2 * u], rt[:, : 2 * u], out=g[:, : 2 * u])
@@ -68,7 +68,7 @@ class GRU(_Recurrent):
             act_backward(self.rec_act, z, tmp, dzt[:, :u])
             np.copyto(drt[:, : 2 * u], dzt[:, : 2 * u])
             np.multiply(dh, z, out=dh)
-            np.matmul(drt, ws["U"].T, out=tmp)
+            self._rec_back(ws, drt, tmp)
             np.add(dh, tmp, out=dh)
             self._dh_carry(ws, s)
 
