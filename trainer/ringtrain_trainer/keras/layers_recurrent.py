@@ -1,4 +1,4 @@
-"""Registry entries of the recurrent layers: LSTM, GRU (Keras 3's ``reset_after=True``),
+"""Registry entries of the recurrent layers: LSTM, GRU (``reset_after`` either way),
 SimpleRNN and the ``Bidirectional`` wrapper around any of them. Their ops are
 ``engine/ops/recurrent.py`` and ``engine/ops/bidirectional.py``; the weights sit in the
 ``cell`` sub-group of ``model.weights.h5`` (a wrapper's in ``forward_layer/cell`` and
@@ -52,7 +52,9 @@ def _rnn_parse(a: Args) -> dict:
     if a.cls == "LSTM":
         a.take("unit_forget_bias")  # an initializer: the weights come from the file or init
     elif a.cls == "GRU":
-        a.must_be("reset_after", True)
+        args["reset_after"] = bool(a.take("reset_after", True))
+        if not args["reset_after"] and args.get("recurrent_dropout"):
+            a.refuse("recurrent_dropout", args["recurrent_dropout"], "0 with reset_after=False")
     else:  # SimpleRNN has no gates; its op ignores the argument
         del args["recurrent_activation"]
     a.initializer("kernel_initializer", "GlorotUniform")
@@ -87,6 +89,11 @@ def _rnn_infer(args: dict, shapes: list[Shape]) -> Shape:
     return (shapes[0][0], u) if args["return_sequences"] else (u,)
 
 
+def _two_biases(cls: str, args: dict) -> bool:
+    """Keras' GRU with ``reset_after=True`` (its default) has an input and a recurrent bias."""
+    return cls == "GRU" and args.get("reset_after", True)
+
+
 def _rnn_weights_of(cls: str):
     def weights(args: dict, shapes: list[Shape]) -> list[Weight]:
         u, g = args["units"], _gates(cls) * args["units"]
@@ -95,7 +102,7 @@ def _rnn_weights_of(cls: str):
             Weight("recurrent_kernel", (u, g), group="cell"),
         ]
         if args["use_bias"]:
-            out.append(Weight("bias", (2, g) if cls == "GRU" else (g,), group="cell"))
+            out.append(Weight("bias", (2, g) if _two_biases(cls, args) else (g,), group="cell"))
         return out
 
     return weights
@@ -118,7 +125,8 @@ def _rnn_op(
 ):
     from ringtrain_trainer.engine.ops import recurrent
 
-    return getattr(recurrent, cls)(
+    op = "GRUResetBefore" if cls == "GRU" and not a.get("reset_after", True) else cls
+    return getattr(recurrent, op)(
         shape,
         a["units"],
         a["activation"],
@@ -158,14 +166,15 @@ def _onnx_direction(cls: str, a: dict, weights, where: str):
             raise InvalidSpec(f"export: {where}: {arg}={a.get(arg)!r} has no ONNX")
     u, lstm, gates = a["units"], cls == "LSTM", GATES[cls]
     kernel, rec = weights[0], weights[1]
-    bias = weights[2] if a["use_bias"] else np.zeros((2, gates * u) if cls == "GRU" else gates * u)
+    two = _two_biases(cls, a)
+    bias = weights[2] if a["use_bias"] else np.zeros((2, gates * u) if two else gates * u)
     order = [0, 3, 1, 2] if lstm else list(range(gates))
 
     def blocks(m):
         return np.concatenate([m[..., k * u : (k + 1) * u] for k in order], axis=-1)
 
     wx, wh = (blocks(m).T[None].astype(np.float32) for m in (kernel, rec))
-    pair = [bias[0], bias[1]] if cls == "GRU" else [blocks(bias), np.zeros(gates * u)]
+    pair = [bias[0], bias[1]] if two else [blocks(bias), np.zeros(gates * u)]
     return wx, wh, np.concatenate(pair)[None].astype(np.float32)
 
 
@@ -178,7 +187,7 @@ def _onnx_rnn(g, n: str, cls: str, a: dict, wrb, direction: str) -> tuple[str, s
     ins = [x, *(g.const(f"{n}_{k}", v) for k, v in zip("WRB", wrb, strict=True))]
     attrs = {"hidden_size": a["units"], "activations": acts * dirs, "direction": direction}
     if cls == "GRU":
-        attrs["linear_before_reset"] = 1  # Keras' reset_after=True
+        attrs["linear_before_reset"] = int(a.get("reset_after", True))
     outs = [g.name(f"{n}_Y"), g.name(f"{n}_Y_h")]
     g.nodes.append(g.h.make_node(_ONNX_OP[cls], ins, outs, name=outs[0], **attrs))
     return outs[0], outs[1]
@@ -344,7 +353,7 @@ ENTRIES = {
             "(one input mask per sequence, as Keras), `recurrent_dropout` (a state mask per gate "
             "and sequence, with `dropout` then an input mask per gate, as Keras); an "
             "incoming Keras mask skips masked timesteps; backpropagation through time in the op"
-            + ("; `reset_after=True`" if cls == "GRU" else ""),
+            + ("; `reset_after` (False: one bias, `recurrent_dropout` 0)" if cls == "GRU" else ""),
         )
         for cls in ("LSTM", "GRU")
     },
