@@ -4,7 +4,7 @@ and, with ``dropout``, an input mask per gate too; training only. Checked here: 
 forward equals Keras' own cell stepped with the very masks ringtrain drew (per gate, per
 example, the same at every step), gradients against finite differences with those masks
 fixed, the LSTM's fused path off, a fresh draw per step, and Keras-side training, prediction
-and the ``.keras`` export; inside ``Bidirectional`` it stays refused by name."""
+and the ``.keras`` and ONNX exports; inside ``Bidirectional`` it stays refused by name."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 import os
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -22,7 +23,7 @@ from support.ophost import backward, compile_op
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.ops.recurrent import GRU, LSTM, SimpleRNN
-from ringtrain_trainer.export import write_keras
+from ringtrain_trainer.export import write_keras, write_onnx
 from ringtrain_trainer.keras.config import parse
 
 pytestmark = pytest.mark.filterwarnings(
@@ -101,9 +102,7 @@ def test_gradients_with_fixed_masks_match_finite_differences(case, rng):
 
 
 @pytest.mark.parametrize("rnn", [L.LSTM, L.GRU, L.SimpleRNN])
-def test_recurrent_dropout_trains_beside_keras_and_predicts_and_exports_as_keras(
-    rnn, tmp_path, rng
-):
+def test_recurrent_dropout_trains_beside_keras_and_predicts_and_exports(rnn, tmp_path, rng):
     km = keras.Sequential(
         [L.Input((T, F)), rnn(5, dropout=0.2, recurrent_dropout=0.3), L.Dense(3, "softmax")]
     )
@@ -124,6 +123,10 @@ def test_recurrent_dropout_trains_beside_keras_and_predicts_and_exports_as_keras
     back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))
     assert back.layers[0].recurrent_dropout == pytest.approx(0.3)
     np.testing.assert_allclose(back.predict(x[32:], verbose=0), want, atol=2e-5)
+    write_onnx(tmp_path / "m.onnx", config, weights)  # dropout is training only: none in ONNX
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, {"input": x[32:]})
+    np.testing.assert_allclose(got, want, atol=2e-5)
 
 
 def test_recurrent_dropout_inside_bidirectional_is_refused_by_name():
