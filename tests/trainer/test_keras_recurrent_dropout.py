@@ -79,7 +79,10 @@ CASES = {
     "gru": _op("GRU"),
     "gru-no-input-dropout": _op("GRU", drop=0.0),
     "simple-rnn": _op("SimpleRNN"),
+    "lstm-keras-mask": _op("LSTM", masked=True, zero_output_for_mask=True),
 }
+#: a Keras mask for the masked case: right padding, left padding, a hole
+MASK = np.array([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 0, 1, 1, 0], [1, 1, 1, 1, 1]], float)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -89,13 +92,14 @@ def test_gradients_with_fixed_masks_match_finite_differences(case, rng):
     x = rng.normal(size=(B, T, F))
     params = {p.name: rng.normal(0, 0.5, p.shape) for p in op.params(0)}
     w = rng.normal(size=(B, *op.out_shape))
+    xs = [x, MASK] if op.masked else [x]
 
     def loss():
-        return float(np.sum(op.forward(ws, x, **params) * w))
+        return float(np.sum(op.forward(ws, *xs, **params) * w))
 
     loss()
     assert np.any(ws["rmask"] == 0)
-    (dx,), grads = backward(op, ws, [x], params, w.copy())
+    (dx, *_), grads = backward(op, ws, xs, params, w.copy())
     gradcheck(loss, x, dx, what=f"{case} input")
     for name, g in grads.items():
         gradcheck(loss, params[name], g, rng=rng, samples=25, what=f"{case} {name}")
