@@ -2,7 +2,8 @@
 over the input features from the first step and applies it at every step, scaled by
 ``1 / (1 - rate)`` (``LSTM.call``); ringtrain runs it as a shared-mask Dropout node before the
 RNN. Inference is the identity (predictions equal Keras'), training draws masks of that shape
-and rate, ``recurrent_dropout`` and dropout inside ``Bidirectional`` are refused by name."""
+and rate, a rate outside [0, 1) and dropout inside ``Bidirectional`` are refused by name
+(``recurrent_dropout``: test_keras_recurrent_dropout)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_rnn_input_dropout_masks_whole_sequences_in_training_only(rnn, tmp_path,
 @pytest.mark.parametrize(
     "layer,match",
     [
-        (L.LSTM(4, recurrent_dropout=0.2), r"recurrent_dropout=0\.2 is not supported"),
+        (L.LSTM(4, recurrent_dropout=1.0), r"recurrent_dropout=1\.0 is not supported"),
         (L.Bidirectional(L.GRU(4, dropout=0.2)), r"layer\.dropout=0\.2 is not supported"),
     ],
 )

@@ -47,8 +47,11 @@ def text(*middle):
     [
         (layer("LSTM", "l", units=3, stateful=True), "'l' (LSTM): stateful=True"),
         (layer("LSTM", "l", units=3, return_state=True), "return_state=True"),
-        (layer("LSTM", "l", units=3, recurrent_dropout=0.2), "'l' (LSTM): recurrent_dropout=0.2"),
-        (layer("GRU", "g", units=3, reset_after=False), "'g' (GRU): reset_after=False"),
+        (layer("LSTM", "l", units=3, recurrent_dropout=1.0), "'l' (LSTM): recurrent_dropout=1.0"),
+        (
+            layer("GRU", "g", units=3, reset_after=False, recurrent_dropout=0.2),
+            "'g' (GRU): recurrent_dropout=0.2",
+        ),
         (layer("GRU", "g", units=3, recurrent_activation="softmax"), "recurrent_activation"),
         (layer("LSTM", "l", units=3, recurrent_initializer="my_init"), "recurrent_initializer"),
         (layer("LayerNormalization", "n", rms_scaling=True), "'n' (LayerNormalization): rms"),

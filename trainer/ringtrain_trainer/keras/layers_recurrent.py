@@ -1,4 +1,4 @@
-"""Registry entries of the recurrent layers: LSTM, GRU (Keras 3's ``reset_after=True``),
+"""Registry entries of the recurrent layers: LSTM, GRU (``reset_after`` either way),
 SimpleRNN and the ``Bidirectional`` wrapper around any of them. Their ops are
 ``engine/ops/recurrent.py`` and ``engine/ops/bidirectional.py``; the weights sit in the
 ``cell`` sub-group of ``model.weights.h5`` (a wrapper's in ``forward_layer/cell`` and
@@ -41,12 +41,10 @@ def _rnn_parse(a: Args) -> dict:
     if v:  # one mask per sequence on the inputs (engine.ops.dropout.SharedDropout), as Keras
         args["dropout"] = float(v)
     v = a.take("recurrent_dropout", 0.0)
-    if v not in (0, 0.0):
-        a.refuse(
-            "recurrent_dropout",
-            v,
-            "0 (Keras then draws four input masks per gate and masks the state at every step)",
-        )
+    if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v < 1:
+        a.refuse("recurrent_dropout", v, "a rate in [0, 1)")
+    if v:  # a state mask per gate and sequence in the op (engine.ops.recurrent_loop)
+        args["recurrent_dropout"] = float(v)
     a.take("unroll")  # the same arithmetic either way
     a.take("implementation")  # tf.keras 2's kernel choice: the same arithmetic
     args["zero_output_for_mask"] = bool(a.take("zero_output_for_mask", False))
@@ -54,7 +52,9 @@ def _rnn_parse(a: Args) -> dict:
     if a.cls == "LSTM":
         a.take("unit_forget_bias")  # an initializer: the weights come from the file or init
     elif a.cls == "GRU":
-        a.must_be("reset_after", True)
+        args["reset_after"] = bool(a.take("reset_after", True))
+        if not args["reset_after"] and args.get("recurrent_dropout"):
+            a.refuse("recurrent_dropout", args["recurrent_dropout"], "0 with reset_after=False")
     else:  # SimpleRNN has no gates; its op ignores the argument
         del args["recurrent_activation"]
     a.initializer("kernel_initializer", "GlorotUniform")
@@ -89,6 +89,11 @@ def _rnn_infer(args: dict, shapes: list[Shape]) -> Shape:
     return (shapes[0][0], u) if args["return_sequences"] else (u,)
 
 
+def _two_biases(cls: str, args: dict) -> bool:
+    """Keras' GRU with ``reset_after=True`` (its default) has an input and a recurrent bias."""
+    return cls == "GRU" and args.get("reset_after", True)
+
+
 def _rnn_weights_of(cls: str):
     def weights(args: dict, shapes: list[Shape]) -> list[Weight]:
         u, g = args["units"], _gates(cls) * args["units"]
@@ -97,16 +102,31 @@ def _rnn_weights_of(cls: str):
             Weight("recurrent_kernel", (u, g), group="cell"),
         ]
         if args["use_bias"]:
-            out.append(Weight("bias", (2, g) if cls == "GRU" else (g,), group="cell"))
+            out.append(Weight("bias", (2, g) if _two_biases(cls, args) else (g,), group="cell"))
         return out
 
     return weights
 
 
-def _rnn_op(cls: str, a: dict, shape: Shape, masked: bool = False, zero_output: bool = False):
+def in_op_dropout(cls: str, args: dict) -> bool:
+    """Whether the op itself draws the input masks: with ``recurrent_dropout`` Keras runs an
+    LSTM's or GRU's cell with a mask per gate (``implementation=1``), which no one node before
+    the op draws; else a SharedDropout node before it does (``lowering._input_dropout``)."""
+    return bool(args.get("recurrent_dropout")) and cls != "SimpleRNN"
+
+
+def _rnn_op(
+    cls: str,
+    a: dict,
+    shape: Shape,
+    masked: bool = False,
+    zero_output: bool = False,
+    index: int = 0,
+):
     from ringtrain_trainer.engine.ops import recurrent
 
-    return getattr(recurrent, cls)(
+    op = "GRUResetBefore" if cls == "GRU" and not a.get("reset_after", True) else cls
+    return getattr(recurrent, op)(
         shape,
         a["units"],
         a["activation"],
@@ -116,12 +136,16 @@ def _rnn_op(cls: str, a: dict, shape: Shape, masked: bool = False, zero_output: 
         a["go_backwards"],
         masked,
         zero_output,
+        a.get("dropout", 0.0),
+        a.get("recurrent_dropout", 0.0),
+        index,
     )
 
 
 def _rnn_build(spec, shapes, ctx):
     a = spec.args
-    return _rnn_op(spec.cls, a, shapes[0], bool(ctx.mask), a.get("zero_output_for_mask", False))
+    zero = a.get("zero_output_for_mask", False)
+    return _rnn_op(spec.cls, a, shapes[0], bool(ctx.mask), zero, ctx.index)
 
 
 #: Slice's starts, ends, axes, steps that reverse the time axis of a time-major tensor
@@ -142,14 +166,15 @@ def _onnx_direction(cls: str, a: dict, weights, where: str):
             raise InvalidSpec(f"export: {where}: {arg}={a.get(arg)!r} has no ONNX")
     u, lstm, gates = a["units"], cls == "LSTM", GATES[cls]
     kernel, rec = weights[0], weights[1]
-    bias = weights[2] if a["use_bias"] else np.zeros((2, gates * u) if cls == "GRU" else gates * u)
+    two = _two_biases(cls, a)
+    bias = weights[2] if a["use_bias"] else np.zeros((2, gates * u) if two else gates * u)
     order = [0, 3, 1, 2] if lstm else list(range(gates))
 
     def blocks(m):
         return np.concatenate([m[..., k * u : (k + 1) * u] for k in order], axis=-1)
 
     wx, wh = (blocks(m).T[None].astype(np.float32) for m in (kernel, rec))
-    pair = [bias[0], bias[1]] if cls == "GRU" else [blocks(bias), np.zeros(gates * u)]
+    pair = [bias[0], bias[1]] if two else [blocks(bias), np.zeros(gates * u)]
     return wx, wh, np.concatenate(pair)[None].astype(np.float32)
 
 
@@ -162,7 +187,7 @@ def _onnx_rnn(g, n: str, cls: str, a: dict, wrb, direction: str) -> tuple[str, s
     ins = [x, *(g.const(f"{n}_{k}", v) for k, v in zip("WRB", wrb, strict=True))]
     attrs = {"hidden_size": a["units"], "activations": acts * dirs, "direction": direction}
     if cls == "GRU":
-        attrs["linear_before_reset"] = 1  # Keras' reset_after=True
+        attrs["linear_before_reset"] = int(a.get("reset_after", True))
     outs = [g.name(f"{n}_Y"), g.name(f"{n}_Y_h")]
     g.nodes.append(g.h.make_node(_ONNX_OP[cls], ins, outs, name=outs[0], **attrs))
     return outs[0], outs[1]
@@ -200,8 +225,9 @@ def _inner(a: Args, arg: str, v) -> dict:
         a.refuse(arg, cls, ", ".join(GATES))
     inner = Args(v, 0)
     args = {**_rnn_parse(inner), **inner.extra}
-    if args.get("dropout"):  # Keras draws a mask per half; one node before both would share it
-        a.refuse(f"{arg}.dropout", args["dropout"], "0 inside Bidirectional")
+    for rate in ("dropout", "recurrent_dropout"):  # Keras draws masks per half
+        if args.get(rate):
+            a.refuse(f"{arg}.{rate}", args[rate], "0 inside Bidirectional")
     return _layer(cls, {"name": inner.name, **args})
 
 
@@ -324,9 +350,10 @@ ENTRIES = {
             activation=_cell_activation,
             doc="`units`, `activation`, `recurrent_activation` (tanh, sigmoid, relu, linear), "
             "`use_bias`, `return_sequences`, `go_backwards`, `zero_output_for_mask`, `dropout` "
-            "(one input mask per sequence, as Keras; `recurrent_dropout` 0); an "
+            "(one input mask per sequence, as Keras), `recurrent_dropout` (a state mask per gate "
+            "and sequence, with `dropout` then an input mask per gate, as Keras); an "
             "incoming Keras mask skips masked timesteps; backpropagation through time in the op"
-            + ("; `reset_after=True`" if cls == "GRU" else ""),
+            + ("; `reset_after` (False: one bias, `recurrent_dropout` 0)" if cls == "GRU" else ""),
         )
         for cls in ("LSTM", "GRU")
     },
@@ -338,7 +365,8 @@ ENTRIES = {
         weights=_rnn_weights_of("SimpleRNN"),
         activation=_cell_activation,
         doc="`units`, `activation` (tanh, sigmoid, relu, linear), `use_bias`, "
-        "`return_sequences`, `go_backwards`, `zero_output_for_mask`, `dropout`; an incoming mask",
+        "`return_sequences`, `go_backwards`, `zero_output_for_mask`, `dropout`, "
+        "`recurrent_dropout`; an incoming mask",
     ),
     "Bidirectional": Entry(
         _bi_parse,
@@ -347,7 +375,8 @@ ENTRIES = {
         infer=_bi_infer,
         weights=_bi_weights,
         weight_args=_bi_weight_args,
-        doc="an LSTM, GRU or SimpleRNN (and its `backward_layer`; `dropout` 0: Keras draws a "
-        "mask per half), `merge_mode` (concat, sum, ave, mul); an incoming mask (both halves)",
+        doc="an LSTM, GRU or SimpleRNN (and its `backward_layer`; `dropout` and "
+        "`recurrent_dropout` 0: Keras draws masks per half), `merge_mode` (concat, sum, ave, "
+        "mul); an incoming mask (both halves)",
     ),
 }

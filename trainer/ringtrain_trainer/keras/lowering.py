@@ -158,7 +158,10 @@ def lower(config: ModelConfig) -> Lowered:
         op.name = "+".join(x.name for x in group)
         srcs = [where[t] for t in s.inputs]
         if s.args.get("dropout") and s.cls in ("LSTM", "GRU", "SimpleRNN"):
-            srcs[0] = _input_dropout(s, i, ops, nodes, srcs[0])
+            from ringtrain_trainer.keras.layers_recurrent import in_op_dropout
+
+            if not in_op_dropout(s.cls, s.args):
+                srcs[0] = _input_dropout(s, i, ops, nodes, srcs[0])
         n = len(ops)
         nodes.append(Node(n, (*srcs, *extra), n + 1))
         ops.append(op)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.engine.ops.recurrent_gru import GRU
+from ringtrain_trainer.engine.ops.recurrent_gru import GRU, GRUResetBefore
 from ringtrain_trainer.engine.ops.recurrent_loop import ACTIVATIONS, _Recurrent
 from ringtrain_trainer.engine.ops.recurrent_lstm import LSTM
 from ringtrain_trainer.layers.base import act_backward, act_forward
 
-__all__ = ["ACTIVATIONS", "GRU", "LSTM", "SimpleRNN"]
+__all__ = ["ACTIVATIONS", "GRU", "LSTM", "GRUResetBefore", "SimpleRNN"]
 
 
 class SimpleRNN(_Recurrent):
@@ -31,7 +31,7 @@ class SimpleRNN(_Recurrent):
         for s, t in enumerate(self.order):
             g = gates[:, t]
             if s:
-                np.matmul(ws["h_prev"][:, t], recurrent_kernel, out=ws["rec"])
+                self._rec(ws, t, recurrent_kernel, ws["rec"])
                 np.add(g, ws["rec"], out=g)
             act_forward(self.act, g)
             np.copyto(ws["h"], g)
@@ -46,5 +46,5 @@ class SimpleRNN(_Recurrent):
             self._dh_from_output(ws, dout, s)
             act_backward(self.act, ws["gates"][:, t], dh, dz[:, t])
             if s:
-                np.matmul(dz[:, t], ws["U"].T, out=dh)
+                self._rec_back(ws, dz[:, t], dh)
             self._dh_carry(ws, s)

@@ -23,6 +23,14 @@ keeps the previous state (``h``, and ``c`` for an LSTM) and returns the previous
 zeros with ``zero_output_for_mask`` (what ``Bidirectional`` sets when it returns sequences).
 Backward splits each step's state gradient into the part through the new state (``× m``) and
 the part carried past the step (``× (1 - m)``).
+
+``recurrent_dropout`` (training only) runs as Keras 3's cells run it (``implementation=1``,
+forced by the argument): every example draws, once per sequence, a mask over the state per
+gate (four for LSTM, three for GRU, one for SimpleRNN) that scales the state the gate's
+recurrent matmul reads, the same at every step; an LSTM's or GRU's ``dropout`` then also draws
+an input mask per gate, which the op applies itself (``_project``). The masks are drawn as
+``layers.base.masks`` draws Dropout's; the masked states and inputs (``hm``, ``xm``, gate-major
+so a gate's block is one contiguous matrix) are kept for the weight gradients.
 """
 
 from __future__ import annotations
@@ -31,7 +39,10 @@ import numpy as np
 
 from ringtrain_trainer.engine.ops.dense import product_rows
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.layers.base import Layer, masks
+
+#: the draw key of an RNN's recurrent masks, apart from its input masks (layer index + this)
+REC_MASK_KEY = 1 << 21
 
 #: the activations an RNN cell may use: element-wise ones whose derivative comes from the output
 ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
@@ -54,6 +65,9 @@ class _Recurrent(Layer):
         go_backwards: bool = False,
         masked: bool = False,
         zero_output_for_mask: bool = False,
+        dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
+        index: int = 0,
     ):
         for arg, v in (("activation", activation), ("recurrent_activation", recurrent_activation)):
             if v not in ACTIVATIONS:
@@ -73,6 +87,11 @@ class _Recurrent(Layer):
         #: the inputs it reads: the sequence, and its mask when ``masked``
         self.n_inputs = 2 if masked else 1
         self.in_shapes = [self.in_shape, (self.T,)][: self.n_inputs]
+        #: with ``recurrent_dropout``: masks per gate block (``K`` of them, ``w`` columns each);
+        #: the input's (``idrop``) here only then, else a SharedDropout node before the op
+        self.rdrop, self.index = float(recurrent_dropout), index
+        self.K = self.gates if self.gates > 1 else 1
+        self.idrop = float(dropout) if self.rdrop and self.gates > 1 else 0.0
 
     def _bias_shape(self) -> tuple[int, ...]:
         return (self.gates * self.u,)
@@ -103,6 +122,14 @@ class _Recurrent(Layer):
                 bufs["dx"] = ((b, *self.in_shape), "f")
             if self.masked:
                 bufs.update({"carry_h": ((b, u), "f"), "carry_c": ((b, u), "f")})
+        if train and self.rdrop:
+            k, d = self.K, self.d
+            bufs.update({"rmask": ((b, k, u), "f"), "hm": ((k, b, T, u), "f")})
+            bufs["drh"] = ((b, u), "f")
+            if self.idrop:
+                bufs.update({"imask": ((b, k, d), "f"), "xm": ((k, b, T, d), "f")})
+                if need_dx:
+                    bufs["dxk"] = ((b, T, d), "f")
         if self.masked:
             bufs.update({"m": ((b, T, 1), "f"), "inv": ((b, T, 1), "f")})
             bufs["h_new"] = ((b, u), "f")
@@ -117,6 +144,47 @@ class _Recurrent(Layer):
         if "ones" in ws:
             ws["ones"].fill(1)
         ws["h_prev"][:, self.order[0]] = 0
+        if "hm" in ws:
+            ws["hm"][:, :, self.order[0]] = 0
+
+    def _block(self, k):
+        w = self.gates * self.u // self.K
+        return slice(k * w, (k + 1) * w)
+
+    def _draw(self, ws):
+        """This batch's dropout masks (training with ``recurrent_dropout`` only)."""
+        if "rmask" not in ws:
+            return
+        c = ws["ctx"]
+        key = (c["seed"], self.index + REC_MASK_KEY, c["step"], c["example0"])
+        masks(*key, self.rdrop, ws["rmask"])
+        if "imask" in ws:
+            masks(c["seed"], self.index, c["step"], c["example0"], self.idrop, ws["imask"])
+
+    def _rec(self, ws, t, U, out):
+        """``out (b, G·u)``: step ``t``'s recurrent projection of the state it reads, each gate
+        block's through its recurrent dropout mask in training."""
+        h = ws["h_prev"][:, t]
+        if "rmask" not in ws:
+            np.matmul(h, U, out=out)
+            return
+        for k in range(self.K):
+            hm, blk = ws["hm"][k][:, t], self._block(k)
+            np.multiply(h, ws["rmask"][:, k], out=hm)
+            np.matmul(hm, U[:, blk], out=out[:, blk])
+
+    def _rec_back(self, ws, dzt, dh):
+        """``dh``: the read state's gradient from the recurrent projection's ``dzt``."""
+        U = ws["U"]
+        if "rmask" not in ws:
+            np.matmul(dzt, U.T, out=dh)
+            return
+        dh.fill(0)
+        for k in range(self.K):
+            blk, tmp = self._block(k), ws["drh"]
+            np.matmul(dzt[:, blk], U[:, blk].T, out=tmp)
+            np.multiply(tmp, ws["rmask"][:, k], out=tmp)
+            np.add(dh, tmp, out=dh)
 
     def _take_mask(self, ws, mask):
         """The step masks ``m`` and ``1 - m`` as ``(b, T, 1)`` columns, once per batch."""
@@ -187,11 +255,31 @@ class _Recurrent(Layer):
 
     def backward_input(self, ws, dout, *, kernel, recurrent_kernel, bias=None):
         dx = ws["dx"]
-        np.matmul(self._dz_x(ws), kernel.T, out=dx.reshape(-1, self.d))
+        if "imask" not in ws:
+            np.matmul(self._dz_x(ws), kernel.T, out=dx.reshape(-1, self.d))
+            return self.backward_inputs(dx)
+        dx.fill(0)
+        dxk = ws["dxk"]
+        for k in range(self.K):
+            blk = self._block(k)
+            np.matmul(self._dz_x(ws)[:, blk], kernel[:, blk].T, out=dxk.reshape(-1, self.d))
+            np.multiply(dxk, ws["imask"][:, k, None], out=dxk)
+            np.add(dx, dxk, out=dx)
         return self.backward_inputs(dx)
 
+    def _masked_product(self, ws, key, dz, grad, rows):
+        """Rows ``rows`` of a kernel's gradient when gate block ``k`` read ``ws[key][k]``."""
+        lo, hi = rows
+        for k in range(self.K):
+            a, blk = ws[key][k].reshape(-1, grad.shape[0]), self._block(k)
+            np.matmul(a[:, lo:hi].T, dz[:, blk], out=grad[lo:hi, blk])
+
     def backward_weights(self, ws, dout, name, grad, rows):
-        if name == "kernel":
+        if name == "kernel" and "xm" in ws:
+            self._masked_product(ws, "xm", self._dz_x(ws), grad, rows)
+        elif name == "recurrent_kernel" and "hm" in ws:
+            self._masked_product(ws, "hm", self._dz_h(ws), grad, rows)
+        elif name == "kernel":
             product_rows(ws["x"], self._dz_x(ws), grad, rows, ws["row"])
         elif name == "recurrent_kernel":
             h_prev = ws["h_prev"].reshape(-1, self.u)
@@ -202,8 +290,15 @@ class _Recurrent(Layer):
 
     def _project(self, ws, x, kernel, bias, into):
         """``into (b, T, G·u) = x @ kernel + bias`` for every timestep at once."""
+        self._draw(ws)
         ws["x"] = x2 = x.reshape(-1, self.d)
         i2 = into.reshape(x2.shape[0], -1)
-        np.matmul(x2, kernel, out=i2)
+        if "imask" in ws:
+            for k in range(self.K):
+                xm, blk = ws["xm"][k], self._block(k)
+                np.multiply(x.reshape(xm.shape), ws["imask"][:, k, None], out=xm)
+                np.matmul(xm.reshape(-1, self.d), kernel[:, blk], out=i2[:, blk])
+        else:
+            np.matmul(x2, kernel, out=i2)
         if bias is not None:
             np.add(i2, bias, out=i2)

@@ -20,7 +20,9 @@ class LSTM(_Recurrent):
         #: Keras' defaults (tanh, sigmoid): every gate from one tanh per timestep
         #: (``sigmoid(x) = tanh(x / 2) / 2 + 1 / 2``, bit for bit the table's sigmoid); a
         #: masked LSTM runs the per-step loop, which blends the carried state
+        #: with ``recurrent_dropout``, whose per-gate masks the fused path has no place for
         self.fused = (self.act, self.rec_act) == ("tanh", "sigmoid") and not self.masked
+        self.fused = self.fused and not self.rdrop
 
     def buffers(self, b, train, need_dx):
         bufs = super().buffers(b, train, need_dx)
@@ -51,7 +53,7 @@ class LSTM(_Recurrent):
         for s, t in enumerate(self.order):
             g = gates[:, t]
             if s:
-                np.matmul(ws["h_prev"][:, t], recurrent_kernel, out=ws["rec"])
+                self._rec(ws, t, recurrent_kernel, ws["rec"])
                 np.add(g, ws["rec"], out=g)
             act_forward(self.rec_act, g[:, : 2 * u])
             act_forward(self.act, g[:, 2 * u : 3 * u])
@@ -98,7 +100,7 @@ class LSTM(_Recurrent):
                 np.multiply(dc, c[:, self.order[s - 1]], out=tmp)
                 act_backward(self.rec_act, f, tmp, dzt[:, u : 2 * u])
                 np.multiply(dc, f, out=dc)
-                np.matmul(dzt, ws["U"].T, out=dh)
+                self._rec_back(ws, dzt, dh)
                 if self.masked:
                     np.add(dc, ws["carry_c"], out=dc)
                 self._dh_carry(ws, s)
