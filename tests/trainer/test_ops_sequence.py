@@ -28,6 +28,7 @@ from ringtrain_trainer.engine.ops.dense import Dense, product_rows
 from ringtrain_trainer.engine.ops.embedding import Embedding
 from ringtrain_trainer.engine.ops.norm import LayerNorm
 from ringtrain_trainer.engine.ops.recurrent import GRU, LSTM, SimpleRNN
+from ringtrain_trainer.engine.ops.recurrent_gru import GRUResetBefore
 
 B = 3
 
@@ -83,6 +84,10 @@ CASES = {
     "lstm-seq-nobias": (LSTM((4, 2), 3, use_bias=False, return_sequences=True), [_float((4, 2))]),
     "lstm-relu-tanh": (LSTM((3, 2), 2, "relu", "tanh", return_sequences=True), [_float((3, 2))]),
     "gru-last": (GRU((5, 3), 4), [_float((5, 3))]),
+    "gru-reset-before-seq": (
+        GRUResetBefore((4, 3), 3, return_sequences=True),
+        [_float((4, 3))],
+    ),
     "simple-rnn-seq": (SimpleRNN((4, 3), 3, return_sequences=True), [_float((4, 3))]),
     "simple-rnn-backwards-relu": (
         SimpleRNN((4, 2), 3, "relu", use_bias=False, go_backwards=True),
@@ -118,7 +123,7 @@ def test_every_sequence_op_class_has_a_gradient_check():
         for _, c in inspect.getmembers(m, inspect.isclass)
         if hasattr(c, "forward") and c.__module__ == m.__name__ and not c.__name__.startswith("_")
     }
-    assert len(ops) == 8
+    assert len(ops) == 9
     assert ops - {type(op) for op, _ in CASES.values()} == set()
 
 
