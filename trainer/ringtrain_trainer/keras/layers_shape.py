@@ -101,7 +101,7 @@ def _up_parse(a: Args) -> dict:
         return {"size": size[0]}
     args = {"size": size, "data_format": a.channels_last()}
     if rank == 2:  # UpSampling3D has no such argument
-        args["interpolation"] = a.must_be("interpolation", "nearest")
+        args["interpolation"] = a.must_be("interpolation", "nearest", "bilinear")
     a.done("size, interpolation")
     return args
 
@@ -114,15 +114,35 @@ def _up_infer(args: dict, shapes: list[Shape]) -> Shape:
     return (*(n * s for n, s in zip(shape, size, strict=False)), shape[-1])
 
 
+def _as_resizing(spec):
+    """``UpSampling2D(interpolation="bilinear")`` is Keras' ``ops.image.resize`` to the
+    multiplied size: the ``Resizing`` layer's op and export, at that size."""
+    from dataclasses import replace
+
+    (h, w, _), (sh, sw) = spec.in_shapes[0], spec.args["size"]
+    args = {"height": h * sh, "width": w * sw, "interpolation": "bilinear"}
+    return replace(spec, cls="Resizing", args=args)
+
+
 def _up_build(spec, shapes, ctx):
+    from ringtrain_trainer.engine.ops.resize import Resize
     from ringtrain_trainer.engine.ops.shape import UpSampling
 
     size = spec.args["size"]
+    if spec.args.get("interpolation") == "bilinear":
+        a = _as_resizing(spec).args
+        return Resize(shapes[0], a["height"], a["width"], "bilinear")
     return UpSampling(shapes[0], tuple(size) if isinstance(size, list) else size)
 
 
 def _up_onnx(g, spec, weights) -> None:
     import numpy as np
+
+    if spec.args.get("interpolation") == "bilinear":
+        from ringtrain_trainer.keras.layers_resize import ENTRIES as RESIZE
+
+        RESIZE["Resizing"].onnx(g, _as_resizing(spec), weights)
+        return
 
     size = spec.args["size"] if isinstance(spec.args["size"], list) else [spec.args["size"]]
     scales = g.const("scales", np.asarray([1, *size, 1], np.float32))
@@ -238,7 +258,12 @@ ENTRIES = {
     "Cropping2D": replace(_BORDER, doc="`cropping` (int, pair, pairs)"),
     "UpSampling1D": Entry(_up_parse, _up_build, _up_onnx, infer=_up_infer, doc="`size`"),
     "UpSampling2D": Entry(
-        _up_parse, _up_build, _up_onnx, infer=_up_infer, doc="`size`, `interpolation` (nearest)"
+        _up_parse,
+        _up_build,
+        _up_onnx,
+        infer=_up_infer,
+        doc="`size`, `interpolation` (nearest; bilinear as Keras' `ops.image.resize`, the "
+        "`Resizing` op)",
     ),
     "ZeroPadding3D": replace(_BORDER, doc="`padding` (int, triple, pairs)"),
     "Cropping3D": replace(_BORDER, doc="`cropping` (int, triple, pairs)"),
