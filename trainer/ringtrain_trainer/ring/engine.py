@@ -268,7 +268,7 @@ class RingCollective(Collective):
         self._sent = self._received = 0
         self._inline = True  # the send thread is idle: every earlier collective waited for it
         done = threading.Event()
-        queued = []
+        queued: list[bool] = []
 
         def finish_sends() -> None:
             if not queued:
@@ -359,7 +359,7 @@ class RingCollective(Collective):
     def _allreduce(self, flat: np.ndarray, header: OpHeader, finish_sends) -> None:
         bounds = schedule.segment_bounds(flat.size, self.size)
         phases = schedule.allreduce_phases(self.rank, self.size)
-        mv = memoryview(flat).cast("B")
+        mv = memoryview(flat).cast("B")  # type: ignore[arg-type]  # numpy stubs: ndarray lacks __buffer__
         t, tr, left = self.transport, self.tracer, schedule.left(self.rank, self.size)
         first = schedule.chunks(*bounds[phases[0].send], self._chunk)
         if not first:
@@ -405,7 +405,7 @@ class RingCollective(Collective):
         t.end_recv()
 
     def _broadcast(self, flat: np.ndarray, header: OpHeader, finish_sends) -> None:
-        mv = memoryview(flat).cast("B")
+        mv = memoryview(flat).cast("B")  # type: ignore[arg-type]  # numpy stubs: ndarray lacks __buffer__
         sends = schedule.right(self.rank, self.size) != header.root
         pieces = schedule.chunks(0, flat.size, self._chunk)
         if self.rank == header.root:
