@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from ringtrain_trainer.ring import schedule
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
 from ringtrain_trainer.ring.sender import Sender
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
+
+if TYPE_CHECKING:
+    from ringtrain_trainer.ring.watchdog import Watchdog
 
 _FLOAT = np.dtype(np.float32)
 _HALF = np.dtype(np.float16)
@@ -117,7 +121,7 @@ class RingCollective(Collective):
         #: the collective in flight and since when (monotonic), read by the watchdog
         self.position: tuple[OpHeader, float] | None = None
         self.control = control  # a ring.control.ControlPlane, or None (tests' bare rings)
-        self.watchdog = None
+        self.watchdog: Watchdog | None = None
         self._interrupted = threading.Event()
 
     @property
