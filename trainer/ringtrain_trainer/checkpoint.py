@@ -155,7 +155,7 @@ class CheckpointManager:
         if state.model_state is not None and state.model_state.size:
             arrays["model_state"] = state.model_state
         buf = io.BytesIO()
-        np.savez(buf, **arrays)
+        np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy stubs: **kwds may hit allow_pickle
         blob = buf.getvalue()
         npz = self.dir / f"{stem}.npz"
         _atomic_write(npz, blob)

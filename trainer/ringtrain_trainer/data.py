@@ -26,7 +26,7 @@ import numpy as np
 from ringtrain.errors import DataError, InvalidSpec
 
 #: IDX element type codes (third byte of the magic number) → numpy dtype (big endian).
-_IDX_TYPES = {
+_IDX_TYPES: dict[int, np.dtype] = {
     0x08: np.dtype(np.uint8),
     0x09: np.dtype(np.int8),
     0x0B: np.dtype(">i2"),

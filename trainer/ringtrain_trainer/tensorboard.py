@@ -60,7 +60,8 @@ class _Writer:
     """A ``SummaryWriter`` on ``path`` once opened, or nothing at all when ``path`` is None."""
 
     def __init__(self, path: Path | None):
-        self.path, self._w = path, None
+        self.path = path
+        self._w: Any = None  # a tensorboardX SummaryWriter (untyped)
 
     def open(self, purge_step: int | None = None) -> None:
         """``purge_step``: TensorBoard drops this run's earlier points from that step on (a

@@ -196,4 +196,9 @@ def _install_sigterm(stop_requested: threading.Event) -> Callable[[], None]:
         stop_requested.set()
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    return lambda: [signal.signal(s, h) for s, h in old.items()] and None
+
+    def restore() -> None:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+    return restore

@@ -189,6 +189,7 @@ def parse(doc, kind: str) -> MetricSpec:
     not the loss's (``kind``: ``engine.loss_spec.LossSpec.kind``)."""
     if isinstance(doc, dict) and doc.get("class_name") == "function":
         doc = doc.get("config")
+    cls: str | None  # the Keras class name; None where a serialization names none
     if isinstance(doc, str):
         cls, cfg, name = _ALIASES.get(_snake(doc)) or doc, {}, doc
     elif isinstance(doc, dict):
@@ -312,7 +313,9 @@ class MetricSet:
         for m in self.metrics:
             r = m.result()
             if np.ndim(r):
-                out.update({f"{m.spec.name}_{i}": round(float(v), 6) for i, v in enumerate(r)})
+                out.update(
+                    {f"{m.spec.name}_{i}": round(float(v), 6) for i, v in enumerate(np.asarray(r))}
+                )
             else:
                 out[m.spec.name] = round(float(r), 6)
         return out

@@ -145,7 +145,7 @@ def parse(doc) -> LossSpec | None:
             f"(supported: {', '.join(SUPPORTED)})"
         )
     known = _ENTRIES[cls][2]
-    args = {}
+    args: dict[str, object] = {}
     for k, v in (doc.get("config") or {}).items():
         at = f"model: {WHERE}.config.{k}={v!r}"
         if k in _BOOKKEEPING:

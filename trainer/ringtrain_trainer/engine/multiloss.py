@@ -43,6 +43,12 @@ class Head:
             return 0
         return 1 if self.loss.kind == "sparse" else self.width
 
+    @property
+    def trained_loss(self) -> LossSpec:
+        """The loss of a head trained from (``MultiLossSpec.trained``)."""
+        assert self.loss is not None, f"output {self.name} is not trained from"
+        return self.loss
+
 
 @dataclass(frozen=True)
 class MultiLossSpec:
@@ -61,7 +67,7 @@ class MultiLossSpec:
     def metric(self) -> str:
         """The one metric ``test_accuracy`` / ``test_mae`` carries: the first trained
         output's (every output's is reported by name, ``named_eval``)."""
-        return self.trained[0].loss.metric
+        return self.trained[0].trained_loss.metric
 
     @property
     def widths(self) -> list[int]:
@@ -107,7 +113,7 @@ class MultiLossSpec:
         out = {f"{h.name}_loss": round(float(parts[i]), 6) for i, h in enumerate(heads)}
         for i, h in enumerate(heads):
             if h.metrics:
-                out[f"{h.name}_{h.loss.metric}"] = round(float(parts[k + i]), 6)
+                out[f"{h.name}_{h.trained_loss.metric}"] = round(float(parts[k + i]), 6)
         return out
 
     def named_eval(self, sums, n: int) -> dict[str, float]:
@@ -117,7 +123,7 @@ class MultiLossSpec:
         out = {}
         for i, h in enumerate(heads):
             out[f"{h.name}_loss"] = round(float(sums[i]) / max(1, n), 6)
-            out[f"{h.name}_{h.loss.metric}"] = round(float(sums[k + i]) / max(1, n), 6)
+            out[f"{h.name}_{h.trained_loss.metric}"] = round(float(sums[k + i]) / max(1, n), 6)
         return out
 
 
@@ -130,7 +136,7 @@ def buffer_bytes(spec: MultiLossSpec, batch: int, itemsize: int = 4) -> tuple[in
     labels = batch * sum(spec.label_widths) * itemsize
     work = 2 * batch * sum(spec.widths) * itemsize  # packed output, packed gradient
     for h in spec.trained:
-        lb, w = losses.buffer_bytes(h.loss, batch, h.width, itemsize)
+        lb, w = losses.buffer_bytes(h.trained_loss, batch, h.width, itemsize)
         work += lb + w
     return labels, work
 
@@ -195,7 +201,7 @@ class MultiLoss:
         ):
             if sub is not None:
                 yv = y[:, la:lb]
-                if h.loss.kind == "sparse":
+                if h.trained_loss.kind == "sparse":
                     yv = np.asarray(yv[:, 0], np.int64)
                 yield h, sub, z[:, a:b], yv
 

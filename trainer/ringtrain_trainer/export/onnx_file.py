@@ -24,7 +24,7 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.keras import masks
 from ringtrain_trainer.keras.archive import bind
-from ringtrain_trainer.keras.config import fix_input_shape, free_input_shape, parse
+from ringtrain_trainer.keras.config import LayerSpec, fix_input_shape, free_input_shape, parse
 from ringtrain_trainer.keras.registry import REGISTRY
 
 OPSET = 17
@@ -54,7 +54,7 @@ class OnnxGraph:
         self.inits: list = []
         self.tensors: dict[int, tuple[str, bool, int]] = {0: (INPUT, False, rank)}
         self._moved: dict[tuple[str, bool], str] = {}
-        self.spec = None
+        self.spec: LayerSpec | None = None  # the layer being lowered, set by to_onnx
         self.nchw = False
         self._n = 0
 
@@ -74,6 +74,7 @@ class OnnxGraph:
 
     def x(self, k: int = 0, nchw: bool | None = None) -> str:
         """Input ``k`` of the current layer, in layout ``nchw`` (None: as it is)."""
+        assert self.spec is not None
         return self.tensor(self.spec.inputs[k], nchw)
 
     def tensor(self, t: int, nchw: bool | None = None) -> str:
@@ -95,11 +96,13 @@ class OnnxGraph:
         """Every input of the current layer, in the first one's layout."""
         first = self.x(0)
         layout = self.nchw
+        assert self.spec is not None
         rest = [self.x(k, layout) for k in range(1, len(self.spec.inputs))]
         self.nchw = layout
         return [first, *rest]
 
     def out(self, name: str) -> None:
+        assert self.spec is not None
         self.tensors[self.spec.output] = (name, self.nchw, len(self.spec.out_shape) + 1)
 
     def per_channel(self, hint: str, v) -> str:
@@ -108,7 +111,9 @@ class OnnxGraph:
         return self.const(hint, v.reshape(-1, 1, 1) if self.nchw and v.size > 1 else v)
 
     def act(self, x: str, act: str, hint: str | None = None) -> str:
-        hint = hint or f"{self.spec.name}_act"
+        if not hint:
+            assert self.spec is not None
+            hint = f"{self.spec.name}_act"
         if act == "linear":
             return x
         if act == "softmax":

@@ -91,7 +91,7 @@ class Adafactor(Optimizer):
         u = sq  # v (rank >= 2) or g² (rank 1) is read once more, then u takes its buffer
         np.divide(g, np.sqrt(v.reshape(-1)), out=u)
         rms_u = _rms(u)
-        scale = alpha / f32(max(1.0, f32(rms_u) / f32(self.clip_threshold)))
+        scale = alpha / f32(max(1.0, float(f32(rms_u) / f32(self.clip_threshold))))
         np.multiply(u, f32(scale), out=u)
         np.subtract(w, u, out=w)
 

@@ -253,7 +253,7 @@ def resolve(
         cls_name, args = FLAGS[flag]
         _, own, base = KERAS[cls_name]
         config = {"name": flag, **BASE, **base, **own, **args, "learning_rate": lr or 1e-3}
-        notes = ()
+        notes: tuple[str, ...] = ()
         if compiled is not None:
             notes = (f"replaces the model's {compiled.describe().split(' [')[0]}",)
         source = "--optimizer" if optimizer else "default"

@@ -159,7 +159,7 @@ SCHEDULES = {
 def from_keras(doc: dict, where: str) -> KerasSchedule:
     """A schedule from its Keras serialization; ``where`` names the field in messages."""
     cls_name = doc.get("class_name")
-    cls = SCHEDULES.get(cls_name)
+    cls = SCHEDULES.get(cls_name) if isinstance(cls_name, str) else None
     if cls is None:
         raise InvalidSpec(
             f"model: {where}: schedule {cls_name!r} is not supported "

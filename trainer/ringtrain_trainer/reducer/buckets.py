@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from ringtrain import options
 
@@ -58,7 +59,7 @@ def assign_buckets(
     start = offset = 0
     members: list[int] = []
     for i, p in enumerate(params):
-        sizes = list(p) if hasattr(p, "__len__") else [int(p)]
+        sizes = list(cast("Sequence[int]", p)) if hasattr(p, "__len__") else [int(p)]
         for k, n in enumerate(sizes or [0]):
             if not members or members[-1] != i:
                 members.append(i)

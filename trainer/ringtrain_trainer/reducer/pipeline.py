@@ -162,6 +162,7 @@ class Reducer:
         ready = self.ready.add(start, stop)
         if not self.overlap:
             return
+        assert self._comm is not None  # begin_step started it
         for i in ready:
             self._comm.submit(self.buckets[i], self._step)
         # Offer the CPU to the communication thread: with every core busy computing (2 cores,
@@ -182,6 +183,7 @@ class Reducer:
                 f"step {self._step}: finish() before every gradient arrived "
                 f"({self.ready.launched} of {len(self.buckets)} buckets launched)"
             )
+        assert self._comm is not None  # begin_step started it
         if not self.overlap:
             for b in self.buckets:
                 self._comm.submit(b, self._step)

@@ -21,7 +21,7 @@ from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.ring import schedule
 from ringtrain_trainer.ring.engine import RingCollective, RingObserver
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
-from ringtrain_trainer.ring.transport import LinkError
+from ringtrain_trainer.ring.transport import LinkError, Transport
 
 #: Accepted data path names: ``grpc+tcp`` (tensors on a raw TCP side channel opened through
 #: gRPC; the faster, default), ``grpc`` (tensors in gRPC streams) and ``tcp``, the old name of
@@ -148,6 +148,7 @@ def connect(
             else "TLS off: control calls and the side-channel key in the clear"
         )
         log(f"rank {rank}: all {len(addresses)} ranks answered; data path {path}, {security}")
+        wire: Transport
         if listener is not None:
             right = schedule.right(rank, len(addresses))
             side = answers[right]
@@ -175,6 +176,7 @@ def connect(
                     "memory, signalled over the TCP side channel)"
                 )
         else:
+            assert receiver is not None  # made above on this path
             wire = GrpcTransport.open(
                 receiver,
                 rank,

@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -170,7 +171,8 @@ class ControlPlane:
     # -- server side ----------------------------------------------------------------------------
 
     def _authorise(self, context: grpc.ServicerContext) -> int:
-        md = dict(context.invocation_metadata())
+        # values are bytes under "-bin" keys and str elsewhere, which the stubs cannot express
+        md: dict[str, Any] = dict(context.invocation_metadata())
         why = None
         if not tls.peer_ok(context, self.tls):
             why = (grpc.StatusCode.UNAUTHENTICATED, "caller's certificate names another job")
@@ -315,7 +317,9 @@ class ControlPlane:
                 raise self.aborted
             calls = {
                 r: self.channel(r)
-                .unary_unary(f"/{SERVICE}/Register")
+                .unary_unary(
+                    f"/{SERVICE}/Register", request_serializer=None, response_deserializer=None
+                )
                 .future(
                     json.dumps({"incarnation": self.incarnation}).encode(),
                     metadata=call_metadata(self._token, self.rank, self.world),
@@ -404,7 +408,9 @@ class ControlPlane:
             if r != self.rank:
                 self._pending.append(
                     self.channel(r)
-                    .unary_unary(f"/{SERVICE}/Abort")
+                    .unary_unary(
+                        f"/{SERVICE}/Abort", request_serializer=None, response_deserializer=None
+                    )
                     .future(
                         json.dumps(
                             {
@@ -423,7 +429,7 @@ class ControlPlane:
         md = call_metadata(self._token, self.rank, self.world)
         calls = {
             r: self.channel(r)
-            .unary_unary(f"/{SERVICE}/State")
+            .unary_unary(f"/{SERVICE}/State", request_serializer=None, response_deserializer=None)
             .future(b"", metadata=md, timeout=timeout_s)
             for r in ranks
         }

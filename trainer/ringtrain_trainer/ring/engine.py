@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from ringtrain_trainer.ring import schedule
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
 from ringtrain_trainer.ring.sender import Sender
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
+
+if TYPE_CHECKING:
+    from ringtrain_trainer.ring.watchdog import Watchdog
 
 _FLOAT = np.dtype(np.float32)
 _HALF = np.dtype(np.float16)
@@ -117,7 +121,7 @@ class RingCollective(Collective):
         #: the collective in flight and since when (monotonic), read by the watchdog
         self.position: tuple[OpHeader, float] | None = None
         self.control = control  # a ring.control.ControlPlane, or None (tests' bare rings)
-        self.watchdog = None
+        self.watchdog: Watchdog | None = None
         self._interrupted = threading.Event()
 
     @property
@@ -268,7 +272,7 @@ class RingCollective(Collective):
         self._sent = self._received = 0
         self._inline = True  # the send thread is idle: every earlier collective waited for it
         done = threading.Event()
-        queued = []
+        queued: list[bool] = []
 
         def finish_sends() -> None:
             if not queued:
@@ -359,7 +363,7 @@ class RingCollective(Collective):
     def _allreduce(self, flat: np.ndarray, header: OpHeader, finish_sends) -> None:
         bounds = schedule.segment_bounds(flat.size, self.size)
         phases = schedule.allreduce_phases(self.rank, self.size)
-        mv = memoryview(flat).cast("B")
+        mv = memoryview(flat).cast("B")  # type: ignore[arg-type]  # numpy stubs: ndarray lacks __buffer__
         t, tr, left = self.transport, self.tracer, schedule.left(self.rank, self.size)
         first = schedule.chunks(*bounds[phases[0].send], self._chunk)
         if not first:
@@ -405,7 +409,7 @@ class RingCollective(Collective):
         t.end_recv()
 
     def _broadcast(self, flat: np.ndarray, header: OpHeader, finish_sends) -> None:
-        mv = memoryview(flat).cast("B")
+        mv = memoryview(flat).cast("B")  # type: ignore[arg-type]  # numpy stubs: ndarray lacks __buffer__
         sends = schedule.right(self.rank, self.size) != header.root
         pieces = schedule.chunks(0, flat.size, self._chunk)
         if self.rank == header.root:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from typing import Any, NoReturn
 
 import grpc
 import numpy as np
@@ -84,7 +85,7 @@ class _Receiver:
         self.refused = 0
         self._active: set = set()
 
-    def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode, text: str):
+    def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode, text: str) -> NoReturn:
         with self._cond:
             self.refused += 1
         context.abort(code, f"rank {self._rank}: {text}")
@@ -94,7 +95,8 @@ class _Receiver:
             self._refuse(
                 context, grpc.StatusCode.UNAUTHENTICATED, "caller's certificate names another job"
             )
-        md = dict(context.invocation_metadata())
+        # values are bytes under "-bin" keys and str elsewhere, which the stubs cannot express
+        md: dict[str, Any] = dict(context.invocation_metadata())
         if not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
             self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
         if md.get(_WORLD_KEY) != str(self._world):
@@ -137,6 +139,8 @@ class _Receiver:
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"not at {got.describe()} within {self._timeout:g} s",
                 )
+            elif current is None:  # cannot happen: the wait returned true only once it was set
+                why = (grpc.StatusCode.INTERNAL, "no collective announced")
             elif taken and current.seq == got.seq:
                 why = (grpc.StatusCode.FAILED_PRECONDITION, f"{got.describe()} already received")
             else:
@@ -204,11 +208,13 @@ class GrpcTransport(Transport):
         step_timeout_s: float,
     ) -> None:
         self._receiver, self._channel = receiver, channel
-        self._push = channel.stream_unary(_PUSH)
+        self._push = channel.stream_unary(
+            _PUSH, request_serializer=None, response_deserializer=None
+        )
         self._token, self._rank, self._world = token, rank, world
         self._timeout = step_timeout_s
         self._outbox: queue.SimpleQueue | None = None
-        self._call = None
+        self._call: grpc.Future | None = None
         self._ending = False
         self._inbox: queue.SimpleQueue | None = None
         self._lock = threading.Lock()
@@ -275,7 +281,7 @@ class GrpcTransport(Transport):
         channel: grpc.Channel, token: bytes, rank: int, world: int, peer: str, timeout_s: float
     ) -> None:
         """Rendezvous with the right neighbour, retrying while it is not serving yet."""
-        hello = channel.unary_unary(_HELLO)
+        hello = channel.unary_unary(_HELLO, request_serializer=None, response_deserializer=None)
         deadline, delay = time.monotonic() + timeout_s, 0.02
         while True:
             remaining = deadline - time.monotonic()
@@ -322,6 +328,7 @@ class GrpcTransport(Transport):
                 metadata=call_metadata(self._token, self._rank, self._world, header),
             )
             self._ending = False
+        assert self._call is not None  # set above
         self._call.add_done_callback(self._call_done)
 
     def _call_done(self, call: grpc.Future) -> None:
@@ -330,10 +337,9 @@ class GrpcTransport(Transport):
         the receive thread may be waiting for data that can no longer come."""
         if self._ending or call.cancelled():
             return
-        if call.exception() is not None:
-            self.abort(
-                _rpc_failure(call.exception(), "right neighbour refused or lost", send_side=True)
-            )
+        error = call.exception()
+        if error is not None:
+            self.abort(_rpc_failure(error, "right neighbour refused or lost", send_side=True))
 
     def send(self, data: memoryview) -> None:
         outbox = self._outbox
@@ -372,6 +378,7 @@ class GrpcTransport(Transport):
 
     def _next(self, nbytes: int) -> bytes:
         try:
+            assert self._inbox is not None  # set by begin_recv
             msg = self._inbox.get(timeout=self._timeout)
         except queue.Empty:
             raise LinkTimeout(f"no data for {self._timeout:g} s") from None
@@ -393,6 +400,7 @@ class GrpcTransport(Transport):
         """Wait for the stream's end marker so a late message can never spill into the next
         collective's queue."""
         try:
+            assert self._inbox is not None  # set by begin_recv
             msg = self._inbox.get(timeout=self._timeout)
         except queue.Empty:
             raise LinkTimeout(

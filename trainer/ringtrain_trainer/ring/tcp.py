@@ -152,6 +152,7 @@ class Listener:
         try:
             conn.settimeout(HANDSHAKE_TIMEOUT_S)
             if self._ssl is not None:
+                assert self._tls is not None  # the SSL context is made from it
                 conn = self._ssl.wrap_socket(conn, server_side=True)
                 if not tls.ssl_peer_ok(conn, self._tls):
                     raise ConnectionError("certificate of another job")
@@ -213,6 +214,7 @@ def connect_with_backoff(
             sock = socket.create_connection((host, port), timeout=max(0.1, min(remaining, 5.0)))
             sock.settimeout(max(0.1, min(remaining, HANDSHAKE_TIMEOUT_S)))
             if ctx is not None:
+                assert material is not None  # ctx is made from it
                 sock = ctx.wrap_socket(sock, server_hostname=material.server_name)
                 if not tls.ssl_peer_ok(sock, material):
                     raise Unauthenticated(f"{address} holds another job's certificate", rank=rank)
@@ -220,6 +222,7 @@ def connect_with_backoff(
             _tune(sock)
             return sock
         except auth.KeyRefused as e:
+            assert sock is not None  # refused by the handshake, after the connect
             sock.close()
             raise RingError(
                 f"{address} refused the side-channel key it gave at the rendezvous "
@@ -390,6 +393,7 @@ class TcpTransport(Transport):
     def _take_header(self, *then: memoryview) -> None:
         self._recv([self._header, *then])
         expected, self._expect = self._expect, None
+        assert expected is not None  # callers check that a header was announced
         got = OpHeader.unpack(bytes(self._header))
         if got is None:
             raise LinkError("peer sent a malformed collective header")
@@ -422,7 +426,7 @@ class TcpTransport(Transport):
     def recv_copy(self, out: np.ndarray) -> None:
         if self._expect is not None:
             self._take_header()
-        self._recv([memoryview(out).cast("B")])
+        self._recv([memoryview(out).cast("B")])  # type: ignore[arg-type]  # numpy stubs: ndarray lacks __buffer__
 
     def recv_add(self, out: np.ndarray) -> None:
         scratch = self._scratch.get(out.dtype)
@@ -430,9 +434,9 @@ class TcpTransport(Transport):
             scratch = self._scratch[out.dtype] = np.empty(out.size, out.dtype)
         tmp = scratch[: out.size]
         if self._expect is not None:
-            self._take_header(memoryview(tmp).cast("B"))
+            self._take_header(memoryview(tmp).cast("B"))  # type: ignore[arg-type]  # numpy stubs: ndarray lacks __buffer__
         else:
-            self._recv([memoryview(tmp).cast("B")])
+            self._recv([memoryview(tmp).cast("B")])  # type: ignore[arg-type]  # numpy stubs: ndarray lacks __buffer__
         np.add(out, tmp, out=out)
 
     def end_recv(self) -> None:

@@ -111,7 +111,7 @@ def peer_ok(context: grpc.ServicerContext, m: Material | None) -> bool:
     without TLS (the token is then the only check)."""
     if m is None or m.identity is None:
         return True
-    sans = context.auth_context().get("x509_subject_alternative_name", [])
+    sans = context.auth_context().get("x509_subject_alternative_name", ())
     return m.identity.encode() in sans
 
 
