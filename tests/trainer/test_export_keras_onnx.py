@@ -177,10 +177,10 @@ def test_written_archive_has_keras_layout(models, tmp_path):
 
 
 def test_unsupported_layer_is_refused_naming_layer_and_class(tmp_path):
-    m = keras.Sequential([L.Input((4, 4, 4, 1)), L.Conv3D(2, 3, name="grow")])
+    m = keras.Sequential([L.Input((3, 4, 4, 1)), L.ConvLSTM2D(2, 3, name="grow")])
     cfg = json.loads(m.to_json())
     for write in (write_keras, write_onnx):
-        with pytest.raises(InvalidSpec, match=r"layer 'grow' \(Conv3D\) is not supported"):
+        with pytest.raises(InvalidSpec, match=r"layer 'grow' \(ConvLSTM2D\) is not supported"):
             write(tmp_path / "x", cfg, m.get_weights())
     assert not (tmp_path / "x").exists()
 
