@@ -179,14 +179,17 @@ def test_a_failing_shard_fails_the_step_and_leaves_no_thread_running(rng):
         ipu.close()
 
 
-def test_resident_weights_train_exactly_like_streamed_ones(mnist5k):
+def test_resident_weights_train_exactly_like_streamed_ones(mnist5k, monkeypatch):
     """With --no-variables-on-host the optimizer updates the very weights the IPU computes
     with, layer by layer during backward; that must change nothing."""
     import io
 
+    from ringtrain_trainer import worker
     from ringtrain_trainer.collective import LocalCollective
     from ringtrain_trainer.config import TrainerConfig
     from ringtrain_trainer.worker import Trainer
+
+    monkeypatch.setattr(worker, "MIN_SHARD_FLOPS", 0)  # this small batch: still two shards
 
     params = []
     for on_host in (True, False):
@@ -211,3 +214,17 @@ def test_resident_weights_train_exactly_like_streamed_ones(mnist5k):
         streamed = t.ipu.stats.weights_in_bytes
         assert streamed >= 20 * t.params.nbytes if on_host else streamed == 0
     np.testing.assert_array_equal(params[0], params[1])
+
+
+def test_a_batch_too_small_to_pay_for_two_shards_runs_on_one(rng):
+    """``min_shard_flops``: a shard costs numpy's per-op overhead whatever its size, so a batch
+    with less work than that per shard runs on fewer host threads — same gradient either way."""
+    x, y = batch(rng, 24)
+    per_example = M.build("cnn").flops_per_example(True)
+    small = make_ipu(host_threads=2, min_shard_flops=per_example * 12 + 1)
+    big = make_ipu(host_threads=2, min_shard_flops=per_example * 12)
+    assert len(small.compile(24).programs) == 1 and len(big.compile(24).programs) == 2
+    assert len(small.compile(48).programs) == 2  # twice the batch: worth two shards
+    small.train_step(small.compile(24), x, y)
+    big.train_step(big.compile(24), x, y)
+    np.testing.assert_allclose(small.host_grads, big.host_grads, rtol=1e-4, atol=1e-7)

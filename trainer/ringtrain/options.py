@@ -387,7 +387,10 @@ GROUPS: tuple[Group, ...] = (
                 0,
                 minimum=0,
                 metavar="N",
-                help="host threads emulating the IPU's tiles (0: the CPUs this process may use)",
+                help=(
+                    "host threads emulating the IPU's tiles (0: the CPUs this process may use); "
+                    "at most one per 0.5 MFLOP of a step's work per IPU"
+                ),
             ),
             Option(
                 "variables_on_host",

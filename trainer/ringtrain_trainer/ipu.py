@@ -44,6 +44,7 @@ from ringtrain_trainer.engine.program import tensor_shapes
 from ringtrain_trainer.ipu_config import (  # noqa: F401 (re-exported: callers import them from here)
     EVAL_BATCH,
     MB,
+    MIN_SHARD_FLOPS,
     IPUConfig,
     IPUStats,
     blas_limits,
@@ -189,7 +190,13 @@ class IPU:
                 f"{plan.describe()} (raise --ipu-memory-mb or lower --batch-size){hint}"
             )
         # the most host threads (at most host_threads) that split each IPU's batch evenly
-        t = max(d for d in range(1, min(self.host_threads, per_ipu) + 1) if per_ipu % d == 0)
+        # and leave each shard at least ``min_shard_flops`` of work (one shard at the least)
+        work = self.spec.flops_per_example(train) * per_ipu
+        t = max(
+            d
+            for d in range(1, min(self.host_threads, per_ipu) + 1)
+            if per_ipu % d == 0 and (d == 1 or work // d >= self.config.min_shard_flops)
+        )
         if any(layer.batch_coupled for layer in self.spec.layers):
             t = 1  # batch statistics are over the replica's whole batch, never a shard's
         shards = r * t

@@ -19,6 +19,12 @@ MB = 1 << 20
 EVAL_BATCH = 500
 
 
+#: a shard costs ≈ 0.6 ms of numpy per-op overhead on small tensors whatever its size
+#: (conv1d_text, 2 CPUs: 0.69-0.77 CPU ms per step on one shard, 1.27-1.38 on two, at
+#: 0.46 MFLOP per shard), so a batch with less work than this per shard runs on fewer
+MIN_SHARD_FLOPS = 500_000
+
+
 @dataclass(frozen=True)
 class IPUConfig:
     memory_bytes: int = options.DEFAULTS["ipu_memory_mb"] * MB
@@ -28,6 +34,9 @@ class IPUConfig:
     optimizer_state_bytes: int = 0
     #: host threads standing in for the IPU's tiles (0: the CPUs this process may use)
     host_threads: int = 1
+    #: the least training work (``flops_per_example`` x shard batch) worth a shard of its own:
+    #: below it fewer host threads split the batch (0: every thread always gets a shard)
+    min_shard_flops: int = 0
     #: this worker's rank and the run's seed: with the step, what Dropout's masks depend on
     rank: int = 0
     seed: int = 0

@@ -41,7 +41,7 @@ from ringtrain_trainer.config import TrainerConfig, layer_names
 from ringtrain_trainer.data_npz import fit_model
 from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
-from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, IPUConfig
+from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, MIN_SHARD_FLOPS, IPUConfig
 from ringtrain_trainer.metrics import TrainerMetrics
 from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
 from ringtrain_trainer.optim.sparse_rows import SparseRows
@@ -176,6 +176,7 @@ class Trainer(SharedEvaluation):
                 variables_on_host=cfg.variables_on_host,
                 replicas=cfg.ipus_per_worker,
                 host_threads=cfg.ipu_host_threads,
+                min_shard_flops=MIN_SHARD_FLOPS,
                 optimizer_state_bytes=optim.state_bytes_for(
                     self.optimizer_spec, self.spec.num_params
                 ),
