@@ -70,4 +70,7 @@ def test_a_rank_that_fails_outside_a_collective_ends_the_world_with_its_exit_cod
         timeout=100,
     )
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "MPI_ABORT" in out.stderr + out.stdout
+    # mpirun's MPI_ABORT help text, or, when Open MPI 4.1's help aggregation loses the race
+    # with the abort under load (seen once in CI), its error from printing exactly that text
+    said = out.stderr + out.stdout
+    assert "MPI_ABORT" in said or "show_help.c" in said, said[-2000:]
