@@ -64,3 +64,20 @@ def softmax(z: np.ndarray) -> np.ndarray:
     """Rows of ``z`` as Keras' predict returns a softmax model's output."""
     e = np.exp(z - z.max(1, keepdims=True))
     return e / e.sum(1, keepdims=True)
+
+
+def exports_predict(config: dict, weights: list, x: np.ndarray, want: np.ndarray, tmp_path):
+    """The ``.keras`` export reloaded by Keras and the ONNX export run by onnxruntime both
+    predict ``want`` for ``x`` (atol 2e-5); returns the reloaded Keras model."""
+    import keras
+    import onnxruntime as ort
+
+    from ringtrain_trainer.export import write_keras, write_onnx
+
+    back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))
+    np.testing.assert_allclose(back.predict(x, verbose=0), want, atol=2e-5)
+    write_onnx(tmp_path / "m.onnx", config, weights)
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, {"input": x})
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    return back

@@ -16,14 +16,14 @@ from support.opcheck import check_gradients, forward, random_params
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
-from support.keras_steps import train_beside_keras
+from support.keras_steps import exports_predict, train_beside_keras
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import keras_model
 from ringtrain_trainer.engine.ops.conv import Conv
 from ringtrain_trainer.engine.ops.pool import GlobalPool, Pool
 from ringtrain_trainer.engine.ops.shape import Border, UpSampling
-from ringtrain_trainer.export import write_keras, write_onnx
+from ringtrain_trainer.export import write_onnx
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
@@ -130,12 +130,7 @@ def test_conv3d_models_train_like_keras_and_export(make, tmp_path, rng):
     for a, b in zip(weights, km.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     want = km.predict(x[32:], verbose=0)
-    back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))
-    np.testing.assert_allclose(back.predict(x[32:], verbose=0), want, atol=2e-5)
-    write_onnx(tmp_path / "m.onnx", config, weights)
-    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    (got,) = sess.run(None, {"input": x[32:]})
-    np.testing.assert_allclose(got, want, atol=2e-5)
+    exports_predict(config, weights, x[32:], want, tmp_path)
 
 
 def test_global_max_pool3d_flatten_exports_to_onnx(tmp_path, rng):

@@ -10,18 +10,16 @@ import json
 import os
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 from support.gradcheck import gradcheck
-from support.keras_steps import logits, softmax, train_beside_keras
+from support.keras_steps import exports_predict, logits, softmax, train_beside_keras
 from support.ophost import backward, compile_op
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.ops.recurrent import GRUResetBefore
-from ringtrain_trainer.export import write_keras, write_onnx
 from ringtrain_trainer.keras.config import parse
 
 pytestmark = pytest.mark.filterwarnings(
@@ -83,13 +81,8 @@ def test_reset_before_trains_like_keras_and_exports(tmp_path, rng):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     want = km.predict(x[32:], verbose=0)
     np.testing.assert_allclose(out, want, atol=2e-5)
-    back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))
+    back = exports_predict(config, weights, x[32:], want, tmp_path)
     assert back.layers[0].reset_after is False
-    np.testing.assert_allclose(back.predict(x[32:], verbose=0), want, atol=2e-5)
-    write_onnx(tmp_path / "m.onnx", config, weights)
-    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    (got,) = sess.run(None, {"input": x[32:]})
-    np.testing.assert_allclose(got, want, atol=2e-5)
 
 
 def test_reset_before_with_recurrent_dropout_is_refused_by_name():
