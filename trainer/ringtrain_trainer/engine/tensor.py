@@ -46,3 +46,10 @@ class Slot:
     spec: ParamSpec
     start: int
     stop: int
+
+
+def gamma_beta(layer: int, c: int, scale: bool, center: bool) -> list[ParamSpec]:
+    """A normalization's per-channel ``gamma`` (ones) and ``beta`` (zeros), each only where
+    Keras' ``scale`` / ``center`` keeps it: Batch-, Layer- and GroupNormalization's alike."""
+    ps = [ParamSpec(layer, "gamma", (c,), 0, 0, False, ones=True)] if scale else []
+    return ps + ([ParamSpec(layer, "beta", (c,), 0, 0, False)] if center else [])

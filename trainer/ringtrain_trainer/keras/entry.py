@@ -70,6 +70,14 @@ def without_folded(spec, fold: str | None):
     return spec
 
 
+def gamma_beta_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
+    """A normalization's ``gamma`` and ``beta`` over the last axis, where ``scale`` /
+    ``center`` keep them, in Keras' ``get_weights()`` order."""
+    c = (shapes[0][-1],)
+    w = [Weight("gamma", c)] if args["scale"] else []
+    return w + ([Weight("beta", c)] if args["center"] else [])
+
+
 def same_shape(args: dict, shapes: list[Shape]) -> Shape:
     return shapes[0]
 

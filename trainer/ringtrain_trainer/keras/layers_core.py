@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ringtrain_trainer.keras import onnx_acts
-from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
+from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, gamma_beta_weights
 from ringtrain_trainer.keras.layers_window import ACTS, _activation
 
 
@@ -251,9 +251,8 @@ def _bn_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 def _bn_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
     c = (shapes[0][-1],)
-    w = [Weight("gamma", c)] if args["scale"] else []
-    w += [Weight("beta", c)] if args["center"] else []
-    return [*w, Weight("moving_mean", c, False), Weight("moving_variance", c, False)]
+    stats = [Weight("moving_mean", c, False), Weight("moving_variance", c, False)]
+    return [*gamma_beta_weights(args, shapes), *stats]
 
 
 def _bn_build(spec, shapes, ctx):

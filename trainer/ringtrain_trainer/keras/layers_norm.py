@@ -5,7 +5,7 @@ normalize per example (no batch statistics, nothing kept between steps); only th
 
 from __future__ import annotations
 
-from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
+from ringtrain_trainer.keras.entry import Args, Entry, Shape, gamma_beta_weights
 
 
 def _last_axis(a: Args) -> int:
@@ -95,13 +95,6 @@ def _group_infer(args: dict, shapes: list[Shape]) -> Shape:
     return _check_last(args, shapes)
 
 
-def _group_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
-    c = (shapes[0][-1],)
-    return ([Weight("gamma", c)] if args["scale"] else []) + (
-        [Weight("beta", c)] if args["center"] else []
-    )
-
-
 def _group_build(spec, shapes, ctx):
     from ringtrain_trainer.engine.ops.groupnorm import GroupNorm
 
@@ -139,7 +132,7 @@ ENTRIES["GroupNormalization"] = Entry(
     _group_build,
     _group_onnx,
     infer=_group_infer,
-    weights=_group_weights,
+    weights=gamma_beta_weights,
     doc="`groups` (or -1), `epsilon`, `center`, `scale`; the last (channels) axis; statistics "
     "per example over each group's channels and all positions",
 )

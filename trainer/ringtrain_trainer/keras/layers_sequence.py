@@ -11,7 +11,7 @@ every layer.
 
 from __future__ import annotations
 
-from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
+from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, gamma_beta_weights
 
 _FREE = ("activity_regularizer", "lora_rank", "lora_alpha", "quantization_config")
 
@@ -99,13 +99,6 @@ def _ln_infer(args: dict, shapes: list[Shape]) -> Shape:
     if args["axis"] not in (-1, len(shapes[0])):
         raise ValueError(f"axis={args['axis']} is not the last axis of {shapes[0]} (supported: -1)")
     return shapes[0]
-
-
-def _ln_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
-    c = (shapes[0][-1],)
-    return ([Weight("gamma", c)] if args["scale"] else []) + (
-        [Weight("beta", c)] if args["center"] else []
-    )
 
 
 def _ln_build(spec, shapes, ctx):
@@ -274,7 +267,7 @@ ENTRIES = {
         _ln_build,
         _ln_onnx,
         infer=_ln_infer,
-        weights=_ln_weights,
+        weights=gamma_beta_weights,
         doc="`epsilon`, `center`, `scale`; the last axis; `rms_scaling=False`",
     ),
     "MultiHeadAttention": Entry(

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.engine.tensor import ParamSpec
+from ringtrain_trainer.engine.tensor import gamma_beta
 from ringtrain_trainer.layers.base import Layer
 
 
@@ -28,12 +28,7 @@ class BatchNorm(Layer):
         self.momentum, self.eps, self.center, self.scale = momentum, epsilon, center, scale
 
     def params(self, layer):
-        ps = []
-        if self.scale:
-            ps.append(ParamSpec(layer, "gamma", (self.c,), 0, 0, False, ones=True))
-        if self.center:
-            ps.append(ParamSpec(layer, "beta", (self.c,), 0, 0, False))
-        return ps
+        return gamma_beta(layer, self.c, self.scale, self.center)
 
     def state_specs(self):
         return [("moving_mean", self.c, 0.0), ("moving_variance", self.c, 1.0)]

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.engine.tensor import ParamSpec
+from ringtrain_trainer.engine.tensor import gamma_beta
 from ringtrain_trainer.layers.base import Layer
 
 _AXES = (1, 3)  # of the (b, positions, groups, channels per group) view
@@ -37,12 +37,7 @@ class GroupNorm(Layer):
         self.epsilon, self.center, self.scale = epsilon, center, scale
 
     def params(self, layer):
-        ps = []
-        if self.scale:
-            ps.append(ParamSpec(layer, "gamma", (self.c,), 0, 0, False, ones=True))
-        if self.center:
-            ps.append(ParamSpec(layer, "beta", (self.c,), 0, 0, False))
-        return ps
+        return gamma_beta(layer, self.c, self.scale, self.center)
 
     def _view(self, a: np.ndarray) -> np.ndarray:
         return a.reshape(-1, self.s, self.g, self.cg)

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.engine.tensor import ParamSpec
+from ringtrain_trainer.engine.tensor import gamma_beta
 from ringtrain_trainer.layers.base import Layer
 
 
@@ -27,12 +27,7 @@ class LayerNorm(Layer):
         self.epsilon, self.center, self.scale = epsilon, center, scale
 
     def params(self, layer):
-        d, ps = self.d, []
-        if self.scale:
-            ps.append(ParamSpec(layer, "gamma", (d,), 0, 0, False, ones=True))
-        if self.center:
-            ps.append(ParamSpec(layer, "beta", (d,), 0, 0, False))
-        return ps
+        return gamma_beta(layer, self.d, self.scale, self.center)
 
     def buffers(self, b, train, need_dx):
         n = b * self.lead
