@@ -81,3 +81,11 @@ def exports_predict(config: dict, weights: list, x: np.ndarray, want: np.ndarray
     (got,) = sess.run(None, {"input": x})
     np.testing.assert_allclose(got, want, atol=2e-5)
     return back
+
+
+def follows_keras(ours, theirs, weights, km, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """ringtrain's losses per step equal Keras' (``rtol``) and its weights after them equal
+    the Keras model's ``get_weights()`` (``rtol``, ``atol``)."""
+    np.testing.assert_allclose(ours, theirs, rtol=rtol)
+    for a, b in zip(weights, km.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)

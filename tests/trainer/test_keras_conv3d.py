@@ -16,7 +16,7 @@ from support.opcheck import check_gradients, forward, random_params
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
-from support.keras_steps import exports_predict, train_beside_keras
+from support.keras_steps import exports_predict, follows_keras, train_beside_keras
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import keras_model
@@ -126,9 +126,7 @@ def test_conv3d_models_train_like_keras_and_export(make, tmp_path, rng):
         config, weights = t.spec.keras_config(), t.spec.keras_weights(t.params, t.ipu.state)
     finally:
         t.close()
-    np.testing.assert_allclose(ours, theirs, rtol=1e-4)
-    for a, b in zip(weights, km.get_weights(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    follows_keras(ours, theirs, weights, km, rtol=1e-4, atol=1e-5)
     want = km.predict(x[32:], verbose=0)
     exports_predict(config, weights, x[32:], want, tmp_path)
 

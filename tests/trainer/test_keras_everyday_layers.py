@@ -18,7 +18,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 from support.gradcheck import gradcheck
-from support.keras_steps import train_beside_keras
+from support.keras_steps import follows_keras, train_beside_keras
 from support.opcheck import check_gradients, compile_op, forward
 
 from ringtrain.errors import InvalidSpec
@@ -44,9 +44,7 @@ def _beside(km, x, y, tmp_path, steps=4, batch=8, n=32, rtol=1e-4, onnx=True):
         config, weights = t.spec.keras_config(), t.spec.keras_weights(t.params, t.ipu.state)
     finally:
         t.close()
-    np.testing.assert_allclose(ours, theirs, rtol=rtol)
-    for a, b in zip(weights, km.get_weights(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-5)
+    follows_keras(ours, theirs, weights, km, rtol=rtol, atol=1e-5)
     xt = {k: v[n:] for k, v in x.items()} if isinstance(x, dict) else x[n:]
     want = km.predict(xt, verbose=0)
     back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))

@@ -15,7 +15,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 from support.gradcheck import gradcheck
-from support.keras_steps import exports_predict, logits, softmax, train_beside_keras
+from support.keras_steps import exports_predict, follows_keras, logits, softmax, train_beside_keras
 from support.ophost import backward, compile_op
 
 from ringtrain.errors import InvalidSpec
@@ -76,9 +76,7 @@ def test_reset_before_trains_like_keras_and_exports(tmp_path, rng):
         config, weights = t.spec.keras_config(), t.spec.keras_weights(t.params, t.ipu.state)
     finally:
         t.close()
-    np.testing.assert_allclose(ours, theirs, rtol=1e-4)
-    for a, b in zip(weights, km.get_weights(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    follows_keras(ours, theirs, weights, km, rtol=1e-4, atol=1e-5)
     want = km.predict(x[32:], verbose=0)
     np.testing.assert_allclose(out, want, atol=2e-5)
     back = exports_predict(config, weights, x[32:], want, tmp_path)

@@ -13,7 +13,7 @@ import os
 import numpy as np
 import onnxruntime as ort
 import pytest
-from support.keras_steps import logits, softmax, train_beside_keras
+from support.keras_steps import follows_keras, logits, softmax, train_beside_keras
 from support.opcheck import check_gradients
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -74,9 +74,7 @@ def test_resizing_trains_like_keras_and_exports(mode, tmp_path, rng):
     finally:
         t.close()
     assert not np.allclose(before, km.predict(x[32:], verbose=0), atol=1e-4)  # it trained
-    np.testing.assert_allclose(ours, theirs, rtol=1e-4)
-    for a, b in zip(weights, km.get_weights(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    follows_keras(ours, theirs, weights, km, rtol=1e-4, atol=1e-5)
     want = km.predict(x[32:], verbose=0)
     np.testing.assert_allclose(softmax(got), want, atol=1e-5)
     back = keras.saving.load_model(write_keras(tmp_path / "out.keras", config, weights))
