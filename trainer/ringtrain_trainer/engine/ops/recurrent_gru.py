@@ -8,6 +8,15 @@ from ringtrain_trainer.engine.ops.recurrent_loop import _Recurrent
 from ringtrain_trainer.layers.base import act_backward, act_forward
 
 
+def _candidate_and_blend(act: str, hh: np.ndarray, h_prev, z, h: np.ndarray) -> None:
+    """Both GRU forms' step end, in place: the candidate ``hh = act(hh)``, then
+    ``h = z * h_prev + (1 - z) * hh`` written as ``(h_prev - hh) * z + hh``."""
+    act_forward(act, hh)
+    np.subtract(h_prev, hh, out=h)
+    np.multiply(h, z, out=h)
+    np.add(h, hh, out=h)
+
+
 class GRU(_Recurrent):
     """Keras 3's GRU (``reset_after=True``): ``z, r = σ(x W + b_x + h U + b_h)`` on their
     slices, ``h̃ = act(x W_h + b_xh + r (h U_h + b_hh))``, ``h = z h_prev + (1 - z) h̃``."""
@@ -41,10 +50,7 @@ class GRU(_Recurrent):
             z, r, hh = g[:, :u], g[:, u : 2 * u], g[:, 2 * u :]
             np.multiply(r, rt[:, 2 * u :], out=hh)
             np.add(hh, xw[:, t, 2 * u :], out=hh)
-            act_forward(self.act, hh)
-            np.subtract(h_prev, hh, out=h)
-            np.multiply(h, z, out=h)
-            np.add(h, hh, out=h)
+            _candidate_and_blend(self.act, hh, h_prev, z, h)
             self._emit(ws, s)
         return ws["out"]
 
@@ -118,10 +124,7 @@ class GRUResetBefore(_Recurrent):
             np.multiply(r, h_prev, out=rh)
             np.matmul(rh, recurrent_kernel[:, 2 * u :], out=rec[:, :u])
             np.add(hh, rec[:, :u], out=hh)
-            act_forward(self.act, hh)
-            np.subtract(h_prev, hh, out=h)
-            np.multiply(h, z, out=h)
-            np.add(h, hh, out=h)
+            _candidate_and_blend(self.act, hh, h_prev, z, h)
             self._emit(ws, s)
         return ws["out"]
 
