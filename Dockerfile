@@ -19,6 +19,12 @@ FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_NO_INPUT=1
+# A C compiler and Python's headers build the engine's compiled kernels (pyproject.toml's
+# ext-modules); they stay in this stage, the runtime image gets only the built module.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+       gcc libc6-dev python3-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/ringtrain
 # Dependencies first, in their own layer: the lock changes far less often than the code.
 # requirements/runtime.txt is the runtime part of the one lock (hack/lock-requirements): the same
@@ -41,6 +47,7 @@ COPY operator /src/operator
 # never runs pip.
 RUN /opt/ringtrain/bin/pip install --no-deps --no-build-isolation /src \
     && /opt/ringtrain/bin/ringtrain --version \
+    && /opt/ringtrain/bin/python -c "import ringtrain_trainer.engine._native" \
     && /opt/ringtrain/bin/pip freeze --all \
        | awk -F'==| @ ' '{n=tolower($1); gsub(/[-_.]+/, "-", n)} n!="pip" && n!="ringtrain" {print n"=="$2}' \
        | sort > /tmp/installed.txt \

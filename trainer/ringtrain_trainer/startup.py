@@ -10,6 +10,8 @@ the gradient accumulation steps), and the pipeline's stages or recomputation's s
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine import native
+
 
 def training_line(optimizer_spec, spec, numerics) -> str:
     """The optimizer, its arguments and schedule (and which flags replaced the model's), the
@@ -53,8 +55,9 @@ def batch_line(cfg, world: int) -> str:
 
 
 def ipu_lines(cfg, spec, ipu, exe) -> list[str]:
-    """What the IPUs run: the pipeline's stages and schedule, recomputation's saving."""
-    out = []
+    """What the IPUs run: the compiled kernels, the pipeline's stages and schedule,
+    recomputation's saving."""
+    out = [kernels_line(spec, exe)]
     if exe.baseline is not None:
         out.append(
             f"recomputation: peak {exe.plan.total:,} bytes per IPU, "
@@ -70,6 +73,22 @@ def ipu_lines(cfg, spec, ipu, exe) -> list[str]:
             f"pipeline ({cfg.pipeline_schedule} schedule; Interleaved is not implemented): {stages}"
         )
     return out
+
+
+def kernels_line(spec, exe) -> str:
+    """Which layers run a compiled kernel (``engine.native``) rather than numpy passes."""
+    programs = getattr(exe, "programs", None) or []
+    fused = [
+        getattr(layer, "name", "") or f"layer {i}"
+        for i, (layer, ws) in enumerate(
+            zip(spec.layers, programs[0].ws if programs else [], strict=False)
+        )
+        if ws.get("native")
+    ]
+    where = f" for {', '.join(fused)} (conv + 2x2 max-pool + bias + ReLU fused)" if fused else ""
+    if native.kernels is None or fused:
+        return f"compiled kernels: {native.describe()}{where}"
+    return "compiled kernels: none of this model's layers (numpy and BLAS throughout)"
 
 
 def numerics_scalars(loss_scale, numerics, accumulation: int) -> dict[str, float]:

@@ -9,6 +9,9 @@ Speed: a conv layer is always followed by a 2x2 max-pool, so :class:`ConvPool` b
 im2col matrix in *pool-window-major* order (the four positions of each pooling window are four
 contiguous blocks). Pooling is then three contiguous ``np.maximum`` calls, and bias + ReLU run
 after pooling on a quarter of the data (max commutes with a per-channel bias and with ReLU).
+Where the compiled kernel applies (float32, filters a multiple of 8, no input gradient: the
+seeds' first layer), :class:`ConvPool` runs ``engine._native``'s fused conv-pool-ReLU instead,
+which stores only the pooled output and each window's winning position (``engine.native``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine import native
 from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer
 
@@ -46,7 +50,20 @@ class ConvPool(Layer):
             ParamSpec(layer, "bias", (f,), 0, 0, False),
         ]
 
+    def native(self, need_dx: bool) -> bool:
+        """Whether the compiled kernel runs this layer (float32 is checked at ``bind``)."""
+        return native.kernels is not None and self.cout % 8 == 0 and not need_dx
+
     def buffers(self, b: int, train: bool, need_dx: bool) -> dict[str, tuple[tuple[int, ...], str]]:
+        if self.native(need_dx):
+            pooled = (b, self.hp, self.wp, self.cout)
+            bufs = {"out": (pooled, "f"), "idx": (pooled, "u")}
+            if train:
+                bufs.update({"dw": ((self.kk, self.cout), "f"), "db": ((self.cout,), "f")})
+            return bufs
+        return self._numpy_buffers(b, train, need_dx)
+
+    def _numpy_buffers(self, b: int, train: bool, need_dx: bool) -> dict:
         rows = 4 * b * self.hp * self.wp
         pooled = (b, self.hp, self.wp, self.cout)
         bufs = {
@@ -73,7 +90,15 @@ class ConvPool(Layer):
         return mm * (1 + (1 + need_dx if train else 0))
 
     def bind(self, ws: dict, b: int) -> None:
-        """Precompute the strided views used every step (once per compile)."""
+        """Precompute the strided views used every step (once per compile). A program in
+        another dtype than float32 (the gradient checks' float64) runs the numpy path."""
+        ws["native"] = "idx" in ws and ws["out"].dtype == np.float32
+        if ws["native"]:
+            return
+        if "idx" in ws:
+            for k, (shape, t) in self._numpy_buffers(b, "dw" in ws, False).items():
+                if k not in ws:
+                    ws[k] = np.zeros(shape, ws["out"].dtype if t == "f" else np.bool_)
         ws["conv4"] = ws["conv"].reshape(4, b, self.hp, self.wp, self.cout)
         if "dconv" in ws:
             ws["dconv4"] = ws["dconv"].reshape(4, b, self.hp, self.wp, self.cout)
@@ -86,6 +111,9 @@ class ConvPool(Layer):
             ws["A"] = ws["cols"]
         if "dx" in ws:
             ws["dcols8"] = ws["dcols"].reshape(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin)
+
+    def _dims(self, x: np.ndarray) -> tuple[int, ...]:
+        return (x.shape[0], *self.in_shape, self.k, self.cout)
 
     def _windows(self, x: np.ndarray, b: int) -> np.ndarray:
         """(di, dj, b, i, j, ki, kj, c) view: input pixel (2i+di+ki, 2j+dj+kj) of image b
@@ -106,6 +134,11 @@ class ConvPool(Layer):
         )
 
     def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        if ws["native"]:
+            out = ws["out"]
+            native.kernels.convpool_forward(x, kernel, bias, out, ws["idx"], *self._dims(x))
+            ws["x"] = x
+            return out
         if ws.get("windows_of") is not x:  # the input buffer is fixed per program: build once
             ws["windows"], ws["windows_of"] = self._windows(x, x.shape[0]), x
         np.copyto(ws["colsv"], ws["windows"])
@@ -122,6 +155,10 @@ class ConvPool(Layer):
         """Route each window's gradient to its first maximal position (TensorFlow's tie rule)
         where the ReLU passed it; ``avail`` marks windows not yet claimed. Masks are bool, so
         the only float passes are the four products."""
+        if ws["native"]:
+            x = ws["x"]
+            native.kernels.convpool_backward(x, dout, ws["idx"], ws["dw"], ws["db"], *self._dims(x))
+            return
         c4, d4, pooled = ws["conv4"], ws["dconv4"], ws["pooled"]
         avail, eq = ws["mask"], ws["eq"]
         d = dout.reshape(pooled.shape)
@@ -136,6 +173,11 @@ class ConvPool(Layer):
     def backward_weights(
         self, ws: dict, dout: np.ndarray, name: str, grad: np.ndarray, rows: tuple[int, int]
     ) -> None:
+        if ws["native"]:
+            lo, hi = rows if name == "kernel" else (0, 1)
+            src = ws["dw"] if name == "kernel" else ws["db"].reshape(1, -1)
+            np.copyto(grad.reshape(src.shape)[lo:hi], src[lo:hi])
+            return
         if name == "bias":
             # a column sum as a matrix-vector product: BLAS is ~10x faster than add.reduce here
             np.matmul(ws["ones"], ws["dconv"], out=grad)

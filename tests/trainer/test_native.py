@@ -1,0 +1,126 @@
+"""The engine's compiled kernels (``engine._native``): built by the install, and the same
+arithmetic as the numpy path they replace.
+
+The C kernel fuses the seeds' first layer (Conv2D 3x3 on one channel, 2x2 max-pool, bias,
+ReLU). Its sums run in another order than BLAS's, so values agree to float32 rounding; with
+integer inputs every sum is exact, so there the two paths must agree bit for bit, ties
+included (a pooled gradient goes to the window's *first* maximum, TensorFlow's rule).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ringtrain_trainer.engine import native
+from ringtrain_trainer.layers.fused import ConvPool
+
+
+def test_the_extension_is_built_by_the_install():
+    """CI must never pass on the numpy fallback by accident: the install builds the kernels."""
+    assert native.kernels is not None, native.describe()
+    assert native.describe().startswith("native C (")
+
+
+def _run(layer, x, kernel, bias, dout, use_native, monkeypatch):
+    if not use_native:
+        monkeypatch.setattr(native, "kernels", None)
+    b = x.shape[0]
+    bufs = layer.buffers(b, True, False)
+    ws = {
+        k: np.zeros(s, {"f": np.float32, "?": np.bool_, "u": np.uint8}[t])
+        for k, (s, t) in bufs.items()
+    }
+    layer.bind(ws, b)
+    monkeypatch.undo()
+    assert ws["native"] is use_native
+    out = layer.forward(ws, x, kernel, bias).copy()
+    layer.backward_local(ws, dout.copy())
+    gk, gb = np.zeros_like(kernel), np.zeros_like(bias)
+    layer.backward_weights(ws, dout, "kernel", gk, (0, layer.kk))
+    layer.backward_weights(ws, dout, "bias", gb, (0, 1))
+    return out, gk, gb
+
+
+@pytest.mark.parametrize("integers", [True, False], ids=["exact-ties", "random"])
+def test_fused_conv_pool_relu_matches_the_numpy_path(integers, monkeypatch):
+    rng = np.random.default_rng(3)
+    layer = ConvPool((14, 13, 1), 16)
+    shape = (5, 14, 13, 1)
+    if integers:  # pixels 0..3 and kernel -1..1: many exactly tied windows, exact sums
+        x = rng.integers(0, 4, shape).astype(np.float32)
+        kernel = rng.integers(-1, 2, (3, 3, 1, 16)).astype(np.float32)
+        bias = rng.integers(-2, 3, 16).astype(np.float32)
+    else:
+        x = rng.random(shape, dtype=np.float32)
+        kernel = rng.standard_normal((3, 3, 1, 16)).astype(np.float32)
+        bias = 0.1 * rng.standard_normal(16).astype(np.float32)
+    dout = rng.standard_normal((5, 6, 5, 16)).astype(np.float32)
+    if integers:
+        dout = np.round(dout * 4)  # exact sums of the gradient too
+    fast = _run(layer, x, kernel, bias, dout, True, monkeypatch)
+    slow = _run(layer, x, kernel, bias, dout, False, monkeypatch)
+    for f, s, what in zip(fast, slow, ("output", "kernel gradient", "bias gradient"), strict=True):
+        if integers:
+            np.testing.assert_array_equal(f, s, err_msg=what)
+        else:
+            np.testing.assert_allclose(f, s, rtol=1e-5, atol=1e-5, err_msg=what)
+    assert (fast[0] == 0).any() and (fast[0] > 0).any(), "the ReLU both stopped and passed"
+
+
+def test_the_kernel_is_deterministic_and_refuses_what_it_does_not_compute(monkeypatch):
+    rng = np.random.default_rng(4)
+    layer = ConvPool((12, 12, 1), 8)
+    x = rng.random((3, 12, 12, 1), dtype=np.float32)
+    kernel = rng.standard_normal((3, 3, 1, 8)).astype(np.float32)
+    bias = np.zeros(8, np.float32)
+    dout = rng.standard_normal((3, 5, 5, 8)).astype(np.float32)
+    a = _run(layer, x, kernel, bias, dout, True, monkeypatch)
+    b = _run(layer, x, kernel, bias, dout, True, monkeypatch)
+    for u, v in zip(a, b, strict=True):
+        assert u.tobytes() == v.tobytes()
+    assert not ConvPool((12, 12, 1), 4).native(False), "filters not a multiple of 8: numpy"
+    assert not layer.native(True), "an input gradient: numpy"
+    with pytest.raises(ValueError, match="multiple of 8"):
+        native.kernels.convpool_forward(
+            x,
+            kernel[..., :4].copy(),
+            bias[:4],
+            np.zeros((3, 5, 5, 4), np.float32),
+            np.zeros((3, 5, 5, 4), np.uint8),
+            3,
+            12,
+            12,
+            1,
+            3,
+            4,
+        )
+    with pytest.raises(ValueError, match="out: "):
+        native.kernels.convpool_forward(
+            x,
+            kernel,
+            bias,
+            np.zeros((3, 5, 5, 7), np.float32),
+            np.zeros(1, np.uint8),
+            3,
+            12,
+            12,
+            1,
+            3,
+            8,
+        )
+
+
+def test_a_float64_program_runs_the_numpy_path():
+    """The gradient checks run in float64: the float32 kernel must not take them."""
+    layer = ConvPool((8, 8, 1), 8)
+    bufs = layer.buffers(2, True, False)
+    ws = {
+        k: np.zeros(s, {"f": np.float64, "?": np.bool_, "u": np.uint8}[t])
+        for k, (s, t) in bufs.items()
+    }
+    layer.bind(ws, 2)
+    assert ws["native"] is False and ws["cols"].dtype == np.float64
+    x = np.random.default_rng(5).random((2, 8, 8, 1))
+    out = layer.forward(ws, x, np.ones((3, 3, 1, 8)), np.zeros(8))
+    assert out.dtype == np.float64 and out.shape == (2, 3, 3, 8)

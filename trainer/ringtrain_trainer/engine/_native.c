@@ -1,0 +1,204 @@
+/* ringtrain_trainer.engine._native: the engine's compiled kernels.
+ *
+ * Why C: numpy cannot fuse. The seeds' first layer (Conv2D k x k, one input channel, then a 2x2
+ * max-pool, bias and ReLU) as numpy passes writes the whole conv map (4x the pooled output), reads
+ * it back four times to pool, and runs ~14 boolean/float passes to route the pooled gradient back
+ * to each window's maximum, all memory-bound; here every pooled output is computed from its window
+ * in registers and only the pooled value and the window position that won (one byte) are stored.
+ * Backward reads those bytes and adds each pooled gradient to the kernel's gradient at its winning
+ * position only. No input gradient: the kernels serve a first layer (filters a multiple of 8).
+ *
+ * Determinism: built with -ffp-contract=off (no fused multiply-add), each sum runs in one fixed
+ * order, and vectorisation is across output channels only, so the AVX2 and the baseline clones
+ * give the same bits: every replica and worker computes the same values on any x86-64.
+ *
+ * Every function releases the GIL: the IPU's host threads run their shards in parallel.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
+/* Eight output channels: one AVX2 register (two SSE registers in the baseline clone). */
+typedef float v8 __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
+
+static inline v8 load8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+
+/* The window position that won (0..3: row-major in the 2x2 window) or NONE where the ReLU
+ * stopped the gradient. */
+#define NONE 4
+
+/* Forward, F % 8 == 0: for each pooled output and each block of eight channels, the four window
+ * positions' sums run side by side over the taps (the kernel row is loaded once for all four). */
+CLONES static void convpool_fwd(const float *x, const float *w, const float *bias, float *out,
+                                unsigned char *idx, Py_ssize_t B, Py_ssize_t H, Py_ssize_t W,
+                                Py_ssize_t C, Py_ssize_t K, Py_ssize_t F) {
+    const Py_ssize_t hp = (H - K + 1) / 2, wp = (W - K + 1) / 2, row = W * C;
+    for (Py_ssize_t b = 0; b < B; b++)
+        for (Py_ssize_t i = 0; i < hp; i++)
+            for (Py_ssize_t j = 0; j < wp; j++) {
+                const Py_ssize_t o = ((b * hp + i) * wp + j) * F;
+                const float *x0 = x + ((b * H + 2 * i) * W + 2 * j) * C;
+                for (Py_ssize_t f0 = 0; f0 < F; f0 += 8) {
+                    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+                    for (Py_ssize_t ki = 0; ki < K; ki++)
+                        for (Py_ssize_t kj = 0; kj < K; kj++) {
+                            const float *xp = x0 + ki * row + kj * C;
+                            const float *wq = w + (ki * K + kj) * C * F + f0;
+                            for (Py_ssize_t c = 0; c < C; c++, wq += F) {
+                                const v8 wv = load8(wq);
+                                a0 += xp[c] * wv;
+                                a1 += xp[c + C] * wv;
+                                a2 += xp[c + row] * wv;
+                                a3 += xp[c + row + C] * wv;
+                            }
+                        }
+                    const v8 all[4] = {a0, a1, a2, a3};
+                    for (int f = 0; f < 8; f++) {
+                        float best = all[0][f];
+                        unsigned char arg = 0;
+                        for (int q = 1; q < 4; q++)
+                            if (all[q][f] > best) {
+                                best = all[q][f];
+                                arg = (unsigned char)q;
+                            }
+                        const float v = best + bias[f0 + f];
+                        out[o + f0 + f] = v > 0.0f ? v : 0.0f;
+                        idx[o + f0 + f] = v > 0.0f ? arg : NONE;
+                    }
+                }
+            }
+}
+
+/* Backward, F % 8 == 0: the pooled gradient goes to the winning position of each window only. */
+CLONES static void convpool_bwd(const float *x, const float *dout, const unsigned char *idx,
+                                float *dw, float *db,
+                                Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                                Py_ssize_t K, Py_ssize_t F) {
+    const Py_ssize_t hp = (H - K + 1) / 2, wp = (W - K + 1) / 2, row = W * C;
+    const Py_ssize_t off[4] = {0, C, row, row + C};
+    memset(dw, 0, sizeof(float) * K * K * C * F);
+    memset(db, 0, sizeof(float) * F);
+    for (Py_ssize_t b = 0; b < B; b++)
+        for (Py_ssize_t i = 0; i < hp; i++)
+            for (Py_ssize_t j = 0; j < wp; j++) {
+                const Py_ssize_t o = ((b * hp + i) * wp + j) * F;
+                const Py_ssize_t p0 = ((b * H + 2 * i) * W + 2 * j) * C;
+                for (Py_ssize_t f0 = 0; f0 < F; f0 += 8) {
+                    v8i q8;
+                    for (int f = 0; f < 8; f++) q8[f] = idx[o + f0 + f];
+                    const v8i d8 = (v8i)load8(dout + o + f0);
+                    if (!(q8[0] < NONE || q8[1] < NONE || q8[2] < NONE || q8[3] < NONE ||
+                          q8[4] < NONE || q8[5] < NONE || q8[6] < NONE || q8[7] < NONE))
+                        continue;
+                    const v8 g[4] = {(v8)(d8 & (q8 == 0)), (v8)(d8 & (q8 == 1)),
+                                     (v8)(d8 & (q8 == 2)), (v8)(d8 & (q8 == 3))};
+                    store8(db + f0, load8(db + f0) + (v8)(d8 & (q8 != NONE)));
+                    for (Py_ssize_t ki = 0; ki < K; ki++)
+                        for (Py_ssize_t kj = 0; kj < K; kj++) {
+                            const Py_ssize_t px = p0 + ki * row + kj * C;
+                            float *dwp = dw + (ki * K + kj) * C * F + f0;
+                            for (Py_ssize_t c = 0; c < C; c++, dwp += F) {
+                                const float *xp = x + px + c;
+                                const v8 s = (xp[off[0]] * g[0] + xp[off[1]] * g[1]) +
+                                             (xp[off[2]] * g[2] + xp[off[3]] * g[3]);
+                                store8(dwp, load8(dwp) + s);
+                            }
+                        }
+                }
+            }
+}
+
+static int need(Py_buffer *buf, Py_ssize_t n, Py_ssize_t itemsize, const char *name) {
+    if (buf->len != n * itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes, expected %zd", name, buf->len, n * itemsize);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *convpool_forward(PyObject *self, PyObject *args) {
+    Py_buffer x, w, bias, out, idx;
+    Py_ssize_t B, H, W, C, K, F;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*w*nnnnnn", &x, &w, &bias, &out, &idx, &B, &H, &W, &C,
+                          &K, &F))
+        return NULL;
+    const Py_ssize_t n = B * ((H - K + 1) / 2) * ((W - K + 1) / 2) * F;
+    PyObject *res = NULL;
+    if (F % 8 == 0 && need(&x, B * H * W * C, 4, "x") && need(&w, K * K * C * F, 4, "kernel") &&
+        need(&bias, F, 4, "bias") && need(&out, n, 4, "out") && need(&idx, n, 1, "idx")) {
+        Py_BEGIN_ALLOW_THREADS convpool_fwd(x.buf, w.buf, bias.buf, out.buf, idx.buf, B, H, W, C,
+                                            K, F);
+        Py_END_ALLOW_THREADS res = Py_None;
+        Py_INCREF(res);
+    } else if (F % 8 != 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "filters must be a multiple of 8");
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&bias);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&idx);
+    return res;
+}
+
+static PyObject *convpool_backward(PyObject *self, PyObject *args) {
+    Py_buffer x, dout, idx, dw, db;
+    Py_ssize_t B, H, W, C, K, F;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*w*nnnnnn", &x, &dout, &idx, &dw, &db, &B, &H, &W, &C,
+                          &K, &F))
+        return NULL;
+    const Py_ssize_t n = B * ((H - K + 1) / 2) * ((W - K + 1) / 2) * F;
+    PyObject *res = NULL;
+    if (F % 8 == 0 && need(&x, B * H * W * C, 4, "x") && need(&dout, n, 4, "dout") &&
+        need(&idx, n, 1, "idx") && need(&dw, K * K * C * F, 4, "dkernel") &&
+        need(&db, F, 4, "dbias")) {
+        Py_BEGIN_ALLOW_THREADS convpool_bwd(x.buf, dout.buf, idx.buf, dw.buf, db.buf, B, H, W, C,
+                                            K, F);
+        Py_END_ALLOW_THREADS res = Py_None;
+        Py_INCREF(res);
+    } else if (F % 8 != 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "filters must be a multiple of 8");
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&dout);
+    PyBuffer_Release(&idx);
+    PyBuffer_Release(&dw);
+    PyBuffer_Release(&db);
+    return res;
+}
+
+static PyObject *isa(PyObject *self, PyObject *args) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) return PyUnicode_FromString("avx2");
+#endif
+    return PyUnicode_FromString("baseline");
+}
+
+static PyMethodDef methods[] = {
+    {"isa", isa, METH_NOARGS, "isa(): the instruction set the kernels' clones run here."},
+    {"convpool_forward", convpool_forward, METH_VARARGS,
+     "convpool_forward(x, kernel, bias, out, idx, B, H, W, C, K, F): Conv2D KxK valid, 2x2 "
+     "max-pool, + bias, ReLU into out (B, hp, wp, F); idx: the window position that won, or 4 "
+     "where the ReLU stops the gradient."},
+    {"convpool_backward", convpool_backward, METH_VARARGS,
+     "convpool_backward(x, dout, idx, dkernel, dbias, B, H, W, C, K, F): the kernel's and "
+     "bias's gradients from the pooled gradient (no input gradient: a first layer's)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native", "The engine's compiled kernels (see _native.c).", -1, methods,
+    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
