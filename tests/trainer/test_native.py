@@ -124,3 +124,28 @@ def test_a_float64_program_runs_the_numpy_path():
     x = np.random.default_rng(5).random((2, 8, 8, 1))
     out = layer.forward(ws, x, np.ones((3, 3, 1, 8)), np.zeros(8))
     assert out.dtype == np.float64 and out.shape == (2, 3, 3, 8)
+
+
+@pytest.mark.parametrize("weight_decay", [None, 0.01], ids=["adam", "adamw"])
+def test_the_one_pass_adam_step_gives_the_numpy_steps_bits(weight_decay):
+    """Same float32 operations in the same order per element: bit-identical over steps."""
+    from ringtrain_trainer.optim.adam import Adam
+    from ringtrain_trainer.optim.schedules import StepDecay
+
+    rng = np.random.default_rng(6)
+    w0 = rng.standard_normal(10_001).astype(np.float32)
+    runs = []
+    for fused in (True, False):
+        w = w0.copy()
+        opt = Adam(w, StepDecay(3e-3), weight_decay=weight_decay)
+        assert opt.fused
+        opt.fused = fused
+        for step in range(4):
+            g = np.random.default_rng(step).standard_normal(w.size).astype(np.float32)
+            opt.begin_step(0)
+            opt.apply(g, 0, 6_000)
+            opt.apply(g, 6_000, w.size)
+        runs.append((w, opt.state["m"], opt.state["v"]))
+    for a, b in zip(*runs, strict=True):
+        assert a.tobytes() == b.tobytes()
+    assert not np.array_equal(runs[0][0], w0)

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine import native
 from ringtrain_trainer.optim.base import Optimizer, f32
 
 
@@ -53,12 +54,22 @@ class Adam(Optimizer):
         super().__init__(params, schedule, weight_decay)
         self._scratch2 = np.zeros_like(params)
         self.alpha = 0.0
+        #: the compiled one-pass step (``engine.native``): float32, without amsgrad
+        self.fused = native.kernels is not None and not self.amsgrad and params.dtype == f32
 
     def prepare(self):
         t = self.iterations
         self.alpha = self.lr * math.sqrt(1 - self.beta_2**t) / (1 - self.beta_1**t)
 
     def update(self, g, w, s):
+        m, v = self.state["m"][s], self.state["v"][s]
+        if self.fused and self.sparse is None and g.dtype == f32:
+            # one pass, the same float32 operations per element as below: the same bits
+            native.kernels.adam_update(
+                g, w, m, v, f32(1 - self.beta_1), f32(1 - self.beta_2), f32(self.epsilon),
+                f32(self.alpha),
+            )  # fmt: skip
+            return
         a, b = self._scratch[s], self._scratch2[s]
         m, v = update_moments(self, g, s, self.beta_1, self.beta_2, a)
         if self.amsgrad:
