@@ -55,7 +55,8 @@ class Adam(Optimizer):
         self._scratch2 = np.zeros_like(params)
         self.alpha = 0.0
         #: the compiled one-pass step (``engine.native``): float32, without amsgrad
-        self.fused = native.kernels is not None and not self.amsgrad and params.dtype == f32
+        k = native.kernels
+        self.fused = k.adam_update if k and not self.amsgrad and params.dtype == f32 else None
 
     def prepare(self):
         t = self.iterations
@@ -63,9 +64,9 @@ class Adam(Optimizer):
 
     def update(self, g, w, s):
         m, v = self.state["m"][s], self.state["v"][s]
-        if self.fused and self.sparse is None and g.dtype == f32:
+        if self.fused is not None and self.sparse is None and g.dtype == f32:
             # one pass, the same float32 operations per element as below: the same bits
-            native.kernels.adam_update(
+            self.fused(
                 g, w, m, v, f32(1 - self.beta_1), f32(1 - self.beta_2), f32(self.epsilon),
                 f32(self.alpha),
             )  # fmt: skip
