@@ -37,16 +37,24 @@ static inline v8 load8(const float *p) {
 
 static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 
+/* m ? a : b lane by lane (m: all ones or all zeros per lane), for C's lack of a vector ?: */
+static inline v8i pick(v8i m, v8i a, v8i b) { return (a & m) | (b & ~m); }
+static inline v8 pickf(v8i m, v8 a, v8 b) { return (v8)pick(m, (v8i)a, (v8i)b); }
+
 /* The window position that won (0..3: row-major in the 2x2 window) or NONE where the ReLU
  * stopped the gradient. */
 #define NONE 4
 
 /* Forward, F % 8 == 0: for each pooled output and each block of eight channels, the four window
- * positions' sums run side by side over the taps (the kernel row is loaded once for all four). */
-CLONES static void convpool_fwd(const float *x, const float *w, const float *bias, float *out,
-                                unsigned char *idx, Py_ssize_t B, Py_ssize_t H, Py_ssize_t W,
-                                Py_ssize_t C, Py_ssize_t K, Py_ssize_t F) {
+ * positions' sums run side by side over the taps (the kernel row is loaded once for all four);
+ * the max, its position, the bias and the ReLU are vector operations too. */
+static inline __attribute__((always_inline)) void
+convpool_fwd_body(const float *x, const float *w, const float *bias, float *out, unsigned char *idx,
+                  Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C, Py_ssize_t K,
+                  Py_ssize_t F) {
     const Py_ssize_t hp = (H - K + 1) / 2, wp = (W - K + 1) / 2, row = W * C;
+    const v8 zero = {0};
+    const v8i none = {NONE, NONE, NONE, NONE, NONE, NONE, NONE, NONE};
     for (Py_ssize_t b = 0; b < B; b++)
         for (Py_ssize_t i = 0; i < hp; i++)
             for (Py_ssize_t j = 0; j < wp; j++) {
@@ -66,21 +74,33 @@ CLONES static void convpool_fwd(const float *x, const float *w, const float *bia
                                 a3 += xp[c + row + C] * wv;
                             }
                         }
-                    const v8 all[4] = {a0, a1, a2, a3};
-                    for (int f = 0; f < 8; f++) {
-                        float best = all[0][f];
-                        unsigned char arg = 0;
-                        for (int q = 1; q < 4; q++)
-                            if (all[q][f] > best) {
-                                best = all[q][f];
-                                arg = (unsigned char)q;
-                            }
-                        const float v = best + bias[f0 + f];
-                        out[o + f0 + f] = v > 0.0f ? v : 0.0f;
-                        idx[o + f0 + f] = v > 0.0f ? arg : NONE;
-                    }
+                    /* the first maximum wins a tie: a later position only if strictly greater */
+                    v8 best = a0;
+                    v8i arg = {0}, m = a1 > best;
+                    best = pickf(m, a1, best);
+                    arg = pick(m, (v8i){1, 1, 1, 1, 1, 1, 1, 1}, arg);
+                    m = a2 > best;
+                    best = pickf(m, a2, best);
+                    arg = pick(m, (v8i){2, 2, 2, 2, 2, 2, 2, 2}, arg);
+                    m = a3 > best;
+                    best = pickf(m, a3, best);
+                    arg = pick(m, (v8i){3, 3, 3, 3, 3, 3, 3, 3}, arg);
+                    const v8 v = best + load8(bias + f0);
+                    const v8i pass = v > zero;
+                    store8(out + o + f0, pickf(pass, v, zero));
+                    const v8i won = pick(pass, arg, none);
+                    for (int f = 0; f < 8; f++) idx[o + f0 + f] = (unsigned char)won[f];
                 }
             }
+}
+
+CLONES static void convpool_fwd(const float *x, const float *w, const float *bias, float *out,
+                                unsigned char *idx, Py_ssize_t B, Py_ssize_t H, Py_ssize_t W,
+                                Py_ssize_t C, Py_ssize_t K, Py_ssize_t F) {
+    if (K == 3 && C == 1) /* the seeds' first layer: every tap loop unrolled */
+        convpool_fwd_body(x, w, bias, out, idx, B, H, W, 1, 3, F);
+    else
+        convpool_fwd_body(x, w, bias, out, idx, B, H, W, C, K, F);
 }
 
 /* Backward, F % 8 == 0: the pooled gradient goes to the winning position of each window only. */
