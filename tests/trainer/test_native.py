@@ -22,45 +22,53 @@ def test_the_extension_is_built_by_the_install():
     assert native.describe().startswith("native C (")
 
 
-def _run(layer, x, kernel, bias, dout, use_native, monkeypatch):
+def _run(layer, x, kernel, bias, dout, use_native, monkeypatch, need_dx=False):
     if not use_native:
         monkeypatch.setattr(native, "kernels", None)
     b = x.shape[0]
-    bufs = layer.buffers(b, True, False)
+    bufs = layer.buffers(b, True, need_dx)
     ws = {
         k: np.zeros(s, {"f": np.float32, "?": np.bool_, "u": np.uint8}[t])
         for k, (s, t) in bufs.items()
     }
     layer.bind(ws, b)
     monkeypatch.undo()
-    assert ws["native"] is use_native
+    assert ws["native_dx" if need_dx else "native"] is use_native
     out = layer.forward(ws, x, kernel, bias).copy()
     layer.backward_local(ws, dout.copy())
     gk, gb = np.zeros_like(kernel), np.zeros_like(bias)
     layer.backward_weights(ws, dout, "kernel", gk, (0, layer.kk))
     layer.backward_weights(ws, dout, "bias", gb, (0, 1))
+    if need_dx:
+        return out, gk, gb, layer.backward_input(ws, dout, kernel, bias).copy()
     return out, gk, gb
 
 
 @pytest.mark.parametrize("integers", [True, False], ids=["exact-ties", "random"])
-def test_fused_conv_pool_relu_matches_the_numpy_path(integers, monkeypatch):
+@pytest.mark.parametrize(
+    "cin,need_dx", [(1, False), (8, True)], ids=["first-layer", "input-gradient"]
+)
+def test_fused_conv_pool_relu_matches_the_numpy_path(integers, cin, need_dx, monkeypatch):
+    """A first layer runs wholly compiled; a later one (input channels a multiple of 8) runs
+    numpy's forward and kernel gradient and the compiled input gradient from the winners."""
     rng = np.random.default_rng(3)
-    layer = ConvPool((14, 13, 1), 16)
-    shape = (5, 14, 13, 1)
+    layer = ConvPool((14, 13, cin), 16)
+    shape = (5, 14, 13, cin)
     if integers:  # pixels 0..3 and kernel -1..1: many exactly tied windows, exact sums
         x = rng.integers(0, 4, shape).astype(np.float32)
-        kernel = rng.integers(-1, 2, (3, 3, 1, 16)).astype(np.float32)
+        kernel = rng.integers(-1, 2, (3, 3, cin, 16)).astype(np.float32)
         bias = rng.integers(-2, 3, 16).astype(np.float32)
     else:
         x = rng.random(shape, dtype=np.float32)
-        kernel = rng.standard_normal((3, 3, 1, 16)).astype(np.float32)
+        kernel = rng.standard_normal((3, 3, cin, 16)).astype(np.float32)
         bias = 0.1 * rng.standard_normal(16).astype(np.float32)
     dout = rng.standard_normal((5, 6, 5, 16)).astype(np.float32)
     if integers:
         dout = np.round(dout * 4)  # exact sums of the gradient too
-    fast = _run(layer, x, kernel, bias, dout, True, monkeypatch)
-    slow = _run(layer, x, kernel, bias, dout, False, monkeypatch)
-    for f, s, what in zip(fast, slow, ("output", "kernel gradient", "bias gradient"), strict=True):
+    fast = _run(layer, x, kernel, bias, dout, True, monkeypatch, need_dx)
+    slow = _run(layer, x, kernel, bias, dout, False, monkeypatch, need_dx)
+    names = ("output", "kernel gradient", "bias gradient", "input gradient")
+    for f, s, what in zip(fast, slow, names[: len(fast)], strict=True):
         if integers:
             np.testing.assert_array_equal(f, s, err_msg=what)
         else:

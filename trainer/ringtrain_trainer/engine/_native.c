@@ -157,6 +157,35 @@ CLONES static void adam_step(const float *g, float *w, float *m, float *v, Py_ss
     }
 }
 
+/* The input gradient, C % 8 == 0: each channel's pooled gradient flows back through the kernel
+ * from its window's winning position only, ``dx[winner + tap, :] += g[f] * kernel[tap, :, f]``
+ * (the kernel given transposed, (K, K, F, C), so that row is contiguous). */
+CLONES static void convpool_dx(const float *wt, const float *dout, const unsigned char *idx,
+                               float *dx, Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                               Py_ssize_t K, Py_ssize_t F) {
+    const Py_ssize_t hp = (H - K + 1) / 2, wp = (W - K + 1) / 2, row = W * C;
+    const Py_ssize_t off[4] = {0, C, row, row + C};
+    memset(dx, 0, sizeof(float) * B * H * W * C);
+    for (Py_ssize_t b = 0; b < B; b++)
+        for (Py_ssize_t i = 0; i < hp; i++)
+            for (Py_ssize_t j = 0; j < wp; j++) {
+                const Py_ssize_t o = ((b * hp + i) * wp + j) * F;
+                float *d0 = dx + ((b * H + 2 * i) * W + 2 * j) * C;
+                for (Py_ssize_t f = 0; f < F; f++) {
+                    const unsigned char q = idx[o + f];
+                    if (q == NONE) continue;
+                    const float g = dout[o + f];
+                    for (Py_ssize_t ki = 0; ki < K; ki++)
+                        for (Py_ssize_t kj = 0; kj < K; kj++) {
+                            float *dp = d0 + off[q] + ki * row + kj * C;
+                            const float *wp_ = wt + ((ki * K + kj) * F + f) * C;
+                            for (Py_ssize_t c = 0; c < C; c += 8)
+                                store8(dp + c, load8(dp + c) + g * load8(wp_ + c));
+                        }
+                }
+            }
+}
+
 static int need(Py_buffer *buf, Py_ssize_t n, Py_ssize_t itemsize, const char *name) {
     if (buf->len != n * itemsize) {
         PyErr_Format(PyExc_ValueError, "%s: %zd bytes, expected %zd", name, buf->len, n * itemsize);
@@ -214,6 +243,28 @@ static PyObject *convpool_backward(PyObject *self, PyObject *args) {
     return res;
 }
 
+static PyObject *convpool_input_grad(PyObject *self, PyObject *args) {
+    Py_buffer wt, dout, idx, dx;
+    Py_ssize_t B, H, W, C, K, F;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*nnnnnn", &wt, &dout, &idx, &dx, &B, &H, &W, &C, &K, &F))
+        return NULL;
+    const Py_ssize_t n = B * ((H - K + 1) / 2) * ((W - K + 1) / 2) * F;
+    PyObject *res = NULL;
+    if (C % 8 != 0)
+        PyErr_SetString(PyExc_ValueError, "input channels must be a multiple of 8");
+    else if (need(&wt, K * K * C * F, 4, "kernel_t") && need(&dout, n, 4, "dout") &&
+             need(&idx, n, 1, "idx") && need(&dx, B * H * W * C, 4, "dx")) {
+        Py_BEGIN_ALLOW_THREADS convpool_dx(wt.buf, dout.buf, idx.buf, dx.buf, B, H, W, C, K, F);
+        Py_END_ALLOW_THREADS res = Py_None;
+        Py_INCREF(res);
+    }
+    PyBuffer_Release(&wt);
+    PyBuffer_Release(&dout);
+    PyBuffer_Release(&idx);
+    PyBuffer_Release(&dx);
+    return res;
+}
+
 static PyObject *adam_update(PyObject *self, PyObject *args) {
     Py_buffer g, w, m, v;
     float c1, c2, eps, alpha;
@@ -247,6 +298,9 @@ static PyObject *isa(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"convpool_input_grad", convpool_input_grad, METH_VARARGS,
+     "convpool_input_grad(kernel_t, dout, idx, dx, B, H, W, C, K, F): the input's gradient, "
+     "kernel_t the kernel as (K, K, F, C); C a multiple of 8."},
     {"adam_update", adam_update, METH_VARARGS,
      "adam_update(g, w, m, v, c1, c2, eps, alpha): Keras' Adam step in place on float32 "
      "slices (c1 = 1 - beta_1, c2 = 1 - beta_2, alpha the step's bias-corrected rate)."},

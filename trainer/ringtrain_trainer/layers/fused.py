@@ -81,7 +81,16 @@ class ConvPool(Layer):
                     "ones": ((rows,), "f"),
                 }
             )
-            if need_dx:
+            if need_dx and native.kernels is not None and self.cin % 8 == 0:
+                k, cin, f = self.k, self.cin, self.cout
+                bufs.update(
+                    {
+                        "win": (pooled, "u"),
+                        "kernel_t": ((k, k, f, cin), "f"),
+                        "dx": ((b, *self.in_shape), "f"),
+                    }
+                )
+            elif need_dx:
                 bufs.update({"dcols": ((rows, self.kk), "f"), "dx": ((b, *self.in_shape), "f")})
         return bufs
 
@@ -92,13 +101,16 @@ class ConvPool(Layer):
     def bind(self, ws: dict, b: int) -> None:
         """Precompute the strided views used every step (once per compile). A program in
         another dtype than float32 (the gradient checks' float64) runs the numpy path."""
-        ws["native"] = "idx" in ws and ws["out"].dtype == np.float32
+        f32 = ws["out"].dtype == np.float32
+        ws["native"], ws["native_dx"] = "idx" in ws and f32, "win" in ws and f32
         if ws["native"]:
             return
         if "idx" in ws:
             for k, (shape, t) in self._numpy_buffers(b, "dw" in ws, False).items():
                 if k not in ws:
                     ws[k] = np.zeros(shape, ws["out"].dtype if t == "f" else np.bool_)
+        if "win" in ws and not ws["native_dx"]:
+            ws["dcols"] = np.zeros((ws["conv"].shape[0], self.kk), ws["out"].dtype)
         ws["conv4"] = ws["conv"].reshape(4, b, self.hp, self.wp, self.cout)
         if "dconv" in ws:
             ws["dconv4"] = ws["dconv"].reshape(4, b, self.hp, self.wp, self.cout)
@@ -109,7 +121,7 @@ class ConvPool(Layer):
         else:
             ws["colsv"] = ws["cols"].reshape(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin)
             ws["A"] = ws["cols"]
-        if "dx" in ws:
+        if "dcols" in ws:
             ws["dcols8"] = ws["dcols"].reshape(2, 2, b, self.hp, self.wp, self.k, self.k, self.cin)
 
     def _dims(self, x: np.ndarray) -> tuple[int, ...]:
@@ -163,12 +175,19 @@ class ConvPool(Layer):
         avail, eq = ws["mask"], ws["eq"]
         d = dout.reshape(pooled.shape)
         np.greater(ws["out"], 0, out=avail)
+        win = ws["win"] if ws["native_dx"] else None
+        if win is not None:  # each window's winner, for the compiled input gradient
+            win.fill(4)
         for k in range(3):
             np.equal(c4[k], pooled, out=eq)
             np.logical_and(eq, avail, out=eq)
             np.multiply(d, eq, out=d4[k])
             np.logical_xor(avail, eq, out=avail)
+            if win is not None:
+                np.copyto(win, k, where=eq)
         np.multiply(d, avail, out=d4[3])
+        if win is not None:
+            np.copyto(win, 3, where=avail)
 
     def backward_weights(
         self, ws: dict, dout: np.ndarray, name: str, grad: np.ndarray, rows: tuple[int, int]
@@ -189,6 +208,11 @@ class ConvPool(Layer):
     def backward_input(
         self, ws: dict, dout: np.ndarray, kernel: np.ndarray, bias: np.ndarray
     ) -> np.ndarray:
+        if ws["native_dx"]:
+            kt, dx = ws["kernel_t"], ws["dx"]
+            np.copyto(kt, kernel.transpose(0, 1, 3, 2))
+            native.kernels.convpool_input_grad(kt, dout, ws["win"], dx, *self._dims(dx))
+            return dx
         np.matmul(ws["dconv"], kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])
         dx, dc = ws["dx"], ws["dcols8"]
         dx.fill(0)
