@@ -158,3 +158,19 @@ def test_the_one_pass_adam_step_gives_the_numpy_steps_bits(weight_decay):
     for a, b in zip(*runs, strict=True):
         assert a.tobytes() == b.tobytes()
     assert not np.array_equal(runs[0][0], w0)
+
+
+def test_adam_split_over_threads_changes_no_bit():
+    """A large slice runs on several threads; elementwise, so the bits are those of one."""
+    rng = np.random.default_rng(7)
+    n = 300_001
+    g = rng.standard_normal(n).astype(np.float32)
+    start = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    out = []
+    for threads in (1, 2, 3):
+        w, m, v = (a.copy() for a in start)
+        v = np.abs(v)
+        native.kernels.adam_update(g, w, m, v, 0.1, 0.001, 1e-7, 0.01, threads)
+        out.append(w.tobytes() + m.tobytes() + v.tobytes())
+    assert out[0] == out[1] == out[2]
+    assert not np.array_equal(np.frombuffer(out[0][: 4 * n], np.float32), start[0])

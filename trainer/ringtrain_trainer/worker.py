@@ -193,6 +193,7 @@ class Trainer(SharedEvaluation):
             self.grads,
             tracer=self.tracer,
         )
+        self.optimizer.threads = getattr(self.ipu, "host_threads", 1)
         # both programs compiled (and their memory checked) before any data is loaded
         self.exe = self.ipu.compile(cfg.batch_size, train=True)
         try:  # a pipeline evaluates in its micro-batches, as it trains

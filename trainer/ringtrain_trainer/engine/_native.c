@@ -17,6 +17,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -265,18 +266,61 @@ static PyObject *convpool_input_grad(PyObject *self, PyObject *args) {
     return res;
 }
 
+typedef struct {
+    const float *g;
+    float *w, *m, *v;
+    Py_ssize_t n;
+    float c1, c2, eps, alpha;
+} adam_job;
+
+static void *adam_run(void *arg) {
+    const adam_job *j = arg;
+    adam_step(j->g, j->w, j->m, j->v, j->n, j->c1, j->c2, j->eps, j->alpha);
+    return NULL;
+}
+
+/* Elementwise, so splitting the slice across threads changes no bit; the caller's share runs
+ * here, the rest on threads that live for this call. */
+static void adam_split(adam_job job, int threads) {
+    enum { MAXT = 16 };
+    pthread_t tid[MAXT];
+    adam_job jobs[MAXT];
+    int started[MAXT] = {0};
+    threads = threads < 1 ? 1 : threads > MAXT ? MAXT : threads;
+    const Py_ssize_t per = (job.n + threads - 1) / threads;
+    for (int t = threads - 1; t >= 0; t--) {
+        const Py_ssize_t lo = t * per, hi = lo + per < job.n ? lo + per : job.n;
+        jobs[t] = job;
+        jobs[t].g += lo;
+        jobs[t].w += lo;
+        jobs[t].m += lo;
+        jobs[t].v += lo;
+        jobs[t].n = hi > lo ? hi - lo : 0;
+        if (t > 0) started[t] = pthread_create(&tid[t], NULL, adam_run, &jobs[t]) == 0;
+        if (t > 0 && !started[t]) adam_run(&jobs[t]);
+    }
+    adam_run(&jobs[0]);
+    for (int t = 1; t < threads; t++)
+        if (started[t]) pthread_join(tid[t], NULL);
+}
+
 static PyObject *adam_update(PyObject *self, PyObject *args) {
     Py_buffer g, w, m, v;
     float c1, c2, eps, alpha;
-    if (!PyArg_ParseTuple(args, "y*w*w*w*ffff", &g, &w, &m, &v, &c1, &c2, &eps, &alpha))
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "y*w*w*w*ffff|i", &g, &w, &m, &v, &c1, &c2, &eps, &alpha,
+                          &threads))
         return NULL;
     PyObject *res = NULL;
     const Py_ssize_t n = g.len / 4;
     if (need(&w, n, 4, "w") && need(&m, n, 4, "m") && need(&v, n, 4, "v")) {
+        const adam_job job = {g.buf, w.buf, m.buf, v.buf, n, c1, c2, eps, alpha};
         if (n < 4096)
-            adam_step(g.buf, w.buf, m.buf, v.buf, n, c1, c2, eps, alpha);
+            adam_run((void *)&job);
         else {
-            Py_BEGIN_ALLOW_THREADS adam_step(g.buf, w.buf, m.buf, v.buf, n, c1, c2, eps, alpha);
+            /* a thread is worth its start (~20 us) from ~64k weights each */
+            const int t = n / threads < 65536 ? (int)(n / 65536) + 1 : threads;
+            Py_BEGIN_ALLOW_THREADS adam_split(job, t < threads ? t : threads);
             Py_END_ALLOW_THREADS
         }
         res = Py_None;
@@ -302,8 +346,9 @@ static PyMethodDef methods[] = {
      "convpool_input_grad(kernel_t, dout, idx, dx, B, H, W, C, K, F): the input's gradient, "
      "kernel_t the kernel as (K, K, F, C); C a multiple of 8."},
     {"adam_update", adam_update, METH_VARARGS,
-     "adam_update(g, w, m, v, c1, c2, eps, alpha): Keras' Adam step in place on float32 "
-     "slices (c1 = 1 - beta_1, c2 = 1 - beta_2, alpha the step's bias-corrected rate)."},
+     "adam_update(g, w, m, v, c1, c2, eps, alpha, threads=1): Keras' Adam step in place on "
+     "float32 slices (c1 = 1 - beta_1, c2 = 1 - beta_2, alpha the step's bias-corrected rate), "
+     "split over up to `threads` threads for a large slice."},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the kernels' clones run here."},
     {"convpool_forward", convpool_forward, METH_VARARGS,
      "convpool_forward(x, kernel, bias, out, idx, B, H, W, C, K, F): Conv2D KxK valid, 2x2 "

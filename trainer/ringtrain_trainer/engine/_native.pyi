@@ -3,6 +3,29 @@
 from typing_extensions import Buffer
 
 def isa() -> str: ...
+def adam_update(
+    g: Buffer,
+    w: Buffer,
+    m: Buffer,
+    v: Buffer,
+    c1: float,
+    c2: float,
+    eps: float,
+    alpha: float,
+    threads: int = 1,
+) -> None: ...
+def convpool_input_grad(
+    kernel_t: Buffer,
+    dout: Buffer,
+    idx: Buffer,
+    dx: Buffer,
+    B: int,
+    H: int,
+    W: int,
+    C: int,
+    K: int,
+    F: int,
+) -> None: ...
 def convpool_forward(
     x: Buffer,
     kernel: Buffer,

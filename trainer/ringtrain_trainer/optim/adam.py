@@ -68,7 +68,7 @@ class Adam(Optimizer):
             # one pass, the same float32 operations per element as below: the same bits
             self.fused(
                 g, w, m, v, f32(1 - self.beta_1), f32(1 - self.beta_2), f32(self.epsilon),
-                f32(self.alpha),
+                f32(self.alpha), self.threads,
             )  # fmt: skip
             return
         a, b = self._scratch[s], self._scratch2[s]

@@ -73,6 +73,9 @@ class Optimizer:
         #: Embedding tables whose squared gradient is Keras' per-occurrence sum (see
         #: :mod:`.sparse_rows`); set by :meth:`set_sparse` when the update squares ``g``
         self.sparse = None
+        #: host threads a compiled elementwise update may split a large slice over (the
+        #: IPU's host threads, set by the worker; the update is elementwise: no bit changes)
+        self.threads = 1
         self.constraints: Tracker | None = None
         #: Keras' ``use_ema``: (ema_momentum, ema_overwrite_frequency), set by :meth:`set_ema`
         self.ema: tuple[np.float32, int | None] | None = None
