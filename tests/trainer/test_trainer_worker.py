@@ -156,7 +156,9 @@ def test_metrics_and_status_endpoints(mnist5k):
 
 
 def test_a_small_ipu_evaluates_in_training_sized_batches(mnist5k):
-    cfg = TrainerConfig(dataset="mnist-5k", steps=2, batch_size=16, ipu_memory_mb=20)
+    # 10 MB: the evaluation batch (500) does not fit, a training-sized one does (the compiled
+    # first layer keeps no conv map: 20 MB held the whole evaluation batch)
+    cfg = TrainerConfig(dataset="mnist-5k", steps=2, batch_size=16, ipu_memory_mb=10)
     t = worker.Trainer(cfg, LocalCollective(), mnist5k)
     try:
         final = t.run()
