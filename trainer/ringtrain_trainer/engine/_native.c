@@ -18,6 +18,7 @@
 #include <Python.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -105,7 +106,7 @@ CLONES static void convpool_fwd(const float *x, const float *w, const float *bia
 }
 
 /* Backward, F % 8 == 0: the pooled gradient goes to the winning position of each window only. */
-CLONES static void convpool_bwd(const float *x, const float *dout, const unsigned char *idx,
+CLONES static void convpool_bwd_into(const float *x, const float *dout, const unsigned char *idx,
                                 float *dw, float *db,
                                 Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
                                 Py_ssize_t K, Py_ssize_t F) {
@@ -187,6 +188,22 @@ CLONES static void convpool_dx(const float *wt, const float *dout, const unsigne
             }
 }
 
+/* The sums accumulate in this thread's own cache lines, copied out once: the shards' gradient
+ * buffers are small numpy arrays that may share a cache line with another shard's, and every
+ * pooled position writes them. */
+static int convpool_bwd(const float *x, const float *dout, const unsigned char *idx, float *dw,
+                        float *db, Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                        Py_ssize_t K, Py_ssize_t F) {
+    const size_t nw = (size_t)(K * K * C * F), bytes = sizeof(float) * (nw + (size_t)F);
+    float *own = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!own) return 0;
+    convpool_bwd_into(x, dout, idx, own, own + nw, B, H, W, C, K, F);
+    memcpy(dw, own, sizeof(float) * nw);
+    memcpy(db, own + nw, sizeof(float) * (size_t)F);
+    free(own);
+    return 1;
+}
+
 static int need(Py_buffer *buf, Py_ssize_t n, Py_ssize_t itemsize, const char *name) {
     if (buf->len != n * itemsize) {
         PyErr_Format(PyExc_ValueError, "%s: %zd bytes, expected %zd", name, buf->len, n * itemsize);
@@ -205,9 +222,10 @@ static PyObject *convpool_forward(PyObject *self, PyObject *args) {
     PyObject *res = NULL;
     if (F % 8 == 0 && need(&x, B * H * W * C, 4, "x") && need(&w, K * K * C * F, 4, "kernel") &&
         need(&bias, F, 4, "bias") && need(&out, n, 4, "out") && need(&idx, n, 1, "idx")) {
-        Py_BEGIN_ALLOW_THREADS convpool_fwd(x.buf, w.buf, bias.buf, out.buf, idx.buf, B, H, W, C,
-                                            K, F);
-        Py_END_ALLOW_THREADS res = Py_None;
+        Py_BEGIN_ALLOW_THREADS
+        convpool_fwd(x.buf, w.buf, bias.buf, out.buf, idx.buf, B, H, W, C, K, F);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
         Py_INCREF(res);
     } else if (F % 8 != 0 && !PyErr_Occurred())
         PyErr_SetString(PyExc_ValueError, "filters must be a multiple of 8");
@@ -230,10 +248,15 @@ static PyObject *convpool_backward(PyObject *self, PyObject *args) {
     if (F % 8 == 0 && need(&x, B * H * W * C, 4, "x") && need(&dout, n, 4, "dout") &&
         need(&idx, n, 1, "idx") && need(&dw, K * K * C * F, 4, "dkernel") &&
         need(&db, F, 4, "dbias")) {
-        Py_BEGIN_ALLOW_THREADS convpool_bwd(x.buf, dout.buf, idx.buf, dw.buf, db.buf, B, H, W, C,
-                                            K, F);
-        Py_END_ALLOW_THREADS res = Py_None;
-        Py_INCREF(res);
+        int ok;
+        Py_BEGIN_ALLOW_THREADS
+        ok = convpool_bwd(x.buf, dout.buf, idx.buf, dw.buf, db.buf, B, H, W, C, K, F);
+        Py_END_ALLOW_THREADS
+        if (ok) {
+            res = Py_None;
+            Py_INCREF(res);
+        } else
+            PyErr_NoMemory();
     } else if (F % 8 != 0 && !PyErr_Occurred())
         PyErr_SetString(PyExc_ValueError, "filters must be a multiple of 8");
     PyBuffer_Release(&x);
@@ -255,8 +278,10 @@ static PyObject *convpool_input_grad(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "input channels must be a multiple of 8");
     else if (need(&wt, K * K * C * F, 4, "kernel_t") && need(&dout, n, 4, "dout") &&
              need(&idx, n, 1, "idx") && need(&dx, B * H * W * C, 4, "dx")) {
-        Py_BEGIN_ALLOW_THREADS convpool_dx(wt.buf, dout.buf, idx.buf, dx.buf, B, H, W, C, K, F);
-        Py_END_ALLOW_THREADS res = Py_None;
+        Py_BEGIN_ALLOW_THREADS
+        convpool_dx(wt.buf, dout.buf, idx.buf, dx.buf, B, H, W, C, K, F);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
         Py_INCREF(res);
     }
     PyBuffer_Release(&wt);
@@ -320,7 +345,8 @@ static PyObject *adam_update(PyObject *self, PyObject *args) {
         else {
             /* a thread is worth its start (~20 us) from ~64k weights each */
             const int t = n / threads < 65536 ? (int)(n / 65536) + 1 : threads;
-            Py_BEGIN_ALLOW_THREADS adam_split(job, t < threads ? t : threads);
+            Py_BEGIN_ALLOW_THREADS
+            adam_split(job, t < threads ? t : threads);
             Py_END_ALLOW_THREADS
         }
         res = Py_None;
