@@ -27,9 +27,9 @@ from ringtrain_trainer.engine.multiloss import loss_bytes, make_loss
 #: how a node's input gradient reaches its tensor: dropped (the data), taken as is (fan-out 1),
 #: copied into the accumulator (first of several) or added to it
 _SKIP, _TAKE, _COPY, _ADD = range(4)
-#: a layer's buffer kinds other than "f" (the program's dtype): masks, and the compiled
-#: kernels' one-byte indices
-_KINDS = {"?": np.bool_, "u": np.uint8}
+#: a layer's buffer kinds: "f" the program's dtype, "u" the compiled kernels' one-byte
+#: indices, any other a boolean mask
+_KINDS = {"u": np.uint8}
 
 
 def _contributions(graph, fanned: set[int]) -> list[list[tuple[int, int, int]]]:
@@ -109,7 +109,10 @@ class Program:
                 self.ws.append({})
                 continue
             bufs = layer.buffers(batch, train, need_dx=spec.need_dx[node.index])
-            ws = {k: np.zeros(shape, _KINDS.get(t, self.dtype)) for k, (shape, t) in bufs.items()}
+            ws = {
+                k: np.zeros(shape, self.dtype if t == "f" else _KINDS.get(t, np.bool_))
+                for k, (shape, t) in bufs.items()
+            }
             ws.update(state_views[node.index], ctx=self.ctx)
             layer.bind(ws, batch)
             self.ws.append(ws)
