@@ -25,8 +25,19 @@ from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer
 
 #: the longest tile a pass broadcasts (floats): long enough that numpy's inner loop is long,
-#: short enough that every tap's tile stays in cache
-SPAN = 4096
+#: short enough that every tap's tile stays in cache and is cheap to refill each step
+SPAN = 512
+
+
+def fill_periodic(tile: np.ndarray, first: np.ndarray) -> None:
+    """``tile`` (..., L) = ``first`` (..., c) repeated along its last axis, by doubling
+    copies: a broadcast copy would run ``c``-float inner loops."""
+    c, n = first.shape[-1], tile.shape[-1]
+    np.copyto(tile[..., :c], first)
+    while c < n:
+        k = min(c, n - c)
+        np.copyto(tile[..., c : c + k], tile[..., :k])
+        c += k
 
 
 def span(n: int, c: int) -> int:
@@ -157,8 +168,7 @@ class Depthwise(Window, Layer):
         is periodic in ``c``, so one tile serves every ``L`` floats of a pass (kept for
         backward's input gradient: the same step's kernel)."""
         kt, taps = ws["kt"], math.prod(self.k)
-        k = kernel.reshape(taps, 1, self.cin, self.m).transpose(0, 3, 1, 2)
-        np.copyto(kt.reshape(taps, self.m, -1, self.cin), k)
+        fill_periodic(kt, kernel.reshape(taps, self.cin, self.m).transpose(0, 2, 1))
         return kt
 
     def forward(self, ws, x, kernel, bias=None):
@@ -184,7 +194,7 @@ class Depthwise(Window, Layer):
             np.copyto(z5[..., m], ws["z4"][m])
         if bias is not None:  # bias tiled like the kernel: a long inner loop, not ``c`` floats
             bt = ws["bt"]
-            np.copyto(bt.reshape(-1, self.cout), bias)
+            fill_periodic(bt, bias)
             zb = z.reshape(-1, bt.size)
             np.add(zb, bt, out=zb)
         return self.act.run(ws)
