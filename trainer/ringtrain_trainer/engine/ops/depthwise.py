@@ -19,32 +19,10 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.engine.ops import activations
+from ringtrain_trainer.engine.ops import activations, tiles
 from ringtrain_trainer.engine.ops.window import Window
 from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer
-
-#: the longest tile a pass broadcasts (floats): long enough that numpy's inner loop is long,
-#: short enough that every tap's tile stays in cache and is cheap to refill each step
-SPAN = 512
-
-
-def fill_periodic(tile: np.ndarray, first: np.ndarray) -> None:
-    """``tile`` (..., L) = ``first`` (..., c) repeated along its last axis, by doubling
-    copies: a broadcast copy would run ``c``-float inner loops."""
-    c, n = first.shape[-1], tile.shape[-1]
-    np.copyto(tile[..., :c], first)
-    while c < n:
-        k = min(c, n - c)
-        np.copyto(tile[..., c : c + k], tile[..., :k])
-        c += k
-
-
-def span(n: int, c: int) -> int:
-    """The tile length for passes over ``n`` floats periodic in ``c``: the largest multiple
-    of ``c`` that divides ``n`` and is at most :data:`SPAN` (``c`` at the least)."""
-    q = n // c
-    return c * max(d for d in range(1, max(1, SPAN // c) + 1) if q % d == 0)
 
 
 class Depthwise(Window, Layer):
@@ -104,9 +82,9 @@ class Depthwise(Window, Layer):
             bufs["xp"] = ((b, *self.padded), "f")
         bufs["zw"] = ((self.m, rows, row), "f")
         bufs["tmp"] = ((rows, row), "f")
-        bufs["kt"] = ((len(offs), self.m, span(rows * row, self.cin)), "f")
+        bufs["kt"] = ((len(offs), self.m, tiles.span(rows * row, self.cin)), "f")
         if self.use_bias:
-            bufs["bt"] = ((span(math.prod(out), self.cout),), "f")
+            bufs["bt"] = ((tiles.span(math.prod(out), self.cout),), "f")
         if train:
             bufs["ones"] = ((rows * wq,), "f")
             bufs["dzw"] = ((self.m, rows, row), "f")
@@ -168,7 +146,7 @@ class Depthwise(Window, Layer):
         is periodic in ``c``, so one tile serves every ``L`` floats of a pass (kept for
         backward's input gradient: the same step's kernel)."""
         kt, taps = ws["kt"], math.prod(self.k)
-        fill_periodic(kt, kernel.reshape(taps, self.cin, self.m).transpose(0, 2, 1))
+        tiles.fill(kt, kernel.reshape(taps, self.cin, self.m).transpose(0, 2, 1))
         return kt
 
     def forward(self, ws, x, kernel, bias=None):
@@ -192,11 +170,8 @@ class Depthwise(Window, Layer):
         z5 = z.reshape(*ws["z4"][0].shape, self.m)
         for m in range(self.m):
             np.copyto(z5[..., m], ws["z4"][m])
-        if bias is not None:  # bias tiled like the kernel: a long inner loop, not ``c`` floats
-            bt = ws["bt"]
-            fill_periodic(bt, bias)
-            zb = z.reshape(-1, bt.size)
-            np.add(zb, bt, out=zb)
+        if bias is not None:
+            tiles.add_bias(z, bias, ws["bt"])
         return self.act.run(ws)
 
     def backward_local(self, ws, dout):
@@ -282,6 +257,8 @@ class Separable(Layer):
         out = (b, *self.out_shape)
         bufs = {f"dw_{k}": v for k, v in self.dw.buffers(b, train, need_dx).items()}
         bufs.update({"out": (out, "f"), **self.act.buffers(out, train)})
+        if self.use_bias:
+            bufs["bt"] = ((tiles.span(math.prod(out), self.cout),), "f")
         if train:
             rows = b * self.dw.ho * self.dw.wo
             bufs.update({"ones": ((rows,), "f"), "dmid": ((rows, self.cmid), "f")})
@@ -304,7 +281,7 @@ class Separable(Layer):
         z = self.act.pre(ws).reshape(-1, self.cout)
         np.matmul(ws["mid"], pk, out=z)
         if bias is not None:
-            np.add(z, bias, out=z)
+            tiles.add_bias(z, bias, ws["bt"])
         return self.act.run(ws)
 
     def backward_local(self, ws, dout):
