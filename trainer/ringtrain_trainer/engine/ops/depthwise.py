@@ -5,10 +5,12 @@ Why not im2col + BLAS here: each channel has its own tiny filter, so there is no
 to multiply; the op is memory-bound and runs as one multiply-add over the whole batch per
 kernel tap (``kh * kw`` vectorised passes), with one planned product buffer. The passes run
 in a *wide* layout (every padded position of the flat input is an output, the strided valid
-ones copied out once): a tap is then one contiguous slice at a fixed offset, and numpy's inner
-loop is a padded row long instead of ``c`` floats. A strided op first deals the padded input
-into its ``sh * sw`` stride phases, so each tap is a stride-1 tap of one phase and no output
-is computed that the stride drops. py-spy, the zoo's depthwise block, one thread: 8.1 → 5.5
+ones copied out once): a tap is then one contiguous slice at a fixed offset, periodic in ``c``,
+so it takes the tap's kernel as one 512-float tile (:mod:`.tiles`) and numpy's inner loop is
+the tile long, not ``c`` floats nor a padded row (the zoo's 6×6×8 depthwise at batch 32,
+forward + backward: 496–585 → 413–465 µs, bit-identical). A strided op first deals the padded
+input into its ``sh * sw`` stride phases, so each tap is a stride-1 tap of one phase and no
+output is computed that the stride drops. py-spy, the zoo's depthwise block, one thread: 8.1 → 5.5
 CPU ms per step (wide) → 4.6 (phases) (README, issue 24). Output channel
 ``c * depth_multiplier + m`` is input channel ``c`` under filter ``m``, as Keras orders them.
 """
