@@ -293,15 +293,13 @@ def _hard_silu_b(x, y, dy, dx, tmp):
 
 def _gelu_f(x, out, tmp):
     erf(x, out, tmp, 1.0 / math.sqrt(2.0))
-    np.add(out, 1.0, out=out)
-    np.multiply(out, x, out=out)
+    np.add(out, 1.0, out=tmp)  # 1 + erf(x/√2), kept for backward: erf is 50 passes
+    np.multiply(tmp, x, out=out)
     np.multiply(out, 0.5, out=out)
 
 
 def _gelu_b(x, y, dy, dx, tmp):
-    erf(x, dx, tmp, 1.0 / math.sqrt(2.0))  # Φ(x) + x φ(x)
-    np.add(dx, 1.0, out=dx)
-    np.multiply(dx, 0.5, out=dx)
+    np.multiply(tmp, 0.5, out=dx)  # Φ(x) from forward's 1 + erf, then + x φ(x)
     np.multiply(x, x, out=tmp)
     np.multiply(tmp, -0.5, out=tmp)
     np.exp(tmp, out=tmp)
@@ -403,7 +401,8 @@ class Activation:
     """One activation: ``forward(x, out, tmp, **params)`` and ``backward(x, y, dy, dx, tmp,
     **params)``; ``needs_input``: backward reads the pre-activation (so an op keeps it in a
     ``z`` buffer; otherwise the activation runs in place on the output); ``scratch``: how many
-    arrays shaped like the output it borrows."""
+    arrays shaped like the output it borrows (gelu's keeps ``1 + erf`` from forward to
+    backward, so backward never recomputes erf)."""
 
     name: str
     forward: Callable

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.engine.ops import activations
+from ringtrain_trainer.engine.ops import activations, tiles
 from ringtrain_trainer.engine.ops.window import Window
 from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer
@@ -87,6 +87,8 @@ class Conv(Window, Layer):
             bufs["xp"] = ((c, *self.padded), "f")
         if c < b and train:
             bufs["gpart"] = ((self.kk, self.cout), "f")
+        if self.use_bias:
+            bufs["bt"] = ((tiles.span(rows * self.cout, self.cout),), "f")
         if train:
             bufs["ones"] = ((rows,), "f")
             if need_dx:
@@ -138,7 +140,7 @@ class Conv(Window, Layer):
             for s, e in self._slices(ws, x.shape[0]):
                 np.matmul(self._im2col(ws, x[s:e]), k2, out=z[s * r : e * r])
         if bias is not None:
-            np.add(z, bias, out=z)
+            tiles.add_bias(z, bias, ws["bt"])
         return self.act.run(ws)
 
     def backward_local(self, ws, dout):
