@@ -22,19 +22,69 @@ class GRU(_Recurrent):
     slices, ``h̃ = act(x W_h + b_xh + r (h U_h + b_hh))``, ``h = z h_prev + (1 - z) h̃``."""
 
     gates = 3
+    #: fast path (``recurrent_loop``): ``Wa``'s columns are z, r (halved), the candidate's
+    #: input part and its recurrent part (each with its bias); ``E``'s blocks are the
+    #: gradients of z, r, the candidate (each pre-activation), of the candidate's recurrent
+    #: part, then ``dh · z`` and the next output's gradient, which ``Ua`` adds as they are
+    fast_identities = (4, 5)
+
+    @property
+    def fast_cols(self):
+        return 4 * self.u, 6 * self.u
 
     def _bias_shape(self):
         return (2, 3 * self.u)
 
     def buffers(self, b, train, need_dx):
         bufs = super().buffers(b, train, need_dx)
+        if self.fast:  # P: z, r, the candidate's two parts; C: the candidate; M: E's factors
+            del bufs["gates"]
+            bufs.update({"P": ((b, self.T, 4 * self.u), "f"), "C": ((b, self.T, self.u), "f")})
+            if train:
+                bufs["M"] = ((b, self.T, 5 * self.u), "f")
+            return bufs
         bufs["xw"] = ((b, self.T, 3 * self.u), "f")  # the input projection (+ input bias)
         bufs["rec"] = ((b, self.T, 3 * self.u), "f")  # the recurrent one (+ recurrent bias)
         if train:
             bufs["drec"] = ((b, self.T, 3 * self.u), "f")
         return bufs
 
+    def bind(self, ws, b):
+        super().bind(ws, b)
+        if not self.fast:
+            return
+        u, P, C = self.u, ws["P"], ws["C"]
+        ws["gsteps"] = [
+            (
+                a,
+                P[:, t],
+                P[:, t, : 2 * u],
+                P[:, t, :u],
+                P[:, t, u : 2 * u],
+                P[:, t, 2 * u : 3 * u],
+                P[:, t, 3 * u :],
+                C[:, t],
+                a[:, self.d : self.d + u],
+                h_out,
+            )
+            for t, a, h_out in ws["steps"]
+        ]
+        if "E" in ws:
+            E, M, DH = ws["E"], ws["M"], ws["DH"]
+            ws["bsteps"] = [
+                (
+                    DH[:, t, None],
+                    M[:, t].reshape(b, 5, u),
+                    E[:, t, : 5 * u].reshape(b, 5, u),
+                    E[:, t],
+                    DH[:, self.order[s - 1]] if s else None,
+                )
+                for s, t in enumerate(self.order)
+            ]
+
     def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
+        if self.fast:
+            return self._forward_fast(ws, x, kernel, recurrent_kernel, bias)
         u, gates, xw, rec, h = self.u, ws["gates"], ws["xw"], ws["rec"], ws["h"]
         ws["U"] = recurrent_kernel
         self._take_mask(ws, mask)
@@ -54,7 +104,61 @@ class GRU(_Recurrent):
             self._emit(ws, s)
         return ws["out"]
 
+    def _forward_fast(self, ws, x, kernel, U, bias):
+        d, u, Wa = self.d, self.u, ws["Wa"]
+        ws["U"] = U
+        np.copyto(ws["xh"][..., :d], x.reshape(x.shape[0], self.T, d))
+        np.copyto(Wa[:d, : 3 * u], kernel)  # Wa[:d, 3u:] and Wa[d:-1, 2u:3u] stay 0
+        np.copyto(Wa[d:-1, : 2 * u], U[:, : 2 * u])
+        np.copyto(Wa[d:-1, 3 * u :], U[:, 2 * u :])
+        if bias is not None:
+            np.add(bias[0, : 2 * u], bias[1, : 2 * u], out=Wa[-1, : 2 * u])
+            np.copyto(Wa[-1, 2 * u : 3 * u], bias[0, 2 * u :])
+            np.copyto(Wa[-1, 3 * u :], bias[1, 2 * u :])
+        np.multiply(Wa[:, : 2 * u], 0.5, out=Wa[:, : 2 * u])
+        for a, p, zr, z, r, xw_h, rt_h, c, h_prev, h in ws["gsteps"]:
+            np.matmul(a, Wa, out=p)
+            np.tanh(zr, out=zr)  # sigmoid of the (halved) pre-activation
+            np.add(zr, 1.0, out=zr)
+            np.multiply(zr, 0.5, out=zr)
+            np.multiply(r, rt_h, out=c)
+            np.add(c, xw_h, out=c)
+            np.tanh(c, out=c)
+            np.subtract(h_prev, c, out=h)
+            np.multiply(h, z, out=h)
+            np.add(h, c, out=h)
+        return self._fast_out(ws)
+
+    def _backward_fast(self, ws, dout):
+        d, u, P, C, M, U, Ua = self.d, self.u, ws["P"], ws["C"], ws["M"], ws["U"], ws["Ua"]
+        z, r, zr, rt_h = P[..., :u], P[..., u : 2 * u], P[..., : 2 * u], P[..., 3 * u :]
+        mz, mr, ph, mrh, mc = (M[..., k * u : (k + 1) * u] for k in range(5))
+        # E's factors for every timestep: σ' of z and r, then
+        # dz_h = dh (1 - z)(1 - c²) = dh ph, dz_r = dz_h rt_h σ'(r), drt_h = dz_h r,
+        # dz_z = dh (h_prev - c) σ'(z), and dh z carried to the previous state
+        np.subtract(1.0, zr, out=M[..., : 2 * u])
+        np.multiply(M[..., : 2 * u], zr, out=M[..., : 2 * u])
+        np.multiply(C, C, out=ph)
+        np.subtract(1.0, ph, out=ph)
+        np.subtract(1.0, z, out=mc)
+        np.multiply(ph, mc, out=ph)
+        np.multiply(ph, r, out=mrh)
+        np.multiply(mr, rt_h, out=mr)
+        np.multiply(mr, ph, out=mr)
+        np.subtract(ws["xh"][..., d : d + u], C, out=mc)
+        np.multiply(mz, mc, out=mz)
+        np.copyto(mc, z)
+        np.copyto(Ua[: 2 * u], U[:, : 2 * u].T)  # Ua[2u:3u] stays 0: dz_h reaches no state
+        np.copyto(Ua[3 * u : 4 * u], U[:, 2 * u :].T)
+        self._fast_dout(ws, dout, 5)
+        for dh, m, e5, e, dh_prev in reversed(ws["bsteps"]):
+            np.multiply(dh, m, out=e5)
+            if dh_prev is not None:
+                np.matmul(e, Ua, out=dh_prev)
+
     def backward_local(self, ws, dout):
+        if self.fast:
+            return self._backward_fast(ws, dout)
         u, gates, rec, dh, tmp = self.u, ws["gates"], ws["rec"], ws["dh"], ws["tmp"]
         dz, drec = ws["dz"], ws["drec"]
         dh.fill(0)
@@ -82,6 +186,20 @@ class GRU(_Recurrent):
         return ws["drec"].reshape(-1, 3 * self.u)
 
     def backward_weights(self, ws, dout, name, grad, rows):
+        if self.fast and name != "kernel":  # the recurrent part's gradient: E's blocks 0, 1, 3
+            E, u = ws["E"].reshape(-1, 6 * self.u), self.u
+            parts = ((slice(0, 2 * u), E[:, : 2 * u]), (slice(2 * u, 3 * u), E[:, 3 * u : 4 * u]))
+            if name == "recurrent_kernel":
+                h, (lo, hi) = self._h_rows(ws), rows
+                for blk, src in parts:
+                    np.matmul(h[:, lo:hi].T, src, out=grad[lo:hi, blk])
+                return None
+            for r in range(*rows):
+                if r == 0:
+                    np.matmul(ws["ones"], self._dz_x(ws), out=grad[0])
+                for blk, src in parts if r == 1 else ():
+                    np.matmul(ws["ones"], src, out=grad[1, blk])
+            return None
         if name != "bias":
             return super().backward_weights(ws, dout, name, grad, rows)
         for r in range(*rows):
@@ -99,6 +217,7 @@ class GRUResetBefore(_Recurrent):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.fast = False
         if self.rdrop:
             raise ValueError("GRU(reset_after=False): recurrent_dropout must be 0")
 
