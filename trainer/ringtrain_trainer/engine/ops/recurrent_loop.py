@@ -31,20 +31,6 @@ recurrent matmul reads, the same at every step; an LSTM's or GRU's ``dropout`` t
 an input mask per gate, which the op applies itself (``_project``). The masks are drawn as
 ``layers.base.masks`` draws Dropout's; the masked states and inputs (``hm``, ``xm``, gate-major
 so a gate's block is one contiguous matrix) are kept for the weight gradients.
-
-The *fast path* (``fast``: an LSTM or GRU with Keras' default activations, no mask and no
-``recurrent_dropout``; issue 24): at batch 32 and 8 units a timestep is numpy call overhead, so
-the cells run on fewer, larger calls. ``xh`` ``(b, T, d + u + 1)`` holds each timestep's input,
-the state its step reads and a 1, so a step's whole pre-activation is one product with ``Wa``
-(kernel, recurrent kernel and biases stacked once per forward; the sigmoid gates' columns
-halved, exactly, so that ``sigmoid(x) = tanh(x / 2) / 2 + 1 / 2`` needs no scaling pass).
-Backward forms every step's local derivatives for all timesteps at once; a step is then one
-product of the state gradient with them into ``E`` (the pre-activation gradients and the
-state's own carried term) and one product of ``E`` with ``Ua`` (the recurrent kernel's
-transpose stacked over identities), which is the previous step's state gradient. The weight
-gradients read ``xh`` and ``E`` after the loop. The same arithmetic as the per-step loop up to
-rounding: the biases are summed inside the product, and a gradient's factors are multiplied
-in another order.
 """
 
 from __future__ import annotations
@@ -67,6 +53,8 @@ class _Recurrent(Layer):
 
     kind = "recurrent"
     gates = 0
+    #: the LSTM's and GRU's fast path (``recurrent_fast``) instead of this per-step loop
+    fast = False
 
     def __init__(
         self,
@@ -106,10 +94,6 @@ class _Recurrent(Layer):
         self.rdrop, self.index = float(recurrent_dropout), index
         self.K = self.gates if self.gates > 1 else 1
         self.idrop = float(dropout) if self.rdrop and self.gates > 1 else 0.0
-        #: the fast path (module docstring): Keras' default activations, no mask, no
-        #: ``recurrent_dropout``; the cell sets its ``Wa`` / ``E`` widths (``fast_cols``)
-        self.fast = (self.act, self.rec_act) == ("tanh", "sigmoid") and not masked
-        self.fast = self.fast and not self.rdrop and self.gates > 1
 
     def _bias_shape(self) -> tuple[int, ...]:
         return (self.gates * self.u,)
@@ -151,18 +135,7 @@ class _Recurrent(Layer):
         if self.masked:
             bufs.update({"m": ((b, T, 1), "f"), "inv": ((b, T, 1), "f")})
             bufs["h_new"] = ((b, u), "f")
-        if self.fast:
-            wa, e = self.fast_cols
-            del bufs["h_prev"], bufs["h"]
-            bufs.update({"xh": ((b, T, self.d + u + 1), "f"), "hT": ((b, u), "f")})
-            bufs["Wa"] = ((self.d + u + 1, wa), "f")
-            if train:
-                del bufs["dz"], bufs["dh"]
-                bufs.update({"E": ((b, T, e), "f"), "DH": ((b, T, u), "f"), "Ua": ((e, u), "f")})
         return bufs
-
-    #: the fast path's widths: ``Wa``'s columns and ``E``'s, per cell
-    fast_cols = (0, 0)
 
     def flops(self, b, train, need_dx):
         g = self.gates * self.u
@@ -172,58 +145,9 @@ class _Recurrent(Layer):
     def bind(self, ws, b):
         if "ones" in ws:
             ws["ones"].fill(1)
-        if self.fast:
-            self._bind_fast(ws)
-            return
         ws["h_prev"][:, self.order[0]] = 0
         if "hm" in ws:
             ws["hm"][:, :, self.order[0]] = 0
-
-    def _bind_fast(self, ws):
-        """The fast path's constant parts (the 1s column, ``Ua``'s identities) and per step
-        ``(timestep, xh row read, state written)``; the last step writes ``hT``."""
-        d, u, T, xh = self.d, self.u, self.T, ws["xh"]
-        xh[..., -1] = 1
-        ws["x"] = xh[..., :d].reshape(-1, d)  # a view: the kernel gradient's rows
-        order = self.order
-        ws["steps"] = [
-            (t, xh[:, t], xh[:, order[s + 1], d : d + u] if s + 1 < T else ws["hT"])
-            for s, t in enumerate(order)
-        ]
-        if "Ua" in ws:
-            eye = np.eye(u, dtype=ws["Ua"].dtype)
-            for blk in self.fast_identities:
-                ws["Ua"][blk * u : (blk + 1) * u] = eye
-
-    #: ``Ua``'s identity blocks (``E``'s blocks the previous state's gradient adds as they are)
-    fast_identities: tuple[int, ...] = ()
-
-    def _fast_out(self, ws):
-        """The output from the states the steps wrote (``xh``'s state columns, ``hT``)."""
-        out, d, u = ws["out"], self.d, self.u
-        if not self.return_sequences:
-            np.copyto(out, ws["hT"])
-            return out
-        states = ws["xh"][:, :, d : d + u]  # step s wrote the state timestep order[s + 1] reads
-        np.copyto(out[:, : self.T - 1], states[:, -2::-1] if self.go_backwards else states[:, 1:])
-        np.copyto(out[:, -1], ws["hT"])
-        return out
-
-    def _fast_dout(self, ws, dout, blk):
-        """Before the fast backward loop: the last step's state gradient into ``DH``, and with
-        ``return_sequences`` every earlier step's output gradient into ``E``'s block ``blk``
-        (the step after it adds it through ``Ua``'s identity)."""
-        u, T, order, DH = self.u, self.T, self.order, ws["DH"]
-        if not self.return_sequences:
-            np.copyto(DH[:, order[-1]], dout.reshape(DH[:, 0].shape))
-            return
-        dout = dout.reshape(dout.shape[0], T, u)  # by step; E by timestep
-        np.copyto(DH[:, order[-1]], dout[:, -1])
-        into = ws["E"][:, :, blk * u : (blk + 1) * u]
-        if self.go_backwards:  # step s ≥ 1 is timestep T - 1 - s and reads dout[:, s - 1]
-            np.copyto(into[:, : T - 1], dout[:, -2::-1])
-        else:
-            np.copyto(into[:, 1:], dout[:, :-1])
 
     def _block(self, k):
         w = self.gates * self.u // self.K
@@ -325,18 +249,11 @@ class _Recurrent(Layer):
 
     def _dz_x(self, ws):
         """The gradient of the input projection's output, ``(b·T, G·u)``."""
-        g = self.gates * self.u
-        return ws["E"][..., :g].reshape(-1, g) if self.fast else ws["dz"].reshape(-1, g)
-
-    def _h_rows(self, ws):
-        """The state every step read, ``(b·T, u)`` in ``dz``'s row order."""
-        if self.fast:
-            return ws["xh"][..., self.d : self.d + self.u].reshape(-1, self.u)
-        return ws["h_prev"].reshape(-1, self.u)
+        return ws["dz"].reshape(-1, self.gates * self.u)
 
     def _dz_h(self, ws):
         """The gradient of the recurrent projection's output, ``(b·T, G·u)``."""
-        return self._dz_x(ws)
+        return ws["dz"].reshape(-1, self.gates * self.u)
 
     def backward_input(self, ws, dout, *, kernel, recurrent_kernel, bias=None):
         dx = ws["dx"]
@@ -367,7 +284,8 @@ class _Recurrent(Layer):
         elif name == "kernel":
             product_rows(ws["x"], self._dz_x(ws), grad, rows, ws["row"])
         elif name == "recurrent_kernel":
-            product_rows(self._h_rows(ws), self._dz_h(ws), grad, rows, ws["row"])
+            h_prev = ws["h_prev"].reshape(-1, self.u)
+            product_rows(h_prev, self._dz_h(ws), grad, rows, ws["row"])
         else:
             ones = ws["ones"].reshape(-1, 1)
             product_rows(ones, self._dz_x(ws), grad, rows, ws["row"])

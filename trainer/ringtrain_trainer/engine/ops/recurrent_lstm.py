@@ -1,16 +1,16 @@
 """Keras' ``LSTM`` cell on the shared BPTT loop (``recurrent_loop``), with its fast path for
-Keras' default activations (``recurrent_loop``'s docstring): every gate from one ``tanh`` per
-timestep (``sigmoid(x) = tanh(x / 2) / 2 + 1 / 2``, the x / 2 folded into ``Wa``'s columns)."""
+Keras' default activations (``recurrent_fast``): every gate from one ``tanh`` per timestep
+(``sigmoid(x) = tanh(x / 2) / 2 + 1 / 2``, the x / 2 folded into ``WaT``'s rows)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.engine.ops.recurrent_loop import _Recurrent
+from ringtrain_trainer.engine.ops.recurrent_fast import FastCell
 from ringtrain_trainer.layers.base import act_backward, act_forward
 
 
-class LSTM(_Recurrent):
+class LSTM(FastCell):
     """``z = x W + h U + b``; ``i, f, o = σ(·)``, ``c̃ = act(·)``; ``c = f c + i c̃``;
     ``h = o act(c)``."""
 
@@ -25,16 +25,19 @@ class LSTM(_Recurrent):
         return 4 * self.u, 6 * self.u
 
     def buffers(self, b, train, need_dx):
-        bufs = super().buffers(b, train, need_dx)
         T, u = self.T, self.u
-        bufs.update({"c": ((b, T, u), "f"), "act_c": ((b, T, u), "f")})
         if not self.fast:
+            bufs = super().buffers(b, train, need_dx)
+            bufs.update({"c": ((b, T, u), "f"), "act_c": ((b, T, u), "f")})
             bufs["rec"] = ((b, 4 * u), "f")
             return bufs
-        bufs["scale"] = ((2, 4 * u), "f")
-        if train:  # E's factors: of dc (i, f, c~ blocks) and of dh (o, the cell's part)
-            bufs.update({"Mc": ((b, T, 3 * u), "f"), "Mh": ((b, T, 2 * u), "f")})
-            bufs.update({"dc": ((b, u), "f"), "dcf": ((b, u), "f")})
+        bufs = self.fast_buffers(b, train, need_dx)
+        bufs.update({"gates": ((T, 4 * u, b), "f"), "c": ((T, u, b), "f")})
+        bufs.update({"act_c": ((T, u, b), "f"), "tmp": ((u, b), "f")})
+        bufs["scale"] = ((2, 4 * u, 1), "f")
+        if train:  # E's factors: of dc (i, f, c~ rows) and of dh (o, the cell's part)
+            bufs.update({"Mc": ((T, 3 * u, b), "f"), "Mh": ((T, 2 * u, b), "f")})
+            bufs.update({"dc": ((u, b), "f"), "dcf": ((u, b), "f")})
         return bufs
 
     def bind(self, ws, b):
@@ -42,20 +45,20 @@ class LSTM(_Recurrent):
         if not self.fast:
             return
         u, sc, g, c, ac = self.u, ws["scale"], ws["gates"], ws["c"], ws["act_c"]
-        sc[:] = 0.5  # y = sc[0] * tanh + sc[1]; the candidate's block is tanh itself
+        sc[:] = 0.5  # y = sc[0] * tanh + sc[1]; the candidate's rows are tanh itself
         sc[0, 2 * u : 3 * u], sc[1, 2 * u : 3 * u] = 1, 0
         order = self.order
         ws["gsteps"] = [
             (
                 a,
-                g[:, t],
-                g[:, t, :u],
-                g[:, t, u : 2 * u],
-                g[:, t, 2 * u : 3 * u],
-                g[:, t, 3 * u :],
-                c[:, t],
-                c[:, order[s - 1]] if s else None,
-                ac[:, t],
+                g[t],
+                g[t, :u],
+                g[t, u : 2 * u],
+                g[t, 2 * u : 3 * u],
+                g[t, 3 * u :],
+                c[t],
+                c[order[s - 1]] if s else None,
+                ac[t],
                 h_out,
             )
             for s, (t, a, h_out) in enumerate(ws["steps"])
@@ -64,15 +67,15 @@ class LSTM(_Recurrent):
             E, Mc, Mh, DH = ws["E"], ws["Mc"], ws["Mh"], ws["DH"]
             ws["bsteps"] = [
                 (
-                    DH[:, t, None],
-                    Mh[:, t].reshape(b, 2, u),
-                    E[:, t, 3 * u : 5 * u].reshape(b, 2, u),
-                    E[:, t, 4 * u : 5 * u],
-                    Mc[:, t].reshape(b, 3, u),
-                    E[:, t, : 3 * u].reshape(b, 3, u),
-                    g[:, t, u : 2 * u],
-                    E[:, t],
-                    DH[:, order[s - 1]] if s else None,
+                    DH[t, None],
+                    Mh[t].reshape(2, u, b),
+                    E[t, 3 * u : 5 * u].reshape(2, u, b),
+                    E[t, 4 * u : 5 * u],
+                    Mc[t].reshape(3, u, b),
+                    E[t, : 3 * u].reshape(3, u, b),
+                    g[t, u : 2 * u],
+                    E[t],
+                    DH[order[s - 1]] if s else None,
                 )
                 for s, t in enumerate(order)
             ]
@@ -142,16 +145,16 @@ class LSTM(_Recurrent):
                 dzt[:, u : 2 * u] = 0
 
     def _forward_fast(self, ws, x, kernel, U, bias):
-        d, Wa, sc, tmp = self.d, ws["Wa"], ws["scale"], ws["tmp"]
+        d, u, WaT, sc, tmp = self.d, self.u, ws["WaT"], ws["scale"], ws["tmp"]
         ws["U"] = U
-        np.copyto(ws["xh"][..., :d], x.reshape(x.shape[0], self.T, d))
-        np.copyto(Wa[:d], kernel)
-        np.copyto(Wa[d:-1], U)
+        self.fast_input(ws, x)
+        np.copyto(WaT[:, :d], kernel.T)
+        np.copyto(WaT[:, d : d + u], U.T)
         if bias is not None:
-            np.copyto(Wa[-1], bias)
-        np.multiply(Wa, sc[0], out=Wa)  # the sigmoid gates' x / 2, exactly
+            np.copyto(WaT[:, -1], bias)
+        np.multiply(WaT, sc[0], out=WaT)  # the sigmoid gates' x / 2, exactly
         for a, g, i, f, cc, o, ct, c_prev, act_c, h in ws["gsteps"]:
-            np.matmul(a, Wa, out=g)
+            np.matmul(WaT, a, out=g)
             np.tanh(g, out=g)
             np.multiply(g, sc[0], out=g)
             np.add(g, sc[1], out=g)
@@ -161,43 +164,36 @@ class LSTM(_Recurrent):
                 np.add(ct, tmp, out=ct)
             np.tanh(ct, out=act_c)
             np.multiply(o, act_c, out=h)
-        return self._fast_out(ws)
+        return self.fast_out(ws)
 
     def _backward_fast(self, ws, dout):
-        u, g, c, act_c, E, Mc, Mh = (
-            self.u,
-            ws["gates"],
-            ws["c"],
-            ws["act_c"],
-            ws["E"],
-            ws["Mc"],
-            ws["Mh"],
-        )
+        u, g, c, act_c, E = self.u, ws["gates"], ws["c"], ws["act_c"], ws["E"]
+        Mc, Mh = ws["Mc"], ws["Mh"]
         # every timestep's factors at once, the local derivatives first (in E, free until the
         # loop): σ' = (1 - y) y for i, f, o; 1 - c~² for the candidate
-        der = E[..., : 4 * u]
+        der = E[:, : 4 * u]
         np.subtract(1.0, g, out=der)
         np.multiply(der, g, out=der)
-        cand = g[..., 2 * u : 3 * u]
-        np.multiply(cand, cand, out=der[..., 2 * u : 3 * u])
-        np.subtract(1.0, der[..., 2 * u : 3 * u], out=der[..., 2 * u : 3 * u])
+        cand, dcand = g[:, 2 * u : 3 * u], der[:, 2 * u : 3 * u]
+        np.multiply(cand, cand, out=dcand)
+        np.subtract(1.0, dcand, out=dcand)
         # dz_i = dc c~ σ'(i), dz_f = dc c_prev σ'(f), dz_c~ = dc i (1 - c~²)
-        np.multiply(cand, der[..., :u], out=Mc[..., :u])
-        mf, order = Mc[..., u : 2 * u], self.order
-        mf[:, order[0]] = 0  # no previous cell state
+        np.multiply(cand, der[:, :u], out=Mc[:, :u])
+        mf, order = Mc[:, u : 2 * u], self.order
+        mf[order[0]] = 0  # no previous cell state
         if self.go_backwards:  # the step after timestep t reads timestep t + 1's state
-            np.multiply(c[:, 1:], der[:, :-1, u : 2 * u], out=mf[:, :-1])
+            np.multiply(c[1:], der[:-1, u : 2 * u], out=mf[:-1])
         else:
-            np.multiply(c[:, :-1], der[:, 1:, u : 2 * u], out=mf[:, 1:])
-        np.multiply(g[..., :u], der[..., 2 * u : 3 * u], out=Mc[..., 2 * u :])
+            np.multiply(c[:-1], der[1:, u : 2 * u], out=mf[1:])
+        np.multiply(g[:, :u], dcand, out=Mc[:, 2 * u :])
         # dz_o = dh tanh(c) σ'(o); the cell state's gradient from h: dh o (1 - tanh(c)²)
-        np.multiply(act_c, der[..., 3 * u :], out=Mh[..., :u])
-        np.multiply(act_c, act_c, out=Mh[..., u:])
-        np.subtract(1.0, Mh[..., u:], out=Mh[..., u:])
-        np.multiply(g[..., 3 * u :], Mh[..., u:], out=Mh[..., u:])
-        np.copyto(ws["Ua"][: 4 * u], ws["U"].T)  # Ua[4u:5u] stays 0: no state reads it
-        self._fast_dout(ws, dout, 5)
-        dc, dcf, Ua = ws["dc"], ws["dcf"], ws["Ua"]
+        np.multiply(act_c, der[:, 3 * u :], out=Mh[:, :u])
+        np.multiply(act_c, act_c, out=Mh[:, u:])
+        np.subtract(1.0, Mh[:, u:], out=Mh[:, u:])
+        np.multiply(g[:, 3 * u :], Mh[:, u:], out=Mh[:, u:])
+        np.copyto(ws["UaT"][:, : 4 * u], ws["U"])  # UaT[:, 4u:5u] stays 0: no state reads it
+        self.fast_dout(ws, dout, 5)
+        dc, dcf, UaT = ws["dc"], ws["dcf"], ws["UaT"]
         carry = False
         for dh, mh, eh, from_h, mc, ec, f, e, dh_prev in reversed(ws["bsteps"]):
             np.multiply(dh, mh, out=eh)
@@ -206,8 +202,9 @@ class LSTM(_Recurrent):
                 dct = dc
             else:
                 dct = from_h
-            np.multiply(dct[:, None], mc, out=ec)
+            np.multiply(dct[None], mc, out=ec)
             if dh_prev is not None:
-                np.matmul(e, Ua, out=dh_prev)
+                np.matmul(UaT, e, out=dh_prev)
                 np.multiply(dct, f, out=dcf)
                 carry = True
+        self.fast_grads(ws, slice(0, 4 * u))
