@@ -43,7 +43,7 @@ def _op(cls, drop=0.3, rdrop=0.4, **kw):
 @pytest.mark.parametrize("cls", list(OPS))
 def test_training_forward_is_keras_cell_with_the_same_masks(cls, rng):
     op = _op(cls)
-    assert not getattr(op, "fused", False)
+    assert not op.fast
     ws = compile_op(op, B, np.float32)
     x = rng.normal(size=(B, T, F)).astype(np.float32)
     params = {p.name: rng.normal(0, 0.5, p.shape).astype(np.float32) for p in op.params(0)}

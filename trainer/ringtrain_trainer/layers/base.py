@@ -242,10 +242,30 @@ class Dropout(Layer):
 
 def masks(seed: int, layer: int, step: int, example0: int, rate: float, out: np.ndarray) -> None:
     """Per example ``e``: Philox keyed (seed, layer) at counter (0, 0, step, example0 + e),
-    uniform float32 ≥ rate → ``1 / (1 - rate)``, else 0."""
+    uniform float32 ≥ rate → ``1 / (1 - rate)``, else 0.
+
+    ``Generator.random(n, float32)`` of a fresh Philox at that counter, for every example at
+    once: one bit generator whose counter is set per example (a new Philox and Generator per
+    example cost ≈ 70 µs each, 2.3 ms for 32 RNN examples), its raw 64-bit words split into
+    32-bit halves low first and ``(w >> 8) · 2⁻²⁴`` as numpy's float32 draw does — the same
+    values to the last bit (tests/trainer/test_dropout_masks.py)."""
     rows = out.reshape(out.shape[0], -1)
+    b, n = rows.shape
+    words = -(-n // 8) * 4  # a Philox block: four 64-bit words, eight float32 draws
+    raw = np.empty((b, words), np.uint64)
+    bits = np.random.Philox(key=[seed & (2**64 - 1), layer])
+    state = bits.state
+    state.update(buffer_pos=4, has_uint32=0, uinteger=0)  # a fresh generator's buffer
+    for e in range(b):
+        state["state"]["counter"] = np.array([0, 0, step, example0 + e], np.uint64)
+        bits.state = state
+        raw[e] = bits.random_raw(words)
+    halves = np.empty((b, 2 * words), np.uint32)
+    np.copyto(halves[:, 0::2], raw, casting="unsafe")  # the low 32 bits first
+    np.right_shift(raw, np.uint64(32), out=raw)
+    np.copyto(halves[:, 1::2], raw, casting="unsafe")
+    np.right_shift(halves, np.uint32(8), out=halves)
+    uf = halves[:, :n].astype(np.float32)
+    np.multiply(uf, np.float32(1.0 / 16777216.0), out=uf)
     scale = out.dtype.type(1.0 / (1.0 - rate))
-    for e in range(rows.shape[0]):
-        bits = np.random.Philox(key=[seed & (2**64 - 1), layer], counter=[0, 0, step, example0 + e])
-        u = np.random.Generator(bits).random(rows.shape[1], np.float32)
-        np.multiply(u >= rate, scale, out=rows[e], casting="unsafe")
+    np.multiply(uf >= rate, scale, out=rows, casting="unsafe")

@@ -53,6 +53,8 @@ class _Recurrent(Layer):
 
     kind = "recurrent"
     gates = 0
+    #: the LSTM's and GRU's fast path (``recurrent_fast``) instead of this per-step loop
+    fast = False
 
     def __init__(
         self,

@@ -1,51 +1,88 @@
-"""Keras' ``LSTM`` cell on the shared BPTT loop (``recurrent_loop``), with its fused
-tanh fast path for Keras' default activations."""
+"""Keras' ``LSTM`` cell on the shared BPTT loop (``recurrent_loop``), with its fast path for
+Keras' default activations (``recurrent_fast``): every gate from one ``tanh`` per timestep
+(``sigmoid(x) = tanh(x / 2) / 2 + 1 / 2``, the x / 2 folded into ``WaT``'s rows)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.engine.ops.recurrent_loop import _Recurrent
+from ringtrain_trainer.engine.ops.recurrent_fast import FastCell
 from ringtrain_trainer.layers.base import act_backward, act_forward
 
 
-class LSTM(_Recurrent):
+class LSTM(FastCell):
     """``z = x W + h U + b``; ``i, f, o = σ(·)``, ``c̃ = act(·)``; ``c = f c + i c̃``;
     ``h = o act(c)``."""
 
     gates = 4
+    #: fast path: ``E``'s blocks are the gradients of i, f, c̃, o (pre-activations), then
+    #: ``dh · o · tanh'(c)`` (the cell state's part from this step's output) and the next
+    #: output's gradient, which ``Ua`` adds as it is
+    fast_identities = (5,)
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        #: Keras' defaults (tanh, sigmoid): every gate from one tanh per timestep
-        #: (``sigmoid(x) = tanh(x / 2) / 2 + 1 / 2``, bit for bit the table's sigmoid); a
-        #: masked LSTM runs the per-step loop, which blends the carried state
-        #: with ``recurrent_dropout``, whose per-gate masks the fused path has no place for
-        self.fused = (self.act, self.rec_act) == ("tanh", "sigmoid") and not self.masked
-        self.fused = self.fused and not self.rdrop
+    @property
+    def fast_cols(self):
+        return 4 * self.u, 6 * self.u
 
     def buffers(self, b, train, need_dx):
-        bufs = super().buffers(b, train, need_dx)
         T, u = self.T, self.u
-        bufs.update({"c": ((b, T, u), "f"), "act_c": ((b, T, u), "f")})
-        bufs["rec"] = ((b, 4 * u), "f")
-        if self.fused:
-            bufs["scale"] = ((3, 4 * u), "f")
-            if train:
-                bufs.update({"deriv": ((b, T, 4 * u), "f"), "dact": ((b, T, u), "f")})
-                bufs["mult"] = ((b, T, 3 * u), "f")
+        if not self.fast:
+            bufs = super().buffers(b, train, need_dx)
+            bufs.update({"c": ((b, T, u), "f"), "act_c": ((b, T, u), "f")})
+            bufs["rec"] = ((b, 4 * u), "f")
+            return bufs
+        bufs = self.fast_buffers(b, train, need_dx)
+        bufs.update({"gates": ((T, 4 * u, b), "f"), "c": ((T, u, b), "f")})
+        bufs.update({"act_c": ((T, u, b), "f"), "tmp": ((u, b), "f")})
+        bufs["scale"] = ((2, 4 * u, 1), "f")
+        if train:  # E's factors: of dc (i, f, c~ rows) and of dh (o, the cell's part)
+            bufs.update({"Mc": ((T, 3 * u, b), "f"), "Mh": ((T, 2 * u, b), "f")})
+            bufs.update({"dc": ((u, b), "f"), "dcf": ((u, b), "f")})
         return bufs
 
     def bind(self, ws, b):
         super().bind(ws, b)
-        if self.fused:  # rows: the pre-tanh scale, then y = a * tanh + b
-            u, sc = self.u, ws["scale"]
-            sc[:] = 0.5
-            sc[0, 2 * u : 3 * u], sc[1, 2 * u : 3 * u], sc[2, 2 * u : 3 * u] = 1, 1, 0
+        if not self.fast:
+            return
+        u, sc, g, c, ac = self.u, ws["scale"], ws["gates"], ws["c"], ws["act_c"]
+        sc[:] = 0.5  # y = sc[0] * tanh + sc[1]; the candidate's rows are tanh itself
+        sc[0, 2 * u : 3 * u], sc[1, 2 * u : 3 * u] = 1, 0
+        order = self.order
+        ws["gsteps"] = [
+            (
+                a,
+                g[t],
+                g[t, :u],
+                g[t, u : 2 * u],
+                g[t, 2 * u : 3 * u],
+                g[t, 3 * u :],
+                c[t],
+                c[order[s - 1]] if s else None,
+                ac[t],
+                h_out,
+            )
+            for s, (t, a, h_out) in enumerate(ws["steps"])
+        ]
+        if "E" in ws:
+            E, Mc, Mh, DH = ws["E"], ws["Mc"], ws["Mh"], ws["DH"]
+            ws["bsteps"] = [
+                (
+                    DH[t, None],
+                    Mh[t].reshape(2, u, b),
+                    E[t, 3 * u : 5 * u].reshape(2, u, b),
+                    E[t, 4 * u : 5 * u],
+                    Mc[t].reshape(3, u, b),
+                    E[t, : 3 * u].reshape(3, u, b),
+                    g[t, u : 2 * u],
+                    E[t],
+                    DH[order[s - 1]] if s else None,
+                )
+                for s, t in enumerate(order)
+            ]
 
     def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
-        if self.fused:
-            return self._forward_fused(ws, x, kernel, recurrent_kernel, bias)
+        if self.fast:
+            return self._forward_fast(ws, x, kernel, recurrent_kernel, bias)
         u, gates, c, act_c, h, tmp = self.u, ws["gates"], ws["c"], ws["act_c"], ws["h"], ws["tmp"]
         ws["U"] = recurrent_kernel
         self._take_mask(ws, mask)
@@ -73,8 +110,8 @@ class LSTM(_Recurrent):
         return ws["out"]
 
     def backward_local(self, ws, dout):
-        if self.fused:
-            return self._backward_fused(ws, dout)
+        if self.fast:
+            return self._backward_fast(ws, dout)
         u, gates, c, act_c = self.u, ws["gates"], ws["c"], ws["act_c"]
         dh, dc, tmp, dz = ws["dh"], ws["h"], ws["tmp"], ws["dz"]  # forward's h: free now
         dh.fill(0)
@@ -107,72 +144,67 @@ class LSTM(_Recurrent):
             else:
                 dzt[:, u : 2 * u] = 0
 
-    # The fused path: the same arithmetic, in the same order, as the table's activations above
-    # (bit for bit), in fewer numpy calls per timestep — an LSTM of 8 units at batch 64 is
-    # call-bound, not compute-bound (py-spy, issue 24).
-    def _forward_fused(self, ws, x, kernel, recurrent_kernel, bias):
-        u, gates, c, act_c, h, tmp = self.u, ws["gates"], ws["c"], ws["act_c"], ws["h"], ws["tmp"]
-        sc, rec = ws["scale"], ws["rec"]
-        ws["U"] = recurrent_kernel
-        self._project(ws, x, kernel, bias, gates)
-        for s, t in enumerate(self.order):
-            g = gates[:, t]
-            if s:
-                np.matmul(ws["h_prev"][:, t], recurrent_kernel, out=rec)
-                np.add(g, rec, out=g)
-            np.multiply(g, sc[0], out=g)
+    def _forward_fast(self, ws, x, kernel, U, bias):
+        d, u, WaT, sc, tmp = self.d, self.u, ws["WaT"], ws["scale"], ws["tmp"]
+        ws["U"] = U
+        self.fast_input(ws, x)
+        np.copyto(WaT[:, :d], kernel.T)
+        np.copyto(WaT[:, d : d + u], U.T)
+        if bias is not None:
+            np.copyto(WaT[:, -1], bias)
+        np.multiply(WaT, sc[0], out=WaT)  # the sigmoid gates' x / 2, exactly
+        for a, g, i, f, cc, o, ct, c_prev, act_c, h in ws["gsteps"]:
+            np.matmul(WaT, a, out=g)
             np.tanh(g, out=g)
-            np.multiply(g, sc[1], out=g)
-            np.add(g, sc[2], out=g)
-            ct = c[:, t]
-            np.multiply(g[:, :u], g[:, 2 * u : 3 * u], out=ct)
-            if s:
-                np.multiply(g[:, u : 2 * u], c[:, self.order[s - 1]], out=tmp)
+            np.multiply(g, sc[0], out=g)
+            np.add(g, sc[1], out=g)
+            np.multiply(i, cc, out=ct)
+            if c_prev is not None:
+                np.multiply(f, c_prev, out=tmp)
                 np.add(ct, tmp, out=ct)
-            np.tanh(ct, out=act_c[:, t])
-            np.multiply(g[:, 3 * u :], act_c[:, t], out=h)
-            self._emit(ws, s)
-        return ws["out"]
+            np.tanh(ct, out=act_c)
+            np.multiply(o, act_c, out=h)
+        return self.fast_out(ws)
 
-    def _backward_fused(self, ws, dout):
-        u, gates, c, act_c = self.u, ws["gates"], ws["c"], ws["act_c"]
-        o = gates[..., 3 * u :]
-        dh, dc, tmp, tmp2, dz = ws["dh"], ws["h"], ws["tmp"], ws["tmp2"], ws["dz"]
-        deriv, dact, mult = ws["deriv"], ws["dact"], ws["mult"]
-        # every timestep's local derivatives at once: (1 - y) y for the sigmoid gates,
-        # 1 - y^2 for the candidate and for tanh(c); the multipliers of dc: c~, c_prev, i
-        np.subtract(1.0, gates, out=deriv)
-        np.multiply(deriv, gates, out=deriv)
-        cand = gates[..., 2 * u : 3 * u]
-        np.multiply(cand, cand, out=deriv[..., 2 * u : 3 * u])
-        np.subtract(1.0, deriv[..., 2 * u : 3 * u], out=deriv[..., 2 * u : 3 * u])
-        np.multiply(act_c, act_c, out=dact)
-        np.subtract(1.0, dact, out=dact)
-        np.copyto(mult[..., :u], cand)
-        order, f_mult = self.order, mult[..., u : 2 * u]
-        f_mult[:, order[0]] = 0  # no previous cell state: f's gradient is 0
+    def _backward_fast(self, ws, dout):
+        u, g, c, act_c, E = self.u, ws["gates"], ws["c"], ws["act_c"], ws["E"]
+        Mc, Mh = ws["Mc"], ws["Mh"]
+        # every timestep's factors at once, the local derivatives first (in E, free until the
+        # loop): σ' = (1 - y) y for i, f, o; 1 - c~² for the candidate
+        der = E[:, : 4 * u]
+        np.subtract(1.0, g, out=der)
+        np.multiply(der, g, out=der)
+        cand, dcand = g[:, 2 * u : 3 * u], der[:, 2 * u : 3 * u]
+        np.multiply(cand, cand, out=dcand)
+        np.subtract(1.0, dcand, out=dcand)
+        # dz_i = dc c~ σ'(i), dz_f = dc c_prev σ'(f), dz_c~ = dc i (1 - c~²)
+        np.multiply(cand, der[:, :u], out=Mc[:, :u])
+        mf, order = Mc[:, u : 2 * u], self.order
+        mf[order[0]] = 0  # no previous cell state
         if self.go_backwards:  # the step after timestep t reads timestep t + 1's state
-            np.copyto(f_mult[:, :-1], c[:, 1:])
+            np.multiply(c[1:], der[:-1, u : 2 * u], out=mf[:-1])
         else:
-            np.copyto(f_mult[:, 1:], c[:, :-1])
-        np.copyto(mult[..., 2 * u :], gates[..., :u])
-        dh.fill(0)
-        dc.fill(0)
-        b = dh.shape[0]
-        for s in range(self.T - 1, -1, -1):
-            t = order[s]
-            self._dh_from_output(ws, dout, s)
-            dzt = dz[:, t]
-            np.multiply(dh, o[:, t], out=tmp)
-            np.multiply(dact[:, t], tmp, out=tmp2)
-            np.add(dc, tmp2, out=dc)
-            np.multiply(
-                dc[:, None, :],
-                mult[:, t].reshape(b, 3, u),
-                out=dzt[:, : 3 * u].reshape(b, 3, u),
-            )
-            np.multiply(dh, act_c[:, t], out=dzt[:, 3 * u :])
-            np.multiply(deriv[:, t], dzt, out=dzt)
-            if s:
-                np.multiply(dc, gates[:, t, u : 2 * u], out=dc)
-                np.matmul(dzt, ws["U"].T, out=dh)
+            np.multiply(c[:-1], der[1:, u : 2 * u], out=mf[1:])
+        np.multiply(g[:, :u], dcand, out=Mc[:, 2 * u :])
+        # dz_o = dh tanh(c) σ'(o); the cell state's gradient from h: dh o (1 - tanh(c)²)
+        np.multiply(act_c, der[:, 3 * u :], out=Mh[:, :u])
+        np.multiply(act_c, act_c, out=Mh[:, u:])
+        np.subtract(1.0, Mh[:, u:], out=Mh[:, u:])
+        np.multiply(g[:, 3 * u :], Mh[:, u:], out=Mh[:, u:])
+        np.copyto(ws["UaT"][:, : 4 * u], ws["U"])  # UaT[:, 4u:5u] stays 0: no state reads it
+        self.fast_dout(ws, dout, 5)
+        dc, dcf, UaT = ws["dc"], ws["dcf"], ws["UaT"]
+        carry = False
+        for dh, mh, eh, from_h, mc, ec, f, e, dh_prev in reversed(ws["bsteps"]):
+            np.multiply(dh, mh, out=eh)
+            if carry:  # the cell state's gradient: this step's part + the next step's
+                np.add(from_h, dcf, out=dc)
+                dct = dc
+            else:
+                dct = from_h
+            np.multiply(dct[None], mc, out=ec)
+            if dh_prev is not None:
+                np.matmul(UaT, e, out=dh_prev)
+                np.multiply(dct, f, out=dcf)
+                carry = True
+        self.fast_grads(ws, slice(0, 4 * u))
