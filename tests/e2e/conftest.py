@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from api_reads import ApiReads, NotFound
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_CLUSTER = REPO / "hack" / "local-cluster"
@@ -182,6 +183,7 @@ class Kubectl:
         if not exe:
             pytest.fail("kubectl not found (set KUBECTL or put kubectl on PATH)", pytrace=False)
         self.base = [exe, "--kubeconfig", kubeconfig]
+        self.reads = ApiReads(kubeconfig)
 
     def __call__(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
@@ -200,8 +202,23 @@ class Kubectl:
             )
         return p
 
-    def json(self, *args: str) -> dict:
-        return json.loads(self(*args, "-o", "json").stdout)
+    def json(self, *args: str, missing_ok: bool = False) -> dict | None:
+        """``kubectl ARGS -o json``; a plain get is read in-process (api_reads: the polls).
+        ``missing_ok``: None for an object that does not exist, instead of failing."""
+        try:
+            got = self.reads.json(args)
+        except NotFound:
+            if missing_ok:
+                return None
+            raise
+        if got is not None:
+            return got
+        p = self(*args, "-o", "json", check=not missing_ok)
+        return json.loads(p.stdout) if p.returncode == 0 else None
+
+    def log(self, pod: str, ns: str, container: str, previous: bool = False) -> str:
+        """The container's log, read in-process; "" when there is none (yet)."""
+        return self.reads.log(pod, ns, container, previous)
 
     def apply(self, manifest: dict | list, namespace: str | None = None) -> None:
         docs = manifest if isinstance(manifest, list) else [manifest]
@@ -222,7 +239,7 @@ def namespace(kubectl, request) -> str:
     kubectl("create", "namespace", name)
     # Pods are admitted only once the namespace's default ServiceAccount exists.
     deadline = time.monotonic() + 60
-    while kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+    while kubectl.json("get", "serviceaccount", "default", "-n", name, missing_ok=True) is None:
         if time.monotonic() > deadline:
             pytest.fail(
                 f"no default ServiceAccount in {name} after 60s\n"
@@ -242,9 +259,9 @@ def wait_pod(kubectl):
         deadline = time.monotonic() + timeout_s
         pod = {}
         while time.monotonic() < deadline:
-            p = kubectl("get", "pod", name, "-n", ns, "-o", "json", check=False)
-            if p.returncode == 0:
-                pod = json.loads(p.stdout)
+            got = kubectl.json("get", "pod", name, "-n", ns, missing_ok=True)
+            if got is not None:
+                pod = got
                 phase = pod.get("status", {}).get("phase")
                 if phase in phases:
                     return pod

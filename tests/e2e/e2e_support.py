@@ -5,7 +5,6 @@ whole story (the job, its pods, their logs, events, the operator's log) instead 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -217,8 +216,7 @@ def newest_checkpoint_step(kubectl, ns: str, pod: str) -> int | None:
 
 
 def get_job(kubectl, ns: str, name: str) -> dict | None:
-    p = kubectl("get", "tj", name, "-n", ns, "-o", "json", check=False)
-    return json.loads(p.stdout) if p.returncode == 0 else None
+    return kubectl.json("get", "tj", name, "-n", ns, missing_ok=True)
 
 
 def wait_for(
@@ -300,7 +298,7 @@ def fresh_namespace(kubectl, prefix: str) -> Iterator[str]:
     kubectl("create", "namespace", name)
     wait_for(
         "the namespace's default ServiceAccount",
-        lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        lambda: kubectl.json("get", "sa", "default", "-n", name, missing_ok=True) is not None,
         60,
         lambda: "",
     )

@@ -251,8 +251,7 @@ REJOINED = "rejoining the ring in place"
 
 
 def container_log(kubectl, ns: str, pod: str, previous: bool = False) -> str:
-    args = ["logs", pod, "-n", ns, "-c", "ringtrain"] + (["--previous"] if previous else [])
-    return kubectl(*args, check=False).stdout
+    return kubectl.log(pod, ns, "ringtrain", previous)
 
 
 def progress_steps(kubectl, ns: str, pod: str, previous: bool = False) -> list[int]:
