@@ -9,8 +9,11 @@ an optional boolean ``attention_mask (b, T, S)`` (data: no gradient). ``causal``
 The arithmetic is Keras' non-fused path: project, scale the query by ``1/sqrt(key_dim)`` after
 its bias, scores ``q·k``, masked positions set to ``-1e9`` before the softmax over keys (so a
 fully masked row attends uniformly, as Keras' does), context ``p·v``, project out. Each
-projection is one matmul on the ``(b·T, d)`` view; the per-head products run on
-``(b, heads, T, ·)`` copies so every batched matmul is a BLAS call, not numpy's strided loop.
+projection is one matmul on the ``(b·T, d)`` view; the per-head products read and write
+``(b, heads, T, ·)`` views of those buffers laid out at bind time (each head's block is a
+strided matrix BLAS takes as is: no per-step copies), and the softmax's row reductions are a
+fold of maxima and a product with a column of ones (issue 24: numpy's axis reductions over a
+row of a few keys cost more than the exponentials).
 Backward keeps all of it (probabilities included) from forward, the price of no recomputation.
 
 ``dropout`` is Keras' attention dropout: in training the probabilities are multiplied by an
@@ -32,14 +35,48 @@ MASKED = -1e9
 _PROJ = ("query", "key", "value")
 
 
-def softmax_rows(att: np.ndarray, rowsum: np.ndarray) -> None:
-    """Scores → probabilities over the last axis, in place (``rowsum``: the scores' shape
-    with a last axis of 1, planned): max-shifted as Keras' softmax. Both attention ops."""
-    np.max(att, axis=-1, keepdims=True, out=rowsum)
-    np.subtract(att, rowsum, out=att)
-    np.exp(att, out=att)
-    np.sum(att, axis=-1, keepdims=True, out=rowsum)
-    np.divide(att, rowsum, out=att)
+def softmax_buffers(rows: int, n: int) -> dict:
+    """What :func:`softmax_rows` plans for ``rows`` rows of ``n`` scores: the row sums, a
+    column of ones and the half-width scratch of the max's folds."""
+    return {"rowsum": ((rows, 1), "f"), "ones_n": ((n, 1), "f"), "fold": ((rows, -(-n // 2)), "f")}
+
+
+def row_max(a2: np.ndarray, out: np.ndarray, fold: np.ndarray) -> None:
+    """``out`` (rows, 1) = the row maxima of ``a2`` (rows, n), folding the upper half onto the
+    lower: log2(n) elementwise maxima over all rows, not a reduction whose inner loop is n
+    long (an attention row is a handful of keys). Exact: the same values as ``np.max``."""
+    n, src = a2.shape[1], a2
+    while n > 2:
+        k = n // 2
+        np.maximum(src[:, :k], src[:, n - k : n], out=fold[:, :k])
+        if n % 2 and src is a2:
+            fold[:, k] = a2[:, k]  # the middle of an odd row (already in place in ``fold``)
+        src, n = fold, n - k
+    np.maximum(src[:, :1], src[:, n - 1 : n], out=out)
+
+
+def softmax_rows(att: np.ndarray, ws: dict) -> None:
+    """Scores → probabilities over the last axis, in place, max-shifted as Keras' softmax;
+    ``ws`` holds :func:`softmax_buffers`. The row sums are one product with a column of ones
+    (a BLAS pass instead of numpy's axis reduction). Both attention ops."""
+    rowsum = ws["rowsum"]
+    a2 = att.reshape(rowsum.shape[0], -1)
+    row_max(a2, rowsum, ws["fold"])
+    np.subtract(a2, rowsum, out=a2)
+    np.exp(a2, out=a2)
+    np.matmul(a2, ws["ones_n"], out=rowsum)
+    np.divide(a2, rowsum, out=a2)
+
+
+def softmax_backward(att: np.ndarray, d_att: np.ndarray, ws: dict) -> None:
+    """``d_att`` (the probabilities' gradient) → the scores' gradient, in place:
+    ``p * (d_p - sum(p * d_p))``; ``att`` (the probabilities) is overwritten."""
+    rowsum = ws["rowsum"]
+    a2, d2 = att.reshape(rowsum.shape[0], -1), d_att.reshape(rowsum.shape[0], -1)
+    np.multiply(d2, a2, out=d2)
+    np.matmul(d2, ws["ones_n"], out=rowsum)
+    np.multiply(a2, rowsum, out=a2)
+    np.subtract(d2, a2, out=d2)
 
 
 class MultiHeadAttention(Layer):
@@ -100,12 +137,11 @@ class MultiHeadAttention(Layer):
         T, S, h, kd, vd = self.T, self.S, self.h, self.kd, self.vd
         length = {"query": T, "key": S, "value": S}
         bufs = {"out": ((b, *self.out_shape), "f"), "att": ((b, h, T, S), "f")}
-        bufs["rowsum"] = ((b, h, T, 1), "f")
+        bufs.update(softmax_buffers(b * h * T, S))
         for name in _PROJ:
             w, n = self._width(name), length[name]
             bufs[f"p_{name}"] = ((b * n, h * w), "f")  # projection, (b, n, h, w) row-major
-            bufs[f"h_{name}"] = ((b, h, n, w), "f")  # per head
-        bufs.update({"ctx_h": ((b, h, T, vd), "f"), "context": ((b * T, h * vd), "f")})
+        bufs["context"] = ((b * T, h * vd), "f")
         if self.causal:
             bufs["causal"] = ((1, T, S), "b")
         if self.causal or self.mask_input:
@@ -117,7 +153,6 @@ class MultiHeadAttention(Layer):
             bufs["ones"] = ((b * max(T, S),), "f")
             for name in _PROJ:
                 w, n = self._width(name), length[name]
-                bufs[f"dh_{name}"] = ((b, h, n, w), "f")
                 bufs[f"dp_{name}"] = ((b * n, h * w), "f")
             bufs["row"] = ((h * max(kd, vd, self.out_shape[1]),), "f")
             if need_dx:
@@ -136,12 +171,26 @@ class MultiHeadAttention(Layer):
         return fwd * (1 + (2 if train else 0))
 
     def bind(self, ws, b):
-        if "ones" in ws:
-            ws["ones"].fill(1)
+        for key in ("ones", "ones_n"):
+            if key in ws:
+                ws[key].fill(1)
+        # per-head views (b, heads, n, w) of the (b·n, heads·w) projections and their
+        # gradients, laid out once: the batched products read and write them in place
+        for key in ("p", "dp"):
+            for name in _PROJ:
+                if f"{key}_{name}" in ws:
+                    ws[f"{key}h_{name}"] = self._heads(ws[f"{key}_{name}"], b, name)
+        ws["ctxh"] = self._heads(ws["context"], b, "value")
+        if "d_ctx" in ws:
+            ws["d_ctxh"] = self._heads(ws["d_ctx"], b, "value")
         if self.causal:
             t, s = np.indices((self.T, self.S))
             np.greater(s, t, out=ws["causal"][0])
             np.copyto(ws["masked"], ws["causal"])
+
+    def _heads(self, buf, b, name):
+        """The (b, heads, n, w) view of a (b·n, heads·w) projection-shaped buffer."""
+        return buf.reshape(b, -1, self.h, self._width(name)).transpose(0, 2, 1, 3)
 
     def _inputs(self, xs):
         """(query, key, value) tensors from the node's inputs, and the mask input or None."""
@@ -152,39 +201,34 @@ class MultiHeadAttention(Layer):
         return {"query": q, "key": k, "value": v}, mask
 
     def forward(self, ws, *xs, **p):
-        b = ws["out"].shape[0]
         inputs, mask = self._inputs(xs)
         ws["inputs"] = {}
         for name, x in inputs.items():
             x2 = ws["inputs"][name] = x.reshape(-1, self.dims[name])
-            pr, w = ws[f"p_{name}"], self._width(name)
+            pr = ws[f"p_{name}"]
             np.matmul(x2, p[f"{name}_kernel"].reshape(self.dims[name], -1), out=pr)
             if self.use_bias:
                 np.add(pr, p[f"{name}_bias"].reshape(-1), out=pr)
             if name == "query":
                 np.multiply(pr, pr.dtype.type(1.0 / np.sqrt(self.kd)), out=pr)
-            hb = ws[f"h_{name}"]
-            np.copyto(hb, pr.reshape(b, -1, self.h, w).transpose(0, 2, 1, 3))
         att = ws["att"]
-        np.matmul(ws["h_query"], ws["h_key"].transpose(0, 1, 3, 2), out=att)
+        np.matmul(ws["ph_query"], ws["ph_key"].transpose(0, 1, 3, 2), out=att)
         if mask is not None:
             np.less(mask, 0.5, out=ws["masked"])
             if self.causal:
                 np.logical_or(ws["masked"], ws["causal"], out=ws["masked"])
         if "masked" in ws:
             np.copyto(att, att.dtype.type(MASKED), where=ws["masked"][:, None])
-        softmax_rows(att, ws["rowsum"])
+        softmax_rows(att, ws)
         if "keep" in ws:
             c, keep = ws["ctx"], ws["keep"]
             masks(c["seed"], self.index, c["step"], c["example0"], self.rate, keep)
             np.multiply(att, keep, out=ws["dropped"])
-        np.matmul(ws.get("dropped", att), ws["h_value"], out=ws["ctx_h"])
-        ctx = ws["context"]
-        np.copyto(ctx.reshape(b, self.T, self.h, self.vd), ws["ctx_h"].transpose(0, 2, 1, 3))
+        np.matmul(ws.get("dropped", att), ws["ph_value"], out=ws["ctxh"])
         out = ws["out"]
         o2 = out.reshape(-1, self.out_shape[1])
-        ws["wo"] = p["attention_output_kernel"].reshape(self.h * self.vd, -1)
-        np.matmul(ctx, p["attention_output_kernel"].reshape(self.h * self.vd, -1), out=o2)
+        ws["wo"] = wo = p["attention_output_kernel"].reshape(self.h * self.vd, -1)
+        np.matmul(ws["context"], wo, out=o2)
         if self.use_bias:
             np.add(o2, p["attention_output_bias"], out=o2)
         return out
@@ -193,25 +237,15 @@ class MultiHeadAttention(Layer):
         """From the output's gradient down to the three projections' (``dp_*``), which both
         halves read. The output kernel is the one forward read (``ws["wo"]``): nothing updates
         a node's weights before its own backward has streamed them."""
-        b, h, T, vd = dout.shape[0], self.h, self.T, self.vd
-        d_ctx, att, d_att = ws["d_ctx"], ws["att"], ws["d_att"]
-        np.matmul(dout.reshape(-1, self.out_shape[1]), ws["wo"].T, out=d_ctx)
-        dch = ws["ctx_h"]  # free after forward: reused for the context's per-head gradient
-        np.copyto(dch, d_ctx.reshape(b, T, h, vd).transpose(0, 2, 1, 3))
-        np.matmul(ws.get("dropped", att).transpose(0, 1, 3, 2), dch, out=ws["dh_value"])
-        np.matmul(dch, ws["h_value"].transpose(0, 1, 3, 2), out=d_att)
+        att, d_att, dch = ws["att"], ws["d_att"], ws["d_ctxh"]
+        np.matmul(dout.reshape(-1, self.out_shape[1]), ws["wo"].T, out=ws["d_ctx"])
+        np.matmul(ws.get("dropped", att).transpose(0, 1, 3, 2), dch, out=ws["dph_value"])
+        np.matmul(dch, ws["ph_value"].transpose(0, 1, 3, 2), out=d_att)
         if "keep" in ws:  # through the dropout mask to the probabilities
             np.multiply(d_att, ws["keep"], out=d_att)
-        rowsum = ws["rowsum"]
-        np.multiply(d_att, att, out=d_att)
-        np.sum(d_att, axis=-1, keepdims=True, out=rowsum)
-        np.multiply(att, rowsum, out=att)  # the probabilities are not needed after this
-        np.subtract(d_att, att, out=d_att)  # d_scores = p * (d_p - sum(p * d_p))
-        np.matmul(d_att, ws["h_key"], out=ws["dh_query"])
-        np.matmul(d_att.transpose(0, 1, 3, 2), ws["h_query"], out=ws["dh_key"])
-        for name in _PROJ:
-            dp, w = ws[f"dp_{name}"], self._width(name)
-            np.copyto(dp.reshape(b, -1, h, w), ws[f"dh_{name}"].transpose(0, 2, 1, 3))
+        softmax_backward(att, d_att, ws)  # the probabilities are not needed after this
+        np.matmul(d_att, ws["ph_key"], out=ws["dph_query"])
+        np.matmul(d_att.transpose(0, 1, 3, 2), ws["ph_query"], out=ws["dph_key"])
         dpq = ws["dp_query"]
         np.multiply(dpq, dpq.dtype.type(1.0 / np.sqrt(self.kd)), out=dpq)
 
