@@ -33,17 +33,27 @@ _ERFC = (-0.6717940840567023, 0.6726432239781291, 0.04734330684464927, -0.046895
          3.2525461785744996e-05, -2.975247380976475e-05, -1.1680637347895809e-06,
          8.202943747924875e-06, -1.5647734674582796e-06, -1.2493501976861678e-06,
          3.914849410209308e-07, 3.9208021590664886e-08)  # fmt: skip
+#: the same form for float32: degree 12, error < 6e-9 (float32's rounding is 6e-8; issue 24)
+_ERFC32 = (-0.6717940851516006, 0.6726431547748186, 0.04734341751090632,
+           -0.04689364056635173, -0.009874534782860604, 0.008808825410198028,
+           0.001770665468717862, -0.0022887653434233886, -0.00018278074926631317,
+           0.0005737664883898164, -3.211513367482771e-05, -8.72838567410807e-05,
+           1.3371998496026153e-05)  # fmt: skip
 
 
 def erf(x: np.ndarray, out: np.ndarray, tmp: np.ndarray, scale: float = 1.0) -> None:
-    """``out = erf(scale * x)`` without allocating (numpy has no erf); ``tmp`` is scratch."""
+    """``out = erf(scale * x)`` without allocating (numpy has no erf); ``tmp`` is left
+    holding ``exp(-(scale * x)²)``, which gelu's gradient reads. float32 uses the degree-12
+    fit (``_ERFC32``): its error is below float32's rounding, in 39 array passes, not 57."""
+    coefs = _ERFC if x.dtype == np.float64 else _ERFC32
     np.abs(x, out=out)
     np.multiply(out, scale, out=out)
     np.add(out, 2.0, out=out)
     np.divide(4.0, out, out=tmp)
     np.subtract(tmp, 1.0, out=tmp)  # u = 2t - 1
-    out.fill(_ERFC[-1])
-    for c in _ERFC[-2::-1]:
+    np.multiply(tmp, coefs[-1], out=out)
+    np.add(out, coefs[-2], out=out)
+    for c in coefs[-3::-1]:
         np.multiply(out, tmp, out=out)
         np.add(out, c, out=out)
     np.exp(out, out=out)
@@ -55,8 +65,7 @@ def erf(x: np.ndarray, out: np.ndarray, tmp: np.ndarray, scale: float = 1.0) -> 
     np.exp(tmp, out=tmp)
     np.multiply(out, tmp, out=out)  # erfc(|scale x|)
     np.subtract(1.0, out, out=out)
-    np.sign(x, out=tmp)
-    np.multiply(out, tmp, out=out)
+    np.copysign(out, x, out=out)
 
 
 def _sigmoid(x, out):
@@ -299,12 +308,9 @@ def _gelu_f(x, out, tmp):
 
 
 def _gelu_b(x, y, dy, dx, tmp):
-    erf(x, dx, tmp, 1.0 / math.sqrt(2.0))  # Φ(x) + x φ(x)
+    erf(x, dx, tmp, 1.0 / math.sqrt(2.0))  # Φ(x) + x φ(x); tmp = exp(-x²/2)
     np.add(dx, 1.0, out=dx)
     np.multiply(dx, 0.5, out=dx)
-    np.multiply(x, x, out=tmp)
-    np.multiply(tmp, -0.5, out=tmp)
-    np.exp(tmp, out=tmp)
     np.multiply(tmp, x, out=tmp)
     np.multiply(tmp, 1.0 / math.sqrt(2.0 * math.pi), out=tmp)
     np.add(dx, tmp, out=dx)
