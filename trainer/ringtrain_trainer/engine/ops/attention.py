@@ -11,9 +11,8 @@ its bias, scores ``q·k``, masked positions set to ``-1e9`` before the softmax o
 fully masked row attends uniformly, as Keras' does), context ``p·v``, project out. Each
 projection is one matmul on the ``(b·T, d)`` view; the per-head products read and write
 ``(b, heads, T, ·)`` views of those buffers laid out at bind time (each head's block is a
-strided matrix BLAS takes as is: no per-step copies), and the softmax's row reductions are a
-fold of maxima and a product with a column of ones (issue 24: numpy's axis reductions over a
-row of a few keys cost more than the exponentials).
+strided matrix BLAS takes as is: no per-step copies), and the scores are stored keys-major
+so the softmax's per-row max, sum and broadcasts run along the long axis (``softmax_keys``).
 Backward keeps all of it (probabilities included) from forward, the price of no recomputation.
 
 ``dropout`` is Keras' attention dropout: in training the probabilities are multiplied by an
@@ -35,48 +34,33 @@ MASKED = -1e9
 _PROJ = ("query", "key", "value")
 
 
-def softmax_buffers(rows: int, n: int) -> dict:
-    """What :func:`softmax_rows` plans for ``rows`` rows of ``n`` scores: the row sums, a
-    column of ones and the half-width scratch of the max's folds."""
-    return {"rowsum": ((rows, 1), "f"), "ones_n": ((n, 1), "f"), "fold": ((rows, -(-n // 2)), "f")}
+def keys_major(buf: np.ndarray) -> np.ndarray:
+    """The ``(..., queries, keys)`` view of a keys-major scores buffer ``(keys, ...,
+    queries)``: what the batched products read and write (a column-major matrix per head,
+    which BLAS takes as is)."""
+    return np.moveaxis(buf, 0, -1)
 
 
-def row_max(a2: np.ndarray, out: np.ndarray, fold: np.ndarray) -> None:
-    """``out`` (rows, 1) = the row maxima of ``a2`` (rows, n), folding the upper half onto the
-    lower: log2(n) elementwise maxima over all rows, not a reduction whose inner loop is n
-    long (an attention row is a handful of keys). Exact: the same values as ``np.max``."""
-    n, src = a2.shape[1], a2
-    while n > 2:
-        k = n // 2
-        np.maximum(src[:, :k], src[:, n - k : n], out=fold[:, :k])
-        if n % 2 and src is a2:
-            fold[:, k] = a2[:, k]  # the middle of an odd row (already in place in ``fold``)
-        src, n = fold, n - k
-    np.maximum(src[:, :1], src[:, n - 1 : n], out=out)
-
-
-def softmax_rows(att: np.ndarray, ws: dict) -> None:
-    """Scores → probabilities over the last axis, in place, max-shifted as Keras' softmax;
-    ``ws`` holds :func:`softmax_buffers`. The row sums are one product with a column of ones
-    (a BLAS pass instead of numpy's axis reduction). Both attention ops."""
-    rowsum = ws["rowsum"]
-    a2 = att.reshape(rowsum.shape[0], -1)
-    row_max(a2, rowsum, ws["fold"])
+def softmax_keys(a2: np.ndarray, rowsum: np.ndarray) -> None:
+    """Scores → probabilities over keys, in place, max-shifted as Keras' softmax. ``a2`` is
+    the keys-major ``(keys, rows)`` buffer and ``rowsum`` a ``(rows,)`` one: every per-row
+    max, sum and broadcast runs along the long contiguous axis (an attention row is a handful
+    of keys; numpy's reductions over a last axis that short cost more than the exponentials,
+    issue 24). Both attention ops."""
+    np.maximum.reduce(a2, axis=0, out=rowsum)
     np.subtract(a2, rowsum, out=a2)
     np.exp(a2, out=a2)
-    np.matmul(a2, ws["ones_n"], out=rowsum)
+    np.add.reduce(a2, axis=0, out=rowsum)
     np.divide(a2, rowsum, out=a2)
 
 
-def softmax_backward(att: np.ndarray, d_att: np.ndarray, ws: dict) -> None:
-    """``d_att`` (the probabilities' gradient) → the scores' gradient, in place:
-    ``p * (d_p - sum(p * d_p))``; ``att`` (the probabilities) is overwritten."""
-    rowsum = ws["rowsum"]
-    a2, d2 = att.reshape(rowsum.shape[0], -1), d_att.reshape(rowsum.shape[0], -1)
-    np.multiply(d2, a2, out=d2)
-    np.matmul(d2, ws["ones_n"], out=rowsum)
-    np.multiply(a2, rowsum, out=a2)
-    np.subtract(d2, a2, out=d2)
+def softmax_keys_backward(p2: np.ndarray, d2: np.ndarray, rowsum: np.ndarray) -> None:
+    """The probabilities' gradient ``d2`` → the scores', in place, in the layout of
+    :func:`softmax_keys`: ``p * (d_p - sum(p * d_p))``; ``p2`` is overwritten."""
+    np.multiply(d2, p2, out=d2)
+    np.add.reduce(d2, axis=0, out=rowsum)
+    np.multiply(p2, rowsum, out=p2)
+    np.subtract(d2, p2, out=d2)
 
 
 class MultiHeadAttention(Layer):
@@ -136,8 +120,9 @@ class MultiHeadAttention(Layer):
     def buffers(self, b, train, need_dx):
         T, S, h, kd, vd = self.T, self.S, self.h, self.kd, self.vd
         length = {"query": T, "key": S, "value": S}
-        bufs = {"out": ((b, *self.out_shape), "f"), "att": ((b, h, T, S), "f")}
-        bufs.update(softmax_buffers(b * h * T, S))
+        # the scores keys-major (``softmax_keys``); "att" is their (b, h, T, S) view
+        bufs = {"out": ((b, *self.out_shape), "f"), "scores": ((S, b, h, T), "f")}
+        bufs["rowsum"] = ((b * h * T,), "f")
         for name in _PROJ:
             w, n = self._width(name), length[name]
             bufs[f"p_{name}"] = ((b * n, h * w), "f")  # projection, (b, n, h, w) row-major
@@ -149,7 +134,7 @@ class MultiHeadAttention(Layer):
         if train and self.rate:
             bufs.update({"keep": ((b, h, T, S), "f"), "dropped": ((b, h, T, S), "f")})
         if train:
-            bufs.update({"d_ctx": ((b * T, h * vd), "f"), "d_att": ((b, h, T, S), "f")})
+            bufs.update({"d_ctx": ((b * T, h * vd), "f"), "d_scores": ((S, b, h, T), "f")})
             bufs["ones"] = ((b * max(T, S),), "f")
             for name in _PROJ:
                 w, n = self._width(name), length[name]
@@ -171,9 +156,11 @@ class MultiHeadAttention(Layer):
         return fwd * (1 + (2 if train else 0))
 
     def bind(self, ws, b):
-        for key in ("ones", "ones_n"):
-            if key in ws:
-                ws[key].fill(1)
+        if "ones" in ws:
+            ws["ones"].fill(1)
+        ws["att"] = keys_major(ws["scores"])
+        if "d_scores" in ws:
+            ws["d_att"] = keys_major(ws["d_scores"])
         # per-head views (b, heads, n, w) of the (b·n, heads·w) projections and their
         # gradients, laid out once: the batched products read and write them in place
         for key in ("p", "dp"):
@@ -219,7 +206,7 @@ class MultiHeadAttention(Layer):
                 np.logical_or(ws["masked"], ws["causal"], out=ws["masked"])
         if "masked" in ws:
             np.copyto(att, att.dtype.type(MASKED), where=ws["masked"][:, None])
-        softmax_rows(att, ws)
+        softmax_keys(ws["scores"].reshape(self.S, -1), ws["rowsum"])
         if "keep" in ws:
             c, keep = ws["ctx"], ws["keep"]
             masks(c["seed"], self.index, c["step"], c["example0"], self.rate, keep)
@@ -243,7 +230,8 @@ class MultiHeadAttention(Layer):
         np.matmul(dch, ws["ph_value"].transpose(0, 1, 3, 2), out=d_att)
         if "keep" in ws:  # through the dropout mask to the probabilities
             np.multiply(d_att, ws["keep"], out=d_att)
-        softmax_backward(att, d_att, ws)  # the probabilities are not needed after this
+        p2, d2 = ws["scores"].reshape(self.S, -1), ws["d_scores"].reshape(self.S, -1)
+        softmax_keys_backward(p2, d2, ws["rowsum"])  # the probabilities are not needed after
         np.matmul(d_att, ws["ph_key"], out=ws["dph_query"])
         np.matmul(d_att.transpose(0, 1, 3, 2), ws["ph_query"], out=ws["dph_key"])
         dpq = ws["dp_query"]
