@@ -301,16 +301,18 @@ def _hard_silu_b(x, y, dy, dx, tmp):
 
 
 def _gelu_f(x, out, tmp):
-    erf(x, out, tmp, 1.0 / math.sqrt(2.0))
-    np.add(out, 1.0, out=out)
+    """Keeps ``erf(x/√2)`` and ``exp(-x²/2)`` in the scratch for :func:`_gelu_b`."""
+    erf(x, tmp[0], tmp[1], 1.0 / math.sqrt(2.0))
+    np.add(tmp[0], 1.0, out=out)
     np.multiply(out, x, out=out)
     np.multiply(out, 0.5, out=out)
 
 
 def _gelu_b(x, y, dy, dx, tmp):
-    erf(x, dx, tmp, 1.0 / math.sqrt(2.0))  # Φ(x) + x φ(x); tmp = exp(-x²/2)
-    np.add(dx, 1.0, out=dx)
+    """``Φ(x) + x φ(x)`` from what :func:`_gelu_f` left in the scratch (no second erf)."""
+    np.add(tmp[0], 1.0, out=dx)
     np.multiply(dx, 0.5, out=dx)
+    tmp = tmp[1]
     np.multiply(tmp, x, out=tmp)
     np.multiply(tmp, 1.0 / math.sqrt(2.0 * math.pi), out=tmp)
     np.add(dx, tmp, out=dx)
@@ -449,7 +451,9 @@ class Activation:
         return out
 
     def grad(self, ws: dict, dout: np.ndarray) -> np.ndarray:
-        """The gradient with respect to the pre-activation (``dz``, or ``dout`` when linear)."""
+        """The gradient with respect to the pre-activation (``dz``, or ``dout`` when linear).
+        Called after :meth:`run` on the same input, as every op does (one forward, then its
+        backward): gelu's gradient reads what its forward left in the scratch."""
         if self.identity:
             return dout.reshape(ws["out"].shape)
         dz = ws["dz"]
@@ -483,7 +487,7 @@ ACTIVATIONS: dict[str, Activation] = {
         _entry("softsign", _softsign_f, _softsign_b, scratch=1),
         _entry("silu", _silu_f, _silu_b, needs_input=True, scratch=1),
         _entry("hard_silu", _hard_silu_f, _hard_silu_b, needs_input=True, scratch=1),
-        _entry("gelu", _gelu_f, _gelu_b, needs_input=True, scratch=1),
+        _entry("gelu", _gelu_f, _gelu_b, needs_input=True, scratch=2),
         _entry("gelu_tanh", _gelu_tanh_f, _gelu_tanh_b, needs_input=True, scratch=2),
         _entry("mish", _mish_f, _mish_b, needs_input=True, scratch=2),
         _entry("softmax", _softmax_f, _softmax_b),
