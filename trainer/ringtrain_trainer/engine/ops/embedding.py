@@ -72,7 +72,7 @@ class Embedding(Layer):
                 f"Embedding: token id {bad} is outside [0, {self.input_dim}) (input_dim)"
             )
         out = ws["out"]
-        np.take(embeddings, ids, axis=0, out=out.reshape(-1, self.output_dim))
+        embeddings.take(ids, axis=0, out=out.reshape(-1, self.output_dim))
         return out
 
     def backward_local(self, ws, dout):
@@ -82,11 +82,11 @@ class Embedding(Layer):
         keys.sort()
         np.right_shift(keys, shift, out=ws["sorted"])
         np.bitwise_and(keys, (1 << shift) - 1, out=ws["pos"])
-        np.take(dout.reshape(-1, self.output_dim), ws["pos"], axis=0, out=ws["gathered"])
+        dout.reshape(-1, self.output_dim).take(ws["pos"], axis=0, out=ws["gathered"])
         ids, new = ws["sorted"], ws["new"]
         new[0] = True
         np.not_equal(ids[1:], ids[:-1], out=new[1:])
-        starts = np.flatnonzero(new)
+        starts = new.nonzero()[0]
         ws["run_ids"] = ids[starts]
         ws["run_sums"] = sums = ws["sums"][: starts.size]
         np.add.reduceat(ws["gathered"], starts, axis=0, out=sums)
@@ -97,5 +97,5 @@ class Embedding(Layer):
     def backward_weights(self, ws, dout, name, grad, rows):
         lo, hi = rows
         grad[lo:hi] = 0
-        s, e = np.searchsorted(ws["run_ids"], (lo, hi))
+        s, e = ws["run_ids"].searchsorted((lo, hi))
         grad[ws["run_ids"][s:e]] = ws["run_sums"][s:e]
