@@ -9,8 +9,10 @@ an optional boolean ``attention_mask (b, T, S)`` (data: no gradient). ``causal``
 The arithmetic is Keras' non-fused path: project, scale the query by ``1/sqrt(key_dim)`` after
 its bias, scores ``q·k``, masked positions set to ``-1e9`` before the softmax over keys (so a
 fully masked row attends uniformly, as Keras' does), context ``p·v``, project out. Each
-projection is one matmul on the ``(b·T, d)`` view; the per-head products run on
-``(b, heads, T, ·)`` copies so every batched matmul is a BLAS call, not numpy's strided loop.
+projection is one matmul on the ``(b·T, d)`` view; the per-head products read and write
+``(b, heads, T, ·)`` views of those buffers laid out at bind time (each head's block is a
+strided matrix BLAS takes as is: no per-step copies), and the scores are stored keys-major
+so the softmax's per-row max, sum and broadcasts run along the long axis (``softmax_keys``).
 Backward keeps all of it (probabilities included) from forward, the price of no recomputation.
 
 ``dropout`` is Keras' attention dropout: in training the probabilities are multiplied by an
@@ -32,14 +34,33 @@ MASKED = -1e9
 _PROJ = ("query", "key", "value")
 
 
-def softmax_rows(att: np.ndarray, rowsum: np.ndarray) -> None:
-    """Scores → probabilities over the last axis, in place (``rowsum``: the scores' shape
-    with a last axis of 1, planned): max-shifted as Keras' softmax. Both attention ops."""
-    np.max(att, axis=-1, keepdims=True, out=rowsum)
-    np.subtract(att, rowsum, out=att)
-    np.exp(att, out=att)
-    np.sum(att, axis=-1, keepdims=True, out=rowsum)
-    np.divide(att, rowsum, out=att)
+def keys_major(buf: np.ndarray) -> np.ndarray:
+    """The ``(..., queries, keys)`` view of a keys-major scores buffer ``(keys, ...,
+    queries)``: what the batched products read and write (a column-major matrix per head,
+    which BLAS takes as is)."""
+    return np.moveaxis(buf, 0, -1)
+
+
+def softmax_keys(a2: np.ndarray, rowsum: np.ndarray) -> None:
+    """Scores → probabilities over keys, in place, max-shifted as Keras' softmax. ``a2`` is
+    the keys-major ``(keys, rows)`` buffer and ``rowsum`` a ``(rows,)`` one: every per-row
+    max, sum and broadcast runs along the long contiguous axis (an attention row is a handful
+    of keys; numpy's reductions over a last axis that short cost more than the exponentials,
+    issue 24). Both attention ops."""
+    np.maximum.reduce(a2, axis=0, out=rowsum)
+    np.subtract(a2, rowsum, out=a2)
+    np.exp(a2, out=a2)
+    np.add.reduce(a2, axis=0, out=rowsum)
+    np.divide(a2, rowsum, out=a2)
+
+
+def softmax_keys_backward(p2: np.ndarray, d2: np.ndarray, rowsum: np.ndarray) -> None:
+    """The probabilities' gradient ``d2`` → the scores', in place, in the layout of
+    :func:`softmax_keys`: ``p * (d_p - sum(p * d_p))``; ``p2`` is overwritten."""
+    np.multiply(d2, p2, out=d2)
+    np.add.reduce(d2, axis=0, out=rowsum)
+    np.multiply(p2, rowsum, out=p2)
+    np.subtract(d2, p2, out=d2)
 
 
 class MultiHeadAttention(Layer):
@@ -99,13 +120,13 @@ class MultiHeadAttention(Layer):
     def buffers(self, b, train, need_dx):
         T, S, h, kd, vd = self.T, self.S, self.h, self.kd, self.vd
         length = {"query": T, "key": S, "value": S}
-        bufs = {"out": ((b, *self.out_shape), "f"), "att": ((b, h, T, S), "f")}
-        bufs["rowsum"] = ((b, h, T, 1), "f")
+        # the scores keys-major (``softmax_keys``); "att" is their (b, h, T, S) view
+        bufs = {"out": ((b, *self.out_shape), "f"), "scores": ((S, b, h, T), "f")}
+        bufs["rowsum"] = ((b * h * T,), "f")
         for name in _PROJ:
             w, n = self._width(name), length[name]
             bufs[f"p_{name}"] = ((b * n, h * w), "f")  # projection, (b, n, h, w) row-major
-            bufs[f"h_{name}"] = ((b, h, n, w), "f")  # per head
-        bufs.update({"ctx_h": ((b, h, T, vd), "f"), "context": ((b * T, h * vd), "f")})
+        bufs["context"] = ((b * T, h * vd), "f")
         if self.causal:
             bufs["causal"] = ((1, T, S), "b")
         if self.causal or self.mask_input:
@@ -113,11 +134,10 @@ class MultiHeadAttention(Layer):
         if train and self.rate:
             bufs.update({"keep": ((b, h, T, S), "f"), "dropped": ((b, h, T, S), "f")})
         if train:
-            bufs.update({"d_ctx": ((b * T, h * vd), "f"), "d_att": ((b, h, T, S), "f")})
+            bufs.update({"d_ctx": ((b * T, h * vd), "f"), "d_scores": ((S, b, h, T), "f")})
             bufs["ones"] = ((b * max(T, S),), "f")
             for name in _PROJ:
                 w, n = self._width(name), length[name]
-                bufs[f"dh_{name}"] = ((b, h, n, w), "f")
                 bufs[f"dp_{name}"] = ((b * n, h * w), "f")
             bufs["row"] = ((h * max(kd, vd, self.out_shape[1]),), "f")
             if need_dx:
@@ -138,10 +158,26 @@ class MultiHeadAttention(Layer):
     def bind(self, ws, b):
         if "ones" in ws:
             ws["ones"].fill(1)
+        ws["att"] = keys_major(ws["scores"])
+        if "d_scores" in ws:
+            ws["d_att"] = keys_major(ws["d_scores"])
+        # per-head views (b, heads, n, w) of the (b·n, heads·w) projections and their
+        # gradients, laid out once: the batched products read and write them in place
+        for key in ("p", "dp"):
+            for name in _PROJ:
+                if f"{key}_{name}" in ws:
+                    ws[f"{key}h_{name}"] = self._heads(ws[f"{key}_{name}"], b, name)
+        ws["ctxh"] = self._heads(ws["context"], b, "value")
+        if "d_ctx" in ws:
+            ws["d_ctxh"] = self._heads(ws["d_ctx"], b, "value")
         if self.causal:
             t, s = np.indices((self.T, self.S))
             np.greater(s, t, out=ws["causal"][0])
             np.copyto(ws["masked"], ws["causal"])
+
+    def _heads(self, buf, b, name):
+        """The (b, heads, n, w) view of a (b·n, heads·w) projection-shaped buffer."""
+        return buf.reshape(b, -1, self.h, self._width(name)).transpose(0, 2, 1, 3)
 
     def _inputs(self, xs):
         """(query, key, value) tensors from the node's inputs, and the mask input or None."""
@@ -152,39 +188,34 @@ class MultiHeadAttention(Layer):
         return {"query": q, "key": k, "value": v}, mask
 
     def forward(self, ws, *xs, **p):
-        b = ws["out"].shape[0]
         inputs, mask = self._inputs(xs)
         ws["inputs"] = {}
         for name, x in inputs.items():
             x2 = ws["inputs"][name] = x.reshape(-1, self.dims[name])
-            pr, w = ws[f"p_{name}"], self._width(name)
+            pr = ws[f"p_{name}"]
             np.matmul(x2, p[f"{name}_kernel"].reshape(self.dims[name], -1), out=pr)
             if self.use_bias:
                 np.add(pr, p[f"{name}_bias"].reshape(-1), out=pr)
             if name == "query":
                 np.multiply(pr, pr.dtype.type(1.0 / np.sqrt(self.kd)), out=pr)
-            hb = ws[f"h_{name}"]
-            np.copyto(hb, pr.reshape(b, -1, self.h, w).transpose(0, 2, 1, 3))
         att = ws["att"]
-        np.matmul(ws["h_query"], ws["h_key"].transpose(0, 1, 3, 2), out=att)
+        np.matmul(ws["ph_query"], ws["ph_key"].transpose(0, 1, 3, 2), out=att)
         if mask is not None:
             np.less(mask, 0.5, out=ws["masked"])
             if self.causal:
                 np.logical_or(ws["masked"], ws["causal"], out=ws["masked"])
         if "masked" in ws:
             np.copyto(att, att.dtype.type(MASKED), where=ws["masked"][:, None])
-        softmax_rows(att, ws["rowsum"])
+        softmax_keys(ws["scores"].reshape(self.S, -1), ws["rowsum"])
         if "keep" in ws:
             c, keep = ws["ctx"], ws["keep"]
             masks(c["seed"], self.index, c["step"], c["example0"], self.rate, keep)
             np.multiply(att, keep, out=ws["dropped"])
-        np.matmul(ws.get("dropped", att), ws["h_value"], out=ws["ctx_h"])
-        ctx = ws["context"]
-        np.copyto(ctx.reshape(b, self.T, self.h, self.vd), ws["ctx_h"].transpose(0, 2, 1, 3))
+        np.matmul(ws.get("dropped", att), ws["ph_value"], out=ws["ctxh"])
         out = ws["out"]
         o2 = out.reshape(-1, self.out_shape[1])
-        ws["wo"] = p["attention_output_kernel"].reshape(self.h * self.vd, -1)
-        np.matmul(ctx, p["attention_output_kernel"].reshape(self.h * self.vd, -1), out=o2)
+        ws["wo"] = wo = p["attention_output_kernel"].reshape(self.h * self.vd, -1)
+        np.matmul(ws["context"], wo, out=o2)
         if self.use_bias:
             np.add(o2, p["attention_output_bias"], out=o2)
         return out
@@ -193,25 +224,16 @@ class MultiHeadAttention(Layer):
         """From the output's gradient down to the three projections' (``dp_*``), which both
         halves read. The output kernel is the one forward read (``ws["wo"]``): nothing updates
         a node's weights before its own backward has streamed them."""
-        b, h, T, vd = dout.shape[0], self.h, self.T, self.vd
-        d_ctx, att, d_att = ws["d_ctx"], ws["att"], ws["d_att"]
-        np.matmul(dout.reshape(-1, self.out_shape[1]), ws["wo"].T, out=d_ctx)
-        dch = ws["ctx_h"]  # free after forward: reused for the context's per-head gradient
-        np.copyto(dch, d_ctx.reshape(b, T, h, vd).transpose(0, 2, 1, 3))
-        np.matmul(ws.get("dropped", att).transpose(0, 1, 3, 2), dch, out=ws["dh_value"])
-        np.matmul(dch, ws["h_value"].transpose(0, 1, 3, 2), out=d_att)
+        att, d_att, dch = ws["att"], ws["d_att"], ws["d_ctxh"]
+        np.matmul(dout.reshape(-1, self.out_shape[1]), ws["wo"].T, out=ws["d_ctx"])
+        np.matmul(ws.get("dropped", att).transpose(0, 1, 3, 2), dch, out=ws["dph_value"])
+        np.matmul(dch, ws["ph_value"].transpose(0, 1, 3, 2), out=d_att)
         if "keep" in ws:  # through the dropout mask to the probabilities
             np.multiply(d_att, ws["keep"], out=d_att)
-        rowsum = ws["rowsum"]
-        np.multiply(d_att, att, out=d_att)
-        np.sum(d_att, axis=-1, keepdims=True, out=rowsum)
-        np.multiply(att, rowsum, out=att)  # the probabilities are not needed after this
-        np.subtract(d_att, att, out=d_att)  # d_scores = p * (d_p - sum(p * d_p))
-        np.matmul(d_att, ws["h_key"], out=ws["dh_query"])
-        np.matmul(d_att.transpose(0, 1, 3, 2), ws["h_query"], out=ws["dh_key"])
-        for name in _PROJ:
-            dp, w = ws[f"dp_{name}"], self._width(name)
-            np.copyto(dp.reshape(b, -1, h, w), ws[f"dh_{name}"].transpose(0, 2, 1, 3))
+        p2, d2 = ws["scores"].reshape(self.S, -1), ws["d_scores"].reshape(self.S, -1)
+        softmax_keys_backward(p2, d2, ws["rowsum"])  # the probabilities are not needed after
+        np.matmul(d_att, ws["ph_key"], out=ws["dph_query"])
+        np.matmul(d_att.transpose(0, 1, 3, 2), ws["ph_query"], out=ws["dph_key"])
         dpq = ws["dp_query"]
         np.multiply(dpq, dpq.dtype.type(1.0 / np.sqrt(self.kd)), out=dpq)
 

@@ -7,7 +7,8 @@ rather than reading a wrong row.
 
 The gradient is a scatter-add of the output gradient into the rows the batch read. It is
 streamed in row blocks like any weight (``engine.plan``), so each step sorts the (id, position)
-pairs once (in place, one packed int64 key each) in ``backward_local`` and sums each run of
+pairs once (in place, one packed int64 key each, ``id << shift | position``: shifts and masks,
+not int64 divisions) in ``backward_local`` and sums each run of
 equal ids there with one ``np.add.reduceat`` (sorted segments); a block of rows ``[lo, hi)``
 is then one ``searchsorted`` and one row assignment. Measured for 768 ids of width 8 (the zoo's
 text models): ``np.add.at`` 724 µs, 8 ``np.bincount`` columns 225 µs, sorted segments 100 µs
@@ -54,6 +55,7 @@ class Embedding(Layer):
         n = b * self.per
         # integer buffers: the Program plans float and bool ones; these are as small as the ids
         ws["ids"] = np.zeros(n, np.int64)
+        ws["shift"] = max(n - 1, 1).bit_length()  # a key is id << shift | position
         if "gathered" in ws:
             ws["keys"], ws["sorted"], ws["pos"] = (np.zeros(n, np.int64) for _ in range(3))
             ws["iota"] = np.arange(n, dtype=np.int64)
@@ -63,28 +65,28 @@ class Embedding(Layer):
     def forward(self, ws, x, embeddings):
         ids = ws["ids"]
         np.copyto(ids, x.reshape(-1), casting="unsafe")
-        lo, hi = ids.min(), ids.max()
+        lo, hi = np.minimum.reduce(ids), np.maximum.reduce(ids)
         if lo < 0 or hi >= self.input_dim:
             bad = lo if lo < 0 else hi
             raise ValueError(
                 f"Embedding: token id {bad} is outside [0, {self.input_dim}) (input_dim)"
             )
         out = ws["out"]
-        np.take(embeddings, ids, axis=0, out=out.reshape(-1, self.output_dim))
+        embeddings.take(ids, axis=0, out=out.reshape(-1, self.output_dim))
         return out
 
     def backward_local(self, ws, dout):
-        keys, n = ws["keys"], ws["ids"].size
-        np.multiply(ws["ids"], n, out=keys)
-        np.add(keys, ws["iota"], out=keys)
+        keys, shift = ws["keys"], ws["shift"]
+        np.left_shift(ws["ids"], shift, out=keys)
+        np.bitwise_or(keys, ws["iota"], out=keys)
         keys.sort()
-        np.floor_divide(keys, n, out=ws["sorted"])
-        np.remainder(keys, n, out=ws["pos"])
-        np.take(dout.reshape(-1, self.output_dim), ws["pos"], axis=0, out=ws["gathered"])
+        np.right_shift(keys, shift, out=ws["sorted"])
+        np.bitwise_and(keys, (1 << shift) - 1, out=ws["pos"])
+        dout.reshape(-1, self.output_dim).take(ws["pos"], axis=0, out=ws["gathered"])
         ids, new = ws["sorted"], ws["new"]
         new[0] = True
         np.not_equal(ids[1:], ids[:-1], out=new[1:])
-        starts = np.flatnonzero(new)
+        starts = new.nonzero()[0]
         ws["run_ids"] = ids[starts]
         ws["run_sums"] = sums = ws["sums"][: starts.size]
         np.add.reduceat(ws["gathered"], starts, axis=0, out=sums)
@@ -95,5 +97,5 @@ class Embedding(Layer):
     def backward_weights(self, ws, dout, name, grad, rows):
         lo, hi = rows
         grad[lo:hi] = 0
-        s, e = np.searchsorted(ws["run_ids"], (lo, hi))
+        s, e = ws["run_ids"].searchsorted((lo, hi))
         grad[ws["run_ids"][s:e]] = ws["run_sums"][s:e]

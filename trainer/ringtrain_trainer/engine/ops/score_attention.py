@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.engine.ops.attention import softmax_rows
+from ringtrain_trainer.engine.ops.attention import keys_major, softmax_keys
 from ringtrain_trainer.engine.tensor import ParamSpec
 from ringtrain_trainer.layers.base import Layer
 
@@ -64,9 +64,9 @@ class ScoreAttention(Layer):
         Tq, Tv, d = self.Tq, self.Tv, self.d
         bufs = {
             "out": ((b, *self.out_shape), "f"),
-            "att": ((b, Tq, Tv), "f"),
+            "scores": ((Tv, b, Tq), "f"),  # keys-major (``softmax_keys``); "att" views it
             "raw": ((b, Tq, Tv), "f"),
-            "rowsum": ((b, Tq, 1), "f"),
+            "rowsum": ((b * Tq,), "f"),
         }
         if self.mode != "dot":
             bufs["t"] = ((b, Tq, Tv, d), "f")
@@ -91,6 +91,7 @@ class ScoreAttention(Layer):
         return fwd * (3 if train else 1)
 
     def bind(self, ws, b):
+        ws["att"] = keys_major(ws["scores"])
         if self.causal:
             t, s = np.indices((self.Tq, self.Tv))
             np.copyto(ws["future"][0], np.where(s > t, MASKED, 0.0))
@@ -121,7 +122,7 @@ class ScoreAttention(Layer):
             np.copyto(att, raw)
         if self.causal:
             np.subtract(att, ws["future"], out=att)
-        softmax_rows(att, ws["rowsum"])
+        softmax_keys(ws["scores"].reshape(self.Tv, -1), ws["rowsum"])
         ws["qkv"] = (q, k, v)
         if self.mode == "concat":
             ws["c"] = float(p["concat_score_weight"])
@@ -130,7 +131,8 @@ class ScoreAttention(Layer):
     def backward_local(self, ws, dout):
         """The scores' gradient into ``d_att`` and, for the tanh modes, the gradient at the
         tanh's input into ``dz`` (the scales not yet applied): both halves read them."""
-        att, d_att, rowsum = ws["att"], ws["d_att"], ws["rowsum"]
+        att, d_att = ws["att"], ws["d_att"]
+        rowsum = ws["rowsum"].reshape(*att.shape[:2], 1)  # (b, Tq, 1)
         np.matmul(dout, ws["qkv"][2].transpose(0, 2, 1), out=d_att)
         np.einsum("bij,bij->bi", d_att, att, out=rowsum[..., 0])
         np.subtract(d_att, rowsum, out=d_att)
