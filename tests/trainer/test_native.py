@@ -174,3 +174,21 @@ def test_adam_split_over_threads_changes_no_bit():
         out.append(w.tobytes() + m.tobytes() + v.tobytes())
     assert out[0] == out[1] == out[2]
     assert not np.array_equal(np.frombuffer(out[0][: 4 * n], np.float32), start[0])
+
+
+def test_a_non_finite_input_stays_non_finite_as_in_numpy(monkeypatch):
+    """An overflow (float16's inf) must reach the non-finite check: NaN survives the max and
+    the ReLU, as numpy's maximum keeps it, and inf stays inf."""
+    rng = np.random.default_rng(8)
+    layer = ConvPool((8, 8, 1), 8)
+    x = rng.random((2, 8, 8, 1), dtype=np.float32)
+    x[0, 2, 2, 0], x[1, 5, 5, 0] = np.inf, np.nan
+    kernel = rng.standard_normal((3, 3, 1, 8)).astype(np.float32)
+    bias = np.zeros(8, np.float32)
+    dout = np.ones((2, 3, 3, 8), np.float32)
+    fast = _run(layer, x, kernel, bias, dout, True, monkeypatch)[0]
+    with np.errstate(invalid="ignore"):
+        slow = _run(layer, x, kernel, bias, dout, False, monkeypatch)[0]
+    np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))
+    np.testing.assert_allclose(fast[np.isfinite(slow)], slow[np.isfinite(slow)], rtol=1e-5)
+    assert np.isnan(fast).any() and not np.isfinite(fast[0]).all()

@@ -87,9 +87,13 @@ convpool_fwd_body(const float *x, const float *w, const float *bias, float *out,
                     m = a3 > best;
                     best = pickf(m, a3, best);
                     arg = pick(m, (v8i){3, 3, 3, 3, 3, 3, 3, 3}, arg);
+                    /* NaN propagates as numpy's maximum does (an overflow must reach the
+                     * non-finite check, not vanish in the max or the ReLU) */
+                    const v8i nan = (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
+                    best = pickf(nan, a0 + a1 + a2 + a3, best);
                     const v8 v = best + load8(bias + f0);
                     const v8i pass = v > zero;
-                    store8(out + o + f0, pickf(pass, v, zero));
+                    store8(out + o + f0, pickf(pass | nan, v, zero));
                     const v8i won = pick(pass, arg, none);
                     for (int f = 0; f < 8; f++) idx[o + f0 + f] = (unsigned char)won[f];
                 }
