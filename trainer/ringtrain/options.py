@@ -389,7 +389,7 @@ GROUPS: tuple[Group, ...] = (
                 metavar="N",
                 help=(
                     "host threads emulating the IPU's tiles (0: the CPUs this process may use); "
-                    "at most one per 0.5 MFLOP of a step's work per IPU"
+                    "at most one per 8 MFLOP of a step's work per IPU"
                 ),
             ),
             Option(

@@ -19,10 +19,13 @@ MB = 1 << 20
 EVAL_BATCH = 500
 
 
-#: a shard costs ≈ 0.6 ms of numpy per-op overhead on small tensors whatever its size
-#: (conv1d_text, 2 CPUs: 0.69-0.77 CPU ms per step on one shard, 1.27-1.38 on two, at
-#: 0.46 MFLOP per shard), so a batch with less work than this per shard runs on fewer
-MIN_SHARD_FLOPS = 500_000
+#: a shard costs ≈ 0.6-2 ms of numpy per-op overhead on small tensors whatever its size, and
+#: numpy's small calls hold the GIL, so two shards of a small model run no faster than one:
+#: a batch with less work than this per shard runs on fewer. 0.5 MFLOP (issue 24's third
+#: round) left convnext/mobilenet (2.7-3.1 MFLOP a shard) and transformer_block on two shards
+#: at 0.63-0.72x TensorFlow by CPU; at 8 MFLOP one shard runs them at 1.48-2.03x (README,
+#: decisions, fourth round). The seeds' CNN at batch 64 (~93 MFLOP a shard) keeps two.
+MIN_SHARD_FLOPS = 8_000_000
 
 
 @dataclass(frozen=True)
