@@ -1,4 +1,4 @@
-"""The fast path of Keras' ``LSTM`` and ``GRU`` (:class:`FastCell`): Keras' default activations
+"""The fast path of Keras' ``LSTM`` and ``GRU`` (:class:`_FastCell`): Keras' default activations
 (tanh, sigmoid), no mask, no ``recurrent_dropout`` — what ``recurrent_loop``'s per-step loop
 runs otherwise, with the same arithmetic up to rounding.
 
@@ -32,7 +32,7 @@ import numpy as np
 from ringtrain_trainer.engine.ops.recurrent_loop import _Recurrent
 
 
-class FastCell(_Recurrent):
+class _FastCell(_Recurrent):
     """An LSTM or GRU cell with the fast path; the cell supplies ``fast_cols`` (``WaT``'s rows,
     ``E``'s rows), ``fast_identities`` (``E``'s blocks added to the previous state's gradient
     as they are) and its own forward and backward steps."""

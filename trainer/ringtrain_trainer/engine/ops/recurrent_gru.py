@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.engine.ops.recurrent_fast import FastCell
+from ringtrain_trainer.engine.ops.recurrent_fast import _FastCell
 from ringtrain_trainer.engine.ops.recurrent_loop import _Recurrent
 from ringtrain_trainer.layers.base import act_backward, act_forward
 
@@ -18,7 +18,7 @@ def _candidate_and_blend(act: str, hh: np.ndarray, h_prev, z, h: np.ndarray) -> 
     np.add(h, hh, out=h)
 
 
-class GRU(FastCell):
+class GRU(_FastCell):
     """Keras 3's GRU (``reset_after=True``): ``z, r = σ(x W + b_x + h U + b_h)`` on their
     slices, ``h̃ = act(x W_h + b_xh + r (h U_h + b_hh))``, ``h = z h_prev + (1 - z) h̃``."""
 

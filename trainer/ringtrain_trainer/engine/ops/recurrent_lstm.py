@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.engine.ops.recurrent_fast import FastCell
+from ringtrain_trainer.engine.ops.recurrent_fast import _FastCell
 from ringtrain_trainer.layers.base import act_backward, act_forward
 
 
-class LSTM(FastCell):
+class LSTM(_FastCell):
     """``z = x W + h U + b``; ``i, f, o = σ(·)``, ``c̃ = act(·)``; ``c = f c + i c̃``;
     ``h = o act(c)``."""
 
