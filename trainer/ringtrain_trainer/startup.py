@@ -76,19 +76,25 @@ def ipu_lines(cfg, spec, ipu, exe) -> list[str]:
 
 
 def kernels_line(spec, exe) -> str:
-    """Which layers run a compiled kernel (``engine.native``) rather than numpy passes."""
+    """Which layers run a compiled kernel (``engine.native``) rather than numpy passes: the
+    whole fused conv-pool, or a later conv-pool's input gradient."""
     programs = getattr(exe, "programs", None) or []
-    fused = [
-        getattr(layer, "name", "") or f"layer {i}"
-        for i, (layer, ws) in enumerate(
-            zip(spec.layers, programs[0].ws if programs else [], strict=False)
+    pairs = list(zip(spec.layers, programs[0].ws if programs else [], strict=False))
+    names = [getattr(layer, "name", "") or f"layer {i}" for i, (layer, _) in enumerate(pairs)]
+    fused = [n for n, (_, ws) in zip(names, pairs, strict=True) if ws.get("native")]
+    dx = [n for n, (_, ws) in zip(names, pairs, strict=True) if ws.get("native_dx")]
+    where = []
+    if fused:
+        where.append(f"{', '.join(fused)} (conv + 2x2 max-pool + bias + ReLU fused)")
+    if dx:
+        where.append(f"the input gradient of {', '.join(dx)}")
+    if native.kernels is None or where:
+        return f"compiled kernels: {native.describe()}" + (
+            f" for {'; '.join(where)}" if where else ""
         )
-        if ws.get("native")
-    ]
-    where = f" for {', '.join(fused)} (conv + 2x2 max-pool + bias + ReLU fused)" if fused else ""
-    if native.kernels is None or fused:
-        return f"compiled kernels: {native.describe()}{where}"
-    return "compiled kernels: none of this model's layers (numpy and BLAS throughout)"
+    return (
+        f"compiled kernels: {native.describe()}; no layer of this model uses one (numpy and BLAS)"
+    )
 
 
 def numerics_scalars(loss_scale, numerics, accumulation: int) -> dict[str, float]:

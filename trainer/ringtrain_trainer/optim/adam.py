@@ -63,11 +63,11 @@ class Adam(Optimizer):
         self.alpha = self.lr * math.sqrt(1 - self.beta_2**t) / (1 - self.beta_1**t)
 
     def update(self, g, w, s):
-        m, v = self.state["m"][s], self.state["v"][s]
         if self.fused is not None and self.sparse is None and g.dtype == f32:
             # one pass, the same float32 operations per element as below: the same bits
             self.fused(
-                g, w, m, v, f32(1 - self.beta_1), f32(1 - self.beta_2), f32(self.epsilon),
+                g, w, self.state["m"][s], self.state["v"][s],
+                f32(1 - self.beta_1), f32(1 - self.beta_2), f32(self.epsilon),
                 f32(self.alpha), self.threads,
             )  # fmt: skip
             return
