@@ -312,19 +312,30 @@ class IPU:
             q.put(e)
 
     def _threaded(self, exe: Executable, group: list[int]) -> Iterator[int]:
+        """``group`` started now on a pool thread; the iterator yields its pieces."""
+        assert self._pool is not None
         q: queue.SimpleQueue = queue.SimpleQueue()
         self._pool.submit(self._pump, self._run_group(exe, group), q)
-        while (item := q.get()) is not _DONE:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+
+        def pieces() -> Iterator[int]:
+            while (item := q.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+
+        return pieces()
 
     def _launch(self, exe: Executable) -> list[Iterator[int]]:
+        """The first group runs on the calling thread, between its hand-offs of pieces, and
+        only the others on pool threads: with a pool thread per group, the caller was a
+        third thread on two CPUs, woken at every piece, and a step of the seeds' CNN took
+        3.9 ms where its two shards computed for 2.3 ms each."""
         if len(exe.groups) == 1:
             return [self._run_group(exe, exe.groups[0])]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.host_threads, thread_name_prefix="ipu-tile")
-        return [self._threaded(exe, g) for g in exe.groups]
+            self._pool = ThreadPoolExecutor(self.host_threads - 1, thread_name_prefix="ipu-tile")
+        others = [self._threaded(exe, g) for g in exe.groups[1:]]
+        return [self._run_group(exe, exe.groups[0]), *others]
 
     @staticmethod
     def _finish(runs: list[Iterator[int]]) -> None:
