@@ -46,23 +46,27 @@ def _run(layer, x, kernel, bias, dout, use_native, monkeypatch, need_dx=False):
 
 @pytest.mark.parametrize("integers", [True, False], ids=["exact-ties", "random"])
 @pytest.mark.parametrize(
-    "cin,need_dx", [(1, False), (8, True)], ids=["first-layer", "input-gradient"]
+    "cin,need_dx,filters",
+    [(1, False, 16), (1, False, 32), (1, False, 24), (8, True, 16)],
+    ids=["first-layer-16", "first-layer-32", "first-layer-24", "input-gradient"],
 )
-def test_fused_conv_pool_relu_matches_the_numpy_path(integers, cin, need_dx, monkeypatch):
-    """A first layer runs wholly compiled; a later one (input channels a multiple of 8) runs
-    numpy's forward and kernel gradient and the compiled input gradient from the winners."""
+def test_fused_conv_pool_relu_matches_the_numpy_path(integers, cin, need_dx, filters, monkeypatch):
+    """A first layer runs wholly compiled (3x3 with 16, 32 or 64 filters on the register-held
+    kernel path, other multiples of 8 on the general one); a later one (input channels a
+    multiple of 8) runs numpy's forward and kernel gradient and the compiled input gradient
+    from the winners."""
     rng = np.random.default_rng(3)
-    layer = ConvPool((14, 13, cin), 16)
+    layer = ConvPool((14, 13, cin), filters)
     shape = (5, 14, 13, cin)
     if integers:  # pixels 0..3 and kernel -1..1: many exactly tied windows, exact sums
         x = rng.integers(0, 4, shape).astype(np.float32)
-        kernel = rng.integers(-1, 2, (3, 3, cin, 16)).astype(np.float32)
-        bias = rng.integers(-2, 3, 16).astype(np.float32)
+        kernel = rng.integers(-1, 2, (3, 3, cin, filters)).astype(np.float32)
+        bias = rng.integers(-2, 3, filters).astype(np.float32)
     else:
         x = rng.random(shape, dtype=np.float32)
-        kernel = rng.standard_normal((3, 3, cin, 16)).astype(np.float32)
-        bias = 0.1 * rng.standard_normal(16).astype(np.float32)
-    dout = rng.standard_normal((5, 6, 5, 16)).astype(np.float32)
+        kernel = rng.standard_normal((3, 3, cin, filters)).astype(np.float32)
+        bias = 0.1 * rng.standard_normal(filters).astype(np.float32)
+    dout = rng.standard_normal((5, 6, 5, filters)).astype(np.float32)
     if integers:
         dout = np.round(dout * 4)  # exact sums of the gradient too
     fast = _run(layer, x, kernel, bias, dout, True, monkeypatch, need_dx)
@@ -176,19 +180,67 @@ def test_adam_split_over_threads_changes_no_bit():
     assert not np.array_equal(np.frombuffer(out[0][: 4 * n], np.float32), start[0])
 
 
-def test_a_non_finite_input_stays_non_finite_as_in_numpy(monkeypatch):
+@pytest.mark.parametrize("filters", [8, 32])
+def test_a_non_finite_input_stays_non_finite_as_in_numpy(filters, monkeypatch):
     """An overflow (float16's inf) must reach the non-finite check: NaN survives the max and
     the ReLU, as numpy's maximum keeps it, and inf stays inf."""
     rng = np.random.default_rng(8)
-    layer = ConvPool((8, 8, 1), 8)
+    layer = ConvPool((8, 8, 1), filters)
     x = rng.random((2, 8, 8, 1), dtype=np.float32)
     x[0, 2, 2, 0], x[1, 5, 5, 0] = np.inf, np.nan
-    kernel = rng.standard_normal((3, 3, 1, 8)).astype(np.float32)
-    bias = np.zeros(8, np.float32)
-    dout = np.ones((2, 3, 3, 8), np.float32)
+    kernel = rng.standard_normal((3, 3, 1, filters)).astype(np.float32)
+    bias = np.zeros(filters, np.float32)
+    dout = np.ones((2, 3, 3, filters), np.float32)
     fast = _run(layer, x, kernel, bias, dout, True, monkeypatch)[0]
     with np.errstate(invalid="ignore"):
         slow = _run(layer, x, kernel, bias, dout, False, monkeypatch)[0]
     np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))
     np.testing.assert_allclose(fast[np.isfinite(slow)], slow[np.isfinite(slow)], rtol=1e-5)
     assert np.isnan(fast).any() and not np.isfinite(fast[0]).all()
+
+
+#: the kernel sets, widest first; a CPU runs the first it has and every one after it
+SETS = ("avx512", "avx2", "baseline")
+
+
+def _kernel_outputs(rng) -> list[bytes]:
+    """Every kernel on random float32 inputs: first layers on both conv paths, an input
+    gradient, an Adam step."""
+    k = native.kernels
+    out = []
+    for filters in (8, 32, 64):
+        x = rng.random((3, 12, 11, 1), dtype=np.float32)
+        w = rng.standard_normal((3, 3, 1, filters)).astype(np.float32)
+        bias = 0.1 * rng.standard_normal(filters).astype(np.float32)
+        y, idx = np.zeros((3, 5, 4, filters), np.float32), np.zeros((3, 5, 4, filters), np.uint8)
+        k.convpool_forward(x, w, bias, y, idx, 3, 12, 11, 1, 3, filters)
+        dout = rng.standard_normal(y.shape).astype(np.float32)
+        dw, db = np.zeros_like(w), np.zeros_like(bias)
+        k.convpool_backward(x, dout, idx, dw, db, 3, 12, 11, 1, 3, filters)
+        out += [y.tobytes(), idx.tobytes(), dw.tobytes(), db.tobytes()]
+    kt = rng.standard_normal((3, 3, 8, 8)).astype(np.float32)
+    dx = np.zeros((3, 12, 11, 8), np.float32)
+    k.convpool_input_grad(kt, dout[..., :8].copy(), idx[..., :8].copy(), dx, 3, 12, 11, 8, 3, 8)
+    g, w, m, v = (rng.standard_normal(5_003).astype(np.float32) for _ in range(4))
+    v = np.abs(v)
+    k.adam_update(g, w, m, v, 0.1, 0.001, 1e-7, 0.01)
+    return [*out, dx.tobytes(), w.tobytes(), m.tobytes(), v.tobytes()]
+
+
+def test_every_kernel_set_gives_the_same_bits():
+    """Replicas on different CPUs must agree bit for bit: the AVX-512, AVX2+FMA and baseline
+    sets (fused multiply-adds by vfmadd or the C library's exact fmaf) give the same values."""
+    here = native.kernels.isa()
+    assert here in SETS
+    sets = SETS[SETS.index(here) :]
+    results = {}
+    try:
+        for name in sets:
+            native.kernels.use(name)
+            results[name] = _kernel_outputs(np.random.default_rng(9))
+    finally:
+        native.kernels.use(here)
+    for name in sets[1:]:
+        assert results[name] == results[here], f"{name} differs from {here}"
+    with pytest.raises(ValueError, match="no kernel set"):
+        native.kernels.use("sse9")

@@ -8,9 +8,16 @@
  * Backward reads those bytes and adds each pooled gradient to the kernel's gradient at its winning
  * position only. No input gradient: the kernels serve a first layer (filters a multiple of 8).
  *
- * Determinism: built with -ffp-contract=off (no fused multiply-add), each sum runs in one fixed
- * order, and vectorisation is across output channels only, so the AVX2 and the baseline clones
- * give the same bits: every replica and worker computes the same values on any x86-64.
+ * Instruction sets: kernels.h holds each kernel's body once; this file compiles it three times,
+ * for AVX-512 (256-bit vectors with 32 registers: the kernel stays in registers), AVX2 with FMA,
+ * and the x86-64 baseline, and picks the widest this CPU has at import (GCC's target_clones picks
+ * an `arch=` clone by CPU model, so an unlisted model fell back to the baseline).
+ *
+ * Determinism: built with -ffp-contract=off, so the compiler fuses no multiply-add of its own;
+ * where a kernel fuses one it says so (FMA8: vfmadd, or the C library's exact fmaf in the baseline
+ * set), each sum runs in one fixed order, and vectorisation is across output channels only, so
+ * every set gives the same bits: every replica and worker computes the same values on any x86-64
+ * (test_native.py runs each set this CPU has and compares).
  *
  * Every function releases the GIL: the IPU's host threads run their shards in parallel.
  */
@@ -21,175 +28,83 @@
 #include <stdlib.h>
 #include <string.h>
 
+
+#include "kernels.h" /* the shared helpers, before any set's target */
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
+#define X86_SETS 1
+#include <immintrin.h>
 #endif
 
-/* Eight output channels: one AVX2 register (two SSE registers in the baseline clone). */
-typedef float v8 __attribute__((vector_size(32)));
-typedef int v8i __attribute__((vector_size(32)));
+typedef struct {
+    const char *name;
+    void (*convpool_fwd)(const float *, const float *, const float *, float *, unsigned char *,
+                         Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t);
+    void (*convpool_bwd)(const float *, const float *, const unsigned char *, float *, float *,
+                         Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t);
+    void (*convpool_dx)(const float *, const float *, const unsigned char *, float *, Py_ssize_t,
+                        Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t);
+    void (*adam_step)(const float *, float *, float *, float *, Py_ssize_t, float, float, float,
+                      float);
+} kernel_set;
 
-static inline v8 load8(const float *p) {
-    v8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
+#define CAT(a, b) a##_##b
+#define SUFFIX(a, b) CAT(a, b)
+#define NAME(f) SUFFIX(f, SET)
+#define KERNEL_SET(s)                                                                          \
+    static const kernel_set set_##s = {#s, convpool_fwd_##s, convpool_bwd_into_##s,           \
+                                       convpool_dx_##s, adam_step_##s}
+
+#ifdef X86_SETS
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
+#define SET avx512
+#define FMA8(a, b, c) ((v8)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#include "kernels.h"
+#undef SET
+#undef FMA8
+#pragma GCC pop_options
+KERNEL_SET(avx512);
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define SET avx2
+#define FMA8(a, b, c) ((v8)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#include "kernels.h"
+#undef SET
+#undef FMA8
+#pragma GCC pop_options
+KERNEL_SET(avx2);
+#endif
+
+/* a * b + c rounded once, lane by lane, by the C library where the CPU has no FMA: the same
+ * bits as the vfmadd of the other sets. */
+static inline v8 fma8_lanes(v8 a, v8 b, v8 c) {
+    v8 r;
+    for (int l = 0; l < 8; l++) r[l] = fmaf(a[l], b[l], c[l]);
+    return r;
 }
 
-static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+#define SET baseline
+#define FMA8 fma8_lanes
+#include "kernels.h"
+#undef SET
+#undef FMA8
+KERNEL_SET(baseline);
 
-/* m ? a : b lane by lane (m: all ones or all zeros per lane), for C's lack of a vector ?: */
-static inline v8i pick(v8i m, v8i a, v8i b) { return (a & m) | (b & ~m); }
-static inline v8 pickf(v8i m, v8 a, v8 b) { return (v8)pick(m, (v8i)a, (v8i)b); }
+static const kernel_set *ks = &set_baseline;
 
-/* The window position that won (0..3: row-major in the 2x2 window) or NONE where the ReLU
- * stopped the gradient. */
-#define NONE 4
-
-/* Forward, F % 8 == 0: for each pooled output and each block of eight channels, the four window
- * positions' sums run side by side over the taps (the kernel row is loaded once for all four);
- * the max, its position, the bias and the ReLU are vector operations too. */
-static inline __attribute__((always_inline)) void
-convpool_fwd_body(const float *x, const float *w, const float *bias, float *out, unsigned char *idx,
-                  Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C, Py_ssize_t K,
-                  Py_ssize_t F) {
-    const Py_ssize_t hp = (H - K + 1) / 2, wp = (W - K + 1) / 2, row = W * C;
-    const v8 zero = {0};
-    const v8i none = {NONE, NONE, NONE, NONE, NONE, NONE, NONE, NONE};
-    for (Py_ssize_t b = 0; b < B; b++)
-        for (Py_ssize_t i = 0; i < hp; i++)
-            for (Py_ssize_t j = 0; j < wp; j++) {
-                const Py_ssize_t o = ((b * hp + i) * wp + j) * F;
-                const float *x0 = x + ((b * H + 2 * i) * W + 2 * j) * C;
-                for (Py_ssize_t f0 = 0; f0 < F; f0 += 8) {
-                    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-                    for (Py_ssize_t ki = 0; ki < K; ki++)
-                        for (Py_ssize_t kj = 0; kj < K; kj++) {
-                            const float *xp = x0 + ki * row + kj * C;
-                            const float *wq = w + (ki * K + kj) * C * F + f0;
-                            for (Py_ssize_t c = 0; c < C; c++, wq += F) {
-                                const v8 wv = load8(wq);
-                                a0 += xp[c] * wv;
-                                a1 += xp[c + C] * wv;
-                                a2 += xp[c + row] * wv;
-                                a3 += xp[c + row + C] * wv;
-                            }
-                        }
-                    /* the first maximum wins a tie: a later position only if strictly greater */
-                    v8 best = a0;
-                    v8i arg = {0}, m = a1 > best;
-                    best = pickf(m, a1, best);
-                    arg = pick(m, (v8i){1, 1, 1, 1, 1, 1, 1, 1}, arg);
-                    m = a2 > best;
-                    best = pickf(m, a2, best);
-                    arg = pick(m, (v8i){2, 2, 2, 2, 2, 2, 2, 2}, arg);
-                    m = a3 > best;
-                    best = pickf(m, a3, best);
-                    arg = pick(m, (v8i){3, 3, 3, 3, 3, 3, 3, 3}, arg);
-                    /* NaN propagates as numpy's maximum does (an overflow must reach the
-                     * non-finite check, not vanish in the max or the ReLU) */
-                    const v8i nan = (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
-                    best = pickf(nan, a0 + a1 + a2 + a3, best);
-                    const v8 v = best + load8(bias + f0);
-                    const v8i pass = v > zero;
-                    store8(out + o + f0, pickf(pass | nan, v, zero));
-                    const v8i won = pick(pass, arg, none);
-                    for (int f = 0; f < 8; f++) idx[o + f0 + f] = (unsigned char)won[f];
-                }
-            }
-}
-
-CLONES static void convpool_fwd(const float *x, const float *w, const float *bias, float *out,
-                                unsigned char *idx, Py_ssize_t B, Py_ssize_t H, Py_ssize_t W,
-                                Py_ssize_t C, Py_ssize_t K, Py_ssize_t F) {
-    if (K == 3 && C == 1) /* the seeds' first layer: every tap loop unrolled */
-        convpool_fwd_body(x, w, bias, out, idx, B, H, W, 1, 3, F);
-    else
-        convpool_fwd_body(x, w, bias, out, idx, B, H, W, C, K, F);
-}
-
-/* Backward, F % 8 == 0: the pooled gradient goes to the winning position of each window only. */
-CLONES static void convpool_bwd_into(const float *x, const float *dout, const unsigned char *idx,
-                                float *dw, float *db,
-                                Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
-                                Py_ssize_t K, Py_ssize_t F) {
-    const Py_ssize_t hp = (H - K + 1) / 2, wp = (W - K + 1) / 2, row = W * C;
-    const Py_ssize_t off[4] = {0, C, row, row + C};
-    memset(dw, 0, sizeof(float) * K * K * C * F);
-    memset(db, 0, sizeof(float) * F);
-    for (Py_ssize_t b = 0; b < B; b++)
-        for (Py_ssize_t i = 0; i < hp; i++)
-            for (Py_ssize_t j = 0; j < wp; j++) {
-                const Py_ssize_t o = ((b * hp + i) * wp + j) * F;
-                const Py_ssize_t p0 = ((b * H + 2 * i) * W + 2 * j) * C;
-                for (Py_ssize_t f0 = 0; f0 < F; f0 += 8) {
-                    v8i q8;
-                    for (int f = 0; f < 8; f++) q8[f] = idx[o + f0 + f];
-                    const v8i d8 = (v8i)load8(dout + o + f0);
-                    if (!(q8[0] < NONE || q8[1] < NONE || q8[2] < NONE || q8[3] < NONE ||
-                          q8[4] < NONE || q8[5] < NONE || q8[6] < NONE || q8[7] < NONE))
-                        continue;
-                    const v8 g[4] = {(v8)(d8 & (q8 == 0)), (v8)(d8 & (q8 == 1)),
-                                     (v8)(d8 & (q8 == 2)), (v8)(d8 & (q8 == 3))};
-                    store8(db + f0, load8(db + f0) + (v8)(d8 & (q8 != NONE)));
-                    for (Py_ssize_t ki = 0; ki < K; ki++)
-                        for (Py_ssize_t kj = 0; kj < K; kj++) {
-                            const Py_ssize_t px = p0 + ki * row + kj * C;
-                            float *dwp = dw + (ki * K + kj) * C * F + f0;
-                            for (Py_ssize_t c = 0; c < C; c++, dwp += F) {
-                                const float *xp = x + px + c;
-                                const v8 s = (xp[off[0]] * g[0] + xp[off[1]] * g[1]) +
-                                             (xp[off[2]] * g[2] + xp[off[3]] * g[3]);
-                                store8(dwp, load8(dwp) + s);
-                            }
-                        }
-                }
-            }
-}
-
-/* Keras' Adam step on a slice, one pass instead of numpy's eleven, the same float32 operations
- * in the same order on each element (optim/adam.py), so the same bits:
- *   m += (g - m) * c1;  v += (g*g - v) * c2;  w -= alpha * m / (sqrt(v) + eps) */
-CLONES static void adam_step(const float *g, float *w, float *m, float *v, Py_ssize_t n, float c1,
-                             float c2, float eps, float alpha) {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const float gi = g[i];
-        const float mi = m[i] + (gi - m[i]) * c1;
-        const float vi = v[i] + (gi * gi - v[i]) * c2;
-        m[i] = mi;
-        v[i] = vi;
-        w[i] = w[i] - (mi * alpha) / (sqrtf(vi) + eps);
-    }
-}
-
-/* The input gradient, C % 8 == 0: each channel's pooled gradient flows back through the kernel
- * from its window's winning position only, ``dx[winner + tap, :] += g[f] * kernel[tap, :, f]``
- * (the kernel given transposed, (K, K, F, C), so that row is contiguous). */
-CLONES static void convpool_dx(const float *wt, const float *dout, const unsigned char *idx,
-                               float *dx, Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
-                               Py_ssize_t K, Py_ssize_t F) {
-    const Py_ssize_t hp = (H - K + 1) / 2, wp = (W - K + 1) / 2, row = W * C;
-    const Py_ssize_t off[4] = {0, C, row, row + C};
-    memset(dx, 0, sizeof(float) * B * H * W * C);
-    for (Py_ssize_t b = 0; b < B; b++)
-        for (Py_ssize_t i = 0; i < hp; i++)
-            for (Py_ssize_t j = 0; j < wp; j++) {
-                const Py_ssize_t o = ((b * hp + i) * wp + j) * F;
-                float *d0 = dx + ((b * H + 2 * i) * W + 2 * j) * C;
-                for (Py_ssize_t f = 0; f < F; f++) {
-                    const unsigned char q = idx[o + f];
-                    if (q == NONE) continue;
-                    const float g = dout[o + f];
-                    for (Py_ssize_t ki = 0; ki < K; ki++)
-                        for (Py_ssize_t kj = 0; kj < K; kj++) {
-                            float *dp = d0 + off[q] + ki * row + kj * C;
-                            const float *wp_ = wt + ((ki * K + kj) * F + f) * C;
-                            for (Py_ssize_t c = 0; c < C; c += 8)
-                                store8(dp + c, load8(dp + c) + g * load8(wp_ + c));
-                        }
-                }
-            }
+/* At import: the widest set every feature of which this CPU has. */
+static void choose_kernels(void) {
+#ifdef X86_SETS
+    __builtin_cpu_init();
+    const int fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+        ks = &set_avx512;
+    else if (fma)
+        ks = &set_avx2;
+#endif
 }
 
 /* The sums accumulate in this thread's own cache lines, copied out once: the shards' gradient
@@ -201,7 +116,7 @@ static int convpool_bwd(const float *x, const float *dout, const unsigned char *
     const size_t nw = (size_t)(K * K * C * F), bytes = sizeof(float) * (nw + (size_t)F);
     float *own = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!own) return 0;
-    convpool_bwd_into(x, dout, idx, own, own + nw, B, H, W, C, K, F);
+    ks->convpool_bwd(x, dout, idx, own, own + nw, B, H, W, C, K, F);
     memcpy(dw, own, sizeof(float) * nw);
     memcpy(db, own + nw, sizeof(float) * (size_t)F);
     free(own);
@@ -227,7 +142,7 @@ static PyObject *convpool_forward(PyObject *self, PyObject *args) {
     if (F % 8 == 0 && need(&x, B * H * W * C, 4, "x") && need(&w, K * K * C * F, 4, "kernel") &&
         need(&bias, F, 4, "bias") && need(&out, n, 4, "out") && need(&idx, n, 1, "idx")) {
         Py_BEGIN_ALLOW_THREADS
-        convpool_fwd(x.buf, w.buf, bias.buf, out.buf, idx.buf, B, H, W, C, K, F);
+        ks->convpool_fwd(x.buf, w.buf, bias.buf, out.buf, idx.buf, B, H, W, C, K, F);
         Py_END_ALLOW_THREADS
         res = Py_None;
         Py_INCREF(res);
@@ -283,7 +198,7 @@ static PyObject *convpool_input_grad(PyObject *self, PyObject *args) {
     else if (need(&wt, K * K * C * F, 4, "kernel_t") && need(&dout, n, 4, "dout") &&
              need(&idx, n, 1, "idx") && need(&dx, B * H * W * C, 4, "dx")) {
         Py_BEGIN_ALLOW_THREADS
-        convpool_dx(wt.buf, dout.buf, idx.buf, dx.buf, B, H, W, C, K, F);
+        ks->convpool_dx(wt.buf, dout.buf, idx.buf, dx.buf, B, H, W, C, K, F);
         Py_END_ALLOW_THREADS
         res = Py_None;
         Py_INCREF(res);
@@ -304,7 +219,7 @@ typedef struct {
 
 static void *adam_run(void *arg) {
     const adam_job *j = arg;
-    adam_step(j->g, j->w, j->m, j->v, j->n, j->c1, j->c2, j->eps, j->alpha);
+    ks->adam_step(j->g, j->w, j->m, j->v, j->n, j->c1, j->c2, j->eps, j->alpha);
     return NULL;
 }
 
@@ -363,12 +278,25 @@ static PyObject *adam_update(PyObject *self, PyObject *args) {
     return res;
 }
 
-static PyObject *isa(PyObject *self, PyObject *args) {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) return PyUnicode_FromString("avx2");
+static PyObject *isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ks->name); }
+
+/* Tests run every set this CPU has and compare their bits. */
+static PyObject *use(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    const kernel_set *sets[] = {
+#ifdef X86_SETS
+        &set_avx512, &set_avx2,
 #endif
-    return PyUnicode_FromString("baseline");
+        &set_baseline};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+        if (strcmp(sets[i]->name, name) == 0) {
+            const kernel_set *was = ks;
+            ks = sets[i];
+            return PyUnicode_FromString(was->name);
+        }
+    PyErr_Format(PyExc_ValueError, "no kernel set %s", name);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -379,6 +307,9 @@ static PyMethodDef methods[] = {
      "adam_update(g, w, m, v, c1, c2, eps, alpha, threads=1): Keras' Adam step in place on "
      "float32 slices (c1 = 1 - beta_1, c2 = 1 - beta_2, alpha the step's bias-corrected rate), "
      "split over up to `threads` threads for a large slice."},
+    {"use", use, METH_VARARGS,
+     "use(name): run the kernel set `name` (avx512, avx2, baseline) from now on; returns the "
+     "set that ran (for tests: the CPU must have the set's instructions)."},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the kernels' clones run here."},
     {"convpool_forward", convpool_forward, METH_VARARGS,
      "convpool_forward(x, kernel, bias, out, idx, B, H, W, C, K, F): Conv2D KxK valid, 2x2 "
@@ -393,4 +324,7 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native", "The engine's compiled kernels (see _native.c).", -1, methods,
     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    choose_kernels();
+    return PyModule_Create(&module);
+}

@@ -3,6 +3,7 @@
 from typing_extensions import Buffer
 
 def isa() -> str: ...
+def use(name: str) -> str: ...
 def adam_update(
     g: Buffer,
     w: Buffer,
