@@ -29,7 +29,8 @@
 #include <string.h>
 
 
-#include "kernels.h" /* the shared helpers, before any set's target */
+#include "kernels.h" /* the shared types and helpers, before any set's target */
+#include "gemm.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define X86_SETS 1
@@ -46,6 +47,9 @@ typedef struct {
                         Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t);
     void (*adam_step)(const float *, float *, float *, float *, Py_ssize_t, float, float, float,
                       float);
+    void (*gemm)(const float *, const int *, const int *, const float *, float *, Py_ssize_t,
+                 Py_ssize_t, Py_ssize_t);
+    void (*gemm_nt)(const float *, const float *, float *, Py_ssize_t, Py_ssize_t, Py_ssize_t);
 } kernel_set;
 
 #define CAT(a, b) a##_##b
@@ -53,16 +57,34 @@ typedef struct {
 #define NAME(f) SUFFIX(f, SET)
 #define KERNEL_SET(s)                                                                          \
     static const kernel_set set_##s = {#s, convpool_fwd_##s, convpool_bwd_into_##s,           \
-                                       convpool_dx_##s, adam_step_##s}
+                                       convpool_dx_##s, adam_step_##s, gemm_##s,      \
+                                       gemm_nt_##s}
 
 #ifdef X86_SETS
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
 #define SET avx512
 #define FMA8(a, b, c) ((v8)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define VEC v16
+#define VL 16
+#define VLOAD load16
+#define VSTORE store16
+#define VSPLAT splat16
+#define VFMA(a, b, c) ((v16)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#define GEMM_MR 6
+#define GEMM_NV 4
 #include "kernels.h"
+#include "gemm.h"
 #undef SET
 #undef FMA8
+#undef VEC
+#undef VL
+#undef VLOAD
+#undef VSTORE
+#undef VSPLAT
+#undef VFMA
+#undef GEMM_MR
+#undef GEMM_NV
 #pragma GCC pop_options
 KERNEL_SET(avx512);
 
@@ -70,9 +92,26 @@ KERNEL_SET(avx512);
 #pragma GCC target("avx2,fma")
 #define SET avx2
 #define FMA8(a, b, c) ((v8)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define VEC v8
+#define VL 8
+#define VLOAD load8
+#define VSTORE store8
+#define VSPLAT splat8
+#define VFMA FMA8
+#define GEMM_MR 6
+#define GEMM_NV 2
 #include "kernels.h"
+#include "gemm.h"
 #undef SET
 #undef FMA8
+#undef VEC
+#undef VL
+#undef VLOAD
+#undef VSTORE
+#undef VSPLAT
+#undef VFMA
+#undef GEMM_MR
+#undef GEMM_NV
 #pragma GCC pop_options
 KERNEL_SET(avx2);
 #endif
@@ -87,9 +126,26 @@ static inline v8 fma8_lanes(v8 a, v8 b, v8 c) {
 
 #define SET baseline
 #define FMA8 fma8_lanes
+#define VEC v8
+#define VL 8
+#define VLOAD load8
+#define VSTORE store8
+#define VSPLAT splat8
+#define VFMA FMA8
+#define GEMM_MR 6
+#define GEMM_NV 2
 #include "kernels.h"
+#include "gemm.h"
 #undef SET
 #undef FMA8
+#undef VEC
+#undef VL
+#undef VLOAD
+#undef VSTORE
+#undef VSPLAT
+#undef VFMA
+#undef GEMM_MR
+#undef GEMM_NV
 KERNEL_SET(baseline);
 
 static const kernel_set *ks = &set_baseline;
@@ -278,6 +334,59 @@ static PyObject *adam_update(PyObject *self, PyObject *args) {
     return res;
 }
 
+/* The extreme of an int32 table (max, or min with ``lowest``). */
+static int extreme(const int *t, Py_ssize_t n, int lowest) {
+    int e = t[0];
+    for (Py_ssize_t i = 1; i < n; i++) e = lowest ? (t[i] < e ? t[i] : e) : (t[i] > e ? t[i] : e);
+    return e;
+}
+
+static PyObject *gemm(PyObject *self, PyObject *args) {
+    Py_buffer a, row, red, b, out;
+    Py_ssize_t N;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*n", &a, &row, &red, &b, &out, &N)) return NULL;
+    PyObject *res = NULL;
+    const Py_ssize_t M = row.len / 4, K = red.len / 4;
+    if (N % 16 != 0 || N < 16 || N > 64 || M < 1 || K < 1)
+        PyErr_SetString(PyExc_ValueError, "gemm: N must be 16, 32, 48 or 64; the tables non-empty");
+    else if (extreme(row.buf, M, 1) < 0 || extreme(red.buf, K, 1) < 0 ||
+             (Py_ssize_t)extreme(row.buf, M, 0) + extreme(red.buf, K, 0) >= a.len / 4)
+        PyErr_SetString(PyExc_ValueError, "gemm: an offset of the tables is outside a");
+    else if (need(&b, K * N, 4, "b") && need(&out, M * N, 4, "out")) {
+        Py_BEGIN_ALLOW_THREADS
+        ks->gemm(a.buf, row.buf, red.buf, b.buf, out.buf, M, N, K);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
+        Py_INCREF(res);
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&row);
+    PyBuffer_Release(&red);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&out);
+    return res;
+}
+
+static PyObject *gemm_nt(PyObject *self, PyObject *args) {
+    Py_buffer a, w, out;
+    Py_ssize_t M, N, K;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnn", &a, &w, &out, &M, &N, &K)) return NULL;
+    PyObject *res = NULL;
+    if (M < 1 || N < 16 || N % 16 != 0 || K < 8 || K % 8 != 0 || K > GEMM_KC)
+        PyErr_Format(PyExc_ValueError, "gemm_nt: N a multiple of 16, K of 8 up to %d", GEMM_KC);
+    else if (need(&a, M * K, 4, "a") && need(&w, N * K, 4, "w") && need(&out, M * N, 4, "out")) {
+        Py_BEGIN_ALLOW_THREADS
+        ks->gemm_nt(a.buf, w.buf, out.buf, M, N, K);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
+        Py_INCREF(res);
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&out);
+    return res;
+}
+
 static PyObject *isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ks->name); }
 
 /* Tests run every set this CPU has and compare their bits. */
@@ -310,6 +419,13 @@ static PyMethodDef methods[] = {
     {"use", use, METH_VARARGS,
      "use(name): run the kernel set `name` (avx512, avx2, baseline) from now on; returns the "
      "set that ran (for tests: the CPU must have the set's instructions)."},
+    {"gemm", gemm, METH_VARARGS,
+     "gemm(a, row, red, b, out, N): out (M x N) = A @ b (K x N), A[i, t] = a[row[i] + red[t]] "
+     "(row, red: int32 tables of M and K offsets into the float32 buffer a); N in 16..64 by 16. "
+     "Each element sums its K terms in order by fused multiply-adds."},
+    {"gemm_nt", gemm_nt, METH_VARARGS,
+     "gemm_nt(a, w, out, M, N, K): out (M x N) = a (M x K) @ w.T, w (N x K); N a multiple of "
+     "16, K of 8 up to 128. Each element sums its K terms in order by fused multiply-adds."},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the kernels' clones run here."},
     {"convpool_forward", convpool_forward, METH_VARARGS,
      "convpool_forward(x, kernel, bias, out, idx, B, H, W, C, K, F): Conv2D KxK valid, 2x2 "

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
+import numpy as np
+
 _loaded: ModuleType | None
 try:
     import ringtrain_trainer.engine._native as _loaded
@@ -33,3 +35,29 @@ def describe() -> str:
     if kernels is None:
         return f"numpy only (the C extension is not built: {_why}; run hack/setup)"
     return f"native C ({kernels.isa()})"
+
+
+#: the kernel sets whose GEMM (``gemm.h``) beats OpenBLAS on the engine's narrow products,
+#: measured per set (README, decisions: "A GEMM of our own"); elsewhere BLAS runs them
+GEMM_SETS = ("avx512",)
+#: the output widths the GEMM computes
+GEMM_WIDTHS = (16, 32, 48, 64)
+
+
+def gemm_runs(width: int, dtype: np.dtype) -> bool:
+    """Whether a float32 product ``(M x K) @ (K x width)`` runs the compiled GEMM here."""
+    return (
+        kernels is not None
+        and kernels.isa() in GEMM_SETS
+        and width in GEMM_WIDTHS
+        and np.dtype(dtype) == np.float32
+    )
+
+
+def offsets(*axes: tuple[int, int]) -> np.ndarray:
+    """The int32 offset table of a grid: ``axes`` are (count, stride) pairs, first slowest;
+    ``offsets((m, lda))`` are a matrix's row starts, ``offsets((k, 1))`` its columns."""
+    table = np.zeros((), np.int64)
+    for n, stride in axes:
+        table = table[..., None] + stride * np.arange(n, dtype=np.int64)
+    return np.ascontiguousarray(table.reshape(-1), dtype=np.int32)

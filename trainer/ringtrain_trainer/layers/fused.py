@@ -105,6 +105,13 @@ class ConvPool(Layer):
         ws["native"], ws["native_dx"] = "idx" in ws and f32, "win" in ws and f32
         if ws["native"]:
             return
+        ws["gemm"] = not self.transposed and native.gemm_runs(self.cout, ws["out"].dtype)
+        if ws["gemm"]:  # the product reads the input in place: pixels x taps offset tables
+            h, w, c = self.in_shape
+            ws["pixels"] = native.offsets(
+                (2, w * c), (2, c), (b, h * w * c), (self.hp, 2 * w * c), (self.wp, 2 * c)
+            )
+            ws["taps"] = native.offsets((self.k, w * c), (self.k, c), (c, 1))
         if "idx" in ws:
             for k, (shape, t) in self._numpy_buffers(b, "dw" in ws, False).items():
                 if k not in ws:
@@ -151,10 +158,15 @@ class ConvPool(Layer):
             native.kernels.convpool_forward(x, kernel, bias, out, ws["idx"], *self._dims(x))
             ws["x"] = x
             return out
-        if ws.get("windows_of") is not x:  # the input buffer is fixed per program: build once
-            ws["windows"], ws["windows_of"] = self._windows(x, x.shape[0]), x
-        np.copyto(ws["colsv"], ws["windows"])
-        np.matmul(ws["A"], kernel.reshape(self.kk, self.cout), out=ws["conv"])
+        if ws["gemm"]:
+            ws["x"] = x
+            kern = kernel.reshape(self.kk, self.cout)
+            native.kernels.gemm(x, ws["pixels"], ws["taps"], kern, ws["conv"], self.cout)
+        else:
+            if ws.get("windows_of") is not x:  # the input buffer is fixed per program
+                ws["windows"], ws["windows_of"] = self._windows(x, x.shape[0]), x
+            np.copyto(ws["colsv"], ws["windows"])
+            np.matmul(ws["A"], kernel.reshape(self.kk, self.cout), out=ws["conv"])
         c4, pooled, out = ws["conv4"], ws["pooled"], ws["out"]
         np.maximum(c4[0], c4[1], out=pooled)
         np.maximum(pooled, c4[2], out=pooled)
@@ -203,7 +215,11 @@ class ConvPool(Layer):
         else:
             lo, hi = rows
             g = grad.reshape(self.kk, self.cout)
-            np.matmul(ws["A"].T[lo:hi], ws["dconv"], out=g[lo:hi])
+            if ws["gemm"]:
+                taps = ws["taps"][lo:hi]
+                native.kernels.gemm(ws["x"], taps, ws["pixels"], ws["dconv"], g[lo:hi], self.cout)
+            else:
+                np.matmul(ws["A"].T[lo:hi], ws["dconv"], out=g[lo:hi])
 
     def backward_input(
         self, ws: dict, dout: np.ndarray, kernel: np.ndarray, bias: np.ndarray
@@ -260,12 +276,20 @@ class Dense(Layer):
     def bind(self, ws: dict, b: int) -> None:
         if "ones" in ws:
             ws["ones"].fill(1)
+        ws["gemm"] = native.gemm_runs(self.n_out, ws["out"].dtype)
+        if ws["gemm"]:  # x's rows and columns, for x @ W and x^T @ dz
+            ws["x_rows"] = native.offsets((b, self.n_in))
+            ws["x_cols"] = native.offsets((self.n_in, 1))
+        ws["gemm_dx"] = ws["gemm"] and self.n_in % 16 == 0
 
     def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
         x2 = x.reshape(x.shape[0], self.n_in)
         ws["x"] = x2
         out = ws["out"]
-        np.matmul(x2, kernel, out=out)
+        if ws["gemm"]:
+            native.kernels.gemm(x2, ws["x_rows"], ws["x_cols"], kernel, out, self.n_out)
+        else:
+            np.matmul(x2, kernel, out=out)
         np.add(out, bias, out=out)
         if self.relu:
             np.maximum(out, 0, out=out)
@@ -282,6 +306,10 @@ class Dense(Layer):
     def backward_input(
         self, ws: dict, dout: np.ndarray, kernel: np.ndarray, bias: np.ndarray
     ) -> np.ndarray:
+        if ws["gemm_dx"]:
+            dz, dx = ws["dz"], ws["dx"]
+            native.kernels.gemm_nt(dz, kernel, dx, dz.shape[0], self.n_in, self.n_out)
+            return dx
         return np.matmul(ws["dz"], kernel.T, out=ws["dx"])
 
     def backward_weights(
@@ -293,4 +321,8 @@ class Dense(Layer):
             np.matmul(ws["ones"], ws["dz"], out=grad)
         else:
             lo, hi = rows
-            np.matmul(ws["x"].T[lo:hi], ws["dz"], out=grad[lo:hi])
+            if ws["gemm"]:
+                cols = ws["x_cols"][lo:hi]
+                native.kernels.gemm(ws["x"], cols, ws["x_rows"], ws["dz"], grad[lo:hi], self.n_out)
+            else:
+                np.matmul(ws["x"].T[lo:hi], ws["dz"], out=grad[lo:hi])
