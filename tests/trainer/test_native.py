@@ -224,7 +224,53 @@ def _kernel_outputs(rng) -> list[bytes]:
     g, w, m, v = (rng.standard_normal(5_003).astype(np.float32) for _ in range(4))
     v = np.abs(v)
     k.adam_update(g, w, m, v, 0.1, 0.001, 1e-7, 0.01)
-    return [*out, dx.tobytes(), w.tobytes(), m.tobytes(), v.tobytes()]
+    out += [dx.tobytes(), w.tobytes(), m.tobytes(), v.tobytes()]
+    for n in (16, 48, 64):  # the GEMM: plain, transposed-A and transposed-B products
+        a = rng.standard_normal((37, 300)).astype(np.float32)
+        b = rng.standard_normal((300, n)).astype(np.float32)
+        c, ct = np.zeros((37, n), np.float32), np.zeros((300, n), np.float32)
+        k.gemm(a, native.offsets((37, 300)), native.offsets((300, 1)), b, c, n)
+        k.gemm(a, native.offsets((300, 1)), native.offsets((37, 300)), c, ct, n)
+        w_nt, c_nt = rng.standard_normal((n, 40)).astype(np.float32), np.zeros((37, n), np.float32)
+        k.gemm_nt(a[:, :40].copy(), w_nt, c_nt, 37, n, 40)
+        out += [c.tobytes(), ct.tobytes(), c_nt.tobytes()]
+    conv = rng.standard_normal((4, 30, 16)).astype(np.float32)
+    pooled, win = np.zeros((30, 16), np.float32), np.zeros((30, 16), np.uint8)
+    k.pool_relu(conv, bias[:16].copy(), pooled, win, 30, 16)
+    dconv = np.zeros_like(conv)
+    k.unpool(pooled, win, dconv, 30, 16)
+    return [*out, pooled.tobytes(), win.tobytes(), dconv.tobytes()]
+
+
+@pytest.mark.parametrize("transposed", ["", "a", "b"])
+def test_the_gemm_is_numpys_product(transposed):
+    """The compiled GEMM's three forms against numpy's float64 product, at every width it
+    takes, with rows left over from its 6-row tiles; bad shapes are refused, not read past."""
+    rng = np.random.default_rng(10)
+    k = native.kernels
+    for n in (16, 32, 48, 64):
+        a = rng.standard_normal((13, 200)).astype(np.float32)
+        if transposed == "a":  # out (200 x n) = a^T @ d
+            d = rng.standard_normal((13, n)).astype(np.float32)
+            got = np.zeros((200, n), np.float32)
+            k.gemm(a, native.offsets((200, 1)), native.offsets((13, 200)), d, got, n)
+            want = a.T.astype(np.float64) @ d
+        elif transposed == "b":  # out (13 x n) = a[:, :64] @ w^T
+            w = rng.standard_normal((n, 64)).astype(np.float32)
+            got = np.zeros((13, n), np.float32)
+            k.gemm_nt(a[:, :64].copy(), w, got, 13, n, 64)
+            want = a[:, :64].astype(np.float64) @ w.T
+        else:
+            b = rng.standard_normal((200, n)).astype(np.float32)
+            got = np.zeros((13, n), np.float32)
+            k.gemm(a, native.offsets((13, 200)), native.offsets((200, 1)), b, got, n)
+            want = a.astype(np.float64) @ b
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    b = np.zeros((200, 16), np.float32)
+    with pytest.raises(ValueError, match="outside a"):
+        k.gemm(a, native.offsets((14, 200)), native.offsets((200, 1)), b, np.zeros((14, 16)), 16)
+    with pytest.raises(ValueError, match="N must be"):
+        k.gemm(a, native.offsets((13, 200)), native.offsets((200, 1)), b, np.zeros((13, 8)), 8)
 
 
 def test_every_kernel_set_gives_the_same_bits():

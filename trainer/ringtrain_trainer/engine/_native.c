@@ -50,6 +50,9 @@ typedef struct {
     void (*gemm)(const float *, const int *, const int *, const float *, float *, Py_ssize_t,
                  Py_ssize_t, Py_ssize_t);
     void (*gemm_nt)(const float *, const float *, float *, Py_ssize_t, Py_ssize_t, Py_ssize_t);
+    void (*pool_forward)(const float *, const float *, float *, unsigned char *, Py_ssize_t,
+                         Py_ssize_t);
+    void (*pool_backward)(const float *, const unsigned char *, float *, Py_ssize_t, Py_ssize_t);
 } kernel_set;
 
 #define CAT(a, b) a##_##b
@@ -58,7 +61,7 @@ typedef struct {
 #define KERNEL_SET(s)                                                                          \
     static const kernel_set set_##s = {#s, convpool_fwd_##s, convpool_bwd_into_##s,           \
                                        convpool_dx_##s, adam_step_##s, gemm_##s,      \
-                                       gemm_nt_##s}
+                                       gemm_nt_##s, pool_forward_##s, pool_backward_##s}
 
 #ifdef X86_SETS
 #pragma GCC push_options
@@ -387,6 +390,49 @@ static PyObject *gemm_nt(PyObject *self, PyObject *args) {
     return res;
 }
 
+static PyObject *pool_relu(PyObject *self, PyObject *args) {
+    Py_buffer conv, bias, out, win;
+    Py_ssize_t P, F;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*nn", &conv, &bias, &out, &win, &P, &F)) return NULL;
+    PyObject *res = NULL;
+    if (F % 8 != 0)
+        PyErr_SetString(PyExc_ValueError, "pool_relu: filters must be a multiple of 8");
+    else if (need(&conv, 4 * P * F, 4, "conv") && need(&bias, F, 4, "bias") &&
+             need(&out, P * F, 4, "out") && need(&win, P * F, 1, "win")) {
+        Py_BEGIN_ALLOW_THREADS
+        ks->pool_forward(conv.buf, bias.buf, out.buf, win.buf, P, F);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
+        Py_INCREF(res);
+    }
+    PyBuffer_Release(&conv);
+    PyBuffer_Release(&bias);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&win);
+    return res;
+}
+
+static PyObject *unpool(PyObject *self, PyObject *args) {
+    Py_buffer dout, win, dconv;
+    Py_ssize_t P, F;
+    if (!PyArg_ParseTuple(args, "y*y*w*nn", &dout, &win, &dconv, &P, &F)) return NULL;
+    PyObject *res = NULL;
+    if (F % 8 != 0)
+        PyErr_SetString(PyExc_ValueError, "unpool: filters must be a multiple of 8");
+    else if (need(&dout, P * F, 4, "dout") && need(&win, P * F, 1, "win") &&
+             need(&dconv, 4 * P * F, 4, "dconv")) {
+        Py_BEGIN_ALLOW_THREADS
+        ks->pool_backward(dout.buf, win.buf, dconv.buf, P, F);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
+        Py_INCREF(res);
+    }
+    PyBuffer_Release(&dout);
+    PyBuffer_Release(&win);
+    PyBuffer_Release(&dconv);
+    return res;
+}
+
 static PyObject *isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ks->name); }
 
 /* Tests run every set this CPU has and compare their bits. */
@@ -426,6 +472,12 @@ static PyMethodDef methods[] = {
     {"gemm_nt", gemm_nt, METH_VARARGS,
      "gemm_nt(a, w, out, M, N, K): out (M x N) = a (M x K) @ w.T, w (N x K); N a multiple of "
      "16, K of 8 up to 128. Each element sums its K terms in order by fused multiply-adds."},
+    {"pool_relu", pool_relu, METH_VARARGS,
+     "pool_relu(conv, bias, out, win, P, F): conv (4, P, F) window-position blocks -> 2x2 "
+     "max-pool + bias + ReLU into out (P, F); win: the position that won, 4 where the ReLU "
+     "stops the gradient. F a multiple of 8."},
+    {"unpool", unpool, METH_VARARGS,
+     "unpool(dout, win, dconv, P, F): dconv (4, P, F) = dout at each window's winner, else 0."},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the kernels' clones run here."},
     {"convpool_forward", convpool_forward, METH_VARARGS,
      "convpool_forward(x, kernel, bias, out, idx, B, H, W, C, K, F): Conv2D KxK valid, 2x2 "

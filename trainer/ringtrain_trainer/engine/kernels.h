@@ -321,4 +321,52 @@ static void NAME(convpool_dx)(const float *wt, const float *dout, const unsigned
             }
 }
 
+/* 2x2 max-pool of a conv already computed as four window-position blocks (conv: 4 x P x F,
+ * F % 8 == 0), + bias, ReLU into out (P x F), and the position that won into win (NONE where the
+ * ReLU stopped the gradient): the numpy path's three maxima, add and ReLU in one pass, and its
+ * backward's twelve mask passes replaced by one byte per output. The first maximum wins a tie;
+ * NaN propagates as numpy's maximum does. */
+static void NAME(pool_forward)(const float *conv, const float *bias, float *out,
+                               unsigned char *win, Py_ssize_t P, Py_ssize_t F) {
+    const Py_ssize_t n = P * F;
+    const v8 zero = {0};
+    const v8i none = (v8i){0} + NONE;
+    for (Py_ssize_t p = 0; p < P; p++)
+        for (Py_ssize_t f = 0; f < F; f += 8) {
+            const Py_ssize_t o = p * F + f;
+            const v8 a0 = load8(conv + o), a1 = load8(conv + n + o), a2 = load8(conv + 2 * n + o),
+                     a3 = load8(conv + 3 * n + o);
+            v8 best = a0;
+            v8i arg = {0}, m = a1 > best;
+            best = pickf(m, a1, best);
+            arg = pick(m, (v8i){0} + 1, arg);
+            m = a2 > best;
+            best = pickf(m, a2, best);
+            arg = pick(m, (v8i){0} + 2, arg);
+            m = a3 > best;
+            best = pickf(m, a3, best);
+            arg = pick(m, (v8i){0} + 3, arg);
+            const v8i nan = (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
+            best = pickf(nan, a0 + a1 + a2 + a3, best);
+            const v8 v = best + load8(bias + f);
+            const v8i pass = v > zero;
+            store8(out + o, pickf(pass | nan, v, zero));
+            const v8b w = __builtin_convertvector(pick(pass, arg, none), v8b);
+            memcpy(win + o, &w, sizeof w);
+        }
+}
+
+/* The conv's gradient from the pooled one: each window's winner gets it, the rest zero. */
+static void NAME(pool_backward)(const float *dout, const unsigned char *win, float *dconv,
+                                Py_ssize_t P, Py_ssize_t F) {
+    const Py_ssize_t n = P * F;
+    for (Py_ssize_t o = 0; o < n; o += 8) {
+        v8b w8;
+        memcpy(&w8, win + o, sizeof w8);
+        const v8i q = __builtin_convertvector(w8, v8i), d = (v8i)load8(dout + o);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) store8(dconv + k * n + o, (v8)(d & (q == k)));
+    }
+}
+
 #endif /* SET */

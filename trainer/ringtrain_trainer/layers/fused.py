@@ -72,6 +72,8 @@ class ConvPool(Layer):
             "pooled": (pooled, "f"),
             "out": (pooled, "f"),
         }
+        if native.kernels is not None and self.cout % 8 == 0:  # pool_relu's winners
+            bufs["win"] = (pooled, "u")
         if train:
             bufs.update(
                 {
@@ -85,7 +87,7 @@ class ConvPool(Layer):
                 k, cin, f = self.k, self.cin, self.cout
                 bufs.update(
                     {
-                        "win": (pooled, "u"),
+                        "win": (pooled, "u"),  # the input gradient's winners (any filters)
                         "kernel_t": ((k, k, f, cin), "f"),
                         "dx": ((b, *self.in_shape), "f"),
                     }
@@ -102,9 +104,12 @@ class ConvPool(Layer):
         """Precompute the strided views used every step (once per compile). A program in
         another dtype than float32 (the gradient checks' float64) runs the numpy path."""
         f32 = ws["out"].dtype == np.float32
-        ws["native"], ws["native_dx"] = "idx" in ws and f32, "win" in ws and f32
+        ws["native"], ws["native_dx"] = "idx" in ws and f32, "kernel_t" in ws and f32
         if ws["native"]:
             return
+        #: pooling, bias and ReLU compiled over the conv's output, and its gradient routed back
+        #: by each window's winner (pool_relu / unpool): the numpy passes below otherwise
+        ws["pool_native"] = "win" in ws and f32 and self.cout % 8 == 0
         ws["gemm"] = not self.transposed and native.gemm_runs(self.cout, ws["out"].dtype)
         if ws["gemm"]:  # the product reads the input in place: pixels x taps offset tables
             h, w, c = self.in_shape
@@ -167,6 +172,10 @@ class ConvPool(Layer):
                 ws["windows"], ws["windows_of"] = self._windows(x, x.shape[0]), x
             np.copyto(ws["colsv"], ws["windows"])
             np.matmul(ws["A"], kernel.reshape(self.kk, self.cout), out=ws["conv"])
+        if ws["pool_native"]:
+            out, p = ws["out"], ws["out"].size // self.cout
+            native.kernels.pool_relu(ws["conv"], bias, out, ws["win"], p, self.cout)
+            return out
         c4, pooled, out = ws["conv4"], ws["pooled"], ws["out"]
         np.maximum(c4[0], c4[1], out=pooled)
         np.maximum(pooled, c4[2], out=pooled)
@@ -182,6 +191,10 @@ class ConvPool(Layer):
         if ws["native"]:
             x = ws["x"]
             native.kernels.convpool_backward(x, dout, ws["idx"], ws["dw"], ws["db"], *self._dims(x))
+            return
+        if ws["pool_native"]:
+            d, p = np.ascontiguousarray(dout), ws["out"].size // self.cout
+            native.kernels.unpool(d, ws["win"], ws["dconv"], p, self.cout)
             return
         c4, d4, pooled = ws["conv4"], ws["dconv4"], ws["pooled"]
         avail, eq = ws["mask"], ws["eq"]
