@@ -166,3 +166,41 @@ def test_a_training_step_allocates_nothing_proportional(op, rng):
         tracemalloc.stop()
     assert ws["out"].nbytes >= 2**19
     assert peak < 2**17, peak
+
+
+def _float32_step(op, x, params, dout, gemm: bool, monkeypatch):
+    """One float32 forward and backward of ``op``, on the compiled GEMM or on numpy/BLAS."""
+    from ringtrain_trainer.engine import native
+
+    with monkeypatch.context() as m:  # on this CPU's set, whether or not it is the default
+        m.setattr(native, "GEMM_SETS", (native.kernels.isa(),) if gemm else ())
+        ws = compile_op(op, x.shape[0], dtype=np.float32)
+    assert ws["gemm"] is gemm
+    p = {k: v.astype(np.float32) for k, v in params.items()}
+    out = np.array(op.forward(ws, x.astype(np.float32), **p))
+    op.backward_local(ws, dout)
+    grads = {}
+    for s in op.params(0):
+        g = np.zeros(s.shape, np.float32)
+        op.backward_weights(ws, dout, s.name, g, (0, op.kk if s.name == "kernel" else 1))
+        grads[s.name] = g
+    return out, np.array(op.backward_input(ws, dout, **p)), grads
+
+
+@pytest.mark.parametrize("padding,strides,dilation", GEOMETRY)
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_the_compiled_gemm_conv_matches_numpys(padding, strides, dilation, rank, rng, monkeypatch):
+    """The GEMM reads the (padded) input in place through offset tables and computes the input
+    gradient as a convolution of the output gradient; every geometry and rank against the
+    im2col + BLAS path in float32 (one rounding apart)."""
+    shape = {1: (9, 3), 2: (7, 6, 2), 3: (5, 6, 5, 2)}[rank]
+    op = Conv(shape, 5, (3,) * rank if rank != 2 else (3, 2), strides, padding, dilation, "relu")
+    x = rng.normal(size=(3, *shape))
+    params = random_params(op, rng)
+    dout = rng.normal(size=(3, *op.out_shape)).astype(np.float32)
+    fast = _float32_step(op, x, params, dout, True, monkeypatch)
+    slow = _float32_step(op, x, params, dout, False, monkeypatch)
+    np.testing.assert_allclose(fast[0], slow[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fast[1], slow[1], rtol=1e-5, atol=1e-5)
+    for name in fast[2]:
+        np.testing.assert_allclose(fast[2][name], slow[2][name], rtol=1e-5, atol=1e-5)

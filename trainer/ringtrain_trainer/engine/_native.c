@@ -74,6 +74,8 @@ typedef struct {
 #define VSTORE store16
 #define VSPLAT splat16
 #define VFMA(a, b, c) ((v16)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#define VLOADN(p, n) ((v16)_mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), (p)))
+#define VSTOREN(p, v, n) _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (__m512)(v))
 #define GEMM_MR 6
 #define GEMM_NV 4
 #include "kernels.h"
@@ -86,6 +88,8 @@ typedef struct {
 #undef VSTORE
 #undef VSPLAT
 #undef VFMA
+#undef VLOADN
+#undef VSTOREN
 #undef GEMM_MR
 #undef GEMM_NV
 #pragma GCC pop_options
@@ -101,6 +105,9 @@ KERNEL_SET(avx512);
 #define VSTORE store8
 #define VSPLAT splat8
 #define VFMA FMA8
+#define LANE_MASK(n) ((__m256i)((v8i){0, 1, 2, 3, 4, 5, 6, 7} < (n)))
+#define VLOADN(p, n) ((v8)_mm256_maskload_ps((p), LANE_MASK(n)))
+#define VSTOREN(p, v, n) _mm256_maskstore_ps((p), LANE_MASK(n), (__m256)(v))
 #define GEMM_MR 6
 #define GEMM_NV 2
 #include "kernels.h"
@@ -113,9 +120,12 @@ KERNEL_SET(avx512);
 #undef VSTORE
 #undef VSPLAT
 #undef VFMA
+#undef VLOADN
+#undef VSTOREN
 #undef GEMM_MR
 #undef GEMM_NV
 #pragma GCC pop_options
+#undef LANE_MASK
 KERNEL_SET(avx2);
 #endif
 
@@ -135,6 +145,8 @@ static inline v8 fma8_lanes(v8 a, v8 b, v8 c) {
 #define VSTORE store8
 #define VSPLAT splat8
 #define VFMA FMA8
+#define VLOADN(p, n) LOADN_BYTES(v8, p, n)
+#define VSTOREN(p, v, n) STOREN_BYTES(p, v, n)
 #define GEMM_MR 6
 #define GEMM_NV 2
 #include "kernels.h"
@@ -147,6 +159,8 @@ static inline v8 fma8_lanes(v8 a, v8 b, v8 c) {
 #undef VSTORE
 #undef VSPLAT
 #undef VFMA
+#undef VLOADN
+#undef VSTOREN
 #undef GEMM_MR
 #undef GEMM_NV
 KERNEL_SET(baseline);
@@ -350,8 +364,8 @@ static PyObject *gemm(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*y*y*w*n", &a, &row, &red, &b, &out, &N)) return NULL;
     PyObject *res = NULL;
     const Py_ssize_t M = row.len / 4, K = red.len / 4;
-    if (N % 16 != 0 || N < 16 || N > 64 || M < 1 || K < 1)
-        PyErr_SetString(PyExc_ValueError, "gemm: N must be 16, 32, 48 or 64; the tables non-empty");
+    if (N < 1 || M < 1 || K < 1)
+        PyErr_SetString(PyExc_ValueError, "gemm: N and the tables must be non-empty");
     else if (extreme(row.buf, M, 1) < 0 || extreme(red.buf, K, 1) < 0 ||
              (Py_ssize_t)extreme(row.buf, M, 0) + extreme(red.buf, K, 0) >= a.len / 4)
         PyErr_SetString(PyExc_ValueError, "gemm: an offset of the tables is outside a");
@@ -467,7 +481,8 @@ static PyMethodDef methods[] = {
      "set that ran (for tests: the CPU must have the set's instructions)."},
     {"gemm", gemm, METH_VARARGS,
      "gemm(a, row, red, b, out, N): out (M x N) = A @ b (K x N), A[i, t] = a[row[i] + red[t]] "
-     "(row, red: int32 tables of M and K offsets into the float32 buffer a); N in 16..64 by 16. "
+     "(row, red: int32 tables of M and K offsets into the float32 buffer a); any N (fastest "
+     "up to 64). "
      "Each element sums its K terms in order by fused multiply-adds."},
     {"gemm_nt", gemm_nt, METH_VARARGS,
      "gemm_nt(a, w, out, M, N, K): out (M x N) = a (M x K) @ w.T, w (N x K); N a multiple of "

@@ -31,29 +31,51 @@ typedef float v16 __attribute__((vector_size(64)));
         const float f_ = (s);                                                                  \
         (v16){f_, f_, f_, f_, f_, f_, f_, f_, f_, f_, f_, f_, f_, f_, f_, f_};                  \
     })
+/* The first ``n`` lanes from memory (the rest zero), and to memory, where a set has no masked
+ * loads: byte copies. */
+#define LOADN_BYTES(T, p, n)                                                                  \
+    ({                                                                                         \
+        T v_ = {0};                                                                            \
+        memcpy(&v_, (p), sizeof(float) * (size_t)(n));                                         \
+        v_;                                                                                    \
+    })
+#define STOREN_BYTES(p, v, n)                                                                  \
+    do {                                                                                       \
+        const __typeof__(v) s_ = (v);                                                          \
+        memcpy((p), &s_, sizeof(float) * (size_t)(n));                                         \
+    } while (0)
+
 #endif
 
 #ifdef SET
 
-/* One tile: MR rows by NV vectors of columns, the reduction's terms t0 .. t0 + tc - 1 added to
- * the partial sums in C (or to zero for the first block); A(i, t) = a[row[i] + red[t]]. */
+/* One tile: MR rows by NV vectors of columns (or, with ``lanes`` > 0, one vector of which only
+ * the first ``lanes`` columns exist), the reduction's terms t0 .. t0 + tc - 1 added to the partial
+ * sums in C (or to zero for the first block); A(i, t) = a[row[i] + red[t]]. */
 INLINE void NAME(gemm_tile)(const float *a, const int *row, const int *red, const float *B,
                             Py_ssize_t ldb, float *C, Py_ssize_t ldc, Py_ssize_t t0,
-                            Py_ssize_t tc, int first, const int MR, const int NV) {
+                            Py_ssize_t tc, int first, const int MR, const int NV, const int lanes) {
     VEC acc[GEMM_MR][GEMM_NV];
     const float *ar[GEMM_MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++) {
         ar[r] = a + row[r];
 #pragma GCC unroll 8
-        for (int n = 0; n < NV; n++)
-            acc[r][n] = first ? (VEC){0} : VLOAD(C + r * ldc + VL * n);
+        for (int n = 0; n < NV; n++) {
+            acc[r][n] = (VEC){0};
+            if (!first && lanes)
+                acc[r][n] = VLOADN(C + r * ldc, lanes);
+            else if (!first)
+                acc[r][n] = VLOAD(C + r * ldc + VL * n);
+        }
     }
     for (Py_ssize_t t = t0; t < t0 + tc; t++) {
         VEC b[GEMM_NV];
         const int off = red[t];
 #pragma GCC unroll 8
-        for (int n = 0; n < NV; n++) b[n] = VLOAD(B + t * ldb + VL * n);
+        for (int n = 0; n < NV; n++) {
+            b[n] = lanes ? VLOADN(B + t * ldb, lanes) : VLOAD(B + t * ldb + VL * n);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
             const VEC x = VSPLAT(ar[r][off]);
@@ -64,23 +86,48 @@ INLINE void NAME(gemm_tile)(const float *a, const int *row, const int *red, cons
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int n = 0; n < NV; n++) VSTORE(C + r * ldc + VL * n, acc[r][n]);
+        for (int n = 0; n < NV; n++) {
+            if (lanes)
+                VSTOREN(C + r * ldc, acc[r][n], lanes);
+            else
+                VSTORE(C + r * ldc + VL * n, acc[r][n]);
+        }
 }
 
 INLINE void NAME(gemm_cols)(const float *a, const int *row, const int *red, const float *B,
                             Py_ssize_t ldb, float *C, Py_ssize_t ldc, Py_ssize_t M,
-                            Py_ssize_t t0, Py_ssize_t tc, const int NV) {
+                            Py_ssize_t t0, Py_ssize_t tc, const int NV, const int lanes) {
     Py_ssize_t m = 0;
     for (; m + GEMM_MR <= M; m += GEMM_MR)
-        NAME(gemm_tile)(a, row + m, red, B, ldb, C + m * ldc, ldc, t0, tc, t0 == 0, GEMM_MR, NV);
+        NAME(gemm_tile)(a, row + m, red, B, ldb, C + m * ldc, ldc, t0, tc, t0 == 0, GEMM_MR, NV,
+                        lanes);
     for (; m < M; m++)
-        NAME(gemm_tile)(a, row + m, red, B, ldb, C + m * ldc, ldc, t0, tc, t0 == 0, 1, NV);
+        NAME(gemm_tile)(a, row + m, red, B, ldb, C + m * ldc, ldc, t0, tc, t0 == 0, 1, NV, lanes);
+}
+
+/* Every column block of C for the reduction block t0 .. t0 + tc - 1: GEMM_NV vectors while they
+ * fit, then single vectors, then the last columns (N % VL) as a partial vector. */
+INLINE void NAME(gemm_blocks)(const float *a, const int *row, const int *red, const float *B,
+                              Py_ssize_t ldb, float *C, Py_ssize_t ldc, Py_ssize_t M,
+                              Py_ssize_t N, Py_ssize_t t0, Py_ssize_t tc) {
+    for (Py_ssize_t c = 0; c < N;) {
+        if (N - c >= GEMM_NV * VL) {
+            NAME(gemm_cols)(a, row, red, B + c, ldb, C + c, ldc, M, t0, tc, GEMM_NV, 0);
+            c += GEMM_NV * VL;
+        } else if (N - c >= VL) {
+            NAME(gemm_cols)(a, row, red, B + c, ldb, C + c, ldc, M, t0, tc, 1, 0);
+            c += VL;
+        } else {
+            NAME(gemm_cols)(a, row, red, B + c, ldb, C + c, ldc, M, t0, tc, 1, (int)(N - c));
+            c = N;
+        }
+    }
 }
 
 /* C (M x N) = A (M x K) @ B (K x N) with A(i, t) = a[row[i] + red[t]]: a plain product
  * (row[i] = i * lda, red[t] = t), its transposed-A twin (row[i] = i, red[t] = t * lda), or a
  * convolution read in place from its input (rows: output pixels, red: kernel taps), so no
- * im2col matrix (9x its input) is written and read back. N a multiple of 16 up to 64. The
+ * im2col matrix (9x its input) is written and read back. N up to 64 (or any: column blocks). The
  * reduction runs in blocks of GEMM_KC terms, every tile of C per block, so a block of B
  * (GEMM_KC x N, 32 KB) is read from L1: one tile's pass over all of a Dense's 1.4 MB kernel ran
  * at L2's bandwidth, not the FMA units'. */
@@ -88,15 +135,7 @@ static void NAME(gemm)(const float *a, const int *row, const int *red, const flo
                        Py_ssize_t M, Py_ssize_t N, Py_ssize_t K) {
     for (Py_ssize_t t0 = 0; t0 < K; t0 += GEMM_KC) {
         const Py_ssize_t tc = K - t0 < GEMM_KC ? K - t0 : GEMM_KC;
-        for (Py_ssize_t c = 0; c < N;) {
-            if ((N - c) / VL >= GEMM_NV) {
-                NAME(gemm_cols)(a, row, red, B + c, N, C + c, N, M, t0, tc, GEMM_NV);
-                c += GEMM_NV * VL;
-            } else {
-                NAME(gemm_cols)(a, row, red, B + c, N, C + c, N, M, t0, tc, 1);
-                c += VL;
-            }
-        }
+        NAME(gemm_blocks)(a, row, red, B, N, C, N, M, N, t0, tc);
     }
 }
 
@@ -143,15 +182,7 @@ static void NAME(gemm_nt)(const float *A, const float *W, float *C, Py_ssize_t M
         for (Py_ssize_t j = 0; j < w; j += 8)
             for (Py_ssize_t t = 0; t < K; t += 8)
                 NAME(transpose8)(W + (c0 + j) * K + t, K, bt + t * w + j, w);
-        for (Py_ssize_t c = 0; c < w;) {
-            if ((w - c) / VL >= GEMM_NV) {
-                NAME(gemm_cols)(A, row, red, bt + c, w, C + c0 + c, N, M, 0, K, GEMM_NV);
-                c += GEMM_NV * VL;
-            } else {
-                NAME(gemm_cols)(A, row, red, bt + c, w, C + c0 + c, N, M, 0, K, 1);
-                c += VL;
-            }
-        }
+        NAME(gemm_blocks)(A, row, red, bt, w, C + c0, N, M, w, 0, K);
     }
 }
 

@@ -293,7 +293,7 @@ class Dense(Layer):
         if ws["gemm"]:  # x's rows and columns, for x @ W and x^T @ dz
             ws["x_rows"] = native.offsets((b, self.n_in))
             ws["x_cols"] = native.offsets((self.n_in, 1))
-        ws["gemm_dx"] = ws["gemm"] and self.n_in % 16 == 0
+        ws["gemm_dx"] = ws["gemm"] and self.n_in % 16 == 0 and self.n_out % 8 == 0
 
     def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
         x2 = x.reshape(x.shape[0], self.n_in)

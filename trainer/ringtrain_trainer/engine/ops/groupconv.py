@@ -42,6 +42,7 @@ class GroupConv(Layer):
         self.cg, self.fg = cin // self.groups, filters // self.groups
         sub = (*self.in_shape[:-1], self.cg)
         self.conv = Conv(sub, self.fg, kernel, strides, padding, dilation, "linear", False)
+        self.conv.allow_gemm = False
         self.cout, self.use_bias = int(filters), use_bias
         self.act = activations.resolve(activation)
         self.out_shape = (*self.conv.out_shape[:-1], self.cout)
