@@ -37,6 +37,11 @@
 #include <immintrin.h>
 #endif
 
+/* a depthwise convolution's geometry (depthwise.h) */
+typedef struct {
+    Py_ssize_t B, Hp, Wp, C, M, KH, KW, SH, SW, DH, DW, HO, WO;
+} dw_dims;
+
 typedef struct {
     const char *name;
     void (*convpool_fwd)(const float *, const float *, const float *, float *, unsigned char *,
@@ -53,6 +58,8 @@ typedef struct {
     void (*pool_forward)(const float *, const float *, float *, unsigned char *, Py_ssize_t,
                          Py_ssize_t);
     void (*pool_backward)(const float *, const unsigned char *, float *, Py_ssize_t, Py_ssize_t);
+    void (*dw_forward)(const float *, const float *, float *, dw_dims);
+    void (*dw_backward)(const float *, const float *, const float *, float *, float *, dw_dims);
 } kernel_set;
 
 #define CAT(a, b) a##_##b
@@ -61,7 +68,8 @@ typedef struct {
 #define KERNEL_SET(s)                                                                          \
     static const kernel_set set_##s = {#s, convpool_fwd_##s, convpool_bwd_into_##s,           \
                                        convpool_dx_##s, adam_step_##s, gemm_##s,      \
-                                       gemm_nt_##s, pool_forward_##s, pool_backward_##s}
+                                       gemm_nt_##s, pool_forward_##s, pool_backward_##s,   \
+                                       dw_forward_##s, dw_backward_##s}
 
 #ifdef X86_SETS
 #pragma GCC push_options
@@ -80,6 +88,7 @@ typedef struct {
 #define GEMM_NV 4
 #include "kernels.h"
 #include "gemm.h"
+#include "depthwise.h"
 #undef SET
 #undef FMA8
 #undef VEC
@@ -112,6 +121,7 @@ KERNEL_SET(avx512);
 #define GEMM_NV 2
 #include "kernels.h"
 #include "gemm.h"
+#include "depthwise.h"
 #undef SET
 #undef FMA8
 #undef VEC
@@ -151,6 +161,7 @@ static inline v8 fma8_lanes(v8 a, v8 b, v8 c) {
 #define GEMM_NV 2
 #include "kernels.h"
 #include "gemm.h"
+#include "depthwise.h"
 #undef SET
 #undef FMA8
 #undef VEC
@@ -447,6 +458,68 @@ static PyObject *unpool(PyObject *self, PyObject *args) {
     return res;
 }
 
+/* dims: B, Hp, Wp, C, M, KH, KW, SH, SW, DH, DW, HO, WO */
+static int parse_dw(PyObject *dims, dw_dims *d) {
+    return PyArg_ParseTuple(dims, "nnnnnnnnnnnnn", &d->B, &d->Hp, &d->Wp, &d->C, &d->M, &d->KH,
+                            &d->KW, &d->SH, &d->SW, &d->DH, &d->DW, &d->HO, &d->WO) &&
+           (d->HO - 1) * d->SH + (d->KH - 1) * d->DH < d->Hp &&
+           (d->WO - 1) * d->SW + (d->KW - 1) * d->DW < d->Wp && d->C * d->M <= 4096;
+}
+
+static PyObject *depthwise_forward(PyObject *self, PyObject *args) {
+    Py_buffer xp, k, z;
+    PyObject *dims;
+    dw_dims d;
+    if (!PyArg_ParseTuple(args, "y*y*w*O!", &xp, &k, &z, &PyTuple_Type, &dims)) return NULL;
+    PyObject *res = NULL;
+    if (!parse_dw(dims, &d)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "depthwise: bad geometry");
+    } else if (need(&xp, d.B * d.Hp * d.Wp * d.C, 4, "xp") &&
+               need(&k, d.KH * d.KW * d.C * d.M, 4, "kernel") &&
+               need(&z, d.B * d.HO * d.WO * d.C * d.M, 4, "z")) {
+        Py_BEGIN_ALLOW_THREADS
+        ks->dw_forward(xp.buf, k.buf, z.buf, d);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
+        Py_INCREF(res);
+    }
+    PyBuffer_Release(&xp);
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&z);
+    return res;
+}
+
+static PyObject *depthwise_backward(PyObject *self, PyObject *args) {
+    Py_buffer xp, dz, k, dk, dxp = {0};
+    PyObject *dims, *dxo;
+    dw_dims d;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*OO!", &xp, &dz, &k, &dk, &dxo, &PyTuple_Type, &dims))
+        return NULL;
+    PyObject *res = NULL;
+    const int with_dx = dxo != Py_None;
+    if (with_dx && PyObject_GetBuffer(dxo, &dxp, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        /* error set */
+    } else if (!parse_dw(dims, &d)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "depthwise: bad geometry");
+    } else if (need(&xp, d.B * d.Hp * d.Wp * d.C, 4, "xp") &&
+               need(&dz, d.B * d.HO * d.WO * d.C * d.M, 4, "dz") &&
+               need(&k, d.KH * d.KW * d.C * d.M, 4, "kernel") &&
+               need(&dk, d.KH * d.KW * d.C * d.M, 4, "dkernel") &&
+               (!with_dx || need(&dxp, d.B * d.Hp * d.Wp * d.C, 4, "dxp"))) {
+        Py_BEGIN_ALLOW_THREADS
+        ks->dw_backward(xp.buf, dz.buf, k.buf, dk.buf, with_dx ? dxp.buf : NULL, d);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
+        Py_INCREF(res);
+    }
+    if (with_dx && dxp.obj) PyBuffer_Release(&dxp);
+    PyBuffer_Release(&xp);
+    PyBuffer_Release(&dz);
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&dk);
+    return res;
+}
+
 static PyObject *isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ks->name); }
 
 /* Tests run every set this CPU has and compare their bits. */
@@ -493,6 +566,13 @@ static PyMethodDef methods[] = {
      "stops the gradient. F a multiple of 8."},
     {"unpool", unpool, METH_VARARGS,
      "unpool(dout, win, dconv, P, F): dconv (4, P, F) = dout at each window's winner, else 0."},
+    {"depthwise_forward", depthwise_forward, METH_VARARGS,
+     "depthwise_forward(xp, kernel, z, dims): a depthwise conv of the padded input xp (B, Hp, "
+     "Wp, C) by kernel (KH, KW, C, M) into z (B, HO, WO, C*M); dims = (B, Hp, Wp, C, M, KH, KW, "
+     "SH, SW, DH, DW, HO, WO)."},
+    {"depthwise_backward", depthwise_backward, METH_VARARGS,
+     "depthwise_backward(xp, dz, kernel, dkernel, dxp, dims): the kernel's gradient and, "
+     "unless dxp is None, the padded input's (both overwritten)."},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the kernels' clones run here."},
     {"convpool_forward", convpool_forward, METH_VARARGS,
      "convpool_forward(x, kernel, bias, out, idx, B, H, W, C, K, F): Conv2D KxK valid, 2x2 "

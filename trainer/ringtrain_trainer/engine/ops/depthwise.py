@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine import native
 from ringtrain_trainer.engine.ops import activations, tiles
 from ringtrain_trainer.engine.ops.window import Window
 from ringtrain_trainer.engine.tensor import ParamSpec
@@ -142,6 +143,26 @@ class Depthwise(Window, Layer):
             ws["sums"] = [ws["xw"][o : o + n].reshape(-1, self.cin) for o in offs]
         if "dxw" in ws:
             ws["dst"] = [ws["dxw"][o : o + n].reshape(-1, span_) for o in offs]
+        self._bind_native(ws, b)
+
+    def _bind_native(self, ws, b):
+        """The compiled kernels (``depthwise.h``: every output summed over its taps in
+        registers, written once) where the program is float32 and the padded input and its
+        gradient are plain (B, Hp, Wp, C) buffers."""
+        x4 = ws["x4"]
+        dxp = (ws["dxp"] if "dxp" in ws else ws["dxphases"][0][0]) if "dxw" in ws else None
+        ws["native"] = (
+            native.kernels is not None
+            and ws["out"].dtype == np.float32
+            and x4.flags.c_contiguous
+            and (dxp is None or dxp.flags.c_contiguous)
+        )
+        if ws["native"]:
+            (kh, kw), (sh, sw), (dh, dw) = self.k, self.s, self.d
+            hp, wp, c = self.padded
+            ws["dims"] = (b, hp, wp, c, self.m, kh, kw, sh, sw, dh, dw, *self.osp)
+            ws["dxpad"] = dxp
+            ws["dk"] = np.zeros((kh * kw * c, self.m), np.float32)
 
     def _tile(self, ws, kernel):
         """Each tap's kernel repeated along the tiles' span, ``(taps, m, L)``: the wide layout
@@ -157,6 +178,13 @@ class Depthwise(Window, Layer):
         # the tap's kernel tiled along a padded row — long inner loops instead of
         # ``c``-float ones; the valid (strided) outputs are copied out once per filter.
         np.copyto(self.inner(ws["x4"]), self.as2d(x))
+        if ws["native"]:
+            ws["kernel"] = kernel
+            z = self.act.pre(ws)
+            native.kernels.depthwise_forward(ws["x4"], kernel, z, ws["dims"])
+            if bias is not None:
+                tiles.add_bias(z.reshape(-1, self.cout), bias, ws["bt"])
+            return self.act.run(ws)
         if "xp" in ws:  # strided: the padded input dealt into its phases
             for plane, (ri, ci) in ws["xphases"]:
                 np.copyto(plane, ws["xp"][:, ri, ci])
@@ -178,6 +206,13 @@ class Depthwise(Window, Layer):
 
     def backward_local(self, ws, dout):
         dz = self.act.grad(ws, dout)
+        if ws["native"]:  # the kernel's and the input's gradients in one pass, here
+            ws["dz2"] = dz.reshape(-1, self.cout)
+            native.kernels.depthwise_backward(
+                ws["x4"], np.ascontiguousarray(dz), ws["kernel"], ws["dk"], ws["dxpad"],
+                ws["dims"],
+            )  # fmt: skip
+            return
         dz5 = dz.reshape(*ws["dz4"][0].shape, self.m)
         for m in range(self.m):
             np.copyto(ws["dz4"][m], dz5[..., m])
@@ -189,6 +224,9 @@ class Depthwise(Window, Layer):
             np.matmul(ws["ones"][:n], ws["dz2"], out=grad)
             return
         lo, hi = rows
+        if ws["native"]:
+            np.copyto(grad.reshape(-1, self.m)[lo:hi], ws["dk"][lo:hi])
+            return
         c, g = self.cin, grad.reshape(-1, self.cin, self.m)
         t, ones = ws["tmp"].reshape(-1, c), ws["ones"]
         dz = [d.reshape(-1, c) for d in ws["dzw"]]
@@ -202,6 +240,8 @@ class Depthwise(Window, Layer):
                 g[p, c0:c1, m] = sums[c0:c1]
 
     def backward_input(self, ws, dout, kernel, bias=None):
+        if ws["native"]:  # computed with the kernel's gradient (backward_local)
+            return ws["dx"]
         t, kt, dzl = ws["tl"], ws["kt"], ws["dzl"]  # kt: forward's tiles of this kernel
         ws["dxw"][ws["tmp"].size :].fill(0)
         for n, dst in enumerate(ws["dst"]):
