@@ -292,3 +292,21 @@ def test_every_kernel_set_gives_the_same_bits():
         assert results[name] == results[here], f"{name} differs from {here}"
     with pytest.raises(ValueError, match="no kernel set"):
         native.kernels.use("sse9")
+
+
+def test_the_startup_line_names_each_layers_compiled_parts():
+    """Say what runs: seed 002's model names its fused first layer, the second conv-pool's
+    compiled pooling and input gradient, and (where the GEMM runs here) its products."""
+    from ringtrain_bench.step import IPUSide, parser
+
+    from ringtrain_trainer import startup
+
+    side = IPUSide(parser().parse_args(["--model", "cnn2", "--threads", "1", "--no-torch"]))
+    try:
+        line = startup.kernels_line(side.trainer.ipu.spec, side.trainer.exe)
+    finally:
+        side.close()
+    assert line.startswith(f"compiled kernels: {native.describe()} for "), line
+    assert "(conv + 2x2 max-pool + bias + ReLU fused)" in line, line
+    assert "2x2 max-pool + bias + ReLU, " in line and "input gradient" in line, line
+    assert ("GEMM, input read in place" in line) == native.gemm_runs(64, np.float32), line

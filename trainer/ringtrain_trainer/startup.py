@@ -75,19 +75,33 @@ def ipu_lines(cfg, spec, ipu, exe) -> list[str]:
     return out
 
 
+def compiled_parts(ws: dict) -> list[str]:
+    """What of one layer's step runs compiled (``engine.native``), from the flags its ``bind``
+    set in its workspace (a Separable's depthwise half in its own, under ``dw``)."""
+    parts = []
+    if ws.get("native"):
+        fused = "idx" in ws
+        parts.append("conv + 2x2 max-pool + bias + ReLU fused" if fused else "depthwise conv")
+    if ws.get("pool_native"):
+        parts.append("2x2 max-pool + bias + ReLU")
+    if ws.get("gemm"):
+        parts.append("GEMM, input read in place" if "pixels" in ws else "GEMM")
+    if ws.get("gemm_dx") or "dx_c" in ws or ws.get("native_dx"):
+        parts.append("input gradient")
+    sub = ws.get("dw")
+    return parts + (compiled_parts(sub) if isinstance(sub, dict) else [])
+
+
 def kernels_line(spec, exe) -> str:
-    """Which layers run a compiled kernel (``engine.native``) rather than numpy passes: the
-    whole fused conv-pool, or a later conv-pool's input gradient."""
+    """Which layers run a compiled kernel (``engine.native``) rather than numpy passes and
+    BLAS, and what of each."""
     programs = getattr(exe, "programs", None) or []
     pairs = list(zip(spec.layers, programs[0].ws if programs else [], strict=False))
-    names = [getattr(layer, "name", "") or f"layer {i}" for i, (layer, _) in enumerate(pairs)]
-    fused = [n for n, (_, ws) in zip(names, pairs, strict=True) if ws.get("native")]
-    dx = [n for n, (_, ws) in zip(names, pairs, strict=True) if ws.get("native_dx")]
     where = []
-    if fused:
-        where.append(f"{', '.join(fused)} (conv + 2x2 max-pool + bias + ReLU fused)")
-    if dx:
-        where.append(f"the input gradient of {', '.join(dx)}")
+    for i, (layer, ws) in enumerate(pairs):
+        parts = compiled_parts(ws)
+        if parts:
+            where.append(f"{getattr(layer, 'name', '') or f'layer {i}'} ({', '.join(parts)})")
     if native.kernels is None or where:
         return f"compiled kernels: {native.describe()}" + (
             f" for {'; '.join(where)}" if where else ""

@@ -6,8 +6,12 @@ the size of its output (README, decisions: "A compiled kernel"). The extension i
 project's own install (``pyproject.toml``'s ``ext-modules``: ``hack/setup`` and the image), with
 no dependency beyond a C compiler and Python's headers.
 
-An op uses a kernel only where its arithmetic is the kernel's (float32, the shapes it takes) and
-says so; everything else runs the numpy path. Without the extension (a source tree never
+The kernels (``kernels.h``, ``gemm.h``, ``depthwise.h``) are compiled once per instruction set
+(AVX-512, AVX2 with FMA, the x86-64 baseline) and the widest this CPU has runs; every set gives
+the same bits. The GEMM runs a layer's product only where it beat OpenBLAS when measured
+(``GEMM_SETS``: AVX-512); elsewhere BLAS does. An op uses a kernel only where its arithmetic is
+the kernel's (float32, the shapes it takes) and says so (``startup.kernels_line``); everything
+else runs the numpy path. Without the extension (a source tree never
 installed) every op runs numpy and :func:`describe` says why; the test suite asserts it is
 built (``tests/trainer/test_native.py``), so CI never passes on the fallback by accident.
 """
@@ -31,7 +35,7 @@ kernels: ModuleType | None = _loaded
 
 
 def describe() -> str:
-    """``native C (avx2)``, or why the numpy path runs."""
+    """``native C (avx512)`` (the set that runs), or why the numpy path runs."""
     if kernels is None:
         return f"numpy only (the C extension is not built: {_why}; run hack/setup)"
     return f"native C ({kernels.isa()})"
