@@ -309,3 +309,33 @@ def test_the_startup_line_names_each_layers_compiled_parts():
     assert "(conv + 2x2 max-pool + bias + ReLU fused)" in line, line
     assert "2x2 max-pool + bias + ReLU, " in line and "input gradient" in line, line
     assert ("GEMM, input read in place" in line) == native.gemm_runs(64, np.float32), line
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 347_146])
+def test_the_finite_check_finds_every_inf_and_nan(n):
+    """The step's divergence check (reducer.hook.finite) reads exponents: every inf and NaN,
+    at any position (vector body or tail), on every kernel set; float32's largest finite value,
+    subnormals and -0 are finite; a float64 or strided slice takes numpy's exact sum."""
+    from ringtrain_trainer.reducer.hook import finite
+
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal(n).astype(np.float32)
+    a[0] = np.finfo(np.float32).max
+    if n > 2:
+        a[1], a[2] = -0.0, np.finfo(np.float32).smallest_subnormal
+    here = native.kernels.isa()
+    try:
+        for name in SETS[SETS.index(here) :]:
+            native.kernels.use(name)
+            assert finite(a), name
+            for bad in (np.inf, -np.inf, np.nan):
+                for at in {0, n // 2, n - 1}:
+                    b = a.copy()
+                    b[at] = bad
+                    assert not finite(b), (name, bad, at)
+    finally:
+        native.kernels.use(here)
+    assert finite(a.astype(np.float64))
+    both = np.full(2 * n, np.inf, np.float32)
+    both[::2] = a
+    assert finite(both[::2]) and not finite(both[1::2])

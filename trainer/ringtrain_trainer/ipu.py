@@ -38,7 +38,7 @@ import numpy as np
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import trace
 from ringtrain_trainer.accumulate import Accumulator, accumulator_bytes, with_accumulator
-from ringtrain_trainer.engine import recompute, workspace
+from ringtrain_trainer.engine import native, recompute, workspace
 from ringtrain_trainer.engine.precision import Precision
 from ringtrain_trainer.engine.program import tensor_shapes
 from ringtrain_trainer.ipu_config import (  # noqa: F401 (re-exported: callers import them from here)
@@ -350,6 +350,20 @@ class IPU:
         if error is not None:
             raise error
 
+    def _mean_of_shards(self, start: int, stop: int, n: int) -> None:
+        """The host gradient piece as the mean of the ``n`` shards' (shard 0's buffer is the
+        host's): sums in shard order, then one multiply; the last add and the multiply in one
+        compiled pass where float32 (the same operations, the same bits)."""
+        out, scale = self.host_grads[start:stop], self.dtype.type(1.0 / n)
+        others = [g[start:stop] for g in self._shard_grads[: n - 1]]
+        for g in others[:-1]:
+            np.add(out, g, out=out)
+        if native.kernels is not None and out.dtype == np.float32:
+            native.kernels.add_scale(out, others[-1], scale)
+        else:
+            np.add(out, others[-1], out=out)
+            np.multiply(out, scale, out=out)
+
     def train_step(
         self,
         exe: Executable,
@@ -386,10 +400,7 @@ class IPU:
                 start, stop = piece
                 t = self.tracer.now()
                 if n > 1:
-                    out = self.host_grads[start:stop]
-                    for g in self._shard_grads[: n - 1]:
-                        np.add(out, g[start:stop], out=out)
-                    np.multiply(out, self.dtype.type(1.0 / n), out=out)
+                    self._mean_of_shards(start, stop, n)
                 if self._round_grads is not None:  # streamed out as float16
                     self._round_grads(self.host_grads[start:stop])
                 if not self.accumulator.fold(self.host_grads, start, stop, micro):

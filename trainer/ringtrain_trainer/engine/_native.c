@@ -60,16 +60,30 @@ typedef struct {
     void (*pool_backward)(const float *, const unsigned char *, float *, Py_ssize_t, Py_ssize_t);
     void (*dw_forward)(const float *, const float *, float *, dw_dims);
     void (*dw_backward)(const float *, const float *, const float *, float *, float *, dw_dims);
+    int (*all_finite)(const float *, Py_ssize_t);
+    void (*add_scale)(float *, const float *, float, Py_ssize_t);
 } kernel_set;
 
 #define CAT(a, b) a##_##b
 #define SUFFIX(a, b) CAT(a, b)
 #define NAME(f) SUFFIX(f, SET)
+/* designated, so a field added to kernel_set can never take its neighbour's function */
 #define KERNEL_SET(s)                                                                          \
-    static const kernel_set set_##s = {#s, convpool_fwd_##s, convpool_bwd_into_##s,           \
-                                       convpool_dx_##s, adam_step_##s, gemm_##s,      \
-                                       gemm_nt_##s, pool_forward_##s, pool_backward_##s,   \
-                                       dw_forward_##s, dw_backward_##s}
+    static const kernel_set set_##s = {                                                        \
+        .name = #s,                                                                            \
+        .convpool_fwd = convpool_fwd_##s,                                                      \
+        .convpool_bwd = convpool_bwd_into_##s,                                                 \
+        .convpool_dx = convpool_dx_##s,                                                        \
+        .adam_step = adam_step_##s,                                                            \
+        .gemm = gemm_##s,                                                                      \
+        .gemm_nt = gemm_nt_##s,                                                                \
+        .pool_forward = pool_forward_##s,                                                      \
+        .pool_backward = pool_backward_##s,                                                    \
+        .dw_forward = dw_forward_##s,                                                          \
+        .dw_backward = dw_backward_##s,                                                        \
+        .all_finite = all_finite_##s,                                                          \
+        .add_scale = add_scale_##s,                                                            \
+    }
 
 #ifdef X86_SETS
 #pragma GCC push_options
@@ -520,6 +534,34 @@ static PyObject *depthwise_backward(PyObject *self, PyObject *args) {
     return res;
 }
 
+static PyObject *all_finite(PyObject *self, PyObject *args) {
+    Py_buffer a;
+    if (!PyArg_ParseTuple(args, "y*", &a)) return NULL;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = ks->all_finite(a.buf, a.len / 4);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&a);
+    return PyBool_FromLong(ok);
+}
+
+static PyObject *add_scale(PyObject *self, PyObject *args) {
+    Py_buffer out, other;
+    float scale;
+    if (!PyArg_ParseTuple(args, "w*y*f", &out, &other, &scale)) return NULL;
+    PyObject *res = NULL;
+    if (need(&other, out.len / 4, 4, "other")) {
+        Py_BEGIN_ALLOW_THREADS
+        ks->add_scale(out.buf, other.buf, scale, out.len / 4);
+        Py_END_ALLOW_THREADS
+        res = Py_None;
+        Py_INCREF(res);
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&other);
+    return res;
+}
+
 static PyObject *isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ks->name); }
 
 /* Tests run every set this CPU has and compare their bits. */
@@ -573,6 +615,10 @@ static PyMethodDef methods[] = {
     {"depthwise_backward", depthwise_backward, METH_VARARGS,
      "depthwise_backward(xp, dz, kernel, dkernel, dxp, dims): the kernel's gradient and, "
      "unless dxp is None, the padded input's (both overwritten)."},
+    {"all_finite", all_finite, METH_VARARGS,
+     "all_finite(a): whether no element of the float32 buffer a is inf or NaN."},
+    {"add_scale", add_scale, METH_VARARGS,
+     "add_scale(out, other, scale): out = (out + other) * scale, float32, in one pass."},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the kernels' clones run here."},
     {"convpool_forward", convpool_forward, METH_VARARGS,
      "convpool_forward(x, kernel, bias, out, idx, B, H, W, C, K, F): Conv2D KxK valid, 2x2 "

@@ -369,4 +369,27 @@ static void NAME(pool_backward)(const float *dout, const unsigned char *win, flo
     }
 }
 
+/* out = (out + other) * scale: the shards' mean gradient's last add and its scale in one pass,
+ * numpy's two float32 operations per element in its order (the same bits). */
+static void NAME(add_scale)(float *out, const float *other, float scale, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = (out[i] + other[i]) * scale;
+}
+
+/* Whether no element is inf or NaN: an all-ones exponent, found with integer masks over the
+ * whole slice (numpy's float32 sum took 0.11 ms for the cnn's 347 k gradients). */
+static int NAME(all_finite)(const float *a, Py_ssize_t n) {
+    const v8i exp = (v8i){0} + 0x7f800000;
+    v8i bad = {0};
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) bad |= ((v8i)load8(a + i) & exp) == exp;
+    int any = 0;
+    for (int l = 0; l < 8; l++) any |= bad[l];
+    for (; i < n; i++) {
+        unsigned u;
+        memcpy(&u, a + i, sizeof u);
+        any |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !any;
+}
+
 #endif /* SET */
