@@ -50,6 +50,31 @@ typedef unsigned char v8b __attribute__((vector_size(8)));
  * compiled for the baseline and inlined into every set). */
 #ifdef SET
 
+/* A 2x2 window's four sums a0..a3 (eight channels) -> max + bias, ReLU into out, and into win the
+ * position that won (the first maximum wins a tie: a later one only if strictly greater), or
+ * NONE where the ReLU stops the gradient. NaN propagates as numpy's maximum does (an overflow
+ * must reach the non-finite check, not vanish in the max or the ReLU). */
+INLINE void NAME(pool_out)(v8 a0, v8 a1, v8 a2, v8 a3, v8 bias, float *out, unsigned char *win) {
+    const v8 zero = {0};
+    v8 best = a0;
+    v8i arg = {0}, m = a1 > best;
+    best = pickf(m, a1, best);
+    arg = pick(m, (v8i){0} + 1, arg);
+    m = a2 > best;
+    best = pickf(m, a2, best);
+    arg = pick(m, (v8i){0} + 2, arg);
+    m = a3 > best;
+    best = pickf(m, a3, best);
+    arg = pick(m, (v8i){0} + 3, arg);
+    const v8i nan = (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
+    best = pickf(nan, a0 + a1 + a2 + a3, best);
+    const v8 v = best + bias;
+    const v8i pass = v > zero;
+    store8(out, pickf(pass | nan, v, zero));
+    const v8b w = __builtin_convertvector(pick(pass, arg, (v8i){0} + NONE), v8b);
+    memcpy(win, &w, sizeof w);
+}
+
 
 /* Forward, F % 8 == 0: for each pooled output and each block of eight channels, the four window
  * positions' sums run side by side over the taps (the kernel row is loaded once for all four);
@@ -59,8 +84,6 @@ NAME(convpool_fwd_body)(const float *x, const float *w, const float *bias, float
                   Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C, Py_ssize_t K,
                   Py_ssize_t F) {
     const Py_ssize_t hp = (H - K + 1) / 2, wp = (W - K + 1) / 2, row = W * C;
-    const v8 zero = {0};
-    const v8i none = {NONE, NONE, NONE, NONE, NONE, NONE, NONE, NONE};
     for (Py_ssize_t b = 0; b < B; b++)
         for (Py_ssize_t i = 0; i < hp; i++)
             for (Py_ssize_t j = 0; j < wp; j++) {
@@ -80,26 +103,7 @@ NAME(convpool_fwd_body)(const float *x, const float *w, const float *bias, float
                                 a3 += xp[c + row + C] * wv;
                             }
                         }
-                    /* the first maximum wins a tie: a later position only if strictly greater */
-                    v8 best = a0;
-                    v8i arg = {0}, m = a1 > best;
-                    best = pickf(m, a1, best);
-                    arg = pick(m, ((v8i){0} + 1), arg);
-                    m = a2 > best;
-                    best = pickf(m, a2, best);
-                    arg = pick(m, ((v8i){0} + 2), arg);
-                    m = a3 > best;
-                    best = pickf(m, a3, best);
-                    arg = pick(m, ((v8i){0} + 3), arg);
-                    /* NaN propagates as numpy's maximum does (an overflow must reach the
-                     * non-finite check, not vanish in the max or the ReLU) */
-                    const v8i nan = (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
-                    best = pickf(nan, a0 + a1 + a2 + a3, best);
-                    const v8 v = best + load8(bias + f0);
-                    const v8i pass = v > zero;
-                    store8(out + o + f0, pickf(pass | nan, v, zero));
-                    const v8i won = pick(pass, arg, none);
-                    for (int f = 0; f < 8; f++) idx[o + f0 + f] = (unsigned char)won[f];
+                    NAME(pool_out)(a0, a1, a2, a3, load8(bias + f0), out + o + f0, idx + o + f0);
                 }
             }
 }
@@ -112,8 +116,6 @@ INLINE void
 NAME(convpool3_fwd_body)(const float *x, const float *w, const float *bias, float *out, unsigned char *idx,
                    Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, const int NB) {
     const Py_ssize_t hp = (H - 2) / 2, wp = (W - 2) / 2, F = 8 * NB;
-    const v8 zero = {0};
-    const v8i none = (v8i){0} + NONE;
     v8 wk[8][9], bv[8];
     #pragma GCC unroll 8
     for (int n = 0; n < NB; n++) {
@@ -144,23 +146,7 @@ NAME(convpool3_fwd_body)(const float *x, const float *w, const float *bias, floa
                             a2 = FMA8(splat8(p[ki + 1][kj]), wv, a2);
                             a3 = FMA8(splat8(p[ki + 1][kj + 1]), wv, a3);
                         }
-                    v8 best = a0;
-                    v8i arg = {0}, m = a1 > best;
-                    best = pickf(m, a1, best);
-                    arg = pick(m, (v8i){0} + 1, arg);
-                    m = a2 > best;
-                    best = pickf(m, a2, best);
-                    arg = pick(m, (v8i){0} + 2, arg);
-                    m = a3 > best;
-                    best = pickf(m, a3, best);
-                    arg = pick(m, (v8i){0} + 3, arg);
-                    const v8i nan = (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
-                    best = pickf(nan, a0 + a1 + a2 + a3, best);
-                    const v8 v = best + bv[n];
-                    const v8i pass = v > zero;
-                    store8(out + o + 8 * n, pickf(pass | nan, v, zero));
-                    const v8b won = __builtin_convertvector(pick(pass, arg, none), v8b);
-                    memcpy(idx + o + 8 * n, &won, sizeof won);
+                    NAME(pool_out)(a0, a1, a2, a3, bv[n], out + o + 8 * n, idx + o + 8 * n);
                 }
             }
 }
@@ -329,30 +315,12 @@ static void NAME(convpool_dx)(const float *wt, const float *dout, const unsigned
 static void NAME(pool_forward)(const float *conv, const float *bias, float *out,
                                unsigned char *win, Py_ssize_t P, Py_ssize_t F) {
     const Py_ssize_t n = P * F;
-    const v8 zero = {0};
-    const v8i none = (v8i){0} + NONE;
     for (Py_ssize_t p = 0; p < P; p++)
         for (Py_ssize_t f = 0; f < F; f += 8) {
             const Py_ssize_t o = p * F + f;
             const v8 a0 = load8(conv + o), a1 = load8(conv + n + o), a2 = load8(conv + 2 * n + o),
                      a3 = load8(conv + 3 * n + o);
-            v8 best = a0;
-            v8i arg = {0}, m = a1 > best;
-            best = pickf(m, a1, best);
-            arg = pick(m, (v8i){0} + 1, arg);
-            m = a2 > best;
-            best = pickf(m, a2, best);
-            arg = pick(m, (v8i){0} + 2, arg);
-            m = a3 > best;
-            best = pickf(m, a3, best);
-            arg = pick(m, (v8i){0} + 3, arg);
-            const v8i nan = (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
-            best = pickf(nan, a0 + a1 + a2 + a3, best);
-            const v8 v = best + load8(bias + f);
-            const v8i pass = v > zero;
-            store8(out + o, pickf(pass | nan, v, zero));
-            const v8b w = __builtin_convertvector(pick(pass, arg, none), v8b);
-            memcpy(win + o, &w, sizeof w);
+            NAME(pool_out)(a0, a1, a2, a3, load8(bias + f), out + o, win + o);
         }
 }
 
