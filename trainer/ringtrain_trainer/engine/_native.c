@@ -1,17 +1,19 @@
 /* ringtrain_trainer.engine._native: the engine's compiled kernels.
  *
- * Why C: numpy cannot fuse. The seeds' first layer (Conv2D k x k, one input channel, then a 2x2
- * max-pool, bias and ReLU) as numpy passes writes the whole conv map (4x the pooled output), reads
- * it back four times to pool, and runs ~14 boolean/float passes to route the pooled gradient back
- * to each window's maximum, all memory-bound; here every pooled output is computed from its window
- * in registers and only the pooled value and the window position that won (one byte) are stored.
- * Backward reads those bytes and adds each pooled gradient to the kernel's gradient at its winning
- * position only. No input gradient: the kernels serve a first layer (filters a multiple of 8).
+ * Why C: numpy cannot fuse, and BLAS is slow on narrow products. The seeds' first layer (Conv2D
+ * k x k, one input channel, then a 2x2 max-pool, bias and ReLU) as numpy passes writes the whole
+ * conv map (4x the pooled output), reads it back four times to pool, and runs ~14 boolean/float
+ * passes to route the pooled gradient back to each window's maximum, all memory-bound; here
+ * every pooled output is computed from its window in registers and only the pooled value and the
+ * window position that won (one byte) are stored. Besides: a later conv-pool's pooling and input
+ * gradient, a narrow GEMM (gemm.h), depthwise convolution (depthwise.h), Adam's step, the
+ * divergence check. README, decisions, says what each measured.
  *
- * Instruction sets: kernels.h holds each kernel's body once; this file compiles it three times,
- * for AVX-512 (256-bit vectors with 32 registers: the kernel stays in registers), AVX2 with FMA,
- * and the x86-64 baseline, and picks the widest this CPU has at import (GCC's target_clones picks
- * an `arch=` clone by CPU model, so an unlisted model fell back to the baseline).
+ * Instruction sets: kernels.h, gemm.h and depthwise.h hold each kernel's body once; this file
+ * compiles them three times (set.h), for AVX-512 (the GEMM in 512-bit vectors, the rest in
+ * 256-bit ones with 32 registers), AVX2 with FMA, and the x86-64 baseline, and picks the widest
+ * this CPU has at import (GCC's target_clones picks an `arch=` clone by CPU model, so an unlisted
+ * model fell back to the baseline). api.h holds the Python functions.
  *
  * Determinism: built with -ffp-contract=off, so the compiler fuses no multiply-add of its own;
  * where a kernel fuses one it says so (FMA8: vfmadd, or the C library's exact fmaf in the baseline
@@ -100,21 +102,7 @@ typedef struct {
 #define VSTOREN(p, v, n) _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (__m512)(v))
 #define GEMM_MR 6
 #define GEMM_NV 4
-#include "kernels.h"
-#include "gemm.h"
-#include "depthwise.h"
-#undef SET
-#undef FMA8
-#undef VEC
-#undef VL
-#undef VLOAD
-#undef VSTORE
-#undef VSPLAT
-#undef VFMA
-#undef VLOADN
-#undef VSTOREN
-#undef GEMM_MR
-#undef GEMM_NV
+#include "set.h"
 #pragma GCC pop_options
 KERNEL_SET(avx512);
 
@@ -122,32 +110,10 @@ KERNEL_SET(avx512);
 #pragma GCC target("avx2,fma")
 #define SET avx2
 #define FMA8(a, b, c) ((v8)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
-#define VEC v8
-#define VL 8
-#define VLOAD load8
-#define VSTORE store8
-#define VSPLAT splat8
-#define VFMA FMA8
 #define LANE_MASK(n) ((__m256i)((v8i){0, 1, 2, 3, 4, 5, 6, 7} < (n)))
 #define VLOADN(p, n) ((v8)_mm256_maskload_ps((p), LANE_MASK(n)))
 #define VSTOREN(p, v, n) _mm256_maskstore_ps((p), LANE_MASK(n), (__m256)(v))
-#define GEMM_MR 6
-#define GEMM_NV 2
-#include "kernels.h"
-#include "gemm.h"
-#include "depthwise.h"
-#undef SET
-#undef FMA8
-#undef VEC
-#undef VL
-#undef VLOAD
-#undef VSTORE
-#undef VSPLAT
-#undef VFMA
-#undef VLOADN
-#undef VSTOREN
-#undef GEMM_MR
-#undef GEMM_NV
+#include "set.h"
 #pragma GCC pop_options
 #undef LANE_MASK
 KERNEL_SET(avx2);
@@ -163,31 +129,9 @@ static inline v8 fma8_lanes(v8 a, v8 b, v8 c) {
 
 #define SET baseline
 #define FMA8 fma8_lanes
-#define VEC v8
-#define VL 8
-#define VLOAD load8
-#define VSTORE store8
-#define VSPLAT splat8
-#define VFMA FMA8
 #define VLOADN(p, n) LOADN_BYTES(v8, p, n)
 #define VSTOREN(p, v, n) STOREN_BYTES(p, v, n)
-#define GEMM_MR 6
-#define GEMM_NV 2
-#include "kernels.h"
-#include "gemm.h"
-#include "depthwise.h"
-#undef SET
-#undef FMA8
-#undef VEC
-#undef VL
-#undef VLOAD
-#undef VSTORE
-#undef VSPLAT
-#undef VFMA
-#undef VLOADN
-#undef VSTOREN
-#undef GEMM_MR
-#undef GEMM_NV
+#include "set.h"
 KERNEL_SET(baseline);
 
 static const kernel_set *ks = &set_baseline;
@@ -205,362 +149,7 @@ static void choose_kernels(void) {
 #endif
 }
 
-/* The sums accumulate in this thread's own cache lines, copied out once: the shards' gradient
- * buffers are small numpy arrays that may share a cache line with another shard's, and every
- * pooled position writes them. */
-static int convpool_bwd(const float *x, const float *dout, const unsigned char *idx, float *dw,
-                        float *db, Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
-                        Py_ssize_t K, Py_ssize_t F) {
-    const size_t nw = (size_t)(K * K * C * F), bytes = sizeof(float) * (nw + (size_t)F);
-    float *own = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!own) return 0;
-    ks->convpool_bwd(x, dout, idx, own, own + nw, B, H, W, C, K, F);
-    memcpy(dw, own, sizeof(float) * nw);
-    memcpy(db, own + nw, sizeof(float) * (size_t)F);
-    free(own);
-    return 1;
-}
-
-static int need(Py_buffer *buf, Py_ssize_t n, Py_ssize_t itemsize, const char *name) {
-    if (buf->len != n * itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes, expected %zd", name, buf->len, n * itemsize);
-        return 0;
-    }
-    return 1;
-}
-
-static PyObject *convpool_forward(PyObject *self, PyObject *args) {
-    Py_buffer x, w, bias, out, idx;
-    Py_ssize_t B, H, W, C, K, F;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*w*nnnnnn", &x, &w, &bias, &out, &idx, &B, &H, &W, &C,
-                          &K, &F))
-        return NULL;
-    const Py_ssize_t n = B * ((H - K + 1) / 2) * ((W - K + 1) / 2) * F;
-    PyObject *res = NULL;
-    if (F % 8 == 0 && need(&x, B * H * W * C, 4, "x") && need(&w, K * K * C * F, 4, "kernel") &&
-        need(&bias, F, 4, "bias") && need(&out, n, 4, "out") && need(&idx, n, 1, "idx")) {
-        Py_BEGIN_ALLOW_THREADS
-        ks->convpool_fwd(x.buf, w.buf, bias.buf, out.buf, idx.buf, B, H, W, C, K, F);
-        Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
-    } else if (F % 8 != 0 && !PyErr_Occurred())
-        PyErr_SetString(PyExc_ValueError, "filters must be a multiple of 8");
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&bias);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&idx);
-    return res;
-}
-
-static PyObject *convpool_backward(PyObject *self, PyObject *args) {
-    Py_buffer x, dout, idx, dw, db;
-    Py_ssize_t B, H, W, C, K, F;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*w*nnnnnn", &x, &dout, &idx, &dw, &db, &B, &H, &W, &C,
-                          &K, &F))
-        return NULL;
-    const Py_ssize_t n = B * ((H - K + 1) / 2) * ((W - K + 1) / 2) * F;
-    PyObject *res = NULL;
-    if (F % 8 == 0 && need(&x, B * H * W * C, 4, "x") && need(&dout, n, 4, "dout") &&
-        need(&idx, n, 1, "idx") && need(&dw, K * K * C * F, 4, "dkernel") &&
-        need(&db, F, 4, "dbias")) {
-        int ok;
-        Py_BEGIN_ALLOW_THREADS
-        ok = convpool_bwd(x.buf, dout.buf, idx.buf, dw.buf, db.buf, B, H, W, C, K, F);
-        Py_END_ALLOW_THREADS
-        if (ok) {
-            res = Py_None;
-            Py_INCREF(res);
-        } else
-            PyErr_NoMemory();
-    } else if (F % 8 != 0 && !PyErr_Occurred())
-        PyErr_SetString(PyExc_ValueError, "filters must be a multiple of 8");
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&dout);
-    PyBuffer_Release(&idx);
-    PyBuffer_Release(&dw);
-    PyBuffer_Release(&db);
-    return res;
-}
-
-static PyObject *convpool_input_grad(PyObject *self, PyObject *args) {
-    Py_buffer wt, dout, idx, dx;
-    Py_ssize_t B, H, W, C, K, F;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*nnnnnn", &wt, &dout, &idx, &dx, &B, &H, &W, &C, &K, &F))
-        return NULL;
-    const Py_ssize_t n = B * ((H - K + 1) / 2) * ((W - K + 1) / 2) * F;
-    PyObject *res = NULL;
-    if (C % 8 != 0)
-        PyErr_SetString(PyExc_ValueError, "input channels must be a multiple of 8");
-    else if (need(&wt, K * K * C * F, 4, "kernel_t") && need(&dout, n, 4, "dout") &&
-             need(&idx, n, 1, "idx") && need(&dx, B * H * W * C, 4, "dx")) {
-        Py_BEGIN_ALLOW_THREADS
-        ks->convpool_dx(wt.buf, dout.buf, idx.buf, dx.buf, B, H, W, C, K, F);
-        Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
-    }
-    PyBuffer_Release(&wt);
-    PyBuffer_Release(&dout);
-    PyBuffer_Release(&idx);
-    PyBuffer_Release(&dx);
-    return res;
-}
-
-typedef struct {
-    const float *g;
-    float *w, *m, *v;
-    Py_ssize_t n;
-    float c1, c2, eps, alpha;
-} adam_job;
-
-static void *adam_run(void *arg) {
-    const adam_job *j = arg;
-    ks->adam_step(j->g, j->w, j->m, j->v, j->n, j->c1, j->c2, j->eps, j->alpha);
-    return NULL;
-}
-
-/* Elementwise, so splitting the slice across threads changes no bit; the caller's share runs
- * here, the rest on threads that live for this call. */
-static void adam_split(adam_job job, int threads) {
-    enum { MAXT = 16 };
-    pthread_t tid[MAXT];
-    adam_job jobs[MAXT];
-    int started[MAXT] = {0};
-    threads = threads < 1 ? 1 : threads > MAXT ? MAXT : threads;
-    const Py_ssize_t per = (job.n + threads - 1) / threads;
-    for (int t = threads - 1; t >= 0; t--) {
-        const Py_ssize_t lo = t * per, hi = lo + per < job.n ? lo + per : job.n;
-        jobs[t] = job;
-        jobs[t].g += lo;
-        jobs[t].w += lo;
-        jobs[t].m += lo;
-        jobs[t].v += lo;
-        jobs[t].n = hi > lo ? hi - lo : 0;
-        if (t > 0) started[t] = pthread_create(&tid[t], NULL, adam_run, &jobs[t]) == 0;
-        if (t > 0 && !started[t]) adam_run(&jobs[t]);
-    }
-    adam_run(&jobs[0]);
-    for (int t = 1; t < threads; t++)
-        if (started[t]) pthread_join(tid[t], NULL);
-}
-
-static PyObject *adam_update(PyObject *self, PyObject *args) {
-    Py_buffer g, w, m, v;
-    float c1, c2, eps, alpha;
-    int threads = 1;
-    if (!PyArg_ParseTuple(args, "y*w*w*w*ffff|i", &g, &w, &m, &v, &c1, &c2, &eps, &alpha,
-                          &threads))
-        return NULL;
-    PyObject *res = NULL;
-    const Py_ssize_t n = g.len / 4;
-    if (need(&w, n, 4, "w") && need(&m, n, 4, "m") && need(&v, n, 4, "v")) {
-        const adam_job job = {g.buf, w.buf, m.buf, v.buf, n, c1, c2, eps, alpha};
-        if (n < 4096)
-            adam_run((void *)&job);
-        else {
-            /* a thread is worth its start (~20 us) from ~64k weights each */
-            const int t = n / threads < 65536 ? (int)(n / 65536) + 1 : threads;
-            Py_BEGIN_ALLOW_THREADS
-            adam_split(job, t < threads ? t : threads);
-            Py_END_ALLOW_THREADS
-        }
-        res = Py_None;
-        Py_INCREF(res);
-    }
-    PyBuffer_Release(&g);
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&m);
-    PyBuffer_Release(&v);
-    return res;
-}
-
-/* The extreme of an int32 table (max, or min with ``lowest``). */
-static int extreme(const int *t, Py_ssize_t n, int lowest) {
-    int e = t[0];
-    for (Py_ssize_t i = 1; i < n; i++) e = lowest ? (t[i] < e ? t[i] : e) : (t[i] > e ? t[i] : e);
-    return e;
-}
-
-static PyObject *gemm(PyObject *self, PyObject *args) {
-    Py_buffer a, row, red, b, out;
-    Py_ssize_t N;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*n", &a, &row, &red, &b, &out, &N)) return NULL;
-    PyObject *res = NULL;
-    const Py_ssize_t M = row.len / 4, K = red.len / 4;
-    if (N < 1 || M < 1 || K < 1)
-        PyErr_SetString(PyExc_ValueError, "gemm: N and the tables must be non-empty");
-    else if (extreme(row.buf, M, 1) < 0 || extreme(red.buf, K, 1) < 0 ||
-             (Py_ssize_t)extreme(row.buf, M, 0) + extreme(red.buf, K, 0) >= a.len / 4)
-        PyErr_SetString(PyExc_ValueError, "gemm: an offset of the tables is outside a");
-    else if (need(&b, K * N, 4, "b") && need(&out, M * N, 4, "out")) {
-        Py_BEGIN_ALLOW_THREADS
-        ks->gemm(a.buf, row.buf, red.buf, b.buf, out.buf, M, N, K);
-        Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
-    }
-    PyBuffer_Release(&a);
-    PyBuffer_Release(&row);
-    PyBuffer_Release(&red);
-    PyBuffer_Release(&b);
-    PyBuffer_Release(&out);
-    return res;
-}
-
-static PyObject *gemm_nt(PyObject *self, PyObject *args) {
-    Py_buffer a, w, out;
-    Py_ssize_t M, N, K;
-    if (!PyArg_ParseTuple(args, "y*y*w*nnn", &a, &w, &out, &M, &N, &K)) return NULL;
-    PyObject *res = NULL;
-    if (M < 1 || N < 16 || N % 16 != 0 || K < 8 || K % 8 != 0 || K > GEMM_KC)
-        PyErr_Format(PyExc_ValueError, "gemm_nt: N a multiple of 16, K of 8 up to %d", GEMM_KC);
-    else if (need(&a, M * K, 4, "a") && need(&w, N * K, 4, "w") && need(&out, M * N, 4, "out")) {
-        Py_BEGIN_ALLOW_THREADS
-        ks->gemm_nt(a.buf, w.buf, out.buf, M, N, K);
-        Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
-    }
-    PyBuffer_Release(&a);
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&out);
-    return res;
-}
-
-static PyObject *pool_relu(PyObject *self, PyObject *args) {
-    Py_buffer conv, bias, out, win;
-    Py_ssize_t P, F;
-    if (!PyArg_ParseTuple(args, "y*y*w*w*nn", &conv, &bias, &out, &win, &P, &F)) return NULL;
-    PyObject *res = NULL;
-    if (F % 8 != 0)
-        PyErr_SetString(PyExc_ValueError, "pool_relu: filters must be a multiple of 8");
-    else if (need(&conv, 4 * P * F, 4, "conv") && need(&bias, F, 4, "bias") &&
-             need(&out, P * F, 4, "out") && need(&win, P * F, 1, "win")) {
-        Py_BEGIN_ALLOW_THREADS
-        ks->pool_forward(conv.buf, bias.buf, out.buf, win.buf, P, F);
-        Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
-    }
-    PyBuffer_Release(&conv);
-    PyBuffer_Release(&bias);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&win);
-    return res;
-}
-
-static PyObject *unpool(PyObject *self, PyObject *args) {
-    Py_buffer dout, win, dconv;
-    Py_ssize_t P, F;
-    if (!PyArg_ParseTuple(args, "y*y*w*nn", &dout, &win, &dconv, &P, &F)) return NULL;
-    PyObject *res = NULL;
-    if (F % 8 != 0)
-        PyErr_SetString(PyExc_ValueError, "unpool: filters must be a multiple of 8");
-    else if (need(&dout, P * F, 4, "dout") && need(&win, P * F, 1, "win") &&
-             need(&dconv, 4 * P * F, 4, "dconv")) {
-        Py_BEGIN_ALLOW_THREADS
-        ks->pool_backward(dout.buf, win.buf, dconv.buf, P, F);
-        Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
-    }
-    PyBuffer_Release(&dout);
-    PyBuffer_Release(&win);
-    PyBuffer_Release(&dconv);
-    return res;
-}
-
-/* dims: B, Hp, Wp, C, M, KH, KW, SH, SW, DH, DW, HO, WO */
-static int parse_dw(PyObject *dims, dw_dims *d) {
-    return PyArg_ParseTuple(dims, "nnnnnnnnnnnnn", &d->B, &d->Hp, &d->Wp, &d->C, &d->M, &d->KH,
-                            &d->KW, &d->SH, &d->SW, &d->DH, &d->DW, &d->HO, &d->WO) &&
-           (d->HO - 1) * d->SH + (d->KH - 1) * d->DH < d->Hp &&
-           (d->WO - 1) * d->SW + (d->KW - 1) * d->DW < d->Wp && d->C * d->M <= 4096;
-}
-
-static PyObject *depthwise_forward(PyObject *self, PyObject *args) {
-    Py_buffer xp, k, z;
-    PyObject *dims;
-    dw_dims d;
-    if (!PyArg_ParseTuple(args, "y*y*w*O!", &xp, &k, &z, &PyTuple_Type, &dims)) return NULL;
-    PyObject *res = NULL;
-    if (!parse_dw(dims, &d)) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "depthwise: bad geometry");
-    } else if (need(&xp, d.B * d.Hp * d.Wp * d.C, 4, "xp") &&
-               need(&k, d.KH * d.KW * d.C * d.M, 4, "kernel") &&
-               need(&z, d.B * d.HO * d.WO * d.C * d.M, 4, "z")) {
-        Py_BEGIN_ALLOW_THREADS
-        ks->dw_forward(xp.buf, k.buf, z.buf, d);
-        Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
-    }
-    PyBuffer_Release(&xp);
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&z);
-    return res;
-}
-
-static PyObject *depthwise_backward(PyObject *self, PyObject *args) {
-    Py_buffer xp, dz, k, dk, dxp = {0};
-    PyObject *dims, *dxo;
-    dw_dims d;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*OO!", &xp, &dz, &k, &dk, &dxo, &PyTuple_Type, &dims))
-        return NULL;
-    PyObject *res = NULL;
-    const int with_dx = dxo != Py_None;
-    if (with_dx && PyObject_GetBuffer(dxo, &dxp, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-        /* error set */
-    } else if (!parse_dw(dims, &d)) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "depthwise: bad geometry");
-    } else if (need(&xp, d.B * d.Hp * d.Wp * d.C, 4, "xp") &&
-               need(&dz, d.B * d.HO * d.WO * d.C * d.M, 4, "dz") &&
-               need(&k, d.KH * d.KW * d.C * d.M, 4, "kernel") &&
-               need(&dk, d.KH * d.KW * d.C * d.M, 4, "dkernel") &&
-               (!with_dx || need(&dxp, d.B * d.Hp * d.Wp * d.C, 4, "dxp"))) {
-        Py_BEGIN_ALLOW_THREADS
-        ks->dw_backward(xp.buf, dz.buf, k.buf, dk.buf, with_dx ? dxp.buf : NULL, d);
-        Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
-    }
-    if (with_dx && dxp.obj) PyBuffer_Release(&dxp);
-    PyBuffer_Release(&xp);
-    PyBuffer_Release(&dz);
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&dk);
-    return res;
-}
-
-static PyObject *all_finite(PyObject *self, PyObject *args) {
-    Py_buffer a;
-    if (!PyArg_ParseTuple(args, "y*", &a)) return NULL;
-    int ok;
-    Py_BEGIN_ALLOW_THREADS
-    ok = ks->all_finite(a.buf, a.len / 4);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&a);
-    return PyBool_FromLong(ok);
-}
-
-static PyObject *add_scale(PyObject *self, PyObject *args) {
-    Py_buffer out, other;
-    float scale;
-    if (!PyArg_ParseTuple(args, "w*y*f", &out, &other, &scale)) return NULL;
-    PyObject *res = NULL;
-    if (need(&other, out.len / 4, 4, "other")) {
-        Py_BEGIN_ALLOW_THREADS
-        ks->add_scale(out.buf, other.buf, scale, out.len / 4);
-        Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
-    }
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&other);
-    return res;
-}
+#include "api.h" /* the Python functions of the kernels */
 
 static PyObject *isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ks->name); }
 
