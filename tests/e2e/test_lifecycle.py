@@ -50,6 +50,14 @@ def pods_gone(kubectl, ns, name):
     return lambda: job_pods(kubectl, ns, name) == []
 
 
+def pods_deleted(kubectl, ns, name):
+    """No pod of the job left that is not being deleted: the operator has deleted them all.
+    (The test cluster's kubelet once kept two such pods Terminating for over a minute: killed,
+    then restarted by the kubelet while the deletion was pending, they were "ContainerCreating"
+    when it looked for them; that is the node's business, not the operator's.)"""
+    return lambda: job_pods(kubectl, ns, name, include_deleting=False) == []
+
+
 def all_running(kubectl, ns, name, n):
     def check():
         pods = job_pods(kubectl, ns, name, include_deleting=False)
@@ -247,7 +255,7 @@ def test_active_deadline_fails_the_job_and_applies_clean_pod_policy(
     assert 8 <= elapsed <= 12  # the daemon wakes at the deadline, not at some resync
     wait_for(
         "cleanPodPolicy Running to delete the running pods",
-        pods_gone(kubectl, ns, name),
+        pods_deleted(kubectl, ns, name),
         60,
         story(kubectl, ns, name, operator),
     )
