@@ -38,6 +38,12 @@ def test_row_blocks_are_whole_rows_about_equal_and_at_most_the_constant(shape):
     assert (len(blocks) == 1) == (p.size <= plan.GRAD_BLOCK_ELEMS or p.rows == 1)
 
 
+def test_row_blocks_only_where_a_ring_can_overlap_them():
+    assert plan.block_elems_for(2) == plan.GRAD_BLOCK_ELEMS
+    big = ParamSpec(0, "kernel", (5408, 64), 5408, 64, True)
+    assert plan.row_blocks(big, plan.block_elems_for(1)) == [(0, 5408)]
+
+
 def test_every_op_streams_on_the_same_grid():
     """The general Dense (``Linear``) and Conv2D block a large kernel exactly as the fused
     Dense does: the grid is the plan's, not a layer's choice."""

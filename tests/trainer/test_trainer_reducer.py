@@ -13,6 +13,7 @@ from ringtrain_trainer import optim as O
 from ringtrain_trainer import reducer as R
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine import plan
 from ringtrain_trainer.reducer import Bucket, Readiness, Reducer, StopVote, assign_buckets
 from ringtrain_trainer.reducer import comm as C
 from ringtrain_trainer.reducer.hook import OptimizerHook
@@ -339,6 +340,20 @@ def test_n_workers_with_batch_b_equal_one_worker_with_batch_nb(mnist5k, world, o
     # the conv, and the stop flag alone
     assert n_buckets == (3 if bucket_mb == 25.0 else 3 + -(-346112 // M.GRAD_BLOCK_ELEMS))
     assert res[0][1]["test_accuracy"] is not None and res[1][1]["test_accuracy"] is None
+
+
+def test_a_lone_worker_streams_one_piece_per_parameter_with_the_same_bits(mnist5k, monkeypatch):
+    """Row blocks exist for the ring; alone, each parameter is one piece (one weight-gradient
+    GEMM, one meeting of the shards) and training is bit for bit what the row-block grid gives."""
+    cfg = config(batch_size=16, optimizer="adam")
+    whole = single_worker_run(cfg, mnist5k)
+    assert whole.spec.param_pieces == [[s.stop - s.start] for s in whole.spec.slots]
+    monkeypatch.setattr(plan, "block_elems_for", lambda world: M.GRAD_BLOCK_ELEMS)
+    blocked = single_worker_run(cfg, mnist5k)
+    assert len(blocked.spec.pieces) == len(whole.spec.pieces) + len(
+        plan.row_blocks(blocked.spec.slots[3].spec)
+    ) - 1 > len(whole.spec.pieces)
+    assert blocked.params.tobytes() == whole.params.tobytes()
 
 
 def test_a_stop_request_on_one_worker_stops_every_worker_after_the_same_step(mnist5k):

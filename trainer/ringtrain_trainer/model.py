@@ -81,20 +81,7 @@ class ModelSpec:
                 else (offset, offset)
             )
             offset = self.layer_ranges[-1][0]
-        #: the streamed gradient pieces (``engine.plan.piece_grid``), in the order backward
-        #: writes them: what the Program announces ready, one by one
-        self.pieces = plan.piece_grid(self.slots)
-        #: the same as (start, stop) of the flat buffer
-        self.grad_pieces = [p.range for p in self.pieces]
-        #: the same pieces as sizes, grouped by parameter in arrival order: what the reducer
-        #: plans its buckets from, so a bucket always ends where a streamed piece ends
-        self.param_pieces: list[list[int]] = []
-        last = None
-        for p in self.pieces:
-            if (p.node, p.name) != last:
-                self.param_pieces.append([])
-                last = p.node, p.name
-            self.param_pieces[-1].append(p.stop - p.start)
+        self.set_grid(plan.GRAD_BLOCK_ELEMS)
         #: non-trainable state (BatchNormalization's moving statistics): per layer
         #: (name, size, initial value), laid out in forward layer order; never reduced
         self.state_specs = [layer.state_specs() for layer in layers]
@@ -111,6 +98,23 @@ class ModelSpec:
                 else:
                     self.live_state.append((at, at + n))
             at += n
+
+    def set_grid(self, block_elems: int) -> None:
+        """Cut the streamed gradient pieces (``engine.plan.piece_grid``) at ``block_elems``;
+        before anything is compiled (``engine.plan.block_elems_for`` says which)."""
+        #: the pieces in the order backward writes them: what the Program announces ready
+        self.pieces = plan.piece_grid(self.slots, block_elems)
+        #: the same as (start, stop) of the flat buffer
+        self.grad_pieces = [p.range for p in self.pieces]
+        #: the same pieces as sizes, grouped by parameter in arrival order: what the reducer
+        #: plans its buckets from, so a bucket always ends where a streamed piece ends
+        self.param_pieces: list[list[int]] = []
+        last = None
+        for p in self.pieces:
+            if (p.node, p.name) != last:
+                self.param_pieces.append([])
+                last = p.node, p.name
+            self.param_pieces[-1].append(p.stop - p.start)
 
     def views(self, flat: np.ndarray) -> list[dict[str, np.ndarray]]:
         """Per layer, name → view into ``flat`` shaped like the parameter."""

@@ -39,6 +39,7 @@ from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, check
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig, layer_names
 from ringtrain_trainer.data_npz import fit_model
+from ringtrain_trainer.engine import plan
 from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, MIN_SHARD_FLOPS, IPUConfig
@@ -114,6 +115,7 @@ class Trainer(SharedEvaluation):
             return tuple(dataset.train.images.shape[1:])
 
         self.spec = keras_model.load(cfg.model, budget=budget, data=x_shape)
+        self.spec.set_grid(plan.block_elems_for(self.world))
         if self.is_chief and getattr(self.spec, "declared_input_shape", None) is not None:
             print(
                 f"ringtrain worker: input shape {self.spec.declared_input_shape} compiled as "

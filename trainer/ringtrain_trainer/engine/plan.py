@@ -15,6 +15,7 @@ buckets on the same grid, so a bucket always ends where a streamed piece ends.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from ringtrain_trainer.engine.tensor import ParamSpec, Slot
@@ -24,6 +25,15 @@ from ringtrain_trainer.engine.tensor import ParamSpec, Slot
 #: (256 KiB in float32) keeps the seeds' 346,112-element Dense kernel in 6 blocks, enough for the
 #: ring to start on the first while the others are computed.
 GRAD_BLOCK_ELEMS = 1 << 16
+
+
+def block_elems_for(world: int) -> int:
+    """The grid a run streams on. Row blocks exist so the ring reduces a large kernel's first
+    rows while the rest is computed; a lone worker has no ring to overlap, and every block is
+    one more weight-gradient GEMM and one more point where the IPU's shards meet, so it streams
+    one piece per parameter (the seeds' CNN step 2.69 -> 2.51 ms; the same bits: a row block
+    is the same dot products, the optimizer elementwise)."""
+    return GRAD_BLOCK_ELEMS if world > 1 else sys.maxsize
 
 
 @dataclass(frozen=True)
