@@ -47,8 +47,8 @@ def _run(layer, x, kernel, bias, dout, use_native, monkeypatch, need_dx=False):
 @pytest.mark.parametrize("integers", [True, False], ids=["exact-ties", "random"])
 @pytest.mark.parametrize(
     "cin,need_dx,filters",
-    [(1, False, 16), (1, False, 32), (1, False, 24), (8, True, 16)],
-    ids=["first-layer-16", "first-layer-32", "first-layer-24", "input-gradient"],
+    [(1, False, 16), (1, False, 32), (1, False, 64), (1, False, 24), (8, True, 16)],
+    ids=["first-layer-16", "first-layer-32", "first-layer-64", "first-layer-24", "input-gradient"],
 )
 def test_fused_conv_pool_relu_matches_the_numpy_path(integers, cin, need_dx, filters, monkeypatch):
     """A first layer runs wholly compiled (3x3 with 16, 32 or 64 filters on the register-held
@@ -208,7 +208,7 @@ def _kernel_outputs(rng) -> list[bytes]:
     gradient, an Adam step."""
     k = native.kernels
     out = []
-    for filters in (8, 32, 64):
+    for filters in (8, 16, 32, 64):
         x = rng.random((3, 12, 11, 1), dtype=np.float32)
         w = rng.standard_normal((3, 3, 1, filters)).astype(np.float32)
         bias = 0.1 * rng.standard_normal(filters).astype(np.float32)

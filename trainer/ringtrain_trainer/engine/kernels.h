@@ -38,7 +38,12 @@ typedef unsigned char v8b __attribute__((vector_size(8)));
     })
 /* m ? a : b lane by lane (m: all ones or all zeros per lane), for C's lack of a vector ?: */
 #define pick(m, a, b) (((a) & (m)) | ((b) & ~(m)))
-#define pickf(m, a, b) ((v8)pick((m), (v8i)(a), (v8i)(b)))
+#define pickf(m, a, b) ((__typeof__(b))pick((m), (__typeof__(m))(a), (__typeof__(m))(b)))
+
+/* A window's 4x4 input patch (one channel) into the registers p[4][4]. */
+#define PATCH4(p, x0, W)                                                                       \
+    _Pragma("GCC unroll 4") for (int r_ = 0; r_ < 4; r_++)                                     \
+        _Pragma("GCC unroll 4") for (int c_ = 0; c_ < 4; c_++) (p)[r_][c_] = (x0)[r_ * (W) + c_]
 
 /* The window position that won (0..3: row-major in the 2x2 window) or NONE where the ReLU
  * stopped the gradient. */
@@ -50,31 +55,37 @@ typedef unsigned char v8b __attribute__((vector_size(8)));
  * compiled for the baseline and inlined into every set). */
 #ifdef SET
 
-/* A 2x2 window's four sums a0..a3 (eight channels) -> max + bias, ReLU into out, and into win the
- * position that won (the first maximum wins a tie: a later one only if strictly greater), or
- * NONE where the ReLU stops the gradient. NaN propagates as numpy's maximum does (an overflow
- * must reach the non-finite check, not vanish in the max or the ReLU). */
-INLINE void NAME(pool_out)(v8 a0, v8 a1, v8 a2, v8 a3, v8 bias, float *out, unsigned char *win) {
-    const v8 zero = {0};
-    v8 best = a0;
-    v8i arg = {0}, m = a1 > best;
-    best = pickf(m, a1, best);
-    arg = pick(m, (v8i){0} + 1, arg);
-    m = a2 > best;
-    best = pickf(m, a2, best);
-    arg = pick(m, (v8i){0} + 2, arg);
-    m = a3 > best;
-    best = pickf(m, a3, best);
-    arg = pick(m, (v8i){0} + 3, arg);
-    const v8i nan = (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
-    best = pickf(nan, a0 + a1 + a2 + a3, best);
-    const v8 v = best + bias;
-    const v8i pass = v > zero;
-    store8(out, pickf(pass | nan, v, zero));
-    const v8b w = __builtin_convertvector(pick(pass, arg, (v8i){0} + NONE), v8b);
-    memcpy(win, &w, sizeof w);
-}
+/* A 2x2 window's four sums a0..a3 (one vector of channels; VI, VB: the int and byte vectors of
+ * as many lanes) -> max + bias, ReLU into out, and into win the position that won (the first
+ * maximum wins a tie: a later one only if strictly greater), or NONE where the ReLU stops the
+ * gradient. NaN propagates as numpy's maximum does (an overflow must reach the non-finite check,
+ * not vanish in the max or the ReLU). A macro: the same body for 8 and 16 lanes. */
+#define POOL_OUT(a0, a1, a2, a3, bias, out, win, V, VI, VB)                                    \
+    do {                                                                                       \
+        const V zero_ = {0};                                                                    \
+        V best_ = (a0);                                                                         \
+        VI arg_ = {0}, m_ = (a1) > best_;                                                      \
+        best_ = pickf(m_, (a1), best_);                                                        \
+        arg_ = pick(m_, (VI){0} + 1, arg_);                                                    \
+        m_ = (a2) > best_;                                                                     \
+        best_ = pickf(m_, (a2), best_);                                                        \
+        arg_ = pick(m_, (VI){0} + 2, arg_);                                                    \
+        m_ = (a3) > best_;                                                                     \
+        best_ = pickf(m_, (a3), best_);                                                        \
+        arg_ = pick(m_, (VI){0} + 3, arg_);                                                    \
+        const VI nan_ = ((a0) != (a0)) | ((a1) != (a1)) | ((a2) != (a2)) | ((a3) != (a3));     \
+        best_ = pickf(nan_, (a0) + (a1) + (a2) + (a3), best_);                                 \
+        const V v_ = best_ + (bias);                                                           \
+        const VI pass_ = v_ > zero_;                                                           \
+        const V o_ = pickf(pass_ | nan_, v_, zero_);                                           \
+        memcpy((out), &o_, sizeof o_);                                                         \
+        const VB w_ = __builtin_convertvector(pick(pass_, arg_, (VI){0} + NONE), VB);          \
+        memcpy((win), &w_, sizeof w_);                                                         \
+    } while (0)
 
+/* the set's widest vector (VEC, VL lanes) as ints and as bytes */
+typedef int NAME(vi) __attribute__((vector_size(4 * VL)));
+typedef unsigned char NAME(vb) __attribute__((vector_size(VL)));
 
 /* Forward, F % 8 == 0: for each pooled output and each block of eight channels, the four window
  * positions' sums run side by side over the taps (the kernel row is loaded once for all four);
@@ -103,50 +114,48 @@ NAME(convpool_fwd_body)(const float *x, const float *w, const float *bias, float
                                 a3 += xp[c + row + C] * wv;
                             }
                         }
-                    NAME(pool_out)(a0, a1, a2, a3, load8(bias + f0), out + o + f0, idx + o + f0);
+                    POOL_OUT(a0, a1, a2, a3, load8(bias + f0), out + o + f0, idx + o + f0, v8, v8i, v8b);
                 }
             }
 }
 
-/* The seeds' first layer (3x3, one input channel), F = 8 * NB: each pooled output's 4x4 input
- * patch is read once for every channel and the kernel is held in registers for the whole batch
- * (on AVX-512), so a pooled output costs 16 loads and 36 multiply-adds per 8 channels. Each
- * lane runs the general body's operations in its order: the same bits. */
+/* The seeds' first layer (3x3, one input channel), F = VL * NB: each pooled output's 4x4 input
+ * patch is read once for every channel and the kernel is held in registers for the whole batch,
+ * so a pooled output costs 16 loads and 36 multiply-adds per vector of channels (VL lanes: 16 on
+ * AVX-512, where 8 ran at half its multiply-add rate and spilled). Each lane runs the general
+ * body's operations in its order: the same bits. */
 INLINE void
 NAME(convpool3_fwd_body)(const float *x, const float *w, const float *bias, float *out, unsigned char *idx,
                    Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, const int NB) {
-    const Py_ssize_t hp = (H - 2) / 2, wp = (W - 2) / 2, F = 8 * NB;
-    v8 wk[8][9], bv[8];
+    const Py_ssize_t hp = (H - 2) / 2, wp = (W - 2) / 2, F = VL * NB;
+    VEC wk[64 / VL][9], bv[64 / VL];
     #pragma GCC unroll 8
     for (int n = 0; n < NB; n++) {
         #pragma GCC unroll 4
-        for (int t = 0; t < 9; t++) wk[n][t] = load8(w + t * F + 8 * n);
-        bv[n] = load8(bias + 8 * n);
+        for (int t = 0; t < 9; t++) wk[n][t] = VLOAD(w + t * F + VL * n);
+        bv[n] = VLOAD(bias + VL * n);
     }
     for (Py_ssize_t b = 0; b < B; b++)
         for (Py_ssize_t i = 0; i < hp; i++)
             for (Py_ssize_t j = 0; j < wp; j++) {
                 const Py_ssize_t o = ((b * hp + i) * wp + j) * F;
-                const float *x0 = x + (b * H + 2 * i) * W + 2 * j;
                 float p[4][4];
-                #pragma GCC unroll 4
-                for (int r = 0; r < 4; r++)
-                    #pragma GCC unroll 4
-                    for (int c = 0; c < 4; c++) p[r][c] = x0[r * W + c];
+                PATCH4(p, x + (b * H + 2 * i) * W + 2 * j, W);
                 #pragma GCC unroll 8
                 for (int n = 0; n < NB; n++) {
-                    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+                    VEC a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
                     #pragma GCC unroll 4
                     for (int ki = 0; ki < 3; ki++)
                         #pragma GCC unroll 4
                         for (int kj = 0; kj < 3; kj++) {
-                            const v8 wv = wk[n][ki * 3 + kj];
-                            a0 = FMA8(splat8(p[ki][kj]), wv, a0);
-                            a1 = FMA8(splat8(p[ki][kj + 1]), wv, a1);
-                            a2 = FMA8(splat8(p[ki + 1][kj]), wv, a2);
-                            a3 = FMA8(splat8(p[ki + 1][kj + 1]), wv, a3);
+                            const VEC wv = wk[n][ki * 3 + kj];
+                            a0 = VFMA(VSPLAT(p[ki][kj]), wv, a0);
+                            a1 = VFMA(VSPLAT(p[ki][kj + 1]), wv, a1);
+                            a2 = VFMA(VSPLAT(p[ki + 1][kj]), wv, a2);
+                            a3 = VFMA(VSPLAT(p[ki + 1][kj + 1]), wv, a3);
                         }
-                    NAME(pool_out)(a0, a1, a2, a3, bv[n], out + o + 8 * n, idx + o + 8 * n);
+                    POOL_OUT(a0, a1, a2, a3, bv[n], out + o + VL * n, idx + o + VL * n,
+                             VEC, NAME(vi), NAME(vb));
                 }
             }
 }
@@ -154,69 +163,62 @@ NAME(convpool3_fwd_body)(const float *x, const float *w, const float *bias, floa
 static void NAME(convpool_fwd)(const float *x, const float *w, const float *bias, float *out,
                                 unsigned char *idx, Py_ssize_t B, Py_ssize_t H, Py_ssize_t W,
                                 Py_ssize_t C, Py_ssize_t K, Py_ssize_t F) {
-    if (K == 3 && C == 1 && F == 32) /* the seeds' first layer */
-        NAME(convpool3_fwd_body)(x, w, bias, out, idx, B, H, W, 4);
-    else if (K == 3 && C == 1 && F == 16)
-        NAME(convpool3_fwd_body)(x, w, bias, out, idx, B, H, W, 2);
-    else if (K == 3 && C == 1 && F == 64)
-        NAME(convpool3_fwd_body)(x, w, bias, out, idx, B, H, W, 8);
+    if (K == 3 && C == 1 && (F == 16 || F == 32 || F == 64)) /* the seeds' first layer */
+        NAME(convpool3_fwd_body)(x, w, bias, out, idx, B, H, W, (int)(F / VL));
     else if (K == 3 && C == 1) /* every tap loop unrolled */
         NAME(convpool_fwd_body)(x, w, bias, out, idx, B, H, W, 1, 3, F);
     else
         NAME(convpool_fwd_body)(x, w, bias, out, idx, B, H, W, C, K, F);
 }
 
-/* Backward of the seeds' first layer, F = 8 * NB: the kernel's and bias's gradients are summed
- * in registers over the whole batch (on AVX-512) and stored once; each lane adds the general
- * body's terms in its order (a block of lanes that no window routes a gradient to adds zeros,
- * which the general body skips: the sum never holds -0, so adding a zero changes no bit). */
+/* Backward of the seeds' first layer, F = VL * NB: the kernel's and bias's gradients are summed
+ * in registers over the whole batch and stored once; each lane adds the general body's terms in
+ * its order (a block of lanes that no window routes a gradient to adds zeros, which the general
+ * body skips: the sum never holds -0, so adding a zero changes no bit). */
 INLINE void
 NAME(convpool3_bwd_body)(const float *x, const float *dout, const unsigned char *idx, float *dw,
                    float *db, Py_ssize_t B, Py_ssize_t H, Py_ssize_t W, const int NB) {
-    const Py_ssize_t hp = (H - 2) / 2, wp = (W - 2) / 2, F = 8 * NB;
-    v8 gw[8][9], gb[8];
+    const Py_ssize_t hp = (H - 2) / 2, wp = (W - 2) / 2, F = VL * NB;
+    typedef NAME(vi) vi;
+    VEC gw[64 / VL][9], gb[64 / VL];
     #pragma GCC unroll 8
     for (int n = 0; n < NB; n++) {
         #pragma GCC unroll 4
-        for (int t = 0; t < 9; t++) gw[n][t] = (v8){0};
-        gb[n] = (v8){0};
+        for (int t = 0; t < 9; t++) gw[n][t] = (VEC){0};
+        gb[n] = (VEC){0};
     }
     for (Py_ssize_t b = 0; b < B; b++)
         for (Py_ssize_t i = 0; i < hp; i++)
             for (Py_ssize_t j = 0; j < wp; j++) {
                 const Py_ssize_t o = ((b * hp + i) * wp + j) * F;
-                const float *x0 = x + (b * H + 2 * i) * W + 2 * j;
                 float p[4][4];
-                #pragma GCC unroll 4
-                for (int r = 0; r < 4; r++)
-                    #pragma GCC unroll 4
-                    for (int c = 0; c < 4; c++) p[r][c] = x0[r * W + c];
+                PATCH4(p, x + (b * H + 2 * i) * W + 2 * j, W);
                 #pragma GCC unroll 8
                 for (int n = 0; n < NB; n++) {
-                    v8b q8;
-                    memcpy(&q8, idx + o + 8 * n, sizeof q8);
-                    const v8i q = __builtin_convertvector(q8, v8i);
-                    const v8i d = (v8i)load8(dout + o + 8 * n);
-                    const v8 g0 = (v8)(d & (q == 0)), g1 = (v8)(d & (q == 1)),
-                              g2 = (v8)(d & (q == 2)), g3 = (v8)(d & (q == 3));
-                    gb[n] += (v8)(d & (q != NONE));
+                    NAME(vb) qb;
+                    memcpy(&qb, idx + o + VL * n, sizeof qb);
+                    const vi q = __builtin_convertvector(qb, vi);
+                    const vi d = (vi)VLOAD(dout + o + VL * n);
+                    const VEC g0 = (VEC)(d & (q == 0)), g1 = (VEC)(d & (q == 1)),
+                              g2 = (VEC)(d & (q == 2)), g3 = (VEC)(d & (q == 3));
+                    gb[n] += (VEC)(d & (q != NONE));
                     #pragma GCC unroll 4
                     for (int ki = 0; ki < 3; ki++)
                         #pragma GCC unroll 4
                         for (int kj = 0; kj < 3; kj++) {
-                            v8 *a = &gw[n][ki * 3 + kj];
-                            *a = FMA8(splat8(p[ki][kj]), g0, *a);
-                            *a = FMA8(splat8(p[ki][kj + 1]), g1, *a);
-                            *a = FMA8(splat8(p[ki + 1][kj]), g2, *a);
-                            *a = FMA8(splat8(p[ki + 1][kj + 1]), g3, *a);
+                            VEC *a = &gw[n][ki * 3 + kj];
+                            *a = VFMA(VSPLAT(p[ki][kj]), g0, *a);
+                            *a = VFMA(VSPLAT(p[ki][kj + 1]), g1, *a);
+                            *a = VFMA(VSPLAT(p[ki + 1][kj]), g2, *a);
+                            *a = VFMA(VSPLAT(p[ki + 1][kj + 1]), g3, *a);
                         }
                 }
             }
     #pragma GCC unroll 8
     for (int n = 0; n < NB; n++) {
         #pragma GCC unroll 4
-        for (int t = 0; t < 9; t++) store8(dw + t * F + 8 * n, gw[n][t]);
-        store8(db + 8 * n, gb[n]);
+        for (int t = 0; t < 9; t++) VSTORE(dw + t * F + VL * n, gw[n][t]);
+        VSTORE(db + VL * n, gb[n]);
     }
 }
 
@@ -227,8 +229,8 @@ static void NAME(convpool_bwd_into)(const float *x, const float *dout, const uns
                                 Py_ssize_t K, Py_ssize_t F) {
     const Py_ssize_t hp = (H - K + 1) / 2, wp = (W - K + 1) / 2, row = W * C;
     const Py_ssize_t off[4] = {0, C, row, row + C};
-    if (K == 3 && C == 1 && (F == 16 || F == 32 || F == 64)) {
-        NAME(convpool3_bwd_body)(x, dout, idx, dw, db, B, H, W, (int)(F / 8));
+    if (K == 3 && C == 1 && (F == 16 || F == 32 || F == 64)) { /* every set alike: same bits */
+        NAME(convpool3_bwd_body)(x, dout, idx, dw, db, B, H, W, (int)(F / VL));
         return;
     }
     memset(dw, 0, sizeof(float) * K * K * C * F);
@@ -320,7 +322,7 @@ static void NAME(pool_forward)(const float *conv, const float *bias, float *out,
             const Py_ssize_t o = p * F + f;
             const v8 a0 = load8(conv + o), a1 = load8(conv + n + o), a2 = load8(conv + 2 * n + o),
                      a3 = load8(conv + 3 * n + o);
-            NAME(pool_out)(a0, a1, a2, a3, load8(bias + f), out + o, win + o);
+            POOL_OUT(a0, a1, a2, a3, load8(bias + f), out + o, win + o, v8, v8i, v8b);
         }
 }
 
