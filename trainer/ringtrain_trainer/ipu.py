@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import functools
 import math
-import queue
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,6 +50,7 @@ from ringtrain_trainer.ipu_config import (  # noqa: F401 (re-exported: callers i
 )
 from ringtrain_trainer.memory import MemoryPlan, plan_memory
 from ringtrain_trainer.model import ModelSpec, Program
+from ringtrain_trainer.shard_groups import ShardGroups
 
 
 @dataclass
@@ -69,9 +68,6 @@ class Executable:
     losses: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: with recomputation, the plan without it (the report shows both)
     baseline: MemoryPlan | None = None
-
-
-_DONE = object()
 
 
 class IPU:
@@ -107,7 +103,7 @@ class IPU:
         self._cache: dict[tuple[int, bool], Executable] = {}
         self._shard_grads: list[np.ndarray] = []  # gradients of shards 1.. (shard 0: host's)
         self.host_threads = resolve_host_threads(config.host_threads)
-        self._pool: ThreadPoolExecutor | None = None
+        self.groups = ShardGroups(self.host_threads)
         self.accumulator = Accumulator(config.accumulation, spec.num_params, self.dtype)
         self.precision = Precision(config.precision, config.stochastic_rounding)
         if self.precision.half and not config.variables_on_host:
@@ -303,53 +299,6 @@ class IPU:
         if p.rounder is not None:
             p.rounder(p.dlogits)
 
-    def _pump(self, gen: Iterator[int], q: queue.SimpleQueue) -> None:
-        try:
-            for piece in gen:
-                q.put(piece)
-            q.put(_DONE)
-        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-            q.put(e)
-
-    def _threaded(self, exe: Executable, group: list[int]) -> Iterator[int]:
-        """``group`` started now on a pool thread; the iterator yields its pieces."""
-        assert self._pool is not None
-        q: queue.SimpleQueue = queue.SimpleQueue()
-        self._pool.submit(self._pump, self._run_group(exe, group), q)
-
-        def pieces() -> Iterator[int]:
-            while (item := q.get()) is not _DONE:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-
-        return pieces()
-
-    def _launch(self, exe: Executable) -> list[Iterator[int]]:
-        """The first group runs on the calling thread, between its hand-offs of pieces, and
-        only the others on pool threads: with a pool thread per group, the caller was a
-        third thread on two CPUs, woken at every piece, and a step of the seeds' CNN took
-        3.9 ms where its two shards computed for 2.3 ms each."""
-        if len(exe.groups) == 1:
-            return [self._run_group(exe, exe.groups[0])]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.host_threads - 1, thread_name_prefix="ipu-tile")
-        others = [self._threaded(exe, g) for g in exe.groups[1:]]
-        return [self._run_group(exe, exe.groups[0]), *others]
-
-    @staticmethod
-    def _finish(runs: list[Iterator[int]]) -> None:
-        """Run every group to its end (even after a failure) so no thread outlives the step."""
-        error = None
-        for run in runs:
-            try:
-                for _ in run:
-                    pass
-            except BaseException as e:  # noqa: BLE001 - the first error is re-raised below
-                error = error or e
-        if error is not None:
-            raise error
-
     def _mean_of_shards(self, start: int, stop: int, n: int) -> None:
         """The host gradient piece as the mean of the ``n`` shards' (shard 0's buffer is the
         host's): sums in shard order, then one multiply; the last add and the multiply in one
@@ -390,7 +339,7 @@ class IPU:
         for i, p in enumerate(exe.programs):
             p.ctx["step"] = self.stats.steps if step is None else step
             p.ctx["example0"] = first + i * p.batch
-        runs = self._launch(exe)
+        runs = self.groups.launch(exe.groups, functools.partial(self._run_group, exe))
         n = len(exe.programs)
         try:
             for k, piece in enumerate(self.spec.grad_pieces):
@@ -412,7 +361,7 @@ class IPU:
                     trace.GRADS, "grad piece", t, k, (stop - start) * self.dtype.itemsize
                 )
         finally:
-            self._finish(runs)
+            self.groups.finish(runs)
         for a, b in self.spec.live_state:  # frozen weights: the same everywhere, never averaged
             np.mean([p.state[a:b] for p in exe.programs], axis=0, out=self.state[a:b])
             for p in exe.programs:
@@ -475,7 +424,9 @@ class IPU:
             t0 = time.perf_counter()
             self._stream_weights()
             self._load(exe, x, None)
-            self._finish(self._launch(exe))
+            self.groups.finish(
+                self.groups.launch(exe.groups, functools.partial(self._run_group, exe))
+            )
             self.stats.compute_s += time.perf_counter() - t0
             self.stats.flops += exe.flops_per_run
             for i, p in enumerate(exe.programs):
@@ -492,9 +443,7 @@ class IPU:
         return score / max(1, len(labels))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        self.groups.close()
 
 
 def _output_losses(exe: Executable, parts: np.ndarray | None) -> np.ndarray | None:
