@@ -21,7 +21,6 @@ serialized after backward and skipped, and report what overlap hides and what sc
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import io
 import json
@@ -33,6 +32,7 @@ import time
 import numpy as np
 
 from ringtrain.errors import InvalidSpec, RingtrainError
+from ringtrain_bench import peak as peak_mod
 from ringtrain_trainer import data as data_mod
 from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.collective import Collective, LocalCollective
@@ -125,30 +125,6 @@ def synthetic(n: int, seed: int = 0, spec=None) -> data_mod.Dataset:
         labels = rng.normal(0, 1, (n, *at, k)).astype(np.float32)
     split = data_mod.Split(images, labels, data_mod.BUILTIN_SCALE)
     return data_mod.Dataset("synthetic", split, split)
-
-
-def matmul_peak_gflops(n: int = 512, seconds: float = 0.3, threads: int | None = None) -> float:
-    """numpy's best float32 ``n``×``n`` matmul rate (512: its operands fit in L2/L3), with
-    ``threads`` BLAS threads (None: BLAS's own count)."""
-    limits = contextlib.nullcontext()
-    if threads is not None:
-        try:
-            from threadpoolctl import threadpool_limits
-
-            limits = threadpool_limits(limits=threads, user_api="blas")
-        except ImportError:
-            pass
-    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
-    b, c = a.copy(), np.empty_like(a)
-    with limits:
-        np.matmul(a, b, out=c)
-        best = float("inf")
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            t = time.perf_counter()
-            np.matmul(a, b, out=c)
-            best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best / 1e9
 
 
 class IPUSide:
@@ -290,7 +266,7 @@ def bench_one_worker(args) -> dict:
                     times[i].append(sides[i].run(args.steps))
                     cpus[i].append(sides[i].cpu_seconds)
                     order.append(sides[i].name)
-                peaks.append(matmul_peak_gflops(seconds=0.1, threads=threads))
+                peaks.append(peak_mod.isolated(seconds=0.1, threads=threads))
             info = blas_info()
     finally:
         for side in sides:
