@@ -350,9 +350,11 @@ def test_a_lone_worker_streams_one_piece_per_parameter_with_the_same_bits(mnist5
     assert whole.spec.param_pieces == [[s.stop - s.start] for s in whole.spec.slots]
     monkeypatch.setattr(plan, "block_elems_for", lambda world: M.GRAD_BLOCK_ELEMS)
     blocked = single_worker_run(cfg, mnist5k)
-    assert len(blocked.spec.pieces) == len(whole.spec.pieces) + len(
-        plan.row_blocks(blocked.spec.slots[3].spec)
-    ) - 1 > len(whole.spec.pieces)
+    assert (
+        len(blocked.spec.pieces)
+        == len(whole.spec.pieces) + len(plan.row_blocks(blocked.spec.slots[3].spec)) - 1
+        > len(whole.spec.pieces)
+    )
     assert blocked.params.tobytes() == whole.params.tobytes()
 
 
