@@ -388,7 +388,7 @@ def kill_the_operator_repeatedly(
         watcher.join(10)
         if operator.proc.poll() is not None:
             operator.start()
-    assert last_at < steps, "the last kill came after training ended"
+    assert last_at < steps, f"the last kill came after training ended ({steps} steps)"
     order = {None: 0, "Created": 1, "Running": 2, "Succeeded": 3}
     progress = [s[1] for s in seen if s[1] is not None]
     assert progress == sorted(progress), "progress went back"
