@@ -10,10 +10,11 @@
  * divergence check. README, decisions, says what each measured.
  *
  * Instruction sets: kernels.h, gemm.h and depthwise.h hold each kernel's body once; this file
- * compiles them three times (set.h), for AVX-512 (the GEMM in 512-bit vectors, the rest in
- * 256-bit ones with 32 registers), AVX2 with FMA, and the x86-64 baseline, and picks the widest
- * this CPU has at import (GCC's target_clones picks an `arch=` clone by CPU model, so an unlisted
- * model fell back to the baseline). api.h holds the Python functions.
+ * compiles them three times (set.h), for AVX-512 (the GEMM and the first conv-pool in 512-bit
+ * vectors, the rest in 256-bit ones with 32 registers), AVX2 with FMA, and the x86-64
+ * baseline, and picks the widest this CPU has at import (GCC's target_clones picks an `arch=`
+ * clone by CPU model, so an unlisted model fell back to the baseline). api.h holds the Python
+ * functions.
  *
  * Determinism: built with -ffp-contract=off, so the compiler fuses no multiply-add of its own;
  * where a kernel fuses one it says so (FMA8: vfmadd, or the C library's exact fmaf in the baseline

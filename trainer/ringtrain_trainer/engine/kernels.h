@@ -62,8 +62,8 @@ typedef unsigned char v8b __attribute__((vector_size(8)));
  * not vanish in the max or the ReLU). A macro: the same body for 8 and 16 lanes. */
 #define POOL_OUT(a0, a1, a2, a3, bias, out, win, V, VI, VB)                                    \
     do {                                                                                       \
-        const V zero_ = {0};                                                                    \
-        V best_ = (a0);                                                                         \
+        const V zero_ = {0};                                                                   \
+        V best_ = (a0);                                                                        \
         VI arg_ = {0}, m_ = (a1) > best_;                                                      \
         best_ = pickf(m_, (a1), best_);                                                        \
         arg_ = pick(m_, (VI){0} + 1, arg_);                                                    \
