@@ -216,26 +216,47 @@ def test_a_resumed_optimizer_continues_as_if_never_stopped(make, rng):
     assert optim.state_bytes_for(spec, 20) == 4 * 20 * len(a.state_names)
 
 
-def test_adam_flushes_denormals_to_zero_as_keras_on_tensorflow_does():
-    """TensorFlow runs its CPU kernels with denormals flushed to zero, Keras' Adam included:
-    where a first moment's decrement ``(g - m) * (1 - beta_1)`` would be denormal it is zero and
-    the moment stays put (IEEE arithmetic would keep decaying it, through slow denormals). The
-    compiled Adam flushes as TensorFlow does: the same moments, bit for bit."""
-    k_opt = keras.optimizers.Adam(0.01)
+#: optimizers whose moment a zero gradient decays (compiled Adam, and three numpy updates):
+#: the name of that moment in Keras and in ringtrain, and a gradient that puts it near the
+#: denormals (RMSprop's moment holds the gradient squared)
+DECAYING = {
+    "adam": (lambda: keras.optimizers.Adam(0.01), "momentum", "m", 1e-36),
+    "adam-amsgrad": (lambda: keras.optimizers.Adam(0.01, amsgrad=True), "momentum", "m", 1e-36),
+    "sgd-momentum": (
+        lambda: keras.optimizers.SGD(0.01, momentum=0.9),
+        "momentum",
+        "momentum",
+        1e-36,
+    ),
+    "rmsprop": (lambda: keras.optimizers.RMSprop(0.01, rho=0.5), "velocity", "velocity", 1e-18),
+}
+
+
+@pytest.mark.parametrize("case", list(DECAYING))
+def test_denormals_are_flushed_to_zero_as_keras_on_tensorflow_does(case):
+    """TensorFlow runs its CPU kernels with denormals flushed to zero, Keras' optimizers
+    included: where a moment's decay would give a denormal it gives zero (IEEE arithmetic keeps
+    decaying it, through slow denormals). ringtrain's updates, compiled or numpy, flush as
+    TensorFlow does: the same moments, bit for bit, with a tiny gradient that then stops."""
+    make, keras_name, ours, tiny_g = DECAYING[case]
+    k_opt = make()
     spec = optim.from_compile_config({"optimizer": keras.optimizers.serialize(k_opt)})
     w0 = np.array([0.5, -0.25, 1.0, 2.0], np.float32)
-    first = np.array([1e-36, -3e-37, 0.5, 1e-3], np.float32)
+    first = np.array([tiny_g, -0.3 * tiny_g, 0.5, 1e-3], np.float32)
     later = np.array([0.0, 0.0, 0.1, 0.0], np.float32)
     variable, params = keras.Variable(w0.copy()), w0.copy()
     opt = optim.build_spec(spec, params, [(0, 4)])
-    assert opt.fused is not None  # the compiled step, the one a float32 model runs
+    if case == "adam":
+        assert opt.fused is not None  # the compiled step, the one a float32 model runs
     g = np.zeros_like(params)
-    for step in range(30):
+    for step in range(12):  # IEEE would still hold denormals, not yet underflowed to zero
         np.copyto(g, first if step == 0 else later)
         k_opt.apply_gradients([(g.copy(), variable)])
         opt.begin_step(0)
         opt.apply(g, 0, 4)
-    m_keras = next(v for v in k_opt.variables if "momentum" in v.path).numpy()
-    assert m_keras[0] == np.float32(1e-36) * np.float32(0.1)  # stuck: Keras flushed
-    assert opt.state["m"].tobytes() == m_keras.tobytes()
+    moment = next(v for v in k_opt.variables if v.path.endswith(keras_name)).numpy()
+    tiny = np.abs(moment[:2])
+    assert ((tiny == 0) | (tiny >= np.finfo(np.float32).tiny)).all()  # Keras: no denormal
+    assert opt.state[ours][:2].tobytes() == moment[:2].tobytes()
+    np.testing.assert_allclose(opt.state[ours], moment, rtol=1e-5)
     np.testing.assert_allclose(params, variable.numpy(), rtol=1e-5)

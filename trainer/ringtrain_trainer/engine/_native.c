@@ -181,6 +181,9 @@ static PyMethodDef methods[] = {
      "adam_update(g, w, m, v, c1, c2, eps, alpha, threads=1): Keras' Adam step in place on "
      "float32 slices (c1 = 1 - beta_1, c2 = 1 - beta_2, alpha the step's bias-corrected rate), "
      "split over up to `threads` threads for a large slice."},
+    {"flush_denormals", flush_denormals, METH_VARARGS,
+     "flush_denormals(on): denormals flushed to zero (FTZ and DAZ) on the calling thread or "
+     "not, as TensorFlow runs its CPU kernels; returns whether they were."},
     {"use", use, METH_VARARGS,
      "use(name): run the kernel set `name` (avx512, avx2, baseline) from now on; returns the "
      "set that ran (for tests: the CPU must have the set's instructions)."},

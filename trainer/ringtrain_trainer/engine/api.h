@@ -160,6 +160,20 @@ static void adam_split(adam_job job, int threads) {
         if (started[t]) pthread_join(tid[t], NULL);
 }
 
+/* flush_denormals(on) -> whether they were flushed: FTZ and DAZ on the calling thread. */
+static PyObject *flush_denormals(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on))
+        return NULL;
+#ifdef X86_SETS
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(on ? csr | FLUSH_DENORMALS : csr & ~FLUSH_DENORMALS);
+    return PyBool_FromLong((csr & FLUSH_DENORMALS) == FLUSH_DENORMALS);
+#else
+    return PyBool_FromLong(0);
+#endif
+}
+
 static PyObject *adam_update(PyObject *self, PyObject *args) {
     Py_buffer g, w, m, v;
     float c1, c2, eps, alpha;

@@ -18,6 +18,8 @@ built (``tests/trainer/test_native.py``), so CI never passes on the fallback by 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from types import ModuleType
 
 import numpy as np
@@ -39,6 +41,23 @@ def describe() -> str:
     if kernels is None:
         return f"numpy only (the C extension is not built: {_why}; run hack/setup)"
     return f"native C ({kernels.isa()})"
+
+
+@contextlib.contextmanager
+def flushed_denormals() -> Iterator[None]:
+    """Denormals flushed to zero on this thread for the block (FTZ and DAZ), as TensorFlow runs
+    every CPU kernel (its ScopedFlushDenormal) and so every Keras optimizer: a moment whose
+    gradient stays zero decays into denormals within hundreds of steps, where IEEE arithmetic
+    keeps them (slowly: each costs a microcode assist) and TensorFlow has zeros. Without the C
+    extension, IEEE arithmetic."""
+    if kernels is None:
+        yield
+        return
+    was = kernels.flush_denormals(True)
+    try:
+        yield
+    finally:
+        kernels.flush_denormals(was)
 
 
 #: the kernel sets whose GEMM (``gemm.h``) beats OpenBLAS on the engine's narrow products,

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ringtrain_trainer.engine import native
 from ringtrain_trainer.optim.clip import Clip
 from ringtrain_trainer.optim.constraints import Constraint, Tracker
 
@@ -167,7 +168,12 @@ class Optimizer:
 
     def apply(self, grads: np.ndarray, start: int, stop: int) -> None:
         """``grads[start:stop]`` is reduced: clip it and update what is now complete (with
-        clipnorm a whole tensor, with global_clipnorm the whole gradient; see :mod:`.clip`)."""
+        clipnorm a whole tensor, with global_clipnorm the whole gradient; see :mod:`.clip`).
+        Denormals are flushed to zero, as Keras' optimizers run in TensorFlow."""
+        with native.flushed_denormals():
+            self._apply(grads, start, stop)
+
+    def _apply(self, grads: np.ndarray, start: int, stop: int) -> None:
         for a, b, r in self.regs:
             lo, hi = max(a, start), min(b, stop)
             if lo < hi:
