@@ -299,6 +299,10 @@ class IPU:
         if p.rounder is not None:
             p.rounder(p.dlogits)
 
+    def _launch(self, exe: Executable) -> list[Iterator[int]]:
+        """Every shard group of ``exe`` started (``shard_groups``), the first on this thread."""
+        return self.groups.launch(exe.groups, functools.partial(self._run_group, exe))
+
     def _mean_of_shards(self, start: int, stop: int, n: int) -> None:
         """The host gradient piece as the mean of the ``n`` shards' (shard 0's buffer is the
         host's): sums in shard order, then one multiply; the last add and the multiply in one
@@ -339,7 +343,7 @@ class IPU:
         for i, p in enumerate(exe.programs):
             p.ctx["step"] = self.stats.steps if step is None else step
             p.ctx["example0"] = first + i * p.batch
-        runs = self.groups.launch(exe.groups, functools.partial(self._run_group, exe))
+        runs = self._launch(exe)
         n = len(exe.programs)
         try:
             for k, piece in enumerate(self.spec.grad_pieces):
@@ -424,9 +428,7 @@ class IPU:
             t0 = time.perf_counter()
             self._stream_weights()
             self._load(exe, x, None)
-            self.groups.finish(
-                self.groups.launch(exe.groups, functools.partial(self._run_group, exe))
-            )
+            self.groups.finish(self._launch(exe))
             self.stats.compute_s += time.perf_counter() - t0
             self.stats.flops += exe.flops_per_run
             for i, p in enumerate(exe.programs):

@@ -5,6 +5,14 @@
 #ifndef RINGTRAIN_API_H
 #define RINGTRAIN_API_H
 
+/* PyBuffer_Release of every buffer given: each function's buffers, however its checks ended. */
+#define RELEASE(...)                                                                           \
+    do {                                                                                       \
+        Py_buffer *bufs_[] = {__VA_ARGS__};                                                    \
+        for (size_t i_ = 0; i_ < sizeof bufs_ / sizeof *bufs_; i_++)                         \
+            PyBuffer_Release(bufs_[i_]);                                                       \
+    } while (0)
+
 /* The sums accumulate in this thread's own cache lines, copied out once: the shards' gradient
  * buffers are small numpy arrays that may share a cache line with another shard's, and every
  * pooled position writes them. */
@@ -42,15 +50,10 @@ static PyObject *convpool_forward(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         ks->convpool_fwd(x.buf, w.buf, bias.buf, out.buf, idx.buf, B, H, W, C, K, F);
         Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
+        res = Py_NewRef(Py_None);
     } else if (F % 8 != 0 && !PyErr_Occurred())
         PyErr_SetString(PyExc_ValueError, "filters must be a multiple of 8");
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&bias);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&idx);
+    RELEASE(&x, &w, &bias, &out, &idx);
     return res;
 }
 
@@ -70,17 +73,12 @@ static PyObject *convpool_backward(PyObject *self, PyObject *args) {
         ok = convpool_bwd(x.buf, dout.buf, idx.buf, dw.buf, db.buf, B, H, W, C, K, F);
         Py_END_ALLOW_THREADS
         if (ok) {
-            res = Py_None;
-            Py_INCREF(res);
+            res = Py_NewRef(Py_None);
         } else
             PyErr_NoMemory();
     } else if (F % 8 != 0 && !PyErr_Occurred())
         PyErr_SetString(PyExc_ValueError, "filters must be a multiple of 8");
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&dout);
-    PyBuffer_Release(&idx);
-    PyBuffer_Release(&dw);
-    PyBuffer_Release(&db);
+    RELEASE(&x, &dout, &idx, &dw, &db);
     return res;
 }
 
@@ -98,13 +96,9 @@ static PyObject *convpool_input_grad(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         ks->convpool_dx(wt.buf, dout.buf, idx.buf, dx.buf, B, H, W, C, K, F);
         Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
+        res = Py_NewRef(Py_None);
     }
-    PyBuffer_Release(&wt);
-    PyBuffer_Release(&dout);
-    PyBuffer_Release(&idx);
-    PyBuffer_Release(&dx);
+    RELEASE(&wt, &dout, &idx, &dx);
     return res;
 }
 
@@ -122,16 +116,23 @@ typedef struct {
  * it becomes zero instead, as in Keras. Restored after: nothing else in the process changes. */
 #define FLUSH_DENORMALS 0x8040u
 
-static void *adam_run(void *arg) {
-    const adam_job *j = arg;
+/* Flush denormals on this thread (on) or not; returns whether they were flushed. */
+static int flush(int on) {
 #ifdef X86_SETS
     const unsigned int csr = _mm_getcsr();
-    _mm_setcsr(csr | FLUSH_DENORMALS);
+    _mm_setcsr(on ? csr | FLUSH_DENORMALS : csr & ~FLUSH_DENORMALS);
+    return (csr & FLUSH_DENORMALS) == FLUSH_DENORMALS;
+#else
+    (void)on;
+    return 0;
 #endif
+}
+
+static void *adam_run(void *arg) {
+    const adam_job *j = arg;
+    const int was = flush(1);
     ks->adam_step(j->g, j->w, j->m, j->v, j->n, j->c1, j->c2, j->eps, j->alpha);
-#ifdef X86_SETS
-    _mm_setcsr(csr);
-#endif
+    flush(was);
     return NULL;
 }
 
@@ -165,13 +166,7 @@ static PyObject *flush_denormals(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on))
         return NULL;
-#ifdef X86_SETS
-    const unsigned int csr = _mm_getcsr();
-    _mm_setcsr(on ? csr | FLUSH_DENORMALS : csr & ~FLUSH_DENORMALS);
-    return PyBool_FromLong((csr & FLUSH_DENORMALS) == FLUSH_DENORMALS);
-#else
-    return PyBool_FromLong(0);
-#endif
+    return PyBool_FromLong(flush(on));
 }
 
 static PyObject *adam_update(PyObject *self, PyObject *args) {
@@ -194,13 +189,9 @@ static PyObject *adam_update(PyObject *self, PyObject *args) {
             adam_split(job, t < threads ? t : threads);
             Py_END_ALLOW_THREADS
         }
-        res = Py_None;
-        Py_INCREF(res);
+        res = Py_NewRef(Py_None);
     }
-    PyBuffer_Release(&g);
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&m);
-    PyBuffer_Release(&v);
+    RELEASE(&g, &w, &m, &v);
     return res;
 }
 
@@ -226,14 +217,9 @@ static PyObject *gemm(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         ks->gemm(a.buf, row.buf, red.buf, b.buf, out.buf, M, N, K);
         Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
+        res = Py_NewRef(Py_None);
     }
-    PyBuffer_Release(&a);
-    PyBuffer_Release(&row);
-    PyBuffer_Release(&red);
-    PyBuffer_Release(&b);
-    PyBuffer_Release(&out);
+    RELEASE(&a, &row, &red, &b, &out);
     return res;
 }
 
@@ -248,12 +234,9 @@ static PyObject *gemm_nt(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         ks->gemm_nt(a.buf, w.buf, out.buf, M, N, K);
         Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
+        res = Py_NewRef(Py_None);
     }
-    PyBuffer_Release(&a);
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&out);
+    RELEASE(&a, &w, &out);
     return res;
 }
 
@@ -269,13 +252,9 @@ static PyObject *pool_relu(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         ks->pool_forward(conv.buf, bias.buf, out.buf, win.buf, P, F);
         Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
+        res = Py_NewRef(Py_None);
     }
-    PyBuffer_Release(&conv);
-    PyBuffer_Release(&bias);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&win);
+    RELEASE(&conv, &bias, &out, &win);
     return res;
 }
 
@@ -291,12 +270,9 @@ static PyObject *unpool(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         ks->pool_backward(dout.buf, win.buf, dconv.buf, P, F);
         Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
+        res = Py_NewRef(Py_None);
     }
-    PyBuffer_Release(&dout);
-    PyBuffer_Release(&win);
-    PyBuffer_Release(&dconv);
+    RELEASE(&dout, &win, &dconv);
     return res;
 }
 
@@ -322,12 +298,9 @@ static PyObject *depthwise_forward(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         ks->dw_forward(xp.buf, k.buf, z.buf, d);
         Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
+        res = Py_NewRef(Py_None);
     }
-    PyBuffer_Release(&xp);
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&z);
+    RELEASE(&xp, &k, &z);
     return res;
 }
 
@@ -351,14 +324,10 @@ static PyObject *depthwise_backward(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         ks->dw_backward(xp.buf, dz.buf, k.buf, dk.buf, with_dx ? dxp.buf : NULL, d);
         Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
+        res = Py_NewRef(Py_None);
     }
     if (with_dx && dxp.obj) PyBuffer_Release(&dxp);
-    PyBuffer_Release(&xp);
-    PyBuffer_Release(&dz);
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&dk);
+    RELEASE(&xp, &dz, &k, &dk);
     return res;
 }
 
@@ -382,11 +351,9 @@ static PyObject *add_scale(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         ks->add_scale(out.buf, other.buf, scale, out.len / 4);
         Py_END_ALLOW_THREADS
-        res = Py_None;
-        Py_INCREF(res);
+        res = Py_NewRef(Py_None);
     }
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&other);
+    RELEASE(&out, &other);
     return res;
 }
 

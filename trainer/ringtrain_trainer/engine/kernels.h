@@ -114,7 +114,8 @@ NAME(convpool_fwd_body)(const float *x, const float *w, const float *bias, float
                                 a3 += xp[c + row + C] * wv;
                             }
                         }
-                    POOL_OUT(a0, a1, a2, a3, load8(bias + f0), out + o + f0, idx + o + f0, v8, v8i, v8b);
+                    POOL_OUT(a0, a1, a2, a3, load8(bias + f0), out + o + f0, idx + o + f0,
+                             v8, v8i, v8b);
                 }
             }
 }
