@@ -316,12 +316,12 @@ def metric_rows(make) -> list[MetricRow]:
 def components() -> list[tuple[str, str, object]]:
     """(title, source, metrics class) of every component that exposes metrics."""
     from ringtrain_operator.metrics import OperatorMetrics
-    from ringtrain_trainer.metrics import TrainerMetrics
+    from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
     return [
         (
             "Trainer (`ringtrain worker`, port 9400)",
-            "trainer/ringtrain_trainer/metrics.py",
+            "trainer/ringtrain_trainer/telemetry/metrics.py",
             TrainerMetrics,
         ),
         (

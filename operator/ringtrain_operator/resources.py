@@ -2,7 +2,7 @@
 
 Why: a pod without requests or limits lets one job starve a node (issue 20: checkov found every
 worker pod unbounded). The built-in trainer's memory is known before any pod exists: the emulated
-IPUs hold what :func:`ringtrain_trainer.memory.plan_memory` plans (per IPU, ``ipuMemoryMB`` at
+IPUs hold what :func:`ringtrain_trainer.ipu.memory.plan_memory` plans (per IPU, ``ipuMemoryMB`` at
 most: the compile refuses more), the host holds the flat weights, gradients, optimizer state and
 one checkpoint's copy, the ring its fusion buckets and shared-memory slots, the data set its
 images. The plan is arithmetic on layer shapes: the model is parsed and laid out exactly as the
@@ -59,7 +59,7 @@ def _model_source(model: Any) -> str | None:
     """``--model``'s value when the operator can plan it: a preset's name or an inline config's
     JSON (as ``optiongen`` passes it); None for a file in the pod, or a model whose input
     has None dimensions (the worker fixes them from the data and checks the budget then)."""
-    from ringtrain_trainer import keras_model
+    from ringtrain_trainer.keras import load as keras_model
     from ringtrain_trainer.keras.config import free_input_shape
 
     doc = model
@@ -80,7 +80,8 @@ def _plan(
     source: str, per_ipu: int, capacity: int, optimizer: str | None, on_host: bool
 ) -> tuple[int, int]:
     """(one IPU's planned bytes, parameters) of training ``source`` on ``per_ipu`` examples."""
-    from ringtrain_trainer import keras_model, memory
+    from ringtrain_trainer.ipu import memory
+    from ringtrain_trainer.keras import load as keras_model
 
     spec = keras_model.load(source, (capacity, per_ipu))
     state = _slots(optimizer) * spec.num_params * ITEMSIZE

@@ -269,7 +269,9 @@ def model_error(model: Any, budget: tuple[int, int] | None = None) -> str | None
             "must be a preset name, a path, or an inline Keras model config (an object), "
             f"got {type(model).__name__}"
         )
-    from ringtrain_trainer import keras_model  # the worker's own parser: numpy, no TensorFlow
+    from ringtrain_trainer.keras import (
+        load as keras_model,  # the worker's own parser: numpy, no TensorFlow
+    )
     from ringtrain_trainer.keras.config import free_input_shape
 
     size = len(json.dumps(model, separators=(",", ":")).encode())

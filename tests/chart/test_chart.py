@@ -18,7 +18,7 @@ from test_rbac import GRANTS
 from ringtrain_operator import main as operator_main
 from ringtrain_operator import manifests
 from ringtrain_operator.metrics import OperatorMetrics
-from ringtrain_trainer.metrics import TrainerMetrics
+from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
 #: Kubernetes minor versions whose schemas the rendered objects must satisfy: the releases kind
 #: ships node images for today, and the newest the validator knows.

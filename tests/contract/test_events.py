@@ -18,7 +18,8 @@ import pytest
 
 from ringtrain import events
 from ringtrain_operator import observe as opstatus
-from ringtrain_trainer.metrics import TrainerMetrics
+from ringtrain_trainer.keras import load as keras_load
+from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
 PROGRESS = (
     '{"event":"progress","step":120,"epoch":0,"loss":0.412346,"samples_per_s":8412.3,'
@@ -194,11 +195,10 @@ def test_fetch_status_of_nothing_listening_is_none():
 
 
 def test_the_operator_reads_the_memory_report_the_trainer_serves():
-    from ringtrain_trainer import memory
-    from ringtrain_trainer import model as M
-    from ringtrain_trainer.ipu import IPU, IPUConfig
+    from ringtrain_trainer.ipu import memory
+    from ringtrain_trainer.ipu.device import IPU, IPUConfig
 
-    spec = M.build("cnn")
+    spec = keras_load.build("cnn")
     params = spec.init(0)
     plan = IPU(
         spec,

@@ -24,11 +24,12 @@ pytestmark = pytest.mark.filterwarnings(
 
 import keras  # noqa: E402  (never skipped: the issue requires the comparison with Keras)
 
-from ringtrain_trainer import data as data_mod  # noqa: E402
-from ringtrain_trainer import model as model_mod  # noqa: E402
-from ringtrain_trainer.checkpoint import CheckpointManager  # noqa: E402
+from ringtrain_trainer.checkpoint.store import CheckpointManager  # noqa: E402
 from ringtrain_trainer.collective import LocalCollective  # noqa: E402
 from ringtrain_trainer.config import TrainerConfig  # noqa: E402
+from ringtrain_trainer.data import dataset as data_mod  # noqa: E402
+from ringtrain_trainer.engine import model as model_mod  # noqa: E402
+from ringtrain_trainer.keras import load as keras_load  # noqa: E402
 from ringtrain_trainer.worker import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def _ringtrain_probabilities(manifest: str, x: np.ndarray) -> np.ndarray:
     """What ringtrain predicts from the checkpoint: its forward gives logits (the model's final
     softmax is folded into the loss), so the softmax is applied here."""
     state = CheckpointManager(Path(manifest).parent).load(manifest)
-    spec = model_mod.build(state.model)  # the inline config, as the checkpoint recorded it
+    spec = keras_load.build(state.model)  # the inline config, as the checkpoint recorded it
     prog = model_mod.Program(spec, len(x), train=False, state=state.model_state)
     np.copyto(prog.x, x.reshape(prog.x.shape))
     logits = prog.forward(spec.views(state.params)).astype(np.float64)

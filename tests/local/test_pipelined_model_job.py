@@ -27,9 +27,10 @@ pytestmark = [
 import keras  # noqa: E402  (never skipped: the issue requires the comparison with Keras)
 import onnxruntime as ort  # noqa: E402
 
-from ringtrain_trainer import data as data_mod  # noqa: E402
-from ringtrain_trainer import model as model_mod  # noqa: E402
-from ringtrain_trainer.checkpoint import CheckpointManager  # noqa: E402
+from ringtrain_trainer.checkpoint.store import CheckpointManager  # noqa: E402
+from ringtrain_trainer.data import dataset as data_mod  # noqa: E402
+from ringtrain_trainer.engine import model as model_mod  # noqa: E402
+from ringtrain_trainer.keras import load as keras_load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "pipelined-model.yaml"
@@ -38,7 +39,7 @@ RUN = [*CLI, "run"]
 
 def _probabilities(manifest: str, x: np.ndarray) -> np.ndarray:
     state = CheckpointManager(Path(manifest).parent).load(manifest)
-    spec = model_mod.build(state.model)
+    spec = keras_load.build(state.model)
     prog = model_mod.Program(spec, len(x), train=False, state=state.model_state)
     np.copyto(prog.x, x.reshape(prog.x.shape))
     logits = prog.forward(spec.views(state.params)).astype(np.float64)

@@ -49,7 +49,7 @@ from ringtrain_operator import main as operator_main
 from ringtrain_operator import spec as jobspec
 from ringtrain_operator import status
 from ringtrain_operator.metrics import OperatorMetrics
-from ringtrain_trainer.memory import KINDS
+from ringtrain_trainer.ipu.memory import KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "team-a"

@@ -492,7 +492,7 @@ def test_a_zero_learning_rate_is_refused_like_the_trainer_does():
 
 def test_checkpoint_keep_reaches_the_workers_checkpoint_manager(tmp_path):
     """spec.trainer.checkpoint.keep is the worker's --checkpoint-keep (default 3, at least 1)."""
-    from ringtrain_trainer.checkpoint import CheckpointManager
+    from ringtrain_trainer.checkpoint.store import CheckpointManager
     from ringtrain_trainer.config import TrainerConfig
 
     j = spec.load(job_obj(trainer={"checkpoint": {"keep": 5}}))

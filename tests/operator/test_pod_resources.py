@@ -14,8 +14,9 @@ import pytest
 from operator_jobs import job_obj
 
 from ringtrain_operator import manifests, resources, spec
-from ringtrain_trainer import keras_model, optim
-from ringtrain_trainer.ipu import IPU, MB, IPUConfig
+from ringtrain_trainer import optim
+from ringtrain_trainer.ipu.device import IPU, MB, IPUConfig
+from ringtrain_trainer.keras import load as keras_model
 
 MI = 1 << 20
 

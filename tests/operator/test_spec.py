@@ -265,7 +265,7 @@ def _inline_models():
 
     import yaml
 
-    from ringtrain_trainer.keras_model import preset_config
+    from ringtrain_trainer.keras.load import preset_config
 
     example = Path(__file__).resolve().parents[2] / "examples" / "keras-model.yaml"
     return {

@@ -82,7 +82,7 @@ def ring_metrics(coll, world: int, rank: int, n: int) -> None:
     from prometheus_client import CollectorRegistry
 
     from ringtrain.errors import RingError
-    from ringtrain_trainer.metrics import TrainerMetrics
+    from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
     registry = CollectorRegistry()
     TrainerMetrics(registry=registry).watch_ring(coll)
@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
     sizes = [int(s) for s in a.sizes.split(",")]
     coll = server = observer = None
     if a.metrics_port:
-        from ringtrain_trainer.metrics import MetricsServer, RingMetrics, TrainerMetrics
+        from ringtrain_trainer.telemetry.metrics import MetricsServer, RingMetrics, TrainerMetrics
 
         metrics = TrainerMetrics()
         server = MetricsServer(metrics, a.metrics_port)

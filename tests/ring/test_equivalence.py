@@ -154,7 +154,7 @@ def _rank_order_npz(tmp_path, world: int) -> tuple[str, str]:
     """mnist-5k as two .npz files: as it is, and reordered so that one worker reading its
     (equally shuffled) stream meets, at every step, the global batch in rank order
     (``Sharder.global_batch_indices``): worker 0's B examples, then worker 1's."""
-    from ringtrain_trainer import data as data_mod
+    from ringtrain_trainer.data import dataset as data_mod
 
     ds = data_mod.load("mnist-5k")
     # as float x/255: a .npz is fed as stored, and this model has no Rescaling

@@ -31,10 +31,10 @@ from support.ports import free_ports, side_channel_port
 from support.sockets import drain, send_and_drain
 
 from ringtrain.errors import Unauthenticated
-from ringtrain_trainer import metrics as trainer_metrics
 from ringtrain_trainer.ring import auth, control
 from ringtrain_trainer.ring.grpc_transport import _HELLO as GRPC_HELLO
 from ringtrain_trainer.ring.grpc_transport import call_metadata
+from ringtrain_trainer.telemetry import metrics as trainer_metrics
 
 TOKEN = "hostile-traffic-test-token"
 STEPS = 150  # long enough for several full rounds of attacks on a loaded machine

@@ -43,7 +43,7 @@ def test_a_single_worker_or_mpi_has_no_ring_to_watch():
     from prometheus_client import CollectorRegistry
 
     from ringtrain_trainer.collective import LocalCollective
-    from ringtrain_trainer.metrics import TrainerMetrics
+    from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
     registry = CollectorRegistry()
     TrainerMetrics(registry=registry).watch_ring(LocalCollective())

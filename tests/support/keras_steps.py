@@ -7,9 +7,9 @@ import io
 
 import numpy as np
 
-from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.worker import Trainer
 
 

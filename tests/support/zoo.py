@@ -432,8 +432,8 @@ def acceptance(directory) -> dict[str, str | None]:
     """Per zoo model: None where ringtrain accepts its ``.keras`` file and its data, else the
     refusal's words (a refusal before anything runs, naming the layer, argument or array)."""
     from ringtrain.errors import DataError, InvalidSpec
-    from ringtrain_trainer import keras_model as KM
-    from ringtrain_trainer.data_npz import fit_model, load_npz
+    from ringtrain_trainer.data.npz import fit_model, load_npz
+    from ringtrain_trainer.keras import load as KM
 
     out: dict[str, str | None] = {}
     for name, entry in ZOO.items():

@@ -12,7 +12,7 @@ import pytest
 from thread_collective import ThreadGroup
 from threadpoolctl import threadpool_limits
 
-from ringtrain_trainer import data as data_mod
+from ringtrain_trainer.data import dataset as data_mod
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -81,7 +81,7 @@ def sgd_on_ipu(spec, cfg, steps: int, batch: int, lr: float):
     """``steps`` plain-SGD steps of ``spec`` on one emulated IPU (``ipu.IPU``) over seeded random
     images: (params, losses, executable, ipu) — the runs the recompute and workspace-cap tests
     compare with and without their option."""
-    from ringtrain_trainer.ipu import IPU
+    from ringtrain_trainer.ipu.device import IPU
 
     params = spec.init(5)
     grads = np.zeros_like(params)

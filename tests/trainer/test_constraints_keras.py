@@ -17,7 +17,7 @@ from support.keras_steps import follows_keras, train_beside_keras
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.export import write_keras
-from ringtrain_trainer.keras_model import load
+from ringtrain_trainer.keras.load import load
 from ringtrain_trainer.optim import constraints as C
 from ringtrain_trainer.optim.sgd import SGD
 

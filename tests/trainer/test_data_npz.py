@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ringtrain.errors import DataError
-from ringtrain_trainer import data as D
-from ringtrain_trainer.data_npz import check_fits, load_npz, raw_pixels_note
+from ringtrain_trainer.data import dataset as D
+from ringtrain_trainer.data.npz import check_fits, load_npz, raw_pixels_note
 from ringtrain_trainer.worker_main import main as worker_main
 
 
@@ -143,7 +143,7 @@ def test_worker_trains_on_a_npz_via_data_and_data_dir(tmp_path, capsys):
 
 
 def test_the_raw_pixels_note_is_only_for_uint8_into_a_model_without_rescaling(tmp_path):
-    from ringtrain_trainer import keras_model as KM
+    from ringtrain_trainer.keras import load as KM
 
     save(tmp_path / "u.npz", shape=(28, 28))
     save(tmp_path / "f.npz", shape=(28, 28), dtype=np.float32)
@@ -181,7 +181,7 @@ def test_tables_token_ids_and_every_label_form_load_and_conform_to_the_loss(tmp_
     """2-D tables, int token ids, and the labels each loss reads as Keras' ``fit`` takes them:
     0/1 ints ``(n,)`` for a one-output binary model, float class ids ``(n, 1)`` for sparse
     cross-entropy, float targets ``(n,)`` for a one-output regression."""
-    from ringtrain_trainer.data_npz import conform
+    from ringtrain_trainer.data.npz import conform
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50, (20, 7)).astype(np.int32)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ringtrain_trainer import layers as L
-from ringtrain_trainer import model as M
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.layers import fused
 
 

@@ -6,7 +6,7 @@ import pytest
 from support.gradcheck import check_model
 
 from ringtrain_trainer import layers as L
-from ringtrain_trainer import model as M
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.graph import Graph, GraphError, Node
 from ringtrain_trainer.layers import fused
 
@@ -82,7 +82,7 @@ def test_the_diamond_plans_its_accumulator_as_workspace():
 
 
 def test_the_memory_table_counts_the_accumulator_in_the_producers_row():
-    from ringtrain_trainer.memory import plan_memory
+    from ringtrain_trainer.ipu.memory import plan_memory
 
     spec = diamond()
     plan = plan_memory(spec, 4, True, 8, 1 << 30, 0)
@@ -93,7 +93,7 @@ def test_the_memory_table_counts_the_accumulator_in_the_producers_row():
 
 def test_the_ipu_runs_a_graph_in_shards_and_replicas_like_one_program(rng):
     """Accumulators per shard: 2 replicas x 2 host threads give one program's gradient."""
-    from ringtrain_trainer.ipu import IPU, IPUConfig
+    from ringtrain_trainer.ipu.device import IPU, IPUConfig
 
     spec = diamond()
     x = rng.normal(size=(8, 5)).astype(np.float32)

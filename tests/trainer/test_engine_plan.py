@@ -8,7 +8,7 @@ import pytest
 from test_engine_graph import diamond
 
 from ringtrain_trainer import layers as L
-from ringtrain_trainer import model as M
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine import plan
 from ringtrain_trainer.engine.tensor import ParamSpec
 

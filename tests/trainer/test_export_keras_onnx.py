@@ -29,10 +29,11 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from ringtrain.errors import InvalidSpec  # noqa: E402
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState  # noqa: E402
-from ringtrain_trainer.data import Position  # noqa: E402
+from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState  # noqa: E402
+from ringtrain_trainer.data.dataset import Position  # noqa: E402
 from ringtrain_trainer.export import cli as export_cli  # noqa: E402
 from ringtrain_trainer.export import read_keras, write_keras, write_onnx  # noqa: E402
+from ringtrain_trainer.keras import load as keras_load  # noqa: E402
 
 L = keras.layers
 
@@ -207,9 +208,9 @@ def test_wrong_weights_are_refused_naming_the_layer(models, tmp_path):
 @pytest.mark.parametrize("model", ["cnn", "cnn2"])
 def test_export_command_writes_what_ringtrain_predicts(model, tmp_path, capsys):
     """A checkpoint of a preset → .keras and .onnx that predict what ringtrain's forward does."""
-    from ringtrain_trainer import model as model_mod
+    from ringtrain_trainer.engine import model as model_mod
 
-    spec = model_mod.build(model)
+    spec = keras_load.build(model)
     params = spec.init(seed=3)
     params += np.random.default_rng(3).normal(0, 0.05, params.shape).astype(np.float32)
     CheckpointManager(tmp_path / "ck").save(
@@ -235,9 +236,8 @@ def test_export_command_writes_what_ringtrain_predicts(model, tmp_path, capsys):
 
 
 def test_export_uses_the_newest_good_checkpoint_and_names_bad_input(tmp_path, capsys):
-    from ringtrain_trainer import model as model_mod
 
-    spec = model_mod.build("cnn")
+    spec = keras_load.build("cnn")
     ck = CheckpointManager(tmp_path / "ck")
     for step in (1, 2):
         ck.save(
@@ -271,8 +271,8 @@ def test_a_mixed_float16_model_is_exported_under_its_dtype_policies(tmp_path, mn
     ringtrain's forward does within fp16 rounding; ONNX of the same run stays float32."""
     from support.reference import single_worker_run
 
-    from ringtrain_trainer import model as model_mod
     from ringtrain_trainer.config import TrainerConfig
+    from ringtrain_trainer.engine import model as model_mod
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
@@ -323,8 +323,8 @@ def test_a_float32_model_trained_with_precision_fp16_exports_as_mixed_float16(tm
     ``ringtrain export`` gives every layer mixed_float16, predicting what ringtrain does."""
     from support.reference import single_worker_run
 
-    from ringtrain_trainer import model as model_mod
     from ringtrain_trainer.config import TrainerConfig
+    from ringtrain_trainer.engine import model as model_mod
 
     argv = ["--model", "cnn", "--steps", "2", "--eval-every", "0", "--precision", "fp16"]
     argv += ["--checkpoint-dir", str(tmp_path / "ck")]

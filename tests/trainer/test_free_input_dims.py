@@ -15,9 +15,10 @@ import keras
 import onnxruntime as ort
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer import report
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data import Dataset, Split
+from ringtrain_trainer.data.dataset import Dataset, Split
 from ringtrain_trainer.export.cli import export_state
 from ringtrain_trainer.keras.config import fix_input_shape, free_input_shape
 from ringtrain_trainer.worker import Trainer
@@ -148,7 +149,6 @@ def test_a_checkpoint_exports_and_the_operator_validates_without_the_data(tmp_pa
 
 
 def test_the_memory_report_plans_the_data_s_length_and_says_so(tmp_path):
-    from ringtrain_trainer import memory
 
     keras.utils.set_random_seed(2)
     _series().save(tmp_path / "m.keras")
@@ -156,5 +156,5 @@ def test_the_memory_report_plans_the_data_s_length_and_says_so(tmp_path):
     np.savez(tmp_path / "d.npz", x_train=x, y_train=y, x_test=x, y_test=y)
     args = ["--model", str(tmp_path / "m.keras"), "--data-dir", str(tmp_path / "d.npz")]
     out = io.StringIO()
-    memory.report(TrainerConfig.from_args([*args, "--batch-size", "8"], {}), out)
+    report.report(TrainerConfig.from_args([*args, "--batch-size", "8"], {}), out)
     assert "input (None, 3) fixed to (9, 3) by the data's x" in out.getvalue()

@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.export import write_keras, write_onnx
-from ringtrain_trainer.keras_model import load
+from ringtrain_trainer.keras.load import load
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"

@@ -20,7 +20,7 @@ import onnxruntime as ort
 from support.keras_steps import train_beside_keras
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import model as M
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.ops.broadcast import Broadcast
 from ringtrain_trainer.engine.ops.dropout import SharedDropout
 from ringtrain_trainer.engine.ops.standardize import Standardize
@@ -131,7 +131,7 @@ def test_shared_dropout_masks_are_constant_along_the_noise_shape_and_split_by_ex
 def test_dropout_with_a_noise_shape_builds_a_shared_mask_and_exports(layer, noise, tmp_path):
     inp = L.Input((4, 4, 3))
     km = keras.Model(inp, L.Dense(2)(L.Flatten()(layer()(inp))))
-    from ringtrain_trainer import keras_model as KM
+    from ringtrain_trainer.keras import load as KM
 
     spec = KM.from_config(json.loads(km.to_json()))
     (drop,) = [op for op in spec.layers if isinstance(op, SharedDropout)]
@@ -144,7 +144,7 @@ def test_dropout_with_a_noise_shape_builds_a_shared_mask_and_exports(layer, nois
 
 
 def test_a_depthwise_initializer_sets_the_depthwise_kernel():
-    from ringtrain_trainer import keras_model as KM
+    from ringtrain_trainer.keras import load as KM
 
     init = keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
     inp = L.Input((5, 5, 3))

@@ -17,10 +17,10 @@ import onnxruntime as ort
 from support.keras_steps import train_beside_keras
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import model as M
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.ops.score_attention import ScoreAttention
 from ringtrain_trainer.export import write_keras, write_onnx
-from ringtrain_trainer.keras_model import load
+from ringtrain_trainer.keras.load import load
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"

@@ -19,11 +19,11 @@ import keras
 from support.keras_steps import exports_predict, follows_keras, train_beside_keras
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import keras_model
 from ringtrain_trainer.engine.ops.conv import Conv
 from ringtrain_trainer.engine.ops.pool import GlobalPool, Pool
 from ringtrain_trainer.engine.ops.shape import Border, UpSampling
 from ringtrain_trainer.export import write_onnx
+from ringtrain_trainer.keras import load as keras_model
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"

@@ -22,12 +22,12 @@ from support.keras_steps import follows_keras, train_beside_keras
 from support.opcheck import check_gradients, compile_op, forward
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import keras_model
 from ringtrain_trainer.engine.ops.category import CategoryEncode
 from ringtrain_trainer.engine.ops.dot import Dot
 from ringtrain_trainer.engine.ops.groupnorm import GroupNorm
 from ringtrain_trainer.engine.ops.unitnorm import UnitNorm
 from ringtrain_trainer.export import write_keras, write_onnx
+from ringtrain_trainer.keras import load as keras_model
 from ringtrain_trainer.keras.config import parse
 
 pytestmark = pytest.mark.filterwarnings(

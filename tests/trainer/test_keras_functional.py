@@ -17,9 +17,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import onnxruntime as ort
 
-from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.ops.merge import Concatenate, Merge
 from ringtrain_trainer.export import read_keras, write_keras, write_onnx
 from ringtrain_trainer.layers.fused import ConvPool

@@ -8,9 +8,9 @@ import pytest
 from test_keras_layers import fd_check
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer.engine.ops.merge import Concatenate, Merge
 from ringtrain_trainer.keras import config as K
+from ringtrain_trainer.keras import load as KM
 from ringtrain_trainer.keras import registry
 from ringtrain_trainer.layers.fused import ConvPool
 

@@ -11,11 +11,13 @@ import pytest
 from support.gradcheck import check_model
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
-from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer import layers as L
-from ringtrain_trainer import model as M
-from ringtrain_trainer.ipu import IPU, MB, IPUConfig
+from ringtrain_trainer.engine import handwritten
+from ringtrain_trainer.engine import model as M
+from ringtrain_trainer.ipu.device import IPU, MB, IPUConfig
 from ringtrain_trainer.keras import config as K
+from ringtrain_trainer.keras import load as KM
+from ringtrain_trainer.keras import load as keras_load
 from ringtrain_trainer.layers import fused
 
 
@@ -123,7 +125,7 @@ def test_the_wide_model_uses_the_general_layers_and_the_narrow_one_the_fused_con
 
 def test_presets_are_the_hand_written_models_layout_and_numbers(rng):
     for name in ("cnn", "cnn2"):
-        spec, hand = M.build(name), M.build_handwritten(name)
+        spec, hand = keras_load.build(name), handwritten.build(name)
         assert [type(x) for x in spec.layers] == [type(x) for x in hand.layers]
         assert [(s.spec, s.start) for s in spec.slots] == [(s.spec, s.start) for s in hand.slots]
         assert spec.grad_pieces == hand.grad_pieces
@@ -227,7 +229,7 @@ def test_shape_and_loss_mistakes_are_refused_before_anything_runs():
     ):
         KM.from_config({"class_name": "MyModel", "config": {}})
     with pytest.raises(InvalidSpec, match="--model: unknown model 'vgg'"):
-        M.build("vgg")
+        keras_load.build("vgg")
 
 
 def test_dropout_masks_depend_on_the_global_example_not_on_how_the_batch_is_split():
@@ -428,7 +430,7 @@ def test_the_worker_refuses_an_unsupported_keras_json_before_running(tmp_path, c
 
 def test_moving_statistics_are_checkpointed_and_restored(tmp_path, mnist5k):
     from ringtrain_trainer import worker
-    from ringtrain_trainer.checkpoint import CheckpointManager
+    from ringtrain_trainer.checkpoint.store import CheckpointManager
     from ringtrain_trainer.collective import LocalCollective
     from ringtrain_trainer.config import TrainerConfig
 

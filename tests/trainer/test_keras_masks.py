@@ -20,7 +20,7 @@ import keras
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data import Dataset, Split
+from ringtrain_trainer.data.dataset import Dataset, Split
 from ringtrain_trainer.export.onnx_file import write_onnx
 from ringtrain_trainer.keras import masks
 from ringtrain_trainer.keras.config import parse
@@ -235,8 +235,8 @@ def test_a_layer_keras_drops_the_mask_at_drops_it_as_keras_does():
 def test_two_workers_of_a_masked_model_equal_one_worker_with_both_halves(build, rng):
     """2 workers x batch 4 (gradients averaged as the ring does) == 1 worker x batch 8: each
     example's mask is its own, and both workers build the same graph and layout."""
-    from ringtrain_trainer.ipu import IPU, MB, IPUConfig
-    from ringtrain_trainer.keras_model import KerasModel
+    from ringtrain_trainer.ipu.device import IPU, MB, IPUConfig
+    from ringtrain_trainer.keras.load import KerasModel
 
     keras.utils.set_random_seed(3)
     cfg = parse(json.loads(build().to_json()), compiled=False)
@@ -276,7 +276,7 @@ def test_a_masked_model_matches_finite_differences_through_the_program(build, rn
     from support.gradcheck import check_model
 
     from ringtrain_trainer.engine.program import Program
-    from ringtrain_trainer.keras_model import KerasModel
+    from ringtrain_trainer.keras.load import KerasModel
 
     keras.utils.set_random_seed(3)
     spec = KerasModel("m", parse(json.loads(build().to_json()), compiled=False))

@@ -19,9 +19,9 @@ import keras
 import onnxruntime as ort
 
 from ringtrain.errors import DataError, InvalidSpec
-from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.export import write_keras, write_onnx
 from ringtrain_trainer.keras.config import parse
 from ringtrain_trainer.worker import Trainer

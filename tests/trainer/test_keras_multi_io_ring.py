@@ -19,9 +19,9 @@ from support.ports import loopback_addresses
 from support.reference import single_worker_run
 from test_keras_multi_io import two_in_two_out
 
-from ringtrain_trainer import data as data_mod
-from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.data import dataset as data_mod
+from ringtrain_trainer.engine import model as model_mod
 from ringtrain_trainer.evaluator import Evaluator
 
 pytestmark = pytest.mark.filterwarnings(

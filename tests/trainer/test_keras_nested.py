@@ -25,14 +25,16 @@ import keras
 import onnxruntime as ort
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import budget, keras_model, memory
 from ringtrain_trainer import layers as RL
-from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.ops.frozen import Frozen
 from ringtrain_trainer.engine.ops.shared import Shared, Tied
 from ringtrain_trainer.export import write_keras, write_onnx
+from ringtrain_trainer.ipu import memory
+from ringtrain_trainer.keras import budget
+from ringtrain_trainer.keras import load as keras_model
 from ringtrain_trainer.keras.config import parse
 from ringtrain_trainer.worker import Trainer
 

@@ -22,12 +22,12 @@ import onnxruntime as ort
 from support.keras_steps import logits, softmax
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import keras_model
-from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.ops.noise import Noise
 from ringtrain_trainer.export import write_keras, write_onnx
+from ringtrain_trainer.keras import load as keras_model
 from ringtrain_trainer.keras.config import parse
 from ringtrain_trainer.worker import Trainer
 

@@ -20,10 +20,10 @@ import keras
 from support.keras_steps import logits, train_beside_keras
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import keras_model
-from ringtrain_trainer.data import DataError
+from ringtrain_trainer.data.dataset import DataError
 from ringtrain_trainer.engine.losses import Loss
 from ringtrain_trainer.export import write_keras, write_onnx
+from ringtrain_trainer.keras import load as keras_model
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
@@ -128,7 +128,7 @@ def test_labels_not_shaped_like_the_output_are_refused_naming_the_shape(tmp_path
     km.save(tmp_path / "m.keras")
     spec = keras_model.load(str(tmp_path / "m.keras"))
     assert spec.loss.out_shape == (7, 4) and spec.loss.positions == 7
-    from ringtrain_trainer.data_npz import fit_model, load_npz
+    from ringtrain_trainer.data.npz import fit_model, load_npz
 
     for bad in (y[:, :6], y[:, 0], np.eye(4, dtype=np.float32)[y]):
         np.savez(tmp_path / "d.npz", x_train=x, y_train=bad, x_test=x, y_test=bad)

@@ -18,8 +18,9 @@ import keras
 import tensorflow as tf
 from test_keras_layers import NARROW, WIDE
 
-from ringtrain_trainer import keras_model as KM
-from ringtrain_trainer import model as M
+from ringtrain_trainer.engine import model as M
+from ringtrain_trainer.keras import load as KM
+from ringtrain_trainer.keras import load as keras_load
 
 pytestmark = [
     # TensorFlow's own tensors under numpy 2, when Keras saves weights
@@ -150,7 +151,7 @@ def test_a_keras_file_is_the_starting_point_and_its_predictions_carry_over(tmp_p
 def test_presets_are_keras_configs_keras_itself_loads():
     for name in KM.PRESETS:
         km = keras.models.model_from_json(json.dumps(KM.preset_config(name)))
-        spec = M.build(name)
+        spec = keras_load.build(name)
         assert km.count_params() == spec.num_params
         assert [w.shape for w in km.get_weights()] == [
             w.shape for w in spec.keras_weights(spec.init(0))

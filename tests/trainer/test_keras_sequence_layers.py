@@ -6,7 +6,7 @@ import pytest
 from test_keras_layers import layer, seq
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import keras_model as KM
+from ringtrain_trainer.keras import load as KM
 
 
 def functional(shape, *layers, dtype="int32"):
@@ -128,7 +128,7 @@ def test_the_onnx_export_computes_what_the_ipu_computes(middle, rng):
     """Every RNN direction and merge mode through onnxruntime, from ringtrain's own weights."""
     import onnxruntime as ort
 
-    from ringtrain_trainer import model as M
+    from ringtrain_trainer.engine import model as M
     from ringtrain_trainer.export.onnx_file import to_onnx
 
     emb = ("Embedding", "e", {"input_dim": 7, "output_dim": 4}, {})
@@ -189,7 +189,7 @@ def test_a_whole_sequence_graph_matches_finite_differences(grads_first, rng):
     every parameter through the Program's own backward schedule, in float64."""
     from support.gradcheck import check_model
 
-    from ringtrain_trainer import model as M
+    from ringtrain_trainer.engine import model as M
 
     lstm = {"class_name": "LSTM", "config": {"units": 3, "return_sequences": True}}
     spec = KM.from_config(

@@ -22,10 +22,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import keras_model
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.export import write_keras
+from ringtrain_trainer.keras import load as keras_model
 from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(

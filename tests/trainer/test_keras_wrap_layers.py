@@ -22,15 +22,15 @@ from keras.src.applications.convnext import LayerScale
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import layers as RL
-from ringtrain_trainer import model as M
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.ops.groupconv import GroupConv
 from ringtrain_trainer.engine.ops.scale import ChannelScale
 from ringtrain_trainer.engine.ops.timedistributed import TimeDistributed
 from ringtrain_trainer.export import write_keras, write_onnx
 from ringtrain_trainer.keras.config import parse
-from ringtrain_trainer.keras_model import from_config
+from ringtrain_trainer.keras.load import from_config
 from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(

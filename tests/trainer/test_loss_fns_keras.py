@@ -13,11 +13,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import tensorflow as tf
 
-from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer.engine import loss_fns
 from ringtrain_trainer.engine import loss_spec as LSP
 from ringtrain_trainer.engine import losses as LS
 from ringtrain_trainer.engine.program import Program
+from ringtrain_trainer.keras import load as KM
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword"

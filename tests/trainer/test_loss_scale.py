@@ -13,8 +13,8 @@ import numpy as np
 from support import procs as procs_mod
 from support.ports import loopback_addresses
 
-from ringtrain_trainer import data as data_mod
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.data import dataset as data_mod
 from ringtrain_trainer.numerics import ModelNumerics, for_run
 from ringtrain_trainer.optim.loss_scale import GROWTH_STEPS, INITIAL_SCALE, LossScale
 

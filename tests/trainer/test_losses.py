@@ -10,15 +10,15 @@ import pytest
 from test_keras_layers import layer, seq
 
 from ringtrain.errors import DataError, InvalidSpec
-from ringtrain_trainer import keras_model as KM
-from ringtrain_trainer.checkpoint import CheckpointManager
+from ringtrain_trainer.checkpoint.store import CheckpointManager
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data import Dataset, Split
-from ringtrain_trainer.data_npz import check_fits, load_npz
+from ringtrain_trainer.data.dataset import Dataset, Split
+from ringtrain_trainer.data.npz import check_fits, load_npz
 from ringtrain_trainer.engine import loss_spec as LSP
 from ringtrain_trainer.engine import losses as LS
 from ringtrain_trainer.evaluator import Evaluator
-from ringtrain_trainer.metrics import TrainerMetrics
+from ringtrain_trainer.keras import load as KM
+from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 from ringtrain_trainer.worker_main import main as worker_main
 
 

@@ -13,7 +13,7 @@ from support import procs as procs_mod
 from support.ports import loopback_addresses
 from support.reference import single_worker_run
 
-from ringtrain_trainer.checkpoint import CheckpointManager
+from ringtrain_trainer.checkpoint.store import CheckpointManager
 from ringtrain_trainer.config import TrainerConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")

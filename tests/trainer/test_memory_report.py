@@ -11,15 +11,15 @@ from prometheus_client import CollectorRegistry
 from support.procs import WORKER
 
 from ringtrain import events
-from ringtrain_trainer import memory
-from ringtrain_trainer import model as M
 from ringtrain_trainer import optim as O
-from ringtrain_trainer.ipu import IPU, MB, IPUConfig
-from ringtrain_trainer.metrics import TrainerMetrics
+from ringtrain_trainer.ipu import memory
+from ringtrain_trainer.ipu.device import IPU, MB, IPUConfig
+from ringtrain_trainer.keras import load as keras_load
+from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
 
 def plan(name="cnn", opt="sgd", on_host=True, batch=64, train=True, replicas=1):
-    spec = M.build(name)
+    spec = keras_load.build(name)
     params = spec.init(0)
     ipu = IPU(
         spec,
@@ -42,7 +42,7 @@ def test_kinds_add_up_to_the_total_and_layers_to_the_kinds(name, opt, on_host, t
     p = plan(name, opt, on_host, train=train)
     assert tuple(p.kinds()) == memory.KINDS
     assert sum(p.kinds().values()) == p.total > 0
-    spec = M.build(name)
+    spec = keras_load.build(name)
     names = [r.name for r in p.by_layer]
     assert names == [layer.name for layer in spec.layers] + [memory.INPUT_ROW, memory.LOSS_ROW]
     for kind in memory.KINDS:
@@ -59,7 +59,7 @@ def test_kinds_add_up_to_the_total_and_layers_to_the_kinds(name, opt, on_host, t
 
 
 def test_optimizer_state_is_on_the_ipu_only_without_variables_on_host():
-    n = M.build("cnn").num_params
+    n = keras_load.build("cnn").num_params
     # with variables on the host the IPU holds the same bytes whatever the optimizer
     assert plan(opt="sgd") == plan(opt="momentum") == plan(opt="adam")
     assert plan(opt="adam").optimizer_state == 0
@@ -69,7 +69,7 @@ def test_optimizer_state_is_on_the_ipu_only_without_variables_on_host():
     assert mom.optimizer_state == n * 4 and adam.optimizer_state == 2 * n * 4
     assert adam.total - sgd.total == 2 * n * 4
     # ... shared out to the layers by their parameters
-    spec = M.build("cnn")
+    spec = keras_load.build("cnn")
     for (lo, hi), row in zip(spec.layer_ranges, adam.by_layer[:-2], strict=True):
         assert row.optimizer_state == 2 * (hi - lo) * 4
     # an evaluation program never holds optimizer state

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from support.gradcheck import check_model, gradcheck
 
-from ringtrain_trainer import keras_model as KM
-from ringtrain_trainer import model as M
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.loss_spec import LossSpec
 from ringtrain_trainer.engine.losses import Loss
 from ringtrain_trainer.engine.multiloss import Head, MultiLoss, MultiLossSpec
+from ringtrain_trainer.keras import load as KM
 
 SPARSE = LossSpec("SparseCategoricalCrossentropy", {"from_logits": True})
 MSE = LossSpec("MeanSquaredError")

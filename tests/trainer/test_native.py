@@ -298,7 +298,7 @@ def test_the_startup_line_names_each_layers_compiled_parts():
     """Say what runs: seed 002's model names its fused first layer, the second conv-pool's
     compiled pooling and input gradient, and (where the GEMM runs here) its products."""
     from ringtrain_bench.step import IPUSide, parser
-    from ringtrain_trainer import startup
+    from ringtrain_trainer.telemetry import startup
 
     side = IPUSide(parser().parse_args(["--model", "cnn2", "--threads", "1", "--no-torch"]))
     try:

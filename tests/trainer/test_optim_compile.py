@@ -11,13 +11,14 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from ringtrain.errors import CheckpointError, InvalidSpec
-from ringtrain_trainer import keras_model, optim, worker, worker_main
-from ringtrain_trainer import model as model_mod
+from ringtrain_trainer import optim, worker, worker_main
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.keras import config as keras_config
-from ringtrain_trainer.metrics import TrainerMetrics
+from ringtrain_trainer.keras import load as keras_load
+from ringtrain_trainer.keras import load as keras_model
 from ringtrain_trainer.optim.registry import BASE
+from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword"),
@@ -45,7 +46,7 @@ def sgd_nesterov_exponential() -> dict:
 
 
 def test_built_in_models_keep_adam_at_1e_3_bit_for_bit(rng):
-    spec = optim.for_run(TrainerConfig(), model_mod.build("cnn"))
+    spec = optim.for_run(TrainerConfig(), keras_load.build("cnn"))
     assert (spec.class_name, spec.config["learning_rate"], spec.source) == ("Adam", 1e-3, "default")
     p_new = rng.normal(size=300).astype(np.float32)
     p_old = p_new.copy()
@@ -59,7 +60,7 @@ def test_built_in_models_keep_adam_at_1e_3_bit_for_bit(rng):
             o.apply(g, 100, 300)
             o.apply(g, 0, 100)
     np.testing.assert_array_equal(p_new, p_old)
-    legacy = optim.for_run(TrainerConfig(optimizer="momentum", lr=0.1), model_mod.build("cnn2"))
+    legacy = optim.for_run(TrainerConfig(optimizer="momentum", lr=0.1), keras_load.build("cnn2"))
     assert legacy.name == "momentum" and legacy.config["momentum"] == 0.9
 
 

@@ -14,10 +14,12 @@ from pipe_models import conv_stack, residual, text
 from support.procs import WORKER
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
-from ringtrain_trainer import keras_model, trace
+from ringtrain_trainer import report as memory_report
+from ringtrain_trainer import trace
 from ringtrain_trainer.engine import cuts, pipeline
-from ringtrain_trainer.ipu import IPU, MB, IPUConfig
-from ringtrain_trainer.pipeline_ipu import PipelinedIPU
+from ringtrain_trainer.ipu.device import IPU, MB, IPUConfig
+from ringtrain_trainer.ipu.pipeline import PipelinedIPU
+from ringtrain_trainer.keras import load as keras_model
 from ringtrain_trainer.reducer import StepCommStats
 
 _NO_COMM = StepCommStats()
@@ -280,9 +282,8 @@ def test_report_status_and_metrics_show_each_stage_on_its_ipu(tmp_path):
     from prometheus_client import CollectorRegistry
 
     from ringtrain import events
-    from ringtrain_trainer import memory
     from ringtrain_trainer.config import TrainerConfig
-    from ringtrain_trainer.metrics import TrainerMetrics
+    from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
     model = tmp_path / "m.json"
     model.write_text(text(conv_stack(4, 8)))
@@ -290,7 +291,7 @@ def test_report_status_and_metrics_show_each_stage_on_its_ipu(tmp_path):
     args += ["--pipeline-stages", "conv3", "--gradient-accumulation-steps", "4"]
     args += ["--ipu-memory-mb", "48"]
     out = io.StringIO()
-    memory.report(TrainerConfig.from_args(args, env={}), out)
+    memory_report.report(TrainerConfig.from_args(args, env={}), out)
     report = out.getvalue()
     assert (
         "micro-batch 8 x gradient accumulation 4 (depth); stage 1 (layers 'conv1'..'conv2') "
@@ -334,7 +335,7 @@ def test_report_status_and_metrics_show_each_stage_on_its_ipu(tmp_path):
 def test_pipelined_and_unpipelined_workers_end_with_the_same_weights(tmp_path):
     """Real `ringtrain worker` processes, same seed and data: the pipelined one (2 IPUs, 4
     micro-batches, Grouped) and the plain one write allclose final checkpoints."""
-    from ringtrain_trainer.checkpoint import CheckpointManager
+    from ringtrain_trainer.checkpoint.store import CheckpointManager
 
     model = tmp_path / "m.json"
     model.write_text(text(conv_stack(3, 4, dropout=True)))

@@ -14,11 +14,12 @@ from pipe_models import conv_stack, residual, sgd_on_ipu, text
 from support.procs import WORKER
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
-from ringtrain_trainer import keras_model, memory
-from ringtrain_trainer.checkpoint import CheckpointManager
+from ringtrain_trainer import report
+from ringtrain_trainer.checkpoint.store import CheckpointManager
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine import recompute
-from ringtrain_trainer.ipu import IPU, MB, IPUConfig
+from ringtrain_trainer.ipu.device import IPU, MB, IPUConfig
+from ringtrain_trainer.keras import load as keras_model
 
 
 def _train(spec, cfg, steps=3, batch=16, lr=0.05):
@@ -81,7 +82,7 @@ def test_the_memory_report_shows_the_peak_with_and_without(tmp_path):
     model.write_text(text(conv_stack(4, 16)))
     args = ["--model", str(model), "--batch-size", "32", "--ipu-memory-mb", str(CAP_MB)]
     out = io.StringIO()
-    memory.report(TrainerConfig.from_args([*args, "--allow-recompute"], env={}), out)
+    report.report(TrainerConfig.from_args([*args, "--allow-recompute"], env={}), out)
     text_ = out.getvalue()
     assert "with recomputation" in text_ and recompute.CHECKPOINT_ROW in text_
     line = next(x for x in text_.splitlines() if x.startswith("recomputation: peak"))
@@ -146,7 +147,7 @@ def test_a_recomputing_worker_ends_with_the_weights_of_a_plain_one(tmp_path):
 def test_status_shows_both_peaks():
     from prometheus_client import CollectorRegistry
 
-    from ringtrain_trainer.metrics import TrainerMetrics
+    from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
     spec = keras_model.from_config(conv_stack(4, 4), "m")
     p = spec.init(0)

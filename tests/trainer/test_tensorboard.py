@@ -29,11 +29,11 @@ from support.ports import free_port
 from support.procs import ringtrain
 
 from ringtrain import events
-from ringtrain_trainer import model as model_mod
-from ringtrain_trainer import tensorboard as tb
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.ipu import IPUStats
+from ringtrain_trainer.ipu.device import IPUStats
+from ringtrain_trainer.keras import load as keras_load
+from ringtrain_trainer.telemetry import tensorboard as tb
 from ringtrain_trainer.worker import Trainer
 
 sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
@@ -284,7 +284,7 @@ def test_the_allreduce_figures_agree_with_their_definitions(served):
     """busbw = 2(N-1)/N x bytes / allreduce time with N = 2: busbw x time is the bytes one
     step reduces (the cnn's gradients and the stop vote's element)."""
     server = served[1]
-    nbytes = model_mod.build("cnn").num_params * 4
+    nbytes = keras_load.build("cnn").num_params * 4
     time_s, hidden = server("chief", "allreduce/time_s"), server("chief", "allreduce/hidden_s")
     busbw, overlap = (
         server("chief", "allreduce/busbw_gbps"),

@@ -4,8 +4,8 @@ import pytest
 from test_keras_layers import layer, seq
 
 from ringtrain_bench import step as bench_step
-from ringtrain_trainer import keras_model as KM
 from ringtrain_trainer.export import write_keras
+from ringtrain_trainer.keras import load as KM
 
 
 def test_bench_step_reports_both_sides_and_the_blas_in_use(capsys):

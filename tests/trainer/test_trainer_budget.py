@@ -11,9 +11,10 @@ import sys
 import pytest
 
 from ringtrain.errors import EXIT_PERMANENT
-from ringtrain_trainer import budget, memory
-from ringtrain_trainer import keras_model as KM
+from ringtrain_trainer.ipu import memory
+from ringtrain_trainer.keras import budget
 from ringtrain_trainer.keras import config as K
+from ringtrain_trainer.keras import load as KM
 
 HUGE = {
     "class_name": "Sequential",

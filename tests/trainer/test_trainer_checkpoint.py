@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from ringtrain.errors import CheckpointError
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
+from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data import Position
+from ringtrain_trainer.data.dataset import Position
 from ringtrain_trainer.worker import Trainer
 
 

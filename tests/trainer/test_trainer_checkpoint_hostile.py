@@ -21,9 +21,9 @@ import pytest
 from support.procs import WORKER, new_token, without_cluster
 
 from ringtrain.errors import EXIT_PERMANENT, EXIT_RETRYABLE, InvalidSpec
-from ringtrain_trainer import ckpt_owner
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
-from ringtrain_trainer.data import Position
+from ringtrain_trainer.checkpoint import owner as ckpt_owner
+from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState
+from ringtrain_trainer.data.dataset import Position
 
 
 def state(step: int, n: int = 500) -> TrainingState:
@@ -212,7 +212,7 @@ def test_a_token_less_chief_takes_over_from_a_predecessor_that_exits_and_not_fro
     import threading
 
     from ringtrain.errors import InvalidSpec
-    from ringtrain_trainer import ckpt_owner
+    from ringtrain_trainer.checkpoint import owner as ckpt_owner
 
     def owner(pid: int) -> None:
         (tmp_path / ckpt_owner.OWNER_FILE).write_text(

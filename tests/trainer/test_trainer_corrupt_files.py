@@ -13,10 +13,10 @@ import pytest
 from support.procs import WORKER
 
 from ringtrain.errors import EXIT_PERMANENT, DataError
-from ringtrain_trainer import data as D
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
-from ringtrain_trainer.data import Position
-from ringtrain_trainer.data_npz import load_npz
+from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState
+from ringtrain_trainer.data import dataset as D
+from ringtrain_trainer.data.dataset import Position
+from ringtrain_trainer.data.npz import load_npz
 
 CUTS = {"half": lambda n: n // 2, "last byte": lambda n: n - 1, "first byte": lambda n: 1}
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ringtrain.errors import DataError, InvalidSpec
-from ringtrain_trainer import data as D
+from ringtrain_trainer.data import dataset as D
 
 
 def idx_bytes(arr: np.ndarray, type_code: int = 0x08) -> bytes:

@@ -15,9 +15,9 @@ import numpy as np
 from test_trainer_worker_ring import start_gang
 
 from ringtrain.errors import EXIT_DIVERGED
-from ringtrain_trainer import data as data_mod
-from ringtrain_trainer.checkpoint import CheckpointManager
-from ringtrain_trainer.model import build
+from ringtrain_trainer.checkpoint.store import CheckpointManager
+from ringtrain_trainer.data import dataset as data_mod
+from ringtrain_trainer.engine.model import build
 from ringtrain_trainer.reducer.hook import OptimizerHook
 
 WORKER = [sys.executable, "-m", "ringtrain.cli", "worker", "--json"]

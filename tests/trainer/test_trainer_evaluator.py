@@ -20,7 +20,7 @@ from ringtrain_trainer import evaluator as ev_mod
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.export import read_keras
-from ringtrain_trainer.metrics import TrainerMetrics
+from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 from ringtrain_trainer.worker import Trainer
 from ringtrain_trainer.worker_main import main as worker_main
 
@@ -88,7 +88,7 @@ def test_the_loss_is_the_mean_cross_entropy_of_the_whole_test_split(tmp_path, mn
     e = _evaluator(tmp_path, mnist5k)
     state = e.ckpt.load(e.ckpt.manifests()[-1])
     loss, acc = e.evaluate(state)
-    from ringtrain_trainer import model as model_mod
+    from ringtrain_trainer.engine import model as model_mod
 
     n = len(mnist5k.test)
     prog = model_mod.Program(e.spec, n, train=False)
@@ -216,7 +216,7 @@ BN_MODEL = json.dumps(
 
 def _direct(spec, state, stats, split) -> tuple[float, float]:
     """(mean loss, accuracy) of one in-process forward pass over the whole split."""
-    from ringtrain_trainer import model as model_mod
+    from ringtrain_trainer.engine import model as model_mod
 
     prog = model_mod.Program(spec, len(split), train=False, state=stats.copy())
     prog.x[:] = split.inputs().reshape(prog.x.shape)
@@ -244,8 +244,8 @@ def test_the_evaluator_evaluates_with_the_checkpoints_moving_statistics(tmp_path
 
 def test_a_checkpoint_without_the_models_state_is_refused_naming_file_and_entry(tmp_path, mnist5k):
     """Evaluator, resume and export alike: no silent fallback to fresh moving statistics."""
-    from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
-    from ringtrain_trainer.data import Position
+    from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState
+    from ringtrain_trainer.data.dataset import Position
     from ringtrain_trainer.export import cli as export_cli
 
     e = _evaluator(tmp_path, mnist5k, model=BN_MODEL)

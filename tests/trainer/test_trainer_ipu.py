@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
-from ringtrain_trainer import model as M
 from ringtrain_trainer import optim as O
-from ringtrain_trainer.ipu import IPU, MB, IPUConfig
+from ringtrain_trainer.ipu.device import IPU, MB, IPUConfig
+from ringtrain_trainer.keras import load as keras_load
 
 
 def make_ipu(name="cnn", **cfg):
-    spec = M.build(name)
+    spec = keras_load.build(name)
     params = spec.init(0)
     return IPU(spec, IPUConfig(**cfg), params, np.zeros_like(params))
 
@@ -28,7 +28,7 @@ def test_compile_fails_early_with_bytes_needed_and_available():
 
 
 def test_variables_on_host_keep_optimizer_state_off_the_ipu():
-    n = M.build("cnn").num_params
+    n = keras_load.build("cnn").num_params
 
     def total(opt, on_host):
         return (
@@ -220,7 +220,7 @@ def test_a_batch_too_small_to_pay_for_two_shards_runs_on_one(rng):
     """``min_shard_flops``: a shard costs numpy's per-op overhead whatever its size, so a batch
     with less work than that per shard runs on fewer host threads — same gradient either way."""
     x, y = batch(rng, 24)
-    per_example = M.build("cnn").flops_per_example(True)
+    per_example = keras_load.build("cnn").flops_per_example(True)
     small = make_ipu(host_threads=2, min_shard_flops=per_example * 12 + 1)
     big = make_ipu(host_threads=2, min_shard_flops=per_example * 12)
     assert len(small.compile(24).programs) == 1 and len(big.compile(24).programs) == 2

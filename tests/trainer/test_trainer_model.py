@@ -8,7 +8,8 @@ import pytest
 from support.gradcheck import check_model
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import model as M
+from ringtrain_trainer.engine import model as M
+from ringtrain_trainer.keras import load as keras_load
 from ringtrain_trainer.layers import fused
 
 
@@ -35,7 +36,7 @@ def layer_backward(layer, ws, dout, kernel, dkernel, dbias):
 @pytest.mark.parametrize("name", ["cnn", "cnn2"])
 def test_gradients_match_finite_differences(name, rng):
     """Central differences in float64 on every parameter tensor (a sample of entries each)."""
-    spec = M.build(name)
+    spec = keras_load.build(name)
     flat = spec.init(3, np.float64) + rng.normal(0, 0.02, spec.num_params)  # nonzero biases
     grad = np.zeros_like(flat)
     views, gviews = spec.views(flat), spec.views(grad)
@@ -48,7 +49,7 @@ def test_gradients_match_finite_differences(name, rng):
 
 
 def test_float32_program_matches_float64(rng):
-    spec = M.build("cnn")
+    spec = keras_load.build("cnn")
     p64 = spec.init(0, np.float64)
     g64, g32 = np.zeros_like(p64), np.zeros(spec.num_params, np.float32)
     a, b = M.Program(spec, 8, True, np.float64), M.Program(spec, 8, True, np.float32)
@@ -63,7 +64,7 @@ def test_float32_program_matches_float64(rng):
 
 
 def test_parameters_are_views_in_reverse_layer_order():
-    spec = M.build("cnn")
+    spec = keras_load.build("cnn")
     order = [(s.spec.layer, s.spec.name) for s in spec.slots]
     assert order == [
         (2, "bias"),
@@ -85,7 +86,7 @@ def test_parameters_are_views_in_reverse_layer_order():
 
 @pytest.mark.parametrize("name", ["cnn", "cnn2"])
 def test_gradient_pieces_tile_the_flat_buffer_in_streaming_order(name):
-    spec = M.build(name)
+    spec = keras_load.build(name)
     pieces = spec.grad_pieces
     assert pieces[0][0] == 0 and pieces[-1][1] == spec.num_params
     assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
@@ -103,7 +104,7 @@ def test_gradient_pieces_tile_the_flat_buffer_in_streaming_order(name):
 @pytest.mark.parametrize("grads_first", [False, True])
 def test_streaming_in_pieces_gives_the_whole_layer_gradient(rng, grads_first):
     """Row blocks ``x[:, rows]^T dz`` and either order of dW and dX change nothing."""
-    spec = M.build("cnn2")
+    spec = keras_load.build("cnn2")
     params = spec.init(1)
     whole, pieced = np.zeros_like(params), np.zeros_like(params)
     ref, prog = M.Program(spec, 6, True), M.Program(spec, 6, True, grads_first=grads_first)
@@ -133,7 +134,7 @@ def test_streaming_in_pieces_gives_the_whole_layer_gradient(rng, grads_first):
 
 
 def test_glorot_uniform_init_like_keras():
-    spec = M.build("cnn")
+    spec = keras_load.build("cnn")
     flat = spec.init(0)
     v = spec.views(flat)
     for layer, fan_in, fan_out in ((0, 9, 9 * 32), (1, 5408, 64), (2, 64, 10)):
@@ -148,7 +149,7 @@ def test_glorot_uniform_init_like_keras():
 
 def test_steps_allocate_nothing_proportional_to_the_model(rng):
     """Peak traced allocation per step stays tiny and does not grow with the number of steps."""
-    spec = M.build("cnn")
+    spec = keras_load.build("cnn")
     flat, grad = spec.init(0), np.zeros(spec.num_params, np.float32)
     views, gviews = spec.views(flat), spec.views(grad)
     prog = M.Program(spec, 64, True)
@@ -172,7 +173,7 @@ def test_steps_allocate_nothing_proportional_to_the_model(rng):
 
 def test_unknown_model_is_invalid_spec():
     with pytest.raises(InvalidSpec, match="--model: unknown model 'vgg'"):
-        M.build("vgg")
+        keras_load.build("vgg")
 
 
 def test_whole_training_step_memory_does_not_grow(mnist5k):

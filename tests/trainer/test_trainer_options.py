@@ -5,8 +5,11 @@ from __future__ import annotations
 import inspect
 
 from ringtrain import options
-from ringtrain_trainer import data, ipu, model, optim, reducer, ring
+from ringtrain_trainer import optim, reducer, ring
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.data import dataset as data
+from ringtrain_trainer.engine import handwritten as model
+from ringtrain_trainer.ipu import device as ipu
 from ringtrain_trainer.ring.engine import RingCollective
 
 

@@ -8,12 +8,13 @@ import pytest
 from support.reference import single_worker_run
 
 from ringtrain.errors import PeerTimeout
-from ringtrain_trainer import model as M
 from ringtrain_trainer import optim as O
 from ringtrain_trainer import reducer as R
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
+from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine import plan
+from ringtrain_trainer.keras import load as keras_load
 from ringtrain_trainer.reducer import Bucket, Readiness, Reducer, StopVote, assign_buckets
 from ringtrain_trainer.reducer import comm as C
 from ringtrain_trainer.reducer.hook import OptimizerHook
@@ -41,7 +42,7 @@ def test_a_large_parameter_is_split_and_the_next_layer_gets_a_bucket_of_its_own(
     """The cnn's Dense kernel is 99.6 % of its gradients: whole, its bucket could only start
     when the whole kernel is done; in pieces the first rows are reduced while the rest is
     computed, and the conv's small gradient (computed last) is not held back with them."""
-    pieces = [*M.build("cnn").param_pieces, [1]]  # + the worker's stop vote
+    pieces = [*keras_load.build("cnn").param_pieces, [1]]  # + the worker's stop vote
     sizes = [sum(p) for p in pieces]
     assert sizes == [10, 640, 64, 346112, 32, 288, 1]
     bs = assign_buckets(pieces, 25 * MiB, first_bucket_bytes=256 << 10)
@@ -377,7 +378,7 @@ def test_a_stop_request_on_one_worker_stops_every_worker_after_the_same_step(mni
 def test_multi_worker_metrics_expose_allreduce_time_and_overlap(mnist5k):
     from prometheus_client import CollectorRegistry
 
-    from ringtrain_trainer.metrics import TrainerMetrics
+    from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
     registries = [CollectorRegistry(), CollectorRegistry()]
 

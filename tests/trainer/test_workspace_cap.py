@@ -12,11 +12,12 @@ import pytest
 from pipe_models import conv_stack, sgd_on_ipu, text
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
-from ringtrain_trainer import keras_model, memory
+from ringtrain_trainer import report
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine.ops.conv import Conv
-from ringtrain_trainer.ipu import IPU, MB, IPUConfig
-from ringtrain_trainer.pipeline_ipu import PipelinedIPU
+from ringtrain_trainer.ipu.device import IPU, MB, IPUConfig
+from ringtrain_trainer.ipu.pipeline import PipelinedIPU
+from ringtrain_trainer.keras import load as keras_model
 
 MEM = 64 * MB
 
@@ -108,7 +109,7 @@ def test_the_option_reaches_the_memory_report_from_the_command_line(tmp_path):
     shown = {}
     for extra in ([], ["--available-memory-proportion", f"{_proportion_for(5):.6f}"]):
         out = io.StringIO()
-        memory.report(TrainerConfig.from_args([*args, *extra], env={}), out)
+        report.report(TrainerConfig.from_args([*args, *extra], env={}), out)
         shown[bool(extra)] = out.getvalue()
     assert "serial pieces" not in shown[False]
     line = next(x for x in shown[True].splitlines() if "serial pieces" in x)
@@ -117,4 +118,4 @@ def test_the_option_reaches_the_memory_report_from_the_command_line(tmp_path):
         TrainerConfig.from_args([*args, "--available-memory-proportion", "0"], env={})
     above = TrainerConfig.from_args([*args, "--available-memory-proportion", "1.5"], env={})
     with pytest.raises(IPUCompileError, match=r"--available-memory-proportion .* \(0, 1\]"):
-        memory.report(above, io.StringIO())
+        report.report(above, io.StringIO())

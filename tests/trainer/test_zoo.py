@@ -41,9 +41,9 @@ from support import zoo  # noqa: E402
 from support.ports import loopback_addresses  # noqa: E402
 from support.reference import single_worker_run  # noqa: E402
 
-from ringtrain_trainer import data as data_mod  # noqa: E402
-from ringtrain_trainer import model as model_mod  # noqa: E402
 from ringtrain_trainer.config import TrainerConfig  # noqa: E402
+from ringtrain_trainer.data import dataset as data_mod  # noqa: E402
+from ringtrain_trainer.engine import model as model_mod  # noqa: E402
 from ringtrain_trainer.evaluator import Evaluator  # noqa: E402
 from ringtrain_trainer.export import cli as export_cli  # noqa: E402
 

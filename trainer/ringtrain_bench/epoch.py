@@ -7,7 +7,7 @@ as ``bench step --workers N`` starts its children); TensorFlow's are two
 :mod:`ringtrain_bench.epoch_tf` processes with their own TF_CONFIG. Same model, data set, global
 batch, optimizer (the Keras serialization ringtrain resolves from the same options), starting
 weights (ringtrain's ``spec.init(seed)``, handed to Keras) and per-worker examples (the same
-:class:`~ringtrain_trainer.data.Sharder`). The sides run one after the other, never at once:
+:class:`~ringtrain_trainer.data.dataset.Sharder`). The sides run one after the other, never at once:
 running them together would make each the other's noisy neighbour on a 2-core machine, and an
 epoch is too long to interleave step by step across two sets of processes.
 """
@@ -28,7 +28,8 @@ from ringtrain.errors import InvalidSpec, RingtrainError
 from ringtrain_bench import procs
 from ringtrain_trainer import optim
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.ipu import resolve_host_threads
+from ringtrain_trainer.ipu.device import resolve_host_threads
+from ringtrain_trainer.keras import load as keras_load
 
 WORKERS = 2
 
@@ -109,9 +110,8 @@ def run_ringtrain(args, threads: int) -> dict:
 def tensorflow_setup(args, cfg: TrainerConfig, threads: int) -> tuple[dict, list[np.ndarray]]:
     """What the TensorFlow workers build, from the config the ringtrain workers run; a model
     Keras cannot run is refused here, before either side starts."""
-    from ringtrain_trainer import model as model_mod
 
-    spec = model_mod.build(cfg.model)
+    spec = keras_load.build(cfg.model)
     if not hasattr(spec, "keras_weights"):
         raise InvalidSpec(f"--model {args.model}: not a Keras model; TensorFlow cannot run it")
     weights = spec.keras_weights(spec.init(cfg.seed))

@@ -2,7 +2,7 @@
 
 Started twice by :mod:`ringtrain_bench.epoch`, each with its TF_CONFIG. Each worker trains on
 exactly the examples the ringtrain worker of the same rank trains on (the trainer's own
-:class:`~ringtrain_trainer.data.Sharder`, same seed), from the same starting weights, with the
+:class:`~.data.dataset.Sharder`, same seed), from the same starting weights, with the
 optimizer Keras deserializes from ringtrain's resolved serialization; gradients are summed by
 the strategy's collective (Keras' optimizer all-reduces under a strategy) with each replica's
 mean loss divided by the replica count, i.e. the mean over the global batch, as the ring
@@ -40,7 +40,7 @@ def main(directory: str) -> None:
 
     if keras.backend.backend() != "tensorflow":
         _refuse(f"Keras runs the {keras.backend.backend()} backend, not TensorFlow")
-    from ringtrain_trainer import data as data_mod
+    from ringtrain_trainer.data import dataset as data_mod
 
     resolver = strategy.cluster_resolver
     rank, world = resolver.task_id, strategy.num_replicas_in_sync

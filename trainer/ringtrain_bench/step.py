@@ -33,12 +33,12 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec, RingtrainError
 from ringtrain_bench import peak as peak_mod
-from ringtrain_trainer import data as data_mod
-from ringtrain_trainer import model as model_mod
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.ipu import blas_limits, resolve_host_threads
-from ringtrain_trainer.keras_model import PRESETS
+from ringtrain_trainer.data import dataset as data_mod
+from ringtrain_trainer.ipu.device import blas_limits, resolve_host_threads
+from ringtrain_trainer.keras import load as keras_load
+from ringtrain_trainer.keras.load import PRESETS
 from ringtrain_trainer.reducer import StepCommStats
 from ringtrain_trainer.worker import Trainer
 
@@ -96,7 +96,7 @@ def parser() -> argparse.ArgumentParser:
 def data_spec(model: str):
     """What :func:`synthetic` shapes its data for: None for a preset (the 28×28 images the
     benchmark has always used), else the model's spec."""
-    return None if model in PRESETS else model_mod.build(model)
+    return None if model in PRESETS else keras_load.build(model)
 
 
 def synthetic(n: int, seed: int = 0, spec=None) -> data_mod.Dataset:

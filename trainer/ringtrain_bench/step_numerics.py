@@ -20,7 +20,7 @@ import sys
 
 from ringtrain_bench import procs
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.ipu import blas_limits, resolve_host_threads
+from ringtrain_trainer.ipu.device import blas_limits, resolve_host_threads
 from ringtrain_trainer.reducer import StepCommStats
 
 KS = (1, 4)

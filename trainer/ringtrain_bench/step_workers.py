@@ -34,7 +34,7 @@ from ringtrain_bench import procs
 from ringtrain_bench.step import IPUSide
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.ipu import blas_limits, resolve_host_threads
+from ringtrain_trainer.ipu.device import blas_limits, resolve_host_threads
 from ringtrain_trainer.reducer import StepCommStats
 from ringtrain_trainer.worker_main import connect as worker_connect
 

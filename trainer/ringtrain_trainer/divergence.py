@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from ringtrain.errors import Diverged
-from ringtrain_trainer.model import ModelSpec
+from ringtrain_trainer.engine.model import ModelSpec
 from ringtrain_trainer.reducer.hook import finite
 
 ADVICE = "lower the learning rate, or look for inf/NaN in the data"

@@ -16,7 +16,7 @@ the gang the operator starts next, or is stopped with the job.
 A checkpoint pruned (``--checkpoint-keep``) before the evaluator reached it is skipped, as
 TensorFlow's evaluator skips the checkpoints it did not see; the newest is never pruned, so the
 last one is always evaluated. The forward pass runs on the host with the trainer's own compiled
-:class:`~ringtrain_trainer.model.Program` (TensorFlow's evaluator typically runs on a CPU too).
+:class:`~.engine.model.Program` (TensorFlow's evaluator typically runs on a CPU too).
 """
 
 from __future__ import annotations
@@ -33,17 +33,18 @@ import numpy as np
 
 from ringtrain import events
 from ringtrain.errors import CheckpointError, InvalidSpec
-from ringtrain_trainer import data as data_mod
-from ringtrain_trainer import model as model_mod
-from ringtrain_trainer import tensorboard
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
+from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data_npz import fit_model
+from ringtrain_trainer.data import dataset as data_mod
+from ringtrain_trainer.data.npz import fit_model
 from ringtrain_trainer.engine import keras_metrics
+from ringtrain_trainer.engine import model as model_mod
 from ringtrain_trainer.engine.multiloss import make_loss
-from ringtrain_trainer.ipu import EVAL_BATCH
-from ringtrain_trainer.keras_model import describe
-from ringtrain_trainer.metrics import TrainerMetrics
+from ringtrain_trainer.ipu.device import EVAL_BATCH
+from ringtrain_trainer.keras import load as keras_load
+from ringtrain_trainer.keras.load import describe
+from ringtrain_trainer.telemetry import tensorboard
+from ringtrain_trainer.telemetry.metrics import TrainerMetrics
 
 #: The chief's "training finished" marker in the checkpoint directory (its Final event, JSON).
 DONE_FILE = "training-done.json"
@@ -104,7 +105,7 @@ class Evaluator:
         self.metrics = metrics if metrics is not None else TrainerMetrics()
         self.out = out if out is not None else sys.stdout
         data = dataset if dataset is not None else data_mod.load(cfg.dataset, cfg.data_dir)
-        self.spec = model_mod.build(cfg.model, lambda _: tuple(data.train.images.shape[1:]))
+        self.spec = keras_load.build(cfg.model, lambda _: tuple(data.train.images.shape[1:]))
         self.data, note = fit_model(data, self.spec, cfg.data_dir if dataset is None else data.name)
         if note:
             print(f"ringtrain evaluator: note: {note}", file=sys.stderr)

@@ -22,32 +22,26 @@ import numpy as np
 
 from ringtrain import events
 from ringtrain.errors import CheckpointError, Diverged, InvalidSpec, IPUCompileError
-from ringtrain_trainer import (
-    ckpt_owner,
-    divergence,
-    keras_model,
-    memory,
-    numerics,
-    optim,
-    preflight,
-    startup,
-    tensorboard,
-    trace,
-)
-from ringtrain_trainer import data as data_mod
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState, checkpoint_cap
+from ringtrain_trainer import divergence, numerics, optim, preflight, trace
+from ringtrain_trainer.checkpoint import owner as ckpt_owner
+from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState, checkpoint_cap
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig, layer_names
-from ringtrain_trainer.data_npz import fit_model
+from ringtrain_trainer.data import dataset as data_mod
+from ringtrain_trainer.data.npz import fit_model
 from ringtrain_trainer.engine import plan
 from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
-from ringtrain_trainer.ipu import EVAL_BATCH, IPU, MB, MIN_SHARD_FLOPS, IPUConfig
-from ringtrain_trainer.metrics import TrainerMetrics
+from ringtrain_trainer.ipu import memory
+from ringtrain_trainer.ipu.build import build_ipu
+from ringtrain_trainer.ipu.device import EVAL_BATCH, MB, MIN_SHARD_FLOPS, IPUConfig
+from ringtrain_trainer.keras import load as keras_model
 from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
 from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
-from ringtrain_trainer.reporting import (
+from ringtrain_trainer.telemetry import startup, tensorboard
+from ringtrain_trainer.telemetry.metrics import TrainerMetrics
+from ringtrain_trainer.telemetry.reporting import (
     PROGRESS_EVERY_S,
     Reporter,
     Throughput,
@@ -55,23 +49,6 @@ from ringtrain_trainer.reporting import (
     outputs_field,
 )
 from ringtrain_trainer.worker_eval import SharedEvaluation
-
-
-def make_ipu(cfg: TrainerConfig, spec, config: IPUConfig, params, grads, tracer) -> IPU:
-    """The worker's IPUs: replicas, or with ``pipeline.stages`` the stages of a pipeline."""
-    if not cfg.pipeline_stages:
-        return IPU(spec, config, params, grads, tracer=tracer)
-    from ringtrain_trainer.pipeline_ipu import PipelinedIPU
-
-    return PipelinedIPU(
-        spec,
-        config,
-        params,
-        grads,
-        tracer,
-        stages=cfg.pipeline_stages,
-        schedule=cfg.pipeline_schedule,
-    )
 
 
 class Trainer(SharedEvaluation):
@@ -163,14 +140,14 @@ class Trainer(SharedEvaluation):
                 f"sparse optimizer state ({self.optimizer_spec.describe()})"
             )
         if cfg.pipeline_stages:
-            from ringtrain_trainer.pipeline_ipu import refuse
+            from ringtrain_trainer.ipu.pipeline import refuse
 
             refuse(
                 self.numerics.precision,
                 self.numerics.stochastic_rounding,
                 self.loss_scale.mode if self.loss_scale.active else "off",
             )
-        self.ipu = make_ipu(
+        self.ipu = build_ipu(
             cfg,
             self.spec,
             IPUConfig(

@@ -11,7 +11,7 @@ import numpy as np
 
 from ringtrain import events
 from ringtrain_trainer.engine import keras_metrics
-from ringtrain_trainer.reporting import metric_fields
+from ringtrain_trainer.telemetry.reporting import metric_fields
 
 
 class SharedEvaluation:

@@ -28,12 +28,12 @@ from ringtrain.errors import (
     describe,
     exit_code_for,
 )
-from ringtrain_trainer import memory, rejoin
+from ringtrain_trainer import rejoin, report
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.ipu import blas_limits
-from ringtrain_trainer.metrics import MetricsServer, TrainerMetrics
-from ringtrain_trainer.termlog import (
+from ringtrain_trainer.ipu.device import blas_limits
+from ringtrain_trainer.telemetry.metrics import MetricsServer, TrainerMetrics
+from ringtrain_trainer.telemetry.termlog import (
     own_termination_log,
     termination_log_flag,
     write_termination_log,
@@ -51,8 +51,8 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
     if cfg.cluster.world_size <= 1:
         return LocalCollective()
     from ringtrain_trainer import ring  # lazily: a single worker needs no gRPC
-    from ringtrain_trainer.metrics import RingMetrics
     from ringtrain_trainer.ring import malloc_tuning
+    from ringtrain_trainer.telemetry.metrics import RingMetrics
 
     malloc_tuning.tune()  # before the ring's threads first allocate
 
@@ -99,7 +99,7 @@ def main(
     try:
         cfg = TrainerConfig.from_args(argv)
         if cfg.report:  # docs/trainer.md "IPU memory report"
-            memory.report(cfg, sys.stdout)
+            report.report(cfg, sys.stdout)
             return EXIT_OK
         metrics = TrainerMetrics()
         host = bind_host(a for role in cfg.cluster.cluster.values() for a in role)

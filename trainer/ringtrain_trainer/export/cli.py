@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import CheckpointError, RingtrainError, exit_code_for
-from ringtrain_trainer import model as model_mod
-from ringtrain_trainer.checkpoint import CheckpointManager, TrainingState
+from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState
 from ringtrain_trainer.export.onnx_file import write_onnx
+from ringtrain_trainer.keras import load as keras_load
 from ringtrain_trainer.keras.archive import write_keras
 from ringtrain_trainer.keras.compile import wrap_loss_scale
-from ringtrain_trainer.keras_model import any_length, describe
+from ringtrain_trainer.keras.load import any_length, describe
 
 FORMATS = ("keras", "onnx")
 
@@ -37,7 +37,7 @@ def keras_model(
     with that optimizer, arguments and schedule. ``precision``: the run's, so a model trained
     in fp16 comes back under mixed_float16 (``archive.layer_dtype``). ``spec``: the model as
     the run compiled it (None dimensions fixed by its data), else rebuilt from the checkpoint."""
-    spec = spec or model_mod.build(state.model, any_length)
+    spec = spec or keras_load.build(state.model, any_length)
     config = spec.keras_config(precision)
     if state.optimizer_config is not None and "compile_config" in config:
         own = spec.config.numerics
@@ -57,7 +57,7 @@ def export_state(
     command does with a checkpoint, and what the chief does at the end with ``--export``
     ``precision``: default the checkpoint's (``TrainingState.precision``). ONNX stays float32
     whatever the precision."""
-    spec = spec or model_mod.build(state.model, any_length)
+    spec = spec or keras_load.build(state.model, any_length)
     CheckpointManager.require_model_state(state, spec)  # never fresh moving statistics
     config, weights = keras_model(state, precision or state.precision, spec)
     Path(output).parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ are wired into a :class:`~ringtrain_trainer.engine.graph.Graph` (masks as nodes 
 shared layers tied, a Reshape/Flatten that moves no bytes dropped, a Conv2D+MaxPooling2D pair
 fused), and the loss learns the outputs' shapes.
 
-Apart from ``keras_model`` (the :class:`~ringtrain_trainer.keras_model.KerasModel` that owns
+Apart from ``keras_model`` (the :class:`~ringtrain_trainer.keras.load.KerasModel` that owns
 the result, its weights and its way back to Keras) because this is the one place that decides
 which op runs for which layer: what Poplar's graph construction is for a real IPU.
 """

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.model import Slot
 from ringtrain_trainer.keras.config import LayerSpec
 from ringtrain_trainer.keras.registry import REGISTRY
-from ringtrain_trainer.model import Slot
 
 
 def _weight_arg(weight: str) -> str:

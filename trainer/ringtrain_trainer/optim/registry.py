@@ -279,7 +279,7 @@ def resolve(
 def for_run(cfg, model) -> OptimizerSpec:
     """The optimizer a worker configured by ``cfg`` (a ``TrainerConfig``) runs for ``model``
     (a ``ModelSpec``): the model's compile settings unless it is a built-in preset."""
-    from ringtrain_trainer.keras_model import PRESETS
+    from ringtrain_trainer.keras.load import PRESETS
 
     config = getattr(model, "config", None)
     compiled = None if model.name in PRESETS else getattr(config, "optimizer", None)

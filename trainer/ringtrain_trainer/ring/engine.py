@@ -65,7 +65,7 @@ COLLECTIVE_KINDS = ("allreduce", "broadcast", "barrier")
 
 
 class RingObserver:
-    """Where the ring reports what it did; ``ringtrain_trainer.metrics.RingMetrics`` exports it
+    """Where the ring reports what it did; ``telemetry.metrics.RingMetrics`` exports it
     as ``ringtrain_ring_*``, this default forgets it. Called on the communication thread once
     per collective with plain numbers, so the hot path builds no objects for it."""
 

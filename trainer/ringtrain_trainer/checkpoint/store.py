@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import CheckpointError
-from ringtrain_trainer.data import Position
+from ringtrain_trainer.data.dataset import Position
 
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{10})\.json$")

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import DataError
-from ringtrain_trainer.data import Dataset, Split
+from ringtrain_trainer.data.dataset import Dataset, Split
 
 #: a key named per input/output
 NAMED = re.compile(r"^([xy])_(train|test)_(.+)$")
@@ -36,7 +36,7 @@ PLAIN = re.compile(r"^([xy])_(train|test)$")
 
 def load_named(path: Path, arrays: dict[str, np.ndarray]) -> Dataset:
     """Keep a named file's arrays (each validated alone) until the model is known."""
-    from ringtrain_trainer.data_npz import _features, _labels
+    from ringtrain_trainer.data.npz import _features, _labels
 
     parts: dict[str, np.ndarray] = {}
     for k, v in arrays.items():
@@ -66,7 +66,7 @@ def _pick(parts: dict, kind: str, split: str, name: str, only: bool) -> str | No
 def pack(dataset: Dataset, config, source: str | os.PathLike) -> Dataset:
     """The named arrays packed for ``config`` (a ``keras.config.ModelConfig`` with several
     inputs or outputs); every mismatch a :class:`DataError` naming the input or output."""
-    from ringtrain_trainer.data_npz import check_fits, check_labels, conform
+    from ringtrain_trainer.data.npz import check_fits, check_labels, conform
 
     if config is None or not config.multi:
         raise DataError(

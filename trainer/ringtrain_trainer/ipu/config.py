@@ -1,9 +1,9 @@
 """What an emulated IPU is configured with and what it counts: :class:`IPUConfig`, host threads,
 BLAS limits and :class:`IPUStats`.
 
-Split out of :mod:`ringtrain_trainer.ipu` so the settings and counters (read by the worker, the
+Split out of :mod:`.device` so the settings and counters (read by the worker, the
 metrics exporter, TensorBoard and the benches) stand apart from the compile-and-run machinery;
-:mod:`ringtrain_trainer.ipu` re-exports every name, so existing imports keep working.
+:mod:`ringtrain_trainer.ipu.device` re-exports every name, so existing imports keep working.
 """
 
 from __future__ import annotations

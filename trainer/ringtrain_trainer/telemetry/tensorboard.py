@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ringtrain_trainer.ipu import IPUStats
+from ringtrain_trainer.ipu.device import IPUStats
 from ringtrain_trainer.reducer import StepCommStats
 
 #: seconds between the writer thread's flushes (what a live TensorBoard lags behind at most)

@@ -35,11 +35,12 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import trace
-from ringtrain_trainer.accumulate import Accumulator, accumulator_bytes, with_accumulator
 from ringtrain_trainer.engine import native, recompute, workspace
+from ringtrain_trainer.engine.model import ModelSpec, Program
 from ringtrain_trainer.engine.precision import Precision
 from ringtrain_trainer.engine.program import tensor_shapes
-from ringtrain_trainer.ipu_config import (  # noqa: F401 (re-exported: callers import them from here)
+from ringtrain_trainer.ipu.accumulate import Accumulator, accumulator_bytes, with_accumulator
+from ringtrain_trainer.ipu.config import (  # noqa: F401 (re-exported: callers import them from here)
     EVAL_BATCH,
     MB,
     MIN_SHARD_FLOPS,
@@ -48,9 +49,8 @@ from ringtrain_trainer.ipu_config import (  # noqa: F401 (re-exported: callers i
     blas_limits,
     resolve_host_threads,
 )
-from ringtrain_trainer.memory import MemoryPlan, plan_memory
-from ringtrain_trainer.model import ModelSpec, Program
-from ringtrain_trainer.shard_groups import ShardGroups
+from ringtrain_trainer.ipu.memory import MemoryPlan, plan_memory
+from ringtrain_trainer.ipu.shards import ShardGroups
 
 
 @dataclass

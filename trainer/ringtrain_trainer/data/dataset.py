@@ -206,7 +206,7 @@ def load(name: str, data_dir: str | os.PathLike = FASHION_MNIST_DIR) -> Dataset:
     """``data_dir`` is a directory of IDX files or a ``.npz`` file (:mod:`.data_npz`)."""
     if name == "fashion-mnist":
         if str(data_dir).endswith(".npz"):
-            from ringtrain_trainer.data_npz import load_npz
+            from ringtrain_trainer.data.npz import load_npz
 
             return load_npz(data_dir)
         return load_idx_dir(data_dir, name)

@@ -28,9 +28,7 @@ from ringtrain_trainer.engine.plan import GRAD_BLOCK_ELEMS
 from ringtrain_trainer.engine.program import Program
 from ringtrain_trainer.engine.tensor import ParamSpec, Slot
 
-__all__ = ["GRAD_BLOCK_ELEMS", "MODELS", "ModelSpec", "ParamSpec", "Program", "Slot", "build"]
-
-MODELS = ("cnn", "cnn2")
+__all__ = ["GRAD_BLOCK_ELEMS", "ModelSpec", "ParamSpec", "Program", "Slot"]
 
 
 class ModelSpec:
@@ -161,28 +159,3 @@ class ModelSpec:
 
     def flops_per_example(self, train: bool = True) -> int:
         return sum(layer.flops(1, train, self.need_dx[i]) for i, layer in enumerate(self.layers))
-
-
-def build(name: str, data=None) -> ModelSpec:
-    """A preset name, a ``.json`` file of ``model.to_json()`` or a ``.keras`` file
-    (``keras_model.load``, ``data`` as there); the presets are Keras configs shipped with the
-    package."""
-    from ringtrain_trainer import keras_model
-
-    return keras_model.load(name, data=data)
-
-
-def build_handwritten(name: str) -> ModelSpec:
-    """``cnn``: the seeds' CNN; ``cnn2``: the TensorFlow tutorial's two-conv variant."""
-    from ringtrain_trainer.layers.fused import ConvPool, Dense
-
-    if name == "cnn":
-        c1 = ConvPool((28, 28, 1), 32)
-        flat = math.prod(c1.out_shape)
-        return ModelSpec(name, [c1, Dense(flat, 64, True), Dense(64, 10, False)])
-    if name == "cnn2":
-        c1 = ConvPool((28, 28, 1), 32)
-        c2 = ConvPool(c1.out_shape, 64)
-        flat = math.prod(c2.out_shape)
-        return ModelSpec(name, [c1, c2, Dense(flat, 64, True), Dense(64, 10, False)])
-    raise InvalidSpec(f"--model: unknown model {name!r} (known: {', '.join(MODELS)})")

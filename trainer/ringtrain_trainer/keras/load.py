@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import budget as budget_mod
+from ringtrain_trainer.engine.model import ModelSpec
 from ringtrain_trainer.engine.multiloss import MultiLossSpec
 from ringtrain_trainer.keras import archive, weight_args
+from ringtrain_trainer.keras import budget as budget_mod
 from ringtrain_trainer.keras.config import (
     LayerSpec,
     ModelConfig,
@@ -41,7 +42,6 @@ from ringtrain_trainer.keras.config import (
     parse,
 )
 from ringtrain_trainer.keras.lowering import lower
-from ringtrain_trainer.model import ModelSpec
 
 PRESETS = ("cnn", "cnn2")
 
@@ -301,3 +301,9 @@ def load(source: str, budget: tuple[int, int] | None = None, data: DataShape = N
         "or a path to a .json file of model.to_json() or a .keras file, or "
         "model.to_json()'s text)"
     )
+
+
+def build(name: str, data=None) -> ModelSpec:
+    """A preset name, a ``.json`` file of ``model.to_json()`` or a ``.keras`` file (:func:`load`,
+    ``data`` as there); the presets are Keras configs shipped with the package."""
+    return load(name, data=data)

@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from ringtrain_trainer.memory import LayerMemory, MemoryPlan
+from ringtrain_trainer.ipu.memory import LayerMemory, MemoryPlan
 
 #: the memory report's row for the accumulator
 ACCUMULATOR_ROW = "(accumulator)"

@@ -1,6 +1,6 @@
 """Your data: a ``.npz`` of ``x_train, y_train, x_test, y_test``, and its fit to the model.
 
-Pipeline position: :func:`ringtrain_trainer.data.load` hands a path ending in ``.npz`` here;
+Pipeline position: :func:`ringtrain_trainer.data.dataset.load` hands a path ending in ``.npz`` here;
 the worker and the evaluator then call :func:`fit_model` before the first step. The file is
 what ``np.savez(path, x_train=..., ...)`` writes: examples of any shape and dtype the model's
 input declares — images ``(n, H, W[, C])`` uint8 or float, 2-D tables ``(n, features)``, int
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import DataError
-from ringtrain_trainer import data_multi
-from ringtrain_trainer.data import Dataset, Split
+from ringtrain_trainer.data import multi as data_multi
+from ringtrain_trainer.data.dataset import Dataset, Split
 from ringtrain_trainer.engine.loss_spec import LossSpec
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")

@@ -1,6 +1,6 @@
 """The worker's emulated IPUs as a pipeline: one stage per IPU, micro-batches through them.
 
-Pipeline position: replaces :class:`~ringtrain_trainer.ipu.IPU` in the worker when
+Pipeline position: replaces :class:`~ringtrain_trainer.ipu.device.IPU` in the worker when
 ``--pipeline-stages`` is set (``engine.pipeline`` cuts the model and plans each stage's IPU).
 Each stage has ``depth`` programs (one per micro-batch in flight) that allocate only its own
 nodes' buffers. The depth is ``--gradient-accumulation-steps`` K (Graphcore's
@@ -30,12 +30,12 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import trace
-from ringtrain_trainer.accumulate import accumulator_bytes, with_accumulator
 from ringtrain_trainer.config import layer_names
 from ringtrain_trainer.engine import pipeline
-from ringtrain_trainer.ipu import IPU, Executable, IPUConfig
-from ringtrain_trainer.memory import plan_memory
-from ringtrain_trainer.model import ModelSpec, Program
+from ringtrain_trainer.engine.model import ModelSpec, Program
+from ringtrain_trainer.ipu.accumulate import accumulator_bytes, with_accumulator
+from ringtrain_trainer.ipu.device import IPU, Executable, IPUConfig
+from ringtrain_trainer.ipu.memory import plan_memory
 
 SCHEDULES = ("Grouped", "Sequential")
 

@@ -25,9 +25,9 @@ from prometheus_client import (
 )
 
 from ringtrain import events
-from ringtrain_trainer import memory
-from ringtrain_trainer.ipu import IPUStats
-from ringtrain_trainer.memory import KINDS, MemoryPlan
+from ringtrain_trainer.ipu import memory
+from ringtrain_trainer.ipu.device import IPUStats
+from ringtrain_trainer.ipu.memory import KINDS, MemoryPlan
 from ringtrain_trainer.reducer import StepCommStats
 from ringtrain_trainer.ring.engine import ERROR_KINDS, RingObserver
 

@@ -1,0 +1,1 @@
+"""ipu: see docs/architecture.md."""
