@@ -13,8 +13,11 @@ container becomes a :class:`Replica`:
 * its env, ``valueFrom`` resolved from the rendered Secret and the Pod's own metadata;
 * its volumes made local: the Secret volume becomes files in a private directory, emptyDirs
   per-replica directories, a hostPath the path itself (this machine is the node), any other
-  volume (the checkpoint volume) one directory the replicas share, like a PVC. Every arg and env
-  value under a mount path is rewritten to the local one;
+  volume (the checkpoint volume) one directory the replicas share, like a PVC. An arg or env
+  value under a mount path is rewritten to the local one, but never a path of the user's own
+  (:func:`_rewrite`, docs/decisions/0200-local-run-paths.md): the pod's scratch mount ``/tmp``
+  maps only itself (``HOME``), the interpreter and the checkout are never touched, and a path
+  that exists on this machine is the user's file;
 * ``--metrics-port`` replaced by a free port, ``--termination-log`` by a file in the run dir.
 """
 
@@ -25,7 +28,7 @@ import dataclasses
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,22 @@ SSHD_STAND_IN = (
     sys.executable,
     "-c",
     "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); signal.pause()",
+)
+#: The pod's scratch space (manifests.pod mounts an emptyDir there: the root filesystem is
+#: read-only). Locally it maps only itself (``HOME=/tmp``): below it is this machine's ``/tmp``,
+#: where users keep checkouts and models (issue 34).
+SCRATCH_MOUNT = "/tmp"
+#: Paths no argument is ever rewritten under, wherever they are: the interpreter's environment
+#: and this checkout (an MPI launcher's args name the interpreter of the ranks).
+NEVER_REWRITTEN = tuple(
+    dict.fromkeys(
+        str(p)
+        for p in (
+            Path(sys.executable).parent,
+            Path(sys.prefix),
+            Path(__file__).resolve().parents[2],
+        )
+    )
 )
 #: mpirun's flags on one host: as root too (this machine's tests run as root), and more ranks
 #: than cores.
@@ -63,6 +82,12 @@ class Replica:
     termination_log: str | None
     #: The Pod's restartPolicy: whether a failed process is started again in place.
     restart_policy: str = "Never"
+    #: The main container's terminationMessagePolicy: with FallbackToLogsOnError a failure
+    #: without a termination log is explained by the tail of its log, as the kubelet does.
+    termination_message_policy: str = "File"
+    #: The in-pod paths of its args and env that were made local: local path → why, e.g.
+    #: ``/models/m.keras in the pod (volume models, mounted at /models)``.
+    rewritten: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -217,12 +242,58 @@ def _under_any(path: Path, roots: Iterable[Path]) -> bool:
     return any(path == r or r in path.parents for r in roots)
 
 
-def _rewrite(value: str, mounts: Mapping[str, Path]) -> str:
-    """An in-pod path under a mount → the local path (the longest mount path wins)."""
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _rewrite(
+    value: str,
+    mounts: Mapping[str, Path],
+    run_dir: Path | None = None,
+    user_mounts: Collection[str] = (),
+) -> str:
+    """An in-pod path under a mount → the local path (the longest mount path wins); any other
+    value as it is. Never rewritten (docs/decisions/0200-local-run-paths.md): a path below the
+    scratch mount ``/tmp`` (this machine's own ``/tmp``: only ``/tmp`` itself is the pod's), a
+    path in the interpreter's environment or this checkout, and, below a mount of a volume the
+    user declared in a pod template (``user_mounts``), a path that exists on this machine
+    outside ``run_dir`` (the user's own file where the volume would hold it)."""
     for mount in sorted(mounts, key=len, reverse=True):
-        if value == mount or value.startswith(mount.rstrip("/") + "/"):
-            return str(mounts[mount]) + value[len(mount.rstrip("/")) :]
+        if not _inside(value, mount):
+            continue
+        if value != mount and (
+            mount.rstrip("/") == SCRATCH_MOUNT
+            or any(_inside(value, keep) for keep in NEVER_REWRITTEN)
+            or (
+                mount in user_mounts
+                and os.path.lexists(value)
+                and not (run_dir is not None and _inside(value, str(run_dir)))
+            )
+        ):
+            return value
+        return str(mounts[mount]) + value[len(mount.rstrip("/")) :]
     return value
+
+
+@dataclasses.dataclass
+class _PodPaths:
+    """One container's mounts: in-pod values made local (:func:`_rewrite`), each rewrite
+    remembered with why (:attr:`Replica.rewritten`)."""
+
+    mounts: Mapping[str, Path]  # mount path → local directory
+    volumes: Mapping[str, str]  # mount path → volume name
+    user_mounts: Collection[str]
+    run_dir: Path
+    rewritten: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def local(self, value: str) -> str:
+        new = _rewrite(value, self.mounts, self.run_dir, self.user_mounts)
+        if new != value:
+            mount = max((m for m in self.mounts if _inside(value, m)), key=len)
+            self.rewritten[new] = (
+                f"{value} in the pod (volume {self.volumes[mount]}, mounted at {mount})"
+            )
+        return new
 
 
 def _set_flag(args: list[str], flag: str, value: str) -> bool:
@@ -298,11 +369,23 @@ def plan(
             if "hostPath" in v and v["name"] != CHECKPOINT_VOLUME
         ]
         mounts: dict[str, Path] = {}
+        volume_of: dict[str, str] = {}
         for m in container.get("volumeMounts") or []:
             local = volume_dirs[m["name"]]
             mounts[m["mountPath"]] = local / m["subPath"] if m.get("subPath") else local
-        env = {k: _rewrite(v, mounts) for k, v in _env(pod, container, secrets).items()}
-        args = [_rewrite(a, mounts) for a in args]
+            volume_of[m["mountPath"]] = m["name"]
+        declared = {
+            v["name"]
+            for r in job.replicas
+            if r.role == role
+            for v in (r.template.get("spec") or {}).get("volumes") or []
+        }
+        user_mounts = {path for path, name in volume_of.items() if name in declared}
+        paths = _PodPaths(mounts, volume_of, user_mounts, run_dir)
+        env = {k: paths.local(v) for k, v in _env(pod, container, secrets).items()}
+        args = [paths.local(a) for a in args]
+        if job.trainer is not None:
+            _check_model(job.trainer.model, paths.local, run_dir)
         metrics_port = None
         if any(p.get("name") == "metrics" for p in container.get("ports") or []) and not (
             job.mpi and role == "worker"  # the stand-in serves nothing
@@ -340,9 +423,29 @@ def plan(
                 metrics_port=metrics_port,
                 termination_log=termination_log,
                 restart_policy=pod["spec"].get("restartPolicy", "Always"),
+                termination_message_policy=container.get("terminationMessagePolicy", "File"),
+                rewritten=paths.rewritten,
             )
         )
     return job, replicas
+
+
+def _check_model(model: Any, local_path: Callable[[str], str], run_dir: Path) -> None:
+    """spec.trainer.model naming a file that is not there: refused before anything starts,
+    naming the path looked up and why there (a file in a volume of the run dir may be written
+    by then, so only a path outside it is checked)."""
+    if not isinstance(model, str) or not model.startswith("/"):
+        return
+    local = local_path(model)
+    if _inside(local, str(run_dir)) or os.path.isfile(local):
+        return
+    where = (
+        f"{local}, where {model} in the pod is on this machine"
+        if local != model
+        else f"{model} on this machine (ringtrain run reads a path outside the pod's volumes "
+        "as this machine's own)"
+    )
+    raise jobspec.InvalidSpec(f"spec.trainer.model: no such file: looked up {where}")
 
 
 def read_job(path: str) -> dict:
