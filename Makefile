@@ -1,6 +1,6 @@
 # The two commands of the README (demo, test) set up what they need first (hack/setup), from the
 # lock (requirements/lock.txt). unit, e2e and lint are the tiers of `make test`, for a quicker loop.
-.PHONY: demo test unit e2e lint lock
+.PHONY: demo test unit e2e lint docs lock
 
 PYTEST := .venv/bin/python -m pytest -ra --durations=25
 # hack/'s Python scripts have no .py suffix: ruff is handed them by name (hack/lib by folder).
@@ -27,6 +27,13 @@ lint:
 	.venv/bin/ruff check operator trainer tests hack/lib $(HACK_PY)
 	.venv/bin/ruff format --check operator trainer tests hack/lib $(HACK_PY)
 	.venv/bin/mypy
+	$(MAKE) --no-print-directory docs
+
+# The documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing anchor or a page
+# left out of the nav fails the build. Generated pages (docs/reference.md, docs/layers.md) have
+# their own staleness tests. Open .site/index.html, or `.venv/bin/mkdocs serve`.
+docs:
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir .site
 
 # Move every pin to the newest release pyproject allows; review `git diff requirements/`.
 lock:

@@ -1,6 +1,6 @@
 """Functional configs through the one Keras front end, without TensorFlow: both JSON formats
 parse to one graph, fan-out and merges match finite differences, unsupported graph features are
-refused naming them, and the README's layer table is the registry's."""
+refused naming them, and the documentation's layer table (docs/layers.md) is the registry's."""
 
 from pathlib import Path
 
@@ -14,7 +14,7 @@ from ringtrain_trainer.keras import load as KM
 from ringtrain_trainer.keras import registry
 from ringtrain_trainer.layers.fused import ConvPool
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+LAYERS_PAGE = Path(__file__).resolve().parents[2] / registry.PAGE
 
 
 def functional(shape, layers, out, fmt="k3", inputs=("in",), outputs=None):
@@ -196,10 +196,10 @@ def test_unsupported_functional_features_are_refused_naming_them(cfg, words):
     assert words in str(e.value)
 
 
-def test_the_readme_lists_every_registered_layer_from_the_registry():
+def test_the_layer_page_lists_every_registered_layer_from_the_registry():
     assert all(e.doc for e in registry.REGISTRY.values())
-    text = README.read_text()
+    text = LAYERS_PAGE.read_text()
     assert registry.with_table(text) == text, (
-        "README's layer table is stale: run "
-        "PYTHONPATH=trainer .venv/bin/python -m ringtrain_trainer.keras.registry README.md"
+        "docs/layers.md's layer table is stale: run "
+        "PYTHONPATH=trainer .venv/bin/python -m ringtrain_trainer.keras.registry docs/layers.md"
     )

@@ -93,14 +93,16 @@ def entry(cls: str) -> Entry:
     return REGISTRY[cls]
 
 
-#: the README's generated block of supported layers lies between these lines
+#: the generated block of supported layers (in :data:`PAGE`) lies between these lines
 BEGIN = "<!-- layers: generated from keras/registry.py by "
-BEGIN += "`python -m ringtrain_trainer.keras.registry README.md`; do not edit -->"
+BEGIN += "`python -m ringtrain_trainer.keras.registry docs/layers.md`; do not edit -->"
 END = "<!-- layers: end -->"
+#: the documentation page that holds the table (relative to the repository's root)
+PAGE = "docs/layers.md"
 
 
 def markdown() -> str:
-    """The README's table of supported layers, one row per entry."""
+    """The table of supported layers (docs/layers.md), one row per entry."""
     inputs = "each of the model's inputs, of a fixed shape (several: data named per input)"
     rows = ["| layer | supported |", "|---|---|", f"| `InputLayer` | {inputs} |"]
     rows += [
@@ -141,7 +143,7 @@ def markdown() -> str:
 
 
 def with_table(text: str) -> str:
-    """``text`` (the README) with the block between :data:`BEGIN` and :data:`END` rewritten."""
+    """``text`` (docs/layers.md) with the block between :data:`BEGIN` and :data:`END` rewritten."""
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{markdown()}\n{END}{tail}"
@@ -151,5 +153,5 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    readme = Path(sys.argv[1])
-    readme.write_text(with_table(readme.read_text()))
+    page = Path(sys.argv[1] if len(sys.argv) > 1 else PAGE)
+    page.write_text(with_table(page.read_text()))
