@@ -12,9 +12,9 @@ from support.reference import single_worker_run
 
 from ringtrain_trainer.checkpoint.store import CheckpointManager
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.engine.model import build
 from ringtrain_trainer.ipu.accumulate import ACCUMULATOR_ROW, Accumulator
 from ringtrain_trainer.ipu.device import IPU, IPUConfig
+from ringtrain_trainer.keras.load import build
 
 STEPS = ["--steps", "4", "--eval-every", "0", "--dataset", "mnist-5k", "--optimizer", "sgd"]
 

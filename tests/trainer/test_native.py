@@ -316,7 +316,7 @@ def test_the_finite_check_finds_every_inf_and_nan(n):
     """The step's divergence check (reducer.hook.finite) reads exponents: every inf and NaN,
     at any position (vector body or tail), on every kernel set; float32's largest finite value,
     subnormals and -0 are finite; a float64 or strided slice takes numpy's exact sum."""
-    from ringtrain_trainer.reducer.hook import finite
+    from ringtrain_trainer.engine.native import finite
 
     rng = np.random.default_rng(11)
     a = rng.standard_normal(n).astype(np.float32)

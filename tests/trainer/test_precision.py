@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer.engine.model import build
 from ringtrain_trainer.engine.precision import Rounder
 from ringtrain_trainer.ipu.device import IPU, IPUConfig
+from ringtrain_trainer.keras.load import build
 
 
 def test_nearest_rounding_is_numpys_float16_cast(rng):

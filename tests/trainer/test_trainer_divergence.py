@@ -17,7 +17,7 @@ from test_trainer_worker_ring import start_gang
 from ringtrain.errors import EXIT_DIVERGED
 from ringtrain_trainer.checkpoint.store import CheckpointManager
 from ringtrain_trainer.data import dataset as data_mod
-from ringtrain_trainer.engine.model import build
+from ringtrain_trainer.keras.load import build
 from ringtrain_trainer.reducer.hook import OptimizerHook
 
 WORKER = [sys.executable, "-m", "ringtrain.cli", "worker", "--json"]
@@ -102,7 +102,7 @@ def test_a_non_finite_reduced_slice_and_everything_after_it_is_not_applied():
 
 
 def test_finite_is_exact_even_where_a_float32_sum_overflows():
-    from ringtrain_trainer.reducer.hook import finite
+    from ringtrain_trainer.engine.native import finite
 
     assert finite(np.full(4, 3e38, np.float32))  # the float32 sum is inf; every value finite
     assert finite(np.zeros(0, np.float32))

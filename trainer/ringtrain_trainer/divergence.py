@@ -21,7 +21,7 @@ import numpy as np
 
 from ringtrain.errors import Diverged
 from ringtrain_trainer.engine.model import ModelSpec
-from ringtrain_trainer.reducer.hook import finite
+from ringtrain_trainer.engine.native import finite
 
 ADVICE = "lower the learning rate, or look for inf/NaN in the data"
 

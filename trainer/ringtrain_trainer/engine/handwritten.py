@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 
+from ringtrain import options
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.model import ModelSpec
 from ringtrain_trainer.layers.fused import ConvPool, Dense
 
-MODELS = ("cnn", "cnn2")
+MODELS = options.MODELS
 
 
 def build(name: str) -> ModelSpec:

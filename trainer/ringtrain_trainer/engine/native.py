@@ -19,6 +19,7 @@ built (``tests/trainer/test_native.py``), so CI never passes on the fallback by 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -84,3 +85,15 @@ def offsets(*axes: tuple[int, int]) -> np.ndarray:
     for n, stride in axes:
         table = table[..., None] + stride * np.arange(n, dtype=np.int64)
     return np.ascontiguousarray(table.reshape(-1), dtype=np.int32)
+
+
+def finite(a: np.ndarray) -> bool:
+    """Whether every element of ``a`` is finite, allocating nothing: the compiled exponent
+    test for a float32 slice (25 µs for the cnn's 347k gradients), else a
+    float32 sum (SIMD; 120 µs, errstate included), confirmed in float64 only when it is not
+    finite, where a sum of finite float32 values cannot overflow (the exact test)."""
+    k = kernels
+    if k is not None and a.dtype == np.float32 and a.flags.c_contiguous:
+        return k.all_finite(a)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf - inf, an overflow: answers here
+        return math.isfinite(np.add.reduce(a)) or math.isfinite(np.add.reduce(a, dtype=np.float64))

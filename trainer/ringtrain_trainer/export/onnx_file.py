@@ -24,7 +24,8 @@ import numpy as np
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.keras import masks
 from ringtrain_trainer.keras.archive import bind
-from ringtrain_trainer.keras.config import LayerSpec, fix_input_shape, free_input_shape, parse
+from ringtrain_trainer.keras.config import fix_input_shape, free_input_shape, parse
+from ringtrain_trainer.keras.layer_spec import LayerSpec
 from ringtrain_trainer.keras.registry import REGISTRY
 
 OPSET = 17

@@ -24,14 +24,9 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.keras import nested, shared
-from ringtrain_trainer.keras.config import (
-    InputSpec,
-    ModelConfig,
-    fix_input_shape,
-    free_input_shape,
-    parse,
-)
+from ringtrain_trainer.keras.config import ModelConfig, fix_input_shape, free_input_shape, parse
 from ringtrain_trainer.keras.entry import Weight, snake_case
+from ringtrain_trainer.keras.layer_spec import InputSpec
 from ringtrain_trainer.keras.registry import REGISTRY
 
 CONFIG, METADATA, WEIGHTS = "config.json", "metadata.json", "model.weights.h5"

@@ -23,54 +23,27 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import loss_spec
 from ringtrain_trainer.keras import compile as compile_mod
 from ringtrain_trainer.keras import masks, nested, shared
-from ringtrain_trainer.keras.entry import Args, Shape
-from ringtrain_trainer.keras.registry import REGISTRY, SUPPORTED
+from ringtrain_trainer.keras.entry import Shape
+from ringtrain_trainer.keras.functional import read_graph
+from ringtrain_trainer.keras.layer_spec import (
+    FUNCTIONAL,
+    InputSpec,
+    LayerSpec,
+    check_shape,
+    input_dtype,
+    input_layer,
+    make_spec,
+    shape_of,
+    unsupported,
+)
+from ringtrain_trainer.keras.registry import REGISTRY
 from ringtrain_trainer.numerics import ModelNumerics
 from ringtrain_trainer.optim.registry import OptimizerSpec
-
-FUNCTIONAL = ("Functional", "Model")
-_INPUT_ARGS = ("batch_shape", "batch_input_shape", "input_shape", "shape", "batch_size", "optional")
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One Keras layer: class, name, its normalized arguments (the registry entry's parse),
-    the tensors it reads and writes, and their per-example shapes."""
-
-    cls: str
-    name: str
-    args: dict = field(hash=False)
-    inputs: tuple[int, ...]
-    output: int
-    in_shapes: tuple[Shape, ...]
-    out_shape: Shape
-    #: the source config's ``dtype`` entry as written (a DTypePolicy config, a name, or None),
-    #: so an export records the user's dtype policy per layer (``archive.to_keras``)
-    dtype: Any = field(default=None, hash=False, compare=False)
-    #: a later call of a shared layer (``keras.shared``): the layer whose weights it uses
-    shares: str | None = None
-
-    @property
-    def frozen(self) -> bool:
-        """``trainable=False`` on this layer or on a model around it (``keras.nested``)."""
-        return self.args.get("trainable", True) is False
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One model input: its InputLayer's name, per-example shape, dtype and tensor (``-k``
-    for the ``k``-th of ``input_layers``)."""
-
-    name: str
-    shape: Shape
-    dtype: str
-    tensor: int
 
 
 @dataclass(frozen=True)
@@ -130,52 +103,15 @@ class ModelConfig:
         return [s for s in self.layers if tensor in s.inputs]
 
 
-def _shape_of(cfg: dict) -> Shape | None:
-    for key in ("batch_shape", "batch_input_shape"):
-        if cfg.get(key) is not None:
-            return tuple(cfg[key][1:])
-    for key in ("input_shape", "shape"):
-        if cfg.get(key) is not None:
-            return tuple(cfg[key])
-    return None
-
-
-#: what a model's input may hold: floats, or integer ids (an Embedding's tokens; fed as float32
-#: like every input, exact below 2**24)
-INPUT_DTYPES = ("float32", "int32", "int64")
-
-
-def _input_dtype(layer: dict) -> str:
-    v = (layer.get("config") or {}).get("dtype") or "float32"
-    if isinstance(v, dict):
-        v = (v.get("config") or {}).get("name") or "float32"
-    return str(v)
-
-
-def _input_layer(layer: dict, index: int) -> tuple[str, Shape | None]:
-    dtype = _input_dtype(layer)
-    cfg = {k: v for k, v in (layer.get("config") or {}).items() if k != "dtype"}
-    a = Args({**layer, "config": cfg}, index)
-    if dtype not in INPUT_DTYPES:
-        a.refuse("dtype", dtype, ", ".join(INPUT_DTYPES))
-    shape = _shape_of(a.cfg)
-    for k in (*_INPUT_ARGS, "sparse", "ragged", "input_tensor"):
-        v = a.take(k)
-        if k in ("sparse", "ragged", "input_tensor") and v:
-            a.refuse(k, v, "False")
-    a.done("shape")
-    return a.name, shape
-
-
 def free_input_shape(model: dict) -> Shape | None:
     """The model's declared per-example input shape where it has a free (None) dimension
     (``keras.Input(shape=(None,))``), else None."""
     cfg = (model.get("config") or {}) if isinstance(model, dict) else {}
     layers = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
     first = [x for x in layers if x.get("class_name") == "InputLayer"]
-    if len(first) > 1:  # several inputs: each fixed in its InputLayer (``_check_shape``)
+    if len(first) > 1:  # several inputs: each fixed in its InputLayer (``check_shape``)
         return None
-    shape = _shape_of(first[0].get("config") or {}) if first else None
+    shape = shape_of(first[0].get("config") or {}) if first else None
     if shape is None and cfg.get("build_input_shape"):
         shape = tuple(cfg["build_input_shape"][1:])
     return shape if shape is not None and None in shape else None
@@ -214,62 +150,6 @@ def fix_input_shape(model: dict, data: Shape) -> dict:
     return out
 
 
-def _check_shape(shape: Any) -> Shape:
-    if shape is None or any(not isinstance(d, int) or d < 1 for d in shape):
-        raise InvalidSpec(
-            f"model: the input shape {shape} must be known and fixed "
-            "(give the model an InputLayer with shape=..., or train it on data whose x "
-            "fixes its None dimensions)"
-        )
-    return tuple(shape)
-
-
-def _unsupported(layer: Any, index: int) -> InvalidSpec:
-    cls = layer.get("class_name") if isinstance(layer, dict) else None
-    name = ((layer.get("config") or {}).get("name") if isinstance(layer, dict) else None) or index
-    return InvalidSpec(
-        f"model: layer {name!r} ({cls}) is not supported (supported layers: {', '.join(SUPPORTED)})"
-    )
-
-
-def _spec(
-    layer: dict,
-    index: int,
-    inputs: tuple[int, ...],
-    shapes: list[Shape],
-    call: dict | None = None,
-) -> LayerSpec:
-    """Parse one layer's arguments through its entry and infer its output shape; ``call``:
-    the Functional node's call arguments, read by the entry if it takes them (``call_args``)."""
-    cls = layer.get("class_name")
-    entry = REGISTRY.get(cls) if isinstance(cls, str) else None
-    if entry is None:
-        raise _unsupported(layer, index)
-    a = Args(layer, index)
-    for k, v in (call or {}).items():
-        if k not in entry.call_args:
-            supported = ", ".join(entry.call_args) or "none"
-            raise InvalidSpec(
-                f"model: {a.where}: call argument {k}={v!r} is not supported "
-                f"(supported: {supported})"
-            )
-        a.cfg[k] = v
-    for k in ("batch_input_shape", "input_shape", "batch_size"):
-        a.take(k)
-    a.activity()
-    args = {**entry.parse(a), **a.extra}
-    n = len(inputs)
-    if (entry.inputs and n != entry.inputs) or (not entry.inputs and n < 2):
-        want = entry.inputs or "2 or more"
-        raise InvalidSpec(f"model: {a.where}: called on {n} tensors (supported: {want})")
-    try:
-        out = tuple(entry.infer(args, shapes))
-    except ValueError as e:
-        raise InvalidSpec(f"model: {a.where}: {e}") from None
-    dtype = copy.deepcopy((layer.get("config") or {}).get("dtype"))
-    return LayerSpec(cls, a.name, args, inputs, index + 1, tuple(shapes), out, dtype)
-
-
 def _sequential(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     layers = cfg.get("layers")
     if not isinstance(layers, list) or not layers:
@@ -278,18 +158,18 @@ def _sequential(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     in_name, specs = "input_layer", []
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict):
-            raise _unsupported(layer, i)
+            raise unsupported(layer, i)
         if layer.get("class_name") == "InputLayer":
-            in_name, got = _input_layer(layer, i)
+            in_name, got = input_layer(layer, i)
             shape = got or shape
             continue
         if not specs and shape is None:
-            shape = _shape_of(layer.get("config") or {})
+            shape = shape_of(layer.get("config") or {})
         if not specs:
-            shape = _check_shape(shape)
+            shape = check_shape(shape)
         t = len(specs)
-        specs.append(_spec(layer, t, (t,), [specs[-1].out_shape if specs else shape]))
-    return in_name, _check_shape(shape), specs, len(specs)
+        specs.append(make_spec(layer, t, (t,), [specs[-1].out_shape if specs else shape]))
+    return in_name, check_shape(shape), specs, len(specs)
 
 
 def parse(model: dict, compiled: bool = True) -> ModelConfig:
@@ -313,14 +193,12 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
         )
     functional = cls != "Sequential"
     if functional:
-        from ringtrain_trainer.keras.functional import read_graph  # it reads this module's specs
-
         inputs, specs, outputs, out_names = read_graph(cfg)
     else:
         in_name, shape, specs, output = _sequential(cfg)
         first = [x for x in cfg.get("layers") or [] if isinstance(x, dict)]
         first = [x for x in first if x.get("class_name") == "InputLayer"]
-        dtype = _input_dtype(first[0]) if first else "float32"
+        dtype = input_dtype(first[0]) if first else "float32"
         inputs, outputs = (InputSpec(in_name, shape, dtype, 0),), (output,)
         out_names = (specs[-1].name,) if specs else ()
     specs = [replace(s, shares=copies[s.name]) if s.name in copies else s for s in specs]

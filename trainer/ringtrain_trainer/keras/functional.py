@@ -14,19 +14,19 @@ from typing import Any
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.keras import masks, ops_numpy
-from ringtrain_trainer.keras.config import (
+from ringtrain_trainer.keras.layer_spec import (
     InputSpec,
     LayerSpec,
     Shape,
-    _check_shape,
-    _input_dtype,
-    _input_layer,
-    _spec,
-    _unsupported,
+    check_shape,
+    input_dtype,
+    input_layer,
+    make_spec,
+    unsupported,
 )
 
 
-def _history(v: Any, where: str) -> list[tuple[str, int, int]]:
+def history(v: Any, where: str) -> list[tuple[str, int, int]]:
     """Every ``keras_history`` in a Keras 3 node's args, in order, however nested."""
     if isinstance(v, dict):
         if v.get("class_name") == "__keras_tensor__":
@@ -34,9 +34,9 @@ def _history(v: Any, where: str) -> list[tuple[str, int, int]]:
             if not isinstance(h, list) or len(h) != 3:
                 raise InvalidSpec(f"model: {where}: a tensor without keras_history")
             return [(str(h[0]), int(h[1]), int(h[2]))]
-        return [t for x in v.values() for t in _history(x, where)]
+        return [t for x in v.values() for t in history(x, where)]
     if isinstance(v, (list, tuple)):
-        return [t for x in v for t in _history(x, where)]
+        return [t for x in v for t in history(x, where)]
     if v is not None:  # layer(x, True): an argument the layer would get and ringtrain would not
         raise InvalidSpec(f"model: {where}: call argument {v!r} is not supported (supported: none)")
     return []
@@ -64,7 +64,7 @@ def _node_inputs(layer: dict, where: str) -> tuple[list[tuple[str, int, int]], d
         kwargs = {}
         for k, v in (node.get("kwargs") or {}).items():
             if k == "mask" and _holds_tensor(v):  # a spelled-out Keras mask: keras.masks
-                kwargs[k] = tuple(_history(v, where))
+                kwargs[k] = tuple(history(v, where))
                 continue
             if _holds_tensor(v):
                 raise InvalidSpec(
@@ -72,7 +72,7 @@ def _node_inputs(layer: dict, where: str) -> tuple[list[tuple[str, int, int]], d
                 )
             if v not in (None, False):
                 kwargs[k] = v
-        return _history(node.get("args") or [], where), kwargs
+        return history(node.get("args") or [], where), kwargs
     out = []  # tf.keras 2: [[layer, node, tensor, kwargs], ...]
     for t in node if isinstance(node, list) else []:
         if not isinstance(t, list) or len(t) < 3:
@@ -121,7 +121,7 @@ def read_graph(
     mask_ops: dict[tuple[str, int, int], tuple[str, list, dict]] = {}
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict):
-            raise _unsupported(layer, i)
+            raise unsupported(layer, i)
         if ops_numpy.is_operation(layer) and masks.is_mask_op(*_mask_op(layer, raw=True)):
             mask_ops[(str(layer.get("name")), 0, 0)] = _mask_op(layer)
             continue
@@ -132,9 +132,9 @@ def read_graph(
             if (name, 0, 0) not in in_ids:
                 raise InvalidSpec(f"model: InputLayer {name!r} is not one of the model's inputs")
             t = in_ids[(name, 0, 0)]
-            shape = _check_shape(_input_layer(layer, i)[1])
+            shape = check_shape(input_layer(layer, i)[1])
             tensors[(name, 0, 0)], shapes[t] = t, shape
-            found[t] = (name, shape, _input_dtype(layer))
+            found[t] = (name, shape, input_dtype(layer))
         elif layer.get("inbound_nodes"):  # a layer never called is not part of the model
             where = f"layer {name!r} ({layer.get('class_name')})"
             pending.append((layer, name, *_node_inputs(layer, where)))
@@ -157,7 +157,7 @@ def read_graph(
         pending.remove(p)
         t_in = tuple(tensors[h] for h in hist)
         mask = call.pop("mask", None)
-        s = _spec(layer, len(specs), t_in, [shapes[t] for t in t_in], call)
+        s = make_spec(layer, len(specs), t_in, [shapes[t] for t in t_in], call)
         specs.append(s)
         if mask is not None:
             spelled.append((s, mask, f"layer {name!r} ({s.cls})"))
@@ -192,7 +192,7 @@ def _mask_op(layer: dict, raw: bool = False) -> tuple[str, list, dict]:
     def conv(a):
         if isinstance(a, list):
             return [conv(x) for x in a]
-        return _history(a, where)[0] if _holds_tensor(a) else a
+        return history(a, where)[0] if _holds_tensor(a) else a
 
     args = list(node.get("args") or [])
     return (

@@ -29,21 +29,18 @@ from pathlib import Path
 
 import numpy as np
 
+from ringtrain import options
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.model import ModelSpec
 from ringtrain_trainer.engine.multiloss import MultiLossSpec
 from ringtrain_trainer.keras import archive, weight_args
 from ringtrain_trainer.keras import budget as budget_mod
-from ringtrain_trainer.keras.config import (
-    LayerSpec,
-    ModelConfig,
-    fix_input_shape,
-    free_input_shape,
-    parse,
-)
+from ringtrain_trainer.keras.config import ModelConfig, fix_input_shape, free_input_shape, parse
+from ringtrain_trainer.keras.layer_spec import LayerSpec
 from ringtrain_trainer.keras.lowering import lower
 
-PRESETS = ("cnn", "cnn2")
+#: the presets shipped as Keras configs (``presets/*.json``): the option table's list
+PRESETS = options.MODELS
 
 
 class KerasModel(ModelSpec):

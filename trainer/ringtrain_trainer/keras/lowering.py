@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.graph import Graph, Node
 from ringtrain_trainer.keras import outputs, shared
-from ringtrain_trainer.keras.config import LayerSpec, ModelConfig
+from ringtrain_trainer.keras.config import ModelConfig
 from ringtrain_trainer.keras.entry import Build, without_folded
+from ringtrain_trainer.keras.layer_spec import LayerSpec
 from ringtrain_trainer.keras.mask_nodes import MaskWiring
 from ringtrain_trainer.keras.registry import REGISTRY
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ringtrain_trainer.engine.graph import Node
 from ringtrain_trainer.keras import masks
-from ringtrain_trainer.keras.config import LayerSpec, ModelConfig
+from ringtrain_trainer.keras.config import ModelConfig
+from ringtrain_trainer.keras.layer_spec import LayerSpec
 
 
 class MaskWiring:

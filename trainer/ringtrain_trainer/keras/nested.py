@@ -28,6 +28,7 @@ from typing import Any
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.keras.entry import snake_case
+from ringtrain_trainer.keras.functional import history
 
 MODELS = ("Functional", "Model", "Sequential")
 _MODULE = {"Sequential": "keras", "Functional": "keras.src.models.functional"}
@@ -202,8 +203,6 @@ class _Flattener:
                     "at the top level, a nested model shared as a whole)"
                 )
             if is_model(x):
-                from ringtrain_trainer.keras.functional import _history
-
                 inner = prefix + _name(x, i) + "/"
                 for j, node in enumerate(nodes):
                     if not isinstance(node, dict):
@@ -211,7 +210,7 @@ class _Flattener:
                             f"model: nested model {_name(x, i)!r} in a tf.keras 2 config is "
                             "not supported (supported: Keras 3 configs)"
                         )
-                    hist = [to(h) for h in _history(node.get("args") or [], where)]
+                    hist = [to(h) for h in history(node.get("args") or [], where)]
                     out = self.model(x, inner, hist, frozen, group + "/", call + j)
                     outs.setdefault(_name(x, i), {})[j] = out
             else:

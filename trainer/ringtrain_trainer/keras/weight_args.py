@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.model import Slot
-from ringtrain_trainer.keras.config import LayerSpec
+from ringtrain_trainer.keras.layer_spec import LayerSpec
 from ringtrain_trainer.keras.registry import REGISTRY
 
 

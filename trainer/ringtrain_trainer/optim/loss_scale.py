@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ringtrain_trainer.engine.native import finite
+
 #: Keras' LossScaleOptimizer defaults
 INITIAL_SCALE = 2.0**15
 GROWTH_STEPS = 2000
@@ -90,8 +92,6 @@ class LossScale:
         applied; False: skipped (dynamic); None: a static scale met a non-finite gradient
         (``hook.nonfinite`` is set, the job fails as in fp32). ``grads``: the reduced
         gradient, the same on every worker, so every worker settles alike."""
-        from ringtrain_trainer.reducer.hook import finite
-
         scale = self.scale
         if self.update(finite(grads)):
             np.multiply(grads, np.float32(1.0 / scale), out=grads)

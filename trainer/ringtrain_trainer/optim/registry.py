@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ringtrain import options
 from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer.optim import schedules
 from ringtrain_trainer.optim.adadelta import Adadelta
@@ -279,10 +280,8 @@ def resolve(
 def for_run(cfg, model) -> OptimizerSpec:
     """The optimizer a worker configured by ``cfg`` (a ``TrainerConfig``) runs for ``model``
     (a ``ModelSpec``): the model's compile settings unless it is a built-in preset."""
-    from ringtrain_trainer.keras.load import PRESETS
-
     config = getattr(model, "config", None)
-    compiled = None if model.name in PRESETS else getattr(config, "optimizer", None)
+    compiled = None if model.name in options.MODELS else getattr(config, "optimizer", None)
     spec = resolve(compiled, cfg.optimizer, cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
     _refuse_clipped_embedding(spec, model)
     _refuse_abs_embedding(spec, model)
