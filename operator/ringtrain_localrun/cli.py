@@ -2,13 +2,16 @@
 
 The same code path as Kubernetes: :mod:`.plan` turns the operator's own Pods into processes,
 :mod:`.supervisor` runs them under the operator's own lifecycle fold, :mod:`.jobstate` folds
-what they print, :mod:`.console` shows it. Outcome → exit code: 0 Succeeded, 1 Failed,
+what they print, :mod:`.console` shows it, :mod:`.logs` keeps each replica's output in the run
+dir (the summary, also ``final.json`` there, names it). Outcome → exit code: 0 Succeeded, 1 Failed,
 2 invalid job, 130/143 stopped by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import signal
 import sys
 import time
@@ -20,7 +23,8 @@ from ringtrain_operator import status
 
 from .console import Output, format_summary
 from .jobstate import summary, terminal_condition
-from .plan import plan, read_job
+from .logs import FINAL_NAME
+from .plan import Replica, plan, read_job
 from .supervisor import DEFAULT_GRACE_S, Runner, Stopped, exit_status, read_result
 
 #: Exit codes of `ringtrain run` (the job's outcome, not a replica's).
@@ -33,6 +37,20 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 def default_run_dir(job_name: str) -> Path:
     """A fresh directory per run: a new run never resumes an old run's checkpoint by surprise."""
     return Path(".ringtrain") / "runs" / f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def explain_paths(message: str | None, replicas: list[Replica]) -> str | None:
+    """A failure's message naming a path that ``ringtrain run`` made local says what it was in
+    the pod: ``(<local> is /models/m.keras in the pod (volume models, mounted at /models))``."""
+    if not message:
+        return message
+    notes = dict.fromkeys(
+        f"{local} is {why}"
+        for r in replicas
+        for local, why in r.rewritten.items()
+        if local in message and not why.startswith("/tmp in the pod")  # HOME: no path of theirs
+    )
+    return message + "".join(f" ({n})" for n in notes)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -89,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INVALID
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / FINAL_NAME).unlink(missing_ok=True)  # a reused run dir's: `logs -f` waits anew
     runner = Runner(job, replicas, run_dir, output, grace_s=args.grace_period)
     output.event(
         {
@@ -124,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(s, h)
 
     elapsed = time.monotonic() - runner.state.started_s
+    runner.close_logs()
     if reason is None:
         reason, message = terminal_condition(runner.status)
+        message = explain_paths(message, replicas)
     exits = {
         label: None if p.returncode is None else exit_status(p.returncode)
         for label, p in runner.procs.items()
@@ -146,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     output.progress(runner.progress(time.monotonic()), time.monotonic(), force=True)
     output.event(result)
     output.message("\n" + format_summary(result))
+    with contextlib.suppress(OSError):
+        (run_dir / FINAL_NAME).write_text(json.dumps(result) + "\n")
     if reason == "Stopped":
         return EXIT_INTERRUPTED if "SIGINT" in (message or "") else EXIT_TERMINATED
     return EXIT_SUCCEEDED if phase == status.SUCCEEDED else EXIT_FAILED

@@ -18,7 +18,8 @@ container becomes a :class:`Replica`:
   (:func:`_rewrite`, docs/decisions/0200-local-run-paths.md): the pod's scratch mount ``/tmp``
   maps only itself (``HOME``), the interpreter and the checkout are never touched, and a path
   that exists on this machine is the user's file;
-* ``--metrics-port`` replaced by a free port, ``--termination-log`` by a file in the run dir.
+* ``--metrics-port`` replaced by a free port, ``--termination-log`` by a file in the run dir;
+  its output kept in ``<run dir>/pods/<pod>/log``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class Replica:
     #: The main container's terminationMessagePolicy: with FallbackToLogsOnError a failure
     #: without a termination log is explained by the tail of its log, as the kubelet does.
     termination_message_policy: str = "File"
+    #: Where its output is kept (``<run dir>/pods/<pod>/log``, rotated: :mod:`.logs`).
+    log: str | None = None
     #: The in-pod paths of its args and env that were made local: local path → why, e.g.
     #: ``/models/m.keras in the pod (volume models, mounted at /models)``.
     rewritten: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -424,6 +427,7 @@ def plan(
                 termination_log=termination_log,
                 restart_policy=pod["spec"].get("restartPolicy", "Always"),
                 termination_message_policy=container.get("terminationMessagePolicy", "File"),
+                log=str(run_dir / "pods" / pod["metadata"]["name"] / "log"),
                 rewritten=paths.rewritten,
             )
         )

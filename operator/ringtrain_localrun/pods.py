@@ -37,7 +37,8 @@ def observed_pod(
     It is Running until it exits; then, if its restartPolicy restarts it in place, still Running
     with the exit as ``state.terminated`` (``restarting``), else Succeeded (exit 0) or Failed.
     Exit codes are what Kubernetes reports (a signal n becomes 128 + n, named like the kubelet's
-    reason); ``restarts`` and ``last`` (the previous process) are restartCount and lastState.
+    reason), an exit's termination message the kubelet's (:func:`termination_message`);
+    ``restarts`` and ``last`` (the previous process) are restartCount and lastState.
     """
     code = proc.poll()
     last_code = last.returncode if last is not None else None
@@ -55,6 +56,7 @@ def observed_pod(
         return pod
     return dataclasses.replace(
         pod,
+        termination_message=termination_message(replica, code),
         ready=False,
         exit_code=exit_status(code),
         exit_reason=_reason(code),
@@ -65,6 +67,45 @@ def observed_pod(
         if code == 0
         else "Failed",
     )
+
+
+#: Bytes of a termination message the kubelet keeps (its own limit per container).
+TERMINATION_MESSAGE_BYTES = 4096
+#: FallbackToLogsOnError's log tail: the kubelet's 80 lines or 2048 bytes, the fewer.
+FALLBACK_LINES, FALLBACK_BYTES = 80, 2048
+
+
+def termination_message(replica: Replica, returncode: int) -> str | None:
+    """What the kubelet would put in ``state.terminated.message``: the termination log (its
+    first 4096 bytes), else under terminationMessagePolicy FallbackToLogsOnError and a failure,
+    the tail of the replica's log; None without either. The fold takes the worker's own words
+    for a failure from it (issue 34)."""
+    text = _head(replica.termination_log, TERMINATION_MESSAGE_BYTES)
+    if text or returncode == 0 or replica.termination_message_policy != "FallbackToLogsOnError":
+        return text or None
+    tail = _tail(replica.log, FALLBACK_BYTES)
+    return "\n".join(tail.splitlines()[-FALLBACK_LINES:]) or None
+
+
+def _head(path: str | None, n: int) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            return f.read(n).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(path: str | None, n: int) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - n))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _reason(returncode: int | None) -> str | None:

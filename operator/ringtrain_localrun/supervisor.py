@@ -35,6 +35,7 @@ from ringtrain_operator import status
 
 from .console import Output
 from .jobstate import JobState, WorkerState
+from .logs import RECREATED_MARK, RESTART_MARK, ReplicaLog
 from .plan import CHECKPOINT_VOLUME, Replica
 from .pods import (  # noqa: F401 (re-exported: cli and tests import them from here)
     exit_status,
@@ -92,6 +93,8 @@ class Runner:
         self.last: dict[str, subprocess.Popen] = {}
         self.due: dict[str, float] = {}
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        #: Each replica's output kept in its pod directory (``ringtrain logs``).
+        self.logs = {r.label: ReplicaLog(Path(r.log)) for r in replicas if r.log}
         self.state = JobState(
             total_steps=job.trainer.steps if job.trainer else None,
             started_s=time.monotonic(),
@@ -121,9 +124,17 @@ class Runner:
                 f.write(content)
 
     def _pump(self, label: str, stream: TextIO) -> None:
+        log = self.logs.get(label)
         for line in stream:
-            self.lines.put((label, line.rstrip("\n")))
+            line = line.rstrip("\n")
+            if log is not None:
+                log.write(line)
+            self.lines.put((label, line))
         self.lines.put((label, None))
+
+    def close_logs(self) -> None:
+        for log in self.logs.values():
+            log.close()
 
     def _create(self, names: Iterable[str]) -> None:
         """Start the named replicas: what the kubelet does with a newly created Pod."""
@@ -141,13 +152,19 @@ class Runner:
             )
             self.output.message(f"restart {self.restarts}: starting {len(todo)} replicas{resume}")
         for r in todo:
+            again = r.label in self.restart_counts
             self.restart_counts[r.label] = 0
             self.last.pop(r.label, None)
-            self._start(r)
+            self._start(r, RECREATED_MARK.format(label=r.label, n=self.restarts) if again else None)
         self.started = self.started or bool(todo)
 
-    def _start(self, r: Replica) -> None:
+    def _start(self, r: Replica, note: str | None = None) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **r.env}
+        if r.termination_log:  # a new container's: an old run's words must not explain this one
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(r.termination_log)
+        if note and r.label in self.logs:
+            self.logs[r.label].write(note)
         # Own session: a terminal's Ctrl-C reaches only the runner, which then stops every
         # replica the same way (SIGTERM, grace, SIGKILL) — as the kubelet does.
         p = subprocess.Popen(
@@ -216,7 +233,7 @@ class Runner:
             else:
                 self.state.workers[r.label] = WorkerState(last_output_s=now_s)
             self.restart_counts[r.label], self.last[r.label] = n + 1, p
-            self._start(r)
+            self._start(r, RESTART_MARK.format(label=r.label, n=n + 1))
 
     def _delete(self, names: Iterable[str]) -> None:
         """Stop the named replicas (SIGTERM, grace, SIGKILL), keeping their exit codes.

@@ -8,6 +8,7 @@ failure is judged lives in :mod:`.restarts`; the vocabulary (states, reasons, th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -127,12 +128,11 @@ def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
             # exit 3 means "diverged" only from ringtrain's own trainer; a user's script may
             # exit 3 for reasons of its own
             diverged = job.trainer is not None and restarts.exit_code(p) == errors.EXIT_DIVERGED
-            error = restarts.last_error(p) if diverged else ""
             f.finish(
                 False,
                 REASON_DIVERGED if diverged else REASON_FAILED,
                 f"pod {p.name} failed with {_exit(p)}: permanent "
-                f"under restartPolicy {replica.restart_policy}" + (f": {error}" if error else ""),
+                f"under restartPolicy {replica.restart_policy}{_why(p)}",
                 seen.live,
             )
             return True
@@ -148,7 +148,7 @@ def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
                 False,
                 REASON_BACKOFF,
                 f"pod {p.name} failed with {_exit(p)} and "
-                f"{before + i} restarts reached backoffLimit={limit}",
+                f"{before + i} restarts reached backoffLimit={limit}{_why(p)}",
                 seen.live,
             )
             return True
@@ -159,7 +159,8 @@ def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
         f.finish(
             False,
             REASON_BACKOFF,
-            f"{who}{f.status['restarts']} restarts exceed backoffLimit={limit}",
+            f"{who}{f.status['restarts']} restarts exceed backoffLimit={limit}"
+            + (_why(causes[0]) if causes else ""),
             seen.live,
         )
         return True
@@ -208,6 +209,24 @@ def _running(f: _Fold, job: Job, seen: _Seen) -> bool:
     return True
 
 
+def _why(p: ObservedPod) -> str:
+    """``": <the worker's own words>"`` from its termination message, for every failure
+    (issue 34): the ``error`` of ringtrain's JSON record, or a plain-text message's last
+    :data:`restarts.ERROR_CHARS` characters, its lines joined by `` | ``; "" without either (a
+    JSON result is no reason)."""
+    text = (p.termination_message or "").strip()
+    if not text:
+        return ""
+    try:
+        json.loads(text)
+    except ValueError:
+        lines = " | ".join(line.strip() for line in text.splitlines() if line.strip())
+        tail = lines[-restarts.ERROR_CHARS :]
+        return f": {'…' if len(tail) < len(lines) else ''}{tail}"
+    error = restarts.last_error(p)
+    return f": {error}" if error else ""
+
+
 def _announce(f: _Fold, message: str) -> None:
     f.status["state"] = RESTARTING
     f.condition(RESTARTING, True, REASON_RESTARTING, message)
@@ -223,7 +242,7 @@ def _replace(f: _Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) 
             False,
             REASON_BACKOFF,
             f"pod {culprit.name} failed with {_exit(culprit)} and "
-            f"{f.status['restarts']} restarts reached backoffLimit={limit}",
+            f"{f.status['restarts']} restarts reached backoffLimit={limit}{_why(culprit)}",
             live,
         )
         return

@@ -7,6 +7,7 @@ trainer image starts a worker without importing the operator (kopf, kubernetes) 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -17,6 +18,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "train as one replica (single worker when TF_CONFIG is unset)",
     ),
     ("run",): ("ringtrain_localrun.cli", "run a TrainingJob manifest as local processes"),
+    ("logs",): (
+        "ringtrain_localrun.logs",
+        "print the replicas' logs of a `ringtrain run` run dir (cluster jobs: not yet)",
+    ),
     ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
     ("operator",): ("ringtrain_operator.main", "run the Kubernetes operator (kopf)"),
     ("health",): (
@@ -55,8 +60,15 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"ringtrain {__version__}")
         return 0
-    print(usage(), file=sys.stdout if not argv or argv[0] in ("-h", "--help") else sys.stderr)
-    return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    group = any(len(w) > 1 and w[0] == argv[0] for w in COMMANDS)  # "bench stpe"
+    given = " ".join(argv[:2] if group else argv[:1])
+    near = difflib.get_close_matches(given, [" ".join(w) for w in COMMANDS], n=1)
+    hint = f" (did you mean '{near[0]}'?)" if near else ""
+    print(f"ringtrain: unknown command '{given}'{hint}\n\n{usage()}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
