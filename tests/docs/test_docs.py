@@ -212,3 +212,9 @@ def test_every_worker_flag_and_trainer_field_is_in_the_flag_table():
     section = REFERENCE.read_text().split("## Flags of `ringtrain worker`")[1].split("\n## ")[0]
     for o in options.OPTIONS:
         assert (f"| `{o.cli_flag}` |" if o.cli_flag else f"`spec.trainer.{o.crd}`") in section
+
+
+def test_the_readme_shows_the_demo_job_whole():
+    """The front door's TrainingJob is the demo's file itself, not a copy that drifts."""
+    job = (ROOT / "examples" / "fashion-mnist-2workers.yaml").read_text()
+    assert f"```yaml\n{job}```" in (ROOT / "README.md").read_text()
