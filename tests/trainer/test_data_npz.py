@@ -9,7 +9,8 @@ import pytest
 
 from ringtrain.errors import DataError
 from ringtrain_trainer.data import dataset as D
-from ringtrain_trainer.data.npz import check_fits, load_npz, raw_pixels_note
+from ringtrain_trainer.data.fit import check_fits
+from ringtrain_trainer.data.npz import load_npz, raw_pixels_note
 from ringtrain_trainer.worker_main import main as worker_main
 
 
@@ -181,7 +182,7 @@ def test_tables_token_ids_and_every_label_form_load_and_conform_to_the_loss(tmp_
     """2-D tables, int token ids, and the labels each loss reads as Keras' ``fit`` takes them:
     0/1 ints ``(n,)`` for a one-output binary model, float class ids ``(n, 1)`` for sparse
     cross-entropy, float targets ``(n,)`` for a one-output regression."""
-    from ringtrain_trainer.data.npz import conform
+    from ringtrain_trainer.data.fit import conform
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50, (20, 7)).astype(np.int32)

@@ -18,7 +18,7 @@ from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import report
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data.dataset import Dataset, Split
+from ringtrain_trainer.data.split import Dataset, Split
 from ringtrain_trainer.export.cli import export_state
 from ringtrain_trainer.keras.config import fix_input_shape, free_input_shape
 from ringtrain_trainer.worker import Trainer

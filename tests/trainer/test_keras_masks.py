@@ -20,7 +20,7 @@ import keras
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data.dataset import Dataset, Split
+from ringtrain_trainer.data.split import Dataset, Split
 from ringtrain_trainer.export.onnx_file import write_onnx
 from ringtrain_trainer.keras import masks
 from ringtrain_trainer.keras.config import parse

@@ -151,7 +151,7 @@ def _trained(tmp_path, km, x, y, classes):
 
     from ringtrain_trainer.collective import LocalCollective
     from ringtrain_trainer.config import TrainerConfig
-    from ringtrain_trainer.data.dataset import Dataset, Split
+    from ringtrain_trainer.data.split import Dataset, Split
     from ringtrain_trainer.worker import Trainer
 
     km.save(tmp_path / "m.keras")

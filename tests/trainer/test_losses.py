@@ -12,8 +12,9 @@ from test_keras_layers import layer, seq
 from ringtrain.errors import DataError, InvalidSpec
 from ringtrain_trainer.checkpoint.store import CheckpointManager
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data.dataset import Dataset, Split
-from ringtrain_trainer.data.npz import check_fits, load_npz
+from ringtrain_trainer.data.fit import check_fits
+from ringtrain_trainer.data.npz import load_npz
+from ringtrain_trainer.data.split import Dataset, Split
 from ringtrain_trainer.engine import loss_spec as LSP
 from ringtrain_trainer.engine import losses as LS
 from ringtrain_trainer.evaluator import Evaluator

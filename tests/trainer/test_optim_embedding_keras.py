@@ -19,7 +19,7 @@ import tensorflow as tf
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data.dataset import Dataset, Split
+from ringtrain_trainer.data.split import Dataset, Split
 from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(

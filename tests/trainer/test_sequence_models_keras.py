@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.data.dataset import Dataset, Split
+from ringtrain_trainer.data.split import Dataset, Split
 from ringtrain_trainer.export.onnx_file import write_onnx
 from ringtrain_trainer.worker import Trainer
 

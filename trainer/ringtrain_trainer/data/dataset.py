@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import DataError, InvalidSpec
+from ringtrain_trainer.data.npz import load_npz
+from ringtrain_trainer.data.split import Dataset, Split
 
 #: IDX element type codes (third byte of the magic number) → numpy dtype (big endian).
 _IDX_TYPES: dict[int, np.dtype] = {
@@ -84,45 +86,6 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 #: What the built-in data sets (Fashion-MNIST's IDX files, mnist-5k) are scaled by: the seeds
 #: and the TensorFlow tutorial feed their uint8 pixels as ``x / 255``.
 BUILTIN_SCALE = 1.0 / 255.0
-
-
-@dataclass(frozen=True)
-class Split:
-    """Images (uint8 or float32, stored compactly) and int64 labels.
-
-    The one rule of what a model sees: **``images * scale`` as float32**, in training
-    (:func:`batch_into`), in every evaluation (the worker's and the evaluator's) and therefore
-    in what an exported model expects (:meth:`inputs`). ``scale`` is 1 unless the loader says
-    otherwise: a ``.npz`` is fed exactly as it holds its numbers, as Keras' ``model.fit(x)``
-    does, so a model that starts with ``Rescaling(1/255)`` gets raw uint8 pixels and scales
-    them once. Only the built-in data sets state their ``x / 255`` explicitly
-    (:data:`BUILTIN_SCALE`), because the presets and the seeds' models expect [0, 1].
-    """
-
-    images: np.ndarray
-    labels: np.ndarray
-    scale: float = 1.0
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def inputs(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Examples ``start:stop`` as the model sees them (a new float32 array)."""
-        images = self.images[start:stop]
-        out = np.empty(images.shape, np.float32)
-        np.multiply(images, np.float32(self.scale), out=out)
-        return out
-
-
-@dataclass(frozen=True)
-class Dataset:
-    name: str
-    train: Split
-    test: Split
-    num_classes: int = 10
-    #: a ``.npz`` named per model input/output (``x_train_<input>``, ...): its arrays by key,
-    #: packed for the model by ``data_multi.pack`` once the model is known; None otherwise
-    parts: dict | None = None
 
 
 def _find(data_dir: Path, stem: str) -> Path:
@@ -206,8 +169,6 @@ def load(name: str, data_dir: str | os.PathLike = FASHION_MNIST_DIR) -> Dataset:
     """``data_dir`` is a directory of IDX files or a ``.npz`` file (:mod:`.data_npz`)."""
     if name == "fashion-mnist":
         if str(data_dir).endswith(".npz"):
-            from ringtrain_trainer.data.npz import load_npz
-
             return load_npz(data_dir)
         return load_idx_dir(data_dir, name)
     if name == "mnist-5k":

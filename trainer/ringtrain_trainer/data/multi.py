@@ -27,7 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import DataError
-from ringtrain_trainer.data.dataset import Dataset, Split
+from ringtrain_trainer.data.arrays import read_features, read_labels
+from ringtrain_trainer.data.fit import check_fits, check_labels, conform
+from ringtrain_trainer.data.split import Dataset, Split
+from ringtrain_trainer.engine.multiloss import Head
 
 #: a key named per input/output
 NAMED = re.compile(r"^([xy])_(train|test)_(.+)$")
@@ -36,8 +39,6 @@ PLAIN = re.compile(r"^([xy])_(train|test)$")
 
 def load_named(path: Path, arrays: dict[str, np.ndarray]) -> Dataset:
     """Keep a named file's arrays (each validated alone) until the model is known."""
-    from ringtrain_trainer.data.npz import _features, _labels
-
     parts: dict[str, np.ndarray] = {}
     for k, v in arrays.items():
         m = NAMED.match(k) or PLAIN.match(k)
@@ -46,7 +47,7 @@ def load_named(path: Path, arrays: dict[str, np.ndarray]) -> Dataset:
                 f"{path}: array {k!r} is neither x_train/x_test/y_train/y_test nor named per "
                 "model input/output (x_train_<input>, y_train_<output>, ...)"
             )
-        parts[k] = (_features if m.group(1) == "x" else _labels)(path, k, v)
+        parts[k] = (read_features if m.group(1) == "x" else read_labels)(path, k, v)
     for split in ("train", "test"):
         xs = [k for k in parts if k.startswith(f"x_{split}")]
         if not xs:
@@ -66,8 +67,6 @@ def _pick(parts: dict, kind: str, split: str, name: str, only: bool) -> str | No
 def pack(dataset: Dataset, config, source: str | os.PathLike) -> Dataset:
     """The named arrays packed for ``config`` (a ``keras.config.ModelConfig`` with several
     inputs or outputs); every mismatch a :class:`DataError` naming the input or output."""
-    from ringtrain_trainer.data.npz import check_fits, check_labels, conform
-
     if config is None or not config.multi:
         raise DataError(
             f"{source}: arrays named per input/output ({', '.join(sorted(dataset.parts or {}))}) "
@@ -80,8 +79,6 @@ def pack(dataset: Dataset, config, source: str | os.PathLike) -> Dataset:
             for s in ("train", "test")
             for k, a in (("x", "images"), ("y", "labels"))
         }
-    from ringtrain_trainer.engine.multiloss import Head
-
     loss = config.loss
     several = hasattr(loss, "heads")
     width = config.out_shape_of(config.output)[-1]
