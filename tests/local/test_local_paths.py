@@ -6,6 +6,7 @@ and a missing model names the path looked up and why (docs/decisions/0200-local-
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -111,3 +112,38 @@ def test_a_user_model_under_a_tmp_dir_trains(tmp_path):
     assert (proc.returncode, final["phase"], final["steps"]) == (0, "Succeeded", 2), proc.stderr[
         -3000:
     ]
+
+
+@pytest.fixture
+def interpreter_under_tmp(tmp_path: Path) -> Path:
+    """This interpreter and its environment as a checkout under /tmp has them: the same
+    packages, a ``sys.executable`` of ``/tmp/…/clone/.venv/bin/python``."""
+    venv = tmp_path / "clone" / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    if sys.prefix != sys.base_prefix:  # a virtualenv: its config and packages
+        (venv / "pyvenv.cfg").write_bytes((Path(sys.prefix) / "pyvenv.cfg").read_bytes())
+        (venv / "lib").symlink_to(Path(sys.prefix) / "lib")
+    python = venv / "bin" / "python"
+    python.symlink_to(Path(sys.executable).resolve())
+    assert str(python).startswith("/tmp/")
+    return python
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("example", ["mpi4py-allreduce", "mpi-horovod-style"])
+def test_both_mpi_examples_run_with_an_interpreter_under_tmp(
+    example, interpreter_under_tmp, tmp_path
+):
+    """Issue 34: mpirun's ranks were started as <run dir>/…/volumes/tmp/…/python (exit 132)."""
+    manifest = ROOT / "examples" / f"{example}.yaml"
+    command = [str(interpreter_under_tmp), "-m", "ringtrain.cli", "run", "--json"]
+    out = subprocess.run(
+        [*command, "--run-dir", str(tmp_path / "run"), str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    final = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (out.returncode, final["phase"]) == (0, "Succeeded"), out.stderr[-3000:]
+    assert final["exit_codes"]["launcher-0"] == 0
