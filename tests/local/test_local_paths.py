@@ -96,18 +96,21 @@ def test_the_checkout_is_never_rewritten_even_under_a_mounted_volume(tmp_path):
     assert r.argv[-1] == inside
 
 
-def test_a_user_model_under_a_tmp_dir_trains(tmp_path):
-    """End to end: a model file at /tmp/…/me/my_model.json (model.to_json()) is read where the
-    user keeps it."""
-    inline = yaml.safe_load((ROOT / "examples" / "keras-model.yaml").read_text())["spec"][
-        "trainer"
-    ]["model"]
-    model = tmp_path / "me" / "my_model.json"
+def test_a_user_keras_model_under_a_tmp_dir_trains(tmp_path):
+    """End to end, the issue's case: a .keras file at /tmp/…/me/my_model.keras (here the
+    keras-model example's own export, 2 steps) trains where the user keeps it."""
+    example = yaml.safe_load((ROOT / "examples" / "keras-model.yaml").read_text())
+    example["spec"]["replicaSpecs"]["Worker"]["replicas"] = 1
+    example["spec"]["trainer"]["steps"] = 2
+    exported = run([str(write(tmp_path, example)), "--json"], cwd=tmp_path)
+    export = json.loads(exported.stdout.strip().splitlines()[-1])["export"]
+    assert export and Path(export).is_file(), exported.stderr[-3000:]
+    model = tmp_path / "me" / "my_model.keras"
     model.parent.mkdir()
-    model.write_text(json.dumps(inline))
-    obj = tiny_job("usermodel", model=str(model), steps=2, evalEvery=0)
-    obj["spec"]["replicaSpecs"]["Worker"]["replicas"] = 1
-    proc = run([str(write(tmp_path, obj)), "--json"], cwd=tmp_path)
+    model.write_bytes(Path(export).read_bytes())
+    example["metadata"]["name"] = "usermodel"
+    example["spec"]["trainer"]["model"] = str(model)
+    proc = run([str(write(tmp_path, example)), "--json"], cwd=tmp_path)
     final = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (proc.returncode, final["phase"], final["steps"]) == (0, "Succeeded", 2), proc.stderr[
         -3000:
