@@ -5,9 +5,10 @@ worker pod unbounded). The built-in trainer's memory is known before any pod exi
 IPUs hold what :func:`ringtrain_trainer.ipu.memory.plan_memory` plans (per IPU, ``ipuMemoryMB`` at
 most: the compile refuses more), the host holds the flat weights, gradients, optimizer state and
 one checkpoint's copy, the ring its fusion buckets and shared-memory slots, the data set its
-images. The plan is arithmetic on layer shapes: the model is parsed and laid out exactly as the
-spec check already does (bounded by ``budget.py``), no parameter is allocated, and a job's answer
-is cached, so a reconcile costs nothing after the first.
+images. The plan is arithmetic on layer shapes, computed by the trainer's own code in a bounded
+child process (:mod:`.modelcheck`: the operator imports neither numpy nor the engine); no
+parameter is allocated, and a job's answer is cached, so a reconcile costs nothing after the
+first.
 
 The request is that estimate (what the pod will use: the scheduler places it by this); the limit
 replaces each IPU's plan by its whole ``ipuMemoryMB`` and adds half again of the host's part, so
@@ -22,10 +23,10 @@ to the template and the namespace's LimitRange.
 
 from __future__ import annotations
 
-import json
 import math
-from functools import lru_cache
 from typing import Any
+
+from ringtrain_operator import modelcheck
 
 #: The worker process without model or data: Python, numpy, gRPC, the trainer's modules, its
 #: threads. Measured peak (VmHWM) of ``ringtrain worker --model cnn --dataset mnist-5k`` for 30
@@ -50,51 +51,6 @@ HOST_COPIES = 3
 CPU_REQUEST_MILLI_PER_IPU = 250
 DEFAULT_HOST_THREADS = 2
 ITEMSIZE = 4
-#: State arrays per parameter when ``optimizer`` is unset (the model's compile settings): the
-#: most any optimizer the trainer maps keeps (Adam or RMSprop with amsgrad/centered: 3).
-MAX_SLOTS = 3
-
-
-def _model_source(model: Any) -> str | None:
-    """``--model``'s value when the operator can plan it: a preset's name or an inline config's
-    JSON (as ``optiongen`` passes it); None for a file in the pod, or a model whose input
-    has None dimensions (the worker fixes them from the data and checks the budget then)."""
-    from ringtrain_trainer.keras import load as keras_model
-    from ringtrain_trainer.keras.config import free_input_shape
-
-    doc = model
-    if isinstance(model, str) and model.lstrip().startswith("{"):
-        try:
-            doc = json.loads(model)
-        except ValueError:
-            doc = None
-    if isinstance(doc, dict) and free_input_shape(doc) is not None:
-        return None  # its None input dimensions are fixed by the data, in the pod
-    if not isinstance(model, str):
-        model = json.dumps(model, separators=(",", ":"))
-    return model if model in keras_model.PRESETS or model.lstrip().startswith("{") else None
-
-
-@lru_cache(maxsize=32)  # keys hold inline configs (≤ 128 KiB each)
-def _plan(
-    source: str, per_ipu: int, capacity: int, optimizer: str | None, on_host: bool
-) -> tuple[int, int]:
-    """(one IPU's planned bytes, parameters) of training ``source`` on ``per_ipu`` examples."""
-    from ringtrain_trainer.ipu import memory
-    from ringtrain_trainer.keras import load as keras_model
-
-    spec = keras_model.load(source, (capacity, per_ipu))
-    state = _slots(optimizer) * spec.num_params * ITEMSIZE
-    device_state = 0 if on_host else state
-    plan = memory.plan_memory(spec, per_ipu, True, ITEMSIZE, capacity, device_state)
-    return plan.total, spec.num_params
-
-
-def _slots(optimizer: str | None) -> int:
-    """Parameter-sized state arrays of ``optimizer`` (``optim.state_bytes_for``'s count)."""
-    from ringtrain_trainer import optim
-
-    return MAX_SLOTS if optimizer is None else optim.state_bytes_for(optimizer, 1, 1)
 
 
 def estimate(t: Any) -> dict[str, int]:
@@ -104,22 +60,23 @@ def estimate(t: Any) -> dict[str, int]:
     ipus = int(t.ipus_per_worker)
     capacity = int(t.ipu_memory_mb) << 20
     per_ipu = max(1, int(t.batch_size) // ipus)
-    source = _model_source(t.model)
-    plan, params = (None, 0)
     depth = (
         int(getattr(t, "gradient_accumulation_steps", 1) or 1)
         if getattr(t, "pipeline_stages", None)
         else 0
     )
-    if source is not None and depth:
+    on_host = bool(t.variables_on_host)
+    if depth:
         # a pipeline: one model over all IPUs, ``depth`` micro-batches of batchSize in flight
-        micro = int(t.batch_size)
-        one, params = _plan(source, micro, ipus * capacity, t.optimizer, bool(t.variables_on_host))
+        one, params, slots = modelcheck.plan(
+            t.model, int(t.batch_size), ipus * capacity, t.optimizer, on_host
+        )
         weights = 2 * params * ITEMSIZE
-        plan = (weights + depth * (one - weights) + params * ITEMSIZE) // ipus
-    elif source is not None:
-        plan, params = _plan(source, per_ipu, capacity, t.optimizer, bool(t.variables_on_host))
-    state = params * ITEMSIZE * _slots(t.optimizer) if t.variables_on_host else 0
+        plan = None if one is None else (weights + depth * (one - weights) + params * ITEMSIZE)
+        plan = None if plan is None else plan // ipus
+    else:
+        plan, params, slots = modelcheck.plan(t.model, per_ipu, capacity, t.optimizer, on_host)
+    state = params * ITEMSIZE * slots if t.variables_on_host else 0
     data = 0 if t.data_volume else DATASET_BYTES.get(t.dataset, 0)
     return {
         "base": BASE_BYTES,

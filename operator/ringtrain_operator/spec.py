@@ -23,7 +23,7 @@ import yaml
 from ringtrain import optiongen, options
 from ringtrain.errors import InvalidSpec
 
-from . import limits, schedulable
+from . import limits, modelcheck, schedulable
 
 GROUP = "ringtrain.io"
 VERSION = "v1alpha1"
@@ -250,11 +250,11 @@ MAX_INLINE_MODEL_BYTES = 128 * 1024 - 1
 def model_error(model: Any, budget: tuple[int, int] | None = None) -> str | None:
     """Why ``spec.trainer.model`` cannot run, or None: a preset or absolute ``.json``/``.keras``
     path (the file itself only the worker can read), or an inline Keras Sequential config,
-    parsed and built exactly as the worker will, so an unsupported layer or argument is refused
-    before any pod exists, with the words of ``keras_config``. ``budget`` (one IPU's bytes,
-    examples per IPU) refuses a model too large for it by arithmetic, before the build: this
-    runs on every reconcile, inside the operator's memory limit (issue 20); the options'
-    defaults when not given."""
+    parsed and built exactly as the worker will (by the worker's own code, in a bounded child
+    process: :mod:`.modelcheck`), so an unsupported layer or argument is refused before any pod
+    exists, with the parser's words. ``budget`` (one IPU's bytes, examples per IPU) refuses a
+    model too large for it by arithmetic, before the build; the options' defaults when not
+    given."""
     budget = budget or _budget({})
     if isinstance(model, str):
         pattern = options.BY_NAME["model"].schema["pattern"]
@@ -269,11 +269,6 @@ def model_error(model: Any, budget: tuple[int, int] | None = None) -> str | None
             "must be a preset name, a path, or an inline Keras model config (an object), "
             f"got {type(model).__name__}"
         )
-    from ringtrain_trainer.keras import (
-        load as keras_model,  # the worker's own parser: numpy, no TensorFlow
-    )
-    from ringtrain_trainer.keras.config import free_input_shape
-
     size = len(json.dumps(model, separators=(",", ":")).encode())
     if size > MAX_INLINE_MODEL_BYTES:
         return (
@@ -281,18 +276,7 @@ def model_error(model: Any, budget: tuple[int, int] | None = None) -> str | None
             f"{MAX_INLINE_MODEL_BYTES} fit in the worker's --model argument: put it in a "
             ".json file on a volume and give its path"
         )
-    try:
-        # free (None) input dimensions: the layers checked at any length, the memory budget by
-        # the worker once its data fixes them
-        free = free_input_shape(dict(model)) is not None
-        keras_model.from_config(
-            dict(model), "inline", None if free else budget, data=keras_model.any_length
-        )
-    except InvalidSpec as e:
-        return str(e).removeprefix("model: ")
-    except (AttributeError, KeyError, TypeError, ValueError, IndexError, ArithmeticError) as e:
-        return f"not a Keras model config that model.to_json() writes ({type(e).__name__}: {e})"
-    return None
+    return modelcheck.check(dict(model), *budget)
 
 
 def load(obj: Mapping[str, Any]) -> Job:

@@ -14,7 +14,7 @@ import pytest
 from operator_jobs import job_obj
 
 from ringtrain_operator import manifests, resources, spec
-from ringtrain_trainer import optim
+from ringtrain_trainer import optim, sizing
 from ringtrain_trainer.ipu.device import IPU, MB, IPUConfig
 from ringtrain_trainer.keras import load as keras_model
 
@@ -51,7 +51,7 @@ def test_the_ipu_part_is_the_plan_the_worker_compiles(model, optimizer, on_host,
         trainer["optimizer"] = optimizer
     t = spec.load(job_obj(trainer=trainer)).trainer
     m = keras_model.load(model)
-    slots = resources._slots(optimizer)
+    slots = sizing.slots(optimizer)
     state = slots * m.num_params * 4
     ipu = IPU(
         m,
