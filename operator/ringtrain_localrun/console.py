@@ -7,13 +7,17 @@ a replica's progress is rendered by :func:`ringtrain.events.format_event`, the t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 from collections.abc import Mapping
 from typing import Any, TextIO
 
 from ringtrain import events
+from ringtrain.errors import EXIT_RETRYABLE
 from ringtrain_operator import status
+
+from .logs import label_of
 
 
 def format_progress(p: Mapping[str, Any]) -> str:
@@ -122,6 +126,18 @@ def format_summary(s: Mapping[str, Any]) -> str:
     if s.get("trace"):
         lines.append(f"  trace          {s['trace']}  (open in https://ui.perfetto.dev)")
     lines.append(f"  logs and data  {s['run_dir']}")
+    if failed and (culprit := _culprit(s)):
+        lines.append(f"  its log        ringtrain logs {s['run_dir']} --replica {culprit}")
     codes = " ".join(f"{k}={v}" for k, v in s["exit_codes"].items())
     lines.append(f"  exit codes     {codes}")
     return "\n".join(lines)
+
+
+def _culprit(s: Mapping[str, Any]) -> str | None:
+    """The replica whose failure ended the job: the pod the message names, else the first exit
+    that is not a peer leaving (0, 138 for a broken ring, 143 for being stopped)."""
+    if m := re.match(r"pod (\S+) failed", s.get("message") or ""):
+        return label_of(m.group(1))
+    return next(
+        (k for k, v in s["exit_codes"].items() if v not in (None, 0, EXIT_RETRYABLE, 143)), None
+    )

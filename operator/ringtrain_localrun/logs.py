@@ -72,8 +72,10 @@ class ReplicaLog:
 
 
 def label_of(pod: str) -> str:
-    """``mnist-worker-0`` → ``worker-0`` (roles have no dash; a job name may)."""
-    return "-".join(pod.rsplit("-", 2)[-2:])
+    """A pod's replica name: ``mnist-worker-0`` → ``worker-0``; an MPI job's launcher pod
+    (``hvd-launcher``, no index) → ``launcher-0``. Roles have no dash; a job name may."""
+    head, _, last = pod.rpartition("-")
+    return f"{head.rpartition('-')[2]}-{last}" if last.isdigit() else f"{last}-0"
 
 
 def pod_dirs(run_dir: Path) -> list[Path]:
@@ -155,7 +157,8 @@ def print_logs(
                 file=sys.stderr,
             )
             return 2
-    prefix = replica is None and len(dirs) > 1
+    # several replicas: each line says whose (one that printed nothing has no log yet)
+    prefix = replica is None and sum(1 for d in (run_dir / "pods").iterdir() if d.is_dir()) > 1
 
     def show(d: Path, lines: list[str]) -> None:
         for line in lines:

@@ -67,6 +67,7 @@ def test_a_data_error_says_the_workers_reason_in_the_summary_and_keeps_the_logs(
     why = next(line for line in summary.splitlines() if line.startswith("  why "))
     assert "exit code 2" in why and f"DataError: {tmp_path / 'mydata' / 'd.npz'}: {WHY}" in why
     assert f"logs and data  {run_dir}" in summary
+    assert f"its log        ringtrain logs {run_dir} --replica worker-" in summary
     # the logs are where the summary says, and `ringtrain logs` prints them
     for pod in ("baddata-worker-0", "baddata-worker-1"):
         assert WHY in (run_dir / "pods" / pod / "log").read_text()
@@ -176,3 +177,11 @@ def test_an_unknown_command_says_so_and_lists_the_commands():
     assert out.returncode == 2
     assert "unknown command 'lgs' (did you mean 'logs'?)" in out.stderr
     assert "  logs " in out.stderr and "  run " in out.stderr
+
+
+@pytest.mark.parametrize(
+    "pod,label",
+    [("my-job-worker-12", "worker-12"), ("x-chief-0", "chief-0"), ("hvd-launcher", "launcher-0")],
+)
+def test_a_pod_directory_is_named_by_its_replica_as_the_run_names_it(pod, label):
+    assert logs.label_of(pod) == label
