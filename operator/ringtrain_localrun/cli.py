@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             "job": job.name,
             "run_dir": str(run_dir),
             "replicas": {
-                r.label: {"pod": r.name, "metrics_port": r.metrics_port} for r in replicas
+                r.label: {"pod": r.name, "metrics_port": r.metrics_port, "log": r.log}
+                for r in replicas
             },
         }
     )

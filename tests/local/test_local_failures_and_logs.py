@@ -55,6 +55,10 @@ def test_a_data_error_says_the_workers_reason_in_the_json_final_event(bad_data_j
     ]
     assert warnings and WHY in warnings[-1]["message"]
     assert json.loads((tmp_path / "run" / "final.json").read_text()) == final
+    start = json.loads(out.stdout.splitlines()[0])
+    assert start["replicas"]["worker-1"]["log"] == str(
+        tmp_path / "run" / "pods" / "baddata-worker-1" / "log"
+    )
 
 
 def test_a_data_error_says_the_workers_reason_in_the_summary_and_keeps_the_logs(
