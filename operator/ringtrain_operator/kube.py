@@ -14,9 +14,9 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client import ApiException
 
+from .job import GROUP, PLURAL, VERSION
 from .manifests import LABEL_JOB
 from .observe import ObservedPod
-from .spec import GROUP, PLURAL, VERSION
 
 #: Kept-alive connections to the API server: one per thread that calls it at once (the reconcile
 #: workers, their pod creations, the informer's watches). With fewer (urllib3's default: 5 per

@@ -11,12 +11,12 @@ refused every Pod). The numbers' bounds are the CRD schema's (``options.py``, ``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ringtrain.errors import InvalidSpec
 
-if TYPE_CHECKING:
-    from .spec import ReplicaSpec, TrainerSpec
+from . import manifests
+from .job import ReplicaSpec, TrainerSpec
 
 #: Deepest nesting a TrainingJob may have (a Pod template needs about 15 levels): deeper, and
 #: copying or validating it recursed past Python's limit at every reconcile (issue 20).
@@ -46,8 +46,6 @@ def check_depth(obj: Any) -> None:
 def check_mounts(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec) -> None:
     """The checkpoint volume's mountPath must be its own: the API server refuses a Pod with two
     mounts at one path, which failed every pod creation, retried forever (issue 20)."""
-    from . import manifests  # the operator's own mounts; manifests imports this module
-
     own = {"/tmp": "the operator's /tmp volume", manifests.TOKEN_DIR: "the ring token's volume"}
     if trainer.data_volume:
         own[trainer.data_mount_path or "/data"] = "spec.trainer.data's volume"
@@ -59,10 +57,16 @@ def check_mounts(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec) -> Non
                 f"{what}; give the checkpoints a path of their own"
             )
     for r in replicas:
-        containers = list((r.template.get("spec") or {}).get("containers") or [])
+        containers = _containers(r)
         main = next((c for c in containers if c.get("name") == manifests.MAIN_CONTAINER), None)
         main = main if main is not None else (containers[0] if containers else {})
-        for m in main.get("volumeMounts") or []:
+        mounts = main.get("volumeMounts") or []
+        if not isinstance(mounts, list):
+            raise InvalidSpec(
+                f"spec.replicaSpecs.{r.key}.template.spec.containers[].volumeMounts: must be a "
+                f"list, got {type(mounts).__name__}"
+            )
+        for m in mounts:
             if (
                 isinstance(m, Mapping)
                 and m.get("name") != manifests.CHECKPOINT_VOLUME
@@ -74,6 +78,20 @@ def check_mounts(replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec) -> Non
                     f"mountPath of volume {m.get('name')!r} in spec.replicaSpecs.{r.key}."
                     "template; give the checkpoints a path of their own"
                 )
+
+
+def _containers(r: ReplicaSpec) -> list[Mapping[str, Any]]:
+    """The template's containers, refused naming the field when they are not a list of objects
+    (the schema keeps a Pod template as the user wrote it; the API server would refuse it at
+    pod creation, after the job was accepted)."""
+    where = f"spec.replicaSpecs.{r.key}.template.spec"
+    pod = r.template.get("spec") or {}
+    if not isinstance(pod, Mapping):
+        raise InvalidSpec(f"{where}: must be an object (a PodSpec), got {type(pod).__name__}")
+    containers = pod.get("containers") or []
+    if not isinstance(containers, list) or not all(isinstance(c, Mapping) for c in containers):
+        raise InvalidSpec(f"{where}.containers: must be a list of containers (objects)")
+    return containers
 
 
 def norm(path: str) -> str:

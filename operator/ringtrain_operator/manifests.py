@@ -18,7 +18,7 @@ from typing import Any
 from ringtrain import cluster, optiongen, options, pki, ports
 
 from . import resources
-from .spec import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
+from .job import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 
 #: The worker's gRPC server: ring control plane, Health service, the ``grpc`` data path.
 RING_PORT = 2222

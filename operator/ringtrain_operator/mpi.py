@@ -32,10 +32,10 @@ from typing import Any
 from ringtrain.errors import InvalidSpec
 
 from . import manifests
+from .job import Job, MPISpec, ReplicaSpec, TrainerSpec
 from .networkpolicy import Settings
 from .networkpolicy import network_policy as ring_network_policy
 from .observe import ObservedPod
-from .spec import Job, MPISpec, ReplicaSpec, TrainerSpec
 
 #: sshd's port in the workers: not 22, so it needs no privilege.
 SSHD_PORT = 2022

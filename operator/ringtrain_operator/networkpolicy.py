@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import manifests
-from .spec import Job
+from .job import Job
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 

@@ -31,7 +31,7 @@ from typing import Any
 from ringtrain import events
 
 from . import manifests
-from .spec import Job
+from .job import Job
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 from ringtrain import errors
 
 from . import mpi, restarts
+from .job import Job
 from .observe import ObservedPod
 from .restarts import describe_exit as _exit
-from .spec import Job
 from .status import (
     CREATED,
     REASON_BACKOFF,

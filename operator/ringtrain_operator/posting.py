@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import status
-from .spec import GROUP, VERSION
+from .job import GROUP, VERSION
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from typing import Any
 from ringtrain.errors import InvalidSpec
 
 from . import manifests, mpi, networkpolicy, spec, status
+from .job import Job
 from .kube import Kube
 from .metrics import OperatorMetrics
 from .observe import LiveStatusFetcher, live_status, observe_pods
@@ -40,11 +41,11 @@ _CREATE_POOL = ThreadPoolExecutor(CREATE_CONCURRENCY, "create-pods")
 #: depends on the API server bumping the generation. Bounded, and a sleeping job's entry is
 #: dropped (:func:`forget_spec`): 10,000 pending jobs keep none.
 SPECS = 1024
-_specs: OrderedDict[tuple[str, str], tuple[str, spec.Job | str]] = OrderedDict()
+_specs: OrderedDict[tuple[str, str], tuple[str, Job | str]] = OrderedDict()
 _specs_lock = threading.Lock()
 
 
-def load_spec(obj: Mapping[str, Any]) -> spec.Job:
+def load_spec(obj: Mapping[str, Any]) -> Job:
     """:func:`spec.load`, remembered while the job's spec, uid and generation stay the same."""
     meta = obj.get("metadata") or {}
     try:
@@ -119,7 +120,7 @@ def reconcile(
     now = now or datetime.now(UTC)
     pod_objs = kube.list_pods(namespace, name)
     previous = obj.get("status") or {}
-    job: spec.Job | None
+    job: Job | None
     try:
         loaded = load_spec(obj)
     except InvalidSpec as e:
@@ -145,7 +146,7 @@ def act(
     kube: Kube,
     namespace: str,
     name: str,
-    job: spec.Job | None,
+    job: Job | None,
     decision: status.Decision,
     network: networkpolicy.Settings | None = None,
 ) -> status.Decision:

@@ -12,8 +12,8 @@ import json
 
 from ringtrain import errors
 
+from .job import ReplicaSpec
 from .observe import ObservedPod
-from .spec import ReplicaSpec
 
 #: Exit codes the ExitCode policy treats as permanent (the user must fix something).
 PERMANENT_EXIT_CODES = range(1, 128)

@@ -19,12 +19,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ringtrain.errors import InvalidSpec
 
-if TYPE_CHECKING:
-    from .spec import ReplicaSpec
+from .job import ReplicaSpec
 
 _SUFFIX: dict[str, Decimal | int] = {
     "": 1,

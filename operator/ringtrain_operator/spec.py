@@ -12,10 +12,9 @@ import copy
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any
 
 import jsonschema
 import yaml
@@ -23,118 +22,14 @@ import yaml
 from ringtrain import optiongen, options
 from ringtrain.errors import InvalidSpec
 
-from . import limits, modelcheck, schedulable
-
-GROUP = "ringtrain.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "TrainingJob"
-PLURAL = "trainingjobs"
-
-#: spec.replicaSpecs keys → TF_CONFIG role names, in TF_CONFIG order.
-#: The Launcher (MPI jobs only, spec.mpi) is in no TF_CONFIG: it comes last.
-ROLE_KEYS = {
-    "Chief": "chief",
-    "Worker": "worker",
-    "PS": "ps",
-    "Evaluator": "evaluator",
-    "Launcher": "launcher",
-}
+from . import limits, modelcheck, mpi, schedulable
+from .job import API_VERSION, KIND, ROLE_KEYS, Job, MPISpec, ReplicaSpec, RunPolicy, TrainerSpec
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 #: Longest pod name suffix: "-evaluator-" plus up to four index digits.
 _LONGEST_SUFFIX = len("-evaluator-") + 4
 
-__all__ = [
-    "InvalidSpec",
-    "Job",
-    "MPISpec",
-    "ReplicaSpec",
-    "RunPolicy",
-    "TrainerSpec",
-    "crd",
-    "load",
-]
-
-
-@dataclass(frozen=True)
-class ReplicaSpec:
-    """One role of the gang. ``template`` is the user's Pod template, defaulted but not merged."""
-
-    key: str  # "Worker", as in spec.replicaSpecs
-    role: str  # "worker", as in TF_CONFIG
-    replicas: int
-    restart_policy: str
-    template: Mapping[str, Any]
-
-
-#: spec.trainer, defaulted: one field per option of ``ringtrain.options`` that has a CRD field
-#: (``image``, ``checkpoint_dir`` from checkpoint.path, ``ring_transport``, ...).
-if TYPE_CHECKING:  # built from the option table at import: its fields are the table's names
-    TrainerSpec: TypeAlias = Any
-else:
-    TrainerSpec = options.record(
-        "TrainerSpec",
-        options.CRD,
-        "spec.trainer: the image, the checkpoint volume and ``ringtrain worker`` flags by option "
-        "name.",
-    )
-
-
-@dataclass(frozen=True)
-class RunPolicy:
-    backoff_limit: int
-    active_deadline_s: int | None
-    ttl_after_finished_s: int | None
-    clean_pod_policy: str
-    suspend: bool
-    success_policy: str
-
-
-@dataclass(frozen=True)
-class MPISpec:
-    """spec.mpi, defaulted: the job is an MPIJob (:mod:`.mpi` builds its objects)."""
-
-    implementation: str
-    slots_per_worker: int
-    launcher_creation_policy: str
-    ssh_auth_mount_path: str
-    command: tuple[str, ...] | None
-
-
-@dataclass(frozen=True)
-class Job:
-    """A validated, defaulted TrainingJob."""
-
-    name: str
-    namespace: str
-    uid: str | None
-    generation: int
-    replicas: tuple[ReplicaSpec, ...]  # TF_CONFIG order, roles with replicas > 0 only
-    trainer: TrainerSpec | None
-    run_policy: RunPolicy
-    mpi: MPISpec | None = None
-
-    def replica(self, role: str) -> ReplicaSpec | None:
-        return next((r for r in self.replicas if r.role == role), None)
-
-    @property
-    def service_name(self) -> str:
-        return self.name
-
-    @property
-    def chief(self) -> tuple[str, int]:
-        """The replica that decides success and reports progress: the chief, else worker 0."""
-        return ("chief", 0) if self.replica("chief") else ("worker", 0)
-
-    def pod_name(self, role: str, index: int) -> str:
-        if role == "launcher":  # one per job, named as mpi-operator names it
-            return f"{self.name}-launcher"
-        return f"{self.name}-{role}-{index}"
-
-    def members(self) -> list[tuple[ReplicaSpec, int]]:
-        """Every (replica spec, index) of the gang, in TF_CONFIG order."""
-        return [(r, i) for r in self.replicas for i in range(r.replicas)]
+__all__ = ["crd", "load", "validate"]
 
 
 @lru_cache(maxsize=1)
@@ -371,7 +266,6 @@ def _mpi(
 ) -> tuple[MPISpec, tuple[ReplicaSpec, ...]]:
     """spec.mpi, checked against the replicas (:func:`.mpi.check`), and the replicas with the
     Launcher (a default one, restartPolicy OnFailure, when replicaSpecs has none)."""
-    from . import mpi  # it builds on this module's Job
 
     if not any(r.role == "launcher" for r in replicas):
         replicas += (ReplicaSpec("Launcher", "launcher", 1, "OnFailure", {}),)

@@ -26,8 +26,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import observe, restarts
+from .job import Job, ReplicaSpec
 from .observe import ObservedPod
-from .spec import Job, ReplicaSpec
 
 # States (status.state) are also the condition types.
 CREATED, RUNNING, RESTARTING = "Created", "Running", "Restarting"

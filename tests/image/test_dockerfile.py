@@ -16,6 +16,7 @@ import yaml
 
 from ringtrain import cli
 from ringtrain_operator import manifests, spec
+from ringtrain_operator.job import API_VERSION, KIND
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -125,8 +126,8 @@ def test_commands_the_chart_and_the_operator_run_exist_in_the_package():
     assert re.search(r"args:\n\s+- operator\n", deployment)
     job = spec.load(
         {
-            "apiVersion": spec.API_VERSION,
-            "kind": spec.KIND,
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {"name": "img"},
             "spec": {"replicaSpecs": {"Worker": {"replicas": 1}}, "trainer": {}},
         }

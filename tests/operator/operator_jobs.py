@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 from ringtrain_operator import spec
+from ringtrain_operator.job import Job
 
 
 def job_obj(
@@ -60,5 +61,5 @@ def job_obj(
     }
 
 
-def job(**kw: Any) -> spec.Job:
+def job(**kw: Any) -> Job:
     return spec.load(job_obj(**kw))

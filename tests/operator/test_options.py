@@ -19,6 +19,7 @@ from operator_jobs import job_obj
 from ringtrain import optiongen, options
 from ringtrain.errors import InvalidSpec
 from ringtrain_operator import manifests, spec
+from ringtrain_operator.job import TrainerSpec
 from ringtrain_trainer.config import TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,7 +109,7 @@ def test_the_crd_bounds_did_not_change():
     assert {n: bounds.get(n) for n in PINNED_BOUNDS} == PINNED_BOUNDS
 
 
-def _worker(trainer: dict) -> tuple[spec.TrainerSpec, TrainerConfig]:
+def _worker(trainer: dict) -> tuple[TrainerSpec, TrainerConfig]:
     j = spec.load(job_obj(workers=2, trainer=trainer))
     (c,) = manifests.pod(j, j.replica("worker"), 0)["spec"]["containers"]
     return j.trainer, TrainerConfig.from_args(c["args"], {})

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from operator_jobs import job, job_obj
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_operator import spec
+from ringtrain_operator.job import RunPolicy
 
 
 def test_defaults_come_from_the_crd():
@@ -40,7 +43,7 @@ def test_defaults_come_from_the_crd():
         120.0,
     )
     assert all(isinstance(x, float) for x in (t.bucket_mb, t.ring_step_timeout_s))
-    assert j.run_policy == spec.RunPolicy(
+    assert j.run_policy == RunPolicy(
         backoff_limit=6,
         active_deadline_s=None,
         ttl_after_finished_s=None,
@@ -353,3 +356,21 @@ def test_the_model_field_is_a_string_or_an_object_in_the_crd():
     node = spec._schema()["properties"]["spec"]["properties"]["trainer"]["properties"]["model"]
     assert "type" not in node and node["x-kubernetes-preserve-unknown-fields"] is True
     assert node["default"] == "cnn" and "pattern" not in node  # spec.py checks strings
+
+
+@pytest.mark.parametrize(
+    ("pod_spec", "field"),
+    [
+        ({"containers": True}, "template.spec.containers"),
+        ({"containers": [1]}, "template.spec.containers"),
+        ({"containers": [{"name": "trainer", "volumeMounts": 3}]}, "template.spec.containers[]"),
+        ([], "template.spec"),
+    ],
+)
+def test_a_malformed_pod_template_is_refused_naming_the_field(pod_spec, field):
+    """Found by the spec fuzzer: a template whose containers were not a list crashed the load
+    with a TypeError (the operator's reconcile, render and run alike)."""
+    obj = job_obj(trainer={"dataset": "mnist-5k"})
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {"spec": pod_spec}
+    with pytest.raises(InvalidSpec, match=re.escape(f"spec.replicaSpecs.Worker.{field}")):
+        spec.load(obj)

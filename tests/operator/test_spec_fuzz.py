@@ -27,6 +27,7 @@ from support.procs import ringtrain
 from ringtrain.errors import InvalidSpec
 from ringtrain_localrun.plan import plan
 from ringtrain_operator import render, spec, status
+from ringtrain_operator.job import API_VERSION
 from ringtrain_operator.reconcile import reconcile
 
 FIELD = re.compile(r"\b(spec|metadata|apiVersion|kind)\b")
@@ -168,7 +169,7 @@ def test_fuzzed_specs_get_one_verdict_everywhere_and_harm_nothing(tmp_path_facto
     assert (verdict(plan, obj, run_dir) is None) == (message is None)
     if message is None:
         assert not server_schema_rejects(obj)
-    if not isinstance(obj.get("metadata"), dict) or obj.get("apiVersion") != spec.API_VERSION:
+    if not isinstance(obj.get("metadata"), dict) or obj.get("apiVersion") != API_VERSION:
         return  # the API server would not even store it under this CRD
     kube = FakeKube(obj)
     name = obj["metadata"].get("name")
