@@ -1,4 +1,4 @@
-"""``layers.base.masks`` draws every example's mask from one Philox whose counter is set per
+"""``engine.ops.dropout.masks`` draws every example's mask from one Philox whose counter is set per
 example; the values must be those of a fresh ``Philox`` + ``Generator.random(n, float32)`` per
 example (what Dropout, SharedDropout, attention's dropout and the RNNs' ``recurrent_dropout``
 drew before), to the last bit, for any row length and both float widths."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ringtrain_trainer.layers.base import masks
+from ringtrain_trainer.engine.ops.dropout import masks
 
 
 def _reference(seed, layer, step, example0, rate, out):

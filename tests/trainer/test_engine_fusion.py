@@ -5,9 +5,12 @@ fusion pass (ENGINE.md, step 6) must keep; today ``keras_model`` chooses the fus
 import numpy as np
 import pytest
 
-from ringtrain_trainer import layers as L
 from ringtrain_trainer.engine import model as M
-from ringtrain_trainer.layers import fused
+from ringtrain_trainer.engine.ops import fused
+from ringtrain_trainer.engine.ops.conv import Conv
+from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.pool import Pool
+from ringtrain_trainer.engine.ops.shape import Reshape
 
 
 def fused_and_general(in_shape, filters, kernel):
@@ -16,11 +19,11 @@ def fused_and_general(in_shape, filters, kernel):
     a = M.ModelSpec(
         "fused", [conv, fused.Dense(flat, 7, True), fused.Dense(7, 4, False)], in_shape, 4
     )
-    c = L.Conv2D(in_shape, filters, (kernel, kernel), activation="relu")
-    p = L.Pool2D(c.out_shape, "max", (2, 2), (2, 2), "valid")
+    c = Conv(in_shape, filters, (kernel, kernel), activation="relu")
+    p = Pool(c.out_shape, "max", (2, 2), (2, 2), "valid")
     b = M.ModelSpec(
         "general",
-        [c, p, L.Reshape(p.out_shape, (flat,)), L.Linear(flat, 7, "relu"), L.Linear(7, 4)],
+        [c, p, Reshape(p.out_shape, (flat,)), Linear(flat, 7, "relu"), Linear(7, 4)],
         in_shape,
         4,
     )

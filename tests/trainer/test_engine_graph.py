@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 from support.gradcheck import check_model
 
-from ringtrain_trainer import layers as L
 from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.graph import Graph, GraphError, Node
-from ringtrain_trainer.layers import fused
+from ringtrain_trainer.engine.ops import fused
+from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.elementwise import Add, Elementwise
 
 
 def test_a_chain_keeps_layer_order_and_fans_nothing_out():
@@ -45,9 +46,9 @@ def diamond() -> M.ModelSpec:
         [Node(0, (0,), 1), Node(1, (1,), 2), Node(2, (2, 1), 3), Node(3, (3,), 4)], (0,), (4,)
     )
     layers = [
-        L.Linear(5, 6, "tanh"),
-        L.Elementwise((6,), "relu"),
-        L.Add((6,)),
+        Linear(5, 6, "tanh"),
+        Elementwise((6,), "relu"),
+        Add((6,)),
         fused.Dense(6, 3, False),
     ]
     return M.ModelSpec("diamond", layers, (5,), 3, graph)

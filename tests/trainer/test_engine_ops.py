@@ -6,23 +6,30 @@ the registry test fails until it does."""
 import inspect
 import itertools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from support.gradcheck import gradcheck
 
-from ringtrain_trainer import layers as L
 from ringtrain_trainer.engine.ops import (
     activity,
     augment,
     broadcast,
     dropout,
+    fused,
     merge,
     noise,
     score_attention,
     standardize,
 )
-from ringtrain_trainer.layers import fused
+from ringtrain_trainer.engine.ops.batchnorm import BatchNorm
+from ringtrain_trainer.engine.ops.conv import Conv
+from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.dropout import Dropout
+from ringtrain_trainer.engine.ops.elementwise import Add, Elementwise
+from ringtrain_trainer.engine.ops.pool import GlobalPool, Pool
+from ringtrain_trainer.engine.ops.shape import Reshape
 
 B = 3
 
@@ -30,8 +37,16 @@ B = 3
 def _registry() -> set[type]:
     """Every op class the engine ships: the general layers, the fused fast path and the
     ``engine/ops`` families."""
+    general = SimpleNamespace(  # the ops that were the ``layers`` package's
+        Add=Add,
+        BatchNorm=BatchNorm,
+        Dropout=Dropout,
+        Elementwise=Elementwise,
+        Linear=Linear,
+        Reshape=Reshape,
+    )
     mods = [
-        L,
+        general,
         fused,
         merge,
         broadcast,
@@ -46,31 +61,30 @@ def _registry() -> set[type]:
         c
         for m in mods
         for _, c in inspect.getmembers(m, inspect.isclass)
-        if hasattr(c, "forward")
-        and c.__module__.startswith(("ringtrain_trainer.layers", "ringtrain_trainer.engine.ops"))
+        if hasattr(c, "forward") and c.__module__.startswith("ringtrain_trainer.engine.ops")
     }
 
 
 CASES = {
-    "conv-same-strided-tanh": L.Conv2D((5, 5, 2), 3, (3, 2), (2, 1), "same", "tanh", True),
-    "conv-valid-sigmoid-nobias": L.Conv2D((4, 4, 2), 2, (2, 2), (1, 1), "valid", "sigmoid", False),
-    "maxpool-same": L.Pool2D((4, 5, 2), "max", (2, 2), (2, 2), "same"),
-    "avgpool-same": L.Pool2D((5, 4, 2), "avg", (3, 2), (2, 1), "same"),
-    "global-avg": L.GlobalAvgPool2D((3, 3, 2)),
+    "conv-same-strided-tanh": Conv((5, 5, 2), 3, (3, 2), (2, 1), "same", 1, "tanh", True),
+    "conv-valid-sigmoid-nobias": Conv((4, 4, 2), 2, (2, 2), (1, 1), "valid", 1, "sigmoid", False),
+    "maxpool-same": Pool((4, 5, 2), "max", (2, 2), (2, 2), "same"),
+    "avgpool-same": Pool((5, 4, 2), "avg", (3, 2), (2, 1), "same"),
+    "global-avg": GlobalPool((3, 3, 2), "avg"),
     **{
-        f"elementwise-{a}": L.Elementwise((4,), a, scale=0.5, offset=0.1)
+        f"elementwise-{a}": Elementwise((4,), a, scale=0.5, offset=0.1)
         for a in ("linear", "relu", "sigmoid", "tanh", "softmax")
     },
-    "linear-tanh": L.Linear(4, 3, "tanh", True),
-    "linear-softmax-nobias": L.Linear(4, 3, "softmax", False),
-    "linear-gelu": L.Linear(4, 3, "gelu", True),
-    "linear-identity": L.Linear(4, 3, "linear", True),
-    "dropout": L.Dropout((6,), 0.5, 1),
-    "reshape": L.Reshape((2, 3), (6,)),
-    "batchnorm": L.BatchNorm((5, 3), 0.9, 1e-3, True, True),
-    "batchnorm-center-only": L.BatchNorm((4,), 0.9, 1e-3, True, False),
-    "add": L.Add((2, 3)),
-    "add3": L.Add((4,), 3),
+    "linear-tanh": Linear(4, 3, "tanh", True),
+    "linear-softmax-nobias": Linear(4, 3, "softmax", False),
+    "linear-gelu": Linear(4, 3, "gelu", True),
+    "linear-identity": Linear(4, 3, "linear", True),
+    "dropout": Dropout((6,), 0.5, 1),
+    "reshape": Reshape((2, 3), (6,)),
+    "batchnorm": BatchNorm((5, 3), 0.9, 1e-3, True, True),
+    "batchnorm-center-only": BatchNorm((4,), 0.9, 1e-3, True, False),
+    "add": Add((2, 3)),
+    "add3": Add((4,), 3),
     "convpool": fused.ConvPool((6, 6, 2), 3),
     "convpool-one-channel": fused.ConvPool((7, 6, 1), 2, 2),
     "dense-relu": fused.Dense(5, 4, True),
@@ -99,7 +113,7 @@ CASES = {
     "translation": augment.RandomAffine(
         (4, 3, 2), "translation", [(-0.4, 0.4), (-0.5, 0.2)], "reflect", "bilinear", 0.0, 0
     ),
-    "activity-on-linear": activity.WithActivity(L.Linear(4, 3, "tanh", True), 0.2, 0.3),
+    "activity-on-linear": activity.WithActivity(Linear(4, 3, "tanh", True), 0.2, 0.3),
     **{f"noise-{m}": noise.Noise((2, 3), m, 0.3, 2) for m in noise.MODES},
     "standardize-adapted": standardize.Standardize((2, 3)),
     "standardize-fixed": standardize.Standardize((4,), [1.0, 2.0, 0.0, -1.0], [4.0, 0.25, 9, 1]),
@@ -206,7 +220,7 @@ def test_every_engine_op_is_finite_difference_checked_somewhere():
     from pathlib import Path
 
     from ringtrain_trainer.engine import ops
-    from ringtrain_trainer.layers.base import Layer
+    from ringtrain_trainer.engine.op import Op
 
     here = {type(op) for op in CASES.values()}
     tests = [
@@ -219,7 +233,7 @@ def test_every_engine_op_is_finite_difference_checked_somewhere():
         mod = importlib.import_module(f"{ops.__name__}.{m.name}")
         for _, c in inspect.getmembers(mod, inspect.isclass):
             private = c.__name__.startswith("_")  # a base class, checked through its heirs
-            if private or c.__module__ != mod.__name__ or not issubclass(c, Layer) or c in here:
+            if private or c.__module__ != mod.__name__ or not issubclass(c, Op) or c in here:
                 continue
             if not any(f"{c.__name__}(" in t for t in tests):
                 missing.append(f"{m.name}.{c.__name__}")

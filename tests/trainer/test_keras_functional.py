@@ -20,9 +20,9 @@ import onnxruntime as ort
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine import model as M
+from ringtrain_trainer.engine.ops.fused import ConvPool
 from ringtrain_trainer.engine.ops.merge import Concatenate, Merge
 from ringtrain_trainer.export import read_keras, write_keras, write_onnx
-from ringtrain_trainer.layers.fused import ConvPool
 from ringtrain_trainer.worker import Trainer
 
 pytestmark = pytest.mark.filterwarnings(

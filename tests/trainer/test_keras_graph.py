@@ -8,11 +8,11 @@ import pytest
 from test_keras_layers import fd_check
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.ops.fused import ConvPool
 from ringtrain_trainer.engine.ops.merge import Concatenate, Merge
 from ringtrain_trainer.keras import config as K
 from ringtrain_trainer.keras import load as KM
 from ringtrain_trainer.keras import registry
-from ringtrain_trainer.layers.fused import ConvPool
 
 LAYERS_PAGE = Path(__file__).resolve().parents[2] / registry.PAGE
 

@@ -11,14 +11,14 @@ import pytest
 from support.gradcheck import check_model
 
 from ringtrain.errors import InvalidSpec, IPUCompileError
-from ringtrain_trainer import layers as L
 from ringtrain_trainer.engine import handwritten
 from ringtrain_trainer.engine import model as M
+from ringtrain_trainer.engine.ops import fused
+from ringtrain_trainer.engine.ops.dropout import masks
 from ringtrain_trainer.ipu.device import IPU, MB, IPUConfig
 from ringtrain_trainer.keras import config as K
 from ringtrain_trainer.keras import load as KM
 from ringtrain_trainer.keras import load as keras_load
-from ringtrain_trainer.layers import fused
 
 
 def layer(cls, name=None, **cfg):
@@ -236,14 +236,14 @@ def test_dropout_masks_depend_on_the_global_example_not_on_how_the_batch_is_spli
     """Rule: the mask of global example e at step s is a function of (seed, layer, s, e) only,
     so N workers with batch B draw exactly one worker's masks for batch N·B."""
     whole = np.zeros((8, 5), np.float32)
-    L.masks(9, 3, 4, 0, 0.4, whole)
+    masks(9, 3, 4, 0, 0.4, whole)
     parts = np.zeros((2, 4, 5), np.float32)
     for r in range(2):
-        L.masks(9, 3, 4, 4 * r, 0.4, parts[r])
+        masks(9, 3, 4, 4 * r, 0.4, parts[r])
     np.testing.assert_array_equal(parts.reshape(8, 5), whole)
     assert set(np.unique(whole)) == {0, np.float32(1 / 0.6)}
     other = np.zeros_like(whole)
-    L.masks(9, 3, 5, 0, 0.4, other)
+    masks(9, 3, 5, 0, 0.4, other)
     assert not np.array_equal(other, whole)
 
 

@@ -25,10 +25,11 @@ import keras
 import onnxruntime as ort
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import layers as RL
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine import model as M
+from ringtrain_trainer.engine.ops.batchnorm import BatchNorm
+from ringtrain_trainer.engine.ops.dense import Linear
 from ringtrain_trainer.engine.ops.frozen import Frozen
 from ringtrain_trainer.engine.ops.shared import Shared, Tied
 from ringtrain_trainer.export import write_keras, write_onnx
@@ -204,8 +205,8 @@ def test_a_frozen_layer_without_starting_weights_is_refused_naming_it():
 @pytest.mark.parametrize(
     "op",
     [
-        Frozen(RL.BatchNorm((3, 4), 0.9, 1e-3, True, True), inference=True),
-        Frozen(RL.Linear(4, 3, "tanh", True)),
+        Frozen(BatchNorm((3, 4), 0.9, 1e-3, True, True), inference=True),
+        Frozen(Linear(4, 3, "tanh", True)),
     ],
     ids=["batchnorm-inference", "linear"],
 )

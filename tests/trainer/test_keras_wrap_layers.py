@@ -21,11 +21,13 @@ import onnxruntime as ort
 from keras.src.applications.convnext import LayerScale
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import layers as RL
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine import model as M
+from ringtrain_trainer.engine.ops.conv import Conv
+from ringtrain_trainer.engine.ops.dense import Linear
 from ringtrain_trainer.engine.ops.groupconv import GroupConv
+from ringtrain_trainer.engine.ops.pool import Pool
 from ringtrain_trainer.engine.ops.scale import ChannelScale
 from ringtrain_trainer.engine.ops.timedistributed import TimeDistributed
 from ringtrain_trainer.export import write_keras, write_onnx
@@ -43,9 +45,9 @@ STEPS, BATCH = 3, 8
 @pytest.mark.parametrize(
     "inner",
     [
-        RL.Linear(4, 3, "tanh", True),
-        RL.Conv2D((4, 4, 2), 3, (2, 2), (1, 1), "valid", "relu", True),
-        RL.Pool2D((4, 4, 2), "max", (2, 2), (2, 2), "valid"),
+        Linear(4, 3, "tanh", True),
+        Conv((4, 4, 2), 3, (2, 2), (1, 1), "valid", 1, "relu", True),
+        Pool((4, 4, 2), "max", (2, 2), (2, 2), "valid"),
     ],
     ids=["dense", "conv", "pool"],
 )

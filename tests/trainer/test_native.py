@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ringtrain_trainer.engine import native
-from ringtrain_trainer.layers.fused import ConvPool
+from ringtrain_trainer.engine.ops.fused import ConvPool
 
 
 def test_the_extension_is_built_by_the_install():

@@ -9,8 +9,8 @@ from support.gradcheck import check_model
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import model as M
+from ringtrain_trainer.engine.ops import fused
 from ringtrain_trainer.keras import load as keras_load
-from ringtrain_trainer.layers import fused
 
 
 def loss_fn(prog, views):

@@ -12,7 +12,7 @@ import math
 from ringtrain import options
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.model import ModelSpec
-from ringtrain_trainer.layers.fused import ConvPool, Dense
+from ringtrain_trainer.engine.ops.fused import ConvPool, Dense
 
 MODELS = options.MODELS
 

@@ -1,7 +1,7 @@
-"""The seeds' CNNs with explicit forward and backward passes in numpy (im2col + BLAS).
+"""The model the engine runs: its ops, the graph that wires them and the flat parameter layout.
 
 Pipeline position: :class:`ModelSpec` describes the layers, the graph that wires them (a chain
-for Keras ``Sequential``) and the *parameter layout*; the emulated IPU (``trainer.ipu``)
+for Keras ``Sequential``) and the *parameter layout*; the emulated IPU (``ipu.device``)
 compiles an ``engine.program.Program`` — every activation and workspace buffer for one batch
 size, allocated once — and runs it every step.
 
@@ -10,8 +10,8 @@ kernel, as PyTorch DDP orders its buckets; row blocks of at most ``GRAD_BLOCK_EL
 group of finished gradients is a contiguous slice of the flat gradient buffer that the reducer
 can hand to the allreduce without copying.
 
-The layers themselves live in ``layers/``: the fused fast path (``layers.fused``: ConvPool,
-Dense) and the general Keras layers.
+The ops themselves live in ``engine/ops/``, one family per file (``engine.op.Op`` protocol); the
+fused fast path (``ops.fused``: ConvPool, Dense) is created by the lowering where it fits.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def need_bytes(cfg: ModelConfig, batch_per_ipu: int) -> int:
 def largest_held(cfg: ModelConfig, rows: list[LayerCost]) -> int:
     """The largest layer output a program surely holds, per example. A Conv2D directly
     followed by MaxPooling2D is left out: the engine may fuse the two and hold only the pooled
-    output (``layers.fused.ConvPool``'s compiled kernel keeps no conv map)."""
+    output (``engine.ops.fused.ConvPool``'s compiled kernel keeps no conv map)."""
     held = [
         math.prod(r.out_shape)
         for i, r in enumerate(rows)

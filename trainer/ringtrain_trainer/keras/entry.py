@@ -90,7 +90,7 @@ class Entry:
     arguments (they are also what the exported config carries). ``infer(args, shapes)`` is the
     output shape (no batch axis) from the input shapes, raising ``ValueError`` with the reason
     when they do not fit. ``weights(args, shapes)`` lists the arrays in ``get_weights()`` order.
-    ``build(spec, shapes, ctx)`` returns the engine op (``layers.base.Layer`` protocol) or None
+    ``build(spec, shapes, ctx)`` returns the engine op (``engine.op.Op`` protocol) or None
     for the identity. ``onnx(g, spec, weights)`` appends the layer's ONNX nodes to
     ``export.onnx_file``'s graph. ``inputs``: how many tensors it reads (0: two or more).
     ``doc``: the README's line for it (``python -m ringtrain_trainer.keras.registry``)."""

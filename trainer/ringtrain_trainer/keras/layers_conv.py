@@ -85,23 +85,22 @@ def _conv_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _conv_build(spec, shapes, ctx):
-    from ringtrain_trainer import layers as L
+    from ringtrain_trainer.engine.ops.conv import Conv
 
     a = spec.args
     need_rank(spec, shapes[0], 3, "an H×W×C input (add a Reshape before it)")
     if a.get("groups", 1) > 1:
         return layers_window._conv_build(spec, shapes, ctx)
     if a.get("dilation_rate", [1, 1]) != [1, 1] or a["activation"] not in ACTIVATIONS:
-        from ringtrain_trainer.engine.ops.conv import Conv
-
         geo = (a["kernel_size"], a["strides"], a["padding"], a["dilation_rate"])
         return Conv(shapes[0], a["filters"], *geo, a["activation"], a["use_bias"])
-    return L.Conv2D(
+    return Conv(
         tuple(shapes[0]),
         a["filters"],
         tuple(a["kernel_size"]),
         tuple(a["strides"]),
         a["padding"],
+        1,
         a["activation"],
         a["use_bias"],
     )
@@ -165,14 +164,12 @@ def _pool_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _pool_build(spec, shapes, ctx):
-    from ringtrain_trainer import layers as L
+    from ringtrain_trainer.engine.ops.pool import Pool
 
     a = spec.args
     need_rank(spec, shapes[0], 3, "an H×W×C input")
     kind = "max" if spec.cls == "MaxPooling2D" else "avg"
-    return L.Pool2D(
-        tuple(shapes[0]), kind, tuple(a["pool_size"]), tuple(a["strides"]), a["padding"]
-    )
+    return Pool(tuple(shapes[0]), kind, tuple(a["pool_size"]), tuple(a["strides"]), a["padding"])
 
 
 def _pool_onnx(g, spec, weights) -> None:
@@ -208,14 +205,12 @@ def _gap_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _gap_build(spec, shapes, ctx):
-    from ringtrain_trainer import layers as L
+    from ringtrain_trainer.engine.ops.pool import GlobalPool
 
     need_rank(spec, shapes[0], 3, "an H×W×C input")
     if spec.args["keepdims"]:  # squeeze-excitation blocks keep (1, 1, C) for a Multiply
-        from ringtrain_trainer.engine.ops.pool import GlobalPool
-
         return GlobalPool(shapes[0], "avg", True)
-    return L.GlobalAvgPool2D(tuple(shapes[0]))
+    return GlobalPool(tuple(shapes[0]), "avg")
 
 
 def _gap_onnx(g, spec, weights) -> None:

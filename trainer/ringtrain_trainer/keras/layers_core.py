@@ -40,8 +40,8 @@ def _dense_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _dense_build(spec, shapes, ctx):
-    from ringtrain_trainer import layers as L
-    from ringtrain_trainer.layers.fused import Dense
+    from ringtrain_trainer.engine.ops.dense import Linear
+    from ringtrain_trainer.engine.ops.fused import Dense
 
     a = spec.args
     act = "linear" if ctx.fold and a["activation"] == ctx.fold else a["activation"]
@@ -51,7 +51,7 @@ def _dense_build(spec, shapes, ctx):
         return DenseAnyRank(shapes[0], a["units"], act, a["use_bias"])
     if a["use_bias"] and act in ("relu", "linear"):
         return Dense(shapes[0][0], a["units"], act == "relu")
-    return L.Linear(shapes[0][0], a["units"], act, a["use_bias"])
+    return Linear(shapes[0][0], a["units"], act, a["use_bias"])
 
 
 def _dense_onnx(g, spec, weights) -> None:
@@ -86,11 +86,11 @@ def _rescaling_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _rescaling_build(spec, shapes, ctx):
-    from ringtrain_trainer import layers as L
+    from ringtrain_trainer.engine.ops.elementwise import Elementwise
 
     a = spec.args
     if isinstance(a["scale"], float) and isinstance(a["offset"], float):
-        return L.Elementwise(tuple(shapes[0]), scale=a["scale"], offset=a["offset"])
+        return Elementwise(tuple(shapes[0]), scale=a["scale"], offset=a["offset"])
     from ringtrain_trainer.engine.ops.scale import ChannelScale
 
     return ChannelScale(shapes[0], a["scale"], a["offset"])
@@ -130,9 +130,9 @@ def _reshape_parse(a: Args) -> dict:
 
 
 def _reshape_build(spec, shapes, ctx):
-    from ringtrain_trainer import layers as L
+    from ringtrain_trainer.engine.ops.shape import Reshape
 
-    return L.Reshape(tuple(shapes[0]), spec.out_shape)
+    return Reshape(tuple(shapes[0]), spec.out_shape)
 
 
 def _reshape_onnx(g, spec, weights) -> None:
@@ -186,11 +186,11 @@ def _dropout_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _dropout_build(spec, shapes, ctx):
-    from ringtrain_trainer import layers as L
+    from ringtrain_trainer.engine.ops.dropout import Dropout
 
     noise = _noise(spec, tuple(shapes[0]))
     if noise is None or noise == tuple(shapes[0]):
-        return L.Dropout(tuple(shapes[0]), spec.args["rate"], ctx.index)
+        return Dropout(tuple(shapes[0]), spec.args["rate"], ctx.index)
     from ringtrain_trainer.engine.ops.dropout import SharedDropout
 
     return SharedDropout(tuple(shapes[0]), spec.args["rate"], ctx.index, noise)
@@ -256,10 +256,10 @@ def _bn_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _bn_build(spec, shapes, ctx):
-    from ringtrain_trainer import layers as L
+    from ringtrain_trainer.engine.ops.batchnorm import BatchNorm
 
     a = spec.args
-    return L.BatchNorm(tuple(shapes[0]), a["momentum"], a["epsilon"], a["center"], a["scale"])
+    return BatchNorm(tuple(shapes[0]), a["momentum"], a["epsilon"], a["center"], a["scale"])
 
 
 def _bn_onnx(g, spec, weights) -> None:

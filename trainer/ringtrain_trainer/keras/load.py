@@ -8,7 +8,7 @@ there, before anything runs); each is built into an engine op by its registry en
 that graph, each keeping the numbers of the unfused ops:
 
 * ``Conv2D`` (square kernel, 'valid', stride 1, ReLU, bias) whose only reader is a
-  ``MaxPooling2D(2)`` becomes ``layers.fused.ConvPool``, the fused kernel the seeds' CNN uses;
+  ``MaxPooling2D(2)`` becomes ``engine.ops.fused.ConvPool``, the fused kernel the seeds' CNN uses;
 * a ``Reshape``/``Flatten`` reading the model's input alone becomes the program's input shape,
   and a flattening whose only reader is a ``Dense`` disappears (Dense flattens its input
   itself) — so the presets keep today's layer indices, parameter layout, numbers and speed;

@@ -96,7 +96,7 @@ def _moves_no_bytes(
 def lower(config: ModelConfig) -> Lowered:
     """The engine ops and graph of ``config``'s layers (refusing, by layer, what cannot
     run), the ops that hold each layer's weights, and the loss as the outputs' shapes make it."""
-    from ringtrain_trainer.layers.fused import ConvPool
+    from ringtrain_trainer.engine.ops.fused import ConvPool
 
     specs = config.layers
     #: every shared layer's name → its calls' spec indices (``keras.shared``)

@@ -6,7 +6,7 @@ Everything about a layer is its entry, so the trainer (``keras_model``), the spe
 How to add a layer (one entry + its op):
 
 1. The op, if the engine has none yet: a class in ``engine/ops/<family>.py`` in the
-   ``layers.base.Layer`` protocol (``buffers``, ``forward``, ``backward_input``, and for weights
+   ``engine.op.Op`` protocol (``buffers``, ``forward``, ``backward_input``, and for weights
    ``params`` + ``backward_weights``), and a case in tests/trainer/test_engine_ops.py (the
    shared finite-difference check fails until it has one).
 2. The entry, in a ``keras/layers_<family>.py`` module's ``ENTRIES`` (listed below)::

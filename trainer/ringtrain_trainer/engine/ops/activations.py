@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
@@ -540,7 +540,7 @@ def resolve(act: str | Activation) -> Activation:
     return act if isinstance(act, Activation) else get(act)
 
 
-class Act(Layer):
+class Act(Op):
     """An activation as an op of its own (Keras ``Activation``, ``ReLU``, ``LeakyReLU``,
     ``ELU``, ``Softmax``): the table's entry on a tensor of any shape. Where backward reads the
     input, the op keeps a reference to it (the producer's buffer, unchanged until backward)
@@ -567,3 +567,30 @@ class Act(Layer):
 
     def backward_input(self, ws, dout):
         return self.act.grad(ws, dout)
+
+
+_CHECKED: dict = {}  # name -> table entry: the RNN cells look one up per timestep
+
+
+def _in_place(name: str):
+    entry = _CHECKED.get(name)
+    if entry is not None:
+        return entry
+    from ringtrain_trainer.engine.ops.activations import ACTIVATIONS  # it imports this module
+
+    entry = ACTIVATIONS[name]
+    if entry.needs_input or entry.scratch:
+        raise ValueError(f"activation {name!r} needs planned buffers: use the table's API")
+    _CHECKED[name] = entry
+    return entry
+
+
+def act_forward(name: str, z: np.ndarray) -> None:
+    """Apply an activation of ``engine.ops.activations`` that runs in place (relu, sigmoid,
+    tanh, softmax, linear, ...) to ``z``."""
+    _in_place(name).forward(z, z, None)
+
+
+def act_backward(name: str, y: np.ndarray, dy: np.ndarray, dz: np.ndarray) -> None:
+    """``dz = dy * activation'`` written into ``dz`` (not ``dy``), from the output ``y``."""
+    _in_place(name).backward(None, y, dy, dz, None)

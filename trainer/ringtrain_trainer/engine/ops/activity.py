@@ -1,5 +1,5 @@
 """Keras' activity regularization (``ActivityRegularization(l1, l2)``): the identity whose
-output adds ``(l1 * sum|x| + l2 * sum x²) / batch`` to the loss, as Keras 3's ``Layer.__call__``
+output adds ``(l1 * sum|x| + l2 * sum x²) / batch`` to the loss, as Keras 3's ``Op.__call__``
 adds it (normalized by the batch size so the strength does not depend on it).
 
 Why an op and not a loss: the term depends on an inner tensor, so its gradient
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 
-class ActivityPenalty(Layer):
+class ActivityPenalty(Op):
     def __init__(self, shape, l1: float, l2: float):
         self.in_shape = self.out_shape = tuple(shape)
         self.l1, self.l2 = float(l1), float(l2)
@@ -59,7 +59,7 @@ class ActivityPenalty(Layer):
         return dx
 
 
-class WithActivity(Layer):
+class WithActivity(Op):
     """Any op with Keras' ``activity_regularizer=`` (``L1``/``L2``/``L1L2``): the op, then the
     term of :class:`ActivityPenalty` on its output; the term's gradient is added to the
     upstream gradient before the op's own backward reads it (``backward_local``)."""

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops.dense import product_rows
+from ringtrain_trainer.engine.ops.dropout import masks
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer, masks
 
 #: Keras' ``_large_negative_number`` for float32 and float64 scores
 MASKED = -1e9
@@ -63,7 +64,7 @@ def softmax_keys_backward(p2: np.ndarray, d2: np.ndarray, rowsum: np.ndarray) ->
     np.subtract(d2, p2, out=d2)
 
 
-class MultiHeadAttention(Layer):
+class MultiHeadAttention(Op):
     """Multi-head scaled dot-product attention; ``in_shapes``: the per-example shapes of the
     query, value and key inputs this node reads (value and key default to the query's)."""
 

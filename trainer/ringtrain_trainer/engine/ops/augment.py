@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 FLIP_MODES = ("horizontal", "vertical", "horizontal_and_vertical")
 
 
-class RandomFlip(Layer):
+class RandomFlip(Op):
     def __init__(self, shape, mode: str, layer_index: int):
         if mode not in FLIP_MODES or len(shape) != 3:
             raise ValueError(f"RandomFlip needs (H, W, C) and a mode of {FLIP_MODES}")
@@ -84,7 +84,7 @@ def _map(c: np.ndarray, n: int, mode: str) -> np.ndarray:
     return np.clip(c, 0, n - 1, out=c)
 
 
-class RandomAffine(Layer):
+class RandomAffine(Op):
     """Keras 3's ``RandomRotation`` (``kind`` "rotation": per image an angle uniform in
     ``factor`` × 360°, about the image centre, ``_compute_affine_matrix``) and
     ``RandomTranslation`` ("translation": per image a height then a width shift uniform in

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 KINDS = ("brightness", "contrast")
 
 
-class RandomPixel(Layer):
+class RandomPixel(Op):
     """``kind`` "brightness" or "contrast"; ``bounds``: the uniform's (min, max) as Keras draws
     it (brightness: ``factor``, contrast: ``(1 - lower, 1 + upper)``). ``ws["factor"]`` holds
     each image's draw (brightness: already scaled to the value range)."""

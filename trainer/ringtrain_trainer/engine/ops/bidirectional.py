@@ -13,14 +13,14 @@ import dataclasses
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops.recurrent_loop import _Recurrent
-from ringtrain_trainer.layers.base import Layer
 
 MERGE_MODES = ("concat", "sum", "ave", "mul")
 _HALVES = ("forward", "backward")
 
 
-class Bidirectional(Layer):
+class Bidirectional(Op):
     """``forward`` and ``backward``: RNN ops on the same input (the second reading it in the
     other direction); parameters ``forward_<name>`` then ``backward_<name>``, Keras' order."""
 

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 UFUNCS = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply}
 
@@ -33,7 +33,7 @@ def broadcast_shape(shapes) -> tuple[int, ...]:
     return tuple(out)
 
 
-class Broadcast(Layer):
+class Broadcast(Op):
     """``x0 (op) x1`` with numpy broadcasting over the per-example axes."""
 
     def __init__(self, in_shapes, mode: str):

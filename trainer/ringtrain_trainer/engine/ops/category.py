@@ -14,12 +14,12 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 MODES = ("one_hot", "multi_hot", "count")
 
 
-class CategoryEncode(Layer):
+class CategoryEncode(Op):
     """Encode ids of per-example shape ``(k,)`` into ``num_tokens`` columns by ``mode``."""
 
     kind = "category_encoding"

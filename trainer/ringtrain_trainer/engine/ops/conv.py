@@ -27,13 +27,13 @@ import math
 import numpy as np
 
 from ringtrain_trainer.engine import native
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops import activations, tiles
 from ringtrain_trainer.engine.ops.window import Window
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
 
 
-class Conv(Window, Layer):
+class Conv(Window, Op):
     """Keras ``Conv1D`` (input ``(steps, channels)``, kernel ``(k, cin, filters)``),
     ``Conv2D`` (input ``(h, w, c)``, kernel ``(kh, kw, cin, filters)``) and ``Conv3D`` (input
     ``(d, h, w, c)``, kernel ``(kd, kh, kw, cin, filters)``)."""

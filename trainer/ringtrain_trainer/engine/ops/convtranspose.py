@@ -18,10 +18,10 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops import activations
 from ringtrain_trainer.engine.ops.conv import Conv
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
 
 
 def output_length(n: int, k: int, s: int, padding: str, output_padding: int | None) -> int:
@@ -32,7 +32,7 @@ def output_length(n: int, k: int, s: int, padding: str, output_padding: int | No
     return (n - 1) * s + k - 2 * pad + output_padding
 
 
-class ConvTranspose(Layer):
+class ConvTranspose(Op):
     kind = "conv"
 
     def __init__(

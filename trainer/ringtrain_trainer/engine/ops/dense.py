@@ -19,8 +19,8 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
 
 
 def product_rows(a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.ndarray) -> None:
@@ -41,7 +41,7 @@ def product_rows(a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.n
         flat[s:e] = tmp[s - r * cols : e - r * cols]
 
 
-class Dense(Layer):
+class Dense(Op):
     """Keras ``Dense`` on input ``(b, *lead, n_in)``; any activation of
     ``engine.ops.activations`` (the table plans the pre-activation where its gradient reads it)."""
 
@@ -101,3 +101,61 @@ class Dense(Layer):
             np.matmul(ws["ones"], ws["g"], out=grad)
         else:
             product_rows(ws["x"], ws["g"], grad, rows, ws["row"])
+
+
+class Linear(Op):
+    """Dense on a flat input, any activation of ``engine.ops.activations`` (the table keeps the
+    pre-activation where its gradient reads it: gelu, swish, ...), with or without bias."""
+
+    kind = "dense"
+
+    def __init__(self, n_in, n_out, activation="linear", use_bias=True):
+        from ringtrain_trainer.engine.ops.activations import resolve  # it imports this module
+
+        self.n_in, self.n_out, self.use_bias = n_in, n_out, use_bias
+        self.fn = resolve(activation)
+        #: the activation's name (what the loss folding and the tests read)
+        self.act = self.fn.name
+        self.out_shape = (n_out,)
+
+    def params(self, layer):
+        ps = [ParamSpec(layer, "kernel", (self.n_in, self.n_out), self.n_in, self.n_out, True)]
+        return ps + (
+            [ParamSpec(layer, "bias", (self.n_out,), 0, 0, False)] if self.use_bias else []
+        )
+
+    def buffers(self, b, train, need_dx):
+        bufs = {"out": ((b, self.n_out), "f"), **self.fn.buffers((b, self.n_out), train)}
+        if train:
+            bufs["ones"] = ((b,), "f")
+            if need_dx:
+                bufs["dx"] = ((b, self.n_in), "f")
+        return bufs
+
+    def flops(self, b, train, need_dx):
+        return 2 * b * self.n_in * self.n_out * (1 + (1 + need_dx if train else 0))
+
+    def bind(self, ws, b):
+        if "ones" in ws:
+            ws["ones"].fill(1)
+
+    def forward(self, ws, x, kernel, bias=None):
+        ws["x"] = x2 = x.reshape(x.shape[0], self.n_in)
+        z = self.fn.pre(ws)
+        np.matmul(x2, kernel, out=z)
+        if bias is not None:
+            np.add(z, bias, out=z)
+        return self.fn.run(ws)
+
+    def backward_local(self, ws, dout):
+        ws["g"] = self.fn.grad(ws, dout)
+
+    def backward_input(self, ws, dout, kernel, bias=None):
+        return np.matmul(ws["g"], kernel.T, out=ws["dx"])
+
+    def backward_weights(self, ws, dout, name, grad, rows):
+        if name == "bias":
+            np.matmul(ws["ones"], ws["g"], out=grad)
+        else:
+            lo, hi = rows
+            np.matmul(ws["x"].T[lo:hi], ws["g"], out=grad[lo:hi])

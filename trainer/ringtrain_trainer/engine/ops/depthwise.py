@@ -22,13 +22,13 @@ import math
 import numpy as np
 
 from ringtrain_trainer.engine import native
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops import activations, tiles
 from ringtrain_trainer.engine.ops.window import Window
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
 
 
-class Depthwise(Window, Layer):
+class Depthwise(Window, Op):
     """Keras ``DepthwiseConv1D`` / ``DepthwiseConv2D``: kernel ``(*kernel, cin, multiplier)``."""
 
     kind = "conv"
@@ -257,7 +257,7 @@ class Depthwise(Window, Layer):
         return ws["dx"]
 
 
-class Separable(Layer):
+class Separable(Op):
     """Keras ``SeparableConv1D`` / ``SeparableConv2D``: weights ``depthwise_kernel``
     ``(*kernel, cin, multiplier)``, ``pointwise_kernel`` ``(*ones, cin * multiplier,
     filters)``, ``bias`` — a :class:`Depthwise` (its buffers prefixed ``dw_``) and a product."""

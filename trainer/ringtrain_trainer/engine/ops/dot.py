@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops.unitnorm import UnitNorm
-from ringtrain_trainer.layers.base import Layer
 
 #: ``keras.backend.epsilon()``: what ``Dot(normalize=True)``'s ``ops.normalize`` clips at
 KERAS_EPSILON = 1e-7
 
 
-class Dot(Layer):
+class Dot(Op):
     """``batch_dot(x, y, axes)`` of two rank-1 or two rank-2 examples; ``axes`` 0-based per
     example (no batch axis)."""
 

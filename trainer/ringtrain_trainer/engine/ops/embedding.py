@@ -21,11 +21,11 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
 
 
-class Embedding(Layer):
+class Embedding(Op):
     """Lookup of ``input_dim`` rows of width ``output_dim``; ``in_shape`` is the per-example
     shape of the id tensor (``(T,)`` for a sequence)."""
 

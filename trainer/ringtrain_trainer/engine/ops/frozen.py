@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 
-class Frozen(Layer):
+class Frozen(Op):
     """``op`` with its parameters as state; ``inference``: its evaluation forward in training
     too (a frozen BatchNormalization)."""
 

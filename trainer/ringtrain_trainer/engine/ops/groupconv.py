@@ -14,14 +14,14 @@ from dataclasses import replace
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops import activations
 from ringtrain_trainer.engine.ops.conv import Conv
 from ringtrain_trainer.engine.ops.depthwise import Depthwise
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
 
 
-class GroupConv(Layer):
+class GroupConv(Op):
     kind = "conv"
 
     def __init__(

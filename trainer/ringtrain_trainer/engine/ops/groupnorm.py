@@ -15,13 +15,13 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import gamma_beta
-from ringtrain_trainer.layers.base import Layer
 
 _AXES = (1, 3)  # of the (b, positions, groups, channels per group) view
 
 
-class GroupNorm(Layer):
+class GroupNorm(Op):
     """Normalise ``(b, *spatial, c)`` per example over each group of ``c // groups``
     channels and every position; ``scale`` (gamma) and ``center`` (beta) per channel."""
 

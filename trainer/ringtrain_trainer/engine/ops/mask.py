@@ -14,12 +14,12 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 KINDS = ("zero", "value", "or")
 
 
-class ComputeMask(Layer):
+class ComputeMask(Op):
     """``zero``: ``ids != 0`` (``Embedding(mask_zero=True)``, the ids' shape); ``value``:
     ``any(x != mask_value, axis=-1)`` (``Masking``); ``or``: the maximum of ``n`` masks of
     one shape (a merge layer's inputs' masks, Keras 3's ``logical_or``)."""
@@ -56,7 +56,7 @@ class ComputeMask(Layer):
         return None if self.n_inputs == 1 else (None,) * self.n_inputs
 
 
-class AttentionMask(Layer):
+class AttentionMask(Op):
     """``MultiHeadAttention``'s mask ``(T, S)`` from the Keras masks of its inputs: the
     query's ``(T,)`` along rows AND the value's (and a separate key's) ``(S,)`` along columns
     — Keras' ``_compute_attention_mask`` (the causal part is the attention op's own).
@@ -85,7 +85,7 @@ class AttentionMask(Layer):
         return None if self.n_inputs == 1 else (None,) * self.n_inputs
 
 
-class ApplyMask(Layer):
+class ApplyMask(Op):
     """``Masking``'s output: ``x`` with its masked timesteps set to zero (Keras' ``where``);
     reads ``(x, mask)``, the mask from a :class:`ComputeMask` on the same ``x``."""
 

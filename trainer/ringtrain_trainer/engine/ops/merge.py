@@ -13,12 +13,12 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 MODES = ("add", "subtract", "multiply", "average", "maximum", "minimum")
 
 
-class Merge(Layer):
+class Merge(Op):
     """Element-wise merge of ``n_inputs`` tensors of one shape."""
 
     def __init__(self, shape, mode: str, n_inputs: int = 2):
@@ -89,7 +89,7 @@ class Merge(Layer):
         return tuple(dxs)
 
 
-class Concatenate(Layer):
+class Concatenate(Op):
     """Keras ``Concatenate(axis)``: inputs joined along one per-example axis."""
 
     def __init__(self, in_shapes, axis: int):

@@ -2,7 +2,7 @@
 — as one affine op ``out = x * mult + add`` whose ``mult``/``add`` are drawn each step.
 
 Why one op: all three are an elementwise affine map of the input with random coefficients, so
-the backward is ``dout * mult`` for each. The draws are keyed like ``layers.base.Dropout``'s
+the backward is ``dout * mult`` for each. The draws are keyed like ``engine.ops.dropout.Dropout``'s
 masks (Philox on (--seed, layer) at counter (step, global example)): a different draw every
 step and every example, and the same draws for any worker count. In evaluation (predict, the
 export) the op allocates nothing and is the identity, as Keras' ``training=False``.
@@ -19,13 +19,13 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 MODES = ("gaussian_noise", "gaussian_dropout", "alpha_dropout")
 _ALPHA_P = -1.6732632423543772848170429916717 * 1.0507009873554804934193349852946
 
 
-class Noise(Layer):
+class Noise(Op):
     """``mode`` one of :data:`MODES`; ``amount`` the layer's ``stddev`` or ``rate``."""
 
     def __init__(self, shape, mode: str, amount: float, layer_index: int):

@@ -12,11 +12,11 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import gamma_beta
-from ringtrain_trainer.layers.base import Layer
 
 
-class LayerNorm(Layer):
+class LayerNorm(Op):
     """Normalise ``(b, *lead, d)`` over ``d``; ``scale`` (gamma) and ``center`` (beta)."""
 
     kind = "layer_norm"

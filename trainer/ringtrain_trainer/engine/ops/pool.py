@@ -11,13 +11,13 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops.window import Window
-from ringtrain_trainer.layers.base import Layer
 
 KINDS = ("max", "avg")
 
 
-class Pool(Window, Layer):
+class Pool(Window, Op):
     """Keras ``MaxPooling1D/2D/3D`` and ``AveragePooling1D/2D/3D``; ``strides=None`` is the
     pool."""
 
@@ -96,7 +96,7 @@ class Pool(Window, Layer):
         return ws["dx"]
 
 
-class GlobalPool(Layer):
+class GlobalPool(Op):
     """Keras ``GlobalMax/GlobalAveragePooling1D/2D/3D``: over every axis but batch and channels;
     ``keepdims`` keeps them as ones. ``masked`` (the 1-D average, ``engine.ops.mask``): reads
     ``(x, mask)`` and averages the unmasked timesteps only, as Keras' ``GlobalAveragePooling1D``

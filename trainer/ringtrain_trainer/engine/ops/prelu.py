@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
 
 
-class PReLU(Layer):
+class PReLU(Op):
     def __init__(self, shape, alpha_shape):
         self.in_shape = self.out_shape = tuple(shape)
         self.alpha_shape = tuple(alpha_shape)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 
-class Permute(Layer):
+class Permute(Op):
     """``Permute(dims)``: ``dims`` the 1-based order of the non-batch axes, as Keras'."""
 
     def __init__(self, in_shape, dims):
@@ -35,7 +35,7 @@ class Permute(Layer):
         return ws["dx"]
 
 
-class RepeatVector(Layer):
+class RepeatVector(Op):
     """``RepeatVector(n)``: ``(features,)`` → ``(n, features)``."""
 
     def __init__(self, in_shape, n: int):

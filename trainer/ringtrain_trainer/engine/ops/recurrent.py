@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.ops.activations import act_backward, act_forward
 from ringtrain_trainer.engine.ops.recurrent_gru import GRU, GRUResetBefore
 from ringtrain_trainer.engine.ops.recurrent_loop import ACTIVATIONS, _Recurrent
 from ringtrain_trainer.engine.ops.recurrent_lstm import LSTM
-from ringtrain_trainer.layers.base import act_backward, act_forward
 
 __all__ = ["ACTIVATIONS", "GRU", "LSTM", "GRUResetBefore", "SimpleRNN"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.ops.activations import act_backward, act_forward
 from ringtrain_trainer.engine.ops.recurrent_fast import _FastCell
 from ringtrain_trainer.engine.ops.recurrent_loop import _Recurrent
-from ringtrain_trainer.layers.base import act_backward, act_forward
 
 
 def _candidate_and_blend(act: str, hh: np.ndarray, h_prev, z, h: np.ndarray) -> None:

@@ -29,7 +29,7 @@ forced by the argument): every example draws, once per sequence, a mask over the
 gate (four for LSTM, three for GRU, one for SimpleRNN) that scales the state the gate's
 recurrent matmul reads, the same at every step; an LSTM's or GRU's ``dropout`` then also draws
 an input mask per gate, which the op applies itself (``_project``). The masks are drawn as
-``layers.base.masks`` draws Dropout's; the masked states and inputs (``hm``, ``xm``, gate-major
+``engine.ops.dropout.masks`` draws Dropout's; the masked states and inputs (``hm``, ``xm``, gate-major
 so a gate's block is one contiguous matrix) are kept for the weight gradients.
 """
 
@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops.dense import product_rows
+from ringtrain_trainer.engine.ops.dropout import masks
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer, masks
 
 #: the draw key of an RNN's recurrent masks, apart from its input masks (layer index + this)
 REC_MASK_KEY = 1 << 21
@@ -48,7 +49,7 @@ REC_MASK_KEY = 1 << 21
 ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
 
 
-class _Recurrent(Layer):
+class _Recurrent(Op):
     """What LSTM and GRU share: shapes, parameters, the input projection, weight gradients."""
 
     kind = "recurrent"

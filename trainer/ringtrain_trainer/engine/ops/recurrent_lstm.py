@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.ops.activations import act_backward, act_forward
 from ringtrain_trainer.engine.ops.recurrent_fast import _FastCell
-from ringtrain_trainer.layers.base import act_backward, act_forward
 
 
 class LSTM(_FastCell):

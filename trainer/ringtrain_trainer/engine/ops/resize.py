@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 INTERPOLATIONS = ("bilinear", "nearest")
 
@@ -37,7 +37,7 @@ def interpolation_matrix(n_in: int, n_out: int, mode: str) -> np.ndarray:
     return a
 
 
-class Resize(Layer):
+class Resize(Op):
     """``(H, W, C)`` → ``(height, width, C)``: ``out = A_h · x · A_wᵀ`` per example and channel."""
 
     def __init__(self, in_shape, height: int, width: int, mode: str = "bilinear"):

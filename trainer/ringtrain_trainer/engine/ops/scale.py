@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
 
 
-class ChannelScale(Layer):
+class ChannelScale(Op):
     """``x * scale + offset`` broadcast along the last axis; ``scale=None``: a trainable
     ``gamma`` of one value per channel (its gradient: ``sum(dout * x)`` over all but it)."""
 

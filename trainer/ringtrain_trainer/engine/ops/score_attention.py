@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops.attention import keys_major, softmax_keys
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
 
 #: Keras' ``max_value`` subtracted from masked float32 scores
 MASKED = 1e9
 MODES = ("dot", "concat", "additive")
 
 
-class ScoreAttention(Layer):
+class ScoreAttention(Op):
     """``in_shapes``: the per-example ``(T, features)`` shapes of query, value and optional
     key, one per input the node reads (the same tensor may come twice: the engine sums)."""
 

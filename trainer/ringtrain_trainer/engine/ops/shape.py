@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 
 def borders(spec, rank: int, what: str) -> tuple[tuple[int, int], ...]:
@@ -26,7 +26,7 @@ def borders(spec, rank: int, what: str) -> tuple[tuple[int, int], ...]:
     return tuple((int(a), int(b)) for a, b in out)
 
 
-class Border(Layer):
+class Border(Op):
     """Keras ``ZeroPadding1D/2D/3D`` (``mode='pad'``) and ``Cropping1D/2D/3D``
     (``mode='crop'``)."""
 
@@ -76,7 +76,7 @@ class Border(Layer):
         return ws["dx"]
 
 
-class UpSampling(Layer):
+class UpSampling(Op):
     """Keras ``UpSampling1D`` (``size``), ``UpSampling2D`` (``size``, nearest) and
     ``UpSampling3D``: every value repeated ``size`` times along each spatial axis."""
 
@@ -117,3 +117,21 @@ class UpSampling(Layer):
         d4 = dx.reshape(dx.shape[0], *self.hw, dx.shape[-1])
         np.sum(self._six(dout.reshape(ws["out"].shape)), axis=self._reps, out=d4)
         return dx
+
+
+class Reshape(Op):
+    """Flatten and Reshape: a view, no copy (NHWC is already row-major like Keras)."""
+
+    def __init__(self, in_shape, out_shape):
+        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
+
+    def buffers(self, b, train, need_dx):
+        return {}
+
+    def forward(self, ws, x):
+        if ws.get("src") is not x:  # a fixed buffer per program: the same view every step
+            ws["out"], ws["src"] = x.reshape((x.shape[0], *self.out_shape)), x
+        return ws["out"]
+
+    def backward_input(self, ws, dout):
+        return dout.reshape((dout.shape[0], *self.in_shape))

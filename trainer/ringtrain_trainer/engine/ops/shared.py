@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -24,7 +24,7 @@ def _rows(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
 
 
-class _Wrapped(Layer):
+class _Wrapped(Op):
     def __init__(self, op):
         self.op = op
         self.shared = op.params(0)

@@ -14,13 +14,13 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 #: Keras' ``backend.epsilon()``: the smallest standard deviation divided by
 EPSILON = 1e-7
 
 
-class Standardize(Layer):
+class Standardize(Op):
     """Per-channel ``(x - mean) * (1 / max(sqrt(variance), 1e-7))`` over the last axis."""
 
     def __init__(self, shape, mean=None, variance=None):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 
-class TimeDistributed(Layer):
+class TimeDistributed(Op):
     """``inner`` (any op of the layer protocol) over axis 1 of ``(b, steps, *inner_in)``."""
 
     def __init__(self, inner, steps: int, inner_in, inner_out):

@@ -13,13 +13,13 @@ import math
 
 import numpy as np
 
-from ringtrain_trainer.layers.base import Layer
+from ringtrain_trainer.engine.op import Op
 
 #: Keras' ``UnitNormalization`` passes ``epsilon=1e-12`` to ``ops.normalize``
 EPSILON = 1e-12
 
 
-class UnitNorm(Layer):
+class UnitNorm(Op):
     """``x / max(‖x‖₂, epsilon)`` along the last axis of ``(b, *lead, d)`` (``Dot``'s
     ``normalize=True`` uses it with Keras' default epsilon, 1e-7)."""
 

@@ -1,4 +1,12 @@
-"""BatchNormalization over the channel axis; the statistics rule is in the package docstring.
+"""BatchNormalization over the channel axis.
+
+BatchNormalization normalises with the statistics of each *replica's* batch in training, as
+Keras does under MirroredStrategy without ``synchronized=True``; a replica's batch is never split
+across host threads (the IPU runs it as one shard), so host threads do not change the numbers.
+The moving mean and variance are non-trainable state, outside the flat parameter buffer and the
+ring: each replica updates its copy, and after every step the worker's copies are averaged (how
+Keras reads an ``ON_READ``/``MEAN`` variable). Workers keep their own; the chief's is what
+checkpoints and exports carry.
 
 Every per-channel sum is one BLAS product with a planned vector of ones over the ``(rows, c)``
 view: numpy's axis reductions run an inner loop of ``c`` floats (4 in the zoo's BN CNN) and
@@ -13,11 +21,11 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import gamma_beta
-from ringtrain_trainer.layers.base import Layer
 
 
-class BatchNorm(Layer):
+class BatchNorm(Op):
     """BatchNormalization over the last axis (see the module docstring for the statistics)."""
 
     batch_coupled = True

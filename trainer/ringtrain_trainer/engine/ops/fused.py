@@ -21,11 +21,11 @@ from numpy.lib.stride_tricks import as_strided
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import native
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import ParamSpec
-from ringtrain_trainer.layers.base import Layer
 
 
-class ConvPool(Layer):
+class ConvPool(Op):
     """Conv2D(k x k, 'valid', no stride) → MaxPool 2x2 (floor) → + bias → ReLU, NHWC."""
 
     kind = "conv"
@@ -256,7 +256,7 @@ class ConvPool(Layer):
         return dx
 
 
-class Dense(Layer):
+class Dense(Op):
     """x @ W + b, optionally followed by ReLU."""
 
     kind = "dense"
