@@ -297,7 +297,7 @@ class Trainer(SharedEvaluation):
                 np.float32,
             )
             self.collective.broadcast_(counters, root=0)
-            if self.ipu.state.size:  # the chief's moving statistics (ringtrain_trainer.engine.ops.batchnorm)
+            if self.ipu.state.size:  # the chief's moving statistics (ops.batchnorm)
                 self.collective.broadcast_(self.ipu.state, root=0)
                 self.ipu.load_state(self.ipu.state)
             step, epoch, batch, iters = (int(v) for v in counters[:4])

@@ -29,7 +29,7 @@ forced by the argument): every example draws, once per sequence, a mask over the
 gate (four for LSTM, three for GRU, one for SimpleRNN) that scales the state the gate's
 recurrent matmul reads, the same at every step; an LSTM's or GRU's ``dropout`` then also draws
 an input mask per gate, which the op applies itself (``_project``). The masks are drawn as
-``engine.ops.dropout.masks`` draws Dropout's; the masked states and inputs (``hm``, ``xm``, gate-major
+``dropout.masks`` draws Dropout's; the masked states and inputs (``hm``, ``xm``, gate-major
 so a gate's block is one contiguous matrix) are kept for the weight gradients.
 """
 
