@@ -297,7 +297,8 @@ def test_every_kernel_set_gives_the_same_bits():
 def test_the_startup_line_names_each_layers_compiled_parts():
     """Say what runs: seed 002's model names its fused first layer, the second conv-pool's
     compiled pooling and input gradient, and (where the GEMM runs here) its products."""
-    from ringtrain_bench.step import IPUSide, parser
+    from ringtrain_bench.ipu_side import IPUSide
+    from ringtrain_bench.step import parser
     from ringtrain_trainer.telemetry import startup
 
     side = IPUSide(parser().parse_args(["--model", "cnn2", "--threads", "1", "--no-torch"]))

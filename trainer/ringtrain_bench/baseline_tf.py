@@ -37,6 +37,7 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_bench import procs
+from ringtrain_bench.ipu_side import data_spec, synthetic
 
 
 class TensorFlowSide:
@@ -181,8 +182,6 @@ def child(directory: str) -> None:
     # the loss ringtrain runs, as Keras serializes it (a folded softmax/sigmoid reads the
     # model's own output here, which is the same loss)
     loss_fn = keras.losses.deserialize(setup["loss"])
-
-    from ringtrain_bench.step import data_spec, synthetic  # the IPU side's data, same bytes
 
     data = synthetic(setup["examples"], 0, data_spec(setup["keras_file"] or setup["model"])).train
     n, b = len(data.labels), setup["batch_size"]

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ringtrain_trainer.data import dataset as data_mod
+
 
 def _refuse(what: str) -> None:
     print(f"ringtrain bench epoch (TensorFlow side): {what}", file=sys.stderr)
@@ -40,8 +42,6 @@ def main(directory: str) -> None:
 
     if keras.backend.backend() != "tensorflow":
         _refuse(f"Keras runs the {keras.backend.backend()} backend, not TensorFlow")
-    from ringtrain_trainer.data import dataset as data_mod
-
     resolver = strategy.cluster_resolver
     rank, world = resolver.task_id, strategy.num_replicas_in_sync
     data = data_mod.load(setup["dataset"], setup["data_dir"])

@@ -19,6 +19,8 @@ import statistics
 import sys
 
 from ringtrain_bench import procs
+from ringtrain_bench.ipu_side import IPUSide
+from ringtrain_bench.step_workers import worker_connect
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.ipu.device import blas_limits, resolve_host_threads
 from ringtrain_trainer.reducer import StepCommStats
@@ -32,8 +34,6 @@ def _ms(x: float) -> float:
 
 def precision_steps(args) -> dict:
     """fp32 and fp16 ms per step of one worker, interleaved."""
-    from ringtrain_bench.step import IPUSide
-
     threads = resolve_host_threads(args.threads)
     args.threads = threads
     sides = {}
@@ -55,9 +55,6 @@ def precision_steps(args) -> dict:
 
 def child(args) -> dict:
     """One ring member: K=1 and K=4 trainers on one ring, interleaved, comm totals kept."""
-    from ringtrain_bench.step import IPUSide
-    from ringtrain_bench.step_workers import worker_connect
-
     cfg = TrainerConfig.from_args(["--termination-log", "", "--no-ring-shared-memory"])
     ring = worker_connect(cfg)
     out: dict = {"rank": ring.rank, "world_size": ring.size, "allreduce_s": {}, "steps": {}}

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from ringtrain_bench import procs
-from ringtrain_bench.step import IPUSide
+from ringtrain_bench.ipu_side import IPUSide
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.ipu.device import blas_limits, resolve_host_threads

@@ -19,24 +19,14 @@ with interpolation (the PR curve by Davis & Goadrich, as Keras), Precision/Recal
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import metric_classes as C
+from ringtrain_trainer.engine.metric_classes import MetricSpec
 
 WHERE = "compile_config.metrics"
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """One compiled metric: its registry entry, the name Keras reports it under, and its
-    arguments (Keras' defaults filled in)."""
-
-    cls: str
-    name: str
-    args: dict = field(default_factory=dict)
 
 
 #: Keras class name -> (implementation, string aliases, accepted arguments and their defaults,

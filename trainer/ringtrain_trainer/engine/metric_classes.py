@@ -9,16 +9,23 @@ and the pass over an evaluation set) because these are the numbers: each class i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ringtrain_trainer.engine import loss_fns
 
-if TYPE_CHECKING:
-    from ringtrain_trainer.engine.keras_metrics import MetricSpec
-
 EPS = loss_fns.EPS
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One compiled metric: its registry entry, the name Keras reports it under, and its
+    arguments (Keras' defaults filled in)."""
+
+    cls: str
+    name: str
+    args: dict = field(default_factory=dict)
 
 
 class Metric:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import keras_metrics, loss_spec
+from ringtrain_trainer.engine.multiloss import Head, MultiLossSpec
 from ringtrain_trainer.keras.entry import snake_case
 from ringtrain_trainer.numerics import ModelNumerics
 from ringtrain_trainer.optim.registry import OptimizerSpec, from_compile_config
@@ -176,8 +177,6 @@ def read_heads(
     """Several outputs: each output's loss (one loss for all, a list, or a dict by output
     name; None: that output is not trained from), ``loss_weights`` (list or dict) and
     per-output metrics, as a ``engine.multiloss.MultiLossSpec``; and the optimizer."""
-    from ringtrain_trainer.engine.multiloss import Head, MultiLossSpec
-
     comp, _, _ = _unwrap_loss_scale(comp or {})
     doc = comp.get("loss")
     if doc is None:

@@ -16,6 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.ops import initializers as I
+from ringtrain_trainer.engine.ops import regularizers as R
+from ringtrain_trainer.optim import constraints as C
 
 Shape = tuple[int, ...]
 #: the activations every layer with an ``activation`` argument accepts
@@ -205,8 +208,6 @@ class Args:
         ``glorot``/``ones`` flags do not describe (not Keras' ``default`` or a default such as
         LSTM's Orthogonal) is kept in :attr:`extra`: fresh weights draw from it and the export
         carries it back."""
-        from ringtrain_trainer.engine.ops import initializers as I
-
         v = self.take(arg)
         flagged = default is not None and I.parse(default).name in (
             "GlorotUniform",
@@ -226,8 +227,6 @@ class Args:
     def regularizer(self, arg: str) -> None:
         """Keras' ``L1``/``L2``/``L1L2`` (or ``"l1"``/``"l2"``), kept in :attr:`extra` in the
         serialized form Keras reloads; the trainer adds its penalty (``KerasModel``)."""
-        from ringtrain_trainer.engine.ops import regularizers as R
-
         v = self.take(arg)
         try:
             reg = R.parse(v, arg)
@@ -250,8 +249,6 @@ class Args:
         """Keras' ``MaxNorm``/``NonNeg``/``UnitNorm``/``MinMaxNorm``, kept in :attr:`extra`
         in the serialized form Keras reloads; the optimizer projects the weight after each
         update (``optim.constraints``)."""
-        from ringtrain_trainer.optim import constraints as C
-
         v = self.take(arg)
         try:
             c = C.parse(v, arg)

@@ -6,6 +6,8 @@ returns the identity). ``PReLU`` has a trainable slope: its own op (``engine/ops
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops import activations
+from ringtrain_trainer.engine.ops.prelu import PReLU
 from ringtrain_trainer.keras import onnx_acts
 from ringtrain_trainer.keras.entry import Args, Entry, Weight
 from ringtrain_trainer.keras.layers_window import ACTS, _activation
@@ -55,8 +57,6 @@ def activation_of(args: dict) -> tuple[str, dict]:
 
 
 def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops import activations
-
     name, params = activation_of(spec.args)
     if ctx.fold and name == ctx.fold:
         return None
@@ -103,8 +103,6 @@ def _alpha_shape(args: dict, shape: tuple) -> tuple[int, ...]:
 
 
 def _prelu_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.prelu import PReLU
-
     return PReLU(shapes[0], _alpha_shape(spec.args, shapes[0]))
 
 

@@ -4,6 +4,7 @@ identity in predict and in the ONNX export."""
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.activity import ActivityPenalty
 from ringtrain_trainer.keras.entry import Args, Entry
 
 
@@ -19,8 +20,6 @@ def _parse(a: Args) -> dict:
 
 
 def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.activity import ActivityPenalty
-
     return ActivityPenalty(tuple(shapes[0]), spec.args["l1"], spec.args["l2"])
 
 

@@ -9,6 +9,7 @@ are refused by name rather than run differently.
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.score_attention import ScoreAttention
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
 
 
@@ -54,8 +55,6 @@ def _weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.score_attention import ScoreAttention
-
     a = spec.args
     return ScoreAttention(shapes, _mode(a), a["use_scale"], a["use_causal_mask"])
 

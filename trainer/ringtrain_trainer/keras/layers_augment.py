@@ -5,12 +5,11 @@ backward); the identity in predict and in the ONNX export. RandomContrast and Ra
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.augment import FLIP_MODES, RandomAffine, RandomFlip
 from ringtrain_trainer.keras.entry import Args, Entry, need_rank
 
 
 def _flip_parse(a: Args) -> dict:
-    from ringtrain_trainer.engine.ops.augment import FLIP_MODES
-
     mode = a.must_be("mode", "horizontal_and_vertical", "horizontal", "vertical")
     assert mode in FLIP_MODES
     a.channels_last()
@@ -20,8 +19,6 @@ def _flip_parse(a: Args) -> dict:
 
 
 def _flip_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.augment import RandomFlip
-
     need_rank(spec, tuple(shapes[0]), 3, "(height, width, channels) images")
     return RandomFlip(tuple(shapes[0]), spec.args["mode"], ctx.index)
 
@@ -62,8 +59,6 @@ def _affine_parse(*factors: str):
 
 
 def _affine_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.augment import RandomAffine
-
     need_rank(spec, tuple(shapes[0]), 3, "(height, width, channels) images")
     a = spec.args
     kind = {"RandomRotation": "rotation", "RandomTranslation": "translation"}.get(spec.cls, "zoom")

@@ -4,6 +4,7 @@ in the ONNX export, as the other augmentation layers (``layers_augment``)."""
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.augment_pixel import RandomPixel
 from ringtrain_trainer.keras.entry import Args, Entry, need_rank
 
 #: Keras 3's ``_FACTOR_BOUNDS`` per class: a number ``f`` is ``(max(-f, low), f)``
@@ -34,8 +35,6 @@ def _parse(a: Args) -> dict:
 
 
 def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.augment_pixel import RandomPixel
-
     need_rank(spec, tuple(shapes[0]), 3, "(height, width, channels) images")
     f = spec.args["factor"]
     if spec.cls == "RandomBrightness":

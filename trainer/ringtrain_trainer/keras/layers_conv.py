@@ -4,6 +4,8 @@ GlobalAveragePooling2D (channels last, NHWC). A Conv2D with a dilation or an act
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.conv import Conv
+from ringtrain_trainer.engine.ops.pool import GlobalPool, Pool
 from ringtrain_trainer.keras import layers_window, onnx_acts
 from ringtrain_trainer.keras.entry import (
     ACTIVATIONS,
@@ -85,8 +87,6 @@ def _conv_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _conv_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.conv import Conv
-
     a = spec.args
     need_rank(spec, shapes[0], 3, "an H×W×C input (add a Reshape before it)")
     if a.get("groups", 1) > 1:
@@ -164,8 +164,6 @@ def _pool_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _pool_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.pool import Pool
-
     a = spec.args
     need_rank(spec, shapes[0], 3, "an H×W×C input")
     kind = "max" if spec.cls == "MaxPooling2D" else "avg"
@@ -205,8 +203,6 @@ def _gap_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _gap_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.pool import GlobalPool
-
     need_rank(spec, shapes[0], 3, "an H×W×C input")
     if spec.args["keepdims"]:  # squeeze-excitation blocks keep (1, 1, C) for a Multiply
         return GlobalPool(shapes[0], "avg", True)

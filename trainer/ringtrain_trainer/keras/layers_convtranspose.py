@@ -4,6 +4,7 @@ exported graph computes the same crop of the full transposed convolution)."""
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.convtranspose import ConvTranspose, output_length
 from ringtrain_trainer.keras import onnx_acts
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
 from ringtrain_trainer.keras.layers_window import _CONSTRAINTS, ACTS, _activation, _ints
@@ -43,15 +44,11 @@ def _parse(a: Args) -> dict:
 
 
 def _op(args: dict, shape: Shape):
-    from ringtrain_trainer.engine.ops.convtranspose import ConvTranspose
-
     geo = (args["kernel_size"], args["strides"], args["padding"], args["output_padding"])
     return ConvTranspose(shape, args["filters"], *geo, args["activation"], args["use_bias"])
 
 
 def _infer(args: dict, shapes: list[Shape]) -> Shape:
-    from ringtrain_trainer.engine.ops.convtranspose import output_length
-
     shape, k = shapes[0], args["kernel_size"]
     if len(shape) != len(k) + 1:
         raise ValueError(f"needs an input of {len(k)} spatial axes and channels, got {shape}")

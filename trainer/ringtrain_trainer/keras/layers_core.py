@@ -5,6 +5,14 @@ from __future__ import annotations
 
 import math
 
+from ringtrain_trainer.engine.ops.batchnorm import BatchNorm
+from ringtrain_trainer.engine.ops.dense import Dense as DenseAnyRank
+from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.dropout import Dropout, SharedDropout
+from ringtrain_trainer.engine.ops.elementwise import Elementwise
+from ringtrain_trainer.engine.ops.fused import Dense
+from ringtrain_trainer.engine.ops.scale import ChannelScale
+from ringtrain_trainer.engine.ops.shape import Reshape
 from ringtrain_trainer.keras import onnx_acts
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, gamma_beta_weights
 from ringtrain_trainer.keras.layers_window import ACTS, _activation
@@ -40,14 +48,9 @@ def _dense_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _dense_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.dense import Linear
-    from ringtrain_trainer.engine.ops.fused import Dense
-
     a = spec.args
     act = "linear" if ctx.fold and a["activation"] == ctx.fold else a["activation"]
     if len(shapes[0]) > 1:  # Keras applies the kernel on the last axis
-        from ringtrain_trainer.engine.ops.dense import Dense as DenseAnyRank
-
         return DenseAnyRank(shapes[0], a["units"], act, a["use_bias"])
     if a["use_bias"] and act in ("relu", "linear"):
         return Dense(shapes[0][0], a["units"], act == "relu")
@@ -86,13 +89,9 @@ def _rescaling_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _rescaling_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.elementwise import Elementwise
-
     a = spec.args
     if isinstance(a["scale"], float) and isinstance(a["offset"], float):
         return Elementwise(tuple(shapes[0]), scale=a["scale"], offset=a["offset"])
-    from ringtrain_trainer.engine.ops.scale import ChannelScale
-
     return ChannelScale(shapes[0], a["scale"], a["offset"])
 
 
@@ -130,8 +129,6 @@ def _reshape_parse(a: Args) -> dict:
 
 
 def _reshape_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.shape import Reshape
-
     return Reshape(tuple(shapes[0]), spec.out_shape)
 
 
@@ -186,13 +183,9 @@ def _dropout_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _dropout_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.dropout import Dropout
-
     noise = _noise(spec, tuple(shapes[0]))
     if noise is None or noise == tuple(shapes[0]):
         return Dropout(tuple(shapes[0]), spec.args["rate"], ctx.index)
-    from ringtrain_trainer.engine.ops.dropout import SharedDropout
-
     return SharedDropout(tuple(shapes[0]), spec.args["rate"], ctx.index, noise)
 
 
@@ -256,8 +249,6 @@ def _bn_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _bn_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.batchnorm import BatchNorm
-
     a = spec.args
     return BatchNorm(tuple(shapes[0]), a["momentum"], a["epsilon"], a["center"], a["scale"])
 

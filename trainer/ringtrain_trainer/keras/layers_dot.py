@@ -6,7 +6,9 @@ recommender's user·item score, ``normalize=True``: cosine similarity) and two m
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.dot import KERAS_EPSILON, Dot
 from ringtrain_trainer.keras.entry import Args, Entry, Shape
+from ringtrain_trainer.keras.layers_norm import unit_nodes
 
 
 def _parse(a: Args) -> dict:
@@ -46,16 +48,11 @@ def _infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.dot import Dot
-
     return Dot(shapes, example_axes(spec.args, shapes), spec.args["normalize"])
 
 
 def _onnx(g, spec, weights) -> None:
     import numpy as np
-
-    from ringtrain_trainer.engine.ops.dot import KERAS_EPSILON
-    from ringtrain_trainer.keras.layers_norm import unit_nodes
 
     n, shapes = spec.name, [tuple(s) for s in spec.in_shapes]
     x, y = (g.x(k, nchw=False) for k in range(2))

@@ -7,6 +7,7 @@ and reduced over the ids for multi_hot / count."""
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.category import CategoryEncode
 from ringtrain_trainer.keras.entry import Args, Entry, Shape
 
 
@@ -26,8 +27,6 @@ def _infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.category import CategoryEncode
-
     if spec.inputs[0] > 0:  # model inputs are tensors ≤ 0, layer outputs ≥ 1
         raise ValueError(
             "reads another layer's output; supported: right after a model input of "

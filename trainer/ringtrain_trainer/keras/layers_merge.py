@@ -3,6 +3,8 @@ Average, Maximum, Minimum, Concatenate. Their ops are ``engine/ops/merge.py``.""
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.broadcast import Broadcast, broadcast_shape
+from ringtrain_trainer.engine.ops.merge import Concatenate, Merge
 from ringtrain_trainer.keras.entry import Args, Entry, Shape
 
 #: Keras class → (engine mode, ONNX op: variadic except Sub and Mul, chained)
@@ -30,8 +32,6 @@ def _merge_infer(cls: str):
         if len(set(shapes)) == 1:
             return shapes[0]
         if cls in BROADCAST and len(shapes) == 2:
-            from ringtrain_trainer.engine.ops.broadcast import broadcast_shape
-
             try:
                 return broadcast_shape(shapes)
             except ValueError:
@@ -46,13 +46,9 @@ def _merge_infer(cls: str):
 
 
 def _merge_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.merge import Merge
-
     if spec.cls == "Subtract" and len(shapes) != 2:
         raise ValueError("Subtract takes exactly 2 inputs")
     if len(set(map(tuple, shapes))) > 1:
-        from ringtrain_trainer.engine.ops.broadcast import Broadcast
-
         return Broadcast(shapes, _MODES[spec.cls][0])
     return Merge(shapes[0], _MODES[spec.cls][0], len(shapes))
 
@@ -97,8 +93,6 @@ def _concat_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _concat_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.merge import Concatenate
-
     return Concatenate(shapes, _concat_axis(spec.args, len(shapes[0])))
 
 

@@ -5,6 +5,7 @@ and the global example, as ``Dropout``'s masks (``engine/ops/noise.py`` says why
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.noise import Noise
 from ringtrain_trainer.keras.entry import Args, Entry
 
 
@@ -37,8 +38,6 @@ _MODES = {
 
 
 def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.noise import Noise
-
     mode, arg, _ = _MODES[spec.cls]
     return Noise(tuple(shapes[0]), mode, spec.args[arg], ctx.index)
 

@@ -5,7 +5,10 @@ normalize per example (no batch statistics, nothing kept between steps); only th
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.groupnorm import GroupNorm
+from ringtrain_trainer.engine.ops.unitnorm import EPSILON, UnitNorm
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, gamma_beta_weights
+from ringtrain_trainer.keras.layers_sequence import no
 
 
 def _last_axis(a: Args) -> int:
@@ -30,8 +33,6 @@ def _unit_parse(a: Args) -> dict:
 
 
 def _unit_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.unitnorm import UnitNorm
-
     return UnitNorm(shapes[0])
 
 
@@ -47,8 +48,6 @@ def unit_nodes(g, x: str, n: str, epsilon: float) -> str:
 
 
 def _unit_onnx(g, spec, weights) -> None:
-    from ringtrain_trainer.engine.ops.unitnorm import EPSILON
-
     g.out(unit_nodes(g, g.x(0, nchw=False), spec.name, EPSILON))
 
 
@@ -65,8 +64,6 @@ ENTRIES = {
 
 # -- GroupNormalization ------------------------------------------------------------------------
 def _group_parse(a: Args) -> dict:
-    from ringtrain_trainer.keras.layers_sequence import no
-
     a.trainable()
     groups = a.take("groups", 32)
     if not isinstance(groups, int) or isinstance(groups, bool) or (groups < 1 and groups != -1):
@@ -96,8 +93,6 @@ def _group_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _group_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.groupnorm import GroupNorm
-
     a = spec.args
     g = _groups(a, tuple(shapes[0]))
     return GroupNorm(shapes[0], g, a["epsilon"], a["center"], a["scale"])

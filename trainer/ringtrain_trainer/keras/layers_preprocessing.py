@@ -4,6 +4,7 @@ config or in the layer's non-trainable weights (``mean``, ``variance``, ``count`
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.standardize import EPSILON, Standardize
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
 
 
@@ -51,15 +52,11 @@ def _weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.standardize import Standardize
-
     return Standardize(shapes[0], spec.args["mean"], spec.args["variance"])
 
 
 def _onnx(g, spec, weights) -> None:
     import numpy as np
-
-    from ringtrain_trainer.engine.ops.standardize import EPSILON
 
     a, n = spec.args, spec.name
     mean, var = (a["mean"], a["variance"]) if a["mean"] is not None else weights[:2]

@@ -10,6 +10,9 @@ training starts from the ``.keras`` file's weights.
 
 from __future__ import annotations
 
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.ops import recurrent
+from ringtrain_trainer.engine.ops.bidirectional import Bidirectional
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
 from ringtrain_trainer.keras.layers_sequence import no
 
@@ -123,8 +126,6 @@ def _rnn_op(
     zero_output: bool = False,
     index: int = 0,
 ):
-    from ringtrain_trainer.engine.ops import recurrent
-
     op = "GRUResetBefore" if cls == "GRU" and not a.get("reset_after", True) else cls
     return getattr(recurrent, op)(
         shape,
@@ -158,8 +159,6 @@ def _onnx_direction(cls: str, a: dict, weights, where: str):
     blocks reordered from Keras' i, f, c, o to ONNX's i, o, f, c (GRU's z, r, h is the same in
     both), kernels transposed, input and recurrent biases side by side."""
     import numpy as np
-
-    from ringtrain.errors import InvalidSpec
 
     for arg in ("activation", "recurrent_activation"):
         if a.get(arg, "sigmoid") not in _ONNX_ACT:
@@ -282,8 +281,6 @@ def _bi_weight_args(args: dict, weight: str) -> tuple[dict, str]:
 
 
 def _bi_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.bidirectional import Bidirectional
-
     a, m = spec.args, bool(ctx.mask)
     # Keras' Bidirectional sets zero_output_for_mask = return_sequences on both halves
     halves = [
@@ -298,8 +295,6 @@ def _bi_onnx(g, spec, weights) -> None:
     timesteps, which is Keras' flipped-back backward sequence; the merge is a reshape (concat)
     or a reduction over the direction axis."""
     import numpy as np
-
-    from ringtrain.errors import InvalidSpec
 
     a, n = spec.args, spec.name
     f, b = a["layer"], a["backward_layer"]

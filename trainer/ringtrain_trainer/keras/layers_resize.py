@@ -7,12 +7,11 @@ up, which is TensorFlow's ``floor((o + 0.5) * scale)``)."""
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.resize import INTERPOLATIONS, Resize
 from ringtrain_trainer.keras.entry import Args, Entry, Shape
 
 
 def _parse(a: Args) -> dict:
-    from ringtrain_trainer.engine.ops.resize import INTERPOLATIONS
-
     args = {"height": a.positive("height"), "width": a.positive("width")}
     args["interpolation"] = a.must_be("interpolation", *INTERPOLATIONS)
     a.must_be("crop_to_aspect_ratio", False)
@@ -36,8 +35,6 @@ def _infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.resize import Resize
-
     a = spec.args
     return Resize(shapes[0], a["height"], a["width"], a["interpolation"])
 

@@ -5,6 +5,7 @@ initializer of ``init_values``."""
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.scale import ChannelScale
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
 
 
@@ -32,8 +33,6 @@ def _weight_args(args: dict, weight: str) -> tuple[dict, str]:
 
 
 def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.scale import ChannelScale
-
     return ChannelScale(shapes[0])
 
 

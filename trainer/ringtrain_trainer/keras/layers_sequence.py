@@ -11,6 +11,11 @@ every layer.
 
 from __future__ import annotations
 
+from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.ops.attention import MultiHeadAttention
+from ringtrain_trainer.engine.ops.embedding import Embedding
+from ringtrain_trainer.engine.ops.mask import ApplyMask
+from ringtrain_trainer.engine.ops.norm import LayerNorm
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, gamma_beta_weights
 
 _FREE = ("activity_regularizer", "lora_rank", "lora_alpha", "quantization_config")
@@ -38,8 +43,6 @@ def _embedding_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _embedding_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.embedding import Embedding
-
     return Embedding(shapes[0], spec.args["input_dim"], spec.args["output_dim"])
 
 
@@ -53,8 +56,6 @@ def _masking_parse(a: Args) -> dict:
 
 
 def _masking_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.mask import ApplyMask
-
     return ApplyMask(shapes[0])
 
 
@@ -65,8 +66,6 @@ def _masking_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _masked_onnx(g, spec, weights) -> None:
-    from ringtrain.errors import InvalidSpec
-
     raise InvalidSpec(f"export: layer {spec.name!r} ({spec.cls}): Keras masks have no ONNX here")
 
 
@@ -102,8 +101,6 @@ def _ln_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _ln_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.norm import LayerNorm
-
     a = spec.args
     return LayerNorm(shapes[0], a["epsilon"], a["center"], a["scale"])
 
@@ -186,8 +183,6 @@ def _mha_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _mha_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.attention import MultiHeadAttention
-
     a = spec.args
     return MultiHeadAttention(
         shapes,

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ringtrain_trainer.engine.ops.rearrange import Permute, RepeatVector
+from ringtrain_trainer.engine.ops.resize import Resize
+from ringtrain_trainer.engine.ops.shape import Border, UpSampling
 from ringtrain_trainer.keras.entry import Args, Entry, Shape
+from ringtrain_trainer.keras.layers_resize import ENTRIES as RESIZE
 
 
 def _sides(a: Args, arg: str, rank: int) -> list[list[int]]:
@@ -60,8 +64,6 @@ def _border_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _border_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.shape import Border
-
     pad = "padding" in spec.args
     return Border(shapes[0], tuple(map(tuple, _of(spec.args))), "pad" if pad else "crop")
 
@@ -125,9 +127,6 @@ def _as_resizing(spec):
 
 
 def _up_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.resize import Resize
-    from ringtrain_trainer.engine.ops.shape import UpSampling
-
     size = spec.args["size"]
     if spec.args.get("interpolation") == "bilinear":
         a = _as_resizing(spec).args
@@ -139,8 +138,6 @@ def _up_onnx(g, spec, weights) -> None:
     import numpy as np
 
     if spec.args.get("interpolation") == "bilinear":
-        from ringtrain_trainer.keras.layers_resize import ENTRIES as RESIZE
-
         RESIZE["Resizing"].onnx(g, _as_resizing(spec), weights)
         return
 
@@ -186,8 +183,6 @@ def _center_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _center_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.shape import Border
-
     sides = _center_sides(spec.args, shapes[0])
     return Border(shapes[0], tuple(map(tuple, sides)), "crop")
 
@@ -216,8 +211,6 @@ def _permute_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _permute_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.rearrange import Permute
-
     return Permute(shapes[0], spec.args["dims"])
 
 
@@ -240,8 +233,6 @@ def _repeat_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _repeat_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.rearrange import RepeatVector
-
     return RepeatVector(shapes[0], spec.args["n"])
 
 

@@ -10,6 +10,10 @@ arithmetic (``engine.ops.window.pad_1d``, pure Python) also gives the shapes her
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops.conv import Conv
+from ringtrain_trainer.engine.ops.depthwise import Depthwise, Separable
+from ringtrain_trainer.engine.ops.groupconv import depthwise_or_grouped
+from ringtrain_trainer.engine.ops.pool import GlobalPool, Pool
 from ringtrain_trainer.engine.ops.window import pad_1d
 from ringtrain_trainer.keras import onnx_acts
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
@@ -146,15 +150,10 @@ def _conv_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 
 
 def _conv_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.conv import Conv
-    from ringtrain_trainer.engine.ops.depthwise import Depthwise, Separable
-
     a = spec.args
     act = "linear" if ctx.fold and a["activation"] == ctx.fold else a["activation"]
     geo = (a["kernel_size"], a["strides"], a["padding"], a["dilation_rate"])
     if a.get("groups", 1) > 1:
-        from ringtrain_trainer.engine.ops.groupconv import depthwise_or_grouped
-
         return depthwise_or_grouped(shapes[0], a["filters"], *geo, act, a["use_bias"], a["groups"])
     if "depth_multiplier" not in a:
         return Conv(shapes[0], a["filters"], *geo, act, a["use_bias"])
@@ -230,8 +229,6 @@ def _pool_infer(args: dict, shapes: list[Shape]) -> Shape:
 
 
 def _pool_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.pool import Pool
-
     a = spec.args
     kind = "max" if spec.cls.startswith("Max") else "avg"
     return Pool(shapes[0], kind, a["pool_size"], a["strides"], a["padding"])
@@ -266,8 +263,6 @@ def _first(args: dict) -> bool:
 
 
 def _global_build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.pool import GlobalPool
-
     kind = "max" if spec.cls.startswith("GlobalMax") else "avg"
     first = _first(spec.args)
     if first and ctx.mask:

@@ -11,6 +11,10 @@ dropout layers (ringtrain keys masks on the example) are refused by name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import partial
+
+from ringtrain_trainer.engine.ops.timedistributed import TimeDistributed
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, without_folded
 
 #: wrapped classes refused: their result depends on which examples share a call
@@ -30,21 +34,15 @@ _NOT_PER_EXAMPLE = (
 )
 
 
-def _registry():
-    from ringtrain_trainer.keras.registry import REGISTRY  # it imports this module
-
-    return REGISTRY
-
-
-def _inner(args: dict) -> tuple[Entry, str, dict]:
+def _inner(table: Mapping[str, Entry], args: dict) -> tuple[Entry, str, dict]:
     layer = args["layer"]
-    return _registry()[layer["class_name"]], layer["class_name"], layer["config"]
+    return table[layer["class_name"]], layer["class_name"], layer["config"]
 
 
-def _parse(a: Args) -> dict:
+def _parse(table: Mapping[str, Entry], a: Args) -> dict:
     v = a.take("layer")
     cls = v.get("class_name") if isinstance(v, dict) else v
-    reg = _registry()
+    reg = table
     ok = [c for c in reg if reg[c].inputs == 1 and c not in _NOT_PER_EXAMPLE]
     if cls not in ok:
         a.refuse(
@@ -62,16 +60,16 @@ def _parse(a: Args) -> dict:
     return {"layer": {**layer, "registered_name": None}}
 
 
-def _infer(args: dict, shapes: list[Shape]) -> Shape:
+def _infer(table: Mapping[str, Entry], args: dict, shapes: list[Shape]) -> Shape:
     shape = shapes[0]
     if len(shape) < 2:
         raise ValueError(f"needs an input of (steps, ...), got {shape}")
-    entry, _, config = _inner(args)
+    entry, _, config = _inner(table, args)
     return (shape[0], *entry.infer(config, [shape[1:]]))
 
 
-def _weights(args: dict, shapes: list[Shape]) -> list[Weight]:
-    entry, _, config = _inner(args)
+def _weights(table: Mapping[str, Entry], args: dict, shapes: list[Shape]) -> list[Weight]:
+    entry, _, config = _inner(table, args)
     out = []
     for w in entry.weights(config, [shapes[0][1:]]):
         group = f"layer/{w.group}" if w.group else "layer"
@@ -79,15 +77,15 @@ def _weights(args: dict, shapes: list[Shape]) -> list[Weight]:
     return out
 
 
-def _weight_args(args: dict, weight: str) -> tuple[dict, str]:
-    entry, _, config = _inner(args)
+def _weight_args(table: Mapping[str, Entry], args: dict, weight: str) -> tuple[dict, str]:
+    entry, _, config = _inner(table, args)
     return entry.weight_args(config, weight)
 
 
-def _inner_spec(spec, inputs: tuple[int, ...], output: int):
+def _inner_spec(table: Mapping[str, Entry], spec, inputs: tuple[int, ...], output: int):
     from dataclasses import replace
 
-    _, cls, config = _inner(spec.args)
+    _, cls, config = _inner(table, spec.args)
     return replace(
         spec,
         cls=cls,
@@ -100,23 +98,21 @@ def _inner_spec(spec, inputs: tuple[int, ...], output: int):
     )
 
 
-def _build(spec, shapes, ctx):
-    from ringtrain_trainer.engine.ops.timedistributed import TimeDistributed
-
-    entry, _, _ = _inner(spec.args)
-    inner = without_folded(_inner_spec(spec, spec.inputs, spec.output), ctx.fold)
+def _build(table: Mapping[str, Entry], spec, shapes, ctx):
+    entry, _, _ = _inner(table, spec.args)
+    inner = without_folded(_inner_spec(table, spec, spec.inputs, spec.output), ctx.fold)
     op = entry.build(inner, [tuple(shapes[0][1:])], ctx)
     if op is None:
         return None
     return TimeDistributed(op, shapes[0][0], shapes[0][1:], spec.out_shape[1:])
 
 
-def _onnx(g, spec, weights) -> None:
+def _onnx(table: Mapping[str, Entry], g, spec, weights) -> None:
     """The wrapped layer's own nodes between two reshapes: (b, steps, ...) → (b * steps, ...)
     and back; its tensors get ids of their own (negative: no Keras tensor has one)."""
     import numpy as np
 
-    entry, _, _ = _inner(spec.args)
+    entry, _, _ = _inner(table, spec.args)
     n, shape = spec.name, spec.in_shapes[0]
     flat = g.op(
         "Reshape",
@@ -125,7 +121,7 @@ def _onnx(g, spec, weights) -> None:
     )
     t_in, t_out = -2 * spec.output - 1, -2 * spec.output - 2
     g.tensors[t_in] = (flat, False, len(shape))
-    inner = _inner_spec(spec, (t_in,), t_out)
+    inner = _inner_spec(table, spec, (t_in,), t_out)
     g.spec = inner
     entry.onnx(g, inner, weights)
     g.spec = spec
@@ -135,17 +131,25 @@ def _onnx(g, spec, weights) -> None:
     g.out(g.op("Reshape", [y, back], n))
 
 
-ENTRIES = {
-    "TimeDistributed": Entry(
-        _parse,
-        _build,
-        _onnx,
-        infer=_infer,
-        weights=_weights,
-        weight_args=_weight_args,
-        activation=lambda args: _inner(args)[0].activation(_inner(args)[2]),
-        doc="`layer`: any one-input layer of this table but "
-        + ", ".join(f"`{c}`" for c in _NOT_PER_EXAMPLE)
-        + " (Keras calls it per step: their results depend on the call's batch)",
-    ),
-}
+def _activation(table: Mapping[str, Entry], args: dict) -> str | None:
+    entry, _, config = _inner(table, args)
+    return entry.activation(config)
+
+
+def entries(table: Mapping[str, Entry]) -> dict[str, Entry]:
+    """The wrapper's entries, reading the wrapped layer's entry from ``table`` (the whole
+    registry: ``keras.registry`` passes its own table, so this module need not import it)."""
+    return {
+        "TimeDistributed": Entry(
+            partial(_parse, table),
+            partial(_build, table),
+            partial(_onnx, table),
+            infer=partial(_infer, table),
+            weights=partial(_weights, table),
+            weight_args=partial(_weight_args, table),
+            activation=partial(_activation, table),
+            doc="`layer`: any one-input layer of this table but "
+            + ", ".join(f"`{c}`" for c in _NOT_PER_EXAMPLE)
+            + " (Keras calls it per step: their results depend on the call's batch)",
+        ),
+    }

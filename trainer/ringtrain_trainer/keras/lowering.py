@@ -16,10 +16,15 @@ from dataclasses import dataclass
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.graph import Graph, Node
+from ringtrain_trainer.engine.ops import activity, regularizers
+from ringtrain_trainer.engine.ops.dropout import SharedDropout
+from ringtrain_trainer.engine.ops.frozen import Frozen
+from ringtrain_trainer.engine.ops.fused import ConvPool
 from ringtrain_trainer.keras import outputs, shared
 from ringtrain_trainer.keras.config import ModelConfig
 from ringtrain_trainer.keras.entry import Build, without_folded
 from ringtrain_trainer.keras.layer_spec import LayerSpec
+from ringtrain_trainer.keras.layers_recurrent import in_op_dropout
 from ringtrain_trainer.keras.mask_nodes import MaskWiring
 from ringtrain_trainer.keras.registry import REGISTRY
 
@@ -69,8 +74,6 @@ def _input_dropout(s: LayerSpec, i: int, ops: list, nodes: list[Node], src: int)
     sequence over the input features, the same at every step (``LSTM.call`` draws it from
     the first step), scaled by ``1 / (1 - rate)``: a shared-mask Dropout node before the RNN,
     the identity outside training."""
-    from ringtrain_trainer.engine.ops.dropout import SharedDropout
-
     shape = tuple(s.in_shapes[0])
     op = SharedDropout(shape, s.args["dropout"], RNN_DROPOUT_KEY + i, (1, shape[-1]))
     op.name = f"{s.name}/input_dropout"
@@ -96,8 +99,6 @@ def _moves_no_bytes(
 def lower(config: ModelConfig) -> Lowered:
     """The engine ops and graph of ``config``'s layers (refusing, by layer, what cannot
     run), the ops that hold each layer's weights, and the loss as the outputs' shapes make it."""
-    from ringtrain_trainer.engine.ops.fused import ConvPool
-
     specs = config.layers
     #: every shared layer's name → its calls' spec indices (``keras.shared``)
     calls: dict[str, list[int]] = {}
@@ -147,22 +148,19 @@ def lower(config: ModelConfig) -> Lowered:
             where[s.output] = where[s.inputs[0]]
             continue
         if s.frozen:
-            from ringtrain_trainer.engine.ops.frozen import Frozen
-
             op = Frozen(op, inference=s.cls == "BatchNormalization")
         if reg is not None:
-            from ringtrain_trainer.engine.ops import activity, regularizers
-
             r = regularizers.parse(reg, "activity_regularizer")
             assert r is not None
             op = activity.WithActivity(op, r.l1, r.l2)
         op.name = "+".join(x.name for x in group)
         srcs = [where[t] for t in s.inputs]
-        if s.args.get("dropout") and s.cls in ("LSTM", "GRU", "SimpleRNN"):
-            from ringtrain_trainer.keras.layers_recurrent import in_op_dropout
-
-            if not in_op_dropout(s.cls, s.args):
-                srcs[0] = _input_dropout(s, i, ops, nodes, srcs[0])
+        if (
+            s.args.get("dropout")
+            and s.cls in ("LSTM", "GRU", "SimpleRNN")
+            and not in_op_dropout(s.cls, s.args)
+        ):
+            srcs[0] = _input_dropout(s, i, ops, nodes, srcs[0])
         n = len(ops)
         nodes.append(Node(n, (*srcs, *extra), n + 1))
         ops.append(op)

@@ -8,6 +8,7 @@ no backward runs through them) that the model's layer loop only asks for by key.
 from __future__ import annotations
 
 from ringtrain_trainer.engine.graph import Node
+from ringtrain_trainer.engine.ops.mask import AttentionMask, ComputeMask
 from ringtrain_trainer.keras import masks
 from ringtrain_trainer.keras.config import ModelConfig
 from ringtrain_trainer.keras.layer_spec import LayerSpec
@@ -36,8 +37,6 @@ class MaskWiring:
         return n + 1
 
     def tensor(self, key: masks.Key) -> int:
-        from ringtrain_trainer.engine.ops.mask import ComputeMask
-
         if key not in self.made:
             if key[0] == "or":
                 srcs = tuple(self.tensor(k) for k in key[1])
@@ -51,8 +50,6 @@ class MaskWiring:
 
     def inputs(self, s: LayerSpec) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """(the mask roles of ``Build.mask``, the mask tensors) layer ``s``'s node reads."""
-        from ringtrain_trainer.engine.ops.mask import AttentionMask
-
         if s.cls == "Masking":
             return ("input",), (self.tensor(("value", s.inputs[0], s.args["mask_value"])),)
         if s.cls not in masks.CONSUME:

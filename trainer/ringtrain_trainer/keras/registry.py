@@ -33,6 +33,7 @@ How to add a layer (one entry + its op):
 
 from __future__ import annotations
 
+from ringtrain_trainer.engine.ops import initializers
 from ringtrain_trainer.keras import (
     layers_activation,
     layers_activity,
@@ -60,30 +61,35 @@ from ringtrain_trainer.keras import (
 from ringtrain_trainer.keras.entry import Entry
 
 #: every layer ringtrain trains and exports, by Keras class name (order: the README's)
-REGISTRY: dict[str, Entry] = {
-    **layers_conv.ENTRIES,
-    **layers_window.ENTRIES,
-    **layers_convtranspose.ENTRIES,
-    **layers_shape.ENTRIES,
-    **layers_core.ENTRIES,
-    **layers_preprocessing.ENTRIES,
-    **layers_resize.ENTRIES,
-    **layers_scale.ENTRIES,
-    **layers_activation.ENTRIES,
-    **layers_merge.ENTRIES,
-    **layers_noise.ENTRIES,
-    **layers_activity.ENTRIES,
-    **layers_augment.ENTRIES,
-    **layers_augment_pixel.ENTRIES,
-    **layers_sequence.ENTRIES,
-    **layers_recurrent.ENTRIES,
-    **layers_attention.ENTRIES,
-    **layers_wrap.ENTRIES,
-    **layers_identity.ENTRIES,
-    **layers_norm.ENTRIES,
-    **layers_dot.ENTRIES,
-    **layers_encoding.ENTRIES,
-}
+REGISTRY: dict[str, Entry] = {}
+#: the wrapper reads the entry of the layer it wraps from the whole table, filled just below
+_WRAP = layers_wrap.entries(REGISTRY)
+REGISTRY.update(
+    {
+        **layers_conv.ENTRIES,
+        **layers_window.ENTRIES,
+        **layers_convtranspose.ENTRIES,
+        **layers_shape.ENTRIES,
+        **layers_core.ENTRIES,
+        **layers_preprocessing.ENTRIES,
+        **layers_resize.ENTRIES,
+        **layers_scale.ENTRIES,
+        **layers_activation.ENTRIES,
+        **layers_merge.ENTRIES,
+        **layers_noise.ENTRIES,
+        **layers_activity.ENTRIES,
+        **layers_augment.ENTRIES,
+        **layers_augment_pixel.ENTRIES,
+        **layers_sequence.ENTRIES,
+        **layers_recurrent.ENTRIES,
+        **layers_attention.ENTRIES,
+        **_WRAP,
+        **layers_identity.ENTRIES,
+        **layers_norm.ENTRIES,
+        **layers_dot.ENTRIES,
+        **layers_encoding.ENTRIES,
+    }
+)
 #: what refusals list as supported (InputLayer is read by ``config`` itself)
 SUPPORTED = ("InputLayer", *REGISTRY)
 
@@ -123,8 +129,6 @@ def markdown() -> str:
         "file): fresh frozen weights would stay random; not with `--precision fp16` |",
     ]
     rows += [f"| `{cls}` | {e.doc} |" for cls, e in REGISTRY.items()]
-    from ringtrain_trainer.engine.ops import initializers
-
     rows += [
         "",
         "Every layer with weights (also the LSTM/GRU inside `Bidirectional`) takes, per weight, "

@@ -18,6 +18,7 @@ import copy
 from typing import Any
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.ops.shared import Shared, Tied
 
 SEP = "@"
 
@@ -109,8 +110,6 @@ def history(name: str, shares: str | None) -> list:
 def tie(ops: list, graph, groups: list[list], specs, calls) -> dict[int, int]:
     """Wrap each shared layer's ops (``engine.ops.shared``): the call first in forward owns
     the weights, the others are tied to it; returns tied op → owning op."""
-    from ringtrain_trainer.engine.ops.shared import Shared, Tied
-
     pos = {n: k for k, n in enumerate(graph.order)}
     ties: dict[int, int] = {}
     for name, group in zip(calls, groups, strict=True):

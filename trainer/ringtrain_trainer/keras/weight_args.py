@@ -12,8 +12,10 @@ from dataclasses import replace
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.model import Slot
+from ringtrain_trainer.engine.ops import initializers, regularizers
 from ringtrain_trainer.keras.layer_spec import LayerSpec
 from ringtrain_trainer.keras.registry import REGISTRY
+from ringtrain_trainer.optim import constraints
 
 
 def _weight_arg(weight: str) -> str:
@@ -32,9 +34,6 @@ def with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list[
     """The slots with each parameter's non-default initializer, regularizer and constraint
     (the layer's ``*_initializer``/``*_regularizer``/``*_constraint`` arguments, kept by
     ``Args``); one that names no trainable weight of its layer is refused, not ignored."""
-    from ringtrain_trainer.engine.ops import initializers, regularizers
-    from ringtrain_trainer.optim import constraints
-
     extra: dict[tuple[int, str], dict] = {}
     readers = {"init": initializers.parse, "reg": regularizers.parse}
     readers["constraint"] = constraints.parse
