@@ -1,8 +1,7 @@
 """The ONNX side of the activation table and of 1-D layouts, for the registry's emitters.
 
 Why here: ``engine.ops.activations`` is the numbers (numpy), this is the same table as ONNX
-nodes (opset 17, so ``Gelu`` and ``Mish`` are written out from ``Erf`` / ``Softplus``); the
-names are a plain tuple so that parsing a config stays numpy-free.
+nodes (opset 17, so ``Gelu`` and ``Mish`` are written out from ``Erf`` / ``Softplus``).
 """
 
 from __future__ import annotations

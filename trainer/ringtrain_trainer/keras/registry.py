@@ -1,6 +1,6 @@
 """Keras class name → :class:`~.entry.Entry`: the one table of the layers ringtrain runs.
 
-Everything about a layer is its entry, so the trainer (``keras_model``), the spec check
+Everything about a layer is its entry, so the trainer (``keras.load``), the spec check
 (``config``), the memory budget, the ``.keras`` writer and the ONNX writer can never disagree.
 
 How to add a layer (one entry + its op):
@@ -25,10 +25,9 @@ How to add a layer (one entry + its op):
        )
 
    ``weights`` is ``get_weights()``'s order and names the op's ``params`` (trainable) or
-   ``state_specs`` (``Weight(..., trainable=False)``). ``build``/``onnx`` import numpy and the
-   engine inside the function: parsing must stay numpy-free for the operator.
+   ``state_specs`` (``Weight(..., trainable=False)``).
 3. A model using it in tests/trainer/test_keras_reference.py (against real Keras) and in
-   test_export_keras_onnx.py; ``hack/gen-docs`` lists it in the README.
+   test_export_keras_onnx.py; the layer table (docs/layers.md) is generated from this registry.
 """
 
 from __future__ import annotations
@@ -59,6 +58,7 @@ from ringtrain_trainer.keras import (
     layers_wrap,
 )
 from ringtrain_trainer.keras.entry import Entry
+from ringtrain_trainer.optim import constraints
 
 #: every layer ringtrain trains and exports, by Keras class name (order: the README's)
 REGISTRY: dict[str, Entry] = {}
@@ -141,7 +141,10 @@ def markdown() -> str:
         "export writes it back). Any layer takes `activity_regularizer` (`L1`, `L2`, `L1L2`: "
         "`(l1·Σ|x| + l2·Σx²) / batch` of its output joins the training loss, as Keras 3 adds "
         "it; refused inside a wrapper and on an output whose activation the loss computes). "
-        "Refused, by name: weight constraints, non-default `moving_*_initializer`.",
+        "Weight constraints (`kernel_constraint=` & co.: "
+        + ", ".join(constraints.SUPPORTED)
+        + ") project the weight after each optimizer step, as Keras does; the export writes "
+        "them back. Refused, by name: non-default `moving_*_initializer`.",
     ]
     return "\n".join(rows)
 
