@@ -1,7 +1,7 @@
 """The process supervisor: carries out the operator's decisions with processes instead of Pods.
 
 Pipeline position: after planning, `ringtrain run` hands the replicas to a :class:`Runner`.
-It decides with the operator's own fold (:func:`status.derive_status`): the processes are
+It decides with the operator's own fold (:func:`lifecycle.derive_status`): the processes are
 presented as observed Pods, and the runner starts and stops them as the returned decision
 creates and deletes Pods. So restartPolicy, restarts in place, backoffLimit,
 activeDeadlineSeconds and successPolicy mean here exactly what they mean on a cluster.
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ringtrain import events
+from ringtrain_operator import lifecycle, status
 from ringtrain_operator import spec as jobspec
-from ringtrain_operator import status
 
 from .console import Output
 from .jobstate import JobState, WorkerState
@@ -63,7 +63,7 @@ class Runner:
     """Carries out the operator's decisions with processes instead of Pods.
 
     Each turn observes the current processes as Pods (:func:`observed_pod`), folds them with the
-    job's previous status through :func:`status.derive_status` — the operator's own lifecycle:
+    job's previous status through :func:`lifecycle.derive_status` — the operator's own lifecycle:
     restart policies, restarts in place, backoffLimit, activeDeadlineSeconds, successPolicy — and
     does what the decision says: start the replicas it creates, stop the ones it deletes; then,
     as the kubelet, starts again in place what exited under OnFailure/Always. So a
@@ -306,7 +306,7 @@ class Runner:
             for r in self.replicas
             if r.label in self.procs
         ]
-        decision = status.derive_status(self.job, pods, self.clock(), self.status)
+        decision = lifecycle.derive_status(self.job, pods, self.clock(), self.status)
         self.status = decision.status
         for e in decision.events:
             self.output.event(

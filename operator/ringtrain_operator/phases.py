@@ -1,7 +1,7 @@
-"""The phases of the lifecycle fold, in the order ``status.derive_status`` runs them.
+"""The phases of the lifecycle fold, in the order ``lifecycle.derive_status`` runs them.
 
-Each phase reads the observation (``status._Seen``) and edits the working status
-(``status._Fold``); the first that settles the job ends the derivation. How a single member's
+Each phase reads the observation (``status.Seen``) and edits the working status
+(``status.Fold``); the first that settles the job ends the derivation. How a single member's
 failure is judged lives in :mod:`.restarts`; the vocabulary (states, reasons, the Decision) in
 :mod:`.status`.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from ringtrain import errors
 
@@ -36,15 +35,14 @@ from .status import (
     RUNNING,
     SUSPENDED,
     TERMINAL,
+    Fold,
+    Seen,
     format_time,
     parse_time,
 )
 
-if TYPE_CHECKING:
-    from .status import _Fold, _Seen
 
-
-def _finished(f: _Fold, job: Job, seen: _Seen) -> bool:
+def _finished(f: Fold, job: Job, seen: Seen) -> bool:
     """A terminal job stays terminal and keeps applying cleanPodPolicy and its TTL; its restarts
     are those it had when it ended (a pod left by cleanPodPolicy None may restart on)."""
     if f.state not in TERMINAL:
@@ -54,7 +52,7 @@ def _finished(f: _Fold, job: Job, seen: _Seen) -> bool:
     return True
 
 
-def _kind_changed(f: _Fold, job: Job, seen: _Seen) -> bool:
+def _kind_changed(f: Fold, job: Job, seen: Seen) -> bool:
     """A job with a launcher pod but no spec.mpi was an MPI job: re-applying a CRD without
     spec.mpi makes the API server prune it (and the Launcher) from the stored job, which would
     then pass for a ring job of sshd workers that never train. A ring job never has a launcher
@@ -76,7 +74,7 @@ def _kind_changed(f: _Fold, job: Job, seen: _Seen) -> bool:
     return True
 
 
-def _suspended(f: _Fold, job: Job, seen: _Seen) -> bool:
+def _suspended(f: Fold, job: Job, seen: Seen) -> bool:
     """suspend deletes the pods; on resume the job starts again as Created."""
     if job.run_policy.suspend:
         _suspend(f, seen.live)
@@ -89,13 +87,13 @@ def _suspended(f: _Fold, job: Job, seen: _Seen) -> bool:
     return False
 
 
-def _old_pods(f: _Fold, job: Job, seen: _Seen) -> bool:
+def _old_pods(f: Fold, job: Job, seen: Seen) -> bool:
     """Pods of replicas scaled down go. (No gang is ever deleted to restart: see the module.)"""
     f.delete += [p.name for p in seen.live if p.name not in seen.desired]
     return False
 
 
-def _deadline(f: _Fold, job: Job, seen: _Seen) -> bool:
+def _deadline(f: Fold, job: Job, seen: Seen) -> bool:
     """activeDeadlineSeconds after startTime: Failed; until then, a wake-up when it is due."""
     deadline = job.run_policy.active_deadline_s
     if deadline is None or "startTime" not in f.status:
@@ -113,7 +111,7 @@ def _deadline(f: _Fold, job: Job, seen: _Seen) -> bool:
     return True
 
 
-def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
+def _failures(f: Fold, job: Job, seen: Seen) -> bool:
     """The first failed member in TF_CONFIG order decides: a permanent failure, or a lost pod
     replaced within backoffLimit. Then restarts in place: each counts, the first beyond
     backoffLimit fails the job, and a new one shows as Restarting."""
@@ -170,14 +168,14 @@ def _failures(f: _Fold, job: Job, seen: _Seen) -> bool:
     return False
 
 
-def _success(f: _Fold, job: Job, seen: _Seen) -> bool:
+def _success(f: Fold, job: Job, seen: Seen) -> bool:
     if not _succeeded(job, {p.name: p for p in seen.live}):
         return False
     f.finish(True, REASON_SUCCEEDED, "TrainingJob completed successfully", seen.live)
     return True
 
 
-def _running(f: _Fold, job: Job, seen: _Seen) -> bool:
+def _running(f: Fold, job: Job, seen: Seen) -> bool:
     """Create the missing members' pods (a replaced one once the old is gone): Created, or
     Restarting, until every member's pod is up and no container waits for its restart."""
     present = {p.name for p in seen.pods}
@@ -227,14 +225,14 @@ def _why(p: ObservedPod) -> str:
     return f": {error}" if error else ""
 
 
-def _announce(f: _Fold, message: str) -> None:
+def _announce(f: Fold, message: str) -> None:
     f.status["state"] = RESTARTING
     f.condition(RESTARTING, True, REASON_RESTARTING, message)
     f.clear(RUNNING, reason=REASON_RESTARTING, message=message)
     f.emit(True, REASON_RESTARTING, message)
 
 
-def _replace(f: _Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) -> None:
+def _replace(f: Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) -> None:
     """A lost pod is deleted, then recreated once gone (see _running); the others stay."""
     limit = job.run_policy.backoff_limit
     if f.status["restarts"] >= limit:
@@ -259,7 +257,7 @@ def _replace(f: _Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) 
     f.delete.append(culprit.name)
 
 
-def _in_place(f: _Fold, job: Job, culprits: list[ObservedPod]) -> None:
+def _in_place(f: Fold, job: Job, culprits: list[ObservedPod]) -> None:
     """New container restarts: the kubelet restarts them in place, the ring re-forms (an MPI
     job's launcher runs mpirun again, its ranks resume from the last checkpoint)."""
     who = (
@@ -279,7 +277,7 @@ def _in_place(f: _Fold, job: Job, culprits: list[ObservedPod]) -> None:
     )
 
 
-def _suspend(f: _Fold, live: list[ObservedPod]) -> None:
+def _suspend(f: Fold, live: list[ObservedPod]) -> None:
     if f.state != SUSPENDED:
         f.status["state"] = SUSPENDED
         f.condition(SUSPENDED, True, REASON_SUSPENDED, "spec.runPolicy.suspend is true")

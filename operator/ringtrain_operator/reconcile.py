@@ -22,7 +22,7 @@ from typing import Any
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests, mpi, networkpolicy, spec, status
+from . import lifecycle, manifests, mpi, networkpolicy, spec, status
 from .job import Job
 from .kube import Kube
 from .metrics import OperatorMetrics
@@ -126,12 +126,12 @@ def reconcile(
     except InvalidSpec as e:
         job = None
         generation = int(obj.get("metadata", {}).get("generation") or 1)
-        decision = status.derive_invalid(
+        decision = lifecycle.derive_invalid(
             observe_pods(None, pod_objs, fetch), now, previous, str(e), generation
         )
     else:
         job = loaded
-        decision = status.derive_status(job, observe_pods(job, pod_objs, fetch), now, previous)
+        decision = lifecycle.derive_status(job, observe_pods(job, pod_objs, fetch), now, previous)
 
     if patch := status_patch(previous, decision.status):
         kube.patch_status(namespace, name, patch)

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from fake_kube import FakeKube
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_operator import manifests, mpi, networkpolicy, reconcile, render, status
+from ringtrain_operator import lifecycle, manifests, mpi, networkpolicy, reconcile, render, status
 from ringtrain_operator import spec as jobspec
 from ringtrain_operator.observe import ObservedPod
 
@@ -272,34 +272,34 @@ def workers_up(ready: bool = True) -> list[ObservedPod]:
 
 def test_the_launcher_waits_for_every_workers_sshd_and_status_names_the_wait():
     job = load(mpi_job())
-    d = status.derive_status(job, [], T0, {})
+    d = lifecycle.derive_status(job, [], T0, {})
     assert d.create == ("hvd-worker-0", "hvd-worker-1")
     pods = workers_up(ready=False)[:1] + workers_up()[1:]
-    d = status.derive_status(job, pods, T0, d.status)
+    d = lifecycle.derive_status(job, pods, T0, d.status)
     assert d.create == ()
     (created,) = [c for c in d.status["conditions"] if c["type"] == status.CREATED]
     assert created["reason"] == mpi.REASON_WAITING and "hvd-worker-0" in created["message"]
     assert "hvd-worker-1" not in created["message"]
-    d = status.derive_status(job, workers_up(), T0, d.status)
+    d = lifecycle.derive_status(job, workers_up(), T0, d.status)
     assert d.create == ("hvd-launcher",)
 
 
 def test_at_startup_creates_the_launcher_with_the_workers():
     job = load(mpi_job(mpi_spec={"launcherCreationPolicy": "AtStartup"}))
-    d = status.derive_status(job, [], T0, {})
+    d = lifecycle.derive_status(job, [], T0, {})
     assert d.create == ("hvd-worker-0", "hvd-worker-1", "hvd-launcher")
 
 
 def test_the_jobs_outcome_is_the_launchers_and_the_running_workers_are_cleaned_up():
     job = load(mpi_job())
     launcher = observed("hvd-launcher", "launcher", 0, phase="Running", ready=True)
-    d = status.derive_status(job, [*workers_up(), launcher], T0, {})
+    d = lifecycle.derive_status(job, [*workers_up(), launcher], T0, {})
     assert d.status["state"] == status.RUNNING
     final = json.dumps({"event": "final", "steps": 4, "loss": 0.25, "terminated": False})
     done = observed(
         "hvd-launcher", "launcher", 0, phase="Succeeded", exit_code=0, termination_message=final
     )
-    d = status.derive_status(job, [*workers_up(), done], T0, d.status)
+    d = lifecycle.derive_status(job, [*workers_up(), done], T0, d.status)
     assert d.status["state"] == status.SUCCEEDED
     assert d.status["progress"]["step"] == 4  # rank 0's result, kept by the launcher
     assert set(d.delete) == {"hvd-worker-0", "hvd-worker-1"}  # cleanPodPolicy Running
@@ -309,10 +309,10 @@ def test_a_failed_mpirun_restarts_the_launcher_in_place_then_backoff_fails_the_j
     obj = mpi_job(runPolicy={"backoffLimit": 1})
     job = load(obj)
     up = observed("hvd-launcher", "launcher", 0, phase="Running", ready=True)
-    d = status.derive_status(job, [*workers_up(), up], T0, {})
+    d = lifecycle.derive_status(job, [*workers_up(), up], T0, {})
     # mpirun exits 1 when a worker's ranks are lost: OnFailure restarts it in place
     failed = observed("hvd-launcher", "launcher", 0, phase="Running", exit_code=1, restarting=True)
-    d = status.derive_status(job, [*workers_up(), failed], T0, d.status)
+    d = lifecycle.derive_status(job, [*workers_up(), failed], T0, d.status)
     assert d.status["state"] == status.RESTARTING and d.status["restarts"] == 1
     (restarting,) = [c for c in d.status["conditions"] if c["type"] == status.RESTARTING]
     assert restarting["message"] == (
@@ -322,7 +322,7 @@ def test_a_failed_mpirun_restarts_the_launcher_in_place_then_backoff_fails_the_j
     again = observed(
         "hvd-launcher", "launcher", 0, phase="Running", exit_code=1, restarting=True, restarts=1
     )
-    d = status.derive_status(job, [*workers_up(), again], T0, d.status)
+    d = lifecycle.derive_status(job, [*workers_up(), again], T0, d.status)
     assert d.status["state"] == status.FAILED
     assert "BackoffLimitExceeded" in [c["reason"] for c in d.status["conditions"]]
 
@@ -332,11 +332,11 @@ def test_a_running_mpi_job_whose_spec_mpi_was_pruned_fails_naming_it():
     left reads as a ring job of the same workers, which would run sshd for ever. Its launcher
     pod gives it away: the job fails, naming spec.mpi, and its running pods are cleaned up."""
     launcher = observed("hvd-launcher", "launcher", 0, phase="Running", ready=True)
-    d = status.derive_status(load(mpi_job()), [*workers_up(), launcher], T0, {})
+    d = lifecycle.derive_status(load(mpi_job()), [*workers_up(), launcher], T0, {})
     assert d.status["state"] == status.RUNNING
     pruned = mpi_job()
     del pruned["spec"]["mpi"]
-    d = status.derive_status(load(pruned), [*workers_up(), launcher], T0, d.status)
+    d = lifecycle.derive_status(load(pruned), [*workers_up(), launcher], T0, d.status)
     assert d.status["state"] == status.FAILED
     (failed,) = [c for c in d.status["conditions"] if c["type"] == status.FAILED]
     assert failed["reason"] == status.REASON_INVALID
@@ -344,7 +344,7 @@ def test_a_running_mpi_job_whose_spec_mpi_was_pruned_fails_naming_it():
     assert [(e.type, e.reason) for e in d.events] == [("Warning", status.REASON_INVALID)]
     assert set(d.delete) == {"hvd-worker-0", "hvd-worker-1", "hvd-launcher"}
     # a ring job of the same name and workers, without a launcher, runs on
-    ring = status.derive_status(load(pruned), workers_up(), T0, {})
+    ring = lifecycle.derive_status(load(pruned), workers_up(), T0, {})
     assert ring.status["state"] != status.FAILED
 
 

@@ -6,7 +6,7 @@ import json
 
 from operator_jobs import job
 
-from ringtrain_operator import manifests, observe, status
+from ringtrain_operator import lifecycle, manifests, observe, status
 from ringtrain_operator.observe import ObservedPod
 
 
@@ -78,7 +78,7 @@ def test_status_reads_observed_pods_it_does_not_parse_them():
 
 def test_the_decision_carries_the_members_to_create():
     j = job(workers=2, chief=1)
-    d = status.derive_status(j, [], status.parse_time("2024-05-01T12:00:00Z"), None)
+    d = lifecycle.derive_status(j, [], status.parse_time("2024-05-01T12:00:00Z"), None)
     assert [(m.name, m.replica.role, m.index) for m in d.to_create] == [
         ("mnist-chief-0", "chief", 0),
         ("mnist-worker-0", "worker", 0),

@@ -8,8 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from operator_jobs import job
 
+from ringtrain_operator import lifecycle
 from ringtrain_operator import status as st
-from ringtrain_operator.status import ObservedPod, derive_status
+from ringtrain_operator.lifecycle import derive_status
+from ringtrain_operator.observe import ObservedPod
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -549,14 +551,14 @@ def test_progress_ignores_non_json_and_non_finite_values():
 
 
 def test_invalid_spec_fails_once_with_reason_and_removes_pods():
-    d1 = st.derive_invalid([pod("mnist-worker-0")], T0, None, "spec.x: bad", generation=2)
+    d1 = lifecycle.derive_invalid([pod("mnist-worker-0")], T0, None, "spec.x: bad", generation=2)
     assert d1.status["state"] == st.FAILED and d1.status["observedGeneration"] == 2
     assert cond(d1.status, st.FAILED)["reason"] == st.REASON_INVALID
     assert d1.delete == ("mnist-worker-0",)
     assert [(e.type, e.reason, e.message) for e in d1.events] == [
         ("Warning", st.REASON_INVALID, "spec.x: bad")
     ]
-    d2 = st.derive_invalid([], T0, d1.status, "spec.x: bad", generation=2)
+    d2 = lifecycle.derive_invalid([], T0, d1.status, "spec.x: bad", generation=2)
     assert d2.events == () and d2.status == d1.status
 
 
