@@ -26,6 +26,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 T = TypeVar("T", bound="_Record")
+#: values by the name Keras reports them under (``{"auc": 0.91}``, ``{"cls_loss": 0.41}``)
+Values = dict[str, float]
+#: a nested JSON object passed through as the trainer built it (memory report, optimizer, …)
+Document = dict[str, Any]
 
 
 class _Record:
@@ -69,7 +73,7 @@ class Progress(_Record):
     total_steps: int | None = None
     #: a model with several outputs: each output's value by Keras' history name
     #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
-    outputs: dict | None = None
+    outputs: Values | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +87,10 @@ class Eval(_Record):
     #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
     test_mae: float | None = None
     #: the compiled metrics beyond accuracy/MAE, by Keras' names (``Status.test_metrics``)
-    test_metrics: dict | None = None
+    test_metrics: Values | None = None
     #: a model with several outputs: each output's value by Keras' history name
     #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
-    outputs: dict | None = None
+    outputs: Values | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,10 +105,10 @@ class Evaluation(_Record):
     test_accuracy: float | None = None
     checkpoint: str | None = None
     test_mae: float | None = None
-    test_metrics: dict | None = None
+    test_metrics: Values | None = None
     #: a model with several outputs: each output's value by Keras' history name
     #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
-    outputs: dict | None = None
+    outputs: Values | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,9 +150,9 @@ class Final(_Record):
     test_mae: float | None = None
     #: a model with several outputs: each output's value by Keras' history name
     #: (``<output>_loss``; after an evaluation also ``<output>_accuracy`` / ``<output>_mae``)
-    outputs: dict | None = None
+    outputs: Values | None = None
     #: a model with several outputs: the last evaluation's values per output (Keras' names)
-    test_outputs: dict | None = None
+    test_outputs: Values | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,30 +186,30 @@ class Status(_Record):
     waiting_for: list[str] | None = None
     #: a collective waiting past the stall threshold: its seq, step, tag, waited_s and the
     #: ranks that have not delivered (``missing``: rank, name, where it is); None otherwise
-    stalled: dict | None = None
+    stalled: Document | None = None
     #: the training program's memory report, per IPU: ``capacity``, ``total``, ``kinds``
     #: (bytes by kind), ``layers`` (one row per layer, then ``(input)`` and ``(loss)``) and
     #: ``host`` (``optimizer_state`` held on the host); None until the program is compiled
-    ipu_memory: dict | None = None
+    ipu_memory: Document | None = None
     #: the optimizer that runs (Keras serialization, its source: the model's compile settings
     #: or the flags that replaced them); None until the trainer is built
-    optimizer: dict | None = None
+    optimizer: Document | None = None
     #: the loss that runs (``engine.loss_spec.LossSpec.record``: Keras serialization, summary);
     #: None until the trainer is built
-    loss_fn: dict | None = None
+    loss_fn: Document | None = None
     #: a regression loss's metric (mean absolute error) in place of ``test_accuracy``
     test_mae: float | None = None
     #: precision, stochastic rounding and the loss scale now (``numerics.Numerics.record``)
-    numerics: dict | None = None
+    numerics: Document | None = None
     #: gradient accumulation steps (micro-batches per optimizer step)
     accumulation: int | None = None
     #: the model's compiled metrics beyond accuracy/MAE (``engine.keras_metrics``), by the
     #: name Keras reports them under (``{"auc": 0.91}``); None without any
-    test_metrics: dict | None = None
+    test_metrics: Values | None = None
     #: a model with several outputs: the last step's loss per output (``<output>_loss``)
-    outputs: dict | None = None
+    outputs: Values | None = None
     #: a model with several outputs: the last evaluation's values per output (Keras' names)
-    test_outputs: dict | None = None
+    test_outputs: Values | None = None
 
 
 Event = Progress | Eval | Evaluation | Final
@@ -316,12 +320,12 @@ def _metric(e: Eval | Evaluation | Final) -> str:
     return f"test accuracy {_number(e.test_accuracy, '.4f')}"
 
 
-def _compiled(metrics: dict | None) -> str:
+def _compiled(metrics: Values | None) -> str:
     """The compiled metrics after the accuracy: ``  auc 0.9132  precision 0.8750``."""
     return "".join(f"  {k} {v:.4f}" for k, v in (metrics or {}).items())
 
 
-def _outputs(values: dict | None) -> list[str]:
+def _outputs(values: Values | None) -> list[str]:
     """``cls_loss 0.4123``, one per output value of a model with several outputs."""
     return [f"{k} {_number(v, '.4f')}" for k, v in (values or {}).items()]
 

@@ -26,7 +26,7 @@ from ringtrain.options import CRD, CRD_OBJECTS, GROUPS, WORKER, Option
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The worker's flags, grouped as in the table."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    exclusive: dict[frozenset, argparse._MutuallyExclusiveGroup] = {}
+    exclusive: dict[frozenset[str], argparse._MutuallyExclusiveGroup] = {}
     for g in GROUPS:
         section = p.add_argument_group(g.title)
         for o in g.options:

@@ -45,7 +45,7 @@ class Option:
     description: str = ""  # the CRD's description; the help text when empty
     flag: str | None = ""  # "" derives it from the name; None: a CRD-only field (the image)
     metavar: str | None = None
-    choices: tuple = ()
+    choices: tuple[str, ...] = ()
     minimum: float | None = None
     exclusive_minimum: bool = False  # the minimum itself is refused
     maximum: float | None = None  # CRD only, see the module docstring
