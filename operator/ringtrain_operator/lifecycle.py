@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from . import observe
+from . import kinds, observe
 from .job import Job
 from .observe import ObservedPod
 from .phases import PHASES
@@ -49,10 +49,10 @@ def derive_status(
     f.restarts_before = int(f.status.get("restarts", 0))
     f.status["observedGeneration"] = job.generation
     pods = list(pods)
-    seen = Seen(pods, [p for p in pods if not p.deleting], members(job))
+    seen = Seen(pods, [p for p in pods if not p.deleting], members(job), kinds.of(job))
     f.polls = any(p.phase == "Running" for p in seen.pods)
     _count(f, job, seen.live)
-    _progress(f, job, seen.pods)
+    _progress(f, job, seen)
     for phase in PHASES:
         if phase(f, job, seen):
             break
@@ -99,10 +99,10 @@ def _count(f: Fold, job: Job, live: list[ObservedPod]) -> None:
     )
 
 
-def _progress(f: Fold, job: Job, pods: list[ObservedPod]) -> None:
+def _progress(f: Fold, job: Job, seen: Seen) -> None:
     """Merge the chief's progress; ``waitingFor`` (ring members the chief still waits for at
     start-up) is never carried over, and names them in the Running condition's message."""
-    if update := observe.chief_progress(job, pods):
+    if update := observe.progress_of(seen.kind.reporter(job, seen.pods)):
         old = {k: v for k, v in f.status.get("progress", {}).items() if k != "waitingFor"}
         f.status["progress"] = {**old, **update}
         waiting = update.get("waitingFor")
@@ -116,5 +116,5 @@ def _progress(f: Fold, job: Job, pods: list[ObservedPod]) -> None:
                 REASON_RUNNING,
                 f"waiting for {', '.join(waiting)}" if waiting else "all pods are running",
             )
-    if update := observe.evaluation(job, pods):
+    if update := observe.evaluation(job, seen.pods):
         f.status["evaluation"] = {**f.status.get("evaluation", {}), **update}

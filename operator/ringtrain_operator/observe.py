@@ -363,14 +363,10 @@ def _last_word(p: ObservedPod) -> Mapping[str, Any] | None:
     return p.live_status
 
 
-def chief_progress(job: Job, pods: Iterable[ObservedPod]) -> dict:
-    """status.progress fields from the chief. An MPI job's rank 0 runs in worker 0 (its live
-    ``/status``), its final result is the launcher's termination message (``.mpilaunch``)."""
-    pods = list(pods)
-    chief = next((p for p in pods if (p.role, p.index) == job.chief), None)
-    if job.mpi is not None:
-        chief = next((p for p in pods if p.role == "launcher" and p.termination_message), chief)
-    return {} if chief is None else read_progress(_last_word(chief))
+def progress_of(reporter: ObservedPod | None) -> dict:
+    """status.progress fields from the job's reporter (``kinds.Kind.reporter``: the chief, or an
+    MPI job's launcher once it has its final result)."""
+    return {} if reporter is None else read_progress(_last_word(reporter))
 
 
 def evaluation(job: Job, pods: Iterable[ObservedPod]) -> dict:

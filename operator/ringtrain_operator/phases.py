@@ -14,8 +14,9 @@ from datetime import timedelta
 
 from ringtrain import errors
 
-from . import mpi, restarts
+from . import restarts
 from .job import Job
+from .kinds import LAUNCHER
 from .observe import ObservedPod
 from .restarts import describe_exit as _exit
 from .status import (
@@ -57,9 +58,9 @@ def _kind_changed(f: Fold, job: Job, seen: Seen) -> bool:
     spec.mpi makes the API server prune it (and the Launcher) from the stored job, which would
     then pass for a ring job of sshd workers that never train. A ring job never has a launcher
     (a Launcher without spec.mpi is refused), so the job fails, naming the field."""
-    if job.mpi is not None:
+    if seen.kind.waiting_role == LAUNCHER:
         return False
-    launchers = [p.name for p in seen.live if p.role == mpi.LAUNCHER]
+    launchers = [p.name for p in seen.live if p.role == LAUNCHER]
     if not launchers:
         return False
     f.finish(
@@ -163,13 +164,13 @@ def _failures(f: Fold, job: Job, seen: Seen) -> bool:
         )
         return True
     if f.status["restarts"] > f.restarts_before:
-        _in_place(f, job, pending or restarts.likely_causes(ordered))
+        _in_place(f, job, seen, pending or restarts.likely_causes(ordered))
         return True
     return False
 
 
 def _success(f: Fold, job: Job, seen: Seen) -> bool:
-    if not _succeeded(job, {p.name: p for p in seen.live}):
+    if not _succeeded(job, seen, {p.name: p for p in seen.live}):
         return False
     f.finish(True, REASON_SUCCEEDED, "TrainingJob completed successfully", seen.live)
     return True
@@ -180,20 +181,21 @@ def _running(f: Fold, job: Job, seen: Seen) -> bool:
     Restarting, until every member's pod is up and no container waits for its restart."""
     present = {p.name for p in seen.pods}
     live = {p.name: p for p in seen.live}
-    wait = mpi.launcher_wait(job, live)  # an MPI job's launcher waits for its workers' sshd
+    wait = seen.kind.waits(job, live)  # an MPI job's launcher waits for its workers' sshd
     f.create += [
         m
         for name, m in seen.desired.items()
-        if name not in present and not (wait and m.replica.role == mpi.LAUNCHER)
+        if name not in present and not (wait and m.replica.role == seen.kind.waiting_role)
     ]
     f.status.setdefault("startTime", format_time(f.now))
     if f.state is None:
         f.condition(CREATED, True, REASON_CREATED, f"{len(seen.desired)} pods created")
         f.emit(False, REASON_CREATED, f"TrainingJob created: {len(seen.desired)} pods")
         f.status["state"] = CREATED
+    waiter = seen.kind.waiting_role
     if wait:
-        f.condition(CREATED, True, mpi.REASON_WAITING, wait)
-    elif job.mpi is not None and f.state == CREATED and job.pod_name(mpi.LAUNCHER, 0) in present:
+        f.condition(CREATED, True, seen.kind.waiting_reason, wait)
+    elif waiter and f.state == CREATED and job.pod_name(waiter, 0) in present:
         f.condition(CREATED, True, REASON_CREATED, f"{len(seen.desired)} pods created")
     all_up = all(
         n in live and live[n].phase in ("Running", "Succeeded") and not live[n].restarting
@@ -257,7 +259,7 @@ def _replace(f: Fold, job: Job, culprit: ObservedPod, live: list[ObservedPod]) -
     f.delete.append(culprit.name)
 
 
-def _in_place(f: Fold, job: Job, culprits: list[ObservedPod]) -> None:
+def _in_place(f: Fold, job: Job, seen: Seen, culprits: list[ObservedPod]) -> None:
     """New container restarts: the kubelet restarts them in place, the ring re-forms (an MPI
     job's launcher runs mpirun again, its ranks resume from the last checkpoint)."""
     who = (
@@ -265,11 +267,7 @@ def _in_place(f: Fold, job: Job, culprits: list[ObservedPod]) -> None:
         if culprits
         else "a container failed"
     )
-    then = (
-        "mpirun starts every rank again from the last checkpoint"
-        if job.mpi is not None
-        else "its peers rejoin the ring"
-    )
+    then = seen.kind.restart_note
     _announce(
         f,
         f"{who}: restarting in place, {then} (restart "
@@ -286,11 +284,12 @@ def _suspend(f: Fold, live: list[ObservedPod]) -> None:
     f.delete += [p.name for p in live]
 
 
-def _succeeded(job: Job, live: Mapping[str, ObservedPod]) -> bool:
+def _succeeded(job: Job, seen: Seen, live: Mapping[str, ObservedPod]) -> bool:
     """successPolicy's pods, and the built-in trainer's evaluator (it exits 0 after the last
     checkpoint; cleanPodPolicy would delete it first). A stock one may never exit (Kubeflow)."""
-    if job.mpi is not None:  # mpi-operator's rule: the job's outcome is the launcher's
-        names = [job.pod_name(mpi.LAUNCHER, 0)]
+    outcome = seen.kind.outcome(job)
+    if outcome is not None:
+        names = outcome
     elif job.run_policy.success_policy == "AllWorkers":
         names = [job.pod_name(r.role, i) for r, i in job.members() if r.role in ("chief", "worker")]
     else:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ringtrain.errors import InvalidSpec
 
-from . import lifecycle, manifests, mpi, networkpolicy, spec, status
+from . import kinds, lifecycle, networkpolicy, spec, status
 from .job import Job
 from .kube import Kube
 from .metrics import OperatorMetrics
@@ -157,13 +157,12 @@ def act(
     if decision.to_create and job is not None:
         # before the pods (a pod is never left without them), together (one round trip);
         # each created once: a 409 keeps the first token and keys
-        first = mpi.job_objects(job) if job.mpi else [manifests.service(job), manifests.secret(job)]
+        kind = kinds.of(job)
+        first = kind.job_objects(job)
         if network is not None:
-            policy = mpi.network_policy if job.mpi else networkpolicy.network_policy
-            first.append(policy(job, network))
+            first.append(kind.network_policy(job, network))
         _create_all(kube, first)
-        build = mpi.pod if job.mpi else manifests.pod
-        todo = [build(job, m.replica, m.index) for m in decision.to_create]
+        todo = [kind.pod(job, m.replica, m.index) for m in decision.to_create]
         for m, created in zip(decision.to_create, _create_all(kube, todo), strict=True):
             if created:
                 events.append(

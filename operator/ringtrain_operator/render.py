@@ -19,7 +19,7 @@ import yaml
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests, mpi, networkpolicy, spec, yamlsafe
+from . import kinds, networkpolicy, spec, yamlsafe
 
 #: Shown instead of secret values (valid base64, so the output still validates).
 REDACTED = "REDACTED"
@@ -47,15 +47,10 @@ def render(
         if namespace:
             doc = {**doc, "metadata": {**(doc.get("metadata") or {}), "namespace": namespace}}
         job = spec.load(doc)
-        objs = (
-            mpi.desired_objects(job, key_pair=(b"", b""))
-            if job.mpi
-            else manifests.desired_objects(job, token="")
-        )
-        objects += [redact(o) for o in objs]
+        kind = kinds.of(job)
+        objects += [redact(o) for o in kind.rendered(job)]
         if network is not None:
-            policy = mpi.network_policy if job.mpi else networkpolicy.network_policy
-            objects.append(policy(job, network))
+            objects.append(kind.network_policy(job, network))
     return objects
 
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from . import restarts
 from .job import Job, ReplicaSpec
+from .kinds import Kind
 from .observe import ObservedPod
 
 # States (status.state) are also the condition types.
@@ -231,3 +232,5 @@ class Seen:
     pods: list[ObservedPod]  # deleting ones included
     live: list[ObservedPod]  # not being deleted
     desired: dict[str, Member]
+    #: ring or MPI, chosen once per derivation (``kinds.of``)
+    kind: Kind

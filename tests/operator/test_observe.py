@@ -6,7 +6,7 @@ import json
 
 from operator_jobs import job
 
-from ringtrain_operator import lifecycle, manifests, observe, status
+from ringtrain_operator import kinds, lifecycle, manifests, observe, status
 from ringtrain_operator.observe import ObservedPod
 
 
@@ -58,7 +58,7 @@ def test_the_running_evaluator_is_asked_for_its_status_too():
 def test_chief_progress_prefers_the_final_termination_message():
     j = job(workers=1)
     chief = ObservedPod("mnist-worker-0", "worker", 0, live_status={"step": 5, "loss": 1.0})
-    assert observe.chief_progress(j, [chief]) == {"step": 5, "loss": 1.0}
+    assert observe.progress_of(kinds.of(j).reporter(j, [chief])) == {"step": 5, "loss": 1.0}
     final = ObservedPod(
         "mnist-worker-0",
         "worker",
@@ -66,9 +66,12 @@ def test_chief_progress_prefers_the_final_termination_message():
         phase="Succeeded",
         termination_message=json.dumps({"steps": 9, "checkpoint": "/c/9"}),
     )
-    assert observe.chief_progress(j, [final]) == {"step": 9, "checkpoint": "/c/9"}
+    assert observe.progress_of(kinds.of(j).reporter(j, [final])) == {
+        "step": 9,
+        "checkpoint": "/c/9",
+    }
     other = ObservedPod("mnist-worker-1", "worker", 1, live_status={"step": 5})
-    assert observe.chief_progress(j, [other]) == {}
+    assert observe.progress_of(kinds.of(j).reporter(j, [other])) == {}
 
 
 def test_status_reads_observed_pods_it_does_not_parse_them():
