@@ -29,6 +29,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from ringtrain.errors import InvalidSpec
 
 from . import manifests
@@ -130,9 +133,6 @@ def config_map_name(job: Job) -> str:
 
 def ssh_key_pair() -> tuple[bytes, bytes]:
     """A fresh Ed25519 key pair: (private key in OpenSSH's format, ``ssh-ed25519 ...`` line)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(
         serialization.Encoding.PEM,

@@ -11,6 +11,8 @@ import difflib
 import importlib
 import sys
 
+from ringtrain import __version__
+
 #: command words → (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("worker",): (
@@ -56,8 +58,6 @@ def main(argv: list[str] | None = None) -> int:
             module = importlib.import_module(name)
             return int(getattr(module, func or "main")(argv[n:]) or 0)
     if argv and argv[0] in ("-V", "--version"):
-        from ringtrain import __version__
-
         print(f"ringtrain {__version__}")
         return 0
     if not argv or argv[0] in ("-h", "--help"):

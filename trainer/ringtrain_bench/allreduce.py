@@ -25,10 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 
+from ringtrain import pki
+from ringtrain.cluster import ClusterSpec
 from ringtrain_bench.procs import SHM_VIA, free_ports, new_token, run_processes
 from ringtrain_trainer.collective import Collective
+from ringtrain_trainer.mpi import connect as mpi_connect
+from ringtrain_trainer.ring import connect
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
 
 MIB = 1 << 20
@@ -86,13 +91,7 @@ def _child_collective(
     if impl in ("gloo-sum", "gloo-mean"):
         return GlooCollective(rank, workers, ports[0], divide=impl == "gloo-mean")
     if impl == "mpi":
-        from ringtrain_trainer.mpi import connect as mpi_connect
-
         return mpi_connect()
-    from ringtrain import pki
-    from ringtrain.cluster import ClusterSpec
-    from ringtrain_trainer.ring import connect, malloc_tuning
-
     if malloc_tuning:  # as the worker does
         malloc_tuning.tune()
 
@@ -166,8 +165,6 @@ def run_impl(
     env = dict(os.environ, RINGTRAIN_TOKEN=new_token())
     with tempfile.TemporaryDirectory(prefix="ringtrain-bench-tls-") as tls_dir:
         if impl.endswith(TLS_SUFFIX):
-            from ringtrain import pki
-
             for name, content in pki.create("bench", "default", "bench").files().items():
                 Path(tls_dir, name).write_bytes(content)
             env["RINGTRAIN_TLS_DIR"] = tls_dir
@@ -251,8 +248,6 @@ def summarize(
 def environment(load_before: float, malloc_tuning: bool = True) -> dict:
     """What the figures depend on: cores, machine load around the run, library versions, and
     whether the ring processes tuned glibc malloc."""
-    import grpc
-
     return {
         "bench": "allreduce-env",
         "cpus": os.cpu_count(),

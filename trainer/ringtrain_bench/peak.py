@@ -15,6 +15,7 @@ import sys
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 
 def matmul_peak_gflops(n: int = 512, seconds: float = 0.3, threads: int | None = None) -> float:
@@ -22,12 +23,7 @@ def matmul_peak_gflops(n: int = 512, seconds: float = 0.3, threads: int | None =
     ``threads`` BLAS threads (None: BLAS's own count)."""
     limits = contextlib.nullcontext()
     if threads is not None:
-        try:
-            from threadpoolctl import threadpool_limits
-
-            limits = threadpool_limits(limits=threads, user_api="blas")
-        except ImportError:
-            pass
+        limits = threadpool_limits(limits=threads, user_api="blas")
     a = np.random.default_rng(0).random((n, n), dtype=np.float32)
     b, c = a.copy(), np.empty_like(a)
     with limits:

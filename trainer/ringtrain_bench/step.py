@@ -26,6 +26,8 @@ import os
 import statistics
 import sys
 
+from threadpoolctl import threadpool_info
+
 from ringtrain.errors import InvalidSpec, RingtrainError
 from ringtrain_bench import peak as peak_mod
 from ringtrain_bench import step_numerics, step_workers
@@ -86,10 +88,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def blas_info() -> list[dict]:
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return []
     keys = ("user_api", "internal_api", "num_threads", "version", "architecture")
     return [{k: i.get(k) for k in keys} for i in threadpool_info()]
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prometheus_client import Counter, Gauge
+
+from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.optim.loss_scale import LossScale
 
 #: Keras' ``LossScaleOptimizer`` defaults, for a model that names none
@@ -77,8 +80,6 @@ class NumericsMetrics:
     registered on the trainer's metrics registry: accumulation, precision, loss scale."""
 
     def __init__(self, registry, replicas: int, accumulation: int, numerics: Numerics):
-        from prometheus_client import Counter, Gauge
-
         ipus = [str(i) for i in range(replicas)]
         acc = Gauge(
             "ringtrain_ipu_gradient_accumulation_steps",
@@ -115,8 +116,6 @@ class NumericsMetrics:
 def wire_half(cfg, run: Numerics) -> bool:
     """Whether the ring reduces float16 gradients: ``--allreduce-dtype``, by default float16
     under fp16 on the ring. Open MPI has no standard float16 type: refused there."""
-    from ringtrain.errors import InvalidSpec
-
     want = cfg.allreduce_dtype or ("float16" if run.precision == "fp16" else "float32")
     if want == "float16" and cfg.collective != "ring":
         if cfg.allreduce_dtype:

@@ -28,11 +28,13 @@ from ringtrain.errors import (
     describe,
     exit_code_for,
 )
-from ringtrain_trainer import rejoin, report
+from ringtrain_trainer import evaluator, mpi, rejoin, report, ring
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.ipu.device import blas_limits
-from ringtrain_trainer.telemetry.metrics import MetricsServer, TrainerMetrics
+from ringtrain_trainer.ring import malloc_tuning
+from ringtrain_trainer.ring.tls import INSECURE_NOTE
+from ringtrain_trainer.telemetry.metrics import MetricsServer, RingMetrics, TrainerMetrics
 from ringtrain_trainer.telemetry.termlog import (
     own_termination_log,
     termination_log_flag,
@@ -45,21 +47,13 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
     """The collective for this process: local, the ring, or Open MPI. The ring reports to
     ``metrics`` from its start-up on (the peers it still waits for)."""
     if cfg.collective == "mpi":
-        from ringtrain_trainer import mpi  # lazily: mpi4py is an optional extra
-
         return mpi.connect(cfg.cluster)
     if cfg.cluster.world_size <= 1:
         return LocalCollective()
-    from ringtrain_trainer import ring  # lazily: a single worker needs no gRPC
-    from ringtrain_trainer.ring import malloc_tuning
-    from ringtrain_trainer.telemetry.metrics import RingMetrics
-
     malloc_tuning.tune()  # before the ring's threads first allocate
 
     observer = None if metrics is None else RingMetrics(metrics)
     if cfg.tls is None:
-        from ringtrain_trainer.ring.tls import INSECURE_NOTE
-
         print(f"ringtrain worker: {INSECURE_NOTE}", file=sys.stderr)
     return ring.connect(
         cfg.cluster,
@@ -104,8 +98,6 @@ def main(
         metrics = TrainerMetrics()
         host = bind_host(a for role in cfg.cluster.cluster.values() for a in role)
         if cfg.cluster.task_type == "evaluator":  # beside the ring, never in it
-            from ringtrain_trainer import evaluator
-
             if cfg.metrics_port:
                 server = MetricsServer(metrics, cfg.metrics_port, host)
             final = evaluator.run(cfg, metrics, _install_sigterm).to_dict()

@@ -12,6 +12,8 @@ import contextlib
 import os
 from dataclasses import dataclass
 
+from threadpoolctl import threadpool_limits
+
 from ringtrain import options
 
 MB = 1 << 20
@@ -70,11 +72,7 @@ def resolve_host_threads(requested: int) -> int:
 
 def blas_limits(host_threads: int) -> contextlib.AbstractContextManager:
     """Single-threaded BLAS inside the shards, so the emulated IPU uses ``host_threads`` CPUs
-    and no more (needs threadpoolctl; without it BLAS keeps its own thread count)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
+    and no more (threadpoolctl: a dependency of the project)."""
     return threadpool_limits(limits=1, user_api="blas")
 
 

@@ -9,6 +9,8 @@ are refused by name rather than run differently.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ringtrain_trainer.engine.ops.score_attention import ScoreAttention
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
 
@@ -60,8 +62,6 @@ def _build(spec, shapes, ctx):
 
 
 def _onnx(g, spec, weights) -> None:
-    import numpy as np
-
     a, n = spec.args, spec.name
     mode = _mode(a)
     names = [x.name for x in _weights(a, [tuple(s) for s in spec.in_shapes])]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ringtrain_trainer.engine.ops.conv import Conv
 from ringtrain_trainer.engine.ops.pool import GlobalPool, Pool
+from ringtrain_trainer.engine.ops.window import same_pad
 from ringtrain_trainer.keras import layers_window, onnx_acts
 from ringtrain_trainer.keras.entry import (
     ACTIVATIONS,
@@ -109,15 +110,10 @@ def _conv_build(spec, shapes, ctx):
 def _pads(spec, kernel, strides) -> list[int]:
     if spec.args["padding"] != "same":
         return [0, 0, 0, 0]
-    (t, b), (l_, r) = (
-        _same_pads(n, k, s) for n, k, s in zip(spec.in_shapes[0][:2], kernel, strides, strict=True)
+    (_, t, b), (_, l_, r) = (
+        same_pad(n, k, s) for n, k, s in zip(spec.in_shapes[0][:2], kernel, strides, strict=True)
     )
     return [t, l_, b, r]
-
-
-def _same_pads(n: int, k: int, s: int) -> tuple[int, int]:
-    total = max((-(-n // s) - 1) * s + k - n, 0)
-    return total // 2, total - total // 2
 
 
 def _conv_onnx(g, spec, weights) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ringtrain_trainer.engine.ops.batchnorm import BatchNorm
 from ringtrain_trainer.engine.ops.dense import Dense as DenseAnyRank
 from ringtrain_trainer.engine.ops.dense import Linear
@@ -140,8 +142,6 @@ def _reshape_onnx(g, spec, weights) -> None:
 
 
 def _int64(v):
-    import numpy as np
-
     return np.array(v, np.int64)
 
 
@@ -254,8 +254,6 @@ def _bn_build(spec, shapes, ctx):
 
 
 def _bn_onnx(g, spec, weights) -> None:
-    import numpy as np
-
     a, n, w = spec.args, spec.name, list(weights)
     gamma = w.pop(0) if a["scale"] else 1.0
     beta = w.pop(0) if a["center"] else 0.0

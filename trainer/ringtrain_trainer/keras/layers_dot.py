@@ -6,6 +6,8 @@ recommender's user·item score, ``normalize=True``: cosine similarity) and two m
 
 from __future__ import annotations
 
+import numpy as np
+
 from ringtrain_trainer.engine.ops.dot import KERAS_EPSILON, Dot
 from ringtrain_trainer.keras.entry import Args, Entry, Shape
 from ringtrain_trainer.keras.layers_norm import unit_nodes
@@ -52,8 +54,6 @@ def _build(spec, shapes, ctx):
 
 
 def _onnx(g, spec, weights) -> None:
-    import numpy as np
-
     n, shapes = spec.name, [tuple(s) for s in spec.in_shapes]
     x, y = (g.x(k, nchw=False) for k in range(2))
     if spec.args["normalize"]:

@@ -7,6 +7,8 @@ and reduced over the ids for multi_hot / count."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ringtrain_trainer.engine.ops.category import CategoryEncode
 from ringtrain_trainer.keras.entry import Args, Entry, Shape
 
@@ -36,8 +38,6 @@ def _build(spec, shapes, ctx):
 
 
 def _onnx(g, spec, weights) -> None:
-    import numpy as np
-
     a, n = spec.args, spec.name
     x = g.x(0, nchw=False)
     ids = g.op("Unsqueeze", [x, g.const(f"{n}_axis", np.array([-1], np.int64))], f"{n}_ids")

@@ -5,6 +5,8 @@ normalize per example (no batch statistics, nothing kept between steps); only th
 
 from __future__ import annotations
 
+import numpy as np
+
 from ringtrain_trainer.engine.ops.groupnorm import GroupNorm
 from ringtrain_trainer.engine.ops.unitnorm import EPSILON, UnitNorm
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, gamma_beta_weights
@@ -39,8 +41,6 @@ def _unit_build(spec, shapes, ctx):
 def unit_nodes(g, x: str, n: str, epsilon: float) -> str:
     """ONNX nodes of ``x * min(rsqrt(sum(x²)), 1 / epsilon)`` over the last axis (also
     ``Dot(normalize=True)``'s)."""
-    import numpy as np
-
     ss = g.op("ReduceSumSquare", [x], f"{n}_ss", axes=[-1], keepdims=1)
     inv = g.op("Reciprocal", [g.op("Sqrt", [ss], f"{n}_norm")], f"{n}_inv")
     inv = g.op("Min", [inv, g.const(f"{n}_clip", np.float32(1.0 / epsilon))], f"{n}_clipped")
@@ -100,8 +100,6 @@ def _group_build(spec, shapes, ctx):
 
 def _group_onnx(g, spec, weights) -> None:
     """Primitive nodes: opset 17 has no GroupNormalization (18's was withdrawn in 21)."""
-    import numpy as np
-
     a, n, w = spec.args, spec.name, list(weights)
     c = spec.out_shape[-1]
     groups = _groups(a, tuple(spec.out_shape))

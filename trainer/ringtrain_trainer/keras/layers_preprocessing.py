@@ -4,6 +4,8 @@ config or in the layer's non-trainable weights (``mean``, ``variance``, ``count`
 
 from __future__ import annotations
 
+import numpy as np
+
 from ringtrain_trainer.engine.ops.standardize import EPSILON, Standardize
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight
 
@@ -56,8 +58,6 @@ def _build(spec, shapes, ctx):
 
 
 def _onnx(g, spec, weights) -> None:
-    import numpy as np
-
     a, n = spec.args, spec.name
     mean, var = (a["mean"], a["variance"]) if a["mean"] is not None else weights[:2]
     c = spec.in_shapes[0][-1]

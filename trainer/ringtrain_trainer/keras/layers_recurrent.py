@@ -10,6 +10,8 @@ training starts from the ``.keras`` file's weights.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.ops import recurrent
 from ringtrain_trainer.engine.ops.bidirectional import Bidirectional
@@ -158,8 +160,6 @@ def _onnx_direction(cls: str, a: dict, weights, where: str):
     """One direction's ONNX ``W``, ``R``, ``B`` (each with the leading direction axis): gate
     blocks reordered from Keras' i, f, c, o to ONNX's i, o, f, c (GRU's z, r, h is the same in
     both), kernels transposed, input and recurrent biases side by side."""
-    import numpy as np
-
     for arg in ("activation", "recurrent_activation"):
         if a.get(arg, "sigmoid") not in _ONNX_ACT:
             raise InvalidSpec(f"export: {where}: {arg}={a.get(arg)!r} has no ONNX")
@@ -193,8 +193,6 @@ def _onnx_rnn(g, n: str, cls: str, a: dict, wrb, direction: str) -> tuple[str, s
 
 
 def _axes(g, n: str, *axes: int) -> str:
-    import numpy as np
-
     return g.const(f"{n}_axes", np.array(axes, np.int64))
 
 
@@ -294,8 +292,6 @@ def _bi_onnx(g, spec, weights) -> None:
     """One bidirectional ONNX LSTM/GRU: ONNX's reverse direction keeps its outputs at their
     timesteps, which is Keras' flipped-back backward sequence; the merge is a reshape (concat)
     or a reduction over the direction axis."""
-    import numpy as np
-
     a, n = spec.args, spec.name
     f, b = a["layer"], a["backward_layer"]
     same = ("units", "activation", "return_sequences")

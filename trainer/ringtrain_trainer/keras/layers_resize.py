@@ -7,6 +7,8 @@ up, which is TensorFlow's ``floor((o + 0.5) * scale)``)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ringtrain_trainer.engine.ops.resize import INTERPOLATIONS, Resize
 from ringtrain_trainer.keras.entry import Args, Entry, Shape
 
@@ -40,8 +42,6 @@ def _build(spec, shapes, ctx):
 
 
 def _onnx(g, spec, weights) -> None:
-    import numpy as np
-
     a, n = spec.args, spec.name
     x = g.x(0, nchw=True)
     shape = g.op("Shape", [x], f"{n}_shape")

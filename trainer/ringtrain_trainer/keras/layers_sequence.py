@@ -11,6 +11,8 @@ every layer.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.ops.attention import MultiHeadAttention
 from ringtrain_trainer.engine.ops.embedding import Embedding
@@ -106,8 +108,6 @@ def _ln_build(spec, shapes, ctx):
 
 
 def _ln_onnx(g, spec, weights) -> None:
-    import numpy as np
-
     a, n, w = spec.args, spec.name, list(weights)
     d = spec.out_shape[-1]
     gamma = w.pop(0) if a["scale"] else np.ones(d, np.float32)
@@ -198,8 +198,6 @@ def _mha_build(spec, shapes, ctx):
 
 
 def _mha_onnx(g, spec, weights) -> None:
-    import numpy as np
-
     a, n, shapes = spec.args, spec.name, [tuple(s) for s in spec.in_shapes]
     h, kd, vd = a["num_heads"], a["key_dim"], a["value_dim"]
     w = dict(zip([x.name for x in _mha_weights(a, list(shapes))], weights, strict=True))

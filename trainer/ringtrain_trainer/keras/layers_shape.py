@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ringtrain_trainer.engine.ops.rearrange import Permute, RepeatVector
 from ringtrain_trainer.engine.ops.resize import Resize
 from ringtrain_trainer.engine.ops.shape import Border, UpSampling
@@ -69,8 +71,6 @@ def _border_build(spec, shapes, ctx):
 
 
 def _i64(g, v) -> str:
-    import numpy as np
-
     return g.const("i", np.asarray(v, np.int64))
 
 
@@ -119,8 +119,6 @@ def _up_infer(args: dict, shapes: list[Shape]) -> Shape:
 def _as_resizing(spec):
     """``UpSampling2D(interpolation="bilinear")`` is Keras' ``ops.image.resize`` to the
     multiplied size: the ``Resizing`` layer's op and export, at that size."""
-    from dataclasses import replace
-
     (h, w, _), (sh, sw) = spec.in_shapes[0], spec.args["size"]
     args = {"height": h * sh, "width": w * sw, "interpolation": "bilinear"}
     return replace(spec, cls="Resizing", args=args)
@@ -135,8 +133,6 @@ def _up_build(spec, shapes, ctx):
 
 
 def _up_onnx(g, spec, weights) -> None:
-    import numpy as np
-
     if spec.args.get("interpolation") == "bilinear":
         RESIZE["Resizing"].onnx(g, _as_resizing(spec), weights)
         return

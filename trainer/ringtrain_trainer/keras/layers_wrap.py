@@ -12,7 +12,10 @@ dropout layers (ringtrain keys masks on the example) are refused by name.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import partial
+
+import numpy as np
 
 from ringtrain_trainer.engine.ops.timedistributed import TimeDistributed
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, without_folded
@@ -83,8 +86,6 @@ def _weight_args(table: Mapping[str, Entry], args: dict, weight: str) -> tuple[d
 
 
 def _inner_spec(table: Mapping[str, Entry], spec, inputs: tuple[int, ...], output: int):
-    from dataclasses import replace
-
     _, cls, config = _inner(table, spec.args)
     return replace(
         spec,
@@ -110,8 +111,6 @@ def _build(table: Mapping[str, Entry], spec, shapes, ctx):
 def _onnx(table: Mapping[str, Entry], g, spec, weights) -> None:
     """The wrapped layer's own nodes between two reshapes: (b, steps, ...) → (b * steps, ...)
     and back; its tensors get ids of their own (negative: no Keras tensor has one)."""
-    import numpy as np
-
     entry, _, _ = _inner(table, spec.args)
     n, shape = spec.name, spec.in_shapes[0]
     flat = g.op(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 #: Keras activation names the engine runs (``engine.ops.activations`` plus its aliases)
 NAMES = ("linear", "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "sigmoid",
          "hard_sigmoid", "hard_tanh", "tanh", "exponential", "softplus", "log_sigmoid",
@@ -19,8 +21,6 @@ _SIMPLE = {"exponential": "Exp", "softplus": "Softplus", "softsign": "Softsign",
 
 
 def _c(g, v: float) -> str:
-    import numpy as np
-
     return g.const("c", np.asarray(v, np.float32))
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from ringtrain import options
 from ringtrain.errors import CheckpointError, InvalidSpec
+from ringtrain_trainer.engine.ops.embedding import Embedding
 from ringtrain_trainer.optim import schedules
 from ringtrain_trainer.optim.adadelta import Adadelta
 from ringtrain_trainer.optim.adafactor import Adafactor
@@ -301,8 +302,6 @@ def _refuse_abs_embedding(spec: OptimizerSpec, model) -> None:
     before duplicate ids are summed (the rule :mod:`.sparse_rows` implements for squares), and
     Adadelta squares its per-occurrence update; ringtrain has only the summed gradient there:
     refused, not approximated."""
-    from ringtrain_trainer.engine.ops.embedding import Embedding
-
     what = _PER_OCCURRENCE.get(spec.class_name)
     if what and any(isinstance(layer, Embedding) for layer in getattr(model, "layers", ())):
         raise InvalidSpec(
@@ -317,8 +316,6 @@ def _refuse_clipped_embedding(spec: OptimizerSpec, model) -> None:
     the value) before duplicate ids are summed; ringtrain reduces the summed gradient, so it
     cannot clip the same way: refused, not approximated (README, "Decisions and known limits":
     1e-2 to 1.3 relative weight differences measured in 3 steps)."""
-    from ringtrain_trainer.engine.ops.embedding import Embedding
-
     kind = next((k for k in KINDS if spec.config.get(k) is not None), None)
     if kind and any(isinstance(layer, Embedding) for layer in getattr(model, "layers", ())):
         raise InvalidSpec(

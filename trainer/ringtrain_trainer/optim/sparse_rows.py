@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtrain_trainer.engine.ops.embedding import Embedding
+
 
 class SparseRows:
     """The flat ranges of a model's Embedding tables and one buffer of their ``Σ g_i²``."""
 
     def __init__(self, spec, dtype=np.float32):
-        from ringtrain_trainer.engine.ops.embedding import Embedding
-
         self.tables = [
             (i, s.start, s.stop)
             for s in spec.slots

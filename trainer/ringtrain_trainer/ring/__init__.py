@@ -18,10 +18,16 @@ from ringtrain import options, pki
 from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain.errors import InvalidSpec, PeerTimeout, RingError
 from ringtrain_trainer.collective import Collective, LocalCollective
-from ringtrain_trainer.ring import schedule
+from ringtrain_trainer.ring import channels, schedule
+from ringtrain_trainer.ring import tls as ring_tls
+from ringtrain_trainer.ring.channels import MAX_MESSAGE_BYTES
+from ringtrain_trainer.ring.control import ControlPlane, log
 from ringtrain_trainer.ring.engine import RingCollective, RingObserver
+from ringtrain_trainer.ring.grpc_transport import GrpcTransport
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
+from ringtrain_trainer.ring.shm import ShmTransport
 from ringtrain_trainer.ring.transport import LinkError, Transport
+from ringtrain_trainer.ring.watchdog import Watchdog
 
 #: Accepted data path names: ``grpc+tcp`` (tensors on a raw TCP side channel opened through
 #: gRPC; the faster, default), ``grpc`` (tensors in gRPC streams) and ``tcp``, the old name of
@@ -93,8 +99,6 @@ def connect(
         raise InvalidSpec("ring token is empty: set RINGTRAIN_TOKEN_FILE or RINGTRAIN_TOKEN")
     if chunk_bytes < 4:
         raise InvalidSpec(f"chunk_bytes must be at least 4 (one float32), got {chunk_bytes}")
-    from ringtrain_trainer.ring.channels import MAX_MESSAGE_BYTES
-
     if chunk_bytes > MAX_MESSAGE_BYTES - (64 << 10):
         raise InvalidSpec(
             f"chunk_bytes {chunk_bytes} must leave 64 KiB of the largest gRPC message "
@@ -104,11 +108,6 @@ def connect(
         raise InvalidSpec(
             "--ring-encrypt-data needs the job's TLS material (RINGTRAIN_TLS_DIR or --ring-tls-dir)"
         )
-    from ringtrain_trainer.ring import channels
-    from ringtrain_trainer.ring import tls as ring_tls
-    from ringtrain_trainer.ring.control import ControlPlane, log
-    from ringtrain_trainer.ring.watchdog import Watchdog
-
     observer = observer if observer is not None else RingObserver()
     material = ring_tls.Material.of(tls) if tls is not None else None
     data_tls = material if encrypt_data else None
@@ -128,14 +127,10 @@ def connect(
     listener = receiver = None
     try:
         if path == "grpc+tcp":
-            from ringtrain_trainer.ring.shm import ShmTransport
-
             listener = ShmTransport.listen(rank, addresses, data_tls)
             control.data_port, control.data_key = listener.port, listener.key
             control.on_abort = listener.wake
         else:
-            from ringtrain_trainer.ring.grpc_transport import GrpcTransport
-
             receiver, handler = GrpcTransport.receiver(
                 rank, len(addresses), token, step_timeout_s, material
             )

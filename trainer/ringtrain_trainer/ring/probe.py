@@ -15,6 +15,11 @@ import argparse
 import os
 import sys
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ringtrain_trainer.ring import channels, tls
+
 #: The ring port of a worker pod (ringtrain_operator.manifests.RING_PORT).
 DEFAULT_ADDRESS = "127.0.0.1:2222"
 
@@ -22,11 +27,6 @@ DEFAULT_ADDRESS = "127.0.0.1:2222"
 def check(address: str, service: str = "", timeout_s: float = 2.0, material=None) -> str:
     """The serving status's name (``SERVING``, ``NOT_SERVING``, …) or the error's code name;
     ``material`` (``ring.tls.Material``) for a mutual-TLS port."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from ringtrain_trainer.ring import channels
-
     with channels.channel(address, material) as ch:
         try:
             resp = health_pb2_grpc.HealthStub(ch).Check(
@@ -58,8 +58,6 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     material = None
     if a.tls_dir:
-        from ringtrain_trainer.ring import tls
-
         material = tls.load(a.tls_dir)
     status = check(a.address, a.service, a.timeout_s, material)
     print(f"{a.address} {a.service or '(server)'}: {status}")

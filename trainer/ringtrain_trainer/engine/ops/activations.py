@@ -576,8 +576,6 @@ def _in_place(name: str):
     entry = _CHECKED.get(name)
     if entry is not None:
         return entry
-    from ringtrain_trainer.engine.ops.activations import ACTIVATIONS  # it imports this module
-
     entry = ACTIVATIONS[name]
     if entry.needs_input or entry.scratch:
         raise ValueError(f"activation {name!r} needs planned buffers: use the table's API")

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
+from ringtrain_trainer.engine.ops.activations import resolve
 from ringtrain_trainer.engine.tensor import ParamSpec
 
 
@@ -48,8 +49,6 @@ class Dense(Op):
     kind = "dense"
 
     def __init__(self, in_shape, units: int, activation: str = "linear", use_bias: bool = True):
-        from ringtrain_trainer.engine.ops.activations import resolve
-
         self.fn = resolve(activation)
         self.in_shape = tuple(in_shape)
         self.n_in, self.n_out = self.in_shape[-1], units
@@ -110,8 +109,6 @@ class Linear(Op):
     kind = "dense"
 
     def __init__(self, n_in, n_out, activation="linear", use_bias=True):
-        from ringtrain_trainer.engine.ops.activations import resolve  # it imports this module
-
         self.n_in, self.n_out, self.use_bias = n_in, n_out, use_bias
         self.fn = resolve(activation)
         #: the activation's name (what the loss folding and the tests read)

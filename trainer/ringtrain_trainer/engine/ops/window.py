@@ -6,18 +6,17 @@ strides and dilation as TensorFlow computes them, a strided *view* of the padded
 axis per kernel offset (im2col without a copy), and one tap's view of the input, where that
 tap's gradient lands (:meth:`Window.tap`). A 1-D op is the 2-D case with a height of one, and
 the views take any number of spatial axes (Conv3D), so there is one implementation.
-The arithmetic (:func:`pad_1d`) is pure Python: the Keras registry's shapes use it without
-numpy (imported only inside the methods that touch arrays).
+The arithmetic (:func:`pad_1d`) is pure Python; the Keras registry's shape inference uses it
+(``keras.layers_window``), so "same" padding is computed in this one place.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 PADDINGS = ("valid", "same", "causal")
 
@@ -102,8 +101,6 @@ class Window:
 
     def windows(self, xp: np.ndarray) -> np.ndarray:
         """(b, *osp, *k, c) read-only view of the padded (b, *padded) input."""
-        from numpy.lib.stride_tricks import as_strided
-
         st = xp.strides[1:-1]
         return as_strided(
             xp,
