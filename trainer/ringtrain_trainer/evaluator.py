@@ -39,7 +39,7 @@ from ringtrain_trainer.data import dataset as data_mod
 from ringtrain_trainer.data.npz import fit_model
 from ringtrain_trainer.engine import keras_metrics
 from ringtrain_trainer.engine import model as model_mod
-from ringtrain_trainer.engine.multiloss import make_loss
+from ringtrain_trainer.engine.multiloss import MultiLossSpec, make_loss
 from ringtrain_trainer.ipu.device import EVAL_BATCH
 from ringtrain_trainer.keras import load as keras_load
 from ringtrain_trainer.keras.load import describe
@@ -117,7 +117,7 @@ class Evaluator:
         self.ckpt = CheckpointManager(cfg.checkpoint_dir)
         self.stop_requested = threading.Event()
         self.evaluated: list[events.Evaluation] = []
-        self.outputs: dict | None = None
+        self.outputs: events.Values | None = None
         self.tb = tensorboard.EvalWriter(
             tensorboard.log_dir(cfg.tensorboard_dir, cfg.checkpoint_dir, "evaluator")
         )
@@ -142,8 +142,8 @@ class Evaluator:
         scale = self.program.dtype.type(self.data.test.scale)
         lossfn = self.loss
         self.compiled = keras_metrics.for_model(self.spec)
-        trained = len(getattr(self.spec.loss, "trained", ()))
-        sums = np.zeros(2 * trained) if trained else None
+        multi = self.spec.loss if isinstance(self.spec.loss, MultiLossSpec) else None
+        sums = np.zeros(2 * len(multi.trained)) if multi is not None and multi.trained else None
         loss = 0.0
         correct = 0.0
         x = self.program.x
@@ -161,12 +161,16 @@ class Evaluator:
                 ]
         count = max(1, len(labels))
         #: a model with several outputs: this evaluation's loss and metric per output
-        self.outputs = None if sums is None else self.spec.loss.named_eval(sums, len(labels))
+        self.outputs = (
+            None if multi is None or sums is None else multi.named_eval(sums, len(labels))
+        )
         # Keras' test loss includes the weight regularizers' penalty, as its training loss
         return loss / count + self.spec.penalty(state.params), correct / count
 
     def _new_checkpoints(self) -> list[Path]:
-        last = self.evaluated[-1].step if self.evaluated else -1
+        last = self.evaluated[-1].step if self.evaluated else None
+        if last is None:
+            last = -1
         return [m for m in self.ckpt.manifests() if int(m.stem.split("-")[1]) > last]
 
     def evaluate_new(self) -> None:

@@ -30,6 +30,7 @@ from ringtrain_trainer.config import TrainerConfig, layer_names
 from ringtrain_trainer.data import dataset as data_mod
 from ringtrain_trainer.data.npz import fit_model
 from ringtrain_trainer.engine import plan
+from ringtrain_trainer.engine.multiloss import MultiLossSpec
 from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.ipu import memory
@@ -242,7 +243,7 @@ class Trainer(SharedEvaluation):
         self.trace_file: str | None = None
         self.test_accuracy: float | None = None
         #: a model with several outputs: the last evaluation's values per output
-        self.test_outputs: dict | None = None
+        self.test_outputs: events.Values | None = None
         tb_dir = tensorboard.log_dir(cfg.tensorboard_dir, cfg.checkpoint_dir, "chief")
         self.tb = tensorboard.TrainWriter(tb_dir if self.is_chief else None, self.world)
 
@@ -379,10 +380,10 @@ class Trainer(SharedEvaluation):
         fmt = self.cfg.export_format
         return str(export_state(self.state(loss), path, fmt, spec=self.spec))
 
-    def _output_losses(self) -> dict | None:
+    def _output_losses(self) -> events.Values | None:
         """A model with several outputs: this worker's last step's loss per output."""
-        parts = self.ipu.output_losses
-        return None if parts is None else self.spec.loss.named(parts)
+        parts, loss = self.ipu.output_losses, self.spec.loss
+        return None if parts is None or not isinstance(loss, MultiLossSpec) else loss.named(parts)
 
     def train_one_step(self) -> tuple[float, float, StepCommStats]:
         """One synchronous step; returns (loss, seconds, its communication statistics)."""
@@ -418,7 +419,8 @@ class Trainer(SharedEvaluation):
             hidden_s=comm.hidden_s,
             exposed_wait_s=comm.exposed_wait_s,
         )
-        if self.reducer.vote.agreed():
+        vote = self.reducer.vote  # built with stop_vote=True: never None here
+        if vote is not None and vote.agreed():
             self._stop_agreed = True
         self.step += 1
         self.position = self.sharder.advance(pos)

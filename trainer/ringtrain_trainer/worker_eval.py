@@ -7,15 +7,44 @@ mixes it in and provides the attributes it reads (``data``, ``ipu``, ``spec``, `
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ringtrain import events
 from ringtrain_trainer.engine import keras_metrics
+from ringtrain_trainer.engine.multiloss import MultiLossSpec
 from ringtrain_trainer.telemetry.reporting import metric_fields
+
+if TYPE_CHECKING:
+    from ringtrain_trainer.collective import Collective
+    from ringtrain_trainer.data.split import Dataset
+    from ringtrain_trainer.ipu.device import IPU
+    from ringtrain_trainer.keras.load import KerasModel
+    from ringtrain_trainer.telemetry.metrics import TrainerMetrics
+    from ringtrain_trainer.telemetry.reporting import Reporter
+    from ringtrain_trainer.telemetry.tensorboard import TrainWriter
 
 
 class SharedEvaluation:
     """Mixin: :meth:`evaluate` for the :class:`~ringtrain_trainer.worker.Trainer`."""
+
+    # provided by the Trainer that mixes this in (declared here so they are checked)
+    data: Dataset
+    rank: int
+    world: int
+    spec: KerasModel
+    ipu: IPU
+    eval_batch: int
+    collective: Collective
+    step: int
+    is_chief: bool
+    metrics: TrainerMetrics
+    report: Reporter
+    tb: TrainWriter
+    # set by evaluate (the chief's)
+    test_accuracy: float | None
+    test_outputs: events.Values | None
 
     def evaluate(self) -> float:
         """Test accuracy, computed by every worker on its contiguous share of the test set and
@@ -67,9 +96,10 @@ class SharedEvaluation:
     def _evaluate_outputs(self, n: int) -> None:
         """A model with several outputs: each one's test loss and metric, summed over the
         workers like the accuracy (tag -3), recorded and reported by the chief."""
-        trained = len(getattr(self.spec.loss, "trained", ()))
-        if not trained:
+        loss = self.spec.loss
+        if not isinstance(loss, MultiLossSpec) or not loss.trained:
             return
+        trained = len(loss.trained)
         own = self.ipu.eval_sums
         sums = np.array(own, np.float32) if n and own is not None else np.zeros(2 * trained)
         sums = sums.astype(np.float32)
@@ -77,7 +107,7 @@ class SharedEvaluation:
             self.collective.allreduce_mean_(sums, step=self.step, tag=-3)
             sums *= self.world
         if self.is_chief:
-            self.test_outputs = self.spec.loss.named_eval(sums, len(self.data.test))
+            self.test_outputs = loss.named_eval(sums, len(self.data.test))
             self.metrics.update_status(test_outputs=self.test_outputs)
             if self.tb.on:
                 self.tb.scalars(self.step, {f"test/{k}": v for k, v in self.test_outputs.items()})

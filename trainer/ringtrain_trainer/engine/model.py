@@ -17,6 +17,7 @@ fused fast path (``ops.fused``: ConvPool, Dense) is created by the lowering wher
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from ringtrain_trainer.engine.loss_spec import LossSpec
 from ringtrain_trainer.engine.plan import GRAD_BLOCK_ELEMS
 from ringtrain_trainer.engine.program import Program
 from ringtrain_trainer.engine.tensor import ParamSpec, Slot
+
+if TYPE_CHECKING:
+    from ringtrain_trainer.engine.multiloss import MultiLossSpec
 
 __all__ = ["GRAD_BLOCK_ELEMS", "ModelSpec", "ParamSpec", "Program", "Slot"]
 
@@ -42,7 +46,7 @@ class ModelSpec:
         input_shape=(28, 28, 1),
         num_classes: int = 10,
         graph: Graph | None = None,
-        loss: LossSpec | None = None,
+        loss: LossSpec | MultiLossSpec | None = None,
         ties: dict[int, int] | None = None,
     ):
         self.name, self.layers = name, layers
@@ -50,7 +54,9 @@ class ModelSpec:
         #: (``engine.ops.shared``): its views are that node's
         self.ties = dict(ties or {})
         #: the compiled loss (``engine.losses``); the presets' sparse cross-entropy by default
-        self.loss = loss or LossSpec("SparseCategoricalCrossentropy", {"from_logits": True})
+        self.loss: LossSpec | MultiLossSpec = loss or LossSpec(
+            "SparseCategoricalCrossentropy", {"from_logits": True}
+        )
         self.input_shape, self.num_classes = input_shape, num_classes
         graph = Graph.chain(len(layers)) if graph is None else graph
         if len(graph.nodes) != len(layers):
@@ -130,7 +136,8 @@ class ModelSpec:
         )
 
     def state_views(self, state: np.ndarray) -> list[dict[str, np.ndarray]]:
-        out, at = [], 0
+        out: list[dict[str, np.ndarray]] = []
+        at = 0
         for specs in self.state_specs:
             out.append({})
             for name, n, _ in specs:
