@@ -27,13 +27,15 @@ import secrets
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 
 from ringtrain.errors import RingError
-from ringtrain_trainer.ring import schedule
+from ringtrain_trainer.ring import schedule, tls
 from ringtrain_trainer.ring.protocol import OpHeader
-from ringtrain_trainer.ring.tcp import TcpTransport, _recv_into
+from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
+from ringtrain_trainer.ring.tcp import Listener, TcpTransport, _recv_into
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout
 
 #: Memory per link: at most this many bytes of slots, 2 to 8 slots of one chunk each.
@@ -192,8 +194,10 @@ class ShmTransport(TcpTransport):
     or copy reads the slot in place; consumed slots go back as one byte carrying their count
     (see ``_free``). A link without shared memory runs ``TcpTransport``'s code unchanged."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, listener: Listener, right: socket.socket, left: socket.socket, step_timeout_s: float
+    ) -> None:
+        super().__init__(listener, right, left, step_timeout_s)
         self._in: Segment | None = None
         self._out: Segment | None = None
         self._filled = self._freed = self._taken = self._unreported = 0
@@ -204,17 +208,31 @@ class ShmTransport(TcpTransport):
     @classmethod
     def open(
         cls,
-        listener,
+        listener: Listener,
         rank: int,
         addresses: tuple[str, ...],
-        *args,
-        chunk_bytes: int,
-        shared_memory: bool,
-        **kwargs,
-    ) -> ShmTransport:
+        right_data_port: int,
+        right_key: bytes,
+        *,
+        connect_timeout_s: float,
+        step_timeout_s: float,
+        material: tls.Material | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        shared_memory: bool = True,
+    ) -> Self:
         """``TcpTransport.open``, then the shared-memory offer on both links; a link that
-        breaks meanwhile is a (retryable) RingError naming the neighbour."""
-        t = super().open(listener, rank, addresses, *args, **kwargs)
+        breaks meanwhile is a (retryable) RingError naming the neighbour. ``chunk_bytes`` and
+        ``shared_memory`` default as in ``ring.connect``."""
+        t = super().open(
+            listener,
+            rank,
+            addresses,
+            right_data_port,
+            right_key,
+            connect_timeout_s=connect_timeout_s,
+            step_timeout_s=step_timeout_s,
+            material=material,
+        )
         try:
             t._in, t._out = negotiate(
                 t._left,
@@ -247,8 +265,9 @@ class ShmTransport(TcpTransport):
     def _drain(self, block: bool) -> None:
         """Count the receiver's "free" bytes; ``block``: wait for at least one."""
         view = memoryview(self._frees)
+        assert self._right_fd is not None  # a shared-memory link is a raw socket (open)
         try:
-            got = os.readv(self._right_fd, [view])
+            got: int | None = os.readv(self._right_fd, [view])
         except BlockingIOError:
             got = None
         except OSError as e:
@@ -269,27 +288,30 @@ class ShmTransport(TcpTransport):
         if self._freed > self._filled:
             raise LinkError("right neighbour freed a slot it was never given", send_side=True)
 
-    def _room(self, block: bool) -> bool:
-        """Whether the next slot is free, reading "free" bytes as needed (``block``: until)."""
-        if self._filled - self._freed < self._out.slots:
+    def _room(self, out: Segment, block: bool) -> bool:
+        """Whether the next slot of ``out`` is free, reading "free" bytes as needed
+        (``block``: until)."""
+        if self._filled - self._freed < out.slots:
             return True
         self._drain(block=False)
-        while block and self._filled - self._freed >= self._out.slots:
+        while block and self._filled - self._freed >= out.slots:
             self._drain(block=True)
-        return self._filled - self._freed < self._out.slots
+        return self._filled - self._freed < out.slots
 
-    def _put(self, data: memoryview, block: bool) -> bytes | None:
-        """Copy ``data`` into the next slot; its "filled" byte, or None if no slot is free."""
-        if not self._room(block):
+    def _put(self, out: Segment, data: memoryview, block: bool) -> bytes | None:
+        """Copy ``data`` into the next slot of ``out``; its "filled" byte, or None if no slot
+        is free."""
+        if not self._room(out, block):
             return None
-        slot = self._filled % self._out.slots
-        np.copyto(self._out.bytes[slot][: len(data)], np.frombuffer(data, np.uint8))
+        slot = self._filled % out.slots
+        np.copyto(out.bytes[slot][: len(data)], np.frombuffer(data, np.uint8))
         self._filled += 1
         return bytes((slot,))
 
-    def _write(self, parts: list) -> None:
+    def _write(self, parts: list[bytes | memoryview]) -> None:
         """Write small signal/header bytes whole: one non-blocking ``writev``, the rest (a full
         socket buffer, rare) blocking under the step timeout."""
+        assert self._right_fd is not None  # a shared-memory link is a raw socket (open)
         try:
             sent = os.writev(self._right_fd, parts)
         except BlockingIOError:
@@ -306,12 +328,13 @@ class ShmTransport(TcpTransport):
     def send_now(self, parts: list[memoryview], with_header: bool = False) -> int | None:
         if self._out is None:
             return super().send_now(parts, with_header)
-        out, taken = [], 0
+        out: list[bytes | memoryview] = []
+        taken = 0
         if with_header:
             out.append(parts[0])
             taken = len(parts[0])
         if len(parts) > int(with_header):
-            filled = self._put(parts[-1], block=False)
+            filled = self._put(self._out, parts[-1], block=False)
             if filled is not None:
                 out.append(filled)
                 taken += len(parts[-1])
@@ -327,19 +350,22 @@ class ShmTransport(TcpTransport):
     def send(self, data: memoryview) -> None:
         if self._out is None:
             return super().send(data)
-        self._write([self._put(data, block=True)])
+        filled = self._put(self._out, data, block=True)
+        assert filled is not None  # block: waits for a free slot or raises
+        self._write([filled])
 
     # -- receive side ------------------------------------------------------------------------
 
-    def _slot(self, n: int) -> int:
-        """Wait for the next "filled" byte (with the collective's header if still due)."""
+    def _slot(self, seg: Segment, n: int) -> int:
+        """Wait for the next "filled" byte of ``seg`` (with the collective's header if still
+        due)."""
         signal = memoryview(self._signal)
         if self._expect is not None:
             self._take_header(signal)
         else:
             self._recv([signal])
-        slot = self._taken % self._in.slots
-        if self._signal[0] != slot or n > self._in.slot_bytes:
+        slot = self._taken % seg.slots
+        if self._signal[0] != slot or n > seg.slot_bytes:
             raise LinkError(f"peer filled slot {self._signal[0]}, expected {slot}")
         self._taken += 1
         return slot
@@ -356,6 +382,7 @@ class ShmTransport(TcpTransport):
         if not self._unreported:
             return
         signal, self._unreported = bytes((self._unreported,)), 0
+        assert self._left_fd is not None  # a shared-memory link is a raw socket (open)
         try:
             if os.write(self._left_fd, signal) == 1:
                 return
@@ -376,9 +403,9 @@ class ShmTransport(TcpTransport):
     def recv_add_send(self, out: np.ndarray) -> bool:
         """The sum goes from the left's slot and ``out`` straight into our right slot: one
         pass over memory instead of an add into ``out`` and a copy out of it."""
-        if self._in is None or self._out is None or not self._room(block=False):
+        if self._in is None or self._out is None or not self._room(self._out, block=False):
             return False
-        slot = self._slot(out.nbytes)
+        slot = self._slot(self._in, out.nbytes)
         target = self._filled % self._out.slots
         np.add(out, _as(self._in.bytes[slot], out), out=_as(self._out.bytes[target], out))
         self._free()
@@ -389,14 +416,14 @@ class ShmTransport(TcpTransport):
     def recv_copy(self, out: np.ndarray) -> None:
         if self._in is None:
             return super().recv_copy(out)
-        slot = self._slot(out.nbytes)
+        slot = self._slot(self._in, out.nbytes)
         np.copyto(out, _as(self._in.bytes[slot], out))
         self._free()
 
     def recv_add(self, out: np.ndarray) -> None:
         if self._in is None:
             return super().recv_add(out)
-        slot = self._slot(out.nbytes)
+        slot = self._slot(self._in, out.nbytes)
         np.add(out, _as(self._in.bytes[slot], out), out=out)
         self._free()
 

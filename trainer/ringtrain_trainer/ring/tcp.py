@@ -35,6 +35,7 @@ import socket
 import ssl
 import threading
 import time
+from typing import Self
 
 import numpy as np
 
@@ -328,7 +329,7 @@ class TcpTransport(Transport):
         connect_timeout_s: float,
         step_timeout_s: float,
         material: tls.Material | None = None,
-    ) -> TcpTransport:
+    ) -> Self:
         """Connect to the right neighbour's side channel (its port and key from the
         rendezvous) and wait for the left neighbour's; the listener is closed on failure."""
         world = len(addresses)
