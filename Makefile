@@ -26,6 +26,7 @@ e2e:
 lint:
 	.venv/bin/ruff check operator trainer tests hack/lib $(HACK_PY)
 	.venv/bin/ruff format --check operator trainer tests hack/lib $(HACK_PY)
+	.venv/bin/lint-imports --no-cache
 	.venv/bin/mypy
 	$(MAKE) --no-print-directory docs
 

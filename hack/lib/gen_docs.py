@@ -326,7 +326,7 @@ def components() -> list[tuple[str, str, object]]:
         ),
         (
             "Trainer's IPU numerics (`ringtrain worker`, port 9400)",
-            "trainer/ringtrain_trainer/numerics.py",
+            "trainer/ringtrain_trainer/optim/numerics.py",
             _numerics_metrics,
         ),
         ("Operator (port 8080)", "operator/ringtrain_operator/metrics.py", OperatorMetrics),
@@ -335,7 +335,7 @@ def components() -> list[tuple[str, str, object]]:
 
 def _numerics_metrics(registry):
     """The worker registers these beside TrainerMetrics once its numerics are resolved."""
-    from ringtrain_trainer.numerics import Numerics, NumericsMetrics
+    from ringtrain_trainer.optim.numerics import Numerics, NumericsMetrics
     from ringtrain_trainer.optim.loss_scale import LossScale
 
     return NumericsMetrics(registry, 1, 1, Numerics("fp32", "OFF", LossScale()))

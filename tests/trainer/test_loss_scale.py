@@ -15,8 +15,8 @@ from support.ports import loopback_addresses
 
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data import dataset as data_mod
-from ringtrain_trainer.numerics import ModelNumerics, for_run
 from ringtrain_trainer.optim.loss_scale import GROWTH_STEPS, INITIAL_SCALE, LossScale
+from ringtrain_trainer.optim.numerics import ModelNumerics, for_run
 
 
 def test_dynamic_scale_follows_keras_loss_scale_optimizer():

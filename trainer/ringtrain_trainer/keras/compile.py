@@ -13,7 +13,7 @@ from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import keras_metrics, loss_spec
 from ringtrain_trainer.engine.multiloss import Head, MultiLossSpec
 from ringtrain_trainer.keras.entry import snake_case
-from ringtrain_trainer.numerics import ModelNumerics
+from ringtrain_trainer.optim.numerics import ModelNumerics
 from ringtrain_trainer.optim.registry import OptimizerSpec, from_compile_config
 
 #: compile_config fields that only steer Keras' own loop (how many steps per call, eager or
@@ -121,7 +121,7 @@ def wrap_loss_scale(optimizer: Any, own: ModelNumerics) -> Any:
 
 def numerics(model: dict) -> ModelNumerics:
     """The model's mixed-precision settings: its layers' dtype policy, a LossScaleOptimizer
-    in ``compile_config`` and ``auto_scale_loss`` (``ringtrain_trainer.numerics``)."""
+    in ``compile_config`` and ``auto_scale_loss`` (``ringtrain_trainer.optim.numerics``)."""
     comp = model.get("compile_config") or {}
     _, scale, static = _unwrap_loss_scale(comp)
     policy = _policy((model.get("config") or {}).get("layers"))

@@ -42,7 +42,7 @@ from ringtrain_trainer.keras.layer_spec import (
     unsupported,
 )
 from ringtrain_trainer.keras.registry import REGISTRY
-from ringtrain_trainer.numerics import ModelNumerics
+from ringtrain_trainer.optim.numerics import ModelNumerics
 from ringtrain_trainer.optim.registry import OptimizerSpec
 
 

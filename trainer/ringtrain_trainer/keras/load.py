@@ -50,7 +50,7 @@ class KerasModel(ModelSpec):
         self.config = config
         #: the input shape the source declared where it has None dims (fixed from the data)
         self.declared_input_shape: tuple | None = None
-        #: the model's mixed-precision settings (``ringtrain_trainer.numerics``)
+        #: the model's mixed-precision settings (``ringtrain_trainer.optim.numerics``)
         self.numerics = config.numerics
         self.loss_from_logits = True  # the IPU's loss always reads logits (see module doc)
         low = lower(config)
