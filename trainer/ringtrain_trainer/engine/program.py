@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -109,7 +110,8 @@ class Program:
                 self.ws.append({})
                 continue
             bufs = layer.buffers(batch, train, need_dx=spec.need_dx[node.index])
-            ws = {
+            # a node's buffers, its state views, the run's ``ctx`` (and a tie's ``owner``)
+            ws: dict[str, Any] = {
                 k: np.zeros(shape, self.dtype if t == "f" else _KINDS.get(t, np.bool_))
                 for k, (shape, t) in bufs.items()
             }
@@ -168,14 +170,26 @@ class Program:
         packed side by side (``engine.multiloss``)."""
         if self._packed is not None:
             return self._packed
-        return self.tensors[self.graph.outputs[0]]
+        return self.tensor(self.graph.outputs[0])
+
+    def tensor(self, t: int) -> np.ndarray:
+        """Tensor ``t`` as this step computed it (read after the node that writes it ran)."""
+        v = self.tensors[t]
+        assert v is not None, f"tensor {t} read before it was computed"
+        return v
+
+    def tensor_grad(self, t: int) -> np.ndarray:
+        """Tensor ``t``'s gradient as this step's backward delivered it."""
+        g = self._grads[t]
+        assert g is not None, f"gradient of tensor {t} read before it was delivered"
+        return g
 
     def pack_outputs(self) -> np.ndarray:
         """:attr:`output` after a forward (several outputs: copied side by side)."""
         if self._packed is not None:
             at = 0
             for t in self.graph.outputs:
-                z = self.tensors[t]
+                z = self.tensor(t)
                 k = z.shape[1]
                 np.copyto(self._packed[:, at : at + k], z)
                 at += k
@@ -221,11 +235,12 @@ class Program:
         """Node ``i``'s forward, reading and writing :attr:`tensors` (recompute and pipeline
         stages run the graph in parts with this)."""
         node, tensors = self.graph.nodes[i], self.tensors
-        tensors[node.output] = self.spec.layers[i].forward(
+        out = self.spec.layers[i].forward(
             self.ws[i], *[tensors[t] for t in node.inputs], **params[i]
         )
+        tensors[node.output] = out
         if self.rounder is not None:
-            self.rounder(tensors[node.output])
+            self.rounder(out)
 
     def loss_and_dlogits(self, logits: np.ndarray) -> float:
         """The model's loss (``engine.losses``), mean over the local batch in ``labels``;

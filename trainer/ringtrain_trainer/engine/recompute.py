@@ -44,13 +44,13 @@ def choose(spec, base, batch: int, itemsize: int, names: tuple[str, ...] = ()) -
     if names:
         pos = {spec.layers[i].name: k for k, i in enumerate(graph.order)}
         chosen = []
-        for n in names:
-            k = pos.get(n)
+        for name in names:
+            k = pos.get(name)
             if k is None:
-                raise InvalidSpec(f"recomputationCheckpoints: no layer named {n!r}")
+                raise InvalidSpec(f"recomputationCheckpoints: no layer named {name!r}")
             if k + 1 not in cuts:
                 raise InvalidSpec(
-                    f"recomputationCheckpoints: layer {n!r}: its output is not the only tensor "
+                    f"recomputationCheckpoints: layer {name!r}: its output is not the only tensor "
                     "between the layers before and after it, so it cannot be a checkpoint"
                 )
             chosen.append(k + 1)
@@ -155,7 +155,7 @@ class RecomputeProgram(Program):
                     on_layer(i)
             if s < len(self.cut_tensors):
                 t = self.cut_tensors[s]
-                np.copyto(self.ckpt[t], self.tensors[t])
+                np.copyto(self.ckpt[t], self.tensor(t))
                 self.tensors[t] = self.ckpt[t]
         return self.pack_outputs()
 
@@ -179,4 +179,4 @@ class RecomputeProgram(Program):
                     on_layer(i)
             if s > 0:
                 t = self.cut_tensors[s - 1]
-                np.copyto(self.gckpt[t], self._grads[t].reshape(self.gckpt[t].shape))
+                np.copyto(self.gckpt[t], self.tensor_grad(t).reshape(self.gckpt[t].shape))
