@@ -98,7 +98,7 @@ class Program:
         self.spec, self.batch, self.train, self.dtype = spec, batch, train, np.dtype(dtype)
         self.graph = graph = spec.graph
         #: set by the IPU before each run: what Dropout's masks depend on (``layers``)
-        self.ctx = {"seed": 0, "step": 0, "example0": 0}
+        self.ctx: dict[str, float] = {"seed": 0, "step": 0, "example0": 0}  # and "loss_scale"
         #: this program's copy of the model's non-trainable state (``ModelSpec.state_specs``)
         self.state = spec.init_state(self.dtype) if state is None else state
         state_views = spec.state_views(self.state)

@@ -111,9 +111,10 @@ class IPU:
                 "--precision fp16 keeps float32 master weights and optimizer state on the host: "
                 "it needs variables on the host (drop --no-variables-on-host)"
             )
-        if self.precision.half and getattr(spec, "num_frozen", 0):
+        frozen: int = getattr(spec, "num_frozen", 0)  # a Keras model's (keras.load)
+        if self.precision.half and frozen:
             raise InvalidSpec(
-                f"--precision fp16 (or a mixed_float16 model) with {spec.num_frozen:,} frozen "
+                f"--precision fp16 (or a mixed_float16 model) with {frozen:,} frozen "
                 "parameters (trainable=False) is not supported: frozen weights are held as "
                 "float32 state and would not be rounded to float16 as trained weights are "
                 "(supported: fp32 with frozen layers)"

@@ -178,13 +178,13 @@ class PipelinedIPU(IPU):
 
     # -- one step ------------------------------------------------------------------------------
 
-    def _get(self, q: queue.SimpleQueue) -> int:
+    def _get(self, q: queue.SimpleQueue[int | None]) -> int:
         item = q.get()
         if item is None:
             raise _Failed
         return item
 
-    def _forward(self, s: int, exe: Executable, fwd: list[queue.SimpleQueue]) -> None:
+    def _forward(self, s: int, exe: Executable, fwd: list[queue.SimpleQueue[int | None]]) -> None:
         st, last = self.stages[s], s == len(self.stages) - 1
         lane = trace.STAGE + s
         for m in range(self.depth):
@@ -198,16 +198,17 @@ class PipelinedIPU(IPU):
                 exe.losses[m] = p.loss_and_dlogits(p.output)
             self.tracer.add(lane, "forward micro-batch", t, m)
             if not last:
-                t = self.tracer.now()
-                dst = self._progs[s + 1][m].tensors[st.sends]
-                np.copyto(dst, p.tensors[st.sends])
+                t, sends = self.tracer.now(), st.sends
+                assert sends is not None  # every stage but the last sends a tensor on
+                dst = self._progs[s + 1][m].tensor(sends)
+                np.copyto(dst, p.tensor(sends))
                 self._links[s] += dst.nbytes  # one counter per thread
                 self.tracer.add(lane, "link out", t, m, dst.nbytes)
             self._busy[s] += time.perf_counter() - busy
             if not last:
                 fwd[s + 1].put(m)
 
-    def _backward(self, s: int, bwd: list[queue.SimpleQueue]) -> None:
+    def _backward(self, s: int, bwd: list[queue.SimpleQueue[int | None]]) -> None:
         st, last = self.stages[s], s == len(self.stages) - 1
         lo, hi = self._ranges[s]
         views = self._grad_views
@@ -226,9 +227,10 @@ class PipelinedIPU(IPU):
             self.accumulator.fold(self.host_grads, lo, hi, m)  # the stages' slices are disjoint
             self.tracer.add(lane, "backward micro-batch", t, m)
             if s:
-                t = self.tracer.now()
-                src = p._grads[st.receives]
-                dst = self._progs[s - 1][m]._grads[st.receives]
+                t, receives = self.tracer.now(), st.receives
+                assert receives is not None  # every stage but the first receives a tensor
+                src = p.tensor_grad(receives)
+                dst = self._progs[s - 1][m].tensor_grad(receives)
                 np.copyto(dst, src.reshape(dst.shape))
                 self._links[s] += dst.nbytes  # one counter per thread
                 self.tracer.add(lane, "link back", t, m, dst.nbytes)
@@ -252,10 +254,12 @@ class PipelinedIPU(IPU):
         labels: np.ndarray,
         on_grad: Callable[[int, int], None] | None = None,
         step: int | None = None,
+        micro: int = 0,
     ) -> float:
         """Forward + backward of ``depth`` micro-batches (``images``: K·B examples, as
         :meth:`train_batch` takes them) through the stages; the mean of their gradients goes
-        to ``on_grad`` piece by piece once all stages finish."""
+        to ``on_grad`` piece by piece once all stages finish. ``micro`` (``IPU.train_step``'s
+        micro-batch of an accumulation) is not used: every micro-batch is in flight at once."""
         t0 = time.perf_counter()
         self._stream_weights()
         micro, first, last = exe.batch // self.depth, self._progs[0], self._progs[-1]
@@ -271,8 +275,9 @@ class PipelinedIPU(IPU):
             for p in row:
                 p.ctx["step"] = self.stats.steps if step is None else step
         n = len(self.stages)
-        fwd = [queue.SimpleQueue() for _ in range(n)]
-        bwd = [queue.SimpleQueue() for _ in range(n)]
+        # per stage: the micro-batches handed to it (None: another stage failed)
+        fwd: list[queue.SimpleQueue[int | None]] = [queue.SimpleQueue() for _ in range(n)]
+        bwd: list[queue.SimpleQueue[int | None]] = [queue.SimpleQueue() for _ in range(n)]
         if self.schedule == "Sequential" or n == 1:
             for s in range(n):
                 self._forward(s, exe, fwd)

@@ -300,7 +300,7 @@ def load(source: str, budget: tuple[int, int] | None = None, data: DataShape = N
     )
 
 
-def build(name: str, data=None) -> ModelSpec:
+def build(name: str, data=None) -> KerasModel:
     """A preset name, a ``.json`` file of ``model.to_json()`` or a ``.keras`` file (:func:`load`,
     ``data`` as there); the presets are Keras configs shipped with the package."""
     return load(name, data=data)
