@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain import ports
-from ringtrain_operator import manifests, mpi, yamlsafe
+from ringtrain_operator import manifests, mpi, mpirun, yamlsafe
 from ringtrain_operator import spec as jobspec
 
 #: The Pod volume manifests.pod() mounts at spec.trainer.checkpoint.path.
@@ -353,10 +353,10 @@ def plan(
         args = list(container.get("args") or [])
         if job.mpi and role == "worker":
             command, args = list(SSHD_STAND_IN), []
-        elif job.mpi and role == "launcher" and (program := mpi.rank_command(job, True)):
+        elif job.mpi and role == "launcher" and (program := mpirun.rank_command(job, True)):
             # rank 0's output alone reaches the supervisor; rank 0 writes its own result
-            full = mpi.mpirun_command(job, True, _local_command(program))
-            command = [*_local_command(list(mpi.LAUNCH)), "--no-termination-log", full[0]]
+            full = mpirun.mpirun_command(job, True, _local_command(program))
+            command = [*_local_command(list(mpirun.LAUNCH)), "--no-termination-log", full[0]]
             args = [*MPIRUN_LOCAL, *full[1:]]  # args: paths made local below
         if not command:
             if not str(container.get("image", "")).split("/")[-1].startswith("ringtrain"):

@@ -36,25 +36,27 @@ from ringtrain.errors import InvalidSpec
 
 from . import manifests
 from .job import Job, MPISpec, ReplicaSpec, TrainerSpec
+from .mpirun import (
+    BTL_PORT_MIN,
+    KEY_FILE,
+    LAUNCH,
+    MPI_CONFIG_DIR,
+    OOB_PORT_MIN,
+    PORT_RANGE,
+    SSHD_PORT,
+    hostfile,
+    launcher_env,
+    mpi_spec,
+    mpirun_command,
+    workers,
+)
 from .networkpolicy import Settings
 from .networkpolicy import network_policy as ring_network_policy
 from .observe import ObservedPod
 
-#: sshd's port in the workers: not 22, so it needs no privilege.
-SSHD_PORT = 2022
-#: Open MPI's TCP ports, pinned (MCA parameters in the launcher's environment, which mpirun
-#: forwards to every rank) so that the NetworkPolicy can name them: ranks' byte transfer
-#: (btl tcp) and the daemons' out-of-band channel (oob tcp).
-BTL_PORT_MIN = 20000
-OOB_PORT_MIN = 20100
-PORT_RANGE = 100
-OOB_MAX = OOB_PORT_MIN + PORT_RANGE - 1
-MPI_CONFIG_DIR = "/etc/mpi"
-HOSTFILE = f"{MPI_CONFIG_DIR}/hostfile"
 SSHD_CONFIG = f"{MPI_CONFIG_DIR}/sshd_config"
 #: sshd's host key and pid file: an emptyDir (the root filesystem is read-only).
 SSHD_RUN_DIR = "/var/run/ringtrain-sshd"
-KEY_FILE = "id_ed25519"
 SSH_VOLUME, CONFIG_VOLUME, SSHD_VOLUME = "ssh-auth", "mpi-config", "sshd-run"
 #: mpi-operator's Secret keys for type kubernetes.io/ssh-auth.
 PRIVATE_KEY, PUBLIC_KEY = "ssh-privatekey", "ssh-publickey"
@@ -70,10 +72,6 @@ SSHD_SCRIPT = (
 _RING_ENV = ("TF_CONFIG", "RINGTRAIN_TOKEN_FILE", "RINGTRAIN_TLS_DIR")
 _RING_PORTS = ("ring", "ring-data", "health")
 _RING_VOLUMES = ("ring-token",)
-#: The launcher's main process with the built-in trainer (:mod:`.mpilaunch`).
-LAUNCH = ("python3", "-m", "ringtrain_operator.mpilaunch")
-#: The ranks' environment that mpirun forwards (sshd gives a session almost none).
-EXPORTED_ENV = ("PATH", "HOME", "PYTHONUNBUFFERED")
 
 
 def check(m: MPISpec, replicas: tuple[ReplicaSpec, ...], trainer: TrainerSpec | None) -> None:
@@ -115,12 +113,6 @@ def _containers(r: ReplicaSpec) -> list[Mapping[str, Any]]:
     spec = r.template.get("spec") if isinstance(r.template, Mapping) else None
     cs = spec.get("containers") if isinstance(spec, Mapping) else None
     return [c for c in cs if isinstance(c, Mapping)] if isinstance(cs, list) else []
-
-
-def _mpi(job: Job) -> MPISpec:
-    if job.mpi is None:
-        raise ValueError(f"TrainingJob {job.name} has no spec.mpi")
-    return job.mpi
 
 
 def secret_name(job: Job) -> str:
@@ -171,34 +163,12 @@ def _metadata(job: Job, name: str) -> dict:
     return meta
 
 
-def worker_host(job: Job, index: int) -> str:
-    return f"{job.pod_name('worker', index)}.{job.service_name}.{job.namespace}.svc"
-
-
-def workers(job: Job) -> int:
-    w = job.replica("worker")
-    return w.replicas if w else 0
-
-
-def ranks(job: Job) -> int:
-    return workers(job) * _mpi(job).slots_per_worker
-
-
-def hostfile(job: Job, local: bool = False) -> str:
-    """One line per worker pod; ``local`` (``ringtrain run``): this host with every slot, so
-    mpirun starts the ranks itself, without ssh."""
-    slots = _mpi(job).slots_per_worker
-    if local:
-        return f"localhost slots={ranks(job)}\n"
-    return "".join(f"{worker_host(job, i)} slots={slots}\n" for i in range(workers(job)))
-
-
 def sshd_config(job: Job, port: int = SSHD_PORT, run_dir: str = SSHD_RUN_DIR) -> str:
     """sshd as the image's user: key logins with the job's key only, no forwarding, no PAM
     (it needs root). StrictModes is off because a Secret volume's directory is the kubelet's
     (root-owned, sticky); the key files themselves are 0400 plus the pod's fsGroup read.
     ``port`` and ``run_dir`` are the pod's; a test on one host gives its own."""
-    auth = _mpi(job).ssh_auth_mount_path.rstrip("/")
+    auth = mpi_spec(job).ssh_auth_mount_path.rstrip("/")
     return "\n".join(
         [
             f"Port {port}",
@@ -237,72 +207,6 @@ def service(job: Job) -> dict:
         {"name": "ssh", "port": SSHD_PORT, "targetPort": SSHD_PORT, "protocol": "TCP"}
     ]
     return svc
-
-
-def rank_command(job: Job, local: bool = False) -> list[str]:
-    """Each rank's program: spec.mpi.command, else the built-in trainer over Open MPI. Rank 0
-    serves the trainer's metrics and ``/status`` on worker 0 (the operator reads progress
-    there), with one rank per pod; locally, or with several slots, no rank does (one port)."""
-    m = _mpi(job)
-    if m.command is not None:
-        return list(m.command)
-    if job.trainer is None:
-        return []
-    args = manifests.trainer_args(job.trainer)
-    if local or m.slots_per_worker > 1:
-        i = args.index("--metrics-port")
-        del args[i : i + 2]
-    return ["ringtrain", "worker", "--collective", "mpi", *args]
-
-
-def mpirun_command(job: Job, local: bool = False, program: list[str] | None = None) -> list[str]:
-    """The launcher's command line running ``program`` (default :func:`rank_command`); []
-    when the Launcher template brings its own. The hostfile and ssh settings come from the
-    environment (:func:`launcher_env`), so a user's own ``mpirun`` gets them too."""
-    program = rank_command(job, local) if program is None else program
-    if not program:
-        return []
-    exported = [a for name in EXPORTED_ENV for a in ("-x", name)]
-    return [
-        "mpirun",
-        "-np",
-        str(ranks(job)),
-        "--map-by",
-        "slot",
-        "--bind-to",
-        "none",
-        *exported,
-        *program,
-    ]
-
-
-def launcher_env(job: Job, local: bool = False) -> list[dict]:
-    """Open MPI's settings (MCA parameters as ``OMPI_MCA_*``, which mpirun also forwards to
-    the ranks): the hostfile, ssh to sshd's port with the job's key, fixed TCP ports (not
-    ``local``: one host's jobs must not share them)."""
-    auth = _mpi(job).ssh_auth_mount_path.rstrip("/")
-    rsh = (
-        f"-p {SSHD_PORT} -i {auth}/{KEY_FILE} -o StrictHostKeyChecking=no "
-        "-o UserKnownHostsFile=/dev/null -o ConnectionAttempts=10 -o LogLevel=ERROR"
-    )
-    values = {
-        "OMPI_MCA_orte_default_hostfile": HOSTFILE,
-        "OMPI_MCA_plm_rsh_args": rsh,
-        "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
-        "HOME": "/tmp",
-        "PYTHONUNBUFFERED": "1",
-    }
-    if local:
-        # one host's ranks share its cores: Open MPI's busy polling then starves them (measured:
-        # 403 against 1,295 samples/s for the 300-step example on 2 busy cores)
-        values["OMPI_MCA_mpi_yield_when_idle"] = "1"
-    else:
-        values |= {
-            "OMPI_MCA_btl_tcp_port_min_v4": str(BTL_PORT_MIN),
-            "OMPI_MCA_btl_tcp_port_range_v4": str(PORT_RANGE),
-            "OMPI_MCA_oob_tcp_dynamic_ipv4_ports": f"{OOB_PORT_MIN}-{OOB_MAX}",
-        }
-    return [{"name": k, "value": v} for k, v in values.items()]
 
 
 def _main(pod_obj: dict) -> dict:
@@ -345,7 +249,7 @@ def _ssh_volume(job: Job) -> tuple[dict, dict]:
             "items": ssh_volume_items(),
         },
     }
-    mount = {"name": SSH_VOLUME, "mountPath": _mpi(job).ssh_auth_mount_path, "readOnly": True}
+    mount = {"name": SSH_VOLUME, "mountPath": mpi_spec(job).ssh_auth_mount_path, "readOnly": True}
     return volume, mount
 
 

@@ -16,7 +16,7 @@ import yaml
 from support.procs import CLI, ringtrain
 
 from ringtrain_localrun import plan
-from ringtrain_operator import mpi
+from ringtrain_operator import mpirun
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -83,7 +83,7 @@ def test_locally_the_hostfile_is_this_host_and_the_key_a_file_of_the_run(tmp_pat
     )
     assert launcher.argv[launcher.argv.index("-np") + 1] == "4"
     assert not any(k.startswith("OMPI_MCA_btl_tcp_port") for k in launcher.env)
-    keys = [p for p in launcher.files if p.endswith(mpi.KEY_FILE)]
+    keys = [p for p in launcher.files if p.endswith(mpirun.KEY_FILE)]
     assert len(keys) == 1 and b"PRIVATE KEY" in launcher.files[keys[0]]
     workers = [r for r in replicas if r.role == "worker"]
     assert [r.argv for r in workers] == [plan.SSHD_STAND_IN] * 2

@@ -15,7 +15,16 @@ from cryptography.hazmat.primitives import serialization
 from fake_kube import FakeKube
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_operator import lifecycle, manifests, mpi, networkpolicy, reconcile, render, status
+from ringtrain_operator import (
+    lifecycle,
+    manifests,
+    mpi,
+    mpirun,
+    networkpolicy,
+    reconcile,
+    render,
+    status,
+)
 from ringtrain_operator import spec as jobspec
 from ringtrain_operator.observe import ObservedPod
 
@@ -70,7 +79,7 @@ def test_every_object_of_the_job_with_the_hostfile_and_the_ssh_secret():
         assert o["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     (svc,) = by_kind(objs, "Service")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
-    assert [p["port"] for p in svc["spec"]["ports"]] == [mpi.SSHD_PORT]
+    assert [p["port"] for p in svc["spec"]["ports"]] == [mpirun.SSHD_PORT]
     (secret,) = by_kind(objs, "Secret")
     assert secret["type"] == "kubernetes.io/ssh-auth"
     assert set(secret["data"]) == {"ssh-privatekey", "ssh-publickey"}
@@ -78,7 +87,7 @@ def test_every_object_of_the_job_with_the_hostfile_and_the_ssh_secret():
     assert cm["data"]["hostfile"] == (
         "hvd-worker-0.hvd.team.svc slots=2\nhvd-worker-1.hvd.team.svc slots=2\n"
     )
-    assert f"Port {mpi.SSHD_PORT}" in cm["data"]["sshd_config"]
+    assert f"Port {mpirun.SSHD_PORT}" in cm["data"]["sshd_config"]
     assert "PasswordAuthentication no" in cm["data"]["sshd_config"]
     assert "AuthorizedKeysFile /home/ringtrain/.ssh/authorized_keys" in cm["data"]["sshd_config"]
 
@@ -102,7 +111,7 @@ def test_render_shows_every_object_and_no_key():
     kinds = ["Service", "Secret", "ConfigMap", "Pod", "Pod", "Pod", "NetworkPolicy"]
     assert [o["kind"] for o in objs] == kinds
     (policy,) = by_kind(objs, "NetworkPolicy")
-    assert {"protocol": "TCP", "port": mpi.SSHD_PORT} in policy["spec"]["ingress"][0]["ports"]
+    assert {"protocol": "TCP", "port": mpirun.SSHD_PORT} in policy["spec"]["ingress"][0]["ports"]
     (secret,) = by_kind(objs, "Secret")
     assert set(secret["data"].values()) == {render.REDACTED}
     assert "PRIVATE KEY" not in render.dump(objs)
@@ -113,8 +122,8 @@ def test_workers_run_sshd_non_root_unprivileged_read_only_and_are_ready_when_it_
     pod = mpi.pod(job, job.replica("worker"), 1)
     c = main(pod)
     assert c["command"][-1].endswith(f"exec /usr/sbin/sshd -D -e -f {mpi.SSHD_CONFIG}")
-    assert mpi.SSHD_PORT >= 1024
-    assert {"containerPort": mpi.SSHD_PORT, "name": "ssh", "protocol": "TCP"} in c["ports"]
+    assert mpirun.SSHD_PORT >= 1024
+    assert {"containerPort": mpirun.SSHD_PORT, "name": "ssh", "protocol": "TCP"} in c["ports"]
     assert c["securityContext"] == {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
@@ -122,8 +131,8 @@ def test_workers_run_sshd_non_root_unprivileged_read_only_and_are_ready_when_it_
     }
     psc = pod["spec"]["securityContext"]
     assert psc["runAsNonRoot"] and psc["runAsUser"] == manifests.RUN_AS_USER
-    assert c["readinessProbe"]["tcpSocket"] == {"port": mpi.SSHD_PORT}
-    assert c["livenessProbe"]["tcpSocket"] == {"port": mpi.SSHD_PORT} and "args" not in c
+    assert c["readinessProbe"]["tcpSocket"] == {"port": mpirun.SSHD_PORT}
+    assert c["livenessProbe"]["tcpSocket"] == {"port": mpirun.SSHD_PORT} and "args" not in c
     # no ring: no TF_CONFIG, no ring token, no ring ports
     assert not {e["name"] for e in c["env"]} & {"TF_CONFIG", "RINGTRAIN_TOKEN_FILE"}
     assert {p["name"] for p in c["ports"]} == {"ssh", "metrics"}
@@ -142,13 +151,15 @@ def test_the_launcher_runs_mpirun_with_the_trainer_over_mpi_and_openmpis_setting
     assert pod["metadata"]["name"] == "hvd-launcher" and "annotations" not in pod["metadata"]
     c = main(pod)
     launch, command = c["command"][:3], c["command"][3:]
-    assert launch == list(mpi.LAUNCH) and command[:3] == ["mpirun", "-np", "2"]
+    assert launch == list(mpirun.LAUNCH) and command[:3] == ["mpirun", "-np", "2"]
     program = command[command.index("ringtrain") :]
     assert program[:4] == ["ringtrain", "worker", "--collective", "mpi"]
     assert program[4:] == manifests.trainer_args(job.trainer)
     env = {e["name"]: e["value"] for e in c["env"]}
-    assert env["OMPI_MCA_orte_default_hostfile"] == mpi.HOSTFILE
-    assert f"-p {mpi.SSHD_PORT} -i /home/ringtrain/.ssh/id_ed25519" in env["OMPI_MCA_plm_rsh_args"]
+    assert env["OMPI_MCA_orte_default_hostfile"] == mpirun.HOSTFILE
+    assert (
+        f"-p {mpirun.SSHD_PORT} -i /home/ringtrain/.ssh/id_ed25519" in env["OMPI_MCA_plm_rsh_args"]
+    )
     assert "TF_CONFIG" not in env and "ports" not in c and "readinessProbe" not in c
     names = {v["name"] for v in pod["spec"]["volumes"]}
     assert manifests.CHECKPOINT_VOLUME not in names and mpi.SSH_VOLUME in names
@@ -396,14 +407,14 @@ def test_network_policy_sshd_only_from_the_launcher_mpi_ports_only_within_the_jo
     job = load(mpi_job())
     policy = mpi.network_policy(job, networkpolicy.Settings())
     rules = policy["spec"]["ingress"]
-    ssh = [r for r in rules if {"protocol": "TCP", "port": mpi.SSHD_PORT} in r["ports"]]
+    ssh = [r for r in rules if {"protocol": "TCP", "port": mpirun.SSHD_PORT} in r["ports"]]
     assert len(ssh) == 1
     assert ssh[0]["from"] == [
         {"podSelector": {"matchLabels": manifests.labels(job, "launcher", 0)}}
     ]
     (between,) = [r for r in rules if any(p.get("endPort") for p in r["ports"])]
     assert between["from"] == [{"podSelector": {"matchLabels": manifests.labels(job)}}]
-    assert {p["port"] for p in between["ports"]} == {mpi.BTL_PORT_MIN, mpi.OOB_PORT_MIN}
+    assert {p["port"] for p in between["ports"]} == {mpirun.BTL_PORT_MIN, mpirun.OOB_PORT_MIN}
     # nothing else may reach the job's pods but the ring policy's metrics rule
     others = [r for r in rules if r not in ssh and r is not between]
     assert all(p["port"] == manifests.METRICS_PORT for r in others for p in r["ports"])
