@@ -37,6 +37,13 @@ else:
 kernels: ModuleType | None = _loaded
 
 
+def loaded() -> ModuleType:
+    """The compiled module, where the caller decided it runs (an op's ``ws["native"]`` or
+    ``ws["gemm"]``, set at ``bind`` from :func:`gemm_runs` and ``kernels is not None``)."""
+    assert kernels is not None, "a compiled kernel was chosen but the extension is not built"
+    return kernels
+
+
 def describe() -> str:
     """``native C (avx512)`` (the set that runs), or why the numpy path runs."""
     if kernels is None:

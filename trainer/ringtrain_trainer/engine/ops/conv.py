@@ -192,7 +192,7 @@ class Conv(Window, Op):
             else:
                 np.copyto(self.inner(xin), self.as2d(x))
             ws["xin"] = xin
-            native.kernels.gemm(xin, ws["pixels"], ws["taps"], k2, z, self.cout)
+            native.loaded().gemm(xin, ws["pixels"], ws["taps"], k2, z, self.cout)
         elif self.pointwise:
             ws["cols"] = cols = x.reshape(-1, self.cin)
             np.matmul(cols, k2, out=z)
@@ -215,7 +215,7 @@ class Conv(Window, Op):
             g = grad.reshape(self.kk, self.cout)
             if ws["gemm"]:
                 dz2, taps = np.ascontiguousarray(ws["dz2"]), ws["taps"][lo:hi]
-                native.kernels.gemm(ws["xin"], taps, ws["pixels"], dz2, g[lo:hi], self.cout)
+                native.loaded().gemm(ws["xin"], taps, ws["pixels"], dz2, g[lo:hi], self.cout)
                 return
             if "gpart" not in ws:
                 np.matmul(ws["cols"].T[lo:hi], ws["dz2"], out=g[lo:hi])
@@ -241,7 +241,7 @@ class Conv(Window, Op):
             per_tap = kernel.reshape(-1, self.cin, self.cout).transpose(0, 2, 1)
             np.copyto(kt.reshape(-1, self.cout, self.cin), per_tap)
             np.copyto(dzp_in, ws["dz2"].reshape(dzp_in.shape))
-            native.kernels.gemm(ws["dzp"], ws["dx_rows"], ws["dx_red"], kt, ws["dx_c"], self.cin)
+            native.loaded().gemm(ws["dzp"], ws["dx_rows"], ws["dx_red"], kt, ws["dx_c"], self.cin)
             return ws["dx_c"]
         kt = kernel.reshape(-1, self.cin, self.cout).transpose(0, 2, 1)
         dxp, t5, dz2, r = ws["dxp"], ws["dtaps5"], ws["dz2"], self.npos

@@ -181,7 +181,7 @@ class Depthwise(Window, Op):
         if ws["native"]:
             ws["kernel"] = kernel
             z = self.act.pre(ws)
-            native.kernels.depthwise_forward(ws["x4"], kernel, z, ws["dims"])
+            native.loaded().depthwise_forward(ws["x4"], kernel, z, ws["dims"])
             if bias is not None:
                 tiles.add_bias(z.reshape(-1, self.cout), bias, ws["bt"])
             return self.act.run(ws)
@@ -208,7 +208,7 @@ class Depthwise(Window, Op):
         dz = self.act.grad(ws, dout)
         if ws["native"]:  # the kernel's and the input's gradients in one pass, here
             ws["dz2"] = dz.reshape(-1, self.cout)
-            native.kernels.depthwise_backward(
+            native.loaded().depthwise_backward(
                 ws["x4"], np.ascontiguousarray(dz), ws["kernel"], ws["dk"], ws["dxpad"],
                 ws["dims"],
             )  # fmt: skip

@@ -57,7 +57,10 @@ class ConvPool(Op):
     def buffers(self, b: int, train: bool, need_dx: bool) -> dict[str, tuple[tuple[int, ...], str]]:
         if self.native(need_dx):
             pooled = (b, self.hp, self.wp, self.cout)
-            bufs = {"out": (pooled, "f"), "idx": (pooled, "u")}
+            bufs: dict[str, tuple[tuple[int, ...], str]] = {
+                "out": (pooled, "f"),
+                "idx": (pooled, "u"),
+            }
             if train:
                 bufs.update({"dw": ((self.kk, self.cout), "f"), "db": ((self.cout,), "f")})
             return bufs
@@ -160,13 +163,13 @@ class ConvPool(Op):
     def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
         if ws["native"]:
             out = ws["out"]
-            native.kernels.convpool_forward(x, kernel, bias, out, ws["idx"], *self._dims(x))
+            native.loaded().convpool_forward(x, kernel, bias, out, ws["idx"], *self._dims(x))
             ws["x"] = x
             return out
         if ws["gemm"]:
             ws["x"] = x
             kern = kernel.reshape(self.kk, self.cout)
-            native.kernels.gemm(x, ws["pixels"], ws["taps"], kern, ws["conv"], self.cout)
+            native.loaded().gemm(x, ws["pixels"], ws["taps"], kern, ws["conv"], self.cout)
         else:
             if ws.get("windows_of") is not x:  # the input buffer is fixed per program
                 ws["windows"], ws["windows_of"] = self._windows(x, x.shape[0]), x
@@ -174,7 +177,7 @@ class ConvPool(Op):
             np.matmul(ws["A"], kernel.reshape(self.kk, self.cout), out=ws["conv"])
         if ws["pool_native"]:
             out, p = ws["out"], ws["out"].size // self.cout
-            native.kernels.pool_relu(ws["conv"], bias, out, ws["win"], p, self.cout)
+            native.loaded().pool_relu(ws["conv"], bias, out, ws["win"], p, self.cout)
             return out
         c4, pooled, out = ws["conv4"], ws["pooled"], ws["out"]
         np.maximum(c4[0], c4[1], out=pooled)
@@ -190,11 +193,13 @@ class ConvPool(Op):
         the only float passes are the four products."""
         if ws["native"]:
             x = ws["x"]
-            native.kernels.convpool_backward(x, dout, ws["idx"], ws["dw"], ws["db"], *self._dims(x))
+            native.loaded().convpool_backward(
+                x, dout, ws["idx"], ws["dw"], ws["db"], *self._dims(x)
+            )
             return
         if ws["pool_native"]:
             d, p = np.ascontiguousarray(dout), ws["out"].size // self.cout
-            native.kernels.unpool(d, ws["win"], ws["dconv"], p, self.cout)
+            native.loaded().unpool(d, ws["win"], ws["dconv"], p, self.cout)
             return
         c4, d4, pooled = ws["conv4"], ws["dconv4"], ws["pooled"]
         avail, eq = ws["mask"], ws["eq"]
@@ -230,7 +235,7 @@ class ConvPool(Op):
             g = grad.reshape(self.kk, self.cout)
             if ws["gemm"]:
                 taps = ws["taps"][lo:hi]
-                native.kernels.gemm(ws["x"], taps, ws["pixels"], ws["dconv"], g[lo:hi], self.cout)
+                native.loaded().gemm(ws["x"], taps, ws["pixels"], ws["dconv"], g[lo:hi], self.cout)
             else:
                 np.matmul(ws["A"].T[lo:hi], ws["dconv"], out=g[lo:hi])
 
@@ -240,7 +245,7 @@ class ConvPool(Op):
         if ws["native_dx"]:
             kt, dx = ws["kernel_t"], ws["dx"]
             np.copyto(kt, kernel.transpose(0, 1, 3, 2))
-            native.kernels.convpool_input_grad(kt, dout, ws["win"], dx, *self._dims(dx))
+            native.loaded().convpool_input_grad(kt, dout, ws["win"], dx, *self._dims(dx))
             return dx
         np.matmul(ws["dconv"], kernel.reshape(self.kk, self.cout).T, out=ws["dcols"])
         dx, dc = ws["dx"], ws["dcols8"]
@@ -272,7 +277,7 @@ class Dense(Op):
         ]
 
     def buffers(self, b: int, train: bool, need_dx: bool) -> dict[str, tuple[tuple[int, ...], str]]:
-        bufs = {"out": ((b, self.n_out), "f")}
+        bufs: dict[str, tuple[tuple[int, ...], str]] = {"out": ((b, self.n_out), "f")}
         if train:
             bufs["dz"] = ((b, self.n_out), "f")
             bufs["ones"] = ((b,), "f")
@@ -300,7 +305,7 @@ class Dense(Op):
         ws["x"] = x2
         out = ws["out"]
         if ws["gemm"]:
-            native.kernels.gemm(x2, ws["x_rows"], ws["x_cols"], kernel, out, self.n_out)
+            native.loaded().gemm(x2, ws["x_rows"], ws["x_cols"], kernel, out, self.n_out)
         else:
             np.matmul(x2, kernel, out=out)
         np.add(out, bias, out=out)
@@ -321,7 +326,7 @@ class Dense(Op):
     ) -> np.ndarray:
         if ws["gemm_dx"]:
             dz, dx = ws["dz"], ws["dx"]
-            native.kernels.gemm_nt(dz, kernel, dx, dz.shape[0], self.n_in, self.n_out)
+            native.loaded().gemm_nt(dz, kernel, dx, dz.shape[0], self.n_in, self.n_out)
             return dx
         return np.matmul(ws["dz"], kernel.T, out=ws["dx"])
 
@@ -336,6 +341,6 @@ class Dense(Op):
             lo, hi = rows
             if ws["gemm"]:
                 cols = ws["x_cols"][lo:hi]
-                native.kernels.gemm(ws["x"], cols, ws["x_rows"], ws["dz"], grad[lo:hi], self.n_out)
+                native.loaded().gemm(ws["x"], cols, ws["x_rows"], ws["dz"], grad[lo:hi], self.n_out)
             else:
                 np.matmul(ws["x"].T[lo:hi], ws["dz"], out=grad[lo:hi])
