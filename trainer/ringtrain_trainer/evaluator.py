@@ -31,7 +31,7 @@ from typing import TextIO
 
 import numpy as np
 
-from ringtrain import events
+from ringtrain import events, files
 from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState
 from ringtrain_trainer.config import TrainerConfig
@@ -55,10 +55,7 @@ POLL_S = 1.0
 def write_done(checkpoint_dir: str | os.PathLike, final: events.Final) -> Path:
     """The chief, after its last checkpoint: training finished (atomically: tmp + rename)."""
     path = Path(checkpoint_dir) / DONE_FILE
-    tmp = path.with_name(f".{DONE_FILE}.tmp-{os.getpid()}")
-    tmp.write_text(final.to_json() + "\n")
-    os.replace(tmp, path)
-    return path
+    return files.atomic_write(path, (final.to_json() + "\n").encode())
 
 
 def clear_done(checkpoint_dir: str | os.PathLike) -> None:

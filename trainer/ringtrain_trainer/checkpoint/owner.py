@@ -21,6 +21,7 @@ import socket
 import time
 from pathlib import Path
 
+from ringtrain import files
 from ringtrain.errors import InvalidSpec
 
 OWNER_FILE = ".ringtrain-owner.json"
@@ -94,10 +95,7 @@ def claim(directory: str | os.PathLike, token: bytes | None) -> Path:
                 "job per checkpoint directory: give this job its own, or remove "
                 f"{path} if that job is gone"
             )
-    tmp = path.with_name(f"{OWNER_FILE}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(me))
-    os.replace(tmp, path)
-    return path
+    return files.atomic_write(path, json.dumps(me).encode())
 
 
 def release(path: Path) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ringtrain import files
 from ringtrain.errors import CheckpointError
 from ringtrain_trainer.data.dataset import Position
 
@@ -107,22 +108,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file, fsync, rename over ``path``. On failure (a full
     disk: ENOSPC) the temporary file is removed and a CheckpointError names ``path``, raised
     from the OSError, so that ``errors.exit_code_for`` still finds the exhaustion (retryable)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        files.atomic_write(path, data)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         why = e.strerror or str(e)
+        tmp = files.temporary_name(path)
         raise CheckpointError(f"{path}: cannot write ({why}); removed {tmp.name}") from e
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def checkpoint_cap(params_bytes: int, state_bytes: int = 0) -> int:

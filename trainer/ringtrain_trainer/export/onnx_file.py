@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ringtrain import files
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.keras import masks
 from ringtrain_trainer.keras.archive import bind
@@ -183,8 +184,4 @@ def write_onnx(
     onnx = _onnx()
     model = to_onnx(keras_config, weights, input_shape)
     onnx.checker.check_model(model, full_check=True)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(model.SerializeToString())
-    os.replace(tmp, path)
-    return path
+    return files.atomic_write(path, model.SerializeToString())

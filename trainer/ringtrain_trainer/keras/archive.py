@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ringtrain import files
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.keras import nested, shared
 from ringtrain_trainer.keras.config import ModelConfig, fix_input_shape, free_input_shape, parse
@@ -268,11 +269,7 @@ def write_keras(
         zf.writestr(METADATA, json.dumps(metadata))
         zf.writestr(CONFIG, json.dumps(doc))
         zf.writestr(WEIGHTS, buf.getvalue())
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(out.getvalue())
-    os.replace(tmp, path)
-    return path
+    return files.atomic_write(path, out.getvalue())
 
 
 #: the length a free (None) input dimension takes to read a model's weights: their shapes do
