@@ -25,7 +25,8 @@ def build(name: str) -> ModelSpec:
         return ModelSpec(name, [c1, Dense(flat, 64, True), Dense(64, 10, False)])
     if name == "cnn2":
         c1 = ConvPool((28, 28, 1), 32)
-        c2 = ConvPool(c1.out_shape, 64)
+        h, w, c = c1.out_shape
+        c2 = ConvPool((h, w, c), 64)
         flat = math.prod(c2.out_shape)
         return ModelSpec(name, [c1, c2, Dense(flat, 64, True), Dense(64, 10, False)])
     raise InvalidSpec(f"--model: unknown model {name!r} (known: {', '.join(MODELS)})")

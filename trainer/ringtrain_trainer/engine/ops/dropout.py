@@ -71,7 +71,8 @@ def masks(seed: int, layer: int, step: int, example0: int, rate: float, out: np.
     raw = np.empty((b, words), np.uint64)
     bits = np.random.Philox(key=[seed & (2**64 - 1), layer])
     state = bits.state
-    state.update(buffer_pos=4, has_uint32=0, uinteger=0)  # a fresh generator's buffer
+    # a fresh generator's buffer
+    state["buffer_pos"], state["has_uint32"], state["uinteger"] = 4, 0, 0
     for e in range(b):
         state["state"]["counter"] = np.array([0, 0, step, example0 + e], np.uint64)
         bits.state = state

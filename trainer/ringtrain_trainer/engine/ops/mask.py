@@ -45,7 +45,7 @@ class ComputeMask(Op):
             np.not_equal(xs[0], 0, out=out, casting="unsafe")
         elif self.kind_ == "value":
             np.not_equal(xs[0], self.value, out=ws["ne"])
-            np.any(ws["ne"], axis=-1, out=out, keepdims=False)  # type: ignore[call-overload]
+            np.any(ws["ne"], axis=-1, out=out, keepdims=False)
         else:
             np.copyto(out, xs[0])
             for m in xs[1:]:

@@ -57,6 +57,10 @@ class _Recurrent(Op):
     #: the LSTM's and GRU's fast path (``recurrent_fast``) instead of this per-step loop
     fast = False
 
+    def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
+        """The cell's pass over the sequence: each cell's own (SimpleRNN, LSTM, GRU)."""
+        raise NotImplementedError
+
     def __init__(
         self,
         in_shape,
