@@ -335,8 +335,8 @@ def components() -> list[tuple[str, str, object]]:
 
 def _numerics_metrics(registry):
     """The worker registers these beside TrainerMetrics once its numerics are resolved."""
-    from ringtrain_trainer.optim.numerics import Numerics, NumericsMetrics
     from ringtrain_trainer.optim.loss_scale import LossScale
+    from ringtrain_trainer.optim.numerics import Numerics, NumericsMetrics
 
     return NumericsMetrics(registry, 1, 1, Numerics("fp32", "OFF", LossScale()))
 

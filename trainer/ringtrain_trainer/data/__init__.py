@@ -1,1 +1,6 @@
-"""data: see docs/architecture.md."""
+"""Data in: the built-in sets and a user's ``.npz``, checked against the model, sharded per worker.
+
+``split`` (the in-memory data set), ``dataset`` (built-in sets, sharding, the data position),
+``npz`` and ``multi`` (a user's file, one input or several), ``arrays`` and ``fit`` (the rules
+each array and the whole set must meet before the first step).
+"""
