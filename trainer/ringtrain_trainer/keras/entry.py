@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NoReturn
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.ops import initializers as I
@@ -167,7 +167,7 @@ class Args:
         if dtype not in (None, "float32", "mixed_float16"):  # the policy: keras.compile
             self.refuse("dtype", dtype, "float32 or mixed_float16")
 
-    def refuse(self, arg: str, value: Any, supported: str) -> None:
+    def refuse(self, arg: str, value: Any, supported: str) -> NoReturn:
         raise InvalidSpec(
             f"model: {self.where}: {arg}={value!r} is not supported (supported: {supported})"
         )

@@ -6,6 +6,8 @@ returns the identity). ``PReLU`` has a trainable slope: its own op (``engine/ops
 
 from __future__ import annotations
 
+from typing import Any
+
 from ringtrain_trainer.engine.ops import activations
 from ringtrain_trainer.engine.ops.prelu import PReLU
 from ringtrain_trainer.keras import onnx_acts
@@ -24,7 +26,7 @@ def _number(a: Args, arg: str, default, low: float = 0.0):
 
 def _parse(a: Args) -> dict:
     if a.cls == "Activation":
-        args = {"activation": _activation(a)}
+        args: dict[str, Any] = {"activation": _activation(a)}
     elif a.cls == "ReLU":
         args = {
             "max_value": _number(a, "max_value", None),

@@ -4,6 +4,8 @@ GlobalAveragePooling2D (channels last, NHWC). A Conv2D with a dilation or an act
 
 from __future__ import annotations
 
+from typing import Any
+
 from ringtrain_trainer.engine.ops.conv import Conv
 from ringtrain_trainer.engine.ops.pool import GlobalPool, Pool
 from ringtrain_trainer.engine.ops.window import same_pad
@@ -48,7 +50,7 @@ def _windowed(shape: Shape, kernel, strides, padding) -> tuple[int, int]:
 
 def _conv_parse(a: Args) -> dict:
     a.trainable()
-    args = {
+    args: dict[str, Any] = {
         "filters": a.positive("filters"),
         "kernel_size": a.pair("kernel_size", None),
         "strides": a.pair("strides", 1),

@@ -5,6 +5,8 @@ normalize per example (no batch statistics, nothing kept between steps); only th
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.ops.groupnorm import GroupNorm
@@ -68,7 +70,7 @@ def _group_parse(a: Args) -> dict:
     groups = a.take("groups", 32)
     if not isinstance(groups, int) or isinstance(groups, bool) or (groups < 1 and groups != -1):
         a.refuse("groups", groups, "a positive int or -1 (one group per channel)")
-    args = {"groups": groups, "axis": _last_axis(a)}
+    args: dict[str, Any] = {"groups": groups, "axis": _last_axis(a)}
     eps = a.take("epsilon", 1e-3)
     if not isinstance(eps, int | float) or isinstance(eps, bool) or eps < 0:
         a.refuse("epsilon", eps, "a number ≥ 0")

@@ -7,6 +7,8 @@ up, which is TensorFlow's ``floor((o + 0.5) * scale)``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.ops.resize import INTERPOLATIONS, Resize
@@ -14,7 +16,7 @@ from ringtrain_trainer.keras.entry import Args, Entry, Shape
 
 
 def _parse(a: Args) -> dict:
-    args = {"height": a.positive("height"), "width": a.positive("width")}
+    args: dict[str, Any] = {"height": a.positive("height"), "width": a.positive("width")}
     args["interpolation"] = a.must_be("interpolation", *INTERPOLATIONS)
     a.must_be("crop_to_aspect_ratio", False)
     a.must_be("pad_to_aspect_ratio", False)

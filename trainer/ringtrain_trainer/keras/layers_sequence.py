@@ -11,6 +11,8 @@ every layer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain.errors import InvalidSpec
@@ -123,7 +125,7 @@ _PROJ = ("query", "key", "value")
 
 def _mha_parse(a: Args) -> dict:
     a.trainable()
-    args = {
+    args: dict[str, Any] = {
         "num_heads": a.positive("num_heads"),
         "key_dim": a.positive("key_dim"),
         "use_bias": bool(a.take("use_bias", True)),

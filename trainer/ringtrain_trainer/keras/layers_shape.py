@@ -7,6 +7,7 @@ RepeatVector (ops: ``engine/ops/rearrange.py``; ONNX ``Transpose``, ``Unsqueeze`
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -151,7 +152,7 @@ def _up_onnx(g, spec, weights) -> None:
 
 
 def _center_parse(a: Args) -> dict:
-    args = {"height": a.positive("height"), "width": a.positive("width")}
+    args: dict[str, Any] = {"height": a.positive("height"), "width": a.positive("width")}
     args["data_format"] = a.channels_last()
     a.done("height, width")
     return args
