@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.graph import Graph, Node
+from ringtrain_trainer.engine.loss_spec import LossSpec
+from ringtrain_trainer.engine.multiloss import MultiLossSpec
+from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops import activity, regularizers
 from ringtrain_trainer.engine.ops.dropout import SharedDropout
 from ringtrain_trainer.engine.ops.frozen import Frozen
@@ -40,7 +43,7 @@ class Lowered:
     owner: list[int | None]
     ipu_input: tuple
     widths: list[int]
-    loss: object
+    loss: LossSpec | MultiLossSpec
     ties: dict[int, int]
 
 
@@ -128,10 +131,12 @@ def lower(config: ModelConfig) -> Lowered:
             continue
         group = [s]
         roles, extra = wiring.inputs(s)
+        op: Op | None
         if reg is None and _fuses(s, readers) and not last and (s.shares or s.name) not in calls:
             group.append(readers[0])
             done.add(specs.index(readers[0]))
-            op = ConvPool(tuple(s.in_shapes[0]), s.args["filters"], s.args["kernel_size"][0])
+            h, w, c = s.in_shapes[0]
+            op = ConvPool((h, w, c), s.args["filters"], s.args["kernel_size"][0])
         else:
             fold = heads[s.output] if last else None
             try:

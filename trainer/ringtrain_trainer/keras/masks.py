@@ -133,7 +133,8 @@ def key_of(expr: Any, ops: dict, tensors: dict, rank, where: str) -> Key | None:
             if kind in ("true", "false"):
                 return (kind, None)
         if cls == "Any" and (cfg.get("axis"), bool(cfg.get("keepdims"))) == (-1, False):
-            kind, k = ev(ts[0]) if len(ts) == 1 else ("", None)
+            got: tuple[str, Any] = ev(ts[0]) if len(ts) == 1 else ("", None)
+            kind, k = got
             if kind == "ne":
                 return ("step", ("value", *k))
             if kind in ("feat", "true", "false"):

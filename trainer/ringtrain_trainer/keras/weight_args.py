@@ -8,6 +8,7 @@ refused here rather than silently dropped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from ringtrain.errors import InvalidSpec
@@ -30,13 +31,12 @@ def _weight_arg(weight: str) -> str:
     return weight
 
 
-def with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list[Slot]:
+def with_weight_args(slots: list[Slot], layers: Sequence[LayerSpec], owner) -> list[Slot]:
     """The slots with each parameter's non-default initializer, regularizer and constraint
     (the layer's ``*_initializer``/``*_regularizer``/``*_constraint`` arguments, kept by
     ``Args``); one that names no trainable weight of its layer is refused, not ignored."""
     extra: dict[tuple[int, str], dict] = {}
     readers = {"init": initializers.parse, "reg": regularizers.parse}
-    readers["constraint"] = constraints.parse
     kinds = (("init", "initializer"), ("reg", "regularizer"), ("constraint", "constraint"))
     for s, li in zip(layers, owner, strict=True):
         if s.shares:  # a later call of a shared layer: the layer's own arguments say it
@@ -51,9 +51,12 @@ def with_weight_args(slots: list[Slot], layers: list[LayerSpec], owner) -> list[
                     used.add(arg)
                 elif arg in args and w.trainable and li is not None:
                     used.add(arg)
-                    got = readers[field](args[arg], arg)
+                    got: object  # an Initializer, a Regularizer or a Constraint
                     if field == "constraint":  # projected over the Keras weight's axes
-                        got = replace(got, shape=tuple(w.shape))
+                        c = constraints.parse(args[arg], arg)
+                        got = c if c is None else replace(c, shape=tuple(w.shape))
+                    else:
+                        got = readers[field](args[arg], arg)
                     extra.setdefault((li, w.name), {})[field] = got
         for k in s.args:
             optional = k.split("_")[0] in ("bias", "gamma", "beta")  # absent when switched off
