@@ -62,7 +62,7 @@ def bind(cfg: ModelConfig, weights: list[np.ndarray]) -> list[list[np.ndarray]]:
     need = sum(len(w) for _, w in want)
     if len(weights) != need:
         raise InvalidSpec(f"model has {need} weight arrays but {len(weights)} were given")
-    it, out = iter(weights), []
+    it, out = iter(weights), list[list[np.ndarray]]()
     for s, (_, ws) in zip(cfg.layers, want, strict=True):
         out.append([])
         for i, w in enumerate(ws):
@@ -211,7 +211,8 @@ def normalized(keras_config: dict) -> dict:
     """A copy with the ``module`` fields and ``build_config`` Keras writes itself, so a config
     written by hand (or by tf.keras 2) deserializes like one Keras saved."""
     cfg = copy.deepcopy(keras_config)
-    cfg.setdefault("module", _MODULE.get(cfg.get("class_name"), "keras"))
+    cls = cfg.get("class_name")
+    cfg.setdefault("module", _MODULE.get(cls, "keras") if isinstance(cls, str) else "keras")
     cfg.setdefault("registered_name", None)
     for layer in (cfg.get("config") or {}).get("layers") or []:
         layer.setdefault("module", "keras.layers")
@@ -250,8 +251,8 @@ def write_keras(
         f.create_group("vars").attrs["name"] = cfg.name
         if cfg.functional:
             f.create_group("layers/input_layer/vars")
-        for group in cfg.nesting.empty:
-            f.require_group(group)
+        for empty in cfg.nesting.empty:
+            f.require_group(empty)
         for s, group, ws, (_, specs) in zip(
             cfg.layers, h5_paths(cfg), arrays, weights_of(cfg), strict=True
         ):

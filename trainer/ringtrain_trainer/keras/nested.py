@@ -154,7 +154,7 @@ class _Flattener:
             raise InvalidSpec(f"model: {where} is called on {len(inputs)} tensors (supported: 1)")
         inp = next((x for x in layers if x.get("class_name") == "InputLayer"), None)
         self._group(item, prefix, frozen, path, _name(inp, 0) if inp else "input_layer", call)
-        ref, counts = inputs[0], {}
+        ref, counts = inputs[0], dict[str, int]()
         for x in layers:
             if x.get("class_name") == "InputLayer":
                 continue
@@ -240,7 +240,7 @@ def flatten(model: dict) -> tuple[dict, Nesting]:
         name = str((inp.get("config") or {}).get("name") or "input_layer")
         inp["name"] = inp["config"]["name"] = name
         out = f._sequential(layers, "", [(name, 0, 0)], frozen, "", "the model", top)
-        ins = [name, 0, 0]
+        ins: Any = [name, 0, 0]  # Keras JSON as written: one [name, 0, 0] or a list of them
         first = [inp]
     else:
         ins = cfg.get("input_layers")
@@ -302,7 +302,7 @@ def nest(flat: dict, nesting: Nesting) -> dict:
                 y.pop("name")
             body.append(y)
         shape = srcs[0]["config"].get("shape")
-        inp = {
+        inp: dict[str, Any] = {
             "module": "keras.layers",
             "class_name": "InputLayer",
             "config": {"batch_shape": shape, "dtype": "float32", "name": g.input_name},

@@ -56,7 +56,12 @@ def as_layer(layer: dict) -> dict:
 
     if node.get("kwargs") or len(args) != 2 or len(nodes) != 1:
         raise refuse(f"with call arguments {args!r} {node.get('kwargs')!r} is not supported")
-    base = {"name": name, "inbound_nodes": [], "registered_name": None, "module": "keras.layers"}
+    base: dict[str, Any] = {
+        "name": name,
+        "inbound_nodes": [],
+        "registered_name": None,
+        "module": "keras.layers",
+    }
     if all(map(_is_tensor, args)) and cls in MERGES:
         return {
             **base,

@@ -8,6 +8,7 @@ both questions per output, by the output's Keras name in its errors.
 from __future__ import annotations
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.engine.loss_spec import LossSpec
 from ringtrain_trainer.engine.multiloss import MultiLossSpec
 from ringtrain_trainer.keras.config import ModelConfig
 
@@ -28,7 +29,7 @@ def output_shape(config: ModelConfig, ops: list, where: dict[int, int], t: int) 
     output ``(*positions, units)`` (a loss per timestep or pixel: sequence tagging,
     segmentation, autoencoders); ≥ 2 classes for a classifier."""
     shape = tuple(ops[where[t] - 1].out_shape) if where[t] > 0 else ()
-    loss = config.loss
+    loss: LossSpec | MultiLossSpec | None = config.loss
     name = None
     if isinstance(loss, MultiLossSpec):
         k = config.outputs.index(t)
