@@ -8,7 +8,7 @@ import pytest
 from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.ops import fused
 from ringtrain_trainer.engine.ops.conv import Conv
-from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.dense import Dense
 from ringtrain_trainer.engine.ops.pool import Pool
 from ringtrain_trainer.engine.ops.shape import Reshape
 
@@ -17,13 +17,22 @@ def fused_and_general(in_shape, filters, kernel):
     conv = fused.ConvPool(in_shape, filters, kernel)
     flat = int(np.prod(conv.out_shape))
     a = M.ModelSpec(
-        "fused", [conv, fused.Dense(flat, 7, True), fused.Dense(7, 4, False)], in_shape, 4
+        "fused",
+        [conv, Dense((flat,), 7, "relu"), Dense((7,), 4)],
+        in_shape,
+        4,
     )
     c = Conv(in_shape, filters, (kernel, kernel), activation="relu")
     p = Pool(c.out_shape, "max", (2, 2), (2, 2), "valid")
     b = M.ModelSpec(
         "general",
-        [c, p, Reshape(p.out_shape, (flat,)), Linear(flat, 7, "relu"), Linear(7, 4)],
+        [
+            c,
+            p,
+            Reshape(p.out_shape, (flat,)),
+            Dense((flat,), 7, "relu", fast=False),
+            Dense((7,), 4, fast=False),
+        ],
         in_shape,
         4,
     )

@@ -7,8 +7,7 @@ from support.gradcheck import check_model
 
 from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.graph import Graph, GraphError, Node
-from ringtrain_trainer.engine.ops import fused
-from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.dense import Dense
 from ringtrain_trainer.engine.ops.elementwise import Add, Elementwise
 
 
@@ -46,10 +45,10 @@ def diamond() -> M.ModelSpec:
         [Node(0, (0,), 1), Node(1, (1,), 2), Node(2, (2, 1), 3), Node(3, (3,), 4)], (0,), (4,)
     )
     layers = [
-        Linear(5, 6, "tanh"),
+        Dense((5,), 6, "tanh", fast=False),
         Elementwise((6,), "relu"),
         Add((6,)),
-        fused.Dense(6, 3, False),
+        Dense((6,), 3),
     ]
     return M.ModelSpec("diamond", layers, (5,), 3, graph)
 

@@ -25,7 +25,7 @@ from ringtrain_trainer.engine.ops import (
 )
 from ringtrain_trainer.engine.ops.batchnorm import BatchNorm
 from ringtrain_trainer.engine.ops.conv import Conv
-from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.dense import Dense
 from ringtrain_trainer.engine.ops.dropout import Dropout
 from ringtrain_trainer.engine.ops.elementwise import Add, Elementwise
 from ringtrain_trainer.engine.ops.pool import GlobalPool, Pool
@@ -42,7 +42,7 @@ def _registry() -> set[type]:
         BatchNorm=BatchNorm,
         Dropout=Dropout,
         Elementwise=Elementwise,
-        Linear=Linear,
+        Dense=Dense,
         Reshape=Reshape,
     )
     mods = [
@@ -75,10 +75,10 @@ CASES = {
         f"elementwise-{a}": Elementwise((4,), a, scale=0.5, offset=0.1)
         for a in ("linear", "relu", "sigmoid", "tanh", "softmax")
     },
-    "linear-tanh": Linear(4, 3, "tanh", True),
-    "linear-softmax-nobias": Linear(4, 3, "softmax", False),
-    "linear-gelu": Linear(4, 3, "gelu", True),
-    "linear-identity": Linear(4, 3, "linear", True),
+    "linear-tanh": Dense((4,), 3, "tanh", True, fast=False),
+    "linear-softmax-nobias": Dense((4,), 3, "softmax", False, fast=False),
+    "linear-gelu": Dense((4,), 3, "gelu", True, fast=False),
+    "linear-identity": Dense((4,), 3, "linear", True, fast=False),
     "dropout": Dropout((6,), 0.5, 1),
     "reshape": Reshape((2, 3), (6,)),
     "batchnorm": BatchNorm((5, 3), 0.9, 1e-3, True, True),
@@ -87,8 +87,8 @@ CASES = {
     "add3": Add((4,), 3),
     "convpool": fused.ConvPool((6, 6, 2), 3),
     "convpool-one-channel": fused.ConvPool((7, 6, 1), 2, 2),
-    "dense-relu": fused.Dense(5, 4, True),
-    "dense": fused.Dense(5, 4, False),
+    "dense-relu": Dense((5,), 4, "relu"),
+    "dense": Dense((5,), 4),
     **{f"merge-{m}": merge.Merge((2, 3), m) for m in merge.MODES},
     **{f"merge3-{m}": merge.Merge((4,), m, 3) for m in merge.MODES if m != "subtract"},
     "concatenate-last": merge.Concatenate([(2, 3), (2, 1)], -1),
@@ -113,7 +113,7 @@ CASES = {
     "translation": augment.RandomAffine(
         (4, 3, 2), "translation", [(-0.4, 0.4), (-0.5, 0.2)], "reflect", "bilinear", 0.0, 0
     ),
-    "activity-on-linear": activity.WithActivity(Linear(4, 3, "tanh", True), 0.2, 0.3),
+    "activity-on-linear": activity.WithActivity(Dense((4,), 3, "tanh", True, fast=False), 0.2, 0.3),
     **{f"noise-{m}": noise.Noise((2, 3), m, 0.3, 2) for m in noise.MODES},
     "standardize-adapted": standardize.Standardize((2, 3)),
     "standardize-fixed": standardize.Standardize((4,), [1.0, 2.0, 0.0, -1.0], [4.0, 0.25, 9, 1]),

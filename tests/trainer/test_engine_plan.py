@@ -10,7 +10,7 @@ from test_engine_graph import diamond
 from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine import plan
 from ringtrain_trainer.engine.ops.conv import Conv
-from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.dense import Dense
 from ringtrain_trainer.engine.ops.shape import Reshape
 from ringtrain_trainer.engine.tensor import ParamSpec
 
@@ -52,8 +52,8 @@ def test_every_op_streams_on_the_same_grid():
     layers = [
         Conv((4, 4, 64), 128, (3, 3), padding="same"),  # 73,728-element kernel
         Reshape((4, 4, 128), (2048,)),
-        Linear(2048, 40, "tanh"),  # 81,920 elements
-        Linear(40, 10),
+        Dense((2048,), 40, "tanh", fast=False),  # 81,920 elements
+        Dense((40,), 10, fast=False),
     ]
     spec = M.ModelSpec("wide", layers, (4, 4, 64), 10)
     by_param = {(p.node, p.name): 0 for p in spec.pieces}
@@ -74,7 +74,11 @@ def test_every_op_streams_on_the_same_grid():
 
 @pytest.mark.parametrize("grads_first", [False, True])
 def test_the_program_announces_each_piece_once_final_in_plan_order(rng, grads_first):
-    layers = [Reshape((6, 6, 4), (144,)), Linear(144, 500, "tanh"), Linear(500, 3)]
+    layers = [
+        Reshape((6, 6, 4), (144,)),
+        Dense((144,), 500, "tanh", fast=False),
+        Dense((500,), 3, fast=False),
+    ]
     spec = M.ModelSpec("blocked", layers, (6, 6, 4), 3)
     assert len(spec.pieces) > 4  # the 72,000-element kernel is cut in two
     params = spec.init(1, np.float64)

@@ -115,9 +115,10 @@ def test_the_wide_model_uses_the_general_layers_and_the_narrow_one_the_fused_con
         "Pool",
         "Reshape",
         "Dropout",
-        "Linear",
-        "Dense",
+        "Dense",  # the general path (a softmax- or tanh-style activation): "Linear" before
+        "Dense",  # the fast path (relu/linear with a bias on a flat input)
     ]
+    assert not wide.layers[8].fast and wide.layers[9].fast
     assert isinstance(narrow.layers[1], fused.ConvPool) and narrow.layers[1].name == "c+p"
     assert narrow.input_shape == (6, 6, 1) and narrow.config.input_shape == (6, 6)
     assert not wide.config.from_logits and narrow.config.from_logits

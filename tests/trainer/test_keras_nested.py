@@ -29,7 +29,7 @@ from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.ops.batchnorm import BatchNorm
-from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.dense import Dense
 from ringtrain_trainer.engine.ops.frozen import Frozen
 from ringtrain_trainer.engine.ops.shared import Shared, Tied
 from ringtrain_trainer.export import write_keras, write_onnx
@@ -206,7 +206,7 @@ def test_a_frozen_layer_without_starting_weights_is_refused_naming_it():
     "op",
     [
         Frozen(BatchNorm((3, 4), 0.9, 1e-3, True, True), inference=True),
-        Frozen(Linear(4, 3, "tanh", True)),
+        Frozen(Dense((4,), 3, "tanh", True, fast=False)),
     ],
     ids=["batchnorm-inference", "linear"],
 )

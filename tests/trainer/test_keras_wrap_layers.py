@@ -25,7 +25,7 @@ from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.engine import model as M
 from ringtrain_trainer.engine.ops.conv import Conv
-from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.dense import Dense
 from ringtrain_trainer.engine.ops.groupconv import GroupConv
 from ringtrain_trainer.engine.ops.pool import Pool
 from ringtrain_trainer.engine.ops.scale import ChannelScale
@@ -45,7 +45,7 @@ STEPS, BATCH = 3, 8
 @pytest.mark.parametrize(
     "inner",
     [
-        Linear(4, 3, "tanh", True),
+        Dense((4,), 3, "tanh", True, fast=False),
         Conv((4, 4, 2), 3, (2, 2), (1, 1), "valid", 1, "relu", True),
         Pool((4, 4, 2), "max", (2, 2), (2, 2), "valid"),
     ],

@@ -11,7 +11,8 @@ group of finished gradients is a contiguous slice of the flat gradient buffer th
 can hand to the allreduce without copying.
 
 The ops themselves live in ``engine/ops/``, one family per file (``engine.op.Op`` protocol); the
-fused fast path (``ops.fused``: ConvPool, Dense) is created by the lowering where it fits.
+fused ConvPool (``ops.fused``) is created by the lowering where it fits, the fast Dense inside
+``ops.dense``.
 """
 
 from __future__ import annotations

@@ -8,11 +8,9 @@ import math
 import numpy as np
 
 from ringtrain_trainer.engine.ops.batchnorm import BatchNorm
-from ringtrain_trainer.engine.ops.dense import Dense as DenseAnyRank
-from ringtrain_trainer.engine.ops.dense import Linear
+from ringtrain_trainer.engine.ops.dense import Dense
 from ringtrain_trainer.engine.ops.dropout import Dropout, SharedDropout
 from ringtrain_trainer.engine.ops.elementwise import Elementwise
-from ringtrain_trainer.engine.ops.fused import Dense
 from ringtrain_trainer.engine.ops.scale import ChannelScale
 from ringtrain_trainer.engine.ops.shape import Reshape
 from ringtrain_trainer.keras import onnx_acts
@@ -52,11 +50,7 @@ def _dense_weights(args: dict, shapes: list[Shape]) -> list[Weight]:
 def _dense_build(spec, shapes, ctx):
     a = spec.args
     act = "linear" if ctx.fold and a["activation"] == ctx.fold else a["activation"]
-    if len(shapes[0]) > 1:  # Keras applies the kernel on the last axis
-        return DenseAnyRank(shapes[0], a["units"], act, a["use_bias"])
-    if a["use_bias"] and act in ("relu", "linear"):
-        return Dense(shapes[0][0], a["units"], act == "relu")
-    return Linear(shapes[0][0], a["units"], act, a["use_bias"])
+    return Dense(shapes[0], a["units"], act, a["use_bias"])
 
 
 def _dense_onnx(g, spec, weights) -> None:

@@ -1,5 +1,10 @@
-"""Dense on any rank, and the row-block arithmetic every op with a matmul-shaped weight
-gradient shares.
+"""Dense — the one op for every Keras ``Dense`` — and the row-block arithmetic every op with a
+matmul-shaped weight gradient shares.
+
+One op, two paths chosen once at construction: the **fast path** (a flat input, ``relu`` or
+``linear``, a bias: the seeds' classifier) runs the compiled GEMM where it beat OpenBLAS
+(``engine.native``: AVX-512) and keeps a bool mask of the ReLU instead of a pre-activation; the
+**general path** takes any rank and any activation of ``activations``' table.
 
 Keras applies a Dense kernel to the last axis only: ``(b, ..., n_in) → (b, ..., n_out)``. Every
 leading axis is a batch axis, so the op is one matmul on the ``(b·L, n_in)`` view (no copy: the
@@ -19,6 +24,7 @@ import math
 
 import numpy as np
 
+from ringtrain_trainer.engine import native
 from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops.activations import resolve
 from ringtrain_trainer.engine.tensor import ParamSpec
@@ -44,17 +50,31 @@ def product_rows(a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.n
 
 class Dense(Op):
     """Keras ``Dense`` on input ``(b, *lead, n_in)``; any activation of
-    ``engine.ops.activations`` (the table plans the pre-activation where its gradient reads it)."""
+    ``engine.ops.activations`` (the table plans the pre-activation where its gradient reads it),
+    with the fast path inside (:attr:`fast`, the module docstring)."""
 
     kind = "dense"
 
-    def __init__(self, in_shape, units: int, activation: str = "linear", use_bias: bool = True):
+    def __init__(
+        self,
+        in_shape,
+        units: int,
+        activation: str = "linear",
+        use_bias: bool = True,
+        fast: bool | None = None,
+    ):
+        """``fast``: None takes the fast path wherever it fits; False forces the general one
+        (the tests hold the two to the same numbers)."""
         self.fn = resolve(activation)
         self.in_shape = tuple(in_shape)
         self.n_in, self.n_out = self.in_shape[-1], units
         self.out_shape = (*self.in_shape[:-1], units)
         self.lead = math.prod(self.in_shape[:-1])
         self.act, self.use_bias = self.fn.name, use_bias
+        #: the seeds' fast path: a flat input, relu or linear, a bias
+        fits = len(self.in_shape) == 1 and use_bias and self.act in ("relu", "linear")
+        self.fast = fits if fast is None else fast and fits
+        self.relu = self.act == "relu"
 
     def params(self, layer):
         ps = [ParamSpec(layer, "kernel", (self.n_in, self.n_out), self.n_in, self.n_out, True)]
@@ -63,11 +83,22 @@ class Dense(Op):
         return ps
 
     def buffers(self, b, train, need_dx):
+        if self.fast:
+            bufs = {"out": ((b, self.n_out), "f")}
+            if train:
+                bufs["dz"] = ((b, self.n_out), "f")
+                bufs["ones"] = ((b,), "f")
+                if self.relu:
+                    bufs["mask"] = ((b, self.n_out), "?")
+                if need_dx:
+                    bufs["dx"] = ((b, self.n_in), "f")
+            return bufs
         n = b * self.lead
         bufs = {"out": ((b, *self.out_shape), "f"), **self.fn.buffers((b, *self.out_shape), train)}
         if train:
             bufs["ones"] = ((n,), "f")
-            bufs["row"] = ((self.n_out,), "f")
+            if len(self.in_shape) > 1:  # a product row cut by a streamed block (product_rows)
+                bufs["row"] = ((self.n_out,), "f")
             if need_dx:
                 bufs["dx"] = ((b, *self.in_shape), "f")
         return bufs
@@ -78,8 +109,27 @@ class Dense(Op):
     def bind(self, ws, b):
         if "ones" in ws:
             ws["ones"].fill(1)
+        if not self.fast:
+            return
+        ws["gemm"] = native.gemm_runs(self.n_out, ws["out"].dtype)
+        if ws["gemm"]:  # x's rows and columns, for x @ W and x^T @ dz
+            ws["x_rows"] = native.offsets((b, self.n_in))
+            ws["x_cols"] = native.offsets((self.n_in, 1))
+        ws["gemm_dx"] = ws["gemm"] and self.n_in % 16 == 0 and self.n_out % 8 == 0
 
     def forward(self, ws, x, kernel, bias=None):
+        if self.fast:
+            x2 = x.reshape(x.shape[0], self.n_in)
+            ws["x"] = x2
+            out = ws["out"]
+            if ws["gemm"]:
+                native.kernels.gemm(x2, ws["x_rows"], ws["x_cols"], kernel, out, self.n_out)
+            else:
+                np.matmul(x2, kernel, out=out)
+            np.add(out, bias, out=out)
+            if self.relu:
+                np.maximum(out, 0, out=out)
+            return out
         ws["x"] = x2 = x.reshape(-1, self.n_in)
         z2 = self.fn.pre(ws).reshape(-1, self.n_out)
         np.matmul(x2, kernel, out=z2)
@@ -88,71 +138,33 @@ class Dense(Op):
         return self.fn.run(ws)
 
     def backward_local(self, ws, dout):
-        ws["g"] = self.fn.grad(ws, dout).reshape(-1, self.n_out)
+        if not self.fast:
+            ws["g"] = self.fn.grad(ws, dout).reshape(-1, self.n_out)
+            return
+        dz = ws["g"] = ws["dz"]
+        if self.relu:
+            np.greater(ws["out"], 0, out=ws["mask"])
+            np.multiply(dout, ws["mask"], out=dz)
+        else:
+            np.copyto(dz, dout)
 
     def backward_input(self, ws, dout, kernel, bias=None):
         dx = ws["dx"]
+        if self.fast and ws["gemm_dx"]:
+            dz = ws["dz"]
+            native.kernels.gemm_nt(dz, kernel, dx, dz.shape[0], self.n_in, self.n_out)
+            return dx
         np.matmul(ws["g"], kernel.T, out=dx.reshape(-1, self.n_in))
         return dx
 
     def backward_weights(self, ws, dout, name, grad, rows):
+        """A row block ``dW[rows] = x[:, rows]^T dz`` is the same dot products as the whole
+        product, so streaming the kernel in blocks changes no bit of it."""
         if name == "bias":
             np.matmul(ws["ones"], ws["g"], out=grad)
-        else:
-            product_rows(ws["x"], ws["g"], grad, rows, ws["row"])
-
-
-class Linear(Op):
-    """Dense on a flat input, any activation of ``engine.ops.activations`` (the table keeps the
-    pre-activation where its gradient reads it: gelu, swish, ...), with or without bias."""
-
-    kind = "dense"
-
-    def __init__(self, n_in, n_out, activation="linear", use_bias=True):
-        self.n_in, self.n_out, self.use_bias = n_in, n_out, use_bias
-        self.fn = resolve(activation)
-        #: the activation's name (what the loss folding and the tests read)
-        self.act = self.fn.name
-        self.out_shape = (n_out,)
-
-    def params(self, layer):
-        ps = [ParamSpec(layer, "kernel", (self.n_in, self.n_out), self.n_in, self.n_out, True)]
-        return ps + (
-            [ParamSpec(layer, "bias", (self.n_out,), 0, 0, False)] if self.use_bias else []
-        )
-
-    def buffers(self, b, train, need_dx):
-        bufs = {"out": ((b, self.n_out), "f"), **self.fn.buffers((b, self.n_out), train)}
-        if train:
-            bufs["ones"] = ((b,), "f")
-            if need_dx:
-                bufs["dx"] = ((b, self.n_in), "f")
-        return bufs
-
-    def flops(self, b, train, need_dx):
-        return 2 * b * self.n_in * self.n_out * (1 + (1 + need_dx if train else 0))
-
-    def bind(self, ws, b):
-        if "ones" in ws:
-            ws["ones"].fill(1)
-
-    def forward(self, ws, x, kernel, bias=None):
-        ws["x"] = x2 = x.reshape(x.shape[0], self.n_in)
-        z = self.fn.pre(ws)
-        np.matmul(x2, kernel, out=z)
-        if bias is not None:
-            np.add(z, bias, out=z)
-        return self.fn.run(ws)
-
-    def backward_local(self, ws, dout):
-        ws["g"] = self.fn.grad(ws, dout)
-
-    def backward_input(self, ws, dout, kernel, bias=None):
-        return np.matmul(ws["g"], kernel.T, out=ws["dx"])
-
-    def backward_weights(self, ws, dout, name, grad, rows):
-        if name == "bias":
-            np.matmul(ws["ones"], ws["g"], out=grad)
-        else:
+        elif self.fast and ws["gemm"]:
             lo, hi = rows
-            np.matmul(ws["x"].T[lo:hi], ws["g"], out=grad[lo:hi])
+            cols = ws["x_cols"][lo:hi]
+            native.kernels.gemm(ws["x"], cols, ws["x_rows"], ws["dz"], grad[lo:hi], self.n_out)
+        else:
+            product_rows(ws["x"], ws["g"], grad, rows, ws.get("row"))
