@@ -120,7 +120,7 @@ def test_data_that_cannot_fill_the_free_dims_is_refused_by_name(tmp_path):
 def test_a_checkpoint_exports_and_the_operator_validates_without_the_data(tmp_path):
     """No data at hand: the layers are read at any length (their weights do not depend on
     it); the operator accepts the inline config and leaves the memory plan to the worker."""
-    from ringtrain_operator import resources
+    from ringtrain_operator import modelcheck
     from ringtrain_operator.spec import model_error
 
     keras.utils.set_random_seed(2)
@@ -144,8 +144,9 @@ def test_a_checkpoint_exports_and_the_operator_validates_without_the_data(tmp_pa
     np.testing.assert_allclose(loaded.predict(other, verbose=0), km.predict(other, verbose=0))
     inline = json.loads(km.to_json())
     assert model_error(inline, (1 << 20, 8)) is None
-    assert resources._model_source(inline) is None
-    assert resources._model_source(json.dumps(inline)) is None
+    # the operator leaves its IPUs unplanned (counted at capacity): the data fixes the length
+    assert modelcheck.plan(inline, 8, 1 << 20, None, True)[0] is None
+    assert modelcheck.plan(json.dumps(inline), 8, 1 << 20, None, True)[0] is None
 
 
 def test_the_memory_report_plans_the_data_s_length_and_says_so(tmp_path):

@@ -34,6 +34,8 @@ from ringtrain_bench.procs import SHM_VIA, free_ports, new_token, run_processes
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.mpi import connect as mpi_connect
 from ringtrain_trainer.ring import connect
+from ringtrain_trainer.ring.engine import RingCollective
+from ringtrain_trainer.ring.malloc_tuning import tune as tune_malloc
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
 
 MIB = 1 << 20
@@ -93,7 +95,7 @@ def _child_collective(
     if impl == "mpi":
         return mpi_connect()
     if malloc_tuning:  # as the worker does
-        malloc_tuning.tune()
+        tune_malloc()
 
     spec = ClusterSpec(cluster={"worker": tuple(f"127.0.0.1:{p}" for p in ports)}, task_index=rank)
     path = impl.removeprefix("ring-")
@@ -109,9 +111,10 @@ def _child_collective(
         encrypt_data=secure,
         shared_memory=path in SHM_VIA,
     )
-    if coll.transport.name != path:  # the label must name what runs
+    runs = coll.transport.name if isinstance(coll, RingCollective) else "no ring"
+    if runs != path:  # the label must name what runs
         coll.close()
-        raise RuntimeError(f"{impl}: the ring runs {coll.transport.name}")
+        raise RuntimeError(f"{impl}: the ring runs {runs}")
     return coll
 
 

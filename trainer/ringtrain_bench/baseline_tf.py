@@ -83,6 +83,9 @@ class TensorFlowSide:
             stderr=self.stderr,
             text=True,
         )
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None  # the pipes asked for
+        self.to_child, self.from_child = stdin, stdout
         self.info = self._answer()
         want = sum(w.size for w in weights)
         if self.info.get("weights") != want or self.info.get("intra_op_threads") != threads:
@@ -103,10 +106,10 @@ class TensorFlowSide:
     def _answer(self) -> dict:
         """The child's next JSON line; a child that exits or stays silent for ``timeout_s``
         (TensorFlow's import and first trace included) ends the bench with its stderr."""
-        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout_s)
+        ready, _, _ = select.select([self.from_child], [], [], self.timeout_s)
         if not ready:
             self.proc.kill()
-        line = self.proc.stdout.readline() if ready else ""
+        line = self.from_child.readline() if ready else ""
         if not line:
             self.proc.wait()
             self.stderr.seek(0)
@@ -121,8 +124,8 @@ class TensorFlowSide:
     def run(self, steps: int) -> float:
         if steps < 1:
             return 0.0
-        self.proc.stdin.write(f"run {steps}\n")
-        self.proc.stdin.flush()
+        self.to_child.write(f"run {steps}\n")
+        self.to_child.flush()
         a = self._answer()
         self.loss_last, self.weights_moved = a["loss"], a["weights_moved"]
         self.traces, self.cpu_seconds = a["traces"], a["cpu_seconds"]
@@ -133,12 +136,12 @@ class TensorFlowSide:
     def close(self) -> None:
         """End the child (stdin closed ends its loop), its pipes and the setup files."""
         try:
-            self.proc.stdin.close()
+            self.to_child.close()
             self.proc.wait(timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait()
-        self.proc.stdout.close()
+        self.from_child.close()
         self.stderr.close()
         self.tmp.cleanup()
 

@@ -49,7 +49,7 @@ class TorchSide:
         self.y = torch.randint(0, 10, (n,), generator=g)
         self.batch, self.n, self.pos = args.batch_size, n, 0
         self.version = torch.__version__
-        self.start_loss = None
+        self.start_loss: float | None = None
         if ipu is not None:
             self._start_from(ipu, hwc)
 
@@ -61,7 +61,7 @@ class TorchSide:
         first_dense = True
         with torch.no_grad():
             for m in self.model:
-                if not hasattr(m, "weight"):
+                if not isinstance(m, torch.nn.Conv2d | torch.nn.Linear):  # the weighted layers
                     continue
                 k, b = next(arrays), next(arrays)
                 if k.ndim == 4:

@@ -6,7 +6,6 @@ Pipeline position: ``step`` times this side against its peers (``baseline_tf``,
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import time
 
@@ -36,7 +35,7 @@ def synthetic(n: int, seed: int = 0, spec=None) -> data_mod.Dataset:
     shape = (28, 28) if spec is None else tuple(spec.input_shape)
     k = 10 if spec is None else spec.num_classes
     kind = "sparse" if spec is None else spec.loss.kind
-    if getattr(getattr(spec, "config", None), "multi", False):
+    if spec is not None and spec.config is not None and spec.config.multi:
         raise InvalidSpec(
             "bench step: a model with several inputs or outputs is not supported yet "
             "(its synthetic data would need one array per input and output)"
@@ -44,6 +43,7 @@ def synthetic(n: int, seed: int = 0, spec=None) -> data_mod.Dataset:
     images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
     #: a loss per position reads a label per timestep or pixel (as Keras takes them)
     at = () if spec is None or spec.loss.positions == 1 else spec.loss.out_shape[:-1]
+    labels: np.ndarray
     if kind == "sparse":
         labels = rng.integers(0, k, (n, *at))
     elif kind == "categorical":
@@ -69,8 +69,7 @@ class IPUSide:
     ):
         self.batch = args.batch_size
         cfg = cfg or TrainerConfig()
-        cfg = dataclasses.replace(
-            cfg,
+        cfg = cfg.replace(
             dataset="synthetic",
             model=args.model,
             batch_size=args.batch_size,

@@ -69,10 +69,10 @@ def run_processes(
     ]
     outs = []
     try:
-        for p in procs:
+        for p, cmd in zip(procs, cmds, strict=True):
             out, _ = p.communicate(timeout=timeout_s)
             if p.returncode != 0:
-                raise RuntimeError(f"{what}: {' '.join(p.args[:4])}… exited {p.returncode}")
+                raise RuntimeError(f"{what}: {' '.join(cmd[:4])}… exited {p.returncode}")
             outs.append(out)
     finally:
         for p in procs:

@@ -14,7 +14,6 @@ saves in communication, in one run.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import sys
 
@@ -41,7 +40,7 @@ def precision_steps(args) -> dict:
     try:
         with blas_limits(threads):
             for p in times:
-                cfg = dataclasses.replace(TrainerConfig(), precision=p)
+                cfg = TrainerConfig().replace(precision=p)
                 sides[p] = IPUSide(args, None, cfg)
                 sides[p].run(args.warmup)
             for r in range(args.repeats):
@@ -61,10 +60,7 @@ def child(args) -> dict:
     out["peer_wait_s"] = {}
     try:
         with blas_limits(args.threads):
-            sides = {
-                k: IPUSide(args, ring, dataclasses.replace(cfg, gradient_accumulation_steps=k))
-                for k in KS
-            }
+            sides = {k: IPUSide(args, ring, cfg.replace(gradient_accumulation_steps=k)) for k in KS}
             for s in sides.values():
                 s.run(args.warmup)
                 s.comm = StepCommStats()

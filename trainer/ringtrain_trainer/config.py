@@ -9,10 +9,12 @@ Secret, never the key itself). Nothing below this module reads ``os.environ`` or
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ringtrain import cluster, optiongen, options, pki
 from ringtrain.errors import InvalidSpec
@@ -28,6 +30,11 @@ class TrainerConfig(options.TrainerOptions):
     cluster: cluster.ClusterSpec = field(default_factory=cluster.ClusterSpec.single)
     token: bytes = b""
     tls: pki.JobMaterial | None = field(default=None, repr=False)
+
+    def replace(self, **changes: Any) -> TrainerConfig:
+        """A copy with ``changes`` by option name: ``dataclasses.replace``, through a signature
+        mypy accepts (it cannot see the fields ``ringtrain.options`` generates)."""
+        return dataclasses.replace(self, **changes)
 
     @property
     def bucket_bytes(self) -> int:

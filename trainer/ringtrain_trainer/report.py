@@ -54,13 +54,13 @@ def report(cfg, out) -> None:
     try:
         r = cfg.ipus_per_worker
         where = "host" if cfg.variables_on_host else "IPU"
-        frozen = getattr(spec, "num_frozen", 0)
+        frozen = spec.num_frozen
         head = (
             f"IPU memory report: model {spec.name}, {spec.num_params:,} parameters, "
             f"optimizer {opt.name} (state on the {where})"
             + (f", {spec.num_frozen:,} frozen parameters held as state" if frozen else "")
         )
-        declared = getattr(spec, "declared_input_shape", None)
+        declared = spec.declared_input_shape
         if declared is not None:
             head += f", input {declared} fixed to {spec.config.input_shape} by the data's x"
         if cfg.pipeline_stages:  # compiled first: a refusal names the largest stage

@@ -22,7 +22,7 @@ import numpy as np
 
 from ringtrain import events
 from ringtrain.errors import CheckpointError, Diverged, InvalidSpec, IPUCompileError
-from ringtrain_trainer import divergence, numerics, optim, preflight, trace
+from ringtrain_trainer import divergence, optim, preflight, trace
 from ringtrain_trainer.checkpoint import owner as ckpt_owner
 from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState, checkpoint_cap
 from ringtrain_trainer.collective import Collective
@@ -33,10 +33,13 @@ from ringtrain_trainer.engine import plan
 from ringtrain_trainer.engine.multiloss import MultiLossSpec
 from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
+from ringtrain_trainer.export.cli import export_state
 from ringtrain_trainer.ipu import memory
 from ringtrain_trainer.ipu.build import build_ipu
 from ringtrain_trainer.ipu.device import EVAL_BATCH, MB, MIN_SHARD_FLOPS, IPUConfig
+from ringtrain_trainer.ipu.pipeline import refuse
 from ringtrain_trainer.keras import load as keras_model
+from ringtrain_trainer.optim import numerics
 from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
 from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
@@ -94,7 +97,7 @@ class Trainer(SharedEvaluation):
 
         self.spec = keras_model.load(cfg.model, budget=budget, data=x_shape)
         self.spec.set_grid(plan.block_elems_for(self.world))
-        if self.is_chief and getattr(self.spec, "declared_input_shape", None) is not None:
+        if self.is_chief and self.spec.declared_input_shape is not None:
             print(
                 f"ringtrain worker: input shape {self.spec.declared_input_shape} compiled as "
                 f"{self.spec.config.input_shape}: its None dimensions fixed by the data's x "
@@ -141,8 +144,6 @@ class Trainer(SharedEvaluation):
                 f"sparse optimizer state ({self.optimizer_spec.describe()})"
             )
         if cfg.pipeline_stages:
-            from ringtrain_trainer.ipu.pipeline import refuse
-
             refuse(
                 self.numerics.precision,
                 self.numerics.stochastic_rounding,
@@ -372,8 +373,6 @@ class Trainer(SharedEvaluation):
         relative path is under the checkpoint directory."""
         if not self.cfg.export or not self.is_chief:
             return None
-        from ringtrain_trainer.export.cli import export_state  # lazily: h5py, onnx
-
         divergence.check_params(self.spec, self.params, self._where(self.step), "export")
 
         path = preflight.export_path(self.cfg.export, self.cfg.checkpoint_dir)

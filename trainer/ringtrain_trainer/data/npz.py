@@ -28,7 +28,6 @@ from ringtrain_trainer.data import multi as data_multi
 from ringtrain_trainer.data.arrays import read_features, read_labels
 from ringtrain_trainer.data.fit import check_fits, conform
 from ringtrain_trainer.data.split import Dataset, Split
-from ringtrain_trainer.engine.loss_spec import LossSpec
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -92,7 +91,7 @@ def raw_pixels_note(dataset: Dataset, spec, source: str | os.PathLike) -> str | 
     88.9 % from ``x / 255`` as float) — and was not what older ringtrain did."""
     if dataset.train.images.dtype != np.uint8 or dataset.train.scale != 1.0:
         return None
-    layers = getattr(getattr(spec, "config", None), "layers", ())
+    layers = spec.config.layers if spec.config is not None else ()
     if any(layer.cls == "Rescaling" for layer in layers):
         return None
     return (
@@ -106,10 +105,10 @@ def fit_model(dataset: Dataset, spec, source: str | os.PathLike) -> tuple[Datase
     """The data set with its labels :func:`conform`-ed to ``spec``'s loss, checked by
     :func:`check_fits` against a ``model.ModelSpec`` (refusals raise), and the
     :func:`raw_pixels_note` to print, if any: what the worker and the evaluator both run."""
-    config = getattr(spec, "config", None)
+    config = spec.config
     if dataset.parts is not None or (config is not None and config.multi):
         return data_multi.pack(dataset, config, source), None
-    loss = getattr(spec, "loss", None) or LossSpec()
+    loss = spec.loss
     dataset = conform(dataset, loss, spec.num_classes)
     check_fits(
         dataset,
@@ -118,6 +117,6 @@ def fit_model(dataset: Dataset, spec, source: str | os.PathLike) -> tuple[Datase
         source,
         loss,
         # the InputLayer's dtype (``keras.config``'s ``input_dtype``), where the front end reads it
-        getattr(getattr(spec, "config", None), "input_dtype", None),
+        (spec.config.input_dtype if spec.config is not None else None),
     )
     return dataset, raw_pixels_note(dataset, spec, source)

@@ -314,7 +314,7 @@ class MetricSet:
 def for_model(spec) -> MetricSet:
     """A fresh pass of a model's compiled metrics (``spec``: a ``keras_model.KerasModel``,
     whose ``config.metrics`` the compile settings gave; none for the presets)."""
-    config = getattr(spec, "config", None)
+    config = spec.config
     positions = getattr(spec.loss, "positions", 1)
     metrics = getattr(config, "metrics", ())
     return MetricSet(metrics, spec.loss.folded, positions > 1, spec.num_classes)

@@ -18,7 +18,7 @@ fused ConvPool (``ops.fused``) is created by the lowering where it fits, the fas
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,7 +38,22 @@ __all__ = ["GRAD_BLOCK_ELEMS", "ModelSpec", "ParamSpec", "Program", "Slot"]
 
 class ModelSpec:
     """Ops wired into a graph, plus the flat parameter layout (reverse backward order, bias
-    before kernel). Without a ``graph`` the layers form a chain (Keras ``Sequential``)."""
+    before kernel). Without a ``graph`` the layers form a chain (Keras ``Sequential``).
+
+    A model built from Keras (``keras.load.KerasModel``) also carries what the rest of the run
+    reads of its source; a hand-built one leaves these at their defaults, so every reader asks
+    the attribute, never ``getattr`` with a fallback."""
+
+    #: the parsed Keras model (``keras.config.ModelConfig``); None for a hand-built model
+    config: Any = None
+    #: its mixed-precision settings (``optim.numerics.ModelNumerics``); None: fp32
+    numerics: Any = None
+    #: the input shape the source declared where it has None dims (fixed from the data)
+    declared_input_shape: tuple[int, ...] | None = None
+    #: several inputs: each one's own shape (the program's ``x`` packs them row-major)
+    graph_input_shapes: list[tuple[int, ...]] | None = None
+    #: parameters held frozen (``trainable=False``): state, never trained or reduced
+    num_frozen: int = 0
 
     def __init__(
         self,

@@ -93,7 +93,7 @@ def split(spec, base, n_stages: int, depth: int, names: tuple[str, ...] = ()) ->
         for s, (a, b) in enumerate(itertools.pairwise(bounds))
     ]
     at = {i: st.index for st in stages for i in st.nodes}
-    for tied, owner in getattr(spec, "ties", {}).items():  # one set of weights, one IPU
+    for tied, owner in spec.ties.items():  # one set of weights, one IPU
         if at[tied] != at[owner]:
             raise InvalidSpec(
                 f"pipeline.stages: the shared layer {spec.layers[owner].name!r} is called in "

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from ringtrain_trainer.engine.loss_spec import DEFAULT
 from ringtrain_trainer.engine.multiloss import loss_bytes, make_loss
 
 #: how a node's input gradient reaches its tensor: dropped (the data), taken as is (fan-out 1),
@@ -63,7 +62,7 @@ def _node_pieces(spec) -> list[list[tuple[str, tuple[int, int], tuple[int, int]]
 def tensor_shapes(spec) -> dict[int, tuple[int, ...]]:
     """Per-example shape of every tensor of ``spec.graph``."""
     graph = spec.graph
-    own = getattr(spec, "graph_input_shapes", None) or [spec.input_shape] * len(graph.inputs)
+    own = spec.graph_input_shapes or [spec.input_shape] * len(graph.inputs)
     shapes = {t: tuple(s) for t, s in zip(graph.inputs, own, strict=True)}
     for n in graph.nodes:
         shapes[n.output] = tuple(spec.layers[n.index].out_shape)
@@ -118,14 +117,12 @@ class Program:
             ws.update(state_views[node.index], ctx=self.ctx)
             layer.bind(ws, batch)
             self.ws.append(ws)
-        for i, owner in getattr(spec, "ties", {}).items():  # a shared layer's later calls
+        for i, owner in spec.ties.items():  # a shared layer's later calls
             self.ws[i]["owner"] = self.ws[owner]  # add their weight gradients to the owner's
         self.x = np.zeros((batch, *spec.input_shape), self.dtype)
         #: the compiled loss (``engine.losses``, or ``engine.multiloss`` for several outputs):
         #: its label buffer and dloss/doutput
-        self.loss = make_loss(
-            getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, dtype
-        )
+        self.loss = make_loss(spec.loss, batch, spec.num_classes, dtype)
         self.labels = self.loss.labels
         self.dlogits = self.loss.grad
         #: the nodes this program runs (``engine.pipeline``: one stage's); None: all
@@ -208,9 +205,7 @@ class Program:
                     work += n
         if train:
             work += sum(batch * math.prod(s) * itemsize for s in accumulators(spec).values())
-        labels, loss_work = loss_bytes(
-            getattr(spec, "loss", None) or DEFAULT, batch, spec.num_classes, itemsize
-        )
+        labels, loss_work = loss_bytes(spec.loss, batch, spec.num_classes, itemsize)
         data = batch * math.prod(spec.input_shape) * itemsize + labels
         work += loss_work
         return {"activations": acts, "workspace": work, "data": data}

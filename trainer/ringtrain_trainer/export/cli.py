@@ -62,7 +62,7 @@ def export_state(
     config, weights = keras_model(state, precision or state.precision, spec)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     if fmt == "onnx":
-        return write_onnx(output, config, weights, getattr(spec, "config", spec).input_shape)
+        return write_onnx(output, config, weights, (spec.config or spec).input_shape)
     return write_keras(output, config, weights)
 
 

@@ -111,7 +111,7 @@ class IPU:
                 "--precision fp16 keeps float32 master weights and optimizer state on the host: "
                 "it needs variables on the host (drop --no-variables-on-host)"
             )
-        frozen: int = getattr(spec, "num_frozen", 0)  # a Keras model's (keras.load)
+        frozen: int = spec.num_frozen
         if self.precision.half and frozen:
             raise InvalidSpec(
                 f"--precision fp16 (or a mixed_float16 model) with {frozen:,} frozen "

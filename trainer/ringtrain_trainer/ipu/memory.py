@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ringtrain_trainer.engine import loss_spec, workspace
+from ringtrain_trainer.engine import workspace
 from ringtrain_trainer.engine.multiloss import loss_bytes
 from ringtrain_trainer.engine.program import accumulators
 
@@ -119,9 +119,7 @@ def plan_memory(
                 workspace.pieces(batch, getattr(layer, "chunk", None)),
             )
         )
-    labels, loss_work = loss_bytes(
-        getattr(spec, "loss", None) or loss_spec.DEFAULT, batch, spec.num_classes, itemsize
-    )
+    labels, loss_work = loss_bytes(spec.loss, batch, spec.num_classes, itemsize)
     rows.append(
         LayerMemory(INPUT_ROW, data=batch * math.prod(spec.input_shape) * itemsize + labels)
     )

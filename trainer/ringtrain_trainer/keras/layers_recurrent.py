@@ -281,11 +281,11 @@ def _bi_weight_args(args: dict, weight: str) -> tuple[dict, str]:
 def _bi_build(spec, shapes, ctx):
     a, m = spec.args, bool(ctx.mask)
     # Keras' Bidirectional sets zero_output_for_mask = return_sequences on both halves
-    halves = [
+    forward, backward = (
         _rnn_op(c["class_name"], c["config"], shapes[0], m, c["config"]["return_sequences"])
         for c in (a[k] for _, k in _HALVES)
-    ]
-    return Bidirectional(*halves, a["merge_mode"])
+    )
+    return Bidirectional(forward, backward, a["merge_mode"])
 
 
 def _bi_onnx(g, spec, weights) -> None:

@@ -48,16 +48,12 @@ class KerasModel(ModelSpec):
 
     def __init__(self, name: str, config: ModelConfig, initial=None):
         self.config = config
-        #: the input shape the source declared where it has None dims (fixed from the data)
-        self.declared_input_shape: tuple | None = None
-        #: the model's mixed-precision settings (``ringtrain_trainer.optim.numerics``)
         self.numerics = config.numerics
         self.loss_from_logits = True  # the IPU's loss always reads logits (see module doc)
         low = lower(config)
         #: per Keras layer: the op holding its weights (None: folded away)
         self.owner = low.owner
         ins = config.inputs
-        #: several inputs: each one's own shape; the program's ``x`` packs them row-major
         self.graph_input_shapes = [tuple(x.shape) for x in ins] if len(ins) > 1 else None
         #: the IPU program's input shape: the Keras input after any leading Reshape/Flatten
         #: (same bytes, row-major); ``config.input_shape`` is what the Keras model takes
@@ -72,7 +68,6 @@ class KerasModel(ModelSpec):
         )
         self.slots = weight_args.with_weight_args(self.slots, config.layers, low.owner)
         self.initial = initial  # (flat, state) from a .keras archive, or None
-        #: parameters held frozen (``trainable=False``): state, never trained or reduced
         self.num_frozen = sum(getattr(op, "frozen_size", 0) for op in low.ops)
         if self.num_frozen and not self.num_params:
             raise InvalidSpec(

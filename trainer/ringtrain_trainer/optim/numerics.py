@@ -58,7 +58,7 @@ class Numerics:
 
 def for_run(cfg, model) -> Numerics:
     """The run's numerics: ``cfg`` (a ``TrainerConfig``) over ``model``'s :class:`ModelNumerics`."""
-    own = getattr(model, "numerics", None) or ModelNumerics()
+    own = model.numerics or ModelNumerics()
     precision = cfg.precision or ("fp16" if own.policy == "mixed_float16" else "fp32")
     initial, growth = own.loss_scale or (KERAS_INITIAL_SCALE, KERAS_GROWTH_STEPS)
     if cfg.initial_loss_scale is not None:  # given: the flag wins over the model's

@@ -281,7 +281,7 @@ def resolve(
 def for_run(cfg, model) -> OptimizerSpec:
     """The optimizer a worker configured by ``cfg`` (a ``TrainerConfig``) runs for ``model``
     (a ``ModelSpec``): the model's compile settings unless it is a built-in preset."""
-    config = getattr(model, "config", None)
+    config = model.config
     compiled = None if model.name in options.MODELS else getattr(config, "optimizer", None)
     spec = resolve(compiled, cfg.optimizer, cfg.lr, cfg.lr_decay, cfg.lr_decay_epochs)
     _refuse_clipped_embedding(spec, model)
@@ -303,7 +303,7 @@ def _refuse_abs_embedding(spec: OptimizerSpec, model) -> None:
     Adadelta squares its per-occurrence update; ringtrain has only the summed gradient there:
     refused, not approximated."""
     what = _PER_OCCURRENCE.get(spec.class_name)
-    if what and any(isinstance(layer, Embedding) for layer in getattr(model, "layers", ())):
+    if what and any(isinstance(layer, Embedding) for layer in model.layers):
         raise InvalidSpec(
             f"model: {WHERE}.class_name={spec.class_name!r} is not supported with an "
             f"Embedding layer (Keras takes {what} before summing duplicate ids; ringtrain "
@@ -317,7 +317,7 @@ def _refuse_clipped_embedding(spec: OptimizerSpec, model) -> None:
     cannot clip the same way: refused, not approximated (README, "Decisions and known limits":
     1e-2 to 1.3 relative weight differences measured in 3 steps)."""
     kind = next((k for k in KINDS if spec.config.get(k) is not None), None)
-    if kind and any(isinstance(layer, Embedding) for layer in getattr(model, "layers", ())):
+    if kind and any(isinstance(layer, Embedding) for layer in model.layers):
         raise InvalidSpec(
             f"model: {WHERE}.config.{kind}={spec.config[kind]!r} is not supported with an "
             "Embedding layer (Keras clips each token occurrence's gradient before summing "

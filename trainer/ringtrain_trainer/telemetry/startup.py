@@ -31,7 +31,7 @@ def training_line(optimizer_spec, spec, numerics) -> str:
 
 def frozen_note(spec) -> str:
     """How many parameters are frozen (``trainable=False``), or "" when none are."""
-    n = getattr(spec, "num_frozen", 0)
+    n = spec.num_frozen
     if not n:
         return ""
     return (
