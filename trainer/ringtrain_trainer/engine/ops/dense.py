@@ -83,6 +83,7 @@ class Dense(Op):
         return ps
 
     def buffers(self, b, train, need_dx):
+        bufs: dict[str, tuple[tuple[int, ...], str]]
         if self.fast:
             bufs = {"out": ((b, self.n_out), "f")}
             if train:
@@ -123,7 +124,7 @@ class Dense(Op):
             ws["x"] = x2
             out = ws["out"]
             if ws["gemm"]:
-                native.kernels.gemm(x2, ws["x_rows"], ws["x_cols"], kernel, out, self.n_out)
+                native.loaded().gemm(x2, ws["x_rows"], ws["x_cols"], kernel, out, self.n_out)
             else:
                 np.matmul(x2, kernel, out=out)
             np.add(out, bias, out=out)
@@ -152,7 +153,7 @@ class Dense(Op):
         dx = ws["dx"]
         if self.fast and ws["gemm_dx"]:
             dz = ws["dz"]
-            native.kernels.gemm_nt(dz, kernel, dx, dz.shape[0], self.n_in, self.n_out)
+            native.loaded().gemm_nt(dz, kernel, dx, dz.shape[0], self.n_in, self.n_out)
             return dx
         np.matmul(ws["g"], kernel.T, out=dx.reshape(-1, self.n_in))
         return dx
@@ -165,6 +166,6 @@ class Dense(Op):
         elif self.fast and ws["gemm"]:
             lo, hi = rows
             cols = ws["x_cols"][lo:hi]
-            native.kernels.gemm(ws["x"], cols, ws["x_rows"], ws["dz"], grad[lo:hi], self.n_out)
+            native.loaded().gemm(ws["x"], cols, ws["x_rows"], ws["dz"], grad[lo:hi], self.n_out)
         else:
             product_rows(ws["x"], ws["g"], grad, rows, ws.get("row"))
