@@ -15,7 +15,7 @@ container becomes a :class:`Replica`:
   per-replica directories, a hostPath the path itself (this machine is the node), any other
   volume (the checkpoint volume) one directory the replicas share, like a PVC. An arg or env
   value under a mount path is rewritten to the local one, but never a path of the user's own
-  (:func:`_rewrite`, docs/decisions/0200-local-run-paths.md): the pod's scratch mount ``/tmp``
+  (:func:`rewrite`, docs/decisions/0200-local-run-paths.md): the pod's scratch mount ``/tmp``
   maps only itself (``HOME``), the interpreter and the checkout are never touched, and a path
   that exists on this machine is the user's file;
 * ``--metrics-port`` replaced by a free port, ``--termination-log`` by a file in the run dir;
@@ -24,18 +24,20 @@ container becomes a :class:`Replica`:
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import os
 import socket
 import sys
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ringtrain import ports
 from ringtrain_operator import manifests, mpi, mpirun, yamlsafe
 from ringtrain_operator import spec as jobspec
+
+from .paths import PodPaths, inside, secret_data, under_any
+from .paths import volume_dirs as map_volumes
 
 #: The Pod volume manifests.pod() mounts at spec.trainer.checkpoint.path.
 CHECKPOINT_VOLUME = manifests.CHECKPOINT_VOLUME
@@ -46,22 +48,6 @@ SSHD_STAND_IN = (
     sys.executable,
     "-c",
     "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); signal.pause()",
-)
-#: The pod's scratch space (manifests.pod mounts an emptyDir there: the root filesystem is
-#: read-only). Locally it maps only itself (``HOME=/tmp``): below it is this machine's ``/tmp``,
-#: where users keep checkouts and models (issue 34).
-SCRATCH_MOUNT = "/tmp"
-#: Paths no argument is ever rewritten under, wherever they are: the interpreter's environment
-#: and this checkout (an MPI launcher's args name the interpreter of the ranks).
-NEVER_REWRITTEN = tuple(
-    dict.fromkeys(
-        str(p)
-        for p in (
-            Path(sys.executable).parent,
-            Path(sys.prefix),
-            Path(__file__).resolve().parents[2],
-        )
-    )
 )
 #: mpirun's flags on one host: as root too (this machine's tests run as root), and more ranks
 #: than cores.
@@ -127,27 +113,6 @@ def loopback_endpoints(port: Callable[[], int]) -> manifests.Endpoint:
     return endpoint
 
 
-def _secret_data(objs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, bytes]]:
-    """Secrets and ConfigMaps by kind and name: their files, as the kubelet writes them."""
-    out: dict[str, dict[str, bytes]] = {}
-    for o in objs:
-        if o.get("kind") == "Secret":
-            data = {k: base64.b64decode(v) for k, v in (o.get("data") or {}).items()}
-            data.update({k: v.encode() for k, v in (o.get("stringData") or {}).items()})
-            out[o["metadata"]["name"]] = data
-        elif o.get("kind") == "ConfigMap":
-            data = {k: v.encode() for k, v in (o.get("data") or {}).items()}
-            out[f"configmap/{o['metadata']['name']}"] = data
-    return out
-
-
-def _items(source: Mapping[str, Any], data: Mapping[str, bytes]) -> dict[str, bytes]:
-    """A Secret or ConfigMap volume's files: every key, or only its ``items`` at their paths."""
-    if not source.get("items"):
-        return dict(data)
-    return {i["path"]: data[i["key"]] for i in source["items"] if i["key"] in data}
-
-
 def _field_ref(pod: Mapping[str, Any], path: str) -> str:
     meta = pod["metadata"]
     simple = {
@@ -198,107 +163,6 @@ def _env(
     return env
 
 
-def _volume_dirs(
-    pod: Mapping[str, Any],
-    run_dir: Path,
-    secrets: Mapping[str, Mapping[str, bytes]],
-) -> tuple[dict[str, Path], dict[str, bytes]]:
-    """Volume name → local directory, and the files that must exist in them."""
-    pod_name = pod["metadata"]["name"]
-    dirs: dict[str, Path] = {}
-    files: dict[str, bytes] = {}
-    for v in pod["spec"].get("volumes") or []:
-        name = v["name"]
-        if "secret" in v:
-            local = run_dir / "pods" / pod_name / "secrets" / name
-            data = secrets.get(v["secret"]["secretName"])
-            if data is None:
-                raise jobspec.InvalidSpec(
-                    f"pod {pod_name}: volume {name} mounts secret {v['secret']['secretName']}, "
-                    "which the job does not create"
-                )
-            for key, content in _items(v["secret"], data).items():
-                files[str(local / key)] = content
-        elif "configMap" in v:
-            local = run_dir / "pods" / pod_name / "configmaps" / name
-            cm = v["configMap"]["name"]
-            for key, content in _items(v["configMap"], secrets.get(f"configmap/{cm}", {})).items():
-                files[str(local / key)] = content
-        elif name == CHECKPOINT_VOLUME:
-            # Shared and kept whatever its source: the chief writes, a rerun with the same
-            # --run-dir resumes, the summary points at it.
-            local = run_dir / CHECKPOINT_VOLUME
-        elif "hostPath" in v:
-            # This machine is the node: the host path itself (the user's data, say).
-            local = Path(v["hostPath"]["path"])
-        elif "emptyDir" in v:
-            local = run_dir / "pods" / pod_name / "volumes" / name
-        else:
-            # A PVC, hostPath, NFS...: storage the gang shares and that outlives a replica.
-            local = run_dir / "volumes" / name
-        dirs[name] = local
-    return dirs, files
-
-
-def _under_any(path: Path, roots: Iterable[Path]) -> bool:
-    """A hostPath is the user's: never created (nor anything under it)."""
-    return any(path == r or r in path.parents for r in roots)
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def _rewrite(
-    value: str,
-    mounts: Mapping[str, Path],
-    run_dir: Path | None = None,
-    user_mounts: Collection[str] = (),
-) -> str:
-    """An in-pod path under a mount → the local path (the longest mount path wins); any other
-    value as it is. Never rewritten (docs/decisions/0200-local-run-paths.md): a path below the
-    scratch mount ``/tmp`` (this machine's own ``/tmp``: only ``/tmp`` itself is the pod's), a
-    path in the interpreter's environment or this checkout, and, below a mount of a volume the
-    user declared in a pod template (``user_mounts``), a path that exists on this machine
-    outside ``run_dir`` (the user's own file where the volume would hold it)."""
-    for mount in sorted(mounts, key=len, reverse=True):
-        if not _inside(value, mount):
-            continue
-        if value != mount and (
-            mount.rstrip("/") == SCRATCH_MOUNT
-            or any(_inside(value, keep) for keep in NEVER_REWRITTEN)
-            or (
-                mount in user_mounts
-                and os.path.lexists(value)
-                and not (run_dir is not None and _inside(value, str(run_dir)))
-            )
-        ):
-            return value
-        return str(mounts[mount]) + value[len(mount.rstrip("/")) :]
-    return value
-
-
-@dataclasses.dataclass
-class _PodPaths:
-    """One container's mounts: in-pod values made local (:func:`_rewrite`), each rewrite
-    remembered with why (:attr:`Replica.rewritten`)."""
-
-    mounts: Mapping[str, Path]  # mount path → local directory
-    volumes: Mapping[str, str]  # mount path → volume name
-    user_mounts: Collection[str]
-    run_dir: Path
-    rewritten: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    def local(self, value: str) -> str:
-        new = _rewrite(value, self.mounts, self.run_dir, self.user_mounts)
-        if new != value:
-            mount = max((m for m in self.mounts if _inside(value, m)), key=len)
-            self.rewritten[new] = (
-                f"{value} in the pod (volume {self.volumes[mount]}, mounted at {mount})"
-            )
-        return new
-
-
 def _set_flag(args: list[str], flag: str, value: str) -> bool:
     """Replace the value of ``flag`` (``--f v`` or ``--f=v``) in place; False if absent."""
     for i, a in enumerate(args):
@@ -335,7 +199,7 @@ def plan(
         if job.mpi
         else manifests.desired_objects(job, endpoint=loopback_endpoints(port))
     )
-    secrets = _secret_data(objs)
+    secrets = secret_data(objs)
     replicas = []
     for pod in (o for o in objs if o["kind"] == "Pod"):
         labels = pod["metadata"]["labels"]
@@ -365,7 +229,7 @@ def plan(
                     "command; locally there is no image ENTRYPOINT to fall back on"
                 )
             command = ["ringtrain"]  # the ringtrain image's ENTRYPOINT
-        volume_dirs, files = _volume_dirs(pod, run_dir, secrets)
+        volume_dirs, files = map_volumes(pod, run_dir, secrets)
         host_paths = [
             volume_dirs[v["name"]]
             for v in pod["spec"].get("volumes") or []
@@ -384,7 +248,7 @@ def plan(
             for v in (r.template.get("spec") or {}).get("volumes") or []
         }
         user_mounts = {path for path, name in volume_of.items() if name in declared}
-        paths = _PodPaths(mounts, volume_of, user_mounts, run_dir)
+        paths = PodPaths(mounts, volume_of, user_mounts, run_dir)
         env = {k: paths.local(v) for k, v in _env(pod, container, secrets).items()}
         args = [paths.local(a) for a in args]
         if job.trainer is not None:
@@ -419,7 +283,7 @@ def plan(
                                 *mounts.values(),
                                 run_dir / "pods" / pod["metadata"]["name"],
                             ]
-                            if not _under_any(d, host_paths)
+                            if not under_any(d, host_paths)
                         }
                     )
                 ),
@@ -441,7 +305,7 @@ def _check_model(model: Any, local_path: Callable[[str], str], run_dir: Path) ->
     if not isinstance(model, str) or not model.startswith("/"):
         return
     local = local_path(model)
-    if _inside(local, str(run_dir)) or os.path.isfile(local):
+    if inside(local, str(run_dir)) or os.path.isfile(local):
         return
     where = (
         f"{local}, where {model} in the pod is on this machine"
