@@ -30,7 +30,7 @@ class Frozen(Op):
         self.op, self.inference = op, inference
         #: the wrapped op's parameters, now state (same names, Keras' initial value flags)
         self.frozen = op.params(0)
-        self.in_shape = getattr(op, "in_shape", None)
+        self.in_shape = op.in_shape
         self.out_shape = op.out_shape
         self.kind = op.kind
         self.batch_coupled = op.batch_coupled and not inference

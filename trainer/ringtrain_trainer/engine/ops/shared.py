@@ -28,7 +28,7 @@ class _Wrapped(Op):
     def __init__(self, op):
         self.op = op
         self.shared = op.params(0)
-        self.in_shape = getattr(op, "in_shape", None)
+        self.in_shape = op.in_shape
         self.out_shape = op.out_shape
         self.kind, self.batch_coupled, self.name = op.kind, op.batch_coupled, op.name
         for attr in ("n_inputs", "in_shapes", "n_in", "chunk"):
