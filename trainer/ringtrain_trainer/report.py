@@ -16,6 +16,7 @@ from ringtrain_trainer.engine import recompute
 from ringtrain_trainer.ipu.build import build_ipu
 from ringtrain_trainer.ipu.device import MB, IPUConfig
 from ringtrain_trainer.ipu.memory import format_report, host_optimizer_state
+from ringtrain_trainer.ipu.pipeline import PipelinedIPU
 from ringtrain_trainer.keras import load as keras_load
 
 
@@ -63,10 +64,10 @@ def report(cfg, out) -> None:
         declared = spec.declared_input_shape
         if declared is not None:
             head += f", input {declared} fixed to {spec.config.input_shape} by the data's x"
-        if cfg.pipeline_stages:  # compiled first: a refusal names the largest stage
+        if isinstance(ipu, PipelinedIPU):  # compiled first: a refusal names the largest stage
             exe = ipu.compile(cfg.batch_size)
             k = cfg.gradient_accumulation_steps
-            for st, p in zip(ipu.stages, exe.stage_plans, strict=True):  # type: ignore
+            for st, p in zip(ipu.stages, exe.stage_plans or [], strict=True):
                 title = (
                     f"{head}, micro-batch {cfg.batch_size} x gradient accumulation {k} (depth); "
                     f"{st.describe(spec)} on IPU {st.index}"

@@ -68,6 +68,8 @@ class Executable:
     losses: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: with recomputation, the plan without it (the report shows both)
     baseline: MemoryPlan | None = None
+    #: a pipeline's (``ipu.pipeline``): each stage's plan, in stage order; None otherwise
+    stage_plans: list[MemoryPlan] | None = None
 
 
 class IPU:

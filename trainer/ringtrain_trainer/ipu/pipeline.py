@@ -35,7 +35,7 @@ from ringtrain_trainer.engine import pipeline
 from ringtrain_trainer.engine.model import ModelSpec, Program
 from ringtrain_trainer.ipu.accumulate import accumulator_bytes, with_accumulator
 from ringtrain_trainer.ipu.device import IPU, Executable, IPUConfig
-from ringtrain_trainer.ipu.memory import plan_memory
+from ringtrain_trainer.ipu.memory import MemoryPlan, plan_memory
 
 SCHEDULES = ("Grouped", "Sequential")
 
@@ -93,7 +93,7 @@ class PipelinedIPU(IPU):
         self.names, self.schedule, self.depth = names, schedule, config.accumulation
         self.n_stages = config.replicas
         self.stages: list[pipeline.Stage] = []
-        self.stage_plans: list = []
+        self.stage_plans: list[MemoryPlan] = []
         self._stage_pool: ThreadPoolExecutor | None = None
         self._busy = [0.0] * self.n_stages
         self._links = [0] * self.n_stages
@@ -127,7 +127,7 @@ class PipelinedIPU(IPU):
             _, plans = self._split(batch, False)
             prog = Program(self.spec, batch, False, self.dtype, state=self.state)
             exe = Executable(batch, False, max(plans, key=lambda p: p.total), [prog], [], [[0]])
-            exe.stage_plans = plans  # type: ignore[attr-defined]
+            exe.stage_plans = plans
             self.stats.compiles += 1
             self._cache[key] = exe
             return exe
@@ -169,7 +169,7 @@ class PipelinedIPU(IPU):
             self.spec.flops_per_example(True) * micro * self.depth,
             np.zeros(self.depth),
         )
-        exe.stage_plans = self.stage_plans  # type: ignore[attr-defined]
+        exe.stage_plans = self.stage_plans
         if any(t for _, t in self._cache):
             self.stats.recompiles += 1
         self.stats.compiles += 1
