@@ -23,10 +23,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from . import kinds, observe
+from . import kinds, observe, phases
 from .job import Job
 from .observe import ObservedPod
-from .phases import PHASES
 from .status import (
     REASON_INVALID,
     REASON_RUNNING,
@@ -53,9 +52,7 @@ def derive_status(
     f.polls = any(p.phase == "Running" for p in seen.pods)
     _count(f, job, seen.live)
     _progress(f, job, seen)
-    for phase in PHASES:
-        if phase(f, job, seen):
-            break
+    phases.run(f, job, seen)
     return f.decision()
 
 

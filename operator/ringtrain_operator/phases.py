@@ -300,3 +300,10 @@ def _succeeded(job: Job, seen: Seen, live: Mapping[str, ObservedPod]) -> bool:
 
 
 PHASES = (_finished, _kind_changed, _suspended, _old_pods, _deadline, _failures, _success, _running)
+
+
+def run(f: Fold, job: Job, seen: Seen) -> None:
+    """Run the phases in order until one settles the job."""
+    for phase in PHASES:
+        if phase(f, job, seen):
+            return
