@@ -155,7 +155,8 @@ def _sequential(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
     if not isinstance(layers, list) or not layers:
         raise InvalidSpec("model: the Sequential config has no layers")
     shape = tuple(cfg["build_input_shape"][1:]) if cfg.get("build_input_shape") else None
-    in_name, specs = "input_layer", []
+    in_name, specs = "input_layer", list[LayerSpec]()
+    first: Shape = ()
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict):
             raise unsupported(layer, i)
@@ -166,9 +167,9 @@ def _sequential(cfg: dict) -> tuple[str, Shape, list[LayerSpec], int]:
         if not specs and shape is None:
             shape = shape_of(layer.get("config") or {})
         if not specs:
-            shape = check_shape(shape)
+            first = check_shape(shape)
         t = len(specs)
-        specs.append(make_spec(layer, t, (t,), [specs[-1].out_shape if specs else shape]))
+        specs.append(make_spec(layer, t, (t,), [specs[-1].out_shape if specs else first]))
     return in_name, check_shape(shape), specs, len(specs)
 
 

@@ -119,8 +119,7 @@ def make_spec(
     """Parse one layer's arguments through its entry and infer its output shape; ``call``:
     the Functional node's call arguments, read by the entry if it takes them (``call_args``)."""
     cls = layer.get("class_name")
-    entry = REGISTRY.get(cls) if isinstance(cls, str) else None
-    if entry is None:
+    if not isinstance(cls, str) or (entry := REGISTRY.get(cls)) is None:
         raise unsupported(layer, index)
     a = Args(layer, index)
     for k, v in (call or {}).items():
