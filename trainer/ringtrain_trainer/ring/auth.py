@@ -21,9 +21,28 @@ import socket
 import struct
 
 from ringtrain.errors import Unauthenticated
+from ringtrain_trainer.ring.protocol import OpHeader
 
 #: gRPC metadata key of the token (``-bin``: raw bytes, base64 on the wire by gRPC itself).
 TOKEN_METADATA_KEY = "ringtrain-token-bin"
+#: the caller's rank and ring size, and a tensor call's operation header, beside the token
+RANK_KEY, WORLD_KEY, OP_KEY = "ringtrain-rank", "ringtrain-world", "ringtrain-op-bin"
+
+
+def call_metadata(
+    token: bytes, rank: int, world: int, header: OpHeader | None = None
+) -> tuple[tuple[str, str | bytes], ...]:
+    """What every gRPC call of the ring carries, control and tensors alike (tests use it to
+    forge calls)."""
+    md: list[tuple[str, str | bytes]] = [
+        (TOKEN_METADATA_KEY, token),
+        (RANK_KEY, str(rank)),
+        (WORLD_KEY, str(world)),
+    ]
+    if header is not None:
+        md.append((OP_KEY, header.pack()))
+    return tuple(md)
+
 
 _HELLO = b"RTRH\x01"
 _NONCE = 16
@@ -64,15 +83,26 @@ def _mac(key: bytes, role: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, role + b"".join(parts), hashlib.sha256).digest()
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    """Read exactly ``n`` bytes (small handshake messages only); EOF raises ConnectionError."""
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
+class PeerClosed(ConnectionError):
+    """The peer closed the connection before a whole message arrived."""
+
+
+def recv_into_exactly(sock: socket.socket, view: memoryview, closed: str) -> None:
+    """Fill ``view`` from ``sock``, however the bytes arrive; EOF before it is full raises
+    :class:`PeerClosed` (``closed``). The one read loop of the ring's sockets: handshakes here, the
+    data path's whole messages in ``tcp`` and ``shm``."""
+    got, n = 0, len(view)
     while got < n:
         k = sock.recv_into(view[got:])
         if k == 0:
-            raise ConnectionError("connection closed during handshake")
+            raise PeerClosed(closed)
         got += k
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Read exactly ``n`` bytes (small handshake messages only); EOF raises ConnectionError."""
+    buf = bytearray(n)
+    recv_into_exactly(sock, memoryview(buf), "connection closed during handshake")
     return bytes(buf)
 
 

@@ -55,19 +55,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ringtrain.cluster import bind_host
 from ringtrain.errors import InvalidSpec, PeerTimeout, RingError, Unauthenticated
 from ringtrain_trainer.ring import auth, channels, schedule, tls
+from ringtrain_trainer.ring.auth import RANK_KEY, WORLD_KEY, call_metadata
 
 SERVICE = "ringtrain.Control"
 #: Health service name whose status follows the ring (SERVING once joined, not after a break);
 #: the empty name (what probes ask) is SERVING while the process serves at all.
 RING_HEALTH = "ringtrain.Ring"
-RANK_KEY, WORLD_KEY = "ringtrain-rank", "ringtrain-world"
 #: Longest a failing worker waits for its Abort calls to be delivered before it exits.
 ABORT_GRACE_S = 1.0
-
-
-def call_metadata(token: bytes, rank: int, world: int) -> tuple[tuple[str, str | bytes], ...]:
-    """What every control call carries (tests use it to forge calls)."""
-    return ((auth.TOKEN_METADATA_KEY, token), (RANK_KEY, str(rank)), (WORLD_KEY, str(world)))
 
 
 def log(msg: str) -> None:

@@ -28,13 +28,13 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec, PeerTimeout, Unauthenticated
 from ringtrain_trainer.ring import auth, channels, schedule, tls
+from ringtrain_trainer.ring.auth import OP_KEY, RANK_KEY, WORLD_KEY, call_metadata
 from ringtrain_trainer.ring.protocol import Mismatch, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
 SERVICE = "ringtrain.Ring"
 _HELLO = f"/{SERVICE}/Hello"
 _PUSH = f"/{SERVICE}/Push"
-_RANK_KEY, _WORLD_KEY, _OP_KEY = "ringtrain-rank", "ringtrain-world", "ringtrain-op-bin"
 _END = object()
 
 CHANNEL_OPTIONS = channels.OPTIONS
@@ -45,20 +45,6 @@ _MISMATCH_STATUS = {
     Mismatch.STEP: grpc.StatusCode.FAILED_PRECONDITION,
     Mismatch.SIZE: grpc.StatusCode.INVALID_ARGUMENT,
 }
-
-
-def call_metadata(
-    token: bytes, rank: int, world: int, header: OpHeader | None = None
-) -> tuple[tuple[str, str | bytes], ...]:
-    """What every call of this transport carries (tests use it to forge calls)."""
-    md: list[tuple[str, str | bytes]] = [
-        (auth.TOKEN_METADATA_KEY, token),
-        (_RANK_KEY, str(rank)),
-        (_WORLD_KEY, str(world)),
-    ]
-    if header is not None:
-        md.append((_OP_KEY, header.pack()))
-    return tuple(md)
 
 
 class _Receiver:
@@ -99,17 +85,17 @@ class _Receiver:
         md: dict[str, Any] = dict(context.invocation_metadata())
         if not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
             self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
-        if md.get(_WORLD_KEY) != str(self._world):
+        if md.get(WORLD_KEY) != str(self._world):
             self._refuse(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"caller's ring size {md.get(_WORLD_KEY)} is not {self._world}",
+                f"caller's ring size {md.get(WORLD_KEY)} is not {self._world}",
             )
-        if md.get(_RANK_KEY) != str(self._left):
+        if md.get(RANK_KEY) != str(self._left):
             self._refuse(
                 context,
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"caller rank {md.get(_RANK_KEY)} is not the left neighbour {self._left}",
+                f"caller rank {md.get(RANK_KEY)} is not the left neighbour {self._left}",
             )
         return md
 
@@ -120,7 +106,7 @@ class _Receiver:
 
     def push_rpc(self, request_iterator, context: grpc.ServicerContext) -> bytes:
         md = self._authorise(context)
-        got = OpHeader.unpack(md.get(_OP_KEY, b""))
+        got = OpHeader.unpack(md.get(OP_KEY, b""))
         if got is None:
             self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed collective header")
         with self._cond:

@@ -260,13 +260,10 @@ def connect_with_backoff(
 
 
 def _recv_into(sock: socket.socket, view: memoryview) -> None:
-    got, n = 0, len(view)
     try:
-        while got < n:
-            k = sock.recv_into(view[got:])
-            if k == 0:
-                raise LinkError("connection closed by peer")
-            got += k
+        auth.recv_into_exactly(sock, view, "connection closed by peer")
+    except auth.PeerClosed as e:
+        raise LinkError(str(e)) from None
     except TimeoutError:
         raise LinkTimeout(f"no data for {sock.gettimeout():g} s") from None
     except OSError as e:
