@@ -16,6 +16,7 @@ from ringtrain_trainer.optim.adagrad import Adagrad
 from ringtrain_trainer.optim.adam import Adam, AdamW
 from ringtrain_trainer.optim.base import Optimizer
 from ringtrain_trainer.optim.registry import (
+    FLAGS,
     OptimizerSpec,
     check_resume,
     for_run,
@@ -28,8 +29,8 @@ from ringtrain_trainer.optim.rmsprop import RMSprop
 from ringtrain_trainer.optim.schedules import StepDecay
 from ringtrain_trainer.optim.sgd import SGD, Momentum
 
-#: ``--optimizer`` choices (ringtrain.options' table must list the same)
-OPTIMIZERS = ("sgd", "momentum", "adam")
+#: ``--optimizer`` choices: the registry's flags (ringtrain.options' table must list the same)
+OPTIMIZERS = tuple(FLAGS)
 
 __all__ = [
     "OPTIMIZERS",
@@ -66,9 +67,8 @@ def build(name: str, params: np.ndarray, schedule: StepDecay) -> Optimizer:
 
 def state_bytes_for(name: str | OptimizerSpec, num_params: int, itemsize: int = 4) -> int:
     """Bytes of optimizer state for a model size (the IPU's plan when state is on the device)."""
-    if isinstance(name, OptimizerSpec):
-        return state_arrays(name) * num_params * itemsize
-    per = {"sgd": 0, "momentum": 1, "adam": 2}
-    if name not in per:
-        raise InvalidSpec(f"--optimizer: unknown optimizer {name!r}")
-    return per[name] * num_params * itemsize
+    if not isinstance(name, OptimizerSpec):
+        if name not in FLAGS:
+            raise InvalidSpec(f"--optimizer: unknown optimizer {name!r}")
+        name = resolve(None, name)
+    return state_arrays(name) * num_params * itemsize
