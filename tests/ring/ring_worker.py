@@ -155,7 +155,8 @@ def main(argv: list[str]) -> int:
     sizes = [int(s) for s in a.sizes.split(",")]
     coll = server = observer = None
     if a.metrics_port:
-        from ringtrain_trainer.telemetry.metrics import MetricsServer, RingMetrics, TrainerMetrics
+        from ringtrain_trainer.telemetry.metrics import RingMetrics, TrainerMetrics
+        from ringtrain_trainer.telemetry.server import MetricsServer
 
         metrics = TrainerMetrics()
         server = MetricsServer(metrics, a.metrics_port)

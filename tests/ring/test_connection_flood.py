@@ -25,7 +25,7 @@ from support.ports import free_ports
 from test_hostile_traffic import TOKEN
 
 from ringtrain.cluster import build
-from ringtrain_trainer.ring import channels, tcp
+from ringtrain_trainer.ring import channels, links
 
 FLOOD = 1500
 NOFILE = 1024
@@ -123,8 +123,8 @@ def test_idle_connections_to_the_ring_port_are_bounded_and_the_job_trains(tmp_pa
 
 def test_the_side_channel_runs_a_bounded_number_of_handshakes_and_still_takes_its_neighbour():
     """The grpc+tcp side channel (ring port + 1) gave every connection a thread and its 5 s
-    handshake; now beyond ``tcp.MAX_HANDSHAKES`` at once a connection is closed on accept."""
-    listener = tcp.Listener(0, 2, 1, "127.0.0.1", fallback=True)
+    handshake; now beyond ``links.MAX_HANDSHAKES`` at once a connection is closed on accept."""
+    listener = links.Listener(0, 2, 1, "127.0.0.1", fallback=True)
     socks: list[socket.socket] = []
     try:
         for _ in range(100):
@@ -140,12 +140,12 @@ def test_the_side_channel_runs_a_bounded_number_of_handshakes_and_still_takes_it
                 }
             )
         )
-        assert handshaking <= tcp.MAX_HANDSHAKES
-        assert closed >= len(socks) - tcp.MAX_HANDSHAKES
+        assert handshaking <= links.MAX_HANDSHAKES
+        assert closed >= len(socks) - links.MAX_HANDSHAKES
         assert listener.refused >= closed
         for s in socks:
             s.close()
-        tcp.connect_with_backoff(f"127.0.0.1:{listener.port}", listener.key, 1, 2, 20).close()
+        links.connect_with_backoff(f"127.0.0.1:{listener.port}", listener.key, 1, 2, 20).close()
         left = listener.wait_left(10)
         assert left is not None
         left.close()

@@ -35,6 +35,7 @@ from ringtrain_trainer.ring import auth, control
 from ringtrain_trainer.ring.grpc_transport import _HELLO as GRPC_HELLO
 from ringtrain_trainer.ring.grpc_transport import call_metadata
 from ringtrain_trainer.telemetry import metrics as trainer_metrics
+from ringtrain_trainer.telemetry import server as metrics_server
 
 TOKEN = "hostile-traffic-test-token"
 STEPS = 150  # long enough for several full rounds of attacks on a loaded machine
@@ -370,8 +371,8 @@ def test_hostile_traffic_is_refused_and_changes_nothing(tmp_path, transport):
 
 
 def test_an_idle_metrics_connection_is_closed(monkeypatch):
-    monkeypatch.setattr(trainer_metrics, "IDLE_TIMEOUT_S", 0.5)
-    server = trainer_metrics.MetricsServer(trainer_metrics.TrainerMetrics(), 0, host="127.0.0.1")
+    monkeypatch.setattr(metrics_server, "IDLE_TIMEOUT_S", 0.5)
+    server = metrics_server.MetricsServer(trainer_metrics.TrainerMetrics(), 0, host="127.0.0.1")
     try:
         with connect(server.port) as s:
             s.sendall(b"GET /metr")  # trickles, never finishes

@@ -99,7 +99,7 @@ def test_every_listener_has_its_own_key_and_a_refused_key_is_retryable():
     """A key from the peer's own rendezvous answer is refused only by a restarted peer (a new
     listener, a new key): the gang restarts (retryable), the job does not fail for good."""
     from ringtrain.errors import EXIT_RETRYABLE, RingError
-    from ringtrain_trainer.ring.tcp import Listener, connect_with_backoff
+    from ringtrain_trainer.ring.links import Listener, connect_with_backoff
 
     first, second = (Listener(0, 2, 1, "127.0.0.1", fallback=True) for _ in range(2))
     try:

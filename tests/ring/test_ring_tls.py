@@ -18,8 +18,8 @@ from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain.errors import EXIT_PERMANENT, PeerTimeout, Unauthenticated
 from ringtrain_trainer.ring import auth, connect, tls
 from ringtrain_trainer.ring.grpc_transport import call_metadata
+from ringtrain_trainer.ring.links import connect_with_backoff
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
-from ringtrain_trainer.ring.tcp import connect_with_backoff
 
 
 def _go(ring: ring_procs.Ring) -> list:

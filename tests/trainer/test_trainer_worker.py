@@ -12,7 +12,8 @@ from ringtrain.errors import EXIT_PERMANENT, EXIT_TERMINATED, InvalidSpec
 from ringtrain_trainer import worker, worker_main
 from ringtrain_trainer.collective import LocalCollective
 from ringtrain_trainer.config import TrainerConfig
-from ringtrain_trainer.telemetry.metrics import MetricsServer, TrainerMetrics
+from ringtrain_trainer.telemetry.metrics import TrainerMetrics
+from ringtrain_trainer.telemetry.server import MetricsServer
 
 
 def test_json_run_on_mnist5k_learns_and_writes_the_termination_log(tmp_path, capsys):

@@ -34,7 +34,8 @@ from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.ipu.device import blas_limits
 from ringtrain_trainer.ring import malloc_tuning
 from ringtrain_trainer.ring.tls import INSECURE_NOTE
-from ringtrain_trainer.telemetry.metrics import MetricsServer, RingMetrics, TrainerMetrics
+from ringtrain_trainer.telemetry.metrics import RingMetrics, TrainerMetrics
+from ringtrain_trainer.telemetry.server import MetricsServer
 from ringtrain_trainer.telemetry.termlog import (
     own_termination_log,
     termination_log_flag,

@@ -11,7 +11,7 @@ metadata of every call, as the data path's calls carry them):
   to the one caller allowed to connect there (its left neighbour), that side channel's key.
 
   The key exchange, and why this one: each side-channel listener makes its own random key when
-  it starts (``tcp.Listener``) and only its left neighbour ever connects to it, so the listener
+  it starts (``links.Listener``) and only its left neighbour ever connects to it, so the listener
   is the natural owner of the key and its ``Register`` answer the natural carrier: no extra
   call, no chief to wait for, nothing shared by more than two ranks. The answer goes only to
   a caller that passed mutual TLS and the token (``_authorise``), so the key never crosses the

@@ -33,9 +33,10 @@ import numpy as np
 
 from ringtrain.errors import RingError
 from ringtrain_trainer.ring import schedule, tls
+from ringtrain_trainer.ring.links import Listener
 from ringtrain_trainer.ring.protocol import OpHeader
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
-from ringtrain_trainer.ring.tcp import Listener, TcpTransport, _recv_into
+from ringtrain_trainer.ring.tcp import TcpTransport, _recv_into
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout
 
 #: Memory per link: at most this many bytes of slots, 2 to 8 slots of one chunk each.
