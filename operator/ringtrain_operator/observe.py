@@ -67,6 +67,9 @@ class ObservedPod:
     last_exit_code: int | None = None
     last_exit_reason: str | None = None
     termination_message: str | None = None
+    #: the previous run's message (``lastState.terminated.message``): a permanent exit first
+    #: seen after the kubelet restarted the container still says why
+    last_termination_message: str | None = None
     pod_ip: str | None = None
     #: The main container's ``resources.limits.memory`` (``1374Mi``): what an OOMKilled exit
     #: names (:func:`.restarts.describe_exit`).
@@ -127,6 +130,7 @@ class ObservedPod:
             last_exit_code=last.get("exitCode"),
             last_exit_reason=_intern(last.get("reason")),
             termination_message=term.get("message"),
+            last_termination_message=last.get("message"),
             pod_ip=st.get("podIP"),
             memory_limit=_intern(str(limit)[:64]) if limit is not None else None,
         )

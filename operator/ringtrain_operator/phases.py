@@ -214,7 +214,7 @@ def _why(p: ObservedPod) -> str:
     (issue 34): the ``error`` of ringtrain's JSON record, or a plain-text message's last
     :data:`restarts.ERROR_CHARS` characters, its lines joined by `` | ``; "" without either (a
     JSON result is no reason)."""
-    text = (p.termination_message or "").strip()
+    text = restarts.failure_message(p)
     if not text:
         return ""
     try:

@@ -46,11 +46,17 @@ def describe_exit(p: ObservedPod) -> str:
 ERROR_CHARS = 500
 
 
+def failure_message(p: ObservedPod) -> str:
+    """The termination message of the run that failed: the current one, else (the container
+    already restarted in place) the previous run's."""
+    return (p.termination_message or p.last_termination_message or "").strip()
+
+
 def last_error(p: ObservedPod) -> str:
     """The worker's own words for its failure, from its termination log (``{"event":
     "error", "error": ...}``), or ""; bounded, the log is the container's to write."""
     try:
-        doc = json.loads(p.termination_message or "")
+        doc = json.loads(failure_message(p))
     except ValueError:
         return ""
     error = doc.get("error") if isinstance(doc, dict) else None

@@ -71,3 +71,35 @@ def test_backoff_limit_exceeded_names_the_last_failures_words():
     d = step(j, running(j, **{"mnist-worker-1": crashed}), prev)
     c = cond(d.status, st.FAILED)
     assert c["reason"] == st.REASON_BACKOFF and c["message"].endswith(": " + said)
+
+
+def test_a_permanent_exit_seen_after_its_restart_still_says_why():
+    """The kubelet restarted the container (OnFailure) before the operator looked: the exit
+    and the worker's words are in ``lastState.terminated``, not in ``state``."""
+    from ringtrain_operator import manifests
+    from ringtrain_operator.observe import ObservedPod
+
+    log = json.dumps({"event": "error", "error": SAID, "exit_code": EXIT_PERMANENT})
+    obj = {
+        "metadata": {
+            "name": "mnist-worker-1",
+            "labels": {manifests.LABEL_ROLE: "worker", manifests.LABEL_INDEX: "1"},
+        },
+        "spec": {"restartPolicy": "OnFailure", "containers": [{"name": manifests.MAIN_CONTAINER}]},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": manifests.MAIN_CONTAINER,
+                    "restartCount": 1,
+                    "state": {"running": {}},
+                    "lastState": {"terminated": {"exitCode": EXIT_PERMANENT, "message": log}},
+                }
+            ],
+        },
+    }
+    seen = ObservedPod.from_pod(obj)
+    assert seen is not None and seen.termination_message is None
+    d = failed_job(seen)
+    c = cond(d.status, st.FAILED)
+    assert c["message"].endswith(": " + SAID), c["message"]
