@@ -288,7 +288,9 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
     main["ports"] = _merge_named(main.get("ports") or [], ports)
     main["volumeMounts"] = _merge_named(main.get("volumeMounts") or [], mounts)
     main["terminationMessagePath"] = TERMINATION_LOG
-    main["terminationMessagePolicy"] = "File"
+    # a failure that wrote no termination log (a user's script) still says why: the kubelet
+    # takes the log's tail; a template's own policy is kept
+    main.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     spec["volumes"] = _merge_named(spec.get("volumes") or [], volumes)
     for c in containers + spec.get("initContainers", []):
         _secure_container(c)

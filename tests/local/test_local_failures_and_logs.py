@@ -169,9 +169,10 @@ def test_with_fallback_to_logs_on_error_a_failure_without_termination_log_is_its
     log.close()
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
     proc.wait()
-    assert supervisor.observed_pod(replica, proc).termination_message is None  # policy File
-    fallback = dataclasses.replace(replica, termination_message_policy="FallbackToLogsOnError")
-    message = supervisor.observed_pod(fallback, proc).termination_message
+    assert replica.termination_message_policy == "FallbackToLogsOnError"  # ringtrain's default
+    file = dataclasses.replace(replica, termination_message_policy="File")
+    assert supervisor.observed_pod(file, proc).termination_message is None
+    message = supervisor.observed_pod(replica, proc).termination_message
     assert message is not None and message.endswith("ValueError: my script's own reason")
     assert len(message.splitlines()) <= 80 and len(message.encode()) <= 2048
 
