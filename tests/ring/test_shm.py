@@ -12,20 +12,20 @@ import threading
 import numpy as np
 import pytest
 
-from ringtrain_trainer.ring import shm
+from ringtrain_trainer.ring import shm, shm_segment
 
 
 def test_slots_hold_one_chunk_each_within_the_budget():
-    assert shm.plan(1 << 20) == (8, 1 << 20)
-    assert shm.plan(4 << 20) == (4, 4 << 20)
-    assert shm.plan(64 << 20) == (2, 64 << 20)
-    assert shm.plan(4) == (8, 64)  # rounded up to a cache line
+    assert shm_segment.plan(1 << 20) == (8, 1 << 20)
+    assert shm_segment.plan(4 << 20) == (4, 4 << 20)
+    assert shm_segment.plan(64 << 20) == (2, 64 << 20)
+    assert shm_segment.plan(4) == (8, 64)  # rounded up to a cache line
 
 
 def test_the_offered_segment_is_attached_and_shared():
-    seg, fd, nonce = shm.create(2, 4096)
+    seg, fd, nonce = shm_segment.create(2, 4096)
     try:
-        other = shm.attach(os.getpid(), fd, nonce, 2, 4096)
+        other = shm_segment.attach(os.getpid(), fd, nonce, 2, 4096)
         assert other is not None
         other.floats[1][:3] = [1, 2, 3]
         assert seg.floats[1][:3].tolist() == [1, 2, 3]  # one memory, not a copy
@@ -37,9 +37,9 @@ def test_the_offered_segment_is_attached_and_shared():
 def test_a_segment_that_is_not_provably_the_offered_one_is_refused(case, tmp_path):
     """Another PID namespace (a pod) makes the offered pid and descriptor someone else's here:
     whatever they name, nothing but the offered memfd with its nonce and size is used."""
-    _seg, fd, nonce = shm.create(2, 4096)
+    _seg, fd, nonce = shm_segment.create(2, 4096)
     plain = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
-    os.ftruncate(plain, shm.Segment.size(2, 4096))
+    os.ftruncate(plain, shm_segment.Segment.size(2, 4096))
     try:
         args = {
             "nonce": (os.getpid(), fd, bytes(16), 2, 4096),
@@ -47,7 +47,7 @@ def test_a_segment_that_is_not_provably_the_offered_one_is_refused(case, tmp_pat
             "not-a-memfd": (os.getpid(), plain, nonce, 2, 4096),
             "no-such-pid": (2**22 + 1, fd, nonce, 2, 4096),
         }[case]
-        assert shm.attach(*args) is None
+        assert shm_segment.attach(*args) is None
     finally:
         os.close(fd)
         os.close(plain)
@@ -103,7 +103,7 @@ def test_the_receiver_refuses_a_slot_signal_out_of_order():
     a, b = socket.socketpair()
     t._left, t._left_fd, t._expect, t._taken = b, None, None, 0
     t._signal = bytearray(1)
-    t._in, fd, _ = shm.create(2, 64)
+    t._in, fd, _ = shm_segment.create(2, 64)
     os.close(fd)
     a.sendall(b"\x01")
     with pytest.raises(LinkError, match="filled slot 1, expected 0"):
