@@ -9,6 +9,7 @@ of frozen dataclasses that the manifest and status functions consume.
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -103,7 +104,7 @@ def validate(obj: Mapping[str, Any]) -> None:
     ``spec.trainer.model`` is checked here too, in the same message: the CRD can only say "a
     string or an object" (see ``options.Option.or_object``)."""
     errors = [
-        (list(map(str, e.absolute_path)), f"{_path(e)}: {e.message}")
+        (list(map(str, e.absolute_path)), f"{_path(e)}: {e.message}{_did_you_mean(e)}")
         for e in _validator().iter_errors(obj)
     ]
     trainer = (
@@ -117,6 +118,25 @@ def validate(obj: Mapping[str, Any]) -> None:
         errors.append((["spec", "trainer", "model"], f"spec.trainer.model: {why}"))
     if errors:
         raise InvalidSpec("; ".join(message for _, message in sorted(errors)))
+
+
+def _did_you_mean(error: jsonschema.ValidationError) -> str:
+    """For a field the schema does not know: the nearest field it does (``batchsize`` →
+    ``batchSize``), as kubectl's own validation does not say."""
+    if error.validator != "additionalProperties" or not isinstance(error.instance, Mapping):
+        return ""
+    known = list((error.schema or {}).get("properties") or {})
+    by_lower = {k.lower(): k for k in known}
+    hints = []
+    for name in error.instance:
+        if name in known or not isinstance(name, str):
+            continue
+        near = by_lower.get(name.lower()) or next(
+            iter(difflib.get_close_matches(name, known, n=1, cutoff=0.75)), None
+        )
+        if near:
+            hints.append(f"{name!r}: did you mean {near!r}?")
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 def _budget(trainer: Mapping[str, Any]) -> tuple[int, int]:

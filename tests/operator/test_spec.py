@@ -374,3 +374,23 @@ def test_a_malformed_pod_template_is_refused_naming_the_field(pod_spec, field):
     obj["spec"]["replicaSpecs"]["Worker"]["template"] = {"spec": pod_spec}
     with pytest.raises(InvalidSpec, match=re.escape(f"spec.replicaSpecs.Worker.{field}")):
         spec.load(obj)
+
+
+@pytest.mark.parametrize(
+    ("field", "hint"), [("batchsize", "'batchSize'"), ("stpes", "'steps'"), ("epoch", "'epochs'")]
+)
+def test_a_misspelt_field_is_refused_with_the_field_it_probably_meant(field, hint):
+    with pytest.raises(InvalidSpec) as e:
+        spec.load(job_obj(trainer={field: 3}))
+    assert f"'{field}' was unexpected" in str(e.value)
+    assert f"{field!r}: did you mean {hint}?" in str(e.value)
+
+
+def test_an_unknown_layer_names_the_nearest_supported_ones():
+    layers = [
+        {"class_name": "InputLayer", "config": {"batch_shape": [None, 4]}},
+        {"class_name": "Dence", "config": {"units": 3}},
+    ]
+    model = {"class_name": "Sequential", "config": {"layers": layers}}
+    with pytest.raises(InvalidSpec, match=r"\(Dence\) is not supported .*; did you mean Dense\?"):
+        spec.load(job_obj(trainer={"model": model}))

@@ -8,6 +8,7 @@ lowering and the exporters read the result. Pure: shape arithmetic on plain data
 from __future__ import annotations
 
 import copy
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,8 +105,13 @@ def check_shape(shape: Any) -> Shape:
 def unsupported(layer: Any, index: int) -> InvalidSpec:
     cls = layer.get("class_name") if isinstance(layer, dict) else None
     name = ((layer.get("config") or {}).get("name") if isinstance(layer, dict) else None) or index
+    near = (
+        difflib.get_close_matches(cls, SUPPORTED, n=3, cutoff=0.6) if isinstance(cls, str) else []
+    )
+    hint = f"; did you mean {' or '.join(near)}?" if near else ""
     return InvalidSpec(
-        f"model: layer {name!r} ({cls}) is not supported (supported layers: {', '.join(SUPPORTED)})"
+        f"model: layer {name!r} ({cls}) is not supported (supported layers: "
+        f"{', '.join(SUPPORTED)}){hint}"
     )
 
 
