@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         print(usage())
         return 0
     group = any(len(w) > 1 and w[0] == argv[0] for w in COMMANDS)  # "bench stpe"
+    if group and len(argv) > 1 and argv[1] in ("-h", "--help"):  # "ringtrain bench --help"
+        print(usage())
+        return 0
     given = " ".join(argv[:2] if group else argv[:1])
     near = difflib.get_close_matches(given, [" ".join(w) for w in COMMANDS], n=1)
     hint = f" (did you mean '{near[0]}'?)" if near else ""

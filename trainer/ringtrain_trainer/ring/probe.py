@@ -38,7 +38,10 @@ def check(address: str, service: str = "", timeout_s: float = 2.0, material=None
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ringtrain health", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="ringtrain health",
+        description=" ".join((__doc__ or "").split("\n\n")[:2]).replace("\n", " "),
+    )
     p.add_argument(
         "--address",
         default=DEFAULT_ADDRESS,
