@@ -23,10 +23,13 @@ from .logs import label_of
 def format_progress(p: Mapping[str, Any]) -> str:
     """One human line: the chief's progress as the trainer itself renders it
     (:func:`events.format_event`), then what only the runner knows:
-    ``step 120/500 (24%)  loss 0.4123  8,412 samples/s  ETA 0:45  acc 91.20%  [health]``."""
+    ``step 120/500 (24%)  loss 0.4123  8,412 samples/s  ETA 0:45  acc 91.20% at step 100
+    [health]`` (the accuracy is the last evaluation's, so the line says when it ran)."""
     parts = [events.format_event(events.Progress.from_dict(p))]
     if p.get("test_accuracy") is not None:
-        parts.append(f"acc {100 * p['test_accuracy']:.2f}%")
+        at = p.get("test_accuracy_step")
+        when = f" at step {at}" if at is not None else ""
+        parts.append(f"acc {100 * p['test_accuracy']:.2f}%{when}")
     if p.get("restarts"):
         parts.append(f"restarts {p['restarts']}")
     health = " ".join(f"{k} {v}" for k, v in (p.get("workers") or {}).items())
@@ -106,7 +109,7 @@ def format_summary(s: Mapping[str, Any]) -> str:
     if s.get("steps") is not None:
         lines.append(f"  steps          {s['steps']}")
     if s.get("loss") is not None:
-        lines.append(f"  final loss     {s['loss']:.4f}")
+        lines.append(f"  last loss      {s['loss']:.4f} (the last step's batch)")
     if s.get("test_accuracy") is not None:
         lines.append(f"  test accuracy  {100 * s['test_accuracy']:.2f}%")
     if s.get("samples_per_s") is not None:

@@ -45,6 +45,8 @@ class JobState:
     samples_per_s: float | None = None
     eta_s: float | None = None
     test_accuracy: float | None = None
+    #: the step the last evaluation ran at: the progress line says how old its accuracy is
+    test_accuracy_step: int | None = None
     final: events.Final | None = None
     #: the evaluator's evaluations, in order (TF_CONFIG task type evaluator)
     evaluations: list[events.Evaluation] = dataclasses.field(default_factory=list)
@@ -67,6 +69,7 @@ class JobState:
                     setattr(self, f, getattr(event, f))
         elif isinstance(event, events.Eval) and event.test_accuracy is not None:
             self.test_accuracy = event.test_accuracy
+            self.test_accuracy_step = event.step if isinstance(event.step, int) else None
         elif isinstance(event, events.Final):
             self.final = event
             if event.test_accuracy is not None:
@@ -99,6 +102,7 @@ class JobState:
             "samples_per_s": self.samples_per_s,
             "eta_s": self.eta_s,
             "test_accuracy": self.test_accuracy,
+            "test_accuracy_step": self.test_accuracy_step,
             "elapsed_s": round(now_s - self.started_s, 3),
             "workers": {k: w.health(now_s, stale_after_s) for k, w in self.workers.items()},
         }

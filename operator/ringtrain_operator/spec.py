@@ -125,7 +125,8 @@ def _did_you_mean(error: jsonschema.ValidationError) -> str:
     ``batchSize``), as kubectl's own validation does not say."""
     if error.validator != "additionalProperties" or not isinstance(error.instance, Mapping):
         return ""
-    known = list((error.schema or {}).get("properties") or {})
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
+    known = list(schema.get("properties") or {})
     by_lower = {k.lower(): k for k in known}
     hints = []
     for name in error.instance:

@@ -23,8 +23,8 @@ import yaml
 from support.procs import CLI, ringtrain
 from support.reference import single_worker_run
 
-from ringtrain import cluster
-from ringtrain_localrun import cli, console, plan, supervisor
+from ringtrain import cluster, events
+from ringtrain_localrun import cli, console, jobstate, plan, supervisor
 from ringtrain_operator import manifests
 from ringtrain_operator import spec as jobspec
 
@@ -219,6 +219,15 @@ def test_progress_line_shows_step_loss_rate_eta_and_health():
         "step 120/500 (24%)  epoch 0.25  loss 0.4123  8,412 samples/s  ETA 0:45  "
         "restarts 1  [worker-0 ok worker-1 exit 138]"
     )
+
+
+def test_the_progress_line_says_when_its_accuracy_was_evaluated():
+    """The accuracy is the last evaluation's, not this step's: the line names its step."""
+    state = jobstate.JobState(None, 0.0, {"worker-0": jobstate.WorkerState()})
+    state.observe("worker-0", events.Eval(step=100, test_accuracy=0.912), 1.0, chief=True)
+    state.observe("worker-0", events.Progress(step=120, loss=0.4), 2.0, chief=True)
+    line = console.format_progress(state.progress(2.0))
+    assert "acc 91.20% at step 100" in line
 
 
 # ---- running real processes ----------------------------------------------------------------------
