@@ -338,3 +338,27 @@ def test_a_float32_model_trained_with_precision_fp16_exports_as_mixed_float16(tm
     want = prog.forward(t.spec.views(t.params)).copy()
     got_y = got.predict(x.reshape((8, *t.spec.config.input_shape)), verbose=0)
     np.testing.assert_allclose(got_y, want, atol=2e-2, rtol=2e-2)
+
+
+def test_the_export_keeps_the_compiled_metrics_and_keras_evaluates_each(tmp_path):
+    """A model compiled with metrics comes back compiled with them: real Keras' ``evaluate``
+    reports every one, and the same values as the source model (same weights, same data)."""
+    keras.utils.set_random_seed(3)
+    km = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(5)]
+    )
+    km.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3)],
+    )
+    spec = keras_load.from_config(json.loads(km.to_json()), "metrics")
+    path = write_keras(tmp_path / "m.keras", spec.keras_config(), km.get_weights())
+    loaded = keras.saving.load_model(path)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 6)).astype(np.float32), rng.integers(0, 5, 32)
+    got = loaded.evaluate(x, y, verbose=0, return_dict=True)
+    want = km.evaluate(x, y, verbose=0, return_dict=True)
+    assert set(got) == set(want) == {"loss", "accuracy", "sparse_top_k_categorical_accuracy"}
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-6), k

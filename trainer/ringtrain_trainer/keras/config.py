@@ -76,6 +76,9 @@ class ModelConfig:
     #: ``output``); several outputs compile an ``engine.multiloss.MultiLossSpec``
     outputs: tuple[int, ...] = ()
     output_names: tuple[str, ...] = ()
+    #: the source's ``compile_config`` ``metrics`` and ``weighted_metrics`` as written, so an
+    #: export compiles with them again (Keras' ``evaluate`` then reports every one)
+    compiled_metrics: dict = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def multi(self) -> bool:
@@ -233,6 +236,11 @@ def parse(model: dict, compiled: bool = True) -> ModelConfig:
         inputs,
         tuple(outputs),
         tuple(out_names),
+        {
+            k: copy.deepcopy((comp or {}).get(k))
+            for k in ("metrics", "weighted_metrics")
+            if compiled
+        },
     )
 
 

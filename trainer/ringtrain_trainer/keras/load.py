@@ -101,7 +101,8 @@ class KerasModel(ModelSpec):
     # -- back to Keras -------------------------------------------------------------------
     def keras_config(self, precision: str | None = None) -> dict:
         """A Keras 3 config (``model.to_json()`` shape, Sequential or Functional as the
-        source) that Keras loads, compiled with the loss that ran; ``precision``: the run's,
+        source) that Keras loads, compiled with the loss that ran and the source's metrics;
+        ``precision``: the run's,
         for the layers' dtype policies (``archive.layer_dtype``)."""
         return _free_dims(
             archive.to_keras(
@@ -109,13 +110,13 @@ class KerasModel(ModelSpec):
                 {
                     "optimizer": "adam",
                     "loss": self.config.loss.keras(),
-                    "metrics": None,
+                    "metrics": self.config.compiled_metrics.get("metrics"),
                     "loss_weights": (
                         self.config.loss.keras_weights()
                         if isinstance(self.config.loss, MultiLossSpec)
                         else None
                     ),
-                    "weighted_metrics": None,
+                    "weighted_metrics": self.config.compiled_metrics.get("weighted_metrics"),
                     "run_eagerly": False,
                     "steps_per_execution": 1,
                     "jit_compile": False,
