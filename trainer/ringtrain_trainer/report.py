@@ -13,8 +13,7 @@ from ringtrain_trainer import optim, trace
 from ringtrain_trainer.config import layer_names
 from ringtrain_trainer.data import dataset as data_mod
 from ringtrain_trainer.engine import recompute
-from ringtrain_trainer.ipu.build import build_ipu
-from ringtrain_trainer.ipu.device import MB, IPUConfig
+from ringtrain_trainer.ipu.build import build_ipu, config_for
 from ringtrain_trainer.ipu.memory import format_report, host_optimizer_state
 from ringtrain_trainer.ipu.pipeline import PipelinedIPU
 from ringtrain_trainer.keras import load as keras_load
@@ -36,17 +35,7 @@ def report(cfg, out) -> None:
     ipu = build_ipu(
         cfg,
         spec,
-        IPUConfig(
-            memory_bytes=cfg.ipu_memory_mb * MB,
-            variables_on_host=cfg.variables_on_host,
-            replicas=cfg.ipus_per_worker,
-            host_threads=1,
-            optimizer_state_bytes=state,
-            accumulation=cfg.gradient_accumulation_steps,
-            recompute=cfg.allow_recompute,
-            recompute_checkpoints=checkpoints,
-            available_memory_proportion=cfg.available_memory_proportion,
-        ),
+        config_for(cfg, state, host_threads=1),
         params,
         np.zeros_like(params),
         trace.OFF,

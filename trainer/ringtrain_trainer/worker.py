@@ -26,7 +26,7 @@ from ringtrain_trainer import divergence, optim, preflight, trace
 from ringtrain_trainer.checkpoint import owner as ckpt_owner
 from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState, checkpoint_cap
 from ringtrain_trainer.collective import Collective
-from ringtrain_trainer.config import TrainerConfig, layer_names
+from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data import dataset as data_mod
 from ringtrain_trainer.data.npz import fit_model
 from ringtrain_trainer.engine import plan
@@ -35,13 +35,12 @@ from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
 from ringtrain_trainer.export.cli import export_state
 from ringtrain_trainer.ipu import memory
-from ringtrain_trainer.ipu.build import build_ipu
-from ringtrain_trainer.ipu.device import EVAL_BATCH, MB, MIN_SHARD_FLOPS, IPUConfig
+from ringtrain_trainer.ipu.build import build_ipu, config_for
+from ringtrain_trainer.ipu.device import EVAL_BATCH, MB, MIN_SHARD_FLOPS
 from ringtrain_trainer.ipu.pipeline import refuse
 from ringtrain_trainer.keras import load as keras_model
 from ringtrain_trainer.optim import numerics
 from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
-from ringtrain_trainer.optim.sparse_rows import SparseRows
 from ringtrain_trainer.reducer import Reducer, StepCommStats
 from ringtrain_trainer.telemetry import startup, tensorboard
 from ringtrain_trainer.telemetry.metrics import TrainerMetrics
@@ -107,18 +106,7 @@ class Trainer(SharedEvaluation):
         self.params = self.spec.init(cfg.seed)
         #: what runs: the model's compile settings, each flag given overriding its part
         self.optimizer_spec = optim.for_run(cfg, self.spec)
-        tensors = [(s.start, s.stop) for s in self.spec.slots]  # clipnorm is per tensor
-        self.optimizer = optim.build_spec(self.optimizer_spec, self.params, tensors)
-        if self.optimizer.whole_tensors:  # Adafactor: its moments factor Keras' shapes
-            self.optimizer.set_shapes(self.spec.keras_shapes())
-        self.optimizer.set_regularizers(
-            [(s.start, s.stop, s.spec.reg) for s in self.spec.slots if s.spec.reg is not None]
-        )
-        self.optimizer.set_constraints(
-            [(s.start, s.stop, s.spec.constraint) for s in self.spec.slots if s.spec.constraint]
-        )
-        # Keras' squared gradient of an Embedding row: the sum over its occurrences
-        self.optimizer.set_sparse(SparseRows(self.spec, self.params.dtype))
+        self.optimizer = optim.for_model(self.optimizer_spec, self.spec, self.params)
         self.tracer = trace.Tracer(cfg.trace_window, self.rank) if cfg.trace_steps else trace.OFF
         collective.tracer = self.tracer
         # the reducer owns the gradient buffer (and the stop vote after it); its thread
@@ -152,23 +140,15 @@ class Trainer(SharedEvaluation):
         self.ipu = build_ipu(
             cfg,
             self.spec,
-            IPUConfig(
-                memory_bytes=cfg.ipu_memory_mb * MB,
-                variables_on_host=cfg.variables_on_host,
-                replicas=cfg.ipus_per_worker,
+            config_for(
+                cfg,
+                optim.state_bytes_for(self.optimizer_spec, self.spec.num_params),
                 host_threads=cfg.ipu_host_threads,
                 min_shard_flops=MIN_SHARD_FLOPS,
-                optimizer_state_bytes=optim.state_bytes_for(
-                    self.optimizer_spec, self.spec.num_params
-                ),
                 rank=self.rank,
                 seed=cfg.seed,
-                accumulation=cfg.gradient_accumulation_steps,
                 precision=self.numerics.precision,
                 stochastic_rounding=self.numerics.stochastic_rounding,
-                recompute=cfg.allow_recompute,
-                recompute_checkpoints=layer_names(cfg.recomputation_checkpoints),
-                available_memory_proportion=cfg.available_memory_proportion,
             ),
             self.params,
             self.grads,

@@ -28,6 +28,7 @@ from ringtrain_trainer.optim.registry import build as build_spec
 from ringtrain_trainer.optim.rmsprop import RMSprop
 from ringtrain_trainer.optim.schedules import StepDecay
 from ringtrain_trainer.optim.sgd import SGD, Momentum
+from ringtrain_trainer.optim.sparse_rows import SparseRows
 
 #: ``--optimizer`` choices: the registry's flags (ringtrain.options' table must list the same)
 OPTIMIZERS = tuple(FLAGS)
@@ -46,6 +47,7 @@ __all__ = [
     "build",
     "build_spec",
     "check_resume",
+    "for_model",
     "for_run",
     "from_compile_config",
     "resolve",
@@ -72,3 +74,18 @@ def state_bytes_for(name: str | OptimizerSpec, num_params: int, itemsize: int = 
             raise InvalidSpec(f"--optimizer: unknown optimizer {name!r}")
         name = resolve(None, name)
     return state_arrays(name) * num_params * itemsize
+
+
+def for_model(spec: OptimizerSpec, model, params: np.ndarray) -> Optimizer:
+    """The optimizer ``spec`` over ``model``'s flat ``params``, with what the model adds:
+    per-tensor clipping, Adafactor's factored shapes, the weight regularizers and constraints,
+    and an Embedding's sparse rows (Keras' squared gradient of a row: the sum over its
+    occurrences)."""
+    slots = model.slots
+    opt = build_spec(spec, params, [(s.start, s.stop) for s in slots])  # clipnorm: per tensor
+    if opt.whole_tensors:  # Adafactor: its moments factor Keras' shapes
+        opt.set_shapes(model.keras_shapes())
+    opt.set_regularizers([(s.start, s.stop, s.spec.reg) for s in slots if s.spec.reg is not None])
+    opt.set_constraints([(s.start, s.stop, s.spec.constraint) for s in slots if s.spec.constraint])
+    opt.set_sparse(SparseRows(model, params.dtype))
+    return opt
