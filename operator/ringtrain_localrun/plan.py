@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain import ports
-from ringtrain_operator import manifests, mpi, mpirun, yamlsafe
+from ringtrain_operator import manifests, mpi, mpirun, tfjob, yamlsafe
 from ringtrain_operator import spec as jobspec
 
 from .paths import PodPaths, inside, secret_data, under_any
@@ -317,13 +317,19 @@ def _check_model(model: Any, local_path: Callable[[str], str], run_dir: Path) ->
 
 
 def read_job(path: str) -> dict:
-    """The single TrainingJob in a YAML file (other kinds in a multi-document file are ignored)."""
+    """The single TrainingJob in a YAML file (other kinds in a multi-document file are ignored),
+    or a Kubeflow TFJob converted to one (``ringtrain_operator.tfjob``), saying so."""
     try:
         with open(path) as f:
             docs = [d for d in yamlsafe.load_all(f, path) if d]
     except OSError as e:
         raise jobspec.InvalidSpec(f"{path}: {e.strerror}") from None
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == jobspec.KIND]
+    tfjobs = [d for d in docs if tfjob.is_tfjob(d)]
+    if not jobs and len(tfjobs) == 1:
+        job, notes = tfjob.convert(tfjobs[0])
+        print(f"ringtrain run: {path}: converted: {'; '.join(notes)}", file=sys.stderr)
+        return job
     if len(jobs) != 1:
         raise jobspec.InvalidSpec(
             f"{path}: expected exactly one {jobspec.KIND} document, found {len(jobs)}"

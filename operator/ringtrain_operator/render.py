@@ -19,7 +19,7 @@ import yaml
 
 from ringtrain.errors import InvalidSpec
 
-from . import kinds, networkpolicy, spec, yamlsafe
+from . import kinds, networkpolicy, spec, tfjob, yamlsafe
 
 #: Shown instead of secret values (valid base64, so the output still validates).
 REDACTED = "REDACTED"
@@ -58,6 +58,15 @@ def dump(objects: list[dict]) -> str:
     return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
 
 
+def _converted(doc: dict, source: str) -> dict:
+    """A TFJob document as the TrainingJob it becomes, saying so on stderr."""
+    if not tfjob.is_tfjob(doc):
+        return doc
+    job, notes = tfjob.convert(doc)
+    print(f"ringtrain render: {source}: converted: {'; '.join(notes)}", file=sys.stderr)
+    return job
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ringtrain render", description=__doc__.splitlines()[0])
     p.add_argument("file", nargs="?", help="TrainingJob YAML ('-' = stdin)")
@@ -84,6 +93,7 @@ def main(argv: list[str]) -> int:
         print(f"ringtrain render: {e}", file=sys.stderr)
         return 2
     try:
+        docs = [_converted(d, args.file) for d in docs]
         network = None if args.no_network_policy else networkpolicy.Settings()
         sys.stdout.write(dump(render(docs, args.namespace, network)))
     except InvalidSpec as e:

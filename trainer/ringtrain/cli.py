@@ -25,6 +25,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "print the replicas' logs of a `ringtrain run` run dir (cluster jobs: not yet)",
     ),
     ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
+    ("convert",): ("ringtrain_operator.tfjob", "print a Kubeflow TFJob file as a TrainingJob"),
     ("operator",): ("ringtrain_operator.main", "run the Kubernetes operator (kopf)"),
     ("health",): (
         "ringtrain_trainer.ring.probe",
