@@ -355,8 +355,10 @@ def test_a_failed_worker_fails_the_job_and_stops_the_others(tmp_path):
         "TrainingJobFailed",
         0,
     )
+    # the script wrote no termination log: under FallbackToLogsOnError its log's tail says why
     assert final["message"] == (
-        "pod broken-worker-1 failed with exit code 3: permanent under restartPolicy ExitCode"
+        "pod broken-worker-1 failed with exit code 3: permanent under restartPolicy ExitCode: "
+        "worker 1 gives up"
     )
     assert final["exit_codes"] == {"worker-0": 128 + signal.SIGTERM, "worker-1": 3}
     assert "worker-1  | worker 1 gives up" in out.stderr
