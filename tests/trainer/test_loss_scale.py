@@ -62,10 +62,11 @@ def test_keras_defaults_and_what_the_model_and_the_flags_decide():
     Model.numerics = ModelNumerics("mixed_float16", loss_scale=(512.0, 10))
     ls = for_run(cfg, Model()).loss_scale
     assert (ls.scale, ls.growth_steps) == (512.0, 10)
-    assert for_run(cfg, object()).precision == "fp32"
-    assert for_run(cfg, object()).loss_scale.mode == "off"
+    Model.numerics = None  # a hand-built model (ModelSpec's default): no Keras settings
+    assert for_run(cfg, Model()).precision == "fp32"
+    assert for_run(cfg, Model()).loss_scale.mode == "off"
     flags = TrainerConfig.from_args(["--precision", "fp16", "--loss-scaling", "static"], {})
-    assert for_run(flags, object()).loss_scale.mode == "static"
+    assert for_run(flags, Model()).loss_scale.mode == "static"
 
 
 def _npz(path, ds: data_mod.Dataset, poison: np.ndarray | None) -> str:
