@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ringtrain import files
 from ringtrain.errors import EXIT_TERMINATED, RingtrainError
 from ringtrain_operator import status
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     output.event(result)
     output.message("\n" + format_summary(result))
     with contextlib.suppress(OSError):
-        (run_dir / FINAL_NAME).write_text(json.dumps(result) + "\n")
+        files.atomic_write(run_dir / FINAL_NAME, (json.dumps(result) + "\n").encode())
     if reason == "Stopped":
         return EXIT_INTERRUPTED if "SIGINT" in (message or "") else EXIT_TERMINATED
     return EXIT_SUCCEEDED if phase == status.SUCCEEDED else EXIT_FAILED

@@ -25,7 +25,6 @@ LAUNCHER = mpi.LAUNCHER
 class Kind:
     """What differs between a ring job and an MPI job."""
 
-    name: str
     #: the objects the pods need, created once before the first pod
     job_objects: Callable[[Job], list[dict]]
     pod: Callable[[Job, ReplicaSpec, int], dict]
@@ -57,7 +56,6 @@ def _launcher_or_chief(job: Job, pods: Iterable[ObservedPod]) -> ObservedPod | N
 
 
 RING = Kind(
-    name="ring",
     job_objects=lambda job: [manifests.service(job), manifests.secret(job)],
     pod=manifests.pod,
     network_policy=networkpolicy.network_policy,
@@ -71,7 +69,6 @@ RING = Kind(
 )
 
 MPI = Kind(
-    name="mpi",
     job_objects=mpi.job_objects,
     pod=mpi.pod,
     network_policy=mpi.network_policy,

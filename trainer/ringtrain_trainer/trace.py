@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ringtrain import files
 from ringtrain.errors import InvalidSpec
 
 #: Lanes (Chrome ``tid``, also the display order). A tile ``j`` of the emulated IPU gets
@@ -323,8 +324,7 @@ def collect(tracer: Tracer, collective, directory: str | Path) -> str | None:
     for r, raw in enumerate(parts):
         (out / f"trace-rank{r}.json").write_bytes(raw)
         docs.append(json.loads(raw))
-    path = out / "trace.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(merge(docs), separators=(",", ":")))
-    tmp.replace(path)
+    path = files.atomic_write(
+        out / "trace.json", json.dumps(merge(docs), separators=(",", ":")).encode()
+    )
     return str(path)
