@@ -143,7 +143,7 @@ def test_bench_step_two_workers_measures_overlapped_serialized_and_no_comm(capsy
     assert r["exposed_comm_ms_per_step"] == pytest.approx(ov["step_ms"] - none["step_ms"], abs=2e-3)
     if ser["step_ms"] > none["step_ms"]:
         assert r["hidden_fraction"] == pytest.approx(
-            (ser["step_ms"] - ov["step_ms"]) / (ser["step_ms"] - none["step_ms"]), abs=2e-2
+            (ser["step_ms"] - ov["step_ms"]) / (ser["step_ms"] - none["step_ms"]), abs=1e-3
         )
     assert r["scaling_efficiency"] == pytest.approx(
         r["global_samples_per_s"] / none["global_samples_per_s"], abs=2e-3
