@@ -19,8 +19,8 @@ FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_NO_INPUT=1
-# A C compiler and Python's headers build the engine's compiled kernels (pyproject.toml's
-# ext-modules); they stay in this stage, the runtime image gets only the built module.
+# A C compiler and Python's headers build the engine's compiled kernels (setup.py's
+# ext_modules); they stay in this stage, the runtime image gets only the built module.
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
        gcc libc6-dev python3-dev \
@@ -38,7 +38,7 @@ RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
     /opt/ringtrain/bin/pip install --no-deps --require-hashes --only-binary=:all: \
       -r /tmp/runtime.txt -r /tmp/image-data.txt -r /tmp/image-mpi.txt
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml setup.py README.md /src/
 COPY trainer /src/trainer
 COPY operator /src/operator
 # --no-build-isolation: build with the pinned setuptools above instead of fetching a fresh one.
