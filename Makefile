@@ -1,5 +1,6 @@
 # The two commands of the README (demo, test) set up what they need first (hack/setup), from the
-# lock (requirements/lock.txt). unit, e2e and lint are the tiers of `make test`, for a quicker loop.
+# lock: the demo its runtime part (requirements/runtime.txt), the tests the whole lock
+# (requirements/lock.txt). unit, e2e and lint are the tiers of `make test`, for a quicker loop.
 .PHONY: demo test unit e2e lint docs lock
 
 PYTEST := .venv/bin/python -m pytest -ra --durations=25
@@ -8,6 +9,7 @@ HACK_PY := $(shell grep -l '^\#!.*python' hack/* 2>/dev/null)
 
 demo:
 	hack/setup run
+	@echo "make demo: training two workers on Fashion-MNIST (examples/fashion-mnist-2workers.yaml)…" >&2
 	.venv/bin/ringtrain run examples/fashion-mnist-2workers.yaml
 
 test:
