@@ -247,6 +247,22 @@ class Program:
                 loss += layer.penalty(ws)
         return loss
 
+    def train_forward(
+        self,
+        params: list[dict[str, np.ndarray]],
+        on_layer: Callable[[int], None] | None,
+        loss_scale: float,
+    ) -> float:
+        """A training step's first half: forward, the loss, and dloss/doutput times the loss
+        scale, rounded like every gradient (float16): what backward starts from."""
+        loss = self.loss_and_dlogits(self.forward(params, on_layer))
+        self.ctx["loss_scale"] = loss_scale  # the activity regularizers scale their gradient too
+        if loss_scale != 1.0:
+            np.multiply(self.dlogits, self.dtype.type(loss_scale), out=self.dlogits)
+        if self.rounder is not None:
+            self.rounder(self.dlogits)
+        return loss
+
     def _deliver(self, i: int, dxs) -> None:
         """Route node ``i``'s input gradients to their tensors (take, copy or accumulate)."""
         if len(self.graph.nodes[i].inputs) == 1:

@@ -29,7 +29,6 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,27 +48,10 @@ from ringtrain_trainer.ipu.config import (  # noqa: F401 (re-exported: callers i
     blas_limits,
     resolve_host_threads,
 )
+from ringtrain_trainer.ipu.executable import Executable, add_output_losses
+from ringtrain_trainer.ipu.fit import fit
 from ringtrain_trainer.ipu.memory import MemoryPlan, plan_memory
-from ringtrain_trainer.ipu.shards import ShardGroups
-
-
-@dataclass
-class Executable:
-    """A compiled program: one :class:`Program` per shard (replica x host thread), the shards
-    each host thread runs, and the memory plan of one IPU."""
-
-    batch: int
-    train: bool
-    plan: MemoryPlan
-    programs: list[Program]
-    grads: list[list[dict[str, np.ndarray]]] = field(default_factory=list)
-    groups: list[list[int]] = field(default_factory=list)
-    flops_per_run: int = 0
-    losses: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    #: with recomputation, the plan without it (the report shows both)
-    baseline: MemoryPlan | None = None
-    #: a pipeline's (``ipu.pipeline``): each stage's plan, in stage order; None otherwise
-    stage_plans: list[MemoryPlan] | None = None
+from ringtrain_trainer.ipu.shards import ShardGroups, threads_for
 
 
 class IPU:
@@ -162,42 +144,15 @@ class IPU:
                 f"--batch-size {batch} does not divide evenly across --ipus-per-worker {r}"
             )
         per_ipu = batch // r
-        plan = baseline = self.plan(per_ipu, train)
-        itemsize, cuts = self.dtype.itemsize, []
-        if train and self.config.recompute:
-            cuts = recompute.choose(
-                self.spec, plan, per_ipu, itemsize, self.config.recompute_checkpoints
-            )
-            plan = recompute.plan(self.spec, plan, per_ipu, itemsize, cuts)
-        if plan.total > plan.capacity:
-            hint = ""
-            if train and not self.config.recompute:
-                rc = recompute.plan(
-                    self.spec,
-                    plan,
-                    per_ipu,
-                    itemsize,
-                    recompute.choose(self.spec, plan, per_ipu, itemsize),
-                )
-                if rc.total <= rc.capacity:
-                    hint = (
-                        f"; it fits with recomputation: {rc.total:,} bytes "
-                        "(--allow-recompute, spec.trainer.allowRecompute: true)"
-                    )
-            raise IPUCompileError(
-                f"model {self.spec.name!r} with batch {per_ipu} per IPU does not fit the IPU: "
-                f"{plan.describe()} (raise --ipu-memory-mb or lower --batch-size){hint}"
-            )
-        # the most host threads (at most host_threads) that split each IPU's batch evenly
-        # and leave each shard at least ``min_shard_flops`` of work (one shard at the least)
-        work = self.spec.flops_per_example(train) * per_ipu
-        t = max(
-            d
-            for d in range(1, min(self.host_threads, per_ipu) + 1)
-            if per_ipu % d == 0 and (d == 1 or work // d >= self.config.min_shard_flops)
+        baseline = self.plan(per_ipu, train)
+        plan, cuts = fit(self.spec, self.config, baseline, per_ipu, train, self.dtype.itemsize)
+        t = threads_for(
+            self.spec.flops_per_example(train) * per_ipu,
+            per_ipu,
+            self.host_threads,
+            self.config.min_shard_flops,
+            coupled=any(layer.batch_coupled for layer in self.spec.layers),
         )
-        if any(layer.batch_coupled for layer in self.spec.layers):
-            t = 1  # batch statistics are over the replica's whole batch, never a shard's
         shards = r * t
         # weights streamed in: the host optimizer never touches what backward reads, so each
         # layer's weight gradients may stream out before its input gradient is computed
@@ -275,10 +230,10 @@ class IPU:
         for i in group:
             p = exe.programs[i]
             lap = self.tracer.laps(trace.FORWARD + tile, self._trace_names[0])
-            logits = p.forward(self.weight_views, lap)
             if exe.train:
-                exe.losses[i] = p.loss_and_dlogits(logits)
-                self._scale_loss(p)
+                exe.losses[i] = p.train_forward(self.weight_views, lap, self.precision.loss_scale)
+            else:
+                p.forward(self.weight_views, lap)
         if not exe.train:
             return
         lap = self.tracer.laps(trace.BACKWARD + tile, self._trace_names[1])
@@ -292,15 +247,6 @@ class IPU:
             for w in walkers[1:]:
                 next(w)
             yield piece
-
-    def _scale_loss(self, p: Program) -> None:
-        """dloss/doutput times the loss scale, then float16 like every gradient."""
-        scale = self.precision.loss_scale
-        p.ctx["loss_scale"] = scale  # the activity regularizers scale their gradient too
-        if scale != 1.0:
-            np.multiply(p.dlogits, self.dtype.type(scale), out=p.dlogits)
-        if p.rounder is not None:
-            p.rounder(p.dlogits)
 
     def _launch(self, exe: Executable) -> list[Iterator[int]]:
         """Every shard group of ``exe`` started (``shard_groups``), the first on this thread."""
@@ -401,7 +347,7 @@ class IPU:
                 step=step,
                 micro=m,
             )
-            parts = _output_losses(exe, parts)
+            parts = add_output_losses(exe, parts)
         #: several outputs: the step's mean loss per trained output (``MultiLoss.parts``)
         self.output_losses = None if parts is None else parts / k
         return loss / k
@@ -449,13 +395,3 @@ class IPU:
 
     def close(self) -> None:
         self.groups.close()
-
-
-def _output_losses(exe: Executable, parts: np.ndarray | None) -> np.ndarray | None:
-    """Adds the programs' mean per-output losses of one micro-batch to ``parts`` (None:
-    a model with one output)."""
-    first = exe.programs[0].loss
-    if not hasattr(first, "parts"):
-        return None
-    mean = sum(p.loss.parts for p in exe.programs) / len(exe.programs)
-    return mean if parts is None else parts + mean

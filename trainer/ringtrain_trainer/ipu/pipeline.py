@@ -34,7 +34,8 @@ from ringtrain_trainer.config import layer_names
 from ringtrain_trainer.engine import pipeline
 from ringtrain_trainer.engine.model import ModelSpec, Program
 from ringtrain_trainer.ipu.accumulate import accumulator_bytes, with_accumulator
-from ringtrain_trainer.ipu.device import IPU, Executable, IPUConfig
+from ringtrain_trainer.ipu.device import IPU, IPUConfig
+from ringtrain_trainer.ipu.executable import Executable
 from ringtrain_trainer.ipu.memory import MemoryPlan, plan_memory
 
 SCHEDULES = ("Grouped", "Sequential")

@@ -25,6 +25,20 @@ from concurrent.futures import ThreadPoolExecutor
 _DONE = object()
 
 
+def threads_for(work: int, per_ipu: int, host_threads: int, min_flops: int, coupled: bool) -> int:
+    """The most host threads (at most ``host_threads``) that split an IPU's batch of
+    ``per_ipu`` evenly and leave each shard at least ``min_flops`` of ``work`` (one at the
+    least); one when the model has batch statistics (``coupled``), which are over the
+    replica's whole batch, never a shard's."""
+    if coupled:
+        return 1
+    return max(
+        d
+        for d in range(1, min(host_threads, per_ipu) + 1)
+        if per_ipu % d == 0 and (d == 1 or work // d >= min_flops)
+    )
+
+
 class ShardGroups:
     """The host threads that run an IPU's shard groups (the first group on the caller's)."""
 

@@ -24,6 +24,7 @@ from ringtrain_trainer.ring.channels import MAX_MESSAGE_BYTES
 from ringtrain_trainer.ring.control import ControlPlane, log
 from ringtrain_trainer.ring.engine import RingCollective, RingObserver
 from ringtrain_trainer.ring.grpc_transport import GrpcTransport
+from ringtrain_trainer.ring.rendezvous import rendezvous
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
 from ringtrain_trainer.ring.shm import ShmTransport
 from ringtrain_trainer.ring.transport import LinkError, Transport
@@ -136,7 +137,7 @@ def connect(
             )
             control.add_handlers(handler)
         control.start()
-        answers = control.rendezvous(connect_timeout_s, observer.waiting)
+        answers = rendezvous(control, connect_timeout_s, observer.waiting)
         security = (
             "mutual TLS" + (", side channel encrypted" if encrypt_data else "")
             if material is not None

@@ -10,6 +10,12 @@ streaming gradients to an impostor). A recorded handshake fails on the nonces; a
 an earlier rendezvous, or the job's long-lived token, fails on the key, because every listener
 (every process, every rendezvous) has its own. A connection that fails the handshake is closed
 before it can touch any ring state.
+
+Why the listener owns the key and its ``Register`` answer carries it: only its left neighbour
+ever connects to it, so there is no extra call, no chief to wait for, nothing shared by more
+than two ranks; the answer goes only to a caller that passed mutual TLS and the token, and the
+key dies with the listener. Without the job's TLS material the control channel, the key
+included, is plaintext (the worker says so: ``tls.INSECURE_NOTE``).
 """
 
 from __future__ import annotations
@@ -19,8 +25,13 @@ import hmac
 import os
 import socket
 import struct
+from collections.abc import Container
+from typing import Any
+
+import grpc
 
 from ringtrain.errors import Unauthenticated
+from ringtrain_trainer.ring import tls
 from ringtrain_trainer.ring.protocol import OpHeader
 
 #: gRPC metadata key of the token (``-bin``: raw bytes, base64 on the wire by gRPC itself).
@@ -67,6 +78,32 @@ class KeyRefused(Unauthenticated):
 
     The key came from the peer's own ``Register`` answer, so the peer refuses it only when it
     restarted since (a new listener, a new key): the gang restarts, the job does not fail."""
+
+
+def refusal(
+    context: grpc.ServicerContext,
+    material: tls.Material | None,
+    token: bytes,
+    world: int,
+    allowed: Container[str],
+    role: str,
+) -> tuple[dict[str, Any], tuple[grpc.StatusCode, str] | None]:
+    """Every ring gRPC call's gate, in order: the job's certificate, the token, the ring size,
+    then the caller's rank among ``allowed`` (``role`` says which ranks those are). The call's
+    metadata and why it is refused (None: let in); the caller aborts with it and counts it."""
+    # values are bytes under "-bin" keys and str elsewhere, which the stubs cannot express
+    md: dict[str, Any] = dict(context.invocation_metadata())
+    if not tls.peer_ok(context, material):
+        return md, (grpc.StatusCode.UNAUTHENTICATED, "caller's certificate names another job")
+    if not token_ok(md.get(TOKEN_METADATA_KEY), token):
+        return md, (grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
+    if md.get(WORLD_KEY) != str(world):
+        why = f"caller's ring size {md.get(WORLD_KEY)} is not {world}"
+        return md, (grpc.StatusCode.INVALID_ARGUMENT, why)
+    if md.get(RANK_KEY) not in allowed:
+        why = f"caller rank {md.get(RANK_KEY)} is not {role}"
+        return md, (grpc.StatusCode.PERMISSION_DENIED, why)
+    return md, None
 
 
 def new_key() -> bytes:

@@ -10,14 +10,8 @@ metadata of every call, as the data path's calls carry them):
   channel (the ``grpc+tcp`` data path), so that port is learnt here and never guessed, and,
   to the one caller allowed to connect there (its left neighbour), that side channel's key.
 
-  The key exchange, and why this one: each side-channel listener makes its own random key when
-  it starts (``links.Listener``) and only its left neighbour ever connects to it, so the listener
-  is the natural owner of the key and its ``Register`` answer the natural carrier: no extra
-  call, no chief to wait for, nothing shared by more than two ranks. The answer goes only to
-  a caller that passed mutual TLS and the token (``_authorise``), so the key never crosses the
-  network in the clear; it dies with the listener, so a key or a recorded handshake from an
-  earlier rendezvous or process opens nothing. Without the job's TLS material the whole control
-  channel, the key included, is plaintext (the worker says so: ``tls.INSECURE_NOTE``).
+  Why the listener's own ``Register`` answer carries its key (to its left neighbour only,
+  after mutual TLS and the token): see ``ring.auth``.
 - ``Abort``: "I am leaving because of this failure": the receiver breaks its collective at once
   (naming the sender) instead of waiting for a socket error or the step timeout.
 - ``State``: where a worker is (collectives started, the one in flight), for stall reports.
@@ -47,15 +41,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ringtrain.cluster import bind_host
-from ringtrain.errors import InvalidSpec, PeerTimeout, RingError, Unauthenticated
+from ringtrain.errors import PeerTimeout, RingError
 from ringtrain_trainer.ring import auth, channels, schedule, tls
-from ringtrain_trainer.ring.auth import RANK_KEY, WORLD_KEY, call_metadata
+from ringtrain_trainer.ring.auth import RANK_KEY, call_metadata
 
 SERVICE = "ringtrain.Control"
 #: Health service name whose status follows the ring (SERVING once joined, not after a break);
@@ -89,6 +82,7 @@ class ControlPlane:
     ) -> None:
         self.rank, self.addresses, self.names = rank, addresses, names
         self.world = len(addresses)
+        self._ranks = frozenset(str(r) for r in range(self.world))
         self._token = token
         self.tls = material
         host = bind_host(addresses)
@@ -166,23 +160,9 @@ class ControlPlane:
     # -- server side ----------------------------------------------------------------------------
 
     def _authorise(self, context: grpc.ServicerContext) -> int:
-        # values are bytes under "-bin" keys and str elsewhere, which the stubs cannot express
-        md: dict[str, Any] = dict(context.invocation_metadata())
-        why = None
-        if not tls.peer_ok(context, self.tls):
-            why = (grpc.StatusCode.UNAUTHENTICATED, "caller's certificate names another job")
-        elif not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
-            why = (grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
-        elif md.get(WORLD_KEY) != str(self.world):
-            why = (
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"caller's ring size {md.get(WORLD_KEY)} is not {self.world}",
-            )
-        elif not str(md.get(RANK_KEY, "")).isdigit() or not 0 <= int(md[RANK_KEY]) < self.world:
-            why = (
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"caller rank {md.get(RANK_KEY)} is not in the ring",
-            )
+        md, why = auth.refusal(
+            context, self.tls, self._token, self.world, self._ranks, "in the ring"
+        )
         if why is not None:
             with self._lock:
                 self.refused += 1
@@ -296,63 +276,7 @@ class ControlPlane:
 
     # -- client side ----------------------------------------------------------------------------
 
-    def rendezvous(
-        self, timeout_s: float, on_waiting: Callable[[list[str]], None] = lambda names: None
-    ) -> dict:
-        """Register with every peer until all answered (the readiness barrier); their answers
-        by rank. A peer that is not serving yet, or whose name does not resolve yet (a pod
-        whose DNS record is not published), is retried with back-off until ``timeout_s``;
-        ``on_waiting`` hears the still-missing names whenever they change ([] at the end)."""
-        missing = [r for r in range(self.world) if r != self.rank]
-        answers: dict[int, dict] = {}
-        deadline, delay, last = time.monotonic() + timeout_s, 0.05, {}
-        reported: list[str] | None = None
-        while True:
-            if self.aborted is not None:
-                raise self.aborted
-            calls = {
-                r: self.channel(r)
-                .unary_unary(
-                    f"/{SERVICE}/Register", request_serializer=None, response_deserializer=None
-                )
-                .future(
-                    json.dumps({"incarnation": self.incarnation}).encode(),
-                    metadata=call_metadata(self._token, self.rank, self.world),
-                    timeout=max(0.2, min(2.0, deadline - time.monotonic())),
-                )
-                for r in missing
-            }
-            for r, call in calls.items():
-                try:
-                    answers[r] = json.loads(call.result())
-                    self._registered(r, str(answers[r].get("incarnation")))
-                except grpc.RpcError as e:
-                    self._refused_by(e, r)
-                    last[r] = f"{e.code().name}: {e.details()}"
-            missing = [r for r in missing if r not in answers]
-            names = [self.names[r] for r in missing]
-            if names != reported:
-                reported = names
-                on_waiting(names)
-                if names:
-                    log(f"rank {self.rank}: waiting for {', '.join(names)}")
-            if not missing:
-                if self.aborted is not None:
-                    raise self.aborted
-                return answers
-            if time.monotonic() + delay >= deadline:
-                first = missing[0]
-                raise PeerTimeout(
-                    f"{', '.join(names)} did not answer within {timeout_s:g} s "
-                    f"(last error: {last.get(first)})",
-                    rank=self.rank,
-                    step=-1,
-                    peer=self.addresses[first],
-                )
-            time.sleep(delay)  # back-off between rounds
-            delay = min(delay * 2, 1.0)
-
-    def _registered(self, r: int, incarnation: str) -> None:
+    def registered(self, r: int, incarnation: str) -> None:
         """Rank ``r`` answered as ``incarnation``; an abort that process sent before its answer
         reached us fails this rendezvous now."""
         with self._lock:
@@ -365,18 +289,6 @@ class ControlPlane:
                 step=-1,
                 peer=self.addresses[r],
             )
-
-    def _refused_by(self, e: grpc.RpcError, r: int) -> None:
-        code, peer = e.code(), self.addresses[r]
-        if code == grpc.StatusCode.UNAUTHENTICATED:
-            raise Unauthenticated(
-                f"{peer} refused the ring token: {e.details()}", rank=self.rank
-            ) from None
-        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
-            raise InvalidSpec(
-                f"rank {self.rank}: {peer} refused: {e.details()} (do all "
-                "workers have the same TF_CONFIG cluster?)"
-            ) from None
 
     def attach(self, collective) -> None:
         """From now on a peer's Abort interrupts ``collective``; one that came earlier does so
@@ -419,38 +331,9 @@ class ControlPlane:
                     )
                 )
 
-    def states(self, ranks: list[int], timeout_s: float) -> dict[int, dict | None]:
-        """Each peer's State (None where it did not answer in time)."""
-        md = call_metadata(self._token, self.rank, self.world)
-        calls = {
-            r: self.channel(r)
-            .unary_unary(f"/{SERVICE}/State", request_serializer=None, response_deserializer=None)
-            .future(b"", metadata=md, timeout=timeout_s)
-            for r in ranks
-        }
-        out: dict[int, dict | None] = {}
-        for r, call in calls.items():
-            try:
-                out[r] = json.loads(call.result())
-            except (grpc.RpcError, ValueError):
-                out[r] = None
-        return out
-
-    def check(self, ranks: list[int], timeout_s: float) -> dict[int, bool]:
-        """Health/Check of ``ranks`` in parallel: True where the peer answered SERVING."""
-        calls = {
-            r: health_pb2_grpc.HealthStub(self.channel(r)).Check.future(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
-            )
-            for r in ranks
-        }
-        out = {}
-        for r, call in calls.items():
-            try:
-                out[r] = call.result().status == health_pb2.HealthCheckResponse.SERVING
-            except grpc.RpcError:
-                out[r] = False
-        return out
+    def metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        """What this worker's calls to its peers carry: token, rank, ring size."""
+        return call_metadata(self._token, self.rank, self.world)
 
     def close(self) -> None:
         if self._closed:

@@ -21,14 +21,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
 import numpy as np
 
 from ringtrain.errors import InvalidSpec, PeerTimeout, Unauthenticated
 from ringtrain_trainer.ring import auth, channels, schedule, tls
-from ringtrain_trainer.ring.auth import OP_KEY, RANK_KEY, WORLD_KEY, call_metadata
+from ringtrain_trainer.ring.auth import OP_KEY, call_metadata
 from ringtrain_trainer.ring.protocol import Mismatch, OpHeader
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
 
@@ -77,26 +77,16 @@ class _Receiver:
         context.abort(code, f"rank {self._rank}: {text}")
 
     def _authorise(self, context: grpc.ServicerContext) -> dict:
-        if not tls.peer_ok(context, self._tls):
-            self._refuse(
-                context, grpc.StatusCode.UNAUTHENTICATED, "caller's certificate names another job"
-            )
-        # values are bytes under "-bin" keys and str elsewhere, which the stubs cannot express
-        md: dict[str, Any] = dict(context.invocation_metadata())
-        if not auth.token_ok(md.get(auth.TOKEN_METADATA_KEY), self._token):
-            self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ring token")
-        if md.get(WORLD_KEY) != str(self._world):
-            self._refuse(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"caller's ring size {md.get(WORLD_KEY)} is not {self._world}",
-            )
-        if md.get(RANK_KEY) != str(self._left):
-            self._refuse(
-                context,
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"caller rank {md.get(RANK_KEY)} is not the left neighbour {self._left}",
-            )
+        md, why = auth.refusal(
+            context,
+            self._tls,
+            self._token,
+            self._world,
+            (str(self._left),),
+            f"the left neighbour {self._left}",
+        )
+        if why is not None:
+            self._refuse(context, *why)
         return md
 
     def hello_rpc(self, request: bytes, context: grpc.ServicerContext) -> bytes:

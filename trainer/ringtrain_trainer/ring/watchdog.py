@@ -23,12 +23,16 @@ asked over the control channel (``State``); a rank that does not answer is liste
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from ringtrain.errors import PeerTimeout
 from ringtrain_trainer.ring import schedule
-from ringtrain_trainer.ring.control import ControlPlane, log
+from ringtrain_trainer.ring.control import SERVICE, ControlPlane, log
 
 #: Seconds between two rounds of health checks (two tiny unary calls each).
 PERIOD_S = 0.5
@@ -51,7 +55,7 @@ class Watchdog:
         stalled_seq, next_report = None, 0.0
         check_s = max(0.1, min(1.0, self._health_timeout_s / 2))
         while not self._stop.wait(PERIOD_S):
-            answered = self._control.check(self._watched, check_s)
+            answered = check(self._control, self._watched, check_s)
             now = time.monotonic()
             for r, ok in answered.items():
                 if ok:
@@ -93,7 +97,7 @@ class Watchdog:
         c, coll = self._control, self._coll
         shares = {c.rank: (coll.received, coll.expected_bytes(header))}
         peers = [r for r in range(c.world) if r != c.rank]
-        for r, st in c.states(peers, 1.0).items():
+        for r, st in states(c, peers, 1.0).items():
             cur = (st or {}).get("current") or {}
             if cur.get("seq") == header.seq and isinstance(cur.get("received"), int):
                 shares[r] = (cur["received"], int(cur.get("expected") or 0))
@@ -116,7 +120,7 @@ class Watchdog:
         c = self._control
         peers = [r for r in range(c.world) if r != c.rank]
         missing = []
-        for r, st in c.states(peers, 1.0).items():
+        for r, st in states(c, peers, 1.0).items():
             if st is None:
                 missing.append({"rank": r, "name": c.names[r], "at": "not answering"})
             elif st["started"] <= header.seq:
@@ -148,3 +152,38 @@ class Watchdog:
         self._stop.set()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=3)
+
+
+def states(control: ControlPlane, ranks: list[int], timeout_s: float) -> dict[int, dict | None]:
+    """Each peer's ``State`` (None where it did not answer in time)."""
+    md = control.metadata()
+    calls = {
+        r: control.channel(r)
+        .unary_unary(f"/{SERVICE}/State", request_serializer=None, response_deserializer=None)
+        .future(b"", metadata=md, timeout=timeout_s)
+        for r in ranks
+    }
+    out: dict[int, dict | None] = {}
+    for r, call in calls.items():
+        try:
+            out[r] = json.loads(call.result())
+        except (grpc.RpcError, ValueError):
+            out[r] = None
+    return out
+
+
+def check(control: ControlPlane, ranks: list[int], timeout_s: float) -> dict[int, bool]:
+    """Health/Check of ``ranks`` in parallel: True where the peer answered SERVING."""
+    calls = {
+        r: health_pb2_grpc.HealthStub(control.channel(r)).Check.future(
+            health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
+        )
+        for r in ranks
+    }
+    out = {}
+    for r, call in calls.items():
+        try:
+            out[r] = call.result().status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            out[r] = False
+    return out
