@@ -4,7 +4,8 @@ The same code path as Kubernetes: :mod:`.plan` turns the operator's own Pods int
 :mod:`.supervisor` runs them under the operator's own lifecycle fold, :mod:`.jobstate` folds
 what they print, :mod:`.console` shows it, :mod:`.logs` keeps each replica's output in the run
 dir (the summary, also ``final.json`` there, names it). Outcome → exit code: 0 Succeeded, 1 Failed,
-2 invalid job, 130/143 stopped by SIGINT/SIGTERM.
+2 invalid job or one this machine cannot run (:mod:`.needs`: nothing started), 130/143 stopped by
+SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ringtrain import files
 from ringtrain.errors import EXIT_TERMINATED, RingtrainError
 from ringtrain_operator import status
 
+from . import needs
 from .console import Output, format_summary
 from .jobstate import summary, terminal_condition
 from .logs import FINAL_NAME
@@ -52,6 +54,13 @@ def explain_paths(message: str | None, replicas: list[Replica]) -> str | None:
         if local in message and not why.startswith("/tmp in the pod")  # HOME: no path of theirs
     )
     return message + "".join(f" ({n})" for n in notes)
+
+
+def manifest_text(args: argparse.Namespace) -> str:
+    try:
+        return Path(args.manifest).read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -105,6 +114,15 @@ def main(argv: list[str] | None = None) -> int:
                 {"event": "final", "phase": "Failed", "reason": "InvalidSpec", "message": str(e)}
             )
         print(f"ringtrain run: invalid TrainingJob: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    lacking = needs.missing(r.argv for r in replicas)
+    if lacking:  # refused here, not as a replica's ModuleNotFoundError retried under OnFailure
+        why = needs.message(args.manifest, lacking, needs.needs_command(manifest_text(args)))
+        if args.json:
+            output.event(
+                {"event": "final", "phase": "Failed", "reason": "NotInstalled", "message": why}
+            )
+        print(f"ringtrain run: {why}", file=sys.stderr)
         return EXIT_INVALID
 
     run_dir.mkdir(parents=True, exist_ok=True)
