@@ -108,6 +108,8 @@ def format_summary(s: Mapping[str, Any]) -> str:
         lines.append(f"  restarts       {s['restarts']}")
     if s.get("steps") is not None:
         lines.append(f"  steps          {s['steps']}")
+    if s.get("skipped_steps"):
+        lines.append(f"  skipped steps  {s['skipped_steps']} (non-finite float16 gradient)")
     if s.get("loss") is not None:
         lines.append(f"  last loss      {s['loss']:.4f} (the last step's batch)")
     if s.get("test_accuracy") is not None:

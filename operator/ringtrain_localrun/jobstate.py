@@ -148,6 +148,7 @@ def summary(
         "loss": final.loss if final else state.loss,
         "test_accuracy": final.test_accuracy if final else state.test_accuracy,
         "samples_per_s": final.samples_per_s if final else state.samples_per_s,
+        "skipped_steps": final.skipped_steps if final else None,
         "elapsed_s": round(elapsed_s, 3),
         "checkpoint": checkpoint,
         "export": final.export if final else None,

@@ -14,7 +14,7 @@ from support.ports import loopback_addresses
 from ringtrain import cluster
 from ringtrain.errors import RingtrainError
 from ringtrain_trainer import ring
-from ringtrain_trainer.ring.engine import RingObserver
+from ringtrain_trainer.ring.observer import RingObserver
 
 N = 300_001  # odd: uneven segments
 

@@ -129,6 +129,7 @@ class Final(_Record):
         "test_mae",
         "outputs",
         "test_outputs",
+        "skipped_steps",
     )
     steps: int | None
     epoch: int | None = None
@@ -153,6 +154,9 @@ class Final(_Record):
     outputs: Values | None = None
     #: a model with several outputs: the last evaluation's values per output (Keras' names)
     test_outputs: Values | None = None
+    #: dynamic loss scaling: the steps skipped for a non-finite reduced gradient (within the
+    #: bounds of ``ringtrain_trainer.divergence``, or the job failed)
+    skipped_steps: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import TextIO
 import numpy as np
 
 from ringtrain import events
-from ringtrain.errors import Diverged, InvalidSpec, IPUCompileError
+from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer import divergence, optim, preflight, trace
 from ringtrain_trainer.checkpoint import owner as ckpt_owner
 from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState, checkpoint_cap
@@ -40,7 +40,6 @@ from ringtrain_trainer.ipu.device import EVAL_BATCH, MB, MIN_SHARD_FLOPS
 from ringtrain_trainer.ipu.pipeline import refuse
 from ringtrain_trainer.keras import load as keras_model
 from ringtrain_trainer.optim import numerics
-from ringtrain_trainer.optim.loss_scale import MAX_SKIPS_IN_A_ROW
 from ringtrain_trainer.reducer import Reducer, StepCommStats
 from ringtrain_trainer.telemetry import startup, tensorboard
 from ringtrain_trainer.telemetry.metrics import TrainerMetrics
@@ -204,6 +203,8 @@ class Trainer(SharedEvaluation, Resume):
             len(self.data.train), cfg.batch_size * self.micro, self.world, self.rank, cfg.seed
         )
         print(f"ringtrain worker: {self.batch_line()}", file=sys.stderr, flush=True)
+        #: steps skipped under dynamic loss scaling, against the bounds of "Succeeded"
+        self.skips = divergence.Skips(self.total_steps)
         self.ckpt = (
             CheckpointManager(
                 cfg.checkpoint_dir,
@@ -277,7 +278,9 @@ class Trainer(SharedEvaluation, Resume):
 
     def save(self, loss: float | None) -> None:
         # on every worker (the same parameters, the same verdict), before the chief writes
-        divergence.check_params(self.spec, self.params, self._where(self.step), "checkpoint")
+        divergence.check_params(
+            self.spec, self.params, self._where(self.step), "checkpoint", self.ipu.state
+        )
         if self.ckpt is None or not self.is_chief:
             return
         with self.tracer.span(trace.CHECKPOINT, "checkpoint"):
@@ -289,7 +292,9 @@ class Trainer(SharedEvaluation, Resume):
         relative path is under the checkpoint directory."""
         if not self.cfg.export or not self.is_chief:
             return None
-        divergence.check_params(self.spec, self.params, self._where(self.step), "export")
+        divergence.check_params(
+            self.spec, self.params, self._where(self.step), "export", self.ipu.state
+        )
 
         path = preflight.export_path(self.cfg.export, self.cfg.checkpoint_dir)
         fmt = self.cfg.export_format
@@ -352,20 +357,16 @@ class Trainer(SharedEvaluation, Resume):
         if ls.scale != scale:
             self.metrics.update_status(numerics=self.numerics.record())
             self.numerics_metrics.observe(ls, 0 if applied is not False else 1)
-        if applied is not False:
-            return False
-        print(
-            f"ringtrain worker: step {self.step + 1}: non-finite reduced gradient: step skipped, "
-            f"loss scale {scale:g} -> {ls.scale:g}",
-            file=sys.stderr,
-            flush=True,
-        )
-        if ls.skips_in_a_row >= MAX_SKIPS_IN_A_ROW:
-            raise Diverged(
-                f"{self._where(self.step + 1)}: training diverged: {ls.skips_in_a_row} steps in a "
-                f"row had non-finite gradients (loss scale now {ls.scale:g})"
+        skipped = applied is False
+        if skipped:
+            print(
+                f"ringtrain worker: step {self.step + 1}: non-finite reduced gradient: step "
+                f"skipped, loss scale {scale:g} -> {ls.scale:g}",
+                file=sys.stderr,
+                flush=True,
             )
-        return True
+        self.skips.record(skipped, ls.scale, self._where(self.step + 1))
+        return skipped
 
     def _numerics_scalars(self) -> dict[str, float]:
         return startup.numerics_scalars(self.loss_scale, self.numerics, self.micro)
@@ -446,6 +447,7 @@ class Trainer(SharedEvaluation, Resume):
             export=export,
             trace=self.trace_file,
             params_sha256=hashlib.sha256(self.params.data).hexdigest(),
+            skipped_steps=self.skips.total if self.loss_scale.dynamic else None,
         )
         if not terminated and self.ckpt is not None and self.is_chief:
             write_done(self.ckpt.dir, final)  # the evaluator's signal to finish

@@ -24,6 +24,7 @@ import numpy as np
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import metric_classes as C
+from ringtrain_trainer.engine import metric_confusion as CC
 from ringtrain_trainer.engine.metric_classes import MetricSpec
 
 WHERE = "compile_config.metrics"
@@ -47,7 +48,7 @@ _COUNTS = ("TruePositives", "FalsePositives", "TrueNegatives", "FalseNegatives")
 _FBETA = {"average": None, "threshold": None}
 ENTRIES: dict[str, tuple[type[C.Metric], tuple[str, ...], dict, tuple[str, ...]]] = {
     "AUC": (
-        C.AUC,
+        CC.AUC,
         ("auc",),
         {
             "num_thresholds": 200,
@@ -61,13 +62,13 @@ ENTRIES: dict[str, tuple[type[C.Metric], tuple[str, ...], dict, tuple[str, ...]]
         _CONFUSION_KINDS,
     ),
     "Precision": (
-        C.Precision,
+        CC.Precision,
         ("precision",),
         {"thresholds": None, "top_k": None, "class_id": None},
         _CONFUSION_KINDS,
     ),
     "Recall": (
-        C.Recall,
+        CC.Recall,
         ("recall",),
         {"thresholds": None, "top_k": None, "class_id": None},
         _CONFUSION_KINDS,
@@ -128,7 +129,7 @@ ENTRIES: dict[str, tuple[type[C.Metric], tuple[str, ...], dict, tuple[str, ...]]
         {"from_logits": False, "ignore_class": None, "axis": -1},
         ("sparse",),
     ),
-    **{cls: (C.Count, (), {"thresholds": None}, _CONFUSION_KINDS) for cls in _COUNTS},
+    **{cls: (CC.Count, (), {"thresholds": None}, _CONFUSION_KINDS) for cls in _COUNTS},
     "F1Score": (C.FBetaScore, (), _FBETA, ("binary", "categorical")),
     "FBetaScore": (C.FBetaScore, (), {**_FBETA, "beta": 1.0}, ("binary", "categorical")),
     "R2Score": (

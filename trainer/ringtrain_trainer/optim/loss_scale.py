@@ -27,8 +27,6 @@ GROWTH_STEPS = 2000
 MODES = ("dynamic", "static", "off")
 #: the checkpoint's optimizer-state key of a dynamic scale: (scale, counter)
 STATE_KEY = "loss_scale"
-#: skipped steps in a row after which the run is diverged, not unlucky (S has fallen 2**64)
-MAX_SKIPS_IN_A_ROW = 64
 
 
 @dataclass
@@ -39,7 +37,6 @@ class LossScale:
     #: applied steps since the last change of scale (Keras' ``step_counter``)
     counter: int = 0
     skipped: int = 0
-    skips_in_a_row: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -65,9 +62,7 @@ class LossScale:
             self.counter = 0
             self.scale *= 0.5
             self.skipped += 1
-            self.skips_in_a_row += 1
             return False
-        self.skips_in_a_row = 0
         if self.counter == self.growth_steps - 1:
             self.counter = 0
             self.scale *= 2.0

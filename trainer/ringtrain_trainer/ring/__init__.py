@@ -22,8 +22,9 @@ from ringtrain_trainer.ring import channels, schedule
 from ringtrain_trainer.ring import tls as ring_tls
 from ringtrain_trainer.ring.channels import MAX_MESSAGE_BYTES
 from ringtrain_trainer.ring.control import ControlPlane, log
-from ringtrain_trainer.ring.engine import RingCollective, RingObserver
+from ringtrain_trainer.ring.engine import RingCollective
 from ringtrain_trainer.ring.grpc_transport import GrpcTransport
+from ringtrain_trainer.ring.observer import RingObserver
 from ringtrain_trainer.ring.rendezvous import rendezvous
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
 from ringtrain_trainer.ring.shm import ShmTransport

@@ -35,6 +35,7 @@ from ringtrain.errors import PeerTimeout, RingError
 from ringtrain_trainer import trace
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.ring import schedule
+from ringtrain_trainer.ring.observer import RingObserver
 from ringtrain_trainer.ring.protocol import Kind, OpHeader
 from ringtrain_trainer.ring.sender import Sender
 from ringtrain_trainer.ring.transport import LinkError, LinkTimeout, Transport
@@ -55,36 +56,6 @@ def ring_error(exc: LinkError | str, *, rank: int, step: int, peer: str, what: s
     peer, the three things an operator needs to find the broken link."""
     cls = PeerTimeout if isinstance(exc, LinkTimeout) else RingError
     return cls(f"{what}: {exc}", rank=rank, step=step, peer=peer)
-
-
-#: How a ring breaks: a silent peer, a failed link, a collective interrupted half-way, a peer
-#: that told us it failed, or a neighbour the watchdog's health checks lost.
-ERROR_KINDS = ("timeout", "link", "interrupted", "aborted", "lost")
-#: What a finished collective was (a barrier is an allreduce that only measures waiting).
-COLLECTIVE_KINDS = ("allreduce", "broadcast", "barrier")
-
-
-class RingObserver:
-    """Where the ring reports what it did; ``telemetry.metrics.RingMetrics`` exports it
-    as ``ringtrain_ring_*``, this default forgets it. Called on the communication thread once
-    per collective with plain numbers, so the hot path builds no objects for it."""
-
-    def collective(self, kind: str, seconds: float, sent_bytes: int, received_bytes: int) -> None:
-        """A collective of ``kind`` (one of ``COLLECTIVE_KINDS``) finished."""
-
-    def data_path(self, name: str) -> None:
-        """The data path that runs (``grpc+tcp``, ``grpc+shm``, ``grpc``…), once connected:
-        the ``transport`` label of what follows."""
-
-    def error(self, kind: str) -> None:
-        """The ring broke; ``kind`` is one of ``ERROR_KINDS``."""
-
-    def waiting(self, names: list[str]) -> None:
-        """At start-up: the peers (task names) that have not answered yet; [] once all did."""
-
-    def stalled(self, report: dict | None) -> None:
-        """A collective has waited past the stall threshold: what it waits for (a dict of
-        seq, step, tag, waited_s and the missing ranks); None once it moved on."""
 
 
 class RingCollective(Collective):

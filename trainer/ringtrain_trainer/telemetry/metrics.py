@@ -25,7 +25,7 @@ from ringtrain_trainer.ipu import memory
 from ringtrain_trainer.ipu.device import IPUStats
 from ringtrain_trainer.ipu.memory import KINDS, MemoryPlan
 from ringtrain_trainer.reducer import StepCommStats
-from ringtrain_trainer.ring.engine import ERROR_KINDS, RingObserver
+from ringtrain_trainer.ring.observer import ERROR_KINDS, RingObserver
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 #: One bucket's allreduce (kilobytes) up to a whole model's at 64 MiB on a slow link.
