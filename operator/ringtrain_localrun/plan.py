@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain import ports
-from ringtrain_operator import manifests, mpi, mpirun, tfjob, yamlsafe
+from ringtrain_operator import admission, manifests, mpi, mpirun, tfjob, yamlsafe
 from ringtrain_operator import spec as jobspec
 
 from .paths import PodPaths, inside, secret_data, under_any
@@ -193,7 +193,7 @@ def plan(
     Raises :class:`jobspec.InvalidSpec` with the offending field for anything that cannot run.
     """
     port = port or port_allocator()
-    job = jobspec.load(obj)
+    job = admission.load(obj)  # the operator's spec check, the same refusals
     objs = (
         mpi.desired_objects(job, local=True)
         if job.mpi

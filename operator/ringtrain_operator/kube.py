@@ -1,8 +1,10 @@
 """The operator's few Kubernetes API calls, on plain dicts, with the idempotence it relies on.
 
-Create treats 409 AlreadyExists as success and delete treats 404 as success: the reconciler can
-then repeat any step after a crash (kill -9) without duplicating or failing. Everything else
-raises ``kubernetes.client.ApiException`` for the caller to retry.
+Create answers False on 409 AlreadyExists and delete treats 404 as success: the reconciler can
+then repeat any step after a crash (kill -9) without duplicating or failing. Whether what a
+create met is the job's own is the caller's question (:meth:`Kube.read`, then
+:func:`.verdicts.adopt`: issue 35). Everything else raises ``kubernetes.client.ApiException``
+for the caller to judge (:func:`.verdicts.refusal`) or retry.
 """
 
 from __future__ import annotations
@@ -154,6 +156,23 @@ class Kube:
         except ApiException as e:
             if e.status == 409:
                 return False
+            raise
+
+    def read(self, kind: str, namespace: str, name: str) -> dict | None:
+        """One object of a kind :meth:`create` makes, None if there is none: what a create that
+        answered 409 met, for its ownerReferences (``verdicts.adopt``)."""
+        read = {
+            "Pod": self.core.read_namespaced_pod,
+            "Service": self.core.read_namespaced_service,
+            "Secret": self.core.read_namespaced_secret,
+            "ConfigMap": self.core.read_namespaced_config_map,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
+        }[kind]
+        try:
+            return json.loads(body(read(name, namespace, _preload_content=False)))
+        except ApiException as e:
+            if e.status == 404:
+                return None
             raise
 
     def delete_pod(self, namespace: str, name: str) -> bool:

@@ -76,6 +76,26 @@ def derive_invalid(
     return f.decision()
 
 
+def derive_refused(
+    job: Job,
+    pods: Iterable[ObservedPod],
+    now: datetime,
+    previous: Mapping[str, Any] | None,
+    reason: str,
+    message: str,
+) -> Decision:
+    """A job whose objects cannot be created (someone else's under its names, a permanent
+    refusal of the API server: :mod:`.verdicts`): Failed with ``reason`` and ``message``, one
+    Warning Event, its pods cleaned up as any failed job's."""
+    f = Fold(job, now, copy.deepcopy(dict(previous or {})))
+    live = [p for p in pods if not p.deleting]
+    if f.state in TERMINAL:
+        f.terminal(live)
+    else:
+        f.finish(False, reason, message, live)
+    return f.decision()
+
+
 def _count(f: Fold, job: Job, live: list[ObservedPod]) -> None:
     """replicaStatuses, the printer columns' workers and restarts."""
     replica_statuses = {}

@@ -129,6 +129,23 @@ def owner_references(job: Job) -> list[dict]:
     ]
 
 
+def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The object's controller: its ownerReference with ``controller: true``, or None."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return ref
+    return None
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of the object's controller, or None: the one owner whose objects the operator
+    adopts (Kubernetes' ``IsControlledBy``)."""
+    uid = (controller_ref(obj) or {}).get("uid")
+    return uid if isinstance(uid, str) else None
+
+
 def _metadata(job: Job, name: str, extra_labels: Mapping[str, str]) -> dict:
     meta: dict[str, Any] = {"name": name, "namespace": job.namespace, "labels": dict(extra_labels)}
     if refs := owner_references(job):

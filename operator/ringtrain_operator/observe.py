@@ -76,6 +76,9 @@ class ObservedPod:
     memory_limit: str | None = None
     #: The chief's JSON ``/status`` (fetched by the caller; pods get no API permissions).
     live_status: Mapping[str, Any] | None = None
+    #: The uid of the pod's controller (``manifests.controller_uid``): a pod is the job's only
+    #: if it is the job's uid, whatever its name and labels say (issue 35).
+    owner: str | None = None
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> ObservedPod | None:
@@ -133,19 +136,25 @@ class ObservedPod:
             last_termination_message=last.get("message"),
             pod_ip=st.get("podIP"),
             memory_limit=_intern(str(limit)[:64]) if limit is not None else None,
+            owner=_intern(manifests.controller_uid(pod)),
         )
 
 
 def observe_pods(
-    job: Job | None, objs: Iterable[Mapping[str, Any] | ObservedPod], fetch: LiveStatusFetcher
+    job: Job | None,
+    objs: Iterable[Mapping[str, Any] | ObservedPod],
+    fetch: LiveStatusFetcher,
+    owner: str | None = None,
 ) -> list[ObservedPod]:
     """The job's Pod objects (or the informer's ObservedPods) as ObservedPods (unlabelled ones
     skipped), the running chief's ``/status`` attached when the job runs ringtrain's trainer
-    (``job`` None: spec invalid)."""
+    (``job`` None: spec invalid). With ``owner`` (the job's uid) only the pods it controls: a
+    pod planted under the job's names and labels is not the job's (nor asked its status)."""
     observed = [
         o
         for p in objs
         if (o := p if isinstance(p, ObservedPod) else ObservedPod.from_pod(p)) is not None
+        and (owner is None or o.owner == owner)
     ]
     if job is None:
         return observed

@@ -6,6 +6,11 @@ Its pods come from the pod informer (:mod:`.informer`; one list call without it)
 by the watch's delay: the status is written *before* the actions, so a pod replacement that is
 recorded but not yet seen done (deletion cut short by a crash, or an informer behind) is
 finished by the next reconcile, never counted twice, and a create of a pod that exists is a 409.
+
+Only what the job controls is the job's (issue 35): its pods are those whose controller
+ownerReference has its uid, whatever their names and labels; a 409 is adopted only for an object
+of its own, and someone else's object under its names, or a create the API server refuses for
+good, fails the job with a message naming it (:mod:`.verdicts`), instead of a retry loop.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes.client import ApiException
+
 from ringtrain.errors import InvalidSpec
 
-from . import kinds, lifecycle, networkpolicy, spec, status
+from . import admission, kinds, lifecycle, manifests, networkpolicy, status, verdicts
 from .job import Job
 from .kube import Kube
 from .metrics import OperatorMetrics
@@ -46,14 +53,15 @@ _specs_lock = threading.Lock()
 
 
 def load_spec(obj: Mapping[str, Any]) -> Job:
-    """:func:`spec.load`, remembered while the job's spec, uid and generation stay the same."""
+    """:func:`admission.load` (the spec check), remembered while the job's spec, uid and
+    generation stay the same."""
     meta = obj.get("metadata") or {}
     try:
         source = json.dumps(
             [obj.get("apiVersion"), obj.get("kind"), meta.get("uid"), meta.get("generation"),
              obj.get("spec")], separators=(",", ":"))  # fmt: skip
     except (TypeError, ValueError):  # not JSON (a YAML oddity): spec.load says what is wrong
-        return spec.load(obj)
+        return admission.load(obj)
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
     with _specs_lock:
         entry = _specs.get(key)
@@ -61,7 +69,7 @@ def load_spec(obj: Mapping[str, Any]) -> Job:
         known = entry[1]
     else:
         try:
-            known = spec.load(obj)
+            known = admission.load(obj)
         except InvalidSpec as e:
             known = str(e)  # the message: a kept exception would grow its traceback
         with _specs_lock:
@@ -120,22 +128,31 @@ def reconcile(
     now = now or datetime.now(UTC)
     pod_objs = kube.list_pods(namespace, name)
     previous = obj.get("status") or {}
+    owner = (obj.get("metadata") or {}).get("uid") or None  # its pods: those it controls
     job: Job | None
     try:
         loaded = load_spec(obj)
     except InvalidSpec as e:
         job = None
         generation = int(obj.get("metadata", {}).get("generation") or 1)
-        decision = lifecycle.derive_invalid(
-            observe_pods(None, pod_objs, fetch), now, previous, str(e), generation
-        )
+        seen = observe_pods(None, pod_objs, fetch, owner)
+        decision = lifecycle.derive_invalid(seen, now, previous, str(e), generation)
     else:
         job = loaded
-        decision = lifecycle.derive_status(job, observe_pods(job, pod_objs, fetch), now, previous)
+        seen = observe_pods(job, pod_objs, fetch, owner)
+        decision = lifecycle.derive_status(job, seen, now, previous)
 
     if patch := status_patch(previous, decision.status):
         kube.patch_status(namespace, name, patch)
-    decision = act(kube, namespace, name, job, decision, network)
+    try:
+        decision = act(kube, namespace, name, job, decision, network)
+    except verdicts.Refused as e:  # not a retry: a verdict, written as the job's failure
+        assert job is not None  # nothing is created for a job without a valid spec
+        failed = lifecycle.derive_refused(job, seen, now, decision.status, e.reason, e.message)
+        if patch := status_patch(decision.status, failed.status):
+            kube.patch_status(namespace, name, patch)
+        failed = act(kube, namespace, name, job, failed, network)
+        decision = dataclasses.replace(failed, events=(*e.events, *failed.events))
     if metrics is not None:
         metrics.record(namespace, name, decision)
         metrics.reconcile_seconds.observe(time.perf_counter() - started)
@@ -152,22 +169,25 @@ def act(
 ) -> status.Decision:
     """Carry out a decision whose status is written: the operator's only creates and deletes.
     Returns it with an Event added for every pod actually created or deleted. With ``network``
-    (``--network-policy``) the job's NetworkPolicy is created with its Service."""
+    (``--network-policy``) the job's NetworkPolicy is created with its Service. Raises
+    :class:`verdicts.Refused` (its ``events`` this call's) when an object cannot be the job's."""
     events = list(decision.events)
     if decision.to_create and job is not None:
         # before the pods (a pod is never left without them), together (one round trip);
-        # each created once: a 409 keeps the first token and keys
+        # each created once: a 409 keeps the first token and keys (if they are the job's)
         kind = kinds.of(job)
         first = kind.job_objects(job)
         if network is not None:
             first.append(kind.network_policy(job, network))
-        _create_all(kube, first)
+        _settle(_create_all(kube, first), events)
         todo = [kind.pod(job, m.replica, m.index) for m in decision.to_create]
-        for m, created in zip(decision.to_create, _create_all(kube, todo), strict=True):
-            if created:
+        results = _create_all(kube, todo)
+        for m, created in zip(decision.to_create, results, strict=True):
+            if created is True:
                 events.append(
                     status.Event("Normal", status.REASON_POD_CREATED, f"created pod {m.name}")
                 )
+        _settle(results, events)
     for pod_name in decision.delete:
         if kube.delete_pod(namespace, pod_name):
             events.append(
@@ -178,11 +198,49 @@ def act(
     return dataclasses.replace(decision, events=tuple(events))
 
 
-def _create_all(kube: Kube, objs: list[dict]) -> list[bool]:
+def create(kube: Kube, obj: dict) -> bool:
+    """Create ``obj``: True if created, False if it was there and is the job's own (a 409 of a
+    create repeated after a crash, or of a pod the informer has not shown yet). Raises
+    :class:`verdicts.Refused` for someone else's object or a permanent refusal, an
+    ``ApiException`` to retry."""
+    try:
+        if kube.create(obj):
+            return True
+    except ApiException as e:
+        if (refused := verdicts.refusal(obj, e.status, e.reason or "", e.body)) is not None:
+            raise refused from None
+        raise
+    if manifests.controller_uid(obj) is None:  # rendered without a uid: nothing to compare
+        return False
+    meta = obj["metadata"]
+    verdicts.adopt(obj, kube.read(obj["kind"], meta["namespace"], meta["name"]))
+    return False
+
+
+def _create_all(kube: Kube, objs: list[dict]) -> list[bool | Exception]:
     """Create a gang's pods concurrently (a 16-worker job is 16 API round trips, each mostly
-    waiting): results in input order; the first error is raised after all calls finished."""
+    waiting): each one's result, or what it raised, in input order."""
     if len(objs) <= 1:
-        return [kube.create(o) for o in objs]
-    futures = [_CREATE_POOL.submit(kube.create, o) for o in objs]
+        return [_outcome(kube, o) for o in objs]
+    futures = [_CREATE_POOL.submit(_outcome, kube, o) for o in objs]
     wait(futures)
     return [f.result() for f in futures]
+
+
+def _outcome(kube: Kube, obj: dict) -> bool | Exception:
+    try:
+        return create(kube, obj)
+    except Exception as e:  # noqa: BLE001 (judged with the others', re-raised: ``_settle``)
+        return e
+
+
+def _settle(results: list[bool | Exception], events: list[status.Event]) -> None:
+    """Raise what the creates met: a verdict first (the job fails, with ``events`` so far),
+    else the first error (retried)."""
+    errors = [r for r in results if isinstance(r, Exception)]
+    refused = [r for r in errors if isinstance(r, verdicts.Refused)]
+    if refused:
+        refused[0].events = tuple(events)
+        raise refused[0]
+    if errors:
+        raise errors[0]

@@ -1,7 +1,7 @@
 """``ringtrain render job.yaml``: every object the operator would create, like ``helm template``.
 
-The objects come from the very functions the operator uses (:mod:`.spec`, :mod:`.manifests`), so
-what is printed is what the cluster gets — except the ring token, which is random per job and is
+The objects come from the very functions the operator uses (:mod:`.admission`, :mod:`.manifests`),
+so what is printed is what the cluster gets — except the ring token, which is random per job and is
 redacted, and the ownerReferences, which need the uid the API server assigns on creation. The
 NetworkPolicy comes last: the one the chart's default (``networkPolicy.enabled``, Prometheus in
 the ``monitoring`` namespace) makes the operator create; ``--no-network-policy`` leaves it out,
@@ -19,7 +19,7 @@ import yaml
 
 from ringtrain.errors import InvalidSpec
 
-from . import kinds, networkpolicy, spec, tfjob, yamlsafe
+from . import admission, kinds, networkpolicy, spec, tfjob, yamlsafe
 
 #: Shown instead of secret values (valid base64, so the output still validates).
 REDACTED = "REDACTED"
@@ -46,7 +46,7 @@ def render(
             continue
         if namespace:
             doc = {**doc, "metadata": {**(doc.get("metadata") or {}), "namespace": namespace}}
-        job = spec.load(doc)
+        job = admission.load(doc)
         kind = kinds.of(job)
         objects += [redact(o) for o in kind.rendered(job)]
         if network is not None:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from . import restarts
+from . import restarts, verdicts
 from .job import Job, ReplicaSpec
 from .kinds import Kind
 from .observe import ObservedPod
@@ -34,6 +34,10 @@ REASON_BACKOFF = "BackoffLimitExceeded"
 REASON_INVALID = "InvalidSpec"
 #: a worker exited EXIT_DIVERGED: a non-finite loss, gradient or parameter (issue 20)
 REASON_DIVERGED = "TrainingDiverged"
+#: an object under the job's names is not the job's; the API server refused one for good
+#: (issue 35: :mod:`.verdicts`)
+REASON_RESOURCE_EXISTS = verdicts.REASON_RESOURCE_EXISTS
+REASON_CREATE_REFUSED = verdicts.REASON_CREATE_REFUSED
 
 PERMANENT_EXIT_CODES = restarts.PERMANENT_EXIT_CODES
 

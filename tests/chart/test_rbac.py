@@ -68,9 +68,22 @@ GRANTS = {
         "create_namespaced_network_policy",
     ),
     ("", "events", "create"): ("kube.py", "Kube.create_event", "create_namespaced_event"),
+    # what a create met (409): the job's own, or someone else's (issue 35)
+    ("", "pods", "get"): ("kube.py", "Kube.read", "read_namespaced_pod"),
+    ("", "services", "get"): ("kube.py", "Kube.read", "read_namespaced_service"),
+    ("", "secrets", "get"): ("kube.py", "Kube.read", "read_namespaced_secret"),
+    ("", "configmaps", "get"): ("kube.py", "Kube.read", "read_namespaced_config_map"),
+    ("networking.k8s.io", "networkpolicies", "get"): (
+        "kube.py",
+        "Kube.read",
+        "read_namespaced_network_policy",
+    ),
 }
 #: Only with networkPolicy.enabled (the default).
-NETWORK_POLICY_ONLY = {("networking.k8s.io", "networkpolicies", "create")}
+NETWORK_POLICY_ONLY = {
+    ("networking.k8s.io", "networkpolicies", "create"),
+    ("networking.k8s.io", "networkpolicies", "get"),
+}
 #: The cluster-scoped install's read-only discovery role: kopf's scanning, which the namespaced
 #: install switches off (main.operator_settings: ``scanning.disabled``).
 DISCOVERY = {

@@ -2,6 +2,7 @@
 
 It keeps the semantics the reconciler relies on (409 on create of an existing name, 404 on
 delete of a missing one, merge-patch of status); the e2e tests run the same code on a real API.
+``refuse`` makes a create of (kind, name) answer an ApiException, as the API server's 422.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ class FakeKube:
         self.job: dict | None = copy.deepcopy(job)
         self.objects: dict[tuple[str, str], dict] = {}
         self.calls: list[tuple[str, str]] = []
+        self.refuse: dict[tuple[str, str], Exception] = {}
 
     def get_job(self, namespace: str, name: str) -> dict | None:
         return copy.deepcopy(self.job)
@@ -25,10 +27,17 @@ class FakeKube:
     def create(self, obj: dict) -> bool:
         key = (obj["kind"], obj["metadata"]["name"])
         self.calls.append(("create", f"{key[0]}/{key[1]}"))
+        if key in self.refuse:
+            raise self.refuse[key]
         if key in self.objects:
             return False
         self.objects[key] = copy.deepcopy(obj)
         return True
+
+    def read(self, kind: str, namespace: str, name: str) -> dict | None:
+        self.calls.append(("read", f"{kind}/{name}"))
+        found = self.objects.get((kind, name))
+        return copy.deepcopy(found) if found is not None else None
 
     def delete_pod(self, namespace: str, name: str) -> bool:
         self.calls.append(("delete", f"Pod/{name}"))
