@@ -19,17 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import grpc
 import numpy as np
 
 from ringtrain import pki
 from ringtrain.cluster import ClusterSpec
+from ringtrain_bench.allreduce_figures import MIB, OPS, environment, ratios, summarize
 from ringtrain_bench.procs import SHM_VIA, free_ports, new_token, run_processes
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.mpi import connect as mpi_connect
@@ -37,8 +36,6 @@ from ringtrain_trainer.ring import connect
 from ringtrain_trainer.ring.engine import RingCollective
 from ringtrain_trainer.ring.malloc_tuning import tune as tune_malloc
 from ringtrain_trainer.ring.schedule import DEFAULT_CHUNK_BYTES
-
-MIB = 1 << 20
 
 
 class GlooCollective(Collective):
@@ -79,12 +76,6 @@ TLS_SUFFIX = "+tls"
 
 #: What each ``--baseline`` runs: gloo both as its native plain sum and as sum-then-divide.
 BASELINES = {"gloo": ("gloo-sum", "gloo-mean"), "mpi": ("mpi",)}
-
-#: The baselines the ring is compared with (gloo's plain sum is the stricter of gloo's two).
-RATIO_BASELINES = ("gloo-sum", "mpi")
-
-#: What an implementation computes: the ring's mean or a plain sum.
-OPS = {"gloo-sum": "sum"}
 
 
 def _child_collective(
@@ -224,67 +215,6 @@ def _run_impl(
         cmds = [[*me, *args, "--rank", str(r)] for r in range(workers)]
     docs = run_processes(f"bench {impl}", cmds, [env] * len(cmds), timeout_s)
     return {d["size_mib"]: d for d in docs}
-
-
-def summarize(
-    impl: str, workers: int, size_mib: float, times: list[float], cpu: list[float], chunk_kib: int
-) -> dict:
-    """One result row with nccl-tests' algbw and busbw from the median time."""
-    med = statistics.median(times)
-    algbw = size_mib * MIB / med / 1e9
-    return {
-        "bench": "allreduce",
-        "impl": impl,
-        "op": OPS.get(impl, "mean"),
-        "workers": workers,
-        "size_mib": size_mib,
-        "iters": len(times),
-        "median_s": med,
-        "min_s": min(times),
-        "cpu_s": statistics.median(cpu),
-        "algbw_gbps": algbw,
-        "busbw_gbps": algbw * 2 * (workers - 1) / workers,
-        "chunk_kib": chunk_kib if impl.startswith("ring-") else None,
-    }
-
-
-def environment(load_before: float, malloc_tuning: bool = True) -> dict:
-    """What the figures depend on: cores, machine load around the run, library versions, and
-    whether the ring processes tuned glibc malloc."""
-    return {
-        "bench": "allreduce-env",
-        "cpus": os.cpu_count(),
-        "load_before": load_before,
-        "load_after": os.getloadavg()[0],
-        "malloc_tuning": malloc_tuning,
-        "numpy": np.__version__,
-        "grpcio": grpc.__version__,
-        "python": sys.version.split()[0],
-    }
-
-
-def ratios(rows: list[dict], baselines: tuple[str, ...] = RATIO_BASELINES) -> list[dict]:
-    """busbw ratio and latency ratio of each ring row against each of ``baselines`` measured
-    at the same size (gloo's plain sum and MPI by default)."""
-    out = []
-    for r in rows:
-        if not r["impl"].startswith("ring-"):
-            continue
-        for b in rows:
-            if b["impl"] in baselines and b["size_mib"] == r["size_mib"]:
-                out.append(
-                    {
-                        "bench": "allreduce-ratio",
-                        "impl": r["impl"],
-                        "baseline": b["impl"],
-                        "baseline_op": b["op"],
-                        "workers": r["workers"],
-                        "size_mib": r["size_mib"],
-                        "busbw_ratio": r["busbw_gbps"] / b["busbw_gbps"],
-                        "time_ratio": r["median_s"] / b["median_s"],
-                    }
-                )
-    return out
 
 
 def main(argv: list[str]) -> int:

@@ -21,10 +21,10 @@ from typing import TextIO
 import numpy as np
 
 from ringtrain import events
-from ringtrain.errors import InvalidSpec, IPUCompileError
+from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import divergence, optim, preflight, trace
 from ringtrain_trainer.checkpoint import owner as ckpt_owner
-from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState, checkpoint_cap
+from ringtrain_trainer.checkpoint.store import CheckpointManager, checkpoint_cap
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data import dataset as data_mod
@@ -33,10 +33,9 @@ from ringtrain_trainer.engine import plan
 from ringtrain_trainer.engine.multiloss import MultiLossSpec
 from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
-from ringtrain_trainer.export.cli import export_state
 from ringtrain_trainer.ipu import memory
-from ringtrain_trainer.ipu.build import build_ipu, config_for
-from ringtrain_trainer.ipu.device import EVAL_BATCH, MB, MIN_SHARD_FLOPS
+from ringtrain_trainer.ipu.build import budget_for, build_ipu, compile_both, config_for
+from ringtrain_trainer.ipu.device import MIN_SHARD_FLOPS
 from ringtrain_trainer.ipu.pipeline import refuse
 from ringtrain_trainer.keras import load as keras_model
 from ringtrain_trainer.optim import numerics
@@ -48,13 +47,12 @@ from ringtrain_trainer.telemetry.reporting import (
     Reporter,
     Throughput,
     metric_fields,
-    outputs_field,
 )
+from ringtrain_trainer.worker_checkpoint import Checkpointing
 from ringtrain_trainer.worker_eval import SharedEvaluation
-from ringtrain_trainer.worker_resume import Resume
 
 
-class Trainer(SharedEvaluation, Resume):
+class Trainer(SharedEvaluation, Checkpointing):
     """Everything one replica needs, built from a config; :meth:`run` trains and returns the
     final result dict."""
 
@@ -81,11 +79,6 @@ class Trainer(SharedEvaluation, Resume):
             else None
         )
         self._stop_agreed = False
-        # refused by arithmetic (budget.check) before anything proportional to its size exists
-        per_ipu = max(1, cfg.batch_size // cfg.ipus_per_worker)
-        budget = (cfg.ipu_memory_mb * MB, per_ipu)
-        if cfg.pipeline_stages:  # the stages share the model: all IPUs, one micro-batch
-            budget = (cfg.ipus_per_worker * budget[0], cfg.batch_size)
         given = dataset
 
         def x_shape(_declared) -> tuple[int, ...]:  # only for a model with None input dims
@@ -94,7 +87,8 @@ class Trainer(SharedEvaluation, Resume):
                 dataset = data_mod.load(cfg.dataset, cfg.data_dir)
             return tuple(dataset.train.images.shape[1:])
 
-        self.spec = keras_model.load(cfg.model, budget=budget, data=x_shape)
+        # refused by arithmetic (budget.check) before anything proportional to its size exists
+        self.spec = keras_model.load(cfg.model, budget=budget_for(cfg), data=x_shape)
         self.spec.set_grid(plan.block_elems_for(self.world))
         if self.is_chief and self.spec.declared_input_shape is not None:
             print(
@@ -155,14 +149,7 @@ class Trainer(SharedEvaluation, Resume):
             tracer=self.tracer,
         )
         self.optimizer.threads = getattr(self.ipu, "host_threads", 1)
-        # both programs compiled (and their memory checked) before any data is loaded
-        self.exe = self.ipu.compile(cfg.batch_size, train=True)
-        try:  # a pipeline evaluates in its micro-batches, as it trains
-            self.eval_batch = cfg.batch_size if cfg.pipeline_stages else EVAL_BATCH
-            self.ipu.compile(self.eval_batch, train=False)
-        except IPUCompileError:  # a small IPU: evaluate in training-sized batches, which fit
-            self.eval_batch = cfg.batch_size
-            self.ipu.compile(cfg.batch_size, train=False)
+        self.exe, self.eval_batch = compile_both(self.ipu, cfg)
         self.metrics.update_status(
             optimizer=self.optimizer_spec.record(),
             loss_fn=self.spec.loss.record(),
@@ -254,51 +241,6 @@ class Trainer(SharedEvaluation, Resume):
         if self.cfg.steps is not None:
             return self.step >= self.cfg.steps
         return self.position.epoch >= self.cfg.epochs
-
-    def state(self, loss: float | None) -> TrainingState:
-        return TrainingState(
-            step=self.step,
-            position=self.position,
-            params=self.params,
-            optimizer=self.optimizer.name,
-            optimizer_state={**self.optimizer.state_dict(), **self.loss_scale.state()},
-            optimizer_iterations=self.optimizer.iterations,
-            optimizer_config=self.optimizer_spec.record(),
-            # several outputs: each output's loss of the last step beside its loss function
-            loss_config={**self.spec.loss.record(), **outputs_field(self._output_losses())},
-            precision=self.numerics.precision,
-            model=self.cfg.model,
-            world_size=self.world,
-            loss=loss,
-            model_state=self.ipu.state,
-        )
-
-    def _where(self, step: int) -> str:
-        return f"step {step} rank {self.rank}"
-
-    def save(self, loss: float | None) -> None:
-        # on every worker (the same parameters, the same verdict), before the chief writes
-        divergence.check_params(
-            self.spec, self.params, self._where(self.step), "checkpoint", self.ipu.state
-        )
-        if self.ckpt is None or not self.is_chief:
-            return
-        with self.tracer.span(trace.CHECKPOINT, "checkpoint"):
-            path = self.ckpt.save(self.state(loss))
-        self.last_checkpoint = str(path)
-
-    def export(self, loss: float | None) -> str | None:
-        """``--export``: the chief writes the trained model with ``ringtrain export``'s code; a
-        relative path is under the checkpoint directory."""
-        if not self.cfg.export or not self.is_chief:
-            return None
-        divergence.check_params(
-            self.spec, self.params, self._where(self.step), "export", self.ipu.state
-        )
-
-        path = preflight.export_path(self.cfg.export, self.cfg.checkpoint_dir)
-        fmt = self.cfg.export_format
-        return str(export_state(self.state(loss), path, fmt, spec=self.spec))
 
     def _output_losses(self) -> events.Values | None:
         """A model with several outputs: this worker's last step's loss per output."""

@@ -1,25 +1,32 @@
-"""A worker's resume: the newest checkpoint that fits this run, restored by the chief and
-broadcast to its peers.
+"""A worker's checkpoints: the newest one that fits this run, restored by the chief and
+broadcast to its peers; the state it saves; the trained model it exports.
 
-Split out of :mod:`ringtrain_trainer.worker` because resuming is its own concept (which
-checkpoint fits, what the chief sends, in what order); :class:`Trainer` mixes it in and provides
-the attributes it reads (``ckpt``, ``params``, ``optimizer``, ``loss_scale``, ``ipu``...).
+Split out of :mod:`ringtrain_trainer.worker` because checkpointing is its own concept (which
+checkpoint fits, what the chief sends, in what order, what is refused before it is written);
+:class:`Trainer` mixes it in and provides the attributes it reads (``ckpt``, ``params``,
+``optimizer``, ``loss_scale``, ``ipu``...).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ringtrain import events
 from ringtrain.errors import CheckpointError
-from ringtrain_trainer import optim
+from ringtrain_trainer import divergence, optim, preflight, trace
+from ringtrain_trainer.checkpoint.store import TrainingState
 from ringtrain_trainer.data import dataset as data_mod
+from ringtrain_trainer.export.cli import export_state
 from ringtrain_trainer.keras import load as keras_model
+from ringtrain_trainer.optim import numerics
+from ringtrain_trainer.telemetry.reporting import outputs_field
 
 if TYPE_CHECKING:
-    from ringtrain_trainer.checkpoint.store import CheckpointManager, TrainingState
+    from ringtrain_trainer.checkpoint.store import CheckpointManager
     from ringtrain_trainer.collective import Collective
     from ringtrain_trainer.config import TrainerConfig
     from ringtrain_trainer.ipu.device import IPU
@@ -29,9 +36,9 @@ if TYPE_CHECKING:
     from ringtrain_trainer.optim.registry import OptimizerSpec
 
 
-class Resume:
-    """Mixin: :meth:`_restore` (and the fit test it skips misfits by) for the
-    :class:`~ringtrain_trainer.worker.Trainer`."""
+class Checkpointing:
+    """Mixin: :meth:`_restore` (and the fit test it skips misfits by), :meth:`state`,
+    :meth:`save` and :meth:`export` for the :class:`~ringtrain_trainer.worker.Trainer`."""
 
     cfg: TrainerConfig
     collective: Collective
@@ -47,6 +54,11 @@ class Resume:
     sharder: data_mod.Sharder
     step: int
     position: data_mod.Position
+    rank: int
+    tracer: trace.Tracer
+    numerics: numerics.Numerics
+    last_checkpoint: str | None
+    _output_losses: Callable[[], events.Values | None]
 
     def _restore(self) -> None:
         """Rank 0 resumes from the newest good checkpoint and broadcasts its state, so only the
@@ -112,3 +124,48 @@ class Resume:
         optim.check_resume(self.optimizer_spec, self.optimizer, state, where)
         if self.ckpt is not None:
             self.ckpt.require_model_state(state, self.spec)
+
+    def state(self, loss: float | None) -> TrainingState:
+        return TrainingState(
+            step=self.step,
+            position=self.position,
+            params=self.params,
+            optimizer=self.optimizer.name,
+            optimizer_state={**self.optimizer.state_dict(), **self.loss_scale.state()},
+            optimizer_iterations=self.optimizer.iterations,
+            optimizer_config=self.optimizer_spec.record(),
+            # several outputs: each output's loss of the last step beside its loss function
+            loss_config={**self.spec.loss.record(), **outputs_field(self._output_losses())},
+            precision=self.numerics.precision,
+            model=self.cfg.model,
+            world_size=self.world,
+            loss=loss,
+            model_state=self.ipu.state,
+        )
+
+    def _where(self, step: int) -> str:
+        return f"step {step} rank {self.rank}"
+
+    def save(self, loss: float | None) -> None:
+        # on every worker (the same parameters, the same verdict), before the chief writes
+        divergence.check_params(
+            self.spec, self.params, self._where(self.step), "checkpoint", self.ipu.state
+        )
+        if self.ckpt is None or not self.is_chief:
+            return
+        with self.tracer.span(trace.CHECKPOINT, "checkpoint"):
+            path = self.ckpt.save(self.state(loss))
+        self.last_checkpoint = str(path)
+
+    def export(self, loss: float | None) -> str | None:
+        """``--export``: the chief writes the trained model with ``ringtrain export``'s code; a
+        relative path is under the checkpoint directory."""
+        if not self.cfg.export or not self.is_chief:
+            return None
+        divergence.check_params(
+            self.spec, self.params, self._where(self.step), "export", self.ipu.state
+        )
+
+        path = preflight.export_path(self.cfg.export, self.cfg.checkpoint_dir)
+        fmt = self.cfg.export_format
+        return str(export_state(self.state(loss), path, fmt, spec=self.spec))
