@@ -26,6 +26,7 @@ from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine import metric_classes as C
 from ringtrain_trainer.engine import metric_confusion as CC
 from ringtrain_trainer.engine.metric_classes import MetricSpec
+from ringtrain_trainer.engine.ranges import COUNT, FINITE, POSITIVE, UNIT, Range
 
 WHERE = "compile_config.metrics"
 
@@ -72,6 +73,13 @@ ENTRIES: dict[str, tuple[type[C.Metric], tuple[str, ...], dict, tuple[str, ...]]
         ("recall",),
         {"thresholds": None, "top_k": None, "class_id": None},
         _CONFUSION_KINDS,
+    ),
+    # only where its threshold is not 0.5: the loss's own accuracy is that one (keras.compile)
+    "BinaryAccuracy": (
+        C.BinaryAccuracy,
+        ("binary_accuracy",),
+        {"threshold": 0.5},
+        ("binary", "regression", "categorical"),
     ),
     "TopKCategoricalAccuracy": (
         C.TopKCategoricalAccuracy,
@@ -168,6 +176,45 @@ def _snake(name: str) -> str:
     return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
+#: the meaningful range of a numeric argument, whichever metric takes it (``engine.ranges``)
+_RANGES = {"num_thresholds": Range(2, integer=True), "k": COUNT, "label_smoothing": UNIT,
+           "beta": POSITIVE, "num_regressors": Range(0, integer=True)}  # fmt: skip
+#: ``threshold``: any number on BinaryAccuracy's output (0.0 on logits); F-scores' in (0, 1]
+_THRESHOLD = {"BinaryAccuracy": FINITE, "F1Score": Range(0.0, 1.0, lo_open=True)}
+_THRESHOLD["FBetaScore"] = _THRESHOLD["F1Score"]
+_FLAGS = ("from_logits", "multi_label", "sparse_y_true", "sparse_y_pred")
+
+
+def _check_ranges(cls: str, args: dict) -> None:
+    """Refuse, naming the metric and the argument, a value outside its meaningful range."""
+    for k, v in args.items():
+        r = _THRESHOLD.get(cls) if k == "threshold" else _RANGES.get(k)
+        if k in ("ignore_class", "num_classes") and v is not None:
+            r = Range(0, integer=True) if k == "ignore_class" else Range(2, integer=True)
+        if r is not None and v is not None and r.fails(v):
+            raise InvalidSpec(
+                f"model: {WHERE}.{cls}.{k}={v!r} is not supported (supported: {r.text})"
+            )
+        if k in _FLAGS and not isinstance(v, bool):
+            raise InvalidSpec(
+                f"model: {WHERE}.{cls}.{k}={v!r} is not supported (supported: a bool)"
+            )
+
+
+def tuned(doc) -> str | None:
+    """The first argument of ``doc`` (a ``compile_config.metrics`` entry) that is not its
+    registry default, or None: a ``BinaryAccuracy(threshold=0.0)`` is not the loss's own
+    accuracy at 0.5 (``keras.compile``)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+        return None
+    entry = ENTRIES.get(str(doc.get("class_name")))
+    defaults = entry[2] if entry else {}
+    for k, v in doc["config"].items():
+        if k not in ("name", "dtype") and (k not in defaults or v != defaults[k]):
+            return k
+    return None
+
+
 def known(doc) -> bool:
     """Whether ``doc`` (one entry of ``compile_config.metrics``) names a registry entry."""
     name = doc.get("class_name") if isinstance(doc, dict) else doc
@@ -212,10 +259,11 @@ def parse(doc, kind: str) -> MetricSpec:
                 f"model: {WHERE}.{cls}.{k}={v!r} is not supported (supported: {defaults[k]!r})"
             )
         args[k] = v
-    if cls == "AUC" and (args["curve"] not in ("ROC", "PR") or int(args["num_thresholds"]) < 2):
+    _check_ranges(cls, args)
+    if cls == "AUC" and args["curve"] not in ("ROC", "PR"):
         raise InvalidSpec(
-            f"model: {WHERE}.AUC: curve={args['curve']!r}, num_thresholds="
-            f"{args['num_thresholds']!r} is not supported (supported: 'ROC' or 'PR', > 1)"
+            f"model: {WHERE}.AUC.curve={args['curve']!r} is not supported (supported: 'ROC' "
+            "or 'PR')"
         )
     if cls in ("F1Score", "FBetaScore") and args["average"] not in (
         None,
@@ -238,6 +286,17 @@ def parse(doc, kind: str) -> MetricSpec:
         )
     if cls == "MeanIoU" and not (isinstance(args["num_classes"], int) and args["num_classes"] > 1):
         raise InvalidSpec(f"model: {WHERE}.MeanIoU.num_classes: a number of classes is needed")
+    if cls == "MeanIoU" and args["sparse_y_pred"] is not False:  # the output is a distribution
+        raise InvalidSpec(
+            f"model: {WHERE}.MeanIoU.sparse_y_pred={args['sparse_y_pred']!r} is not supported "
+            f"with a {kind} loss (supported: False: the model outputs one score per class)"
+        )
+    if cls == "MeanIoU" and args["sparse_y_true"] is not (kind == "sparse"):
+        raise InvalidSpec(
+            f"model: {WHERE}.MeanIoU.sparse_y_true={args['sparse_y_true']!r} is not supported "
+            f"with a {kind} loss (supported: {kind == 'sparse'}: its labels are "
+            f"{'class ids' if kind == 'sparse' else 'one-hot'})"
+        )
     return MetricSpec(cls, str(name), args)
 
 

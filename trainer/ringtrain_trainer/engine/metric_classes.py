@@ -108,6 +108,14 @@ class RootMeanSquaredError(MeanWrapper):
         return float(np.sqrt(super().result()))
 
 
+class BinaryAccuracy(MeanWrapper):
+    """Keras' ``BinaryAccuracy``: the model's output above ``threshold`` equal to the label,
+    the mean over the last axis (0.0 on logits: a model without its sigmoid)."""
+
+    def per_example(self, y, p):
+        return np.mean(y == (p > self.spec.args["threshold"]), axis=-1)
+
+
 class TopKCategoricalAccuracy(MeanWrapper):
     """Whether the label's class is among the ``k`` largest outputs (one-hot labels)."""
 
@@ -265,7 +273,8 @@ class R2Score(Metric):
 class MeanIoU(Metric):
     """Keras' ``MeanIoU``: a confusion matrix over ``num_classes`` (labels class ids, or
     one-hot where ``sparse_y_true`` is False; predictions the output's argmax where
-    ``sparse_y_pred`` is False), IoU per class that occurs, their mean."""
+    ``sparse_y_pred`` is False), IoU per class that occurs, their mean; the ignored class and
+    ids outside ``num_classes`` are left out, as Keras 3."""
 
     def __init__(self, spec: MetricSpec):
         super().__init__(spec)
@@ -282,10 +291,12 @@ class MeanIoU(Metric):
         t = (y.argmax(-1) if not a["sparse_y_true"] else y).reshape(-1).astype(np.int64)
         q = (np.asarray(p).argmax(-1) if not a["sparse_y_pred"] else p).reshape(-1)
         q = q.astype(np.int64)
-        if a["ignore_class"] is not None:  # Keras zeroes both: they count as class 0 hits
-            keep = t != a["ignore_class"]
-            t, q = t * keep, q * keep
         n = len(self.cm)
+        # Keras 3 weighs out of range ids and the ignored class 0: they count nowhere
+        keep = (t >= 0) & (t < n) & (q >= 0) & (q < n)
+        if a["ignore_class"] is not None:
+            keep &= t != a["ignore_class"]
+        t, q = t[keep], q[keep]
         self.cm += np.bincount(t * n + q, minlength=n * n).reshape(n, n)
 
     def result(self):

@@ -54,8 +54,15 @@ def compiled_metrics(v: Any, kind: str) -> tuple[keras_metrics.MetricSpec, ...]:
         if name == "function" and isinstance(m, dict):
             name = m.get("config")
         if snake_case(str(name)) in METRICS[kind]:
-            continue
-        if not keras_metrics.known(name):
+            arg = keras_metrics.tuned(m)
+            if arg is None:  # the loss's own metric, as Keras computes it
+                continue
+            if not keras_metrics.known(name):
+                raise InvalidSpec(
+                    f"model: compile_config.metrics.{name}.{arg}={m['config'][arg]!r} is not "
+                    "supported (supported: Keras' default)"
+                )
+        elif not keras_metrics.known(name):
             raise InvalidSpec(
                 f"model: compile_config.metrics: metric {name!r} is not supported with a {kind} "
                 f"loss (ringtrain reports the loss and: {', '.join(METRICS[kind])}, "
@@ -230,6 +237,13 @@ def read_heads(
         got = []
         for m in ms:
             mname = snake_case(str(m.get("class_name") if isinstance(m, dict) else m))
+            arg = keras_metrics.tuned(m)
+            if arg is not None:
+                raise InvalidSpec(
+                    f"model: compile_config.metrics for output {name!r}: {mname}.{arg}="
+                    f"{m['config'][arg]!r} is not supported with several outputs (supported: "
+                    "Keras' default)"
+                )
             if mname not in names_ok:
                 raise InvalidSpec(
                     f"model: compile_config.metrics: metric {mname!r} for output {name!r} is "

@@ -18,12 +18,24 @@ from typing import Any, NoReturn
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer.engine.ops import initializers as I
 from ringtrain_trainer.engine.ops import regularizers as R
+from ringtrain_trainer.engine.ranges import FINITE, NON_NEGATIVE, POSITIVE, Range
 from ringtrain_trainer.optim import constraints as C
 
 Shape = tuple[int, ...]
 #: the activations every layer with an ``activation`` argument accepts
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "softmax", "linear")
 ACTS_DOC = f"`activation` ({', '.join(ACTIVATIONS)})"
+#: an initializer's arguments: a spread ≥ 0, a scale > 0, the rest finite (a negative stddev
+#: or a string passed the spec check and crashed every worker when it drew the weights)
+INIT_RANGES = {
+    "stddev": NON_NEGATIVE,
+    "scale": POSITIVE,
+    "mean": FINITE,
+    "minval": FINITE,
+    "maxval": FINITE,
+    "value": FINITE,
+    "gain": FINITE,
+}
 
 
 @dataclass(frozen=True)
@@ -181,6 +193,14 @@ class Args:
             self.refuse(arg, v, " or ".join(repr(a) for a in allowed))
         return v
 
+    def number(self, arg: str, default: Any, r: Range) -> float:
+        """A numeric argument inside its meaningful range (``engine.ranges``), refused naming
+        the argument and the range otherwise (a string, NaN or ``True`` included)."""
+        v = self.take(arg, default)
+        if r.fails(v):
+            self.refuse(arg, v, r.text)
+        return float(v)
+
     def positive(self, arg: str) -> int:
         v = self.take(arg)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -219,8 +239,14 @@ class Args:
         v = default if v is None else v
         try:
             got = I.parse(v, arg)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             self.refuse(arg, v, f"{', '.join(I.SUPPORTED)} ({e})")
+        for k, x in got.args.items():
+            r = INIT_RANGES.get(k)
+            if r is not None and r.fails(x):
+                self.refuse(f"{arg}.config.{k}", x, f"{r.text} for {got.name}")
+        if got.args.get("minval", -0.05) > got.args.get("maxval", 0.05):
+            self.refuse(f"{arg}.config.minval", got.args["minval"], "at most maxval")
         if not flagged or I.full(got) != I.full(I.parse(default)):
             self.extra[arg] = v
 
@@ -230,8 +256,10 @@ class Args:
         v = self.take(arg)
         try:
             reg = R.parse(v, arg)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             self.refuse(arg, v, f"L1, L2, L1L2 ({e})")
+        if reg is not None and (NON_NEGATIVE.fails(reg.l1) or NON_NEGATIVE.fails(reg.l2)):
+            self.refuse(arg, v, f"L1, L2, L1L2 with l1 and l2 each {NON_NEGATIVE.text}")
         if reg is not None:
             self.extra[arg] = R.keras(reg)
 

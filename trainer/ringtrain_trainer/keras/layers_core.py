@@ -13,6 +13,7 @@ from ringtrain_trainer.engine.ops.dropout import Dropout, SharedDropout
 from ringtrain_trainer.engine.ops.elementwise import Elementwise
 from ringtrain_trainer.engine.ops.scale import ChannelScale
 from ringtrain_trainer.engine.ops.shape import Reshape
+from ringtrain_trainer.engine.ranges import NON_NEGATIVE, UNIT
 from ringtrain_trainer.keras import onnx_acts
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, gamma_beta_weights
 from ringtrain_trainer.keras.layers_window import ACTS, _activation
@@ -201,8 +202,8 @@ def _bn_parse(a: Args) -> dict:
     axis = a.must_be("axis", -1, 3, [-1], [3])
     args = {
         "axis": axis[0] if isinstance(axis, list) else axis,
-        "momentum": float(a.take("momentum", 0.99)),
-        "epsilon": float(a.take("epsilon", 1e-3)),
+        "momentum": a.number("momentum", 0.99, UNIT),
+        "epsilon": a.number("epsilon", 1e-3, NON_NEGATIVE),
         "center": bool(a.take("center", True)),
         "scale": bool(a.take("scale", True)),
     }

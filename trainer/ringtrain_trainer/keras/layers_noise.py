@@ -6,15 +6,12 @@ and the global example, as ``Dropout``'s masks (``engine/ops/noise.py`` says why
 from __future__ import annotations
 
 from ringtrain_trainer.engine.ops.noise import Noise
+from ringtrain_trainer.engine.ranges import NON_NEGATIVE, RATE
 from ringtrain_trainer.keras.entry import Args, Entry
 
 
 def _amount(a: Args, arg: str, top: float | None) -> float:
-    v = a.take(arg)
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-    if not ok or (top is not None and v >= top):
-        a.refuse(arg, v, "a number ≥ 0" + (f" and < {top}" if top is not None else ""))
-    return float(v)
+    return a.number(arg, None, NON_NEGATIVE if top is None else RATE)
 
 
 def _parse(arg: str, top: float | None):

@@ -11,6 +11,7 @@ import numpy as np
 
 from ringtrain_trainer.engine.ops.groupnorm import GroupNorm
 from ringtrain_trainer.engine.ops.unitnorm import EPSILON, UnitNorm
+from ringtrain_trainer.engine.ranges import NON_NEGATIVE
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, gamma_beta_weights
 from ringtrain_trainer.keras.layers_sequence import no
 
@@ -71,10 +72,8 @@ def _group_parse(a: Args) -> dict:
     if not isinstance(groups, int) or isinstance(groups, bool) or (groups < 1 and groups != -1):
         a.refuse("groups", groups, "a positive int or -1 (one group per channel)")
     args: dict[str, Any] = {"groups": groups, "axis": _last_axis(a)}
-    eps = a.take("epsilon", 1e-3)
-    if not isinstance(eps, int | float) or isinstance(eps, bool) or eps < 0:
-        a.refuse("epsilon", eps, "a number ≥ 0")
-    args.update(epsilon=float(eps), center=bool(a.take("center", True)))
+    eps = a.number("epsilon", 1e-3, NON_NEGATIVE)
+    args.update(epsilon=eps, center=bool(a.take("center", True)))
     args["scale"] = bool(a.take("scale", True))
     a.initializer("beta_initializer", "Zeros")
     a.initializer("gamma_initializer", "Ones")

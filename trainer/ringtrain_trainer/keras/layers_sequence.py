@@ -20,6 +20,7 @@ from ringtrain_trainer.engine.ops.attention import MultiHeadAttention
 from ringtrain_trainer.engine.ops.embedding import Embedding
 from ringtrain_trainer.engine.ops.mask import ApplyMask
 from ringtrain_trainer.engine.ops.norm import LayerNorm
+from ringtrain_trainer.engine.ranges import NON_NEGATIVE
 from ringtrain_trainer.keras.entry import Args, Entry, Shape, Weight, gamma_beta_weights
 
 _FREE = ("activity_regularizer", "lora_rank", "lora_alpha", "quantization_config")
@@ -84,7 +85,7 @@ def _ln_parse(a: Args) -> dict:
     axis = a.take("axis", -1)
     args = {
         "axis": axis[0] if isinstance(axis, list) and len(axis) == 1 else axis,
-        "epsilon": float(a.take("epsilon", 1e-3)),
+        "epsilon": a.number("epsilon", 1e-3, NON_NEGATIVE),
         "center": bool(a.take("center", True)),
         "scale": bool(a.take("scale", True)),
     }

@@ -57,6 +57,12 @@ def with_weight_args(slots: list[Slot], layers: Sequence[LayerSpec], owner) -> l
                         got = c if c is None else replace(c, shape=tuple(w.shape))
                     else:
                         got = readers[field](args[arg], arg)
+                        if getattr(got, "name", None) == "Identity" and len(w.shape) != 2:
+                            raise InvalidSpec(
+                                f"model: layer {s.name!r} ({s.cls}): {arg}=Identity is not "
+                                f"supported for its weight {w.name} of shape {tuple(w.shape)} "
+                                "(supported: a 2-D weight)"
+                            )
                     extra.setdefault((li, w.name), {})[field] = got
         for k in s.args:
             optional = k.split("_")[0] in ("bias", "gamma", "beta")  # absent when switched off

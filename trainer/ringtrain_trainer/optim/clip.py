@@ -80,4 +80,7 @@ class Clip:
                 norm = math.sqrt(float(np.dot(g, g)))
                 if norm > self.value:
                     np.multiply(g, np.float32(self.value / norm), out=g)
-                yield 0, self.size
+                if self.whole:  # Lamb's trust ratio, Adafactor's moments: tensor by tensor
+                    yield from zip(self.starts.tolist(), self.stops.tolist(), strict=True)
+                else:
+                    yield 0, self.size

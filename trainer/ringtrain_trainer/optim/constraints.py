@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ringtrain_trainer.engine.ranges import NON_NEGATIVE, POSITIVE, UNIT
+
 #: Keras' ``backend.epsilon()``, added to the norms before dividing
 EPSILON = 1e-7
 #: class name (and the snake_case aliases Keras accepts) → (its arguments with defaults)
@@ -24,6 +26,9 @@ _ARGS: dict[str, dict] = {
     "UnitNorm": {"axis": 0},
     "MinMaxNorm": {"min_value": 0.0, "max_value": 1.0, "rate": 1.0, "axis": 0},
 }
+#: the meaningful range of each argument: a norm bound > 0 (MinMaxNorm's lower one ≥ 0, at most
+#: its upper one), the rate of the projection in [0, 1]
+_RANGES = {"max_value": POSITIVE, "min_value": NON_NEGATIVE, "rate": UNIT}
 _ALIASES = {"max_norm": "MaxNorm", "non_neg": "NonNeg", "unit_norm": "UnitNorm"}
 _ALIASES["min_max_norm"] = "MinMaxNorm"
 SUPPORTED = tuple(_ARGS)
@@ -74,9 +79,16 @@ def parse(doc, where: str = "kernel_constraint") -> Constraint | None:
         raise ValueError(f"{where}.config.{sorted(unknown)[0]}: {cls} argument not supported")
     args = {**_ARGS[cls], **cfg}
     for k, v in args.items():
-        ok = isinstance(v, int | float) or (k == "axis" and isinstance(v, list | tuple))
-        if not ok:
-            raise ValueError(f"{where}.config.{k}={v!r} is not a number")
+        if k == "axis":
+            axes = v if isinstance(v, list | tuple) else [v]
+            if not axes or any(not isinstance(x, int) or isinstance(x, bool) for x in axes):
+                raise ValueError(f"{where}.config.axis={v!r} is not an axis or a list of axes")
+        elif _RANGES[k].fails(v):
+            raise ValueError(f"{where}.config.{k}={v!r} is not {_RANGES[k].text}")
+    if cls == "MinMaxNorm" and args["min_value"] > args["max_value"]:
+        raise ValueError(
+            f"{where}.config: min_value={args['min_value']!r} > max_value={args['max_value']!r}"
+        )
     return Constraint(cls, args)
 
 

@@ -24,7 +24,8 @@ from typing import Any
 from ringtrain import options
 from ringtrain.errors import CheckpointError, InvalidSpec
 from ringtrain_trainer.engine.ops.embedding import Embedding
-from ringtrain_trainer.optim import schedules
+from ringtrain_trainer.engine.ranges import POSITIVE
+from ringtrain_trainer.optim import limits, schedules
 from ringtrain_trainer.optim.adadelta import Adadelta
 from ringtrain_trainer.optim.adafactor import Adafactor
 from ringtrain_trainer.optim.adagrad import Adagrad
@@ -213,7 +214,7 @@ def from_compile_config(compile_config: dict | None) -> OptimizerSpec | None:
         if k in UNSUPPORTED and v != defaults[k]:
             raise InvalidSpec(f"model: {where}={v!r} is not supported (supported: {defaults[k]!r})")
     config = {"name": name, **defaults, **given}
-    _check_ema(config)
+    limits.check(config, f"{WHERE}.config")
     if sum(config[k] is not None for k in KINDS) > 1:
         raise InvalidSpec(
             f"model: {WHERE}.config: only one of clipnorm, clipvalue and global_clipnorm "
@@ -222,24 +223,12 @@ def from_compile_config(compile_config: dict | None) -> OptimizerSpec | None:
     lr = config["learning_rate"]
     if isinstance(lr, dict):
         schedules.from_keras(lr, f"{WHERE}.config.learning_rate")  # refuses here, not later
-    elif not isinstance(lr, int | float) or isinstance(lr, bool) or lr <= 0:
-        raise InvalidSpec(f"model: {WHERE}.config.learning_rate={lr!r} must be a positive number")
-    return OptimizerSpec(cls_name.lower(), _serialized(cls_name, config), "model compile_config")
-
-
-def _check_ema(config: dict) -> None:
-    """Keras' own checks of ``ema_momentum`` and ``ema_overwrite_frequency`` (only with
-    ``use_ema``, as in Keras), so a model Keras would not build is refused here too."""
-    if not config["use_ema"]:
-        return
-    m, every = config["ema_momentum"], config["ema_overwrite_frequency"]
-    if not isinstance(m, int | float) or isinstance(m, bool) or not 0 <= m <= 1:
-        raise InvalidSpec(f"model: {WHERE}.config.ema_momentum={m!r} must be in [0, 1]")
-    if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+    elif POSITIVE.fails(lr):
         raise InvalidSpec(
-            f"model: {WHERE}.config.ema_overwrite_frequency={every!r} must be an integer "
-            ">= 1 or None"
+            f"model: {WHERE}.config.learning_rate={lr!r} is not supported (supported: "
+            f"{POSITIVE.text}, or a schedule)"
         )
+    return OptimizerSpec(cls_name.lower(), _serialized(cls_name, config), "model compile_config")
 
 
 def resolve(

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from ringtrain.errors import InvalidSpec
+from ringtrain_trainer.optim import limits
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ def from_keras(doc: dict, where: str) -> KerasSchedule:
             raise InvalidSpec(
                 f"model: {where}.config.{k}: argument {k!r} of {cls_name} is not supported"
             )
+    limits.check_schedule(cfg, f"{where}.config")
     if cls is PiecewiseConstantDecay:
         cfg = {k: tuple(cfg.get(k) or ()) for k in ("boundaries", "values")}
         if len(cfg["values"]) != len(cfg["boundaries"]) + 1:
