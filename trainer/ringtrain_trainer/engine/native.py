@@ -3,7 +3,7 @@
 Why a C extension (issue 24): numpy cannot fuse a convolution with the pooling and activation
 after it, so the seeds' first layer ran as ~20 memory-bound passes over a conv map four times
 the size of its output (README, decisions: "A compiled kernel"). The extension is built by the
-project's own install (``pyproject.toml``'s ``ext-modules``: ``hack/setup`` and the image), with
+project's own install (``setup.py``'s ``ext_modules``: ``hack/setup`` and the image), with
 no dependency beyond a C compiler and Python's headers.
 
 The kernels (``kernels.h``, ``gemm.h``, ``depthwise.h``) are compiled once per instruction set

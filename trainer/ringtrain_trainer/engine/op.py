@@ -16,6 +16,8 @@ program.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.tensor import ParamSpec
@@ -41,7 +43,7 @@ class Op:
     def flops(self, b: int, train: bool, need_dx: bool) -> int:
         return 0
 
-    def bind(self, ws: dict, b: int) -> None:
+    def bind(self, ws: Any, b: int) -> None:
         pass
 
     def out_and_dx(self, b: int, train: bool, need_dx: bool) -> dict:
@@ -53,11 +55,11 @@ class Op:
             bufs["dx"] = ((b, *self.in_shape), "f")
         return bufs
 
-    def backward_local(self, ws: dict, dout: np.ndarray) -> None:
+    def backward_local(self, ws: Any, dout: np.ndarray) -> None:
         """The gradient through the op's own fused tail (its activation, its pooling) that both
         :meth:`backward_input` and :meth:`backward_weights` read; run first, once."""
 
-    def backward_weights(self, ws: dict, dout, name: str, grad: np.ndarray, rows) -> None:
+    def backward_weights(self, ws: Any, dout, name: str, grad: np.ndarray, rows) -> None:
         """Write rows ``rows = (lo, hi)`` of parameter ``name``'s gradient into ``grad`` (the
         whole parameter's gradient, rows counted on its ``(size // shape[-1], shape[-1])``
         matrix view). Only layers with parameters are asked."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -54,23 +55,23 @@ class Activation:
             bufs["dz"] = (shape, "f")
         return bufs
 
-    def pre(self, ws: dict) -> np.ndarray:
+    def pre(self, ws: Any) -> np.ndarray:
         """Where the op writes its pre-activation: ``z``, or ``out`` itself (in place)."""
         return ws["z"] if self.needs_input else ws["out"]
 
-    def _tmp(self, ws):
+    def _tmp(self, ws: Any):
         if self.scratch == 0:
             return None
         return ws["act0"] if self.scratch == 1 else tuple(ws[f"act{i}"] for i in range(2))
 
-    def run(self, ws: dict) -> np.ndarray:
+    def run(self, ws: Any) -> np.ndarray:
         """Apply the activation to what :meth:`pre` holds; returns ``out``."""
         out = ws["out"]
         if not self.identity or self.needs_input:
             self.forward(self.pre(ws), out, self._tmp(ws), **self.params)
         return out
 
-    def grad(self, ws: dict, dout: np.ndarray) -> np.ndarray:
+    def grad(self, ws: Any, dout: np.ndarray) -> np.ndarray:
         """The gradient with respect to the pre-activation (``dz``, or ``dout`` when linear).
         Called after :meth:`run` on the same input, as every op does (one forward, then its
         backward): gelu's gradient reads what its forward left in the scratch."""
@@ -159,6 +160,13 @@ def resolve(act: str | Activation) -> Activation:
     return act if isinstance(act, Activation) else get(act)
 
 
+class ActWs(TypedDict, total=False):
+    """The buffers :class:`Act` is compiled with (``buffers``, its state, ``bind``)."""
+
+    out: np.ndarray
+    z: np.ndarray
+
+
 class Act(Op):
     """An activation as an op of its own (Keras ``Activation``, ``ReLU``, ``LeakyReLU``,
     ``ELU``, ``Softmax``): the table's entry on a tensor of any shape. Where backward reads the
@@ -177,14 +185,14 @@ class Act(Op):
     def flops(self, b, train, need_dx):
         return b * math.prod(self.out_shape) * (4 + 4 * train)
 
-    def forward(self, ws, x):
+    def forward(self, ws: ActWs, x):
         if self.act.needs_input:
             ws["z"] = x.reshape(ws["out"].shape)
         else:
             np.copyto(ws["out"], x.reshape(ws["out"].shape))
         return self.act.run(ws)
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: ActWs, dout):
         return self.act.grad(ws, dout)
 
 

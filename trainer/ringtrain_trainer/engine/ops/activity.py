@@ -12,9 +12,20 @@ average it as they average the loss. The gradient is multiplied by the step's lo
 
 from __future__ import annotations
 
+from typing import Any, TypedDict, cast
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
+
+
+class ActivityPenaltyWs(TypedDict, total=False):
+    """The buffers :class:`ActivityPenalty` is compiled with (``buffers``, its state, ``bind``)."""
+
+    ctx: dict[str, Any]
+    dx: np.ndarray
+    scratch: np.ndarray
+    x: np.ndarray
 
 
 class ActivityPenalty(Op):
@@ -28,11 +39,11 @@ class ActivityPenalty(Op):
         shape = (b, *self.out_shape)
         return {"dx": (shape, "f"), "scratch": (shape, "f")}
 
-    def forward(self, ws, x):
+    def forward(self, ws: ActivityPenaltyWs, x):
         ws["x"] = x
         return x
 
-    def penalty(self, ws) -> float:
+    def penalty(self, ws: ActivityPenaltyWs) -> float:
         """This step's term (0 in evaluation), from the input the last forward saw."""
         x = ws.get("x")
         if x is None or "scratch" not in ws:
@@ -45,7 +56,7 @@ class ActivityPenalty(Op):
             total += self.l2 * float(np.dot(flat, flat))
         return total / len(x)
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: ActivityPenaltyWs, dout):
         x, dx, s = ws["x"], ws["dx"], ws["scratch"]
         k = ws["ctx"].get("loss_scale", 1.0) / len(x)
         np.copyto(dx, dout.reshape(dx.shape))
@@ -57,6 +68,15 @@ class ActivityPenalty(Op):
             np.multiply(x, s.dtype.type(2 * self.l2 * k), out=s)
             dx += s
         return dx
+
+
+class WithActivityWs(TypedDict, total=False):
+    """The buffers :class:`WithActivity` is compiled with (``buffers``, its state, ``bind``)."""
+
+    act_dx: np.ndarray
+    act_scratch: np.ndarray
+    act_x: np.ndarray
+    ctx: dict[str, Any]
 
 
 class WithActivity(Op):
@@ -85,28 +105,31 @@ class WithActivity(Op):
         own = {f"act_{k}": v for k, v in self.act.buffers(b, train, need_dx).items()}
         return {**self.op.buffers(b, train, need_dx), **own}
 
-    def bind(self, ws, b):
+    def bind(self, ws: WithActivityWs, b):
         self.op.bind(ws, b)
 
-    def _own(self, ws) -> dict:
-        return {"x": ws.get("act_x"), "scratch": ws.get("act_scratch"), "dx": ws.get("act_dx")}
+    def _own(self, ws: WithActivityWs) -> ActivityPenaltyWs:
+        """The penalty's buffers under their own names (an absent one as None, which the
+        penalty reads as "evaluation")."""
+        own = {"x": ws.get("act_x"), "scratch": ws.get("act_scratch"), "dx": ws.get("act_dx")}
+        return cast("ActivityPenaltyWs", own)
 
-    def forward(self, ws, *xs, **params):
+    def forward(self, ws: WithActivityWs, *xs, **params):
         out = self.op.forward(ws, *xs, **params)
         ws["act_x"] = out
         return out
 
-    def penalty(self, ws) -> float:
+    def penalty(self, ws: WithActivityWs) -> float:
         return self.act.penalty(self._own(ws))
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: WithActivityWs, dout):
         own = self._own(ws)
         own["ctx"] = ws["ctx"]
         np.copyto(dout, self.act.backward_input(own, dout).reshape(dout.shape))
         self.op.backward_local(ws, dout)
 
-    def backward_input(self, ws, dout, **params):
+    def backward_input(self, ws: WithActivityWs, dout, **params):
         return self.op.backward_input(ws, dout, **params)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: WithActivityWs, dout, name, grad, rows):
         self.op.backward_weights(ws, dout, name, grad, rows)

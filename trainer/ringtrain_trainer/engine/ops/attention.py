@@ -23,6 +23,8 @@ global example, so any worker count draws the same masks); inference runs withou
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
@@ -156,7 +158,7 @@ class MultiHeadAttention(Op):
         fwd = 2 * b * (proj + h * T * S * (kd + vd))
         return fwd * (1 + (2 if train else 0))
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         if "ones" in ws:
             ws["ones"].fill(1)
         ws["att"] = keys_major(ws["scores"])
@@ -188,7 +190,7 @@ class MultiHeadAttention(Op):
         k = data[2] if len(data) > 2 else v
         return {"query": q, "key": k, "value": v}, mask
 
-    def forward(self, ws, *xs, **p):
+    def forward(self, ws: dict[str, Any], *xs, **p):
         inputs, mask = self._inputs(xs)
         ws["inputs"] = {}
         for name, x in inputs.items():
@@ -221,7 +223,7 @@ class MultiHeadAttention(Op):
             np.add(o2, p["attention_output_bias"], out=o2)
         return out
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         """From the output's gradient down to the three projections' (``dp_*``), which both
         halves read. The output kernel is the one forward read (``ws["wo"]``): nothing updates
         a node's weights before its own backward has streamed them."""
@@ -238,7 +240,7 @@ class MultiHeadAttention(Op):
         dpq = ws["dp_query"]
         np.multiply(dpq, dpq.dtype.type(1.0 / np.sqrt(self.kd)), out=dpq)
 
-    def backward_input(self, ws, dout, **p):
+    def backward_input(self, ws: dict[str, Any], dout, **p):
         """One gradient per data input; a tensor that feeds several projections (self-
         attention, key = value) gets their sum, accumulated through ``dx_acc``."""
         dxs = [ws[f"dx{k}"] for k in range(self.n_data)]
@@ -259,7 +261,7 @@ class MultiHeadAttention(Op):
             return (*dxs, None)
         return dxs[0] if self.n_inputs == 1 else tuple(dxs)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         proj, part = name.rsplit("_", 1)
         if proj == "attention_output":
             src, d = ws["context"], dout.reshape(-1, self.out_shape[1])

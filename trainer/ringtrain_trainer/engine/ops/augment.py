@@ -12,11 +12,22 @@ each step, the same for any worker count.
 
 from __future__ import annotations
 
+from typing import Any, TypedDict
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
 
 FLIP_MODES = ("horizontal", "vertical", "horizontal_and_vertical")
+
+
+class RandomFlipWs(TypedDict, total=False):
+    """The buffers :class:`RandomFlip` is compiled with (``buffers``, its state, ``bind``)."""
+
+    ctx: dict[str, Any]
+    dx: np.ndarray
+    flips: np.ndarray
+    out: np.ndarray
 
 
 class RandomFlip(Op):
@@ -34,7 +45,7 @@ class RandomFlip(Op):
         own = {"out": (shape, "f"), "flips": ((b,), "b")}
         return {**own, "dx": (shape, "f")} if need_dx else own
 
-    def forward(self, ws, x):
+    def forward(self, ws: RandomFlipWs, x):
         if "flips" not in ws:
             return x
         ctx, out, flips = ws["ctx"], ws["out"], ws["flips"]
@@ -47,7 +58,7 @@ class RandomFlip(Op):
             np.copyto(out[e], np.flip(x[e], self.axes) if flips[e] else x[e])
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: RandomFlipWs, dout):
         if "flips" not in ws:
             return dout
         dx, dout = ws["dx"], dout.reshape(ws["dx"].shape)
@@ -82,6 +93,15 @@ def _map(c: np.ndarray, n: int, mode: str) -> np.ndarray:
         c[lo] += n * (np.trunc(-c[lo] / (n - 1)) + 1)
         c[hi] -= n * np.trunc(c[hi] / (n - 1))
     return np.clip(c, 0, n - 1, out=c)
+
+
+class RandomAffineWs(TypedDict, total=False):
+    """The buffers :class:`RandomAffine` is compiled with (``buffers``, its state, ``bind``)."""
+
+    ctx: dict[str, Any]
+    dx: np.ndarray
+    matrix: np.ndarray
+    out: np.ndarray
 
 
 class RandomAffine(Op):
@@ -133,7 +153,7 @@ class RandomAffine(Op):
         cx, cy = 0.5 * (w - 1), 0.5 * (h - 1)
         m[:6] = [cos, -sin, cx - cx * cos + cy * sin, sin, cos, cy - cx * sin - cy * cos]
 
-    def forward(self, ws, x):
+    def forward(self, ws: RandomAffineWs, x):
         if "matrix" not in ws:
             return x
         ctx, out, matrix = ws["ctx"], ws["out"], ws["matrix"]
@@ -179,7 +199,7 @@ class RandomAffine(Op):
             acc += weight[..., None] * v
         out[:] = acc
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: RandomAffineWs, dout):
         if "matrix" not in ws:
             return dout
         dx, dout = ws["dx"], dout.reshape(ws["dx"].shape)

@@ -12,11 +12,23 @@ global example)): a new draw each step, the same for any worker count.
 
 from __future__ import annotations
 
+from typing import Any, TypedDict
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
 
 KINDS = ("brightness", "contrast")
+
+
+class RandomPixelWs(TypedDict, total=False):
+    """The buffers :class:`RandomPixel` is compiled with (``buffers``, its state, ``bind``)."""
+
+    ctx: dict[str, Any]
+    dx: np.ndarray
+    factor: np.ndarray
+    kept: np.ndarray
+    out: np.ndarray
 
 
 class RandomPixel(Op):
@@ -39,7 +51,7 @@ class RandomPixel(Op):
         own = {"out": (shape, "f"), "factor": ((b,), "f"), "kept": (shape, "b")}
         return {**own, "dx": (shape, "f")} if need_dx else own
 
-    def forward(self, ws, x):
+    def forward(self, ws: RandomPixelWs, x):
         if "factor" not in ws:
             return x
         ctx, out, factor = ws["ctx"], ws["out"], ws["factor"]
@@ -66,7 +78,7 @@ class RandomPixel(Op):
         np.clip(out, self.low, self.high, out=out)
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: RandomPixelWs, dout):
         if "factor" not in ws:
             return dout
         dx = ws["dx"]

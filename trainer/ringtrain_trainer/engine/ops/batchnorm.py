@@ -18,6 +18,7 @@ sums both halves need (``Σ dy``, ``Σ dy·x̂``) once; the input gradient is th
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -63,17 +64,17 @@ class BatchNorm(Op):
     def flops(self, b, train, need_dx):
         return b * math.prod(self.out_shape) * (4 + 8 * train)
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         if "ones" in ws:
             ws["ones"].fill(1)
 
-    def _mean(self, ws, a, out):
+    def _mean(self, ws: dict[str, Any], a, out):
         """``out = a``'s mean over every axis but the channels, as one product."""
         ones = ws["ones"]
         np.matmul(ones, a.reshape(ones.size, self.c), out=out)
         np.divide(out, ones.size, out=out)
 
-    def forward(self, ws, x, gamma=None, beta=None):
+    def forward(self, ws: dict[str, Any], x, gamma=None, beta=None):
         out, inv, mean = ws["out"], ws["inv"], ws["mean"]
         if "xhat" in ws:
             var = ws["var"]
@@ -103,17 +104,17 @@ class BatchNorm(Op):
             np.add(out, beta, out=out)
         return out
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         xhat, ones, s1, s2 = ws["xhat"], ws["ones"], ws["s1"], ws["s2"]
         dy = dout.reshape(ones.size, self.c)
         np.matmul(ones, dy, out=s1)  # Σ dy: beta's gradient
         np.multiply(dy, xhat.reshape(dy.shape), out=ws["dxhat"].reshape(dy.shape))
         np.matmul(ones, ws["dxhat"].reshape(dy.shape), out=s2)  # Σ dy·x̂: gamma's
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         np.copyto(grad, ws["s1"] if name == "beta" else ws["s2"])
 
-    def backward_inference(self, ws, dout, gamma=None, beta=None):
+    def backward_inference(self, ws: dict[str, Any], dout, gamma=None, beta=None):
         """The input gradient of the inference-mode forward (``engine.ops.frozen``): the
         moving statistics are constants, so ``dx = dy * gamma / sqrt(moving_var + eps)``."""
         dx = ws["dx"]
@@ -122,7 +123,7 @@ class BatchNorm(Op):
             np.multiply(dx, gamma, out=dx)
         return dx
 
-    def backward_input(self, ws, dout, gamma=None, beta=None):
+    def backward_input(self, ws: dict[str, Any], dout, gamma=None, beta=None):
         # dx = inv·γ·(dy − Σdy/n − x̂·Σ(dy·x̂)/n) = dy·a + x̂·b + c
         xhat, tmp, dx, coef = ws["xhat"], ws["dxhat"], ws["dx"], ws["coef"]
         a, b, c = coef

@@ -10,6 +10,7 @@ is flipped back to timestep order before the merge — here as a reversed view, 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class Bidirectional(Op):
     def flops(self, b, train, need_dx):
         return sum(op.flops(b, train, need_dx) for op in self.halves.values())
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         ws["sub"] = {}
         for half, op in self.halves.items():
             pre = f"{half[0]}."
@@ -87,7 +88,7 @@ class Bidirectional(Op):
         """The backward half's per-step tensor in timestep order (a reversed view)."""
         return y[:, ::-1] if self.seq else y
 
-    def forward(self, ws, x, mask=None, **p):
+    def forward(self, ws: dict[str, Any], x, mask=None, **p):
         ps, sub = self._split(p), ws["sub"]
         yf = self.halves["forward"].forward(sub["forward"], x, mask, **ps["forward"])
         yb = self.halves["backward"].forward(sub["backward"], x, mask, **ps["backward"])
@@ -104,7 +105,7 @@ class Bidirectional(Op):
                 np.multiply(out, out.dtype.type(0.5), out=out)
         return out
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         sub, mode = ws["sub"], self.mode
         if mode == "concat":
             df, db = dout[..., : self.uf], dout[..., self.uf :]
@@ -120,13 +121,13 @@ class Bidirectional(Op):
         for half, op in self.halves.items():
             op.backward_local(sub[half], ws["douts"][half])
 
-    def backward_input(self, ws, dout, **p):
+    def backward_input(self, ws: dict[str, Any], dout, **p):
         ps, sub, d = self._split(p), ws["sub"], ws["douts"]
         dxf, dxb = (op.backward_input(sub[h], d[h], **ps[h]) for h, op in self.halves.items())
         if self.masked:
             return np.add(dxf[0], dxb[0], out=ws["dx"]), None
         return np.add(dxf, dxb, out=ws["dx"])
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         half, _, own = name.partition("_")
         self.halves[half].backward_weights(ws["sub"][half], ws["douts"][half], own, grad, rows)

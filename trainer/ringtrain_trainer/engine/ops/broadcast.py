@@ -11,6 +11,7 @@ input's gradient is the output's, reduced (summed) over the axes that input was 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -58,11 +59,11 @@ class Broadcast(Op):
     def flops(self, b, train, need_dx):
         return b * math.prod(self.out_shape) * (1 + 3 * train)
 
-    def forward(self, ws, x0, x1):
+    def forward(self, ws: dict[str, Any], x0, x1):
         ws["xs"] = (x0, x1)
         return UFUNCS[self.mode](x0, x1, out=ws["out"])
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: dict[str, Any], dout):
         dout = dout.reshape(ws["out"].shape)
         full, xs = ws["full"], ws["xs"]
         out = []

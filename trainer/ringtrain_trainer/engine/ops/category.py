@@ -11,12 +11,21 @@ rather than encoded as nothing.
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
 
 MODES = ("one_hot", "multi_hot", "count")
+
+
+class CategoryEncodeWs(TypedDict, total=False):
+    """The buffers :class:`CategoryEncode` is compiled with (``buffers``, its state, ``bind``)."""
+
+    base: np.ndarray
+    ids: np.ndarray
+    out: np.ndarray
 
 
 class CategoryEncode(Op):
@@ -40,7 +49,7 @@ class CategoryEncode(Op):
     def flops(self, b, train, need_dx):
         return b * math.prod(self.out_shape)
 
-    def bind(self, ws, b):
+    def bind(self, ws: CategoryEncodeWs, b):
         ws["ids"] = np.zeros(b * self.k, np.int64)
         # the flat output position of example i's k-th id: one_hot a row per id, else per example
         per = self.n if self.mode == "one_hot" else 0
@@ -48,7 +57,7 @@ class CategoryEncode(Op):
         if self.mode != "one_hot":
             ws["base"] = np.repeat(np.arange(b, dtype=np.int64) * self.n, self.k)
 
-    def forward(self, ws, x):
+    def forward(self, ws: CategoryEncodeWs, x):
         ids, out = ws["ids"], ws["out"]
         np.copyto(ids, x.reshape(-1), casting="unsafe")
         if ids.size and (ids.min() < 0 or ids.max() >= self.n):
@@ -65,5 +74,5 @@ class CategoryEncode(Op):
             flat[ids] = 1
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: CategoryEncodeWs, dout):
         raise ValueError("CategoryEncoding has no gradient: it must read a model input")

@@ -23,6 +23,7 @@ buffer with zero margins) with the kernel's taps transposed. On the zoo's ``resn
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
@@ -31,6 +32,35 @@ from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops import activations, tiles
 from ringtrain_trainer.engine.ops.window import Window
 from ringtrain_trainer.engine.tensor import ParamSpec
+
+
+class ConvWs(TypedDict, total=False):
+    """The buffers :class:`Conv` is compiled with (``buffers``, its state, ``bind``)."""
+
+    bt: np.ndarray
+    c: int
+    cols: np.ndarray
+    cols6: np.ndarray
+    dtaps: np.ndarray
+    dtaps5: np.ndarray
+    dx: np.ndarray
+    dx_c: np.ndarray
+    dx_red: np.ndarray
+    dx_rows: np.ndarray
+    dxp: np.ndarray
+    dz2: np.ndarray
+    dzp: np.ndarray
+    dzp_in: np.ndarray
+    gemm: bool
+    gpart: np.ndarray
+    kt: np.ndarray
+    ones: np.ndarray
+    out: np.ndarray
+    pixels: np.ndarray
+    taps: np.ndarray
+    x: np.ndarray
+    xin: np.ndarray
+    xp: np.ndarray
 
 
 class Conv(Window, Op):
@@ -113,7 +143,7 @@ class Conv(Window, Op):
         mm = 2 * b * self.npos * self.kk * self.cout
         return mm * (1 + (1 + need_dx if train else 0))
 
-    def bind(self, ws, b):
+    def bind(self, ws: ConvWs, b):
         c = ws["c"] = self._c(b)
         if "ones" in ws:
             ws["ones"].fill(1)
@@ -138,7 +168,7 @@ class Conv(Window, Op):
             if "dtaps" in ws and max(self.s) == 1:
                 self._bind_gemm_dx(ws, b)
 
-    def _bind_gemm_dx(self, ws, b):
+    def _bind_gemm_dx(self, ws: ConvWs, b):
         """The input gradient as a convolution of the output gradient, read in place from a
         copy with zero margins (``dzp``): dx[y] = sum over taps t and filters f of
         dz[y + pad - t * d, f] * kernel[t, :, f] (unit strides). The kernel is given as
@@ -165,12 +195,12 @@ class Conv(Window, Op):
         ws["kt"] = np.zeros((math.prod(self.k) * self.cout, self.cin), np.float32)
         ws["dx_c"] = np.zeros((b, *self.in_shape), np.float32)
 
-    def _slices(self, ws, b: int):
+    def _slices(self, ws: ConvWs, b: int):
         """The batch chunks ``(start, stop)`` this program runs the op in, in order."""
         c = ws["c"]
         return [(s, min(s + c, b)) for s in range(0, b, c)]
 
-    def _im2col(self, ws, x) -> np.ndarray:
+    def _im2col(self, ws: ConvWs, x) -> np.ndarray:
         """Fill the column buffer for the examples of ``x`` (at most one chunk); its rows."""
         n = x.shape[0]
         xp = ws.get("xp")
@@ -182,7 +212,7 @@ class Conv(Window, Op):
         np.copyto(ws["cols6"][:n], self.windows(xp))
         return ws["cols"][: n * self.npos]
 
-    def forward(self, ws, x, kernel, bias=None):
+    def forward(self, ws: ConvWs, x, kernel, bias=None):
         z = self.act.pre(ws).reshape(-1, self.cout)
         k2 = kernel.reshape(self.kk, self.cout)
         if ws["gemm"]:
@@ -204,10 +234,10 @@ class Conv(Window, Op):
             tiles.add_bias(z, bias, ws["bt"])
         return self.act.run(ws)
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: ConvWs, dout):
         ws["dz2"] = self.act.grad(ws, dout).reshape(-1, self.cout)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: ConvWs, dout, name, grad, rows):
         if name == "bias":
             np.matmul(ws["ones"], ws["dz2"], out=grad)
         else:
@@ -231,7 +261,7 @@ class Conv(Window, Op):
                 if n:
                     np.add(g, part, out=g)
 
-    def backward_input(self, ws, dout, kernel, bias=None):
+    def backward_input(self, ws: ConvWs, dout, kernel, bias=None):
         k2 = kernel.reshape(self.kk, self.cout)
         if self.pointwise:
             np.matmul(ws["dz2"], k2.T, out=ws["dx"].reshape(-1, self.cin))

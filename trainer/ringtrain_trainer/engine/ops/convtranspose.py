@@ -15,6 +15,7 @@ copy in and out and a kernel-sized flip each way per step. The output length is 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,7 @@ class ConvTranspose(Op):
     def flops(self, b, train, need_dx):
         return self.conv.flops(b, train, need_dx)
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         ws["sub"] = {k[2:]: v for k, v in ws.items() if isinstance(k, str) and k.startswith("c.")}
         self.conv.bind(ws["sub"], b)
         ws["big"].fill(0)  # the inserted zeros and the padding stay zero
@@ -98,7 +99,7 @@ class ConvTranspose(Op):
         rank = len(self.k)
         return kernel[(slice(None, None, -1),) * rank].swapaxes(rank, rank + 1)
 
-    def forward(self, ws, x, kernel, bias=None):
+    def forward(self, ws: dict[str, Any], x, kernel, bias=None):
         np.copyto(self._inner(ws["big"]), x.reshape(x.shape[0], *self.in_shape))
         np.copyto(ws["kc"], self._flip(kernel.reshape(self.kshape)))
         z = self.act.pre(ws)
@@ -107,11 +108,11 @@ class ConvTranspose(Op):
             np.add(z, bias, out=z)
         return self.act.run(ws)
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         ws["dz"] = dz = self.act.grad(ws, dout)
         self.conv.backward_local(ws["sub"], dz)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         if name == "bias":
             np.matmul(ws["ones"], ws["dz"].reshape(-1, self.cout), out=grad)
             return
@@ -121,7 +122,7 @@ class ConvTranspose(Op):
         self.conv.backward_weights(ws["sub"], ws["dz"], "kernel", gk, (0, self.conv.kk))
         np.copyto(grad.reshape(self.kshape), self._flip(gk))
 
-    def backward_input(self, ws, dout, kernel, bias=None):
+    def backward_input(self, ws: dict[str, Any], dout, kernel, bias=None):
         dbig = self.conv.backward_input(ws["sub"], ws["dz"], ws["kc"])
         dx = ws["dx"]
         np.copyto(dx, self._inner(dbig.reshape(ws["big"].shape)))

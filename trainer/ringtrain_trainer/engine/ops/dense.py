@@ -21,6 +21,7 @@ straight into the gradient, a partial row at either end through one row of works
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
@@ -30,7 +31,9 @@ from ringtrain_trainer.engine.ops.activations import resolve
 from ringtrain_trainer.engine.tensor import ParamSpec
 
 
-def product_rows(a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.ndarray) -> None:
+def product_rows(
+    a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.ndarray | None
+) -> None:
     """Write rows ``rows = (lo, hi)`` of ``grad``'s matrix view, where the whole gradient is
     ``a.T @ d`` (``a``: (n, R), ``d``: (n, C); ``grad.size == R·C``). ``tmp``: a (C,) buffer
     for a product row cut by the block."""
@@ -43,9 +46,27 @@ def product_rows(a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.n
     if r1 > r0:
         np.matmul(a[:, r0:r1].T, d, out=g2[r0:r1])
     for r in {start // cols, (stop - 1) // cols} - set(range(r0, r1)):
+        assert tmp is not None, "a product row cut by the block needs the (C,) buffer"
         np.matmul(a[:, r], d, out=tmp)
         s, e = max(start, r * cols), min(stop, (r + 1) * cols)
         flat[s:e] = tmp[s - r * cols : e - r * cols]
+
+
+class DenseWs(TypedDict, total=False):
+    """The buffers :class:`Dense` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    dz: np.ndarray
+    g: np.ndarray
+    gemm: bool
+    gemm_dx: bool
+    mask: np.ndarray
+    ones: np.ndarray
+    out: np.ndarray
+    row: np.ndarray
+    x: np.ndarray
+    x_cols: np.ndarray
+    x_rows: np.ndarray
 
 
 class Dense(Op):
@@ -107,7 +128,7 @@ class Dense(Op):
     def flops(self, b, train, need_dx):
         return 2 * b * self.lead * self.n_in * self.n_out * (1 + (1 + need_dx if train else 0))
 
-    def bind(self, ws, b):
+    def bind(self, ws: DenseWs, b):
         if "ones" in ws:
             ws["ones"].fill(1)
         if not self.fast:
@@ -118,7 +139,7 @@ class Dense(Op):
             ws["x_cols"] = native.offsets((self.n_in, 1))
         ws["gemm_dx"] = ws["gemm"] and self.n_in % 16 == 0 and self.n_out % 8 == 0
 
-    def forward(self, ws, x, kernel, bias=None):
+    def forward(self, ws: DenseWs, x, kernel, bias=None):
         if self.fast:
             x2 = x.reshape(x.shape[0], self.n_in)
             ws["x"] = x2
@@ -138,7 +159,7 @@ class Dense(Op):
             np.add(z2, bias, out=z2)
         return self.fn.run(ws)
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: DenseWs, dout):
         if not self.fast:
             ws["g"] = self.fn.grad(ws, dout).reshape(-1, self.n_out)
             return
@@ -149,7 +170,7 @@ class Dense(Op):
         else:
             np.copyto(dz, dout)
 
-    def backward_input(self, ws, dout, kernel, bias=None):
+    def backward_input(self, ws: DenseWs, dout, kernel, bias=None):
         dx = ws["dx"]
         if self.fast and ws["gemm_dx"]:
             dz = ws["dz"]
@@ -158,7 +179,7 @@ class Dense(Op):
         np.matmul(ws["g"], kernel.T, out=dx.reshape(-1, self.n_in))
         return dx
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: DenseWs, dout, name, grad, rows):
         """A row block ``dW[rows] = x[:, rows]^T dz`` is the same dot products as the whole
         product, so streaming the kernel in blocks changes no bit of it."""
         if name == "bias":

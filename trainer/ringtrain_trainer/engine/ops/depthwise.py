@@ -18,6 +18,7 @@ CPU ms per step (wide) → 4.6 (phases) (README, issue 24). Output channel
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class Depthwise(Window, Op):
                 out.append((p4[:, :h, :w], (slice(pi, None, sh), slice(pj, None, sw))))
         return out
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         for k in ("xw", "dzw", "dxw", "xp", "dxp"):
             if k in ws:
                 ws[k].fill(0)  # pads, slack and the wide gradient's unused positions stay 0
@@ -145,7 +146,7 @@ class Depthwise(Window, Op):
             ws["dst"] = [ws["dxw"][o : o + n].reshape(-1, span_) for o in offs]
         self._bind_native(ws, b)
 
-    def _bind_native(self, ws, b):
+    def _bind_native(self, ws: dict[str, Any], b):
         """The compiled kernels (``depthwise.h``: every output summed over its taps in
         registers, written once) where the program is float32 and the padded input and its
         gradient are plain (B, Hp, Wp, C) buffers."""
@@ -164,7 +165,7 @@ class Depthwise(Window, Op):
             ws["dxpad"] = dxp
             ws["dk"] = np.zeros((kh * kw * c, self.m), np.float32)
 
-    def _tile(self, ws, kernel):
+    def _tile(self, ws: dict[str, Any], kernel):
         """Each tap's kernel repeated along the tiles' span, ``(taps, m, L)``: the wide layout
         is periodic in ``c``, so one tile serves every ``L`` floats of a pass (kept for
         backward's input gradient: the same step's kernel)."""
@@ -172,7 +173,7 @@ class Depthwise(Window, Op):
         tiles.fill(kt, kernel.reshape(taps, self.cin, self.m).transpose(0, 2, 1))
         return kt
 
-    def forward(self, ws, x, kernel, bias=None):
+    def forward(self, ws: dict[str, Any], x, kernel, bias=None):
         # Wide layout: every output is computed at every padded position of the flat
         # (b, hp, wp, c) input, so one tap is one contiguous slice at a fixed offset times
         # the tap's kernel tiled along a padded row — long inner loops instead of
@@ -204,7 +205,7 @@ class Depthwise(Window, Op):
             tiles.add_bias(z, bias, ws["bt"])
         return self.act.run(ws)
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         dz = self.act.grad(ws, dout)
         if ws["native"]:  # the kernel's and the input's gradients in one pass, here
             ws["dz2"] = dz.reshape(-1, self.cout)
@@ -218,7 +219,7 @@ class Depthwise(Window, Op):
             np.copyto(ws["dz4"][m], dz5[..., m])
         ws["dz2"] = dz.reshape(-1, self.cout)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         if name == "bias":
             n = ws["dz2"].shape[0]
             np.matmul(ws["ones"][:n], ws["dz2"], out=grad)
@@ -239,7 +240,7 @@ class Depthwise(Window, Op):
                 sums = ones @ t  # the channel sums as one BLAS product
                 g[p, c0:c1, m] = sums[c0:c1]
 
-    def backward_input(self, ws, dout, kernel, bias=None):
+    def backward_input(self, ws: dict[str, Any], dout, kernel, bias=None):
         if ws["native"]:  # computed with the kernel's gradient (backward_local)
             return ws["dx"]
         t, kt, dzl = ws["tl"], ws["kt"], ws["dzl"]  # kt: forward's tiles of this kernel
@@ -310,14 +311,14 @@ class Separable(Op):
         mm = 2 * b * self.dw.ho * self.dw.wo * self.cmid * self.cout
         return self.dw.flops(b, train, need_dx) + mm * (1 + (1 + need_dx if train else 0))
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         ws["dw"] = {k[3:]: v for k, v in ws.items() if k.startswith("dw_")}
         self.dw.bind(ws["dw"], b)
         if "ones" in ws:
             ws["ones"].fill(1)
         ws["mid"] = ws["dw"]["out"].reshape(-1, self.cmid)
 
-    def forward(self, ws, x, depthwise_kernel, pointwise_kernel, bias=None):
+    def forward(self, ws: dict[str, Any], x, depthwise_kernel, pointwise_kernel, bias=None):
         self.dw.forward(ws["dw"], x, depthwise_kernel)
         ws["pk"] = pk = pointwise_kernel.reshape(self.cmid, self.cout)
         z = self.act.pre(ws).reshape(-1, self.cout)
@@ -326,14 +327,14 @@ class Separable(Op):
             tiles.add_bias(z, bias, ws["bt"])
         return self.act.run(ws)
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         # the depthwise half needs d(mid) = dz @ pointwise.T: computed here, before any weight
         # gradient is announced (a resident pointwise kernel may be updated right after)
         ws["dz2"] = dz2 = self.act.grad(ws, dout).reshape(-1, self.cout)
         np.matmul(dz2, ws["pk"].T, out=ws["dmid"])
         self.dw.backward_local(ws["dw"], ws["dmid"])
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         if name == "bias":
             np.matmul(ws["ones"], ws["dz2"], out=grad)
         elif name == "pointwise_kernel":
@@ -343,5 +344,7 @@ class Separable(Op):
         else:
             self.dw.backward_weights(ws["dw"], ws["dmid"], "kernel", grad, rows)
 
-    def backward_input(self, ws, dout, depthwise_kernel, pointwise_kernel, bias=None):
+    def backward_input(
+        self, ws: dict[str, Any], dout, depthwise_kernel, pointwise_kernel, bias=None
+    ):
         return self.dw.backward_input(ws["dw"], ws["dmid"], depthwise_kernel)

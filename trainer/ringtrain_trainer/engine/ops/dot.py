@@ -12,6 +12,8 @@ epsilon (``ops.normalize``), whose backward then runs on the matmul's input grad
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
@@ -63,14 +65,14 @@ class Dot(Op):
     def flops(self, b, train, need_dx):
         return 2 * b * self.n * self.m * self.k * (1 + 2 * train)
 
-    def _ws(self, ws: dict, k: int) -> dict:
+    def _ws(self, ws: dict[str, Any], k: int) -> dict:
         p = f"u{k}."
         return {n[len(p) :]: v for n, v in ws.items() if n.startswith(p)}
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         ws["units"] = [self._ws(ws, k) for k in range(len(self.unit))]
 
-    def forward(self, ws, x, y):
+    def forward(self, ws: dict[str, Any], x, y):
         if self.unit:
             x = self.unit[0].forward(ws["units"][0], x)
             y = self.unit[1].forward(ws["units"][1], y)
@@ -79,7 +81,7 @@ class Dot(Op):
         ws["xy"] = (x, y)
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: dict[str, Any], dout):
         x, y = ws["xy"]
         d3 = dout.reshape(-1, self.n, self.m)
         dx, dy = ws["dx0"], ws["dx1"]

@@ -20,10 +20,20 @@ shape — and broadcast over the rest, so any worker count draws the same masks.
 from __future__ import annotations
 
 import math
+from typing import Any, TypedDict
 
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
+
+
+class DropoutWs(TypedDict, total=False):
+    """The buffers :class:`Dropout` is compiled with (``buffers``, its state, ``bind``)."""
+
+    ctx: dict[str, Any]
+    dx: np.ndarray
+    keep: np.ndarray
+    out: np.ndarray
 
 
 class Dropout(Op):
@@ -40,7 +50,7 @@ class Dropout(Op):
         shape = (b, *self.out_shape)
         return {"out": (shape, "f"), "keep": (shape, "f"), "dx": (shape, "f")}
 
-    def forward(self, ws, x):
+    def forward(self, ws: DropoutWs, x):
         if "keep" not in ws or self.rate == 0:
             ws["out"] = x
             return x
@@ -49,7 +59,7 @@ class Dropout(Op):
         np.multiply(x, keep, out=ws["out"])
         return ws["out"]
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: DropoutWs, dout):
         if "keep" not in ws or self.rate == 0:
             return dout
         np.multiply(dout.reshape(ws["keep"].shape), ws["keep"], out=ws["dx"])
@@ -105,7 +115,7 @@ class SharedDropout(Dropout):
         shape = (b, *self.out_shape)
         return {"out": (shape, "f"), "keep": ((b, *self.noise), "f"), "dx": (shape, "f")}
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: DropoutWs, dout):
         if "keep" not in ws or self.rate == 0:
             return dout
         np.multiply(dout.reshape(ws["dx"].shape), ws["keep"], out=ws["dx"])

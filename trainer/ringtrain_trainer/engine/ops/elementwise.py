@@ -7,11 +7,19 @@ activation runs in place through ``activations``' table.
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops.activations import act_backward, act_forward
+
+
+class ElementwiseWs(TypedDict, total=False):
+    """The buffers :class:`Elementwise` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    out: np.ndarray
 
 
 class Elementwise(Op):
@@ -27,7 +35,7 @@ class Elementwise(Op):
     def flops(self, b, train, need_dx):
         return b * math.prod(self.out_shape) * (1 + train)
 
-    def forward(self, ws, x):
+    def forward(self, ws: ElementwiseWs, x):
         out = ws["out"]
         np.multiply(x, out.dtype.type(self.scale), out=out)
         if self.offset:
@@ -35,12 +43,18 @@ class Elementwise(Op):
         act_forward(self.act, out)
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: ElementwiseWs, dout):
         dx = ws["dx"]
         act_backward(self.act, ws["out"], dout.reshape(dx.shape), dx)
         if self.scale != 1.0:
             np.multiply(dx, dx.dtype.type(self.scale), out=dx)
         return dx
+
+
+class AddWs(TypedDict, total=False):
+    """The buffers :class:`Add` is compiled with (``buffers``, its state, ``bind``)."""
+
+    out: np.ndarray
 
 
 class Add(Op):
@@ -58,12 +72,12 @@ class Add(Op):
     def flops(self, b, train, need_dx):
         return b * math.prod(self.out_shape) * (self.n_inputs - 1)
 
-    def forward(self, ws, *xs):
+    def forward(self, ws: AddWs, *xs):
         out = ws["out"]
         np.add(xs[0], xs[1], out=out)
         for x in xs[2:]:
             np.add(out, x, out=out)
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: AddWs, dout):
         return (dout,) * self.n_inputs

@@ -18,11 +18,29 @@ text models): ``np.add.at`` 724 µs, 8 ``np.bincount`` columns 225 µs, sorted s
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import ParamSpec
+
+
+class EmbeddingWs(TypedDict, total=False):
+    """The buffers :class:`Embedding` is compiled with (``buffers``, its state, ``bind``)."""
+
+    gathered: np.ndarray
+    ids: np.ndarray
+    iota: np.ndarray
+    keys: np.ndarray
+    new: np.ndarray
+    out: np.ndarray
+    pos: np.ndarray
+    run_ids: np.ndarray
+    run_sums: np.ndarray
+    shift: np.ndarray
+    sorted: np.ndarray
+    sums: np.ndarray
 
 
 class Embedding(Op):
@@ -51,7 +69,7 @@ class Embedding(Op):
     def flops(self, b, train, need_dx):
         return b * self.per * self.output_dim * (1 + 2 * train)
 
-    def bind(self, ws, b):
+    def bind(self, ws: EmbeddingWs, b):
         n = b * self.per
         # integer buffers: the Program plans float and bool ones; these are as small as the ids
         ws["ids"] = np.zeros(n, np.int64)
@@ -62,7 +80,7 @@ class Embedding(Op):
             ws["new"] = np.zeros(n, np.bool_)
             ws["sums"] = np.zeros_like(ws["gathered"])
 
-    def forward(self, ws, x, embeddings):
+    def forward(self, ws: EmbeddingWs, x, embeddings):
         ids = ws["ids"]
         np.copyto(ids, x.reshape(-1), casting="unsafe")
         lo, hi = np.minimum.reduce(ids), np.maximum.reduce(ids)
@@ -75,7 +93,7 @@ class Embedding(Op):
         embeddings.take(ids, axis=0, out=out.reshape(-1, self.output_dim))
         return out
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: EmbeddingWs, dout):
         keys, shift = ws["keys"], ws["shift"]
         np.left_shift(ws["ids"], shift, out=keys)
         np.bitwise_or(keys, ws["iota"], out=keys)
@@ -91,10 +109,10 @@ class Embedding(Op):
         ws["run_sums"] = sums = ws["sums"][: starts.size]
         np.add.reduceat(ws["gathered"], starts, axis=0, out=sums)
 
-    def backward_input(self, ws, dout, embeddings):
+    def backward_input(self, ws: EmbeddingWs, dout, embeddings):
         return None  # the ids are data: nothing upstream takes a gradient
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: EmbeddingWs, dout, name, grad, rows):
         lo, hi = rows
         grad[lo:hi] = 0
         s, e = ws["run_ids"].searchsorted((lo, hi))

@@ -17,6 +17,8 @@ input gradient of that affine map.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
@@ -59,20 +61,20 @@ class Frozen(Op):
     def flops(self, b, train, need_dx):
         return self.op.flops(b, train and not self.inference, need_dx)
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         self.op.bind(ws, b)
 
-    def _params(self, ws) -> dict[str, np.ndarray]:
+    def _params(self, ws: dict[str, Any]) -> dict[str, np.ndarray]:
         return {p.name: ws[p.name].reshape(p.shape) for p in self.frozen}
 
-    def forward(self, ws, *xs):
+    def forward(self, ws: dict[str, Any], *xs):
         return self.op.forward(ws, *xs, **self._params(ws))
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         if not self.inference:
             self.op.backward_local(ws, dout)
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: dict[str, Any], dout):
         if self.inference:
             return self.op.backward_inference(ws, dout, **self._params(ws))
         return self.op.backward_input(ws, dout, **self._params(ws))

@@ -16,6 +16,8 @@ which stores only the pooled output and each window's winning position (``engine
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -103,7 +105,7 @@ class ConvPool(Op):
         mm = 2 * 4 * b * self.hp * self.wp * self.kk * self.cout
         return mm * (1 + (1 + need_dx if train else 0))
 
-    def bind(self, ws: dict, b: int) -> None:
+    def bind(self, ws: dict[str, Any], b: int) -> None:
         """Precompute the strided views used every step (once per compile). A program in
         another dtype than float32 (the gradient checks' float64) runs the numpy path."""
         f32 = ws["out"].dtype == np.float32
@@ -160,7 +162,9 @@ class ConvPool(Op):
             writeable=False,
         )
 
-    def forward(self, ws: dict, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    def forward(
+        self, ws: dict[str, Any], x: np.ndarray, kernel: np.ndarray, bias: np.ndarray
+    ) -> np.ndarray:
         if ws["native"]:
             out = ws["out"]
             native.loaded().convpool_forward(x, kernel, bias, out, ws["idx"], *self._dims(x))
@@ -187,7 +191,7 @@ class ConvPool(Op):
         np.maximum(out, 0, out=out)
         return out
 
-    def backward_local(self, ws: dict, dout: np.ndarray) -> None:
+    def backward_local(self, ws: dict[str, Any], dout: np.ndarray) -> None:
         """Route each window's gradient to its first maximal position (TensorFlow's tie rule)
         where the ReLU passed it; ``avail`` marks windows not yet claimed. Masks are bool, so
         the only float passes are the four products."""
@@ -220,7 +224,12 @@ class ConvPool(Op):
             np.copyto(win, 3, where=avail)
 
     def backward_weights(
-        self, ws: dict, dout: np.ndarray, name: str, grad: np.ndarray, rows: tuple[int, int]
+        self,
+        ws: dict[str, Any],
+        dout: np.ndarray,
+        name: str,
+        grad: np.ndarray,
+        rows: tuple[int, int],
     ) -> None:
         if ws["native"]:
             lo, hi = rows if name == "kernel" else (0, 1)
@@ -240,7 +249,7 @@ class ConvPool(Op):
                 np.matmul(ws["A"].T[lo:hi], ws["dconv"], out=g[lo:hi])
 
     def backward_input(
-        self, ws: dict, dout: np.ndarray, kernel: np.ndarray, bias: np.ndarray
+        self, ws: dict[str, Any], dout: np.ndarray, kernel: np.ndarray, bias: np.ndarray
     ) -> np.ndarray:
         if ws["native_dx"]:
             kt, dx = ws["kernel_t"], ws["dx"]

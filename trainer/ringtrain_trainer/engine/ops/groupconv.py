@@ -11,6 +11,7 @@ gradient slices are views. The bias and activation run once over the joined outp
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from ringtrain_trainer.engine.ops import activations
 from ringtrain_trainer.engine.ops.conv import Conv
 from ringtrain_trainer.engine.ops.depthwise import Depthwise
 from ringtrain_trainer.engine.tensor import ParamSpec
+
+if TYPE_CHECKING:
+    from ringtrain_trainer.engine.ops.conv import ConvWs
 
 
 class GroupConv(Op):
@@ -71,14 +75,14 @@ class GroupConv(Op):
     def flops(self, b, train, need_dx):
         return self.groups * self.conv.flops(b, train, need_dx)
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         ws["sub"] = []
         for i in range(self.groups):
             pre = f"g{i}."
             sub = {
                 k[len(pre) :]: v for k, v in ws.items() if isinstance(k, str) and k.startswith(pre)
             }
-            self.conv.bind(sub, b)
+            self.conv.bind(cast("ConvWs", sub), b)
             ws["sub"].append(sub)
         if "ones" in ws:
             ws["ones"].fill(1)
@@ -86,7 +90,7 @@ class GroupConv(Op):
     def _sl(self, i: int, n: int) -> slice:
         return slice(i * n, (i + 1) * n)
 
-    def forward(self, ws, x, kernel, bias=None):
+    def forward(self, ws: dict[str, Any], x, kernel, bias=None):
         z = self.act.pre(ws)
         for i, sub in enumerate(ws["sub"]):
             xg = ws["xg"][i]
@@ -97,14 +101,14 @@ class GroupConv(Op):
             np.add(z, bias, out=z)
         return self.act.run(ws)
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         ws["dz"] = dz = self.act.grad(ws, dout)
         for i, sub in enumerate(ws["sub"]):
             dg = ws["dg"][i]
             np.copyto(dg, dz[..., self._sl(i, self.fg)])
             self.conv.backward_local(sub, dg)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         if name == "bias":
             np.matmul(ws["ones"], ws["dz"].reshape(-1, self.cout), out=grad)
             return
@@ -112,7 +116,7 @@ class GroupConv(Op):
             g = grad[..., self._sl(i, self.fg)]
             self.conv.backward_weights(sub, ws["dg"][i], "kernel", g, rows)
 
-    def backward_input(self, ws, dout, kernel, bias=None):
+    def backward_input(self, ws: dict[str, Any], dout, kernel, bias=None):
         dx = ws["dx"]
         for i, sub in enumerate(ws["sub"]):
             k = kernel[..., self._sl(i, self.fg)]

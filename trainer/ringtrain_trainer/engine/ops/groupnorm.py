@@ -12,6 +12,7 @@ means over each group's ``(positions, channels of the group)``.
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
@@ -19,6 +20,18 @@ from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import gamma_beta
 
 _AXES = (1, 3)  # of the (b, positions, groups, channels per group) view
+
+
+class GroupNormWs(TypedDict, total=False):
+    """The buffers :class:`GroupNorm` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    dxhat: np.ndarray
+    inv: np.ndarray
+    mean: np.ndarray
+    out: np.ndarray
+    tmp: np.ndarray
+    xhat: np.ndarray
 
 
 class GroupNorm(Op):
@@ -54,7 +67,7 @@ class GroupNorm(Op):
     def flops(self, b, train, need_dx):
         return 8 * b * self.s * self.c * (1 + 2 * train)
 
-    def forward(self, ws, x, gamma=None, beta=None):
+    def forward(self, ws: GroupNormWs, x, gamma=None, beta=None):
         x4, xhat, mean, inv = self._view(x), ws["xhat"], ws["mean"], ws["inv"]
         np.mean(x4, axis=_AXES, keepdims=True, out=mean)
         np.subtract(x4, mean, out=xhat)
@@ -75,7 +88,7 @@ class GroupNorm(Op):
             np.add(o4, beta.reshape(self.g, self.cg), out=o4)
         return out
 
-    def backward_input(self, ws, dout, gamma=None, beta=None):
+    def backward_input(self, ws: GroupNormWs, dout, gamma=None, beta=None):
         d4, xhat, dxhat, tmp = self._view(dout), ws["xhat"], ws["dxhat"], ws["tmp"]
         mean = ws["mean"]  # forward's mean is no longer needed: reused as a workspace
         if gamma is not None:
@@ -92,7 +105,7 @@ class GroupNorm(Op):
         np.multiply(dx4, ws["inv"], out=dx4)
         return ws["dx"]
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: GroupNormWs, dout, name, grad, rows):
         d2 = dout.reshape(-1, self.c)
         if name == "beta":
             np.sum(d2, axis=0, out=grad.reshape(self.c))

@@ -11,12 +11,20 @@ last input and returns ``None`` as that input's gradient.
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
 
 KINDS = ("zero", "value", "or")
+
+
+class ComputeMaskWs(TypedDict, total=False):
+    """The buffers :class:`ComputeMask` is compiled with (``buffers``, its state, ``bind``)."""
+
+    ne: np.ndarray
+    out: np.ndarray
 
 
 class ComputeMask(Op):
@@ -39,7 +47,7 @@ class ComputeMask(Op):
             bufs["ne"] = ((b, *self.in_shape), "?")
         return bufs
 
-    def forward(self, ws, *xs):
+    def forward(self, ws: ComputeMaskWs, *xs):
         out = ws["out"]
         if self.kind_ == "zero":
             np.not_equal(xs[0], 0, out=out, casting="unsafe")
@@ -52,8 +60,14 @@ class ComputeMask(Op):
                 np.maximum(out, m, out=out)
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: ComputeMaskWs, dout):
         return None if self.n_inputs == 1 else (None,) * self.n_inputs
+
+
+class AttentionMaskWs(TypedDict, total=False):
+    """The buffers :class:`AttentionMask` is compiled with (``buffers``, its state, ``bind``)."""
+
+    out: np.ndarray
 
 
 class AttentionMask(Op):
@@ -74,15 +88,23 @@ class AttentionMask(Op):
     def buffers(self, b, train, need_dx):
         return {"out": ((b, *self.out_shape), "f")}
 
-    def forward(self, ws, *masks):
+    def forward(self, ws: AttentionMaskWs, *masks):
         out = ws["out"]
         out.fill(1)
         for src, m in zip(self.sources, masks, strict=True):
             np.multiply(out, m[:, :, None] if src == "query" else m[:, None, :], out=out)
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: AttentionMaskWs, dout):
         return None if self.n_inputs == 1 else (None,) * self.n_inputs
+
+
+class ApplyMaskWs(TypedDict, total=False):
+    """The buffers :class:`ApplyMask` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    m: np.ndarray
+    out: np.ndarray
 
 
 class ApplyMask(Op):
@@ -105,9 +127,9 @@ class ApplyMask(Op):
     def flops(self, b, train, need_dx):
         return b * math.prod(self.in_shape) * (1 + train)
 
-    def forward(self, ws, x, mask):
+    def forward(self, ws: ApplyMaskWs, x, mask):
         ws["m"] = mask[..., None]
         return np.multiply(x, ws["m"], out=ws["out"])
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: ApplyMaskWs, dout):
         return np.multiply(dout, ws["m"], out=ws["dx"]), None

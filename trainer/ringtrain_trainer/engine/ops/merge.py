@@ -10,6 +10,7 @@ first input holding the extreme, as TensorFlow's pairwise ``maximum`` gradient d
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class Merge(Op):
     def flops(self, b, train, need_dx):
         return b * math.prod(self.out_shape) * self.n_inputs * (1 + train)
 
-    def forward(self, ws, *xs):
+    def forward(self, ws: dict[str, Any], *xs):
         out, mode = ws["out"], self.mode
         ws["xs"] = xs
         if mode == "subtract":
@@ -59,7 +60,7 @@ class Merge(Op):
             np.multiply(out, out.dtype.type(1 / self.n_inputs), out=out)
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: dict[str, Any], dout):
         mode, n = self.mode, self.n_inputs
         dout = dout.reshape(ws["out"].shape)
         if mode == "add":
@@ -117,13 +118,13 @@ class Concatenate(Op):
         lo, hi = self.cuts[k]
         return a[(slice(None),) * (self.axis + 1) + (slice(lo, hi),)]
 
-    def forward(self, ws, *xs):
+    def forward(self, ws: dict[str, Any], *xs):
         out = ws["out"]
         for k, x in enumerate(xs):
             np.copyto(self._part(out, k), x.reshape((x.shape[0], *self.in_shapes[k])))
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: dict[str, Any], dout):
         dout = dout.reshape(ws["out"].shape)
         dxs = []
         for k in range(self.n_inputs):

@@ -16,6 +16,7 @@ Keras' formulas: GaussianNoise ``x + N(0, stddev)``; GaussianDropout ``x * N(1, 
 from __future__ import annotations
 
 import math
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -23,6 +24,16 @@ from ringtrain_trainer.engine.op import Op
 
 MODES = ("gaussian_noise", "gaussian_dropout", "alpha_dropout")
 _ALPHA_P = -1.6732632423543772848170429916717 * 1.0507009873554804934193349852946
+
+
+class NoiseWs(TypedDict, total=False):
+    """The buffers :class:`Noise` is compiled with (``buffers``, its state, ``bind``)."""
+
+    add: np.ndarray
+    ctx: dict[str, Any]
+    dx: np.ndarray
+    mult: np.ndarray
+    out: np.ndarray
 
 
 class Noise(Op):
@@ -68,7 +79,7 @@ class Noise(Op):
                 np.multiply(~keep, scale * _ALPHA_P, out=a, casting="unsafe")
                 a += -scale * _ALPHA_P * r
 
-    def forward(self, ws, x):
+    def forward(self, ws: NoiseWs, x):
         if "mult" not in ws:
             ws["out"] = x
             return x
@@ -77,7 +88,7 @@ class Noise(Op):
         ws["out"] += ws["add"]
         return ws["out"]
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: NoiseWs, dout):
         if "mult" not in ws:
             return dout
         np.multiply(dout.reshape(ws["dx"].shape), ws["mult"], out=ws["dx"])

@@ -9,11 +9,25 @@ the op keeps ``xhat`` and ``1 / std`` from forward, and backward is the usual
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import gamma_beta
+
+
+class LayerNormWs(TypedDict, total=False):
+    """The buffers :class:`LayerNorm` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    dxhat: np.ndarray
+    inv: np.ndarray
+    mean: np.ndarray
+    ones: np.ndarray
+    out: np.ndarray
+    tmp: np.ndarray
+    xhat: np.ndarray
 
 
 class LayerNorm(Op):
@@ -43,11 +57,11 @@ class LayerNorm(Op):
     def flops(self, b, train, need_dx):
         return 8 * b * self.lead * self.d * (1 + 2 * train)
 
-    def bind(self, ws, b):
+    def bind(self, ws: LayerNormWs, b):
         if "ones" in ws:
             ws["ones"].fill(1)
 
-    def forward(self, ws, x, gamma=None, beta=None):
+    def forward(self, ws: LayerNormWs, x, gamma=None, beta=None):
         x2, xhat, mean, inv = x.reshape(-1, self.d), ws["xhat"], ws["mean"], ws["inv"]
         np.mean(x2, axis=1, keepdims=True, out=mean)
         np.subtract(x2, mean, out=xhat)
@@ -67,10 +81,10 @@ class LayerNorm(Op):
             np.add(o2, beta, out=o2)
         return out
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: LayerNormWs, dout):
         pass
 
-    def backward_input(self, ws, dout, gamma=None, beta=None):
+    def backward_input(self, ws: LayerNormWs, dout, gamma=None, beta=None):
         d2, xhat, dxhat, tmp = dout.reshape(-1, self.d), ws["xhat"], ws["dxhat"], ws["tmp"]
         mean = ws["mean"]  # forward's mean is no longer needed: reused as a (n, 1) workspace
         if gamma is not None:
@@ -88,7 +102,7 @@ class LayerNorm(Op):
         np.multiply(dx2, ws["inv"], out=dx2)
         return dx
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: LayerNormWs, dout, name, grad, rows):
         d2 = dout.reshape(-1, self.d)
         if name == "beta":
             np.matmul(ws["ones"], d2, out=grad)

@@ -8,6 +8,7 @@ position (``MaxPoolGrad``); a global maximum splits it evenly among ties (``redu
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
@@ -15,6 +16,21 @@ from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.ops.window import Window
 
 KINDS = ("max", "avg")
+
+
+class PoolWs(TypedDict, total=False):
+    """The buffers :class:`Pool` is compiled with (``buffers``, its state, ``bind``)."""
+
+    avail: np.ndarray
+    count: np.ndarray
+    dx: np.ndarray
+    dxp: np.ndarray
+    eq: np.ndarray
+    g: np.ndarray
+    out: np.ndarray
+    out4: np.ndarray
+    xin: np.ndarray
+    xp: np.ndarray
 
 
 class Pool(Window, Op):
@@ -46,7 +62,7 @@ class Pool(Window, Op):
     def flops(self, b, train, need_dx):
         return b * self.npos * self.cin * math.prod(self.k) * (1 + train)
 
-    def bind(self, ws, b):
+    def bind(self, ws: PoolWs, b):
         if "xp" in ws:
             ws["xp"].fill(-np.inf if self.kind_ == "max" else 0)
         if "count" in ws:
@@ -62,7 +78,7 @@ class Pool(Window, Op):
         r = len(self.osp)
         return tuple(range(lead + r, lead + 2 * r))
 
-    def forward(self, ws, x):
+    def forward(self, ws: PoolWs, x):
         xp = ws.get("xp")
         if xp is None:
             xp = self.as2d(x)
@@ -76,7 +92,7 @@ class Pool(Window, Op):
             np.divide(out, ws["count"], out=out)
         return ws["out"]
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: PoolWs, dout):
         dxp, g, out = ws["dxp"], ws["g"], ws["out4"]
         dxp.fill(0)
         dout = dout.reshape(g.shape)
@@ -94,6 +110,24 @@ class Pool(Window, Op):
                 np.multiply(dout, eq, out=g)
             np.add(view, g, out=view)
         return ws["dx"]
+
+
+class GlobalPoolWs(TypedDict, total=False):
+    """The buffers :class:`GlobalPool` is compiled with (``buffers``, its state, ``bind``)."""
+
+    cnt: np.ndarray
+    col: np.ndarray
+    den: np.ndarray
+    dx: np.ndarray
+    dx3: np.ndarray
+    eq: np.ndarray
+    m: np.ndarray
+    ones: np.ndarray
+    out: np.ndarray
+    out2: np.ndarray
+    out3: np.ndarray
+    x3: np.ndarray
+    xm: np.ndarray
 
 
 class GlobalPool(Op):
@@ -151,7 +185,7 @@ class GlobalPool(Op):
     def flops(self, b, train, need_dx):
         return b * self.n * self.c * (1 + train)
 
-    def bind(self, ws, b):
+    def bind(self, ws: GlobalPoolWs, b):
         ws["out2"] = ws["out"].reshape(b, self.c)
         if "ones" in ws:
             ws["ones"].fill(1)
@@ -161,7 +195,7 @@ class GlobalPool(Op):
         if "dx" in ws:
             ws["dx3"] = self._rows(ws["dx"])
 
-    def forward(self, ws, x, mask=None):
+    def forward(self, ws: GlobalPoolWs, x, mask=None):
         ws["x3"] = x3 = self._rows(x)
         if self.masked:
             m, den = mask[..., None], ws["den"]
@@ -179,7 +213,7 @@ class GlobalPool(Op):
             np.divide(ws["out2"], self.n, out=ws["out2"])
         return ws["out"]
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: GlobalPoolWs, dout):
         d = dout.reshape(dout.shape[0], 1, self.c)
         if self.masked:
             with np.errstate(invalid="ignore"):

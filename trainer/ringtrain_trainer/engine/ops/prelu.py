@@ -4,10 +4,22 @@ of the input, shared (size 1) along ``shared_axes``. Keras computes it as
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import ParamSpec
+
+
+class PReLUWs(TypedDict, total=False):
+    """The buffers :class:`PReLU` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    m: np.ndarray
+    neg: np.ndarray
+    out: np.ndarray
+    x: np.ndarray
 
 
 class PReLU(Op):
@@ -28,7 +40,7 @@ class PReLU(Op):
             bufs["neg"] = ((b, *self.in_shape), "f")
         return bufs
 
-    def forward(self, ws, x, alpha):
+    def forward(self, ws: PReLUWs, x, alpha):
         x = x.reshape(ws["out"].shape)
         ws["x"] = x
         out, m = ws["out"], ws["m"]
@@ -39,7 +51,7 @@ class PReLU(Op):
         np.add(out, m, out=out)
         return out
 
-    def backward_input(self, ws, dout, alpha):
+    def backward_input(self, ws: PReLUWs, dout, alpha):
         dout = dout.reshape(ws["out"].shape)
         x, dx, m = ws["x"], ws["dx"], ws["m"]
         np.greater(x, 0, out=m)
@@ -50,7 +62,7 @@ class PReLU(Op):
         np.add(dx, m, out=dx)
         return dx
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: PReLUWs, dout, name, grad, rows):
         m = ws["m"]
         np.multiply(dout.reshape(m.shape), ws["neg"], out=m)
         np.sum(m, axis=self.sum_axes, keepdims=True, out=grad.reshape(1, *self.alpha_shape))

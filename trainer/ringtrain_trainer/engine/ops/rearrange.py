@@ -5,9 +5,18 @@ so the next op reads a contiguous tensor."""
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
+
+
+class PermuteWs(TypedDict, total=False):
+    """The buffers :class:`Permute` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    out: np.ndarray
 
 
 class Permute(Op):
@@ -24,15 +33,22 @@ class Permute(Op):
     def buffers(self, b, train, need_dx):
         return self.out_and_dx(b, train, need_dx)
 
-    def forward(self, ws, x):
+    def forward(self, ws: PermuteWs, x):
         x = x.reshape(x.shape[0], *self.in_shape)
         np.copyto(ws["out"], x.transpose(self.perm))
         return ws["out"]
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: PermuteWs, dout):
         dout = dout.reshape(ws["out"].shape)
         np.copyto(ws["dx"], dout.transpose(self.inverse))
         return ws["dx"]
+
+
+class RepeatVectorWs(TypedDict, total=False):
+    """The buffers :class:`RepeatVector` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    out: np.ndarray
 
 
 class RepeatVector(Op):
@@ -47,10 +63,10 @@ class RepeatVector(Op):
     def buffers(self, b, train, need_dx):
         return self.out_and_dx(b, train, need_dx)
 
-    def forward(self, ws, x):
+    def forward(self, ws: RepeatVectorWs, x):
         np.copyto(ws["out"], x.reshape(x.shape[0], 1, -1))
         return ws["out"]
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: RepeatVectorWs, dout):
         np.sum(dout.reshape(ws["out"].shape), axis=1, out=ws["dx"])
         return ws["dx"]

@@ -5,6 +5,8 @@ module is the one place the Keras front end looks a cell up by its class name.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.ops.activations import act_backward, act_forward
@@ -23,7 +25,7 @@ class SimpleRNN(_Recurrent):
     def buffers(self, b, train, need_dx):
         return {**super().buffers(b, train, need_dx), "rec": ((b, self.u), "f")}
 
-    def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
+    def forward(self, ws: dict[str, Any], x, mask=None, *, kernel, recurrent_kernel, bias=None):
         gates = ws["gates"]
         ws["U"] = recurrent_kernel
         self._take_mask(ws, mask)
@@ -38,7 +40,7 @@ class SimpleRNN(_Recurrent):
             self._emit(ws, s)
         return ws["out"]
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         dh, dz = ws["dh"], ws["dz"]
         dh.fill(0)
         for s in range(self.T - 1, -1, -1):

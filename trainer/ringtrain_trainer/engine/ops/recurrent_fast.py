@@ -27,6 +27,8 @@ factors multiplied in another order): ≤ 1e-15 in float64 (tests/trainer/test_o
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.ops.recurrent_loop import _Recurrent
@@ -65,7 +67,7 @@ class _FastCell(_Recurrent):
                 bufs.update({"dx": ((b, *self.in_shape), "f"), "dxT": ((T, self.d, b), "f")})
         return bufs
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         if not self.fast:
             return super().bind(ws, b)
         d, u, T, xh = self.d, self.u, self.T, ws["xh"]
@@ -82,10 +84,10 @@ class _FastCell(_Recurrent):
                 ws["UaT"][:, blk * u : (blk + 1) * u] = eye
         return None
 
-    def fast_input(self, ws, x):
+    def fast_input(self, ws: dict[str, Any], x):
         np.copyto(ws["xh"][:, : self.d], x.reshape(x.shape[0], self.T, self.d).transpose(1, 2, 0))
 
-    def fast_out(self, ws):
+    def fast_out(self, ws: dict[str, Any]):
         """The output from the states the steps wrote (``xh``'s state rows, ``hT``)."""
         out, d, u = ws["out"], self.d, self.u
         if not self.return_sequences:
@@ -97,7 +99,7 @@ class _FastCell(_Recurrent):
         np.copyto(out[:, -1], ws["hT"].T)
         return out
 
-    def fast_dout(self, ws, dout, blk):
+    def fast_dout(self, ws: dict[str, Any], dout, blk):
         """Before the backward loop: the last step's state gradient into ``DH``, and with
         ``return_sequences`` every earlier step's output gradient into ``E``'s block ``blk``
         (the step after it adds it through ``UaT``'s identity)."""
@@ -113,12 +115,12 @@ class _FastCell(_Recurrent):
         else:
             np.copyto(into[1:], dout[:, :-1].transpose(1, 2, 0))
 
-    def fast_grads(self, ws, e_rows):
+    def fast_grads(self, ws: dict[str, Any], e_rows):
         """``dWa = Σ_t xh[t] @ E[t, e_rows].T``: every weight gradient at once."""
         np.matmul(ws["xh"], ws["E"][:, e_rows].transpose(0, 2, 1), out=ws["wtmp"])
         np.sum(ws["wtmp"], axis=0, out=ws["dWa"])
 
-    def backward_input(self, ws, dout, *, kernel, recurrent_kernel, bias=None):
+    def backward_input(self, ws: dict[str, Any], dout, *, kernel, recurrent_kernel, bias=None):
         if not self.fast:
             return super().backward_input(
                 ws, dout, kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias
@@ -128,12 +130,12 @@ class _FastCell(_Recurrent):
         np.copyto(ws["dx"], ws["dxT"].transpose(2, 0, 1))
         return self.backward_inputs(ws["dx"])
 
-    def fast_weight_rows(self, ws, name):
+    def fast_weight_rows(self, ws: dict[str, Any], name):
         """``name``'s gradient as ``dWa``'s rows (columns in the parameter's order)."""
         d, u, dWa = self.d, self.u, ws["dWa"]
         return {"kernel": dWa[:d], "recurrent_kernel": dWa[d : d + u], "bias": dWa[-1:]}[name]
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         if not self.fast:
             return super().backward_weights(ws, dout, name, grad, rows)
         lo, hi = rows

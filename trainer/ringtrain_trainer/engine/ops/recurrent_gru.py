@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.ops.activations import act_backward, act_forward
@@ -50,7 +52,7 @@ class GRU(_FastCell):
             bufs["drec"] = ((b, self.T, 3 * self.u), "f")
         return bufs
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         super().bind(ws, b)
         if not self.fast:
             return
@@ -83,7 +85,7 @@ class GRU(_FastCell):
                 for s, t in enumerate(self.order)
             ]
 
-    def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
+    def forward(self, ws: dict[str, Any], x, mask=None, *, kernel, recurrent_kernel, bias=None):
         if self.fast:
             return self._forward_fast(ws, x, kernel, recurrent_kernel, bias)
         u, gates, xw, rec, h = self.u, ws["gates"], ws["xw"], ws["rec"], ws["h"]
@@ -105,7 +107,7 @@ class GRU(_FastCell):
             self._emit(ws, s)
         return ws["out"]
 
-    def _forward_fast(self, ws, x, kernel, U, bias):
+    def _forward_fast(self, ws: dict[str, Any], x, kernel, U, bias):
         d, u, WaT = self.d, self.u, ws["WaT"]
         ws["U"] = U
         self.fast_input(ws, x)
@@ -130,7 +132,7 @@ class GRU(_FastCell):
             np.add(h, c, out=h)
         return self.fast_out(ws)
 
-    def _backward_fast(self, ws, dout):
+    def _backward_fast(self, ws: dict[str, Any], dout):
         d, u, P, C, M, U, UaT = self.d, self.u, ws["P"], ws["C"], ws["M"], ws["U"], ws["UaT"]
         z, r, zr, rt_h = P[:, :u], P[:, u : 2 * u], P[:, : 2 * u], P[:, 3 * u :]
         mz, mr, ph, mrh, mc = (M[:, k * u : (k + 1) * u] for k in range(5))
@@ -158,7 +160,7 @@ class GRU(_FastCell):
                 np.matmul(UaT, e, out=dh_prev)
         self.fast_grads(ws, slice(0, 4 * u))
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         if self.fast:
             return self._backward_fast(ws, dout)
         u, gates, rec, dh, tmp = self.u, ws["gates"], ws["rec"], ws["dh"], ws["tmp"]
@@ -184,10 +186,10 @@ class GRU(_FastCell):
             np.add(dh, tmp, out=dh)
             self._dh_carry(ws, s)
 
-    def _dz_h(self, ws):
+    def _dz_h(self, ws: dict[str, Any]):
         return ws["drec"].reshape(-1, 3 * self.u)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         if self.fast and name != "kernel":  # dWa's columns: z, r, h (input part), h (recurrent)
             u, dWa, (lo, hi) = self.u, ws["dWa"], rows
             rec = dWa[self.d : self.d + u] if name == "recurrent_kernel" else dWa[-1:]
@@ -231,7 +233,7 @@ class GRUResetBefore(_Recurrent):
             bufs["drh"] = ((b, self.u), "f")
         return bufs
 
-    def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
+    def forward(self, ws: dict[str, Any], x, mask=None, *, kernel, recurrent_kernel, bias=None):
         u, gates, rec, h = self.u, ws["gates"], ws["rec"], ws["h"]
         ws["U"] = recurrent_kernel
         self._take_mask(ws, mask)
@@ -249,7 +251,7 @@ class GRUResetBefore(_Recurrent):
             self._emit(ws, s)
         return ws["out"]
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         u, gates, dh, tmp, drh, dz = self.u, ws["gates"], ws["dh"], ws["tmp"], ws["drh"], ws["dz"]
         U = ws["U"]
         dh.fill(0)
@@ -274,7 +276,7 @@ class GRUResetBefore(_Recurrent):
             np.add(dh, tmp, out=dh)
             self._dh_carry(ws, s)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         if name != "recurrent_kernel":
             return super().backward_weights(ws, dout, name, grad, rows)
         (lo, hi), u, dz = rows, self.u, self._dz_h(ws)

@@ -35,6 +35,8 @@ so a gate's block is one contiguous matrix) are kept for the weight gradients.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
@@ -57,7 +59,7 @@ class _Recurrent(Op):
     #: the LSTM's and GRU's fast path (``recurrent_fast``) instead of this per-step loop
     fast = False
 
-    def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
+    def forward(self, ws: dict[str, Any], x, mask=None, *, kernel, recurrent_kernel, bias=None):
         """The cell's pass over the sequence: each cell's own (SimpleRNN, LSTM, GRU)."""
         raise NotImplementedError
 
@@ -147,7 +149,7 @@ class _Recurrent(Op):
         fwd = 2 * b * self.T * (self.d + self.u) * g
         return fwd * (1 + (1 + need_dx if train else 0)) + (fwd if train else 0) // 2
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         if "ones" in ws:
             ws["ones"].fill(1)
         ws["h_prev"][:, self.order[0]] = 0
@@ -158,7 +160,7 @@ class _Recurrent(Op):
         w = self.gates * self.u // self.K
         return slice(k * w, (k + 1) * w)
 
-    def _draw(self, ws):
+    def _draw(self, ws: dict[str, Any]):
         """This batch's dropout masks (training with ``recurrent_dropout`` only)."""
         if "rmask" not in ws:
             return
@@ -168,7 +170,7 @@ class _Recurrent(Op):
         if "imask" in ws:
             masks(c["seed"], self.index, c["step"], c["example0"], self.idrop, ws["imask"])
 
-    def _rec(self, ws, t, U, out):
+    def _rec(self, ws: dict[str, Any], t, U, out):
         """``out (b, G·u)``: step ``t``'s recurrent projection of the state it reads, each gate
         block's through its recurrent dropout mask in training."""
         h = ws["h_prev"][:, t]
@@ -180,7 +182,7 @@ class _Recurrent(Op):
             np.multiply(h, ws["rmask"][:, k], out=hm)
             np.matmul(hm, U[:, blk], out=out[:, blk])
 
-    def _rec_back(self, ws, dzt, dh):
+    def _rec_back(self, ws: dict[str, Any], dzt, dh):
         """``dh``: the read state's gradient from the recurrent projection's ``dzt``."""
         U = ws["U"]
         if "rmask" not in ws:
@@ -193,13 +195,13 @@ class _Recurrent(Op):
             np.multiply(tmp, ws["rmask"][:, k], out=tmp)
             np.add(dh, tmp, out=dh)
 
-    def _take_mask(self, ws, mask):
+    def _take_mask(self, ws: dict[str, Any], mask):
         """The step masks ``m`` and ``1 - m`` as ``(b, T, 1)`` columns, once per batch."""
         if self.masked:
             np.copyto(ws["m"][..., 0], mask)
             np.subtract(1, ws["m"], out=ws["inv"])
 
-    def _blend(self, ws, t, new, prev):
+    def _blend(self, ws: dict[str, Any], t, new, prev):
         """A masked step keeps the previous state: ``new = prev + m (new - prev)`` in place;
         ``prev`` None: the zero initial state."""
         m = ws["m"][:, t]
@@ -210,7 +212,7 @@ class _Recurrent(Op):
             np.multiply(new, m, out=new)
             np.add(new, prev, out=new)
 
-    def _emit(self, ws, s):
+    def _emit(self, ws: dict[str, Any], s):
         """Step ``s``'s state in ``ws["h"]`` → the output and the next step's ``h_prev``."""
         h, t = ws["h"], self.order[s]
         if self.masked:
@@ -225,7 +227,7 @@ class _Recurrent(Op):
         elif s + 1 == self.T:
             np.copyto(ws["out"], y)
 
-    def _dh_from_output(self, ws, dout, s):
+    def _dh_from_output(self, ws: dict[str, Any], dout, s):
         """Add the output's gradient at step ``s`` to the running state gradient ``dh``; when
         masked, keep the part carried past a masked step in ``carry_h`` (added back by
         :meth:`_dh_carry`) and leave in ``dh`` the gradient of the step's new state."""
@@ -244,7 +246,7 @@ class _Recurrent(Op):
             np.multiply(d.reshape(dh.shape), ws["m"][:, t], out=ws["h_new"])
             np.add(dh, ws["h_new"], out=dh)
 
-    def _dh_carry(self, ws, s):
+    def _dh_carry(self, ws: dict[str, Any], s):
         """After step ``s``'s backward wrote the previous state's gradient into ``dh``."""
         if self.masked and s:
             np.add(ws["dh"], ws["carry_h"], out=ws["dh"])
@@ -252,15 +254,15 @@ class _Recurrent(Op):
     def backward_inputs(self, dx):
         return (dx, None) if self.masked else dx
 
-    def _dz_x(self, ws):
+    def _dz_x(self, ws: dict[str, Any]):
         """The gradient of the input projection's output, ``(b·T, G·u)``."""
         return ws["dz"].reshape(-1, self.gates * self.u)
 
-    def _dz_h(self, ws):
+    def _dz_h(self, ws: dict[str, Any]):
         """The gradient of the recurrent projection's output, ``(b·T, G·u)``."""
         return ws["dz"].reshape(-1, self.gates * self.u)
 
-    def backward_input(self, ws, dout, *, kernel, recurrent_kernel, bias=None):
+    def backward_input(self, ws: dict[str, Any], dout, *, kernel, recurrent_kernel, bias=None):
         dx = ws["dx"]
         if "imask" not in ws:
             np.matmul(self._dz_x(ws), kernel.T, out=dx.reshape(-1, self.d))
@@ -274,14 +276,14 @@ class _Recurrent(Op):
             np.add(dx, dxk, out=dx)
         return self.backward_inputs(dx)
 
-    def _masked_product(self, ws, key, dz, grad, rows):
+    def _masked_product(self, ws: dict[str, Any], key, dz, grad, rows):
         """Rows ``rows`` of a kernel's gradient when gate block ``k`` read ``ws[key][k]``."""
         lo, hi = rows
         for k in range(self.K):
             a, blk = ws[key][k].reshape(-1, grad.shape[0]), self._block(k)
             np.matmul(a[:, lo:hi].T, dz[:, blk], out=grad[lo:hi, blk])
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         if name == "kernel" and "xm" in ws:
             self._masked_product(ws, "xm", self._dz_x(ws), grad, rows)
         elif name == "recurrent_kernel" and "hm" in ws:
@@ -295,7 +297,7 @@ class _Recurrent(Op):
             ones = ws["ones"].reshape(-1, 1)
             product_rows(ones, self._dz_x(ws), grad, rows, ws["row"])
 
-    def _project(self, ws, x, kernel, bias, into):
+    def _project(self, ws: dict[str, Any], x, kernel, bias, into):
         """``into (b, T, G·u) = x @ kernel + bias`` for every timestep at once."""
         self._draw(ws)
         ws["x"] = x2 = x.reshape(-1, self.d)

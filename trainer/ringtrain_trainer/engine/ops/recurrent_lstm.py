@@ -4,6 +4,8 @@ Keras' default activations (``recurrent_fast``): every gate from one ``tanh`` pe
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.ops.activations import act_backward, act_forward
@@ -40,7 +42,7 @@ class LSTM(_FastCell):
             bufs.update({"dc": ((u, b), "f"), "dcf": ((u, b), "f")})
         return bufs
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         super().bind(ws, b)
         if not self.fast:
             return
@@ -80,7 +82,7 @@ class LSTM(_FastCell):
                 for s, t in enumerate(order)
             ]
 
-    def forward(self, ws, x, mask=None, *, kernel, recurrent_kernel, bias=None):
+    def forward(self, ws: dict[str, Any], x, mask=None, *, kernel, recurrent_kernel, bias=None):
         if self.fast:
             return self._forward_fast(ws, x, kernel, recurrent_kernel, bias)
         u, gates, c, act_c, h, tmp = self.u, ws["gates"], ws["c"], ws["act_c"], ws["h"], ws["tmp"]
@@ -109,7 +111,7 @@ class LSTM(_FastCell):
             self._emit(ws, s)
         return ws["out"]
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         if self.fast:
             return self._backward_fast(ws, dout)
         u, gates, c, act_c = self.u, ws["gates"], ws["c"], ws["act_c"]
@@ -144,7 +146,7 @@ class LSTM(_FastCell):
             else:
                 dzt[:, u : 2 * u] = 0
 
-    def _forward_fast(self, ws, x, kernel, U, bias):
+    def _forward_fast(self, ws: dict[str, Any], x, kernel, U, bias):
         d, u, WaT, sc, tmp = self.d, self.u, ws["WaT"], ws["scale"], ws["tmp"]
         ws["U"] = U
         self.fast_input(ws, x)
@@ -166,7 +168,7 @@ class LSTM(_FastCell):
             np.multiply(o, act_c, out=h)
         return self.fast_out(ws)
 
-    def _backward_fast(self, ws, dout):
+    def _backward_fast(self, ws: dict[str, Any], dout):
         u, g, c, act_c, E = self.u, ws["gates"], ws["c"], ws["act_c"], ws["E"]
         Mc, Mh = ws["Mc"], ws["Mh"]
         # every timestep's factors at once, the local derivatives first (in E, free until the

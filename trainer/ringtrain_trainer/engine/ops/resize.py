@@ -6,6 +6,8 @@ augmentation layers it is active at inference, so it is an ordinary op anywhere 
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
@@ -35,6 +37,14 @@ def interpolation_matrix(n_in: int, n_out: int, mode: str) -> np.ndarray:
     np.add.at(a, (rows, lo), 1.0 - frac)
     np.add.at(a, (rows, hi), frac)
     return a
+
+
+class ResizeWs(TypedDict, total=False):
+    """The buffers :class:`Resize` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    out: np.ndarray
+    rows: np.ndarray
 
 
 class Resize(Op):
@@ -71,7 +81,7 @@ class Resize(Op):
         once = 2 * b * c * (h * h_in * w_in + h * w * w_in)
         return once * (2 if train and need_dx else 1)
 
-    def forward(self, ws, x):
+    def forward(self, ws: ResizeWs, x):
         ah, aw = self._mats(x.dtype)
         b = x.shape[0]
         (h_in, w_in, c), (h, w, _) = self.in_shape, self.out_shape
@@ -80,7 +90,7 @@ class Resize(Op):
         np.matmul(aw, rows.reshape(b * h, w_in, c), out=ws["out"].reshape(b * h, w, c))
         return ws["out"]
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: ResizeWs, dout):
         ah, aw = self._mats(dout.dtype)
         b = dout.shape[0]
         (h_in, w_in, c), (h, w, _) = self.in_shape, self.out_shape

@@ -5,10 +5,23 @@ trainable case differs only in where ``scale`` comes from (a parameter, not the 
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import ParamSpec
+
+
+class ChannelScaleWs(TypedDict, total=False):
+    """The buffers :class:`ChannelScale` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    offset: np.ndarray
+    out: np.ndarray
+    prod: np.ndarray
+    scale: np.ndarray
+    x: np.ndarray
 
 
 class ChannelScale(Op):
@@ -33,12 +46,13 @@ class ChannelScale(Op):
             bufs["prod"] = ((b, *self.in_shape), "f")
         return bufs
 
-    def bind(self, ws, b):
+    def bind(self, ws: ChannelScaleWs, b):
         dt = ws["out"].dtype
-        ws["scale"] = None if self.scale is None else self.scale.astype(dt)
+        if self.scale is not None:  # else gamma is trained and passed to every call
+            ws["scale"] = self.scale.astype(dt)
         ws["offset"] = self.offset.astype(dt)
 
-    def forward(self, ws, x, gamma=None):
+    def forward(self, ws: ChannelScaleWs, x, gamma=None):
         ws["x"] = x
         out = ws["out"]
         np.multiply(x, ws["scale"] if gamma is None else gamma, out=out)
@@ -46,11 +60,11 @@ class ChannelScale(Op):
             np.add(out, ws["offset"], out=out)
         return out
 
-    def backward_input(self, ws, dout, gamma=None):
+    def backward_input(self, ws: ChannelScaleWs, dout, gamma=None):
         dx = ws["dx"]
         return np.multiply(dout.reshape(dx.shape), ws["scale"] if gamma is None else gamma, out=dx)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: ChannelScaleWs, dout, name, grad, rows):
         prod = ws["prod"]
         np.multiply(dout.reshape(prod.shape), ws["x"], out=prod)
         c = self.in_shape[-1]

@@ -17,6 +17,8 @@ The tanh modes keep a ``(b, Tq, Tv, d)`` tensor from forward for backward.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
@@ -26,6 +28,27 @@ from ringtrain_trainer.engine.tensor import ParamSpec
 #: Keras' ``max_value`` subtracted from masked float32 scores
 MASKED = 1e9
 MODES = ("dot", "concat", "additive")
+
+
+class ScoreAttentionWs(TypedDict, total=False):
+    """The buffers :class:`ScoreAttention` is compiled with (``buffers``, its state, ``bind``)."""
+
+    att: np.ndarray
+    c: float
+    d_att: np.ndarray
+    dkey: np.ndarray
+    dx0: np.ndarray
+    dx1: np.ndarray
+    dx2: np.ndarray
+    dz: np.ndarray
+    future: np.ndarray
+    out: np.ndarray
+    qkv: tuple[np.ndarray, np.ndarray, np.ndarray]
+    raw: np.ndarray
+    rowsum: np.ndarray
+    scores: np.ndarray
+    t: np.ndarray
+    x: np.ndarray
 
 
 class ScoreAttention(Op):
@@ -90,13 +113,13 @@ class ScoreAttention(Op):
         fwd = 2 * b * Tq * Tv * (dv + (d if self.mode == "dot" else 3 * d))
         return fwd * (3 if train else 1)
 
-    def bind(self, ws, b):
+    def bind(self, ws: ScoreAttentionWs, b):
         ws["att"] = keys_major(ws["scores"])
         if self.causal:
             t, s = np.indices((self.Tq, self.Tv))
             np.copyto(ws["future"][0], np.where(s > t, MASKED, 0.0))
 
-    def forward(self, ws, *xs, **p):
+    def forward(self, ws: ScoreAttentionWs, *xs, **p):
         q, v = xs[0], xs[1]
         k = xs[2] if len(xs) > 2 else v
         raw, att = ws["raw"], ws["att"]
@@ -128,7 +151,7 @@ class ScoreAttention(Op):
             ws["c"] = float(p["concat_score_weight"])
         return np.matmul(att, v, out=ws["out"])
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: ScoreAttentionWs, dout):
         """The scores' gradient into ``d_att`` and, for the tanh modes, the gradient at the
         tanh's input into ``dz`` (the scales not yet applied): both halves read them."""
         att, d_att = ws["att"], ws["d_att"]
@@ -150,7 +173,7 @@ class ScoreAttention(Op):
             return p["scale"] if self.use_scale else 1.0
         return p["concat_score_weight"] * (p["scale"] if self.use_scale else 1.0)
 
-    def backward_input(self, ws, dout, **p):
+    def backward_input(self, ws: ScoreAttentionWs, dout, **p):
         q, k, _ = ws["qkv"]
         att, d_att = ws["att"], ws["d_att"]
         dq, dv = ws["dx0"], ws["dx1"]
@@ -173,7 +196,7 @@ class ScoreAttention(Op):
             return dq, dv
         return dq, dv, dk
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: ScoreAttentionWs, dout, name, grad, rows):
         d_att = ws["d_att"]
         if name == "concat_score_weight" or self.mode == "dot":
             grad[...] = np.vdot(d_att, ws["raw"])  # s = w · raw

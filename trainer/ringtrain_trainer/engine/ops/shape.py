@@ -5,6 +5,8 @@ UpSampling. Each copies into its own planned buffer, so what follows reads a con
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
@@ -24,6 +26,13 @@ def borders(spec, rank: int, what: str) -> tuple[tuple[int, int], ...]:
     if len(out) != rank or any(len(p) != 2 or min(p) < 0 for p in out):
         raise ValueError(f"{what}={spec!r}: expected {rank} non-negative (before, after) pairs")
     return tuple((int(a), int(b)) for a, b in out)
+
+
+class BorderWs(TypedDict, total=False):
+    """The buffers :class:`Border` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    out: np.ndarray
 
 
 class Border(Op):
@@ -55,25 +64,32 @@ class Border(Op):
     def buffers(self, b, train, need_dx):
         return self.out_and_dx(b, train, need_dx)
 
-    def bind(self, ws, b):
+    def bind(self, ws: BorderWs, b):
         ws["out"].fill(0)
         if "dx" in ws:
             ws["dx"].fill(0)
 
-    def forward(self, ws, x):
+    def forward(self, ws: BorderWs, x):
         if self.mode == "pad":  # the border stays as bind's zeros
             np.copyto(self._inner(ws["out"]), x)
         else:
             np.copyto(ws["out"], self._inner(x))
         return ws["out"]
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: BorderWs, dout):
         dout = dout.reshape(ws["out"].shape)
         if self.mode == "pad":
             np.copyto(ws["dx"], self._inner(dout))
         else:  # the cropped border's gradient stays zero
             np.copyto(self._inner(ws["dx"]), dout)
         return ws["dx"]
+
+
+class UpSamplingWs(TypedDict, total=False):
+    """The buffers :class:`UpSampling` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    out: np.ndarray
 
 
 class UpSampling(Op):
@@ -107,16 +123,23 @@ class UpSampling(Op):
     def buffers(self, b, train, need_dx):
         return self.out_and_dx(b, train, need_dx)
 
-    def forward(self, ws, x):
+    def forward(self, ws: UpSamplingWs, x):
         x4 = x.reshape(x.shape[0], *self.hw, x.shape[-1])
         np.copyto(self._six(ws["out"]), np.expand_dims(x4, self._reps))
         return ws["out"]
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: UpSamplingWs, dout):
         dx = ws["dx"]
         d4 = dx.reshape(dx.shape[0], *self.hw, dx.shape[-1])
         np.sum(self._six(dout.reshape(ws["out"].shape)), axis=self._reps, out=d4)
         return dx
+
+
+class ReshapeWs(TypedDict, total=False):
+    """The buffers :class:`Reshape` is compiled with (``buffers``, its state, ``bind``)."""
+
+    out: np.ndarray
+    src: np.ndarray
 
 
 class Reshape(Op):
@@ -128,10 +151,10 @@ class Reshape(Op):
     def buffers(self, b, train, need_dx):
         return {}
 
-    def forward(self, ws, x):
+    def forward(self, ws: ReshapeWs, x):
         if ws.get("src") is not x:  # a fixed buffer per program: the same view every step
             ws["out"], ws["src"] = x.reshape((x.shape[0], *self.out_shape)), x
         return ws["out"]
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: ReshapeWs, dout):
         return dout.reshape((dout.shape[0], *self.in_shape))

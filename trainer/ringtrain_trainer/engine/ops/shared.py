@@ -14,6 +14,8 @@ parameter, as in Keras. Nothing allocates per step.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
@@ -41,13 +43,13 @@ class _Wrapped(Op):
     def flops(self, b, train, need_dx):
         return self.op.flops(b, train, need_dx)
 
-    def bind(self, ws, b):
+    def bind(self, ws: dict[str, Any], b):
         self.op.bind(ws, b)
 
-    def forward(self, ws, *xs, **params):
+    def forward(self, ws: dict[str, Any], *xs, **params):
         return self.op.forward(ws, *xs, **params)
 
-    def backward_input(self, ws, dout, **params):
+    def backward_input(self, ws: dict[str, Any], dout, **params):
         return self.op.backward_input(ws, dout, **params)
 
 
@@ -63,10 +65,10 @@ class Shared(_Wrapped):
             bufs.update({f"shared_{p.name}": (p.shape, "f") for p in self.shared})
         return bufs
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         self.op.backward_local(ws, dout)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: dict[str, Any], dout, name, grad, rows):
         self.op.backward_weights(ws, dout, name, grad, rows)
         lo, hi = rows
         g, acc = _rows(grad)[lo:hi], _rows(ws[f"shared_{name}"])[lo:hi]
@@ -84,7 +86,7 @@ class Tied(_Wrapped):
             bufs.update({f"tied_{p.name}": (p.shape, "f") for p in self.shared})
         return bufs
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: dict[str, Any], dout):
         self.op.backward_local(ws, dout)
         owner = ws["owner"]
         for p in self.shared:

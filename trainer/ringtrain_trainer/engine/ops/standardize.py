@@ -11,6 +11,7 @@ adapt). ``count`` is carried only so the export holds every weight Keras expects
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
@@ -18,6 +19,17 @@ from ringtrain_trainer.engine.op import Op
 
 #: Keras' ``backend.epsilon()``: the smallest standard deviation divided by
 EPSILON = 1e-7
+
+
+class StandardizeWs(TypedDict, total=False):
+    """The buffers :class:`Standardize` is compiled with (``buffers``, its state, ``bind``)."""
+
+    count: np.ndarray
+    dx: np.ndarray
+    inv: np.ndarray
+    mean: np.ndarray
+    out: np.ndarray
+    variance: np.ndarray
 
 
 class Standardize(Op):
@@ -45,7 +57,7 @@ class Standardize(Op):
     def flops(self, b, train, need_dx):
         return b * math.prod(self.out_shape) * (2 + train)
 
-    def forward(self, ws, x):
+    def forward(self, ws: StandardizeWs, x):
         mean, var = (self.mean, self.var) if self.fixed else (ws["mean"], ws["variance"])
         inv = ws["inv"]
         np.sqrt(var, out=inv)
@@ -56,5 +68,5 @@ class Standardize(Op):
         np.multiply(out, inv, out=out)
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: StandardizeWs, dout):
         return np.multiply(dout.reshape(ws["dx"].shape), ws["inv"], out=ws["dx"])

@@ -9,9 +9,15 @@ and plans its own buffers for ``batch * steps`` examples: no copy, no op of its 
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 
 from ringtrain_trainer.engine.op import Op
+
+
+class TimeDistributedWs(TypedDict, total=False):
+    """The buffers :class:`TimeDistributed` is compiled with (``buffers``, its state, ``bind``)."""
 
 
 class TimeDistributed(Op):
@@ -37,22 +43,22 @@ class TimeDistributed(Op):
     def flops(self, b, train, need_dx):
         return self.inner.flops(b * self.steps, train, need_dx)
 
-    def bind(self, ws, b):
+    def bind(self, ws: TimeDistributedWs, b):
         self.inner.bind(ws, b * self.steps)
 
     def _flat(self, a: np.ndarray, shape) -> np.ndarray:
         return a.reshape(-1, *shape)
 
-    def forward(self, ws, x, **p):
+    def forward(self, ws: TimeDistributedWs, x, **p):
         y = self.inner.forward(ws, self._flat(x, self._in), **p)
         return y.reshape(-1, *self.out_shape)
 
-    def backward_local(self, ws, dout):
+    def backward_local(self, ws: TimeDistributedWs, dout):
         self.inner.backward_local(ws, self._flat(dout, self._out))
 
-    def backward_input(self, ws, dout, **p):
+    def backward_input(self, ws: TimeDistributedWs, dout, **p):
         dx = self.inner.backward_input(ws, self._flat(dout, self._out), **p)
         return dx.reshape(-1, *self.in_shape)
 
-    def backward_weights(self, ws, dout, name, grad, rows):
+    def backward_weights(self, ws: TimeDistributedWs, dout, name, grad, rows):
         self.inner.backward_weights(ws, self._flat(dout, self._out), name, grad, rows)

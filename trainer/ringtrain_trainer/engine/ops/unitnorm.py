@@ -10,6 +10,7 @@ where the clip holds (``‖x‖ < 1e-12``) ``inv`` is a constant and ``dx = inv 
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
@@ -17,6 +18,17 @@ from ringtrain_trainer.engine.op import Op
 
 #: Keras' ``UnitNormalization`` passes ``epsilon=1e-12`` to ``ops.normalize``
 EPSILON = 1e-12
+
+
+class UnitNormWs(TypedDict, total=False):
+    """The buffers :class:`UnitNorm` is compiled with (``buffers``, its state, ``bind``)."""
+
+    dx: np.ndarray
+    free: np.ndarray
+    inv: np.ndarray
+    out: np.ndarray
+    s: np.ndarray
+    tmp: np.ndarray
 
 
 class UnitNorm(Op):
@@ -41,7 +53,7 @@ class UnitNorm(Op):
     def flops(self, b, train, need_dx):
         return 3 * b * self.lead * self.d * (1 + 2 * train)
 
-    def forward(self, ws, x):
+    def forward(self, ws: UnitNormWs, x):
         x2, inv, free = x.reshape(-1, self.d), ws["inv"], ws["free"]
         np.einsum("ij,ij->i", x2, x2, out=inv[:, 0])
         np.greater(inv, self.epsilon**2, out=free)  # norm > eps: rsqrt below the clip
@@ -53,7 +65,7 @@ class UnitNorm(Op):
         np.multiply(x2, inv, out=out.reshape(-1, self.d))
         return out
 
-    def backward_input(self, ws, dout):
+    def backward_input(self, ws: UnitNormWs, dout):
         d2, y2 = dout.reshape(-1, self.d), ws["out"].reshape(-1, self.d)
         s, tmp, dx = ws["s"], ws["tmp"], ws["dx"]
         dx2 = dx.reshape(-1, self.d)
