@@ -182,6 +182,19 @@ def test_a_second_job_is_refused_a_checkpoint_directory_in_use_naming_its_owner(
     assert not owner_file.exists()  # the restart released its claim when it ended
 
 
+def record(token: bytes | None, pid: int, expires_in: float = 60.0) -> dict:
+    """An owner record of a live lease held by ``pid`` in this PID namespace."""
+    return {
+        "job": ckpt_owner.job_id(token),
+        "lease": "0" * 32,
+        "host": "here",
+        "pid": pid,
+        "pidns": ckpt_owner.pid_namespace(),
+        "since": "x",
+        "expires": time.time() + expires_in,
+    }
+
+
 def test_the_owner_file_is_taken_over_by_the_same_job_or_a_dead_claim_and_refused_otherwise(
     tmp_path,
 ):
@@ -191,14 +204,12 @@ def test_the_owner_file_is_taken_over_by_the_same_job_or_a_dead_claim_and_refuse
     )
     with pytest.raises(InvalidSpec, match="host node-7, pid 1"):
         ckpt_owner.claim(ck, b"B")
-    ckpt_owner.claim(ck, b"A")  # a restart of job A on another node
-    owner = json.loads((ck / ckpt_owner.OWNER_FILE).read_text())
-    owner["pid"] = 2**22 + 12345  # above pid_max's default: no such process here
-    (ck / ckpt_owner.OWNER_FILE).write_text(json.dumps(owner))
-    path = ckpt_owner.claim(ck, b"B")  # stale: its process is gone from this host
-    assert json.loads(path.read_text())["pid"] == os.getpid()
-    ckpt_owner.release(path)
-    assert not path.exists()
+    ckpt_owner.release(ckpt_owner.claim(ck, b"A"))  # a restart of job A on another node
+    (ck / ckpt_owner.OWNER_FILE).write_text(json.dumps(record(b"A", 2**22 + 12345)))
+    lease = ckpt_owner.claim(ck, b"B")  # its process is gone from this PID namespace
+    assert json.loads(lease.path.read_text())["pid"] == os.getpid()
+    ckpt_owner.release(lease)
+    assert not lease.path.exists()
 
 
 def test_a_token_less_chief_takes_over_from_a_predecessor_that_exits_and_not_from_one_that_stays(
@@ -207,7 +218,6 @@ def test_a_token_less_chief_takes_over_from_a_predecessor_that_exits_and_not_fro
     """A restarted MPI rank 0 (no ring token) can start while mpirun still reaps the rank it
     replaces: it waits for that process (at most ``STALE_WAIT_S``), then claims; a token-less
     owner that stays alive is still refused."""
-    import socket
     import sys
     import threading
 
@@ -215,17 +225,16 @@ def test_a_token_less_chief_takes_over_from_a_predecessor_that_exits_and_not_fro
     from ringtrain_trainer.checkpoint import owner as ckpt_owner
 
     def owner(pid: int) -> None:
-        (tmp_path / ckpt_owner.OWNER_FILE).write_text(
-            json.dumps({"job": None, "host": socket.gethostname(), "pid": pid, "since": "x"})
-        )
+        (tmp_path / ckpt_owner.OWNER_FILE).write_text(json.dumps(record(None, pid)))
 
     dying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
     owner(dying.pid)
     reaper = threading.Thread(target=dying.wait)
     reaper.start()
-    path = ckpt_owner.claim(tmp_path, None)
+    lease = ckpt_owner.claim(tmp_path, None)
     reaper.join()
-    assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert json.loads(lease.path.read_text())["pid"] == os.getpid()
+    lease.release()
 
     staying = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE

@@ -63,10 +63,24 @@ def clear_done(checkpoint_dir: str | os.PathLike) -> None:
     (Path(checkpoint_dir) / DONE_FILE).unlink(missing_ok=True)
 
 
+#: a done marker is one Final event; anything larger is not one (never read whole)
+MAX_DONE_BYTES = 1 << 20
+#: the refused markers already named on stderr (the evaluator looks every ``POLL_S``)
+_refused: set[str] = set()
+
+
 def read_done(checkpoint_dir: str | os.PathLike) -> events.Final | None:
+    """The chief's marker, or None: absent, or not one — too large, a symbolic link or a FIFO
+    is refused unread (``files.read_regular``) and named on stderr once."""
+    path = Path(checkpoint_dir) / DONE_FILE
     try:
-        doc = json.loads((Path(checkpoint_dir) / DONE_FILE).read_text())
-    except (OSError, ValueError):
+        doc = json.loads(files.read_regular(path, MAX_DONE_BYTES, "done marker"))
+    except files.Refused as e:
+        if os.path.lexists(path) and str(e) not in _refused:
+            _refused.add(str(e))
+            print(f"ringtrain evaluator: {e}", file=sys.stderr, flush=True)
+        return None
+    except (ValueError, RecursionError, OSError):  # torn JSON cannot happen; EIO can
         return None
     event = events.parse(doc)
     return event if isinstance(event, events.Final) else None

@@ -11,7 +11,8 @@ Checkpoints are read defensively (issue 20): a forged manifest pointed its ``.np
 (the chief hung in ``open``) or a device (``/dev/zero``: read forever), so only regular files
 are read, never through a symbolic link, opened non-blocking, and only up to a size cap; the
 ``.npz`` must be the manifest's own sibling. A checksum-valid checkpoint that does not fit the
-run (another model, wrong shapes) is skipped like a corrupt one (``load_latest``'s ``check``).
+run (another model, wrong shapes) is skipped like a corrupt one (``load_latest``'s ``check``),
+and so is a forged or non-finite one (issue 35): ``verify`` checks every field and array first.
 A write that fails (a full disk) removes its temporary file and names the checkpoint.
 
 What is saved does not depend on the world size (the flat parameters, the optimizer state and
@@ -20,13 +21,11 @@ the data position counted in examples), so N workers can resume what M workers w
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
 import os
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 
 from ringtrain import files
 from ringtrain.errors import CheckpointError
+from ringtrain_trainer.checkpoint import owner, verify
 from ringtrain_trainer.data.dataset import Position
 
 FORMAT = 1
@@ -43,38 +43,13 @@ _NAME = re.compile(r"^ckpt-(\d{10})\.json$")
 MAX_MANIFEST_BYTES = 1 << 20
 
 
-_KINDS = (
-    (stat.S_ISLNK, "a symbolic link"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
 def read_regular(path: Path, cap: int, what: str = "file") -> bytes:
-    """The bytes of ``path`` if it is a regular file (not a symbolic link, FIFO, device or
-    directory) of at most ``cap`` bytes; else a :class:`CheckpointError` naming it. Opened
-    non-blocking, so a FIFO cannot hang the open."""
+    """The bytes of ``path`` if it is a regular file of at most ``cap`` bytes, reached without a
+    symbolic link (``files.read_regular``); else a :class:`CheckpointError` naming it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: {what} does not exist") from None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise CheckpointError(f"{path}: a symbolic link; refused (regular files only)") from e
-        raise CheckpointError(f"{path}: cannot open ({e})") from e
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
-            raise CheckpointError(f"{path}: {kind}; refused (regular files only)")
-        os.set_blocking(fd, True)
-        data = f.read(cap + 1)
-    if len(data) > cap:
-        raise CheckpointError(f"{path}: larger than the cap of {cap} bytes; refused")
-    return data
+        return files.read_regular(path, cap, what)
+    except files.Refused as e:
+        raise CheckpointError(str(e)) from None
 
 
 @dataclass
@@ -112,14 +87,24 @@ def _atomic_write(path: Path, data: bytes) -> None:
         files.atomic_write(path, data)
     except OSError as e:
         why = e.strerror or str(e)
-        tmp = files.temporary_name(path)
-        raise CheckpointError(f"{path}: cannot write ({why}); removed {tmp.name}") from e
+        raise CheckpointError(f"{path}: cannot write ({why}); its temporary file removed") from e
 
 
 def checkpoint_cap(params_bytes: int, state_bytes: int = 0) -> int:
     """The largest ``.npz`` a run of ``params_bytes`` of parameters reads: parameters and up to
     three optimizer slots of their size (Adam keeps two), the model's state, 1 MiB of headers."""
     return 4 * params_bytes + state_bytes + (1 << 20)
+
+
+def _fit(check: Callable[[TrainingState], None], state: TrainingState) -> None:
+    """``check(state)``; what a checkpoint's record can still make a reader's check raise (a
+    forged optimizer record it reads a key of) is a :class:`CheckpointError` naming the file."""
+    try:
+        check(state)
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError) as e:
+        raise CheckpointError(
+            f"{state.source}: does not fit this run ({type(e).__name__}: {e})"
+        ) from None
 
 
 class CheckpointManager:
@@ -139,8 +124,17 @@ class CheckpointManager:
         return [p for _, p in sorted(found)]
 
     def save(self, state: TrainingState) -> Path:
+        """Write ``state`` as the newest checkpoint; first renew this process's lease on the
+        directory (``owner.confirm``): a chief whose claim was taken over writes nothing."""
         self.dir.mkdir(parents=True, exist_ok=True)
         stem = f"ckpt-{state.step:010d}"
+        try:
+            owner.confirm(self.dir)
+        except OSError as e:  # EMFILE, ENOSPC: named, and retryable (errors.exhausted)
+            why = e.strerror or str(e)
+            raise CheckpointError(
+                f"{self.dir / stem}: cannot renew the directory's lease ({why}); not written"
+            ) from e
         arrays = {"params": state.params}
         arrays.update({f"opt_{k}": v for k, v in state.optimizer_state.items()})
         if state.model_state is not None and state.model_state.size:
@@ -183,7 +177,8 @@ class CheckpointManager:
             npz.unlink(missing_ok=True)
 
     def load(self, manifest_path: str | os.PathLike) -> TrainingState:
-        """Load and verify one checkpoint; any problem is a :class:`CheckpointError` naming it."""
+        """Load and verify one checkpoint; any problem — unreadable, corrupt, forged, out of
+        range, non-finite (``verify``) — is a :class:`CheckpointError` naming it."""
         mp = Path(manifest_path)
         text = read_regular(mp, MAX_MANIFEST_BYTES, "manifest")
         try:
@@ -191,7 +186,6 @@ class CheckpointManager:
             arrays = m["arrays"]
             npz = mp.parent / arrays["file"]
             expected = arrays["sha256"]
-            step = int(m["step"])
             size = int(arrays.get("bytes", -1))
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise CheckpointError(f"{mp}: unreadable manifest ({type(e).__name__}: {e})") from None
@@ -202,6 +196,11 @@ class CheckpointManager:
                 f"{mp}: names {arrays['file']!r} as its arrays; only its own "
                 f"{mp.with_suffix('.npz').name} is read"
             )
+        fields = verify.manifest(m, mp)
+        if (named := _NAME.match(mp.name)) and int(named.group(1)) != fields["step"]:
+            raise CheckpointError(
+                f"{mp}: named for step {int(named.group(1))}, says step {fields['step']}"
+            )
         cap = size if size >= 0 else self.max_bytes
         if cap is None or (self.max_bytes is not None and cap > self.max_bytes):
             raise CheckpointError(
@@ -211,31 +210,25 @@ class CheckpointManager:
         actual = hashlib.sha256(blob).hexdigest()
         if actual != expected:
             raise CheckpointError(
-                f"{npz}: checksum mismatch (manifest {mp.name} says {expected[:12]}…, "
+                f"{npz}: checksum mismatch (manifest {mp.name} says {str(expected)[:12]}…, "
                 f"file has {actual[:12]}…): corrupt or partially written"
             )
-        try:
-            with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-                loaded = {k: z[k] for k in z.files}
-        except (ValueError, OSError) as e:
-            raise CheckpointError(f"{npz}: not a valid .npz ({e})") from None
-        if "params" not in loaded:
-            raise CheckpointError(f"{npz}: no 'params' array")
+        loaded = verify.arrays(blob, npz)
         return TrainingState(
-            step=step,
+            step=fields["step"],
             source=str(npz),
-            position=Position(int(m["epoch"]), int(m["batch"]), int(m["global_batch"])),
+            position=Position(fields["epoch"], fields["batch"], fields["global_batch"]),
             params=loaded["params"],
-            optimizer=m["optimizer"],
+            optimizer=fields["optimizer"],
             optimizer_state={k[4:]: v for k, v in loaded.items() if k.startswith("opt_")},
-            optimizer_iterations=int(m["optimizer_iterations"]),
-            model=m["model"],
-            world_size=int(m["world_size"]),
-            loss=m.get("loss"),
+            optimizer_iterations=fields["optimizer_iterations"],
+            model=fields["model"],
+            world_size=fields["world_size"],
+            loss=fields["loss"],
             model_state=loaded.get("model_state"),
-            optimizer_config=m.get("optimizer_config"),
-            loss_config=m.get("loss_config"),
-            precision=m.get("precision"),
+            optimizer_config=fields["optimizer_config"],
+            loss_config=fields["loss_config"],
+            precision=fields["precision"],
         )
 
     def load_latest(
@@ -253,7 +246,7 @@ class CheckpointManager:
             try:
                 state = self.load(mp)
                 if check is not None:
-                    check(state)
+                    _fit(check, state)
                 return state, errors
             except CheckpointError as e:
                 errors.append(e)
