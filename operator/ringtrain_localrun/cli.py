@@ -23,7 +23,7 @@ from ringtrain import files
 from ringtrain.errors import EXIT_TERMINATED, RingtrainError
 from ringtrain_operator import status
 
-from . import needs
+from . import needs, sources
 from .console import Output, format_summary
 from .jobstate import summary, terminal_condition
 from .logs import FINAL_NAME
@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         obj = read_job(args.manifest)
         name = (obj.get("metadata") or {}).get("name") or "job"
         run_dir = (args.run_dir or default_run_dir(str(name))).resolve()
-        job, replicas = plan(obj, run_dir)
+        beside = sources.read(args.manifest)
+        job, replicas = plan(obj, run_dir, sources=beside)
+        if (mounted := sources.model_from(job, beside)) is not None:
+            print(f"ringtrain run: {args.manifest}: {mounted}", file=sys.stderr)
     except RingtrainError as e:
         if args.json:
             output.event(

@@ -52,6 +52,7 @@ def secret_data(objs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, bytes]
             out[o["metadata"]["name"]] = data
         elif o.get("kind") == "ConfigMap":
             data = {k: v.encode() for k, v in (o.get("data") or {}).items()}
+            data.update({k: base64.b64decode(v) for k, v in (o.get("binaryData") or {}).items()})
             out[f"configmap/{o['metadata']['name']}"] = data
     return out
 

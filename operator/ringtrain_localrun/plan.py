@@ -11,7 +11,8 @@ container becomes a :class:`Replica`:
   interpreter (the environment `hack/setup` made stands in for the image's: a stock TensorFlow
   script finds the TensorFlow of ``.venv``);
 * its env, ``valueFrom`` resolved from the rendered Secret and the Pod's own metadata;
-* its volumes made local: the Secret volume becomes files in a private directory, emptyDirs
+* its volumes made local: a Secret or ConfigMap volume becomes files in a private directory
+  (the job's own, or one of the job's file: :mod:`.sources`, spec.trainer.modelFrom), emptyDirs
   per-replica directories, a hostPath the path itself (this machine is the node), any other
   volume (the checkpoint volume) one directory the replicas share, like a PVC. An arg or env
   value under a mount path is rewritten to the local one, but never a path of the user's own
@@ -28,7 +29,7 @@ import dataclasses
 import os
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from ringtrain_operator import spec as jobspec
 
 from .paths import PodPaths, inside, secret_data, under_any
 from .paths import volume_dirs as map_volumes
+from .sources import model_from
 
 #: The Pod volume manifests.pod() mounts at spec.trainer.checkpoint.path.
 CHECKPOINT_VOLUME = manifests.CHECKPOINT_VOLUME
@@ -185,21 +187,28 @@ def _local_command(command: list[str]) -> list[str]:
 
 
 def plan(
-    obj: Mapping[str, Any], run_dir: Path, *, port: Callable[[], int] | None = None
+    obj: Mapping[str, Any],
+    run_dir: Path,
+    *,
+    port: Callable[[], int] | None = None,
+    sources: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[jobspec.Job, list[Replica]]:
     """Load a TrainingJob and translate each of its Pods into a :class:`Replica`.
 
-    ``port`` (default: :func:`port_allocator`) hands out the ring and metrics ports.
+    ``port`` (default: :func:`port_allocator`) hands out the ring and metrics ports;
+    ``sources``: the ConfigMaps and Secrets of the job's file (:func:`.sources.read`), mounted
+    where a pod names them (spec.trainer.modelFrom, a template's volumes).
     Raises :class:`jobspec.InvalidSpec` with the offending field for anything that cannot run.
     """
     port = port or port_allocator()
     job = admission.load(obj)  # the operator's spec check, the same refusals
+    model_from(job, sources)  # refuses what this machine cannot mount, naming the field
     objs = (
         mpi.desired_objects(job, local=True)
         if job.mpi
         else manifests.desired_objects(job, endpoint=loopback_endpoints(port))
     )
-    secrets = secret_data(objs)
+    secrets = secret_data([*sources, *objs])  # the job's own objects win a clash of names
     replicas = []
     for pod in (o for o in objs if o["kind"] == "Pod"):
         labels = pod["metadata"]["labels"]

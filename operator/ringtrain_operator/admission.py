@@ -25,7 +25,7 @@ from typing import Any
 
 from ringtrain.errors import InvalidSpec
 
-from . import kinds, manifests, mpi, schedulable, spec
+from . import kinds, manifests, modelfrom, mpi, schedulable, spec
 from .job import Job, ReplicaSpec
 from .limits import norm
 
@@ -33,6 +33,7 @@ from .limits import norm
 _VOLUMES = {
     manifests.CHECKPOINT_VOLUME: "spec.trainer.checkpoint.path",
     manifests.DATA_VOLUME: "spec.trainer.data.path",
+    modelfrom.VOLUME: "the model's (spec.trainer.modelFrom)",
     mpi.SSH_VOLUME: "spec.mpi.sshAuthMountPath",
     "tmp": "the operator's /tmp",
     "ring-token": "the ring token's",

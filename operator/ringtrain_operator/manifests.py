@@ -17,7 +17,7 @@ from typing import Any
 
 from ringtrain import cluster, optiongen, options, pki, ports
 
-from . import resources
+from . import modelfrom, resources
 from .job import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 
 #: The worker's gRPC server: ring control plane, Health service, the ``grpc`` data path.
@@ -287,6 +287,9 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
             mounts.append(
                 {"name": DATA_VOLUME, "mountPath": t.data_mount_path or "/data", "readOnly": True}
             )
+        if t.model_from:  # spec.trainer.modelFrom: --model is the file in it (spec.load)
+            volumes.append(modelfrom.volume(t.model_from))
+            mounts.append(modelfrom.mount())
         env += [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
         ports.append({"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"})
         main.setdefault("image", job.trainer.image)

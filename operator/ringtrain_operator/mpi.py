@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests
+from . import manifests, modelfrom
 from .job import Job, MPISpec, ReplicaSpec, TrainerSpec
 from .mpirun import (
     BTL_PORT_MIN,
@@ -331,8 +331,12 @@ def launcher_pod(job: Job, replica: ReplicaSpec, local: bool = False) -> dict:
     if command := mpirun_command(job, local):
         # the built-in trainer's rank 0 result becomes the launcher's termination message
         main["command"] = [*LAUNCH, *command] if job.trainer and not local else command
-    # the launcher neither trains nor checkpoints: it needs no checkpoint or data volume
-    drop = (manifests.CHECKPOINT_VOLUME, manifests.DATA_VOLUME) if job.trainer and not local else ()
+    # the launcher neither trains nor checkpoints: it needs no checkpoint, data or model volume
+    drop = (
+        (manifests.CHECKPOINT_VOLUME, manifests.DATA_VOLUME, modelfrom.VOLUME)
+        if job.trainer and not local
+        else ()
+    )
     main["volumeMounts"] = [m for m in main["volumeMounts"] if m["name"] not in drop]
     p["spec"]["volumes"] = [v for v in p["spec"]["volumes"] if v["name"] not in drop]
     return p

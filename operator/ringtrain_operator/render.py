@@ -19,7 +19,7 @@ import yaml
 
 from ringtrain.errors import InvalidSpec
 
-from . import admission, kinds, networkpolicy, spec, tfjob, yamlsafe
+from . import admission, kinds, modelfrom, networkpolicy, spec, tfjob, yamlsafe
 
 #: Shown instead of secret values (valid base64, so the output still validates).
 REDACTED = "REDACTED"
@@ -39,10 +39,10 @@ def render(
     network: networkpolicy.Settings | None = networkpolicy.Settings(),  # noqa: B008 (frozen)
 ) -> list[dict]:
     """Every object for every TrainingJob in ``docs``, secrets redacted; with ``network``, the
-    job's NetworkPolicy after them."""
+    job's NetworkPolicy after them. The file's own ConfigMaps and Secrets are not repeated."""
     objects: list[dict] = []
     for doc in docs:
-        if doc is None:
+        if doc is None or _beside(doc):
             continue
         if namespace:
             doc = {**doc, "metadata": {**(doc.get("metadata") or {}), "namespace": namespace}}
@@ -52,6 +52,12 @@ def render(
         if network is not None:
             objects.append(kind.network_policy(job, network))
     return objects
+
+
+def _beside(doc: dict) -> bool:
+    """An object a job's file holds for it (the ConfigMap of spec.trainer.modelFrom): created
+    by the file's ``kubectl create``, not by the operator."""
+    return doc.get("apiVersion") == "v1" and doc.get("kind") in modelfrom.FILE_KINDS
 
 
 def dump(objects: list[dict]) -> str:

@@ -23,7 +23,7 @@ import yaml
 from ringtrain import optiongen, options
 from ringtrain.errors import InvalidSpec
 
-from . import limits, modelcheck, mpi, schedulable
+from . import limits, modelcheck, modelfrom, mpi, schedulable
 from .job import API_VERSION, KIND, ROLE_KEYS, Job, MPISpec, ReplicaSpec, RunPolicy, TrainerSpec
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -110,7 +110,9 @@ def validate(obj: Mapping[str, Any]) -> None:
     trainer = (
         (obj.get("spec") or {}).get("trainer") if isinstance(obj.get("spec"), Mapping) else None
     )
-    if (
+    if isinstance(trainer, Mapping) and (why := modelfrom.conflict(trainer)) is not None:
+        errors.append((["spec", "trainer", "model"], why))  # the model is not used: unchecked
+    elif (
         isinstance(trainer, Mapping)
         and "model" in trainer
         and (why := model_error(trainer["model"], _budget(trainer))) is not None
@@ -122,10 +124,13 @@ def validate(obj: Mapping[str, Any]) -> None:
 
 def _did_you_mean(error: jsonschema.ValidationError) -> str:
     """For a field the schema does not know: the nearest field it does (``batchsize`` →
-    ``batchSize``), as kubectl's own validation does not say."""
+    ``batchSize``), as kubectl's own validation does not say; for a choice of one field
+    (spec.trainer.modelFrom), the fields to choose from."""
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
+    if error.validator in ("minProperties", "maxProperties") and schema.get("maxProperties") == 1:
+        return f" (set exactly one of {', '.join(schema.get('properties') or {})})"
     if error.validator != "additionalProperties" or not isinstance(error.instance, Mapping):
         return ""
-    schema = error.schema if isinstance(error.schema, Mapping) else {}
     known = list(schema.get("properties") or {})
     by_lower = {k.lower(): k for k in known}
     hints = []
@@ -279,7 +284,11 @@ def _trainer(t: Mapping[str, Any]) -> TrainerSpec:
             f"spec.trainer.batchSize: {t['batchSize']} is not divisible by "
             f"spec.trainer.ipusPerWorker={t['ipusPerWorker']} (each IPU gets an equal share)"
         )
-    return TrainerSpec(**optiongen.from_crd(t))
+    modelfrom.check(t)
+    values = optiongen.from_crd(t)
+    if values["model_from"] is not None:  # the worker's --model: the file where it is mounted
+        values["model"] = modelfrom.pod_path(values["model_from"])
+    return TrainerSpec(**values)
 
 
 def _mpi(

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from test_local_run import command_job, tiny_job
 
-from ringtrain_localrun import cli, needs, plan
+from ringtrain_localrun import cli, needs, plan, sources
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -35,7 +35,8 @@ RUNTIME_MODULES = {"numpy", "yaml", "grpc", "h5py", "onnx"}
 
 
 def needed_by(path: Path, tmp_path: Path) -> set[str]:
-    _, replicas = plan.plan(plan.read_job(str(path)), tmp_path)
+    beside = sources.read(str(path))  # a ConfigMap of spec.trainer.modelFrom
+    _, replicas = plan.plan(plan.read_job(str(path)), tmp_path, sources=beside)
     out: set[str] = set()
     for r in replicas:
         modules, programs = needs.needed(r.argv)

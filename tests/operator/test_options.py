@@ -149,7 +149,14 @@ def _spec_setting(chosen: list[options.Option]) -> dict:
 def test_every_field_reaches_the_worker_as_the_same_value(unset):
     """spec.trainer → trainer_args → the worker's parser, for a value other than the default."""
     passed = [o for o in options.CRD if o.cli_flag and o.name != unset]
-    crd_only = {"image", "checkpoint_volume", "data_volume", "data_mount_path", "data_file"}
+    crd_only = {
+        "image",
+        "checkpoint_volume",
+        "data_volume",
+        "data_mount_path",
+        "data_file",
+        "model_from",
+    }
     assert {o.name for o in options.CRD if not o.cli_flag} == crd_only
     assert len(passed) == len(options.CRD) - len(crd_only) - 1  # and `unset`
     t, cfg = _worker(_spec_setting(passed))

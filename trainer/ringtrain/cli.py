@@ -26,6 +26,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
     ("convert",): ("ringtrain_operator.tfjob", "print a Kubeflow TFJob file as a TrainingJob"),
+    ("model-configmap",): (
+        "ringtrain_operator.modelfrom",
+        "print a ConfigMap holding a .keras file, for spec.trainer.modelFrom",
+    ),
     ("operator",): ("ringtrain_operator.main", "run the Kubernetes operator (kopf)"),
     ("health",): (
         "ringtrain_trainer.ring.probe",

@@ -148,6 +148,53 @@ CRD_OBJECTS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     }
 )
 
+#: spec.trainer.modelFrom (ringtrain_operator.modelfrom mounts it): one source, a Kubernetes
+#: key reference's ``name``/``key`` or a volume's ``claimName`` and a path in it.
+_KEY = r"^[-._a-zA-Z0-9]+\.(keras|json)$"  # a ConfigMap/Secret key naming a model file
+_REF = {
+    "name": {"type": "string", "minLength": 1, "description": "the object's name"},
+    "key": {
+        "type": "string",
+        "default": "model.keras",
+        "pattern": _KEY,
+        "description": "the key holding the file; its name is the file's in the pod",
+    },
+}
+MODEL_FROM_SCHEMA: Mapping[str, Any] = MappingProxyType(
+    {
+        "minProperties": 1,
+        "maxProperties": 1,
+        "properties": {
+            "configMap": {
+                "type": "object",
+                "required": ["name"],
+                "description": "a key of a ConfigMap in the job's namespace (binaryData)",
+                "properties": _REF,
+            },
+            "secret": {
+                "type": "object",
+                "required": ["name"],
+                "description": "a key of a Secret in the job's namespace",
+                "properties": _REF,
+            },
+            "persistentVolumeClaim": {
+                "type": "object",
+                "required": ["claimName", "path"],
+                "description": "a file on a claim in the job's namespace (any size), mounted "
+                "read-only",
+                "properties": {
+                    "claimName": {"type": "string", "minLength": 1, "description": "the claim"},
+                    "path": {
+                        "type": "string",
+                        "pattern": r"^[^/].*\.(keras|json)$",
+                        "description": "the file's path inside the claim (relative, no '..')",
+                    },
+                },
+            },
+        },
+    }
+)
+
 GROUPS: tuple[Group, ...] = (
     Group(
         "pod",
@@ -241,7 +288,20 @@ GROUPS: tuple[Group, ...] = (
                 "two-conv variant), the absolute path of a .json (model.to_json()) "
                 "or .keras file inside the pod, or an inline Keras Sequential config "
                 "(model.to_json()'s JSON written as YAML or JSON, Keras 3 or tf.keras "
-                "2), checked before anything runs",
+                "2), checked before anything runs; a file of yours reaches the pods "
+                "with modelFrom",
+            ),
+            Option(
+                "model_from",
+                dict,
+                None,
+                flag=None,
+                crd="modelFrom",
+                help="The model as a file you ship: a .keras (weights included) or .json file "
+                "from a ConfigMap or Secret key (1 MiB at most) or a PersistentVolumeClaim, "
+                "exactly one; mounted read-only at /var/run/ringtrain/model and given to the "
+                "worker as --model. Not with a model other than the default cnn.",
+                schema=MODEL_FROM_SCHEMA,
             ),
             Option(
                 "seed",
