@@ -137,6 +137,12 @@ def test_a_model_from_that_cannot_run_is_refused_naming_the_field(model_from, fi
     assert str(e.value).startswith(field + ":") or f"; {field}:" in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("model_from", [{}, {"configMap": {"name": "a"}, "secret": {"name": "b"}}])
+def test_none_or_two_sources_say_to_set_exactly_one(model_from):
+    with pytest.raises(InvalidSpec, match="set exactly one of configMap, secret, persistentVolume"):
+        _job(model_from)
+
+
 def test_a_misspelt_source_says_which_one_was_meant():
     with pytest.raises(InvalidSpec, match="'configmap': did you mean 'configMap'"):
         _job({"configmap": {"name": "m"}})
