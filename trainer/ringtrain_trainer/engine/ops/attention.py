@@ -121,7 +121,7 @@ class MultiHeadAttention(Op):
         return ps
 
     def buffers(self, b, train, need_dx):
-        T, S, h, kd, vd = self.T, self.S, self.h, self.kd, self.vd
+        T, S, h, vd = self.T, self.S, self.h, self.vd
         length = {"query": T, "key": S, "value": S}
         # the scores keys-major (``softmax_keys``); "att" is their (b, h, T, S) view
         bufs = {"out": ((b, *self.out_shape), "f"), "scores": ((S, b, h, T), "f")}
@@ -142,7 +142,6 @@ class MultiHeadAttention(Op):
             for name in _PROJ:
                 w, n = self._width(name), length[name]
                 bufs[f"dp_{name}"] = ((b * n, h * w), "f")
-            bufs["row"] = ((h * max(kd, vd, self.out_shape[1]),), "f")
             if need_dx:
                 for k, s in enumerate(self.in_shapes[: self.n_data]):
                     bufs[f"dx{k}"] = ((b, *s), "f")
@@ -268,7 +267,7 @@ class MultiHeadAttention(Op):
         else:
             src, d = ws["inputs"][proj], ws[f"dp_{proj}"]
         if part == "kernel":
-            product_rows(src, d, grad, rows, ws["row"][: d.shape[1]])
+            product_rows(src, d, grad, rows)
         else:
             ones = ws["ones"][: d.shape[0]].reshape(-1, 1)
-            product_rows(ones, d, grad, rows, ws["row"][: d.shape[1]])
+            product_rows(ones, d, grad, rows)

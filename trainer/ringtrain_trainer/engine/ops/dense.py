@@ -14,8 +14,8 @@ Why :func:`product_rows`: a weight gradient is streamed in row blocks of the par
 ``(size // shape[-1], shape[-1])`` matrix view (``engine.plan``), but the gradient is computed
 as a product ``a.T @ d`` whose rows may be coarser than the view's — an attention query kernel
 ``(d, heads, key_dim)`` is the product's ``(d, heads·key_dim)`` but streams in
-``(d·heads, key_dim)`` rows. The helper writes exactly the block asked for: whole product rows
-straight into the gradient, a partial row at either end through one row of workspace.
+``(d·heads, key_dim)`` rows. The helper computes the product whole at the first block, so its
+bits never depend on the grid.
 """
 
 from __future__ import annotations
@@ -31,25 +31,16 @@ from ringtrain_trainer.engine.ops.activations import resolve
 from ringtrain_trainer.engine.tensor import ParamSpec
 
 
-def product_rows(
-    a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows, tmp: np.ndarray | None
-) -> None:
-    """Write rows ``rows = (lo, hi)`` of ``grad``'s matrix view, where the whole gradient is
-    ``a.T @ d`` (``a``: (n, R), ``d``: (n, C); ``grad.size == R·C``). ``tmp``: a (C,) buffer
-    for a product row cut by the block."""
-    lo, hi = rows
-    width = grad.shape[-1] if grad.ndim else 1
-    cols = d.shape[1]
-    flat, g2 = grad.reshape(-1), grad.reshape(-1, cols)
-    start, stop = lo * width, hi * width
-    r0, r1 = -(-start // cols), stop // cols  # the whole product rows inside the block
-    if r1 > r0:
-        np.matmul(a[:, r0:r1].T, d, out=g2[r0:r1])
-    for r in {start // cols, (stop - 1) // cols} - set(range(r0, r1)):
-        assert tmp is not None, "a product row cut by the block needs the (C,) buffer"
-        np.matmul(a[:, r], d, out=tmp)
-        s, e = max(start, r * cols), min(stop, (r + 1) * cols)
-        flat[s:e] = tmp[s - r * cols : e - r * cols]
+def product_rows(a: np.ndarray, d: np.ndarray, grad: np.ndarray, rows) -> None:
+    """The gradient ``a.T @ d`` (``a``: (n, R), ``d``: (n, C); ``grad.size == R·C``) for its
+    streamed block ``rows = (lo, hi)`` of ``grad``'s matrix view: written whole at the first
+    block (backward asks a parameter's blocks in order, from row 0) and left for the later ones,
+    which only announce rows already written. Why whole: BLAS may sum a block of a product's
+    rows in another order than the whole product (OpenBLAS's Haswell and Zen kernels do, its
+    SkylakeX ones do not), and the grid depends on the ring's size, so a product cut by the grid
+    gave other bits on other CPUs (issue 34)."""
+    if rows[0] == 0:
+        np.matmul(a.T, d, out=grad.reshape(-1, d.shape[1]))
 
 
 class DenseWs(TypedDict, total=False):
@@ -63,7 +54,6 @@ class DenseWs(TypedDict, total=False):
     mask: np.ndarray
     ones: np.ndarray
     out: np.ndarray
-    row: np.ndarray
     x: np.ndarray
     x_cols: np.ndarray
     x_rows: np.ndarray
@@ -119,8 +109,6 @@ class Dense(Op):
         bufs = {"out": ((b, *self.out_shape), "f"), **self.fn.buffers((b, *self.out_shape), train)}
         if train:
             bufs["ones"] = ((n,), "f")
-            if len(self.in_shape) > 1:  # a product row cut by a streamed block (product_rows)
-                bufs["row"] = ((self.n_out,), "f")
             if need_dx:
                 bufs["dx"] = ((b, *self.in_shape), "f")
         return bufs
@@ -189,4 +177,4 @@ class Dense(Op):
             cols = ws["x_cols"][lo:hi]
             native.loaded().gemm(ws["x"], cols, ws["x_rows"], ws["dz"], grad[lo:hi], self.n_out)
         else:
-            product_rows(ws["x"], ws["g"], grad, rows, ws.get("row"))
+            product_rows(ws["x"], ws["g"], grad, rows)

@@ -126,7 +126,7 @@ class _Recurrent(Op):
         }
         if train:
             bufs.update({"dz": ((b, T, g), "f"), "dh": ((b, u), "f"), "tmp2": ((b, u), "f")})
-            bufs.update({"ones": ((b * T,), "f"), "row": ((g,), "f")})
+            bufs.update({"ones": ((b * T,), "f")})
             if need_dx:
                 bufs["dx"] = ((b, *self.in_shape), "f")
             if self.masked:
@@ -289,13 +289,13 @@ class _Recurrent(Op):
         elif name == "recurrent_kernel" and "hm" in ws:
             self._masked_product(ws, "hm", self._dz_h(ws), grad, rows)
         elif name == "kernel":
-            product_rows(ws["x"], self._dz_x(ws), grad, rows, ws["row"])
+            product_rows(ws["x"], self._dz_x(ws), grad, rows)
         elif name == "recurrent_kernel":
             h_prev = ws["h_prev"].reshape(-1, self.u)
-            product_rows(h_prev, self._dz_h(ws), grad, rows, ws["row"])
+            product_rows(h_prev, self._dz_h(ws), grad, rows)
         else:
             ones = ws["ones"].reshape(-1, 1)
-            product_rows(ones, self._dz_x(ws), grad, rows, ws["row"])
+            product_rows(ones, self._dz_x(ws), grad, rows)
 
     def _project(self, ws: dict[str, Any], x, kernel, bias, into):
         """``into (b, T, G·u) = x @ kernel + bias`` for every timestep at once."""
