@@ -156,3 +156,18 @@ def test_report_of_a_program_that_does_not_fit_prints_the_table_then_fails():
     assert "optimizer_state" in out.stdout and "conv2d+max_pooling2d" in out.stdout
     assert "IPUCompileError" in out.stderr and "does not fit" in out.stderr
     assert "host: optimizer_state" in out.stdout
+
+
+def test_the_report_plans_in_the_precision_the_worker_computes_in():
+    """``--precision fp16`` halves every activation and workspace byte, as the worker's IPU
+    plans them; the report used to plan fp16 runs in float32."""
+    rows = {}
+    for precision in ("fp32", "fp16"):
+        out = _report("--precision", precision, "--data-dir", "/nonexistent")
+        assert out.returncode == 0, out.stderr
+        assert f"(state on the host), {precision}" in out.stdout
+        table = (line.split() for line in out.stdout.splitlines() if line.strip())
+        rows[precision] = {
+            r[0]: int(r[1].replace(",", "")) for r in table if r[1:2] and r[1][0].isdigit()
+        }
+    assert rows["fp16"]["activations"] * 2 == rows["fp32"]["activations"] > 0

@@ -17,6 +17,7 @@ from ringtrain_trainer.ipu.build import build_ipu, config_for
 from ringtrain_trainer.ipu.memory import format_report, host_optimizer_state
 from ringtrain_trainer.ipu.pipeline import PipelinedIPU
 from ringtrain_trainer.keras import load as keras_load
+from ringtrain_trainer.optim import numerics
 
 
 def report(cfg, out) -> None:
@@ -31,11 +32,18 @@ def report(cfg, out) -> None:
     params = spec.init(cfg.seed)
     opt = optim.for_run(cfg, spec)
     state = optim.state_bytes_for(opt, spec.num_params)
+    run = numerics.for_run(cfg, spec)  # the precision the worker would compute in
     checkpoints = layer_names(cfg.recomputation_checkpoints)
     ipu = build_ipu(
         cfg,
         spec,
-        config_for(cfg, state, host_threads=1),
+        config_for(
+            cfg,
+            state,
+            host_threads=1,
+            precision=run.precision,
+            stochastic_rounding=run.stochastic_rounding,
+        ),
         params,
         np.zeros_like(params),
         trace.OFF,
@@ -47,7 +55,7 @@ def report(cfg, out) -> None:
         frozen = spec.num_frozen
         head = (
             f"IPU memory report: model {spec.name}, {spec.num_params:,} parameters, "
-            f"optimizer {opt.name} (state on the {where})"
+            f"optimizer {opt.name} (state on the {where}), {run.precision}"
             + (f", {spec.num_frozen:,} frozen parameters held as state" if frozen else "")
         )
         declared = spec.declared_input_shape
