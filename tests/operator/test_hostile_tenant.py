@@ -94,6 +94,22 @@ def test_a_huge_inline_dense_is_refused_by_arithmetic_with_the_numbers_in_little
     print(json.dumps({"case": "huge_dense_refused", "baseline_peak_mib": base["peak_mib"], **got}))
 
 
+def test_a_huge_dense_behind_a_free_input_dimension_is_refused_by_its_weights_alone():
+    """Before: a free (None) input dimension skipped the budget and the spec check built the
+    model — a 966-byte spec took 18.6 s and 802 MiB (issue 35). The weights do not depend on
+    the free dimension, so they are held to the budget by arithmetic."""
+    free = sequential([None, 28], layer("GlobalAveragePooling1D"), layer("Dense", units=10**10))
+    got = load_in_a_fresh_process({"model": free, "dataset": "mnist-5k", "steps": 1})
+    assert got["verdict"] is not None and "spec.trainer.model" in got["verdict"]
+    assert "290,000,000,000 parameters" in got["verdict"] and "ipuMemoryMB" in got["verdict"]
+    assert got["seconds"] < 5
+    base = load_in_a_fresh_process({"dataset": "mnist-5k", "steps": 1})
+    assert got["peak_mib"] < PEAK_LIMIT_MIB and got["peak_mib"] - base["peak_mib"] < EXTRA_LIMIT_MIB
+    print(
+        json.dumps({"case": "free_dim_dense_refused", "baseline_peak_mib": base["peak_mib"], **got})
+    )
+
+
 def test_the_largest_model_the_budget_admits_is_checked_in_little_memory():
     """At the CRD's largest ipuMemoryMB, a model just inside the budget is built (to check its
     shapes as the worker will) in bounded memory: the budget bounds the build."""

@@ -40,14 +40,15 @@ MAX_SLOTS = 3
 
 def check(model: Any, capacity: int, per_ipu: int) -> str | None:
     """Why an inline Keras config cannot run, or None: parsed and built as the worker will,
-    the memory budget first unless an input dimension is free (the worker checks it once its
-    data fixes them)."""
+    the memory budget first. Where an input dimension is free, its weights alone are held to
+    the budget here (they do not depend on it); the worker checks the activations once its
+    data fixes the dimension."""
     free = free_input_shape(dict(model)) is not None
     try:
         keras_load.from_config(
             dict(model),
             "inline",
-            None if free else (capacity, per_ipu),
+            (capacity, 0 if free else per_ipu),
             data=keras_load.any_length,
         )
     except InvalidSpec as e:

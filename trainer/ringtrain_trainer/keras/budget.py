@@ -81,7 +81,8 @@ def largest_held(cfg: ModelConfig, rows: list[LayerCost]) -> int:
 
 
 def check(cfg: ModelConfig, capacity_bytes: int, batch_per_ipu: int) -> None:
-    """Refuse, with the numbers, a model whose :func:`need_bytes` exceeds ``capacity_bytes``."""
+    """Refuse, with the numbers, a model whose :func:`need_bytes` exceeds ``capacity_bytes``;
+    ``batch_per_ipu`` 0: the weights alone (an input whose free dimensions the data fixes)."""
     if need_bytes(cfg, batch_per_ipu) <= capacity_bytes:
         return
     rows = costs(cfg)
@@ -90,6 +91,12 @@ def check(cfg: ModelConfig, capacity_bytes: int, batch_per_ipu: int) -> None:
     weights = 2 * ITEMSIZE * params
     acts = ITEMSIZE * batch_per_ipu * (math.prod(cfg.input_shape) + largest)
     top = sorted(rows, key=lambda r: -r.params)[:2]
+    if not batch_per_ipu:  # an input with free dimensions: its weights alone are known
+        raise InvalidSpec(
+            f"model: {weights:,} bytes of float32 weights and gradients per IPU at least "
+            f"({params:,} parameters), {capacity_bytes:,} available (ipuMemoryMB); largest "
+            "layers: " + ", ".join(f"{r.name!r} {r.params:,} parameters" for r in top)
+        )
     raise InvalidSpec(
         f"model: {weights + acts:,} bytes needed per IPU at least ({params:,} parameters: "
         f"{weights:,} bytes of float32 weights and gradients; the input and the largest "
