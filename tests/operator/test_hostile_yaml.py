@@ -47,8 +47,24 @@ def alias_bomb() -> str:
     )
 
 
-CASES = {
+def scalar_alias_bomb() -> str:
+    """A few nodes, gigabytes written out: one 100 kB scalar aliased 5,000 times (issue 35:
+    ``render`` spent minutes writing it)."""
+    big = "  annotations:\n    a: &a " + "x" * 100_000 + "\n"
+    refs = "".join(f"    k{i}: *a\n" for i in range(5000))
+    return JOB.replace("  name: hostile\n", "  name: hostile\n" + big + refs)
+
+
+CASES: dict[str, tuple[str | bytes, str]] = {
     "alias bomb": (alias_bomb(), "refused: more than 100000 nodes, aliases counted"),
+    "scalar alias bomb": (scalar_alias_bomb(), "refused: more than 6 MiB of values"),
+    "!!int abc": (JOB.replace("replicas: 1", "replicas: !!int abc"), "a value YAML cannot read"),
+    "invalid date": (
+        HEAD.replace("  name: hostile", "  name: hostile\n  creationTimestamp: 2020-13-45")
+        + "spec: {}\n",
+        "a value YAML cannot read: month must be in 1..12",
+    ),
+    "invalid UTF-8": (JOB.encode().replace(b"hostile", b"host\xffile"), "not UTF-8 text"),
     "nested 100,000 deep": (
         HEAD + "spec: " + "[" * 100_000 + "]" * 100_000 + "\n",
         "nested deeper",
@@ -86,7 +102,7 @@ def test_hostile_yaml_is_refused_by_render_with_exit_2_in_bounded_memory(
 ):
     text, why = CASES[case]
     path = tmp_path / "job.yaml"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     report, err = probe("render", str(path))
     print(json.dumps({"case": case, "baseline_mib": baseline_mib, **report}))
     assert report["code"] == 2, err
@@ -95,11 +111,13 @@ def test_hostile_yaml_is_refused_by_render_with_exit_2_in_bounded_memory(
     assert report["peak_mib"] < baseline_mib + EXTRA_MIB, (report, baseline_mib)
 
 
-@pytest.mark.parametrize("case", ["alias bomb", "nested 100,000 deep"])
+@pytest.mark.parametrize(
+    "case", ["alias bomb", "nested 100,000 deep", "!!int abc", "invalid UTF-8"]
+)
 def test_hostile_yaml_is_refused_by_run_before_anything_runs(tmp_path, case):
     text, why = CASES[case]
     path = tmp_path / "job.yaml"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     report, err = probe("run", str(path), "--run-dir", str(tmp_path / "run"))
     assert report["code"] == 2, err
     assert str(path) in err and why in err and "Traceback" not in err, err
