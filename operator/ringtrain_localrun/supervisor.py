@@ -174,6 +174,7 @@ class Runner:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             text=True,
+            errors="replace",  # a replica's stray byte is logged as U+FFFD, never a traceback
             bufsize=1,
             start_new_session=True,
             cwd=self.run_dir,

@@ -96,7 +96,11 @@ def main(argv: list[str], termination_log: str | None = options.TERMINATION_LOG)
         return 2
     final = None
     with subprocess.Popen(
-        [argv[0], "--tag-output", *argv[1:]], stdout=subprocess.PIPE, text=True, bufsize=1
+        [argv[0], "--tag-output", *argv[1:]],
+        stdout=subprocess.PIPE,
+        text=True,
+        errors="replace",  # a rank's stray byte is shown as U+FFFD, never a traceback
+        bufsize=1,
     ) as proc:
         previous = {
             sig: signal.signal(sig, lambda s, _f: proc.send_signal(s))

@@ -650,3 +650,23 @@ def test_the_evaluator_example_evaluates_every_checkpoint_and_exports_a_keras_mo
     config, weights = read_keras(final["export"])
     assert config["class_name"] == "Sequential" and len(weights) == 6
     assert "evaluator-0| checkpoint step 30  test loss" in proc.stderr
+
+
+def test_a_replicas_stray_non_utf8_byte_is_logged_replaced_and_the_run_succeeds(tmp_path):
+    """Before (issue 35): a replica's byte that is not UTF-8 ended the runner's reader thread
+    with a traceback, and the run never saw the replica's end."""
+    code = "import sys; sys.stdout.buffer.write(b'bad \\xff byte\\n'); sys.stdout.flush()"
+    run_dir = tmp_path / "run"
+    out = run(
+        [
+            str(write(tmp_path, command_job("bytes", code, replicas=1))),
+            "--json",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert out.returncode == cli.EXIT_SUCCEEDED, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    assert "bad \ufffd byte" in (run_dir / "pods" / "bytes-worker-0" / "log").read_text()

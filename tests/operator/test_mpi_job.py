@@ -475,3 +475,23 @@ def test_rank_0s_final_event_split_by_rank_1s_line_is_reassembled():
     # a rank's stdout and stderr are separate lines
     lines.feed("[1,0]<stderr>:warn[1,0]<stdout>:out")
     assert lines.feed("[1,0]<stderr>:ing") == [(0, "warning")]
+
+
+def test_a_ranks_stray_non_utf8_byte_is_shown_replaced_not_a_launcher_traceback(tmp_path, capsys):
+    """Before (issue 35): one byte that is not UTF-8 from any rank crashed the launcher with a
+    UnicodeDecodeError traceback, and the job's result was lost."""
+    import sys
+
+    from ringtrain_operator import mpilaunch
+
+    code = (
+        "import json, os, sys; r = int(os.environ['OMPI_COMM_WORLD_RANK']); "
+        "sys.stdout.buffer.write(b'bad \\xff byte\\n'); sys.stdout.flush(); "
+        "print(json.dumps({'event': 'final', 'steps': 3, 'loss': 0.5, 'terminated': False}))"
+    )
+    log = tmp_path / "termination-log"
+    mpirun = ["mpirun", "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+    assert mpilaunch.main([*mpirun, "-np", "2", sys.executable, "-c", code], str(log)) == 0
+    assert json.loads(log.read_text())["steps"] == 3
+    out = capsys.readouterr().out
+    assert "bad \ufffd byte" in out and "[rank 1] bad \ufffd byte" in out
