@@ -56,3 +56,23 @@ def test_writable_outputs_train_and_export(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "c" / "deep" / "er" / "model.keras").is_file()
     assert not list((tmp_path / "c").rglob(".ringtrain-write-check-*"))
+
+
+def test_a_relative_export_that_leaves_the_checkpoint_directory_is_refused(tmp_path):
+    """Before (issue 35): ``--export ../../x.keras`` wrote beside the checkpoint volume."""
+    ckpt = tmp_path / "vol" / "ckpt"
+    out = subprocess.run(
+        [
+            *WORKER,
+            *("--steps", "2", "--batch-size", "8", "--checkpoint-dir", str(ckpt)),
+            *("--export", "../../x.keras"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == EXIT_PERMANENT, out.stderr[-2000:]
+    assert "--export ../../x.keras: a relative path is under the checkpoint directory" in out.stderr
+    assert not (tmp_path / "x.keras").exists()
+    events = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    assert not [e for e in events if e.get("event") in ("progress", "final")], events[:3]

@@ -17,9 +17,17 @@ from ringtrain.errors import InvalidSpec
 
 
 def export_path(export: str, checkpoint_dir: str | None) -> Path:
-    """``--export``'s file: a relative path is under the checkpoint directory."""
+    """``--export``'s file: a relative path is under the checkpoint directory, and stays there
+    (``../../x.keras`` would write beside the volume, wherever that is: refused)."""
     path = Path(export)
-    return path if path.is_absolute() else Path(checkpoint_dir or ".") / path
+    if path.is_absolute():
+        return path
+    if ".." in path.parts:
+        raise InvalidSpec(
+            f"--export {export}: a relative path is under the checkpoint directory and may not "
+            "leave it ('..'); give an absolute path to write elsewhere"
+        )
+    return Path(checkpoint_dir or ".") / path
 
 
 def _unwritable(directory: Path) -> str | None:
