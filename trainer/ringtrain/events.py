@@ -178,6 +178,7 @@ class Status(_Record):
         "test_metrics",
         "outputs",
         "test_outputs",
+        "data_wait_s",
     )
     step: int | None = 0
     epoch: float | None = 0
@@ -214,6 +215,9 @@ class Status(_Record):
     outputs: Values | None = None
     #: a model with several outputs: the last evaluation's values per output (Keras' names)
     test_outputs: Values | None = None
+    #: seconds the last step waited for its batch's data (``ringtrain_data_wait_seconds``);
+    #: near 0 while reading from shards stays hidden behind the step
+    data_wait_s: float | None = None
 
 
 Event = Progress | Eval | Evaluation | Final

@@ -28,6 +28,7 @@ from ringtrain_trainer.checkpoint.store import CheckpointManager, checkpoint_cap
 from ringtrain_trainer.collective import Collective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data import dataset as data_mod
+from ringtrain_trainer.data.feed import Feed
 from ringtrain_trainer.data.npz import fit_model
 from ringtrain_trainer.engine import plan
 from ringtrain_trainer.engine.multiloss import MultiLossSpec
@@ -201,12 +202,12 @@ class Trainer(SharedEvaluation, Checkpointing):
             if cfg.checkpoint_dir
             else None
         )
-        b = cfg.batch_size * self.micro
-        self.x = np.zeros((b, *self.spec.input_shape), np.float32)
-        self.y = label_buffer(self.spec.loss, b, self.spec.num_classes)
-        self.scratch = np.zeros(
-            (b, *self.data.train.images.shape[1:]), self.data.train.images.dtype
-        )
+        spec, b = self.spec, self.sharder.batch_size
+        #: this worker's batches, from shards read ahead while a step runs (``data.feed``)
+        self.feed = Feed(
+            self.data.train, self.sharder, spec.input_shape,
+            lambda: label_buffer(spec.loss, b, spec.num_classes),
+        )  # fmt: skip
         self.step = 0
         self.position = data_mod.Position(0, 0, self.sharder.global_batch)
         self.last_checkpoint: str | None = None
@@ -253,17 +254,12 @@ class Trainer(SharedEvaluation, Checkpointing):
         tr.begin_step(self.step + 1)
         t0_ns, pos = tr.now(), self.position
         with tr.span(trace.DATA, "load batch"):
-            data_mod.batch_into(
-                self.data.train,
-                self.sharder.indices(pos.epoch, pos.batch),
-                self.x,
-                self.y,
-                self.scratch,
-            )
+            x, y = self.feed.get(pos)
+        self.metrics.observe_data_wait(self.feed.wait_s)
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
         self.ipu.precision.loss_scale = self.loss_scale.scale
         # K micro-batches; the last streams the mean of all K (accumulate)
-        loss = self.ipu.train_batch(self.exe, self.x, self.y, self.reducer.on_grad, step=self.step)
+        loss = self.ipu.train_batch(self.exe, x, y, self.reducer.on_grad, step=self.step)
         loss += self.optimizer.penalty  # Keras' loss includes the regularizers' penalty
         comm = self.reducer.finish()
         rows = self.optimizer.sparse
@@ -408,5 +404,6 @@ class Trainer(SharedEvaluation, Checkpointing):
         if self._owner is not None:
             ckpt_owner.release(self._owner)
         self.tb.close()
+        self.feed.close()
         self.reducer.close()
         self.ipu.close()

@@ -25,6 +25,8 @@ import numpy as np
 
 from ringtrain.errors import DataError, InvalidSpec
 from ringtrain_trainer.data.npz import load_npz
+from ringtrain_trainer.data.rows import ShardedArray
+from ringtrain_trainer.data.shards import is_sharded, load_sharded
 from ringtrain_trainer.data.split import Dataset, Split
 
 #: IDX element type codes (third byte of the magic number) → numpy dtype (big endian).
@@ -166,8 +168,11 @@ def load_mnist5k(path: str | os.PathLike | None = None) -> Dataset:
 
 
 def load(name: str, data_dir: str | os.PathLike = FASHION_MNIST_DIR) -> Dataset:
-    """``data_dir`` is a directory of IDX files or a ``.npz`` file (:mod:`.data_npz`)."""
+    """``data_dir`` is a directory of IDX files, a ``.npz`` file (:mod:`.npz`), or a directory
+    or glob of shards (:mod:`.shards`: streamed, not loaded)."""
     if name == "fashion-mnist":
+        if is_sharded(data_dir):
+            return load_sharded(data_dir)
         if str(data_dir).endswith(".npz"):
             return load_npz(data_dir)
         return load_idx_dir(data_dir, name)
@@ -271,11 +276,17 @@ def batch_into(
     scratch: np.ndarray,
 ) -> None:
     """Gather examples ``idx`` into preallocated float32 images (``images * split.scale``, the
-    rule of :class:`Split`) and int64 labels; ``scratch`` has the stored images' dtype."""
+    rule of :class:`Split`) and int64 labels; ``scratch`` has the stored images' dtype.
+    Shards (:class:`~.rows.ShardedArray`) are read from their files straight into the buffer."""
     out = images_out.reshape((len(idx), *split.images.shape[1:]))
-    if split.scale == 1.0 and split.images.dtype == out.dtype:
-        np.take(split.images, idx, axis=0, out=out)
+    src = split.images
+    direct = split.scale == 1.0 and src.dtype == out.dtype
+    if isinstance(src, ShardedArray):
+        src.take_into(idx, out if direct else scratch)
+    elif direct:
+        np.take(src, idx, axis=0, out=out)
     else:
-        np.take(split.images, idx, axis=0, out=scratch)
+        np.take(src, idx, axis=0, out=scratch)
+    if not direct:
         np.multiply(scratch, out.dtype.type(split.scale), out=out)
     np.take(split.labels, idx, axis=0, out=labels_out)

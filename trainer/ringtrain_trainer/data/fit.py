@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from ringtrain.errors import DataError
+from ringtrain_trainer.data.shards import all_integer
 from ringtrain_trainer.data.split import Dataset
 from ringtrain_trainer.engine.loss_spec import LossSpec
 
@@ -43,7 +44,7 @@ def check_fits(
             input_dtype
             and "int" in str(input_dtype)
             and not np.issubdtype(x.dtype, np.integer)
-            and not np.array_equal(x, np.round(x))
+            and not all_integer(x)
         ):
             raise DataError(
                 f"{source}: {key} is {x.dtype} {tuple(x.shape)} with fractional values, but the "

@@ -27,6 +27,7 @@ from ringtrain.errors import DataError
 from ringtrain_trainer.data import multi as data_multi
 from ringtrain_trainer.data.arrays import read_features, read_labels
 from ringtrain_trainer.data.fit import check_fits, conform
+from ringtrain_trainer.data.rows import ShardedArray
 from ringtrain_trainer.data.split import Dataset, Split
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -106,6 +107,14 @@ def fit_model(dataset: Dataset, spec, source: str | os.PathLike) -> tuple[Datase
     :func:`check_fits` against a ``model.ModelSpec`` (refusals raise), and the
     :func:`raw_pixels_note` to print, if any: what the worker and the evaluator both run."""
     config = spec.config
+    if isinstance(dataset.train.images, ShardedArray):  # name the file, not only the pattern
+        if config is not None and config.multi:
+            raise DataError(
+                f"{source}: shards for a model with several inputs or outputs: "
+                "not supported yet (use one .npz named per input)"
+            )
+        parts = dataset.train.images.parts
+        source = f"{parts[0].path} (first of {len(parts)} shards in {source})"
     if dataset.parts is not None or (config is not None and config.multi):
         return data_multi.pack(dataset, config, source), None
     loss = spec.loss

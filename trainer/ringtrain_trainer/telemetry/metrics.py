@@ -236,6 +236,12 @@ class TrainerMetrics:
             "re-execs)",
             registry=r,
         )
+        self.data_wait = Counter(
+            "ringtrain_data_wait_seconds",
+            "Seconds steps waited for their batch's data (reading not hidden behind the "
+            "previous step)",
+            registry=r,
+        )
         self.waiting_names: list[str] = []
         self._last = IPUStats()
         self._status = events.Status()
@@ -301,6 +307,12 @@ class TrainerMetrics:
         self.update_status(
             step=step, epoch=epoch, loss=loss, samples_per_s=samples_per_s, phase="Training"
         )
+
+    def observe_data_wait(self, seconds: float) -> None:
+        """The step's wait for its batch (``data.feed``): counted, and ``/status``'s
+        ``data_wait_s`` (the last step's)."""
+        self.data_wait.inc(seconds)
+        self.update_status(data_wait_s=round(seconds, 6))
 
     def observe_eval(self, accuracy: float, metric: str = "accuracy") -> None:
         """The chief's evaluation: ``accuracy``, or the MAE (``metric="mae"``: a regression
