@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -26,7 +27,7 @@ from ringtrain_operator import status
 from . import needs, sources
 from .console import Output, format_summary
 from .jobstate import summary, terminal_condition
-from .logs import FINAL_NAME
+from .logs import FINAL_NAME, RUN_NAME
 from .plan import Replica, plan, read_job
 from .supervisor import DEFAULT_GRACE_S, Runner, Stopped, exit_status, read_result
 
@@ -131,17 +132,20 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / FINAL_NAME).unlink(missing_ok=True)  # a reused run dir's: `logs -f` waits anew
     runner = Runner(job, replicas, run_dir, output, grace_s=args.grace_period)
-    output.event(
-        {
-            "event": "start",
-            "job": job.name,
-            "run_dir": str(run_dir),
-            "replicas": {
-                r.label: {"pod": r.name, "metrics_port": r.metrics_port, "log": r.log}
-                for r in replicas
-            },
-        }
-    )
+    start = {
+        "event": "start",
+        "job": job.name,
+        "run_dir": str(run_dir),
+        "replicas": {
+            r.label: {"pod": r.name, "metrics_port": r.metrics_port, "log": r.log} for r in replicas
+        },
+    }
+    output.event(start)
+    # who runs it and which replica is the chief: `ringtrain status|wait|delete` and the
+    # Python client (ringtrain_client) read it while the run goes on
+    with contextlib.suppress(OSError):
+        run = {**start, "pid": os.getpid(), "chief": runner.chief_label}
+        files.atomic_write(run_dir / RUN_NAME, (json.dumps(run) + "\n").encode())
     output.message(f"TrainingJob {job.name}: {len(replicas)} replicas, run dir {run_dir}")
     for r in replicas:
         if r.metrics_port:

@@ -34,6 +34,8 @@ RESTART_MARK = "----- ringtrain run: {label} started again in place (restart {n}
 RECREATED_MARK = "----- ringtrain run: {label} recreated (job restart {n}) -----"
 #: What `ringtrain run` writes in the run dir when it ends: `ringtrain logs --follow` stops then.
 FINAL_NAME = "final.json"
+#: What `ringtrain run` writes in the run dir when it starts: its pid, the replicas and the chief.
+RUN_NAME = "run.json"
 #: Seconds between looks for new output under --follow.
 FOLLOW_POLL_S = 0.2
 

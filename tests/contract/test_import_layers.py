@@ -20,6 +20,7 @@ PACKAGES = (
     "ringtrain_bench",
     "ringtrain_operator",
     "ringtrain_localrun",
+    "ringtrain_client",
 )
 SOURCES = (
     "trainer/ringtrain",
@@ -27,6 +28,7 @@ SOURCES = (
     "trainer/ringtrain_bench",
     "operator/ringtrain_operator",
     "operator/ringtrain_localrun",
+    "operator/ringtrain_client",
 )
 
 #: the only modules imported inside functions, and why each waits until it is needed

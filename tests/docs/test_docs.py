@@ -35,7 +35,7 @@ README_PAGES = [
 CHART = ROOT / "charts" / "ringtrain"
 # A metric name, but not a package's (`ringtrain_operator`, `ringtrain_operator.spec`, ...).
 METRIC = re.compile(
-    r"\bringtrain_(?!(?:operator|trainer|bench|localrun)\b)[a-z_]+"
+    r"\bringtrain_(?!(?:operator|trainer|bench|localrun|client)\b)[a-z_]+"
 )  # not a package name
 
 

@@ -24,6 +24,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "ringtrain_localrun.logs",
         "print the replicas' logs of a `ringtrain run` run dir (cluster jobs: not yet)",
     ),
+    ("status",): ("ringtrain_client.cli:status_main", "print a job's phase and progress"),
+    ("list",): ("ringtrain_client.cli:list_main", "list the jobs (local runs, or a namespace's)"),
+    ("wait",): ("ringtrain_client.cli:wait_main", "wait for a job; exit 0 if it succeeded"),
+    ("delete",): ("ringtrain_client.cli:delete_main", "stop and delete a job (local: its run dir)"),
     ("render",): ("ringtrain_operator.render", "print every object the operator would create"),
     ("convert",): ("ringtrain_operator.tfjob", "print a Kubeflow TFJob file as a TrainingJob"),
     ("model-configmap",): (

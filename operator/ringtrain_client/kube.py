@@ -1,0 +1,207 @@
+"""The Kubernetes backend: a job is a TrainingJob in a namespace, its files ConfigMaps.
+
+Pipeline position: the client's submit creates the TrainingJob, then one ConfigMap for the model
+(``spec.trainer.modelFrom.configMap``, decision 0206) and one for the data (``spec.trainer.data``
+with a configMap volume), each owned by the job, so deleting the job removes them (the garbage
+collector) and ``kubectl get tj -o yaml`` names where the files came from. Pods wait in
+ContainerCreating for the ConfigMaps (the kubelet retries the mount), so creating the job first
+costs nothing and gives the owner's uid. A ConfigMap holds at most 1 MiB: beyond it submit
+refuses, naming the size and the limit (a PersistentVolumeClaim the client fills is issue 36's
+next step, not done). Credentials: in-cluster, else the kubeconfig (``$KUBECONFIG``), as the
+operator's (:func:`ringtrain_operator.kube.load_config`).
+
+Not yet: ``model()`` (the export is on the chief's checkpoint volume, which the client cannot
+read without a pod of its own). Not yet covered by an end-to-end test.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from ringtrain_operator import manifests, modelfrom
+from ringtrain_operator.job import GROUP, PLURAL, VERSION
+from ringtrain_operator.kube import load_config
+
+from .build import DATA_FILE, MODEL_FILE
+from .jobs import JobNotFound, JobStatus, Metrics, fold_metrics
+
+#: where the data ConfigMap is mounted in the trainer pods (spec.trainer.data.path)
+DATA_MOUNT = "/data"
+
+
+def too_big(size: int, what: str) -> str | None:
+    """Why ``size`` bytes cannot go in one ConfigMap (the client has no other route yet)."""
+    if size <= modelfrom.MAX_OBJECT_BYTES:
+        return None
+    return (
+        f"{what} is {size:,} bytes; a ConfigMap holds at most {modelfrom.MAX_OBJECT_BYTES:,} "
+        "(1 MiB, Kubernetes' limit), and the client ships nothing larger to a cluster yet: "
+        "put it on a PersistentVolumeClaim and name it in spec= (trainer.modelFrom / "
+        "trainer.data), or use the local backend"
+    )
+
+
+def trainer_fields(name: str) -> dict[str, Any]:
+    """``spec.trainer`` naming the two ConfigMaps :meth:`KubeBackend.submit` creates."""
+    return {
+        "modelFrom": {"configMap": {"name": f"{name}-model", "key": MODEL_FILE}},
+        "data": {
+            "volume": {"configMap": {"name": f"{name}-data"}},
+            "path": DATA_MOUNT,
+            "file": DATA_FILE,
+        },
+    }
+
+
+class KubeBackend:
+    """TrainingJobs in ``namespace`` of the cluster the kubeconfig names."""
+
+    name = "kubernetes"
+
+    def __init__(self, namespace: str = "default", kubeconfig: str | None = None):
+        self.namespace = namespace
+        api = load_config(kubeconfig)
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+
+    def _get(self, name: str) -> dict[str, Any]:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name
+            )
+        except ApiException as e:
+            if e.status == 404:
+                raise JobNotFound(f"no TrainingJob {name} in namespace {self.namespace}") from None
+            raise
+        return obj
+
+    def submit(self, obj: dict[str, Any], files: dict[str, Path]) -> str:
+        """Create the TrainingJob, then a ConfigMap per file (``{"model": path, "data": path}``)
+        owned by it. Sizes are checked before anything is created."""
+        contents = {what: p.read_bytes() for what, p in files.items()}
+        for what, data in contents.items():
+            if (why := too_big(len(data), f"the {what} ({files[what].name})")) is not None:
+                raise ValueError(why)
+        name = obj["metadata"]["name"]
+        created = self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, obj
+        )
+        owner = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TrainingJob",
+            "name": name,
+            "uid": created["metadata"]["uid"],
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+        keys = {"model": MODEL_FILE, "data": DATA_FILE}
+        for what, data in contents.items():
+            cm = modelfrom.configmap(f"{name}-{what}", keys[what], data, self.namespace)
+            cm["metadata"]["ownerReferences"] = [owner]
+            cm["metadata"]["labels"] = {manifests.LABEL_JOB: name}
+            self.core.create_namespaced_config_map(self.namespace, cm)
+        return str(name)
+
+    def status(self, name: str) -> JobStatus:
+        obj = self._get(name)
+        st = obj.get("status") or {}
+        state = st.get("state")
+        cond: dict[str, Any] = next(
+            (
+                c
+                for c in st.get("conditions") or []
+                if c.get("type") == state and c.get("status") == "True"
+            ),
+            {},
+        )
+        prog = st.get("progress") or {}
+        trainer = (obj.get("spec") or {}).get("trainer") or {}
+        return JobStatus(
+            name=name,
+            backend=self.name,
+            phase=state,
+            reason=cond.get("reason"),
+            message=cond.get("message"),
+            step=prog.get("step"),
+            total_steps=trainer.get("steps"),
+            loss=prog.get("loss"),
+            test_accuracy=prog.get("testAccuracy"),
+            restarts=int(st.get("restarts") or 0),
+            export=prog.get("export"),
+            location=f"{self.namespace}/{name}",
+        )
+
+    def _pods(self, name: str, replica: str | None = None) -> list[str]:
+        sel = f"{manifests.LABEL_JOB}={name}"
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=sel).items
+        names = sorted(p.metadata.name for p in pods)
+        if replica is not None:
+            names = [n for n in names if n == replica or n.endswith(f"-{replica}")]
+        return names
+
+    def _chief(self, name: str) -> str | None:
+        pods = self._pods(name)
+        return next((p for p in pods if p.endswith(("-chief-0", "-worker-0"))), None)
+
+    def metrics(self, name: str) -> Metrics:
+        chief = self._chief(name)
+        if chief is None:
+            return Metrics()
+        text = self.core.read_namespaced_pod_log(
+            chief, self.namespace, container=manifests.MAIN_CONTAINER
+        )
+        return fold_metrics(str(text).splitlines())
+
+    def logs(self, name: str, replica: str | None, follow: bool, out: TextIO) -> int:
+        pods = self._pods(name, replica)
+        if not pods:
+            raise JobNotFound(f"no pod of {name} in {self.namespace} (replica {replica!r})")
+        prefix = len(pods) > 1
+        for pod in pods:  # followed one after the other: a job's pods end together
+            resp = self.core.read_namespaced_pod_log(
+                pod,
+                self.namespace,
+                container=manifests.MAIN_CONTAINER,
+                follow=follow,
+                _preload_content=False,
+            )
+            for raw in resp.stream():
+                for line in raw.decode(errors="replace").splitlines():
+                    out.write(f"{pod}| {line}\n" if prefix else line + "\n")
+            out.flush()
+        return 0
+
+    def export(self, name: str) -> Path:
+        raise NotImplementedError(
+            f"{name}: model() on a cluster is not done yet: the export "
+            f"({self.status(name).export}) is on the chief's checkpoint volume; "
+            "copy it out with `kubectl cp` or name a PersistentVolumeClaim in "
+            "spec.trainer.checkpoint and read it there"
+        )
+
+    def delete(self, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name, propagation_policy="Foreground"
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                self._get(name)
+            except JobNotFound:
+                return
+            time.sleep(0.5)
+
+    def list(self) -> list[JobStatus]:
+        items = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL
+        ).get("items", [])
+        return [self.status(o["metadata"]["name"]) for o in items]
