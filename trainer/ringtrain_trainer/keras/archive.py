@@ -16,6 +16,7 @@ import copy
 import datetime
 import io
 import json
+import math
 import os
 import zipfile
 from pathlib import Path
@@ -276,6 +277,10 @@ def write_keras(
 #: the length a free (None) input dimension takes to read a model's weights: their shapes do
 #: not depend on it (the run fixes it from the data, ``keras.config.fix_input_shape``)
 ANY_LENGTH = 1024
+#: a model's config.json: Keras' own for a thousand-layer model is a few MiB
+MAX_CONFIG_BYTES = 16 << 20
+#: what an HDF5 weights file adds to its arrays (its groups, names and attributes)
+H5_OVERHEAD_BYTES = 16 << 20
 
 
 def _any_length(doc: dict) -> dict:
@@ -285,9 +290,23 @@ def _any_length(doc: dict) -> dict:
     return fix_input_shape(doc, tuple(ANY_LENGTH if d is None else d for d in free))
 
 
-def read_keras(path: str | os.PathLike) -> tuple[dict, list[np.ndarray]]:
+def _bounded(zf: zipfile.ZipFile, name: str, limit: int, path: Path, why: str) -> bytes:
+    """A member read only if its stated size is within ``limit`` (zipfile stops at the stated
+    size and checks the CRC, so a member cannot inflate beyond what it states)."""
+    size = zf.getinfo(name).file_size
+    if size > limit:
+        raise InvalidSpec(f"{path}: {name} is {size:,} bytes uncompressed, over {limit:,} ({why})")
+    return zf.read(name)
+
+
+def read_keras(
+    path: str | os.PathLike, max_weight_bytes: int | None = None
+) -> tuple[dict, list[np.ndarray]]:
     """The inverse of :func:`write_keras` for any ``.keras`` file of a supported model (Keras'
-    own included): its config and weights in ``get_weights()`` order."""
+    own included): its config and weights in ``get_weights()`` order. Every member is bounded
+    before it is inflated (a zip bomb of a config.json cost 5.7 GB, issue 35): the config by
+    :data:`MAX_CONFIG_BYTES`, the weights by what the config's arrays can take in float64 plus
+    HDF5's overhead, and by ``max_weight_bytes`` (the IPU's memory, where known)."""
     path = Path(path)
     try:
         with zipfile.ZipFile(path) as zf:
@@ -297,16 +316,21 @@ def read_keras(path: str | os.PathLike) -> tuple[dict, list[np.ndarray]]:
                     raise InvalidSpec(
                         f"{path}: no {need} in the archive (not a Keras 3 .keras file?)"
                     )
-            doc = json.loads(zf.read(CONFIG))
-            blob = zf.read(WEIGHTS)
+            doc = json.loads(_bounded(zf, CONFIG, MAX_CONFIG_BYTES, path, "a model's config"))
+            try:
+                cfg = parse(_any_length(doc), compiled=False)
+            except InvalidSpec as e:
+                raise InvalidSpec(f"--model {path}: {e}") from None
+            values = sum(math.prod(w.shape) for _, ws in weights_of(cfg) for w in ws)
+            limit = 8 * values + H5_OVERHEAD_BYTES
+            why = f"{values:,} weights at 8 bytes at most, and HDF5's overhead"
+            if max_weight_bytes is not None and max_weight_bytes + H5_OVERHEAD_BYTES < limit:
+                limit, why = max_weight_bytes + H5_OVERHEAD_BYTES, "the IPU's memory"
+            blob = _bounded(zf, WEIGHTS, limit, path, why)
     except FileNotFoundError:
         raise InvalidSpec(f"{path}: no such file") from None
     except (OSError, zipfile.BadZipFile, ValueError) as e:
         raise InvalidSpec(f"{path}: not a readable .keras archive ({e})") from None
-    try:
-        cfg = parse(_any_length(doc), compiled=False)
-    except InvalidSpec as e:
-        raise InvalidSpec(f"--model {path}: {e}") from None
     h5py = _h5py()
     weights: list[np.ndarray] = []
     try:

@@ -249,7 +249,7 @@ def read_keras_archive(
     path: Path, budget: tuple[int, int] | None = None, data: DataShape = None
 ) -> tuple[dict, list[np.ndarray], KerasModel]:
     """config, weights in ``get_weights`` order, and the model, from a ``.keras`` zip."""
-    config, weights = archive.read_keras(path)
+    config, weights = archive.read_keras(path, None if budget is None else budget[0])
     return config, weights, from_config(config, str(path), budget, fresh=False, data=data)
 
 
