@@ -68,6 +68,7 @@ def server(
     material: tls.Material | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     max_connections: int = SPARE_CONNECTIONS,
+    interceptors: tuple[grpc.ServerInterceptor, ...] = (),
 ) -> grpc.Server:
     """A gRPC server bound to ``host:port`` but not started (handlers are added first); with
     ``material`` it requires a client certificate of the job's CA. It holds at most
@@ -80,6 +81,10 @@ def server(
             ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
             ("grpc.max_allowed_incoming_connections", max_connections),
         ],
+        interceptors=list(interceptors),
+        # calls beyond it are refused at once (RESOURCE_EXHAUSTED), never queued with their
+        # messages read: every peer's control call and data stream fit, a flood does not
+        maximum_concurrent_rpcs=max_connections,
     )
     bound = tls.serve(srv, f"{host}:{port}", material)
     if not bound:

@@ -86,11 +86,14 @@ class ControlPlane:
         self._token = token
         self.tls = material
         host = bind_host(addresses)
+        self._lock = threading.Lock()
+        self.refused = 0
         self.server = channels.server(
             port,
             host=host,
             material=material,
             max_connections=channels.connection_limit(self.world),
+            interceptors=(auth.TokenGate(token, rank, self._count_refused),),
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -119,8 +122,6 @@ class ControlPlane:
                 ),
             )
         )
-        self._lock = threading.Lock()
-        self.refused = 0
         self.data_port: int | None = None  # the TCP side channel's, announced by Register
         self.data_key: bytes | None = None  # its key, told only to the left neighbour
         self.aborted: RingError | None = None  # a peer's Abort that came before attach()
@@ -137,6 +138,10 @@ class ControlPlane:
         #: called once when the ring breaks before a collective is attached (wakes the data
         #: path's wait for its left neighbour)
         self.on_abort: Callable[[], None] | None = None
+
+    def _count_refused(self) -> None:
+        with self._lock:
+            self.refused += 1
 
     def name(self, rank: int) -> str:
         return f"{self.names[rank]} ({self.addresses[rank]})"
