@@ -31,6 +31,7 @@ import numpy as np
 
 from ringtrain.errors import CheckpointError
 from ringtrain.options import MAX_STEPS
+from ringtrain_trainer.data.arrays import npy_header
 
 #: the dynamic loss scale's array (``optim.loss_scale.STATE_KEY``): [scale, counter]
 LOSS_SCALE = "opt_loss_scale"
@@ -106,15 +107,8 @@ def _allowed(key: str) -> bool:
 
 
 def _header(f, npz: Path, key: str) -> tuple[tuple[int, ...], np.dtype]:
-    fmt = np.lib.format
     try:
-        version = fmt.read_magic(f)
-        if version == (1, 0):
-            shape, _, dtype = fmt.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, _, dtype = fmt.read_array_header_2_0(f)
-        else:
-            raise ValueError(f".npy format {version}, this trainer writes 1.0")
+        shape, _, dtype = npy_header(f)
     except (ValueError, SyntaxError, TypeError, EOFError, OverflowError) as e:
         raise CheckpointError(f"{npz}: array {key!r}: bad .npy header ({e})") from None
     if dtype.kind != "f" or dtype.hasobject or dtype.itemsize > 8:

@@ -59,3 +59,18 @@ def read_labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
     if not np.all(np.isfinite(y)):
         raise DataError(f"{path}: {key} has a NaN or infinite label")
     return np.ascontiguousarray(y, np.float32)
+
+
+def npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of the ``.npy`` starting at ``f``'s position, ``f`` left at
+    its data; ValueError for a format this trainer does not read (1.0 and 2.0 are read). One
+    reader for every place that checks an array before reading it (shards, checkpoints)."""
+    fmt = np.lib.format
+    version = fmt.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = fmt.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = fmt.read_array_header_2_0(f)
+    else:
+        raise ValueError(f".npy format version {version} (1.0 and 2.0 are read)")
+    return tuple(shape), bool(fortran), dtype

@@ -28,7 +28,7 @@ from ringtrain_trainer.data import multi as data_multi
 from ringtrain_trainer.data.arrays import read_features, read_labels
 from ringtrain_trainer.data.fit import check_fits, conform
 from ringtrain_trainer.data.rows import ShardedArray
-from ringtrain_trainer.data.split import Dataset, Split
+from ringtrain_trainer.data.split import Dataset, Split, dataset_of
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -67,22 +67,7 @@ def load_npz(path: str | os.PathLike) -> Dataset:
         if len(x) == 0:
             raise DataError(f"{path}: x_{split} is empty")
         splits[split] = Split(x, y)
-    tr, te = splits["train"], splits["test"]
-    if tr.images.shape[1:] != te.images.shape[1:]:
-        raise DataError(
-            f"{path}: x_train examples are {tr.images.shape[1:]} but x_test examples "
-            f"are {te.images.shape[1:]}"
-        )
-    if tr.labels.ndim != te.labels.ndim or tr.labels.shape[1:] != te.labels.shape[1:]:
-        raise DataError(
-            f"{path}: y_train labels are {tr.labels.dtype} {tr.labels.shape[1:]} per example but "
-            f"y_test labels are {te.labels.dtype} {te.labels.shape[1:]}"
-        )
-    if tr.labels.ndim == 1:
-        num_classes = int(max(tr.labels.max(), te.labels.max())) + 1
-    else:
-        num_classes = tr.labels.shape[1]
-    return Dataset(path.stem, tr, te, num_classes=num_classes)
+    return dataset_of(path, path.stem, splits)
 
 
 def raw_pixels_note(dataset: Dataset, spec, source: str | os.PathLike) -> str | None:

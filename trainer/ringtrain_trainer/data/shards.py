@@ -32,12 +32,11 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import numpy.lib.format as npy_format
 
 from ringtrain.errors import DataError
-from ringtrain_trainer.data.arrays import EXACT_INT, read_labels
+from ringtrain_trainer.data.arrays import EXACT_INT, npy_header, read_labels
 from ringtrain_trainer.data.rows import Part, ShardedArray
-from ringtrain_trainer.data.split import Dataset, Split
+from ringtrain_trainer.data.split import Dataset, Split, dataset_of
 
 GLOB_CHARS = re.compile(r"[*?\[]")
 #: a ``.npy`` shard: ``x_train-007.npy`` → ("x", "train", "-007")
@@ -72,13 +71,7 @@ def is_sharded(path: str | os.PathLike) -> bool:
 def _header(f, path: Path, member: str) -> tuple[tuple[int, ...], np.dtype, int]:
     """(shape, dtype, byte offset of the data) of the ``.npy`` starting at ``f``'s position."""
     try:
-        version = npy_format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = npy_format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = npy_format.read_array_header_2_0(f)
-        else:
-            raise ValueError(f"npy format version {version} (1.0 or 2.0 read in place)")
+        shape, fortran, dtype = npy_header(f)
     except ValueError as e:
         raise DataError(f"{path}: {member}: not a readable .npy header ({e})") from None
     if fortran and len(shape) > 1:
@@ -208,20 +201,8 @@ def load_sharded(path: str | os.PathLike) -> Dataset:
         x = ShardedArray(parts[s], shape0, dtype0)
         _check_ints(x, f"x_{s}")
         splits[s] = Split(x, np.concatenate(labels[s]))  # type: ignore[arg-type]
-    tr, te = splits["train"], splits["test"]
-    if tr.images.shape[1:] != te.images.shape[1:]:
-        raise DataError(
-            f"{path}: x_train examples are {tr.images.shape[1:]} but x_test examples "
-            f"are {te.images.shape[1:]}"
-        )
-    if tr.labels.ndim != te.labels.ndim or tr.labels.shape[1:] != te.labels.shape[1:]:
-        raise DataError(f"{path}: y_train and y_test labels differ in shape per example")
-    if tr.labels.ndim == 1:
-        num_classes = int(max(tr.labels.max(), te.labels.max())) + 1
-    else:
-        num_classes = tr.labels.shape[1]
     name = Path(str(path).rstrip("/*")).name or "shards"
-    return Dataset(name, tr, te, num_classes=num_classes)
+    return dataset_of(path, name, splits)
 
 
 def _check_dtype(path: Path, key: str, dtype: np.dtype) -> None:

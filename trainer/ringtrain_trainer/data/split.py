@@ -7,9 +7,12 @@ the IPU per batch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
+
+from ringtrain.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -49,3 +52,24 @@ class Dataset:
     #: a ``.npz`` named per model input/output (``x_train_<input>``, ...): its arrays by key,
     #: packed for the model by ``data_multi.pack`` once the model is known; None otherwise
     parts: dict | None = None
+
+
+def dataset_of(path: str | os.PathLike, name: str, splits: dict[str, Split]) -> Dataset:
+    """The data set of a file's (or shards') two splits, once they agree: the same example
+    shape, the same label shape; the classes from the labels (ids) or their width (one-hot)."""
+    tr, te = splits["train"], splits["test"]
+    if tr.images.shape[1:] != te.images.shape[1:]:
+        raise DataError(
+            f"{path}: x_train examples are {tr.images.shape[1:]} but x_test examples "
+            f"are {te.images.shape[1:]}"
+        )
+    if tr.labels.ndim != te.labels.ndim or tr.labels.shape[1:] != te.labels.shape[1:]:
+        raise DataError(
+            f"{path}: y_train labels are {tr.labels.dtype} {tr.labels.shape[1:]} per example but "
+            f"y_test labels are {te.labels.dtype} {te.labels.shape[1:]}"
+        )
+    if tr.labels.ndim == 1:
+        num_classes = int(max(tr.labels.max(), te.labels.max())) + 1
+    else:
+        num_classes = tr.labels.shape[1]
+    return Dataset(name, tr, te, num_classes=num_classes)
