@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from . import kinds, observe, phases
+from . import kinds, observe, phases, statusbound
 from .job import Job
 from .observe import ObservedPod
 from .status import (
@@ -116,11 +116,15 @@ def _count(f: Fold, job: Job, live: list[ObservedPod]) -> None:
     )
 
 
+#: progress fields that say something of the last reply only: never carried over
+_FRESH = ("waitingFor", statusbound.TRUNCATED)
+
+
 def _progress(f: Fold, job: Job, seen: Seen) -> None:
     """Merge the chief's progress; ``waitingFor`` (ring members the chief still waits for at
     start-up) is never carried over, and names them in the Running condition's message."""
     if update := observe.progress_of(seen.kind.reporter(job, seen.pods)):
-        old = {k: v for k, v in f.status.get("progress", {}).items() if k != "waitingFor"}
+        old = {k: v for k, v in f.status.get("progress", {}).items() if k not in _FRESH}
         f.status["progress"] = {**old, **update}
         waiting = update.get("waitingFor")
         if f.state == RUNNING and any(
@@ -134,4 +138,5 @@ def _progress(f: Fold, job: Job, seen: Seen) -> None:
                 f"waiting for {', '.join(waiting)}" if waiting else "all pods are running",
             )
     if update := observe.evaluation(job, seen.pods):
-        f.status["evaluation"] = {**f.status.get("evaluation", {}), **update}
+        old = {k: v for k, v in f.status.get("evaluation", {}).items() if k not in _FRESH}
+        f.status["evaluation"] = {**old, **update}

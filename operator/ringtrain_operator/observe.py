@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import sys
 import threading
 import time
@@ -30,7 +29,7 @@ from typing import Any
 
 from ringtrain import events
 
-from . import manifests
+from . import manifests, statusbound
 from .job import Job
 
 log = logging.getLogger(__name__)
@@ -292,10 +291,6 @@ _EVALUATION_KEYS = {
     "evaluations": "evaluations",
 }
 _STRINGS = ("checkpoint", "export", "trace")
-#: What of a chief's strings reaches the status (an API object, ≤ 1.5 MB in etcd): a path is at
-#: most PATH_MAX, the ring's missing members at most this many names of a DNS label's length.
-_STRING_MAX = 4096
-_WAITING_MAX = 64
 
 
 _PROGRESS = MappingProxyType(_PROGRESS_KEYS)
@@ -303,64 +298,33 @@ _PROGRESS = MappingProxyType(_PROGRESS_KEYS)
 
 def read_progress(doc: Mapping[str, Any] | None, keys: Mapping[str, str] = _PROGRESS) -> dict:
     """The chief's ``/status`` (:class:`ringtrain.events.Status`) or final termination-log JSON
-    (:class:`ringtrain.events.Final`) → status.progress fields (``keys``: another table)."""
+    (:class:`ringtrain.events.Final`) → status.progress fields (``keys``: another table), each
+    bounded by :mod:`.statusbound`: what the API would refuse (NaN, 10⁴⁰) is left out, what is
+    too large for an etcd object is left out or shortened and named in ``truncated``."""
+    doc = doc or {}
     out: dict[str, Any] = {}
+    cut: list[str] = []
     for key, target in keys.items():
-        v = (doc or {}).get(key)
-        if isinstance(v, bool) or v is None:
-            continue
-        if isinstance(v, (int, float)) and not _json_number(v):
-            continue  # NaN/inf are not JSON, 10⁴⁰ no int64: the API would reject the status
-        if isinstance(v, (int, float)):
-            out[target] = round(v, 6) if isinstance(v, float) else v
-        elif isinstance(v, str) and target in _STRINGS and len(v) <= _STRING_MAX:
-            out[target] = v
-    waiting = (doc or {}).get("waiting_for")
-    if isinstance(waiting, list) and waiting:
-        names = [w[:63] for w in waiting if isinstance(w, str)]
-        if len(names) > _WAITING_MAX:
-            names = [*names[:_WAITING_MAX], f"… {len(names) - _WAITING_MAX} more"]
+        v = doc.get(key)
+        if (n := statusbound.number(v)) is not None:
+            out[target] = n
+        elif isinstance(v, str) and target in _STRINGS:
+            if (s := statusbound.text(v)) is None:
+                cut.append(target)
+            else:
+                out[target] = s
+    names, shortened = statusbound.names(doc.get("waiting_for"))
+    if names:
         out["waitingFor"] = names
-    if keys is _PROGRESS and (memory := ipu_memory((doc or {}).get("ipu_memory"))):
-        out["ipuMemory"] = memory
+    cut += ["waitingFor"] if shortened else []
+    if keys is _PROGRESS:
+        memory, shortened = statusbound.ipu_memory(doc.get("ipu_memory"))
+        if memory:
+            out["ipuMemory"] = memory
+        cut += ["ipuMemory"] if shortened else []
+    if cut:
+        out[statusbound.TRUNCATED] = cut
     return out
-
-
-#: The largest integer a status field carries: JSON's exact range, inside the API's int64.
-_INT_MAX = 2**53
-
-
-def _json_number(v: float) -> bool:
-    """A number the status can carry: finite, and an int within ±2⁵³ (a chief's reply may say
-    ``"step": 1e40`` as an int the API server refuses, failing the job's every status write)."""
-    return abs(v) <= _INT_MAX if isinstance(v, int) else math.isfinite(v)
-
-
-def _camel(key: str) -> str:
-    head, *rest = key.split("_")
-    return head + "".join(w.title() for w in rest)
-
-
-def ipu_memory(doc: Any) -> dict:
-    """``/status``'s ``ipu_memory`` → ``status.progress.ipuMemory``: per IPU, bytes by kind
-    (``weightsBytes`` … ``optimizerStateBytes``), ``totalBytes``, ``capacityBytes`` and
-    ``hostOptimizerStateBytes``. The per-layer table stays in ``/status`` and ``--report``:
-    the status is an API object, kept small. {} when ``doc`` is not a memory report."""
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("kinds"), Mapping):
-        return {}
-    host = doc.get("host")
-    host = host if isinstance(host, Mapping) else {}
-    pairs = [
-        ("capacity", doc.get("capacity")),
-        ("total", doc.get("total")),
-        *doc["kinds"].items(),
-        *((f"host_{k}", v) for k, v in host.items()),
-    ]
-    return {
-        f"{_camel(str(k))}Bytes": v
-        for k, v in pairs
-        if isinstance(v, int) and not isinstance(v, bool) and _json_number(v)
-    }
 
 
 def _last_word(p: ObservedPod) -> Mapping[str, Any] | None:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from . import restarts, verdicts
+from . import restarts, statusbound, verdicts
 from .job import Job, ReplicaSpec
 from .kinds import Kind
 from .observe import ObservedPod
@@ -218,8 +218,10 @@ class Fold:
                 self.requeue.append(left)
 
     def decision(self) -> Decision:
+        """The Decision, its status within :data:`.statusbound.STATUS_MAX_BYTES` whatever the
+        workers said (the one place every derivation's status passes)."""
         return Decision(
-            status=self.status,
+            status=statusbound.bounded(self.status),
             to_create=tuple(self.create),
             delete=tuple(dict.fromkeys(self.delete)),
             delete_job=self.delete_job,

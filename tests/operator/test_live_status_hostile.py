@@ -22,7 +22,7 @@ import pytest
 from fake_kube import FakeKube
 from operator_jobs import job_obj
 
-from ringtrain_operator import manifests, observe
+from ringtrain_operator import manifests, observe, statusbound
 from ringtrain_operator.reconcile import reconcile
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -166,7 +166,7 @@ def test_a_garbled_reply_is_the_jobs_named_problem_not_a_crash(monkeypatch, capl
         (b'{"step": 3, "checkpoint": "' + b"c" * 5000 + b'"}', {"step": 3}),
         (
             b'{"waiting_for": [' + b",".join([b'"w"'] * 100_000) + b"]}",
-            {"waitingFor": ["w"] * 64 + ["… 99936 more"]},
+            {"waitingFor": ["w"] * 64 + ["… 99936 more"], "truncated": ["waitingFor"]},
         ),
         (b'{"ipu_memory": {"kinds": {"weights": 1e999, "grads": ' + b"9" * 30 + b"}}}", {}),
     ],
@@ -232,3 +232,72 @@ def test_the_poller_reads_on_its_own_threads_and_answers_with_the_last_read_mean
     assert poll("10.0.0.2") == {"step": 4}
     release.set()
     assert poll("10.0.0.1") == {"step": 2}
+
+
+def _kinds(n: int) -> bytes:
+    return b",".join(b'"k%06d": 1' % i for i in range(n))
+
+
+#: /status replies within the reader's 1 MiB cap, each built to bloat what the operator copies
+BLOATING = {
+    # issue 35: 1.3 MB of status.progress.ipuMemory out of one reply ("k000001Bytes" per kind)
+    "80 000 memory kinds": b'{"step": 2, "ipu_memory": {"kinds": {' + _kinds(80_000) + b"}}}",
+    "a memory kind named by 1 MB": b'{"ipu_memory": {"kinds": {"' + b"k" * 1_000_000 + b'": 1}}}',
+    "80 000 host kinds": b'{"ipu_memory": {"kinds": {}, "host": {' + _kinds(80_000) + b"}}}",
+    "memory nested 900 deep": b'{"ipu_memory": {"kinds": '
+    + b'{"a": ' * 900
+    + b"1"
+    + b"}" * 900
+    + b"}}",
+    "64 names of 16 000 characters": b'{"waiting_for": ['
+    + b",".join([b'"' + b"w" * 16_000 + b'"'] * 64)
+    + b"]}",
+}
+
+
+@pytest.mark.parametrize("case", BLOATING)
+def test_no_reply_bloats_the_status_and_what_is_cut_is_named(monkeypatch, case):
+    """Issue 35, item 5: every field the operator copies from a ``/status`` is bounded (count,
+    length, depth), and the whole status too: it stays under 64 KiB whatever the reply, the
+    reconcile goes on, and ``progress.truncated`` names what was cut for its size."""
+    assert len(BLOATING[case]) < observe.events.STATUS_MAX_BYTES
+    kube = running_chief("mnist", "127.0.0.1")
+    with serve(body(BLOATING[case])) as port:
+        monkeypatch.setattr(manifests, "METRICS_PORT", port)
+        decision = reconcile(kube, "team-a", "mnist", now=T0, fetch=observe.fetch_live_status)
+    written = kube.job["status"]
+    print(f'{{"case": "{case}", "status_bytes": {statusbound.size(written)}}}')
+    assert decision is not None and written["state"] == "Running"
+    assert statusbound.size(written) <= statusbound.STATUS_MAX_BYTES
+    progress = written.get("progress", {})
+    assert len(progress.get("ipuMemory", {})) <= statusbound.MEMORY_ENTRIES_MAX
+    if case != "memory nested 900 deep":  # a malformed report is left out, as before
+        assert progress["truncated"] in (["ipuMemory"], ["waitingFor"])
+
+
+def test_the_next_reply_within_bounds_clears_the_truncation(monkeypatch):
+    kube = running_chief("mnist", "127.0.0.1")
+    for doc in (BLOATING["80 000 memory kinds"], b'{"step": 3}'):
+        with serve(body(doc)) as port:
+            monkeypatch.setattr(manifests, "METRICS_PORT", port)
+            reconcile(kube, "team-a", "mnist", now=T0, fetch=observe.fetch_live_status)
+    assert kube.job["status"]["progress"]["step"] == 3
+    assert "truncated" not in kube.job["status"]["progress"]
+
+
+def test_the_whole_status_is_bounded_for_a_field_added_without_its_bound():
+    """The backstop: a status that a future field (or a 1 MB condition message) makes large is
+    cut to the bound, the worker parts to their numbers, and what went is named."""
+    huge = {
+        "state": "Running",
+        "conditions": [{"type": "Running", "status": "True", "message": "m" * 1_000_000}],
+        "progress": {"step": 5, "loss": 0.5, "future": ["x" * 1000] * 1000},
+        "evaluation": {"step": 4, "testAccuracy": 0.9, "checkpoint": "/c" * 10},
+    }
+    out = statusbound.bounded(huge)
+    assert statusbound.size(out) <= statusbound.STATUS_MAX_BYTES
+    assert len(out["conditions"][0]["message"]) == statusbound.MESSAGE_MAX
+    assert out["progress"] == {"step": 5, "loss": 0.5, "truncated": ["future"]}
+    assert out["evaluation"] == {"step": 4, "testAccuracy": 0.9, "truncated": ["checkpoint"]}
+    small = {"state": "Running", "progress": {"step": 1, "checkpoint": "/c"}}
+    assert statusbound.bounded(small) == small
