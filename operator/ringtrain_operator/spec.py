@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from ringtrain import optiongen, options
+from ringtrain import optiongen, optionrules, options
 from ringtrain.errors import InvalidSpec
 
 from . import limits, modelcheck, modelfrom, mpi, schedulable
@@ -286,6 +286,8 @@ def _trainer(t: Mapping[str, Any]) -> TrainerSpec:
         )
     modelfrom.check(t)
     values = optiongen.from_crd(t)
+    for name, why in optionrules.errors(values):  # the worker's own rules (optiongen.check)
+        raise InvalidSpec(f"spec.trainer.{options.BY_NAME[name].crd} {why}")
     if values["model_from"] is not None:  # the worker's --model: the file where it is mounted
         values["model"] = modelfrom.pod_path(values["model_from"])
     return TrainerSpec(**values)

@@ -17,8 +17,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ringtrain import optionrules
 from ringtrain.errors import InvalidSpec
-from ringtrain.options import CRD, CRD_OBJECTS, GROUPS, WORKER, Option
+from ringtrain.options import BY_NAME, CRD, CRD_OBJECTS, GROUPS, WORKER, Option
 
 # --- the worker's side -----------------------------------------------------------------------
 
@@ -60,10 +61,13 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def check(values: Mapping[str, Any]) -> None:
-    """Refuse values below an option's minimum, the way the table states it."""
+    """Refuse values below an option's minimum, the way the table states it, and values the
+    rules of :mod:`ringtrain.optionrules` refuse (the operator's spec check runs the same)."""
     for o in WORKER:
         if (why := o.bound_error(values.get(o.name))) is not None:
             raise InvalidSpec(why)
+    for name, why in optionrules.errors(values):
+        raise InvalidSpec(f"{BY_NAME[name].cli_flag} {why}")
 
 
 # --- the operator's side ---------------------------------------------------------------------

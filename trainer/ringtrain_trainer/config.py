@@ -53,8 +53,7 @@ class TrainerConfig(options.TrainerOptions):
         """Parse flags and the environment; every invalid value raises :class:`InvalidSpec`."""
         env = os.environ if env is None else env
         values = vars(cls.parser().parse_args(argv))
-        optiongen.check(values)
-        trace.parse_steps(values["trace_steps"])
+        optiongen.check(values)  # the trace window and pipeline rules too (optionrules)
         if values["epochs"] is None and values["steps"] is None:
             values["epochs"] = 1
         spec = cluster.parse(env.get("TF_CONFIG"))  # InvalidClusterSpec is an InvalidSpec

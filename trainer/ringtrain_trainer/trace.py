@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ringtrain import files
-from ringtrain.errors import InvalidSpec
+from ringtrain import files, optionrules
 
 #: Lanes (Chrome ``tid``, also the display order). A tile ``j`` of the emulated IPU gets
 #: ``FORWARD + 2j`` and ``BACKWARD + 2j``.
@@ -57,23 +55,13 @@ VALUE_ARGS = {
 #: rows reserved per step of the window; the cnn with 2 workers records about 80
 EVENTS_PER_STEP = 512
 #: the longest window, so the table stays a few MB (a longer one is refused)
-MAX_WINDOW_STEPS = 1000
+MAX_WINDOW_STEPS = optionrules.MAX_TRACE_STEPS
 _COLS = 7  # t0, t1, lane, name, index, step, value
 
 
-def parse_steps(text: str | None) -> tuple[int, int] | None:
-    """``"A-B"`` (or ``"A"``) → (A, B), steps counted from 1 as progress lines count them."""
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
-    if not m:
-        raise InvalidSpec(f"--trace-steps {text!r}: expected A-B, e.g. 10-12")
-    first, last = int(m[1]), int(m[2] or m[1])
-    if first < 1 or last < first:
-        raise InvalidSpec(f"--trace-steps {text!r}: need 1 <= A <= B")
-    if last - first + 1 > MAX_WINDOW_STEPS:
-        raise InvalidSpec(f"--trace-steps {text!r}: at most {MAX_WINDOW_STEPS} steps")
-    return first, last
+#: ``"A-B"`` (or ``"A"``) → (A, B): the rule is the contract's, so ``ringtrain render`` refuses
+#: what the worker refuses (issue 35)
+parse_steps = optionrules.trace_window
 
 
 def lane_name(lane: int) -> str:

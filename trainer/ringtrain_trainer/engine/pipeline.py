@@ -21,6 +21,7 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
+from ringtrain import optionrules
 from ringtrain.errors import InvalidSpec, IPUCompileError
 from ringtrain_trainer.engine.cuts import single_tensor_cuts
 from ringtrain_trainer.engine.program import tensor_shapes
@@ -56,11 +57,8 @@ def split(spec, base, n_stages: int, depth: int, names: tuple[str, ...] = ()) ->
     cuts = single_tensor_cuts(graph)
     order, n = graph.order, len(graph.order)
     if names:
-        if len(names) != n_stages - 1:
-            raise InvalidSpec(
-                f"pipeline.stages names {len(names)} layers, which makes {len(names) + 1} "
-                f"stages, but ipusPerWorker is {n_stages} (one stage per IPU)"
-            )
+        if (why := optionrules.stages_error(",".join(names), n_stages)) is not None:
+            raise InvalidSpec(f"pipeline.stages {why}")
         pos = {spec.layers[i].name: k for k, i in enumerate(order)}
         chosen = []
         for name in names:

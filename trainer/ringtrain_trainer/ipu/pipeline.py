@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ringtrain import optionrules
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import trace
 from ringtrain_trainer.config import layer_names
@@ -38,7 +39,7 @@ from ringtrain_trainer.ipu.device import IPU, IPUConfig
 from ringtrain_trainer.ipu.executable import Executable
 from ringtrain_trainer.ipu.memory import MemoryPlan, plan_memory
 
-SCHEDULES = ("Grouped", "Sequential")
+SCHEDULES = optionrules.SCHEDULES
 
 
 def refuse(precision: str, stochastic_rounding: str, loss_scaling: str = "off") -> None:
@@ -77,10 +78,8 @@ class PipelinedIPU(IPU):
         stages: str = "auto",
         schedule: str = "Grouped",
     ):
-        if schedule not in SCHEDULES:
-            raise InvalidSpec(
-                f"pipeline.schedule {schedule!r} is not implemented: {' and '.join(SCHEDULES)} run"
-            )
+        if (why := optionrules.schedule_error(schedule, stages or "auto")) is not None:
+            raise InvalidSpec(f"pipeline.schedule {why}")
         if config.recompute:
             raise InvalidSpec("allowRecompute with pipeline.stages: not implemented together")
         refuse(config.precision, config.stochastic_rounding)
