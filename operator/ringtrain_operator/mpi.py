@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ringtrain.errors import InvalidSpec
 
-from . import manifests, modelfrom
+from . import manifests, modelfrom, scanskips
 from .job import Job, MPISpec, ReplicaSpec, TrainerSpec
 from .mpirun import (
     BTL_PORT_MIN,
@@ -301,7 +301,8 @@ def worker_pod(job: Job, replica: ReplicaSpec, index: int) -> dict:
 
 def launcher_pod(job: Job, replica: ReplicaSpec, local: bool = False) -> dict:
     """The launcher: ``mpirun`` (or the template's own command) with Open MPI's settings and
-    the job's key; the hostfile from the ConfigMap. It serves nothing: no ports, no probes.
+    the job's key; the hostfile from the ConfigMap. It serves nothing: no ports, no probes
+    (their scanner exceptions written on it, :data:`.scanskips.LAUNCHER`).
     ``local`` (``ringtrain run``): the ranks run under the launcher's own process, so it keeps
     the trainer's volumes."""
     p = _without_ring(manifests.pod(job, replica, 0))
@@ -326,8 +327,7 @@ def launcher_pod(job: Job, replica: ReplicaSpec, local: bool = False) -> dict:
     annotations = p["metadata"].get("annotations") or {}
     for k in ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path"):
         annotations.pop(k, None)
-    if not annotations:
-        p["metadata"].pop("annotations", None)
+    p["metadata"]["annotations"] = scanskips.with_skips(annotations, scanskips.LAUNCHER)
     if command := mpirun_command(job, local):
         # the built-in trainer's rank 0 result becomes the launcher's termination message
         main["command"] = [*LAUNCH, *command] if job.trainer and not local else command

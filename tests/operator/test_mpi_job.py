@@ -23,6 +23,7 @@ from ringtrain_operator import (
     networkpolicy,
     reconcile,
     render,
+    scanskips,
     status,
 )
 from ringtrain_operator import spec as jobspec
@@ -145,10 +146,28 @@ def test_workers_run_sshd_non_root_unprivileged_read_only_and_are_ready_when_it_
     assert mounts["/checkpoints"]["name"] == manifests.CHECKPOINT_VOLUME  # rank 0 writes here
 
 
+def test_a_templates_own_scanner_skips_stay_and_the_launchers_take_the_free_numbers():
+    """Issue 35: the launcher's probe exceptions are annotations on the pod; a template's own
+    (the stock MPI example carries skip1 and skip2 for the same checks) are never overwritten."""
+    own = {"checkov.io/skip1": "CKV_K8S_8=mine", "checkov.io/skip3": "CKV_K8S_20=other"}
+    got = scanskips.with_skips({**own, "team": "a"}, scanskips.LAUNCHER)
+    assert got == {
+        **own,
+        "team": "a",
+        "checkov.io/skip2": "CKV_K8S_9=" + scanskips.LAUNCHER["CKV_K8S_9"],
+    }
+    assert scanskips.with_skips(got, scanskips.LAUNCHER) == got
+
+
 def test_the_launcher_runs_mpirun_with_the_trainer_over_mpi_and_openmpis_settings():
     job = load(mpi_job(mpi_spec={"slotsPerWorker": 1}, trainer={"steps": 4, "seed": 3}))
     pod = mpi.pod(job, job.replica("launcher"), 0)
-    assert pod["metadata"]["name"] == "hvd-launcher" and "annotations" not in pod["metadata"]
+    assert pod["metadata"]["name"] == "hvd-launcher"
+    # no scrape annotations (it serves no metrics); its scanner exceptions, with their reasons
+    assert pod["metadata"]["annotations"] == {
+        f"checkov.io/skip{n}": f"{check}={why}"
+        for n, (check, why) in enumerate(scanskips.LAUNCHER.items(), 1)
+    }
     c = main(pod)
     launch, command = c["command"][:3], c["command"][3:]
     assert launch == list(mpirun.LAUNCH) and command[:3] == ["mpirun", "-np", "2"]
