@@ -7,7 +7,10 @@ their rank and their event lines dropped (rank 0's are the job's; two ranks' ``f
 would contradict each other). It keeps rank 0's last final event: rank 0 runs in worker 0,
 whose container (sshd) never ends, so its own termination log is never read; the launcher's
 is, as a ring chief's is (``ringtrain run`` reads rank 0's own file: --no-termination-log).
-The exit status is mpirun's; SIGTERM and SIGINT are passed on to it.
+The exit status is mpirun's; SIGTERM and SIGINT are passed on to it — but when mpirun could
+not start a rank at all (an executable it cannot access or run: exit 132, which restart policies
+read as transient), the launcher exits ``EXIT_PERMANENT`` with mpirun's own words as its
+termination message: no retry can fix a command line (issue 34).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 from pathlib import Path
 
 from ringtrain import events, options
+from ringtrain.errors import EXIT_PERMANENT
 
 #: Open MPI's --tag-output prefix, [jobid,rank]<stream>:, which starts every chunk a rank writes
 #: (and every line inside a chunk): a chunk without its newline is followed on the same output
@@ -85,6 +89,18 @@ def shown(line: str) -> str | None:
     return shown_of(*untag(line))
 
 
+#: mpirun's words when no rank could start: a command no retry can fix
+_CANNOT_START = "unable to launch the specified application"
+
+
+def cannot_start(own: list[str]) -> str | None:
+    """From mpirun's own output lines: why it could not start a rank, or None."""
+    text = " ".join(line.strip() for line in own if line.strip() and not line.startswith("---"))
+    if _CANNOT_START not in text:
+        return None
+    return "mpirun could not start the job's ranks: " + text[text.index("mpirun") :][:500]
+
+
 def main(argv: list[str], termination_log: str | None = options.TERMINATION_LOG) -> int:
     if argv[:1] == ["--no-termination-log"]:
         argv, termination_log = argv[1:], None
@@ -98,6 +114,7 @@ def main(argv: list[str], termination_log: str | None = options.TERMINATION_LOG)
     with subprocess.Popen(
         [argv[0], "--tag-output", *argv[1:]],
         stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # mpirun's own errors too: they say whether to retry
         text=True,
         errors="replace",  # a rank's stray byte is shown as U+FFFD, never a traceback
         bufsize=1,
@@ -108,21 +125,28 @@ def main(argv: list[str], termination_log: str | None = options.TERMINATION_LOG)
         }
         try:
             assert proc.stdout is not None
-            lines = Lines()
+            lines, own = Lines(), list[str]()
             for line in proc.stdout:
                 for rank, text in lines.feed(line.rstrip("\n")):
                     if (out := shown_of(rank, text)) is not None:
                         print(out, flush=True)
                     final = final_of(rank, text) or final
+                    if rank is None:
+                        own = [*own[-40:], text]
             code = proc.wait()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    if final is not None and termination_log is not None:
+    why = cannot_start(own) if code != 0 and final is None else None
+    message = final.to_json() if final is not None else why
+    if message is not None and termination_log is not None:
         try:
-            Path(termination_log).write_text(final.to_json() + "\n")
+            Path(termination_log).write_text(message + "\n")
         except OSError as e:
             print(f"mpilaunch: cannot write {termination_log}: {e}", file=sys.stderr)
+    if why is not None:
+        print(f"mpilaunch: {why} (permanent: exit {EXIT_PERMANENT})", file=sys.stderr)
+        return EXIT_PERMANENT
     return code if code >= 0 else 128 - code
 
 

@@ -514,3 +514,17 @@ def test_a_ranks_stray_non_utf8_byte_is_shown_replaced_not_a_launcher_traceback(
     assert json.loads(log.read_text())["steps"] == 3
     out = capsys.readouterr().out
     assert "bad \ufffd byte" in out and "[rank 1] bad \ufffd byte" in out
+
+
+def test_a_rank_mpirun_cannot_start_is_a_permanent_failure_in_mpiruns_words(tmp_path):
+    """Before (issue 34): mpirun's 'could not access or execute' exits 132, which the restart
+    policy reads as transient, so a wrong command line was retried six times."""
+    from ringtrain.errors import EXIT_PERMANENT
+    from ringtrain_operator import mpilaunch
+
+    log = tmp_path / "termination-log"
+    mpirun = ["mpirun", "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+    assert mpilaunch.main([*mpirun, "-np", "1", "/nonexistent/prog"], str(log)) == EXIT_PERMANENT
+    message = log.read_text()
+    assert message.startswith("mpirun could not start the job's ranks: mpirun was unable to")
+    assert "/nonexistent/prog" in message and len(message) < 600
