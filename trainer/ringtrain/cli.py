@@ -40,6 +40,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "ask a worker's gRPC Health service (the pod probe)",
     ),
     ("export",): ("ringtrain_trainer.export.cli", "write a checkpoint's model as .keras or ONNX"),
+    ("completion",): ("ringtrain.completion", "print a shell completion script (bash; zsh too)"),
     ("bench", "step"): ("ringtrain_bench.step", "training samples/s vs PyTorch / TensorFlow"),
     ("bench", "allreduce"): ("ringtrain_bench.allreduce", "ring allreduce bandwidth vs gloo / MPI"),
     ("bench", "epoch"): (
