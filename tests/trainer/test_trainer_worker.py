@@ -154,6 +154,9 @@ def test_metrics_and_status_endpoints(mnist5k):
     assert get("ringtrain_host_memory_bytes", {"kind": "optimizer_state"}) == 2 * n * 4
     assert get("ringtrain_ipu_recompiles_total") == 0  # train and eval programs, compiled once
     assert get("ringtrain_loss") > 0 and get("ringtrain_samples_per_second") > 0
+    # the steps' waits for their batches: counted, the last one in /status (data.feed)
+    assert 0 < get("ringtrain_data_wait_seconds_total") < 5 * 0.5
+    assert status["data_wait_s"] == round(t.feed.wait_s, 6)
 
 
 def test_a_small_ipu_evaluates_in_training_sized_batches(mnist5k):

@@ -255,7 +255,6 @@ class Trainer(SharedEvaluation, Checkpointing):
         t0_ns, pos = tr.now(), self.position
         with tr.span(trace.DATA, "load batch"):
             x, y = self.feed.get(pos)
-        self.metrics.observe_data_wait(self.feed.wait_s)
         self.reducer.begin_step(self.step, pos.epoch, stop=self.stop_requested.is_set())
         self.ipu.precision.loss_scale = self.loss_scale.scale
         # K micro-batches; the last streams the mean of all K (accumulate)
@@ -329,7 +328,14 @@ class Trainer(SharedEvaluation, Checkpointing):
             ema = tput.update(dt)
             sps = self.sharder.global_batch / ema
             self.metrics.observe_step(
-                self.step, self.position.epoch, dt, loss, sps, self.ipu.stats, comm
+                self.step,
+                self.position.epoch,
+                dt,
+                loss,
+                sps,
+                self.ipu.stats,
+                comm,
+                self.feed.wait_s,
             )
             self.tb.observe(dt, self.ipu.stats, comm)
             now = time.perf_counter()

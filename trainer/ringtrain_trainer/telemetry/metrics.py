@@ -282,8 +282,12 @@ class TrainerMetrics:
         samples_per_s: float,
         ipu: IPUStats,
         comm: StepCommStats,
+        data_wait_s: float = 0.0,
     ) -> None:
+        """One step done: its time, loss and throughput, the IPU's and the ring's counters, and
+        how long it waited for its batch (``data.feed``), in one ``/status`` update."""
         self.step_duration.observe(seconds)
+        self.data_wait.inc(data_wait_s)
         self.steps.inc()
         self.loss.set(loss)
         self.samples_per_s.set(samples_per_s)
@@ -305,14 +309,13 @@ class TrainerMetrics:
             self.allreduce_peer_wait.inc(comm.peer_wait_s)
             self.overlap.set(comm.overlap_fraction)
         self.update_status(
-            step=step, epoch=epoch, loss=loss, samples_per_s=samples_per_s, phase="Training"
+            step=step,
+            epoch=epoch,
+            loss=loss,
+            samples_per_s=samples_per_s,
+            phase="Training",
+            data_wait_s=round(data_wait_s, 6),
         )
-
-    def observe_data_wait(self, seconds: float) -> None:
-        """The step's wait for its batch (``data.feed``): counted, and ``/status``'s
-        ``data_wait_s`` (the last step's)."""
-        self.data_wait.inc(seconds)
-        self.update_status(data_wait_s=round(seconds, 6))
 
     def observe_eval(self, accuracy: float, metric: str = "accuracy") -> None:
         """The chief's evaluation: ``accuracy``, or the MAE (``metric="mae"``: a regression
