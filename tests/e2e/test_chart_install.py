@@ -41,8 +41,11 @@ def test_the_chart_runs_the_operator_in_cluster_with_least_privilege(
     assert can("create", "pods", "-n", namespace)
     assert can("patch", "trainingjobs.ringtrain.io", "--subresource=status", "-n", namespace)
     assert can("create", "secrets", "-n", namespace)
-    assert not can("get", "secrets", "-n", namespace)  # never reads a Secret
+    # a Secret is read only by name, when a create met one (409), to check that its controller
+    # is the job (decision 0202); never listed or watched
+    assert can("get", "secrets", "-n", namespace)
     assert not can("list", "secrets", "-n", namespace)
+    assert not can("watch", "secrets", "-n", namespace)
     assert not can("create", "pods", "-n", "default")  # only its own namespace
     assert not can("list", "namespaces")
     assert not can("list", "customresourcedefinitions.apiextensions.k8s.io")
