@@ -19,9 +19,10 @@ import jsonschema
 import pytest
 import yaml
 from fake_kube import FakeKube
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from operator_jobs import job_obj
+from support.fuzz import fuzz
 from support.procs import ringtrain
 
 from ringtrain.errors import InvalidSpec
@@ -31,13 +32,7 @@ from ringtrain_operator.job import API_VERSION
 from ringtrain_operator.reconcile import reconcile
 
 FIELD = re.compile(r"\b(spec|metadata|apiVersion|kind)\b")
-FUZZ = settings(
-    max_examples=120,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+FUZZ = fuzz(120)
 
 
 def stock_job() -> dict:

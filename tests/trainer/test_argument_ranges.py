@@ -14,8 +14,9 @@ import json
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from support.fuzz import fuzz
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
@@ -184,7 +185,7 @@ _CONSTRAINT = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz(50)
 @given(st.sampled_from(FUZZED), JSON_VALUES)
 def test_any_value_of_an_argument_is_refused_by_name_or_builds(where, value):
     path, word = where
@@ -194,7 +195,7 @@ def test_any_value_of_an_argument_is_refused_by_name_or_builds(where, value):
         assert word in str(e), str(e)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz(50)
 @given(_INIT, _CONSTRAINT)
 def test_any_initializer_or_constraint_is_refused_by_name_or_builds(init, constraint):
     for key, value in (("kernel_initializer", init), ("kernel_constraint", constraint)):

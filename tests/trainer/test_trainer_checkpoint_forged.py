@@ -18,8 +18,9 @@ import zipfile
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from support.fuzz import fuzz
 
 from ringtrain.errors import CheckpointError
 from ringtrain.options import MAX_STEPS
@@ -309,13 +310,7 @@ def forged_arrays(draw) -> dict:
     return arrays
 
 
-@settings(
-    max_examples=50,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+@fuzz(50)
 @given(
     arrays=forged_arrays(),
     fields=st.dictionaries(
