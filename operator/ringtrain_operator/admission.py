@@ -25,7 +25,7 @@ from typing import Any
 
 from ringtrain.errors import InvalidSpec
 
-from . import kinds, manifests, modelfrom, mpi, schedulable, spec
+from . import kinds, manifests, modelfrom, mpi, resources, schedulable, spec
 from .job import Job, ReplicaSpec
 from .limits import norm
 
@@ -108,6 +108,18 @@ def _derived_message(job: Job, r: ReplicaSpec, name: str, asked: Any, limit: Any
     plan = f"batchSize {t.batch_size} on {t.ipus_per_worker} IPUs" + (
         f", {depth} micro-batches in flight (gradientAccumulationSteps)" if depth else ""
     )
+    e = resources.estimate(t)
+    if name == "memory" and e["ipu"] > e["ipu_capacity"]:
+        # the worker's own refusal, in its words, before any pod exists
+        ipus = int(t.ipus_per_worker)
+        return (
+            f"spec.trainer: the model does not fit the IPU: its memory plan for {plan} needs "
+            f"{e['ipu'] // ipus:,} bytes per IPU, {e['ipu_capacity'] // ipus:,} available "
+            f"(ipuMemoryMB {t.ipu_memory_mb}): lower spec.trainer."
+            f"{'gradientAccumulationSteps or spec.trainer.' if depth else ''}batchSize, raise "
+            "spec.trainer.ipuMemoryMB, allow recomputation (allowRecompute) or split the model "
+            "over IPUs (pipeline.stages)"
+        )
     return (
         f"spec.trainer: the {r.key} pods' {name} request {asked} (the memory plan of {plan}) "
         f"is more than their {name} limit {limit} (ipuMemoryMB {t.ipu_memory_mb} per IPU and "

@@ -52,10 +52,12 @@ def test_a_pipeline_whose_derived_request_outgrows_its_limit_is_refused_naming_t
     tmp_path,
 ):
     """examples/pipelined-model.yaml at gradientAccumulationSteps 16: 5115Mi asked, 2263Mi
-    limit."""
+    limit, because the plan outgrows the IPU: said in the worker's own words, before any pod."""
     admission.load(pipelined(4))  # the example as shipped
-    said = refused_everywhere(pipelined(16), tmp_path, r"^spec\.trainer: the Worker pods'")
-    assert "memory request 5115Mi" in said and "memory limit 2263Mi" in said
+    said = refused_everywhere(
+        pipelined(16), tmp_path, r"^spec\.trainer: the model does not fit the IPU"
+    )
+    assert "16 micro-batches in flight" in said and "943,718,400 available" in said
     assert "spec.trainer.gradientAccumulationSteps" in said
     assert "spec.trainer.ipuMemoryMB" in said
 
