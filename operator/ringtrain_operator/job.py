@@ -86,6 +86,22 @@ class MPISpec:
 
 
 @dataclass(frozen=True)
+class ElasticPolicy:
+    """spec.elasticPolicy, checked (:mod:`.elastic`): the worker counts the job may run at, and
+    the global batch every one of them keeps (a worker's batch is ``global_batch / N / K``)."""
+
+    min_replicas: int
+    max_replicas: int
+    #: gang restarts after failures (TorchElastic's --max-restarts); resizes never count
+    max_restarts: int | None
+    #: examples per optimizer step over the whole ring: batchSize x K x Worker.replicas
+    global_batch: int
+
+    def sizes(self) -> range:
+        return range(self.min_replicas, self.max_replicas + 1)
+
+
+@dataclass(frozen=True)
 class Job:
     """A validated, defaulted TrainingJob."""
 
@@ -97,6 +113,7 @@ class Job:
     trainer: TrainerSpec | None
     run_policy: RunPolicy
     mpi: MPISpec | None = None
+    elastic: ElasticPolicy | None = None
 
     def replica(self, role: str) -> ReplicaSpec | None:
         return next((r for r in self.replicas if r.role == role), None)

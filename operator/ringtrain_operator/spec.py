@@ -23,7 +23,7 @@ import yaml
 from ringtrain import optiongen, optionrules, options
 from ringtrain.errors import InvalidSpec
 
-from . import limits, modelcheck, modelfrom, mpi, schedulable
+from . import elastic, limits, modelcheck, modelfrom, mpi, schedulable
 from .job import API_VERSION, KIND, ROLE_KEYS, Job, MPISpec, ReplicaSpec, RunPolicy, TrainerSpec
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -251,7 +251,11 @@ def load(obj: Mapping[str, Any]) -> Job:
             "spec.mpi or remove the Launcher"
         )
     _check_semantics(replicas, trainer)
+    policy = elastic.policy(spec.get("elasticPolicy"), replicas, trainer, mpi)
     rp = spec["runPolicy"]
+    backoff = rp["backoffLimit"]
+    if policy is not None and policy.max_restarts is not None:  # the stricter of the two
+        backoff = min(backoff, policy.max_restarts)
     return Job(
         name=name,
         namespace=meta.get("namespace") or "default",
@@ -260,7 +264,7 @@ def load(obj: Mapping[str, Any]) -> Job:
         replicas=replicas,
         trainer=trainer,
         run_policy=RunPolicy(
-            backoff_limit=rp["backoffLimit"],
+            backoff_limit=backoff,
             active_deadline_s=rp.get("activeDeadlineSeconds"),
             ttl_after_finished_s=rp.get("ttlSecondsAfterFinished"),
             clean_pod_policy=rp["cleanPodPolicy"],
@@ -268,6 +272,7 @@ def load(obj: Mapping[str, Any]) -> Job:
             success_policy=rp["successPolicy"],
         ),
         mpi=mpi,
+        elastic=policy,
     )
 
 

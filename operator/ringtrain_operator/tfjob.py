@@ -47,7 +47,9 @@ DROPPED = {
     "runPolicy.schedulingPolicy": "gang scheduling through Volcano or scheduler-plugins is not "
     "supported (ringtrain's pods carry Kueue's pod-group labels instead)",
     "runPolicy.managedBy": "ringtrain's operator manages every TrainingJob",
-    "enableDynamicWorker": "elastic TFJobs are not supported: the worker count is fixed",
+    "enableDynamicWorker": "TFJob's dynamic workers join a parameter-server job, which has no "
+    "counterpart here; a TrainingJob resizes its ring with spec.elasticPolicy (minReplicas, "
+    "maxReplicas: decision 0213)",
 }
 
 

@@ -1,0 +1,128 @@
+"""spec.elasticPolicy: the worker counts a job may run at, and the job at another count (pure).
+
+Pipeline position: :func:`.spec.load` calls :func:`policy` once the replicas and the trainer are
+typed, so the operator, ``ringtrain render`` and ``ringtrain run`` refuse the same policies;
+``ringtrain run``'s resize (``ringtrain_localrun.resize``) calls :func:`resized` for the job at
+the new count and plans it as any job, through the same admission.
+
+What a resize keeps is the **global batch** (examples per optimizer step over the ring): a
+worker's batch becomes ``global / (N x K)``. The sample order is a function of (seed, epoch,
+global batch) alone (``Sharder``), and the ring averages the workers' mean gradients, so N
+workers x B/N train exactly as one worker x B (tests/ring/test_equivalence.py); a run resized at
+a step boundary, resuming from the checkpoint of that step, therefore trains the very steps of
+an unresized run (decision 0213). TorchElastic and Horovod Elastic keep the per-worker batch
+instead: the global batch, and with it the model, changes with every resize.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ringtrain import options
+from ringtrain.errors import InvalidSpec
+
+from .job import ElasticPolicy, MPISpec, ReplicaSpec, TrainerSpec
+
+__all__ = ["policy", "resized", "sizes_that_work"]
+
+_BATCH = f"spec.trainer.{options.BY_NAME['batch_size'].crd}"
+
+
+def sizes_that_work(global_batch: int, sizes: range, per_worker_divisor: int) -> list[int]:
+    """The worker counts among ``sizes`` that share ``global_batch`` out evenly: every worker an
+    equal batch, and that batch a multiple of ``per_worker_divisor`` (micro-batches x IPUs)."""
+    return [n for n in sizes if global_batch % (n * per_worker_divisor) == 0]
+
+
+def policy(
+    raw: Mapping[str, Any] | None,
+    replicas: tuple[ReplicaSpec, ...],
+    trainer: TrainerSpec | None,
+    mpi: MPISpec | None,
+) -> ElasticPolicy | None:
+    """spec.elasticPolicy checked against the replicas and the trainer, or None when unset;
+    :class:`InvalidSpec` naming the field of the first rule broken. An absent minReplicas or
+    maxReplicas is the Worker count (Kubeflow's default)."""
+    if raw is None:
+        return None
+    if mpi is not None:
+        raise InvalidSpec(
+            "spec.elasticPolicy: an MPI job's world is mpirun's, fixed at its launch; remove "
+            "spec.elasticPolicy or spec.mpi"
+        )
+    if trainer is None:
+        raise InvalidSpec(
+            "spec.elasticPolicy: needs spec.trainer: the built-in trainer is what keeps the "
+            "global batch and the sample order across a resize"
+        )
+    if any(r.role == "chief" for r in replicas):
+        raise InvalidSpec(
+            "spec.replicaSpecs.Chief: an elastic job's ring is its Workers (worker 0 is the "
+            "chief and stays through every resize); remove the Chief replica"
+        )
+    workers = next(r.replicas for r in replicas if r.role == "worker")
+    lo, hi = int(raw.get("minReplicas", workers)), int(raw.get("maxReplicas", workers))
+    if lo > hi:
+        raise InvalidSpec(f"spec.elasticPolicy.minReplicas: {lo} is more than maxReplicas {hi}")
+    if not lo <= workers <= hi:
+        raise InvalidSpec(
+            f"spec.replicaSpecs.Worker.replicas: {workers} is outside spec.elasticPolicy's "
+            f"[minReplicas, maxReplicas] = [{lo}, {hi}]"
+        )
+    k = trainer.gradient_accumulation_steps
+    divisor = k * trainer.ipus_per_worker
+    global_batch = trainer.batch_size * k * workers
+    sizes = range(lo, hi + 1)
+    good = sizes_that_work(global_batch, sizes, divisor)
+    if len(good) < len(sizes):
+        bad = [n for n in sizes if n not in good]
+        every = math.lcm(*(n * divisor for n in sizes))
+        suggest = -(-global_batch // every) * every
+        how = f"{_BATCH} {trainer.batch_size} x {workers} Worker.replicas" + (
+            f" x gradientAccumulationSteps {k}" if k > 1 else ""
+        )
+        unit = f" (a multiple of {divisor} per worker)" if divisor > 1 else ""
+        raise InvalidSpec(
+            f"spec.elasticPolicy: the global batch {global_batch} ({how}) is kept across "
+            f"resizes but does not divide evenly{unit} among {_counts(bad)} workers; of "
+            f"[{lo}, {hi}] the sizes that work: {', '.join(map(str, good)) or 'none'}. "
+            f"Narrow [minReplicas, maxReplicas] to them, or make the global batch {suggest}, "
+            "which every size divides"
+        )
+    return ElasticPolicy(lo, hi, raw.get("maxRestarts"), global_batch)
+
+
+def _counts(ns: list[int]) -> str:
+    return ", ".join(map(str, ns[:-1])) + (" or " if len(ns) > 1 else "") + str(ns[-1])
+
+
+def resized(obj: Mapping[str, Any], elastic: ElasticPolicy | None, workers: int) -> dict:
+    """The TrainingJob object ``obj`` (as written, before defaults) at ``workers`` workers:
+    Worker.replicas set, and spec.trainer.batchSize the share of the same global batch. The
+    policy's bounds are written out, so the object is admitted by the same rules it was.
+    :class:`InvalidSpec` names what refuses the count."""
+    if elastic is None:
+        raise InvalidSpec(
+            "spec.elasticPolicy: not set, so the job's worker count is fixed; set "
+            "minReplicas and maxReplicas to resize it"
+        )
+    if workers not in elastic.sizes():
+        raise InvalidSpec(
+            f"spec.replicaSpecs.Worker.replicas: {workers} is outside spec.elasticPolicy's "
+            f"[minReplicas, maxReplicas] = [{elastic.min_replicas}, {elastic.max_replicas}]"
+        )
+    out = copy.deepcopy(dict(obj))
+    spec = out["spec"]
+    trainer = spec["trainer"]
+    k = int(trainer.get(options.BY_NAME["gradient_accumulation_steps"].crd, 1))
+    spec["replicaSpecs"].setdefault("Worker", {})["replicas"] = workers
+    trainer[options.BY_NAME["batch_size"].crd] = elastic.global_batch // (workers * k)
+    spec["elasticPolicy"] = {
+        **spec["elasticPolicy"],
+        "minReplicas": elastic.min_replicas,
+        "maxReplicas": elastic.max_replicas,
+    }
+    return out
