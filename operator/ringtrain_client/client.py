@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, TextIO, cast
@@ -25,6 +26,7 @@ from . import build
 from .jobs import TERMINAL, JobFailed, JobStatus, JobTimeout, Metrics
 from .kube import KubeBackend, trainer_fields
 from .local import LocalBackend
+from .progress import display_for, from_status
 
 #: seconds between looks at a job's status in ``wait``
 POLL_S = 0.5
@@ -54,13 +56,22 @@ class Job:
         return f"Job({self.name!r}, backend={self.client.backend.name!r})"
 
     def status(self) -> JobStatus:
+        """Where the job is now (phase, step, loss, accuracy); never blocks."""
         return self.client.backend.status(self.name)
 
-    def wait(self, timeout: float | None = None, poll_s: float = POLL_S) -> JobStatus:
+    def wait(
+        self, timeout: float | None = None, poll_s: float = POLL_S, progress: bool | None = None
+    ) -> JobStatus:
         """Block until the job ends; its final status when it succeeded. Raises
         :class:`JobFailed` (the job's reason and message) when it failed and
-        :class:`JobTimeout` after ``timeout`` seconds (the job goes on)."""
-        return self.client.wait_for_job(self.name, timeout=timeout, poll_s=poll_s)
+        :class:`JobTimeout` after ``timeout`` seconds (the job goes on).
+
+        ``progress``: the line ``ringtrain run`` draws, kept up to date while it waits — by
+        default in a notebook (one output updated in place) or on a terminal, and nowhere
+        else; ``True`` also prints it on a plain stream, ``False`` never shows it."""
+        return self.client.wait_for_job(
+            self.name, timeout=timeout, poll_s=poll_s, progress=progress
+        )
 
     def logs(self, replica: str | None = None, follow: bool = False) -> str:
         """The replicas' output (``replica``: one, e.g. ``worker-1``); ``follow`` returns when
@@ -72,12 +83,21 @@ class Job:
         return self.client.backend.metrics(self.name)
 
     def model(self) -> Any:
-        """The trained model: the chief's export loaded by Keras (``keras.saving.load_model``)."""
+        """The trained model: the chief's export loaded by Keras (``keras.saving.load_model``).
+
+        Its weights are the trained ones and it is compiled with the optimizer that trained it,
+        with fresh state: the optimizer's moments stay in the job's checkpoint (the export
+        holds the model), so Keras' warning that it skips the optimizer's variables — there are
+        none to load, by design — is not shown."""
         import keras
 
-        return keras.saving.load_model(str(self.client.backend.export(self.name)))
+        path = str(self.client.backend.export(self.name))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Skipping variable loading for optimizer")
+            return keras.saving.load_model(path)
 
     def delete(self) -> None:
+        """Stop the job if it runs, then delete it (locally: its run dir)."""
         self.client.delete_job(self.name)
 
 
@@ -171,6 +191,8 @@ class TrainerClient:
     # --- Kubeflow's TrainerClient calls ------------------------------------------------------
 
     def list_jobs(self) -> list[JobStatus]:
+        """Every job's status: the local runs under ``root`` (started here or by hand), or
+        the namespace's TrainingJobs."""
         return self.backend.list()
 
     def get_job(self, name: str) -> Job:
@@ -188,20 +210,39 @@ class TrainerClient:
         return buf.getvalue()
 
     def wait_for_job(
-        self, name: str, timeout: float | None = None, poll_s: float = POLL_S
+        self,
+        name: str,
+        timeout: float | None = None,
+        poll_s: float = POLL_S,
+        progress: bool | None = None,
     ) -> JobStatus:
+        """:meth:`Job.wait` by name (``progress`` as there)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            st = self.backend.status(name)
-            if st.phase in TERMINAL:
-                if st.phase != "Succeeded":
-                    raise JobFailed(st.name, st.reason, st.message)
-                return st
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(f"TrainingJob {st.name} still {st.phase} after {timeout} s")
-            time.sleep(poll_s)
+        shown = display_for(progress)
+        try:
+            while True:
+                st = self.backend.status(name)
+                if shown is not None:
+                    shown.update(self._progress(st), final=st.phase in TERMINAL)
+                if st.phase in TERMINAL:
+                    if st.phase != "Succeeded":
+                        raise JobFailed(st.name, st.reason, st.message)
+                    return st
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise JobTimeout(f"TrainingJob {st.name} still {st.phase} after {timeout} s")
+                time.sleep(poll_s)
+        finally:
+            if shown is not None:
+                shown.close()
+
+    def _progress(self, st: JobStatus) -> Mapping[str, Any]:
+        """The progress line's fields: a local run's own progress event, else what the
+        status says (a TrainingJob's status holds the chief's step, loss and accuracy)."""
+        b = self.backend
+        return b.progress(st) if isinstance(b, LocalBackend) else from_status(st)
 
     def delete_job(self, name: str) -> None:
+        """:meth:`Job.delete` by name."""
         self.backend.delete(name)
 
 

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -33,6 +34,7 @@ from ringtrain_localrun import logs
 from ringtrain_localrun.cli import default_run_dir
 
 from .jobs import FAILED, JobNotFound, JobStatus, Metrics, fold_metrics
+from .progress import from_status
 
 #: ``ringtrain run``'s events (its ``--json`` stdout), written by the client's submit
 EVENTS_NAME = "events.jsonl"
@@ -42,6 +44,9 @@ MANIFEST_NAME = "job.yaml"
 INPUTS_DIR = "inputs"
 #: ``ringtrain run``'s own stderr (a refusal before anything started is there)
 STDERR_NAME = "run.err"
+#: seconds between ``ringtrain run``'s progress events in ``events.jsonl`` (its own default is
+#: 5 s off a terminal; ``wait()``'s progress line follows the chief's, at most one a second)
+PROGRESS_INTERVAL_S = 1.0
 #: seconds ``delete`` waits for ``ringtrain run`` to stop its replicas before SIGKILL
 STOP_TIMEOUT_S = 30.0
 
@@ -108,7 +113,7 @@ class LocalBackend:
         manifest = run_dir / MANIFEST_NAME
         manifest.write_text(yaml.safe_dump(obj, sort_keys=False))
         argv = [sys.executable, "-m", "ringtrain.cli", "run", str(manifest), "--json"]
-        argv += ["--run-dir", str(run_dir)]
+        argv += ["--run-dir", str(run_dir), "--progress-interval", str(PROGRESS_INTERVAL_S)]
         with open(run_dir / EVENTS_NAME, "wb") as out, open(run_dir / STDERR_NAME, "wb") as err:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
@@ -200,6 +205,16 @@ class LocalBackend:
             restarts=int(status.get("restarts") or 0),
             location=where,
         )
+
+    def progress(self, st: JobStatus) -> Mapping[str, Any]:
+        """``ringtrain run``'s last progress event (the line it draws, the workers' health
+        included), else what ``st`` knows."""
+        if st.location is not None:
+            evts = self._events(Path(st.location))
+            last = next((e for e in reversed(evts) if e.get("event") == "progress"), None)
+            if last is not None:
+                return last
+        return from_status(st)
 
     def _chief_log(self, run_dir: Path) -> Path | None:
         run = _read_json(run_dir / logs.RUN_NAME) or {}

@@ -45,15 +45,18 @@ def _model(name: str = "mlp") -> keras.Model:
     return m
 
 
-def test_fit_on_two_workers_then_keras_evaluates_the_trained_model(tmp_path):
+def test_fit_on_two_workers_then_keras_evaluates_the_trained_model(tmp_path, capsys):
     client = TrainerClient(root=tmp_path)
     x, y = _data(512, 0)
     x_test, y_test = _data(256, 1)
     job = client.fit(
         _model(), x, y, validation_data=(x_test, y_test), steps=30, batch_size=64, workers=2
     )
-    st = job.wait(timeout=180)
+    st = job.wait(timeout=180, progress=True)  # not a terminal: plain progress lines
     assert st.phase == "Succeeded" and st.step == 30, st
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0].startswith("progress  | ") and "[worker-0 " in shown[-1], shown
+    assert shown[-1].startswith("progress  | step 30/30 (100%)"), shown  # the last one
     assert st.test_accuracy is not None and st.test_accuracy > 0.8  # chance is 0.5
 
     spec = (tmp_path / job.name / "job.yaml").read_text()
