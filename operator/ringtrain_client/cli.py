@@ -4,7 +4,8 @@ Pipeline position: ``ringtrain.cli`` dispatches each verb to one function here; 
 :class:`.client.TrainerClient` for ``--backend`` (default ``local``: run dirs under ``--root``,
 ``.ringtrain/runs`` as ``ringtrain run``'s default, so a run started by hand is found too) and
 prints what it returns — a line for people, or ``--json`` (one object, a list for ``list``).
-``ringtrain logs`` stays :mod:`ringtrain_localrun.logs`. Exit codes: 0 done (``wait``: the job
+``ringtrain logs`` reads a local run dir through :mod:`ringtrain_localrun.logs` (its own messages)
+and a cluster job's pods through the kube backend. Exit codes: 0 done (``wait``: the job
 Succeeded), 1 the job Failed, 2 no such job, 124 ``wait --timeout`` ran out (as timeout(1)).
 """
 
@@ -14,6 +15,8 @@ import argparse
 import json
 import sys
 from typing import Any
+
+from ringtrain_localrun import logs as localrun_logs
 
 from .client import TrainerClient
 from .jobs import JobFailed, JobNotFound, JobStatus, JobTimeout
@@ -117,6 +120,34 @@ def wait_main(argv: list[str]) -> int:
         return 0
 
     return _run("wait", args, call)
+
+
+def logs_main(argv: list[str]) -> int:
+    p = _parser(
+        "logs",
+        "Print a job's replica logs: a local run's (<run dir>/pods/<pod>/log, rotated at 10 MiB "
+        "into log.1) or, with --backend kubernetes, its pods' (their main container).",
+    )
+    p.add_argument(
+        "--replica",
+        metavar="NAME",
+        help="one replica, e.g. worker-0 or its pod name (default: every replica, each line "
+        "prefixed with its name)",
+    )
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new output until the job ends"
+    )
+    args = p.parse_args(argv)
+    if args.backend == "local" and args.root is None:
+        return localrun_logs.main(
+            [args.name, *(["--replica", args.replica] if args.replica else [])]
+            + (["--follow"] if args.follow else [])
+        )
+
+    def call() -> int:
+        return _client(args).backend.logs(args.name, args.replica, args.follow, sys.stdout)
+
+    return _run("logs", args, call)
 
 
 def delete_main(argv: list[str]) -> int:

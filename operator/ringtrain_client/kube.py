@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from ringtrain_localrun.logs import label_of
 from ringtrain_operator import manifests, modelfrom
 from ringtrain_operator.job import GROUP, PLURAL, VERSION
 from ringtrain_operator.kube import load_config
@@ -30,6 +31,8 @@ from ringtrain_operator.kube import load_config
 from .build import DATA_FILE, MODEL_FILE
 from .jobs import JobNotFound, JobStatus, Metrics, fold_metrics
 
+#: how long ``logs(follow=True)`` waits for the job's pods and their containers to start
+LOG_START_WAIT_S = 300
 #: where the data ConfigMap is mounted in the trainer pods (spec.trainer.data.path)
 DATA_MOUNT = "/data"
 
@@ -159,22 +162,58 @@ class KubeBackend:
 
     def logs(self, name: str, replica: str | None, follow: bool, out: TextIO) -> int:
         pods = self._pods(name, replica)
+        deadline = time.monotonic() + LOG_START_WAIT_S
+        while follow and not pods and time.monotonic() < deadline:  # just submitted
+            self._get(name)
+            time.sleep(0.5)
+            pods = self._pods(name, replica)
         if not pods:
             raise JobNotFound(f"no pod of {name} in {self.namespace} (replica {replica!r})")
-        prefix = len(pods) > 1
-        for pod in pods:  # followed one after the other: a job's pods end together
-            resp = self.core.read_namespaced_pod_log(
-                pod,
-                self.namespace,
-                container=manifests.MAIN_CONTAINER,
-                follow=follow,
-                _preload_content=False,
-            )
+        prefix = len(pods) > 1  # as a local run's logs: ``worker-0  | line``
+        for pod in pods:
+            head = (
+                f"{label_of(pod):<10}| " if prefix else ""
+            )  # followed one after the other: a job's pods end together
+            resp = self._log_stream(pod, follow)
+            if resp is None:
+                continue
+            tail = b""
             for raw in resp.stream():
-                for line in raw.decode(errors="replace").splitlines():
-                    out.write(f"{pod}| {line}\n" if prefix else line + "\n")
+                *lines, tail = (tail + raw).split(b"\n")
+                for line in lines:
+                    text = line.decode(errors="replace")
+                    out.write(head + text + "\n")
+            if tail:
+                text = tail.decode(errors="replace")
+                out.write(head + text + "\n")
             out.flush()
         return 0
+
+    def _log_stream(self, pod: str, follow: bool) -> Any:
+        """The pod's main container's log as a stream; None when it has not started and
+        ``follow`` is not set (nothing logged yet). Following waits for it to start: the API
+        answers 400 while the container is created (its ConfigMaps mounted, its image pulled)."""
+        deadline = time.monotonic() + LOG_START_WAIT_S
+        while True:
+            try:
+                return self.core.read_namespaced_pod_log(
+                    pod,
+                    self.namespace,
+                    container=manifests.MAIN_CONTAINER,
+                    follow=follow,
+                    _preload_content=False,
+                )
+            except ApiException as e:
+                if e.status != 400:
+                    raise
+                if not follow:
+                    return None
+                if time.monotonic() > deadline:
+                    raise JobNotFound(
+                        f"{pod}: its container did not start within {LOG_START_WAIT_S} s "
+                        f"({e.body!r:.200})"
+                    ) from None
+                time.sleep(0.5)
 
     def export(self, name: str) -> Path:
         raise NotImplementedError(

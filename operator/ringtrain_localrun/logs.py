@@ -195,8 +195,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ringtrain logs",
         description="Print the replicas' logs of a `ringtrain run` run dir "
-        "(<run dir>/pods/<pod>/log, rotated at 10 MiB into log.1). A cluster job's logs: not "
-        "yet (use kubectl logs <pod>).",
+        "(<run dir>/pods/<pod>/log, rotated at 10 MiB into log.1). A cluster job's: "
+        "`ringtrain logs JOB --backend kubernetes`.",
     )
     p.add_argument(
         "run_dir",
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"ringtrain logs: {args.run_dir} is neither a run dir of `ringtrain run` (it holds "
             "pods/<pod>/log) nor a job with one under .ringtrain/runs here; a cluster job's "
-            "logs: not yet, use kubectl logs <pod>",
+            "logs: ringtrain logs JOB --backend kubernetes [-n NAMESPACE]",
             file=sys.stderr,
         )
         return 2

@@ -84,7 +84,7 @@ def test_a_data_error_says_the_workers_reason_in_the_summary_and_keeps_the_logs(
         "worker-1",
     }
     by_name = ringtrain("logs", "baddata", cwd=tmp_path)  # no .ringtrain/runs here
-    assert by_name.returncode == 2 and "not yet" in by_name.stderr
+    assert by_name.returncode == 2 and "--backend kubernetes" in by_name.stderr
     unknown = ringtrain("logs", str(run_dir), "--replica", "worker-7")
     assert unknown.returncode == 2 and "replicas: worker-0, worker-1" in unknown.stderr
 

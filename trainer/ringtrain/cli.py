@@ -21,8 +21,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("run",): ("ringtrain_localrun.cli", "run a TrainingJob manifest as local processes"),
     ("logs",): (
-        "ringtrain_localrun.logs",
-        "print the replicas' logs of a `ringtrain run` run dir (cluster jobs: not yet)",
+        "ringtrain_client.cli:logs_main",
+        "print a job's replica logs (a local run dir, or a cluster job's pods)",
     ),
     ("status",): ("ringtrain_client.cli:status_main", "print a job's phase and progress"),
     ("list",): ("ringtrain_client.cli:list_main", "list the jobs (local runs, or a namespace's)"),

@@ -1,0 +1,195 @@
+"""The Python client and the job verbs against the real local cluster (issue 36): a compiled
+Keras model and numpy arrays go to two worker pods through ConfigMaps the client creates, the
+job is followed (`ringtrain logs -f`), waited for, listed and deleted with everything it made;
+a job whose data the worker refuses makes ``wait()`` raise with the worker's own message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from e2e_support import CRD, OperatorProcess
+from support.procs import CLI, ringtrain
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.filterwarnings(
+        "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
+    ),
+]
+
+
+@pytest.fixture
+def operator(kubeconfig, kubectl, namespace, tmp_path):
+    kubectl("apply", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io", "--timeout=60s")
+    op = OperatorProcess(kubeconfig, [namespace], tmp_path / "operator.log").start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        print(op.tail(6000))
+
+
+def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(seed).normal(size=(n, 8)).astype(np.float32)
+    return x, (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+
+
+def _model():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(2, activation="softmax"),
+        ],
+        name="mlp",
+    )
+    m.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return m
+
+
+def _spec(image: str) -> dict:
+    """The project's image (imported into the cluster, never pulled); pods kept to read logs."""
+    container = {
+        "name": "ringtrain",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "resources": {"requests": {"cpu": "10m"}},
+    }
+    return {
+        "replicaSpecs": {"Worker": {"template": {"spec": {"containers": [container]}}}},
+        "runPolicy": {"cleanPodPolicy": "None", "activeDeadlineSeconds": 600},
+    }
+
+
+def _cli(kubeconfig: str, namespace: str, *args: str, timeout_s: float = 120):
+    return ringtrain(
+        *args,
+        "--backend",
+        "kubernetes",
+        "-n",
+        namespace,
+        "--kubeconfig",
+        kubeconfig,
+        timeout_s=timeout_s,
+    )
+
+
+def test_the_client_trains_follows_waits_lists_and_deletes_a_cluster_job(
+    kubeconfig, kubectl, namespace, operator, project_image
+):
+    from ringtrain_client import TrainerClient
+
+    t0 = time.monotonic()
+    client = TrainerClient("kubernetes", namespace=namespace, kubeconfig=kubeconfig)
+    x, y = _data(512, 0)
+    xt, yt = _data(256, 1)
+    job = client.fit(
+        _model(),
+        x,
+        y,
+        validation_data=(xt, yt),
+        steps=30,
+        batch_size=64,
+        workers=2,
+        spec=_spec(project_image),
+        name="client-mlp",
+    )
+    follow = subprocess.Popen(
+        [
+            *CLI,
+            "logs",
+            job.name,
+            "-f",
+            "--backend",
+            "kubernetes",
+            "-n",
+            namespace,
+            "--kubeconfig",
+            kubeconfig,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    st = job.wait(timeout=400)
+    out, err = follow.communicate(timeout=120)
+    assert follow.returncode == 0, err
+    assert st.phase == "Succeeded" and st.step == 30, st
+    assert st.test_accuracy is not None and st.test_accuracy > 0.8, st
+    # both workers' output, each line named by its pod, the chief's to its final summary
+    lines = out.splitlines()
+    assert {ln.split("|")[0].strip() for ln in lines} == {"worker-0", "worker-1"}, out[-3000:]
+    chief = [ln.split("| ", 1)[1] for ln in lines if ln.startswith("worker-0 ")]
+    events = [json.loads(ln) for ln in chief if ln.startswith("{")]
+    assert any(e.get("test_accuracy") == st.test_accuracy for e in events), chief[-10:]
+
+    history = job.metrics().history
+    assert history["loss"] and history["test_accuracy"][-1] == pytest.approx(st.test_accuracy)
+
+    status = _cli(kubeconfig, namespace, "status", job.name, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["test_accuracy"] == st.test_accuracy
+    listed = _cli(kubeconfig, namespace, "list", "--json")
+    assert [j["name"] for j in json.loads(listed.stdout)] == [job.name]
+    one = _cli(kubeconfig, namespace, "logs", job.name, "--replica", "worker-1")
+    assert one.returncode == 0 and one.stdout and "| " not in one.stdout.splitlines()[0]
+
+    # the ConfigMaps the client made are the job's: deleting it removes them
+    made = kubectl(
+        "get", "configmap", "-n", namespace, "-l", f"ringtrain.io/job-name={job.name}", "-o", "name"
+    ).stdout.split()
+    assert sorted(made) == ["configmap/client-mlp-data", "configmap/client-mlp-model"]
+    deleted = _cli(kubeconfig, namespace, "delete", job.name)
+    assert deleted.returncode == 0, deleted.stderr
+    deadline = time.monotonic() + 120
+    while kubectl(
+        "get",
+        "configmap,pod",
+        "-n",
+        namespace,
+        "-l",
+        f"ringtrain.io/job-name={job.name}",
+        "-o",
+        "name",
+    ).stdout.strip():
+        assert time.monotonic() < deadline, "the job's ConfigMaps and pods outlived it"
+        time.sleep(1)
+    gone = _cli(kubeconfig, namespace, "status", job.name)
+    assert gone.returncode == 2 and "no TrainingJob client-mlp" in gone.stderr
+    print(json.dumps({"client_cluster_job_s": round(time.monotonic() - t0, 1)}))
+
+
+def test_a_refused_job_on_the_cluster_raises_with_the_workers_message(
+    kubeconfig, namespace, operator, project_image
+):
+    from ringtrain_client import JobFailed, TrainerClient
+
+    client = TrainerClient("kubernetes", namespace=namespace, kubeconfig=kubeconfig)
+    x, _ = _data(128, 0)
+    bad = np.full(len(x), 7, np.int64)  # class 7 of a 2-class softmax
+    job = client.fit(
+        _model(),
+        x,
+        bad,
+        validation_data=(x, bad),
+        steps=5,
+        batch_size=32,
+        spec=_spec(project_image),
+        name="client-bad",
+    )
+    with pytest.raises(JobFailed) as failed:
+        job.wait(timeout=300)
+    assert failed.value.reason == "TrainingJobFailed"
+    assert "y_train" in (failed.value.message or ""), failed.value.message
+    waited = _cli(kubeconfig, namespace, "wait", job.name)
+    assert waited.returncode == 1 and "y_train" in waited.stdout, waited.stdout
