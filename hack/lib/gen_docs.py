@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write docs/reference.md: the TrainingJob fields, the worker's flags, the metrics, the exit codes
-and the commands.
+and the commands; and docs/tutorial.md, the tutorial notebook as a page (hack/lib/notebook_page.py).
 
     .venv/bin/python hack/gen-docs            # rewrite docs/reference.md
     .venv/bin/python hack/gen-docs --check    # exit 1 with a unified diff when it is stale
@@ -39,6 +39,9 @@ except ImportError:  # run as `hack/gen-docs` with a bare python3: use the proje
     if venv_python.exists() and Path(sys.prefix).resolve() != venv_python.parent.parent.resolve():
         os.execv(venv_python, [str(venv_python), __file__, *sys.argv[1:]])
     raise
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # hack/lib, as `hack/gen-docs` runs it
+import notebook_page  # noqa: E402  (after the re-exec into the virtualenv)
 
 #: Suffixes Prometheus adds to a family's name in the exposition, by metric type.
 SAMPLE_SUFFIXES = {
@@ -506,23 +509,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.undocumented:
         print("\n".join(undocumented_fields(load_crd())))
         return 0
-    want = render()
-    if args.check:
-        have = args.output.read_text() if args.output.exists() else ""
+    pages = {args.output: render()}
+    if args.output == OUT:  # the whole run also renders the tutorial notebook as its page
+        pages[notebook_page.PAGE] = notebook_page.render()
+    if not args.check:
+        for path, want in pages.items():
+            path.write_text(want)
+        return 0
+    stale = 0
+    for path, want in pages.items():
+        have = path.read_text() if path.exists() else ""
         if have == want:
-            return 0
+            continue
+        stale = 1
         sys.stdout.writelines(
             difflib.unified_diff(
                 have.splitlines(keepends=True),
                 want.splitlines(keepends=True),
-                fromfile=f"{args.output} (committed)",
-                tofile=f"{args.output} (generated)",
+                fromfile=f"{path} (committed)",
+                tofile=f"{path} (generated)",
             )
         )
-        print(f"{args.output} is stale: run .venv/bin/python hack/gen-docs", file=sys.stderr)
-        return 1
-    args.output.write_text(want)
-    return 0
+        print(f"{path} is stale: run .venv/bin/python hack/gen-docs", file=sys.stderr)
+    return stale
 
 
 if __name__ == "__main__":
