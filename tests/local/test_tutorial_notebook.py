@@ -37,7 +37,9 @@ def _stdout(cell: nbformat.NotebookNode) -> str:
 
 
 def test_the_tutorial_trains_on_two_workers_in_a_real_kernel(tmp_path, monkeypatch):
-    if KERNEL not in KernelSpecManager().find_kernel_specs():  # a Jupyter-less install: add it
+    # jupyter_client offers ipykernel's own python3 even without a kernel.json; where a
+    # configuration hides it, this virtualenv's is installed for the test, first on the path
+    if KERNEL not in KernelSpecManager().find_kernel_specs():
         install(kernel_name=KERNEL, prefix=str(tmp_path / "jupyter"))
         monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter" / "share" / "jupyter"))
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
