@@ -109,7 +109,9 @@ def wait_main(argv: list[str]) -> int:
     def call() -> int:
         client = _client(args)
         try:
-            st = client.wait_for_job(args.name, timeout=args.timeout)
+            # the progress line on a terminal; --json keeps stdout to its one object
+            progress = False if args.json else None
+            st = client.wait_for_job(args.name, timeout=args.timeout, progress=progress)
         except JobFailed:
             _show(client.backend.status(args.name), args.json)
             return EXIT_FAILED

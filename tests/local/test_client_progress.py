@@ -1,10 +1,17 @@
 """``wait()``'s progress line (ringtrain_client.progress): where it goes and how often. The line
 itself is ``ringtrain run``'s (format_progress); a notebook's display is exercised by a real
-kernel in test_tutorial_notebook.py, a real job's plain lines in test_client_local.py."""
+kernel in test_tutorial_notebook.py, a real job's plain lines in test_client_local.py, and
+``ringtrain wait`` on a real pseudo-terminal here."""
 
 from __future__ import annotations
 
 import io
+import json
+import os
+import pty
+import subprocess
+
+from support.procs import CLI
 
 from ringtrain_client.jobs import JobStatus
 from ringtrain_client.progress import PLAIN_INTERVAL_S, Display, display_for, from_status
@@ -66,3 +73,39 @@ def test_a_status_without_progress_events_still_makes_the_line():
     out = io.StringIO()
     Display("plain", out).update(from_status(st))
     assert out.getvalue() == "progress  | step 12/30 (40%)  loss 0.4000  restarts 1\n"
+
+
+def _on_a_terminal(*args: str) -> tuple[int, str]:
+    """``ringtrain ARGS`` with its stdout on a pseudo-terminal: (exit code, what it showed)."""
+    main, sub = pty.openpty()
+    try:
+        done = subprocess.run(
+            [*CLI, *args], stdin=subprocess.DEVNULL, stdout=sub, stderr=subprocess.PIPE, timeout=60
+        )
+    finally:
+        os.close(sub)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the terminal's other end is closed and read out
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(main)
+    return done.returncode, shown.decode()
+
+
+def test_ringtrain_wait_draws_the_line_on_a_terminal_but_not_with_json(tmp_path):
+    run = tmp_path / "mlp-20261129-120000"
+    run.mkdir()
+    (run / "job.yaml").write_text("kind: TrainingJob\n")
+    final = {"phase": "Succeeded", "steps": 30, "loss": 0.25, "test_accuracy": 0.9}
+    (run / "final.json").write_text(json.dumps(final))
+
+    code, shown = _on_a_terminal("wait", run.name, "--root", str(tmp_path))
+    assert code == 0 and "\r\x1b[2Kstep 30  loss 0.2500  acc 90.00%\r\n" in shown, shown
+    code, shown = _on_a_terminal("wait", run.name, "--json", "--root", str(tmp_path))
+    assert code == 0 and "\x1b[2K" not in shown, shown
+    assert json.loads(shown)["step"] == 30
