@@ -25,6 +25,7 @@ RUN_ELSEWHERE = {
     "mpi-horovod-style.yaml": "tests/local/test_mpi_run.py",
     "mpi4py-allreduce.yaml": "tests/local/test_mpi_run.py",
     "pipelined-model.yaml": "tests/local/test_pipelined_model_job.py",
+    "tensorflow-keras-fit.yaml": "tests/local/test_tensorflow_keras_fit.py",
 }
 RUN_HERE = [
     pytest.param("fashion-mnist-2workers.yaml", id="fashion-mnist-2workers"),
