@@ -121,17 +121,25 @@ def test_runtime_part_is_the_closure_of_the_runtime_dependencies():
 
 
 def test_virtualenv_holds_exactly_the_lock():
-    """`pip freeze` of .venv equals the lock (the project itself aside): hack/setup installs the
-    lock with --require-hashes and removes anything else."""
+    """`pip freeze` of .venv equals the lock and tf_keras' block (the project itself aside):
+    hack/setup installs them with --require-hashes and removes anything else."""
     installed = {
         canonicalize_name(d.metadata["Name"]): d.version
         for d in metadata.distributions()
         if canonicalize_name(d.metadata["Name"]) != "ringtrain"
     }
-    locked = {name: version for name, (version, _) in LOCK.items()}
+    tf_keras = pins(REQUIREMENTS / "tf-keras.txt")  # beside the lock: decision 0214
+    locked = {name: version for name, (version, _) in {**LOCK, **tf_keras}.items()}
     extra = {n: v for n, v in installed.items() if locked.get(n) != v}
     missing = {n: v for n, v in locked.items() if installed.get(n) != v}
     assert (extra, missing) == ({}, {}), "run hack/setup test (it installs exactly the lock)"
+
+
+def test_tf_keras_is_pinned_to_the_locks_tensorflow_with_its_hash():
+    """tf_keras installs without its dependencies (decision 0214), so nothing but this test
+    keeps it at the release of the TensorFlow the lock holds."""
+    ((version, hashes),) = pins(REQUIREMENTS / "tf-keras.txt").values()
+    assert version == LOCK["tensorflow-cpu"][0] and len(hashes) == 1
 
 
 def test_checkov_is_locked_on_its_own_with_hashes():
