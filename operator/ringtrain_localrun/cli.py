@@ -29,6 +29,7 @@ from .console import Output, format_summary
 from .jobstate import summary, terminal_condition
 from .logs import FINAL_NAME, RUN_NAME
 from .plan import Replica, plan, read_job
+from .resize import Resizer
 from .supervisor import DEFAULT_GRACE_S, Runner, Stopped, exit_status, read_result
 
 #: Exit codes of `ringtrain run` (the job's outcome, not a replica's).
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / FINAL_NAME).unlink(missing_ok=True)  # a reused run dir's: `logs -f` waits anew
     runner = Runner(job, replicas, run_dir, output, grace_s=args.grace_period)
+    if job.elastic is not None:  # `ringtrain scale RUN_DIR --workers N` resizes it
+        runner.resizer = Resizer(obj, lambda o: plan(o, run_dir, sources=beside))
     start = {
         "event": "start",
         "job": job.name,
@@ -173,12 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     runner.close_logs()
     if reason is None:
         reason, message = terminal_condition(runner.status)
-        message = explain_paths(message, replicas)
+        message = explain_paths(message, runner.replicas)
     exits = {
         label: None if p.returncode is None else exit_status(p.returncode)
         for label, p in runner.procs.items()
     }
-    chief = next(r for r in replicas if r.label == runner.chief_label)
+    chief = next(r for r in runner.replicas if r.label == runner.chief_label)
     result = summary(
         job,
         phase,

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from ringtrain import events
 from ringtrain_operator import lifecycle, status
@@ -49,6 +49,13 @@ from .pods import (  # noqa: F401 (re-exported: cli and tests import them from h
 DEFAULT_GRACE_S = 10.0
 #: Restart back-off of one replica: (first delay, cap) in seconds; the first restart is at once.
 RESTART_BACKOFF_S = (1.0, 30.0)
+
+
+class Resizes(Protocol):
+    """An elastic job's resizes (:class:`.resize.Resizer`): a look each turn, the chief's lines."""
+
+    def turn(self, runner: Runner) -> None: ...
+    def observe(self, runner: Runner, event: events.Event | None) -> None: ...
 
 
 class Stopped(Exception):
@@ -105,6 +112,8 @@ class Runner:
         #: The TrainingJob's status as the operator would write it (state, conditions, restarts).
         self.status: dict[str, Any] = {}
         self.started = False
+        #: an elastic job's resizes (:mod:`.resize`); None: the job's size is fixed
+        self.resizer: Resizes | None = None
 
     @property
     def phase(self) -> str | None:
@@ -267,6 +276,8 @@ class Runner:
         chief = label == self.chief_label
         event = events.parse_line(line)
         self.state.observe(label, event, time.monotonic(), chief=chief)
+        if chief and self.resizer is not None:
+            self.resizer.observe(self, event)
         if event is None:
             self.output.log(label, line)
         elif (chief and isinstance(event, (events.Eval, events.Final))) or (
@@ -286,8 +297,8 @@ class Runner:
 
     def _poll_status(self, stop: threading.Event, period_s: float = 2.0) -> None:
         """Health of replicas that print nothing (non-chief workers): their ``/status``."""
-        ports = {r.label: r.metrics_port for r in self.replicas if r.metrics_port}
         while not stop.wait(period_s):
+            ports = {r.label: r.metrics_port for r in self.replicas if r.metrics_port}
             for label, port in ports.items():
                 p = self.procs.get(label)
                 if p is None or p.poll() is not None:
@@ -357,6 +368,8 @@ class Runner:
             while True:
                 if self.stop_signal is not None:
                     raise Stopped(self.stop_signal)
+                if self.resizer is not None and self.phase not in status.TERMINAL:
+                    self.resizer.turn(self)
                 self.reconcile()
                 if self.phase in status.TERMINAL:
                     break

@@ -20,6 +20,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "train as one replica (single worker when TF_CONFIG is unset)",
     ),
     ("run",): ("ringtrain_localrun.cli", "run a TrainingJob manifest as local processes"),
+    ("scale",): (
+        "ringtrain_localrun.resize",
+        "resize a running `ringtrain run` of an elastic job (spec.elasticPolicy)",
+    ),
     ("logs",): (
         "ringtrain_client.cli:logs_main",
         "print a job's replica logs (a local run dir, or a cluster job's pods)",

@@ -1,0 +1,163 @@
+"""An elastic ``ringtrain run`` resized 2 → 3 → 2 workers mid-training ends with the model of an
+unresized run (issue 38, decision 0213): the global batch is kept, the chief checkpoints at the
+step boundary where the ring stops, and the new ring resumes at the next unseen sample.
+
+Real processes over the real gRPC ring. The resizes are asked for by the run's own events (the
+chief's first step, then the first step at the new size), never by a timer; a global batch of
+240 makes a step long enough (~30 ms) that both land well inside the 300 steps, which the test
+asserts. The tolerance is the equivalence tests' (tests/ring/test_equivalence.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+from support import procs
+
+from ringtrain_localrun import resize
+from ringtrain_operator import admission
+
+STEPS = 300
+GLOBAL_BATCH = 240
+
+
+def job(tmp_path: Path, name: str, seed: int = 7) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    doc = {
+        "apiVersion": "ringtrain.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "elastic"},
+        "spec": {
+            "replicaSpecs": {"Worker": {"replicas": 2}},
+            "elasticPolicy": {"minReplicas": 1, "maxReplicas": 3},
+            "trainer": {
+                "dataset": "mnist-5k",
+                "steps": STEPS,
+                "batchSize": GLOBAL_BATCH // 2,
+                # SGD: Adam's division by sqrt(v) can blow float summation noise (3 workers
+                # add in another order) up to 1e-3 in 300 steps (decision 0213)
+                "optimizer": "sgd",
+                "learningRate": 0.01,
+                "seed": seed,
+                # the last two steps' checkpoints stay: a step-count drift of one is visible
+                "checkpoint": {"everySteps": STEPS - 1},
+            },
+        },
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run(tmp_path: Path, name: str, sizes: tuple[int, ...] = (), seed: int = 7) -> list[dict]:
+    """``ringtrain run`` of the job; each size in ``sizes`` is asked for at the chief's first
+    step at the size before. Its JSON events."""
+    run_dir = tmp_path / name
+    cmd = [*procs.CLI, "run", str(job(tmp_path, name, seed)), "--json", "--run-dir", str(run_dir)]
+    with (
+        (tmp_path / f"{name}.log").open("w") as log,
+        subprocess.Popen(
+            [*cmd, "--progress-interval", "0.1"],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=procs.without_cluster(),
+        ) as proc,
+    ):
+        todo, ready, seen = list(sizes), True, []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            event = json.loads(line)
+            seen.append(event)
+            if event["event"] == "resized":
+                ready = True
+            if event["event"] == "progress" and todo and ready and (event["step"] or 0) >= 1:
+                resize.request(run_dir, todo.pop(0))
+                ready = False
+        assert proc.wait(timeout=240) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    assert seen[-1]["event"] == "final" and seen[-1]["phase"] == "Succeeded"
+    assert seen[-1]["steps"] == STEPS
+    return seen
+
+
+def params(tmp_path: Path, name: str, step: int = STEPS) -> np.ndarray:
+    with np.load(tmp_path / name / "checkpoints" / f"ckpt-{step:010d}.npz") as z:
+        return z["params"].copy()
+
+
+def close(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.isclose(a, b, rtol=1e-4, atol=1e-6).all())
+
+
+@pytest.mark.timeout(600)
+def test_a_run_resized_2_3_2_ends_with_the_unresized_runs_model(tmp_path):
+    events = run(tmp_path, "resized", (3, 2))
+    resized = [e for e in events if e["event"] == "resized"]
+    assert [(e["from"], e["to"]) for e in resized] == [(2, 3), (3, 2)]
+    steps = [e["step"] for e in resized]
+    assert 0 < steps[0] < steps[1] < STEPS, steps  # both mid-training, each at a checkpoint
+    assert all(e["first_step"] == e["step"] + 1 for e in resized)
+    for e in resized:
+        print(
+            json.dumps({k: e[k] for k in ("from", "to", "step", "stop_s", "start_s", "duration_s")})
+        )
+    ckpt = json.loads(
+        (tmp_path / "resized" / "checkpoints" / f"ckpt-{STEPS:010d}.json").read_text()
+    )
+    assert (ckpt["global_batch"], ckpt["world_size"]) == (GLOBAL_BATCH, 2)
+
+    run(tmp_path, "unresized")
+    got, want = params(tmp_path, "resized"), params(tmp_path, "unresized")
+    bad = ~np.isclose(got, want, rtol=1e-4, atol=1e-6)
+    assert not bad.any(), f"{bad.sum()} weights differ, max |diff| {np.abs(got - want).max():.3g}"
+    # what the comparison catches: one step more or less, another sample order
+    assert not close(got, params(tmp_path, "unresized", STEPS - 1))
+    run(tmp_path, "reordered", seed=8)
+    assert not close(got, params(tmp_path, "reordered"))
+
+
+def test_a_request_is_read_back_and_anything_else_is_no_request(tmp_path):
+    assert resize.read_request(tmp_path) is None
+    resize.request(tmp_path, 3)
+    assert resize.read_request(tmp_path) == 3
+    for junk in ('{"workers": "3"}', '{"workers": true}', "not json", "[]", "x" * 5000):
+        (tmp_path / resize.REQUEST_NAME).write_text(junk)
+        assert resize.read_request(tmp_path) is None, junk
+
+
+class Said:
+    def __init__(self):
+        self.events: list[dict] = []
+        self.messages: list[str] = []
+
+    def event(self, e: dict) -> None:
+        self.events.append(e)
+
+    def message(self, m: str) -> None:
+        self.messages.append(m)
+
+
+def test_a_count_the_policy_refuses_is_reported_once_and_nothing_stops(tmp_path):
+    obj = yaml.safe_load(job(tmp_path, "j").read_text())
+    said = Said()
+    runner = SimpleNamespace(run_dir=tmp_path, job=admission.load(obj), output=said)
+    resizer = resize.Resizer(obj, planner=lambda o: pytest.fail("a refused count is not planned"))
+    resize.request(tmp_path, 4)
+    resizer.turn(runner)
+    resizer.turn(runner)  # the same request: handled once
+    assert said.events == [
+        {
+            "event": "resize_refused",
+            "workers": 4,
+            "message": "spec.replicaSpecs.Worker.replicas: 4 is outside spec.elasticPolicy's "
+            "[minReplicas, maxReplicas] = [1, 3]",
+        }
+    ]
+    resize.request(tmp_path, 2)  # the count it runs at: nothing to do
+    resizer.turn(runner)
+    assert len(said.events) == 1 and resizer.pending is None
