@@ -14,6 +14,9 @@ before, its 422 came back at each pod creation, retried for ever with the job le
 - one volume per mountPath in a container: the operator's volumes (checkpoints, data, the ring
   token, an MPI job's SSH key and configuration) and the template's.
 
+An elastic job's Worker pod is checked at minReplicas too (:func:`.elastic.at_fewest`): there a
+worker's share of the global batch, and with it the memory plan, is largest.
+
 What the API server alone can know (quotas, admission webhooks, a namespace going away) is
 judged when it answers (:mod:`.verdicts`).
 """
@@ -25,7 +28,7 @@ from typing import Any
 
 from ringtrain.errors import InvalidSpec
 
-from . import kinds, manifests, modelfrom, mpi, resources, schedulable, spec
+from . import elastic, kinds, manifests, modelfrom, mpi, resources, schedulable, spec
 from .job import Job, ReplicaSpec
 from .limits import norm
 
@@ -55,6 +58,16 @@ def check(job: Job) -> None:
     for r in job.replicas:
         pod = kind.pod(job, r, 0)
         _check_pod(job, r, pod)
+    fewest = elastic.at_fewest(job)  # an elastic job's largest worker batch must fit too
+    worker = fewest.replica("worker") if fewest is not None else None
+    if fewest is not None and worker is not None and fewest.trainer is not None:
+        try:
+            _check_pod(fewest, worker, kind.pod(fewest, worker, 0))
+        except InvalidSpec as e:
+            raise InvalidSpec(
+                f"spec.elasticPolicy.minReplicas: at minReplicas {worker.replicas} a worker's "
+                f"batch is {fewest.trainer.batch_size}, which cannot run: {e}"
+            ) from None
 
 
 def _check_pod(job: Job, r: ReplicaSpec, pod: Mapping[str, Any]) -> None:

@@ -17,6 +17,7 @@ instead: the global batch, and with it the model, changes with every resize.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -24,9 +25,9 @@ from typing import Any
 from ringtrain import options
 from ringtrain.errors import InvalidSpec
 
-from .job import ElasticPolicy, MPISpec, ReplicaSpec, TrainerSpec
+from .job import ElasticPolicy, Job, MPISpec, ReplicaSpec, TrainerSpec
 
-__all__ = ["policy", "resized", "sizes_that_work"]
+__all__ = ["at_fewest", "policy", "resized", "sizes_that_work"]
 
 _BATCH = f"spec.trainer.{options.BY_NAME['batch_size'].crd}"
 
@@ -126,3 +127,22 @@ def resized(obj: Mapping[str, Any], elastic: ElasticPolicy | None, workers: int)
         "maxReplicas": elastic.max_replicas,
     }
     return out
+
+
+def at_fewest(job: Job) -> Job | None:
+    """The job at minReplicas, where a worker's batch is largest — what admission must also
+    find runnable (the memory plan grows with the batch) — or None when that is the job itself.
+    """
+    e, t = job.elastic, job.trainer
+    worker = job.replica("worker")
+    if e is None or t is None or worker is None or worker.replicas == e.min_replicas:
+        return None
+    n = e.min_replicas
+    batch = e.global_batch // (n * t.gradient_accumulation_steps)
+    return dataclasses.replace(
+        job,
+        replicas=tuple(
+            dataclasses.replace(r, replicas=n) if r is worker else r for r in job.replicas
+        ),
+        trainer=dataclasses.replace(t, batch_size=batch),
+    )

@@ -9,7 +9,7 @@ from operator_jobs import job_obj
 from test_admission import refused_everywhere
 
 from ringtrain.errors import InvalidSpec
-from ringtrain_operator import elastic, spec
+from ringtrain_operator import admission, elastic, spec
 from ringtrain_operator.job import ElasticPolicy
 
 
@@ -96,6 +96,22 @@ def test_what_cannot_resize_is_refused(extra, match):
         obj["spec"].update(extra)
     with pytest.raises(InvalidSpec, match=match):
         spec.load(obj)
+
+
+def test_the_largest_worker_batch_at_min_replicas_must_fit_the_ipu(tmp_path):
+    """2 workers x 512 fit 20 MB; 1 worker x 1024 (the same global batch) does not."""
+
+    def obj(lo: int) -> dict:
+        o = elastic_obj(workers=2, batch=512, minReplicas=lo, maxReplicas=2)
+        o["spec"]["trainer"]["ipuMemoryMB"] = 20
+        return o
+
+    assert admission.load(obj(2)).elastic == ElasticPolicy(2, 2, None, 1024)
+    msg = refused_everywhere(obj(1), tmp_path, "at minReplicas 1")
+    assert msg.startswith(
+        "spec.elasticPolicy.minReplicas: at minReplicas 1 a worker's batch is 1024, which cannot "
+        "run: model: 28,139,600 bytes needed per IPU at least"
+    )
 
 
 def test_the_schema_refuses_a_bound_below_one():
