@@ -132,11 +132,19 @@ class Resizer:
         runner.output.message(f"resize {old} -> {n} workers: resuming from {at}")
 
     def observe(self, runner: Runner, event: events.Event | None) -> None:
-        """The chief printed ``event``: its first step at the new size ends the resize."""
+        """The chief printed ``event``: its first step at the new size ends the resize; a
+        final line first (asked for as training ended: nothing was left to train at the new
+        size) ends it with ``first_step`` null."""
         p = self.pending
-        if p is None or not isinstance(event, events.Progress) or not isinstance(event.step, int):
+        if p is None:
             return
-        if p.step is not None and event.step <= p.step:
+        if isinstance(event, events.Final) and not event.terminated:
+            first = None
+        elif isinstance(event, events.Progress) and isinstance(event.step, int):
+            if p.step is not None and event.step <= p.step:
+                return
+            first = event.step
+        else:
             return
         now = time.monotonic()
         self.pending = None
@@ -145,7 +153,7 @@ class Resizer:
             "from": p.old,
             "to": p.new,
             "step": p.step,
-            "first_step": event.step,
+            "first_step": first,
             "stop_s": round(p.stopped_s - p.asked_s, 3),
             "start_s": round(now - p.stopped_s, 3),
             "duration_s": round(now - p.asked_s, 3),

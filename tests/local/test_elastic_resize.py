@@ -20,6 +20,7 @@ import pytest
 import yaml
 from support import procs
 
+from ringtrain import events
 from ringtrain_localrun import resize
 from ringtrain_operator import admission
 
@@ -161,3 +162,24 @@ def test_a_count_the_policy_refuses_is_reported_once_and_nothing_stops(tmp_path)
     resize.request(tmp_path, 2)  # the count it runs at: nothing to do
     resizer.turn(runner)
     assert len(said.events) == 1 and resizer.pending is None
+
+
+@pytest.mark.parametrize(
+    ("line", "first"),
+    [
+        (events.Progress(step=41), 41),
+        (events.Final(steps=40, terminated=False), None),  # asked for as training ended
+    ],
+)
+def test_the_new_chiefs_first_step_or_its_end_reports_the_resize(line, first):
+    said = Said()
+    resizer = resize.Resizer({}, planner=lambda o: pytest.fail("nothing to plan"))
+    resizer.pending = resize.Pending(old=2, new=3, step=40, asked_s=0.0, stopped_s=0.0)
+    resizer.observe(SimpleNamespace(output=said), events.Progress(step=40))  # the old ring's
+    resizer.observe(SimpleNamespace(output=said), None)  # a log line
+    assert said.events == []
+    resizer.observe(SimpleNamespace(output=said), line)
+    (record,) = said.events
+    assert (record["event"], record["from"], record["to"], record["step"]) == ("resized", 2, 3, 40)
+    assert record["first_step"] == first and record["duration_s"] >= record["start_s"] >= 0
+    assert resizer.pending is None
