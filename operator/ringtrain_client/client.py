@@ -103,7 +103,9 @@ class Job:
 
 class TrainerClient:
     """``backend``: ``"local"`` (processes on this machine, run dirs under ``root``) or
-    ``"kubernetes"`` (TrainingJobs in ``namespace``, credentials from ``kubeconfig``)."""
+    ``"kubernetes"`` (TrainingJobs in ``namespace``, credentials from ``kubeconfig``; the
+    chief's checkpoints and export on a claim of ``storage_class``, default the cluster's
+    default StorageClass, which ``model()`` reads)."""
 
     def __init__(
         self,
@@ -112,12 +114,13 @@ class TrainerClient:
         root: str | os.PathLike[str] | None = None,
         namespace: str = "default",
         kubeconfig: str | None = None,
+        storage_class: str | None = None,
     ):
         self.backend: Backend
         if backend == "local":
             self.backend = LocalBackend(root)
         elif backend in ("kubernetes", "k8s", "cluster"):
-            self.backend = KubeBackend(namespace, kubeconfig)
+            self.backend = KubeBackend(namespace, kubeconfig, storage_class)
         else:
             raise ValueError(f"backend={backend!r}: 'local' or 'kubernetes'")
 
@@ -262,6 +265,12 @@ class _Tee(io.TextIOBase):
             st.flush()
 
 
+#: the keyword arguments of :func:`fit` that go to :class:`TrainerClient`
+CLIENT_ARGS = ("root", "namespace", "kubeconfig", "storage_class")
+
+
 def fit(model: Any, x: Any = None, y: Any = None, *, backend: str = "local", **kw: Any) -> Job:
-    """``TrainerClient(backend).fit(model, x, y, ...)`` in one call (the notebook's)."""
-    return TrainerClient(backend).fit(model, x, y, **kw)
+    """``TrainerClient(backend, ...).fit(model, x, y, ...)`` in one call (the notebook's):
+    ``root``, ``namespace``, ``kubeconfig`` and ``storage_class`` go to the client."""
+    where = {k: kw.pop(k) for k in CLIENT_ARGS if k in kw}
+    return TrainerClient(backend, **where).fit(model, x, y, **kw)

@@ -10,12 +10,14 @@ refuses, naming the size and the limit (a PersistentVolumeClaim the client fills
 next step, not done). Credentials: in-cluster, else the kubeconfig (``$KUBECONFIG``), as the
 operator's (:func:`ringtrain_operator.kube.load_config`).
 
-Not yet: ``model()`` (the export is on the chief's checkpoint volume, which the client cannot
-read without a pod of its own). Not yet covered by an end-to-end test.
+The chief's checkpoints and export go to a PersistentVolumeClaim the job owns when a storage
+class is known (:mod:`.output`), so ``model()`` can read the export after the pods are gone.
+End to end on the local cluster: tests/e2e/test_client_cluster.py.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,6 +30,7 @@ from ringtrain_operator import manifests, modelfrom
 from ringtrain_operator.job import GROUP, PLURAL, VERSION
 from ringtrain_operator.kube import load_config
 
+from . import output
 from .build import DATA_FILE, MODEL_FILE
 from .jobs import JobNotFound, JobStatus, Metrics, fold_metrics
 
@@ -66,9 +69,16 @@ class KubeBackend:
 
     name = "kubernetes"
 
-    def __init__(self, namespace: str = "default", kubeconfig: str | None = None):
+    def __init__(
+        self,
+        namespace: str = "default",
+        kubeconfig: str | None = None,
+        storage_class: str | None = None,
+    ):
         self.namespace = namespace
+        self.storage_class = storage_class
         api = load_config(kubeconfig)
+        self.api = api
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
 
@@ -91,6 +101,13 @@ class KubeBackend:
             if (why := too_big(len(data), f"the {what} ({files[what].name})")) is not None:
                 raise ValueError(why)
         name = obj["metadata"]["name"]
+        checkpoint = obj["spec"].setdefault("trainer", {}).setdefault("checkpoint", {})
+        storage = None
+        if "volume" not in checkpoint:  # the user's own volume (spec=) is kept
+            storage = self.storage_class or output.default_storage_class(self.api)
+        if storage is not None:
+            claim = output.claim_name(name)
+            checkpoint["volume"] = {"persistentVolumeClaim": {"claimName": claim}}
         created = self.custom.create_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, obj
         )
@@ -108,6 +125,10 @@ class KubeBackend:
             cm["metadata"]["ownerReferences"] = [owner]
             cm["metadata"]["labels"] = {manifests.LABEL_JOB: name}
             self.core.create_namespaced_config_map(self.namespace, cm)
+        if storage is not None:
+            pvc = output.claim(name, self.namespace, storage)
+            pvc["metadata"]["ownerReferences"] = [owner]
+            self.core.create_namespaced_persistent_volume_claim(self.namespace, pvc)
         return str(name)
 
     def status(self, name: str) -> JobStatus:
@@ -216,12 +237,47 @@ class KubeBackend:
                 time.sleep(0.5)
 
     def export(self, name: str) -> Path:
-        raise NotImplementedError(
-            f"{name}: model() on a cluster is not done yet: the export "
-            f"({self.status(name).export}) is on the chief's checkpoint volume; "
-            "copy it out with `kubectl cp` or name a PersistentVolumeClaim in "
-            "spec.trainer.checkpoint and read it there"
+        """The chief's export, read from the job's checkpoint claim by a short-lived pod
+        (:mod:`.output`) into a local temporary directory."""
+        obj, st = self._get(name), self.status(name)
+        if st.phase != "Succeeded" or not st.export:
+            raise FileNotFoundError(
+                f"{name}: no exported model ({st.phase}; the chief exports when it succeeds)"
+            )
+        checkpoint = ((obj.get("spec") or {}).get("trainer") or {}).get("checkpoint") or {}
+        claim = ((checkpoint.get("volume") or {}).get("persistentVolumeClaim") or {}).get(
+            "claimName"
         )
+        if not claim:
+            raise FileNotFoundError(
+                f"{name}: the export {st.export} was on the chief's checkpoint volume, which is "
+                "not a PersistentVolumeClaim, so it went with the pod. The client makes one "
+                "when given a storage class (TrainerClient(..., storage_class=)) or the "
+                "cluster has a default StorageClass; or name your own claim in "
+                "spec.trainer.checkpoint.volume"
+            )
+        mount = checkpoint.get("path") or "/checkpoints"
+        path = st.export if st.export.startswith("/") else f"{mount}/{st.export}"
+        pod = output.reader_pod(name, self.namespace, self._container(obj), claim, mount, path)
+        data = output.read(self.core, self.namespace, pod, f"{name}'s export {path}")
+        local = Path(tempfile.mkdtemp(prefix=f"ringtrain-{name}-")) / Path(path).name
+        local.write_bytes(data)
+        return local
+
+    def _container(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The job's image and pull policy: its template's, else its chief pod's."""
+        for rs in ((obj.get("spec") or {}).get("replicaSpecs") or {}).values():
+            for c in ((rs.get("template") or {}).get("spec") or {}).get("containers") or []:
+                if c.get("image"):
+                    return dict(c)
+        chief = self._chief(obj["metadata"]["name"])
+        if chief is None:
+            raise FileNotFoundError(
+                f"{obj['metadata']['name']}: no image to read the export with (no template "
+                "image and no pod left)"
+            )
+        (c, *_) = self.core.read_namespaced_pod(chief, self.namespace).spec.containers
+        return {"image": c.image, "imagePullPolicy": c.image_pull_policy}
 
     def delete(self, name: str) -> None:
         try:

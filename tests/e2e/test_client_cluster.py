@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +37,45 @@ def operator(kubeconfig, kubectl, namespace, tmp_path):
     finally:
         op.stop()
         print(op.tail(6000))
+
+
+@pytest.fixture
+def storage_class(kubectl, namespace):
+    """A StorageClass with one static hostPath volume (the local cluster has no provisioner;
+    kind's would make one per claim), world-writable as the trainer's UID needs."""
+    name = f"rt-{namespace}"[:63]
+    host = Path(tempfile.mkdtemp(prefix="ringtrain-pv-", dir="/var/tmp"))
+    host.chmod(0o777)
+    kubectl.apply(
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": name},
+            "provisioner": "kubernetes.io/no-provisioner",
+        },
+        None,
+    )
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": name,
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(host), "type": "Directory"},
+            },
+        },
+        None,
+    )
+    try:
+        yield name, host
+    finally:
+        kubectl("delete", "pv", name, "--wait=false", check=False)
+        kubectl("delete", "storageclass", name, check=False)
+        shutil.rmtree(host, ignore_errors=True)
 
 
 def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -84,13 +127,16 @@ def _cli(kubeconfig: str, namespace: str, *args: str, timeout_s: float = 120):
     )
 
 
-def test_the_client_trains_follows_waits_lists_and_deletes_a_cluster_job(
-    kubeconfig, kubectl, namespace, operator, project_image
+def test_the_client_trains_follows_waits_fetches_lists_and_deletes_a_cluster_job(
+    kubeconfig, kubectl, namespace, operator, project_image, storage_class
 ):
     from ringtrain_client import TrainerClient
 
     t0 = time.monotonic()
-    client = TrainerClient("kubernetes", namespace=namespace, kubeconfig=kubeconfig)
+    sc, host = storage_class
+    client = TrainerClient(
+        "kubernetes", namespace=namespace, kubeconfig=kubeconfig, storage_class=sc
+    )
     x, y = _data(512, 0)
     xt, yt = _data(256, 1)
     job = client.fit(
@@ -133,6 +179,13 @@ def test_the_client_trains_follows_waits_lists_and_deletes_a_cluster_job(
     events = [json.loads(ln) for ln in chief if ln.startswith("{")]
     assert any(e.get("test_accuracy") == st.test_accuracy for e in events), chief[-10:]
 
+    # the export outlived the pods on the job's claim; a reader pod brings it back to Keras
+    assert (host / "model.keras").is_file()
+    trained = job.model()
+    evaluated = trained.evaluate(xt, yt, return_dict=True, verbose=0)
+    assert abs(evaluated["accuracy"] - st.test_accuracy) <= 1 / len(yt) + 1e-6, evaluated
+    assert job.model().get_weights()[0].tobytes() == trained.get_weights()[0].tobytes()
+
     history = job.metrics().history
     assert history["loss"] and history["test_accuracy"][-1] == pytest.approx(st.test_accuracy)
 
@@ -149,12 +202,14 @@ def test_the_client_trains_follows_waits_lists_and_deletes_a_cluster_job(
         "get", "configmap", "-n", namespace, "-l", f"ringtrain.io/job-name={job.name}", "-o", "name"
     ).stdout.split()
     assert sorted(made) == ["configmap/client-mlp-data", "configmap/client-mlp-model"]
+    claim = kubectl("get", "pvc", "client-mlp-output", "-n", namespace, "-o", "json").stdout
+    assert json.loads(claim)["spec"]["storageClassName"] == sc
     deleted = _cli(kubeconfig, namespace, "delete", job.name)
     assert deleted.returncode == 0, deleted.stderr
     deadline = time.monotonic() + 120
     while kubectl(
         "get",
-        "configmap,pod",
+        "configmap,pod,pvc",
         "-n",
         namespace,
         "-l",
@@ -193,3 +248,44 @@ def test_a_refused_job_on_the_cluster_raises_with_the_workers_message(
     assert "y_train" in (failed.value.message or ""), failed.value.message
     waited = _cli(kubeconfig, namespace, "wait", job.name)
     assert waited.returncode == 1 and "y_train" in waited.stdout, waited.stdout
+
+
+def test_the_tutorial_notebooks_cell_trains_on_the_cluster_in_a_real_kernel(
+    kubeconfig, namespace, operator, project_image, storage_class, tmp_path, monkeypatch
+):
+    """docs/tutorial.ipynb's training cell with the cluster's arguments added — the backend, its
+    namespace, kubeconfig and storage class, and the project's image — run by nbclient in a
+    real kernel: the job's accuracy and Keras' evaluate of the model read back from the
+    cluster agree, as they do locally (tests/local/test_tutorial_notebook.py)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    nb = nbformat.read(Path(__file__).resolve().parents[2] / "docs" / "tutorial.ipynb", 4)
+    train = next(c for c in nb.cells if c.get("id") == "train")
+    call = "fit(model, x, y, "
+    assert train.source.count(call) == 1 and len(train.source.splitlines()) <= 10
+    cluster = {
+        "backend": "kubernetes",
+        "namespace": namespace,
+        "kubeconfig": kubeconfig,
+        "storage_class": storage_class[0],
+        "spec": _spec(project_image),
+    }
+    train.source = train.source.replace(call, f"{call}**CLUSTER, ")
+    nb.cells.insert(
+        nb.cells.index(train), nbformat.v4.new_code_cell(f"CLUSTER = {cluster!r}", id="cluster")
+    )
+    NotebookClient(
+        nb, kernel_name="python3", timeout=400, resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+
+    out = "".join(o.get("text", "") for o in train.outputs if o["output_type"] == "stream")
+    printed = dict(re.findall(r"^(the job's test accuracy|Keras' evaluate) +([0-9.]+)$", out, re.M))
+    job_acc, keras_acc = (
+        float(printed["the job's test accuracy"]),
+        float(printed["Keras' evaluate"]),
+    )
+    assert job_acc > 0.8 and abs(keras_acc - job_acc) <= 1 / 256 + 1e-6, printed
+    check = next(c for c in nb.cells if c.get("id") == "check")
+    assert "agree within one row of 256" in "".join(o.get("text", "") for o in check.outputs)
