@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ringtrain import events, files
-from ringtrain.errors import InvalidSpec
+from ringtrain.errors import RingtrainError
 from ringtrain_operator import elastic
 from ringtrain_operator import spec as jobspec
 
@@ -112,7 +112,7 @@ class Resizer:
         try:
             obj = elastic.resized(self.obj, runner.job.elastic, n)
             job, replicas = self.planner(obj)
-        except InvalidSpec as e:
+        except (RingtrainError, OSError) as e:  # a refusal never stops the run, nor the ring
             runner.output.message(f"resize to {n} workers refused: {e}")
             runner.output.event({"event": "resize_refused", "workers": n, "message": str(e)})
             return

@@ -21,6 +21,7 @@ import yaml
 from support import procs
 
 from ringtrain import events
+from ringtrain.errors import InvalidSpec
 from ringtrain_localrun import resize
 from ringtrain_operator import admission
 
@@ -162,6 +163,24 @@ def test_a_count_the_policy_refuses_is_reported_once_and_nothing_stops(tmp_path)
     resize.request(tmp_path, 2)  # the count it runs at: nothing to do
     resizer.turn(runner)
     assert len(said.events) == 1 and resizer.pending is None
+
+
+def test_a_count_planning_refuses_is_reported_and_nothing_stops(tmp_path):
+    """Within the policy, but this machine cannot run it (here: the plan's refusal): the
+    runner has no ring to stop in this test, so stopping would fail it."""
+    obj = yaml.safe_load(job(tmp_path, "j").read_text())
+    said = Said()
+    runner = SimpleNamespace(run_dir=tmp_path, job=admission.load(obj), output=said)
+
+    def planner(o: dict):
+        assert o["spec"]["trainer"]["batchSize"] == GLOBAL_BATCH // 3
+        raise InvalidSpec("pod elastic-worker-2: cannot be run locally")
+
+    resize.request(tmp_path, 3)
+    resize.Resizer(obj, planner).turn(runner)
+    assert [(e["event"], e["workers"], e["message"]) for e in said.events] == [
+        ("resize_refused", 3, "pod elastic-worker-2: cannot be run locally")
+    ]
 
 
 @pytest.mark.parametrize(
