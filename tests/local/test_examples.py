@@ -21,6 +21,7 @@ EXAMPLES = ROOT / "examples"
 RUN_ELSEWHERE = {
     "keras-model.yaml": "tests/local/test_keras_model_job.py",
     "keras-model-configmap.yaml": "tests/local/test_model_from_run.py",
+    "elastic-mnist.yaml": "tests/local/test_elastic_resize.py",
     "evaluator.yaml": "tests/local/test_local_run.py",
     "mpi-horovod-style.yaml": "tests/local/test_mpi_run.py",
     "mpi4py-allreduce.yaml": "tests/local/test_mpi_run.py",
