@@ -32,23 +32,33 @@ STEPS = 300
 GLOBAL_BATCH = 240
 
 
-def job(tmp_path: Path, name: str, seed: int = 7) -> Path:
+def job(tmp_path: Path, name: str, seed: int = 7, shards: Path | None = None) -> Path:
     """examples/elastic-mnist.yaml, with the last two steps' checkpoints kept (a step-count
-    drift of one is then visible) and ``seed``."""
+    drift of one is then visible), ``seed``, and the directory ``shards`` as its data."""
     doc = yaml.safe_load(EXAMPLE.read_text())
     trainer = doc["spec"]["trainer"]
     assert (trainer["steps"], trainer["batchSize"] * 2) == (STEPS, GLOBAL_BATCH)
     trainer.update(seed=seed, checkpoint={"everySteps": STEPS - 1})
+    if shards is not None:
+        del trainer["dataset"]
+        trainer["data"] = {"volume": {"hostPath": {"path": str(shards)}}}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
-def run(tmp_path: Path, name: str, sizes: tuple[int, ...] = (), seed: int = 7) -> list[dict]:
+def run(
+    tmp_path: Path,
+    name: str,
+    sizes: tuple[int, ...] = (),
+    seed: int = 7,
+    shards: Path | None = None,
+) -> list[dict]:
     """``ringtrain run`` of the job; each size in ``sizes`` is asked for at the chief's first
     step at the size before. Its JSON events."""
     run_dir = tmp_path / name
-    cmd = [*procs.CLI, "run", str(job(tmp_path, name, seed)), "--json", "--run-dir", str(run_dir)]
+    path = job(tmp_path, name, seed, shards)
+    cmd = [*procs.CLI, "run", str(path), "--json", "--run-dir", str(run_dir)]
     with (
         (tmp_path / f"{name}.log").open("w") as log,
         subprocess.Popen(
@@ -109,6 +119,35 @@ def test_a_run_resized_2_3_2_ends_with_the_unresized_runs_model(tmp_path):
     assert not close(got, params(tmp_path, "unresized", STEPS - 1))
     run(tmp_path, "reordered", seed=8)
     assert not close(got, params(tmp_path, "reordered"))
+
+
+SHARD_EXAMPLES = 2400  # 10 steps an epoch: the checkpoint's epoch tells the shards were read
+
+
+@pytest.mark.timeout(600)
+def test_sharded_data_resized_2_3_2_ends_with_the_unresized_runs_model(tmp_path):
+    """The shards of decision 0209 (read in place, in the Sharder's order) resize the same."""
+    from ringtrain_trainer.data import dataset as data_mod
+
+    ds = data_mod.load("mnist-5k")
+    x, y = ds.train.inputs()[:SHARD_EXAMPLES], ds.train.labels[:SHARD_EXAMPLES]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i, (xs, ys) in enumerate(zip(np.array_split(x, 4), np.array_split(y, 4), strict=True)):
+        test = {"x_test": ds.test.inputs(), "y_test": ds.test.labels} if i == 0 else {}
+        np.savez(shards / f"part-{i}.npz", x_train=xs, y_train=ys, **test)
+    events = run(tmp_path, "resized", (3, 2), shards=shards)
+    resized = [(e["from"], e["to"], e["step"]) for e in events if e["event"] == "resized"]
+    assert [r[:2] for r in resized] == [(2, 3), (3, 2)] and 0 < resized[0][2] < resized[1][2]
+    run(tmp_path, "unresized", shards=shards)
+    ckpt = json.loads(
+        (tmp_path / "resized" / "checkpoints" / f"ckpt-{STEPS:010d}.json").read_text()
+    )
+    assert (ckpt["epoch"], ckpt["batch"]) == (STEPS // (SHARD_EXAMPLES // GLOBAL_BATCH), 0)
+    got, want = params(tmp_path, "resized"), params(tmp_path, "unresized")
+    bad = ~np.isclose(got, want, rtol=1e-4, atol=1e-6)
+    assert not bad.any(), f"{bad.sum()} weights differ, max |diff| {np.abs(got - want).max():.3g}"
+    assert not close(got, params(tmp_path, "unresized", STEPS - 1))
 
 
 def test_a_request_is_read_back_and_anything_else_is_no_request(tmp_path):
