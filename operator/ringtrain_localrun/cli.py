@@ -24,12 +24,11 @@ from ringtrain import files
 from ringtrain.errors import EXIT_TERMINATED, RingtrainError
 from ringtrain_operator import status
 
-from . import needs, sources
+from . import needs, resize, sources
 from .console import Output, format_summary
 from .jobstate import summary, terminal_condition
 from .logs import FINAL_NAME, RUN_NAME
 from .plan import Replica, plan, read_job
-from .resize import Resizer
 from .supervisor import DEFAULT_GRACE_S, Runner, Stopped, exit_status, read_result
 
 #: Exit codes of `ringtrain run` (the job's outcome, not a replica's).
@@ -134,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     (run_dir / FINAL_NAME).unlink(missing_ok=True)  # a reused run dir's: `logs -f` waits anew
     runner = Runner(job, replicas, run_dir, output, grace_s=args.grace_period)
     if job.elastic is not None:  # `ringtrain scale RUN_DIR --workers N` resizes it
-        runner.resizer = Resizer(obj, lambda o: plan(o, run_dir, sources=beside))
+        runner.resizer = resize.Resizer(obj, lambda o: plan(o, run_dir, sources=beside))
     start = {
         "event": "start",
         "job": job.name,
@@ -148,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     # Python client (ringtrain_client) read it while the run goes on
     with contextlib.suppress(OSError):
         run = {**start, "pid": os.getpid(), "chief": runner.chief_label}
+        run["elastic"] = resize.record(job)  # what `ringtrain scale` checks a count against
         files.atomic_write(run_dir / RUN_NAME, (json.dumps(run) + "\n").encode())
     output.message(f"TrainingJob {job.name}: {len(replicas)} replicas, run dir {run_dir}")
     for r in replicas:

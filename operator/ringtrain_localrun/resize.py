@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ringtrain import events, files
-from ringtrain.errors import RingtrainError
+from ringtrain.errors import InvalidSpec, RingtrainError
 from ringtrain_operator import elastic
 from ringtrain_operator import spec as jobspec
+from ringtrain_operator.job import ElasticPolicy
 
 from .jobstate import WorkerState
 from .logs import RUN_NAME, ReplicaLog
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 REQUEST_NAME = "scale.json"
 #: A request is a line of JSON; anything larger is not one.
 MAX_REQUEST_BYTES = 4096
+#: run.json names a few replicas and ports; 1 MiB is far more than any.
+MAX_RUN_BYTES = 1 << 20
 
 Planner = Callable[[Mapping[str, Any]], tuple[jobspec.Job, list[Replica]]]
 
@@ -201,7 +204,22 @@ def adopt(
         run["replicas"] = {
             r.label: {"pod": r.name, "metrics_port": r.metrics_port, "log": r.log} for r in replicas
         }
+        run["elastic"] = record(job)
         files.atomic_write(runner.run_dir / RUN_NAME, (json.dumps(run) + "\n").encode())
+
+
+def record(job: jobspec.Job) -> dict | None:
+    """What ``ringtrain scale`` checks a count against, kept in the run's ``run.json``: the
+    policy and the count the ring runs at (None: not an elastic job)."""
+    e = job.elastic
+    if e is None:
+        return None
+    return {
+        "minReplicas": e.min_replicas,
+        "maxReplicas": e.max_replicas,
+        "globalBatch": e.global_batch,
+        "workers": _workers(job),
+    }
 
 
 def parser() -> argparse.ArgumentParser:
@@ -218,15 +236,38 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0: asked (or already at that count); 2: no run there, or a count its policy refuses
+    (the runner checks again, with the whole admission, before it stops anything)."""
     args = parser().parse_args(argv)
-    if not (args.run_dir / RUN_NAME).is_file():
+    try:
+        run = json.loads(
+            files.read_regular(args.run_dir / RUN_NAME, MAX_RUN_BYTES, "run.json").decode()
+        )
+    except (OSError, files.Refused, ValueError):
+        run = None
+    if not isinstance(run, dict):
         print(f"ringtrain scale: {args.run_dir} is no `ringtrain run`'s run dir", file=sys.stderr)
         return 2
-    if args.workers < 1:
-        print("ringtrain scale: --workers must be at least 1", file=sys.stderr)
+    e, name = run.get("elastic"), run.get("job")
+    try:
+        policy = (
+            ElasticPolicy(e["minReplicas"], e["maxReplicas"], None, e["globalBatch"])
+            if isinstance(e, dict)
+            else None
+        )
+        elastic.check_count(policy, args.workers)
+    except (InvalidSpec, KeyError, TypeError) as why:
+        print(f"ringtrain scale: job {name}: {why}", file=sys.stderr)
         return 2
+    current = e.get("workers") if isinstance(e, dict) else None
+    if current == args.workers:
+        print(f"ringtrain scale: job {name} runs {args.workers} workers already")
+        return 0
     path = request(args.run_dir, args.workers)
-    print(f"ringtrain scale: asked for {args.workers} workers ({path})")
+    print(
+        f"ringtrain scale: job {name}: asked for {current} -> {args.workers} workers ({path}); "
+        "the run reports it as a 'resized' event"
+    )
     return 0
 
 

@@ -27,7 +27,7 @@ from ringtrain.errors import InvalidSpec
 
 from .job import ElasticPolicy, Job, MPISpec, ReplicaSpec, TrainerSpec
 
-__all__ = ["at_fewest", "policy", "resized", "sizes_that_work"]
+__all__ = ["at_fewest", "check_count", "policy", "resized", "sizes_that_work"]
 
 _BATCH = f"spec.trainer.{options.BY_NAME['batch_size'].crd}"
 
@@ -100,11 +100,8 @@ def _counts(ns: list[int]) -> str:
     return ", ".join(map(str, ns[:-1])) + (" or " if len(ns) > 1 else "") + str(ns[-1])
 
 
-def resized(obj: Mapping[str, Any], elastic: ElasticPolicy | None, workers: int) -> dict:
-    """The TrainingJob object ``obj`` (as written, before defaults) at ``workers`` workers:
-    Worker.replicas set, and spec.trainer.batchSize the share of the same global batch. The
-    policy's bounds are written out, so the object is admitted by the same rules it was.
-    :class:`InvalidSpec` names what refuses the count."""
+def check_count(elastic: ElasticPolicy | None, workers: int) -> ElasticPolicy:
+    """``elastic`` if it allows ``workers``, else :class:`InvalidSpec` saying why."""
     if elastic is None:
         raise InvalidSpec(
             "spec.elasticPolicy: not set, so the job's worker count is fixed; set "
@@ -115,6 +112,15 @@ def resized(obj: Mapping[str, Any], elastic: ElasticPolicy | None, workers: int)
             f"spec.replicaSpecs.Worker.replicas: {workers} is outside spec.elasticPolicy's "
             f"[minReplicas, maxReplicas] = [{elastic.min_replicas}, {elastic.max_replicas}]"
         )
+    return elastic
+
+
+def resized(obj: Mapping[str, Any], elastic: ElasticPolicy | None, workers: int) -> dict:
+    """The TrainingJob object ``obj`` (as written, before defaults) at ``workers`` workers:
+    Worker.replicas set, and spec.trainer.batchSize the share of the same global batch. The
+    policy's bounds are written out, so the object is admitted by the same rules it was.
+    :class:`InvalidSpec` names what refuses the count."""
+    elastic = check_count(elastic, workers)
     out = copy.deepcopy(dict(obj))
     spec = out["spec"]
     trainer = spec["trainer"]

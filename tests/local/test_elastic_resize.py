@@ -77,7 +77,7 @@ def run(
             if event["event"] == "resized":
                 ready = True
             if event["event"] == "progress" and todo and ready and (event["step"] or 0) >= 1:
-                resize.request(run_dir, todo.pop(0))
+                assert resize.main([str(run_dir), "--workers", str(todo.pop(0))]) == 0
                 ready = False
         assert proc.wait(timeout=240) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
     assert seen[-1]["event"] == "final" and seen[-1]["phase"] == "Succeeded"
@@ -110,6 +110,14 @@ def test_a_run_resized_2_3_2_ends_with_the_unresized_runs_model(tmp_path):
         (tmp_path / "resized" / "checkpoints" / f"ckpt-{STEPS:010d}.json").read_text()
     )
     assert (ckpt["global_batch"], ckpt["world_size"]) == (GLOBAL_BATCH, 2)
+    run_json = json.loads((tmp_path / "resized" / "run.json").read_text())
+    assert run_json["elastic"] == {
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "globalBatch": GLOBAL_BATCH,
+        "workers": 2,
+    }
+    assert sorted(run_json["replicas"]) == ["worker-0", "worker-1"]
 
     run(tmp_path, "unresized")
     got, want = params(tmp_path, "resized"), params(tmp_path, "unresized")
@@ -229,3 +237,25 @@ def test_the_new_chiefs_first_step_or_its_end_reports_the_resize(line, first):
     assert (record["event"], record["from"], record["to"], record["step"]) == ("resized", 2, 3, 40)
     assert record["first_step"] == first and record["duration_s"] >= record["start_s"] >= 0
     assert resizer.pending is None
+
+
+def test_scale_checks_the_count_against_the_runs_policy_before_asking(tmp_path, capsys):
+    def scale(n: int) -> int:
+        return resize.main([str(tmp_path), "--workers", str(n)])
+
+    assert scale(3) == 2  # no run here
+    assert "is no `ringtrain run`'s run dir" in capsys.readouterr().err
+    run = {"job": "fixed", "elastic": None}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert scale(3) == 2
+    assert "job fixed: spec.elasticPolicy: not set" in capsys.readouterr().err
+    e = {"minReplicas": 1, "maxReplicas": 3, "globalBatch": 240, "workers": 2}
+    (tmp_path / "run.json").write_text(json.dumps({"job": "elastic-mnist", "elastic": e}))
+    assert scale(4) == 2
+    assert "4 is outside spec.elasticPolicy's" in capsys.readouterr().err
+    assert scale(2) == 0
+    assert "runs 2 workers already" in capsys.readouterr().out
+    assert resize.read_request(tmp_path) is None  # nothing asked so far
+    assert scale(3) == 0
+    assert "asked for 2 -> 3 workers" in capsys.readouterr().out
+    assert resize.read_request(tmp_path) == 3
