@@ -32,6 +32,8 @@ def test_completion_in_a_real_bash(tmp_path):
     ).stdout
     assert complete(script, ["ringtrain", "re"], tmp_path) == ["render"]
     assert complete(script, ["ringtrain", "bench", "s"], tmp_path) == ["step"]
+    assert complete(script, ["ringtrain", "data", "i"], tmp_path) == ["inspect"]
+    assert complete(script, ["ringtrain", "da"], tmp_path) == ["data"]
     flags = {o.cli_flag for o in WORKER if o.cli_flag and o.cli_flag.startswith("--ring-st")}
     assert set(complete(script, ["ringtrain", "worker", "--ring-st"], tmp_path)) == flags
     (tmp_path / "job.yaml").write_text("{}")

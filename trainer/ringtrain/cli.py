@@ -44,6 +44,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "ask a worker's gRPC Health service (the pod probe)",
     ),
     ("export",): ("ringtrain_trainer.export.cli", "write a checkpoint's model as .keras or ONNX"),
+    ("data", "inspect"): (
+        "ringtrain_trainer.data.cli:inspect_main",
+        "what a data set holds: format, files, rows, shapes, dtypes, size",
+    ),
+    ("data", "convert"): (
+        "ringtrain_trainer.data.cli:convert_main",
+        "a .npz or TFRecord files into the .npy shards the trainer streams",
+    ),
     ("completion",): ("ringtrain.completion", "print a shell completion script (bash; zsh too)"),
     ("bench", "step"): ("ringtrain_bench.step", "training samples/s vs PyTorch / TensorFlow"),
     ("bench", "allreduce"): ("ringtrain_bench.allreduce", "ring allreduce bandwidth vs gloo / MPI"),

@@ -28,6 +28,7 @@ from ringtrain_trainer.data.npz import load_npz
 from ringtrain_trainer.data.rows import ShardedArray
 from ringtrain_trainer.data.shards import is_sharded, load_sharded
 from ringtrain_trainer.data.split import Dataset, Split
+from ringtrain_trainer.data.tfrecord import tfrecord_files
 
 #: IDX element type codes (third byte of the magic number) → numpy dtype (big endian).
 _IDX_TYPES: dict[int, np.dtype] = {
@@ -175,6 +176,12 @@ def load(name: str, data_dir: str | os.PathLike = FASHION_MNIST_DIR) -> Dataset:
             return load_sharded(data_dir)
         if str(data_dir).endswith(".npz"):
             return load_npz(data_dir)
+        if tfrecord_files(data_dir) is not None:  # decision 0215: converted once, not streamed
+            raise DataError(
+                f"{data_dir}: TFRecord files are trained from as .npy shards: convert them once "
+                "with `ringtrain data convert TRAIN DEST --test TEST --x FEATURE --y FEATURE` "
+                "and give DEST as the data"
+            )
         return load_idx_dir(data_dir, name)
     if name == "mnist-5k":
         return load_mnist5k()
