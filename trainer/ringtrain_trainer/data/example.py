@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 KINDS = ("bytes_list", "float_list", "int64_list")
+#: packed varint lists up to this many bytes are decoded in Python, longer ones in numpy
+SHORT_PACKED = 32
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 
 
@@ -89,9 +91,13 @@ def _fields(buf):
 
 def packed_varints(buf) -> np.ndarray:
     """The int64 values of a packed run of varints (two's complement, as int64 is encoded)."""
+    if len(buf) <= SHORT_PACKED:  # a label or two: numpy's overhead would dominate
+        out, pos = [], 0
+        while pos < len(buf):
+            v, pos = _varint(buf, pos)
+            out.append(v & 0xFFFFFFFFFFFFFFFF)  # as int64 wraps
+        return np.array(out, np.uint64).view(np.int64)
     b = np.frombuffer(buf, np.uint8)
-    if len(b) == 0:
-        return np.zeros(0, np.int64)
     ends = np.flatnonzero(b < 0x80)
     if len(ends) == 0 or ends[-1] != len(b) - 1:
         raise WireError("a packed int64 list ends inside a varint")

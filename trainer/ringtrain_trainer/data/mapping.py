@@ -24,7 +24,9 @@ refused naming the file, the record's index and the feature.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -108,15 +110,42 @@ class Resolved:
     dtype: np.dtype
     shape: tuple[int, ...]
 
-    @property
+    @cached_property
     def count(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+    @cached_property
+    def _little(self) -> np.dtype:
+        return self.dtype.newbyteorder("<")
 
     def describe(self) -> str:
         return f"{self.field.feature} ({self.kind}) -> {self.dtype} {_fmt(self.shape)}"
 
     def extract(self, path: Path, index: int, features: dict[str, Feature], out: np.ndarray):
-        """Record ``index``'s value of this field into ``out`` (one row: this dtype and shape)."""
+        """Record ``index``'s value of this field into ``out`` (one row: this dtype and shape).
+        Once per record and field: messages are formatted only when refusing."""
+        f = features.get(self.field.feature)
+        if (
+            f is None
+            or f.kind != self.kind
+            or len(f) != (1 if self.kind == "bytes_list" else self.count)
+        ):
+            self._refuse(path, index, features)
+        if self.kind == "bytes_list":
+            raw = f.values[0]
+            if len(raw) != self.count * self.dtype.itemsize:
+                self._refuse(path, index, features)
+            out[...] = np.frombuffer(raw, self._little).reshape(self.shape)
+            return
+        values = f.values
+        cast = values.astype(self.dtype)  # type: ignore[union-attr]
+        if self.kind == "int64_list" and not np.array_equal(cast, values):
+            bad = values[np.flatnonzero(cast != values)[0]]
+            where = f"{path}: record {index}: feature {self.field.feature!r}"
+            raise DataError(f"{where} holds {bad}, which {self.dtype} cannot hold exactly")
+        out[...] = cast.reshape(self.shape)
+
+    def _refuse(self, path: Path, index: int, features: dict[str, Feature]) -> NoReturn:
         name = self.field.feature
         f = _present(path, index, name, features)
         where = f"{path}: record {index}: feature {name!r}"
@@ -125,21 +154,9 @@ class Resolved:
         want = f"{self.count} ({_fmt(self.shape)} {self.dtype})"
         if self.kind == "bytes_list":
             _raw(path, index, name, f)
-            raw = f.values[0]
-            if len(raw) != self.count * self.dtype.itemsize:
-                raise DataError(
-                    f"{where} holds {len(raw)} bytes; expected {self.count * self.dtype.itemsize}"
-                    f" = {want} values of {self.dtype.itemsize} bytes (raw array bytes; encoded "
-                    "images are not decoded)"
-                )
-            out[...] = np.frombuffer(raw, self.dtype.newbyteorder("<")).reshape(self.shape)
-            return
-        values = f.values
-        assert isinstance(values, np.ndarray)
-        if len(values) != self.count:
-            raise DataError(f"{where} holds {len(values)} values; expected {want}")
-        cast = values.astype(self.dtype)
-        if self.kind == "int64_list" and not np.array_equal(cast, values):
-            bad = values[np.flatnonzero(cast != values)[0]]
-            raise DataError(f"{where} holds {bad}, which {self.dtype} cannot hold exactly")
-        out[...] = cast.reshape(self.shape)
+            raise DataError(
+                f"{where} holds {len(f.values[0])} bytes; expected "
+                f"{self.count * self.dtype.itemsize} = {want} values of {self.dtype.itemsize} "
+                "bytes (raw array bytes; encoded images are not decoded)"
+            )
+        raise DataError(f"{where} holds {len(f)} values; expected {want}")
