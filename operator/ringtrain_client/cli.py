@@ -24,7 +24,7 @@ from .jobs import JobFailed, JobNotFound, JobStatus, JobTimeout
 EXIT_FAILED, EXIT_NOT_FOUND, EXIT_TIMEOUT = 1, 2, 124
 
 
-def _parser(verb: str, what: str, name: bool = True) -> argparse.ArgumentParser:
+def parser(verb: str, what: str, name: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"ringtrain {verb}", description=what)
     if name:
         p.add_argument(
@@ -80,7 +80,7 @@ def _run(verb: str, args: argparse.Namespace, call: Any) -> int:
 
 
 def status_main(argv: list[str]) -> int:
-    args = _parser("status", "Print a job's phase, progress and accuracy.").parse_args(argv)
+    args = parser("status", "Print a job's phase, progress and accuracy.").parse_args(argv)
 
     def call() -> int:
         st = _client(args).backend.status(args.name)
@@ -91,7 +91,7 @@ def status_main(argv: list[str]) -> int:
 
 
 def list_main(argv: list[str]) -> int:
-    args = _parser("list", "List the jobs and their phases.", name=False).parse_args(argv)
+    args = parser("list", "List the jobs and their phases.", name=False).parse_args(argv)
     jobs = _client(args).list_jobs()
     if args.json:
         print(json.dumps([j.to_dict() for j in jobs]))
@@ -102,7 +102,7 @@ def list_main(argv: list[str]) -> int:
 
 
 def wait_main(argv: list[str]) -> int:
-    p = _parser("wait", "Wait for a job to end; exit 0 when it succeeded, 1 when it failed.")
+    p = parser("wait", "Wait for a job to end; exit 0 when it succeeded, 1 when it failed.")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after (exit 124)")
     args = p.parse_args(argv)
 
@@ -125,7 +125,7 @@ def wait_main(argv: list[str]) -> int:
 
 
 def logs_main(argv: list[str]) -> int:
-    p = _parser(
+    p = parser(
         "logs",
         "Print a job's replica logs: a local run's (<run dir>/pods/<pod>/log, rotated at 10 MiB "
         "into log.1) or, with --backend kubernetes, its pods' (their main container).",
@@ -153,7 +153,7 @@ def logs_main(argv: list[str]) -> int:
 
 
 def delete_main(argv: list[str]) -> int:
-    args = _parser(
+    args = parser(
         "delete", "Stop a job if it runs and delete it (locally: its run dir)."
     ).parse_args(argv)
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol, TextIO, cast
 
 from . import build
 from .jobs import TERMINAL, JobFailed, JobStatus, JobTimeout, Metrics
-from .kube import KubeBackend, trainer_fields
+from .kube import KubeBackend
 from .local import LocalBackend
 from .progress import display_for, from_status
 
@@ -189,7 +189,9 @@ class TrainerClient:
             trainer = {"model": str(model_path), "dataDir": str(data_path)}
             return b.submit(build.job_object(name, trainer=trainer, **args), run_dir)
         assert isinstance(b, KubeBackend)
-        return b.submit(build.job_object(name, trainer=trainer_fields(name), **args), files)
+        return b.submit(
+            build.job_object(name, trainer=b.trainer_fields(name, files), **args), files
+        )
 
     # --- Kubeflow's TrainerClient calls ------------------------------------------------------
 

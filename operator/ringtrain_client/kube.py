@@ -25,12 +25,13 @@ from typing import Any, TextIO
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from ringtrain.options import BY_NAME
 from ringtrain_localrun.logs import label_of
 from ringtrain_operator import manifests, modelfrom
 from ringtrain_operator.job import GROUP, PLURAL, VERSION
 from ringtrain_operator.kube import load_config
 
-from . import output
+from . import output, upload
 from .build import DATA_FILE, MODEL_FILE
 from .jobs import JobNotFound, JobStatus, Metrics, fold_metrics
 
@@ -64,6 +65,10 @@ def trainer_fields(name: str) -> dict[str, Any]:
     }
 
 
+def _over_a_configmap(sizes: dict[str, int]) -> list[str]:
+    return [what for what, size in sizes.items() if size > modelfrom.MAX_OBJECT_BYTES]
+
+
 class KubeBackend:
     """TrainingJobs in ``namespace`` of the cluster the kubeconfig names."""
 
@@ -93,14 +98,46 @@ class KubeBackend:
             raise
         return obj
 
+    def trainer_fields(self, name: str, files: dict[str, Path]) -> dict[str, Any]:
+        """``spec.trainer``'s model and data: each in a ConfigMap when it fits one, else on a
+        claim of its own that :mod:`.upload` fills."""
+        fields = trainer_fields(name)
+        big = _over_a_configmap({w: p.stat().st_size for w, p in files.items()})
+        if "model" in big:
+            claim = upload.claim_name(name, "model")
+            fields["modelFrom"] = {
+                "persistentVolumeClaim": {"claimName": claim, "path": MODEL_FILE}
+            }
+        if "data" in big:
+            claim = upload.claim_name(name, "data")
+            fields["data"]["volume"] = {
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": True}
+            }
+        return fields
+
     def submit(self, obj: dict[str, Any], files: dict[str, Path]) -> str:
-        """Create the TrainingJob, then a ConfigMap per file (``{"model": path, "data": path}``)
-        owned by it. Sizes are checked before anything is created."""
+        """Create the TrainingJob, then its inputs (``{"model": path, "data": path}``) owned
+        by it: a ConfigMap per file, or — named so by :meth:`trainer_fields` — the input claim,
+        filled while the job is suspended. Sizes are checked before anything is created."""
         contents = {what: p.read_bytes() for what, p in files.items()}
-        for what, data in contents.items():
-            if (why := too_big(len(data), f"the {what} ({files[what].name})")) is not None:
-                raise ValueError(why)
         name = obj["metadata"]["name"]
+        big = _over_a_configmap({w: len(d) for w, d in contents.items()})
+        run_policy = obj["spec"].setdefault("runPolicy", {})
+        suspended = bool(run_policy.get("suspend"))
+        input_class = None
+        if big:
+            sizes = {files[w].name: len(contents[w]) for w in big}
+            if (why := upload.too_big(sizes)) is not None:
+                raise ValueError(why)
+            input_class = self.storage_class or output.default_storage_class(self.api)
+            if input_class is None:
+                raise ValueError(
+                    f"{', '.join(f'{k} is {v:,} bytes' for k, v in sizes.items())}: over a "
+                    f"ConfigMap's {modelfrom.MAX_OBJECT_BYTES:,}, so the client copies it "
+                    "onto a claim, which needs a storage class: give TrainerClient(..., "
+                    "storage_class=) (the cluster has no default StorageClass)"
+                )
+            run_policy["suspend"] = True  # no pod before its inputs are in place
         checkpoint = obj["spec"].setdefault("trainer", {}).setdefault("checkpoint", {})
         storage = None
         if "volume" not in checkpoint:  # the user's own volume (spec=) is kept
@@ -120,6 +157,18 @@ class KubeBackend:
             "blockOwnerDeletion": False,
         }
         keys = {"model": MODEL_FILE, "data": DATA_FILE}
+        if input_class is not None:
+            for what in big:
+                self._fill(obj, owner, input_class, what, {keys[what]: contents.pop(what)})
+            if not suspended:
+                self.custom.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    name,
+                    {"spec": {"runPolicy": {"suspend": False}}},
+                )
         for what, data in contents.items():
             cm = modelfrom.configmap(f"{name}-{what}", keys[what], data, self.namespace)
             cm["metadata"]["ownerReferences"] = [owner]
@@ -130,6 +179,26 @@ class KubeBackend:
             pvc["metadata"]["ownerReferences"] = [owner]
             self.core.create_namespaced_persistent_volume_claim(self.namespace, pvc)
         return str(name)
+
+    def _fill(
+        self,
+        obj: dict[str, Any],
+        owner: dict[str, Any],
+        storage: str,
+        what: str,
+        files: dict[str, bytes],
+    ) -> None:
+        """The input's claim, filled; on a failure the job is deleted (nothing half-made)."""
+        name = obj["metadata"]["name"]
+        total = sum(map(len, files.values()))
+        pvc = upload.claim(name, what, self.namespace, storage, total)
+        pvc["metadata"]["ownerReferences"] = [owner]
+        try:
+            self.core.create_namespaced_persistent_volume_claim(self.namespace, pvc)
+            upload.copy(self.core, self.namespace, name, what, self._container(obj), files, owner)
+        except BaseException:
+            self.delete(name)
+            raise
 
     def status(self, name: str) -> JobStatus:
         obj = self._get(name)
@@ -265,19 +334,14 @@ class KubeBackend:
         return local
 
     def _container(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """The job's image and pull policy: its template's, else its chief pod's."""
-        for rs in ((obj.get("spec") or {}).get("replicaSpecs") or {}).values():
+        """The trainer pods' image and pull policy, as the operator chooses them: a
+        template's container image, else ``spec.trainer.image``, else its default."""
+        spec = obj.get("spec") or {}
+        for rs in (spec.get("replicaSpecs") or {}).values():
             for c in ((rs.get("template") or {}).get("spec") or {}).get("containers") or []:
                 if c.get("image"):
                     return dict(c)
-        chief = self._chief(obj["metadata"]["name"])
-        if chief is None:
-            raise FileNotFoundError(
-                f"{obj['metadata']['name']}: no image to read the export with (no template "
-                "image and no pod left)"
-            )
-        (c, *_) = self.core.read_namespaced_pod(chief, self.namespace).spec.containers
-        return {"image": c.image, "imagePullPolicy": c.image_pull_policy}
+        return {"image": (spec.get("trainer") or {}).get("image") or BY_NAME["image"].default}
 
     def delete(self, name: str) -> None:
         try:

@@ -40,6 +40,8 @@ from .progress import from_status
 EVENTS_NAME = "events.jsonl"
 #: the manifest the client submitted
 MANIFEST_NAME = "job.yaml"
+#: the pid of the ``ringtrain run`` the backend started
+PID_NAME = "submitted.pid"
 #: where the client puts the model and the data the replicas read
 INPUTS_DIR = "inputs"
 #: ``ringtrain run``'s own stderr (a refusal before anything started is there)
@@ -112,6 +114,18 @@ class LocalBackend:
         run_dir.mkdir(parents=True, exist_ok=True)
         manifest = run_dir / MANIFEST_NAME
         manifest.write_text(yaml.safe_dump(obj, sort_keys=False))
+        return self._run(manifest, run_dir)
+
+    def start(self, manifest: str | os.PathLike[str], name: str) -> str:
+        """``ringtrain submit``: run the user's own manifest where it is (its relative paths
+        stay theirs) in a new run dir for ``name``; returns the run dir's name."""
+        run_dir = self.new_run_dir(name)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        source = Path(manifest).resolve()
+        (run_dir / MANIFEST_NAME).write_bytes(source.read_bytes())  # the record: what ran
+        return self._run(source, run_dir)
+
+    def _run(self, manifest: Path, run_dir: Path) -> str:
         argv = [sys.executable, "-m", "ringtrain.cli", "run", str(manifest), "--json"]
         argv += ["--run-dir", str(run_dir), "--progress-interval", str(PROGRESS_INTERVAL_S)]
         with open(run_dir / EVENTS_NAME, "wb") as out, open(run_dir / STDERR_NAME, "wb") as err:
@@ -119,6 +133,8 @@ class LocalBackend:
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
             )
         self._children[run_dir] = proc
+        # for another process's calls (``ringtrain submit`` then ``wait``) until run.json exists
+        (run_dir / PID_NAME).write_text(str(proc.pid))
         return run_dir.name
 
     def _reap(self, run_dir: Path) -> None:
@@ -137,7 +153,12 @@ class LocalBackend:
         if isinstance(pid, int):
             return pid
         child = self._children.get(run_dir)
-        return child.pid if child is not None else None
+        if child is not None:
+            return child.pid
+        try:
+            return int((run_dir / PID_NAME).read_text())
+        except (OSError, ValueError):
+            return None
 
     def _running(self, run_dir: Path) -> bool:
         child = self._children.get(run_dir)

@@ -85,11 +85,33 @@ def reader_pod(
 ) -> dict[str, Any]:
     """A pod that prints ``path`` (inside the claim mounted at ``mount``) and exits; the job's
     own image and pull policy (``container``), the trainer pods' secure settings."""
+    return helper_pod(
+        f"{job}-read-",
+        job,
+        namespace,
+        container,
+        ["python", "-c", _READ, path, str(MAX_FETCH_BYTES)],
+        [{"name": "output", "mountPath": mount, "readOnly": True}],
+        [{"name": "output", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
+    )
+
+
+def helper_pod(
+    prefix: str,
+    job: str,
+    namespace: str,
+    container: dict[str, Any],
+    command: list[str],
+    mounts: list[dict[str, Any]],
+    volumes: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A short-lived pod of the job's image (``container``: image and pull policy) with the
+    trainer pods' secure settings: non-root, read-only root, no capabilities, no API token."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "generateName": f"{job}-read-",
+            "generateName": prefix,
             "namespace": namespace,
             "labels": {manifests.LABEL_JOB: job},
         },
@@ -101,14 +123,15 @@ def reader_pod(
                 "runAsNonRoot": True,
                 "runAsUser": manifests.RUN_AS_USER,
                 "runAsGroup": manifests.RUN_AS_USER,
+                "fsGroup": manifests.RUN_AS_USER,
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "containers": [
                 {
-                    "name": "read",
+                    "name": "main",
                     "image": container["image"],
                     "imagePullPolicy": container.get("imagePullPolicy", "IfNotPresent"),
-                    "command": ["python", "-c", _READ, path, str(MAX_FETCH_BYTES)],
+                    "command": command,
                     "resources": {
                         "requests": {"cpu": "10m", "memory": "64Mi"},
                         "limits": {"cpu": "500m", "memory": "256Mi"},
@@ -118,12 +141,10 @@ def reader_pod(
                         "readOnlyRootFilesystem": True,
                         "capabilities": {"drop": ["ALL"]},
                     },
-                    "volumeMounts": [{"name": "output", "mountPath": mount, "readOnly": True}],
+                    "volumeMounts": mounts,
                 }
             ],
-            "volumes": [
-                {"name": "output", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-            ],
+            "volumes": volumes,
         },
     }
 
@@ -150,9 +171,11 @@ def decode(log: str, where: str) -> bytes:
     return data
 
 
-def read(core: client.CoreV1Api, namespace: str, pod: dict[str, Any], where: str) -> bytes:
-    """Run the reader ``pod`` to its end and return the file it printed; the pod is deleted."""
+def run_pod(core: client.CoreV1Api, namespace: str, pod: dict[str, Any], where: str) -> str:
+    """Run a short-lived ``pod`` (one container) to its end and return its log; the pod is
+    deleted whatever happens. A failed pod raises with its log's tail."""
     name = core.create_namespaced_pod(namespace, pod).metadata.name
+    container = pod["spec"]["containers"][0]["name"]
     try:
         deadline = time.monotonic() + FETCH_TIMEOUT_S
         while (phase := core.read_namespaced_pod(name, namespace).status.phase) not in (
@@ -160,11 +183,16 @@ def read(core: client.CoreV1Api, namespace: str, pod: dict[str, Any], where: str
             "Failed",
         ):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{where}: the reader pod {name} was {phase} after 180 s")
+                raise TimeoutError(f"{where}: pod {name} was {phase} after {FETCH_TIMEOUT_S} s")
             time.sleep(0.5)
-        log = str(core.read_namespaced_pod_log(name, namespace, container="read"))
+        log = str(core.read_namespaced_pod_log(name, namespace, container=container))
         if phase == "Failed":
-            raise OSError(f"{where}: the reader pod {name} failed: {log[-500:]}")
-        return decode(log, where)
+            raise OSError(f"{where}: pod {name} failed: {log[-500:]}")
+        return log
     finally:
         core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+def read(core: client.CoreV1Api, namespace: str, pod: dict[str, Any], where: str) -> bytes:
+    """The file a reader ``pod`` (:func:`reader_pod`) prints, checked."""
+    return decode(run_pod(core, namespace, pod, where), where)

@@ -41,25 +41,15 @@ def operator(kubeconfig, kubectl, namespace, tmp_path):
 
 @pytest.fixture
 def storage_class(kubectl, namespace):
-    """A StorageClass with one static hostPath volume (the local cluster has no provisioner;
+    """A StorageClass with two static hostPath volumes (the local cluster has no provisioner;
     kind's would make one per claim), world-writable as the trainer's UID needs."""
-    name = f"rt-{namespace}"[:63]
-    host = Path(tempfile.mkdtemp(prefix="ringtrain-pv-", dir="/var/tmp"))
-    host.chmod(0o777)
-    kubectl.apply(
-        {
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "StorageClass",
-            "metadata": {"name": name},
-            "provisioner": "kubernetes.io/no-provisioner",
-        },
-        None,
-    )
-    kubectl.apply(
+    name = f"rt-{namespace}"[:60]
+    hosts = [Path(tempfile.mkdtemp(prefix="ringtrain-pv-", dir="/var/tmp")) for _ in range(2)]
+    volumes = [
         {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
-            "metadata": {"name": name},
+            "metadata": {"name": f"{name}-{i}"},
             "spec": {
                 "capacity": {"storage": "1Gi"},
                 "accessModes": ["ReadWriteOnce"],
@@ -67,15 +57,31 @@ def storage_class(kubectl, namespace):
                 "persistentVolumeReclaimPolicy": "Retain",
                 "hostPath": {"path": str(host), "type": "Directory"},
             },
-        },
+        }
+        for i, host in enumerate(hosts)
+    ]
+    for host in hosts:
+        host.chmod(0o777)
+    kubectl.apply(
+        [
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "StorageClass",
+                "metadata": {"name": name},
+                "provisioner": "kubernetes.io/no-provisioner",
+            },
+            *volumes,
+        ],
         None,
     )
     try:
-        yield name, host
+        yield name, hosts
     finally:
-        kubectl("delete", "pv", name, "--wait=false", check=False)
+        for v in volumes:
+            kubectl("delete", "pv", v["metadata"]["name"], "--wait=false", check=False)
         kubectl("delete", "storageclass", name, check=False)
-        shutil.rmtree(host, ignore_errors=True)
+        for host in hosts:
+            shutil.rmtree(host, ignore_errors=True)
 
 
 def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +139,7 @@ def test_the_client_trains_follows_waits_fetches_lists_and_deletes_a_cluster_job
     from ringtrain_client import TrainerClient
 
     t0 = time.monotonic()
-    sc, host = storage_class
+    sc, hosts = storage_class
     client = TrainerClient(
         "kubernetes", namespace=namespace, kubeconfig=kubeconfig, storage_class=sc
     )
@@ -180,7 +186,7 @@ def test_the_client_trains_follows_waits_fetches_lists_and_deletes_a_cluster_job
     assert any(e.get("test_accuracy") == st.test_accuracy for e in events), chief[-10:]
 
     # the export outlived the pods on the job's claim; a reader pod brings it back to Keras
-    assert (host / "model.keras").is_file()
+    assert [h for h in hosts if (h / "model.keras").is_file()]
     trained = job.model()
     evaluated = trained.evaluate(xt, yt, return_dict=True, verbose=0)
     assert abs(evaluated["accuracy"] - st.test_accuracy) <= 1 / len(yt) + 1e-6, evaluated
@@ -289,3 +295,88 @@ def test_the_tutorial_notebooks_cell_trains_on_the_cluster_in_a_real_kernel(
     assert job_acc > 0.8 and abs(keras_acc - job_acc) <= 1 / 256 + 1e-6, printed
     check = next(c for c in nb.cells if c.get("id") == "check")
     assert "agree within one row of 256" in "".join(o.get("text", "") for o in check.outputs)
+
+
+def test_inputs_over_a_configmaps_size_are_copied_onto_a_claim_before_the_job_starts(
+    kubeconfig, kubectl, namespace, operator, project_image, storage_class
+):
+    """1.3 MB of training data, over a ConfigMap's 1 MiB: refused where no storage class is
+    known (nothing created), else copied in ConfigMap parts onto the job's input claim by a
+    writer pod while the job is suspended; the job then trains from the claim."""
+    from ringtrain_client import TrainerClient
+
+    x, y = _data(40_000, 0)
+    xt, yt = _data(256, 1)
+    plain = TrainerClient("kubernetes", namespace=namespace, kubeconfig=kubeconfig)
+    with pytest.raises(ValueError, match="needs a storage class"):
+        plain.fit(
+            _model(),
+            x,
+            y,
+            validation_data=(xt, yt),
+            steps=5,
+            batch_size=64,
+            spec=_spec(project_image),
+            name="client-big",
+        )
+    assert kubectl("get", "tj", "-n", namespace, "-o", "name").stdout.strip() == ""
+
+    client = TrainerClient(
+        "kubernetes", namespace=namespace, kubeconfig=kubeconfig, storage_class=storage_class[0]
+    )
+    t0 = time.monotonic()
+    job = client.fit(
+        _model(),
+        x,
+        y,
+        validation_data=(xt, yt),
+        steps=20,
+        batch_size=64,
+        spec=_spec(project_image),
+        name="client-big",
+    )
+    submitted = time.monotonic() - t0
+    try:
+        st = job.wait(timeout=int(os.environ.get("DBG_WAIT", "400")))
+    except Exception:
+        print(kubectl("get", "tj,pod,pvc,pv", "-n", namespace, "-o", "wide").stdout)
+        print(kubectl("get", "tj", "client-big", "-n", namespace, "-o", "yaml").stdout)
+        print(kubectl("get", "events", "-n", namespace).stdout[-4000:])
+        raise
+    assert st.phase == "Succeeded" and st.test_accuracy > 0.8, st
+    obj = json.loads(kubectl("get", "tj", "client-big", "-n", namespace, "-o", "json").stdout)
+    trainer = obj["spec"]["trainer"]
+    assert trainer["modelFrom"]["configMap"]["name"] == "client-big-model"  # 10 kB: a ConfigMap
+    assert trainer["data"]["volume"]["persistentVolumeClaim"]["claimName"] == "client-big-data"
+    assert obj["spec"]["runPolicy"]["suspend"] is False  # resumed once its inputs were in place
+    left = kubectl("get", "configmap", "-n", namespace, "-o", "name").stdout.split()
+    assert not [c for c in left if "-part-" in c], left  # the parts are gone
+    print(json.dumps({"upload_bytes": int(x.nbytes + y.nbytes), "submit_s": round(submitted, 1)}))
+
+
+def test_submit_creates_the_job_and_the_configmap_beside_it_and_wait_follows_it(
+    kubeconfig, kubectl, namespace, operator, project_image, tmp_path
+):
+    """`ringtrain submit FILE --backend kubernetes`: a manifest holding a ConfigMap and the
+    TrainingJob that reads it (the worker's --model from the mounted file) is created as
+    `kubectl create -f` would; `ringtrain wait` follows the name it printed to Succeeded."""
+    import yaml
+    from e2e_support import training_job
+    from support.shipped_model import save_trained
+
+    save_trained(tmp_path / "m.keras")
+    made = ringtrain("model-configmap", str(tmp_path / "m.keras"), "--name", "sub-model")
+    assert made.returncode == 0, made.stderr
+    job = training_job(
+        "sub", project_image, steps=2, modelFrom={"configMap": {"name": "sub-model"}}
+    )
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(made.stdout + "---\n" + yaml.safe_dump(job))
+    out = _cli(kubeconfig, namespace, "submit", str(manifest), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"submitted": "sub", "backend": "kubernetes"}
+    waited = _cli(kubeconfig, namespace, "wait", "sub", "--timeout", "300", timeout_s=330)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    again = _cli(kubeconfig, namespace, "submit", str(manifest))  # it exists: refused, named
+    assert again.returncode == 2 and "already exists" in again.stderr, again.stderr
+    assert kubectl("get", "configmap", "sub-model", "-n", namespace).returncode == 0

@@ -9,7 +9,7 @@ import hashlib
 
 import pytest
 
-from ringtrain_client import output
+from ringtrain_client import output, upload
 
 
 def _printed(data: bytes, size: int | None = None, digest: str | None = None) -> str:
@@ -52,3 +52,27 @@ def test_the_reader_pod_mounts_the_claim_read_only_and_runs_as_the_trainer_pods_
     assert spec["securityContext"]["runAsNonRoot"] and not spec["automountServiceAccountToken"]
     assert c["securityContext"]["readOnlyRootFilesystem"]
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_a_file_is_cut_into_configmap_parts_the_writer_joins_and_checks():
+    data = bytes(range(256)) * 9000  # 2.3 MB: three parts
+    maps, args = upload.parts("j-data", "ns", {"data.npz": data})
+    assert [m["metadata"]["name"] for m in maps] == [f"j-data-part-{i:04d}" for i in range(3)]
+    joined = b"".join(base64.b64decode(next(iter(m["binaryData"].values()))) for m in maps)
+    assert joined == data
+    assert all(len(base64.b64decode(*m["binaryData"].values())) <= upload.CHUNK_BYTES for m in maps)
+    name, digest, *keys = args[0].split(":")
+    assert (name, digest) == ("data.npz", hashlib.sha256(data).hexdigest())
+    assert keys == [next(iter(m["binaryData"])) for m in maps]
+    pod = upload.writer_pod("j", "data", "ns", {"image": "img:1"}, maps, args)
+    (parts_vol, claim_vol) = pod["spec"]["volumes"]
+    assert [s["configMap"]["name"] for s in parts_vol["projected"]["sources"]] == [
+        m["metadata"]["name"] for m in maps
+    ]
+    assert claim_vol["persistentVolumeClaim"] == {"claimName": "j-data"}
+
+
+def test_inputs_beyond_the_upload_bound_are_refused_naming_the_sizes():
+    assert upload.too_big({"data.npz": upload.MAX_UPLOAD_BYTES}) is None
+    why = upload.too_big({"model.keras": 10, "data.npz": upload.MAX_UPLOAD_BYTES})
+    assert why is not None and "data.npz 64,000,000" in why and "64,000,010 bytes" in why

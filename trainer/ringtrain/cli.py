@@ -28,6 +28,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "ringtrain_client.cli:logs_main",
         "print a job's replica logs (a local run dir, or a cluster job's pods)",
     ),
+    ("submit",): (
+        "ringtrain_client.submit",
+        "start a job from its YAML and return (a cluster's, or local processes)",
+    ),
     ("status",): ("ringtrain_client.cli:status_main", "print a job's phase and progress"),
     ("list",): ("ringtrain_client.cli:list_main", "list the jobs (local runs, or a namespace's)"),
     ("wait",): ("ringtrain_client.cli:wait_main", "wait for a job; exit 0 if it succeeded"),
