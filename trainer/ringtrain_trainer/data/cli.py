@@ -153,7 +153,10 @@ def convert_main(argv: list[str]) -> int:
     if ns.json:
         print(json.dumps({**s.__dict__, "read_mb_per_s": round(mb_s, 1)}))
         return 0
-    rows = ", ".join(f"{k} {n} rows in {s.shards[k]} shards" for k, n in s.rows.items())
+    rows = ", ".join(
+        f"{k} {n} rows in {s.shards[k]} shard{'' if s.shards[k] == 1 else 's'}"
+        for k, n in s.rows.items()
+    )
     print(
         f"ringtrain data convert: wrote {s.dest}: {rows} ({s.bytes_written / 1e6:.1f} MB, "
         f"read {s.bytes_read / 1e6:.1f} MB of {s.format} at {mb_s:.1f} MB/s)"

@@ -159,5 +159,7 @@ def text(d: dict) -> str:
     lines = [f"{d['path']}: TFRecord, {_n(d['files'], 'file')}, {d['records']} records, {size}"]
     for k, f in d["features"].items():
         unit = "bytes" if "bytes" in f else "values"
-        lines.append(f"  {k:<12} {f['kind']!s:<11} {f[unit]} {unit}, in {f['in_records']} records")
+        n = f[unit]  # a count, or [fewest, most] when records differ
+        many = f"{n[0]}-{n[1]} {unit}" if isinstance(n, list) else _n(n, unit[:-1])
+        lines.append(f"  {k:<12} {f['kind']!s:<11} {many}, in {_n(f['in_records'], 'record')}")
     return "\n".join(lines)
