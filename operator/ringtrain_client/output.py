@@ -64,18 +64,24 @@ def default_storage_class(api: client.ApiClient) -> str | None:
 
 
 def claim(job: str, namespace: str, storage_class: str) -> dict[str, Any]:
+    return pvc(claim_name(job), job, namespace, storage_class, OUTPUT_SIZE)
+
+
+def pvc(name: str, job: str, namespace: str, storage_class: str, size: str) -> dict[str, Any]:
+    """A ReadWriteOnce claim of ``size`` labelled as ``job``'s (the caller owns it to the job):
+    the output claim here and each input claim of :mod:`.upload`."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {
-            "name": claim_name(job),
+            "name": name,
             "namespace": namespace,
             "labels": {manifests.LABEL_JOB: job},
         },
         "spec": {
             "accessModes": ["ReadWriteOnce"],
             "storageClassName": storage_class,
-            "resources": {"requests": {"storage": OUTPUT_SIZE}},
+            "resources": {"requests": {"storage": size}},
         },
     }
 

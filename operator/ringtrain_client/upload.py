@@ -71,20 +71,7 @@ def too_big(sizes: dict[str, int]) -> str | None:
 
 def claim(job: str, what: str, namespace: str, storage_class: str, total: int) -> dict[str, Any]:
     mib = max(64, math.ceil(1.25 * total / (1 << 20)))  # the files and a margin
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": claim_name(job, what),
-            "namespace": namespace,
-            "labels": {manifests.LABEL_JOB: job},
-        },
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": storage_class,
-            "resources": {"requests": {"storage": f"{mib}Mi"}},
-        },
-    }
+    return output.pvc(claim_name(job, what), job, namespace, storage_class, f"{mib}Mi")
 
 
 def parts(prefix: str, namespace: str, files: dict[str, bytes]) -> tuple[list[dict], list[str]]:
