@@ -122,7 +122,10 @@ class LocalBackend:
         run_dir = self.new_run_dir(name)
         run_dir.mkdir(parents=True, exist_ok=True)
         source = Path(manifest).resolve()
-        (run_dir / MANIFEST_NAME).write_bytes(source.read_bytes())  # the record: what ran
+        # the record: what ran; private, as its Secrets' files are (``ringtrain run``)
+        fd = os.open(run_dir / MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(source.read_bytes())
         return self._run(source, run_dir)
 
     def _run(self, manifest: Path, run_dir: Path) -> str:
