@@ -27,6 +27,7 @@ from ringtrain_trainer.data.convert import convert_npz, convert_tfrecord
 from ringtrain_trainer.data.crc32c import PIECE, crc32c, crc32c_many
 from ringtrain_trainer.data.describe import describe
 from ringtrain_trainer.data.example import decode
+from ringtrain_trainer.data.images import convert_images
 from ringtrain_trainer.data.mapping import Field
 from ringtrain_trainer.data.rows import ShardedArray
 from ringtrain_trainer.data.tfrecord import blocks, records
@@ -407,3 +408,96 @@ def test_convert_holds_one_shard_in_memory_whatever_the_data_size(tmp_path):
     peak_mib = int(out.stdout.split()[-1])
     assert "train 256 rows in 64 shards" in out.stdout
     assert peak_mib < 128, peak_mib  # measured 87-91 MiB: a block, a shard, the interpreter
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """The digits as PNG files in one folder per class (Keras' layout), train and test, and the
+    same pixels as a ``.npz`` in the order the folders list them (class, then file name)."""
+    from PIL import Image
+
+    m = data_mod.load_mnist5k()
+    rng = np.random.default_rng(9)
+    d = tmp_path_factory.mktemp("images")
+    arrays = {}
+    for split, part, n in (("train", m.train, 240), ("test", m.test, 100)):
+        pick = rng.permutation(len(part))[:n]
+        x, y = part.images[pick], part.labels[pick]
+        for i, (img, label) in enumerate(zip(x, y, strict=True)):
+            (d / split / f"digit-{label}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(img).save(d / split / f"digit-{label}" / f"{i:04d}.png")
+        order = np.lexsort((np.arange(n), y))  # by class, then by file name
+        arrays[f"x_{split}"], arrays[f"y_{split}"] = x[order][..., None], y[order]
+    np.savez(d / "same.npz", **arrays)
+    return {"d": d, **arrays}
+
+
+def test_an_image_folder_converts_as_keras_reads_it_and_trains_as_the_npz(folders, tmp_path):
+    import keras
+
+    d = folders["d"]
+    code, out, err = run_cli(
+        "data", "convert", str(d / "train"), str(tmp_path / "s"), "--test", str(d / "test")
+    )
+    assert code == 0, err
+    assert "classes: digit-0, digit-1" in out and "x: uint8 (28, 28, 1) (L)" in out
+    code, out, _ = run_cli("data", "inspect", str(d / "train"), "--json")
+    seen = json.loads(out)
+    assert (seen["format"], seen["files"], seen["sizes_hxw"], seen["modes"]) == (
+        "image-folder",
+        240,
+        {"28x28": 240},
+        {"L": 240},
+    )
+    assert list(seen["classes"]) == [f"digit-{c}" for c in range(10)]
+    assert sum(seen["classes"].values()) == 240
+    ds = data_mod.load("fashion-mnist", tmp_path / "s")
+    got = np.asarray(ds.train.images)
+    np.testing.assert_array_equal(got, folders["x_train"])
+    np.testing.assert_array_equal(ds.test.labels, folders["y_test"])
+    kds = keras.utils.image_dataset_from_directory(
+        d / "train", color_mode="grayscale", image_size=(28, 28), shuffle=False, batch_size=None
+    )
+    kx, ky = zip(*[(a.numpy(), b.numpy()) for a, b in kds], strict=True)
+    np.testing.assert_array_equal(got.astype(np.float32), np.stack(kx))
+    np.testing.assert_array_equal(ds.train.labels, np.array(ky))
+
+    def cfg(data) -> TrainerConfig:
+        return TrainerConfig(dataset="fashion-mnist", data_dir=str(data), optimizer="sgd", lr=1e-4,
+                             seed=3, steps=6, eval_every=3, batch_size=24)  # fmt: skip
+
+    shards, memory = single_worker_run(cfg(tmp_path / "s")), single_worker_run(cfg(d / "same.npz"))
+    np.testing.assert_array_equal(shards.params, memory.params)
+    assert shards.test_accuracy == memory.test_accuracy
+
+
+def test_what_an_image_folder_cannot_be_is_refused_naming_the_file(folders, tmp_path):
+    from PIL import Image
+
+    bad = tmp_path / "bad"
+    shutil.copytree(folders["d"] / "train", bad)
+    (bad / "digit-3" / "9999.png").write_bytes(b"not a png")
+    with pytest.raises(
+        DataError, match=re.escape(f"{bad / 'digit-3' / '9999.png'}: not an image Pillow")
+    ):
+        convert_images(bad, folders["d"] / "test", tmp_path / "o1")
+    (bad / "digit-3" / "9999.png").unlink()
+    Image.new("L", (30, 28)).save(bad / "digit-4" / "9999.png")
+    with pytest.raises(
+        DataError, match=re.escape(f"{bad / 'digit-4' / '9999.png'}: 30x28 pixels, but")
+    ):
+        convert_images(bad, folders["d"] / "test", tmp_path / "o2")
+    s = convert_images(bad, folders["d"] / "test", tmp_path / "o3", size=(28, 28))  # resized
+    assert s.rows["train"] == 241
+    (bad / "digit-4" / "9999.png").unlink()
+    other = tmp_path / "test"
+    shutil.copytree(folders["d"] / "test", other)
+    (other / "digit-3").rename(other / "three")
+    with pytest.raises(DataError, match="class 'three' is not one of the training folder's"):
+        convert_images(bad, other, tmp_path / "o4")
+    code, _, err = run_cli(
+        "data", "convert", str(bad), str(tmp_path / "o5"), "--test", str(other), "--x", "image"
+    )
+    assert code == 2 and "--x is not for image folder input" in err
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["bad", "o3", "test"]  # the refused conversions left nothing, not even .partial

@@ -20,6 +20,7 @@ import numpy as np
 from ringtrain.errors import RingtrainError, exit_code_for
 from ringtrain_trainer.data.convert import SHARD_BYTES, convert_npz, convert_tfrecord
 from ringtrain_trainer.data.describe import describe, text
+from ringtrain_trainer.data.images import COLORS, convert_images, is_image_folder
 from ringtrain_trainer.data.mapping import Field, parse_shape
 from ringtrain_trainer.data.tfrecord import tfrecord_files
 
@@ -53,20 +54,21 @@ def inspect_main(argv: list[str]) -> int:
 def convert_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ringtrain data convert",
-        description="Write a .npz, or TFRecord files of tf.train.Example, as the .npy shards "
+        description="Write a .npz, TFRecord files of tf.train.Example or an image folder as the "
+        ".npy shards "
         "the trainer streams (spec.trainer.data names DEST).",
     )
     p.add_argument(
         "src",
         metavar="SRC",
-        help="a .npz (x_train, y_train, x_test, y_test), or "
-        "the training split's TFRecord file, directory or glob",
+        help="a .npz (x_train, y_train, x_test, y_test), or the training split's TFRecord "
+        "file, directory or glob, or its image folder (one sub-folder per class)",
     )
     p.add_argument("dest", metavar="DEST", help="a new (or empty) directory for the shards")
     p.add_argument(
         "--test",
         metavar="SRC",
-        help="TFRecord: the test split's file, directory or glob (required)",
+        help="TFRecord or image folder: the test split's (required)",
     )
     p.add_argument(
         "--x", metavar="FEATURE", help="TFRecord: the feature that is the model's input (required)"
@@ -90,6 +92,16 @@ def convert_parser() -> argparse.ArgumentParser:
         help="TFRecord: the label's stored type (default: int64 or float32)",
     )
     p.add_argument(
+        "--image-size",
+        metavar="H,W",
+        help="image folder: resize every image to H,W (bilinear; default: all the same size)",
+    )
+    p.add_argument(
+        "--color",
+        choices=sorted(COLORS),
+        help="image folder: stored as (H, W, 1) or (H, W, 3) uint8 (default: the first image's)",
+    )
+    p.add_argument(
         "--shard-mb",
         type=float,
         default=SHARD_BYTES / 2**20,
@@ -100,52 +112,71 @@ def convert_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Usage(Exception):
+    """Flags that do not fit the input's format: exit 2 with the message."""
+
+
+#: the flags each input format takes (beyond SRC, DEST, --shard-mb, --json)
+FLAGS = {
+    "npz": (),
+    "tfrecord": ("test", "x", "y", "x_shape", "x_dtype", "y_dtype"),
+    "image-folder": ("test", "image_size", "color"),
+}
+
+
+NAMES = {"npz": ".npz", "tfrecord": "TFRecord", "image-folder": "image folder"}
+
+
+def _format(src: str) -> str:
+    if Path(src).suffix == ".npz" and Path(src).is_file():
+        return "npz"
+    if is_image_folder(src):
+        return "image-folder"
+    if tfrecord_files(src) is not None:
+        return "tfrecord"
+    raise Usage(
+        f"{src}: neither a .npz file, an image folder (class sub-folders) nor TFRecord files"
+    )
+
+
+def _convert(ns, shard_bytes: int):
+    fmt = _format(ns.src)
+    given = [f for f in sorted(set().union(*FLAGS.values())) if getattr(ns, f)]
+    wrong = [f for f in given if f not in FLAGS[fmt]]
+    if wrong:
+        raise Usage(f"--{wrong[0].replace('_', '-')} is not for {NAMES[fmt]} input ({ns.src})")
+    if fmt == "npz":
+        return convert_npz(ns.src, ns.dest, shard_bytes)
+    need = ("test", "x", "y") if fmt == "tfrecord" else ("test",)
+    missing = [f"--{f}" for f in need if not getattr(ns, f)]
+    if missing:
+        raise Usage(
+            f"{NAMES[fmt]} input needs {', '.join(missing)} (`ringtrain data inspect` shows "
+            "what it holds)"
+        )
+    try:
+        if fmt == "image-folder":
+            size = parse_shape(ns.image_size, "--image-size") if ns.image_size else None
+            if size is not None and len(size) != 2:
+                raise ValueError(f"--image-size {ns.image_size}: give H,W")
+            return convert_images(ns.src, ns.test, ns.dest, size, ns.color, shard_bytes)
+        shape = parse_shape(ns.x_shape) if ns.x_shape else None
+        for flag, dt in (("--x-dtype", ns.x_dtype), ("--y-dtype", ns.y_dtype)):
+            if dt is not None and np.dtype(dt).kind not in "uif":
+                raise ValueError(f"{flag} {dt}: expected an integer or float type")
+    except (ValueError, TypeError) as e:
+        raise Usage(str(e)) from None
+    x, y = Field("x", ns.x, ns.x_dtype, shape), Field("y", ns.y, ns.y_dtype)
+    return convert_tfrecord(ns.src, ns.test, ns.dest, x, y, shard_bytes)
+
+
 def convert_main(argv: list[str]) -> int:
     ns = convert_parser().parse_args(argv)
-    shard_bytes = max(1, int(ns.shard_mb * 2**20))
-    tf_flags = [f for f in ("test", "x", "y", "x_shape", "x_dtype", "y_dtype") if getattr(ns, f)]
     try:
-        if Path(ns.src).suffix == ".npz" and Path(ns.src).is_file():
-            if tf_flags:
-                flag = "--" + tf_flags[0].replace("_", "-")
-                print(
-                    f"ringtrain data convert: {flag} is for TFRecord input; {ns.src} is a "
-                    ".npz holding both splits",
-                    file=sys.stderr,
-                )
-                return 2
-            s = convert_npz(ns.src, ns.dest, shard_bytes)
-        elif tfrecord_files(ns.src) is not None:
-            missing = [f"--{f}" for f in ("test", "x", "y") if not getattr(ns, f)]
-            if missing:
-                print(
-                    f"ringtrain data convert: TFRecord input needs {', '.join(missing)} "
-                    f"(`ringtrain data inspect {ns.src}` lists the features)",
-                    file=sys.stderr,
-                )
-                return 2
-            try:
-                shape = parse_shape(ns.x_shape) if ns.x_shape else None
-                for flag, dt in (("--x-dtype", ns.x_dtype), ("--y-dtype", ns.y_dtype)):
-                    if dt is not None and np.dtype(dt).kind not in "uif":
-                        raise ValueError(f"{flag} {dt}: expected an integer or float type")
-            except (ValueError, TypeError) as e:
-                print(f"ringtrain data convert: {e}", file=sys.stderr)
-                return 2
-            s = convert_tfrecord(
-                ns.src,
-                ns.test,
-                ns.dest,
-                Field("x", ns.x, ns.x_dtype, shape),
-                Field("y", ns.y, ns.y_dtype),
-                shard_bytes,
-            )
-        else:
-            print(
-                f"ringtrain data convert: {ns.src}: neither a .npz file nor TFRecord files",
-                file=sys.stderr,
-            )
-            return 2
+        s = _convert(ns, max(1, int(ns.shard_mb * 2**20)))
+    except Usage as e:
+        print(f"ringtrain data convert: {e}", file=sys.stderr)
+        return 2
     except RingtrainError as e:
         print(f"ringtrain data convert: {type(e).__name__}: {e}", file=sys.stderr)
         return exit_code_for(e)

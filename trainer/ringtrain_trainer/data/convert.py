@@ -93,7 +93,7 @@ class ShardWriter:
         self.n = 0
 
 
-def _into(dest: Path):
+def partial_dir(dest: Path):
     """A fresh directory beside ``dest`` for the shards, refused when ``dest`` holds anything."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DataError(f"{dest}: exists and is not an empty directory; give a new one")
@@ -103,7 +103,7 @@ def _into(dest: Path):
     return tmp
 
 
-def _finish(tmp: Path, dest: Path, writers: dict[str, ShardWriter], s: Summary, t0: float):
+def finish(tmp: Path, dest: Path, writers: dict[str, ShardWriter], s: Summary, t0: float):
     for name, w in writers.items():
         w.flush()
         s.rows[name], s.shards[name] = w.rows, w.shards
@@ -138,7 +138,7 @@ def convert_npz(src: str | os.PathLike, dest: str | os.PathLike, shard_bytes=SHA
     """``x_train``... of one ``.npz`` (compressed or not) as shards, a shard's rows at a time."""
     src, dest, t0 = Path(src), Path(dest), time.perf_counter()
     s = Summary(str(src), "npz", str(dest), bytes_read=src.stat().st_size)
-    tmp = _into(dest)
+    tmp = partial_dir(dest)
     try:
         with zipfile.ZipFile(src) as z:
             extra = sorted({i.filename.removesuffix(".npy") for i in z.infolist()} - set(KEYS))
@@ -164,7 +164,7 @@ def convert_npz(src: str | os.PathLike, dest: str | os.PathLike, shard_bytes=SHA
                         x = _read(xf, n * xrow, src, f"x_{split}").view(xd).reshape(n, *xs[1:])
                         y = _read(yf, n * yrow, src, f"y_{split}").view(yd).reshape(n, *ys[1:])
                         w.extend(x, y)
-            return _finish(tmp, dest, writers, s, t0)
+            return finish(tmp, dest, writers, s, t0)
     except zipfile.BadZipFile as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise DataError(f"{src}: not a readable .npz archive ({e})") from None
@@ -192,7 +192,7 @@ def convert_tfrecord(
     mapped by ``x`` and ``y`` (:mod:`.mapping`), as shards of ``dest``."""
     dest, t0 = Path(dest), time.perf_counter()
     s = Summary(f"{train} + {test}", "tfrecord", str(dest))
-    tmp = _into(dest)
+    tmp = partial_dir(dest)
     try:
         writers: dict[str, ShardWriter] = {}
         fields: tuple[Resolved, Resolved] | None = None  # fixed by the first training record
@@ -227,7 +227,7 @@ def convert_tfrecord(
                         fields[1].extract(path, index, feats, yo)
             if split not in writers:
                 raise DataError(f"{src}: the {split} split's TFRecord files hold no record")
-        return _finish(tmp, dest, writers, s, t0)
+        return finish(tmp, dest, writers, s, t0)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 from ringtrain.errors import DataError
 from ringtrain_trainer.data.arrays import npy_header
 from ringtrain_trainer.data.example import WireError, decode
+from ringtrain_trainer.data.images import index, is_image_folder, pil
 from ringtrain_trainer.data.rows import ShardedArray
 from ringtrain_trainer.data.shards import load_sharded, shard_files
 from ringtrain_trainer.data.tfrecord import GZIP_MAGIC, blocks, tfrecord_files
@@ -27,13 +29,16 @@ def describe(path: str | os.PathLike) -> dict:
     p = Path(path)
     if p.is_file() and p.suffix == ".npz":
         return _npz(p)
+    if is_image_folder(p):
+        return _images(p)
     tf = tfrecord_files(path)
     if tf is not None and shard_files(path) is None:
         return _tfrecord(tf)
     if shard_files(path) is not None:
         return _shards(path)
     raise DataError(
-        f"{path}: neither a .npz file, a directory or glob of .npy/.npz shards, nor TFRecord files"
+        f"{path}: neither a .npz file, a directory or glob of .npy/.npz shards, TFRecord files "
+        "nor an image folder"
     )
 
 
@@ -126,6 +131,31 @@ def _tfrecord(files: list[Path]) -> dict:
     }
 
 
+def _images(root: Path) -> dict:
+    """Classes and their image counts, and the images' sizes and modes (headers only)."""
+    image, unidentified = pil()
+    classes, files = index(root)
+    per_class = Counter(classes[label] for _, label in files)
+    sizes: Counter[str] = Counter()
+    modes: Counter[str] = Counter()
+    for f, _ in files:
+        try:
+            with image.open(f) as im:
+                sizes[f"{im.size[1]}x{im.size[0]}"] += 1
+                modes[im.mode] += 1
+        except (unidentified, OSError) as e:
+            raise DataError(f"{f}: not an image Pillow can read ({e})") from None
+    return {
+        "path": str(root),
+        "format": "image-folder",
+        "files": len(files),
+        "bytes": sum(f.stat().st_size for f, _ in files),
+        "classes": {c: per_class[c] for c in classes},
+        "sizes_hxw": dict(sizes.most_common()),
+        "modes": dict(modes.most_common()),
+    }
+
+
 def _range(counts: set[int]) -> list[int]:
     return [min(counts), max(counts)]
 
@@ -136,7 +166,7 @@ def _gzip(path: Path) -> bool:
 
 
 def _n(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
+    return f"{n} {word}" if n == 1 else f"{n} {word}{'es' if word.endswith('s') else 's'}"
 
 
 def text(d: dict) -> str:
@@ -148,6 +178,17 @@ def text(d: dict) -> str:
             z = ", compressed" if a["compressed"] else ""
             lines.append(f"  {k:<10} {a['dtype']:<8} {tuple(a['shape'])}{z}")
         return "\n".join(lines)
+    if d["format"] == "image-folder":
+        return "\n".join(
+            [
+                f"{d['path']}: image folder, {_n(d['files'], 'image')} in "
+                f"{_n(len(d['classes']), 'class')}, {size}",
+                "  classes (label order): "
+                + ", ".join(f"{c} ({n})" for c, n in d["classes"].items()),
+                "  sizes (HxW): " + ", ".join(f"{k} ({n})" for k, n in d["sizes_hxw"].items()),
+                "  modes: " + ", ".join(f"{k} ({n})" for k, n in d["modes"].items()),
+            ]
+        )
     if d["format"] == "npy-shards":
         lines = [f"{d['path']}: .npy/.npz shards, {_n(d['files'], 'file')}, {size}"]
         for k, s in d["splits"].items():

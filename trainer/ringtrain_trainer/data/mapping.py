@@ -36,15 +36,15 @@ from ringtrain_trainer.data.example import Feature
 DEFAULT_DTYPE = {"bytes_list": "uint8", "float_list": "float32", "int64_list": "int64"}
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
+def parse_shape(text: str, flag: str = "--x-shape") -> tuple[int, ...]:
     """``"28,28"`` → (28, 28); ``""`` or ``"()"`` → () (a scalar per example)."""
     t = text.strip().strip("()")
     try:
         shape = tuple(int(s) for s in t.split(",") if s.strip())
     except ValueError:
-        raise ValueError(f"--x-shape {text!r} is not a shape (sizes: 28,28)") from None
+        raise ValueError(f"{flag} {text!r} is not a shape (sizes: 28,28)") from None
     if any(s <= 0 for s in shape):
-        raise ValueError(f"--x-shape {text!r}: every size must be positive")
+        raise ValueError(f"{flag} {text!r}: every size must be positive")
     return shape
 
 
