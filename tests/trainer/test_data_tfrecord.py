@@ -499,5 +499,11 @@ def test_what_an_image_folder_cannot_be_is_refused_naming_the_file(folders, tmp_
         "data", "convert", str(bad), str(tmp_path / "o5"), "--test", str(other), "--x", "image"
     )
     assert code == 2 and "--x is not for image folder input" in err
+    with pytest.raises(
+        DataError, match=re.escape(f"{folders['d'] / 'test'}: holds folders, not images")
+    ):
+        convert_images(folders["d"], folders["d"] / "test", tmp_path / "o6")  # the splits' parent
+    with pytest.raises(DataError, match=r"image folders are trained from as \.npy shards: convert"):
+        data_mod.load("fashion-mnist", folders["d"] / "train")
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["bad", "o3", "test"]  # the refused conversions left nothing, not even .partial

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import DataError, InvalidSpec
+from ringtrain_trainer.data.images import is_image_folder
 from ringtrain_trainer.data.npz import load_npz
 from ringtrain_trainer.data.rows import ShardedArray
 from ringtrain_trainer.data.shards import is_sharded, load_sharded
@@ -181,6 +182,12 @@ def load(name: str, data_dir: str | os.PathLike = FASHION_MNIST_DIR) -> Dataset:
                 f"{data_dir}: TFRecord files are trained from as .npy shards: convert them once "
                 "with `ringtrain data convert TRAIN DEST --test TEST --x FEATURE --y FEATURE` "
                 "and give DEST as the data"
+            )
+        if is_image_folder(data_dir):
+            raise DataError(
+                f"{data_dir}: image folders are trained from as .npy shards: convert them once "
+                "with `ringtrain data convert TRAIN_FOLDER DEST --test TEST_FOLDER` and give "
+                "DEST as the data"
             )
         return load_idx_dir(data_dir, name)
     if name == "mnist-5k":

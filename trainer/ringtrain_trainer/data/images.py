@@ -57,9 +57,14 @@ def index(root: Path, classes: list[str] | None = None) -> tuple[list[str], list
         )
     files = []
     for name in own:
-        for f in sorted((root / name).iterdir()):
-            if f.is_file() and f.suffix.lower() in EXTENSIONS:
-                files.append((f, names.index(name)))
+        entries = sorted((root / name).iterdir())
+        mine = [f for f in entries if f.is_file() and f.suffix.lower() in EXTENSIONS]
+        if not mine and any(e.is_dir() for e in entries):  # images/ of images/{train,test}/
+            raise DataError(
+                f"{root / name}: holds folders, not images: give each split's folder (such as "
+                f"this one) as SRC or --test, not {root}"
+            )
+        files += [(f, names.index(name)) for f in mine]
     if not files:
         raise DataError(f"{root}: no {'/'.join(EXTENSIONS)} file in its class folders")
     return names, files
