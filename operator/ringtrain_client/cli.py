@@ -77,6 +77,9 @@ def _run(verb: str, args: argparse.Namespace, call: Any) -> int:
     except JobNotFound as e:
         print(f"ringtrain {verb}: {e}", file=sys.stderr)
         return EXIT_NOT_FOUND
+    except TimeoutError as e:
+        print(f"ringtrain {verb}: {e}", file=sys.stderr)
+        return EXIT_TIMEOUT
 
 
 def status_main(argv: list[str]) -> int:

@@ -65,6 +65,18 @@ def trainer_fields(name: str) -> dict[str, Any]:
     }
 
 
+def _owner(job: dict[str, Any]) -> dict[str, Any]:
+    """The ownerReference that makes an object the job's (garbage-collected with it)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"],
+        "controller": False,
+        "blockOwnerDeletion": False,
+    }
+
+
 def _over_a_configmap(sizes: dict[str, int]) -> list[str]:
     return [what for what, size in sizes.items() if size > modelfrom.MAX_OBJECT_BYTES]
 
@@ -148,28 +160,35 @@ class KubeBackend:
         created = self.custom.create_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, obj
         )
-        owner = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "TrainingJob",
-            "name": name,
-            "uid": created["metadata"]["uid"],
-            "controller": False,
-            "blockOwnerDeletion": False,
-        }
-        keys = {"model": MODEL_FILE, "data": DATA_FILE}
-        if input_class is not None:
-            for what in big:
-                self._fill(obj, owner, input_class, what, {keys[what]: contents.pop(what)})
-            if not suspended:
+        owner = _owner(created)
+        try:  # nothing half-made: a job whose inputs could not all be made is deleted
+            self._inputs(obj, owner, contents, input_class, storage)
+            if input_class is not None and not suspended:
+                patch = {"spec": {"runPolicy": {"suspend": False}}}
                 self.custom.patch_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    PLURAL,
-                    name,
-                    {"spec": {"runPolicy": {"suspend": False}}},
+                    GROUP, VERSION, self.namespace, PLURAL, name, patch
                 )
+        except BaseException:
+            self.delete(name)
+            raise
+        return str(name)
+
+    def _inputs(
+        self,
+        obj: dict[str, Any],
+        owner: dict[str, Any],
+        contents: dict[str, bytes],
+        input_class: str | None,
+        storage: str | None,
+    ) -> None:
+        """The job's ConfigMaps and claims, each owned by it: the small inputs' ConfigMaps and
+        the output claim first, then each large input's claim, filled (:mod:`.upload`)."""
+        name = obj["metadata"]["name"]
+        keys = {"model": MODEL_FILE, "data": DATA_FILE}
+        big = _over_a_configmap({w: len(d) for w, d in contents.items()})
         for what, data in contents.items():
+            if what in big:
+                continue
             cm = modelfrom.configmap(f"{name}-{what}", keys[what], data, self.namespace)
             cm["metadata"]["ownerReferences"] = [owner]
             cm["metadata"]["labels"] = {manifests.LABEL_JOB: name}
@@ -178,27 +197,21 @@ class KubeBackend:
             pvc = output.claim(name, self.namespace, storage)
             pvc["metadata"]["ownerReferences"] = [owner]
             self.core.create_namespaced_persistent_volume_claim(self.namespace, pvc)
-        return str(name)
-
-    def _fill(
-        self,
-        obj: dict[str, Any],
-        owner: dict[str, Any],
-        storage: str,
-        what: str,
-        files: dict[str, bytes],
-    ) -> None:
-        """The input's claim, filled; on a failure the job is deleted (nothing half-made)."""
-        name = obj["metadata"]["name"]
-        total = sum(map(len, files.values()))
-        pvc = upload.claim(name, what, self.namespace, storage, total)
-        pvc["metadata"]["ownerReferences"] = [owner]
-        try:
+        for what in big:
+            assert input_class is not None
+            data = contents[what]
+            pvc = upload.claim(name, what, self.namespace, input_class, len(data))
+            pvc["metadata"]["ownerReferences"] = [owner]
             self.core.create_namespaced_persistent_volume_claim(self.namespace, pvc)
-            upload.copy(self.core, self.namespace, name, what, self._container(obj), files, owner)
-        except BaseException:
-            self.delete(name)
-            raise
+            upload.copy(
+                self.core,
+                self.namespace,
+                name,
+                what,
+                self._container(obj),
+                {keys[what]: data},
+                owner,
+            )
 
     def status(self, name: str) -> JobStatus:
         obj = self._get(name)
@@ -230,7 +243,7 @@ class KubeBackend:
         )
 
     def _pods(self, name: str, replica: str | None = None) -> list[str]:
-        sel = f"{manifests.LABEL_JOB}={name}"
+        sel = f"{manifests.LABEL_JOB}={name},!{output.HELPER_LABEL}"  # the replicas only
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=sel).items
         names = sorted(p.metadata.name for p in pods)
         if replica is not None:
@@ -299,7 +312,7 @@ class KubeBackend:
                 if not follow:
                     return None
                 if time.monotonic() > deadline:
-                    raise JobNotFound(
+                    raise TimeoutError(
                         f"{pod}: its container did not start within {LOG_START_WAIT_S} s "
                         f"({e.body!r:.200})"
                     ) from None
@@ -328,6 +341,7 @@ class KubeBackend:
         mount = checkpoint.get("path") or "/checkpoints"
         path = st.export if st.export.startswith("/") else f"{mount}/{st.export}"
         pod = output.reader_pod(name, self.namespace, self._container(obj), claim, mount, path)
+        pod["metadata"]["ownerReferences"] = [_owner(obj)]  # gone with the job, whatever happens
         data = output.read(self.core, self.namespace, pod, f"{name}'s export {path}")
         local = Path(tempfile.mkdtemp(prefix=f"ringtrain-{name}-")) / Path(path).name
         local.write_bytes(data)

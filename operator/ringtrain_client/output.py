@@ -16,6 +16,7 @@ this way is bounded: :data:`MAX_FETCH_BYTES`, beyond it the reader refuses, nami
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import time
 from typing import Any
@@ -32,6 +33,8 @@ OUTPUT_SIZE = "1Gi"
 MAX_FETCH_BYTES = 7 * 1024 * 1024
 FETCH_TIMEOUT_S = 180
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
+#: marks the client's short-lived pods, which are not the job's replicas
+HELPER_LABEL = "ringtrain.io/client-helper"
 
 #: the reader's program (the trainer image's Python): size and digest, then the file
 _READ = (
@@ -119,7 +122,7 @@ def helper_pod(
         "metadata": {
             "generateName": prefix,
             "namespace": namespace,
-            "labels": {manifests.LABEL_JOB: job},
+            "labels": {manifests.LABEL_JOB: job, HELPER_LABEL: "true"},
         },
         "spec": {
             "restartPolicy": "Never",
@@ -196,7 +199,8 @@ def run_pod(core: client.CoreV1Api, namespace: str, pod: dict[str, Any], where: 
             raise OSError(f"{where}: pod {name} failed: {log[-500:]}")
         return log
     finally:
-        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        with contextlib.suppress(ApiException):  # never hides the first error; owned by the job
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
 
 def read(core: client.CoreV1Api, namespace: str, pod: dict[str, Any], where: str) -> bytes:

@@ -11,11 +11,13 @@ of a kind it does not create is named before anything is created — never half-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
 
 from kubernetes.client import ApiException
+from kubernetes.config.config_exception import ConfigException
 
 from ringtrain.errors import InvalidSpec
 from ringtrain_operator import tfjob, yamlsafe
@@ -55,19 +57,41 @@ def documents(path: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[str
             )
     if len(jobs) != 1:
         raise InvalidSpec(f"{path}: expected exactly one TrainingJob document, found {len(jobs)}")
+    for d in (*jobs, *beside):
+        if not isinstance((d.get("metadata") or {}).get("name"), str):
+            raise InvalidSpec(f"{path}: a {d.get('kind')} without metadata.name")
     return jobs[0], beside, notes
 
 
 def create(backend: KubeBackend, job: dict[str, Any], beside: list[dict[str, Any]]) -> str:
-    """The objects beside first (the pods mount them), then the TrainingJob."""
-    ns = backend.namespace
-    for obj in beside:
-        if obj["kind"] == "ConfigMap":
-            backend.core.create_namespaced_config_map(ns, obj)
-        else:
-            backend.core.create_namespaced_secret(ns, obj)
-    created = backend.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job)
+    """The objects beside first (the pods mount them), then the TrainingJob; when one is
+    refused, those this call made are deleted again (never half-applied)."""
+    ns, core = backend.namespace, backend.core
+    made: list[tuple[Any, str]] = []
+    try:
+        for obj in beside:
+            name = obj["metadata"]["name"]
+            if obj["kind"] == "ConfigMap":
+                core.create_namespaced_config_map(ns, obj)
+                made.append((core.delete_namespaced_config_map, name))
+            else:
+                core.create_namespaced_secret(ns, obj)
+                made.append((core.delete_namespaced_secret, name))
+        created = backend.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job)
+    except BaseException:
+        for delete, name in made:
+            with contextlib.suppress(ApiException):
+                delete(name, ns)
+        raise
     return str(created["metadata"]["name"])
+
+
+def _why(e: ApiException) -> str:
+    """The API server's message (its Status body), else the HTTP reason."""
+    try:
+        return str(json.loads(e.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return f"{e.status} {e.reason}"
 
 
 def main(argv: list[str]) -> int:
@@ -86,9 +110,13 @@ def main(argv: list[str]) -> int:
         return EXIT_INVALID
     if notes:
         print(f"ringtrain submit: {args.file}: converted: {'; '.join(notes)}", file=sys.stderr)
-    client = TrainerClient(
-        args.backend, root=args.root, namespace=args.namespace, kubeconfig=args.kubeconfig
-    )
+    try:
+        client = TrainerClient(
+            args.backend, root=args.root, namespace=args.namespace, kubeconfig=args.kubeconfig
+        )
+    except (ConfigException, OSError, ValueError) as e:  # no kubeconfig: say so, no traceback
+        print(f"ringtrain submit: {args.backend}: {e}", file=sys.stderr)
+        return EXIT_INVALID
     b = client.backend
     if isinstance(b, LocalBackend):
         name = b.start(args.file, job["metadata"]["name"])
@@ -97,8 +125,7 @@ def main(argv: list[str]) -> int:
         try:
             name = create(b, job, beside)
         except ApiException as e:
-            why = json.loads(e.body).get("message") if e.body else e.reason
-            print(f"ringtrain submit: {args.file}: {why}", file=sys.stderr)
+            print(f"ringtrain submit: {args.file}: {_why(e)}", file=sys.stderr)
             return EXIT_NOT_FOUND if e.status == 404 else EXIT_INVALID
     print(json.dumps({"submitted": name, "backend": b.name}) if args.json else name)
     return 0

@@ -18,11 +18,13 @@ pods on one node (kind's, the local cluster's), several nodes need a ReadWriteMa
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import math
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client import ApiException
 
 from ringtrain_operator import manifests
 
@@ -147,5 +149,6 @@ def copy(
         pod["metadata"]["ownerReferences"] = [owner]
         output.run_pod(core, namespace, pod, f"{job}: copying its {what} onto its claim")
     finally:
-        for m in maps:
-            core.delete_namespaced_config_map(m["metadata"]["name"], namespace)
+        for m in maps:  # never hides the first error; any left are the job's, deleted with it
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_config_map(m["metadata"]["name"], namespace)

@@ -90,8 +90,14 @@ def params(tmp_path: Path, name: str, step: int = STEPS) -> np.ndarray:
         return z["params"].copy()
 
 
+#: the equivalence tests' rtol; an absolute floor for 300 steps in which the 3-worker stretch
+#: (its start set by when the resize lands) sums in another order: measured up to 1.9e-6 on a
+#: quiet machine and 1.02e-5 under load (a later resize), where one step moves weights ~1e-3
+RTOL, ATOL = 1e-4, 3e-5
+
+
 def close(a: np.ndarray, b: np.ndarray) -> bool:
-    return bool(np.isclose(a, b, rtol=1e-4, atol=1e-6).all())
+    return bool(np.isclose(a, b, rtol=RTOL, atol=ATOL).all())
 
 
 @pytest.mark.timeout(600)
@@ -121,7 +127,7 @@ def test_a_run_resized_2_3_2_ends_with_the_unresized_runs_model(tmp_path):
 
     run(tmp_path, "unresized")
     got, want = params(tmp_path, "resized"), params(tmp_path, "unresized")
-    bad = ~np.isclose(got, want, rtol=1e-4, atol=1e-6)
+    bad = ~np.isclose(got, want, rtol=RTOL, atol=ATOL)
     assert not bad.any(), f"{bad.sum()} weights differ, max |diff| {np.abs(got - want).max():.3g}"
     # what the comparison catches: one step more or less, another sample order
     assert not close(got, params(tmp_path, "unresized", STEPS - 1))
@@ -153,7 +159,7 @@ def test_sharded_data_resized_2_3_2_ends_with_the_unresized_runs_model(tmp_path)
     )
     assert (ckpt["epoch"], ckpt["batch"]) == (STEPS // (SHARD_EXAMPLES // GLOBAL_BATCH), 0)
     got, want = params(tmp_path, "resized"), params(tmp_path, "unresized")
-    bad = ~np.isclose(got, want, rtol=1e-4, atol=1e-6)
+    bad = ~np.isclose(got, want, rtol=RTOL, atol=ATOL)
     assert not bad.any(), f"{bad.sum()} weights differ, max |diff| {np.abs(got - want).max():.3g}"
     assert not close(got, params(tmp_path, "unresized", STEPS - 1))
 
