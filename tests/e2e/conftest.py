@@ -351,3 +351,19 @@ def operator_release(helm, kubeconfig, kubectl, namespace, project_image):
             timeout=120,
             check=False,
         )
+
+
+@pytest.fixture
+def operator(kubeconfig, kubectl, namespace, tmp_path):
+    """`ringtrain operator` for this test's namespace, the CRD applied first; its log is
+    printed when the test ends (test_operator.py's own fixture takes its `crd` fixture)."""
+    from e2e_support import CRD, OperatorProcess
+
+    kubectl("apply", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io", "--timeout=60s")
+    op = OperatorProcess(kubeconfig, [namespace], tmp_path / "operator.log").start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        print(op.tail(6000))

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from e2e_support import CRD, OperatorProcess
 from support.procs import CLI, ringtrain
 
 pytestmark = [
@@ -25,18 +24,6 @@ pytestmark = [
         "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
     ),
 ]
-
-
-@pytest.fixture
-def operator(kubeconfig, kubectl, namespace, tmp_path):
-    kubectl("apply", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io", "--timeout=60s")
-    op = OperatorProcess(kubeconfig, [namespace], tmp_path / "operator.log").start()
-    try:
-        yield op
-    finally:
-        op.stop()
-        print(op.tail(6000))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import json
 import time
 
 import pytest
-from e2e_support import CRD, OperatorProcess, job_pods, training_job, wait_state
+from e2e_support import job_pods, training_job, wait_state
 from support.procs import ringtrain
 from support.shipped_model import save_trained
 
@@ -22,18 +22,6 @@ pytestmark = [
 ]
 
 MOUNTED = "/var/run/ringtrain/model/model.keras"
-
-
-@pytest.fixture
-def operator(kubeconfig, kubectl, namespace, tmp_path):
-    kubectl("apply", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io", "--timeout=60s")
-    op = OperatorProcess(kubeconfig, [namespace], tmp_path / "operator.log").start()
-    try:
-        yield op
-    finally:
-        op.stop()
-        print(op.tail(6000))
 
 
 def test_a_keras_file_in_a_configmap_is_mounted_and_trained_from_on_the_cluster(

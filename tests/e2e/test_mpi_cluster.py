@@ -24,7 +24,6 @@ import pytest
 import yaml
 from e2e_support import (
     CRD,
-    OperatorProcess,
     get_job,
     job_story,
     newest_checkpoint_step,
@@ -42,18 +41,6 @@ LABEL = "ringtrain.io/job-name"
 @pytest.fixture
 def image(request) -> str:
     return os.environ.get("RINGTRAIN_E2E_MPI_IMAGE") or request.getfixturevalue("project_image")
-
-
-@pytest.fixture
-def operator(kubeconfig, namespace, kubectl, tmp_path):
-    kubectl("apply", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ringtrain.io", "--timeout=60s")
-    op = OperatorProcess(kubeconfig, [namespace], tmp_path / "operator.log").start()
-    try:
-        yield op
-    finally:
-        op.stop()
-        print(op.tail(6000))
 
 
 def with_image(doc: dict, image: str) -> dict:
