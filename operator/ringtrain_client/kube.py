@@ -258,9 +258,7 @@ class KubeBackend:
         chief = self._chief(name)
         if chief is None:
             return Metrics()
-        text = self.core.read_namespaced_pod_log(
-            chief, self.namespace, container=manifests.MAIN_CONTAINER
-        )
+        text = self.core.read_namespaced_pod_log(chief, self.namespace, container=self._main(chief))
         return fold_metrics(str(text).splitlines())
 
     def logs(self, name: str, replica: str | None, follow: bool, out: TextIO) -> int:
@@ -292,6 +290,12 @@ class KubeBackend:
             out.flush()
         return 0
 
+    def _main(self, pod: str) -> str:
+        """The pod's main container, as the operator picks it: the one named ``ringtrain``,
+        else the first (a stock template's ``tensorflow``)."""
+        names = [c.name for c in self.core.read_namespaced_pod(pod, self.namespace).spec.containers]
+        return manifests.MAIN_CONTAINER if manifests.MAIN_CONTAINER in names else names[0]
+
     def _log_stream(self, pod: str, follow: bool) -> Any:
         """The pod's main container's log as a stream; None when it has not started and
         ``follow`` is not set (nothing logged yet). Following waits for it to start: the API
@@ -302,13 +306,13 @@ class KubeBackend:
                 return self.core.read_namespaced_pod_log(
                     pod,
                     self.namespace,
-                    container=manifests.MAIN_CONTAINER,
+                    container=self._main(pod),
                     follow=follow,
                     _preload_content=False,
                 )
             except ApiException as e:
-                if e.status != 400:
-                    raise
+                if e.status != 400 or "waiting to start" not in str(e.body):
+                    raise  # only a container not started yet is waited for, nothing else
                 if not follow:
                     return None
                 if time.monotonic() > deadline:
