@@ -133,15 +133,7 @@ def logs_main(argv: list[str]) -> int:
         "Print a job's replica logs: a local run's (<run dir>/pods/<pod>/log, rotated at 10 MiB "
         "into log.1) or, with --backend kubernetes, its pods' (their main container).",
     )
-    p.add_argument(
-        "--replica",
-        metavar="NAME",
-        help="one replica, e.g. worker-0 or its pod name (default: every replica, each line "
-        "prefixed with its name)",
-    )
-    p.add_argument(
-        "-f", "--follow", action="store_true", help="keep printing new output until the job ends"
-    )
+    localrun_logs.replica_args(p)
     args = p.parse_args(argv)
     if args.backend == "local" and args.root is None:
         return localrun_logs.main(

@@ -136,24 +136,26 @@ class KubeBackend:
         big = _over_a_configmap({w: len(d) for w, d in contents.items()})
         run_policy = obj["spec"].setdefault("runPolicy", {})
         suspended = bool(run_policy.get("suspend"))
+        checkpoint = obj["spec"].setdefault("trainer", {}).setdefault("checkpoint", {})
+        own_volume = "volume" in checkpoint  # the user's own volume (spec=) is kept
+        cls = self.storage_class
+        if cls is None and (big or not own_volume):
+            cls = output.default_storage_class(self.api)
         input_class = None
         if big:
             sizes = {files[w].name: len(contents[w]) for w in big}
             if (why := upload.too_big(sizes)) is not None:
                 raise ValueError(why)
-            input_class = self.storage_class or output.default_storage_class(self.api)
-            if input_class is None:
+            if cls is None:
                 raise ValueError(
                     f"{', '.join(f'{k} is {v:,} bytes' for k, v in sizes.items())}: over a "
                     f"ConfigMap's {modelfrom.MAX_OBJECT_BYTES:,}, so the client copies it "
                     "onto a claim, which needs a storage class: give TrainerClient(..., "
                     "storage_class=) (the cluster has no default StorageClass)"
                 )
+            input_class = cls
             run_policy["suspend"] = True  # no pod before its inputs are in place
-        checkpoint = obj["spec"].setdefault("trainer", {}).setdefault("checkpoint", {})
-        storage = None
-        if "volume" not in checkpoint:  # the user's own volume (spec=) is kept
-            storage = self.storage_class or output.default_storage_class(self.api)
+        storage = None if own_volume else cls
         if storage is not None:
             claim = output.claim_name(name)
             checkpoint["volume"] = {"persistentVolumeClaim": {"claimName": claim}}
@@ -301,12 +303,13 @@ class KubeBackend:
         ``follow`` is not set (nothing logged yet). Following waits for it to start: the API
         answers 400 while the container is created (its ConfigMaps mounted, its image pulled)."""
         deadline = time.monotonic() + LOG_START_WAIT_S
+        container = self._main(pod)
         while True:
             try:
                 return self.core.read_namespaced_pod_log(
                     pod,
                     self.namespace,
-                    container=self._main(pod),
+                    container=container,
                     follow=follow,
                     _preload_content=False,
                 )

@@ -204,6 +204,13 @@ def parser() -> argparse.ArgumentParser:
         help="the run dir `ringtrain run` printed, or a job name: its newest "
         ".ringtrain/runs/<job>-<time> here",
     )
+    replica_args(p)
+    return p
+
+
+def replica_args(p: argparse.ArgumentParser) -> None:
+    """``--replica`` and ``--follow``, shared with the client's ``logs`` so a local run and a
+    cluster job take the same options."""
     p.add_argument(
         "--replica",
         metavar="NAME",
@@ -214,9 +221,8 @@ def parser() -> argparse.ArgumentParser:
         "-f",
         "--follow",
         action="store_true",
-        help="keep printing new output until the run ends (or Ctrl-C)",
+        help="keep printing new output until the job ends (or Ctrl-C)",
     )
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

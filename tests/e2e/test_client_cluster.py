@@ -294,37 +294,32 @@ def test_inputs_over_a_configmaps_size_are_copied_onto_a_claim_before_the_job_st
 
     x, y = _data(40_000, 0)
     xt, yt = _data(256, 1)
-    plain = TrainerClient("kubernetes", namespace=namespace, kubeconfig=kubeconfig)
-    with pytest.raises(ValueError, match="needs a storage class"):
-        plain.fit(
+
+    def fit(client: TrainerClient, steps: int):
+        return client.fit(
             _model(),
             x,
             y,
             validation_data=(xt, yt),
-            steps=5,
+            steps=steps,
             batch_size=64,
             spec=_spec(project_image),
             name="client-big",
         )
+
+    plain = TrainerClient("kubernetes", namespace=namespace, kubeconfig=kubeconfig)
+    with pytest.raises(ValueError, match="needs a storage class"):
+        fit(plain, 5)
     assert kubectl("get", "tj", "-n", namespace, "-o", "name").stdout.strip() == ""
 
     client = TrainerClient(
         "kubernetes", namespace=namespace, kubeconfig=kubeconfig, storage_class=storage_class[0]
     )
     t0 = time.monotonic()
-    job = client.fit(
-        _model(),
-        x,
-        y,
-        validation_data=(xt, yt),
-        steps=20,
-        batch_size=64,
-        spec=_spec(project_image),
-        name="client-big",
-    )
+    job = fit(client, 20)
     submitted = time.monotonic() - t0
     try:
-        st = job.wait(timeout=int(os.environ.get("DBG_WAIT", "400")))
+        st = job.wait(timeout=400)
     except Exception:
         print(kubectl("get", "tj,pod,pvc,pv", "-n", namespace, "-o", "wide").stdout)
         print(kubectl("get", "tj", "client-big", "-n", namespace, "-o", "yaml").stdout)
