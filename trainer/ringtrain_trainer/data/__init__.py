@@ -4,6 +4,7 @@
 ``npz`` and ``multi`` (a user's file, one input or several), ``arrays`` and ``fit`` (the rules
 each array and the whole set must meet before the first step); ``shards``, ``rows`` and ``feed``
 (data larger than memory, read in place a batch ahead); ``tfrecord``, ``example``, ``crc32c``,
-``mapping``, ``convert``, ``describe`` and ``cli`` (``ringtrain data inspect|convert``, run once
-before training: TFRecord files and ``.npz`` into the shards the trainer streams).
+``mapping``, ``parquet``, ``sources``, ``convert``, ``describe`` and ``cli`` (``ringtrain data
+inspect|convert``, run once before training: TFRecord, Parquet, image folders and ``.npz`` into
+the shards the trainer streams).
 """

@@ -3,9 +3,9 @@
 Pipeline position: before training, on the trainer's side of the command table (they read
 numpy arrays; the control plane imports neither numpy nor the trainer). ``inspect`` is
 :mod:`.describe`; ``convert`` is :mod:`.convert`, its mapping of TFRecord features
-(:mod:`.mapping`) given by the flags below. Both end with a refusal naming the file (and the
-record and feature) when the data cannot be read as stated, with the exit code of a
-permanent error (2).
+(:mod:`.mapping`) or Parquet columns (:mod:`.parquet`) given by the same flags below. Both
+end with a refusal naming the file (and the record or row, and the feature or column) when
+the data cannot be read as stated, with the exit code of a permanent error (2).
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.errors import RingtrainError, exit_code_for
-from ringtrain_trainer.data.convert import SHARD_BYTES, convert_npz, convert_tfrecord
+from ringtrain_trainer.data.convert import SHARD_BYTES, convert_fields, convert_npz
 from ringtrain_trainer.data.describe import describe, text
 from ringtrain_trainer.data.images import COLORS, convert_images, is_image_folder
 from ringtrain_trainer.data.mapping import Field, parse_shape
+from ringtrain_trainer.data.parquet import parquet_files
 from ringtrain_trainer.data.tfrecord import tfrecord_files
 
 
@@ -29,12 +30,14 @@ def inspect_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ringtrain data inspect",
         description="What a data set holds: its format, files, rows, each array's shape and "
-        "dtype (TFRecord: each feature's kind and value count over every record), its size.",
+        "dtype (TFRecord: each feature's kind and value count over every record; Parquet: each "
+        "column's type and value count over every row), its size.",
     )
     p.add_argument(
         "path",
         metavar="PATH",
-        help="a .npz, a directory or glob of shards or of TFRecord files, or one TFRecord file",
+        help="a .npz, a directory or glob of shards, of TFRecord or of Parquet files, one TFRecord "
+        "or Parquet file, or an image folder",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -54,42 +57,47 @@ def inspect_main(argv: list[str]) -> int:
 def convert_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ringtrain data convert",
-        description="Write a .npz, TFRecord files of tf.train.Example or an image folder as the "
-        ".npy shards "
-        "the trainer streams (spec.trainer.data names DEST).",
+        description="Write a .npz, TFRecord files of tf.train.Example, Parquet files or an image "
+        "folder as the .npy shards the trainer streams (spec.trainer.data names DEST).",
     )
     p.add_argument(
         "src",
         metavar="SRC",
-        help="a .npz (x_train, y_train, x_test, y_test), or the training split's TFRecord "
-        "file, directory or glob, or its image folder (one sub-folder per class)",
+        help="a .npz (x_train, y_train, x_test, y_test), or the training split's TFRecord or "
+        "Parquet file, directory or glob, or its image folder (one sub-folder per class)",
     )
     p.add_argument("dest", metavar="DEST", help="a new (or empty) directory for the shards")
     p.add_argument(
         "--test",
         metavar="SRC",
-        help="TFRecord or image folder: the test split's (required)",
+        help="TFRecord, Parquet or image folder: the test split's (required)",
     )
     p.add_argument(
-        "--x", metavar="FEATURE", help="TFRecord: the feature that is the model's input (required)"
+        "--x",
+        metavar="FEATURE",
+        help="TFRecord/Parquet: the feature or column that is the model's input (required)",
     )
     p.add_argument(
-        "--y", metavar="FEATURE", help="TFRecord: the feature that is the label (required)"
+        "--y",
+        metavar="FEATURE",
+        help="TFRecord/Parquet: the feature or column that is the label (required)",
     )
     p.add_argument(
         "--x-shape",
         metavar="SHAPE",
-        help="TFRecord: one example's shape, e.g. 28,28 (default: flat)",
+        help="TFRecord/Parquet: one example's shape, e.g. 28,28 (default: flat)",
     )
     p.add_argument(
         "--x-dtype",
         metavar="DTYPE",
-        help="TFRecord: the input's stored type (default: uint8 for bytes, float32, int64)",
+        help="TFRecord/Parquet: the input's stored type (default: uint8 for bytes; TFRecord: "
+        "float32, int64; Parquet: the column's)",
     )
     p.add_argument(
         "--y-dtype",
         metavar="DTYPE",
-        help="TFRecord: the label's stored type (default: int64 or float32)",
+        help="TFRecord/Parquet: the label's stored type (default: int64 or float32; Parquet: "
+        "the column's)",
     )
     p.add_argument(
         "--image-size",
@@ -120,11 +128,17 @@ class Usage(Exception):
 FLAGS = {
     "npz": (),
     "tfrecord": ("test", "x", "y", "x_shape", "x_dtype", "y_dtype"),
+    "parquet": ("test", "x", "y", "x_shape", "x_dtype", "y_dtype"),
     "image-folder": ("test", "image_size", "color"),
 }
 
 
-NAMES = {"npz": ".npz", "tfrecord": "TFRecord", "image-folder": "image folder"}
+NAMES = {
+    "npz": ".npz",
+    "tfrecord": "TFRecord",
+    "parquet": "Parquet",
+    "image-folder": "image folder",
+}
 
 
 def _format(src: str) -> str:
@@ -134,8 +148,11 @@ def _format(src: str) -> str:
         return "image-folder"
     if tfrecord_files(src) is not None:
         return "tfrecord"
+    if parquet_files(src) is not None:
+        return "parquet"
     raise Usage(
-        f"{src}: neither a .npz file, an image folder (class sub-folders) nor TFRecord files"
+        f"{src}: neither a .npz file, an image folder (class sub-folders), TFRecord nor Parquet "
+        "files"
     )
 
 
@@ -147,7 +164,7 @@ def _convert(ns, shard_bytes: int):
         raise Usage(f"--{wrong[0].replace('_', '-')} is not for {NAMES[fmt]} input ({ns.src})")
     if fmt == "npz":
         return convert_npz(ns.src, ns.dest, shard_bytes)
-    need = ("test", "x", "y") if fmt == "tfrecord" else ("test",)
+    need = ("test",) if fmt == "image-folder" else ("test", "x", "y")
     missing = [f"--{f}" for f in need if not getattr(ns, f)]
     if missing:
         raise Usage(
@@ -167,7 +184,7 @@ def _convert(ns, shard_bytes: int):
     except (ValueError, TypeError) as e:
         raise Usage(str(e)) from None
     x, y = Field("x", ns.x, ns.x_dtype, shape), Field("y", ns.y, ns.y_dtype)
-    return convert_tfrecord(ns.src, ns.test, ns.dest, x, y, shard_bytes)
+    return convert_fields(fmt, ns.src, ns.test, ns.dest, x, y, shard_bytes)
 
 
 def convert_main(argv: list[str]) -> int:

@@ -1,5 +1,5 @@
-"""``ringtrain data convert``: a ``.npz`` or TFRecord files into the ``.npy`` shards the trainer
-streams.
+"""``ringtrain data convert``: a ``.npz``, TFRecord or Parquet files into the ``.npy`` shards the
+trainer streams.
 
 Pipeline position: run once, before training; its output directory is what
 ``spec.trainer.data`` (``--data``) then names, read by :mod:`.shards` in place. Why convert
@@ -9,7 +9,8 @@ known offset — so the trainer's random access in the Sharder's order, its batc
 and its exact resume stay as they are, for one pass over the data at conversion.
 
 Memory: one shard's rows at a time (:data:`SHARD_BYTES` by default), whatever the input's
-size — a ``.npz`` member is read as a stream (compressed ones too), TFRecord a block at a time.
+size — a ``.npz`` member is read as a stream (compressed ones too), TFRecord a block at a time,
+Parquet a row group at a time (decision 0216).
 The output appears whole or not at all: shards are written into ``DEST.partial-PID`` and
 renamed to ``DEST`` at the end; a refusal removes them.
 """
@@ -20,16 +21,20 @@ import os
 import shutil
 import time
 import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ringtrain.errors import DataError
 from ringtrain_trainer.data.arrays import npy_header
-from ringtrain_trainer.data.example import WireError, decode
 from ringtrain_trainer.data.mapping import Field, Resolved
-from ringtrain_trainer.data.tfrecord import blocks, tfrecord_files
+from ringtrain_trainer.data.parquet import Column, batches, parquet_files, resolve
+from ringtrain_trainer.data.tfrecord import examples, tfrecord_files
 
 #: the x bytes of one output shard (the last of a split holds the rest)
 SHARD_BYTES = 64 << 20
@@ -103,6 +108,17 @@ def partial_dir(dest: Path):
     return tmp
 
 
+@contextmanager
+def staged(dest: Path) -> Iterator[Path]:
+    """The directory a conversion writes into (:func:`partial_dir`), removed when it fails."""
+    tmp = partial_dir(dest)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def finish(tmp: Path, dest: Path, writers: dict[str, ShardWriter], s: Summary, t0: float):
     for name, w in writers.items():
         w.flush()
@@ -138,39 +154,35 @@ def convert_npz(src: str | os.PathLike, dest: str | os.PathLike, shard_bytes=SHA
     """``x_train``... of one ``.npz`` (compressed or not) as shards, a shard's rows at a time."""
     src, dest, t0 = Path(src), Path(dest), time.perf_counter()
     s = Summary(str(src), "npz", str(dest), bytes_read=src.stat().st_size)
-    tmp = partial_dir(dest)
-    try:
-        with zipfile.ZipFile(src) as z:
-            extra = sorted({i.filename.removesuffix(".npy") for i in z.infolist()} - set(KEYS))
-            if extra:
-                raise DataError(
-                    f"{src}: holds {extra[0]!r}; shards hold {', '.join(KEYS)} only (one "
-                    "input and one label)"
-                )
-            writers = {}
-            for split in ("train", "test"):
-                xs, xd, xf = _npz_stream(z, src, f"x_{split}")
-                ys, yd, yf = _npz_stream(z, src, f"y_{split}")
-                if xs[0] != ys[0]:
-                    raise DataError(f"{src}: x_{split} has {xs[0]} rows but y_{split} {ys[0]}")
-                w = writers[split] = ShardWriter(
-                    tmp, split, (xs[1:], xd), (ys[1:], yd), shard_bytes
-                )
-                xrow = int(np.prod(xs[1:], dtype=np.int64)) * xd.itemsize
-                yrow = int(np.prod(ys[1:], dtype=np.int64)) * yd.itemsize
-                with xf, yf:
-                    for a in range(0, xs[0], w.per):
-                        n = min(w.per, xs[0] - a)
-                        x = _read(xf, n * xrow, src, f"x_{split}").view(xd).reshape(n, *xs[1:])
-                        y = _read(yf, n * yrow, src, f"y_{split}").view(yd).reshape(n, *ys[1:])
-                        w.extend(x, y)
-            return finish(tmp, dest, writers, s, t0)
-    except zipfile.BadZipFile as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DataError(f"{src}: not a readable .npz archive ({e})") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with staged(dest) as tmp:
+        try:
+            with zipfile.ZipFile(src) as z:
+                extra = sorted({i.filename.removesuffix(".npy") for i in z.infolist()} - set(KEYS))
+                if extra:
+                    raise DataError(
+                        f"{src}: holds {extra[0]!r}; shards hold {', '.join(KEYS)} only (one "
+                        "input and one label)"
+                    )
+                writers = {}
+                for split in ("train", "test"):
+                    xs, xd, xf = _npz_stream(z, src, f"x_{split}")
+                    ys, yd, yf = _npz_stream(z, src, f"y_{split}")
+                    if xs[0] != ys[0]:
+                        raise DataError(f"{src}: x_{split} has {xs[0]} rows but y_{split} {ys[0]}")
+                    w = writers[split] = ShardWriter(
+                        tmp, split, (xs[1:], xd), (ys[1:], yd), shard_bytes
+                    )
+                    xrow = int(np.prod(xs[1:], dtype=np.int64)) * xd.itemsize
+                    yrow = int(np.prod(ys[1:], dtype=np.int64)) * yd.itemsize
+                    with xf, yf:
+                        for a in range(0, xs[0], w.per):
+                            n = min(w.per, xs[0] - a)
+                            x = _read(xf, n * xrow, src, f"x_{split}").view(xd).reshape(n, *xs[1:])
+                            y = _read(yf, n * yrow, src, f"y_{split}").view(yd).reshape(n, *ys[1:])
+                            w.extend(x, y)
+                return finish(tmp, dest, writers, s, t0)
+        except zipfile.BadZipFile as e:
+            raise DataError(f"{src}: not a readable .npz archive ({e})") from None
 
 
 def _read(f, size: int, path: Path, key: str) -> np.ndarray:
@@ -180,7 +192,107 @@ def _read(f, size: int, path: Path, key: str) -> np.ndarray:
     return np.frombuffer(data, np.uint8)
 
 
-def convert_tfrecord(
+@dataclass(frozen=True)
+class Mapped:
+    """How :func:`convert_mapped` reads a format whose fields are mapped to x and y by the user
+    (TFRecord features, Parquet columns): one loop over splits, files and items for both, so
+    their shards, refusals and whole-or-nothing output cannot drift apart."""
+
+    format: str  # the Summary's
+    name: str  # in messages: "TFRecord"
+    unit: str  # what a file holds: "record"
+    files: Callable[[str | os.PathLike], list[Path] | None]
+    #: a file's items: a record, or a batch of rows
+    items: Callable[[Path], Iterator[Any]]
+    #: (x, y) fixed by the first training item: each with .shape, .dtype, .describe()
+    resolve: Callable[[Any], tuple[Any, Any]]
+    #: an item's rows into the split's writer
+    write: Callable[[Any, tuple[Any, Any], ShardWriter], None]
+
+
+def convert_mapped(
+    m: Mapped, train: str | os.PathLike, test: str | os.PathLike, dest, shard_bytes: int
+) -> Summary:
+    """The items of ``train``'s and ``test``'s files as shards of ``dest``, mapped as the first
+    training item fixes it."""
+    dest, t0 = Path(dest), time.perf_counter()
+    s = Summary(f"{train} + {test}", m.format, str(dest))
+    with staged(dest) as tmp:
+        writers: dict[str, ShardWriter] = {}
+        fields: tuple[Any, Any] | None = None
+        for split, src in (("train", train), ("test", test)):
+            files = m.files(src)
+            if files is None:
+                raise DataError(f"{src}: no {m.name} file here (the {split} split)")
+            for path in files:
+                s.bytes_read += path.stat().st_size
+                for item in m.items(path):
+                    if fields is None:
+                        fields = m.resolve(item)
+                        s.mapping = [fields[0].describe(), fields[1].describe()]
+                    if split not in writers:
+                        writers[split] = ShardWriter(
+                            tmp,
+                            split,
+                            (fields[0].shape, fields[0].dtype),
+                            (fields[1].shape, fields[1].dtype),
+                            shard_bytes,
+                        )
+                    m.write(item, fields, writers[split])
+            if split not in writers:
+                raise DataError(f"{src}: the {split} split's {m.name} files hold no {m.unit}")
+        return finish(tmp, dest, writers, s, t0)
+
+
+def _tfrecord(x: Field, y: Field) -> Mapped:
+    """TFRecord files' ``tf.train.Example`` records, features mapped by :mod:`.mapping`."""
+
+    def write(item, fields: tuple[Resolved, Resolved], w: ShardWriter) -> None:
+        path, index, features = item
+        xo, yo = w.row()
+        fields[0].extract(path, index, features, xo)
+        fields[1].extract(path, index, features, yo)
+
+    return Mapped(
+        "tfrecord",
+        "TFRecord",
+        "record",
+        tfrecord_files,
+        examples,
+        lambda item: (x.resolve(*item), y.resolve(*item)),
+        write,
+    )
+
+
+def _parquet(x: Field, y: Field) -> Mapped:
+    """Parquet files' rows, a batch of a row group at a time, columns mapped by
+    :mod:`.parquet`."""
+
+    def items(path: Path) -> Iterator[tuple[Path, int, Any]]:
+        for first, batch in batches(path, [x.feature, y.feature]):
+            if batch.num_rows:
+                yield path, first, batch
+
+    def write(item, cols: tuple[Column, Column], w: ShardWriter) -> None:
+        w.extend(cols[0].extract(*item), cols[1].extract(*item))
+
+    return Mapped(
+        "parquet",
+        "Parquet",
+        "row",
+        parquet_files,
+        items,
+        lambda item: (resolve(x, *item), resolve(y, *item)),
+        write,
+    )
+
+
+#: the formats whose fields the user maps (``--x``/``--y``), by :attr:`Summary.format`
+MAPPED = {"tfrecord": _tfrecord, "parquet": _parquet}
+
+
+def convert_fields(
+    fmt: str,
     train: str | os.PathLike,
     test: str | os.PathLike,
     dest: str | os.PathLike,
@@ -188,46 +300,11 @@ def convert_tfrecord(
     y: Field,
     shard_bytes: int = SHARD_BYTES,
 ) -> Summary:
-    """The ``tf.train.Example`` records of ``train`` and ``test`` (files, directories or globs),
-    mapped by ``x`` and ``y`` (:mod:`.mapping`), as shards of ``dest``."""
-    dest, t0 = Path(dest), time.perf_counter()
-    s = Summary(f"{train} + {test}", "tfrecord", str(dest))
-    tmp = partial_dir(dest)
-    try:
-        writers: dict[str, ShardWriter] = {}
-        fields: tuple[Resolved, Resolved] | None = None  # fixed by the first training record
-        for split, src in (("train", train), ("test", test)):
-            files = tfrecord_files(src)
-            if files is None:
-                raise DataError(f"{src}: no TFRecord file here (the {split} split)")
-            for path in files:
-                s.bytes_read += path.stat().st_size
-                for block in blocks(path):
-                    for i in range(len(block)):
-                        index = block.first + i
-                        try:
-                            feats = decode(block.record(i))
-                        except WireError as e:
-                            raise DataError(
-                                f"{path}: record {index}: not a tf.train.Example ({e})"
-                            ) from None
-                        if fields is None:
-                            fields = (x.resolve(path, index, feats), y.resolve(path, index, feats))
-                            s.mapping = [fields[0].describe(), fields[1].describe()]
-                        if split not in writers:
-                            writers[split] = ShardWriter(
-                                tmp,
-                                split,
-                                (fields[0].shape, fields[0].dtype),
-                                (fields[1].shape, fields[1].dtype),
-                                shard_bytes,
-                            )
-                        xo, yo = writers[split].row()
-                        fields[0].extract(path, index, feats, xo)
-                        fields[1].extract(path, index, feats, yo)
-            if split not in writers:
-                raise DataError(f"{src}: the {split} split's TFRecord files hold no record")
-        return finish(tmp, dest, writers, s, t0)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    """The ``fmt`` files (``tfrecord``, ``parquet``) ``train`` and ``test`` name (files,
+    directories or globs), their fields mapped by ``x`` and ``y``, as shards of ``dest``."""
+    return convert_mapped(MAPPED[fmt](x, y), train, test, dest, shard_bytes)
+
+
+#: ``convert_tfrecord(train, test, dest, x, y, shard_bytes)``, and likewise for Parquet
+convert_tfrecord = partial(convert_fields, "tfrecord")
+convert_parquet = partial(convert_fields, "parquet")

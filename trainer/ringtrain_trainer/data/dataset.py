@@ -26,6 +26,7 @@ import numpy as np
 from ringtrain.errors import DataError, InvalidSpec
 from ringtrain_trainer.data.images import is_image_folder
 from ringtrain_trainer.data.npz import load_npz
+from ringtrain_trainer.data.parquet import parquet_files
 from ringtrain_trainer.data.rows import ShardedArray
 from ringtrain_trainer.data.shards import is_sharded, load_sharded
 from ringtrain_trainer.data.split import Dataset, Split
@@ -181,6 +182,12 @@ def load(name: str, data_dir: str | os.PathLike = FASHION_MNIST_DIR) -> Dataset:
             raise DataError(
                 f"{data_dir}: TFRecord files are trained from as .npy shards: convert them once "
                 "with `ringtrain data convert TRAIN DEST --test TEST --x FEATURE --y FEATURE` "
+                "and give DEST as the data"
+            )
+        if parquet_files(data_dir) is not None:  # decision 0216: likewise
+            raise DataError(
+                f"{data_dir}: Parquet files are trained from as .npy shards: convert them once "
+                "with `ringtrain data convert TRAIN DEST --test TEST --x COLUMN --y COLUMN` "
                 "and give DEST as the data"
             )
         if is_image_folder(data_dir):

@@ -5,7 +5,9 @@ Pipeline position: before training or converting. A ``.npz`` is described by its
 refusal the trainer would make is made here first; TFRecord files by reading every record
 (checksums verified, each ``tf.train.Example`` decoded), since a record's features are known
 only by decoding it — the kinds and value counts of each feature over all records are what
-``convert``'s mapping (``--x``/``--y``, ``--x-shape``) is chosen from.
+``convert``'s mapping (``--x``/``--y``, ``--x-shape``) is chosen from. Parquet files likewise
+(:mod:`.parquet`): the schema says each column's type, but a list's length is per row, so
+every row group is read, one at a time.
 """
 
 from __future__ import annotations
@@ -17,11 +19,18 @@ from pathlib import Path
 
 from ringtrain.errors import DataError
 from ringtrain_trainer.data.arrays import npy_header
-from ringtrain_trainer.data.example import WireError, decode
 from ringtrain_trainer.data.images import index, is_image_folder, pil
+from ringtrain_trainer.data.parquet import (
+    batches,
+    kind_of,
+    lengths,
+    nulls,
+    open_file,
+    parquet_files,
+)
 from ringtrain_trainer.data.rows import ShardedArray
 from ringtrain_trainer.data.shards import load_sharded, shard_files
-from ringtrain_trainer.data.tfrecord import GZIP_MAGIC, blocks, tfrecord_files
+from ringtrain_trainer.data.tfrecord import GZIP_MAGIC, examples, tfrecord_files
 
 
 def describe(path: str | os.PathLike) -> dict:
@@ -31,14 +40,19 @@ def describe(path: str | os.PathLike) -> dict:
         return _npz(p)
     if is_image_folder(p):
         return _images(p)
-    tf = tfrecord_files(path)
-    if tf is not None and shard_files(path) is None:
-        return _tfrecord(tf)
-    if shard_files(path) is not None:
+    shards = shard_files(path)  # a glob's: every file it matches
+    if not shards or not any(f.suffix in (".npz", ".npy") for f in shards):
+        tf = tfrecord_files(path)
+        if tf is not None:
+            return _tfrecord(tf)
+        pq = parquet_files(path)
+        if pq is not None:
+            return _parquet(pq)
+    if shards is not None:
         return _shards(path)
     raise DataError(
-        f"{path}: neither a .npz file, a directory or glob of .npy/.npz shards, TFRecord files "
-        "nor an image folder"
+        f"{path}: neither a .npz file, a directory or glob of .npy/.npz shards, TFRecord or "
+        "Parquet files, nor an image folder"
     )
 
 
@@ -94,21 +108,14 @@ def _tfrecord(files: list[Path]) -> dict:
     per_file, total = [], 0
     for path in files:
         n = 0
-        for block in blocks(path):
-            for i in range(len(block)):
-                try:
-                    feats = decode(block.record(i))
-                except WireError as e:
-                    raise DataError(
-                        f"{path}: record {block.first + i}: not a tf.train.Example ({e})"
-                    ) from None
-                for name, f in feats.items():
-                    d = features.setdefault(name, {"kinds": set(), "records": 0, "counts": set()})
-                    d["kinds"].add(f.kind)
-                    d["records"] += 1
-                    count = len(f.values[0]) if f.kind == "bytes_list" and len(f) == 1 else len(f)
-                    d["counts"].add(count)
-            n += len(block)
+        for _, _, feats in examples(path):
+            for name, f in feats.items():
+                d = features.setdefault(name, {"kinds": set(), "records": 0, "counts": set()})
+                d["kinds"].add(f.kind)
+                d["records"] += 1
+                count = len(f.values[0]) if f.kind == "bytes_list" and len(f) == 1 else len(f)
+                d["counts"].add(count)
+            n += 1
         per_file.append({"file": str(path), "records": n, "gzip": _gzip(path)})
         total += n
     out = {}
@@ -117,17 +124,58 @@ def _tfrecord(files: list[Path]) -> dict:
         unit = "bytes" if kinds == ["bytes_list"] else "values"
         out[name] = {
             "kind": kinds[0] if len(kinds) == 1 else kinds,
-            unit: sorted(d["counts"])[0] if len(d["counts"]) == 1 else _range(d["counts"]),
+            unit: _count(d["counts"]),
             "in_records": d["records"],
         }
     return {
-        "path": str(files[0].parent) if len(files) > 1 else str(files[0]),
-        "format": "tfrecord",
-        "files": len(files),
+        **_files("tfrecord", files),
         "records": total,
-        "bytes": sum(f.stat().st_size for f in files),
         "per_file": per_file,
         "features": out,
+    }
+
+
+def _parquet(files: list[Path]) -> dict:
+    """Each column's type, its values (bytes) per row over every row, its nulls."""
+    columns: dict[str, dict] = {}
+    per_file, total = [], 0
+    for path in files:
+        pf = open_file(path)
+        for field in pf.schema_arrow:
+            columns.setdefault(field.name, {"types": set(), "nulls": 0, "counts": set()})
+            columns[field.name]["types"].add(str(field.type))
+        for _, batch in batches(path):
+            for name, arr in zip(batch.schema.names, batch.columns, strict=True):
+                kind, d = kind_of(arr.type), columns[name]
+                d["nulls"] += len(nulls(kind, arr))
+                if kind is not None and len(arr):
+                    n = lengths(kind, arr)
+                    d["counts"].update((int(n.min()), int(n.max())))
+                    d["unit"] = "bytes" if kind == "binary" else "values"
+        rows = pf.metadata.num_rows
+        per_file.append({"file": str(path), "rows": rows, "row_groups": pf.num_row_groups})
+        total += rows
+    out = {}
+    for name, d in columns.items():
+        types = sorted(d["types"])
+        c: dict = {"type": types[0] if len(types) == 1 else types}
+        if d["counts"]:
+            c[d["unit"]] = _count(d["counts"])
+        out[name] = {**c, "nulls": d["nulls"]}
+    return {
+        **_files("parquet", files),
+        "rows": total,
+        "per_file": per_file,
+        "columns": out,
+    }
+
+
+def _files(fmt: str, files: list[Path]) -> dict:
+    return {
+        "path": str(files[0].parent) if len(files) > 1 else str(files[0]),
+        "format": fmt,
+        "files": len(files),
+        "bytes": sum(f.stat().st_size for f in files),
     }
 
 
@@ -156,8 +204,9 @@ def _images(root: Path) -> dict:
     }
 
 
-def _range(counts: set[int]) -> list[int]:
-    return [min(counts), max(counts)]
+def _count(counts: set[int]) -> int | list[int]:
+    """The count every item had, or [fewest, most] when they differ."""
+    return min(counts) if len(counts) == 1 else [min(counts), max(counts)]
 
 
 def _gzip(path: Path) -> bool:
@@ -196,6 +245,17 @@ def text(d: dict) -> str:
                 f"  {k:<6} {s['rows']} rows in {_n(s['shards'], 'shard')}: x {s['x']['dtype']} "
                 f"{tuple(s['x']['shape'])}, y {s['y']['dtype']} {tuple(s['y']['shape'])}"
             )
+        return "\n".join(lines)
+    if d["format"] == "parquet":
+        lines = [f"{d['path']}: Parquet, {_n(d['files'], 'file')}, {_n(d['rows'], 'row')}, {size}"]
+        for k, c in d["columns"].items():
+            many = "not numbers"
+            for unit in ("bytes", "values"):
+                n = c.get(unit)
+                if n is not None:
+                    many = f"{n[0]}-{n[1]} {unit}" if isinstance(n, list) else _n(n, unit[:-1])
+            null = f", {_n(c['nulls'], 'null')}" if c["nulls"] else ""
+            lines.append(f"  {k:<12} {c['type']!s:<24} {many}{null}")
         return "\n".join(lines)
     lines = [f"{d['path']}: TFRecord, {_n(d['files'], 'file')}, {d['records']} records, {size}"]
     for k, f in d["features"].items():

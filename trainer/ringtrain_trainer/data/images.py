@@ -22,14 +22,13 @@ command asks for it by name when it is missing.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
 from ringtrain.errors import DataError
-from ringtrain_trainer.data.convert import SHARD_BYTES, ShardWriter, Summary, finish, partial_dir
+from ringtrain_trainer.data.convert import SHARD_BYTES, ShardWriter, Summary, finish, staged
 
 #: Keras' ALLOWLIST_FORMATS for image_dataset_from_directory
 EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
@@ -108,8 +107,7 @@ def convert_images(
     dest, t0 = Path(dest), time.perf_counter()
     s = Summary(f"{train} + {test}", "image-folder", str(dest))
     mode = COLORS[color] if color else None
-    tmp = partial_dir(dest)
-    try:
+    with staged(dest) as tmp:
         classes, _ = index(Path(train))
         writers: dict[str, ShardWriter] = {}
         first: tuple[Path, tuple[int, ...]] | None = None
@@ -133,6 +131,3 @@ def convert_images(
                 xo, yo = writers[split].row()
                 xo[0], yo[0] = a, label
         return finish(tmp, dest, writers, s, t0)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

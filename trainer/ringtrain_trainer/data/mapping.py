@@ -48,8 +48,20 @@ def parse_shape(text: str, flag: str = "--x-shape") -> tuple[int, ...]:
     return shape
 
 
-def _fmt(shape: tuple[int, ...]) -> str:
+def shape_text(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape)) or "a scalar"
+
+
+def cast_exact(values: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, int | None]:
+    """``values`` as ``dtype``, and the index of the first integer the cast changed (None when
+    none did). Floats are cast as asked (a float type's rounding is the user's choice); the
+    callers never cast floats into integers."""
+    if values.dtype == dtype:
+        return values, None
+    cast = values.astype(dtype)
+    if values.dtype.kind in "iu" and not np.array_equal(cast, values):
+        return cast, int(np.flatnonzero(cast != values)[0])
+    return cast, None
 
 
 @dataclass(frozen=True)
@@ -102,8 +114,9 @@ def _raw(path: Path, index: int, name: str, f: Feature) -> None:
 
 
 @dataclass(frozen=True)
-class Resolved:
-    """A :class:`Field` with its kind, dtype and shape fixed by the first record."""
+class Fixed:
+    """A :class:`Field` with its kind, dtype and shape fixed by the first item read (a TFRecord
+    record, a Parquet batch)."""
 
     field: Field
     kind: str
@@ -114,12 +127,17 @@ class Resolved:
     def count(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
+
+@dataclass(frozen=True)
+class Resolved(Fixed):
+    """A TFRecord feature's :class:`Fixed` mapping, applied record by record."""
+
     @cached_property
     def _little(self) -> np.dtype:
         return self.dtype.newbyteorder("<")
 
     def describe(self) -> str:
-        return f"{self.field.feature} ({self.kind}) -> {self.dtype} {_fmt(self.shape)}"
+        return f"{self.field.feature} ({self.kind}) -> {self.dtype} {shape_text(self.shape)}"
 
     def extract(self, path: Path, index: int, features: dict[str, Feature], out: np.ndarray):
         """Record ``index``'s value of this field into ``out`` (one row: this dtype and shape).
@@ -138,11 +156,11 @@ class Resolved:
             out[...] = np.frombuffer(raw, self._little).reshape(self.shape)
             return
         values = f.values
-        cast = values.astype(self.dtype)  # type: ignore[union-attr]
-        if self.kind == "int64_list" and not np.array_equal(cast, values):
-            bad = values[np.flatnonzero(cast != values)[0]]
+        assert isinstance(values, np.ndarray)  # a float_list's or int64_list's
+        cast, at = cast_exact(values, self.dtype)
+        if at is not None:
             where = f"{path}: record {index}: feature {self.field.feature!r}"
-            raise DataError(f"{where} holds {bad}, which {self.dtype} cannot hold exactly")
+            raise DataError(f"{where} holds {values[at]}, which {self.dtype} cannot hold exactly")
         out[...] = cast.reshape(self.shape)
 
     def _refuse(self, path: Path, index: int, features: dict[str, Feature]) -> NoReturn:
@@ -151,12 +169,22 @@ class Resolved:
         where = f"{path}: record {index}: feature {name!r}"
         if f.kind != self.kind:
             raise DataError(f"{where} is a {f.kind}, but the first record's is a {self.kind}")
-        want = f"{self.count} ({_fmt(self.shape)} {self.dtype})"
         if self.kind == "bytes_list":
             _raw(path, index, name, f)
-            raise DataError(
-                f"{where} holds {len(f.values[0])} bytes; expected "
-                f"{self.count * self.dtype.itemsize} = {want} values of {self.dtype.itemsize} "
-                "bytes (raw array bytes; encoded images are not decoded)"
-            )
-        raise DataError(f"{where} holds {len(f)} values; expected {want}")
+        raw = self.kind == "bytes_list"
+        got = len(f.values[0]) if raw else len(f)
+        raise wrong_length(where, got, raw, self.shape, self.dtype)
+
+
+def wrong_length(
+    where: str, got: int, raw: bool, shape: tuple[int, ...], dtype: np.dtype
+) -> DataError:
+    """The refusal of an example holding ``got`` values (bytes, when ``raw``) for ``shape``."""
+    count = int(np.prod(shape, dtype=np.int64))
+    want = f"{count} ({shape_text(shape)} {dtype})"
+    if raw:
+        return DataError(
+            f"{where} holds {got} bytes; expected {count * dtype.itemsize} = {want} values of "
+            f"{dtype.itemsize} bytes (raw array bytes; encoded images are not decoded)"
+        )
+    return DataError(f"{where} holds {got} values; expected {want}")

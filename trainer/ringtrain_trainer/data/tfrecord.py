@@ -20,7 +20,6 @@ before anything is read by it. Files written with ``options="GZIP"`` are read th
 
 from __future__ import annotations
 
-import glob
 import gzip
 import os
 import struct
@@ -32,6 +31,8 @@ import numpy as np
 
 from ringtrain.errors import DataError
 from ringtrain_trainer.data.crc32c import masked_many
+from ringtrain_trainer.data.example import Feature, WireError, decode
+from ringtrain_trainer.data.sources import listed_files
 
 #: bytes read per block (records longer than this get a block of their own)
 BLOCK_BYTES = 8 << 20
@@ -178,17 +179,21 @@ def records(path: str | os.PathLike) -> Iterator[tuple[int, memoryview]]:
             yield b.first + i, b.record(i)
 
 
+def examples(path: Path) -> Iterator[tuple[Path, int, dict[str, Feature]]]:
+    """(path, index, decoded ``tf.train.Example`` features) of every record of ``path``."""
+    for block in blocks(path):
+        for i in range(len(block)):
+            try:
+                features = decode(block.record(i))
+            except WireError as e:
+                raise DataError(
+                    f"{path}: record {block.first + i}: not a tf.train.Example ({e})"
+                ) from None
+            yield path, block.first + i, features
+
+
 def tfrecord_files(path: str | os.PathLike) -> list[Path] | None:
     """The TFRecord files ``path`` names, sorted: a file, a directory's own files that start
     with a TFRecord frame (:func:`looks_like_tfrecord`) or a glob's; None when it names none."""
-    p = str(path)
-    if any(c in p for c in "*?["):
-        files = sorted(Path(f) for f in glob.glob(p) if Path(f).is_file())
-    elif Path(p).is_dir():
-        files = sorted(f for f in Path(p).iterdir() if f.is_file())
-    elif Path(p).is_file():
-        files = [Path(p)]
-    else:
-        return None
-    found = [f for f in files if looks_like_tfrecord(f)]
+    found = [f for f in listed_files(path) if looks_like_tfrecord(f)]
     return found or None
