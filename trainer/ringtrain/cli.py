@@ -54,7 +54,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("data", "convert"): (
         "ringtrain_trainer.data.cli:convert_main",
-        "a .npz or TFRecord files into the .npy shards the trainer streams",
+        "a .npz, TFRecord or Parquet files or an image folder into the .npy shards to train from",
     ),
     ("completion",): ("ringtrain.completion", "print a shell completion script (bash; zsh too)"),
     ("bench", "step"): ("ringtrain_bench.step", "training samples/s vs PyTorch / TensorFlow"),
