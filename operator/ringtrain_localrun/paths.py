@@ -90,6 +90,14 @@ def volume_dirs(
             cm = v["configMap"]["name"]
             for key, content in items(v["configMap"], secrets.get(f"configmap/{cm}", {})).items():
                 files[str(local / key)] = content
+        elif "downwardAPI" in v:  # the pod's own annotations as files (an elastic job's size)
+            local = run_dir / "pods" / pod_name / "downward" / name
+            notes = pod["metadata"].get("annotations") or {}
+            for item in v["downwardAPI"].get("items") or []:
+                ref = (item.get("fieldRef") or {}).get("fieldPath", "")
+                key = ref.removeprefix("metadata.annotations['").removesuffix("']")
+                if key != ref and key in notes:
+                    files[str(local / item["path"])] = notes[key].encode()
         elif name == CHECKPOINT_VOLUME:
             # Shared and kept whatever its source: the chief writes, a rerun with the same
             # --run-dir resumes, the summary points at it.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -27,7 +28,17 @@ from ringtrain.errors import InvalidSpec
 
 from .job import ElasticPolicy, Job, MPISpec, ReplicaSpec, TrainerSpec
 
-__all__ = ["at_fewest", "check_count", "policy", "resized", "sizes_that_work"]
+__all__ = [
+    "admitted",
+    "at_fewest",
+    "check_count",
+    "pod_parts",
+    "policy",
+    "resized",
+    "running_at",
+    "size_document",
+    "sizes_that_work",
+]
 
 _BATCH = f"spec.trainer.{options.BY_NAME['batch_size'].crd}"
 
@@ -152,3 +163,105 @@ def at_fewest(job: Job) -> Job | None:
         ),
         trainer=dataclasses.replace(t, batch_size=batch),
     )
+
+
+#: status.elastic: what the job was admitted with and the size it runs at (issue 38)
+STATUS_KEY = "elastic"
+
+
+def running_at(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    """The TrainingJob as it runs, and why a count it asks for is refused ("" if none).
+
+    Once admitted, an elastic job's global batch is the one of its creation (status.elastic):
+    an edited ``Worker.replicas`` within the policy's bounds is the job at that count with its
+    share of that global batch (:func:`resized`), not ``batchSize`` x the new count. A count the
+    policy refuses (outside the bounds, or one the global batch does not divide into) leaves
+    the job at the count it runs at, and the refusal names the field — a running job is never
+    failed for an edit."""
+    status, spec = obj.get("status"), obj.get("spec")
+    rec = status.get(STATUS_KEY) if isinstance(status, Mapping) else None
+    raw = spec.get("elasticPolicy") if isinstance(spec, Mapping) else None
+    if not (isinstance(rec, Mapping) and isinstance(raw, Mapping) and isinstance(spec, Mapping)):
+        return obj, ""
+    g, current = rec.get("globalBatch"), rec.get("workers")
+    if not isinstance(g, int) or not isinstance(current, int) or g < 1 or current < 1:
+        return obj, ""
+    try:
+        asked = int(spec["replicaSpecs"]["Worker"].get("replicas", 1))
+        lo = int(raw.get("minReplicas", rec.get("minReplicas", current)))
+        hi = int(raw.get("maxReplicas", rec.get("maxReplicas", current)))
+        trainer = spec.get("trainer") or {}
+        k = int(trainer.get(options.BY_NAME["gradient_accumulation_steps"].crd, 1))
+        ipus = int(trainer.get(options.BY_NAME["ipus_per_worker"].crd, 1))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return obj, ""  # spec.load names what is wrong
+    if k < 1 or ipus < 1 or lo < 1 or hi > 1024 or asked < 1:
+        return obj, ""  # spec.load names what is wrong
+    why, divisor = "", k * ipus
+    bad = [n for n in range(lo, hi + 1) if not sizes_that_work(g, range(n, n + 1), divisor)]
+    if lo > hi:
+        why = f"spec.elasticPolicy.minReplicas: {lo} is more than maxReplicas {hi}"
+    elif bad:
+        why = (
+            f"spec.elasticPolicy: [minReplicas, maxReplicas] = [{lo}, {hi}] is refused: the "
+            f"job's global batch {g} does not divide evenly among "
+            f"{_counts(bad)} workers"
+        )
+    elif not lo <= asked <= hi:
+        why = (
+            f"spec.replicaSpecs.Worker.replicas: {asked} is outside spec.elasticPolicy's "
+            f"[minReplicas, maxReplicas] = [{lo}, {hi}]"
+        )
+    written = trainer.get(options.BY_NAME["batch_size"].crd)
+    note = ""
+    if written not in (rec.get("batchSize"), g // (asked * k)):  # neither as created nor the share
+        note = (
+            f"spec.trainer.batchSize: {written} is not applied to a running elastic job; it "
+            f"keeps the global batch {g} of its creation (a worker's batch is {g} / workers)"
+        )
+    if not why:
+        return resized(obj, ElasticPolicy(lo, hi, raw.get("maxRestarts"), g), asked), note
+    lo, hi = int(rec.get("minReplicas", current)), int(rec.get("maxReplicas", current))
+    kept = ElasticPolicy(min(lo, current), max(hi, current), raw.get("maxRestarts"), g)
+    why = f"{why}; the job goes on with {current} workers"
+    return resized(obj, kept, current), f"{why}. {note}" if note else why
+
+
+def admitted(job: Job) -> dict[str, int]:
+    """status.elastic as the job is first admitted."""
+    assert job.elastic is not None
+    worker = job.replica("worker")
+    return {
+        "globalBatch": job.elastic.global_batch,
+        "batchSize": job.trainer.batch_size if job.trainer else 0,
+        "minReplicas": job.elastic.min_replicas,
+        "maxReplicas": job.elastic.max_replicas,
+        "workers": worker.replicas if worker else 0,
+        "resizes": 0,
+    }
+
+
+#: the pod annotation holding a worker's size document, projected by the downward API into
+#: :data:`SIZE_FILE`, which the trainer reads (``ringtrain_trainer.elastic``)
+ANNOTATION = "ringtrain.io/elastic"
+SIZE_DIR = "/etc/ringtrain/elastic"
+SIZE_FILE = f"{SIZE_DIR}/size.json"
+SIZE_ENV = "RINGTRAIN_ELASTIC_FILE"
+
+
+def size_document(job: Job, tf_config: str) -> str:
+    """A worker's size file at the job's count: its TF_CONFIG and its batch. The operator
+    patches it onto the pods that stay when the count changes; the kubelet updates the file
+    within a second (a pod update, unlike a ConfigMap's, syncs the pod at once)."""
+    worker, t = job.replica("worker"), job.trainer
+    assert worker is not None and t is not None
+    doc = {"workers": worker.replicas, "batchSize": t.batch_size, "tfConfig": tf_config}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def pod_parts() -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """The downward API volume, its mount and the variable naming the file."""
+    ref = {"fieldPath": f"metadata.annotations['{ANNOTATION}']"}
+    volume = {"name": "elastic", "downwardAPI": {"items": [{"path": "size.json", "fieldRef": ref}]}}
+    mount = {"name": "elastic", "mountPath": SIZE_DIR, "readOnly": True}
+    return volume, mount, {"name": SIZE_ENV, "value": SIZE_FILE}

@@ -96,6 +96,8 @@ class ElasticPolicy:
     max_restarts: int | None
     #: examples per optimizer step over the whole ring: batchSize x K x Worker.replicas
     global_batch: int
+    #: why an edit of the running job's count or bounds is not applied ("" when none is)
+    refused: str = ""
 
     def sizes(self) -> range:
         return range(self.min_replicas, self.max_replicas + 1)

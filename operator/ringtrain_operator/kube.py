@@ -184,6 +184,16 @@ class Kube:
                 return False
             raise
 
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge ``annotations`` into a pod's (an elastic job's size: ``.resizing``); a pod gone
+        meanwhile is no error (the next reconcile sees it gone)."""
+        try:
+            patch = {"metadata": {"annotations": dict(annotations)}}
+            body(self.core.patch_namespaced_pod(name, namespace, patch, _preload_content=False))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """JSON merge patch of the status subresource (None removes a key); the answer, the
         whole job as written, is kept by the job informer."""

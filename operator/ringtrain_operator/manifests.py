@@ -17,7 +17,7 @@ from typing import Any
 
 from ringtrain import cluster, optiongen, options, pki, ports
 
-from . import modelfrom, resources
+from . import elastic, modelfrom, resources
 from .job import API_VERSION, KIND, Job, ReplicaSpec, TrainerSpec
 
 #: The worker's gRPC server: ring control plane, Health service, the ``grpc`` data path.
@@ -243,6 +243,12 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
                 "prometheus.io/path": "/metrics",
             }
         )
+    elastic_parts = None
+    if job.elastic is not None and job.trainer and role == "worker":
+        annotations[elastic.ANNOTATION] = elastic.size_document(
+            job, tf_config(job, role, index, endpoint)
+        )
+        elastic_parts = elastic.pod_parts()
     if annotations:
         meta["annotations"] = annotations
 
@@ -275,6 +281,10 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
         {"name": "RINGTRAIN_TLS_DIR", "value": TLS_DIR},
     ]
     ports: list[dict[str, Any]] = [{"name": "ring", "containerPort": RING_PORT, "protocol": "TCP"}]
+    if elastic_parts is not None:
+        volumes.append(elastic_parts[0])
+        mounts.append(elastic_parts[1])
+        env.append(elastic_parts[2])
 
     containers = spec.setdefault("containers", [])
     main = _main_container(containers)
@@ -318,7 +328,9 @@ def pod(job: Job, replica: ReplicaSpec, index: int, endpoint: Endpoint = dns_end
 
 
 def _ring_size(job: Job) -> int:
-    return sum(1 for r, _ in job.members() if r.role in cluster.RING_ROLES)
+    """The ring's members, or the most an elastic job may grow to."""
+    n = sum(1 for r, _ in job.members() if r.role in cluster.RING_ROLES)
+    return max(n, job.elastic.max_replicas) if job.elastic else n
 
 
 def probe_form(env: Mapping[str, str] | None = None) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from ringtrain import events
 
-from . import manifests, statusbound
+from . import elastic, manifests, statusbound
 from .job import Job
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ class ObservedPod:
     #: The uid of the pod's controller (``manifests.controller_uid``): a pod is the job's only
     #: if it is the job's uid, whatever its name and labels say (issue 35).
     owner: str | None = None
+    #: an elastic job's worker: the size document its annotation holds (``elastic.ANNOTATION``)
+    elastic: str | None = None
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> ObservedPod | None:
@@ -136,6 +138,7 @@ class ObservedPod:
             pod_ip=st.get("podIP"),
             memory_limit=_intern(str(limit)[:64]) if limit is not None else None,
             owner=_intern(manifests.controller_uid(pod)),
+            elastic=(meta.get("annotations") or {}).get(elastic.ANNOTATION),
         )
 
 
@@ -280,6 +283,9 @@ _PROGRESS_KEYS = {
     "checkpoint": "checkpoint",
     "export": "export",
     "trace": "trace",
+    "ring_size": "ringSize",
+    "resize_step": "resizeStep",
+    "resize_s": "resizeSeconds",
 }
 #: the evaluator's JSON key → status.evaluation key
 _EVALUATION_KEYS = {

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from ringtrain import errors
 
-from . import restarts
+from . import resizing, restarts
 from .job import Job
 from .kinds import LAUNCHER
 from .observe import ObservedPod
@@ -299,7 +299,17 @@ def _succeeded(job: Job, seen: Seen, live: Mapping[str, ObservedPod]) -> bool:
     return all(n in live and live[n].phase == "Succeeded" for n in names)
 
 
-PHASES = (_finished, _kind_changed, _suspended, _old_pods, _deadline, _failures, _success, _running)
+PHASES = (
+    _finished,
+    _kind_changed,
+    _suspended,
+    resizing.phase,
+    _old_pods,
+    _deadline,
+    _failures,
+    _success,
+    _running,
+)
 
 
 def run(f: Fold, job: Job, seen: Seen) -> None:

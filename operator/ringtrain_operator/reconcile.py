@@ -29,7 +29,7 @@ from kubernetes.client import ApiException
 
 from ringtrain.errors import InvalidSpec
 
-from . import admission, kinds, lifecycle, manifests, networkpolicy, status, verdicts
+from . import admission, elastic, kinds, lifecycle, manifests, networkpolicy, status, verdicts
 from .job import Job
 from .kube import Kube
 from .metrics import OperatorMetrics
@@ -131,7 +131,12 @@ def reconcile(
     owner = (obj.get("metadata") or {}).get("uid") or None  # its pods: those it controls
     job: Job | None
     try:
-        loaded = load_spec(obj)
+        running, refused = elastic.running_at(obj)  # an elastic job at its edited count
+        loaded = load_spec(running)
+        if refused and loaded.elastic is not None:
+            loaded = dataclasses.replace(
+                loaded, elastic=dataclasses.replace(loaded.elastic, refused=refused)
+            )
     except InvalidSpec as e:
         job = None
         generation = int(obj.get("metadata", {}).get("generation") or 1)
@@ -188,6 +193,8 @@ def act(
                     status.Event("Normal", status.REASON_POD_CREATED, f"created pod {m.name}")
                 )
         _settle(results, events)
+    for pod_name, size in decision.annotate:  # before the deletes: see ``.resizing``
+        kube.annotate_pod(namespace, pod_name, {elastic.ANNOTATION: size})
     for pod_name in decision.delete:
         if kube.delete_pod(namespace, pod_name):
             events.append(

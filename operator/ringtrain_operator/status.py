@@ -100,6 +100,8 @@ class Decision:
     delete: tuple[str, ...] = ()
     delete_job: bool = False
     events: tuple[Event, ...] = ()
+    #: (pod name, value) of an elastic job's size annotation to patch onto pods that stay
+    annotate: tuple[tuple[str, str], ...] = ()
     #: Look again after this long at the latest (deadline, TTL), even if nothing changes.
     requeue_after_s: float | None = None
     #: A pod of the job runs, so its progress can change unseen by any watch: poll it at the
@@ -139,6 +141,7 @@ class Fold:
     create: list[Member] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    annotate: list[tuple[str, str]] = field(default_factory=list)
     delete_job: bool = False
     requeue: list[float] = field(default_factory=list)
     #: status.restarts as the previous derivation left it: more now means a new restart.
@@ -226,6 +229,7 @@ class Fold:
             delete=tuple(dict.fromkeys(self.delete)),
             delete_job=self.delete_job,
             events=tuple(self.events),
+            annotate=tuple(self.annotate),
             requeue_after_s=min(self.requeue) if self.requeue else None,
             polls=self.polls,
         )

@@ -56,6 +56,8 @@ GRANTS = {
     ),
     ("", "pods", "create"): ("kube.py", "Kube.create", "create_namespaced_pod"),
     ("", "pods", "delete"): ("kube.py", "Kube.delete_pod", "delete_namespaced_pod"),
+    # an elastic job's size annotation on the pods that stay through a resize (issue 38)
+    ("", "pods", "patch"): ("kube.py", "Kube.annotate_pod", "patch_namespaced_pod"),
     ("", "pods", "list"): ("kube.py", "Kube.pods_request", "list_namespaced_pod"),
     ("", "pods", "watch"): ("informer.py", "ListWatch._watch", "watch=True"),
     ("", "services", "create"): ("kube.py", "Kube.create", "create_namespaced_service"),

@@ -179,6 +179,9 @@ class Status(_Record):
         "outputs",
         "test_outputs",
         "data_wait_s",
+        "ring_size",
+        "resize_step",
+        "resize_s",
     )
     step: int | None = 0
     epoch: float | None = 0
@@ -218,6 +221,12 @@ class Status(_Record):
     #: seconds the last step waited for its batch's data (``ringtrain_data_wait_seconds``);
     #: near 0 while reading from shards stays hidden behind the step
     data_wait_s: float | None = None
+    #: the workers in this process's ring: what an elastic job's resize is seen done by
+    ring_size: int | None = None
+    #: an elastic job's worker re-formed in a resize: the step it went on from, and the
+    #: seconds from its first sight of the new size to the new ring formed
+    resize_step: int | None = None
+    resize_s: float | None = None
 
 
 Event = Progress | Eval | Evaluation | Final

@@ -18,7 +18,7 @@ from typing import Any
 
 from ringtrain import cluster, optiongen, options, pki
 from ringtrain.errors import InvalidSpec
-from ringtrain_trainer import trace
+from ringtrain_trainer import elastic, trace
 
 DEFAULT_TERMINATION_LOG = options.TERMINATION_LOG
 
@@ -30,6 +30,9 @@ class TrainerConfig(options.TrainerOptions):
     cluster: cluster.ClusterSpec = field(default_factory=cluster.ClusterSpec.single)
     token: bytes = b""
     tls: pki.JobMaterial | None = field(default=None, repr=False)
+    #: an elastic job's size file (:mod:`.elastic`) and what it held at start-up
+    elastic_file: str | None = None
+    elastic_size: str = ""
 
     def replace(self, **changes: Any) -> TrainerConfig:
         """A copy with ``changes`` by option name: ``dataclasses.replace``, through a signature
@@ -56,7 +59,10 @@ class TrainerConfig(options.TrainerOptions):
         optiongen.check(values)  # the trace window and pipeline rules too (optionrules)
         if values["epochs"] is None and values["steps"] is None:
             values["epochs"] = 1
-        spec = cluster.parse(env.get("TF_CONFIG"))  # InvalidClusterSpec is an InvalidSpec
+        size = elastic.read(env[elastic.ENV]) if env.get(elastic.ENV) else None
+        if size is not None:  # an elastic job's current size wins over the pod's environment
+            values["batch_size"] = size.batch_size
+        spec = cluster.parse(size.tf_config if size else env.get("TF_CONFIG"))
         token = b""
         if env.get("RINGTRAIN_TOKEN_FILE"):
             path = Path(env["RINGTRAIN_TOKEN_FILE"])
@@ -79,7 +85,14 @@ class TrainerConfig(options.TrainerOptions):
         tls = pki.load(tls_dir) if tls_dir else None  # InvalidSpec names the file
         if values["termination_log"] is None and _writable(DEFAULT_TERMINATION_LOG):
             values["termination_log"] = DEFAULT_TERMINATION_LOG
-        return cls(**values, cluster=spec, token=token, tls=tls)
+        return cls(
+            **values,
+            cluster=spec,
+            token=token,
+            tls=tls,
+            elastic_file=env.get(elastic.ENV) or None,
+            elastic_size=size.raw if size else "",
+        )
 
 
 def _writable(path: str) -> bool:

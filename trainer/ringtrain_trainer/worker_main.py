@@ -14,9 +14,12 @@ step, checkpoints, and exits 143.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from ringtrain.cluster import bind_host
@@ -28,7 +31,7 @@ from ringtrain.errors import (
     describe,
     exit_code_for,
 )
-from ringtrain_trainer import evaluator, mpi, rejoin, report, ring
+from ringtrain_trainer import elastic, evaluator, mpi, rejoin, report, ring
 from ringtrain_trainer.collective import Collective, LocalCollective
 from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.ipu.device import blas_limits
@@ -70,6 +73,7 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
         encrypt_data=cfg.ring_encrypt_data,
         health_port=cfg.ring_health_port,
         shared_memory=cfg.ring_shared_memory,
+        elastic=cfg.elastic_file is not None,
     )
 
 
@@ -86,6 +90,9 @@ def main(
     argv = list(sys.argv[1:] if argv is None else argv)
     previous = rejoin.Rejoins.from_env()
     again: rejoin.Rejoins | None = None
+    resize: tuple[elastic.Size, int, float] | None = None  # the new size, the stop step, seen at
+    watcher: elastic.Watcher | None = None
+    signalled = threading.Event()
     cfg: TrainerConfig | None = None
     trainer: Trainer | None = None
     collective: Collective | None = None
@@ -116,9 +123,21 @@ def main(
         collective = connect(cfg, metrics)
         metrics.watch_ring(collective)
         trainer = Trainer(cfg, collective, metrics=metrics)
-        restore_signals = _install_sigterm(trainer.stop_requested)
+        metrics.update_status(ring_size=trainer.world)
+        resized = elastic.Resized.from_env(os.environ)
+        if resized is not None and trainer.rank == 0:
+            said = resized.event(time.time())
+            metrics.update_status(resize_step=said["step"], resize_s=said["ring_formed_s"])
+            print(json.dumps(said), flush=True)
+        restore_signals = _install_sigterm(trainer.stop_requested, signalled)
+        if cfg.elastic_file:
+            watcher = elastic.Watcher(cfg.elastic_file, cfg.elastic_size, trainer.stop_requested)
         with blas_limits(trainer.ipu.host_threads):
             final = trainer.run()
+        if watcher is not None and final["terminated"]:
+            size = watcher.after_stop(signalled.is_set())
+            if size is not None and trainer.rank < size.workers:
+                resize = (size, trainer.step, watcher.seen_at)
         write_termination_log(own_termination_log(cfg.termination_log, cfg, collective), final)
         return EXIT_TERMINATED if final["terminated"] else EXIT_OK
     except SystemExit:
@@ -168,6 +187,8 @@ def main(
         return code
     finally:
         restore_signals()
+        if watcher is not None:
+            watcher.close()
         if trainer is not None:
             trainer.close()
         if collective is not None:
@@ -176,16 +197,25 @@ def main(
             server.close()
         if again is not None and rejoin_exec is not None:
             rejoin_exec(again)  # replaces this process: the ring's ports are free again
+        if resize is not None and rejoin_exec is not None:
+            size, step, seen_at = resize
+            before = trainer.world if trainer else 0
+            elastic.exec_resized(size, before, step, seen_at, drop=rejoin.ENV)
 
 
-def _install_sigterm(stop_requested: threading.Event) -> Callable[[], None]:
-    """SIGTERM/SIGINT set ``stop_requested``: the trainer finishes the current step,
-    checkpoints, and exits 143 (Python as PID 1 otherwise ignores SIGTERM and the pod waits out
-    its whole grace period). Returns a function that puts the previous handlers back."""
+def _install_sigterm(
+    stop_requested: threading.Event, signalled: threading.Event | None = None
+) -> Callable[[], None]:
+    """SIGTERM/SIGINT set ``stop_requested`` (and ``signalled``: this process was told to stop,
+    not only its ring): the trainer finishes the current step, checkpoints, and exits 143
+    (Python as PID 1 otherwise ignores SIGTERM and the pod waits out its whole grace period).
+    Returns a function that puts the previous handlers back."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def handler(signum, frame):
+        if signalled is not None:
+            signalled.set()
         stop_requested.set()
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}

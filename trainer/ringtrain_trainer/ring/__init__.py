@@ -76,6 +76,7 @@ def connect(
     encrypt_data: bool = False,
     health_port: int = 0,
     shared_memory: bool = True,
+    elastic: bool = False,
 ) -> Collective:
     """Join the ring described by ``spec``; a single-member ring is a ``LocalCollective``.
 
@@ -90,7 +91,9 @@ def connect(
     ``encrypt_data`` wraps the TCP side channel in it too (without material it is refused).
     ``health_port`` (non-zero) serves the Health service alone in plaintext there as well.
     ``shared_memory``: ``grpc+tcp`` links between processes of one host carry tensors through
-    shared memory (``ring.shm``; not with ``encrypt_data``).
+    shared memory (``ring.shm``; not with ``encrypt_data``). ``elastic``: an elastic job's
+    worker, for which a peer of another ring size is one still at the size before a resize
+    (``ringtrain_trainer.elastic``), waited for like a peer not up yet.
     """
     path = data_path(transport)
     if spec.world_size == 1:
@@ -138,7 +141,7 @@ def connect(
             )
             control.add_handlers(handler)
         control.start()
-        answers = rendezvous(control, connect_timeout_s, observer.waiting)
+        answers = rendezvous(control, connect_timeout_s, observer.waiting, elastic=elastic)
         security = (
             "mutual TLS" + (", side channel encrypted" if encrypt_data else "")
             if material is not None

@@ -22,11 +22,15 @@ def rendezvous(
     plane: ControlPlane,
     timeout_s: float,
     on_waiting: Callable[[list[str]], None] = lambda names: None,
+    *,
+    elastic: bool = False,
 ) -> dict:
     """Register with every peer until all answered (the readiness barrier); their answers
     by rank. A peer that is not serving yet, or whose name does not resolve yet (a pod
     whose DNS record is not published), is retried with back-off until ``timeout_s``;
-    ``on_waiting`` hears the still-missing names whenever they change ([] at the end)."""
+    ``on_waiting`` hears the still-missing names whenever they change ([] at the end). With
+    ``elastic`` a peer of another ring size is retried too: in a resize it re-forms its ring at
+    this size once it has stopped at the old one."""
     missing = [r for r in range(plane.world) if r != plane.rank]
     answers: dict[int, dict] = {}
     deadline, delay, last = time.monotonic() + timeout_s, 0.05, {}
@@ -51,7 +55,8 @@ def rendezvous(
                 answers[r] = json.loads(call.result())
                 plane.registered(r, str(answers[r].get("incarnation")))
             except grpc.RpcError as e:
-                _refused(e, plane.addresses[r], plane.rank)
+                if not (elastic and e.code() == grpc.StatusCode.INVALID_ARGUMENT):
+                    _refused(e, plane.addresses[r], plane.rank)
                 last[r] = f"{e.code().name}: {e.details()}"
         missing = [r for r in missing if r not in answers]
         names = [plane.names[r] for r in missing]

@@ -1,0 +1,163 @@
+"""An elastic TrainingJob resized on the real local cluster by ``kubectl patch`` (issue 38,
+decision 0217): 2 workers → 3 → 2 while it trains, Succeeded, its final weights allclose to
+an unresized run of the same job (``ringtrain run``, the same trainer as local processes), and
+the pods that stayed never recreated nor restarted: the operator patches their size annotation,
+the kubelet updates the downward API file, the workers stop after the same step, the chief
+checkpoints, and they re-form the ring in their containers.
+
+The resizes are asked for on the job's own state (both pods ready: the ring formed; then the
+operator's record that the ring of 3 formed), never by a timer; the test asserts both landed
+mid-training."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from e2e_support import get_job, job_pods, job_story, training_job, wait_for, wait_state
+from support import procs
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 1500
+GLOBAL_BATCH = 240
+#: the local resize test's tolerance (tests/local/test_elastic_resize.py)
+RTOL, ATOL = 1e-4, 3e-5
+
+
+def elastic_job(image: str, checkpoints: Path | None) -> dict:
+    """examples/elastic-mnist.yaml on the cluster: 1–3 workers, the global batch 240."""
+    job = training_job(
+        "elastic",
+        image,
+        replicas=2,
+        steps=STEPS,
+        batchSize=GLOBAL_BATCH // 2,
+        optimizer="sgd",
+        learningRate=0.01,
+        seed=7,
+        checkpoint={"everySteps": STEPS - 1},
+    )
+    job["spec"]["elasticPolicy"] = {"minReplicas": 1, "maxReplicas": 3}
+    if checkpoints is not None:
+        job["spec"]["trainer"]["checkpoint"]["volume"] = {
+            "hostPath": {"path": str(checkpoints), "type": "Directory"}
+        }
+    return job
+
+
+def params(checkpoints: Path, step: int = STEPS) -> np.ndarray:
+    with np.load(checkpoints / f"ckpt-{step:010d}.npz") as z:
+        return z["params"].copy()
+
+
+def unresized(image: str, tmp_path: Path) -> Path:
+    """The same job, never resized, as local processes: its checkpoint directory."""
+    job = elastic_job(image, None)
+    path = tmp_path / "unresized.yaml"
+    path.write_text(yaml.safe_dump(job))
+    run_dir = tmp_path / "unresized"
+    p = subprocess.run(
+        [*procs.CLI, "run", str(path), "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=procs.without_cluster(),
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return run_dir / "checkpoints"
+
+
+@pytest.mark.timeout(900)
+def test_a_job_patched_2_3_2_succeeds_with_the_unresized_model_and_keeps_its_pods(
+    kubectl, namespace, operator, project_image, tmp_path
+):
+    checkpoints = Path(tempfile.mkdtemp(prefix="ringtrain-elastic-", dir="/var/tmp"))
+    checkpoints.chmod(0o777)  # the trainer's UID writes there
+    kubectl.apply(elastic_job(project_image, checkpoints), namespace)
+
+    def story() -> str:
+        return job_story(kubectl, namespace, "elastic", operator.tail)
+
+    def pods() -> dict[str, dict]:
+        return {
+            p["metadata"]["name"]: p
+            for p in job_pods(kubectl, namespace, "elastic", include_deleting=False)
+        }
+
+    def status() -> dict:
+        return (get_job(kubectl, namespace, "elastic") or {}).get("status") or {}
+
+    def patch(workers: int) -> None:
+        body = json.dumps({"spec": {"replicaSpecs": {"Worker": {"replicas": workers}}}})
+        kubectl("patch", "tj", "elastic", "-n", namespace, "--type", "merge", "-p", body)
+
+    def resized_to(n: int, count: int):
+        def check():
+            st = status()
+            if st.get("state") in ("Succeeded", "Failed"):
+                pytest.fail(f"the job ended before its resize to {n}\n{story()}")
+            e = st.get("elastic") or {}
+            return e if e.get("resizes") == count and e["lastResize"]["to"] == n else None
+
+        return wait_for(f"the resize to {n}", check, 300, story)
+
+    def ready() -> dict | None:
+        now = pods()
+        ok = len(now) == 2 and all(
+            c["type"] == "Ready" and c["status"] == "True"
+            for p in now.values()
+            for c in p["status"].get("conditions", [])
+            if c["type"] == "Ready"
+        )
+        return now if ok and all(p["status"].get("conditions") for p in now.values()) else None
+
+    first = wait_for("both workers ready (the ring formed)", ready, 300, story)
+    assert sorted(first) == ["elastic-worker-0", "elastic-worker-1"]
+    patch(3)
+    grown = resized_to(3, 1)
+    middle = pods()
+    patch(2)
+    shrunk = resized_to(2, 2)
+    done = wait_state(kubectl, namespace, "elastic", "Succeeded", 600, operator.tail)
+    last = pods()
+
+    steps = [grown["lastResize"]["step"], shrunk["lastResize"]["step"]]
+    assert 0 < steps[0] < steps[1] < STEPS, steps  # both landed mid-training
+    assert done["status"]["progress"]["step"] == STEPS
+    assert sorted(middle) == [f"elastic-worker-{i}" for i in range(3)]
+    kept = {n: (first[n]["metadata"]["uid"], 0) for n in first}
+    for seen in (middle, last):  # the same pods, never restarted: re-formed in place
+        assert {
+            n: (
+                seen[n]["metadata"]["uid"],
+                seen[n]["status"]["containerStatuses"][0]["restartCount"],
+            )
+            for n in first
+            if n in seen
+        } == kept, story()
+    for r in (grown["lastResize"], shrunk["lastResize"]):
+        print(json.dumps({"where": "cluster, operator's view", **r}))
+    log = kubectl("logs", "elastic-worker-0", "-n", namespace, check=False).stdout
+    formed = [json.loads(x) for x in log.splitlines() if x.startswith('{"event": "resized"')]
+    for e in formed:
+        print(json.dumps({"where": "cluster, worker 0's view", **e}))
+    assert [(e["from"], e["to"]) for e in formed] == [(2, 3), (3, 2)], log[-3000:]
+    assert [e["step"] for e in formed] == steps  # the operator names the step the ring went on from
+    print(json.dumps({"pods_kept": {n: {"uid": u, "restarts": r} for n, (u, r) in kept.items()}}))
+
+    got, want = params(checkpoints), params(unresized(project_image, tmp_path))
+    print(
+        json.dumps(
+            {"weights": got.size, "max_abs_diff_vs_unresized": float(np.abs(got - want).max())}
+        )
+    )
+    bad = ~np.isclose(got, want, rtol=RTOL, atol=ATOL)
+    assert not bad.any(), f"{bad.sum()} weights differ, max |diff| {np.abs(got - want).max():.3g}"
+    one_less = params(tmp_path / "unresized" / "checkpoints", STEPS - 1)
+    assert not np.isclose(got, one_less, rtol=RTOL, atol=ATOL).all()
