@@ -13,6 +13,7 @@ from thread_collective import ThreadGroup
 from threadpoolctl import threadpool_limits
 
 from ringtrain_trainer.data import dataset as data_mod
+from ringtrain_trainer.engine import native
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -34,3 +35,16 @@ def rng() -> np.random.Generator:
 @pytest.fixture
 def thread_group():
     return ThreadGroup
+
+
+@pytest.fixture(params=native.available())
+def kernel_set(request) -> str:
+    """Each kernel set this CPU runs, forced as ``RINGTRAIN_KERNELS`` forces it and restored
+    after: a test that promises a kernel's bits (against numpy, or across sets) runs once per
+    set, so an AVX-512 machine tests what AVX2-only ones run (issue 39)."""
+    native.force(request.param)
+    try:
+        assert native.kernels is not None and native.kernels.isa() == request.param
+        yield request.param
+    finally:
+        native.force(native.WIDEST or "")

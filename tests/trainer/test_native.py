@@ -50,7 +50,9 @@ def _run(layer, x, kernel, bias, dout, use_native, monkeypatch, need_dx=False):
     [(1, False, 16), (1, False, 32), (1, False, 64), (1, False, 24), (8, True, 16)],
     ids=["first-layer-16", "first-layer-32", "first-layer-64", "first-layer-24", "input-gradient"],
 )
-def test_fused_conv_pool_relu_matches_the_numpy_path(integers, cin, need_dx, filters, monkeypatch):
+def test_fused_conv_pool_relu_matches_the_numpy_path(
+    integers, cin, need_dx, filters, monkeypatch, kernel_set
+):
     """A first layer runs wholly compiled (3x3 with 16, 32 or 64 filters on the register-held
     kernel path, other multiples of 8 on the general one); a later one (input channels a
     multiple of 8) runs numpy's forward and kernel gradient and the compiled input gradient
@@ -139,7 +141,7 @@ def test_a_float64_program_runs_the_numpy_path():
 
 
 @pytest.mark.parametrize("weight_decay", [None, 0.01], ids=["adam", "adamw"])
-def test_the_one_pass_adam_step_gives_the_numpy_steps_bits(weight_decay):
+def test_the_one_pass_adam_step_gives_the_numpy_steps_bits(weight_decay, kernel_set):
     """Same float32 operations in the same order per element: bit-identical over steps."""
     from ringtrain_trainer.optim.adam import Adam
     from ringtrain_trainer.optim.schedules import StepDecay
@@ -164,7 +166,7 @@ def test_the_one_pass_adam_step_gives_the_numpy_steps_bits(weight_decay):
     assert not np.array_equal(runs[0][0], w0)
 
 
-def test_adam_split_over_threads_changes_no_bit():
+def test_adam_split_over_threads_changes_no_bit(kernel_set):
     """A large slice runs on several threads; elementwise, so the bits are those of one."""
     rng = np.random.default_rng(7)
     n = 300_001
@@ -181,7 +183,7 @@ def test_adam_split_over_threads_changes_no_bit():
 
 
 @pytest.mark.parametrize("filters", [8, 32])
-def test_a_non_finite_input_stays_non_finite_as_in_numpy(filters, monkeypatch):
+def test_a_non_finite_input_stays_non_finite_as_in_numpy(filters, monkeypatch, kernel_set):
     """An overflow (float16's inf) must reach the non-finite check: NaN survives the max and
     the ReLU, as numpy's maximum keeps it, and inf stays inf."""
     rng = np.random.default_rng(8)
@@ -197,10 +199,6 @@ def test_a_non_finite_input_stays_non_finite_as_in_numpy(filters, monkeypatch):
     np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))
     np.testing.assert_allclose(fast[np.isfinite(slow)], slow[np.isfinite(slow)], rtol=1e-5)
     assert np.isnan(fast).any() and not np.isfinite(fast[0]).all()
-
-
-#: the kernel sets, widest first; a CPU runs the first it has and every one after it
-SETS = ("avx512", "avx2", "baseline")
 
 
 def _kernel_outputs(rng) -> list[bytes]:
@@ -232,19 +230,32 @@ def _kernel_outputs(rng) -> list[bytes]:
         k.gemm(a, native.offsets((37, 300)), native.offsets((300, 1)), b, c, n)
         k.gemm(a, native.offsets((300, 1)), native.offsets((37, 300)), c, ct, n)
         w_nt, c_nt = rng.standard_normal((n, 40)).astype(np.float32), np.zeros((37, n), np.float32)
+        out += [c.tobytes(), ct.tobytes()]
         if n % 16 == 0:
             k.gemm_nt(a[:, :40].copy(), w_nt, c_nt, 37, n, 40)
-        out += [c.tobytes(), ct.tobytes(), c_nt.tobytes()]
+            out.append(c_nt.tobytes())
     conv = rng.standard_normal((4, 30, 16)).astype(np.float32)
     pooled, win = np.zeros((30, 16), np.float32), np.zeros((30, 16), np.uint8)
     k.pool_relu(conv, bias[:16].copy(), pooled, win, 30, 16)
     dconv = np.zeros_like(conv)
     k.unpool(pooled, win, dconv, 30, 16)
-    return [*out, pooled.tobytes(), win.tobytes(), dconv.tobytes()]
+    out += [pooled.tobytes(), win.tobytes(), dconv.tobytes()]
+    for c, mult in ((8, 1), (3, 2)):  # depthwise: the vectorised and the general loop
+        dims = (2, 9, 8, c, mult, 3, 3, 1, 1, 1, 1, 7, 6)
+        xp = rng.standard_normal((2, 9, 8, c)).astype(np.float32)
+        w = rng.standard_normal((3, 3, c, mult)).astype(np.float32)
+        z, dz = np.zeros((2, 7, 6, c * mult), np.float32), rng.standard_normal((2, 7, 6, c * mult))
+        k.depthwise_forward(xp, w, z, dims)
+        dw, dxp = np.zeros_like(w), np.zeros_like(xp)
+        k.depthwise_backward(xp, dz.astype(np.float32), w, dw, dxp, dims)
+        out += [z.tobytes(), dw.tobytes(), dxp.tobytes()]
+    acc = rng.standard_normal(1_003).astype(np.float32)
+    k.add_scale(acc, rng.standard_normal(1_003).astype(np.float32), 0.37)
+    return [*out, acc.tobytes()]
 
 
 @pytest.mark.parametrize("transposed", ["", "a", "b"])
-def test_the_gemm_is_numpys_product(transposed):
+def test_the_gemm_is_numpys_product(transposed, kernel_set):
     """The compiled GEMM's three forms against numpy's float64 product, at widths that fill its
     vectors and widths that leave a partial one, with rows left over from its 6-row tiles; bad
     shapes are refused, not read past."""
@@ -277,19 +288,24 @@ def test_the_gemm_is_numpys_product(transposed):
 
 def test_every_kernel_set_gives_the_same_bits():
     """Replicas on different CPUs must agree bit for bit: the AVX-512, AVX2+FMA and baseline
-    sets (fused multiply-adds by vfmadd or the C library's exact fmaf) give the same values."""
+    sets (fused multiply-adds by vfmadd or the C library's exact fmaf) give the same values,
+    every kernel (the depthwise ones and add_scale too), forced as RINGTRAIN_KERNELS forces."""
     here = native.kernels.isa()
-    assert here in SETS
-    sets = SETS[SETS.index(here) :]
+    sets = native.available()
+    assert here == native.WIDEST == sets[0] and len(sets) >= 2, sets
     results = {}
     try:
         for name in sets:
-            native.kernels.use(name)
+            native.force(name)
+            assert native.kernels.isa() == name
             results[name] = _kernel_outputs(np.random.default_rng(9))
     finally:
-        native.kernels.use(here)
+        native.force(here)
+    assert all(any(b) for b in results[here]), "every kernel wrote something"
     for name in sets[1:]:
-        assert results[name] == results[here], f"{name} differs from {here}"
+        pairs = zip(results[name], results[here], strict=True)
+        differ = [i for i, (a, b) in enumerate(pairs) if a != b]
+        assert not differ, f"{name} differs from {here} in outputs {differ}"
     with pytest.raises(ValueError, match="no kernel set"):
         native.kernels.use("sse9")
 
@@ -326,8 +342,8 @@ def test_the_finite_check_finds_every_inf_and_nan(n):
         a[1], a[2] = -0.0, np.finfo(np.float32).smallest_subnormal
     here = native.kernels.isa()
     try:
-        for name in SETS[SETS.index(here) :]:
-            native.kernels.use(name)
+        for name in native.available():
+            native.force(name)
             assert finite(a), name
             for bad in (np.inf, -np.inf, np.nan):
                 for at in {0, n // 2, n - 1}:
@@ -335,7 +351,7 @@ def test_the_finite_check_finds_every_inf_and_nan(n):
                     b[at] = bad
                     assert not finite(b), (name, bad, at)
     finally:
-        native.kernels.use(here)
+        native.force(here)
     assert finite(a.astype(np.float64))
     both = np.full(2 * n, np.inf, np.float32)
     both[::2] = a

@@ -189,10 +189,12 @@ def _float32_step(op, x, params, dout, gemm: bool, monkeypatch):
 
 @pytest.mark.parametrize("padding,strides,dilation", GEOMETRY)
 @pytest.mark.parametrize("rank", [1, 2, 3])
-def test_the_compiled_gemm_conv_matches_numpys(padding, strides, dilation, rank, rng, monkeypatch):
-    """The GEMM reads the (padded) input in place through offset tables and computes the input
-    gradient as a convolution of the output gradient; every geometry and rank against the
-    im2col + BLAS path in float32 (one rounding apart)."""
+def test_the_compiled_gemm_conv_matches_numpys(
+    padding, strides, dilation, rank, rng, monkeypatch, kernel_set
+):
+    """On each kernel set: the GEMM reads the (padded) input in place through offset tables and
+    computes the input gradient as a convolution of the output gradient; every geometry and
+    rank against the im2col + BLAS path in float32 (one rounding apart)."""
     shape = {1: (9, 3), 2: (7, 6, 2), 3: (5, 6, 5, 2)}[rank]
     op = Conv(shape, 5, (3,) * rank if rank != 2 else (3, 2), strides, padding, dilation, "relu")
     x = rng.normal(size=(3, *shape))
@@ -224,11 +226,11 @@ def _depthwise_f32(op, x, kernel, dout, use_native: bool, monkeypatch):
 @pytest.mark.parametrize("padding,strides,dilation", GEOMETRY)
 @pytest.mark.parametrize("channels,multiplier", [(8, 1), (3, 2)])
 def test_the_compiled_depthwise_matches_numpys(
-    padding, strides, dilation, channels, multiplier, rng, monkeypatch
+    padding, strides, dilation, channels, multiplier, rng, monkeypatch, kernel_set
 ):
-    """The compiled depthwise kernels (every output summed over its taps in registers, the
-    input gradient gathered per position) against the numpy passes in float32, every
-    geometry, the vectorised (8 channels) and the general (multiplier 2) loops."""
+    """On each kernel set: the compiled depthwise kernels (every output summed over its taps in
+    registers, the input gradient gathered per position) against the numpy passes in float32,
+    every geometry, the vectorised (8 channels) and the general (multiplier 2) loops."""
     op = Depthwise((9, 8, channels), 3, strides, padding, dilation, multiplier, use_bias=False)
     x = rng.normal(size=(3, *op.in_shape)).astype(np.float32)
     kernel = rng.normal(size=(3, 3, channels, multiplier)).astype(np.float32)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys, pytest
 from ringtrain_trainer.engine import native
-native.kernels.use(sys.argv[1])
+native.force(sys.argv[1])  # as RINGTRAIN_KERNELS forces it
 assert native.kernels.isa() == sys.argv[1], native.kernels.isa()
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[2], "-k", "same_bits"]))
 """

@@ -1,4 +1,5 @@
-"""The machine's matmul peak, the denominator of every "% of peak" the benches print.
+"""The machine's matmul peak, the denominator of every "% of peak" the benches print, and what
+the machine is (CPU model, kernel set), which every bench line carries.
 
 Why in a child process between timed blocks: OpenBLAS's threads spin for about 2^28 cycles
 (~0.1 s, its THREAD_TIMEOUT) after a multi-threaded call before they sleep. Measured in the
@@ -13,6 +14,7 @@ import contextlib
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -47,3 +49,28 @@ def isolated(seconds: float, threads: int | None) -> float:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
     )
     return float(out.stdout.split()[-1])
+
+
+def cpu_model() -> str:
+    """/proc/cpuinfo's model name: the same bench reads 3x apart on two 2-core machines."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU model unknown"
+
+
+def machine() -> dict:
+    """The CPU model and the engine's kernel set that ran (``native.describe``: forced by
+    ``RINGTRAIN_KERNELS`` or the widest), for a bench line: a ratio means little without both
+    (issue 39: AVX2-only and AVX-512 CPUs differ by up to 2x per model)."""
+    from ringtrain_trainer.engine import native
+
+    k = native.kernels
+    return {
+        "cpu_model": cpu_model(),
+        "kernels": k.isa() if k is not None else "numpy",
+        "kernels_described": native.describe(),
+    }

@@ -34,6 +34,7 @@ from ringtrain_bench import step_numerics, step_workers
 from ringtrain_bench.baseline_tf import TensorFlowSide
 from ringtrain_bench.baseline_torch import TorchSide
 from ringtrain_bench.ipu_side import IPUSide
+from ringtrain_trainer.engine import native
 from ringtrain_trainer.ipu.device import blas_limits, resolve_host_threads
 
 BASELINES = ("torch", "tensorflow")
@@ -169,6 +170,7 @@ def bench_one_worker(args) -> dict:
         "model": args.model,
         "batch_size": args.batch_size,
         "threads": threads,
+        **peak_mod.machine(),
         "steps": args.steps,
         "repeats": args.repeats,
         **ours,
@@ -220,6 +222,11 @@ def bench_one_worker(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:  # the edge: before any model compiles (a worker child's config checks it again)
+        native.force(os.environ.get(native.ENV, ""))
+    except InvalidSpec as e:
+        print(f"ringtrain bench step: {e}", file=sys.stderr)
+        return e.exit_code
     if args.child:
         print(json.dumps(step_workers.child(args)), flush=True)
         return 0

@@ -3,7 +3,9 @@
 The flags, their defaults and bounds are the option table of ``ringtrain.options`` (listed in
 docs/reference.md); the environment supplies TF_CONFIG, the ring token and the directory of the
 job's TLS material (``RINGTRAIN_TLS_DIR``, like ``RINGTRAIN_TOKEN_FILE`` a path into the mounted
-Secret, never the key itself). Nothing below this module reads ``os.environ`` or ``sys.argv``.
+Secret, never the key itself) and a forced kernel set (``RINGTRAIN_KERNELS``: checked here against
+this CPU, applied by the :class:`~ringtrain_trainer.worker.Trainer`). Nothing below this module
+reads ``os.environ`` or ``sys.argv``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from ringtrain import cluster, optiongen, options, pki
 from ringtrain.errors import InvalidSpec
 from ringtrain_trainer import elastic, trace
+from ringtrain_trainer.engine import native
 
 DEFAULT_TERMINATION_LOG = options.TERMINATION_LOG
 
@@ -33,6 +36,8 @@ class TrainerConfig(options.TrainerOptions):
     #: an elastic job's size file (:mod:`.elastic`) and what it held at start-up
     elastic_file: str | None = None
     elastic_size: str = ""
+    #: the kernel set ``RINGTRAIN_KERNELS`` forces (``engine.native.force``); "": the widest
+    kernels: str = ""
 
     def replace(self, **changes: Any) -> TrainerConfig:
         """A copy with ``changes`` by option name: ``dataclasses.replace``, through a signature
@@ -92,6 +97,7 @@ class TrainerConfig(options.TrainerOptions):
             tls=tls,
             elastic_file=env.get(elastic.ENV) or None,
             elastic_size=size.raw if size else "",
+            kernels=native.chosen(env.get(native.ENV, "")),
         )
 
 

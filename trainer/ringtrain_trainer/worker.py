@@ -30,7 +30,7 @@ from ringtrain_trainer.config import TrainerConfig
 from ringtrain_trainer.data import dataset as data_mod
 from ringtrain_trainer.data.feed import Feed
 from ringtrain_trainer.data.npz import fit_model
-from ringtrain_trainer.engine import plan
+from ringtrain_trainer.engine import native, plan
 from ringtrain_trainer.engine.multiloss import MultiLossSpec
 from ringtrain_trainer.engine.multiloss import labels_for as label_buffer
 from ringtrain_trainer.evaluator import clear_done, write_done
@@ -66,6 +66,7 @@ class Trainer(SharedEvaluation, Checkpointing):
         out: TextIO | None = None,
     ):
         self.cfg, self.collective = cfg, collective
+        native.force(cfg.kernels)  # before compiling: each op picks its kernel at bind
         self.rank, self.world = collective.rank, collective.size
         # the collective's rank, not ``cfg.cluster.is_chief``: under mpirun TF_CONFIG is empty
         # on every rank, and tests hand in collectives without one

@@ -8,8 +8,11 @@ no dependency beyond a C compiler and Python's headers.
 
 The kernels (``kernels.h``, ``gemm.h``, ``depthwise.h``) are compiled once per instruction set
 (AVX-512, AVX2 with FMA, the x86-64 baseline) and the widest this CPU has runs; every set gives
-the same bits. The GEMM runs a layer's product only where it beat OpenBLAS when measured
-(``GEMM_SETS``: AVX-512); elsewhere BLAS does. An op uses a kernel only where its arithmetic is
+the same bits. ``RINGTRAIN_KERNELS`` forces a narrower set this CPU also has (:func:`force`,
+applied once by the process's edge: the worker's config, ``ringtrain bench step``), so one
+AVX-512 machine measures and tests what an AVX2-only one runs (issue 39, decision 0218). The
+GEMM runs a layer's product only where it beat OpenBLAS when measured (``GEMM_SETS``:
+AVX-512); elsewhere BLAS does. An op uses a kernel only where its arithmetic is
 the kernel's (float32, the shapes it takes) and says so (``startup.kernels_line``); everything
 else runs the numpy path. Without the extension (a source tree never
 installed) every op runs numpy and :func:`describe` says why; the test suite asserts it is
@@ -25,6 +28,8 @@ from types import ModuleType
 
 import numpy as np
 
+from ringtrain.errors import InvalidSpec
+
 _loaded: ModuleType | None
 try:
     import ringtrain_trainer.engine._native as _loaded
@@ -32,6 +37,14 @@ except ImportError as e:  # pragma: no cover - a tree installed without building
     _loaded, _why = None, str(e)
 else:
     _why = ""
+
+#: the environment variable that forces a kernel set (:func:`force`)
+ENV = "RINGTRAIN_KERNELS"
+#: the kernel sets, widest first; a CPU runs the first it has and can run every one after it
+SETS = ("avx512", "avx2", "baseline")
+#: the set chosen at import (the widest this CPU has), before anything forced another
+WIDEST = _loaded.isa() if _loaded is not None else None
+_forced = False
 
 #: the compiled module, or None where it is not built
 kernels: ModuleType | None = _loaded
@@ -45,10 +58,48 @@ def loaded() -> ModuleType:
 
 
 def describe() -> str:
-    """``native C (avx512)`` (the set that runs), or why the numpy path runs."""
+    """``native C (avx512)`` (the set that runs; where :func:`force` chose it, the variable and
+    the widest this CPU has), or why the numpy path runs."""
     if kernels is None:
         return f"numpy only (the C extension is not built: {_why}; run hack/setup)"
+    if _forced:
+        return f"native C ({kernels.isa()}, forced by {ENV}; this CPU has {WIDEST})"
     return f"native C ({kernels.isa()})"
+
+
+def available() -> tuple[str, ...]:
+    """The kernel sets this CPU can run, widest first (none without the extension)."""
+    return SETS[SETS.index(WIDEST) :] if kernels is not None and WIDEST is not None else ()
+
+
+def chosen(name: str) -> str:
+    """``name`` (the value of ``RINGTRAIN_KERNELS``) as a kernel set this CPU runs, "" for
+    none; a set this CPU lacks (its instructions would kill the process) or an unknown name
+    is refused, naming the variable and the sets."""
+    name = name.strip().lower()
+    have = available()
+    if name and name not in have:
+        why = (
+            "the C extension is not built"
+            if kernels is None
+            else f"this CPU runs {', '.join(have)}"
+            if name in SETS
+            else f"the sets are {', '.join(SETS)}; this CPU runs {', '.join(have)}"
+        )
+        raise InvalidSpec(f"{ENV}={name}: not a kernel set this CPU can run ({why})")
+    return name
+
+
+def force(name: str) -> None:
+    """Run the kernel set ``name`` from now on, in this process; "" changes nothing. Why a
+    switch at all: each set gives the same bits but not the same speed, and the GEMM runs only
+    on the sets in ``GEMM_SETS``, so an AVX-512 machine must run what an AVX2 one does to
+    measure it. Call before compiling a model: an op chooses its kernel at ``bind``."""
+    global _forced
+    name = chosen(name)
+    if name:
+        loaded().use(name)
+        _forced = name != WIDEST
 
 
 @contextlib.contextmanager
