@@ -101,6 +101,9 @@ def test_hidden_seconds_clips_at_backward_and_removes_blocked_spans():
     assert hidden_seconds([(7, 9)], [(7, 8)], 6) == 0
     total = StepCommStats(1, 0.5, 0.1, 8, 0.2, 0.3) + StepCommStats(1, 0.5, 0.1, 8, 0.2, 0.3)
     assert total == StepCommStats(2, 1.0, 0.2, 16, 0.4, 0.6)
+    # field by field, each to its own (the bench sums one per step)
+    added = StepCommStats(1, 2, 3, 4, 5, 6) + StepCommStats(10, 20, 30, 40, 50, 60)
+    assert added == StepCommStats(11, 22, 33, 44, 55, 66)
 
 
 @pytest.mark.parametrize("argv, overlap", [([], True), (["--no-overlap-comm"], False)])

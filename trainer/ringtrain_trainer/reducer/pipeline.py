@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -61,7 +61,12 @@ class StepCommStats:
         return self.hidden_s / self.allreduce_s if self.allreduce_s > 0 else 0.0
 
     def __add__(self, other: StepCommStats) -> StepCommStats:
-        return StepCommStats(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        """Field by field. Not ``astuple``: it deep-copies every field, 13 µs per sum, which
+        ``bench step`` paid once per timed step, 4-7 % of a small zoo model's (issue 39)."""
+        return StepCommStats(*(getattr(self, n) + getattr(other, n) for n in _STAT_FIELDS))
+
+
+_STAT_FIELDS = tuple(f.name for f in fields(StepCommStats))
 
 
 def hidden_seconds(
