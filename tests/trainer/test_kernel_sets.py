@@ -39,7 +39,7 @@ def test_an_unknown_set_or_one_this_cpu_lacks_is_refused_naming_the_variable(res
 def test_the_config_reads_the_variable_once_and_the_trainer_runs_it(restored, monkeypatch):
     """Checked at the edge (an InvalidSpec before anything compiles), case and spaces aside;
     the worker states the forced set where it states the kernels, and the GEMM follows it
-    (AVX-512 only: ``GEMM_SETS``)."""
+    (a Dense's on AVX-512 only, ``GEMM_SETS``; a convolution's on AVX2 too, ``CONV_GEMM_SETS``)."""
     from ringtrain_bench.ipu_side import IPUSide
 
     assert TrainerConfig.from_args([], {}).kernels == ""
@@ -55,8 +55,10 @@ def test_the_config_reads_the_variable_once_and_the_trainer_runs_it(restored, mo
         finally:
             side.close()
         assert native.kernels.isa() == name
-        gemm[name] = native.gemm_runs(64, np.float32)
-    assert gemm == {"avx2": False, "avx512": True}
+        gemm[name] = native.gemm_runs(64, np.float32), native.gemm_runs(6, np.float32, conv=True)
+    native.force("baseline")
+    gemm["baseline"] = native.gemm_runs(64, np.float32), native.gemm_runs(6, np.float32, conv=True)
+    assert gemm == {"avx2": (False, True), "avx512": (True, True), "baseline": (False, False)}
     assert "native C (avx2, forced by RINGTRAIN_KERNELS; this CPU has avx512)" in lines["avx2"]
     assert "GEMM" not in lines["avx2"], lines["avx2"]
     assert lines["avx512"].startswith("compiled kernels: native C (avx512) for "), lines

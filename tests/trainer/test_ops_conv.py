@@ -173,7 +173,7 @@ def _float32_step(op, x, params, dout, gemm: bool, monkeypatch):
     from ringtrain_trainer.engine import native
 
     with monkeypatch.context() as m:  # on this CPU's set, whether or not it is the default
-        m.setattr(native, "GEMM_SETS", (native.kernels.isa(),) if gemm else ())
+        m.setattr(native, "CONV_GEMM_SETS", (native.kernels.isa(),) if gemm else ())
         ws = compile_op(op, x.shape[0], dtype=np.float32)
     assert ws["gemm"] is gemm
     p = {k: v.astype(np.float32) for k, v in params.items()}

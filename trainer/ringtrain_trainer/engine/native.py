@@ -11,8 +11,9 @@ The kernels (``kernels.h``, ``gemm.h``, ``depthwise.h``) are compiled once per i
 the same bits. ``RINGTRAIN_KERNELS`` forces a narrower set this CPU also has (:func:`force`,
 applied once by the process's edge: the worker's config, ``ringtrain bench step``), so one
 AVX-512 machine measures and tests what an AVX2-only one runs (issue 39, decision 0218). The
-GEMM runs a layer's product only where it beat OpenBLAS when measured (``GEMM_SETS``:
-AVX-512); elsewhere BLAS does. An op uses a kernel only where its arithmetic is
+GEMM runs a layer's product only where it beat OpenBLAS when measured: a Dense's on AVX-512
+(``GEMM_SETS``), a convolution's, which it reads in place with no im2col matrix, on AVX2 too
+(``CONV_GEMM_SETS``); elsewhere BLAS does. An op uses a kernel only where its arithmetic is
 the kernel's (float32, the shapes it takes) and says so (``startup.kernels_line``); everything
 else runs the numpy path. Without the extension (a source tree never
 installed) every op runs numpy and :func:`describe` says why; the test suite asserts it is
@@ -93,8 +94,9 @@ def chosen(name: str) -> str:
 def force(name: str) -> None:
     """Run the kernel set ``name`` from now on, in this process; "" changes nothing. Why a
     switch at all: each set gives the same bits but not the same speed, and the GEMM runs only
-    on the sets in ``GEMM_SETS``, so an AVX-512 machine must run what an AVX2 one does to
-    measure it. Call before compiling a model: an op chooses its kernel at ``bind``."""
+    on the sets in ``GEMM_SETS`` and ``CONV_GEMM_SETS``, so an AVX-512 machine must run what an
+    AVX2 one does to measure it. Call before compiling a model: an op chooses its kernel at
+    ``bind``."""
     global _forced
     name = chosen(name)
     if name:
@@ -120,17 +122,23 @@ def flushed_denormals() -> Iterator[None]:
 
 
 #: the kernel sets whose GEMM (``gemm.h``) beats OpenBLAS on the engine's narrow products,
-#: measured per set (README, decisions: "A GEMM of our own"); elsewhere BLAS runs them
+#: measured per set (decisions 0015, 0218); elsewhere BLAS runs them
 GEMM_SETS = ("avx512",)
+#: the sets whose GEMM beats im2col + BLAS on a convolution: reading the input in place saves
+#: writing and reading back a matrix k times the input, which outweighs AVX2's slower product
+#: (1.2-3.2x per conv of the zoo's shapes, even at 13x13x32 -> 64; a Dense's product alone
+#: is 0.6-0.9x BLAS's there: decision 0218)
+CONV_GEMM_SETS = ("avx512", "avx2")
 #: the widest output the GEMM takes for a layer: its whole row of C stays in registers
 GEMM_MAX_WIDTH = 64
 
 
-def gemm_runs(width: int, dtype: np.dtype) -> bool:
-    """Whether a float32 product ``(M x K) @ (K x width)`` runs the compiled GEMM here."""
+def gemm_runs(width: int, dtype: np.dtype, conv: bool = False) -> bool:
+    """Whether a float32 product ``(M x K) @ (K x width)`` runs the compiled GEMM here;
+    ``conv``: a convolution's, its input read in place (:data:`CONV_GEMM_SETS`)."""
     return (
         kernels is not None
-        and kernels.isa() in GEMM_SETS
+        and kernels.isa() in (CONV_GEMM_SETS if conv else GEMM_SETS)
         and 0 < width <= GEMM_MAX_WIDTH
         and np.dtype(dtype) == np.float32
     )

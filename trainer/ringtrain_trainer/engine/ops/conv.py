@@ -154,7 +154,9 @@ class Conv(Window, Op):
             ws["dx"] = self.inner(ws["dxp"]).reshape(b, *self.in_shape)
         #: the compiled GEMM reads the (padded) input in place through offset tables: no
         #: im2col matrix is written (engine.native, gemm.h); one chunk, whole batch
-        ws["gemm"] = self.allow_gemm and c == b and native.gemm_runs(self.cout, ws["out"].dtype)
+        ws["gemm"] = (
+            self.allow_gemm and c == b and native.gemm_runs(self.cout, ws["out"].dtype, conv=True)
+        )
         if ws["gemm"]:
             sp = self.padded[:-1] if "xp" in ws else self.sp
             st = [math.prod(sp[a + 1 :]) * self.cin for a in range(len(sp))]
