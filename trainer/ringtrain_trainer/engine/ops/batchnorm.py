@@ -13,6 +13,12 @@ view: numpy's axis reductions run an inner loop of ``c`` floats (4 in the zoo's 
 were 25 % of its step (py-spy, issue 24). Backward is fused: ``backward_local`` forms the two
 sums both halves need (``Σ dy``, ``Σ dy·x̂``) once; the input gradient is then
 ``dy·a + x̂·b + c`` with per-channel ``a, b, c``.
+
+Few channels: numpy broadcasts a ``(c,)`` vector over ``(rows, c)`` with an inner loop of ``c``
+elements, so with 4 channels each elementwise pass ran ~9,000 inner loops for 37k values, and BN
+was half of the zoo's BN CNN's step (issue 39). Every broadcast pass runs instead on the
+``(rows / k, k·c)`` view with the vector tiled ``k`` times (``k·c`` about :data:`FOLD_WIDTH`,
+``k`` dividing ``rows``): the same operations on the same elements, so the same bits.
 """
 
 from __future__ import annotations
@@ -24,6 +30,16 @@ import numpy as np
 
 from ringtrain_trainer.engine.op import Op
 from ringtrain_trainer.engine.tensor import gamma_beta
+
+#: the row width broadcast passes aim for (numpy's inner loop): k * c <= this
+FOLD_WIDTH = 256
+
+
+def fold(rows: int, c: int, width: int | None = None) -> int:
+    """The largest ``k`` dividing ``rows`` with ``k * c <= width`` (default
+    :data:`FOLD_WIDTH`; 1: no fold)."""
+    width = FOLD_WIDTH if width is None else width
+    return max(k for k in range(1, max(1, width // c) + 1) if rows % k == 0)
 
 
 class BatchNorm(Op):
@@ -44,7 +60,10 @@ class BatchNorm(Op):
 
     def buffers(self, b, train, need_dx):
         shape = (b, *self.out_shape)
+        wide = fold(b * math.prod(shape[1:-1]), self.c) * self.c
         bufs = {"out": (shape, "f"), "inv": ((self.c,), "f"), "mean": ((self.c,), "f")}
+        #: the per-channel vectors tiled to the folded row: mean, inv, gamma, beta, a, b, c
+        bufs["tiled"] = ((7, wide), "f")
         if train:
             bufs.update(
                 {
@@ -67,6 +86,19 @@ class BatchNorm(Op):
     def bind(self, ws: dict[str, Any], b):
         if "ones" in ws:
             ws["ones"].fill(1)
+        # from this batch's rows, within the planned width (a program may bind a smaller batch)
+        ws["rows"] = rows = b * math.prod(self.out_shape[:-1])
+        ws["k"] = fold(rows, self.c, ws["tiled"].shape[1])
+
+    def _wide(self, ws: dict[str, Any], a):
+        """``a`` (any shape, ``rows * c`` values) as the folded ``(rows / k, k * c)`` view."""
+        return a.reshape(ws["rows"] // ws["k"], ws["k"] * self.c)
+
+    def _tiled(self, ws: dict[str, Any], i: int, vec):
+        """Row ``i`` of the tiled vectors, ``vec`` (``(c,)``) repeated ``k`` times."""
+        t = ws["tiled"][i, : ws["k"] * self.c]
+        np.copyto(t.reshape(ws["k"], self.c), vec)
+        return t
 
     def _mean(self, ws: dict[str, Any], a, out):
         """``out = a``'s mean over every axis but the channels, as one product."""
@@ -76,10 +108,11 @@ class BatchNorm(Op):
 
     def forward(self, ws: dict[str, Any], x, gamma=None, beta=None):
         out, inv, mean = ws["out"], ws["inv"], ws["mean"]
+        wo, wx = self._wide(ws, out), self._wide(ws, x)
         if "xhat" in ws:
             var = ws["var"]
             self._mean(ws, x, mean)
-            np.subtract(x, mean, out=out)
+            np.subtract(wx, self._tiled(ws, 0, mean), out=wo)
             xc = ws["xhat"]
             np.multiply(out, out, out=xc)
             self._mean(ws, xc, var)
@@ -91,17 +124,17 @@ class BatchNorm(Op):
             np.add(var, self.eps, out=inv)
         else:
             np.copyto(mean, ws["moving_mean"])
-            np.subtract(x, mean, out=out)
+            np.subtract(wx, self._tiled(ws, 0, mean), out=wo)
             np.add(ws["moving_variance"], self.eps, out=inv)
         np.sqrt(inv, out=inv)
         np.reciprocal(inv, out=inv)
-        np.multiply(out, inv, out=out)
+        np.multiply(wo, self._tiled(ws, 1, inv), out=wo)
         if "xhat" in ws:
             np.copyto(ws["xhat"], out)
         if gamma is not None:
-            np.multiply(out, gamma, out=out)
+            np.multiply(wo, self._tiled(ws, 2, gamma), out=wo)
         if beta is not None:
-            np.add(out, beta, out=out)
+            np.add(wo, self._tiled(ws, 3, beta), out=wo)
         return out
 
     def backward_local(self, ws: dict[str, Any], dout):
@@ -118,9 +151,10 @@ class BatchNorm(Op):
         """The input gradient of the inference-mode forward (``engine.ops.frozen``): the
         moving statistics are constants, so ``dx = dy * gamma / sqrt(moving_var + eps)``."""
         dx = ws["dx"]
-        np.multiply(dout.reshape(dx.shape), ws["inv"], out=dx)
+        wdx = self._wide(ws, dx)
+        np.multiply(self._wide(ws, dout), self._tiled(ws, 1, ws["inv"]), out=wdx)
         if gamma is not None:
-            np.multiply(dx, gamma, out=dx)
+            np.multiply(wdx, self._tiled(ws, 2, gamma), out=wdx)
         return dx
 
     def backward_input(self, ws: dict[str, Any], dout, gamma=None, beta=None):
@@ -134,8 +168,9 @@ class BatchNorm(Op):
         np.divide(a, -n, out=c)
         np.multiply(c, ws["s2"], out=b)
         np.multiply(c, ws["s1"], out=c)
-        np.multiply(dout.reshape(dx.shape), a, out=dx)
-        np.multiply(xhat, b, out=tmp)
-        np.add(dx, tmp, out=dx)
-        np.add(dx, c, out=dx)
+        wdx, wtmp = self._wide(ws, dx), self._wide(ws, tmp)
+        np.multiply(self._wide(ws, dout), self._tiled(ws, 4, a), out=wdx)
+        np.multiply(self._wide(ws, xhat), self._tiled(ws, 5, b), out=wtmp)
+        np.add(wdx, wtmp, out=wdx)
+        np.add(wdx, self._tiled(ws, 6, c), out=wdx)
         return dx
