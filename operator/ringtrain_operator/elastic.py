@@ -41,6 +41,9 @@ __all__ = [
 ]
 
 _BATCH = f"spec.trainer.{options.BY_NAME['batch_size'].crd}"
+#: spec.elasticPolicy.shrinkAfterSeconds when absent: a lost worker's grace before the job goes
+#: on without it
+SHRINK_AFTER_S = 60
 
 
 def sizes_that_work(global_batch: int, sizes: range, per_worker_divisor: int) -> list[int]:
@@ -104,7 +107,8 @@ def policy(
             f"Narrow [minReplicas, maxReplicas] to them, or make the global batch {suggest}, "
             "which every size divides"
         )
-    return ElasticPolicy(lo, hi, raw.get("maxRestarts"), global_batch)
+    shrink = int(raw.get("shrinkAfterSeconds", SHRINK_AFTER_S))
+    return ElasticPolicy(lo, hi, raw.get("maxRestarts"), global_batch, shrink)
 
 
 def _counts(ns: list[int]) -> str:
@@ -219,6 +223,9 @@ def running_at(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
             f"spec.trainer.batchSize: {written} is not applied to a running elastic job; it "
             f"keeps the global batch {g} of its creation (a worker's batch is {g} / workers)"
         )
+    shrunk = rec.get("shrunkTo")  # a worker lost: the job goes on with fewer (``.resizing``)
+    if isinstance(shrunk, int) and lo <= shrunk < asked:
+        asked = shrunk
     if not why:
         return resized(obj, ElasticPolicy(lo, hi, raw.get("maxRestarts"), g), asked), note
     lo, hi = int(rec.get("minReplicas", current)), int(rec.get("maxReplicas", current))

@@ -96,6 +96,8 @@ class ElasticPolicy:
     max_restarts: int | None
     #: examples per optimizer step over the whole ring: batchSize x K x Worker.replicas
     global_batch: int
+    #: seconds a worker may be lost before the job goes on without it (shrinkAfterSeconds)
+    shrink_after_s: int = 60
     #: why an edit of the running job's count or bounds is not applied ("" when none is)
     refused: str = ""
 

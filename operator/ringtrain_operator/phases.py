@@ -90,7 +90,8 @@ def _suspended(f: Fold, job: Job, seen: Seen) -> bool:
 
 def _old_pods(f: Fold, job: Job, seen: Seen) -> bool:
     """Pods of replicas scaled down go. (No gang is ever deleted to restart: see the module.)"""
-    f.delete += [p.name for p in seen.live if p.name not in seen.desired]
+    keep = resizing.kept(f, job)  # an elastic job's lost worker, pending its node
+    f.delete += [p.name for p in seen.live if p.name not in seen.desired and p.name not in keep]
     return False
 
 

@@ -88,8 +88,17 @@ def forget_spec(namespace: str, name: str) -> None:
 
 
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict:
-    """A JSON merge patch turning ``old`` into ``new`` at the top level (None deletes a key)."""
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    """A JSON merge patch (RFC 7386) turning ``old`` into ``new``: an object is patched key by
+    key, so a key gone from a nested object (``elastic.resizing``, ``progress.waitingFor``) is
+    removed with null — the API server merges nested objects, and would keep it otherwise."""
+    patch: dict[str, Any] = {}
+    for k, v in new.items():
+        was = old.get(k)
+        if isinstance(v, Mapping) and isinstance(was, Mapping):
+            if sub := status_patch(was, v):
+                patch[k] = sub
+        elif was != v or k not in old:
+            patch[k] = v
     patch.update({k: None for k in old if k not in new})
     return patch
 

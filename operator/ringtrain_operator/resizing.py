@@ -19,6 +19,8 @@ from .status import CREATED, RESTARTING, RUNNING, Fold, Seen, format_time, parse
 REASON_RESIZING = "Resizing"
 REASON_RESIZED = "Resized"
 REASON_REFUSED = "ElasticEditRefused"
+REASON_LOST = "WorkerLost"
+REASON_RETURNED = "WorkerReturned"
 
 
 def phase(f: Fold, job: Job, seen: Seen) -> bool:
@@ -37,6 +39,9 @@ def phase(f: Fold, job: Job, seen: Seen) -> bool:
     else:
         rec.pop("refused", None)
     n = worker.replicas
+    _losses(f, job, seen, rec)
+    if rec.get("growing") != n:
+        rec.pop("growing", None)
     if rec.get("workers") != n and f.state in (CREATED, RUNNING, RESTARTING):
         before = rec.get("workers")
         rec.update(workers=n, resizing={"from": before, "to": n, "since": format_time(f.now)})
@@ -53,6 +58,68 @@ def phase(f: Fold, job: Job, seen: Seen) -> bool:
     _patch_sizes(f, job, seen)
     _done(f, rec)
     return False
+
+
+def kept(f: Fold, job: Job) -> set[str]:
+    """Pods beyond the count that stay: while the job goes on without a lost worker, that
+    worker's pod (pending its node), whose running is what grows the job back."""
+    rec = f.status.get(elastic.STATUS_KEY) or {}
+    worker = job.replica("worker")
+    if worker is None or rec.get("shrunkTo", rec.get("growing")) != worker.replicas:
+        return set()
+    return {job.pod_name("worker", worker.replicas)}
+
+
+def _losses(f: Fold, job: Job, seen: Seen, rec: dict) -> None:
+    """Shrink on loss (issue 38): a worker after worker 0 whose pod has not been running and
+    ready for ``shrinkAfterSeconds`` while the job runs → the job goes on with the workers
+    before it (``status.elastic.shrunkTo``, which :func:`.elastic.running_at` reads), down to
+    minReplicas; that worker's pod is kept (:func:`kept`) and, once it runs, the job grows back
+    to its count."""
+    e, worker = job.elastic, job.replica("worker")
+    assert e is not None and worker is not None
+    n, live = worker.replicas, {p.name: p for p in seen.live}
+    shrunk = rec.get("shrunkTo")
+    if shrunk == n:
+        back = live.get(job.pod_name("worker", n))
+        if back is None or back.phase == "Running":
+            rec["growing"] = rec.pop("shrunkTo")  # kept until the job is at its count again
+            f.emit(
+                False,
+                REASON_RETURNED,
+                f"worker {n} is running again: the job grows back to its count",
+            )
+        return
+    if f.state not in (RUNNING, RESTARTING):
+        rec.pop("lost", None)  # a job starting waits for its pods
+        return
+    lost = rec.setdefault("lost", {})
+    for i in range(1, n):
+        name = job.pod_name("worker", i)
+        p = live.get(name)
+        if p is not None and p.phase == "Running" and p.ready:
+            lost.pop(name, None)
+        else:
+            lost.setdefault(name, format_time(f.now))
+    if not lost:
+        rec.pop("lost")
+        return
+    waited = {name: (f.now - parse_time(since)).total_seconds() for name, since in lost.items()}
+    over = sorted(int(n.rsplit("-", 1)[1]) for n, s in waited.items() if s >= e.shrink_after_s)
+    if not over:
+        f.requeue.append(max(1.0, e.shrink_after_s - max(waited.values())))
+    elif e.min_replicas <= over[0] < n:  # below minReplicas the job waits for it, as any job
+        k = over[0]
+        rec["shrunkTo"] = k
+        rec.pop("lost")
+        f.emit(
+            True,
+            REASON_LOST,
+            f"{job.pod_name('worker', k)} has not been running for {e.shrink_after_s} s "
+            f"(spec.elasticPolicy.shrinkAfterSeconds): the job goes on with {k} worker"
+            f"{'s' if k > 1 else ''} until it runs again",
+        )
+        f.requeue.append(LOOK_AGAIN_S)
 
 
 def _patch_sizes(f: Fold, job: Job, seen: Seen) -> None:

@@ -30,18 +30,20 @@ GLOBAL_BATCH = 240
 RTOL, ATOL = 1e-4, 3e-5
 
 
-def elastic_job(image: str, checkpoints: Path | None) -> dict:
+def elastic_job(
+    image: str, checkpoints: Path | None, name: str = "elastic", steps: int = STEPS
+) -> dict:
     """examples/elastic-mnist.yaml on the cluster: 1–3 workers, the global batch 240."""
     job = training_job(
-        "elastic",
+        name,
         image,
         replicas=2,
-        steps=STEPS,
+        steps=steps,
         batchSize=GLOBAL_BATCH // 2,
         optimizer="sgd",
         learningRate=0.01,
         seed=7,
-        checkpoint={"everySteps": STEPS - 1},
+        checkpoint={"everySteps": steps - 1},
     )
     job["spec"]["elasticPolicy"] = {"minReplicas": 1, "maxReplicas": 3}
     if checkpoints is not None:
@@ -161,3 +163,87 @@ def test_a_job_patched_2_3_2_succeeds_with_the_unresized_model_and_keeps_its_pod
     assert not bad.any(), f"{bad.sum()} weights differ, max |diff| {np.abs(got - want).max():.3g}"
     one_less = params(tmp_path / "unresized" / "checkpoints", STEPS - 1)
     assert not np.isclose(got, one_less, rtol=RTOL, atol=ATOL).all()
+
+
+def ready_pods(kubectl, namespace: str, name: str, n: int) -> dict[str, dict] | None:
+    """The job's pods by name once there are ``n``, each Running and Ready."""
+    pods = {
+        p["metadata"]["name"]: p for p in job_pods(kubectl, namespace, name, include_deleting=False)
+    }
+    ok = len(pods) == n and all(
+        p["status"].get("phase") == "Running"
+        and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in p["status"].get("conditions", [])
+        )
+        for p in pods.values()
+    )
+    return pods if ok else None
+
+
+@pytest.mark.timeout(900)
+def test_a_worker_lost_past_the_grace_shrinks_the_job_which_grows_back_when_it_runs_again(
+    kubectl, namespace, operator, project_image
+):
+    """Capacity lost as a single-node cluster can lose it: the node cordoned and worker 1's pod
+    deleted, so its replacement cannot be scheduled (a node lost for good looks the same to
+    the job: its pod pending). With minReplicas 1 and shrinkAfterSeconds 10 the job goes on
+    with worker 0 alone (its ring re-formed at 1 in its container); uncordoned, the pending pod
+    runs and the job grows back to 2; Succeeded, worker 0's pod never recreated."""
+    name, steps = "shrink", 12000  # one worker trains ~100 steps/s here
+    job = elastic_job(project_image, None, name, steps)
+    job["spec"]["elasticPolicy"]["shrinkAfterSeconds"] = 10
+    job["spec"]["trainer"]["checkpoint"]["everySteps"] = 50  # a lost worker breaks the ring
+    node = kubectl.json("get", "nodes", "-l", "!ringtrain.io/witness")["items"][0]["metadata"][
+        "name"
+    ]
+    kubectl.apply(job, namespace)
+
+    def story() -> str:
+        return job_story(kubectl, namespace, name, operator.tail)
+
+    def elastic_status() -> dict:
+        st = (get_job(kubectl, namespace, name) or {}).get("status") or {}
+        if st.get("state") in ("Succeeded", "Failed"):
+            pytest.fail(f"the job ended while a resize was awaited\n{story()}")
+        return st.get("elastic") or {}
+
+    def resized_to(n: int, count: int) -> dict:
+        def check():
+            e = elastic_status()
+            return e if e.get("resizes") == count and e["lastResize"]["to"] == n else None
+
+        return wait_for(f"the job at {n} workers", check, 300, story)
+
+    first = wait_for(
+        "both workers ready", lambda: ready_pods(kubectl, namespace, name, 2), 300, story
+    )
+    chief = f"{name}-worker-0"
+
+    def step() -> int:
+        st = (get_job(kubectl, namespace, name) or {}).get("status") or {}
+        return (st.get("progress") or {}).get("step") or 0
+
+    # past the first checkpoint (every 50 steps): worker 0 resumes from one
+    wait_for("step 100", lambda: step() >= 100, 300, story)
+    try:
+        kubectl("cordon", node)
+        kubectl("delete", "pod", f"{name}-worker-1", "-n", namespace, "--grace-period=0", "--force")
+        shrunk = resized_to(1, 1)
+        assert shrunk["shrunkTo"] == 1
+    finally:
+        kubectl("uncordon", node)
+    grown = resized_to(2, 2)
+    done = wait_state(kubectl, namespace, name, "Succeeded", 600, operator.tail)
+    assert done["status"]["progress"]["step"] == steps
+    after = {p["metadata"]["name"]: p for p in job_pods(kubectl, namespace, name)}
+    assert after[chief]["metadata"]["uid"] == first[chief]["metadata"]["uid"]
+    assert after[chief]["status"]["containerStatuses"][0]["restartCount"] == 0, kubectl(
+        "logs", chief, "-n", namespace, "--previous", "--tail", "60", check=False
+    ).stdout + json.dumps(after[chief]["status"]["containerStatuses"][0])
+    events = kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+    reasons = [e["reason"] for e in json.loads(events)["items"]]
+    assert "WorkerLost" in reasons and "WorkerReturned" in reasons, reasons
+    for r in (shrunk["lastResize"], grown["lastResize"]):
+        print(json.dumps({"where": "cluster, worker lost then back, operator's view", **r}))
+    assert 0 < shrunk["lastResize"]["step"] < grown["lastResize"]["step"] < steps

@@ -45,12 +45,7 @@ class FakeKube:
 
     def patch_status(self, namespace: str, name: str, patch: dict) -> None:
         self.calls.append(("patch", "status"))
-        st = self.job.setdefault("status", {})
-        for k, v in patch.items():
-            if v is None:
-                st.pop(k, None)
-            else:
-                st[k] = copy.deepcopy(v)
+        merge_patch(self.job.setdefault("status", {}), patch)
 
     def delete_job(self, namespace: str, name: str) -> None:
         self.calls.append(("delete", "TrainingJob"))
@@ -76,3 +71,14 @@ class FakeKube:
         cs["restartCount"] = self.restarts.get(name, 0) + 1
         self.restarts[name] = cs["restartCount"]
         cs["lastState"] = {"terminated": {"exitCode": exit_code, "reason": "Error"}}
+
+
+def merge_patch(target: dict, patch: dict) -> None:
+    """RFC 7386 as the API server applies it: objects merged key by key, null removes."""
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+            merge_patch(target[k], v)
+        else:
+            target[k] = copy.deepcopy(v)

@@ -168,3 +168,47 @@ def test_a_refused_edit_is_said_once_and_nothing_moves():
     assert d.annotate == () and d.create == () and d.delete == ()
     d2 = derive_status(j, pods, T0, d.status)
     assert resizing.REASON_REFUSED not in reasons(d2)
+
+
+def test_a_worker_lost_past_the_grace_shrinks_the_job_which_grows_back_when_it_runs():
+    running = admitted(BASE)  # 2 workers, minReplicas 1, shrinkAfterSeconds 60 by default
+    j2 = load_spec(elastic.running_at(running)[0])
+    assert j2.elastic.shrink_after_s == elastic.SHRINK_AFTER_S == 60
+    chief = worker(j2, 0, live={"step": 50, "ring_size": 2})
+    pending = worker(j2, 1, phase="Pending", ready=False)
+    d = derive_status(j2, [chief, pending], T0, running["status"])
+    assert d.status["elastic"]["lost"] == {pending.name: "2024-05-01T12:00:00Z"}
+    assert "shrunkTo" not in d.status["elastic"] and d.requeue_after_s == 60
+    d = derive_status(j2, [chief, pending], T0 + timedelta(seconds=59), d.status)
+    assert "shrunkTo" not in d.status["elastic"] and d.requeue_after_s == 1
+    d = derive_status(j2, [chief, pending], T0 + timedelta(seconds=60), d.status)
+    assert d.status["elastic"]["shrunkTo"] == 1 and "lost" not in d.status["elastic"]
+    assert [e.reason for e in d.events if e.type == "Warning"] == [resizing.REASON_LOST]
+
+    # the job at 1: worker 0 re-sized, the lost worker's pod kept (pending its node)
+    j1 = load_spec(elastic.running_at({**running, "status": d.status})[0])
+    assert (j1.replica("worker").replicas, j1.trainer.batch_size) == (1, 240)
+    d = derive_status(j1, [chief, pending], T0 + timedelta(seconds=61), d.status)
+    assert "Resizing" in reasons(d) and d.delete == () and d.create == ()
+    assert dict(d.annotate) == {chief.name: size_of(j1, 0)}
+
+    # its pod runs again: the job grows back to 2
+    back, chief = worker(j2, 1), worker(j1, 0, live={"step": 80, "ring_size": 1})
+    d = derive_status(j1, [chief, back], T0 + timedelta(seconds=90), d.status)
+    assert resizing.REASON_RETURNED in reasons(d) and "shrunkTo" not in d.status["elastic"]
+    assert d.delete == ()  # the pod that came back is kept while the job grows back to it
+    j2again = load_spec(elastic.running_at({**running, "status": d.status})[0])
+    assert j2again.replica("worker").replicas == 2
+    d = derive_status(j2again, [chief, back], T0 + timedelta(seconds=91), d.status)
+    assert d.status["elastic"]["resizing"]["to"] == 2 and "growing" not in d.status["elastic"]
+    assert dict(d.annotate) == {chief.name: size_of(j2again, 0)}
+
+
+def test_below_min_replicas_a_lost_worker_is_waited_for_as_in_any_job():
+    obj = elastic_obj(workers=2, batch=120, minReplicas=2, maxReplicas=3, shrinkAfterSeconds=5)
+    running = admitted(obj)
+    j = load_spec(elastic.running_at(running)[0])
+    pods = [worker(j, 0), worker(j, 1, phase="Pending", ready=False)]
+    d = derive_status(j, pods, T0, running["status"])
+    d = derive_status(j, pods, T0 + timedelta(seconds=30), d.status)
+    assert "shrunkTo" not in d.status["elastic"] and resizing.REASON_LOST not in reasons(d)

@@ -157,6 +157,22 @@ def test_status_patch_sets_changed_keys_and_removes_missing_ones():
     assert status_patch({"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5}) == {"b": 5, "c": None}
 
 
+def test_status_patch_removes_a_key_gone_from_a_nested_object():
+    """The API server merges nested objects (RFC 7386): a key dropped from one is sent as null,
+    else it would stay (an elastic job's finished resize, a chief's stale waitingFor)."""
+    old = {"elastic": {"workers": 3, "resizing": {"to": 3}}, "progress": {"waitingFor": ["w"]}}
+    new = {"elastic": {"workers": 3, "resizes": 1}, "progress": {"step": 4}}
+    patch = status_patch(old, new)
+    assert patch == {
+        "elastic": {"resizing": None, "resizes": 1},
+        "progress": {"step": 4, "waitingFor": None},
+    }
+    from fake_kube import merge_patch
+
+    merge_patch(old, patch)
+    assert old == new
+
+
 def test_an_unsupported_inline_keras_model_fails_the_job_with_an_event_naming_the_layer():
     obj = job_obj(workers=2)
     obj["spec"]["trainer"]["model"] = {

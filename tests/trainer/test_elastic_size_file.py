@@ -51,7 +51,8 @@ def test_a_change_stops_the_ring_and_says_the_new_size(tmp_path):
     f = tmp_path / "size.json"
     started = write(f, 2)
     stop = threading.Event()
-    w = elastic.Watcher(str(f), started, stop)
+    w = elastic.Watcher(str(f), started)
+    w.attach(stop)
     try:
         assert not stop.wait(3 * elastic.POLL_S)  # the same content is no change
         write(f, 3)
@@ -66,7 +67,7 @@ def test_a_change_stops_the_ring_and_says_the_new_size(tmp_path):
 def test_after_a_stop_it_did_not_ask_for_a_worker_waits_for_its_file_a_signalled_one_not(tmp_path):
     f = tmp_path / "size.json"
     started = write(f, 2)
-    w = elastic.Watcher(str(f), started, threading.Event())
+    w = elastic.Watcher(str(f), started)
     try:
         assert w.after_stop(signalled=True) is None  # told to stop: no waiting
         assert w.after_stop(signalled=False, settle_s=2 * elastic.POLL_S) is None  # no change
@@ -80,7 +81,7 @@ def test_after_a_stop_it_did_not_ask_for_a_worker_waits_for_its_file_a_signalled
 def test_a_reexecuted_worker_reads_what_it_was_told():
     r = elastic.Resized.from_env({elastic.RESIZED_ENV: "2,3,84,100.5"})
     assert r == elastic.Resized(2, 3, 84, 100.5)
-    assert r.event(103.0) == {
+    assert r.event(103.0, 84) == {
         "event": "resized",
         "from": 2,
         "to": 3,

@@ -35,8 +35,9 @@ RESIZED_ENV = "RINGTRAIN_RESIZED"
 MAX_BYTES = 1 << 20
 POLL_S = 0.2
 #: a stop the ring agreed on that this worker did not ask for, with the file unchanged yet: how
-#: long to wait for the change before taking it for an ordinary stop (a peer's pod deleted)
-SETTLE_S = 10.0
+#: long to wait for the change (the kubelet updates it within 0.3 s, measured) before taking it
+#: for a peer's pod gone, whose return, or the job's new size, is waited for in a rejoin
+SETTLE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -74,19 +75,29 @@ def read(path: str) -> Size:
 
 
 class Watcher:
-    """Reads the file every :data:`POLL_S` in a daemon thread; the first change that parses is
-    kept (:attr:`changed`) and sets ``stop_requested``. A file that cannot be read for a moment
-    (the kubelet swaps it atomically, but a node can hiccup) is no change."""
+    """Reads the file every :data:`POLL_S` in a daemon thread from before the ring forms; the
+    first change that parses is kept (:attr:`changed`), sets :attr:`found` (the rendezvous gives
+    up on it: ``ring.rendezvous``) and, once a trainer is attached, its ``stop_requested``. A
+    file that cannot be read for a moment (the kubelet swaps it atomically, but a node can
+    hiccup) is no change."""
 
-    def __init__(self, path: str, started: str, stop_requested: threading.Event):
+    def __init__(self, path: str, started: str):
         self.path, self.started = path, started
-        self.stop_requested = stop_requested
         self.changed: Size | None = None
         self.seen_at = 0.0
-        self._found = threading.Event()
+        self.found = threading.Event()
+        self._stop: threading.Event | None = None
+        self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="elastic-watch", daemon=True)
         self._thread.start()
+
+    def attach(self, stop_requested: threading.Event) -> None:
+        """A change stops the trainer's ring after its current step (at once if seen already)."""
+        with self._lock:
+            self._stop = stop_requested
+            if self.changed is not None:
+                stop_requested.set()
 
     def _run(self) -> None:
         while not self._closed.wait(POLL_S):
@@ -95,9 +106,11 @@ class Watcher:
             except InvalidSpec:
                 continue
             if size.raw != self.started:
-                self.changed, self.seen_at = size, time.time()
-                self._found.set()
-                self.stop_requested.set()
+                with self._lock:
+                    self.changed, self.seen_at = size, time.time()
+                    self.found.set()
+                    if self._stop is not None:
+                        self._stop.set()
                 return
 
     def after_stop(self, signalled: bool, settle_s: float = SETTLE_S) -> Size | None:
@@ -105,7 +118,7 @@ class Watcher:
         that was signalled itself is stopping for good; one that was not may have stopped on a
         peer's vote before its own file changed: it waits up to ``settle_s`` for the change."""
         if self.changed is None and not signalled:
-            self._found.wait(settle_s)
+            self.found.wait(settle_s)
         return self.changed
 
     def close(self) -> None:
@@ -145,12 +158,13 @@ class Resized:
         except ValueError:
             return None
 
-    def event(self, ring_at: float) -> dict:
-        """The ``resized`` line the chief prints once the new ring has formed."""
+    def event(self, ring_at: float, step: int) -> dict:
+        """The ``resized`` line the chief prints once the new ring has formed and restored
+        ``step`` (the stop step; after a ring broken by a lost worker, its last checkpoint's)."""
         return {
             "event": "resized",
             "from": self.before,
             "to": self.after,
-            "step": self.step,
+            "step": step,
             "ring_formed_s": round(ring_at - self.seen_at, 3),
         }

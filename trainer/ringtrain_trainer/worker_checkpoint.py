@@ -59,6 +59,9 @@ class Checkpointing:
     numerics: numerics.Numerics
     last_checkpoint: str | None
     _output_losses: Callable[[], events.Values | None]
+    #: told the step training goes on from once the state is restored (an elastic job's
+    #: re-formed chief reports its resize with it: ``worker_main``)
+    on_restored: Callable[[int], None] | None = None
 
     def _restore(self) -> None:
         """Rank 0 resumes from the newest good checkpoint and broadcasts its state, so only the
@@ -103,6 +106,8 @@ class Checkpointing:
             ls.scale, ls.counter = float(counters[4]), int(counters[5])
             self.step, self.optimizer.iterations = step, iters
             self.position = data_mod.Position(epoch, batch, self.sharder.global_batch)
+        if self.on_restored is not None:
+            self.on_restored(self.step)
 
     def _fits(self, state: TrainingState) -> None:
         """A CheckpointError naming the file unless ``state`` (intact: its checksum held)

@@ -47,12 +47,17 @@ from ringtrain_trainer.telemetry.termlog import (
 from ringtrain_trainer.worker import Trainer
 
 
-def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collective:
+def connect(
+    cfg: TrainerConfig,
+    metrics: TrainerMetrics | None = None,
+    resized: threading.Event | None = None,
+) -> Collective:
     """The collective for this process: local, the ring, or Open MPI. The ring reports to
-    ``metrics`` from its start-up on (the peers it still waits for)."""
+    ``metrics`` from its start-up on (the peers it still waits for); ``resized`` (an elastic
+    job's size changed) ends its forming."""
     if cfg.collective == "mpi":
         return mpi.connect(cfg.cluster)
-    if cfg.cluster.world_size <= 1:
+    if cfg.cluster.world_size <= 1 and not (cfg.elastic_file and cfg.cluster.in_ring):
         return LocalCollective()
     malloc_tuning.tune()  # before the ring's threads first allocate
 
@@ -74,6 +79,7 @@ def connect(cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> Collec
         health_port=cfg.ring_health_port,
         shared_memory=cfg.ring_shared_memory,
         elastic=cfg.elastic_file is not None,
+        resized=resized,
     )
 
 
@@ -120,24 +126,40 @@ def main(
                 f"this container)",
                 file=sys.stderr,
             )
-        collective = connect(cfg, metrics)
+        if cfg.elastic_file:  # from before the ring forms: a resize may come meanwhile
+            watcher = elastic.Watcher(cfg.elastic_file, cfg.elastic_size)
+        collective = connect(cfg, metrics, watcher.found if watcher else None)
         metrics.watch_ring(collective)
         trainer = Trainer(cfg, collective, metrics=metrics)
         metrics.update_status(ring_size=trainer.world)
         resized = elastic.Resized.from_env(os.environ)
         if resized is not None and trainer.rank == 0:
-            said = resized.event(time.time())
-            metrics.update_status(resize_step=said["step"], resize_s=said["ring_formed_s"])
-            print(json.dumps(said), flush=True)
+            formed = time.time()
+
+            def say(step: int) -> None:
+                said = resized.event(formed, step)
+                metrics.update_status(resize_step=step, resize_s=said["ring_formed_s"])
+                print(json.dumps(said), flush=True)
+
+            trainer.on_restored = say
         restore_signals = _install_sigterm(trainer.stop_requested, signalled)
-        if cfg.elastic_file:
-            watcher = elastic.Watcher(cfg.elastic_file, cfg.elastic_size, trainer.stop_requested)
+        if watcher is not None:
+            watcher.attach(trainer.stop_requested)
         with blas_limits(trainer.ipu.host_threads):
             final = trainer.run()
-        if watcher is not None and final["terminated"]:
-            size = watcher.after_stop(signalled.is_set())
+        if watcher is not None and final["terminated"] and not signalled.is_set():
+            size = watcher.after_stop(signalled=False)
             if size is not None and trainer.rank < size.workers:
                 resize = (size, trainer.step, watcher.seen_at)
+            elif size is None and rejoin_exec is not None:
+                # a peer's pod went (its stop came through the vote) and the size has not
+                # changed yet: wait in this container for the peer, or for the job's new size
+                again = previous.after(trainer.step)
+                print(
+                    f"ringtrain worker: the ring stopped without a resize at step "
+                    f"{trainer.step}; rejoining it in this container (exec, no restart)",
+                    file=sys.stderr,
+                )
         write_termination_log(own_termination_log(cfg.termination_log, cfg, collective), final)
         return EXIT_TERMINATED if final["terminated"] else EXIT_OK
     except SystemExit:
@@ -147,6 +169,12 @@ def main(
         print(f"ringtrain worker: {describe(e)}", file=sys.stderr)
         if collective is not None:  # the peers leave at once instead of timing out
             collective.fail(f"{type(e).__name__}: {e}", code)
+        if watcher is not None and watcher.changed is not None and rejoin_exec is not None:
+            assert cfg is not None  # a watcher is made from it
+            if cfg.cluster.rank < watcher.changed.workers:  # resized meanwhile: form it anew
+                step = -1 if trainer is None else trainer.step
+                resize = (watcher.changed, step, watcher.seen_at)
+                return code
         if rejoin_exec is not None and cfg is not None:
             again = rejoin.decide(
                 e,
@@ -199,7 +227,7 @@ def main(
             rejoin_exec(again)  # replaces this process: the ring's ports are free again
         if resize is not None and rejoin_exec is not None:
             size, step, seen_at = resize
-            before = trainer.world if trainer else 0
+            before = trainer.world if trainer else cfg.cluster.world_size if cfg else 0
             elastic.exec_resized(size, before, step, seen_at, drop=rejoin.ENV)
 
 

@@ -14,6 +14,8 @@ over a data path), ``malloc_tuning`` (glibc settings for a ring process, applied
 
 from __future__ import annotations
 
+import threading
+
 from ringtrain import options, pki
 from ringtrain.cluster import ClusterSpec, split_address
 from ringtrain.errors import InvalidSpec, PeerTimeout, RingError
@@ -77,6 +79,7 @@ def connect(
     health_port: int = 0,
     shared_memory: bool = True,
     elastic: bool = False,
+    resized: threading.Event | None = None,
 ) -> Collective:
     """Join the ring described by ``spec``; a single-member ring is a ``LocalCollective``.
 
@@ -93,10 +96,13 @@ def connect(
     ``shared_memory``: ``grpc+tcp`` links between processes of one host carry tensors through
     shared memory (``ring.shm``; not with ``encrypt_data``). ``elastic``: an elastic job's
     worker, for which a peer of another ring size is one still at the size before a resize
-    (``ringtrain_trainer.elastic``), waited for like a peer not up yet.
+    (``ringtrain_trainer.elastic``), waited for like a peer not up yet; ``resized`` set while
+    the ring forms ends the wait with a retryable :class:`RingError` (the size changed).
     """
     path = data_path(transport)
     if spec.world_size == 1:
+        if elastic and token:  # still answers its probes, and its peers with its size
+            return AloneServing(spec, token, tls, health_port)
         return LocalCollective()
     if not spec.in_ring:
         raise InvalidSpec(f"TF_CONFIG.task.type {spec.task_type!r} takes no part in the ring")
@@ -141,7 +147,9 @@ def connect(
             )
             control.add_handlers(handler)
         control.start()
-        answers = rendezvous(control, connect_timeout_s, observer.waiting, elastic=elastic)
+        answers = rendezvous(
+            control, connect_timeout_s, observer.waiting, elastic=elastic, resized=resized
+        )
         security = (
             "mutual TLS" + (", side channel encrypted" if encrypt_data else "")
             if material is not None
@@ -210,3 +218,33 @@ def connect(
     control.attach(coll)
     coll.watchdog = Watchdog(control, coll, health_timeout_s=health_timeout_s, stall_s=stall_s)
     return coll
+
+
+class AloneServing(LocalCollective):
+    """An elastic job's ring of one: every collective the identity, but the control plane's
+    server runs on the ring's port as in a larger ring — the pod's gRPC health probes keep
+    answering (a liveness probe would restart the container otherwise), and a worker of the
+    size the job grows back to is answered with this ring's size (refused as another size,
+    which an elastic rendezvous waits through) until this one re-forms at it."""
+
+    def __init__(
+        self, spec: ClusterSpec, token: bytes, tls: pki.JobMaterial | None, health_port: int
+    ) -> None:
+        material = ring_tls.Material.of(tls) if tls is not None else None
+        address = spec.ring[spec.rank]
+        try:
+            self.plane = ControlPlane(
+                spec.rank,
+                spec.ring,
+                spec.ring_names,
+                token,
+                split_address(address)[1],
+                material,
+                health_port=health_port,
+            )
+        except channels.BindError as e:
+            raise RingError(str(e), rank=spec.rank, step=-1, peer=address) from None
+        self.plane.start()
+
+    def close(self) -> None:
+        self.plane.close()

@@ -9,12 +9,13 @@ retry can cure (the token, a peer of another ring) ends it at once.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 
 import grpc
 
-from ringtrain.errors import InvalidSpec, PeerTimeout, Unauthenticated
+from ringtrain.errors import InvalidSpec, PeerTimeout, RingError, Unauthenticated
 from ringtrain_trainer.ring.control import SERVICE, ControlPlane, log
 
 
@@ -24,13 +25,15 @@ def rendezvous(
     on_waiting: Callable[[list[str]], None] = lambda names: None,
     *,
     elastic: bool = False,
+    resized: threading.Event | None = None,
 ) -> dict:
     """Register with every peer until all answered (the readiness barrier); their answers
     by rank. A peer that is not serving yet, or whose name does not resolve yet (a pod
     whose DNS record is not published), is retried with back-off until ``timeout_s``;
     ``on_waiting`` hears the still-missing names whenever they change ([] at the end). With
     ``elastic`` a peer of another ring size is retried too: in a resize it re-forms its ring at
-    this size once it has stopped at the old one."""
+    this size once it has stopped at the old one; ``resized`` set (the job's size changed while
+    the ring formed: ``ringtrain_trainer.elastic``) gives up, retryably, to form it anew."""
     missing = [r for r in range(plane.world) if r != plane.rank]
     answers: dict[int, dict] = {}
     deadline, delay, last = time.monotonic() + timeout_s, 0.05, {}
@@ -38,6 +41,12 @@ def rendezvous(
     while True:
         if plane.aborted is not None:
             raise plane.aborted
+        if resized is not None and resized.is_set():
+            raise RingError(
+                f"rank {plane.rank}: the job was resized while the ring formed",
+                rank=plane.rank,
+                step=-1,
+            )
         calls = {
             r: plane.channel(r)
             .unary_unary(
