@@ -93,7 +93,9 @@ def _losses(f: Fold, job: Job, seen: Seen, rec: dict) -> None:
     if f.state not in (RUNNING, RESTARTING):
         rec.pop("lost", None)  # a job starting waits for its pods
         return
-    lost = rec.setdefault("lost", {})
+    names = {job.pod_name("worker", i) for i in range(1, n)}
+    lost = {k: v for k, v in (rec.get("lost") or {}).items() if k in names}  # gone: forgotten
+    rec["lost"] = lost
     for i in range(1, n):
         name = job.pod_name("worker", i)
         p = live.get(name)

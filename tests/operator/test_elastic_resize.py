@@ -212,3 +212,14 @@ def test_below_min_replicas_a_lost_worker_is_waited_for_as_in_any_job():
     d = derive_status(j, pods, T0, running["status"])
     d = derive_status(j, pods, T0 + timedelta(seconds=30), d.status)
     assert "shrunkTo" not in d.status["elastic"] and resizing.REASON_LOST not in reasons(d)
+
+
+def test_a_lost_worker_beyond_a_new_count_is_forgotten():
+    running = admitted(elastic_obj(workers=3, batch=80, minReplicas=1, maxReplicas=3))
+    j3 = load_spec(elastic.running_at(running)[0])
+    pods = [worker(j3, 0), worker(j3, 1), worker(j3, 2, phase="Pending", ready=False)]
+    d = derive_status(j3, pods, T0, running["status"])
+    assert list(d.status["elastic"]["lost"]) == [pods[2].name]
+    j2 = load_spec(elastic.running_at({**at(running, 2), "status": d.status})[0])
+    d = derive_status(j2, pods, T0 + timedelta(seconds=1), d.status)
+    assert "lost" not in d.status["elastic"] and d.delete == (pods[2].name,)
