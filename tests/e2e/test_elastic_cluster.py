@@ -1,45 +1,51 @@
 """An elastic TrainingJob resized on the real local cluster by ``kubectl patch`` (issue 38,
 decision 0217): 2 workers → 3 → 2 while it trains, Succeeded, its final weights allclose to
-an unresized run of the same job (``ringtrain run``, the same trainer as local processes), and
+an unresized run of the same job on the same cluster, and
 the pods that stayed never recreated nor restarted: the operator patches their size annotation,
 the kubelet updates the downward API file, the workers stop after the same step, the chief
 checkpoints, and they re-form the ring in their containers.
 
-The resizes are asked for on the job's own state (both pods ready: the ring formed; then the
-operator's record that the ring of 3 formed), never by a timer; the test asserts both landed
+The resizes are asked for on the job's own state (its first step reported; then the operator's
+record that the ring of 3 formed), never by a timer; the test asserts both landed
 mid-training."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from e2e_support import get_job, job_pods, job_story, training_job, wait_for, wait_state
-from support import procs
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 1500
-GLOBAL_BATCH = 240
+#: a global batch of 1,200 makes a step ~20 ms here, so the operator's look at the chief (every
+#: 5 s) lands the resizes within the first ~250 of 600 steps, and a few hundred steps follow the
+#: last one: the regime of the local test. Over thousands of steps after a resize the float
+#: noise of the 3-worker stretch (another summation order) grows past any fixed tolerance:
+#: measured 3.4e-6 with ~500 steps after it, 1.5e-4-3.9e-4 with 1,000-2,800 (global batch 240)
+STEPS = 600
+GLOBAL_BATCH = 1200
 #: the local resize test's tolerance (tests/local/test_elastic_resize.py)
 RTOL, ATOL = 1e-4, 3e-5
 
 
 def elastic_job(
-    image: str, checkpoints: Path | None, name: str = "elastic", steps: int = STEPS
+    image: str,
+    checkpoints: Path | None,
+    name: str = "elastic",
+    steps: int = STEPS,
+    global_batch: int = GLOBAL_BATCH,
 ) -> dict:
-    """examples/elastic-mnist.yaml on the cluster: 1–3 workers, the global batch 240."""
+    """examples/elastic-mnist.yaml on the cluster: 1–3 workers, ``global_batch`` kept."""
     job = training_job(
         name,
         image,
         replicas=2,
         steps=steps,
-        batchSize=GLOBAL_BATCH // 2,
+        batchSize=global_batch // 2,
         optimizer="sgd",
         learningRate=0.01,
         seed=7,
@@ -58,29 +64,30 @@ def params(checkpoints: Path, step: int = STEPS) -> np.ndarray:
         return z["params"].copy()
 
 
-def unresized(image: str, tmp_path: Path) -> Path:
-    """The same job, never resized, as local processes: its checkpoint directory."""
-    job = elastic_job(image, None)
-    path = tmp_path / "unresized.yaml"
-    path.write_text(yaml.safe_dump(job))
-    run_dir = tmp_path / "unresized"
-    p = subprocess.run(
-        [*procs.CLI, "run", str(path), "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=procs.without_cluster(),
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    return run_dir / "checkpoints"
+def host_dir() -> Path:
+    """A checkpoint directory on this machine (the node) the trainer's UID can write."""
+    d = Path(tempfile.mkdtemp(prefix="ringtrain-elastic-", dir="/var/tmp"))
+    d.chmod(0o777)
+    return d
+
+
+def unresized(kubectl, namespace: str, image: str, operator) -> Path:
+    """The same job, never resized, on the same cluster (the same image, the same pods): its
+    checkpoint directory. A `ringtrain run` of it on this machine ended up to 2.3e-4 away from
+    the resized cluster run — another platform, not the resize (the local resize test holds
+    1e-5)."""
+    checkpoints = host_dir()
+    job = elastic_job(image, checkpoints, "unresized")
+    kubectl.apply(job, namespace)
+    wait_state(kubectl, namespace, "unresized", "Succeeded", 600, operator.tail)
+    return checkpoints
 
 
 @pytest.mark.timeout(900)
 def test_a_job_patched_2_3_2_succeeds_with_the_unresized_model_and_keeps_its_pods(
-    kubectl, namespace, operator, project_image, tmp_path
+    kubectl, namespace, operator, project_image
 ):
-    checkpoints = Path(tempfile.mkdtemp(prefix="ringtrain-elastic-", dir="/var/tmp"))
-    checkpoints.chmod(0o777)  # the trainer's UID writes there
+    checkpoints = host_dir()
     kubectl.apply(elastic_job(project_image, checkpoints), namespace)
 
     def story() -> str:
@@ -109,25 +116,18 @@ def test_a_job_patched_2_3_2_succeeds_with_the_unresized_model_and_keeps_its_pod
 
         return wait_for(f"the resize to {n}", check, 300, story)
 
-    def ready() -> dict | None:
-        now = pods()
-        ok = len(now) == 2 and all(
-            c["type"] == "Ready" and c["status"] == "True"
-            for p in now.values()
-            for c in p["status"].get("conditions", [])
-            if c["type"] == "Ready"
-        )
-        return now if ok and all(p["status"].get("conditions") for p in now.values()) else None
-
-    first = wait_for("both workers ready (the ring formed)", ready, 300, story)
+    first = wait_for(
+        "both workers ready", lambda: ready_pods(kubectl, namespace, "elastic", 2), 300, story
+    )
+    wait_for("the first step", lambda: (status().get("progress") or {}).get("step"), 300, story)
     assert sorted(first) == ["elastic-worker-0", "elastic-worker-1"]
     patch(3)
     grown = resized_to(3, 1)
     middle = pods()
     patch(2)
     shrunk = resized_to(2, 2)
+    last = pods()  # before the end, whose cleanPodPolicy deletes a worker still running
     done = wait_state(kubectl, namespace, "elastic", "Succeeded", 600, operator.tail)
-    last = pods()
 
     steps = [grown["lastResize"]["step"], shrunk["lastResize"]["step"]]
     assert 0 < steps[0] < steps[1] < STEPS, steps  # both landed mid-training
@@ -153,7 +153,8 @@ def test_a_job_patched_2_3_2_succeeds_with_the_unresized_model_and_keeps_its_pod
     assert [e["step"] for e in formed] == steps  # the operator names the step the ring went on from
     print(json.dumps({"pods_kept": {n: {"uid": u, "restarts": r} for n, (u, r) in kept.items()}}))
 
-    got, want = params(checkpoints), params(unresized(project_image, tmp_path))
+    reference = unresized(kubectl, namespace, project_image, operator)
+    got, want = params(checkpoints), params(reference)
     print(
         json.dumps(
             {"weights": got.size, "max_abs_diff_vs_unresized": float(np.abs(got - want).max())}
@@ -161,7 +162,7 @@ def test_a_job_patched_2_3_2_succeeds_with_the_unresized_model_and_keeps_its_pod
     )
     bad = ~np.isclose(got, want, rtol=RTOL, atol=ATOL)
     assert not bad.any(), f"{bad.sum()} weights differ, max |diff| {np.abs(got - want).max():.3g}"
-    one_less = params(tmp_path / "unresized" / "checkpoints", STEPS - 1)
+    one_less = params(reference, STEPS - 1)
     assert not np.isclose(got, one_less, rtol=RTOL, atol=ATOL).all()
 
 
@@ -191,7 +192,7 @@ def test_a_worker_lost_past_the_grace_shrinks_the_job_which_grows_back_when_it_r
     with worker 0 alone (its ring re-formed at 1 in its container); uncordoned, the pending pod
     runs and the job grows back to 2; Succeeded, worker 0's pod never recreated."""
     name, steps = "shrink", 12000  # one worker trains ~100 steps/s here
-    job = elastic_job(project_image, None, name, steps)
+    job = elastic_job(project_image, None, name, steps, global_batch=240)
     job["spec"]["elasticPolicy"]["shrinkAfterSeconds"] = 10
     job["spec"]["trainer"]["checkpoint"]["everySteps"] = 50  # a lost worker breaks the ring
     node = kubectl.json("get", "nodes", "-l", "!ringtrain.io/witness")["items"][0]["metadata"][
