@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from ringtrain_trainer.engine import native
+
 
 def matmul_peak_gflops(n: int = 512, seconds: float = 0.3, threads: int | None = None) -> float:
     """numpy's best float32 ``n``×``n`` matmul rate (512: its operands fit in L2/L3), with
@@ -66,8 +68,6 @@ def machine() -> dict:
     """The CPU model and the engine's kernel set that ran (``native.describe``: forced by
     ``RINGTRAIN_KERNELS`` or the widest), for a bench line: a ratio means little without both
     (issue 39: AVX2-only and AVX-512 CPUs differ by up to 2x per model)."""
-    from ringtrain_trainer.engine import native
-
     k = native.kernels
     return {
         "cpu_model": cpu_model(),
