@@ -84,14 +84,18 @@ def _losses(f: Fold, job: Job, seen: Seen, rec: dict) -> None:
         back = live.get(job.pod_name("worker", n))
         if back is None or back.phase == "Running":
             rec["growing"] = rec.pop("shrunkTo")  # kept until the job is at its count again
+            why = "is running again" if back is not None else "is gone (deleted)"
             f.emit(
                 False,
                 REASON_RETURNED,
-                f"worker {n} is running again: the job grows back to its count",
+                f"{job.pod_name('worker', n)} {why}: the job grows back to its count",
             )
         return
-    if f.state not in (RUNNING, RESTARTING):
-        rec.pop("lost", None)  # a job starting waits for its pods
+    in_place = any(p.elastic is not None for p in seen.live if p.role == "worker")
+    if f.state not in (RUNNING, RESTARTING) or not in_place:
+        # a job starting waits for its pods; pods that cannot learn a size in place (the
+        # processes of ``ringtrain run``, resized by ``ringtrain scale``) are not shrunk around
+        rec.pop("lost", None)
         return
     names = {job.pod_name("worker", i) for i in range(1, n)}
     lost = {k: v for k, v in (rec.get("lost") or {}).items() if k in names}  # gone: forgotten
@@ -107,7 +111,7 @@ def _losses(f: Fold, job: Job, seen: Seen, rec: dict) -> None:
         rec.pop("lost")
         return
     waited = {name: (f.now - parse_time(since)).total_seconds() for name, since in lost.items()}
-    over = sorted(int(n.rsplit("-", 1)[1]) for n, s in waited.items() if s >= e.shrink_after_s)
+    over = sorted(int(k.rsplit("-", 1)[1]) for k, s in waited.items() if s >= e.shrink_after_s)
     if not over:
         f.requeue.append(max(1.0, e.shrink_after_s - max(waited.values())))
     elif e.min_replicas <= over[0] < n:  # below minReplicas the job waits for it, as any job

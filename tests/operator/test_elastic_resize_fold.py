@@ -223,3 +223,15 @@ def test_a_lost_worker_beyond_a_new_count_is_forgotten():
     j2 = load_spec(elastic.running_at({**at(running, 2), "status": d.status})[0])
     d = derive_status(j2, pods, T0 + timedelta(seconds=1), d.status)
     assert "lost" not in d.status["elastic"] and d.delete == (pods[2].name,)
+
+
+def test_processes_that_cannot_learn_a_size_in_place_are_not_shrunk_around():
+    """`ringtrain run`'s processes carry no size annotation: a local job is resized by
+    `ringtrain scale` alone, never shrunk on a loss it could not carry out."""
+    running = admitted(BASE)
+    j = load_spec(elastic.running_at(running)[0])
+    local = [pod(j.pod_name("worker", 0)), pod(j.pod_name("worker", 1), "Pending", ready=False)]
+    d = derive_status(j, local, T0, running["status"])
+    d = derive_status(j, local, T0 + timedelta(seconds=600), d.status)
+    assert "lost" not in d.status["elastic"] and "shrunkTo" not in d.status["elastic"]
+    assert resizing.REASON_LOST not in reasons(d)
