@@ -50,7 +50,8 @@ print(json.dumps({"task": tf["task"], "reached": sorted(reached)}), flush=True)
 
 def kubeflow_simple(image: str) -> dict:
     """training-operator's examples/tensorflow/simple.yaml, the image and command swapped, its
-    `namespace: kubeflow` dropped (the test's namespace is given to submit)."""
+    `namespace: kubeflow` dropped (the test's namespace is given to submit), and its pods kept
+    after the job ends (`cleanPodPolicy: None`) so both workers' logs can be read."""
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
@@ -74,7 +75,10 @@ def kubeflow_simple(image: str) -> dict:
                         }
                     },
                 }
-            }
+            },
+            # the workers' logs are read once the job has ended: Kubeflow's default,
+            # Running, would delete a worker still running then (worker 1 stays reachable 5 s)
+            "runPolicy": {"cleanPodPolicy": "None"},
         },
     }
 

@@ -99,6 +99,8 @@ def test_the_worker_hands_its_ring_flags_to_ring_connect(monkeypatch):
         "encrypt_data": False,
         "health_port": 0,
         "shared_memory": False,
+        "elastic": False,  # no elastic size file (RINGTRAIN_ELASTIC_FILE)
+        "resized": None,
     }
 
 
